@@ -1,0 +1,43 @@
+/** The engine's unit of work and its result; the HTTP layer builds batches, the workers run them. */
+
+export type OutputFormat = 'png' | 'jpeg' | 'webp';
+
+export interface BatchItem {
+  prompt: string;
+  /** Empty string when the request has none (the family decides what "none" means, e.g. SDXL zeros). */
+  negativePrompt: string;
+  /** Reproduces this image on its own with the same prompt and settings. */
+  seed: number;
+}
+
+/**
+ * Requests for the same model, size and settings share one denoising loop; each item keeps its own
+ * prompt and seed.
+ */
+export interface GenerationBatch {
+  /** Absolute path of the model folder. */
+  modelDir: string;
+  width: number;
+  height: number;
+  steps: number;
+  guidanceScale: number;
+  /** Scheduler name override (see src/schedulers/index.ts); undefined uses scheduler_config.json. */
+  scheduler?: string;
+  outputFormat: OutputFormat;
+  /** 0..100, for jpeg and webp. */
+  outputCompression?: number;
+  items: BatchItem[];
+}
+
+export interface GeneratedImage {
+  /** The encoded image file. */
+  data: Uint8Array;
+  contentType: string;
+  seed: number;
+}
+
+/** What the HTTP layer needs from the engine. */
+export interface Engine {
+  generate(batch: GenerationBatch, signal?: AbortSignal): Promise<GeneratedImage[]>;
+  close(): Promise<void>;
+}
