@@ -21,6 +21,8 @@ export interface GenerationBatch {
   height: number;
   steps: number;
   guidanceScale: number;
+  /** diffusers' guidance_rescale (0 = off): counters over-exposure at high guidance. */
+  guidanceRescale?: number;
   /** Scheduler name override (see src/schedulers/index.ts); undefined uses scheduler_config.json. */
   scheduler?: string;
   outputFormat: OutputFormat;

@@ -1,0 +1,153 @@
+import { access, readFile } from 'node:fs/promises';
+import path from 'node:path';
+import type { SchedulerConfig } from '../schedulers/scheduler.js';
+
+/**
+ * Recognises a model folder in any of the export conventions (legacy diffusers script, Optimum) by
+ * probing for component folders rather than trusting `model_index.json`, whose component names differ
+ * between exporters (Optimum keeps the original pipeline's `vae`).
+ */
+
+export type ModelFamily = 'sd' | 'sdxl' | 'flux';
+export type ModelVariant = 'sd15' | 'sd2' | 'sd-turbo' | 'sdxl' | 'sdxl-turbo' | 'lcm' | 'flux-schnell' | 'flux-dev';
+
+export interface ModelLayout {
+  dir: string;
+  family: ModelFamily;
+  variant: ModelVariant;
+  /** Pixel side the denoiser was trained at (`sample_size` x 8), when its config says. */
+  nativeSize?: number;
+  textEncoder: string;
+  textEncoder2?: string;
+  /** UNet (SD, SDXL) or transformer (FLUX). */
+  denoiser: string;
+  vaeDecoder: string;
+  tokenizer: string;
+  tokenizer2?: string;
+  scheduler: SchedulerConfig;
+  vae: { scalingFactor: number; shiftFactor: number };
+  /** Optional `config.json` of the denoiser (Optimum exports have one). */
+  denoiserConfig: Record<string, unknown>;
+}
+
+export class ModelLayoutError extends Error {
+  constructor(
+    readonly dir: string,
+    problem: string,
+  ) {
+    super(`${dir} is not a usable model folder: ${problem}`);
+    this.name = 'ModelLayoutError';
+  }
+}
+
+const DEFAULT_VAE: Record<ModelFamily, { scalingFactor: number; shiftFactor: number }> = {
+  sd: { scalingFactor: 0.18215, shiftFactor: 0 },
+  sdxl: { scalingFactor: 0.13025, shiftFactor: 0 },
+  flux: { scalingFactor: 0.3611, shiftFactor: 0.1159 },
+};
+
+async function exists(file: string): Promise<boolean> {
+  try {
+    await access(file);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+async function readJson(file: string): Promise<Record<string, unknown> | undefined> {
+  let text: string;
+  try {
+    text = await readFile(file, 'utf8');
+  } catch {
+    return undefined;
+  }
+  try {
+    return JSON.parse(text) as Record<string, unknown>;
+  } catch (err) {
+    throw new ModelLayoutError(path.dirname(path.dirname(file)), `${file} is not valid JSON (${(err as Error).message})`);
+  }
+}
+
+/** The first of `folders` holding a `model.onnx`. */
+async function findOnnx(dir: string, folders: string[]): Promise<string | undefined> {
+  for (const folder of folders) {
+    const file = path.join(dir, folder, 'model.onnx');
+    if (await exists(file)) return file;
+  }
+  return undefined;
+}
+
+async function findTokenizer(dir: string, folder: string): Promise<string | undefined> {
+  const tokDir = path.join(dir, folder);
+  if ((await exists(path.join(tokDir, 'tokenizer.json'))) || (await exists(path.join(tokDir, 'vocab.json')))) return tokDir;
+  return undefined;
+}
+
+function classifyVariant(
+  family: ModelFamily,
+  scheduler: SchedulerConfig,
+  denoiserConfig: Record<string, unknown>,
+  modelIndex: Record<string, unknown> | undefined,
+): ModelVariant {
+  const name = String(modelIndex?._name_or_path ?? '').toLowerCase();
+  const turbo = name.includes('turbo') || scheduler.timestep_spacing === 'trailing';
+  if (family === 'flux') {
+    const dev = denoiserConfig.guidance_embeds === true || scheduler.use_dynamic_shifting === true;
+    return dev ? 'flux-dev' : 'flux-schnell';
+  }
+  if (family === 'sdxl') return turbo ? 'sdxl-turbo' : 'sdxl';
+  if (scheduler._class_name === 'LCMScheduler' || denoiserConfig.time_cond_proj_dim != null) return 'lcm';
+  if (turbo) return 'sd-turbo';
+  if (scheduler.prediction_type === 'v_prediction' || denoiserConfig.cross_attention_dim === 1024) return 'sd2';
+  return 'sd15';
+}
+
+export async function inspectModel(dir: string): Promise<ModelLayout> {
+  const root = path.resolve(dir);
+  if (!(await exists(root))) throw new ModelLayoutError(root, 'the folder does not exist');
+  const missing: string[] = [];
+
+  const unet = await findOnnx(root, ['unet']);
+  const transformer = unet ? undefined : await findOnnx(root, ['transformer']);
+  const denoiser = unet ?? transformer;
+  if (!denoiser) missing.push('unet/model.onnx or transformer/model.onnx');
+  const textEncoder = await findOnnx(root, ['text_encoder']);
+  if (!textEncoder) missing.push('text_encoder/model.onnx');
+  const textEncoder2 = await findOnnx(root, ['text_encoder_2']);
+  const vaeDecoder = await findOnnx(root, ['vae_decoder', 'vae']);
+  if (!vaeDecoder) missing.push('vae_decoder/model.onnx');
+  const tokenizer = await findTokenizer(root, 'tokenizer');
+  if (!tokenizer) missing.push('tokenizer/ (tokenizer.json or vocab.json + merges.txt)');
+  const tokenizer2 = textEncoder2 ? await findTokenizer(root, 'tokenizer_2') : undefined;
+  if (textEncoder2 && !tokenizer2) missing.push('tokenizer_2/ (text_encoder_2 needs it)');
+  const scheduler = await readJson(path.join(root, 'scheduler', 'scheduler_config.json'));
+  if (!scheduler) missing.push('scheduler/scheduler_config.json');
+  if (transformer && !textEncoder2) missing.push('text_encoder_2/model.onnx (FLUX needs its T5 encoder)');
+  if (missing.length) throw new ModelLayoutError(root, `missing ${missing.join(', ')}`);
+
+  const family: ModelFamily = transformer ? 'flux' : textEncoder2 ? 'sdxl' : 'sd';
+  const denoiserConfig = (await readJson(path.join(path.dirname(denoiser!), 'config.json'))) ?? {};
+  const vaeConfig = (await readJson(path.join(path.dirname(vaeDecoder!), 'config.json'))) ?? {};
+  const modelIndex = await readJson(path.join(root, 'model_index.json'));
+  const sampleSize = typeof denoiserConfig.sample_size === 'number' ? denoiserConfig.sample_size : undefined;
+
+  return {
+    dir: root,
+    family,
+    variant: classifyVariant(family, scheduler as SchedulerConfig, denoiserConfig, modelIndex),
+    nativeSize: family !== 'flux' && sampleSize ? sampleSize * 8 : undefined,
+    textEncoder: textEncoder!,
+    textEncoder2,
+    denoiser: denoiser!,
+    vaeDecoder: vaeDecoder!,
+    tokenizer: tokenizer!,
+    tokenizer2,
+    scheduler: scheduler as SchedulerConfig,
+    vae: {
+      scalingFactor: typeof vaeConfig.scaling_factor === 'number' ? vaeConfig.scaling_factor : DEFAULT_VAE[family].scalingFactor,
+      shiftFactor: typeof vaeConfig.shift_factor === 'number' ? vaeConfig.shift_factor : DEFAULT_VAE[family].shiftFactor,
+    },
+    denoiserConfig,
+  };
+}

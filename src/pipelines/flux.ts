@@ -1,0 +1,120 @@
+import type { HostTensor, OnnxModel } from '../engine/onnx-model.js';
+import { BatchNoise, Rng } from '../engine/random.js';
+import type { GenerationBatch } from '../engine/types.js';
+import type { ModelLayout } from '../models/layout.js';
+import { createScheduler } from '../schedulers/index.js';
+import { denoise, initialLatents } from './denoise.js';
+import type { GenerateHooks, Pipeline, RgbImage } from './pipeline.js';
+import { filled } from './tensor.js';
+import type { TextEncoder } from './text-encoder.js';
+import type { VaeDecoder } from './vae.js';
+
+const LATENT_CHANNELS = 16;
+
+/**
+ * FLUX.1 schnell and dev: a rectified-flow transformer over 2x2-packed 16-channel latents, conditioned
+ * on T5 token states and the CLIP pooled vector. dev takes the guidance scale as an input (guidance
+ * distillation) instead of a classifier-free batch.
+ */
+export class FluxPipeline implements Pipeline {
+  readonly sizeMultiple = 16;
+
+  constructor(
+    readonly layout: ModelLayout,
+    private readonly transformer: OnnxModel,
+    private readonly clip: TextEncoder,
+    private readonly t5: TextEncoder,
+    private readonly vae: VaeDecoder,
+  ) {}
+
+  async generate(batch: GenerationBatch, hooks?: GenerateHooks): Promise<RgbImage[]> {
+    const count = batch.items.length;
+    const [h, w] = [batch.height / 8, batch.width / 8];
+    const [h2, w2] = [h / 2, w / 2];
+    const seqLen = h2 * w2;
+    const prompts = batch.items.map((i) => i.prompt);
+    const { pooler_output } = await this.clip.encode(prompts, ['pooler_output']);
+    const { last_hidden_state } = await this.t5.encode(prompts, ['last_hidden_state']);
+    const textLen = last_hidden_state.dims[1];
+
+    const scheduler = createScheduler(this.layout.scheduler, batch.scheduler);
+    scheduler.setTimesteps(batch.steps, { mu: shiftMu(seqLen, this.layout.scheduler) });
+    const noise = new BatchNoise(batch.items.map((i) => new Rng(i.seed)));
+    const latents = pack(initialLatents(noise, LATENT_CHANNELS * h * w, scheduler.initNoiseSigma), count, h, w);
+
+    const feeds: Record<string, HostTensor> = {
+      encoder_hidden_states: last_hidden_state,
+      pooled_projections: pooler_output,
+      img_ids: imageIds(h2, w2),
+      txt_ids: { data: new Float32Array(textLen * 3), dims: [textLen, 3] },
+    };
+    if (this.transformer.hasInput('guidance')) feeds.guidance = { data: filled(count, batch.guidanceScale), dims: [count] };
+    const predict = async (x: Float32Array, t: number): Promise<Float32Array> => {
+      const out = await this.transformer.run(
+        {
+          ...feeds,
+          hidden_states: { data: x, dims: [count, seqLen, LATENT_CHANNELS * 4] },
+          // diffusers' timesteps are sigma * 1000; the exported transformer takes sigma.
+          timestep: { data: filled(count, t / 1000), dims: [count] },
+        },
+        ['out_hidden_states'],
+      );
+      return out.out_hidden_states.data as Float32Array;
+    };
+    const result = await denoise(scheduler, latents, noise, predict, hooks);
+    return this.vae.decode(unpack(result, count, h, w), count, LATENT_CHANNELS, h, w);
+  }
+
+  async release(): Promise<void> {
+    await Promise.all([this.transformer.release(), this.clip.model.release(), this.t5.model.release()]);
+  }
+}
+
+/** Dynamic shifting: mu grows linearly with the packed sequence length (base_shift at 256, max_shift at 4096). */
+export function shiftMu(seqLen: number, config: ModelLayout['scheduler']): number | undefined {
+  if (!config.use_dynamic_shifting) return undefined;
+  const [baseLen, maxLen] = [config.base_image_seq_len ?? 256, config.max_image_seq_len ?? 4096];
+  const [baseShift, maxShift] = [config.base_shift ?? 0.5, config.max_shift ?? 1.15];
+  const m = (maxShift - baseShift) / (maxLen - baseLen);
+  return seqLen * m + (baseShift - m * baseLen);
+}
+
+/** Row i*W2+j = (0, i, j): the position of each 2x2 patch. */
+function imageIds(h2: number, w2: number): HostTensor {
+  const data = new Float32Array(h2 * w2 * 3);
+  for (let i = 0; i < h2; i++) {
+    for (let j = 0; j < w2; j++) {
+      data[(i * w2 + j) * 3 + 1] = i;
+      data[(i * w2 + j) * 3 + 2] = j;
+    }
+  }
+  return { data, dims: [h2 * w2, 3] };
+}
+
+/** Index into packed latents of lat[b, c, 2i+dy, 2j+dx]; pack and unpack are this map and its inverse. */
+function forEachPatchElement(batch: number, h: number, w: number, fn: (packed: number, unpacked: number) => void): void {
+  const [h2, w2, c16] = [h / 2, w / 2, LATENT_CHANNELS];
+  for (let b = 0; b < batch; b++) {
+    for (let c = 0; c < c16; c++) {
+      for (let y = 0; y < h; y++) {
+        for (let x = 0; x < w; x++) {
+          const token = (y >> 1) * w2 + (x >> 1);
+          const feature = c * 4 + (y & 1) * 2 + (x & 1);
+          fn((b * h2 * w2 + token) * c16 * 4 + feature, ((b * c16 + c) * h + y) * w + x);
+        }
+      }
+    }
+  }
+}
+
+export function pack(latents: Float32Array, batch: number, h: number, w: number): Float32Array {
+  const out = new Float32Array(latents.length);
+  forEachPatchElement(batch, h, w, (p, u) => (out[p] = latents[u]));
+  return out;
+}
+
+export function unpack(packed: Float32Array, batch: number, h: number, w: number): Float32Array {
+  const out = new Float32Array(packed.length);
+  forEachPatchElement(batch, h, w, (p, u) => (out[u] = packed[p]));
+  return out;
+}

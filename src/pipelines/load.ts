@@ -1,0 +1,36 @@
+import { OnnxModel } from '../engine/onnx-model.js';
+import type { RuntimeOptions } from '../engine/providers.js';
+import { inspectModel, ModelLayoutError, type ModelLayout } from '../models/layout.js';
+import { loadTokenizer } from '../tokenizers/load.js';
+import { FluxPipeline } from './flux.js';
+import type { Pipeline } from './pipeline.js';
+import { StableDiffusionPipeline } from './stable-diffusion.js';
+import { TextEncoder } from './text-encoder.js';
+import { VaeDecoder } from './vae.js';
+
+/** T5 sequence length: FLUX schnell was distilled at 256 tokens, dev at 512. */
+const T5_LENGTH = { 'flux-schnell': 256, 'flux-dev': 512 } as const;
+
+/** Loads every component of a model folder and builds the pipeline for its family. */
+export async function loadPipeline(dir: string, runtime: RuntimeOptions): Promise<Pipeline> {
+  const layout = await inspectModel(dir);
+  const load = async (file: string) => {
+    try {
+      return await OnnxModel.load(file, runtime);
+    } catch (err) {
+      throw new ModelLayoutError(layout.dir, `cannot load ${file}: ${(err as Error).message.split('\n')[0]}`);
+    }
+  };
+  const vae = new VaeDecoder(await load(layout.vaeDecoder), layout.vae.scalingFactor, layout.vae.shiftFactor);
+  const encoder = new TextEncoder(await load(layout.textEncoder), await loadTokenizer(layout.tokenizer));
+  const denoiser = await load(layout.denoiser);
+  const second = await secondEncoder(layout, load);
+  if (layout.family === 'flux') return new FluxPipeline(layout, denoiser, encoder, second!, vae);
+  return new StableDiffusionPipeline(layout, denoiser, second ? [encoder, second] : [encoder], vae);
+}
+
+async function secondEncoder(layout: ModelLayout, load: (file: string) => Promise<OnnxModel>): Promise<TextEncoder | undefined> {
+  if (!layout.textEncoder2 || !layout.tokenizer2) return undefined;
+  const maxLength = layout.variant === 'flux-schnell' || layout.variant === 'flux-dev' ? T5_LENGTH[layout.variant] : undefined;
+  return new TextEncoder(await load(layout.textEncoder2), await loadTokenizer(layout.tokenizer2, { maxLength }));
+}

@@ -1,0 +1,32 @@
+import type { GenerationBatch } from '../engine/types.js';
+import type { ModelLayout } from '../models/layout.js';
+
+/** Raw 8-bit RGB pixels, row-major, 3 channels. */
+export interface RgbImage {
+  pixels: Uint8Array;
+  width: number;
+  height: number;
+}
+
+export interface GenerateHooks {
+  /** Called after each denoising step of the batch. */
+  onStep?(step: number, total: number): void;
+  /** Polled before each step; true stops the generation with a `GenerationCancelled`. */
+  shouldStop?(): boolean;
+}
+
+export class GenerationCancelled extends Error {
+  constructor() {
+    super('generation cancelled');
+    this.name = 'GenerationCancelled';
+  }
+}
+
+/** A loaded model that turns a batch into pictures, one per item, in item order. */
+export interface Pipeline {
+  readonly layout: ModelLayout;
+  /** Latent sizes must be multiples of this many pixels. */
+  readonly sizeMultiple: number;
+  generate(batch: GenerationBatch, hooks?: GenerateHooks): Promise<RgbImage[]>;
+  release(): Promise<void>;
+}

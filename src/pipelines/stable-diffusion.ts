@@ -1,0 +1,150 @@
+import type { HostTensor, OnnxModel } from '../engine/onnx-model.js';
+import { BatchNoise, Rng } from '../engine/random.js';
+import type { GenerationBatch } from '../engine/types.js';
+import type { ModelLayout } from '../models/layout.js';
+import { createScheduler } from '../schedulers/index.js';
+import { denoise, initialLatents } from './denoise.js';
+import type { GenerateHooks, Pipeline, RgbImage } from './pipeline.js';
+import { applyGuidance, concatBatch, filled } from './tensor.js';
+import type { TextEncoder } from './text-encoder.js';
+import type { VaeDecoder } from './vae.js';
+
+/** UNet inputs that carry the text condition, for a batch of prompts. */
+type Conditioning = Record<string, HostTensor>;
+
+/**
+ * SD 1.x/2.x, SD-Turbo, LCM and SDXL(-Turbo): a UNet denoising 4-channel latents at 1/8 of the image
+ * size. The families differ only in how the prompt becomes UNet inputs (`condition`) and in how
+ * guidance is applied: a [negative; positive] batch with classifier-free guidance, or LCM's
+ * `timestep_cond` embedding of the guidance scale.
+ */
+export class StableDiffusionPipeline implements Pipeline {
+  readonly sizeMultiple = 8;
+  private readonly latentChannels: number;
+  private readonly outputName: string;
+
+  constructor(
+    readonly layout: ModelLayout,
+    private readonly unet: OnnxModel,
+    private readonly encoders: TextEncoder[],
+    private readonly vae: VaeDecoder,
+  ) {
+    this.latentChannels = typeof layout.denoiserConfig.in_channels === 'number' ? layout.denoiserConfig.in_channels : 4;
+    this.outputName = unet.outputNames.includes('out_sample') ? 'out_sample' : unet.outputNames[0];
+  }
+
+  async generate(batch: GenerationBatch, hooks?: GenerateHooks): Promise<RgbImage[]> {
+    const count = batch.items.length;
+    const [h, w, c] = [batch.height / 8, batch.width / 8, this.latentChannels];
+    const scheduler = createScheduler(this.layout.scheduler, batch.scheduler);
+    scheduler.setTimesteps(batch.steps);
+
+    const timestepCond = this.unet.hasInput('timestep_cond') ? guidanceEmbedding(batch.guidanceScale, count, this.timeCondDim()) : undefined;
+    const guided = !timestepCond && batch.guidanceScale > 1;
+    const positive = await this.condition(batch.items.map((i) => i.prompt), batch, false);
+    const conditioning = guided
+      ? concatConditioning(await this.condition(batch.items.map((i) => i.negativePrompt), batch, true), positive)
+      : positive;
+    const rows = guided ? 2 * count : count;
+
+    const noise = new BatchNoise(batch.items.map((i) => new Rng(i.seed)));
+    const latents = initialLatents(noise, c * h * w, scheduler.initNoiseSigma);
+    const predict = async (x: Float32Array, t: number): Promise<Float32Array> => {
+      const feeds: Record<string, HostTensor> = {
+        ...conditioning,
+        sample: { data: guided ? concatBatch([x, x]) : x, dims: [rows, c, h, w] },
+        timestep: { data: filled(rows, t), dims: [rows] },
+      };
+      if (timestepCond) feeds.timestep_cond = timestepCond;
+      const out = (await this.unet.run(feeds, [this.outputName]))[this.outputName].data as Float32Array;
+      return guided ? applyGuidance(out, count, batch.guidanceScale, batch.guidanceRescale) : out;
+    };
+    const result = await denoise(scheduler, latents, noise, predict, hooks);
+    return this.vae.decode(result, count, c, h, w);
+  }
+
+  private timeCondDim(): number {
+    const dim = this.layout.denoiserConfig.time_cond_proj_dim;
+    return typeof dim === 'number' ? dim : 256;
+  }
+
+  /** SDXL has two encoders; every other family has one. */
+  private condition(prompts: string[], batch: GenerationBatch, negative: boolean): Promise<Conditioning> {
+    return this.encoders.length === 2 ? this.conditionSdxl(prompts, batch, negative) : this.conditionSd(prompts);
+  }
+
+  private async conditionSd(prompts: string[]): Promise<Conditioning> {
+    const { last_hidden_state } = await this.encoders[0].encode(prompts, ['last_hidden_state']);
+    return { encoder_hidden_states: last_hidden_state };
+  }
+
+  /**
+   * Both encoders' penultimate layers side by side, the second encoder's pooled `text_embeds`, and the
+   * size conditioning. An empty negative prompt becomes zeros (`force_zeros_for_empty_prompt`), as
+   * SDXL was trained.
+   */
+  private async conditionSdxl(prompts: string[], batch: GenerationBatch, negative: boolean): Promise<Conditioning> {
+    const [enc1, enc2] = this.encoders;
+    const layer1 = enc1.penultimateHiddenState();
+    const layer2 = enc2.penultimateHiddenState();
+    const out1 = await enc1.encode(prompts, [layer1]);
+    const out2 = await enc2.encode(prompts, [layer2, 'text_embeds']);
+    const hidden = concatLastAxis(out1[layer1], out2[layer2]);
+    const pooled = out2.text_embeds;
+    if (negative) zeroEmptyPrompts(prompts, [hidden, pooled]);
+    const n = prompts.length;
+    const timeIds = new Float32Array(n * 6);
+    for (let b = 0; b < n; b++) timeIds.set([batch.height, batch.width, 0, 0, batch.height, batch.width], b * 6);
+    return { encoder_hidden_states: hidden, text_embeds: pooled, time_ids: { data: timeIds, dims: [n, 6] } };
+  }
+
+  async release(): Promise<void> {
+    await Promise.all([this.unet.release(), ...this.encoders.map((e) => e.model.release())]);
+  }
+}
+
+/** LCM's guidance input: a sinusoidal embedding of (w - 1) * 1000, as diffusers' get_guidance_scale_embedding. */
+export function guidanceEmbedding(guidanceScale: number, batch: number, dim: number): HostTensor {
+  const w = (guidanceScale - 1) * 1000;
+  const half = dim / 2;
+  const step = Math.log(10000) / (half - 1);
+  const row = new Float32Array(dim);
+  for (let i = 0; i < half; i++) {
+    const angle = w * Math.exp(-step * i);
+    row[i] = Math.sin(angle);
+    row[half + i] = Math.cos(angle);
+  }
+  const data = new Float32Array(batch * dim);
+  for (let b = 0; b < batch; b++) data.set(row, b * dim);
+  return { data, dims: [batch, dim] };
+}
+
+function concatConditioning(first: Conditioning, second: Conditioning): Conditioning {
+  const out: Conditioning = {};
+  for (const key of Object.keys(second)) {
+    const [a, b] = [first[key], second[key]];
+    out[key] = { data: concatBatch([a.data as Float32Array, b.data as Float32Array]), dims: [a.dims[0] + b.dims[0], ...a.dims.slice(1)] };
+  }
+  return out;
+}
+
+/** [b, t, h1] ++ [b, t, h2] -> [b, t, h1 + h2]. */
+function concatLastAxis(a: HostTensor, b: HostTensor): HostTensor {
+  const [h1, h2] = [a.dims[a.dims.length - 1], b.dims[b.dims.length - 1]];
+  const rows = a.data.length / h1;
+  const out = new Float32Array(rows * (h1 + h2));
+  for (let r = 0; r < rows; r++) {
+    out.set(a.data.subarray(r * h1, (r + 1) * h1), r * (h1 + h2));
+    out.set(b.data.subarray(r * h2, (r + 1) * h2), r * (h1 + h2) + h1);
+  }
+  return { data: out, dims: [...a.dims.slice(0, -1), h1 + h2] };
+}
+
+function zeroEmptyPrompts(prompts: string[], tensors: HostTensor[]): void {
+  for (const t of tensors) {
+    const per = t.data.length / prompts.length;
+    prompts.forEach((p, b) => {
+      if (p === '') t.data.fill(0, b * per, (b + 1) * per);
+    });
+  }
+}

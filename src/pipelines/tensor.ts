@@ -1,0 +1,57 @@
+/** Small helpers over flat [batch, ...] float tensors. */
+
+/** Concatenates along the batch axis. */
+export function concatBatch(parts: readonly Float32Array[]): Float32Array {
+  const out = new Float32Array(parts.reduce((n, p) => n + p.length, 0));
+  let offset = 0;
+  for (const p of parts) {
+    out.set(p, offset);
+    offset += p.length;
+  }
+  return out;
+}
+
+/** Each row repeated `times` times: [b, ...] -> [b * times, ...] grouped by the original row. */
+export function repeatRows(data: Float32Array, rows: number, times: number): Float32Array {
+  const rowSize = data.length / rows;
+  const out = new Float32Array(data.length * times);
+  for (let r = 0; r < rows; r++) {
+    for (let k = 0; k < times; k++) out.set(data.subarray(r * rowSize, (r + 1) * rowSize), (r * times + k) * rowSize);
+  }
+  return out;
+}
+
+export function filled(length: number, value: number): Float32Array {
+  return new Float32Array(length).fill(value);
+}
+
+/**
+ * Classifier-free guidance over a [uncond; cond] model output: u + g (c - u), then diffusers'
+ * guidance_rescale, which pulls each image's std back towards the conditional prediction's.
+ */
+export function applyGuidance(output: Float32Array, batch: number, scale: number, rescale = 0): Float32Array {
+  const half = output.length / 2;
+  const uncond = output.subarray(0, half);
+  const cond = output.subarray(half);
+  const guided = new Float32Array(half);
+  for (let i = 0; i < half; i++) guided[i] = uncond[i] + scale * (cond[i] - uncond[i]);
+  if (rescale > 0) {
+    const per = half / batch;
+    for (let b = 0; b < batch; b++) {
+      const g = guided.subarray(b * per, (b + 1) * per);
+      const ratio = std(cond.subarray(b * per, (b + 1) * per)) / std(g);
+      for (let i = 0; i < per; i++) g[i] = rescale * g[i] * ratio + (1 - rescale) * g[i];
+    }
+  }
+  return guided;
+}
+
+function std(x: Float32Array): number {
+  let mean = 0;
+  for (const v of x) mean += v;
+  mean /= x.length;
+  let variance = 0;
+  for (const v of x) variance += (v - mean) ** 2;
+  // torch.std is the unbiased estimate; the ratio of two of them is the same either way.
+  return Math.sqrt(variance / Math.max(1, x.length - 1)) || 1;
+}
