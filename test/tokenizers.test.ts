@@ -1,0 +1,258 @@
+import { existsSync } from 'node:fs';
+import { mkdir, mkdtemp, rm, symlink, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { loadTokenizer } from '../src/tokenizers/load.js';
+import type { TextTokenizer } from '../src/tokenizers/tokenizer.js';
+
+const here = path.dirname(fileURLToPath(import.meta.url));
+// Real tokenizer files published with Stable Diffusion models; kept in shared/ beside the checkout.
+const CLIP_DATA = path.resolve(here, '../../shared/data/clip-tokenizers');
+const haveClipData = existsSync(CLIP_DATA);
+
+const BOS = 49406;
+const EOS = 49407;
+const VOCAB_SIZE = 49408;
+const ASTRONAUT = [BOS, 550, 18376, 6765, 320, 4558, EOS];
+
+function padded(ids: number[], padId: number, length: number): number[] {
+  return [...ids, ...new Array<number>(length - ids.length).fill(padId)];
+}
+
+if (!haveClipData) {
+  console.warn(`skipping the CLIP tokenizer tests: ${CLIP_DATA} (the shared test data) is absent`);
+}
+
+describe.skipIf(!haveClipData)('CLIP BPE against real SD tokenizer files (needs ../shared/data/clip-tokenizers)', () => {
+  const clip = (name: string) => path.join(CLIP_DATA, name);
+  let sd15: TextTokenizer;
+  let tempDir: string;
+
+  beforeAll(async () => {
+    sd15 = await loadTokenizer(clip('sd-1.5'));
+    tempDir = await mkdtemp(path.join(tmpdir(), 'clip-bpe-'));
+  });
+  afterAll(async () => {
+    await rm(tempDir, { recursive: true, force: true });
+  });
+
+  it('encodes the reference prompt and pads with eos for SD 1.5 (from tokenizer.json)', () => {
+    expect(sd15.maxLength).toBe(77);
+    expect(sd15.padId).toBe(EOS);
+    expect(sd15.encode('An astronaut riding a horse')).toEqual(padded(ASTRONAUT, EOS, 77));
+  });
+
+  it('gives the same ids from vocab.json + merges.txt as from tokenizer.json', async () => {
+    // Only the legacy files, so that the loader cannot fall back on tokenizer.json.
+    const legacy = path.join(tempDir, 'legacy');
+    await mkdir(legacy);
+    for (const file of ['vocab.json', 'merges.txt', 'tokenizer_config.json', 'special_tokens_map.json']) {
+      await symlink(path.join(clip('sd-1.5'), file), path.join(legacy, file));
+    }
+    const fromLegacy = await loadTokenizer(legacy);
+    expect(fromLegacy.padId).toBe(EOS);
+    for (const prompt of ['An astronaut riding a horse', "it's a 3D render, 8k!!", 'Café façade — 東京 🚀']) {
+      expect(fromLegacy.encode(prompt)).toEqual(sd15.encode(prompt));
+    }
+  });
+
+  // Each folder's tokenizer_config.json names its pad token; these are what the shipped files say.
+  // (Note: this sd-turbo copy names <|endoftext|>, unlike SD 2.x configs that name "!".)
+  it.each([
+    ['sd-1.5', EOS],
+    ['sd-turbo', EOS],
+    ['sdxl-turbo-1', EOS],
+    ['sdxl-turbo-2', 0],
+  ])('%s pads with the id its tokenizer_config names (%i)', async (name, padId) => {
+    const tokenizer = await loadTokenizer(clip(name));
+    expect(tokenizer.padId).toBe(padId);
+    expect(tokenizer.encode('An astronaut riding a horse')).toEqual(padded(ASTRONAUT, padId, 77));
+  });
+
+  it('truncates long prompts to bos + 75 tokens + eos', () => {
+    const row = sd15.encode('a photo of a cat sitting on a red chair, '.repeat(20));
+    expect(row).toHaveLength(77);
+    expect(row[0]).toBe(BOS);
+    expect(row[76]).toBe(EOS);
+    expect(row.slice(1, 76)).not.toContain(EOS);
+  });
+
+  it('splits contractions, punctuation and digits as CLIP does', () => {
+    const ids = (text: string) => {
+      const row = sd15.encode(text);
+      return row.slice(1, row.indexOf(EOS));
+    };
+    expect(ids("it's")).toEqual([...ids('it'), ...ids("'s")]);
+    // Digits are single tokens: "2024" is four of them.
+    expect(ids('2024')).toEqual([...ids('2'), ...ids('0'), ...ids('2'), ...ids('4')]);
+    expect(ids('wow!!!')).toEqual([...ids('wow'), ...ids('!!!')]);
+  });
+
+  it('is case-insensitive and collapses whitespace', () => {
+    expect(sd15.encode('AN ASTRONAUT Riding a HoRsE')).toEqual(sd15.encode('an astronaut riding a horse'));
+    expect(sd15.encode('  An\tastronaut \n riding   a horse  ')).toEqual(padded(ASTRONAUT, EOS, 77));
+  });
+
+  it('maps special tokens written in the prompt to their ids', () => {
+    expect(sd15.encode('<|startoftext|>horse<|endoftext|>').slice(0, 5)).toEqual([BOS, BOS, 4558, EOS, EOS]);
+  });
+
+  it('never throws on odd input and stays within the vocabulary', () => {
+    const prompts = [
+      '',
+      '🚀🐱‍👤 emoji 👩🏽‍🚀',
+      'Crème brûlée, naïve façade, Ångström',
+      '東京タワー 北京 서울',
+      'Ω≈ç√∫˜µ≤≥÷ \u0000\u0007 \uFEFF \uD800 lone surrogate',
+      '"quotes" (parens) [brackets] {braces} <angles> #hash @at $dollar %percent ^caret &amp; *star',
+      "don't we'll they're I'VE you'd she'll I'm",
+    ];
+    for (const prompt of prompts) {
+      const row = sd15.encode(prompt);
+      expect(row).toHaveLength(77);
+      expect(row[0]).toBe(BOS);
+      for (const id of row) expect(id >= 0 && id < VOCAB_SIZE && Number.isInteger(id)).toBe(true);
+    }
+    expect(sd15.encode('')).toEqual(padded([BOS, EOS], EOS, 77));
+    // Emoji are not letters: they are byte-encoded, several bytes to a token at most.
+    expect(sd15.encode('🚀').indexOf(EOS)).toBeGreaterThan(1);
+  });
+});
+
+describe('SentencePiece Unigram (T5) from a small tokenizer.json', () => {
+  const PAD = 0;
+  const END = 1;
+  const UNK = 2;
+  const pieces: Array<[string, number]> = [
+    ['<pad>', 0],
+    ['</s>', 0],
+    ['<unk>', 0],
+    ['\u2581', -2], // 3
+    ['a', -3], // 4
+    ['b', -3], // 5
+    ['c', -3], // 6
+    ['\u2581a', -2], // 7
+    ['\u2581ab', -4], // 8
+    ['ab', -2.5], // 9
+    ['bc', -1], // 10
+    ['abc', -5], // 11
+  ];
+  const tokenizerJson = {
+    version: '1.0',
+    added_tokens: [
+      { id: PAD, content: '<pad>', special: true },
+      { id: END, content: '</s>', special: true },
+      { id: UNK, content: '<unk>', special: true },
+    ],
+    normalizer: {
+      type: 'Sequence',
+      normalizers: [
+        { type: 'NFKC' },
+        { type: 'Lowercase' },
+        { type: 'Strip', strip_left: true, strip_right: true },
+        { type: 'Replace', pattern: { Regex: ' {2,}' }, content: ' ' },
+      ],
+    },
+    pre_tokenizer: { type: 'Metaspace', replacement: '\u2581', prepend_scheme: 'always', split: true },
+    post_processor: {
+      type: 'TemplateProcessing',
+      single: [{ Sequence: { id: 'A', type_id: 0 } }, { SpecialToken: { id: '</s>', type_id: 0 } }],
+    },
+    model: { type: 'Unigram', unk_id: UNK, vocab: pieces, byte_fallback: false },
+  };
+  const tokenizerConfig = { eos_token: '</s>', pad_token: '<pad>', unk_token: '<unk>', model_max_length: 512 };
+
+  let dir: string;
+  let t5: TextTokenizer;
+
+  beforeAll(async () => {
+    dir = await mkdtemp(path.join(tmpdir(), 't5-unigram-'));
+    await writeFile(path.join(dir, 'tokenizer.json'), JSON.stringify(tokenizerJson));
+    await writeFile(path.join(dir, 'tokenizer_config.json'), JSON.stringify(tokenizerConfig));
+    t5 = await loadTokenizer(dir, { maxLength: 256 });
+  });
+  afterAll(async () => {
+    await rm(dir, { recursive: true, force: true });
+  });
+
+  const content = (text: string) => {
+    const row = t5.encode(text);
+    return row.slice(0, row.indexOf(END));
+  };
+
+  it('picks the best-scoring segmentation, not the longest match', () => {
+    // "▁abc": ▁a + bc scores -3; the greedy ▁ab + c would score -7, ▁ + abc -7.
+    expect(content('abc')).toEqual([7, 10]);
+  });
+
+  it('appends </s> and pads with <pad> to the requested length', () => {
+    const row = t5.encode('abc');
+    expect(t5.maxLength).toBe(256);
+    expect(t5.padId).toBe(PAD);
+    expect(row).toHaveLength(256);
+    expect(row.slice(0, 4)).toEqual([7, 10, END, PAD]);
+    expect(row.slice(3).every((id) => id === PAD)).toBe(true);
+  });
+
+  it('follows the normalizer: NFKC, lowercase, strip, collapsed spaces', () => {
+    expect(content('  ＡＢＣ    abc ')).toEqual([7, 10, 7, 10]);
+  });
+
+  it('maps unknown characters to <unk>, one for a run of them', () => {
+    expect(content('x')).toEqual([3, UNK]);
+    expect(content('axyzb')).toEqual([7, UNK, 5]);
+    expect(content('a 🚀')).toEqual([7, 3, UNK]);
+  });
+
+  it('truncates long text but keeps </s> last', () => {
+    const row = t5.encode('abc '.repeat(300));
+    expect(row).toHaveLength(256);
+    expect(row[255]).toBe(END);
+    expect(row.slice(0, 255)).not.toContain(PAD);
+  });
+
+  it('encodes empty text as </s> and padding', () => {
+    expect(t5.encode('')).toEqual(padded([END], PAD, 256));
+  });
+
+  it('uses model_max_length when the caller gives no length', async () => {
+    expect((await loadTokenizer(dir)).maxLength).toBe(512);
+  });
+
+  it('reads the legacy Metaspace form (add_prefix_space) after WhitespaceSplit', async () => {
+    const legacyDir = await mkdtemp(path.join(tmpdir(), 't5-legacy-'));
+    try {
+      const legacy = {
+        ...tokenizerJson,
+        normalizer: { type: 'Precompiled', precompiled_charsmap: '' },
+        pre_tokenizer: {
+          type: 'Sequence',
+          pretokenizers: [
+            { type: 'WhitespaceSplit' },
+            { type: 'Metaspace', replacement: '\u2581', add_prefix_space: true },
+          ],
+        },
+      };
+      await writeFile(path.join(legacyDir, 'tokenizer.json'), JSON.stringify(legacy));
+      const tokenizer = await loadTokenizer(legacyDir, { maxLength: 8 });
+      expect(tokenizer.encode(' abc\t abc ')).toEqual([7, 10, 7, 10, END, PAD, PAD, PAD]);
+    } finally {
+      await rm(legacyDir, { recursive: true, force: true });
+    }
+  });
+});
+
+describe('loadTokenizer', () => {
+  it('names the folder and the files it looked for when there is no tokenizer', async () => {
+    const empty = await mkdtemp(path.join(tmpdir(), 'no-tokenizer-'));
+    try {
+      await expect(loadTokenizer(empty)).rejects.toThrow(
+        new RegExp(`${empty.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')}.*tokenizer\\.json.*vocab\\.json.*merges\\.txt`),
+      );
+    } finally {
+      await rm(empty, { recursive: true, force: true });
+    }
+  });
+});
