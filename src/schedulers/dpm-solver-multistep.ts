@@ -1,0 +1,175 @@
+import type { BatchNoise } from '../engine/random.js';
+import type { SchedulerEntry } from './index.js';
+import {
+  checkPredictionType,
+  finalSigma,
+  interpolateTable,
+  karrasSigmas,
+  rejectUnsupported,
+  roundHalfEven,
+  sigmasFromAlphasCumprod,
+  sigmaToTimestep,
+  spacedTimesteps,
+  trainingAlphasCumprod,
+  vpFromSigma,
+  weightedSum,
+  withDefaults,
+  x0Coefficients,
+  type PredictionType,
+  type VpCoefficients,
+} from './noise-schedule.js';
+import type { Scheduler, SchedulerConfig } from './scheduler.js';
+
+const CLASS_NAME = 'DPMSolverMultistepScheduler';
+
+const DEFAULTS = {
+  num_train_timesteps: 1000,
+  beta_start: 0.0001,
+  beta_end: 0.02,
+  beta_schedule: 'linear',
+  trained_betas: null as number[] | null,
+  solver_order: 2,
+  prediction_type: 'epsilon',
+  algorithm_type: 'dpmsolver++',
+  solver_type: 'midpoint',
+  lower_order_final: true,
+  euler_at_final: false,
+  use_karras_sigmas: false,
+  sigma_min: null as number | null,
+  sigma_max: null as number | null,
+  final_sigmas_type: 'zero',
+  timestep_spacing: 'linspace',
+  steps_offset: 0,
+};
+
+/** Lower-order steps are more stable when few steps remain; diffusers' threshold. */
+const LOWER_ORDER_FINAL_BELOW_STEPS = 15;
+
+/**
+ * DPMSolverMultistepScheduler as DPM-Solver++(2M) (Lu et al. 2022): a second-order multistep solver in
+ * the data-prediction (x0) form, stepping in lambda = log(alpha / sigma).
+ */
+export class DPMSolverMultistepScheduler implements Scheduler {
+  readonly initNoiseSigma = 1;
+  private readonly config: typeof DEFAULTS & SchedulerConfig;
+  private readonly predictionType: PredictionType;
+  private readonly trainSigmas: Float64Array;
+  private sigmaSchedule: number[] = [];
+  private schedule: number[] = [];
+  /** x0 predictions of the previous step, the multistep history. */
+  private previousX0: Float32Array | null = null;
+
+  constructor(config: SchedulerConfig = {}) {
+    this.config = withDefaults(DEFAULTS, config);
+    const c = this.config;
+    rejectUnsupported(CLASS_NAME, c, {
+      thresholding: false,
+      use_lu_lambdas: false,
+      use_exponential_sigmas: false,
+      use_beta_sigmas: false,
+      use_flow_sigmas: false,
+      variance_type: null,
+      rescale_betas_zero_snr: false,
+    });
+    if (c.algorithm_type !== 'dpmsolver++' || c.solver_type !== 'midpoint' || c.solver_order > 2) {
+      throw new Error(
+        `${CLASS_NAME}: only algorithm_type dpmsolver++, solver_type midpoint, solver_order 1 or 2 are supported ` +
+          `(got ${c.algorithm_type}, ${c.solver_type}, ${c.solver_order}); the dpmpp_2m scheduler name selects them`,
+      );
+    }
+    this.predictionType = checkPredictionType(CLASS_NAME, c.prediction_type, ['epsilon', 'v_prediction', 'sample']);
+    this.trainSigmas = sigmasFromAlphasCumprod(trainingAlphasCumprod(c));
+  }
+
+  get timesteps(): readonly number[] {
+    return this.schedule;
+  }
+
+  /** The noise level at each call, then the final one (diffusers' `sigmas`). */
+  get sigmas(): readonly number[] {
+    return this.sigmaSchedule;
+  }
+
+  setTimesteps(numInferenceSteps: number): void {
+    const c = this.config;
+    const table = this.trainSigmas;
+    const T = c.num_train_timesteps;
+    // linspace and leading space N+1 points and drop the last (t = 0 or steps_offset); trailing does not.
+    let timesteps =
+      c.timestep_spacing === 'trailing'
+        ? spacedTimesteps('trailing', T, numInferenceSteps, c.steps_offset)
+        : spacedTimesteps(c.timestep_spacing, T, numInferenceSteps + 1, c.steps_offset).map(roundHalfEven).slice(0, -1);
+    let sigmas: number[];
+    if (c.use_karras_sigmas) {
+      sigmas = karrasSigmas(c.sigma_max ?? table[table.length - 1], c.sigma_min ?? table[0], numInferenceSteps);
+      const logSigmas = Float64Array.from(table, Math.log);
+      timesteps = sigmas.map((s) => sigmaToTimestep(s, logSigmas));
+      // Integer timesteps, except for the cosine schedule where diffusers keeps them fractional.
+      if (c.beta_schedule !== 'squaredcos_cap_v2') timesteps = timesteps.map(roundHalfEven);
+    } else {
+      sigmas = timesteps.map((t) => interpolateTable(table, t));
+    }
+    sigmas.push(finalSigma(c.final_sigmas_type, table));
+    this.sigmaSchedule = sigmas;
+    this.schedule = timesteps;
+    this.previousX0 = null;
+  }
+
+  scaleModelInput(sample: Float32Array): Float32Array {
+    return sample;
+  }
+
+  step(modelOutput: Float32Array, index: number, sample: Float32Array, _noise: BatchNoise): Float32Array {
+    const c = this.config;
+    const n = this.schedule.length;
+    if (n === 0) throw new Error(`${CLASS_NAME}: call setTimesteps before step`);
+    const current = vpFromSigma(this.sigmaSchedule[index]);
+    const target = vpFromSigma(this.sigmaSchedule[index + 1]);
+    const [cSample, cOutput] = x0Coefficients(this.predictionType, current);
+    const x0 = weightedSum([
+      [cSample, sample],
+      [cOutput, modelOutput],
+    ]);
+
+    const lowerOrderFinal =
+      index === n - 1 &&
+      (c.euler_at_final || (c.lower_order_final && n < LOWER_ORDER_FINAL_BELOW_STEPS) || c.final_sigmas_type === 'zero');
+    const firstOrder = c.solver_order === 1 || this.previousX0 === null || lowerOrderFinal;
+
+    // At a final sigma of 0, lambda is +inf: exp(-h) = 0 and the step returns x0, as it should.
+    const lambda = (vp: VpCoefficients) => Math.log(vp.alpha) - Math.log(vp.sigma);
+    const h = lambda(target) - lambda(current);
+    const decay = target.alpha * (Math.exp(-h) - 1);
+    let next: Float32Array;
+    if (firstOrder) {
+      // DPM-Solver++ 1 (= DDIM in x0 form): x_t = (sigma_t/sigma_s) x - alpha_t (e^-h - 1) D0.
+      next = weightedSum([
+        [target.sigma / current.sigma, sample],
+        [-decay, x0],
+      ]);
+    } else {
+      // 2M midpoint: D1 = (m0 - m1) / r0 with r0 = h_prev / h, weighted by a further 1/2.
+      const previous = vpFromSigma(this.sigmaSchedule[index - 1]);
+      const r0 = (lambda(current) - lambda(previous)) / h;
+      next = weightedSum([
+        [target.sigma / current.sigma, sample],
+        [-decay * (1 + 0.5 / r0), x0],
+        [decay * (0.5 / r0), this.previousX0!],
+      ]);
+    }
+    this.previousX0 = x0;
+    return next;
+  }
+}
+
+export const dpmSolverMultistep: SchedulerEntry = {
+  className: CLASS_NAME,
+  kind: 'vp',
+  defaults: DEFAULTS,
+  names: {
+    dpmpp_2m: { algorithm_type: 'dpmsolver++', solver_order: 2, solver_type: 'midpoint', use_karras_sigmas: false },
+    dpmpp_2m_karras: { algorithm_type: 'dpmsolver++', solver_order: 2, solver_type: 'midpoint', use_karras_sigmas: true },
+  },
+  nameFor: (config) => (config.use_karras_sigmas ? 'dpmpp_2m_karras' : 'dpmpp_2m'),
+  create: (config) => new DPMSolverMultistepScheduler(config),
+};

@@ -1,0 +1,127 @@
+import type { BatchNoise } from '../engine/random.js';
+import type { SchedulerEntry } from './index.js';
+import {
+  checkPredictionType,
+  eulerUpdate,
+  finalSigma,
+  interpolateTable,
+  karrasSigmas,
+  linspace,
+  rejectUnsupported,
+  scaleBySigma,
+  sigmaSpaceInitNoiseSigma,
+  sigmasFromAlphasCumprod,
+  sigmaToTimestep,
+  spacedTimesteps,
+  trainingAlphasCumprod,
+  withDefaults,
+  type PredictionType,
+} from './noise-schedule.js';
+import type { Scheduler, SchedulerConfig } from './scheduler.js';
+
+const CLASS_NAME = 'EulerDiscreteScheduler';
+
+const DEFAULTS = {
+  num_train_timesteps: 1000,
+  beta_start: 0.0001,
+  beta_end: 0.02,
+  beta_schedule: 'linear',
+  trained_betas: null as number[] | null,
+  prediction_type: 'epsilon',
+  interpolation_type: 'linear',
+  use_karras_sigmas: false,
+  sigma_min: null as number | null,
+  sigma_max: null as number | null,
+  timestep_spacing: 'linspace',
+  timestep_type: 'discrete',
+  steps_offset: 0,
+  final_sigmas_type: 'zero',
+};
+
+/**
+ * EulerDiscreteScheduler: Karras et al.'s Euler method for the probability-flow ODE, in sigma space.
+ * The model sees x / sqrt(sigma^2 + 1), i.e. the VP sample its training used.
+ */
+export class EulerDiscreteScheduler implements Scheduler {
+  private readonly config: typeof DEFAULTS & SchedulerConfig;
+  private readonly predictionType: PredictionType;
+  /** Training sigma per integer timestep, ascending. */
+  private readonly trainSigmas: Float64Array;
+  private sigmaSchedule: number[] = [];
+  private schedule: number[] = [];
+
+  constructor(config: SchedulerConfig = {}) {
+    this.config = withDefaults(DEFAULTS, config);
+    rejectUnsupported(CLASS_NAME, this.config, {
+      use_exponential_sigmas: false,
+      use_beta_sigmas: false,
+      rescale_betas_zero_snr: false,
+    });
+    this.predictionType = checkPredictionType(
+      CLASS_NAME,
+      this.config.prediction_type === 'original_sample' ? 'sample' : this.config.prediction_type,
+      ['epsilon', 'v_prediction', 'sample'],
+    );
+    this.trainSigmas = sigmasFromAlphasCumprod(trainingAlphasCumprod(this.config));
+  }
+
+  get timesteps(): readonly number[] {
+    return this.schedule;
+  }
+
+  /** The noise level at each call, then the final one (diffusers' `sigmas`). */
+  get sigmas(): readonly number[] {
+    return this.sigmaSchedule;
+  }
+
+  get initNoiseSigma(): number {
+    return sigmaSpaceInitNoiseSigma(this.sigmaSchedule, this.config.timestep_spacing);
+  }
+
+  setTimesteps(numInferenceSteps: number): void {
+    const c = this.config;
+    const table = this.trainSigmas;
+    // diffusers keeps these timesteps in float32 (999, 957.375, ...).
+    let timesteps = spacedTimesteps(c.timestep_spacing, c.num_train_timesteps, numInferenceSteps, c.steps_offset).map(Math.fround);
+    let sigmas: number[];
+    switch (c.interpolation_type) {
+      case 'linear':
+        sigmas = timesteps.map((t) => interpolateTable(table, t));
+        break;
+      case 'log_linear':
+        // As diffusers: N+1 log-spaced sigmas, so the last step stops at sigma_min before the final sigma.
+        sigmas = linspace(Math.log(table[table.length - 1]), Math.log(table[0]), numInferenceSteps + 1).map(Math.exp);
+        break;
+      default:
+        throw new Error(`${CLASS_NAME}: interpolation_type "${c.interpolation_type}" is not supported (linear, log_linear)`);
+    }
+    if (c.use_karras_sigmas) {
+      sigmas = karrasSigmas(c.sigma_max ?? sigmas[0], c.sigma_min ?? sigmas[sigmas.length - 1], numInferenceSteps);
+      const logSigmas = Float64Array.from(table, Math.log);
+      timesteps = sigmas.map((s) => sigmaToTimestep(s, logSigmas));
+    }
+    sigmas.push(finalSigma(c.final_sigmas_type, table));
+    if (c.timestep_type === 'continuous' && c.prediction_type === 'v_prediction') {
+      // EDM-style v models take c_noise = log(sigma) / 4 instead of a training timestep.
+      timesteps = sigmas.slice(0, -1).map((s) => 0.25 * Math.log(s));
+    }
+    this.sigmaSchedule = sigmas;
+    this.schedule = timesteps;
+  }
+
+  scaleModelInput(sample: Float32Array, index: number): Float32Array {
+    return scaleBySigma(sample, this.sigmaSchedule[index]);
+  }
+
+  step(modelOutput: Float32Array, index: number, sample: Float32Array, _noise: BatchNoise): Float32Array {
+    return eulerUpdate(this.predictionType, modelOutput, sample, this.sigmaSchedule[index], this.sigmaSchedule[index + 1]);
+  }
+}
+
+export const euler: SchedulerEntry = {
+  className: CLASS_NAME,
+  kind: 'vp',
+  defaults: DEFAULTS,
+  names: { euler: {} },
+  create: (config) => new EulerDiscreteScheduler(config),
+};

@@ -1,0 +1,89 @@
+/**
+ * The scheduler registry: picks a sampler by scheduler_config.json's `_class_name` or by a public name
+ * a request asks for. Adding a scheduler = its own file exporting a SchedulerEntry + one line in
+ * ENTRIES.
+ */
+import { ddim } from './ddim.js';
+import { dpmSolverMultistep } from './dpm-solver-multistep.js';
+import { eulerAncestral } from './euler-ancestral.js';
+import { euler } from './euler.js';
+import { flowMatchEuler } from './flow-match-euler.js';
+import { lcm } from './lcm.js';
+import { withDefaults } from './noise-schedule.js';
+import { pndm } from './pndm.js';
+import type { Scheduler, SchedulerConfig } from './scheduler.js';
+
+export type { Scheduler, SchedulerConfig, SetTimestepsOptions } from './scheduler.js';
+
+/** 'vp': noise-prediction diffusion (SD 1.x/2.x, SDXL, LCM); 'flow': rectified flow (FLUX). */
+export type ModelKind = 'vp' | 'flow';
+
+/** What a scheduler file registers. */
+export interface SchedulerEntry {
+  /** diffusers' class name, as in scheduler_config.json's `_class_name`. */
+  className: string;
+  kind: ModelKind;
+  /** The diffusers constructor defaults, carried with a config when another scheduler replaces it. */
+  defaults: SchedulerConfig;
+  /** Public names, each with the config fields that define it (e.g. Karras sigmas on or off). */
+  names: Record<string, SchedulerConfig>;
+  /** The public name matching a config of this class; the only name when absent. */
+  nameFor?(config: SchedulerConfig): string;
+  create(config: SchedulerConfig): Scheduler;
+}
+
+const ENTRIES: readonly SchedulerEntry[] = [pndm, ddim, euler, eulerAncestral, dpmSolverMultistep, lcm, flowMatchEuler];
+
+/** Public scheduler names, for API validation and docs. */
+export const SCHEDULER_NAMES: readonly string[] = ENTRIES.flatMap((e) => Object.keys(e.names));
+
+export function schedulersFor(kind: ModelKind): string[] {
+  return ENTRIES.filter((e) => e.kind === kind).flatMap((e) => Object.keys(e.names));
+}
+
+function supportedList(): string {
+  return `supported schedulers: ${SCHEDULER_NAMES.join(', ')}; scheduler classes: ${ENTRIES.map((e) => e.className).join(', ')}`;
+}
+
+function entryForClass(config: SchedulerConfig): SchedulerEntry {
+  const entry = ENTRIES.find((e) => e.className === config._class_name);
+  if (!entry) throw new Error(`unknown scheduler class "${String(config._class_name)}"; ${supportedList()}`);
+  return entry;
+}
+
+function entryForName(name: string): SchedulerEntry {
+  const entry = ENTRIES.find((e) => Object.hasOwn(e.names, name));
+  if (!entry) throw new Error(`unknown scheduler "${name}"; ${supportedList()}`);
+  return entry;
+}
+
+/** The public name of the scheduler a config selects by itself. */
+export function defaultSchedulerName(config: SchedulerConfig): string {
+  const entry = entryForClass(config);
+  return entry.nameFor?.(config) ?? Object.keys(entry.names)[0];
+}
+
+/** The kind of model a scheduler config belongs to. */
+export function schedulerKind(config: SchedulerConfig): ModelKind {
+  return entryForClass(config).kind;
+}
+
+/**
+ * The scheduler for a model's scheduler_config.json, or the one a request names. An override keeps
+ * what the config says about training (betas, prediction_type, spacing, steps_offset ...): like
+ * diffusers' `from_config`, the new class gets the config completed with its own class's defaults,
+ * then the fields the chosen name fixes.
+ */
+export function createScheduler(config: SchedulerConfig, override?: string): Scheduler {
+  if (override === undefined) return entryForClass(config).create(config);
+
+  const target = entryForName(override);
+  const source = config._class_name === undefined ? undefined : entryForClass(config);
+  if (source && source.kind !== target.kind) {
+    throw new Error(
+      `scheduler "${override}" does not fit a ${source.kind} model (${source.className}); use one of: ${schedulersFor(source.kind).join(', ')}`,
+    );
+  }
+  const inherited = withDefaults(source?.defaults ?? {}, config);
+  return target.create({ ...inherited, ...target.names[override], _class_name: target.className });
+}

@@ -1,0 +1,298 @@
+/**
+ * Maths shared by the schedulers: the training noise schedule, timestep spacing, sigma tables and
+ * prediction-type conversions, written once so each scheduler file holds only its update rule.
+ * Every formula follows huggingface/diffusers `src/diffusers/schedulers/`.
+ */
+import type { BatchNoise } from '../engine/random.js';
+import type { SchedulerConfig } from './scheduler.js';
+
+// ---------------------------------------------------------------------------------------------
+// Configuration
+// ---------------------------------------------------------------------------------------------
+
+/**
+ * A scheduler's diffusers constructor defaults overlaid with a scheduler_config.json. JSON configs
+ * write `null` for "not set" (trained_betas, sigma_min ...), so null never replaces a default.
+ */
+export function withDefaults<D extends object>(defaults: D, config: SchedulerConfig): D & SchedulerConfig {
+  const merged: Record<string, unknown> = { ...(defaults as Record<string, unknown>) };
+  for (const [key, value] of Object.entries(config)) {
+    if (value !== null && value !== undefined) merged[key] = value;
+  }
+  return merged as D & SchedulerConfig;
+}
+
+/**
+ * Fails loudly on diffusers options we do not implement, so a config that asks for one never runs a
+ * different sampler in silence. `offValues` maps each option to the value meaning "not used".
+ */
+export function rejectUnsupported(className: string, config: SchedulerConfig, offValues: Record<string, unknown>): void {
+  for (const [key, off] of Object.entries(offValues)) {
+    const value = config[key];
+    if (value !== null && value !== undefined && value !== off) {
+      throw new Error(`${className}: ${key}=${JSON.stringify(value)} is not supported`);
+    }
+  }
+}
+
+/** Fails on a prediction_type the diffusers class itself would reject. */
+export function checkPredictionType(className: string, type: string, supported: readonly PredictionType[]): PredictionType {
+  const found = supported.find((t) => t === type);
+  if (!found) throw new Error(`${className}: prediction_type "${type}" is not supported (use ${supported.join(', ')})`);
+  return found;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Training noise schedule
+// ---------------------------------------------------------------------------------------------
+
+export interface BetaConfig {
+  num_train_timesteps: number;
+  beta_start: number;
+  beta_end: number;
+  beta_schedule: string;
+  trained_betas?: number[] | null;
+}
+
+/**
+ * torch.linspace in float32. diffusers builds its tables in float32; rounding the same way
+ * reproduces its sigma and timestep tables to the digits they are published with.
+ */
+function linspaceFloat32(start: number, end: number, n: number): Float32Array {
+  const out = new Float32Array(n);
+  const s = Math.fround(start);
+  const e = Math.fround(end);
+  const step = Math.fround((e - s) / (n - 1));
+  // torch fills the first half forwards from start and the second half backwards from end.
+  const halfway = Math.floor(n / 2);
+  for (let i = 0; i < n; i++) out[i] = i < halfway ? s + step * i : e - step * (n - 1 - i);
+  return out;
+}
+
+/** Glide's cosine schedule ("squaredcos_cap_v2"): betas that discretise alpha_bar(t) = cos^2. */
+function cosineBetas(n: number, maxBeta = 0.999): Float32Array {
+  const alphaBar = (t: number) => Math.cos(((t + 0.008) / 1.008) * (Math.PI / 2)) ** 2;
+  return Float32Array.from({ length: n }, (_, i) => Math.min(1 - alphaBar((i + 1) / n) / alphaBar(i / n), maxBeta));
+}
+
+export function betaSchedule(config: BetaConfig): Float32Array {
+  const { num_train_timesteps: n, beta_start: start, beta_end: end } = config;
+  if (config.trained_betas) return Float32Array.from(config.trained_betas);
+  switch (config.beta_schedule) {
+    case 'linear':
+      return linspaceFloat32(start, end, n);
+    case 'scaled_linear':
+      return linspaceFloat32(Math.sqrt(start), Math.sqrt(end), n).map((b) => b * b);
+    case 'squaredcos_cap_v2':
+      return cosineBetas(n);
+    default:
+      throw new Error(`beta_schedule "${config.beta_schedule}" is not supported (linear, scaled_linear, squaredcos_cap_v2)`);
+  }
+}
+
+/** abar_t = prod_{s<=t} (1 - beta_s); torch accumulates the product in double and stores float32. */
+export function alphasCumprod(betas: Float32Array): Float32Array {
+  const out = new Float32Array(betas.length);
+  let product = 1;
+  betas.forEach((beta, t) => {
+    product *= Math.fround(1 - beta);
+    out[t] = product;
+  });
+  return out;
+}
+
+/** abar_t of a config, the table DDPM-family schedulers index by integer timestep. */
+export function trainingAlphasCumprod(config: BetaConfig): Float32Array {
+  return alphasCumprod(betaSchedule(config));
+}
+
+/** The variance-exploding view of the same schedule: sigma_t = sqrt((1 - abar_t) / abar_t), t ascending. */
+export function sigmasFromAlphasCumprod(alphasCumprod: Float32Array): Float64Array {
+  return Float64Array.from(alphasCumprod, (a) => Math.sqrt((1 - a) / a));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Timesteps and sigma tables
+// ---------------------------------------------------------------------------------------------
+
+/** numpy's round(): halves go to the even neighbour, which changes some trailing/linspace tables. */
+export function roundHalfEven(x: number): number {
+  const r = Math.round(x);
+  return Math.abs(x % 1) === 0.5 && r % 2 !== 0 ? r - 1 : r;
+}
+
+/** numpy.linspace(start, stop, n) with the endpoint included. */
+export function linspace(start: number, stop: number, n: number): number[] {
+  if (n === 1) return [start];
+  const step = (stop - start) / (n - 1);
+  return Array.from({ length: n }, (_, i) => (i === n - 1 ? stop : start + i * step));
+}
+
+/**
+ * The N inference timesteps, descending, by diffusers' `timestep_spacing` (Table 2 of "Common
+ * Diffusion Noise Schedules and Sample Steps are Flawed"). `linspace` values are fractional; the
+ * schedulers that index integer timesteps round them.
+ */
+export function spacedTimesteps(spacing: string, numTrainTimesteps: number, n: number, stepsOffset: number): number[] {
+  const T = numTrainTimesteps;
+  switch (spacing) {
+    case 'linspace':
+      return linspace(0, T - 1, n).reverse();
+    case 'leading': {
+      const ratio = Math.floor(T / n);
+      return Array.from({ length: n }, (_, i) => (n - 1 - i) * ratio + stepsOffset);
+    }
+    case 'trailing': {
+      const ratio = T / n;
+      return Array.from({ length: n }, (_, i) => roundHalfEven(T - i * ratio) - 1);
+    }
+    default:
+      throw new Error(`timestep_spacing "${spacing}" is not supported (linspace, leading, trailing)`);
+  }
+}
+
+/** numpy.interp of a table indexed by integer timestep, at fractional timesteps. */
+export function interpolateTable(table: ArrayLike<number>, t: number): number {
+  if (t <= 0) return table[0];
+  const last = table.length - 1;
+  if (t >= last) return table[last];
+  const low = Math.floor(t);
+  return table[low] + (table[low + 1] - table[low]) * (t - low);
+}
+
+/** Karras et al. 2022 (EDM) noise levels: evenly spaced in sigma^(1/rho), rho = 7, from max down to min. */
+export function karrasSigmas(sigmaMax: number, sigmaMin: number, n: number, rho = 7): number[] {
+  const maxInv = sigmaMax ** (1 / rho);
+  const minInv = sigmaMin ** (1 / rho);
+  return linspace(0, 1, n).map((ramp) => (maxInv + ramp * (minInv - maxInv)) ** rho);
+}
+
+/** The sigma after the last step: 0 lands on x0, `sigma_min` stops at the smallest training sigma. */
+export function finalSigma(type: string, trainSigmas: ArrayLike<number>): number {
+  if (type === 'zero') return 0;
+  if (type === 'sigma_min') return trainSigmas[0];
+  throw new Error(`final_sigmas_type "${type}" is not supported (zero, sigma_min)`);
+}
+
+/**
+ * The fractional training timestep whose sigma is `sigma`: linear interpolation in log-sigma between
+ * the two neighbouring table entries (k-diffusion's sigma_to_t). `logSigmas` ascends with t.
+ */
+export function sigmaToTimestep(sigma: number, logSigmas: ArrayLike<number>): number {
+  const logSigma = Math.log(Math.max(sigma, 1e-10));
+  let low = 0;
+  for (let i = 0; i < logSigmas.length; i++) if (logSigmas[i] <= logSigma) low = i;
+  low = Math.min(low, logSigmas.length - 2);
+  const w = Math.min(Math.max((logSigmas[low] - logSigma) / (logSigmas[low] - logSigmas[low + 1]), 0), 1);
+  return (1 - w) * low + w * (low + 1);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Prediction types
+// ---------------------------------------------------------------------------------------------
+
+export type PredictionType = 'epsilon' | 'v_prediction' | 'sample';
+
+/** x_t = alpha * x0 + sigma * eps, the variance-preserving parameterisation. */
+export interface VpCoefficients {
+  alpha: number;
+  sigma: number;
+}
+
+export function vpFromAlphaCumprod(alphaCumprod: number): VpCoefficients {
+  return { alpha: Math.sqrt(alphaCumprod), sigma: Math.sqrt(1 - alphaCumprod) };
+}
+
+/** The VP coefficients of a variance-exploding sigma (x_vp = x_ve / sqrt(sigma^2 + 1)). */
+export function vpFromSigma(sigma: number): VpCoefficients {
+  const alpha = 1 / Math.sqrt(sigma * sigma + 1);
+  return { alpha, sigma: sigma * alpha };
+}
+
+/** [cSample, cOutput] with x0 = cSample * x_t + cOutput * modelOutput. */
+export function x0Coefficients(type: PredictionType, { alpha, sigma }: VpCoefficients): [number, number] {
+  switch (type) {
+    case 'epsilon':
+      return [1 / alpha, -sigma / alpha];
+    case 'v_prediction':
+      return [alpha, -sigma];
+    case 'sample':
+      return [0, 1];
+  }
+}
+
+/** [cSample, cOutput] with eps = cSample * x_t + cOutput * modelOutput. */
+export function epsilonCoefficients(type: PredictionType, { alpha, sigma }: VpCoefficients): [number, number] {
+  switch (type) {
+    case 'epsilon':
+      return [0, 1];
+    case 'v_prediction':
+      return [sigma, alpha];
+    case 'sample':
+      return [1 / sigma, -alpha / sigma];
+  }
+}
+
+/**
+ * One Euler step of the probability-flow ODE in sigma space (Karras' "x = x0 + sigma eps" form):
+ * x + (x - x0) / sigma * (sigmaTo - sigma). The sample is unscaled, hence the alpha folded into x0.
+ */
+export function eulerUpdate(
+  type: PredictionType,
+  modelOutput: Float32Array,
+  sample: Float32Array,
+  sigma: number,
+  sigmaTo: number,
+): Float32Array {
+  const vp = vpFromSigma(sigma);
+  const [cSample, cOutput] = x0Coefficients(type, vp);
+  const r = (sigmaTo - sigma) / sigma;
+  return weightedSum([
+    [1 + r * (1 - cSample * vp.alpha), sample],
+    [-r * cOutput, modelOutput],
+  ]);
+}
+
+/**
+ * x_T's std for the sigma-space (Euler-type) schedulers. diffusers uses sqrt(sigma_max^2 + 1) with
+ * `leading` spacing and sigma_max otherwise; kept so images match its pipelines.
+ */
+export function sigmaSpaceInitNoiseSigma(sigmas: readonly number[], spacing: string): number {
+  if (sigmas.length === 0) throw new Error('call setTimesteps first');
+  const max = Math.max(...sigmas);
+  return spacing === 'linspace' || spacing === 'trailing' ? max : Math.sqrt(max * max + 1);
+}
+
+/** The model input of a sigma-space sample: the VP sample x / sqrt(sigma^2 + 1) it was trained on. */
+export function scaleBySigma(sample: Float32Array, sigma: number): Float32Array {
+  const scale = 1 / Math.sqrt(sigma * sigma + 1);
+  return sample.map((x) => x * scale);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tensors (flat Float32Arrays holding the whole batch)
+// ---------------------------------------------------------------------------------------------
+
+/** sum_k c_k * x_k, a new array. */
+export function weightedSum(terms: ReadonlyArray<readonly [number, Float32Array]>): Float32Array {
+  const [[c0, x0], ...rest] = terms;
+  const out = new Float32Array(x0.length);
+  for (let i = 0; i < out.length; i++) out[i] = c0 * x0[i];
+  for (const [c, x] of rest) {
+    if (x.length !== out.length) throw new Error(`tensor length mismatch: ${x.length} vs ${out.length}`);
+    if (c !== 0) for (let i = 0; i < out.length; i++) out[i] += c * x[i];
+  }
+  return out;
+}
+
+export function clampInPlace(x: Float32Array, range: number): Float32Array {
+  for (let i = 0; i < x.length; i++) x[i] = Math.min(Math.max(x[i], -range), range);
+  return x;
+}
+
+/** Standard normal noise shaped like `like`, each batch item from its own generator. */
+export function noiseLike(noise: BatchNoise, like: Float32Array): Float32Array {
+  const perItem = like.length / noise.batchSize;
+  if (!Number.isInteger(perItem)) throw new Error(`sample of ${like.length} values is not ${noise.batchSize} equal items`);
+  return noise.randn(perItem);
+}
