@@ -85,5 +85,8 @@ export function createScheduler(config: SchedulerConfig, override?: string): Sch
     );
   }
   const inherited = withDefaults(source?.defaults ?? {}, config);
-  return target.create({ ...inherited, ...target.names[override], _class_name: target.className });
+  // DDIM's constructor default clips x0 to [-1, 1], which suits pixel-space models only; latent models
+  // whose config never mentions clipping (Euler configs do not) must not be clipped by an override.
+  const clipSample = config.clip_sample ?? false;
+  return target.create({ ...inherited, clip_sample: clipSample, ...target.names[override], _class_name: target.className });
 }

@@ -14,6 +14,8 @@ export interface Reading {
   coverage: number;
   /** Mean distance of figure pixels from the named colour (0..441); small means a clean, saturated figure. */
   colourError: number;
+  /** Mean distance of background pixels from the plain background: residual noise a right sampler removes. */
+  backgroundNoise: number;
 }
 
 /** Pixels further than this from the background colour belong to the figure. */
@@ -25,6 +27,22 @@ function distance(a: Rgb, b: Rgb): number {
 
 function pixel(rgb: Uint8Array, i: number): Rgb {
   return [rgb[i * 3], rgb[i * 3 + 1], rgb[i * 3 + 2]];
+}
+
+/** Pixels this far from the figure's box are pure background: the decoder's blur does not reach them. */
+const EDGE_MARGIN = 12;
+
+function meanBackgroundDistance(rgb: Uint8Array, width: number, height: number, background: Rgb, box: number[]): number {
+  const [minX, minY, maxX, maxY] = box;
+  let [total, count] = [0, 0];
+  for (let y = 0; y < height; y++) {
+    for (let x = 0; x < width; x++) {
+      if (x >= minX - EDGE_MARGIN && x <= maxX + EDGE_MARGIN && y >= minY - EDGE_MARGIN && y <= maxY + EDGE_MARGIN) continue;
+      total += distance(pixel(rgb, y * width + x), background);
+      count++;
+    }
+  }
+  return count ? total / count : 0;
 }
 
 /** `palette` maps colour names to 0..255 RGB; `background` is the plain background's colour. */
@@ -45,12 +63,13 @@ export function readPicture(rgb: Uint8Array, width: number, height: number, pale
       maxY = Math.max(maxY, y);
     }
   }
-  if (count === 0) return { colour: 'none', shape: 'unknown', fill: 0, coverage: 0, colourError: Infinity };
+  const backgroundNoise = meanBackgroundDistance(rgb, width, height, background, [minX, minY, maxX, maxY]);
+  if (count === 0) return { colour: 'none', shape: 'unknown', fill: 0, coverage: 0, colourError: Infinity, backgroundNoise };
   const mean: Rgb = [sum[0] / count, sum[1] / count, sum[2] / count];
   const [colour, colourError] = Object.entries(palette)
     .map(([name, c]) => [name, distance(mean, c)] as const)
     .reduce((best, cur) => (cur[1] < best[1] ? cur : best));
   const fill = count / ((maxX - minX + 1) * (maxY - minY + 1));
   const shape = fill > 0.9 ? 'square' : fill > 0.66 && fill < 0.87 ? 'circle' : fill > 0.38 && fill < 0.62 ? 'triangle' : 'unknown';
-  return { colour, shape, fill, coverage: count / (width * height), colourError };
+  return { colour, shape, fill, coverage: count / (width * height), colourError, backgroundNoise };
 }

@@ -1,0 +1,163 @@
+import { appendFileSync } from 'node:fs';
+import { mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
+import OpenAI from 'openai';
+import { pino } from 'pino';
+import sharp from 'sharp';
+import type { Config } from '../../src/config.js';
+import { JobQueue } from '../../src/engine/job-queue.js';
+import type { EnginePool } from '../../src/engine/pool.js';
+import type { GeneratedImage, GenerationBatch } from '../../src/engine/types.js';
+import { buildApp } from '../../src/http/app.js';
+import { ModelRegistry } from '../../src/models/registry.js';
+import { ImageStore } from '../../src/store/image-store.js';
+
+/**
+ * The real HTTP app, store and model registry on an ephemeral port, with a fake engine: the API's
+ * behaviour is tested in milliseconds, without ONNX. Model folders are stubs that pass inspectModel.
+ */
+
+export const silentLogger = pino({ level: 'silent' });
+
+/** A folder inspectModel accepts as an SD-Turbo export (the files are never loaded by the fake engine). */
+export async function writeStubModel(dir: string, override?: object): Promise<void> {
+  const files: Record<string, string> = {
+    'model_index.json': JSON.stringify({ _class_name: 'OnnxStableDiffusionPipeline', _name_or_path: 'stabilityai/sd-turbo' }),
+    'unet/model.onnx': '',
+    'text_encoder/model.onnx': '',
+    'vae_decoder/model.onnx': '',
+    'tokenizer/vocab.json': '{}',
+    'scheduler/scheduler_config.json': JSON.stringify({ _class_name: 'EulerDiscreteScheduler', timestep_spacing: 'trailing' }),
+  };
+  if (override) files['imagegen.json'] = JSON.stringify(override);
+  for (const [name, content] of Object.entries(files)) {
+    await mkdir(path.dirname(path.join(dir, name)), { recursive: true });
+    await writeFile(path.join(dir, name), content);
+  }
+}
+
+/** Sizes of the stub model: small ones keep the fake images cheap. */
+export const STUB_SIZES = ['64x64', '128x64', '512x512'];
+
+/**
+ * Draws one flat picture per item, its colour derived from the seed, through the real JobQueue so
+ * queueing and cancellation behave as in the pool. `hold()` makes jobs wait until `release()`.
+ */
+export class FakeEngine implements EnginePool {
+  readonly batches: GenerationBatch[] = [];
+  readonly signals: (AbortSignal | undefined)[] = [];
+  private readonly queue: JobQueue;
+  private gate: Promise<void> | undefined;
+  private open: (() => void) | undefined;
+
+  constructor(workers = 1, queueMax = 16) {
+    this.queue = new JobQueue(workers, queueMax);
+  }
+
+  hold(): void {
+    this.gate = new Promise((resolve) => (this.open = resolve));
+  }
+
+  release(): void {
+    this.open?.();
+    this.gate = undefined;
+  }
+
+  generate(batch: GenerationBatch, signal?: AbortSignal): Promise<GeneratedImage[]> {
+    this.signals.push(signal);
+    return this.queue.run(async () => {
+      this.batches.push(batch);
+      await this.gate;
+      return Promise.all(batch.items.map((item) => draw(batch, item.seed)));
+    }, signal);
+  }
+
+  load() {
+    return this.queue.load();
+  }
+
+  async close() {
+    this.queue.close();
+  }
+}
+
+const CONTENT_TYPES = { png: 'image/png', jpeg: 'image/jpeg', webp: 'image/webp' } as const;
+
+async function draw(batch: GenerationBatch, seed: number): Promise<GeneratedImage> {
+  const background = { r: seed % 256, g: (seed >> 8) % 256, b: (seed >> 16) % 256 };
+  const image = sharp({ create: { width: batch.width, height: batch.height, channels: 3, background } });
+  const data = await image.toFormat(batch.outputFormat, batch.outputCompression === undefined ? {} : { quality: batch.outputCompression }).toBuffer();
+  return { data: new Uint8Array(data), contentType: CONTENT_TYPES[batch.outputFormat], seed };
+}
+
+export interface TestServer {
+  /** The API base URL, ending in /v1. */
+  baseURL: string;
+  origin: string;
+  client: OpenAI;
+  engine: FakeEngine;
+  store: ImageStore;
+  registry: ModelRegistry;
+  modelsDir: string;
+  dataDir: string;
+  close(): Promise<void>;
+}
+
+export interface TestServerOptions {
+  apiKeys?: string[];
+  aliases?: Record<string, string>;
+  engine?: FakeEngine;
+  ttlSeconds?: number;
+  maxStoreBytes?: number;
+  config?: Partial<AppConfig>;
+  /** Reuse an image store folder (restart tests). */
+  dataDir?: string;
+}
+
+type AppConfig = Pick<Config, 'apiKeys' | 'bodyLimit' | 'trustProxy' | 'publicBaseUrl'>;
+
+export const TEST_KEY = 'sk-test-0123456789abcdef';
+
+/** A server with one stub model, `stub`, aliased as dall-e-3. */
+export async function startTestServer(options: TestServerOptions = {}): Promise<TestServer> {
+  const root = await mkdtemp(path.join(os.tmpdir(), 'imagegen-api-'));
+  const modelsDir = path.join(root, 'models');
+  await writeStubModel(path.join(modelsDir, 'stub'), { sizes: STUB_SIZES, default_size: '64x64' });
+  const dataDir = options.dataDir ?? path.join(root, 'data');
+  const apiKeys = options.apiKeys ?? [TEST_KEY];
+
+  const engine = options.engine ?? new FakeEngine();
+  const store = await ImageStore.open({ dir: dataDir, ttlSeconds: options.ttlSeconds ?? 3600, maxBytes: options.maxStoreBytes ?? 1e9, logger: silentLogger });
+  const registry = new ModelRegistry({
+    roots: [{ dir: modelsDir, ownedBy: 'user' }],
+    aliases: options.aliases ?? { 'dall-e-3': 'stub' },
+    logger: silentLogger,
+    minRescanIntervalMs: 0,
+  });
+  await registry.scan();
+  const config: AppConfig = { apiKeys, bodyLimit: 1024 * 1024, trustProxy: true, publicBaseUrl: undefined, ...options.config };
+  const app = buildApp({ config, registry, engine, store, logger: silentLogger });
+  const origin = await app.listen({ port: 0, host: '127.0.0.1' });
+  const baseURL = `${origin}/v1`;
+  return {
+    baseURL,
+    origin,
+    client: new OpenAI({ baseURL, apiKey: apiKeys[0] ?? 'unused', maxRetries: 0 }),
+    engine,
+    store,
+    registry,
+    modelsDir,
+    dataDir,
+    async close() {
+      const t = performance.now();
+      const conns = await new Promise((r) => app.server.getConnections((e, n) => r(n)));
+      await app.close();
+      appendFileSync('/tmp/timing.txt', '\nconns ' + conns + ' app.close ' + Math.round(performance.now() - t));
+      await engine.close();
+      store.close();
+      registry.close();
+      await rm(root, { recursive: true, force: true });
+    },
+  };
+}
