@@ -1,4 +1,3 @@
-import { appendFileSync } from 'node:fs';
 import { mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
@@ -150,10 +149,7 @@ export async function startTestServer(options: TestServerOptions = {}): Promise<
     modelsDir,
     dataDir,
     async close() {
-      const t = performance.now();
-      const conns = await new Promise((r) => app.server.getConnections((e, n) => r(n)));
       await app.close();
-      appendFileSync('/tmp/timing.txt', '\nconns ' + conns + ' app.close ' + Math.round(performance.now() - t));
       await engine.close();
       store.close();
       registry.close();

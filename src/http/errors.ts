@@ -1,0 +1,121 @@
+import type { FastifyError, FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
+import fp from 'fastify-plugin';
+import type { ErrorBody } from './wire.js';
+
+/**
+ * Every error leaves the server in OpenAI's shape, {"error":{"message","type","param","code"}} with
+ * all four keys, and with the status the OpenAI SDKs map to the right exception class. Client mistakes
+ * must never surface as 5xx: the SDKs retry 5xx twice, running a bad request three times.
+ */
+
+export interface ApiErrorOptions {
+  type?: string;
+  param?: string | null;
+  code?: string | null;
+  headers?: Record<string, string>;
+}
+
+export class ApiError extends Error {
+  readonly type: string;
+  readonly param: string | null;
+  readonly code: string | null;
+  readonly headers: Record<string, string>;
+
+  constructor(
+    readonly status: number,
+    message: string,
+    options: ApiErrorOptions = {},
+  ) {
+    super(message);
+    this.name = 'ApiError';
+    this.type = options.type ?? (status >= 500 ? 'server_error' : 'invalid_request_error');
+    this.param = options.param ?? null;
+    this.code = options.code ?? null;
+    this.headers = options.headers ?? {};
+  }
+
+  /** The usual 400 for a bad field. */
+  static invalid(param: string | null, code: string, message: string): ApiError {
+    return new ApiError(400, message, { param, code });
+  }
+
+  /** While the server drains for shutdown: retryable, and the SDKs do retry 503. */
+  static shuttingDown(): ApiError {
+    return new ApiError(503, 'The server is shutting down. Please retry shortly.', {
+      code: 'server_shutting_down',
+      headers: { 'retry-after': '5' },
+    });
+  }
+
+  toBody(): ErrorBody {
+    return { error: { message: this.message, type: this.type, param: this.param, code: this.code } };
+  }
+}
+
+/** "'a'", "'a' and 'b'", "'a', 'b', and 'c'": OpenAI's way of listing supported values. */
+export function quoteList(values: readonly unknown[]): string {
+  const quoted = values.map((v) => `'${String(v)}'`);
+  if (quoted.length <= 2) return quoted.join(' and ');
+  return `${quoted.slice(0, -1).join(', ')}, and ${quoted.at(-1)}`;
+}
+
+const INTERNAL_ERROR_MESSAGE =
+  'The server had an error while processing your request. Sorry about that! The server log has details under this request id.';
+
+const METHODS = ['GET', 'HEAD', 'POST', 'PUT', 'DELETE', 'PATCH', 'OPTIONS'] as const;
+
+/** Fastify's own errors (body parsing, routing) in OpenAI's terms. */
+function fromFastifyError(err: FastifyError, request: FastifyRequest): ApiError | undefined {
+  switch (err.code) {
+    case 'FST_ERR_CTP_INVALID_JSON_BODY':
+    case 'FST_ERR_CTP_EMPTY_JSON_BODY':
+      return new ApiError(
+        400,
+        'We could not parse the JSON body of your request. The API expects a JSON object, but what was sent was not valid JSON.',
+      );
+    case 'FST_ERR_CTP_BODY_TOO_LARGE':
+      return new ApiError(413, `The request body is too large: the limit is ${request.routeOptions.bodyLimit} bytes.`, {
+        code: 'request_too_large',
+      });
+    case 'FST_ERR_CTP_INVALID_MEDIA_TYPE':
+      return new ApiError(
+        415,
+        `Unsupported content type: '${request.headers['content-type'] ?? '(none)'}'. This endpoint only accepts 'application/json' requests.`,
+        { code: 'unsupported_media_type' },
+      );
+  }
+  if (err.validation) return new ApiError(400, err.message, { code: 'invalid_value' });
+  if (err.statusCode && err.statusCode >= 400 && err.statusCode < 500) return new ApiError(err.statusCode, err.message);
+  return undefined;
+}
+
+function send(reply: FastifyReply, error: ApiError): FastifyReply {
+  return reply.code(error.status).headers(error.headers).type('application/json; charset=utf-8').send(error.toBody());
+}
+
+async function errorsPlugin(app: FastifyInstance): Promise<void> {
+  app.setErrorHandler((err: FastifyError, request, reply) => {
+    const error = err instanceof ApiError ? err : fromFastifyError(err, request);
+    if (error && error.status < 500) return send(reply, error);
+    request.log.error({ err }, 'request failed');
+    return send(reply, error ?? new ApiError(500, INTERNAL_ERROR_MESSAGE));
+  });
+
+  // A known path with another method is a 405 naming the allowed ones, not a 404.
+  app.setNotFoundHandler((request, reply) => {
+    const path = request.url.split('?')[0];
+    const allowed = METHODS.filter((method) => app.findRoute({ method, url: path }));
+    if (allowed.length) {
+      return send(
+        reply,
+        new ApiError(405, `Method ${request.method} is not allowed for ${path}. Allowed: ${allowed.join(', ')}.`, {
+          code: 'method_not_allowed',
+          headers: { allow: allowed.join(', ') },
+        }),
+      );
+    }
+    return send(reply, new ApiError(404, `Invalid URL (${request.method} ${path})`));
+  });
+}
+
+export const errors = fp(errorsPlugin, { name: 'errors' });

@@ -1,0 +1,109 @@
+import { z } from 'zod';
+import type { ModelFamily, ModelLayout, ModelVariant } from './layout.js';
+
+/**
+ * What the OpenAI request fields mean for each kind of model. `quality` picks the number of denoising
+ * steps (hd = more steps, more detail), `style` picks the classifier-free guidance (vivid = stronger
+ * guidance: more saturated and literal; natural = weaker). Guidance-distilled models (turbo, schnell)
+ * run without guidance, so style does not change their pictures. A model folder may override any of
+ * this in an `imagegen.json`:
+ *
+ *   { "sizes": ["512x512", "768x512"], "default_size": "512x512", "steps": { "standard": 20, "hd": 40 },
+ *     "guidance_scale": { "vivid": 8, "natural": 5 }, "scheduler": "euler", "max_batch": 4 }
+ */
+
+export type Quality = 'standard' | 'hd';
+export const STYLES = ['vivid', 'natural'] as const;
+export type Style = (typeof STYLES)[number];
+
+export interface ModelPreset {
+  /** "WxH", in the order the models endpoint lists them. */
+  sizes: string[];
+  defaultSize: string;
+  steps: Record<Quality, number>;
+  guidanceScale: Record<Style, number>;
+  /** Scheduler name (src/schedulers/index.ts); undefined runs the model's scheduler_config.json. */
+  scheduler?: string;
+  /** Largest batch given to one worker; a larger n is split into jobs that may run on several workers. */
+  maxBatch: number;
+}
+
+/** Sizes around a model's training resolution: its square plus the usual landscape/portrait buckets. */
+const SIZE_CLASSES: Record<number, string[]> = {
+  512: ['512x512', '640x512', '512x640', '768x512', '512x768'],
+  768: ['768x768', '1024x768', '768x1024', '1152x768', '768x1152'],
+  // SDXL's training buckets plus the dall-e-3 and gpt-image sizes apps ask for.
+  1024: ['1024x1024', '1152x896', '896x1152', '1216x832', '832x1216', '1344x768', '768x1344', '1536x1024', '1024x1536', '1792x1024', '1024x1792'],
+};
+
+type VariantPreset = Omit<ModelPreset, 'sizes' | 'defaultSize' | 'scheduler'> & { nativeSize: number };
+
+const VARIANTS: Record<ModelVariant, VariantPreset> = {
+  sd15: { nativeSize: 512, steps: { standard: 25, hd: 50 }, guidanceScale: { vivid: 7.5, natural: 5 }, maxBatch: 4 },
+  sd2: { nativeSize: 768, steps: { standard: 25, hd: 50 }, guidanceScale: { vivid: 7.5, natural: 5 }, maxBatch: 2 },
+  'sd-turbo': { nativeSize: 512, steps: { standard: 1, hd: 4 }, guidanceScale: { vivid: 0, natural: 0 }, maxBatch: 4 },
+  sdxl: { nativeSize: 1024, steps: { standard: 30, hd: 50 }, guidanceScale: { vivid: 7, natural: 5 }, maxBatch: 1 },
+  'sdxl-turbo': { nativeSize: 512, steps: { standard: 1, hd: 4 }, guidanceScale: { vivid: 0, natural: 0 }, maxBatch: 4 },
+  // LCM's guidance is the w it was distilled with (diffusers' default 8.5), not classifier-free guidance.
+  lcm: { nativeSize: 512, steps: { standard: 4, hd: 8 }, guidanceScale: { vivid: 8.5, natural: 6 }, maxBatch: 4 },
+  'flux-schnell': { nativeSize: 1024, steps: { standard: 4, hd: 8 }, guidanceScale: { vivid: 0, natural: 0 }, maxBatch: 1 },
+  // FLUX-dev's guidance is an embedded distilled value; 3.5 is its reference setting.
+  'flux-dev': { nativeSize: 1024, steps: { standard: 28, hd: 50 }, guidanceScale: { vivid: 3.5, natural: 2.5 }, maxBatch: 1 },
+};
+
+/** Sides must fit the latent grid: the VAE's 8x, times FLUX's 2x2 patches (the pipelines' sizeMultiple). */
+const SIZE_MULTIPLE: Record<ModelFamily, number> = { sd: 8, sdxl: 8, flux: 16 };
+
+const SIZE_PATTERN = /^([1-9]\d{1,4})x([1-9]\d{1,4})$/;
+
+const size = z.string().regex(SIZE_PATTERN, 'expected "WIDTHxHEIGHT", e.g. "1024x1024"');
+const count = z.number().int().min(1);
+const scale = z.number().min(0);
+
+/** The `imagegen.json` a model folder may carry; every field optional. */
+export const presetOverrideSchema = z.strictObject({
+  sizes: z.array(size).min(1).optional(),
+  default_size: size.optional(),
+  steps: z.strictObject({ standard: count.optional(), hd: count.optional() }).optional(),
+  guidance_scale: z.strictObject({ vivid: scale.optional(), natural: scale.optional() }).optional(),
+  scheduler: z.string().min(1).optional(),
+  max_batch: count.optional(),
+});
+
+export type PresetOverride = z.infer<typeof presetOverrideSchema>;
+
+class PresetError extends Error {
+  constructor(message: string) {
+    super(message);
+    this.name = 'PresetError';
+  }
+}
+
+/**
+ * The preset of a model: its variant's defaults, sized for its native resolution, with the folder's
+ * `imagegen.json` (already parsed) applied. `knownSchedulers` are the names valid for this model.
+ */
+export function presetFor(layout: Pick<ModelLayout, 'family' | 'variant' | 'nativeSize'>, override: PresetOverride, knownSchedulers: readonly string[]): ModelPreset {
+  const base = VARIANTS[layout.variant];
+  const native = layout.nativeSize ?? base.nativeSize;
+  const sizes = override.sizes ?? SIZE_CLASSES[native] ?? [`${native}x${native}`];
+  const defaultSize = override.default_size ?? (sizes.includes(`${native}x${native}`) ? `${native}x${native}` : sizes[0]);
+  const multiple = SIZE_MULTIPLE[layout.family];
+  const misfits = sizes.filter((size) => size.split('x').some((side) => Number(side) % multiple));
+  if (misfits.length) throw new PresetError(`sizes ${misfits.join(', ')} do not fit: both sides must be multiples of ${multiple}`);
+  if (!sizes.includes(defaultSize)) {
+    throw new PresetError(`default_size ${defaultSize} is not one of its sizes (${sizes.join(', ')})`);
+  }
+  const scheduler = override.scheduler;
+  if (scheduler !== undefined && !knownSchedulers.includes(scheduler)) {
+    throw new PresetError(`scheduler '${scheduler}' does not fit this model; use one of ${knownSchedulers.join(', ')}`);
+  }
+  return {
+    sizes: [...new Set(sizes)],
+    defaultSize,
+    steps: { ...base.steps, ...override.steps },
+    guidanceScale: { ...base.guidanceScale, ...override.guidance_scale },
+    scheduler,
+    maxBatch: override.max_batch ?? base.maxBatch,
+  };
+}

@@ -1,0 +1,188 @@
+import { readdir, readFile, stat } from 'node:fs/promises';
+import path from 'node:path';
+import type { Logger } from 'pino';
+import { schedulersFor } from '../schedulers/index.js';
+import { inspectModel, type ModelLayout } from './layout.js';
+import { presetFor, presetOverrideSchema, type ModelPreset } from './presets.js';
+
+/**
+ * The installed models: one sub-folder per model under each models folder, its id the folder name.
+ * Folders are rescanned periodically and when a request names an unknown model, so models can be added
+ * and removed without a restart. Unusable folders are logged (once per change) and skipped.
+ */
+
+export interface ModelEntry {
+  id: string;
+  layout: ModelLayout;
+  preset: ModelPreset;
+  /** Scheduler names a request may choose for this model. */
+  schedulers: string[];
+  /** Unix seconds: when the folder was last changed. */
+  created: number;
+  ownedBy: string;
+}
+
+export interface ModelsRoot {
+  dir: string;
+  /** `owned_by` of its models in /v1/models. */
+  ownedBy: string;
+}
+
+export interface RegistryOptions {
+  /** Searched in order; a model id found in an earlier root hides the same id in later ones. */
+  roots: ModelsRoot[];
+  /** Alias -> model id (OpenAI's model names -> local models). */
+  aliases: Record<string, string>;
+  logger: Logger;
+  /** Requests for unknown models rescan at most this often. */
+  minRescanIntervalMs?: number;
+}
+
+/** One listed model: an installed one, or an alias (then `id` is the alias). */
+export interface ListedModel {
+  id: string;
+  model: ModelEntry;
+}
+
+const OVERRIDE_FILE = 'imagegen.json';
+
+interface Inspection {
+  /** Changes whenever the folder or one of its direct children changes. */
+  signature: string;
+  result: ModelEntry | Error;
+}
+
+/** mtimes of the folder and its direct children: cheap, and catches components added or replaced. */
+async function folderSignature(dir: string): Promise<{ signature: string; mtimeMs: number }> {
+  const own = await stat(dir);
+  const children = await readdir(dir);
+  const times = await Promise.all(children.sort().map(async (child) => `${child}:${(await stat(path.join(dir, child))).mtimeMs}`));
+  return { signature: [own.mtimeMs, ...times].join('|'), mtimeMs: own.mtimeMs };
+}
+
+async function readOverride(dir: string) {
+  let json: unknown;
+  try {
+    json = JSON.parse(await readFile(path.join(dir, OVERRIDE_FILE), 'utf8'));
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code === 'ENOENT') return {};
+    throw new Error(`${OVERRIDE_FILE}: ${(err as Error).message}`);
+  }
+  const parsed = presetOverrideSchema.safeParse(json);
+  if (!parsed.success) {
+    throw new Error(`${OVERRIDE_FILE}: ${parsed.error.issues.map((i) => `${i.path.join('.') || '(top)'}: ${i.message}`).join('; ')}`);
+  }
+  return parsed.data;
+}
+
+async function inspect(id: string, dir: string, ownedBy: string, mtimeMs: number): Promise<ModelEntry> {
+  const layout = await inspectModel(dir);
+  const schedulers = schedulersFor(layout.family === 'flux' ? 'flow' : 'vp');
+  try {
+    const preset = presetFor(layout, await readOverride(dir), schedulers);
+    return { id, layout, preset, schedulers, created: Math.floor(mtimeMs / 1000), ownedBy };
+  } catch (err) {
+    throw new Error(`${dir}: ${(err as Error).message}`);
+  }
+}
+
+export class ModelRegistry {
+  private models = new Map<string, ModelEntry>();
+  private readonly inspections = new Map<string, Inspection>();
+  private scanning: Promise<void> | undefined;
+  private lastScan = 0;
+  private timer: NodeJS.Timeout | undefined;
+  private readonly minRescanIntervalMs: number;
+
+  constructor(private readonly options: RegistryOptions) {
+    this.minRescanIntervalMs = options.minRescanIntervalMs ?? 2000;
+  }
+
+  /** Rescans all roots; concurrent callers share one scan. */
+  scan(): Promise<void> {
+    this.scanning ??= this.scanRoots().finally(() => {
+      this.scanning = undefined;
+      this.lastScan = Date.now();
+    });
+    return this.scanning;
+  }
+
+  /** Rescans every `intervalMs` (0: never) until close(). */
+  startRescanning(intervalMs: number): void {
+    if (intervalMs <= 0) return;
+    this.timer = setInterval(() => {
+      this.scan().catch((err) => this.options.logger.error({ err }, 'model rescan failed'));
+    }, intervalMs);
+    this.timer.unref();
+  }
+
+  close(): void {
+    clearInterval(this.timer);
+  }
+
+  /** Rescans unless the last scan is more recent than minRescanIntervalMs. */
+  refresh(): Promise<void> {
+    return Date.now() - this.lastScan >= this.minRescanIntervalMs ? this.scan() : Promise.resolve();
+  }
+
+  /** The model an id or alias names, rescanning first (rate-limited) when it is unknown. */
+  async resolve(id: string): Promise<ModelEntry | undefined> {
+    const target = Object.hasOwn(this.options.aliases, id) ? this.options.aliases[id] : id;
+    if (!this.models.has(target)) await this.refresh();
+    return this.models.get(target);
+  }
+
+  /** Installed models by id, then the aliases whose model is installed. */
+  list(): ListedModel[] {
+    const installed = [...this.models.values()].sort((a, b) => a.id.localeCompare(b.id)).map((model) => ({ id: model.id, model }));
+    const aliases = Object.entries(this.options.aliases)
+      .filter(([alias, target]) => this.models.has(target) && !this.models.has(alias))
+      .map(([alias, target]) => ({ id: alias, model: this.models.get(target)! }));
+    return [...installed, ...aliases];
+  }
+
+  private async scanRoots(): Promise<void> {
+    const { logger } = this.options;
+    const found = new Map<string, ModelEntry>();
+    const seen = new Set<string>();
+    for (const root of this.options.roots) {
+      let names: string[];
+      try {
+        names = (await readdir(root.dir, { withFileTypes: true })).filter((d) => d.isDirectory() || d.isSymbolicLink()).map((d) => d.name);
+      } catch (err) {
+        if ((err as NodeJS.ErrnoException).code !== 'ENOENT') logger.warn({ err, dir: root.dir }, 'cannot read models folder');
+        continue;
+      }
+      for (const id of names.filter((name) => !name.startsWith('.')).sort()) {
+        if (found.has(id)) continue; // hidden by an earlier root
+        const dir = path.resolve(root.dir, id);
+        seen.add(dir);
+        const result = await this.inspectCached(id, dir, root.ownedBy);
+        if (!(result instanceof Error)) found.set(id, result);
+      }
+    }
+    for (const dir of this.inspections.keys()) if (!seen.has(dir)) this.inspections.delete(dir);
+
+    const added = [...found.keys()].filter((id) => !this.models.has(id));
+    const removed = [...this.models.keys()].filter((id) => !found.has(id));
+    if (added.length || removed.length) logger.info({ added, removed, models: [...found.keys()] }, 'models changed');
+    this.models = found;
+  }
+
+  /** Inspects a folder again only when it changed since the last scan; failures are logged then. */
+  private async inspectCached(id: string, dir: string, ownedBy: string): Promise<ModelEntry | Error> {
+    let signature: string;
+    let mtimeMs: number;
+    try {
+      ({ signature, mtimeMs } = await folderSignature(dir));
+    } catch (err) {
+      return err as Error; // not a folder, or removed while scanning
+    }
+    const cached = this.inspections.get(dir);
+    if (cached?.signature === signature) return cached.result;
+    const result = await inspect(id, dir, ownedBy, mtimeMs).catch((err: Error) => err);
+    if (result instanceof Error) this.options.logger.warn({ model: id, dir }, `skipping model: ${result.message}`);
+    this.inspections.set(dir, { signature, result });
+    return result;
+  }
+}

@@ -1,0 +1,164 @@
+import type { BaseLogger } from 'pino';
+import { QueueClosedError, QueueFullError } from '../engine/job-queue.js';
+import type { EnginePool } from '../engine/pool.js';
+import { MAX_SEED, randomSeed } from '../engine/random.js';
+import type { BatchItem, GeneratedImage, GenerationBatch } from '../engine/types.js';
+import { ApiError, quoteList } from '../http/errors.js';
+import type { GenerationRequest, ImageObject, ImagesResponse } from '../http/wire.js';
+import type { ModelEntry, ModelRegistry } from '../models/registry.js';
+import { StoreFullError, type ImageStore, type StoredImage } from '../store/image-store.js';
+
+/**
+ * What a generations request means: the model and its preset turn OpenAI's fields into engine
+ * batches, the engine draws the pictures, and they come back inline or as stored files' URLs. Errors
+ * of the model-dependent checks and of the engine's queue and the store become OpenAI errors here.
+ */
+
+export interface ImageServiceDeps {
+  registry: ModelRegistry;
+  engine: EnginePool;
+  store: ImageStore;
+}
+
+export interface GenerateContext {
+  /** Aborts when the client goes away: jobs still waiting for a worker are dropped. */
+  signal: AbortSignal;
+  /** The absolute URL of a stored image, as this request's client reaches the server. */
+  urlFor(image: StoredImage): string;
+  log: Pick<BaseLogger, 'info'>;
+}
+
+export interface ImageService {
+  generate(request: GenerationRequest, context: GenerateContext): Promise<ImagesResponse>;
+}
+
+function unknownModel(id: string, registry: ModelRegistry): ApiError {
+  const available = registry.list().map((m) => m.id);
+  const hint = available.length ? ` Available models: ${quoteList(available)}.` : ' No models are installed.';
+  // OpenAI's images endpoint answers an unknown model with this 400 (other endpoints use 404).
+  return new ApiError(400, `The model '${id}' does not exist.${hint}`, {
+    type: 'image_generation_user_error',
+    param: 'model',
+    code: 'invalid_value',
+  });
+}
+
+function parseSize(request: GenerationRequest, model: ModelEntry): { width: number; height: number } {
+  const { sizes, defaultSize } = model.preset;
+  const size = request.size === undefined || request.size === 'auto' ? defaultSize : request.size;
+  if (!sizes.includes(size)) {
+    throw ApiError.invalid('size', 'invalid_value', `Invalid value: '${size}'. Supported values are: ${quoteList(sizes)}.`);
+  }
+  const [width, height] = size.split('x').map(Number);
+  return { width, height };
+}
+
+function checkScheduler(request: GenerationRequest, model: ModelEntry): void {
+  const allowed = model.schedulers;
+  if (request.scheduler !== undefined && !allowed.includes(request.scheduler)) {
+    throw ApiError.invalid(
+      'scheduler',
+      'invalid_value',
+      `Invalid value: '${request.scheduler}'. Supported values for model '${request.model}' are: ${quoteList(allowed)}.`,
+    );
+  }
+}
+
+/** Image i gets seed + i, so each image's seed reproduces it alone; wraps past MAX_SEED. */
+function seeds(request: GenerationRequest): number[] {
+  const base = request.seed ?? randomSeed();
+  return Array.from({ length: request.n }, (_, i) => (base + i) % (MAX_SEED + 1));
+}
+
+function chunks<T>(items: T[], size: number): T[][] {
+  return Array.from({ length: Math.ceil(items.length / size) }, (_, i) => items.slice(i * size, (i + 1) * size));
+}
+
+function engineError(err: unknown): unknown {
+  if (err instanceof QueueFullError) {
+    return new ApiError(
+      429,
+      `Rate limit reached: all workers are busy and the generation queue is full. Please try again in ${err.retryAfterSeconds}s.`,
+      { type: 'requests', code: 'rate_limit_exceeded', headers: { 'retry-after': String(err.retryAfterSeconds) } },
+    );
+  }
+  if (err instanceof QueueClosedError) return ApiError.shuttingDown();
+  return err;
+}
+
+export function createImageService({ registry, engine, store }: ImageServiceDeps): ImageService {
+  /** Runs the batches in parallel (they may land on different workers); one failure cancels the rest. */
+  async function run(batches: GenerationBatch[], signal: AbortSignal): Promise<GeneratedImage[]> {
+    const failed = new AbortController();
+    const either = AbortSignal.any([signal, failed.signal]);
+    try {
+      const results = await Promise.all(
+        batches.map((batch) =>
+          engine.generate(batch, either).catch((err) => {
+            failed.abort(err);
+            throw err;
+          }),
+        ),
+      );
+      return results.flat();
+    } catch (err) {
+      throw engineError(err);
+    }
+  }
+
+  async function deliver(image: GeneratedImage, request: GenerationRequest, context: GenerateContext): Promise<ImageObject> {
+    if (request.response_format === 'b64_json') return { b64_json: Buffer.from(image.data).toString('base64'), seed: image.seed };
+    try {
+      return { url: context.urlFor(await store.put(image.data, image.contentType)), seed: image.seed };
+    } catch (err) {
+      if (!(err instanceof StoreFullError)) throw err;
+      throw new ApiError(507, "The server's image store is full. Ask for response_format 'b64_json', or retry once older images expired.", {
+        code: 'storage_full',
+        // Retrying at once cannot help; tell the SDKs not to.
+        headers: { 'x-should-retry': 'false' },
+      });
+    }
+  }
+
+  return {
+    async generate(request, context) {
+      const started = performance.now();
+      const model = await registry.resolve(request.model);
+      if (!model) throw unknownModel(request.model, registry);
+      const { width, height } = parseSize(request, model);
+      checkScheduler(request, model);
+
+      const { preset } = model;
+      const items: BatchItem[] = seeds(request).map((seed) => ({ prompt: request.prompt, negativePrompt: request.negative_prompt ?? '', seed }));
+      const settings = {
+        modelDir: model.layout.dir,
+        width,
+        height,
+        steps: request.steps ?? preset.steps[request.quality],
+        guidanceScale: request.guidance_scale ?? preset.guidanceScale[request.style],
+        scheduler: request.scheduler ?? preset.scheduler,
+        outputFormat: request.output_format,
+        outputCompression: request.output_compression,
+      };
+      const images = await run(
+        chunks(items, preset.maxBatch).map((part) => ({ ...settings, items: part })),
+        context.signal,
+      );
+      const generated = performance.now();
+      const data = await Promise.all(images.map((image) => deliver(image, request, context)));
+      context.log.info(
+        {
+          model: model.id,
+          size: `${width}x${height}`,
+          n: request.n,
+          steps: settings.steps,
+          responseFormat: request.response_format,
+          generateMs: Math.round(generated - started),
+          deliverMs: Math.round(performance.now() - generated),
+        },
+        'images generated',
+      );
+      return { created: Math.floor(Date.now() / 1000), data };
+    },
+  };
+}

@@ -1,0 +1,145 @@
+import { randomBytes } from 'node:crypto';
+import { mkdir, readdir, readFile, rename, stat, unlink, writeFile } from 'node:fs/promises';
+import path from 'node:path';
+import type { Logger } from 'pino';
+
+/**
+ * Generated images served by URL for a limited time. One file per image, named
+ * `<id>.<expiry unix milliseconds>.<ext>`: the name is the whole index, so a restart rebuilds it from a
+ * directory listing and keeps each image's own expiry. Files are written to a temporary name and
+ * renamed, so a reader never sees half an image. Ids are 128 random bits in hex.
+ */
+
+export interface StoredImage {
+  id: string;
+  ext: ImageExtension;
+  contentType: string;
+  /** Unix milliseconds; the image is gone from this moment on. */
+  expiresAt: number;
+  size: number;
+}
+
+const EXTENSIONS = { 'image/png': 'png', 'image/jpeg': 'jpg', 'image/webp': 'webp' } as const;
+export type ImageExtension = (typeof EXTENSIONS)[keyof typeof EXTENSIONS];
+const CONTENT_TYPES = Object.fromEntries(Object.entries(EXTENSIONS).map(([type, ext]) => [ext, type])) as Record<ImageExtension, string>;
+
+const FILE_NAME = /^([0-9a-f]{32})\.(\d+)\.(png|jpg|webp)$/;
+const TEMP_FILE = /^\..*\.tmp$/;
+
+export interface ImageStoreOptions {
+  /** Folder of the images (created if missing). */
+  dir: string;
+  ttlSeconds: number;
+  maxBytes: number;
+  logger: Logger;
+}
+
+export class StoreFullError extends Error {
+  constructor(readonly maxBytes: number) {
+    super(`the image store is full (${maxBytes} bytes of unexpired images)`);
+    this.name = 'StoreFullError';
+  }
+}
+
+export class ImageStore {
+  private readonly index = new Map<string, StoredImage>();
+  /** Bytes of indexed files plus writes in progress. */
+  private bytes = 0;
+  private timer: NodeJS.Timeout | undefined;
+  private constructor(private readonly options: ImageStoreOptions) {}
+
+  /** Opens the store: indexes the images left by a previous run, deleting expired and half-written ones. */
+  static async open(options: ImageStoreOptions): Promise<ImageStore> {
+    const store = new ImageStore(options);
+    await mkdir(options.dir, { recursive: true });
+    for (const entry of await readdir(options.dir, { withFileTypes: true })) {
+      if (!entry.isFile()) continue;
+      const file = path.join(options.dir, entry.name);
+      if (TEMP_FILE.test(entry.name)) {
+        await unlink(file).catch(() => undefined);
+        continue;
+      }
+      const match = FILE_NAME.exec(entry.name);
+      if (!match) continue;
+      const [, id, expiry, ext] = match;
+      const { size } = await stat(file);
+      const image: StoredImage = { id, ext: ext as ImageExtension, contentType: CONTENT_TYPES[ext as ImageExtension], expiresAt: Number(expiry), size };
+      store.index.set(id, image);
+      store.bytes += size;
+    }
+    await store.sweep();
+    return store;
+  }
+
+  private fileOf(image: StoredImage): string {
+    return path.join(this.options.dir, `${image.id}.${image.expiresAt}.${image.ext}`);
+  }
+
+  private expired(image: StoredImage): boolean {
+    return image.expiresAt <= Date.now();
+  }
+
+  /** Stores an image; throws StoreFullError when it does not fit even after deleting expired ones. */
+  async put(data: Uint8Array, contentType: string): Promise<StoredImage> {
+    const ext = EXTENSIONS[contentType as keyof typeof EXTENSIONS];
+    if (!ext) throw new TypeError(`cannot store images of type ${contentType}`);
+    if (this.bytes + data.byteLength > this.options.maxBytes) await this.sweep();
+    if (this.bytes + data.byteLength > this.options.maxBytes) throw new StoreFullError(this.options.maxBytes);
+    this.bytes += data.byteLength; // reserved before the first await, so parallel puts cannot overfill
+
+    const id = randomBytes(16).toString('hex');
+    const expiresAt = Date.now() + Math.round(this.options.ttlSeconds * 1000);
+    const image: StoredImage = { id, ext, contentType, expiresAt, size: data.byteLength };
+    const temp = path.join(this.options.dir, `.${id}.tmp`);
+    try {
+      await writeFile(temp, data, { flag: 'wx' });
+      await rename(temp, this.fileOf(image));
+    } catch (err) {
+      this.bytes -= data.byteLength;
+      await unlink(temp).catch(() => undefined);
+      throw err;
+    }
+    this.index.set(id, image);
+    return image;
+  }
+
+  /** The image, or null when unknown or expired (even before the sweeper deleted it). */
+  get(id: string): StoredImage | null {
+    const image = this.index.get(id);
+    return image && !this.expired(image) ? image : null;
+  }
+
+  /** The image's bytes, or null if it expired or vanished meanwhile. */
+  async read(image: StoredImage): Promise<Buffer | null> {
+    if (this.expired(image)) return null;
+    try {
+      return await readFile(this.fileOf(image));
+    } catch (err) {
+      if ((err as NodeJS.ErrnoException).code === 'ENOENT') return null;
+      throw err;
+    }
+  }
+
+  /** Deletes expired images. */
+  async sweep(): Promise<void> {
+    const expired = [...this.index.values()].filter((image) => this.expired(image));
+    for (const image of expired) {
+      this.index.delete(image.id);
+      this.bytes -= image.size;
+      await unlink(this.fileOf(image)).catch((err: NodeJS.ErrnoException) => {
+        if (err.code !== 'ENOENT') this.options.logger.warn({ err, id: image.id }, 'cannot delete expired image');
+      });
+    }
+    if (expired.length) this.options.logger.debug({ deleted: expired.length }, 'expired images deleted');
+  }
+
+  /** Sweeps every `intervalMs` until close(). */
+  startSweeper(intervalMs: number): void {
+    this.timer = setInterval(() => void this.sweep(), intervalMs);
+    this.timer.unref();
+  }
+
+  close(): void {
+    clearInterval(this.timer);
+  }
+}

@@ -1,0 +1,357 @@
+import net from 'node:net';
+import OpenAI from 'openai';
+import type { ImageGenerateParamsNonStreaming } from 'openai/resources/images';
+import sharp from 'sharp';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { MAX_SEED } from '../src/engine/random.js';
+import { MAX_PROMPT_LENGTH } from '../src/http/wire.js';
+import { schedulersFor } from '../src/schedulers/index.js';
+import { FakeEngine, startTestServer, STUB_SIZES, TEST_KEY, type TestServer } from './helpers/api-server.js';
+
+/**
+ * The OpenAI-compatible API through the official SDK against the real HTTP app, store and registry
+ * (fake engine): what an unchanged OpenAI app sees, error for error.
+ */
+
+let server: TestServer;
+beforeAll(async () => {
+  server = await startTestServer();
+});
+afterAll(() => server.close());
+
+/** Our extension fields are not in the SDK's types; apps add them to the params object. */
+const generate = (params: Record<string, unknown>, client = server.client) =>
+  client.images.generate({ model: 'stub', prompt: 'a red circle', ...params } as unknown as ImageGenerateParamsNonStreaming);
+
+async function apiError(promise: Promise<unknown>): Promise<InstanceType<typeof OpenAI.APIError>> {
+  const err = await promise.then(
+    () => undefined,
+    (e: unknown) => e,
+  );
+  expect(err).toBeInstanceOf(OpenAI.APIError);
+  return err as InstanceType<typeof OpenAI.APIError>;
+}
+
+async function decode(data: Uint8Array | ArrayBuffer) {
+  return sharp(Buffer.from(data as ArrayBuffer)).metadata();
+}
+
+describe('POST /v1/images/generations', () => {
+  it('returns n inline images of the asked size, each with its own seed', async () => {
+    const res = await generate({ response_format: 'b64_json', n: 3, size: '128x64' });
+    expect(res.created).toBeGreaterThan(Date.now() / 1000 - 60);
+    expect(res.created).toBeLessThanOrEqual(Math.ceil(Date.now() / 1000));
+    expect(res.data).toHaveLength(3);
+    for (const image of res.data!) {
+      expect(Object.keys(image).sort()).toEqual(['b64_json', 'seed']);
+      const meta = await decode(Buffer.from(image.b64_json!, 'base64'));
+      expect([meta.format, meta.width, meta.height]).toEqual(['png', 128, 64]);
+    }
+    const seeds = res.data!.map((d) => (d as { seed: number }).seed);
+    expect(seeds).toEqual([seeds[0], seeds[0] + 1, seeds[0] + 2].map((s) => s % (MAX_SEED + 1)));
+    expect(new Set(res.data!.map((d) => d.b64_json)).size).toBe(3);
+  });
+
+  it('returns absolute URLs by default that load without a key and carry their remaining lifetime', async () => {
+    const res = await generate({ n: 2 });
+    expect(res.data).toHaveLength(2);
+    for (const image of res.data!) {
+      expect(Object.keys(image).sort()).toEqual(['seed', 'url']);
+      expect(image.url).toMatch(new RegExp(`^${server.origin}/v1/images/files/[0-9a-f]{32}\\.png$`));
+      const file = await fetch(image.url!);
+      expect(file.status).toBe(200);
+      expect(file.headers.get('content-type')).toBe('image/png');
+      const maxAge = Number(/max-age=(\d+)/.exec(file.headers.get('cache-control') ?? '')?.[1]);
+      expect(maxAge).toBeGreaterThan(3500);
+      expect(maxAge).toBeLessThanOrEqual(3600);
+      const meta = await decode(await file.arrayBuffer());
+      expect([meta.width, meta.height]).toEqual([64, 64]); // the model's default size
+    }
+  });
+
+  it('reproduces images from a seed, image i using seed + i, wrapping at the largest seed', async () => {
+    const res = await generate({ response_format: 'b64_json', n: 2, seed: MAX_SEED });
+    expect(res.data!.map((d) => (d as { seed: number }).seed)).toEqual([MAX_SEED, 0]);
+    const again = await generate({ response_format: 'b64_json', seed: 0 });
+    expect(again.data![0].b64_json).toBe(res.data![1].b64_json);
+  });
+
+  it('maps quality and style to the model preset and passes extension fields to the engine', async () => {
+    const before = server.engine.batches.length;
+    await generate({ quality: 'hd', style: 'natural' });
+    await generate({ steps: 7, guidance_scale: 2.5, negative_prompt: 'blurry', scheduler: 'euler', output_format: 'webp', output_compression: 60 });
+    const [hd, custom] = server.engine.batches.slice(before);
+    // The stub is an SD-Turbo: 1 step standard, 4 hd, no guidance.
+    expect({ steps: hd.steps, guidance: hd.guidanceScale, format: hd.outputFormat }).toEqual({ steps: 4, guidance: 0, format: 'png' });
+    expect(custom).toMatchObject({ steps: 7, guidanceScale: 2.5, scheduler: 'euler', outputFormat: 'webp', outputCompression: 60 });
+    expect(custom.items[0]).toMatchObject({ prompt: 'a red circle', negativePrompt: 'blurry' });
+  });
+
+  it('serves jpeg and webp with their content types', async () => {
+    for (const [format, type] of [['jpeg', 'image/jpeg'], ['webp', 'image/webp']]) {
+      const res = await generate({ output_format: format, output_compression: 80 });
+      expect(res.data![0].url).toMatch(format === 'jpeg' ? /\.jpg$/ : /\.webp$/);
+      expect((await fetch(res.data![0].url!)).headers.get('content-type')).toBe(type);
+    }
+  });
+
+  it('accepts the OpenAI names of models and fields it does not use, and null as omitted', async () => {
+    const res = await generate({
+      model: 'dall-e-3',
+      user: 'user-1234',
+      moderation: 'low',
+      background: 'opaque',
+      quality: 'high',
+      stream: false,
+      size: null,
+      n: null,
+      style: null,
+    });
+    expect(res.data).toHaveLength(1);
+  });
+
+  it('answers with application/json and the request id headers', async () => {
+    const { data, response, request_id } = await server.client.images
+      .generate({ model: 'stub', prompt: 'x', response_format: 'b64_json' })
+      .withResponse();
+    expect(data.data).toHaveLength(1);
+    expect(response.headers.get('content-type')).toMatch(/^application\/json/);
+    expect(request_id).toMatch(/^req_[0-9a-f]{32}$/);
+    expect(Number(response.headers.get('openai-processing-ms'))).toBeGreaterThanOrEqual(0);
+  });
+});
+
+describe('request validation', () => {
+  const cases: Array<[string, Record<string, unknown>, string | null, string, string?]> = [
+    ['missing model', { model: undefined }, 'model', 'missing_required_parameter', "Missing required parameter: 'model'."],
+    ['missing prompt', { prompt: undefined }, 'prompt', 'missing_required_parameter', "Missing required parameter: 'prompt'."],
+    ['null prompt', { prompt: null }, 'prompt', 'missing_required_parameter'],
+    ['empty prompt', { prompt: '' }, 'prompt', 'empty_string'],
+    ['prompt too long', { prompt: 'x'.repeat(MAX_PROMPT_LENGTH + 1) }, 'prompt', 'string_above_max_length'],
+    ['prompt not a string', { prompt: 42 }, 'prompt', 'invalid_type', "Invalid type for 'prompt': expected a string, but got an integer instead."],
+    ['n above 10', { n: 11 }, 'n', 'integer_above_max_value', "Invalid 'n': integer above maximum value. Expected a value <= 10, but got 11 instead."],
+    ['n below 1', { n: 0 }, 'n', 'integer_below_min_value', "Invalid 'n': integer below minimum value. Expected a value >= 1, but got 0 instead."],
+    ['n as a string', { n: '2' }, 'n', 'invalid_type', "Invalid type for 'n': expected an integer, but got a string instead."],
+    ['n not whole', { n: 1.5 }, 'n', 'invalid_type', "Invalid type for 'n': expected an integer, but got a decimal number instead."],
+    ['unsupported size', { size: '1536x1024' }, 'size', 'invalid_value', `Invalid value: '1536x1024'. Supported values are: ${"'64x64', '128x64', and '512x512'"}.`],
+    ['malformed size', { size: 'big' }, 'size', 'invalid_value'],
+    ['unknown response_format', { response_format: 'png' }, 'response_format', 'invalid_value', "Invalid value: 'png'. Supported values are: 'url' and 'b64_json'."],
+    ['unknown quality', { quality: 'ultra' }, 'quality', 'invalid_value'],
+    ['unknown style', { style: 'gothic' }, 'style', 'invalid_value'],
+    ['unknown field', { foo: 1 }, 'foo', 'unknown_parameter', "Unknown parameter: 'foo'."],
+    ['transparent background', { background: 'transparent' }, 'background', 'unsupported_value'],
+    ['compression of a PNG', { output_compression: 50 }, 'output_compression', 'unsupported_value'],
+    ['compression above 100', { output_format: 'jpeg', output_compression: 101 }, 'output_compression', 'integer_above_max_value'],
+    ['unknown output_format', { output_format: 'gif' }, 'output_format', 'invalid_value'],
+    ['streaming', { stream: true }, 'stream', 'unsupported_value'],
+    ['negative seed', { seed: -1 }, 'seed', 'integer_below_min_value'],
+    ['seed above 32 bits', { seed: MAX_SEED + 1 }, 'seed', 'integer_above_max_value'],
+    ['zero steps', { steps: 0 }, 'steps', 'integer_below_min_value'],
+    ['guidance too high', { guidance_scale: 31 }, 'guidance_scale', 'decimal_above_max_value'],
+    ['unknown scheduler', { scheduler: 'nope' }, 'scheduler', 'invalid_value'],
+    ['scheduler of another model kind', { scheduler: schedulersFor('flow')[0] }, 'scheduler', 'invalid_value'],
+  ];
+
+  it.each(cases)('%s -> 400 BadRequestError', async (_, params, param, code, message) => {
+    const err = await apiError(generate(params));
+    expect(err).toBeInstanceOf(OpenAI.BadRequestError);
+    expect({ status: err.status, type: err.type, param: err.param, code: err.code }).toEqual({ status: 400, type: 'invalid_request_error', param, code });
+    if (message) expect((err.error as { message: string }).message).toBe(message);
+    expect(err.requestID).toMatch(/^req_/);
+  });
+
+  it('reports an unknown parameter before other problems', async () => {
+    const err = await apiError(generate({ prompt: undefined, sizes: '64x64' }));
+    expect([err.param, err.code]).toEqual(['sizes', 'unknown_parameter']);
+  });
+
+  it('rejects an unknown model as OpenAI does, naming the installed ones', async () => {
+    const err = await apiError(generate({ model: 'dall-e-4' }));
+    expect(err).toBeInstanceOf(OpenAI.BadRequestError);
+    expect({ type: err.type, param: err.param, code: err.code }).toEqual({ type: 'image_generation_user_error', param: 'model', code: 'invalid_value' });
+    expect(err.message).toContain("The model 'dall-e-4' does not exist. Available models: 'stub' and 'dall-e-3'.");
+  });
+
+  it('never runs the engine for an invalid request', async () => {
+    const before = server.engine.batches.length;
+    await apiError(generate({ n: 11 }));
+    expect(server.engine.batches.length).toBe(before);
+  });
+});
+
+describe('authentication', () => {
+  const withKey = (apiKey: string) => new OpenAI({ baseURL: server.baseURL, apiKey, maxRetries: 0 });
+
+  it('rejects a wrong key with invalid_api_key and a Bearer challenge', async () => {
+    const err = await apiError(generate({}, withKey('sk-wrong-key-000000')));
+    expect(err).toBeInstanceOf(OpenAI.AuthenticationError);
+    expect({ status: err.status, type: err.type, param: err.param, code: err.code }).toEqual({ status: 401, type: 'invalid_request_error', param: null, code: 'invalid_api_key' });
+    expect(err.headers?.get('www-authenticate')).toBe('Bearer realm="imagegen"');
+    expect(err.message).not.toContain('sk-wrong-key-000000');
+  });
+
+  it('rejects a missing key like OpenAI, with code null', async () => {
+    const res = await fetch(`${server.baseURL}/images/generations`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ model: 'stub', prompt: 'x' }),
+    });
+    expect(res.status).toBe(401);
+    expect(res.headers.get('www-authenticate')).toBe('Bearer realm="imagegen"');
+    const body = await res.json();
+    expect(body.error).toMatchObject({ type: 'invalid_request_error', param: null, code: null });
+    expect(body.error.message).toMatch(/^You didn't provide an API key/);
+  });
+
+  it('guards the models endpoints but not /health or image files', async () => {
+    expect((await fetch(`${server.baseURL}/models`)).status).toBe(401);
+    expect((await fetch(`${server.origin}/health`)).status).toBe(200);
+    const { data } = await generate({});
+    expect((await fetch(data![0].url!)).status).toBe(200);
+  });
+
+  it('accepts any of several keys', async () => {
+    const multi = await startTestServer({ apiKeys: ['sk-first-1234567', TEST_KEY] });
+    try {
+      expect((await generate({}, multi.client)).data).toHaveLength(1);
+    } finally {
+      await multi.close();
+    }
+  });
+});
+
+describe('models', () => {
+  it('lists installed models and aliases in OpenAI shape with their sizes', async () => {
+    const list = await server.client.models.list();
+    const models = list.data.map((m) => ({ ...m }));
+    expect(models.map((m) => m.id)).toEqual(['stub', 'dall-e-3']);
+    for (const m of models) {
+      expect(m).toMatchObject({ object: 'model', owned_by: 'user', sizes: STUB_SIZES, default_size: '64x64' });
+      expect(Number.isInteger(m.created)).toBe(true);
+    }
+  });
+
+  it('retrieves one model, by id or alias', async () => {
+    expect(await server.client.models.retrieve('dall-e-3')).toMatchObject({ id: 'dall-e-3', object: 'model', default_size: '64x64' });
+    const err = await apiError(server.client.models.retrieve('nope'));
+    expect(err).toBeInstanceOf(OpenAI.NotFoundError);
+    expect({ param: err.param, code: err.code }).toEqual({ param: 'model', code: 'model_not_found' });
+  });
+});
+
+describe('backpressure and cancellation', () => {
+  it('answers 429 with Retry-After when the queue is full, and /health meanwhile', async () => {
+    const engine = new FakeEngine(1, 0);
+    const busy = await startTestServer({ engine });
+    try {
+      engine.hold();
+      const first = generate({}, busy.client);
+      await expect.poll(() => engine.load().running).toBe(1);
+
+      const started = performance.now();
+      const health = await fetch(`${busy.origin}/health`);
+      expect(await health.json()).toEqual({ status: 'ok', queue: { running: 1, queued: 0 } });
+      expect(performance.now() - started).toBeLessThan(1000);
+
+      const err = await apiError(generate({}, busy.client));
+      expect(err).toBeInstanceOf(OpenAI.RateLimitError);
+      expect({ status: err.status, code: err.code }).toEqual({ status: 429, code: 'rate_limit_exceeded' });
+      expect(Number(err.headers?.get('retry-after'))).toBeGreaterThanOrEqual(1);
+      engine.release();
+      expect((await first).data).toHaveLength(1);
+    } finally {
+      engine.release();
+      await busy.close();
+    }
+  });
+
+  it('drops a queued job when its client disconnects', async () => {
+    const engine = new FakeEngine(1, 4);
+    const busy = await startTestServer({ engine });
+    try {
+      engine.hold();
+      const first = generate({}, busy.client);
+      await expect.poll(() => engine.load().running).toBe(1);
+      const abort = new AbortController();
+      const second = busy.client.images.generate({ model: 'stub', prompt: 'later' }, { signal: abort.signal }).catch(() => 'aborted');
+      await expect.poll(() => engine.load().queued).toBe(1);
+      abort.abort();
+      expect(await second).toBe('aborted');
+      await expect.poll(() => engine.load().queued).toBe(0);
+      engine.release();
+      await first;
+      expect(engine.batches.map((b) => b.items[0].prompt)).toEqual(['a red circle']);
+    } finally {
+      engine.release();
+      await busy.close();
+    }
+  });
+});
+
+describe('image store limits', () => {
+  it('answers 507 storage_full, not to be retried, when URLs cannot be stored; b64_json still works', async () => {
+    const full = await startTestServer({ maxStoreBytes: 10 });
+    try {
+      const err = await apiError(generate({}, full.client));
+      expect(err).toBeInstanceOf(OpenAI.InternalServerError);
+      expect({ status: err.status, type: err.type, code: err.code }).toEqual({ status: 507, type: 'server_error', code: 'storage_full' });
+      expect(err.headers?.get('x-should-retry')).toBe('false');
+      expect((await generate({ response_format: 'b64_json' }, full.client)).data).toHaveLength(1);
+    } finally {
+      await full.close();
+    }
+  });
+});
+
+describe('shutdown', () => {
+  it('lets a running generation finish, then closes promptly despite idle and unused connections', async () => {
+    const engine = new FakeEngine();
+    const closing = await startTestServer({ engine });
+    engine.hold();
+    const running = generate({}, closing.client);
+    await expect.poll(() => engine.load().running).toBe(1);
+    // A connection that never sends a request: Node alone would wait for it.
+    const spare = net.connect(Number(new URL(closing.origin).port), '127.0.0.1').on('error', () => undefined);
+    await new Promise((resolve) => spare.once('connect', resolve));
+    const closed = closing.close();
+    await new Promise((resolve) => setTimeout(resolve, 50));
+    engine.release();
+    expect((await running).data).toHaveLength(1);
+    const started = performance.now();
+    await closed;
+    expect(performance.now() - started).toBeLessThan(1000);
+    spare.destroy();
+  });
+});
+
+describe('image URLs', () => {
+  it('follow X-Forwarded-Proto and X-Forwarded-Host from a trusted proxy', async () => {
+    const res = await fetch(`${server.baseURL}/images/generations`, {
+      method: 'POST',
+      headers: {
+        'content-type': 'application/json',
+        authorization: `Bearer ${TEST_KEY}`,
+        'x-forwarded-proto': 'https',
+        'x-forwarded-host': 'images.example.com',
+      },
+      body: JSON.stringify({ model: 'stub', prompt: 'x' }),
+    });
+    const body = await res.json();
+    expect(body.data[0].url).toMatch(/^https:\/\/images\.example\.com\/v1\/images\/files\/[0-9a-f]{32}\.png$/);
+  });
+
+  it('ignore proxy headers unless trusted, and use PUBLIC_BASE_URL when set', async () => {
+    const headers = { 'x-forwarded-host': 'evil.example.com' };
+    const untrusted = await startTestServer({ config: { trustProxy: false } });
+    const fixed = await startTestServer({ config: { publicBaseUrl: 'https://img.example.com/gen' } });
+    try {
+      const a = await generate({}, new OpenAI({ baseURL: untrusted.baseURL, apiKey: TEST_KEY, defaultHeaders: headers }));
+      expect(a.data![0].url!.startsWith(`${untrusted.origin}/v1/images/files/`)).toBe(true);
+      const b = await generate({}, fixed.client);
+      expect(b.data![0].url).toMatch(/^https:\/\/img\.example\.com\/gen\/v1\/images\/files\//);
+    } finally {
+      await untrusted.close();
+      await fixed.close();
+    }
+  });
+});

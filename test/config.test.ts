@@ -1,0 +1,69 @@
+import { describe, expect, it } from 'vitest';
+import { ConfigError, loadConfig } from '../src/config.js';
+
+/** Configuration from flags and environment, secure by default. */
+
+const problems = (fn: () => unknown): string[] => {
+  try {
+    fn();
+  } catch (err) {
+    expect(err).toBeInstanceOf(ConfigError);
+    return (err as ConfigError).problems;
+  }
+  throw new Error('expected a ConfigError');
+};
+
+describe('loadConfig', () => {
+  it('has safe defaults: loopback, port 8000, 24 h URLs, OpenAI names aliased to the demo model', () => {
+    const config = loadConfig({}, {});
+    expect(config).toMatchObject({
+      host: '127.0.0.1',
+      port: 8000,
+      apiKeys: [],
+      dataDir: './data',
+      defaultModel: 'demo-shapes',
+      imageTtlSeconds: 86400,
+      workers: 1,
+      queueMax: 64,
+      bodyLimit: 1024 * 1024,
+      trustProxy: true,
+      modelAliases: { 'dall-e-2': 'demo-shapes', 'dall-e-3': 'demo-shapes', 'gpt-image-1': 'demo-shapes' },
+    });
+  });
+
+  it('reads environment variables, flags winning over them', () => {
+    const env = { PORT: '9000', API_KEYS: 'sk-a, sk-b,', MAX_STORE_BYTES: '512m', WORKERS: '2' };
+    const config = loadConfig({ port: '9001' }, env);
+    expect(config).toMatchObject({ port: 9001, apiKeys: ['sk-a', 'sk-b'], maxStoreBytes: 512 * 1024 ** 2, workers: 2 });
+  });
+
+  it('refuses a non-loopback host without API keys, and explains', () => {
+    const [problem] = problems(() => loadConfig({}, { HOST: '0.0.0.0' }));
+    expect(problem).toMatch(/HOST is 0\.0\.0\.0 but no API_KEYS/);
+    const config = loadConfig({}, { HOST: '0.0.0.0', API_KEYS: 'sk-x' });
+    expect(config.trustProxy).toBe(false);
+  });
+
+  it('names each invalid setting with its variable and flag', () => {
+    const found = problems(() => loadConfig({}, { PORT: 'eighty', WORKERS: '0', LOG_LEVEL: 'loud', PUBLIC_BASE_URL: 'example.com' }));
+    expect(found).toHaveLength(4);
+    expect(found[0]).toMatch(/^PORT \(--port\): expected a whole number \(got 'eighty'\)/);
+    expect(found.join('\n')).toMatch(/WORKERS \(--workers\)/);
+    expect(found.join('\n')).toMatch(/PUBLIC_BASE_URL \(--public-base-url\)/);
+  });
+
+  it('needs TLS_CERT and TLS_KEY together', () => {
+    expect(problems(() => loadConfig({ tlsCert: 'cert.pem' }, {}))).toEqual(['TLS_CERT and TLS_KEY must be set together']);
+  });
+
+  it('merges MODEL_ALIASES over the defaults; an empty target removes one', () => {
+    const config = loadConfig({}, { DEFAULT_MODEL: 'sdxl', MODEL_ALIASES: 'dall-e-3=flux, dall-e-2=, my-model=sd15' });
+    expect(config.modelAliases).toEqual({ 'dall-e-3': 'flux', 'gpt-image-1': 'sdxl', 'my-model': 'sd15' });
+    expect(problems(() => loadConfig({}, { MODEL_ALIASES: 'nonsense' }))[0]).toMatch(/^MODEL_ALIASES/);
+  });
+
+  it('takes PUBLIC_BASE_URL with or without the /v1 the SDK base URL has', () => {
+    expect(loadConfig({}, { PUBLIC_BASE_URL: 'https://img.example.com/v1/' }).publicBaseUrl).toBe('https://img.example.com');
+    expect(loadConfig({}, { PUBLIC_BASE_URL: 'https://example.com/gen' }).publicBaseUrl).toBe('https://example.com/gen');
+  });
+});

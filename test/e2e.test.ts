@@ -1,0 +1,114 @@
+import { access, cp, mkdtemp, rm, writeFile } from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
+import OpenAI from 'openai';
+import sharp from 'sharp';
+import { afterAll, beforeAll, describe, expect, inject, it } from 'vitest';
+import { EMBEDDED_MODELS_DIR, loadConfig } from '../src/config.js';
+import { startServer, type RunningServer } from '../src/server.js';
+import { silentLogger } from './helpers/api-server.js';
+import { readPicture } from './helpers/picture.js';
+import { BACKGROUND_RGB, PALETTE } from './helpers/palette.js';
+
+/**
+ * The whole service as `imagegen serve` runs it: config, worker threads, the real pipelines and the
+ * reference SD-Turbo model, driven by the official SDK. Small sizes keep it quick on a CPU.
+ */
+
+const KEY = 'sk-e2e-0123456789';
+let root: string;
+let server: RunningServer;
+let client: OpenAI;
+
+beforeAll(async () => {
+  root = await mkdtemp(path.join(os.tmpdir(), 'imagegen-e2e-'));
+  const shapes = path.join(root, 'models', 'shapes');
+  await cp(path.join(inject('referenceModelsDir'), 'sd-turbo'), shapes, { recursive: true });
+  await writeFile(path.join(shapes, 'imagegen.json'), JSON.stringify({ sizes: ['128x128', '256x128', '512x512'], default_size: '128x128' }));
+  const config = loadConfig(
+    {},
+    { PORT: '0', API_KEYS: KEY, DATA_DIR: path.join(root, 'data'), MODELS_DIR: path.join(root, 'models'), MODELS_RESCAN_SECONDS: '0' },
+  );
+  server = await startServer(config, silentLogger);
+  client = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: KEY, maxRetries: 0 });
+});
+
+afterAll(async () => {
+  await server?.close();
+  await rm(root, { recursive: true, force: true });
+});
+
+const read = async (data: Buffer) => {
+  const { data: pixels, info } = await sharp(data).removeAlpha().raw().toBuffer({ resolveWithObject: true });
+  return { info, reading: readPicture(new Uint8Array(pixels), info.width, info.height, PALETTE, BACKGROUND_RGB) };
+};
+
+describe('generation with the real engine', () => {
+  it('returns inline images that show what the prompt asks, all different', async () => {
+    const res = await client.images.generate({ model: 'shapes', prompt: 'a red circle', n: 3, size: '256x128', quality: 'hd', response_format: 'b64_json' });
+    expect(res.data).toHaveLength(3);
+    const images = res.data!.map((d) => Buffer.from(d.b64_json!, 'base64'));
+    for (const image of images) {
+      const { info, reading } = await read(image);
+      expect([info.width, info.height]).toEqual([256, 128]);
+      expect(reading.colour).toBe('red');
+    }
+    expect(new Set(images.map((i) => i.toString('base64'))).size).toBe(3);
+  });
+
+  it('returns a URL that loads without a key, reproducible from its seed', async () => {
+    const res = await client.images.generate({ model: 'shapes', prompt: 'a blue square', quality: 'hd' });
+    const file = await fetch(res.data![0].url!);
+    expect(file.headers.get('content-type')).toBe('image/png');
+    const image = Buffer.from(await file.arrayBuffer());
+    expect((await read(image)).reading).toMatchObject({ colour: 'blue' });
+
+    const seed = (res.data![0] as { seed: number }).seed;
+    const again = await client.images.generate({ model: 'shapes', prompt: 'a blue square', quality: 'hd', response_format: 'b64_json', seed } as OpenAI.ImageGenerateParamsNonStreaming);
+    expect(Buffer.from(again.data![0].b64_json!, 'base64').equals(image)).toBe(true);
+  });
+
+  it('answers /health promptly while a generation runs', async () => {
+    let settled = false;
+    const running = client.images
+      .generate({ model: 'shapes', prompt: 'a green triangle', n: 8, size: '512x512', quality: 'hd', response_format: 'b64_json' })
+      .finally(() => (settled = true));
+    let seenBusy = false;
+    let slowest = 0;
+    while (!settled) {
+      const started = performance.now();
+      const health = (await (await fetch(`${server.url}/health`)).json()) as { queue: { running: number } };
+      slowest = Math.max(slowest, performance.now() - started);
+      seenBusy ||= health.queue.running > 0;
+      await new Promise((resolve) => setTimeout(resolve, 5));
+    }
+    expect((await running).data).toHaveLength(8);
+    expect(seenBusy).toBe(true);
+    expect(slowest).toBeLessThan(500);
+  });
+});
+
+const demo = path.join(EMBEDDED_MODELS_DIR, 'demo-shapes');
+const demoPresent = await access(demo).then(
+  () => true,
+  () => false,
+);
+
+describe.skipIf(!demoPresent)('the embedded demo model', () => {
+  it('serves the OpenAI model names out of the box', async () => {
+    const models = await client.models.list();
+    expect(models.data.map((m) => m.id)).toEqual(expect.arrayContaining(['demo-shapes', 'dall-e-2', 'dall-e-3', 'gpt-image-1']));
+    const res = await client.images.generate({ model: 'dall-e-3', prompt: 'a yellow circle', response_format: 'b64_json' });
+    const { info, reading } = await read(Buffer.from(res.data![0].b64_json!, 'base64'));
+    expect([info.width, info.height, reading.colour]).toEqual([512, 512, 'yellow']);
+  });
+
+  it('offers the dall-e sizes, so apps written for dall-e work unchanged', async () => {
+    const demoModel = (await client.models.retrieve('demo-shapes')) as unknown as { sizes: string[]; default_size: string };
+    expect(demoModel.default_size).toBe('512x512');
+    expect(demoModel.sizes).toEqual(expect.arrayContaining(['256x256', '512x512', '1024x1024', '1792x1024', '1024x1792']));
+    const res = await client.images.generate({ model: 'dall-e-2', prompt: 'a green square', size: '256x256', response_format: 'b64_json' });
+    const { info, reading } = await read(Buffer.from(res.data![0].b64_json!, 'base64'));
+    expect([info.width, info.height, reading.colour]).toEqual([256, 256, 'green']);
+  });
+});

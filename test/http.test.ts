@@ -1,0 +1,98 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { startTestServer, TEST_KEY, type TestServer } from './helpers/api-server.js';
+
+/** What raw HTTP clients can send that the SDK never would: every answer is an OpenAI error body. */
+
+let server: TestServer;
+beforeAll(async () => {
+  server = await startTestServer();
+});
+afterAll(() => server.close());
+
+const auth = { authorization: `Bearer ${TEST_KEY}` };
+
+async function post(body: string, headers: Record<string, string> = { 'content-type': 'application/json' }) {
+  return fetch(`${server.baseURL}/images/generations`, { method: 'POST', headers: { ...auth, ...headers }, body });
+}
+
+async function expectError(res: Response, status: number, code: string | null, param: string | null = null) {
+  expect(res.status).toBe(status);
+  expect(res.headers.get('content-type')).toMatch(/^application\/json/);
+  expect(res.headers.get('x-request-id')).toMatch(/^req_[0-9a-f]{32}$/);
+  const body = await res.json();
+  expect(Object.keys(body.error).sort()).toEqual(['code', 'message', 'param', 'type']);
+  expect(body.error).toMatchObject({ type: 'invalid_request_error', param, code });
+  expect(body.error.message).toEqual(expect.any(String));
+  return body.error as { message: string };
+}
+
+describe('malformed requests', () => {
+  it('malformed JSON -> 400', async () => {
+    const error = await expectError(await post('{"model": "stub",'), 400, null);
+    expect(error.message).toMatch(/could not parse the JSON body/);
+  });
+
+  it('empty JSON body -> 400', async () => {
+    await expectError(await post(''), 400, null);
+  });
+
+  it('a JSON value that is not an object -> 400 invalid_type', async () => {
+    for (const body of ['[]', '"a red circle"', '42', 'null']) await expectError(await post(body), 400, 'invalid_type');
+  });
+
+  it('a __proto__ key -> 400, never a polluted object', async () => {
+    await expectError(await post('{"model":"stub","prompt":"x","__proto__":{"n":5}}'), 400, null);
+  });
+
+  it('wrong content type -> 415', async () => {
+    const error = await expectError(await post('model=stub&prompt=x', { 'content-type': 'application/x-www-form-urlencoded' }), 415, 'unsupported_media_type');
+    expect(error.message).toContain('application/x-www-form-urlencoded');
+  });
+
+  it('JSON with a charset parameter is fine', async () => {
+    const res = await post(JSON.stringify({ model: 'stub', prompt: 'x' }), { 'content-type': 'application/json; charset=utf-8' });
+    expect(res.status).toBe(200);
+  });
+
+  it('body over the limit -> 413 request_too_large', async () => {
+    const huge = JSON.stringify({ model: 'stub', prompt: 'x'.repeat(2 * 1024 * 1024) });
+    await expectError(await post(huge), 413, 'request_too_large');
+  });
+});
+
+describe('routing', () => {
+  it('unknown route -> 404 like OpenAI, even without a key', async () => {
+    const res = await fetch(`${server.baseURL}/images/variations/nope`);
+    const error = await expectError(res, 404, null);
+    expect(error.message).toBe('Invalid URL (GET /v1/images/variations/nope)');
+  });
+
+  it('wrong method -> 405 with Allow', async () => {
+    const res = await fetch(`${server.baseURL}/images/generations`, { headers: auth });
+    expect(res.headers.get('allow')).toBe('POST');
+    await expectError(res, 405, 'method_not_allowed');
+    const models = await fetch(`${server.baseURL}/models/stub`, { method: 'DELETE', headers: auth });
+    expect(models.headers.get('allow')).toBe('GET, HEAD');
+    await expectError(models, 405, 'method_not_allowed');
+  });
+});
+
+describe('request ids', () => {
+  it('echoes a client x-request-id and otherwise makes a req_ id', async () => {
+    const echoed = await fetch(`${server.origin}/health`, { headers: { 'x-request-id': 'client-trace-42' } });
+    expect(echoed.headers.get('x-request-id')).toBe('client-trace-42');
+    const generated = await fetch(`${server.origin}/health`);
+    expect(generated.headers.get('x-request-id')).toMatch(/^req_[0-9a-f]{32}$/);
+    expect(generated.headers.get('openai-processing-ms')).toMatch(/^\d+$/);
+  });
+
+  it('replaces an unreasonable client id', async () => {
+    const res = await fetch(`${server.origin}/health`, { headers: { 'x-request-id': 'x'.repeat(500) } });
+    expect(res.headers.get('x-request-id')).toMatch(/^req_[0-9a-f]{32}$/);
+  });
+
+  it('puts the id on error responses too', async () => {
+    const res = await post('{', { 'content-type': 'application/json', 'x-request-id': 'trace-7' });
+    expect(res.headers.get('x-request-id')).toBe('trace-7');
+  });
+});

@@ -1,0 +1,60 @@
+import { describe, expect, it } from 'vitest';
+import { JobQueue, QueueClosedError, QueueFullError } from '../src/engine/job-queue.js';
+
+/** The engine's admission control: bounded waiting, cancellation of waiting jobs only. */
+
+function gate() {
+  let open!: () => void;
+  const opened = new Promise<void>((resolve) => (open = resolve));
+  return { open, opened };
+}
+
+describe('JobQueue', () => {
+  it('runs at most `concurrency` jobs and refuses beyond `maxWaiting` with a retry hint', async () => {
+    const queue = new JobQueue(2, 1);
+    const g = gate();
+    const started: number[] = [];
+    const job = (i: number) => () => {
+      started.push(i);
+      return g.opened.then(() => i);
+    };
+    const runs = [queue.run(job(1)), queue.run(job(2)), queue.run(job(3))];
+    expect(started).toEqual([1, 2]);
+    expect(queue.load()).toEqual({ running: 2, queued: 1 });
+    const full = await queue.run(job(4)).catch((e: unknown) => e);
+    expect(full).toBeInstanceOf(QueueFullError);
+    expect((full as QueueFullError).retryAfterSeconds).toBeGreaterThanOrEqual(1);
+    g.open();
+    expect(await Promise.all(runs)).toEqual([1, 2, 3]);
+    expect(queue.load()).toEqual({ running: 0, queued: 0 });
+  });
+
+  it('drops a waiting job when its signal aborts, but lets a running one finish', async () => {
+    const queue = new JobQueue(1, 4);
+    const g = gate();
+    const ran: string[] = [];
+    const running = new AbortController();
+    const waiting = new AbortController();
+    const first = queue.run(() => (ran.push('first'), g.opened.then(() => 'first done')), running.signal);
+    const second = queue.run(async () => void ran.push('second'), waiting.signal);
+    waiting.abort(new Error('client left'));
+    await expect(second).rejects.toThrow('client left');
+    running.abort(new Error('too late'));
+    g.open();
+    expect(await first).toBe('first done');
+    expect(ran).toEqual(['first']);
+    await expect(queue.run(async () => 1, AbortSignal.abort(new Error('already gone')))).rejects.toThrow('already gone');
+  });
+
+  it('on close rejects waiting jobs and new ones, and lets running ones finish', async () => {
+    const queue = new JobQueue(1, 4);
+    const g = gate();
+    const first = queue.run(() => g.opened.then(() => 'done'));
+    const second = queue.run(async () => 'never');
+    queue.close();
+    await expect(second).rejects.toBeInstanceOf(QueueClosedError);
+    await expect(queue.run(async () => 'late')).rejects.toBeInstanceOf(QueueClosedError);
+    g.open();
+    expect(await first).toBe('done');
+  });
+});

@@ -1,0 +1,104 @@
+import { mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
+import { afterEach, beforeEach, describe, expect, it } from 'vitest';
+import { inject } from 'vitest';
+import { ModelRegistry } from '../src/models/registry.js';
+import { silentLogger, writeStubModel } from './helpers/api-server.js';
+
+/** Model discovery: folders become models with presets; aliases; changes seen without restart. */
+
+let root: string;
+beforeEach(async () => {
+  root = await mkdtemp(path.join(os.tmpdir(), 'imagegen-registry-'));
+});
+afterEach(() => rm(root, { recursive: true, force: true }));
+
+function registry(dirs: string[], aliases: Record<string, string> = {}) {
+  return new ModelRegistry({ roots: dirs.map((dir, i) => ({ dir, ownedBy: `root${i}` })), aliases, logger: silentLogger, minRescanIntervalMs: 0 });
+}
+
+describe('ModelRegistry', () => {
+  it('recognises every reference family and gives it its variant preset', async () => {
+    const models = registry([inject('referenceModelsDir')]);
+    await models.scan();
+    const found = Object.fromEntries(
+      models.list().map(({ id, model }) => [id, { variant: model.layout.variant, size: model.preset.defaultSize, steps: model.preset.steps }]),
+    );
+    expect(found).toMatchObject({
+      'sd15-legacy': { variant: 'sd15', steps: { standard: 25, hd: 50 } },
+      'sd2-v': { variant: 'sd2' },
+      'sd-turbo': { variant: 'sd-turbo', steps: { standard: 1, hd: 4 } },
+      sdxl: { variant: 'sdxl' },
+      lcm: { variant: 'lcm', steps: { standard: 4, hd: 8 } },
+      'flux-schnell': { variant: 'flux-schnell', size: '1024x1024', steps: { standard: 4, hd: 8 } },
+      'flux-dev': { variant: 'flux-dev', steps: { standard: 28, hd: 50 } },
+    });
+    const flux = await models.resolve('flux-dev');
+    expect(flux!.schedulers).not.toContain('euler');
+    expect(flux!.preset.sizes).toContain('1792x1024');
+  });
+
+  it('applies imagegen.json and skips folders that are not usable models', async () => {
+    await writeStubModel(path.join(root, 'good'), { sizes: ['256x256', '512x512'], steps: { hd: 8 }, guidance_scale: { natural: 1 } });
+    await writeStubModel(path.join(root, 'bad-override'), { sizes: ['huge'] });
+    await writeStubModel(path.join(root, 'bad-default'), { sizes: ['256x256'], default_size: '512x512' });
+    await writeStubModel(path.join(root, 'bad-scheduler'), { scheduler: 'flow-match-euler' });
+    await writeStubModel(path.join(root, 'bad-size'), { sizes: ['500x500'] });
+    await mkdir(path.join(root, 'not-a-model'));
+    await writeFile(path.join(root, 'stray-file.onnx'), '');
+    const models = registry([root]);
+    await models.scan();
+    expect(models.list().map((m) => m.id)).toEqual(['good']);
+    const good = (await models.resolve('good'))!;
+    expect(good.preset).toMatchObject({
+      sizes: ['256x256', '512x512'],
+      defaultSize: '512x512',
+      steps: { standard: 1, hd: 8 },
+      guidanceScale: { vivid: 0, natural: 1 },
+    });
+  });
+
+  it('lets an earlier root hide a model of the same id', async () => {
+    const [user, embedded] = [path.join(root, 'user'), path.join(root, 'embedded')];
+    await writeStubModel(path.join(user, 'demo'), { sizes: ['256x256'] });
+    await writeStubModel(path.join(embedded, 'demo'));
+    await writeStubModel(path.join(embedded, 'other'));
+    const models = registry([user, embedded, path.join(root, 'missing')]);
+    await models.scan();
+    expect(models.list().map((m) => [m.id, m.model.ownedBy, m.model.preset.defaultSize])).toEqual([
+      ['demo', 'root0', '256x256'],
+      ['other', 'root1', '512x512'],
+    ]);
+  });
+
+  it('resolves aliases, listing only those whose model is installed', async () => {
+    await writeStubModel(path.join(root, 'demo'));
+    const models = registry([root], { 'dall-e-3': 'demo', 'gpt-image-1': 'absent' });
+    await models.scan();
+    expect(models.list().map((m) => m.id)).toEqual(['demo', 'dall-e-3']);
+    expect((await models.resolve('dall-e-3'))?.id).toBe('demo');
+    expect(await models.resolve('gpt-image-1')).toBeUndefined();
+  });
+
+  it('finds a model added after start on first request, and forgets a removed one', async () => {
+    const models = registry([root]);
+    await models.scan();
+    expect(await models.resolve('late')).toBeUndefined();
+    await writeStubModel(path.join(root, 'late'));
+    expect((await models.resolve('late'))?.id).toBe('late');
+    await rm(path.join(root, 'late'), { recursive: true });
+    await models.refresh();
+    expect(models.list()).toEqual([]);
+  });
+
+  it('notices a broken folder once it is repaired', async () => {
+    await writeStubModel(path.join(root, 'fixme'), { sizes: ['huge'] });
+    const models = registry([root]);
+    await models.scan();
+    expect(models.list()).toEqual([]);
+    await writeFile(path.join(root, 'fixme', 'imagegen.json'), JSON.stringify({ sizes: ['512x512'] }));
+    await models.refresh();
+    expect(models.list().map((m) => m.id)).toEqual(['fixme']);
+  });
+});

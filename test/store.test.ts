@@ -1,0 +1,143 @@
+import { mkdtemp, readdir, rm, writeFile } from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
+import { afterEach, beforeEach, describe, expect, it } from 'vitest';
+import { ImageStore, StoreFullError } from '../src/store/image-store.js';
+import { silentLogger, startTestServer, TEST_KEY } from './helpers/api-server.js';
+
+/** The image store on disk, and the files route in front of it. */
+
+let dir: string;
+beforeEach(async () => {
+  dir = await mkdtemp(path.join(os.tmpdir(), 'imagegen-store-'));
+});
+afterEach(() => rm(dir, { recursive: true, force: true }));
+
+const open = (options: { ttlSeconds?: number; maxBytes?: number } = {}) =>
+  ImageStore.open({ dir, ttlSeconds: options.ttlSeconds ?? 60, maxBytes: options.maxBytes ?? 1e6, logger: silentLogger });
+
+const bytes = (n: number, fill = 1) => new Uint8Array(n).fill(fill);
+const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
+
+describe('ImageStore', () => {
+  it('writes each image under a 128-bit id, atomically, leaving no temporary files', async () => {
+    const store = await open();
+    const images = await Promise.all([1, 2, 3].map((fill) => store.put(bytes(100, fill), 'image/png')));
+    expect(new Set(images.map((i) => i.id)).size).toBe(3);
+    for (const image of images) expect(image.id).toMatch(/^[0-9a-f]{32}$/);
+    const files = await readdir(dir);
+    expect(files).toHaveLength(3);
+    expect(files.some((f) => f.endsWith('.tmp'))).toBe(false);
+    expect(await store.read(store.get(images[1].id)!)).toEqual(Buffer.from(bytes(100, 2)));
+  });
+
+  it('forgets images when they expire, before the sweeper deletes them, then deletes them', async () => {
+    const store = await open({ ttlSeconds: 0.15 });
+    const image = await store.put(bytes(10), 'image/webp');
+    expect(store.get(image.id)).toMatchObject({ ext: 'webp', contentType: 'image/webp' });
+    await sleep(200);
+    expect(store.get(image.id)).toBeNull();
+    expect(await store.read(image)).toBeNull();
+    expect(await readdir(dir)).toHaveLength(1);
+    await store.sweep();
+    expect(await readdir(dir)).toHaveLength(0);
+  });
+
+  it('keeps unexpired images and their expiry across a restart, and cleans up after a crash', async () => {
+    const first = await open({ ttlSeconds: 60 });
+    const kept = await first.put(bytes(10), 'image/jpeg');
+    const short = await (await open({ ttlSeconds: 0.05 })).put(bytes(10), 'image/png');
+    first.close();
+    await writeFile(path.join(dir, `.${'a'.repeat(32)}.tmp`), 'half an image');
+    await writeFile(path.join(dir, 'README'), 'not an image');
+    await sleep(100);
+
+    const reopened = await open({ ttlSeconds: 1 });
+    expect(reopened.get(kept.id)).toEqual(kept);
+    expect(reopened.get(short.id)).toBeNull();
+    expect((await readdir(dir)).sort()).toEqual([`${kept.id}.${kept.expiresAt}.jpg`, 'README'].sort());
+  });
+
+  it('makes room by deleting expired images, then refuses with StoreFullError', async () => {
+    const store = await open({ ttlSeconds: 0.05, maxBytes: 250 });
+    await store.put(bytes(100), 'image/png');
+    await store.put(bytes(100), 'image/png');
+    await sleep(100);
+    // Both expired: deleted to make room.
+    await store.put(bytes(200), 'image/png');
+    expect(await readdir(dir)).toHaveLength(1);
+    await sleep(100);
+    const full = await open({ ttlSeconds: 60, maxBytes: 250 });
+    await full.put(bytes(200), 'image/png');
+    await expect(full.put(bytes(100), 'image/png')).rejects.toBeInstanceOf(StoreFullError);
+  });
+
+  it('refuses content it cannot name', async () => {
+    const store = await open();
+    await expect(store.put(bytes(1), 'text/html')).rejects.toThrow(/cannot store/);
+  });
+});
+
+describe('GET /v1/images/files/:name', () => {
+  it('serves an image until it expires, then 404 in OpenAI shape', async () => {
+    const server = await startTestServer({ ttlSeconds: 1 });
+    try {
+      const { data } = await server.client.images.generate({ model: 'stub', prompt: 'x' });
+      const url = data![0].url!;
+      const res = await fetch(url);
+      expect(res.status).toBe(200);
+      expect(res.headers.get('cache-control')).toMatch(/^public, max-age=[01], immutable$/);
+      expect((await fetch(url, { method: 'HEAD' })).status).toBe(200);
+
+      await sleep(1100);
+      const gone = await fetch(url);
+      expect(gone.status).toBe(404);
+      expect(gone.headers.get('content-type')).toMatch(/^application\/json/);
+      expect((await gone.json()).error).toMatchObject({ type: 'invalid_request_error', param: null, code: 'image_not_found' });
+    } finally {
+      await server.close();
+    }
+  });
+
+  it('keeps serving images generated before a restart', async () => {
+    const dataDir = path.join(dir, 'data');
+    const before = await startTestServer({ dataDir });
+    const { data } = await before.client.images.generate({ model: 'stub', prompt: 'x' });
+    const name = data![0].url!.split('/').pop();
+    await before.close();
+    const after = await startTestServer({ dataDir });
+    try {
+      const res = await fetch(`${after.baseURL}/images/files/${name}`);
+      expect(res.status).toBe(200);
+      expect(Buffer.from(await res.arrayBuffer()).subarray(1, 4).toString()).toBe('PNG');
+    } finally {
+      await after.close();
+    }
+  });
+
+  it('answers 404 to anything but an exact stored name, and never reads outside the store', async () => {
+    const server = await startTestServer();
+    try {
+      const { data } = await server.client.images.generate({ model: 'stub', prompt: 'x' });
+      const name = data![0].url!.split('/').pop()!;
+      const id = name.slice(0, 32);
+      const attempts = [
+        `${id}.jpg`, // wrong extension
+        `${id.toUpperCase()}.png`,
+        `${id}.png.json`,
+        '..%2F..%2F..%2Fpackage.json',
+        '..%2f..%2fetc%2fpasswd',
+        '%2e%2e%2f%2e%2e%2fpackage.json',
+        '../../../package.json',
+        `${id}`,
+      ];
+      for (const attempt of attempts) {
+        const res = await fetch(`${server.baseURL}/images/files/${attempt}`, { headers: { authorization: `Bearer ${TEST_KEY}` } });
+        expect([attempt, res.status]).toEqual([attempt, 404]);
+        expect(res.headers.get('content-type')).toMatch(/^application\/json/);
+      }
+    } finally {
+      await server.close();
+    }
+  });
+});
