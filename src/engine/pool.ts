@@ -3,8 +3,10 @@ import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { Piscina } from 'piscina';
 import type { EngineSettings } from '../pipelines/run.js';
+import { BatchMerger } from './batcher.js';
 import { JobQueue } from './job-queue.js';
-import type { Engine, GeneratedImage, GenerationBatch } from './types.js';
+import type { Engine, GeneratedImage } from './types.js';
+import type { WorkerTask } from './worker.js';
 
 /**
  * The engine as a pool of worker threads, each keeping its pipelines loaded between jobs. Jobs wait
@@ -18,6 +20,8 @@ export interface EnginePoolOptions {
   /** Jobs that may wait for a free worker; one more gets QueueFullError. */
   queueMax: number;
   executionProvider: 'cpu' | 'cuda';
+  /** Most images one merged batch of compatible requests may hold. */
+  maxMergedImages?: number;
 }
 
 export interface EnginePool extends Engine {
@@ -37,7 +41,7 @@ export function createEnginePool(options: EnginePoolOptions): EnginePool {
     // Workers share the cores: more threads than cores would only contend.
     runtime: { provider: options.executionProvider, threads: Math.max(1, Math.floor(os.availableParallelism() / options.workers)) },
   };
-  const piscina = new Piscina<GenerationBatch, GeneratedImage[]>({
+  const piscina = new Piscina<WorkerTask, GeneratedImage[]>({
     ...workerFile(),
     minThreads: options.workers,
     maxThreads: options.workers,
@@ -45,9 +49,14 @@ export function createEnginePool(options: EnginePoolOptions): EnginePool {
     workerData: { engine },
   });
   const queue = new JobQueue(options.workers, options.queueMax);
+  const merger = new BatchMerger(
+    (job, signal) => queue.run(job, signal),
+    (batch, cancel) => piscina.run({ batch, cancel }),
+    options.maxMergedImages ?? 16,
+  );
 
   return {
-    generate: (batch, signal) => queue.run(() => piscina.run(batch), signal),
+    generate: (batch, signal) => merger.generate(batch, signal),
     load: () => queue.load(),
     async close() {
       queue.close();

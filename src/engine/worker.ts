@@ -6,6 +6,12 @@ import type { GeneratedImage, GenerationBatch } from './types.js';
 
 configureEngine((workerData as { engine?: Partial<EngineSettings> } | undefined)?.engine ?? {});
 
-export default function generate(batch: GenerationBatch): Promise<GeneratedImage[]> {
-  return runBatch(batch);
+export interface WorkerTask {
+  batch: GenerationBatch;
+  /** Shared with the pool: 1 means every client of this batch left, stop at the next step. */
+  cancel: Int32Array;
+}
+
+export default function generate({ batch, cancel }: WorkerTask): Promise<GeneratedImage[]> {
+  return runBatch(batch, { shouldStop: () => Atomics.load(cancel, 0) === 1 });
 }

@@ -1,0 +1,118 @@
+import type { BatchItem, GeneratedImage, GenerationBatch } from './types.js';
+
+/**
+ * Merges requests for the same model, size and settings that wait for a worker together into one
+ * batch, so they share one denoising loop (one model call per step for all of them) instead of
+ * running one after the other. A group stays open for joiners until a worker takes it.
+ *
+ * Cancellation: a member whose client leaves before the group starts is dropped from it; once the group
+ * runs, the worker is told to stop at its next denoising step only when every member has left.
+ */
+
+/** Runs one batch on a worker; setting `cancel[0]` to 1 asks the worker to stop at its next step. */
+export type BatchRunner = (batch: GenerationBatch, cancel: Int32Array) => Promise<GeneratedImage[]>;
+
+/** Where groups wait for a worker (the bounded job queue). */
+export type JobScheduler = (job: () => Promise<void>, signal: AbortSignal) => Promise<void>;
+
+interface Member {
+  items: BatchItem[];
+  signal?: AbortSignal;
+  left: boolean;
+  resolve(images: GeneratedImage[]): void;
+  reject(err: unknown): void;
+}
+
+interface Group {
+  key: string;
+  settings: Omit<GenerationBatch, 'items'>;
+  members: Member[];
+  /** Aborts the group's place in the queue once every member has left. */
+  abandon: AbortController;
+}
+
+/** Batches with equal keys can run as one: everything but the items. */
+export function batchKey(batch: GenerationBatch): string {
+  const { items: _items, ...settings } = batch;
+  return JSON.stringify(settings, Object.keys(settings).sort());
+}
+
+export class BatchMerger {
+  private readonly open = new Map<string, Group>();
+
+  constructor(
+    private readonly enqueue: JobScheduler,
+    private readonly runner: BatchRunner,
+    /** Most items one merged batch may hold (the worker still splits it under its memory bound). */
+    private readonly maxItems: number,
+  ) {}
+
+  generate(batch: GenerationBatch, signal?: AbortSignal): Promise<GeneratedImage[]> {
+    if (signal?.aborted) return Promise.reject(signal.reason);
+    return new Promise<GeneratedImage[]>((resolve, reject) => {
+      const member: Member = { items: batch.items, signal, left: false, resolve, reject };
+      const joinable = this.joinableGroup(batch);
+      const group = joinable ?? this.openGroup(batch);
+      group.members.push(member);
+      signal?.addEventListener(
+        'abort',
+        () => {
+          member.left = true;
+          member.reject(signal.reason);
+          if (group.members.every((m) => m.left)) group.abandon.abort(signal.reason);
+        },
+        { once: true },
+      );
+      // Scheduled after the first member joined: a free worker may start the group at once.
+      if (!joinable) this.schedule(group);
+    });
+  }
+
+  private joinableGroup(batch: GenerationBatch): Group | undefined {
+    const group = this.open.get(batchKey(batch));
+    if (!group) return undefined;
+    const size = group.members.reduce((n, m) => n + (m.left ? 0 : m.items.length), 0);
+    return size + batch.items.length <= this.maxItems ? group : undefined;
+  }
+
+  private openGroup(batch: GenerationBatch): Group {
+    const { items: _items, ...settings } = batch;
+    const group: Group = { key: batchKey(batch), settings, members: [], abandon: new AbortController() };
+    this.open.set(group.key, group);
+    return group;
+  }
+
+  private schedule(group: Group): void {
+    this.enqueue(() => this.run(group), group.abandon.signal).catch((err) => {
+      this.close(group);
+      for (const m of group.members) m.reject(err);
+    });
+  }
+
+  private close(group: Group): void {
+    if (this.open.get(group.key) === group) this.open.delete(group.key);
+  }
+
+  private async run(group: Group): Promise<void> {
+    this.close(group);
+    const members = group.members.filter((m) => !m.left);
+    if (members.length === 0) return;
+    const cancel = new Int32Array(new SharedArrayBuffer(4));
+    const stopIfAllLeft = () => {
+      if (members.every((m) => m.left)) Atomics.store(cancel, 0, 1);
+    };
+    for (const m of members) m.signal?.addEventListener('abort', stopIfAllLeft, { once: true });
+    try {
+      const images = await this.runner({ ...group.settings, items: members.flatMap((m) => m.items) }, cancel);
+      let offset = 0;
+      for (const m of members) {
+        m.resolve(images.slice(offset, offset + m.items.length));
+        offset += m.items.length;
+      }
+    } catch (err) {
+      for (const m of members) m.reject(err);
+    } finally {
+      for (const m of members) m.signal?.removeEventListener('abort', stopIfAllLeft);
+    }
+  }
+}

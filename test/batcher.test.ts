@@ -1,0 +1,90 @@
+import { describe, expect, it } from 'vitest';
+import { BatchMerger } from '../src/engine/batcher.js';
+import { JobQueue } from '../src/engine/job-queue.js';
+import type { BatchItem, GeneratedImage, GenerationBatch } from '../src/engine/types.js';
+import { runBatch } from '../src/pipelines/run.js';
+import { referenceModel } from './helpers/reference.js';
+
+/**
+ * Compatible requests waiting together share one denoising loop. Real pipelines run the batches
+ * (in-process instead of in a worker thread, so the test can watch what each run received).
+ */
+
+function request(items: BatchItem[], overrides: Partial<GenerationBatch> = {}): GenerationBatch {
+  return { modelDir: referenceModel('sd-turbo'), width: 128, height: 128, steps: 4, guidanceScale: 0, outputFormat: 'png', items, ...overrides };
+}
+
+const item = (prompt: string, seed: number): BatchItem => ({ prompt, negativePrompt: '', seed });
+
+function harness() {
+  const runs: { items: number; stoppedEarly: boolean }[] = [];
+  const queue = new JobQueue(1, 10);
+  const merger = new BatchMerger(
+    (job, signal) => queue.run(job, signal),
+    async (batch, cancel) => {
+      const run = { items: batch.items.length, stoppedEarly: false };
+      runs.push(run);
+      try {
+        return await runBatch(batch, { shouldStop: () => Atomics.load(cancel, 0) === 1 });
+      } catch (err) {
+        run.stoppedEarly = true;
+        throw err;
+      }
+    },
+    8,
+  );
+  return { runs, merger };
+}
+
+describe('merging compatible requests', () => {
+  it('runs requests that waited together as one batch, each getting its own images', async () => {
+    const { runs, merger } = harness();
+    const first = merger.generate(request([item('a red circle', 1)]));
+    // These arrive while the only worker is busy: three compatible ones and one of another size.
+    const merged = [
+      merger.generate(request([item('a blue square', 2), item('a blue square', 3)])),
+      merger.generate(request([item('a green triangle', 4)])),
+      merger.generate(request([item('a yellow circle', 5)])),
+    ];
+    const other = merger.generate(request([item('a red square', 6)], { width: 256, height: 256 }));
+    const results = await Promise.all([first, ...merged, other]);
+
+    expect(runs.map((r) => r.items)).toEqual([1, 4, 1]);
+    expect(results.map((r) => r.map((img) => img.seed))).toEqual([[1], [2, 3], [4], [5], [6]]);
+    // Each image is the one its seed gives alone.
+    const [alone] = await runBatch(request([item('a green triangle', 4)]));
+    expect(Buffer.compare(Buffer.from(alone.data), Buffer.from(results[2][0].data))).toBe(0);
+  });
+
+  it('never merges past the item limit', async () => {
+    const { runs, merger } = harness();
+    const items = (n: number, from: number) => Array.from({ length: n }, (_, i) => item('a red circle', from + i));
+    await Promise.all([merger.generate(request(items(1, 0))), merger.generate(request(items(5, 10))), merger.generate(request(items(5, 20)))]);
+    expect(runs.map((r) => r.items)).toEqual([1, 5, 5]);
+  });
+
+  it('drops a request whose client left before its batch started', async () => {
+    const { runs, merger } = harness();
+    const busy = merger.generate(request([item('a red circle', 1)]));
+    const leaving = new AbortController();
+    const left = merger.generate(request([item('a blue square', 2)]), leaving.signal);
+    const stays = merger.generate(request([item('a green triangle', 3)]));
+    leaving.abort(new Error('client went away'));
+    await expect(left).rejects.toThrow('client went away');
+    const [, kept] = await Promise.all([busy, stays]);
+    expect(kept.map((img: GeneratedImage) => img.seed)).toEqual([3]);
+    expect(runs.map((r) => r.items)).toEqual([1, 1]);
+  });
+
+  it('stops a running batch at its next step once every client left', async () => {
+    const { runs, merger } = harness();
+    const leaving = new AbortController();
+    const running = merger.generate(request([item('a red circle', 1)], { steps: 400, width: 256, height: 256 }), leaving.signal);
+    setTimeout(() => leaving.abort(new Error('client went away')), 50);
+    await expect(running).rejects.toThrow('client went away');
+    // The worker is free again: the next request runs.
+    const next = await merger.generate(request([item('a blue square', 2)]));
+    expect(next).toHaveLength(1);
+    await expect.poll(() => runs[0].stoppedEarly).toBe(true);
+  });
+});
