@@ -5,7 +5,7 @@ import type { Logger } from 'pino';
 import { EMBEDDED_MODELS_DIR, type Config } from './config.js';
 import { createEnginePool } from './engine/pool.js';
 import { buildApp } from './http/app.js';
-import { ModelRegistry } from './models/registry.js';
+import { ModelRegistry, modelRoots } from './models/registry.js';
 import { ImageStore } from './store/image-store.js';
 
 /** Puts the service together (store, models, engine, HTTP app) and starts listening. */
@@ -30,7 +30,7 @@ export async function startServer(config: Config, logger: Logger): Promise<Runni
   store.startSweeper(SWEEP_INTERVAL_MS);
 
   const registry = new ModelRegistry({
-    roots: [...(config.modelsDir ? [{ dir: path.resolve(config.modelsDir), ownedBy: 'user' }] : []), { dir: EMBEDDED_MODELS_DIR, ownedBy: 'imagegen' }],
+    roots: modelRoots(config.modelsDir, EMBEDDED_MODELS_DIR),
     aliases: config.modelAliases,
     logger: logger.child({ component: 'models' }),
   });

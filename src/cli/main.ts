@@ -4,6 +4,7 @@ import { Command } from 'commander';
 import { pino } from 'pino';
 import { ConfigError, loadConfig, settingsHelp, type SettingName } from '../config.js';
 import { startServer } from '../server.js';
+import { registerGenerateCommand } from './generate.js';
 
 /** The `imagegen` command. `serve` is what `npm start` runs. */
 
@@ -48,5 +49,7 @@ const serve = program
   });
 
 for (const setting of settingsHelp) serve.option(`${setting.flag} <value>`, `${setting.description} [${setting.env}]`);
+
+registerGenerateCommand(program);
 
 await program.parseAsync();

@@ -46,6 +46,11 @@ export interface ListedModel {
 
 const OVERRIDE_FILE = 'imagegen.json';
 
+/** The user's models folder first (its models hide embedded ones of the same id), then the embedded one. */
+export function modelRoots(modelsDir: string | undefined, embeddedDir: string): ModelsRoot[] {
+  return [...(modelsDir ? [{ dir: path.resolve(modelsDir), ownedBy: 'user' }] : []), { dir: embeddedDir, ownedBy: 'imagegen' }];
+}
+
 interface Inspection {
   /** Changes whenever the folder or one of its direct children changes. */
   signature: string;

@@ -86,6 +86,29 @@ function engineError(err: unknown): unknown {
   return err;
 }
 
+/**
+ * What a request asks the engine for: its size, steps, guidance and scheduler from the model's preset
+ * unless the request sets them, one seed per image, split into batches of at most the model's maxBatch.
+ * Throws the OpenAI errors of the checks that depend on the model.
+ */
+export function planBatches(request: GenerationRequest, model: ModelEntry): GenerationBatch[] {
+  const { width, height } = parseSize(request, model);
+  checkScheduler(request, model);
+  const { preset } = model;
+  const items: BatchItem[] = seeds(request).map((seed) => ({ prompt: request.prompt, negativePrompt: request.negative_prompt ?? '', seed }));
+  const settings = {
+    modelDir: model.layout.dir,
+    width,
+    height,
+    steps: request.steps ?? preset.steps[request.quality],
+    guidanceScale: request.guidance_scale ?? preset.guidanceScale[request.style],
+    scheduler: request.scheduler ?? preset.scheduler,
+    outputFormat: request.output_format,
+    outputCompression: request.output_compression,
+  };
+  return chunks(items, preset.maxBatch).map((part) => ({ ...settings, items: part }));
+}
+
 export function createImageService({ registry, engine, store }: ImageServiceDeps): ImageService {
   /** Runs the batches in parallel (they may land on different workers); one failure cancels the rest. */
   async function run(batches: GenerationBatch[], signal: AbortSignal): Promise<GeneratedImage[]> {
@@ -125,25 +148,9 @@ export function createImageService({ registry, engine, store }: ImageServiceDeps
       const started = performance.now();
       const model = await registry.resolve(request.model);
       if (!model) throw unknownModel(request.model, registry);
-      const { width, height } = parseSize(request, model);
-      checkScheduler(request, model);
-
-      const { preset } = model;
-      const items: BatchItem[] = seeds(request).map((seed) => ({ prompt: request.prompt, negativePrompt: request.negative_prompt ?? '', seed }));
-      const settings = {
-        modelDir: model.layout.dir,
-        width,
-        height,
-        steps: request.steps ?? preset.steps[request.quality],
-        guidanceScale: request.guidance_scale ?? preset.guidanceScale[request.style],
-        scheduler: request.scheduler ?? preset.scheduler,
-        outputFormat: request.output_format,
-        outputCompression: request.output_compression,
-      };
-      const images = await run(
-        chunks(items, preset.maxBatch).map((part) => ({ ...settings, items: part })),
-        context.signal,
-      );
+      const batches = planBatches(request, model);
+      const images = await run(batches, context.signal);
+      const [{ width, height, steps }] = batches;
       const generated = performance.now();
       const data = await Promise.all(images.map((image) => deliver(image, request, context)));
       context.log.info(
@@ -151,7 +158,7 @@ export function createImageService({ registry, engine, store }: ImageServiceDeps
           model: model.id,
           size: `${width}x${height}`,
           n: request.n,
-          steps: settings.steps,
+          steps,
           responseFormat: request.response_format,
           generateMs: Math.round(generated - started),
           deliverMs: Math.round(performance.now() - generated),

@@ -1,0 +1,133 @@
+import { mkdir, writeFile } from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
+import type { Command } from 'commander';
+import { pino } from 'pino';
+import { EMBEDDED_MODELS_DIR, loadConfig } from '../config.js';
+import { ApiError } from '../http/errors.js';
+import { parseGenerationRequest } from '../http/wire.js';
+import { ModelRegistry, modelRoots } from '../models/registry.js';
+import { Progress, STEPS } from '../models/install/progress.js';
+import { configureEngine, runBatch } from '../pipelines/run.js';
+import { planBatches } from '../service/images.js';
+
+/**
+ * `imagegen generate`: the same request the HTTP route takes, run in this process without a server,
+ * with a progress bar over the denoising steps. The flags are the request's fields, validated by the
+ * same schema, so the command and the API cannot drift apart.
+ */
+
+interface GenerateFlags {
+  model?: string;
+  size?: string;
+  n: string;
+  seed?: string;
+  steps?: string;
+  guidanceScale?: string;
+  negativePrompt?: string;
+  scheduler?: string;
+  quality?: string;
+  style?: string;
+  format: string;
+  out: string;
+  modelsDir?: string;
+}
+
+const numberOrUndefined = (value: string | undefined) => (value === undefined ? undefined : Number(value));
+
+/** "A red circle, big!" -> "a-red-circle-big", for file names. */
+function slug(prompt: string): string {
+  return (
+    prompt
+      .toLowerCase()
+      .replace(/[^\p{L}\p{N}]+/gu, '-')
+      .replace(/^-|-$/g, '')
+      .slice(0, 40) || 'image'
+  );
+}
+
+export async function generateCommand(prompt: string, flags: GenerateFlags): Promise<string[]> {
+  const config = loadConfig({ modelsDir: flags.modelsDir });
+  const request = parseGenerationRequest({
+    model: flags.model ?? config.defaultModel,
+    prompt,
+    n: Number(flags.n),
+    size: flags.size,
+    seed: numberOrUndefined(flags.seed),
+    steps: numberOrUndefined(flags.steps),
+    guidance_scale: numberOrUndefined(flags.guidanceScale),
+    negative_prompt: flags.negativePrompt,
+    scheduler: flags.scheduler,
+    quality: flags.quality,
+    style: flags.style,
+    output_format: flags.format,
+    response_format: 'b64_json',
+  });
+  const registry = new ModelRegistry({
+    roots: modelRoots(config.modelsDir, EMBEDDED_MODELS_DIR),
+    aliases: config.modelAliases,
+    logger: pino({ level: 'warn' }, pino.destination(2)),
+  });
+  await registry.scan();
+  const model = await registry.resolve(request.model);
+  if (!model) {
+    const known = registry.list().map((m) => m.id);
+    throw new Error(`no model '${request.model}'. Installed: ${known.join(', ') || 'none'}. Install one with 'imagegen models pull' or 'imagegen models import'.`);
+  }
+  const batches = planBatches(request, model);
+
+  configureEngine({ runtime: { provider: config.executionProvider, threads: os.availableParallelism() } });
+  const stepsPerBatch = batches[0].steps;
+  const progress = new Progress(process.stderr, `${model.id} ${batches[0].width}x${batches[0].height}`, batches.length * stepsPerBatch, 0, Date.now, STEPS);
+  await mkdir(flags.out, { recursive: true });
+  const written: string[] = [];
+  for (const [index, batch] of batches.entries()) {
+    let reported = 0;
+    const images = await runBatch(batch, {
+      // A batch may report more steps than asked (PNDM repeats one): scale to the batch's share of the bar.
+      onStep: (step, total) => {
+        const now = Math.round((step / total) * stepsPerBatch);
+        progress.add(now - reported);
+        reported = now;
+      },
+    });
+    for (const image of images) {
+      const file = path.join(flags.out, `${slug(prompt)}-${image.seed}.${request.output_format === 'jpeg' ? 'jpg' : request.output_format}`);
+      await writeFile(file, image.data);
+      written.push(file);
+    }
+    progress.note(`batch ${index + 1}/${batches.length} done`);
+  }
+  progress.finish();
+  registry.close();
+  return written;
+}
+
+export function registerGenerateCommand(program: Command): void {
+  program
+    .command('generate')
+    .description('generate images in this process, without a server (the flags are the API request fields)')
+    .argument('<prompt>', 'what to draw')
+    .option('--model <id>', 'model id or alias [default: DEFAULT_MODEL]')
+    .option('--size <WxH>', "image size [default: the model's]")
+    .option('--n <count>', 'number of images, 1..10', '1')
+    .option('--seed <seed>', 'seed of the first image (image i gets seed + i) [default: random]')
+    .option('--steps <count>', 'denoising steps [default: from --quality]')
+    .option('--guidance-scale <scale>', 'classifier-free guidance [default: from --style]')
+    .option('--negative-prompt <text>', 'what not to draw')
+    .option('--scheduler <name>', "sampler, e.g. euler, euler_a, dpmpp_2m_karras [default: the model's]")
+    .option('--quality <quality>', 'standard or hd')
+    .option('--style <style>', 'vivid or natural')
+    .option('--format <format>', 'png, jpeg or webp', 'png')
+    .option('--out <dir>', 'folder to write the images to', '.')
+    .option('--models-dir <dir>', 'installed models [MODELS_DIR]')
+    .action(async (prompt: string, flags: GenerateFlags) => {
+      try {
+        for (const file of await generateCommand(prompt, flags)) console.log(file);
+      } catch (err) {
+        const message = err instanceof ApiError ? `invalid request: ${err.message}` : (err as Error).message;
+        console.error(`imagegen generate: ${message}`);
+        process.exitCode = 1;
+      }
+    });
+}

@@ -1,0 +1,43 @@
+import { execFile } from 'node:child_process';
+import { mkdtemp, readdir } from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
+import { promisify } from 'node:util';
+import sharp from 'sharp';
+import { describe, expect, it } from 'vitest';
+import { readPicture } from './helpers/picture.js';
+import { BACKGROUND_RGB, PALETTE } from './helpers/palette.js';
+
+const run = promisify(execFile);
+const root = path.resolve(import.meta.dirname, '..');
+
+/** The real `imagegen generate` command, as a user runs it: no server, files out, progress on stderr. */
+async function imagegen(...args: string[]) {
+  return run(process.execPath, ['--import', 'tsx', path.join(root, 'src/cli/main.ts'), ...args], { cwd: root });
+}
+
+describe('imagegen generate', () => {
+  it('writes n images of the asked size with a progress bar over the denoising steps', async () => {
+    const out = await mkdtemp(path.join(os.tmpdir(), 'imagegen-cli-'));
+    const { stdout, stderr } = await imagegen('generate', 'a yellow square', '--n', '2', '--seed', '7', '--quality', 'hd', '--out', out);
+
+    const files = (await readdir(out)).sort();
+    expect(files).toEqual(['a-yellow-square-7.png', 'a-yellow-square-8.png']);
+    expect(stdout.trim().split('\n')).toEqual(files.map((f) => path.join(out, f)));
+    expect(stderr).toMatch(/100%\s+\d+ steps \/ \d+ steps/);
+    for (const file of files) {
+      const { data, info } = await sharp(path.join(out, file)).removeAlpha().raw().toBuffer({ resolveWithObject: true });
+      expect([info.width, info.height]).toEqual([512, 512]);
+      expect(readPicture(data, info.width, info.height, PALETTE, BACKGROUND_RGB)).toMatchObject({ colour: 'yellow', shape: 'square' });
+    }
+  });
+
+  it('rejects what the API rejects, with the same message', async () => {
+    await expect(imagegen('generate', 'a red circle', '--n', '11')).rejects.toMatchObject({
+      stderr: expect.stringContaining("Invalid 'n': integer above maximum value. Expected a value <= 10, but got 11 instead."),
+    });
+    await expect(imagegen('generate', 'a red circle', '--model', 'no-such-model')).rejects.toMatchObject({
+      stderr: expect.stringContaining("no model 'no-such-model'"),
+    });
+  });
+});
