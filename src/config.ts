@@ -90,6 +90,10 @@ const SETTINGS = {
   },
   workers: { schema: integer(1, 64).default(1), description: 'generation worker threads (each loads its own copy of a model)' },
   executionProvider: { schema: z.enum(['cpu', 'cuda']).default('cpu'), description: 'onnxruntime execution provider: cpu or cuda' },
+  cudaDevices: {
+    schema: z.string().regex(/^\d+(,\d+)*$/, 'expected device ids separated by commas, e.g. 0,1').transform((t) => t.split(',').map(Number)).default([0]),
+    description: 'CUDA device ids; worker i runs on device i mod their count (with EXECUTION_PROVIDER=cuda)',
+  },
   queueMax: { schema: integer(0).default(64), description: 'generation jobs that may wait for a worker before requests get 429' },
   bodyLimit: { schema: byteSize.default(1024 ** 2), description: 'largest accepted request body, e.g. 1m' },
   tlsCert: { schema: z.string().min(1).optional(), description: 'PEM certificate file: serve HTTPS (needs TLS_KEY)' },

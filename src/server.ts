@@ -40,7 +40,7 @@ export async function startServer(config: Config, logger: Logger): Promise<Runni
     logger.warn(`default model '${config.defaultModel}' is not installed: requests for ${Object.keys(config.modelAliases).join(', ')} will fail until it is`);
   }
 
-  const engine = createEnginePool({ workers: config.workers, queueMax: config.queueMax, executionProvider: config.executionProvider });
+  const engine = createEnginePool({ workers: config.workers, queueMax: config.queueMax, executionProvider: config.executionProvider, cudaDevices: config.cudaDevices });
   const tls = config.tlsCert && config.tlsKey ? { cert: await readFile(config.tlsCert), key: await readFile(config.tlsKey) } : undefined;
   const app = buildApp({ config, registry, engine, store, logger, tls });
   const close = async () => {

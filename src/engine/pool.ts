@@ -20,6 +20,8 @@ export interface EnginePoolOptions {
   /** Jobs that may wait for a free worker; one more gets QueueFullError. */
   queueMax: number;
   executionProvider: 'cpu' | 'cuda';
+  /** CUDA device ids shared out among the workers. */
+  cudaDevices?: number[];
   /** Most images one merged batch of compatible requests may hold. */
   maxMergedImages?: number;
 }
@@ -46,7 +48,8 @@ export function createEnginePool(options: EnginePoolOptions): EnginePool {
     minThreads: options.workers,
     maxThreads: options.workers,
     concurrentTasksPerWorker: 1,
-    workerData: { engine },
+    // Each worker takes the next number from this shared counter to pick its CUDA device.
+    workerData: { engine, cudaDevices: options.cudaDevices ?? [0], workerCounter: new Int32Array(new SharedArrayBuffer(4)) },
   });
   const queue = new JobQueue(options.workers, options.queueMax);
   const merger = new BatchMerger(

@@ -4,7 +4,16 @@ import type { GeneratedImage, GenerationBatch } from './types.js';
 
 /** A piscina worker thread: the engine's settings arrive as workerData, batches as tasks. */
 
-configureEngine((workerData as { engine?: Partial<EngineSettings> } | undefined)?.engine ?? {});
+interface WorkerData {
+  engine: Partial<EngineSettings>;
+  cudaDevices: number[];
+  workerCounter: Int32Array;
+}
+
+const data = workerData as WorkerData;
+const workerIndex = Atomics.add(data.workerCounter, 0, 1);
+const deviceId = data.cudaDevices[workerIndex % data.cudaDevices.length];
+configureEngine({ ...data.engine, runtime: { provider: 'cpu', ...data.engine.runtime, deviceId } });
 
 export interface WorkerTask {
   batch: GenerationBatch;
