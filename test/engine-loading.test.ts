@@ -1,0 +1,62 @@
+import { cp, mkdtemp, rm, writeFile } from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
+import { describe, expect, it } from 'vitest';
+import { OnnxModel } from '../src/engine/onnx-model.js';
+import { inspectModel } from '../src/models/layout.js';
+import { loadPipeline } from '../src/pipelines/load.js';
+import { referenceModel } from './helpers/reference.js';
+
+async function copyOf(family: string): Promise<string> {
+  const dir = await mkdtemp(path.join(os.tmpdir(), 'imagegen-layout-'));
+  await cp(referenceModel(family), dir, { recursive: true });
+  return dir;
+}
+
+describe('model folders', () => {
+  it('reads the VAE scaling factor and the components from each export convention', async () => {
+    const legacy = await inspectModel(referenceModel('sd15-legacy'));
+    expect(legacy.denoiser).toMatch(/unet[/\\]model\.onnx$/);
+    const sdxl = await inspectModel(referenceModel('sdxl'));
+    expect(sdxl.vae.scalingFactor).toBe(0.13025);
+    expect(sdxl.textEncoder2).toBeDefined();
+    const flux = await inspectModel(referenceModel('flux-dev'));
+    expect([flux.family, flux.variant, flux.vae]).toEqual(['flux', 'flux-dev', { scalingFactor: 0.3611, shiftFactor: 0.1159 }]);
+  });
+
+  it('says what is missing from a folder that is not a usable model', async () => {
+    const dir = await copyOf('sdxl');
+    await rm(path.join(dir, 'unet'), { recursive: true });
+    await rm(path.join(dir, 'tokenizer_2'), { recursive: true });
+    await expect(inspectModel(dir)).rejects.toThrow(/missing unet\/model\.onnx or transformer\/model\.onnx, .*tokenizer_2\//);
+    await expect(inspectModel(path.join(dir, 'nowhere'))).rejects.toThrow('the folder does not exist');
+  });
+
+  it('names the component that cannot be loaded', async () => {
+    const dir = await copyOf('sd15-optimum');
+    await writeFile(path.join(dir, 'vae_decoder', 'model.onnx'), 'not an onnx file');
+    await expect(loadPipeline(dir, { provider: 'cpu', threads: 1 })).rejects.toThrow(/cannot load .*vae_decoder[/\\]model\.onnx/);
+  });
+
+  it('loads external weight files (weights.pb, model.onnx_data) next to the graph', async () => {
+    for (const family of ['sd15-legacy', 'sd15-optimum']) {
+      const layout = await inspectModel(referenceModel(family));
+      const unet = await OnnxModel.load(layout.denoiser, { provider: 'cpu', threads: 1 });
+      expect(unet.hasInput('encoder_hidden_states')).toBe(true);
+      await unet.release();
+    }
+  });
+});
+
+describe('execution providers', () => {
+  it('falls back to the CPU with a message saying why when CUDA cannot load', async () => {
+    // This machine has no CUDA provider libraries (npm ci skips them), so onnxruntime-node throws.
+    const warnings: string[] = [];
+    const layout = await inspectModel(referenceModel('sd15-optimum'));
+    const model = await OnnxModel.load(layout.vaeDecoder, { provider: 'cuda', deviceId: 0, threads: 1, warn: (m) => warnings.push(m) });
+    expect(model.provider).toBe('cpu');
+    expect(warnings).toHaveLength(1);
+    expect(warnings[0]).toMatch(/CUDA execution provider unavailable \(.+\); running on CPU/);
+    await model.release();
+  });
+});
