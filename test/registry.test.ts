@@ -40,7 +40,13 @@ describe('ModelRegistry', () => {
   });
 
   it('applies imagegen.json and skips folders that are not usable models', async () => {
-    await writeStubModel(path.join(root, 'good'), { sizes: ['256x256', '512x512'], steps: { hd: 8 }, guidance_scale: { natural: 1 } });
+    await writeStubModel(path.join(root, 'good'), {
+      sizes: ['256x256', '512x512'],
+      steps: { hd: 8 },
+      guidance_scale: { natural: 1 },
+      guidance_rescale: 0.7,
+      negative_prompt: 'blurry',
+    });
     await writeStubModel(path.join(root, 'bad-override'), { sizes: ['huge'] });
     await writeStubModel(path.join(root, 'bad-default'), { sizes: ['256x256'], default_size: '512x512' });
     await writeStubModel(path.join(root, 'bad-scheduler'), { scheduler: 'flow-match-euler' });
@@ -56,6 +62,8 @@ describe('ModelRegistry', () => {
       defaultSize: '512x512',
       steps: { standard: 1, hd: 8 },
       guidanceScale: { vivid: 0, natural: 1 },
+      guidanceRescale: 0.7,
+      negativePrompt: 'blurry',
     });
   });
 

@@ -9,7 +9,8 @@ import type { ModelFamily, ModelLayout, ModelVariant } from './layout.js';
  * this in an `imagegen.json`:
  *
  *   { "sizes": ["512x512", "768x512"], "default_size": "512x512", "steps": { "standard": 20, "hd": 40 },
- *     "guidance_scale": { "vivid": 8, "natural": 5 }, "scheduler": "euler", "max_batch": 4 }
+ *     "guidance_scale": { "vivid": 8, "natural": 5 }, "scheduler": "euler", "max_batch": 4,
+ *     "guidance_rescale": 0.7, "negative_prompt": "blurry, low quality" }
  */
 
 export type Quality = 'standard' | 'hd';
@@ -24,6 +25,10 @@ export interface ModelPreset {
   guidanceScale: Record<Style, number>;
   /** Scheduler name (src/schedulers/index.ts); undefined runs the model's scheduler_config.json. */
   scheduler?: string;
+  /** diffusers' guidance_rescale (0..1) against over-exposure, e.g. 0.7 for zero-terminal-SNR models. */
+  guidanceRescale: number;
+  /** Used when a request sends no negative_prompt. */
+  negativePrompt: string;
   /** Largest batch given to one worker; a larger n is split into jobs that may run on several workers. */
   maxBatch: number;
 }
@@ -36,7 +41,7 @@ const SIZE_CLASSES: Record<number, string[]> = {
   1024: ['1024x1024', '1152x896', '896x1152', '1216x832', '832x1216', '1344x768', '768x1344', '1536x1024', '1024x1536', '1792x1024', '1024x1792'],
 };
 
-type VariantPreset = Omit<ModelPreset, 'sizes' | 'defaultSize' | 'scheduler'> & { nativeSize: number };
+type VariantPreset = Omit<ModelPreset, 'sizes' | 'defaultSize' | 'scheduler' | 'guidanceRescale' | 'negativePrompt'> & { nativeSize: number };
 
 const VARIANTS: Record<ModelVariant, VariantPreset> = {
   sd15: { nativeSize: 512, steps: { standard: 25, hd: 50 }, guidanceScale: { vivid: 7.5, natural: 5 }, maxBatch: 4 },
@@ -68,6 +73,8 @@ export const presetOverrideSchema = z.strictObject({
   guidance_scale: z.strictObject({ vivid: scale.optional(), natural: scale.optional() }).optional(),
   scheduler: z.string().min(1).optional(),
   max_batch: count.optional(),
+  guidance_rescale: z.number().min(0).max(1).optional(),
+  negative_prompt: z.string().optional(),
 });
 
 export type PresetOverride = z.infer<typeof presetOverrideSchema>;
@@ -105,5 +112,7 @@ export function presetFor(layout: Pick<ModelLayout, 'family' | 'variant' | 'nati
     guidanceScale: { ...base.guidanceScale, ...override.guidance_scale },
     scheduler,
     maxBatch: override.max_batch ?? base.maxBatch,
+    guidanceRescale: override.guidance_rescale ?? 0,
+    negativePrompt: override.negative_prompt ?? '',
   };
 }

@@ -95,13 +95,14 @@ export function planBatches(request: GenerationRequest, model: ModelEntry): Gene
   const { width, height } = parseSize(request, model);
   checkScheduler(request, model);
   const { preset } = model;
-  const items: BatchItem[] = seeds(request).map((seed) => ({ prompt: request.prompt, negativePrompt: request.negative_prompt ?? '', seed }));
+  const items: BatchItem[] = seeds(request).map((seed) => ({ prompt: request.prompt, negativePrompt: request.negative_prompt ?? preset.negativePrompt, seed }));
   const settings = {
     modelDir: model.layout.dir,
     width,
     height,
     steps: request.steps ?? preset.steps[request.quality],
     guidanceScale: request.guidance_scale ?? preset.guidanceScale[request.style],
+    guidanceRescale: preset.guidanceRescale,
     scheduler: request.scheduler ?? preset.scheduler,
     outputFormat: request.output_format,
     outputCompression: request.output_compression,
