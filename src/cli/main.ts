@@ -5,6 +5,7 @@ import { pino } from 'pino';
 import { ConfigError, loadConfig, settingsHelp, type SettingName } from '../config.js';
 import { startServer } from '../server.js';
 import { registerGenerateCommand } from './generate.js';
+import { registerModelCommands } from './models.js';
 
 /** The `imagegen` command. `serve` is what `npm start` runs. */
 
@@ -51,5 +52,6 @@ const serve = program
 for (const setting of settingsHelp) serve.option(`${setting.flag} <value>`, `${setting.description} [${setting.env}]`);
 
 registerGenerateCommand(program);
+registerModelCommands(program);
 
 await program.parseAsync();

@@ -1,0 +1,181 @@
+import { Command, Option } from 'commander';
+import { settingsHelp, type SettingName } from '../config.js';
+import {
+  DEFAULT_HUB_URL,
+  exportModel,
+  formatBytes,
+  importModel,
+  listModels,
+  MANIFEST_FILE,
+  ModelInstallError,
+  pullModel,
+  removeModel,
+  type InstalledModel,
+} from '../models/install/index.js';
+
+/**
+ * `imagegen models ...`: manage the models folder the server reads (MODELS_DIR). The work is done by
+ * src/models/install/; this file maps flags to it and prints results. Failures print their message
+ * (which says what to do) and set exit code 1.
+ */
+
+/** A server setting's environment variable, as the server reads it. */
+const envName = (name: SettingName) => settingsHelp.find((setting) => setting.name === name)!.env;
+const MODELS_DIR = envName('modelsDir');
+
+interface CommonFlags {
+  modelsDir?: string;
+}
+
+function modelsDirOf(flags: CommonFlags): string {
+  if (!flags.modelsDir) throw new ModelInstallError(`no models folder given: pass --models-dir <dir> or set ${MODELS_DIR} (the same folder the server reads models from)`);
+  return flags.modelsDir;
+}
+
+/** Runs an action, reporting install failures and system errors (EACCES...) as a message rather than a stack trace. */
+function reporting<A extends unknown[]>(action: (...args: A) => Promise<void>): (...args: A) => Promise<void> {
+  return async (...args) => {
+    try {
+      await action(...args);
+    } catch (err) {
+      if (!(err instanceof ModelInstallError) && !(err as NodeJS.ErrnoException).syscall) throw err;
+      // Clears a progress bar left half-drawn on a terminal.
+      if (process.stderr.isTTY) process.stderr.write('\r\x1b[K');
+      console.error(`error: ${(err as Error).message}`);
+      process.exitCode = 1;
+    }
+  };
+}
+
+/** Ctrl-C exits through process.exit, so the 'exit' hook removes half-copied staging folders. */
+function exitOnInterrupt(message: string): void {
+  const stop = () => {
+    console.error(`\n${message}`);
+    process.exit(130);
+  };
+  process.once('SIGINT', stop);
+  process.once('SIGTERM', stop);
+}
+
+function printInstalled(model: InstalledModel): void {
+  console.log(`installed ${model.id} (${model.family}, ${model.variant}, ${formatBytes(model.bytes)}) in ${model.dir}`);
+  console.log(`a running server picks it up at its next rescan (${envName('modelsRescanSeconds')}) or when a request names it`);
+}
+
+const modelsDirOption = () => new Option('--models-dir <dir>', 'folder of installed models, one sub-folder per model').env(MODELS_DIR);
+const forceOption = () => new Option('--force', 'replace an installed model of the same id (the old one stays until the new one is in place)');
+const skipLoadOption = () =>
+  new Option('--skip-load', 'do not load the ONNX files before installing (faster for big models; layout and checksums are still checked)');
+
+export function registerModelCommands(program: Command): void {
+  const models = program
+    .command('models')
+    .description(`install, list, export and remove models in the models folder (--models-dir or ${MODELS_DIR})`);
+
+  models
+    .command('pull')
+    .description('download a diffusers ONNX export from the Hugging Face Hub (or a mirror), verify it and install it')
+    .argument('<repo>', 'repository, owner/name or owner/name@revision (branch, tag or commit)')
+    .option('--subfolder <path>', 'folder of the export inside the repository, e.g. onnx')
+    .option('--name <id>', 'model id to install as (default: the repository name)')
+    .addOption(new Option('--hub-url <url>', 'Hub or mirror address').env('HF_ENDPOINT').default(DEFAULT_HUB_URL))
+    .addOption(forceOption())
+    .addOption(skipLoadOption())
+    .addOption(modelsDirOption())
+    .addHelpText(
+      'after',
+      '\nSet HF_TOKEN for gated or private repositories. Only the ONNX export is downloaded (not PyTorch weights or pictures).\n' +
+        'An interrupted pull keeps what it downloaded: run the same command again to resume.',
+    )
+    .action(
+      reporting(async (repo: string, flags: CommonFlags & { subfolder?: string; name?: string; hubUrl: string; force?: boolean; skipLoad?: boolean }) => {
+        const modelsDir = modelsDirOf(flags);
+        exitOnInterrupt('interrupted: what was downloaded is kept; run the same command again to resume');
+        printInstalled(
+          await pullModel({
+            modelsDir,
+            repo,
+            subfolder: flags.subfolder,
+            name: flags.name,
+            hubUrl: flags.hubUrl,
+            token: process.env.HF_TOKEN || undefined,
+            force: flags.force,
+            load: !flags.skipLoad,
+          }),
+        );
+      }),
+    );
+
+  models
+    .command('import')
+    .description('install a model folder, or a bundle written by "models export", from local disk')
+    .argument('<source>', 'model folder (e.g. a diffusers ONNX export) or bundle file (.tar)')
+    .option('--name <id>', "model id to install as (default: the folder's name, or the bundle's model id)")
+    .addOption(forceOption())
+    .addOption(skipLoadOption())
+    .addOption(modelsDirOption())
+    .addHelpText('after', `\nWhen the source holds ${MANIFEST_FILE}, every file is checked against its size and sha256.`)
+    .action(
+      reporting(async (source: string, flags: CommonFlags & { name?: string; force?: boolean; skipLoad?: boolean }) => {
+        const modelsDir = modelsDirOf(flags);
+        exitOnInterrupt('interrupted: nothing was installed');
+        printInstalled(await importModel({ modelsDir, source, name: flags.name, force: flags.force, load: !flags.skipLoad }));
+      }),
+    );
+
+  models
+    .command('export')
+    .description('write an installed model as a single-file bundle to carry to another machine, e.g. into an air-gapped site')
+    .argument('<id>', 'installed model id')
+    .requiredOption('--out <path>', 'bundle file to write, or an existing folder to write <id>.tar into')
+    .addOption(modelsDirOption())
+    .addHelpText(
+      'after',
+      `\nThe bundle is an uncompressed tar holding <id>/ with the model's files and ${MANIFEST_FILE} (size and sha256 of each file).\n` +
+        'Install it with "imagegen models import <bundle>"; "tar xf" also unpacks it into a folder that import accepts.',
+    )
+    .action(
+      reporting(async (id: string, flags: CommonFlags & { out: string }) => {
+        const modelsDir = modelsDirOf(flags);
+        exitOnInterrupt('interrupted: no bundle was written');
+        const bundle = await exportModel({ modelsDir, id, out: flags.out });
+        console.log(`wrote ${bundle.file} (${formatBytes(bundle.bytes)}); install it with: imagegen models import ${bundle.file}`);
+      }),
+    );
+
+  models
+    .command('list')
+    .description('list installed models, whether the server can use them, and unfinished pulls')
+    .addOption(modelsDirOption())
+    .action(
+      reporting(async (flags: CommonFlags) => {
+        const modelsDir = modelsDirOf(flags);
+        const rows = (await listModels(modelsDir)).map((model) => [
+          model.id,
+          model.family ? `${model.family}/${model.variant}` : '-',
+          formatBytes(model.bytes),
+          model.reason ? `${model.status}: ${model.reason}` : model.status,
+        ]);
+        if (!rows.length) {
+          console.log(`no models in ${modelsDir}; install one with "imagegen models pull <repo>" or "imagegen models import <folder|bundle>"`);
+          return;
+        }
+        const table = [['ID', 'MODEL', 'SIZE', 'STATUS'], ...rows];
+        const widths = table[0].map((_, column) => Math.max(...table.map((row) => row[column].length)));
+        for (const row of table) console.log(row.map((cell, column) => (column < row.length - 1 ? cell.padEnd(widths[column]) : cell)).join('  '));
+      }),
+    );
+
+  models
+    .command('remove')
+    .description('remove an installed model (and any unfinished pull of it)')
+    .argument('<id>', 'installed model id')
+    .addOption(modelsDirOption())
+    .action(
+      reporting(async (id: string, flags: CommonFlags) => {
+        const modelsDir = modelsDirOf(flags);
+        const removed = await removeModel(modelsDir, id);
+        console.log(`removed ${[removed.model ? `model ${id}` : '', removed.unfinishedPull ? `the unfinished pull of ${id}` : ''].filter(Boolean).join(' and ')}`);
+      }),
+    );
+}

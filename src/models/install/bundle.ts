@@ -1,0 +1,201 @@
+import { open, stat, type FileHandle } from 'node:fs/promises';
+import path from 'node:path';
+import type { Disk, FileWriter } from './disk.js';
+import { ModelInstallError } from './errors.js';
+
+/**
+ * Bundles: the single file `models export` writes to carry a model into an air-gapped site. A bundle is
+ * a plain POSIX tar (uncompressed: ONNX weights barely compress, and a plain tar streams, lists with
+ * `tar tf` and unpacks with `tar xf` into a folder that `models import` accepts as well). Entries are
+ * `<id>/<file>`; pax headers carry paths over 100 bytes and files of 8 GiB or more. Only regular files
+ * and folders are read back: links and device entries are refused.
+ */
+
+const BLOCK = 512;
+/** The largest size the 11 octal digits of a ustar header can hold. */
+const USTAR_MAX_SIZE = 0o77777777777;
+const READ_CHUNK = 1024 * 1024;
+
+const padding = (size: number) => (BLOCK - (size % BLOCK)) % BLOCK;
+
+function octal(value: number, width: number): string {
+  return `${value.toString(8).padStart(width - 1, '0')}\0`;
+}
+
+function header(name: string, size: number, type: '0' | 'x', mtime: number): Buffer {
+  const block = Buffer.alloc(BLOCK);
+  block.write(name, 0, 100, 'utf8');
+  block.write(octal(0o644, 8), 100, 'ascii');
+  block.write(octal(0, 8), 108, 'ascii');
+  block.write(octal(0, 8), 116, 'ascii');
+  block.write(octal(Math.min(size, USTAR_MAX_SIZE), 12), 124, 'ascii');
+  block.write(octal(mtime, 12), 136, 'ascii');
+  block.write(type, 156, 'ascii');
+  block.write('ustar\u000000', 257, 'ascii');
+  block.write(`${octal(checksum(block), 7)} `, 148, 'ascii');
+  return block;
+}
+
+/** Sum of the header's bytes, its checksum field counted as spaces. */
+function checksum(block: Buffer): number {
+  let sum = 0;
+  for (let i = 0; i < BLOCK; i++) sum += i >= 148 && i < 156 ? 0x20 : block[i];
+  return sum;
+}
+
+/** "<length> key=value\n", the length counting itself. */
+function paxRecord(key: string, value: string): string {
+  const body = ` ${key}=${value}\n`;
+  let length = Buffer.byteLength(body) + 1;
+  while (String(length).length + Buffer.byteLength(body) !== length) length++;
+  return `${length}${body}`;
+}
+
+/** Writes a bundle through the disk seam, one file after the other. */
+export class BundleWriter {
+  private constructor(private readonly writer: FileWriter) {}
+
+  static async create(file: string, disk: Disk): Promise<BundleWriter> {
+    return new BundleWriter(await disk.openWriter(file, 'create'));
+  }
+
+  /** Adds a file of `size` bytes; `content` must yield exactly that many. */
+  async add(name: string, size: number, content: AsyncIterable<Uint8Array> | Iterable<Uint8Array>, mtime = Math.floor(Date.now() / 1000)): Promise<void> {
+    const nameBytes = Buffer.byteLength(name);
+    if (nameBytes > 100 || size > USTAR_MAX_SIZE) {
+      const pax = Buffer.from((nameBytes > 100 ? paxRecord('path', name) : '') + (size > USTAR_MAX_SIZE ? paxRecord('size', String(size)) : ''));
+      await this.writer.write(header(`PaxHeaders/${path.posix.basename(name)}`.slice(0, 100), pax.length, 'x', mtime));
+      await this.writer.write(Buffer.concat([pax, Buffer.alloc(padding(pax.length))]));
+    }
+    await this.writer.write(header(name.slice(0, 100), size, '0', mtime));
+    let written = 0;
+    for await (const chunk of content) {
+      written += chunk.length;
+      if (written > size) break;
+      await this.writer.write(chunk);
+    }
+    if (written !== size) throw new ModelInstallError(`${name} changed size while it was being exported (${size} bytes expected); export again when nothing writes to the model`);
+    await this.writer.write(Buffer.alloc(padding(size)));
+  }
+
+  /** Writes the end-of-archive marker (two empty blocks) and closes the file. */
+  async finish(): Promise<void> {
+    await this.writer.write(Buffer.alloc(2 * BLOCK));
+    await this.writer.close();
+  }
+
+  /** Closes the file after a failure (the caller deletes it). */
+  async abort(): Promise<void> {
+    await this.writer.close().catch(() => undefined);
+  }
+}
+
+export interface BundleEntry {
+  /** Relative path, forward slashes, the bundle's top folder removed. */
+  path: string;
+  size: number;
+  read(): AsyncIterable<Uint8Array>;
+}
+
+export interface OpenBundle {
+  /** The folder all entries were in (the exported model's id), if they shared one. */
+  topFolder?: string;
+  entries: BundleEntry[];
+  close(): Promise<void>;
+}
+
+function field(block: Buffer, start: number, length: number): string {
+  const raw = block.subarray(start, start + length);
+  const end = raw.indexOf(0);
+  return raw.subarray(0, end < 0 ? length : end).toString('utf8');
+}
+
+function parsePax(data: Buffer): Record<string, string> {
+  const records: Record<string, string> = {};
+  let at = 0;
+  while (at < data.length) {
+    const space = data.indexOf(0x20, at);
+    const length = Number(data.subarray(at, space).toString('ascii'));
+    if (space < 0 || !Number.isInteger(length) || length <= 0) break;
+    const record = data.subarray(space + 1, at + length - 1).toString('utf8');
+    const eq = record.indexOf('=');
+    records[record.slice(0, eq)] = record.slice(eq + 1);
+    at += length;
+  }
+  return records;
+}
+
+/** A relative path that stays inside the folder it is unpacked into, or undefined. */
+function safePath(name: string): string | undefined {
+  const normal = path.posix.normalize(name.replace(/^(\.\/)+/, ''));
+  if (!normal || normal === '.' || path.posix.isAbsolute(normal) || normal === '..' || normal.startsWith('../') || normal.includes('\\')) return undefined;
+  return normal.replace(/\/+$/, '');
+}
+
+/**
+ * Reads a bundle's table of contents (headers only: entries are read in place later, so the manifest
+ * can be checked before any file is unpacked). Damaged or truncated bundles are refused here.
+ */
+export async function openBundle(file: string): Promise<OpenBundle> {
+  const handle = await open(file, 'r');
+  try {
+    const fileSize = (await stat(file)).size;
+    const entries = await readEntries(handle, file, fileSize);
+    const tops = new Set(entries.map((entry) => entry.path.split('/')[0]));
+    const topFolder = tops.size === 1 && entries.every((entry) => entry.path.includes('/')) ? [...tops][0] : undefined;
+    if (topFolder) for (const entry of entries) entry.path = entry.path.slice(topFolder.length + 1);
+    return { topFolder, entries, close: () => handle.close() };
+  } catch (err) {
+    await handle.close();
+    throw err;
+  }
+}
+
+async function readEntries(handle: FileHandle, file: string, fileSize: number): Promise<BundleEntry[]> {
+  const damaged = (what: string) =>
+    new ModelInstallError(`${file} is not a readable bundle (${what}); it may be truncated or damaged: copy it again, or make it again with "imagegen models export"`);
+  const readAt = async (position: number, length: number) => {
+    if (position + length > fileSize) throw damaged(`it ends at byte ${fileSize}, inside an entry`);
+    const buffer = Buffer.alloc(length);
+    await handle.read(buffer, 0, length, position);
+    return buffer;
+  };
+
+  const entries: BundleEntry[] = [];
+  let pax: Record<string, string> = {};
+  for (let at = 0; ; ) {
+    if (at + BLOCK > fileSize) throw damaged('it has no end-of-archive marker');
+    const block = await readAt(at, BLOCK);
+    if (block.every((byte) => byte === 0)) return entries;
+    if (Number.parseInt(field(block, 148, 8), 8) !== checksum(block)) throw damaged(`bad header checksum at byte ${at}`);
+    const type = String.fromCharCode(block[156]);
+    const prefix = field(block, 257, 6) === 'ustar' ? field(block, 345, 155) : '';
+    const name = pax.path ?? (prefix ? `${prefix}/${field(block, 0, 100)}` : field(block, 0, 100));
+    const size = pax.size !== undefined ? Number(pax.size) : Number.parseInt(field(block, 124, 12).trim() || '0', 8);
+    if (!Number.isSafeInteger(size) || size < 0) throw damaged(`bad size for ${name}`);
+    const dataAt = at + BLOCK;
+    at = dataAt + size + padding(size);
+    if (type === 'x') {
+      pax = parsePax(await readAt(dataAt, size));
+      continue;
+    }
+    pax = {};
+    if (type === 'g' || type === '5') continue; // global pax settings, folders: nothing to unpack
+    if (type !== '0' && type !== '\0') throw damaged(`${name} is a link or special file (tar type '${type}'); bundles hold regular files only`);
+    const rel = safePath(name);
+    if (!rel) throw damaged(`entry '${name}' points outside the bundle's folder`);
+    if (dataAt + size > fileSize) throw damaged(`it ends at byte ${fileSize}, inside ${rel}`);
+    entries.push({ path: rel, size, read: () => readRange(handle, dataAt, size) });
+  }
+}
+
+async function* readRange(handle: FileHandle, start: number, size: number): AsyncIterable<Uint8Array> {
+  for (let done = 0; done < size; ) {
+    const length = Math.min(READ_CHUNK, size - done);
+    const buffer = Buffer.alloc(length);
+    const { bytesRead } = await handle.read(buffer, 0, length, start + done);
+    if (bytesRead === 0) throw new ModelInstallError(`the bundle ended early while reading it; copy it again`);
+    done += bytesRead;
+    yield buffer.subarray(0, bytesRead);
+  }
+}

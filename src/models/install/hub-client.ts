@@ -1,0 +1,179 @@
+import { HubApiError, listFiles, modelInfo } from '@huggingface/hub';
+import { ModelInstallError } from './errors.js';
+
+/**
+ * The Hugging Face Hub (or a mirror speaking its API): resolving a revision to a commit, listing a
+ * commit's files with their checksums, and ranged downloads. Hub failures become messages that say
+ * what to do.
+ */
+
+export const DEFAULT_HUB_URL = 'https://huggingface.co';
+
+export interface RepoRef {
+  /** owner/name */
+  repo: string;
+  /** Branch, tag or commit. */
+  revision: string;
+}
+
+export interface HubFile {
+  /** Relative to the subfolder pulled. */
+  path: string;
+  /** Relative to the repository root. */
+  repoPath: string;
+  size: number;
+  /** Content sha256, for files stored in LFS (or Xet, which keeps the LFS ids). */
+  sha256?: string;
+  /** Git blob id, for small files stored in git itself. */
+  gitBlobId?: string;
+}
+
+export interface HubClientOptions {
+  hubUrl?: string;
+  /** Sent as a bearer token (HF_TOKEN); needed for gated and private repositories. */
+  token?: string;
+  fetch?: typeof fetch;
+}
+
+/** The connection failed or dropped, or the server had a passing problem: worth trying again. */
+export class ConnectionLost extends Error {}
+
+/** A download response: its body starts at the offset asked for, or (`restarted`) at byte 0. */
+export interface Download {
+  body: AsyncIterable<Uint8Array>;
+  restarted: boolean;
+}
+
+const REPO_NAME = /^([\w.-]+\/)?[\w.-]+$/;
+
+/** "owner/name" or "owner/name@revision". */
+export function parseRepoRef(text: string): RepoRef {
+  const at = text.lastIndexOf('@');
+  const repo = at < 0 ? text : text.slice(0, at);
+  const revision = at < 0 ? 'main' : text.slice(at + 1);
+  if (!REPO_NAME.test(repo) || !revision) {
+    throw new ModelInstallError(`'${text}' is not a Hub repository: expected owner/name or owner/name@revision, e.g. stabilityai/sd-turbo`);
+  }
+  return { repo, revision };
+}
+
+/** Why a fetch failed: undici's own message is "fetch failed"; the system's reason is in `cause`. */
+function networkReason(err: unknown): string {
+  return (err as { cause?: Error }).cause?.message ?? (err as Error).message;
+}
+
+export class HubClient {
+  readonly hubUrl: string;
+  private readonly fetch: typeof fetch;
+
+  constructor(private readonly options: HubClientOptions = {}) {
+    this.hubUrl = (options.hubUrl ?? DEFAULT_HUB_URL).replace(/\/+$/, '');
+    const base = options.fetch ?? fetch;
+    const token = options.token;
+    // Our own header rather than the library's accessToken, which rejects tokens not starting with hf_
+    // (mirrors issue their own). fetch drops it on redirects to another origin (the Hub's CDN).
+    this.fetch = token
+      ? (input, init) => {
+          const headers = new Headers(init?.headers);
+          headers.set('Authorization', `Bearer ${token}`);
+          return base(input, { ...init, headers });
+        }
+      : base;
+  }
+
+  /** The commit a revision points to now: pinning it keeps every file (and a resume) on one version. */
+  async resolveCommit(ref: RepoRef): Promise<string> {
+    try {
+      const info = await modelInfo({ name: ref.repo, revision: ref.revision, hubUrl: this.hubUrl, fetch: this.fetch, additionalFields: ['sha'] });
+      return info.sha;
+    } catch (err) {
+      throw this.explain(err, ref);
+    }
+  }
+
+  /** Every file under `subfolder` (the whole repository when empty) at `commit`. */
+  async listFiles(ref: RepoRef, commit: string, subfolder = ''): Promise<HubFile[]> {
+    const prefix = subfolder ? `${subfolder}/` : '';
+    const files: HubFile[] = [];
+    try {
+      for await (const entry of listFiles({ repo: ref.repo, revision: commit, path: subfolder || undefined, recursive: true, hubUrl: this.hubUrl, fetch: this.fetch })) {
+        if (entry.type !== 'file') continue;
+        files.push({
+          path: entry.path.slice(prefix.length),
+          repoPath: entry.path,
+          size: entry.lfs?.size ?? entry.size,
+          sha256: entry.lfs?.oid,
+          // For LFS files `oid` is the id of the pointer file, not of the content.
+          gitBlobId: entry.lfs ? undefined : entry.oid,
+        });
+      }
+    } catch (err) {
+      if (subfolder && err instanceof HubApiError && err.statusCode === 404) {
+        throw new ModelInstallError(`${ref.repo}@${ref.revision} has no folder '${subfolder}'; check --subfolder against the repository's files on the Hub`);
+      }
+      throw this.explain(err, ref);
+    }
+    return files;
+  }
+
+  /** Downloads `repoPath` from byte `offset` (an HTTP Range request when resuming). */
+  async download(ref: RepoRef, commit: string, repoPath: string, offset: number): Promise<Download> {
+    const url = `${this.hubUrl}/${ref.repo}/resolve/${encodeURIComponent(commit)}/${repoPath.split('/').map(encodeURIComponent).join('/')}`;
+    let response: Response;
+    try {
+      // identity: byte ranges must count the file's bytes, not those of a compressed rendering of it.
+      response = await this.fetch(url, { headers: { 'Accept-Encoding': 'identity', ...(offset > 0 ? { Range: `bytes=${offset}-` } : {}) } });
+    } catch (err) {
+      throw new ConnectionLost(networkReason(err));
+    }
+    if (response.status >= 500 || response.status === 429) {
+      await response.body?.cancel();
+      throw new ConnectionLost(`the server answered ${response.status} ${response.statusText}`);
+    }
+    const resumed = response.status === 206 && response.headers.get('content-range')?.startsWith(`bytes ${offset}-`);
+    if (!response.ok || !response.body || (response.status === 206 && !resumed)) {
+      await response.body?.cancel();
+      throw new ModelInstallError(`downloading ${repoPath} from ${this.hubUrl} failed: the server answered ${response.status} ${response.statusText}. Try again later, or check HF_ENDPOINT / --hub-url`);
+    }
+    return { body: guardBody(response.body), restarted: response.status === 200 };
+  }
+
+  private explain(err: unknown, ref: RepoRef): Error {
+    if (err instanceof HubApiError) {
+      const status = err.statusCode;
+      const token = this.options.token;
+      // The Hub's own words (the message also holds the URL, which names "revision" itself).
+      const said = String(err.data?.error ?? '');
+      if (status === 404 && /\brev(ision)?\b/i.test(said)) {
+        return new ModelInstallError(`${ref.repo} has no revision '${ref.revision}'; check the branch, tag or commit after the @`);
+      }
+      if (status === 404) {
+        return new ModelInstallError(`${ref.repo}: repository not found; check the name or set HF_TOKEN for gated/private repos (asked ${this.hubUrl})`);
+      }
+      if (status === 401 || status === 403) {
+        return new ModelInstallError(
+          token
+            ? `${ref.repo}: access denied (${status}) with the HF_TOKEN given; accept the model's terms on its Hub page with the token's account, or use a token with read access`
+            : `${ref.repo}: access denied (${status}): the repository is gated or private; accept its terms on the Hub and set HF_TOKEN to a read token`,
+        );
+      }
+      return new ModelInstallError(`the Hub at ${this.hubUrl} answered ${status} for ${ref.repo}${said ? ` (${said})` : ''}; try again later`);
+    }
+    if (err instanceof TypeError) {
+      return new ModelInstallError(
+        `cannot reach the Hub at ${this.hubUrl} (${networkReason(err)}): check the network or proxy, or set HF_ENDPOINT (--hub-url) to a mirror. ` +
+          'Without network access, export the model elsewhere with "imagegen models export" and install it here with "imagegen models import"',
+      );
+    }
+    return err as Error;
+  }
+}
+
+/** The body's read errors (a dropped connection) as ConnectionLost, so callers can tell them from disk errors. */
+async function* guardBody(body: ReadableStream<Uint8Array>): AsyncIterable<Uint8Array> {
+  try {
+    for await (const chunk of body) yield chunk;
+  } catch (err) {
+    throw new ConnectionLost(networkReason(err));
+  }
+}

@@ -1,0 +1,48 @@
+import { readdir } from 'node:fs/promises';
+import path from 'node:path';
+import { inspectModel, ModelLayoutError, type ModelFamily, type ModelVariant } from '../layout.js';
+import { listFolder } from './disk.js';
+import { pullStagingPath, unfinishedPulls } from './installer.js';
+
+/** `models list`: what the models folder holds, and whether the server can use each model. */
+
+export interface ModelStatus {
+  id: string;
+  /** `partial`: a pull that stopped before finishing; running it again resumes it. */
+  status: 'ok' | 'broken' | 'partial';
+  family?: ModelFamily;
+  variant?: ModelVariant;
+  /** Bytes of its files. */
+  bytes: number;
+  /** Why a model is broken or partial. */
+  reason?: string;
+}
+
+async function folderBytes(dir: string): Promise<number> {
+  return (await listFolder(dir).catch(() => [])).reduce((sum, file) => sum + file.size, 0);
+}
+
+/** Installed models by id (a folder the server skips is listed as broken), then unfinished pulls. */
+export async function listModels(modelsDir: string): Promise<ModelStatus[]> {
+  const entries = await readdir(modelsDir, { withFileTypes: true }).catch(() => []);
+  // The same folders the registry scans.
+  const ids = entries.filter((entry) => (entry.isDirectory() || entry.isSymbolicLink()) && !entry.name.startsWith('.')).map((entry) => entry.name);
+  const models: ModelStatus[] = [];
+  for (const id of ids.sort()) {
+    const dir = path.join(modelsDir, id);
+    const bytes = await folderBytes(dir);
+    try {
+      const layout = await inspectModel(dir);
+      models.push({ id, status: 'ok', family: layout.family, variant: layout.variant, bytes });
+    } catch (err) {
+      if (!(err instanceof ModelLayoutError)) throw err;
+      // The message starts with the folder's path, which the listing already shows as the id.
+      models.push({ id, status: 'broken', bytes, reason: err.message.slice(err.message.indexOf(': ') + 2) });
+    }
+  }
+  for (const id of (await unfinishedPulls(modelsDir)).sort()) {
+    const bytes = await folderBytes(pullStagingPath(modelsDir, id));
+    models.push({ id, status: 'partial', bytes, reason: `unfinished pull: run the same "imagegen models pull" again to resume it, or "imagegen models remove ${id}" to discard it` });
+  }
+  return models;
+}

@@ -1,0 +1,70 @@
+import { readFile, writeFile } from 'node:fs/promises';
+import path from 'node:path';
+import { z } from 'zod';
+import { ModelInstallError } from './errors.js';
+import { MANIFEST_FILE } from './model-files.js';
+
+/**
+ * `imagegen-manifest.json`: the size and sha256 of every file of a model. Every install writes one into
+ * the model folder, every export puts one into the bundle, and imports verify against it, so a model
+ * carried into an air-gapped site is checked against the hashes the Hub published.
+ */
+
+const digestSchema = z.object({
+  sha256: z.string().regex(/^[0-9a-f]{64}$/, 'expected 64 lowercase hex digits'),
+  size: z.number().int().min(0),
+});
+
+const manifestSchema = z.object({
+  files: z.record(z.string(), digestSchema),
+  /** Where a pulled model came from; kept through export and import. */
+  source: z
+    .object({
+      repo: z.string(),
+      revision: z.string(),
+      commit: z.string(),
+      subfolder: z.string().optional(),
+    })
+    .optional(),
+});
+
+export type FileDigest = z.infer<typeof digestSchema>;
+export type Manifest = z.infer<typeof manifestSchema>;
+
+/** Checks a manifest's text; `where` names it in the error. */
+export function parseManifest(text: string, where: string): Manifest {
+  let json: unknown;
+  try {
+    json = JSON.parse(text);
+  } catch (err) {
+    throw new ModelInstallError(`${where} is not valid JSON (${(err as Error).message}); copy the model again, or delete the manifest to import without checksums`);
+  }
+  const parsed = manifestSchema.safeParse(json);
+  if (!parsed.success) {
+    const problems = parsed.error.issues.map((issue) => `${issue.path.join('.') || '(top)'}: ${issue.message}`).join('; ');
+    throw new ModelInstallError(`${where} is not a valid manifest (${problems}); copy the model again, or delete the manifest to import without checksums`);
+  }
+  return parsed.data;
+}
+
+/** The manifest in a model folder, or undefined when it has none. */
+export async function readManifest(dir: string): Promise<Manifest | undefined> {
+  const file = path.join(dir, MANIFEST_FILE);
+  let text: string;
+  try {
+    text = await readFile(file, 'utf8');
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code === 'ENOENT') return undefined;
+    throw err;
+  }
+  return parseManifest(text, file);
+}
+
+export function manifestText(manifest: Manifest): string {
+  const files = Object.fromEntries(Object.entries(manifest.files).sort(([a], [b]) => (a < b ? -1 : 1)));
+  return `${JSON.stringify({ ...manifest, files }, null, 2)}\n`;
+}
+
+export async function writeManifest(dir: string, manifest: Manifest): Promise<void> {
+  await writeFile(path.join(dir, MANIFEST_FILE), manifestText(manifest));
+}

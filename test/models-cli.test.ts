@@ -1,0 +1,362 @@
+import { execFile } from 'node:child_process';
+import { cp, mkdir, mkdtemp, readdir, readFile, rm, stat, truncate, writeFile } from 'node:fs/promises';
+import { createServer, type AddressInfo } from 'node:net';
+import os from 'node:os';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { promisify } from 'node:util';
+import { pino } from 'pino';
+import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, inject, it } from 'vitest';
+import { inspectModel } from '../src/models/layout.js';
+import { ModelRegistry } from '../src/models/registry.js';
+import {
+  DownloadInterrupted,
+  exportModel,
+  formatBytes,
+  importModel,
+  listModels,
+  MANIFEST_FILE,
+  pullModel,
+  realDisk,
+  removeModel,
+  type Disk,
+  type PullOptions,
+} from '../src/models/install/index.js';
+import { FakeHub, readFolderFiles } from './helpers/fake-hub.js';
+
+/**
+ * `imagegen models`: pulls from a fake Hub (resume, checksums, Hub errors), imports and exports
+ * (bundles, manifests, damaged files), list and remove, and a full disk; each failure leaves neither
+ * a model nor staging behind.
+ */
+
+const execFileAsync = promisify(execFile);
+const REPO = 'test-org/sd-turbo-onnx';
+const WEIGHTS = 'unet/model.onnx_data';
+
+let hub: FakeHub;
+let sourceDir: string;
+let sourceFiles: Record<string, Buffer>;
+let sourceTotal: number;
+/** Half of the weights file: where dropped connections drop. */
+let half: number;
+let work: string;
+let modelsDir: string;
+let output: { text: string; write(text: string): boolean; isTTY: false };
+
+beforeAll(async () => {
+  sourceDir = path.join(inject('referenceModelsDir'), 'sd-turbo');
+  sourceFiles = await readFolderFiles(sourceDir);
+  sourceTotal = Object.values(sourceFiles).reduce((sum, data) => sum + data.length, 0);
+  half = Math.floor(sourceFiles[WEIGHTS].length / 2);
+  hub = await FakeHub.start();
+  hub.addRepo(REPO, sourceFiles);
+  hub.addRepo('test-org/gated', sourceFiles, { token: 'hf_secret' });
+  hub.addRepo('test-org/mixed', {
+    ...(await readFolderFiles(sourceDir, 'onnx')),
+    'model_index.json': Buffer.from('{}'),
+    'unet/diffusion_pytorch_model.safetensors': Buffer.alloc(4096, 1),
+    'sample.png': Buffer.alloc(64, 2),
+  });
+  hub.addRepo('test-org/pytorch-only', { 'model_index.json': Buffer.from('{}'), 'unet/diffusion_pytorch_model.safetensors': Buffer.alloc(64) });
+});
+afterAll(() => hub.close());
+
+beforeEach(async () => {
+  work = await mkdtemp(path.join(os.tmpdir(), 'imagegen-models-'));
+  modelsDir = path.join(work, 'models');
+  output = { text: '', write: (text) => ((output.text += text), true), isTTY: false };
+});
+afterEach(() => rm(work, { recursive: true, force: true }));
+
+const pull = (repo: string, options: Partial<PullOptions> = {}) => pullModel({ modelsDir, repo, hubUrl: hub.url, output, retryDelayMs: 0, ...options });
+const importFrom = (source: string, name?: string) => importModel({ modelsDir, source, name, output });
+const exists = (file: string) => stat(file).then(() => true, () => false);
+async function failureOf(promise: Promise<unknown>): Promise<Error> {
+  try {
+    await promise;
+  } catch (err) {
+    return err as Error;
+  }
+  throw new Error('expected it to fail');
+}
+
+async function registryIds(): Promise<string[]> {
+  const registry = new ModelRegistry({ roots: [{ dir: modelsDir, ownedBy: 'user' }], aliases: {}, logger: pino({ level: 'silent' }) });
+  await registry.scan();
+  return registry.list().map((model) => model.id);
+}
+
+async function expectNoStaging(): Promise<void> {
+  expect(await readdir(path.join(modelsDir, '.staging')).catch(() => [])).toEqual([]);
+}
+
+/** Neither the model nor anything in the staging area. */
+async function expectNothingInstalled(id: string): Promise<void> {
+  expect(await exists(path.join(modelsDir, id))).toBe(false);
+  await expectNoStaging();
+}
+
+/** A copy of the reference model that the test may damage. */
+async function copyOfSource(): Promise<string> {
+  const dir = path.join(work, 'source-copy');
+  await cp(sourceDir, dir, { recursive: true });
+  return dir;
+}
+
+describe('models pull', () => {
+  it('installs a verified model that the registry serves, reporting byte progress', async () => {
+    const model = await pull(REPO);
+    expect(model).toMatchObject({ id: 'sd-turbo-onnx', family: 'sd', variant: 'sd-turbo' });
+    expect((await inspectModel(model.dir)).variant).toBe('sd-turbo');
+    expect(await registryIds()).toEqual(['sd-turbo-onnx']);
+    await expectNoStaging();
+
+    const manifest = JSON.parse(await readFile(path.join(model.dir, MANIFEST_FILE), 'utf8'));
+    expect(Object.keys(manifest.files).sort()).toEqual(Object.keys(sourceFiles).sort());
+    expect(manifest.source).toEqual({ repo: REPO, revision: 'main', commit: hub.commitOf(REPO) });
+
+    expect(output.text).toContain(`/ ${formatBytes(sourceTotal)}`);
+    expect(output.text).toMatch(/100%/);
+    expect(hub.requests.every((r) => r.authorization === undefined)).toBe(true);
+  });
+
+  it('takes only the ONNX export from --subfolder', async () => {
+    const model = await pull('test-org/mixed', { subfolder: 'onnx', name: 'mixed' });
+    expect(model.variant).toBe('sd-turbo');
+    const names = await readdir(model.dir, { recursive: true });
+    expect(names.some((name) => /safetensors|png/.test(String(name)))).toBe(false);
+    expect(hub.requests.some((r) => /safetensors|png/.test(r.path))).toBe(false);
+  });
+
+  it('says where the export is, or that there is none, before downloading anything', async () => {
+    const before = hub.requests.length;
+    await expect(pull('test-org/mixed')).rejects.toThrow(/has no diffusers ONNX export.*--subfolder onnx/);
+    await expect(pull('test-org/pytorch-only')).rejects.toThrow(/has no diffusers ONNX export.*PyTorch weights/);
+    expect(hub.requests.slice(before).some((r) => r.path.includes('/resolve/'))).toBe(false);
+    await expectNothingInstalled('mixed');
+  });
+
+  it('explains unknown repositories and revisions, and gated ones without HF_TOKEN', async () => {
+    await expect(pull('test-org/no-such-model')).rejects.toThrow('repository not found; check the name or set HF_TOKEN for gated/private repos');
+    await expect(pull(`${REPO}@no-such-branch`)).rejects.toThrow(`${REPO} has no revision 'no-such-branch'`);
+    await expect(pull('not a repo')).rejects.toThrow(/not a Hub repository/);
+    await expect(pull('test-org/gated')).rejects.toThrow(/gated or private.*set HF_TOKEN/);
+    await expectNothingInstalled('gated');
+    expect((await pull('test-org/gated', { token: 'hf_secret' })).id).toBe('gated');
+  });
+
+  it('explains a Hub that cannot be reached', async () => {
+    const closed = createServer();
+    await new Promise<void>((resolve) => closed.listen(0, '127.0.0.1', resolve));
+    const hubUrl = `http://127.0.0.1:${(closed.address() as AddressInfo).port}`;
+    await new Promise((resolve) => closed.close(resolve));
+    await expect(pull(REPO, { hubUrl })).rejects.toThrow(new RegExp(`cannot reach the Hub at ${hubUrl} .*ECONNREFUSED.*models import`));
+  });
+
+  it('keeps a download whose connection dropped, and resumes it with a Range request', async () => {
+    hub.dropOnce(REPO, WEIGHTS, half);
+    const failure = await failureOf(pull(REPO, { retries: 0 }));
+    expect(failure).toBeInstanceOf(DownloadInterrupted);
+    expect(failure.message).toMatch(new RegExp(`while downloading ${WEIGHTS}.*Run the same command again to resume`));
+    expect(await exists(path.join(modelsDir, 'sd-turbo-onnx'))).toBe(false);
+    expect(await listModels(modelsDir)).toMatchObject([{ id: 'sd-turbo-onnx', status: 'partial' }]);
+
+    const before = hub.downloadsOf(REPO, WEIGHTS).length;
+    await pull(REPO);
+    const resumed = hub.downloadsOf(REPO, WEIGHTS).slice(before);
+    expect(resumed.map((r) => r.range)).toContain(`bytes=${half}-`);
+    expect(output.text).toContain('resuming');
+    expect((await inspectModel(path.join(modelsDir, 'sd-turbo-onnx'))).variant).toBe('sd-turbo');
+    await expectNoStaging();
+  });
+
+  it('starts a file over when it changed on the Hub since the interrupted pull', async () => {
+    const repo = 'test-org/changing';
+    hub.addRepo(repo, sourceFiles);
+    hub.dropOnce(repo, WEIGHTS, half);
+    await expect(pull(repo, { retries: 0 })).rejects.toThrow(DownloadInterrupted);
+    const changed = Buffer.from(sourceFiles[WEIGHTS]);
+    changed[0] ^= 1;
+    hub.addRepo(repo, { ...sourceFiles, [WEIGHTS]: changed });
+    const before = hub.downloadsOf(repo, WEIGHTS).length;
+    const model = await pull(repo);
+    expect(hub.downloadsOf(repo, WEIGHTS).slice(before).every((r) => r.range === undefined)).toBe(true);
+    expect((await readFile(path.join(model.dir, WEIGHTS))).equals(changed)).toBe(true);
+  });
+
+  it('retries a dropped connection by itself', async () => {
+    hub.dropOnce(REPO, WEIGHTS, half);
+    const before = hub.downloadsOf(REPO, WEIGHTS).length;
+    await pull(REPO, { retries: 1 });
+    expect(hub.downloadsOf(REPO, WEIGHTS).slice(before).map((r) => r.range)).toContain(`bytes=${half}-`);
+    expect(output.text).toMatch(/connection dropped while downloading .*retry 1 of 1/);
+  });
+
+  it.each([
+    ['an LFS file', WEIGHTS, /sha256 is [0-9a-f]{64}, expected/],
+    ['a git file', 'scheduler/scheduler_config.json', /git blob id is [0-9a-f]{40}, expected/],
+  ])('refuses %s whose checksum does not match the listing, leaving nothing behind', async (_, file, mismatch) => {
+    const repo = `test-org/bad-${file.replace(/\W/g, '-')}`;
+    hub.addRepo(repo, sourceFiles);
+    hub.reportWrongChecksum(repo, file);
+    const failure = await failureOf(pull(repo, { name: 'bad' }));
+    expect(failure.message).toContain(`${file} failed verification`);
+    expect(failure.message).toMatch(mismatch);
+    expect(failure.message).toContain('Run the pull again');
+    await expectNothingInstalled('bad');
+  });
+
+  it('refuses to replace a model without --force, and replaces it with', async () => {
+    await pull(REPO, { name: 'turbo' });
+    await expect(pull(REPO, { name: 'turbo' })).rejects.toThrow("a model 'turbo' already exists");
+    await pull(REPO, { name: 'turbo', force: true });
+    expect(await registryIds()).toEqual(['turbo']);
+    await expectNoStaging();
+  });
+});
+
+describe('models import and export', () => {
+  it('round-trips a folder through an export bundle', async () => {
+    const imported = await importFrom(sourceDir, 'imported');
+    expect(imported.variant).toBe('sd-turbo');
+    const out = path.join(work, 'out');
+    await mkdir(out);
+    const bundle = await exportModel({ modelsDir, id: 'imported', out, output });
+    expect(bundle.file).toBe(path.join(out, 'imported.tar'));
+
+    // Standard tools read it, so it can be inspected or unpacked by hand.
+    const { stdout } = await execFileAsync('tar', ['tf', bundle.file]);
+    expect(stdout.split('\n')).toEqual(expect.arrayContaining(['imported/unet/model.onnx', `imported/${MANIFEST_FILE}`]));
+
+    await removeModel(modelsDir, 'imported');
+    const again = await importFrom(bundle.file);
+    expect(again.id).toBe('imported');
+    expect(await registryIds()).toEqual(['imported']);
+    const manifest = JSON.parse(await readFile(path.join(again.dir, MANIFEST_FILE), 'utf8'));
+    expect(Object.keys(manifest.files)).toContain(WEIGHTS);
+    await expectNoStaging();
+  });
+
+  it('refuses a folder with a damaged ONNX file', async () => {
+    const dir = await copyOfSource();
+    await writeFile(path.join(dir, 'unet', 'model.onnx'), Buffer.from('this is not a protobuf, just garbage bytes'));
+    await expect(importFrom(dir, 'damaged')).rejects.toThrow(new RegExp(`${dir}/unet/model.onnx.*Nothing was installed`));
+    await expectNothingInstalled('damaged');
+  });
+
+  it('refuses a folder that is missing or is not a model', async () => {
+    await expect(importFrom(path.join(work, 'nowhere'))).rejects.toThrow(/does not exist; give the path of a model folder/);
+    const dir = await copyOfSource();
+    await rm(path.join(dir, 'text_encoder'), { recursive: true });
+    await expect(importFrom(dir, 'partial')).rejects.toThrow(/missing text_encoder\/model.onnx.*Copy the complete export folder again/);
+    await expectNothingInstalled('partial');
+  });
+
+  it('refuses files that do not match the manifest', async () => {
+    await importFrom(sourceDir, 'good');
+    const dir = await copyOfSource();
+    const manifest = JSON.parse(await readFile(path.join(modelsDir, 'good', MANIFEST_FILE), 'utf8'));
+    await writeFile(path.join(dir, MANIFEST_FILE), JSON.stringify(manifest));
+    await writeFile(path.join(dir, 'tokenizer', 'tokenizer_config.json'), '{"changed": true}');
+    await expect(importFrom(dir, 'tampered')).rejects.toThrow(/tokenizer\/tokenizer_config.json failed verification.*differs from the manifest/);
+
+    await writeFile(path.join(dir, 'extra.onnx'), 'x');
+    await expect(importFrom(dir, 'tampered')).rejects.toThrow(/not listed in the manifest: extra.onnx/);
+    await expectNothingInstalled('tampered');
+  });
+
+  it('refuses damaged and truncated bundles', async () => {
+    await importFrom(sourceDir, 'good');
+    const { file } = await exportModel({ modelsDir, id: 'good', out: path.join(work, 'good.tar'), output });
+    const bytes = await readFile(file);
+    const damaged = path.join(work, 'damaged.tar');
+    const weightsAt = bytes.indexOf(Buffer.from(`good/${WEIGHTS}`)) + 512 + 1000;
+    bytes[weightsAt] ^= 0xff;
+    await writeFile(damaged, bytes);
+    await expect(importFrom(damaged, 'damaged')).rejects.toThrow(new RegExp(`${WEIGHTS} failed verification: its sha256`));
+
+    await truncate(file, 100_000);
+    await expect(importFrom(file, 'truncated')).rejects.toThrow(/not a readable bundle.*truncated or damaged/);
+    await expectNothingInstalled('damaged');
+    await expectNothingInstalled('truncated');
+  });
+});
+
+describe('models list and remove', () => {
+  it('lists models with their variant, size and status', async () => {
+    await importFrom(sourceDir, 'turbo');
+    await mkdir(path.join(modelsDir, 'broken', 'unet'), { recursive: true });
+    const list = await listModels(modelsDir);
+    expect(list).toEqual([
+      { id: 'broken', status: 'broken', bytes: 0, reason: expect.stringMatching(/^missing unet\/model.onnx/) },
+      { id: 'turbo', status: 'ok', family: 'sd', variant: 'sd-turbo', bytes: expect.any(Number) },
+    ]);
+    expect(list[1].bytes).toBeGreaterThan(sourceTotal);
+  });
+
+  it('removes a model, and refuses ids that are paths', async () => {
+    await importFrom(sourceDir, 'turbo');
+    await removeModel(modelsDir, 'turbo');
+    expect(await registryIds()).toEqual([]);
+    await expectNothingInstalled('turbo');
+    for (const id of ['../turbo', 'a/b', '..', '.staging', '/etc']) {
+      await expect(removeModel(modelsDir, id)).rejects.toThrow(/not a valid model id/);
+    }
+    await expect(removeModel(modelsDir, 'turbo')).rejects.toThrow(/there is no model 'turbo'/);
+  });
+
+  it('removes an unfinished pull', async () => {
+    hub.dropOnce(REPO, WEIGHTS, half);
+    await expect(pull(REPO, { retries: 0 })).rejects.toThrow(DownloadInterrupted);
+    expect(await removeModel(modelsDir, 'sd-turbo-onnx')).toEqual({ model: false, unfinishedPull: true });
+    expect(await listModels(modelsDir)).toEqual([]);
+    await expectNothingInstalled('sd-turbo-onnx');
+  });
+});
+
+describe('a full disk', () => {
+  /** The real disk, except that writes fail with ENOSPC after `limit` bytes in all. */
+  function fullAfter(limit: number): Disk {
+    let written = 0;
+    return {
+      freeBytes: realDisk.freeBytes,
+      async openWriter(file, mode) {
+        const writer = await realDisk.openWriter(file, mode);
+        return {
+          async write(chunk) {
+            written += chunk.length;
+            if (written > limit) throw Object.assign(new Error('ENOSPC: no space left on device, write'), { code: 'ENOSPC' });
+            await writer.write(chunk);
+          },
+          close: () => writer.close(),
+        };
+      },
+    };
+  }
+
+  it('fails a pull with the space needed, removing the partial download', async () => {
+    await expect(pull(REPO, { disk: fullAfter(100_000) })).rejects.toThrow(
+      new RegExp(`the disk holding ${modelsDir} is full: this needs ${formatBytes(sourceTotal)} and .* is free now \\(the partial copy was removed\\)`),
+    );
+    await expectNothingInstalled('sd-turbo-onnx');
+  });
+
+  it('fails an import the same way, and checks free space before starting', async () => {
+    await expect(importFrom(sourceDir, 'x').then(() => undefined)).resolves.toBeUndefined();
+    await expect(importModel({ modelsDir, source: sourceDir, name: 'y', output, disk: fullAfter(10_000) })).rejects.toThrow(/is full: this needs/);
+    await expectNothingInstalled('y');
+    const tiny: Disk = { ...realDisk, freeBytes: async () => 1000 };
+    await expect(importModel({ modelsDir, source: sourceDir, name: 'z', output, disk: tiny })).rejects.toThrow(`: ${formatBytes(sourceTotal)} is needed and 1000 B is free`);
+  });
+});
+
+const cliWired = (await readFile(new URL('../src/cli/main.ts', import.meta.url), 'utf8')).includes('registerModelCommands');
+
+describe('the imagegen CLI', () => {
+  it.skipIf(!cliWired)('lists models with "imagegen models list"', async () => {
+    await importFrom(sourceDir, 'turbo');
+    const { stdout } = await execFileAsync('npx', ['tsx', 'src/cli/main.ts', 'models', 'list', '--models-dir', modelsDir], { cwd: fileURLToPath(new URL('..', import.meta.url)) });
+    expect(stdout).toMatch(/^ID\s+MODEL\s+SIZE\s+STATUS\nturbo\s+sd\/sd-turbo\s+\d+\.\d [KM]iB\s+ok\n$/);
+  });
+});
