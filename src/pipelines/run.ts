@@ -1,8 +1,10 @@
 import { encodeImage, CONTENT_TYPES } from '../engine/encode-image.js';
 import { defaultRuntime, type RuntimeOptions } from '../engine/providers.js';
 import type { GeneratedImage, GenerationBatch } from '../engine/types.js';
+import os from 'node:os';
 import { loadPipeline } from './load.js';
 import type { GenerateHooks, Pipeline, RgbImage } from './pipeline.js';
+import { PipelineCache } from './pipeline-cache.js';
 
 /**
  * The engine's entry point inside a worker: keeps pipelines loaded between batches, splits a batch into
@@ -11,35 +13,27 @@ import type { GenerateHooks, Pipeline, RgbImage } from './pipeline.js';
 
 export interface EngineSettings {
   runtime: RuntimeOptions;
-  /** Pipelines kept loaded in this worker; the least recently used goes first. */
-  maxLoadedModels: number;
+  /** Bytes of model weights this worker keeps loaded; beyond it the least recently used model goes. */
+  modelMemoryBudget: number;
   /** Images x pixels denoised in one model call. */
   maxBatchPixels: number;
 }
 
-let settings: EngineSettings = { runtime: defaultRuntime(), maxLoadedModels: 2, maxBatchPixels: 4 * 1024 * 1024 };
-const loaded = new Map<string, Promise<Pipeline>>();
+let settings: EngineSettings = {
+  runtime: defaultRuntime(),
+  modelMemoryBudget: Math.floor(os.totalmem() * 0.6),
+  maxBatchPixels: 4 * 1024 * 1024,
+};
+const pipelines = new PipelineCache((dir) => loadPipeline(dir, settings.runtime), settings.modelMemoryBudget);
 
 export function configureEngine(update: Partial<EngineSettings>): void {
   settings = { ...settings, ...update };
+  pipelines.setBudget(settings.modelMemoryBudget);
 }
 
-/** The pipeline for a model folder, loading it on first use and unloading the least recently used. */
-export async function getPipeline(modelDir: string): Promise<Pipeline> {
-  let pipeline = loaded.get(modelDir);
-  if (pipeline) {
-    loaded.delete(modelDir); // re-insert: Map order is our recency order
-  } else {
-    pipeline = loadPipeline(modelDir, settings.runtime);
-    pipeline.catch(() => loaded.delete(modelDir));
-  }
-  loaded.set(modelDir, pipeline);
-  while (loaded.size > settings.maxLoadedModels) {
-    const [oldest, evicted] = loaded.entries().next().value!;
-    loaded.delete(oldest);
-    evicted.then((p) => p.release()).catch(() => undefined);
-  }
-  return pipeline;
+/** The pipeline for a model folder, loaded on first use and kept while the memory budget allows. */
+export function getPipeline(modelDir: string): Promise<Pipeline> {
+  return pipelines.get(modelDir);
 }
 
 export async function generateImages(batch: GenerationBatch, hooks: GenerateHooks = {}): Promise<RgbImage[]> {

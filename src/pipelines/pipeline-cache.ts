@@ -1,0 +1,80 @@
+import { readdir, stat } from 'node:fs/promises';
+import path from 'node:path';
+import type { ModelLayout } from '../models/layout.js';
+import type { Pipeline } from './pipeline.js';
+
+/**
+ * The loaded pipelines of one worker, within a memory budget: a model's weight files on disk are what
+ * its sessions hold in memory (or on the GPU), so once the loaded models' files add up to more than
+ * the budget the least recently used ones are released. The model in use is never released, so one
+ * model larger than the budget still runs.
+ */
+
+interface Entry {
+  pipeline: Promise<Pipeline>;
+  /** 0 until loaded: a model still loading is not counted and cannot be evicted. */
+  bytes: number;
+}
+
+/** Bytes of the folders holding the model's ONNX graphs and their external weights. */
+export async function weightBytes(layout: ModelLayout): Promise<number> {
+  const dirs = new Set([layout.textEncoder, layout.textEncoder2, layout.denoiser, layout.vaeDecoder].filter((f): f is string => !!f).map((f) => path.dirname(f)));
+  let total = 0;
+  for (const dir of dirs) {
+    for (const name of await readdir(dir)) total += (await stat(path.join(dir, name))).size;
+  }
+  return total;
+}
+
+export class PipelineCache {
+  /** Map order is recency order: the least recently used first. */
+  private readonly entries = new Map<string, Entry>();
+
+  constructor(
+    private readonly load: (modelDir: string) => Promise<Pipeline>,
+    private budgetBytes: number,
+  ) {}
+
+  setBudget(bytes: number): void {
+    this.budgetBytes = bytes;
+  }
+
+  get(modelDir: string): Promise<Pipeline> {
+    const hit = this.entries.get(modelDir);
+    if (hit) {
+      this.entries.delete(modelDir);
+      this.entries.set(modelDir, hit);
+      return hit.pipeline;
+    }
+    const entry: Entry = { bytes: 0, pipeline: this.load(modelDir) };
+    this.entries.set(modelDir, entry);
+    entry.pipeline = entry.pipeline.then(
+      async (pipeline) => {
+        entry.bytes = await weightBytes(pipeline.layout);
+        this.evictBeyondBudget(modelDir);
+        return pipeline;
+      },
+      (err) => {
+        this.entries.delete(modelDir);
+        throw err;
+      },
+    );
+    return entry.pipeline;
+  }
+
+  /** Model folders loaded or loading, least recently used first. */
+  loadedModels(): string[] {
+    return [...this.entries.keys()];
+  }
+
+  private evictBeyondBudget(keep: string): void {
+    let total = [...this.entries.values()].reduce((sum, e) => sum + e.bytes, 0);
+    for (const [dir, entry] of this.entries) {
+      if (total <= this.budgetBytes) break;
+      if (dir === keep || entry.bytes === 0) continue;
+      this.entries.delete(dir);
+      total -= entry.bytes;
+      entry.pipeline.then((p) => p.release()).catch(() => undefined);
+    }
+  }
+}
