@@ -95,13 +95,27 @@ const SETTINGS = {
     description: 'CUDA device ids; worker i runs on device i mod their count (with EXECUTION_PROVIDER=cuda)',
   },
   queueMax: { schema: integer(0).default(64), description: 'generation jobs that may wait for a worker before requests get 429' },
+  queueTimeoutSeconds: {
+    schema: integer(1).default(120),
+    description: 'longest a request may wait for a worker (including while workers load models) before it gets 503 queue_timeout',
+  },
+  preload: {
+    schema: list.optional(),
+    description: 'comma-separated models (ids or aliases) every worker loads at start, before /ready says ready (default: DEFAULT_MODEL; "none" loads nothing)',
+  },
+  shutdownTimeoutSeconds: {
+    schema: integer(0).default(30),
+    description: 'on SIGTERM/SIGINT, how long running requests may finish before they are cancelled with a retryable 503',
+  },
   bodyLimit: { schema: byteSize.default(1024 ** 2), description: 'largest accepted request body, e.g. 1m' },
   tlsCert: { schema: z.string().min(1).optional(), description: 'PEM certificate file: serve HTTPS (needs TLS_KEY)' },
   tlsKey: { schema: z.string().min(1).optional(), description: 'PEM private key file for TLS_CERT' },
+  metricsPublic: { schema: boolean.default(false), description: 'serve GET /metrics without an API key' },
   logLevel: {
     schema: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
     description: 'log level',
   },
+  logPrompts: { schema: boolean.default(false), description: 'log the prompts of generation requests (they are private to the user: off by default)' },
 } satisfies Record<string, { schema: z.ZodType; description: string }>;
 
 export type SettingName = keyof typeof SETTINGS;
@@ -110,10 +124,12 @@ const settingsSchema = z.object(Object.fromEntries(Object.entries(SETTINGS).map(
   [K in SettingName]: (typeof SETTINGS)[K]['schema'];
 });
 
-export interface Config extends Omit<z.output<typeof settingsSchema>, 'modelAliases' | 'trustProxy'> {
+export interface Config extends Omit<z.output<typeof settingsSchema>, 'modelAliases' | 'trustProxy' | 'preload'> {
   /** Alias -> model id, defaults merged with MODEL_ALIASES. */
   modelAliases: Record<string, string>;
   trustProxy: boolean;
+  /** Models (ids or aliases) to load at start; empty for none. */
+  preload: string[];
 }
 
 const envName = (name: SettingName) => name.replace(/[A-Z]/g, (c) => `_${c}`).toUpperCase();
@@ -169,5 +185,11 @@ export function loadConfig(flags: Partial<Record<SettingName, string>> = {}, env
     if (target) modelAliases[alias] = target;
     else delete modelAliases[alias];
   }
-  return { ...parsed, modelAliases, trustProxy: parsed.trustProxy ?? loopback };
+  const preload = parsed.preload ?? [parsed.defaultModel];
+  return {
+    ...parsed,
+    modelAliases,
+    trustProxy: parsed.trustProxy ?? loopback,
+    preload: preload.length === 1 && preload[0].toLowerCase() === 'none' ? [] : preload,
+  };
 }

@@ -3,9 +3,10 @@ import path from 'node:path';
 import type { FastifyInstance } from 'fastify';
 import type { Logger } from 'pino';
 import { EMBEDDED_MODELS_DIR, type Config } from './config.js';
-import { createEnginePool } from './engine/pool.js';
+import { createEnginePool, type WorkerPool } from './engine/pool.js';
 import { buildApp } from './http/app.js';
 import { ModelRegistry, modelRoots } from './models/registry.js';
+import { Metrics } from './observability/metrics.js';
 import { ImageStore } from './store/image-store.js';
 
 /** Puts the service together (store, models, engine, HTTP app) and starts listening. */
@@ -14,7 +15,9 @@ export interface RunningServer {
   app: FastifyInstance;
   /** Where it listens, e.g. http://127.0.0.1:8000 (the API's base URL adds /v1). */
   url: string;
-  /** Stops taking requests, lets running ones finish, then stops the workers. */
+  /** The engine, for tests (its hook simulates a worker crash). */
+  engine: WorkerPool;
+  /** Stops taking requests, lets running ones finish (for SHUTDOWN_TIMEOUT_SECONDS at most), then stops the workers. */
   close(): Promise<void>;
 }
 
@@ -40,14 +43,25 @@ export async function startServer(config: Config, logger: Logger): Promise<Runni
     logger.warn(`default model '${config.defaultModel}' is not installed: requests for ${Object.keys(config.modelAliases).join(', ')} will fail until it is`);
   }
 
-  const engine = createEnginePool({ workers: config.workers, queueMax: config.queueMax, executionProvider: config.executionProvider, cudaDevices: config.cudaDevices });
+  const metrics = new Metrics();
+  const engine = createEnginePool({
+    workers: config.workers,
+    queueMax: config.queueMax,
+    queueTimeoutMs: config.queueTimeoutSeconds * 1000,
+    executionProvider: config.executionProvider,
+    cudaDevices: config.cudaDevices,
+    preload: await preloadDirs(config.preload, registry, logger),
+    logger: logger.child({ component: 'engine' }),
+    metrics,
+  });
+  metrics.watch({ queue: () => engine.load(), workers: () => engine.readiness().workers, store: () => store.stats() });
   const tls = config.tlsCert && config.tlsKey ? { cert: await readFile(config.tlsCert), key: await readFile(config.tlsKey) } : undefined;
-  const app = buildApp({ config, registry, engine, store, logger, tls });
+  const app = buildApp({ config, registry, engine, store, metrics, logger, tls });
   const close = async () => {
     await app.close();
     await engine.close();
     registry.close();
-    store.close();
+    await store.close();
   };
   try {
     await app.listen({ port: config.port, host: config.host });
@@ -64,5 +78,16 @@ export async function startServer(config: Config, logger: Logger): Promise<Runni
     logger.warn(`no API_KEYS set: every local client may use the server; it listens on loopback (${config.host}) only`);
   }
   logger.info({ url: `${url}/v1`, models: registry.list().map((m) => m.id), workers: config.workers }, 'imagegen ready');
-  return { app, url, close };
+  return { app, url, engine, close };
+}
+
+/** The folders of the models to preload; one that is not installed is skipped with a warning. */
+async function preloadDirs(names: string[], registry: ModelRegistry, logger: Logger): Promise<string[]> {
+  const dirs = new Set<string>();
+  for (const name of names) {
+    const model = await registry.resolve(name);
+    if (model) dirs.add(model.layout.dir);
+    else logger.warn(`PRELOAD names '${name}', which is not installed: not preloading it`);
+  }
+  return [...dirs];
 }

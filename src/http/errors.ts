@@ -1,3 +1,5 @@
+import { STATUS_CODES } from 'node:http';
+import type { Socket } from 'node:net';
 import type { FastifyError, FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import fp from 'fastify-plugin';
 import type { ErrorBody } from './wire.js';
@@ -13,6 +15,8 @@ export interface ApiErrorOptions {
   param?: string | null;
   code?: string | null;
   headers?: Record<string, string>;
+  /** What went wrong underneath: logged with the error, never sent to the client. */
+  cause?: unknown;
 }
 
 export class ApiError extends Error {
@@ -26,7 +30,7 @@ export class ApiError extends Error {
     message: string,
     options: ApiErrorOptions = {},
   ) {
-    super(message);
+    super(message, { cause: options.cause });
     this.name = 'ApiError';
     this.type = options.type ?? (status >= 500 ? 'server_error' : 'invalid_request_error');
     this.param = options.param ?? null;
@@ -91,6 +95,40 @@ function fromFastifyError(err: FastifyError, request: FastifyRequest): ApiError 
 
 function send(reply: FastifyReply, error: ApiError): FastifyReply {
   return reply.code(error.status).headers(error.headers).type('application/json; charset=utf-8').send(error.toBody());
+}
+
+/**
+ * Fastify's `clientErrorHandler`: requests Node's HTTP parser rejects before any route sees them (headers
+ * over 16 KiB, malformed request lines, unknown methods, raw null bytes in the URL). Written to the socket
+ * by hand, as Node's own answer would be, but with OpenAI's error body.
+ */
+export function answerClientError(err: NodeJS.ErrnoException, socket: Socket): void {
+  if (err.code === 'ECONNRESET' || socket.destroyed) return;
+  const error =
+    err.code === 'HPE_HEADER_OVERFLOW'
+      ? new ApiError(431, 'The request headers are too large.', { code: 'request_header_fields_too_large' })
+      : err.code === 'ERR_HTTP_REQUEST_TIMEOUT'
+        ? new ApiError(408, 'The request took too long to arrive.', { code: 'request_timeout' })
+        : new ApiError(400, 'The HTTP request is malformed and could not be parsed.', { code: 'malformed_request' });
+  const body = JSON.stringify(error.toBody());
+  if (socket.writable) {
+    socket.write(
+      `HTTP/1.1 ${error.status} ${STATUS_CODES[error.status]}\r\nContent-Type: application/json; charset=utf-8\r\n` +
+        `Content-Length: ${Buffer.byteLength(body)}\r\nConnection: close\r\n\r\n${body}`,
+    );
+  }
+  socket.destroy(err);
+}
+
+/** Fastify's `frameworkErrors`: URLs its router cannot decode (bad percent-encoding) or parameters over its length limit. */
+export function answerFrameworkError(err: FastifyError, _request: FastifyRequest, reply: FastifyReply): FastifyReply {
+  const tooLong = err.code === 'FST_ERR_MAX_PARAM_LENGTH';
+  return send(
+    reply,
+    tooLong
+      ? new ApiError(414, 'The URL is too long.', { code: 'uri_too_long' })
+      : new ApiError(400, 'The URL is malformed: it has invalid percent-encoding.', { code: 'invalid_url' }),
+  );
 }
 
 async function errorsPlugin(app: FastifyInstance): Promise<void> {

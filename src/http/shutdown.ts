@@ -3,24 +3,47 @@ import fp from 'fastify-plugin';
 import { ApiError } from './errors.js';
 
 /**
- * Graceful shutdown: once close() starts, requests arriving on open keep-alive connections get a
- * retryable 503 in OpenAI's shape; requests in flight finish; then every connection is closed. Node
- * only closes idle connections by itself, and counts a connection that has not sent a request yet
- * (browsers and HTTP clients open spare ones) as busy, which would hold shutdown for a minute.
+ * Each request's lifetime, and graceful shutdown. Every request gets `request.cancellation`, a signal
+ * that aborts when its client goes away before the answer was sent (so waiting work is dropped and
+ * running work stops) or when shutdown stops waiting for it. Fastify's own `request.signal` will not
+ * do: it follows the request stream's 'close', which Node emits as soon as a POST body has been read.
+ *
+ * Once close() starts, requests arriving on open keep-alive connections get a retryable 503 in OpenAI's
+ * shape; requests in flight get `timeoutMs` to finish, then their signals abort with that same 503;
+ * then every connection is closed. Node only closes idle connections by itself, and counts a connection
+ * that has not sent a request yet (browsers and HTTP clients open spare ones) as busy, which would hold
+ * shutdown for a minute.
  */
 
-async function shutdownPlugin(app: FastifyInstance): Promise<void> {
+declare module 'fastify' {
+  interface FastifyRequest {
+    /** Aborts when the client disconnects or shutdown gives up on this request; its reason is an ApiError. */
+    cancellation: AbortSignal;
+  }
+}
+
+export interface ShutdownOptions {
+  /** How long close() lets requests in flight finish before cancelling them. */
+  timeoutMs: number;
+}
+
+async function shutdownPlugin(app: FastifyInstance, { timeoutMs }: ShutdownOptions): Promise<void> {
   let closing = false;
-  let inFlight = 0;
+  let deadline: NodeJS.Timeout | undefined;
+  const inFlight = new Set<AbortController>();
   const closeConnectionsWhenDrained = () => {
-    if (closing && inFlight === 0) app.server.closeAllConnections();
+    if (closing && inFlight.size === 0) app.server.closeAllConnections();
   };
 
-  app.addHook('onRequest', async (_request, reply) => {
-    inFlight++;
+  app.decorateRequest('cancellation', null as unknown as AbortSignal);
+  app.addHook('onRequest', async (request, reply) => {
+    const lifetime = new AbortController();
+    request.cancellation = lifetime.signal;
+    inFlight.add(lifetime);
     // 'close' comes once per response: sent, failed or abandoned by the client.
     reply.raw.once('close', () => {
-      inFlight--;
+      inFlight.delete(lifetime);
+      if (!reply.raw.writableFinished) lifetime.abort(new ApiError(499, 'The client closed the connection.'));
       closeConnectionsWhenDrained();
     });
     if (closing) throw ApiError.shuttingDown();
@@ -29,7 +52,15 @@ async function shutdownPlugin(app: FastifyInstance): Promise<void> {
   app.addHook('preClose', async () => {
     closing = true;
     closeConnectionsWhenDrained();
+    if (inFlight.size === 0) return;
+    app.log.info({ inFlight: inFlight.size, timeoutMs }, 'waiting for requests in flight to finish');
+    deadline = setTimeout(() => {
+      app.log.warn({ cancelled: inFlight.size }, 'shutdown deadline passed: cancelling the requests still in flight');
+      for (const lifetime of inFlight) lifetime.abort(ApiError.shuttingDown());
+    }, timeoutMs);
   });
+
+  app.addHook('onClose', async () => clearTimeout(deadline));
 }
 
 export const shutdown = fp(shutdownPlugin, { name: 'shutdown' });

@@ -1,6 +1,6 @@
 import type { BaseLogger } from 'pino';
-import { QueueClosedError, QueueFullError } from '../engine/job-queue.js';
-import type { EnginePool } from '../engine/pool.js';
+import { QueueClosedError, QueueFullError, QueueTimeoutError } from '../engine/job-queue.js';
+import { WorkerDiedError, type EnginePool } from '../engine/pool.js';
 import { MAX_SEED, randomSeed } from '../engine/random.js';
 import type { BatchItem, GeneratedImage, GenerationBatch } from '../engine/types.js';
 import { ApiError, quoteList } from '../http/errors.js';
@@ -21,7 +21,7 @@ export interface ImageServiceDeps {
 }
 
 export interface GenerateContext {
-  /** Aborts when the client goes away: jobs still waiting for a worker are dropped. */
+  /** Aborts when the client goes away or shutdown gives up on the request: waiting jobs are dropped, running ones stop. */
   signal: AbortSignal;
   /** The absolute URL of a stored image, as this request's client reaches the server. */
   urlFor(image: StoredImage): string;
@@ -82,8 +82,38 @@ function engineError(err: unknown): unknown {
       { type: 'requests', code: 'rate_limit_exceeded', headers: { 'retry-after': String(err.retryAfterSeconds) } },
     );
   }
+  if (err instanceof QueueTimeoutError) {
+    return new ApiError(
+      503,
+      `The server is overloaded: this request waited ${err.waitedSeconds}s for a free worker without getting one. Please try again in ${err.retryAfterSeconds}s.`,
+      { code: 'queue_timeout', headers: { 'retry-after': String(err.retryAfterSeconds) } },
+    );
+  }
+  if (err instanceof WorkerDiedError) {
+    return new ApiError(
+      500,
+      'The worker generating this image stopped unexpectedly (it may have run out of memory) and has been restarted. ' +
+        'Retrying may succeed; if it keeps failing, ask for a smaller size or fewer images.',
+      { code: 'worker_crashed', cause: err },
+    );
+  }
   if (err instanceof QueueClosedError) return ApiError.shuttingDown();
   return err;
+}
+
+function storeError(err: unknown): ApiError {
+  if (err instanceof StoreFullError) {
+    return new ApiError(507, "The server's image store is full. Ask for response_format 'b64_json', or retry once older images expired.", {
+      code: 'storage_full',
+      // Retrying at once cannot help; tell the SDKs not to.
+      headers: { 'x-should-retry': 'false' },
+    });
+  }
+  const reason = (err as NodeJS.ErrnoException).code ?? 'unknown error';
+  return new ApiError(500, `The server could not save the generated image (${reason}). Ask for response_format 'b64_json', or retry later.`, {
+    code: 'storage_error',
+    cause: err,
+  });
 }
 
 /**
@@ -135,12 +165,7 @@ export function createImageService({ registry, engine, store }: ImageServiceDeps
     try {
       return { url: context.urlFor(await store.put(image.data, image.contentType)), seed: image.seed };
     } catch (err) {
-      if (!(err instanceof StoreFullError)) throw err;
-      throw new ApiError(507, "The server's image store is full. Ask for response_format 'b64_json', or retry once older images expired.", {
-        code: 'storage_full',
-        // Retrying at once cannot help; tell the SDKs not to.
-        headers: { 'x-should-retry': 'false' },
-      });
+      throw storeError(err);
     }
   }
 
@@ -154,11 +179,11 @@ export function createImageService({ registry, engine, store }: ImageServiceDeps
       const [{ width, height, steps }] = batches;
       const generated = performance.now();
       const data = await Promise.all(images.map((image) => deliver(image, request, context)));
+      // The request's logger already names the model, size and n it asked for; these are what ran.
       context.log.info(
         {
-          model: model.id,
-          size: `${width}x${height}`,
-          n: request.n,
+          modelId: model.id,
+          resolvedSize: `${width}x${height}`,
           steps,
           responseFormat: request.response_format,
           generateMs: Math.round(generated - started),

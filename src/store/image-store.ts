@@ -7,7 +7,8 @@ import type { Logger } from 'pino';
  * Generated images served by URL for a limited time. One file per image, named
  * `<id>.<expiry unix milliseconds>.<ext>`: the name is the whole index, so a restart rebuilds it from a
  * directory listing and keeps each image's own expiry. Files are written to a temporary name and
- * renamed, so a reader never sees half an image. Ids are 128 random bits in hex.
+ * renamed, so a reader never sees half an image; a failed write deletes its temporary file, and
+ * opening and closing the store delete any that a crash left. Ids are 128 random bits in hex.
  */
 
 export interface StoredImage {
@@ -45,6 +46,7 @@ export class ImageStore {
   private readonly index = new Map<string, StoredImage>();
   /** Bytes of indexed files plus writes in progress. */
   private bytes = 0;
+  private readonly writes = new Set<Promise<void>>();
   private timer: NodeJS.Timeout | undefined;
   private constructor(private readonly options: ImageStoreOptions) {}
 
@@ -52,13 +54,10 @@ export class ImageStore {
   static async open(options: ImageStoreOptions): Promise<ImageStore> {
     const store = new ImageStore(options);
     await mkdir(options.dir, { recursive: true });
+    await store.deleteTempFiles();
     for (const entry of await readdir(options.dir, { withFileTypes: true })) {
       if (!entry.isFile()) continue;
       const file = path.join(options.dir, entry.name);
-      if (TEMP_FILE.test(entry.name)) {
-        await unlink(file).catch(() => undefined);
-        continue;
-      }
       const match = FILE_NAME.exec(entry.name);
       if (!match) continue;
       const [, id, expiry, ext] = match;
@@ -90,17 +89,34 @@ export class ImageStore {
     const id = randomBytes(16).toString('hex');
     const expiresAt = Date.now() + Math.round(this.options.ttlSeconds * 1000);
     const image: StoredImage = { id, ext, contentType, expiresAt, size: data.byteLength };
-    const temp = path.join(this.options.dir, `.${id}.tmp`);
+    const write = this.write(path.join(this.options.dir, `.${id}.tmp`), this.fileOf(image), data);
+    this.writes.add(write);
     try {
-      await writeFile(temp, data, { flag: 'wx' });
-      await rename(temp, this.fileOf(image));
+      await write;
     } catch (err) {
       this.bytes -= data.byteLength;
-      await unlink(temp).catch(() => undefined);
       throw err;
+    } finally {
+      this.writes.delete(write);
     }
     this.index.set(id, image);
     return image;
+  }
+
+  private async write(temp: string, file: string, data: Uint8Array): Promise<void> {
+    try {
+      await writeFile(temp, data, { flag: 'wx' });
+      await rename(temp, file);
+    } catch (err) {
+      // A full disk fails a write halfway: no partial file may stay behind.
+      await unlink(temp).catch(() => undefined);
+      throw err;
+    }
+  }
+
+  /** Images and bytes on disk (including writes in progress), for metrics. */
+  stats(): { files: number; bytes: number } {
+    return { files: this.index.size, bytes: this.bytes };
   }
 
   /** The image, or null when unknown or expired (even before the sweeper deleted it). */
@@ -139,7 +155,20 @@ export class ImageStore {
     this.timer.unref();
   }
 
-  close(): void {
+  /** Stops the sweeper, lets writes in progress end, and deletes temporary files a crash may have left. */
+  async close(): Promise<void> {
     clearInterval(this.timer);
+    await Promise.allSettled(this.writes);
+    await this.deleteTempFiles();
+  }
+
+  private async deleteTempFiles(): Promise<void> {
+    const names = await readdir(this.options.dir).catch((err: NodeJS.ErrnoException) => {
+      if (err.code === 'ENOENT') return [];
+      throw err;
+    });
+    for (const name of names.filter((n) => TEMP_FILE.test(n))) {
+      await unlink(path.join(this.options.dir, name)).catch(() => undefined);
+    }
   }
 }

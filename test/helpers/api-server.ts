@@ -4,12 +4,13 @@ import path from 'node:path';
 import OpenAI from 'openai';
 import { pino } from 'pino';
 import sharp from 'sharp';
-import type { Config } from '../../src/config.js';
+import { loadConfig, type Config } from '../../src/config.js';
 import { JobQueue } from '../../src/engine/job-queue.js';
 import type { EnginePool } from '../../src/engine/pool.js';
 import type { GeneratedImage, GenerationBatch } from '../../src/engine/types.js';
 import { buildApp } from '../../src/http/app.js';
 import { ModelRegistry } from '../../src/models/registry.js';
+import { Metrics } from '../../src/observability/metrics.js';
 import { ImageStore } from '../../src/store/image-store.js';
 
 /**
@@ -76,6 +77,10 @@ export class FakeEngine implements EnginePool {
     return this.queue.load();
   }
 
+  readiness() {
+    return { ready: true, workers: { total: 1, ready: 1 }, models: [] };
+  }
+
   async close() {
     this.queue.close();
   }
@@ -114,7 +119,7 @@ export interface TestServerOptions {
   dataDir?: string;
 }
 
-type AppConfig = Pick<Config, 'apiKeys' | 'bodyLimit' | 'trustProxy' | 'publicBaseUrl'>;
+type AppConfig = Pick<Config, 'apiKeys' | 'bodyLimit' | 'trustProxy' | 'publicBaseUrl' | 'shutdownTimeoutSeconds' | 'metricsPublic' | 'logPrompts'>;
 
 export const TEST_KEY = 'sk-test-0123456789abcdef';
 
@@ -135,8 +140,8 @@ export async function startTestServer(options: TestServerOptions = {}): Promise<
     minRescanIntervalMs: 0,
   });
   await registry.scan();
-  const config: AppConfig = { apiKeys, bodyLimit: 1024 * 1024, trustProxy: true, publicBaseUrl: undefined, ...options.config };
-  const app = buildApp({ config, registry, engine, store, logger: silentLogger });
+  const config: AppConfig = { ...loadConfig({}, {}), apiKeys, bodyLimit: 1024 * 1024, trustProxy: true, publicBaseUrl: undefined, ...options.config };
+  const app = buildApp({ config, registry, engine, store, metrics: new Metrics(), logger: silentLogger });
   const origin = await app.listen({ port: 0, host: '127.0.0.1' });
   const baseURL = `${origin}/v1`;
   return {
@@ -151,7 +156,7 @@ export async function startTestServer(options: TestServerOptions = {}): Promise<
     async close() {
       await app.close();
       await engine.close();
-      store.close();
+      await store.close();
       registry.close();
       await rm(root, { recursive: true, force: true });
     },

@@ -1,0 +1,31 @@
+import type { FastifyInstance } from 'fastify';
+import fp from 'fastify-plugin';
+import type { Metrics } from '../observability/metrics.js';
+
+/**
+ * GET /metrics in Prometheus' text format, behind the API key unless `public`, and the count and
+ * duration of every request by route and status. Registered before auth and shutdown, whose hooks
+ * reject requests: those count too.
+ */
+
+export interface MetricsOptions {
+  metrics: Metrics;
+  /** Scrapable without an API key. */
+  public: boolean;
+}
+
+async function metricsPlugin(app: FastifyInstance, { metrics, public: isPublic }: MetricsOptions): Promise<void> {
+  app.addHook('onRequest', async (request, reply) => {
+    reply.raw.once('close', () => {
+      const status = reply.raw.writableFinished ? reply.statusCode : 499;
+      // Route templates, never raw URLs: scanners' random paths must not become label values.
+      metrics.httpRequest(request.method, request.routeOptions.url ?? 'unmatched', status, reply.elapsedTime / 1000);
+    });
+  });
+
+  app.get('/metrics', { config: { public: isPublic } }, async (_request, reply) =>
+    reply.type(metrics.registry.contentType).send(await metrics.registry.metrics()),
+  );
+}
+
+export const metricsRoutes = fp(metricsPlugin, { name: 'metrics' });

@@ -1,0 +1,150 @@
+import { collectDefaultMetrics, Counter, Gauge, Histogram, Registry } from 'prom-client';
+import type { BatchOutcome, EngineMetrics } from '../engine/pool.js';
+
+/**
+ * The service's Prometheus metrics, in a registry of its own (not prom-client's global one, so two
+ * servers in one process, as in the tests, never mix their numbers). The engine reports through the
+ * EngineMetrics methods, the HTTP layer through httpRequest(); gauges read their sources at scrape time.
+ * Steps per second: rate(imagegen_denoising_steps_total) / rate(imagegen_generation_duration_seconds_sum).
+ */
+
+/** What the gauges read when scraped. */
+export interface MetricSources {
+  queue(): { running: number; queued: number };
+  workers(): { total: number; ready: number };
+  store(): { files: number; bytes: number };
+}
+
+/** Seconds, from a fast request to a long queue wait or a large generation on a CPU. */
+const DURATION_BUCKETS = [0.005, 0.025, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300];
+
+export class Metrics implements EngineMetrics {
+  readonly registry = new Registry();
+  private sources: MetricSources | undefined;
+
+  private readonly httpRequests = new Counter({
+    name: 'imagegen_http_requests_total',
+    help: 'HTTP requests answered, by route (unmatched for unknown URLs) and status (499: the client left first)',
+    labelNames: ['method', 'route', 'status'],
+    registers: [this.registry],
+  });
+  private readonly httpDuration = new Histogram({
+    name: 'imagegen_http_request_duration_seconds',
+    help: 'Time from receiving a request to finishing its response, by route',
+    labelNames: ['route'],
+    buckets: DURATION_BUCKETS,
+    registers: [this.registry],
+  });
+  private readonly queueWaitSeconds = new Histogram({
+    name: 'imagegen_queue_wait_seconds',
+    help: 'Time generation jobs waited for a worker',
+    buckets: DURATION_BUCKETS,
+    registers: [this.registry],
+  });
+  private readonly generationSeconds = new Histogram({
+    name: 'imagegen_generation_duration_seconds',
+    help: 'Time a worker spent on one batch (merged requests share one), by model and outcome',
+    labelNames: ['model', 'outcome'],
+    buckets: DURATION_BUCKETS,
+    registers: [this.registry],
+  });
+  private readonly denoisingSteps = new Counter({
+    name: 'imagegen_denoising_steps_total',
+    help: 'Denoising steps run, also by batches stopped early (one step of a merged batch counts once)',
+    labelNames: ['model'],
+    registers: [this.registry],
+  });
+  private readonly imagesGenerated = new Counter({
+    name: 'imagegen_images_generated_total',
+    help: 'Images generated',
+    labelNames: ['model'],
+    registers: [this.registry],
+  });
+  private readonly modelLoadSeconds = new Histogram({
+    name: 'imagegen_model_load_duration_seconds',
+    help: 'Time a worker took to load a model',
+    labelNames: ['model'],
+    buckets: [0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300],
+    registers: [this.registry],
+  });
+  private readonly workerRestarts = new Counter({
+    name: 'imagegen_worker_restarts_total',
+    help: 'Worker threads that died (crash, out of memory) and were replaced',
+    registers: [this.registry],
+  });
+
+  constructor() {
+    const sources = () => this.sources;
+    new Gauge({
+      name: 'imagegen_queue_jobs',
+      help: 'Generation jobs running on a worker and waiting for one',
+      labelNames: ['state'],
+      registers: [this.registry],
+      collect() {
+        const load = sources()?.queue();
+        if (!load) return;
+        this.set({ state: 'running' }, load.running);
+        this.set({ state: 'queued' }, load.queued);
+      },
+    });
+    new Gauge({
+      name: 'imagegen_workers',
+      help: 'Worker threads configured and ready (started and done preloading)',
+      labelNames: ['state'],
+      registers: [this.registry],
+      collect() {
+        const workers = sources()?.workers();
+        if (!workers) return;
+        this.set({ state: 'total' }, workers.total);
+        this.set({ state: 'ready' }, workers.ready);
+      },
+    });
+    new Gauge({
+      name: 'imagegen_store_images',
+      help: 'Images in the image store',
+      registers: [this.registry],
+      collect() {
+        const store = sources()?.store();
+        if (store) this.set(store.files);
+      },
+    });
+    new Gauge({
+      name: 'imagegen_store_bytes',
+      help: 'Bytes used by the image store',
+      registers: [this.registry],
+      collect() {
+        const store = sources()?.store();
+        if (store) this.set(store.bytes);
+      },
+    });
+    collectDefaultMetrics({ register: this.registry, prefix: 'imagegen_' });
+  }
+
+  /** Connects the gauges to the running parts, which are built after the metrics they report to. */
+  watch(sources: MetricSources): void {
+    this.sources = sources;
+  }
+
+  httpRequest(method: string, route: string, status: number, seconds: number): void {
+    this.httpRequests.inc({ method, route, status });
+    this.httpDuration.observe({ route }, seconds);
+  }
+
+  queueWait(seconds: number): void {
+    this.queueWaitSeconds.observe(seconds);
+  }
+
+  batchFinished({ model, images, steps, seconds, outcome }: { model: string; images: number; steps: number; seconds: number; outcome: BatchOutcome }): void {
+    this.generationSeconds.observe({ model, outcome }, seconds);
+    this.denoisingSteps.inc({ model }, steps);
+    this.imagesGenerated.inc({ model }, images);
+  }
+
+  modelLoaded(model: string, seconds: number): void {
+    this.modelLoadSeconds.observe({ model }, seconds);
+  }
+
+  workerReplaced(): void {
+    this.workerRestarts.inc();
+  }
+}

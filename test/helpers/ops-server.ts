@@ -1,0 +1,112 @@
+import { cp, mkdtemp, rm, writeFile } from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
+import type { Logger } from 'pino';
+import { expect } from 'vitest';
+import { loadConfig } from '../../src/config.js';
+import { startServer, type RunningServer } from '../../src/server.js';
+import { silentLogger } from './api-server.js';
+import { referenceModel } from './reference.js';
+
+/**
+ * The whole service as `imagegen serve` runs it (worker threads, real pipelines), for the operations
+ * tests: one model, `shapes` (the reference SD-Turbo), with small sizes so generations are quick and
+ * the step count (`steps`, up to 150) makes one as long as a test needs.
+ */
+
+export const MODEL = 'shapes';
+export const OPS_KEY = 'sk-ops-0123456789abcdef';
+export const auth = { authorization: `Bearer ${OPS_KEY}` };
+
+/** A root folder with `models/shapes`; `data/` is the DATA_DIR the servers use. */
+export async function makeRoot(): Promise<string> {
+  const root = await mkdtemp(path.join(os.tmpdir(), 'imagegen-ops-'));
+  const model = path.join(root, 'models', MODEL);
+  await cp(referenceModel('sd-turbo'), model, { recursive: true });
+  await writeFile(path.join(model, 'imagegen.json'), JSON.stringify({ sizes: ['128x128', '256x256', '512x512'], default_size: '128x128' }));
+  return root;
+}
+
+/** The environment that points the server at a root made by makeRoot. */
+export function rootEnv(root: string): Record<string, string> {
+  return { API_KEYS: OPS_KEY, DATA_DIR: path.join(root, 'data'), MODELS_DIR: path.join(root, 'models'), DEFAULT_MODEL: MODEL, MODELS_RESCAN_SECONDS: '0' };
+}
+
+export interface OpsServer {
+  server: RunningServer;
+  /** The API base URL, ending in /v1. */
+  baseURL: string;
+  root: string;
+  /** Stops the server; removes the root unless it was given. */
+  close(): Promise<void>;
+}
+
+export interface OpsServerOptions {
+  /** Settings as environment variables, over the test defaults (one worker, port 0). */
+  env?: Record<string, string>;
+  logger?: Logger;
+  /** Reuse a root (restart tests); the caller removes it. */
+  root?: string;
+}
+
+export async function startOpsServer({ env = {}, logger = silentLogger, root }: OpsServerOptions = {}): Promise<OpsServer> {
+  const dir = root ?? (await makeRoot());
+  const server = await startServer(loadConfig({}, { PORT: '0', WORKERS: '1', ...rootEnv(dir), ...env }), logger);
+  return {
+    server,
+    baseURL: `${server.url}/v1`,
+    root: dir,
+    async close() {
+      await server.close();
+      if (!root) await rm(dir, { recursive: true, force: true });
+    },
+  };
+}
+
+export interface Answer {
+  status: number;
+  headers: Headers;
+  body: { data?: { url?: string; b64_json?: string }[]; error?: { message: string; type: string; param: string | null; code: string | null } };
+}
+
+/** POSTs a generation (model `shapes`, the smallest size, 4 steps unless `fields` say otherwise). */
+export async function generate(baseURL: string, fields: Record<string, unknown> = {}, init: RequestInit = {}): Promise<Answer> {
+  const res = await fetch(`${baseURL}/images/generations`, {
+    method: 'POST',
+    headers: { ...auth, 'content-type': 'application/json' },
+    body: JSON.stringify({ model: MODEL, prompt: 'a red circle', steps: 4, response_format: 'b64_json', ...fields }),
+    ...init,
+  });
+  return { status: res.status, headers: res.headers, body: await res.json() };
+}
+
+/** A generation that keeps one worker busy for a few seconds on a 2-core machine. */
+export const LONG = { size: '512x512', n: 2, steps: 150 } as const;
+
+export const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
+
+/** Resolves once /ready answers 200: the workers are up and have loaded the default model. */
+export async function untilReady(origin: string, timeoutMs = 20_000): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  while ((await fetch(`${origin}/ready`)).status !== 200) {
+    if (Date.now() > deadline) throw new Error(`${origin} did not become ready within ${timeoutMs} ms`);
+    await sleep(20);
+  }
+}
+
+/** Waits until the engine runs a job (the long one just sent). */
+export async function whenRunning(server: RunningServer): Promise<void> {
+  await expect.poll(() => server.engine.load().running, { timeout: 10_000, interval: 5 }).toBe(1);
+}
+
+/** One series' value in Prometheus text, e.g. `imagegen_denoising_steps_total{model="shapes"}`; undefined when absent. */
+export function metric(text: string, series: string): number | undefined {
+  const line = text.split('\n').find((l) => l.startsWith(`${series} `));
+  return line === undefined ? undefined : Number(line.slice(series.length + 1));
+}
+
+export async function scrape(origin: string): Promise<string> {
+  const res = await fetch(`${origin}/metrics`, { headers: auth });
+  expect(res.status).toBe(200);
+  return res.text();
+}

@@ -1,0 +1,202 @@
+import { Writable } from 'node:stream';
+import { pino } from 'pino';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { startTestServer } from './helpers/api-server.js';
+import { auth, generate, LONG, metric, MODEL, OPS_KEY, scrape, sleep, startOpsServer, untilReady, whenRunning, type Answer, type OpsServer } from './helpers/ops-server.js';
+
+/**
+ * Operations with the real engine: readiness while models load, the queue's time limit, cancellation
+ * when a client leaves, a worker crash, metrics and logs. One worker, so one long generation occupies
+ * the engine; its duration is measured, so the timing checks hold on fast and slow machines.
+ */
+
+function expectError(answer: Answer, status: number, type: string, code: string) {
+  expect(answer.status).toBe(status);
+  expect(answer.headers.get('content-type')).toMatch(/^application\/json/);
+  expect(Object.keys(answer.body.error!).sort()).toEqual(['code', 'message', 'param', 'type']);
+  expect(answer.body.error).toMatchObject({ type, code, param: null });
+}
+
+async function ready(origin: string) {
+  const res = await fetch(`${origin}/ready`);
+  return { status: res.status, headers: res.headers, body: await res.json() };
+}
+
+describe('readiness', () => {
+  it('answers /ready 503 with Retry-After until the workers loaded the default model; a request sent meanwhile waits and succeeds', async () => {
+    const ops = await startOpsServer({ env: { WORKERS: '2' } });
+    try {
+      const meanwhile = generate(ops.baseURL);
+      const early = await ready(ops.server.url);
+      // Booting a worker thread and loading a model take far longer than opening the port.
+      expect(early.status).toBe(503);
+      expect(Number(early.headers.get('retry-after'))).toBeGreaterThan(0);
+      expect(early.body.error).toMatchObject({ type: 'server_error', code: 'not_ready', param: null });
+      expect(early.body.error.message).toMatch(/workers are ready/);
+      expect((await fetch(`${ops.server.url}/health`)).status).toBe(200);
+
+      await untilReady(ops.server.url);
+      expect((await ready(ops.server.url)).body).toEqual({ status: 'ready', workers: { total: 2, ready: 2 }, models: [{ model: MODEL, loadedOn: 2 }] });
+      const answer = await meanwhile;
+      expect(answer.status).toBe(200);
+      expect(answer.body.data).toHaveLength(1);
+    } finally {
+      await ops.close();
+    }
+  });
+});
+
+describe('one busy worker', () => {
+  let ops: OpsServer;
+  /** How long LONG takes here, measured by the first test. */
+  let longMs: number;
+
+  beforeAll(async () => {
+    ops = await startOpsServer({ env: { QUEUE_TIMEOUT_SECONDS: '1' } });
+    await untilReady(ops.server.url);
+  });
+  afterAll(() => ops?.close());
+
+  it('answers a request that waited longer than QUEUE_TIMEOUT_SECONDS with 503 queue_timeout and Retry-After; the running one is unaffected', async () => {
+    const started = performance.now();
+    const long = generate(ops.baseURL, LONG);
+    await whenRunning(ops.server);
+    const waiting = performance.now();
+    const late = await generate(ops.baseURL, { size: '256x256' });
+    const waited = performance.now() - waiting;
+    expectError(late, 503, 'server_error', 'queue_timeout');
+    expect(late.body.error!.message).toMatch(/waited 1s for a free worker/);
+    expect(Number(late.headers.get('retry-after'))).toBeGreaterThanOrEqual(1);
+    expect(waited).toBeGreaterThanOrEqual(950);
+
+    const answer = await long;
+    longMs = performance.now() - started;
+    expect(answer.status).toBe(200);
+    expect(answer.body.data).toHaveLength(2);
+    // Otherwise the timeout above proved nothing: the long job must outlast it.
+    expect(longMs).toBeGreaterThan(waited);
+  });
+
+  it('stops a generation whose client disconnected at its next step, freeing the worker for the next request', async () => {
+    const steps = `imagegen_denoising_steps_total{model="${MODEL}"}`;
+    const cancelled = `imagegen_generation_duration_seconds_count{model="${MODEL}",outcome="cancelled"}`;
+    const before = metric(await scrape(ops.server.url), steps)!;
+
+    const client = new AbortController();
+    const long = generate(ops.baseURL, LONG, { signal: client.signal }).catch((err: Error) => err.name);
+    await whenRunning(ops.server);
+    await sleep(longMs / 5);
+    client.abort();
+    expect(await long).toBe('AbortError');
+
+    const started = performance.now();
+    const next = await generate(ops.baseURL);
+    expect(next.status).toBe(200);
+    expect(performance.now() - started).toBeLessThan(longMs / 2);
+
+    await expect.poll(async () => metric(await scrape(ops.server.url), cancelled)).toBe(1);
+    const ran = metric(await scrape(ops.server.url), steps)! - before - 4;
+    expect(ran).toBeGreaterThan(0);
+    expect(ran).toBeLessThan(LONG.steps);
+  });
+
+  it('serves /metrics in Prometheus text, behind the API key', async () => {
+    expect((await fetch(`${ops.server.url}/metrics`)).status).toBe(401);
+    const res = await fetch(`${ops.server.url}/metrics`, { headers: auth });
+    expect(res.headers.get('content-type')).toMatch(/^text\/plain; version=0\.0\.4/);
+    await generate(ops.baseURL, { response_format: 'url' });
+    const text = await scrape(ops.server.url);
+
+    const route = 'route="/v1/images/generations"';
+    expect(metric(text, `imagegen_http_requests_total{method="POST",${route},status="200"}`)).toBeGreaterThanOrEqual(3);
+    expect(metric(text, `imagegen_http_requests_total{method="POST",${route},status="503"}`)).toBe(1);
+    expect(metric(text, `imagegen_http_requests_total{method="POST",${route},status="499"}`)).toBe(1);
+    expect(metric(text, 'imagegen_http_requests_total{method="GET",route="/metrics",status="401"}')).toBe(1);
+    expect(metric(text, 'imagegen_queue_wait_seconds_count')).toBeGreaterThanOrEqual(4);
+    expect(metric(text, `imagegen_generation_duration_seconds_count{model="${MODEL}",outcome="completed"}`)).toBeGreaterThanOrEqual(3);
+    expect(metric(text, `imagegen_images_generated_total{model="${MODEL}"}`)).toBe(4);
+    expect(metric(text, `imagegen_model_load_duration_seconds_count{model="${MODEL}"}`)).toBe(1);
+    expect(metric(text, 'imagegen_queue_jobs{state="queued"}')).toBe(0);
+    expect(metric(text, 'imagegen_workers{state="ready"}')).toBe(1);
+    expect(metric(text, 'imagegen_store_images')).toBe(1);
+    expect(metric(text, 'imagegen_store_bytes')).toBeGreaterThan(100);
+    expect(metric(text, 'imagegen_worker_restarts_total')).toBe(0);
+    expect(text).toMatch(/^imagegen_process_resident_memory_bytes \d+/m);
+  });
+
+  it('serves /metrics without a key when METRICS_PUBLIC is set', async () => {
+    const open = await startTestServer({ config: { metricsPublic: true } });
+    try {
+      expect((await fetch(`${open.origin}/metrics`)).status).toBe(200);
+    } finally {
+      await open.close();
+    }
+  });
+});
+
+describe('a worker that dies', () => {
+  it('fails only the requests it was running, with 500 worker_crashed, and is replaced', async () => {
+    const ops = await startOpsServer({ env: { WORKERS: '2' } });
+    try {
+      await untilReady(ops.server.url);
+      // Different sizes: two batches, one on each worker. The first to reach a step exits.
+      const both = [generate(ops.baseURL, LONG), generate(ops.baseURL, { ...LONG, size: '256x256', n: 4 })];
+      await expect.poll(() => ops.server.engine.load().running, { timeout: 10_000, interval: 5 }).toBe(2);
+      ops.server.engine.crashWorkerForTest();
+      const answers = await Promise.all(both);
+
+      const crashed = answers.filter((a) => a.status === 500);
+      expect(crashed).toHaveLength(1);
+      expectError(crashed[0], 500, 'server_error', 'worker_crashed');
+      expect(crashed[0].body.error!.message).toMatch(/stopped unexpectedly .* restarted/);
+      expect(answers.filter((a) => a.status === 200)).toHaveLength(1);
+
+      expect((await generate(ops.baseURL)).status).toBe(200);
+      await untilReady(ops.server.url);
+      expect(metric(await scrape(ops.server.url), 'imagegen_worker_restarts_total')).toBe(1);
+    } finally {
+      await ops.close();
+    }
+  });
+});
+
+describe('logs', () => {
+  async function logsOf(env: Record<string, string>) {
+    const lines: Record<string, unknown>[] = [];
+    const raw: string[] = [];
+    const sink = new Writable({
+      write(chunk: Buffer, _encoding, done) {
+        raw.push(chunk.toString());
+        lines.push(JSON.parse(chunk.toString()));
+        done();
+      },
+    });
+    const ops = await startOpsServer({ env, logger: pino({ level: 'info' }, sink) });
+    try {
+      const res = await fetch(`${ops.baseURL}/images/generations`, {
+        method: 'POST',
+        headers: { ...auth, 'content-type': 'application/json', 'x-request-id': 'req-log-test' },
+        body: JSON.stringify({ model: 'dall-e-3', prompt: 'a secret purple triangle', size: '128x128', steps: 2 }),
+      });
+      expect(res.status).toBe(200);
+    } finally {
+      await ops.close();
+    }
+    return { lines: lines.filter((l) => l.reqId === 'req-log-test'), raw: raw.join('') };
+  }
+
+  it('tag each request with its id, model, size, n and durations, without prompts or keys', async () => {
+    const { lines, raw } = await logsOf({});
+    const generated = lines.find((l) => l.msg === 'images generated');
+    expect(generated).toMatchObject({ model: 'dall-e-3', size: '128x128', n: 1, modelId: MODEL, resolvedSize: '128x128', steps: 2, responseFormat: 'url' });
+    expect(generated).toEqual(expect.objectContaining({ generateMs: expect.any(Number), deliverMs: expect.any(Number) }));
+    expect(lines.find((l) => l.msg === 'request completed')).toMatchObject({ model: 'dall-e-3', n: 1, responseTime: expect.any(Number) });
+    expect(raw).not.toContain('secret');
+    expect(raw).not.toContain(OPS_KEY);
+  });
+
+  it('include the prompt with LOG_PROMPTS=true', async () => {
+    const { lines } = await logsOf({ LOG_PROMPTS: 'true' });
+    expect(lines.find((l) => l.msg === 'images generated')).toMatchObject({ prompt: 'a secret purple triangle' });
+  });
+});

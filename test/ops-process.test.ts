@@ -1,0 +1,127 @@
+import { spawn, type ChildProcess } from 'node:child_process';
+import { once } from 'node:events';
+import { readdir, rm, writeFile } from 'node:fs/promises';
+import path from 'node:path';
+import { createInterface } from 'node:readline';
+import { fileURLToPath } from 'node:url';
+import { afterEach, beforeEach, describe, expect, it } from 'vitest';
+import { generate, LONG, makeRoot, rootEnv, sleep, untilReady } from './helpers/ops-server.js';
+
+/**
+ * `imagegen serve` as a process: graceful shutdown on SIGTERM, and a disk that fails mid-write. The
+ * CLI runs from source under tsx, as in development.
+ */
+
+const REPO = fileURLToPath(new URL('..', import.meta.url));
+
+interface ServerProcess {
+  child: ChildProcess;
+  /** The API base URL, ending in /v1, and the origin. */
+  baseURL: string;
+  origin: string;
+  /** Resolves with the exit code. */
+  exited: Promise<number | null>;
+  /** Everything it logged, one JSON object a line. */
+  log: string[];
+}
+
+interface SpawnOptions {
+  env?: Record<string, string>;
+  /** Largest file the process may write, in KiB (ulimit -f): writes past it fail with EFBIG, as on a full disk. */
+  fileSizeLimitKb?: number;
+}
+
+async function spawnServer(root: string, { env = {}, fileSizeLimitKb }: SpawnOptions = {}): Promise<ServerProcess> {
+  const command = [process.execPath, '--import', 'tsx', 'src/cli/main.ts', 'serve'];
+  const [file, ...args] = fileSizeLimitKb === undefined ? command : ['bash', '-c', `ulimit -f ${fileSizeLimitKb} && exec "$@"`, 'bash', ...command];
+  const child = spawn(file, args, {
+    cwd: REPO,
+    // Only what the server needs, so settings in the developer's environment cannot change the test. tsx
+    // keeps its compile cache in memory: writing it could hit the file size limit.
+    env: { PATH: process.env.PATH, HOME: process.env.HOME, TSX_DISABLE_CACHE: '1', ...rootEnv(root), PORT: '0', WORKERS: '1', ...env },
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
+  const exited = once(child, 'exit').then(([code]) => code as number | null);
+  const log: string[] = [];
+  let stderr = '';
+  child.stderr!.on('data', (chunk: Buffer) => (stderr += chunk.toString()));
+  const url = await new Promise<string>((resolve, reject) => {
+    createInterface({ input: child.stdout! }).on('line', (line) => {
+      log.push(line);
+      const entry = JSON.parse(line) as { msg?: string; url?: string };
+      if (entry.msg === 'imagegen ready') resolve(entry.url!);
+    });
+    void exited.then((code) => reject(new Error(`imagegen serve exited with ${code} before listening:\n${stderr}`)));
+  });
+  return { child, baseURL: url, origin: url.replace(/\/v1$/, ''), exited, log };
+}
+
+async function whenBusy(origin: string): Promise<void> {
+  while (((await (await fetch(`${origin}/health`)).json()) as { queue: { running: number } }).queue.running === 0) await sleep(5);
+}
+
+let root: string;
+let server: ServerProcess | undefined;
+beforeEach(async () => {
+  root = await makeRoot();
+});
+afterEach(async () => {
+  if (server?.child.exitCode === null) server.child.kill('SIGKILL');
+  server = undefined;
+  await rm(root, { recursive: true, force: true });
+});
+
+const images = () => readdir(path.join(root, 'data', 'images'));
+
+describe('SIGTERM', () => {
+  it('lets the running generation finish and store its images, removes stray temporary files, and exits 0', async () => {
+    server = await spawnServer(root);
+    await untilReady(server.origin);
+    // What a write cut short by a crash would have left.
+    await writeFile(path.join(root, 'data', 'images', '.0123456789abcdef0123456789abcdef.tmp'), 'half an image');
+    const running = generate(server.baseURL, { ...LONG, response_format: 'url' });
+    await whenBusy(server.origin);
+    server.child.kill('SIGTERM');
+
+    const answer = await running;
+    expect(answer.status).toBe(200);
+    expect(answer.body.data).toHaveLength(LONG.n);
+    expect(await server.exited).toBe(0);
+    const files = await images();
+    expect(files).toHaveLength(LONG.n);
+    expect(files.every((name) => name.endsWith('.png'))).toBe(true);
+    expect(server.log.join('\n')).toMatch(/SIGTERM: finishing running requests/);
+  });
+
+  it('cancels requests still running at SHUTDOWN_TIMEOUT_SECONDS with a retryable 503, and exits 0', async () => {
+    server = await spawnServer(root, { env: { SHUTDOWN_TIMEOUT_SECONDS: '0' } });
+    await untilReady(server.origin);
+    const running = generate(server.baseURL, LONG);
+    await whenBusy(server.origin);
+    server.child.kill('SIGTERM');
+
+    const answer = await running;
+    expect(answer.status).toBe(503);
+    expect(answer.body.error).toMatchObject({ type: 'server_error', code: 'server_shutting_down', param: null });
+    expect(answer.headers.get('retry-after')).toBe('5');
+    expect(await server.exited).toBe(0);
+    expect(server.log.join('\n')).toMatch(/shutdown deadline passed/);
+  });
+});
+
+describe('a failing disk', () => {
+  it('answers a failed image write with 500 storage_error naming the cause, leaving no partial file', async () => {
+    // PNGs of the smallest size take about 7 KiB: every write fails halfway.
+    server = await spawnServer(root, { fileSizeLimitKb: 4 });
+    await untilReady(server.origin);
+    const answer = await generate(server.baseURL, { response_format: 'url' });
+    expect(answer.status).toBe(500);
+    expect(answer.body.error).toMatchObject({ type: 'server_error', code: 'storage_error', param: null });
+    expect(answer.body.error!.message).toMatch(/could not save the generated image \(EFBIG\).*b64_json/);
+    expect(await images()).toEqual([]);
+
+    expect((await generate(server.baseURL)).status).toBe(200);
+    server.child.kill('SIGTERM');
+    expect(await server.exited).toBe(0);
+  });
+});
