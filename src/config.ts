@@ -90,6 +90,10 @@ const SETTINGS = {
   },
   workers: { schema: integer(1, 64).default(1), description: 'generation worker threads (each loads its own copy of a model)' },
   executionProvider: { schema: z.enum(['cpu', 'cuda']).default('cpu'), description: 'onnxruntime execution provider: cpu or cuda' },
+  modelMemoryBudget: {
+    schema: byteSize.optional(),
+    description: 'model weights all workers together keep loaded, e.g. 16g; beyond it the least recently used model is unloaded (default: 60% of RAM)',
+  },
   cudaDevices: {
     schema: z.string().regex(/^\d+(,\d+)*$/, 'expected device ids separated by commas, e.g. 0,1').transform((t) => t.split(',').map(Number)).default([0]),
     description: 'CUDA device ids; worker i runs on device i mod their count (with EXECUTION_PROVIDER=cuda)',

@@ -50,6 +50,7 @@ export async function startServer(config: Config, logger: Logger): Promise<Runni
     queueTimeoutMs: config.queueTimeoutSeconds * 1000,
     executionProvider: config.executionProvider,
     cudaDevices: config.cudaDevices,
+    modelMemoryBudget: config.modelMemoryBudget,
     preload: await preloadDirs(config.preload, registry, logger),
     logger: logger.child({ component: 'engine' }),
     metrics,

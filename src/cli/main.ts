@@ -25,7 +25,7 @@ const serve = program
       console.error(err.message);
       process.exit(2);
     }
-    // Prompts and keys are never logged: request logs carry method, URL, status, ids and timings.
+    // Keys are never logged, prompts only with LOG_PROMPTS: request logs carry method, URL, status, ids and timings.
     const logger = pino({ level: config.logLevel });
     const server = await startServer(config, logger);
 

@@ -25,6 +25,8 @@ export interface EnginePoolOptions {
   /** Longest a job may wait for a worker before it fails with QueueTimeoutError. */
   queueTimeoutMs?: number;
   executionProvider: 'cpu' | 'cuda';
+  /** Bytes of model weights all workers together keep loaded (default 60% of RAM). */
+  modelMemoryBudget?: number;
   /** CUDA device ids shared out among the workers. */
   cudaDevices?: number[];
   /** Model folders every worker loads before it takes jobs. */
@@ -93,6 +95,8 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
   const engine: Partial<EngineSettings> = {
     // Workers share the cores: more threads than cores would only contend.
     runtime: { provider: options.executionProvider, threads: Math.max(1, Math.floor(os.availableParallelism() / options.workers)) },
+    // Every worker holds its own copy of the models it uses, so the budget is shared out among them.
+    modelMemoryBudget: Math.floor((options.modelMemoryBudget ?? os.totalmem() * 0.6) / options.workers),
   };
   const crash = new Int32Array(new SharedArrayBuffer(4));
   const piscina = new Piscina<WorkerTask, WorkerResult>({
