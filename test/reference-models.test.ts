@@ -3,16 +3,21 @@ import os from 'node:os';
 import path from 'node:path';
 import * as ort from 'onnxruntime-node';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { presetOverrideSchema } from '../src/models/presets.js';
+import { generateImages } from '../src/pipelines/run.js';
+import { PRIOR_STRENGTH } from '../src/reference/concept-graph.js';
 import {
   BACKGROUND,
   BANK_SIZE,
   buildDefaultModel,
   buildReferenceModels,
+  COLOUR_NAMES,
   COLOURS,
   CONCEPTS,
   DEFAULT_MODEL_DIR,
   drawPrototype,
   latentCode,
+  MASK_COUNT,
   PLACEMENTS,
   PROTOTYPE_IMAGE_SIZE,
   PROTOTYPES,
@@ -21,10 +26,14 @@ import {
   referenceClipVocabulary,
   referenceT5Vocabulary,
   sdSigmas,
+  SHAPES,
   SYNONYMS,
   type ColourName,
   type ShapeName,
 } from '../src/reference/index.js';
+import { encodeImage } from '../src/reference/latent-code.js';
+import { BACKGROUND_RGB, PALETTE } from './helpers/palette.js';
+import { readPicture } from './helpers/picture.js';
 
 /**
  * The reference models: right files and tensor signatures for every family, byte-for-byte
@@ -139,10 +148,44 @@ const maxAbsDiff = (a: ArrayLike<number>, b: ArrayLike<number>) => {
 const prototypeIndex = (colour: ColourName, shape: ShapeName, placement: number) =>
   PROTOTYPES.findIndex((p) => p.colour === colour && p.shape === shape && p.placement === PLACEMENTS[placement]);
 
-/** Prototype k's model-space latent [C, 32, 32]. */
+/** Prototype k's model-space latent [C, 32, 32]: its colour's code times its shape-placement's mask. */
 function prototypeLatent(k: number, channels: number): Float32Array {
-  const plane = channels * BANK_SIZE * BANK_SIZE;
-  return prototypeBank(channels).latents.slice(k * plane, (k + 1) * plane);
+  const { colourCodes, masks } = prototypeBank(channels);
+  const plane = BANK_SIZE * BANK_SIZE;
+  const [colour, mask] = [Math.floor(k / MASK_COUNT), k % MASK_COUNT];
+  const latent = new Float32Array(channels * plane);
+  for (let c = 0; c < channels; c++) {
+    for (let p = 0; p < plane; p++) latent[c * plane + p] = colourCodes[colour * channels + c] * masks[mask * plane + p];
+  }
+  return latent;
+}
+
+/**
+ * The posterior mean sum_k w_k z_k over every prototype, one by one in float64, for a model-space
+ * latent x [C, 32, 32] of a process x = signal z + noise of variance noiseVar, with the prompt's
+ * concepts: what the graphs compute without ever forming the prototypes. Also returns the largest weight.
+ */
+function posteriorMean(x: Float32Array, channels: number, signal: number, noiseVar: number, prompt: readonly string[]): { mean: Float64Array; maxWeight: number } {
+  const logits = PROTOTYPES.map((proto, k) => {
+    const z = prototypeLatent(k, channels);
+    let [dot, norm] = [0, 0];
+    for (let j = 0; j < z.length; j++) {
+      dot += x[j] * z[j];
+      norm += z[j] * z[j];
+    }
+    const prior = PRIOR_STRENGTH * (Number(prompt.includes(proto.colour)) + Number(prompt.includes(proto.shape)));
+    return prior + (signal * dot - (signal * signal * norm) / 2) / noiseVar;
+  });
+  const top = Math.max(...logits);
+  const weights = logits.map((l) => Math.exp(l - top));
+  const total = weights.reduce((a, b) => a + b, 0);
+  const mean = new Float64Array(x.length);
+  weights.forEach((w, k) => {
+    if (w / total < 1e-12) return;
+    const z = prototypeLatent(k, channels);
+    for (let j = 0; j < z.length; j++) mean[j] += (w / total) * z[j];
+  });
+  return { mean, maxWeight: Math.max(...weights) / total };
 }
 
 // --- what each family's folder must hold ---
@@ -321,7 +364,57 @@ describe('reference model folders', () => {
     await buildDefaultModel(fresh);
     await expectSameFiles(fresh, DEFAULT_MODEL_DIR);
     const files = await listFiles(fresh);
-    expect(files.filter((f) => f !== 'README.md')).toEqual([...EXPECTED_FILES['sd-turbo']].sort());
+    expect(files.filter((f) => f !== 'README.md' && f !== 'imagegen.json')).toEqual([...EXPECTED_FILES['sd-turbo']].sort());
+  });
+
+  it('gives the demo model the preset the server reads: 4 steps and the sizes dall-e apps ask for', async () => {
+    const preset = presetOverrideSchema.parse(JSON.parse(await readFile(path.join(DEFAULT_MODEL_DIR, 'imagegen.json'), 'utf8')));
+    expect(preset.steps).toEqual({ standard: 4, hd: 8 });
+    expect(preset.default_size).toBe('512x512');
+    expect(preset.sizes).toEqual(expect.arrayContaining(['256x256', '512x512', '768x768', '1024x1024', '1792x1024', '1024x1792', '512x768', '768x512']));
+  });
+
+  it('keeps every family small', async () => {
+    for (const family of REFERENCE_FAMILIES) {
+      const files = await listFiles(modelDir(family));
+      const sizes = await Promise.all(files.map(async (file) => (await readFile(path.join(modelDir(family), file))).length));
+      expect(sizes.reduce((a, b) => a + b, 0), family).toBeLessThan(2 * 2 ** 20);
+    }
+  });
+});
+
+describe('the prototype bank', () => {
+  it('has dozens of placements of every colour and shape, each inside the picture', () => {
+    expect(PLACEMENTS.length).toBeGreaterThanOrEqual(60);
+    expect(PROTOTYPES).toHaveLength(COLOUR_NAMES.length * SHAPES.length * PLACEMENTS.length);
+    const { masks } = prototypeBank(4);
+    const plane = BANK_SIZE * BANK_SIZE;
+    for (let m = 0; m < MASK_COUNT; m++) {
+      const mask = masks.subarray(m * plane, (m + 1) * plane);
+      const edge = [...mask].filter((_, p) => [0, BANK_SIZE - 1].includes(p % BANK_SIZE) || [0, BANK_SIZE - 1].includes(Math.floor(p / BANK_SIZE)));
+      expect(Math.max(...edge), `mask ${m}`).toBe(0);
+    }
+  });
+
+  it('draws the shapes of one placement with the same area', () => {
+    const plane = BANK_SIZE * BANK_SIZE;
+    const { masks } = prototypeBank(4);
+    const area = (m: number) => masks.subarray(m * plane, (m + 1) * plane).reduce((a, b) => a + b, 0);
+    for (let placement = 0; placement < PLACEMENTS.length; placement++) {
+      const [circle, square, triangle] = SHAPES.map((_, shape) => area(shape * PLACEMENTS.length + placement));
+      expect(circle / square).toBeCloseTo(1, 1);
+      expect(triangle / square).toBeCloseTo(1, 1);
+    }
+  });
+
+  it('factorises exactly: colour code x mask is the VAE encoding of the drawn prototype', () => {
+    // Every colour, shape and size, at placements all over the grids.
+    for (let k = 0; k < PROTOTYPES.length; k += 37) {
+      const image = drawPrototype(PROTOTYPES[k]);
+      for (const channels of [4, 16]) {
+        expect(maxAbsDiff(encodeImage(image, PROTOTYPE_IMAGE_SIZE, PROTOTYPE_IMAGE_SIZE, channels), prototypeLatent(k, channels)), `prototype ${k}`).toBeLessThan(1e-5);
+      }
+    }
   });
 });
 
@@ -514,7 +607,9 @@ describe('reference denoisers compute the exact posterior', () => {
       const unet = await session(family, 'unet');
       const timestepMeta = unet.inputMetadata.find((m) => m.name === 'timestep');
       const perItem = timestepMeta?.isTensor && timestepMeta.shape.length === 1;
-      const timesteps = perItem ? [500, 300] : [500, 500];
+      // Noise levels at which the posterior has settled on the noised prototype: neighbouring
+      // placements are only a few latent pixels apart, so at t = 500 it still hesitates between them.
+      const timesteps = perItem ? [300, 200] : [300, 300];
       const d = 4 * BANK_SIZE * BANK_SIZE;
       const eps = gaussian(7, 2 * d);
       const x = new Float32Array(2 * d);
@@ -526,7 +621,7 @@ describe('reference denoisers compute the exact posterior', () => {
       });
       const feeds: Record<string, ort.Tensor> = {
         sample: feed(unet, 'sample', x, [2, 4, BANK_SIZE, BANK_SIZE]),
-        timestep: feed(unet, 'timestep', perItem ? timesteps : [500], perItem ? [2] : []),
+        timestep: feed(unet, 'timestep', perItem ? timesteps : [300], perItem ? [2] : []),
         ...(await unetPromptFeeds(family, unet, cases.map((c) => c.prompt))),
       };
       if (family === 'lcm') feeds.timestep_cond = feed(unet, 'timestep_cond', new Float32Array(2 * 256), [2, 256]);
@@ -577,45 +672,89 @@ describe('reference denoisers compute the exact posterior', () => {
     expect(blue[2]).toBeGreaterThan(Math.max(blue[0], blue[1]));
   });
 
+  it('sd15-optimum: matches the posterior mean over every prototype where the posterior is still spread', async () => {
+    const unet = await session('sd15-optimum', 'unet');
+    const t = 800;
+    const a = alphaBar(t);
+    const d = 4 * BANK_SIZE * BANK_SIZE;
+    const prompts = ['a red circle', ''];
+    const clean = prototypeLatent(prototypeIndex('red', 'circle', 4), 4);
+    const x = gaussian(5, 2 * d).map((e, j) => Math.sqrt(a) * clean[j % d] + Math.sqrt(1 - a) * e);
+    const out = values(
+      (
+        await unet.run({
+          sample: feed(unet, 'sample', x, [2, 4, BANK_SIZE, BANK_SIZE]),
+          timestep: feed(unet, 'timestep', [t], []),
+          ...(await unetPromptFeeds('sd15-optimum', unet, prompts)),
+        })
+      ).out_sample,
+    );
+    prompts.forEach((prompt, i) => {
+      const item = x.subarray(i * d, (i + 1) * d);
+      const { mean, maxWeight } = posteriorMean(item, 4, Math.sqrt(a), 1 - a, prompt.split(' '));
+      // A blend of many prototypes: every weight and the ordering of k count, not only the best match.
+      expect(maxWeight).toBeLessThan(0.5);
+      const eps = item.map((v, j) => (v - Math.sqrt(a) * mean[j]) / Math.sqrt(1 - a));
+      expect(maxAbsDiff(out.subarray(i * d, (i + 1) * d), eps)).toBeLessThan(1e-3);
+    });
+  });
+
+  /** Packs a [16, 32, 32] latent as the FLUX pipeline does: token i * 16 + j, feature c * 4 + dy * 2 + dx. */
+  function pack(latent: ArrayLike<number>): Float32Array {
+    const grid = BANK_SIZE / 2;
+    const packed = new Float32Array(grid * grid * 64);
+    for (let i = 0; i < grid; i++)
+      for (let j = 0; j < grid; j++)
+        for (let c = 0; c < 16; c++)
+          for (let dy = 0; dy < 2; dy++)
+            for (let dx = 0; dx < 2; dx++) packed[(i * grid + j) * 64 + c * 4 + dy * 2 + dx] = latent[(c * BANK_SIZE + 2 * i + dy) * BANK_SIZE + 2 * j + dx];
+    return packed;
+  }
+
+  /** Runs the transformer on a packed 32x32 latent at sigma `s` with the prompt, as the pipeline calls it. */
+  async function fluxVelocity(family: string, prompt: string, x: Float32Array, s: number): Promise<Float32Array> {
+    const clip = referenceClipVocabulary();
+    const t5 = referenceT5Vocabulary();
+    const maxLength = family === 'flux-dev' ? 512 : 256;
+    const [encoder, encoder2, transformer] = await Promise.all(['text_encoder', 'text_encoder_2', 'transformer'].map((c) => session(family, c)));
+    const pooled = (await encoder.run({ input_ids: feed(encoder, 'input_ids', clip.encode(prompt, clip.eosId), [1, 77]) })).pooler_output;
+    const text = (await encoder2.run({ input_ids: feed(encoder2, 'input_ids', t5.encode(prompt, maxLength), [1, maxLength]) })).last_hidden_state;
+    const grid = BANK_SIZE / 2;
+    const sequence = grid * grid;
+    const imageIds = new Float32Array(sequence * 3);
+    for (let i = 0; i < grid; i++) for (let j = 0; j < grid; j++) imageIds.set([0, i, j], (i * grid + j) * 3);
+    const feeds: Record<string, ort.Tensor> = {
+      hidden_states: feed(transformer, 'hidden_states', x, [1, sequence, 64]),
+      encoder_hidden_states: text,
+      pooled_projections: pooled,
+      timestep: feed(transformer, 'timestep', [s], [1]),
+      img_ids: feed(transformer, 'img_ids', imageIds, [sequence, 3]),
+      txt_ids: feed(transformer, 'txt_ids', new Float32Array(maxLength * 3), [maxLength, 3]),
+    };
+    if (family === 'flux-dev') feeds.guidance = feed(transformer, 'guidance', [3.5], [1]);
+    return values((await transformer.run(feeds)).out_hidden_states);
+  }
+
   for (const family of ['flux-schnell', 'flux-dev']) {
     it(`${family}: a noised prototype, packed 2x2 as the pipeline packs, gives back its velocity`, async () => {
-      const clip = referenceClipVocabulary();
-      const t5 = referenceT5Vocabulary();
-      const maxLength = family === 'flux-dev' ? 512 : 256;
-      const prompt = 'an orange triangle';
-      const k = prototypeIndex('orange', 'triangle', 2);
-      const [encoder, encoder2, transformer] = await Promise.all(['text_encoder', 'text_encoder_2', 'transformer'].map((c) => session(family, c)));
-      const pooled = (await encoder.run({ input_ids: feed(encoder, 'input_ids', clip.encode(prompt, clip.eosId), [1, 77]) })).pooler_output;
-      const text = (await encoder2.run({ input_ids: feed(encoder2, 'input_ids', t5.encode(prompt, maxLength), [1, maxLength]) })).last_hidden_state;
-
-      const grid = BANK_SIZE / 2;
-      const sequence = grid * grid;
-      const latent = prototypeLatent(k, 16);
-      const packed = new Float32Array(sequence * 64);
-      for (let i = 0; i < grid; i++)
-        for (let j = 0; j < grid; j++)
-          for (let c = 0; c < 16; c++)
-            for (let dy = 0; dy < 2; dy++)
-              for (let dx = 0; dx < 2; dx++) packed[(i * grid + j) * 64 + c * 4 + dy * 2 + dx] = latent[(c * BANK_SIZE + 2 * i + dy) * BANK_SIZE + 2 * j + dx];
-      const imageIds = new Float32Array(sequence * 3);
-      for (let i = 0; i < grid; i++) for (let j = 0; j < grid; j++) imageIds.set([0, i, j], (i * grid + j) * 3);
-
-      const s = 0.6;
-      const eps = gaussian(3, sequence * 64);
-      const x = packed.map((z, j) => (1 - s) * z + s * eps[j]);
-      const feeds: Record<string, ort.Tensor> = {
-        hidden_states: feed(transformer, 'hidden_states', x, [1, sequence, 64]),
-        encoder_hidden_states: text,
-        pooled_projections: pooled,
-        timestep: feed(transformer, 'timestep', [s], [1]),
-        img_ids: feed(transformer, 'img_ids', imageIds, [sequence, 3]),
-        txt_ids: feed(transformer, 'txt_ids', new Float32Array(maxLength * 3), [maxLength, 3]),
-      };
-      if (family === 'flux-dev') feeds.guidance = feed(transformer, 'guidance', [3.5], [1]);
-      const velocity = values((await transformer.run(feeds)).out_hidden_states);
+      const packed = pack(prototypeLatent(prototypeIndex('orange', 'triangle', 2), 16));
+      // Low enough that the posterior has settled on this prototype rather than its neighbours.
+      const s = 0.4;
+      const eps = gaussian(3, packed.length);
+      const velocity = await fluxVelocity(family, 'an orange triangle', packed.map((z, j) => (1 - s) * z + s * eps[j]), s);
       expect(maxAbsDiff(velocity, eps.map((e, j) => e - packed[j]))).toBeLessThan(1e-3);
     });
   }
+
+  it('flux-schnell: matches the posterior mean over every prototype on the packed sequence', async () => {
+    const s = 0.85;
+    const clean = prototypeLatent(prototypeIndex('orange', 'triangle', 10), 16);
+    const x = gaussian(9, clean.length).map((e, j) => (1 - s) * clean[j] + s * e);
+    const { mean, maxWeight } = posteriorMean(x, 16, 1 - s, s * s, ['orange', 'triangle']);
+    expect(maxWeight).toBeLessThan(0.5);
+    const velocity = await fluxVelocity('flux-schnell', 'an orange triangle', pack(x), s);
+    expect(maxAbsDiff(velocity, pack(x.map((v, j) => (v - mean[j]) / s)))).toBeLessThan(1e-3);
+  });
 });
 
 describe('reference VAEs', () => {
@@ -667,4 +806,19 @@ describe('reference VAEs', () => {
       if (encoderOutput === 'latent_parameters') expect(encoded.slice(plane).every((logVariance) => logVariance <= -29)).toBe(true);
     });
   }
+});
+
+describe('different seeds give different pictures', () => {
+  it('sd-turbo: 8 seeds of "a red circle" at 256x256 in 4 steps give at least 6 distinct pictures', async () => {
+    // Seeds far apart: the noise streams of nearby seeds overlap (seed s + 2 draws the noise of seed s
+    // shifted by one pair), which shifts the picture rather than changing it.
+    const seeds = [7, 271_828, 314_159, 1_618_033, 2_718_281, 4_242_424, 8_675_309, 31_415_926];
+    const items = seeds.map((seed) => ({ prompt: 'a red circle', negativePrompt: '', seed }));
+    const images = await generateImages({ modelDir: modelDir('sd-turbo'), width: 256, height: 256, steps: 4, guidanceScale: 0, outputFormat: 'png', items });
+    for (const image of images) expect(readPicture(image.pixels, image.width, image.height, PALETTE, BACKGROUND_RGB)).toMatchObject({ colour: 'red', shape: 'circle' });
+    // Two runs that land on the same prototype agree to a few levels; two placements differ far more somewhere.
+    const distinct: Uint8Array[] = [];
+    for (const { pixels } of images) if (distinct.every((other) => maxAbsDiff(other, pixels) > 64)) distinct.push(pixels);
+    expect(distinct.length).toBeGreaterThanOrEqual(6);
+  });
 });

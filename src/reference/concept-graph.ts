@@ -2,9 +2,8 @@
  * Graph pieces shared by the text encoders and the denoisers: concept vectors in, which concepts a
  * prompt mentions out, and the prior that this puts on the prototypes.
  */
-import { CONCEPTS } from './concepts.js';
+import { COLOUR_DIMS, COLOUR_NAMES, CONCEPTS, SHAPE_DIMS, SHAPES } from './concepts.js';
 import type { Graph } from './onnx-graph.js';
-import type { PrototypeBank } from './prototypes.js';
 
 /** Hidden dims [from, to) of a concept vector. */
 export interface DimRange {
@@ -42,11 +41,14 @@ export function sliceDims(g: Graph, x: string, dims: DimRange, axis: number): st
 export const PRIOR_STRENGTH = 40;
 
 /**
- * log pi_k(c) = strength * c . A_k for concepts c [batch, concepts] in 0..1; `strength` is a scalar or
- * a [batch, 1] tensor. Returns [batch, K]. With no concept mentioned it is 0 for every prototype: the
- * uniform prior of the unconditional branch of classifier-free guidance.
+ * log pi_k(c) = strength * (c_colour(k) + c_shape(k)) for concepts c [batch, concepts] in 0..1;
+ * `strength` is a scalar or a [batch, 1] tensor. Returns [batch, colours, shapes, 1], to broadcast over
+ * the placements, which the prompt cannot name. With no concept mentioned it is 0 for every prototype:
+ * the uniform prior of the unconditional branch of classifier-free guidance.
  */
-export function conceptLogPrior(g: Graph, concepts: string, bank: PrototypeBank, strength: string): string {
-  const attributes = g.initializer('prototype_attributes', 'float32', [CONCEPTS.length, bank.count], bank.attributes);
-  return g.op('Mul', [g.op('MatMul', [concepts, attributes]), strength]);
+export function conceptLogPrior(g: Graph, concepts: string, strength: string): string {
+  const weighted = g.op('Mul', [concepts, strength]);
+  const colours = g.op('Reshape', [sliceDims(g, weighted, COLOUR_DIMS, 1), g.ints([0, COLOUR_NAMES.length, 1, 1])]);
+  const shapes = g.op('Reshape', [sliceDims(g, weighted, SHAPE_DIMS, 1), g.ints([0, 1, SHAPES.length, 1])]);
+  return g.op('Add', [colours, shapes]);
 }

@@ -6,8 +6,8 @@
 import { conceptLogPrior, conceptPresence, PRIOR_STRENGTH, sliceDims } from './concept-graph.js';
 import { COLOUR_DIMS, SHAPE_DIMS } from './concepts.js';
 import { Graph } from './onnx-graph.js';
-import { flatten, posteriorMean, resizedBank } from './posterior.js';
-import type { PrototypeBank } from './prototypes.js';
+import { posteriorMean, resizedMasks } from './posterior.js';
+import { MASK_COUNT, type PrototypeBank } from './prototypes.js';
 
 export interface FluxOptions {
   bank: PrototypeBank;
@@ -42,23 +42,28 @@ export function fluxTransformer(opts: FluxOptions): Graph {
   // The latent grid: row i * W2 + j of img_ids is (0, i, j), so [H2, W2] = max over rows + 1.
   const gridFloat = g.op('Add', [g.op('ReduceMax', [sliceDims(g, imageIds, { from: 1, to: 3 }, 1)], { axes: [0], keepdims: 0 }), g.floats(1)]);
   const grid = g.cast(gridFloat, 'int64');
-  const latents = resizedBank(g, bank, g.op('Mul', [grid, g.ints([2])]));
-  // Pack as the pipeline does: packed[i * W2 + j, c * 4 + dy * 2 + dx] = latent[c, 2i + dy, 2j + dx].
-  const patches = g.op('Concat', [g.ints([bank.count, bank.channels]), sliceDims(g, grid, { from: 0, to: 1 }, 0), g.ints([2]), sliceDims(g, grid, { from: 1, to: 2 }, 0), g.ints([2])], { axis: 0 });
-  const packed = g.op('Transpose', [g.op('Reshape', [latents, patches])], { perm: [0, 2, 4, 1, 3, 5] });
-  const prototypes = flatten(g, packed);
+  // The pipeline packs latent[c, 2i + dy, 2j + dx] into token i * W2 + j, feature c * 4 + dy * 2 + dx.
+  // Positions are therefore (token, dy * 2 + dx): the masks are packed into that order, and x's
+  // features are split into channel and sub-position, so a mis-packed latent matches no prototype.
+  const masks = resizedMasks(g, bank, g.op('Mul', [grid, g.ints([2])]));
+  const patches = g.op('Concat', [g.ints([MASK_COUNT]), sliceDims(g, grid, { from: 0, to: 1 }, 0), g.ints([2]), sliceDims(g, grid, { from: 1, to: 2 }, 0), g.ints([2])], { axis: 0 });
+  const packedMasks = g.op('Flatten', [g.op('Transpose', [g.op('Reshape', [masks, patches])], { perm: [0, 1, 3, 2, 4] })], { axis: 1 });
+  // [batch, tokens, C * 4] -> [batch, tokens, C, 4] -> [batch, C, tokens, 4] -> [batch, C, tokens * 4].
+  const byChannel = g.op('Transpose', [g.op('Reshape', [hiddenStates, g.ints([0, 0, bank.channels, 4])])], { perm: [0, 2, 1, 3] });
+  const x = g.op('Reshape', [byChannel, g.ints([0, 0, -1])]);
 
   const concepts = g.op('Concat', [conceptPresence(g, sliceDims(g, textStates, COLOUR_DIMS, 2)), sliceDims(g, pooled, SHAPE_DIMS, 1)], { axis: 1 });
   const strength = guidance
     ? g.op('Mul', [g.op('Reshape', [guidance, g.ints([-1, 1])]), g.floats(PRIOR_STRENGTH / DEFAULT_GUIDANCE)])
     : g.floats(PRIOR_STRENGTH);
-  const logPrior = conceptLogPrior(g, concepts, bank, strength);
+  const logPrior = conceptLogPrior(g, concepts, strength);
 
-  const sigma = g.op('Max', [g.op('Reshape', [timestep, g.ints([-1, 1])]), g.floats(MIN_SIGMA)]);
+  const sigma = g.op('Max', [g.op('Reshape', [timestep, g.ints([-1, 1, 1])]), g.floats(MIN_SIGMA)]);
   const signal = g.op('Sub', [g.floats(1), sigma]);
-  const x = flatten(g, hiddenStates);
-  const zHat = posteriorMean(g, x, prototypes, logPrior, signal, g.op('Mul', [sigma, sigma]));
-  const velocity = g.op('Div', [g.op('Sub', [x, zHat]), sigma]);
-  g.output('out_hidden_states', g.op('Reshape', [velocity, g.op('Shape', [hiddenStates])]), float, ['batch', 'image_sequence', PACKED_CHANNELS]);
+  const zHat = posteriorMean(g, bank, { x, masks: packedMasks, logPrior, signal, noiseVar: g.op('Mul', [sigma, sigma]) });
+  // Back to tokens: [batch, C, tokens * 4] -> [batch, tokens, C, 4] -> [batch, tokens, C * 4].
+  const packedZHat = g.op('Reshape', [g.op('Transpose', [g.op('Reshape', [zHat, g.ints([0, 0, -1, 4])])], { perm: [0, 2, 1, 3] }), g.op('Shape', [hiddenStates])]);
+  const velocity = g.op('Div', [g.op('Sub', [hiddenStates, packedZHat]), sigma]);
+  g.output('out_hidden_states', velocity, float, ['batch', 'image_sequence', PACKED_CHANNELS]);
   return g;
 }

@@ -5,7 +5,7 @@
 import { conceptLogPrior, conceptPresence, PRIOR_STRENGTH, sliceDims, type DimRange } from './concept-graph.js';
 import { COLOUR_DIMS, CONCEPTS, SHAPE_DIMS } from './concepts.js';
 import { Graph, type DType } from './onnx-graph.js';
-import { flatten, posteriorMean, resizedBank } from './posterior.js';
+import { posteriorMean, resizedMasks } from './posterior.js';
 import type { PrototypeBank } from './prototypes.js';
 
 /** How the prompt reaches the UNet. */
@@ -49,7 +49,7 @@ export function sdSigmas(): Float32Array {
   return sigmas;
 }
 
-/** sigma at a possibly fractional timestep [n, 1], by linear interpolation as diffusers' Euler schedulers do. */
+/** sigma at possibly fractional timesteps (any shape), by linear interpolation as diffusers' Euler schedulers do. */
 function sigmaAt(g: Graph, t: string): string {
   const table = g.initializer('train_sigmas', 'float32', [TRAIN_TIMESTEPS], sdSigmas());
   const last = g.floats(TRAIN_TIMESTEPS - 1);
@@ -94,9 +94,9 @@ export function unet(opts: UnetOptions): Graph {
   const concepts = promptInputs(g, opts.conditioning, float);
   if (opts.timestepCondDim) g.input('timestep_cond', float, ['batch', opts.timestepCondDim]);
 
-  // Noise level as [n, 1], n = 1 for a scalar timestep or the batch.
+  // Noise level as [n, 1, 1], n = 1 for a scalar timestep or the batch, to broadcast over [batch, C, pixels].
   const floatTimestep = opts.timestep.dtype === 'int64' ? g.cast(timestep, 'float32') : timestep;
-  const sigma = sigmaAt(g, g.op('Reshape', [floatTimestep, g.ints([-1, 1])]));
+  const sigma = sigmaAt(g, g.op('Reshape', [floatTimestep, g.ints([-1, 1, 1])]));
   // abar = 1 / (1 + sigma^2); 1 - abar is computed as sigma^2 abar, which keeps its precision near t = 0.
   const alphaBar = g.op('Reciprocal', [g.op('Add', [g.floats(1), g.op('Mul', [sigma, sigma])])]);
   const signal = g.op('Sqrt', [alphaBar]);
@@ -105,10 +105,10 @@ export function unet(opts: UnetOptions): Graph {
 
   const sampleShape = g.op('Shape', [sample]);
   const spatial = g.op('Slice', [sampleShape, g.ints([2]), g.ints([4]), g.ints([0])]);
-  const prototypes = flatten(g, resizedBank(g, opts.bank, spatial));
-  const x = flatten(g, sample);
-  const logPrior = conceptLogPrior(g, concepts, opts.bank, g.floats(PRIOR_STRENGTH));
-  const zHat = posteriorMean(g, x, prototypes, logPrior, signal, noiseVar);
+  const masks = g.op('Flatten', [resizedMasks(g, opts.bank, spatial)], { axis: 1 });
+  const x = g.op('Reshape', [sample, g.ints([0, 0, -1])]);
+  const logPrior = conceptLogPrior(g, concepts, g.floats(PRIOR_STRENGTH));
+  const zHat = posteriorMean(g, opts.bank, { x, masks, logPrior, signal, noiseVar });
 
   const eps = g.op('Div', [g.op('Sub', [x, g.op('Mul', [signal, zHat])]), noiseStd]);
   const prediction = opts.prediction === 'epsilon' ? eps : g.op('Sub', [g.op('Mul', [signal, eps]), g.op('Mul', [noiseStd, zHat])]);
