@@ -64,6 +64,7 @@ async function readAll(batch: GenerationBatch): Promise<Reading[]> {
   return images.map((img) => readPicture(img.pixels, img.width, img.height, PALETTE, BACKGROUND_RGB));
 }
 
+const SEED = 11;
 const promptItems = (seed: number): BatchItem[] => PROMPTS.map((p, i) => ({ prompt: p.prompt, negativePrompt: '', seed: seed + i }));
 
 /**
@@ -72,16 +73,17 @@ const promptItems = (seed: number): BatchItem[] => PROMPTS.map((p, i) => ({ prom
  */
 const CLEAN_BACKGROUND = 1.5;
 /**
- * PNDM and DDIM without `set_alpha_to_one` stop at abar_0 rather than at zero noise, as diffusers does:
- * sqrt(1 - abar_0) = 0.029 of latent noise stays, about 4 grey levels.
+ * Some samplers leave a little noise, as they do in diffusers: PNDM reuses earlier noise estimates (its
+ * linear multistep), and PNDM or DDIM without `set_alpha_to_one` stop at abar_0 rather than at zero
+ * noise (sqrt(1 - abar_0) = 0.029 of latent noise, about 4 grey levels).
  */
 const RESIDUAL_NOISE_BACKGROUND = 5;
 
 async function backgroundAllowance(modelDir: string, scheduler: string | undefined): Promise<number> {
   const config = JSON.parse(await readFile(path.join(modelDir, 'scheduler', 'scheduler_config.json'), 'utf8'));
   const name = scheduler ?? { PNDMScheduler: 'pndm', DDIMScheduler: 'ddim' }[config._class_name as string];
-  const stopsAtAlphaZero = (name === 'pndm' || name === 'ddim') && config.set_alpha_to_one !== true;
-  return stopsAtAlphaZero ? RESIDUAL_NOISE_BACKGROUND : CLEAN_BACKGROUND;
+  const leavesNoise = name === 'pndm' || (name === 'ddim' && config.set_alpha_to_one !== true);
+  return leavesNoise ? RESIDUAL_NOISE_BACKGROUND : CLEAN_BACKGROUND;
 }
 
 function describeReading(r: Reading, allowance: number) {
@@ -93,7 +95,7 @@ function expectMatches(readings: Reading[], allowance: number): void {
 }
 
 function countMatches(readings: Reading[]): number {
-  const want = (i: number) => JSON.stringify({ colour: PROMPTS[i].colour, shape: PROMPTS[i].shape, clean: true });
+  const want = (i: number) => JSON.stringify({ colour: PROMPTS[i % PROMPTS.length].colour, shape: PROMPTS[i % PROMPTS.length].shape, clean: true });
   return readings.filter((r, i) => JSON.stringify(describeReading(r, CLEAN_BACKGROUND)) === want(i)).length;
 }
 
@@ -103,8 +105,9 @@ for (const c of FAMILIES) {
     const schedulers = [undefined, ...schedulersFor(c.kind)];
     for (const scheduler of schedulers) {
       it(`draws the prompted colour and shape with ${scheduler ?? 'its default scheduler'}`, async () => {
-        const steps = scheduler === 'lcm' ? 4 : c.steps;
-        const batch = { ...batchFor(c, promptItems(11), scheduler), steps };
+        // LCM is a few-step sampler; PNDM's first steps are its warm-up, so it needs more than 4.
+        const steps = scheduler === 'lcm' ? 4 : scheduler === 'pndm' ? Math.max(c.steps, 20) : c.steps;
+        const batch = { ...batchFor(c, promptItems(SEED), scheduler), steps };
         expectMatches(await readAll(batch), await backgroundAllowance(batch.modelDir, scheduler));
       });
     }
@@ -146,17 +149,23 @@ describe('a broken sampler is caught', () => {
     sabotage.skipInputScaling = false;
   });
 
+  /** Every prompt at several seeds: the exact denoiser forgives a broken sampler on some of them. */
+  const seeds = [11, 101, 202, 303];
+  const readAllSeeds = async (dir?: string) => (await Promise.all(seeds.map((seed) => readAll(batchFor(base, promptItems(seed), 'euler', dir))))).flat();
+  const images = seeds.length * PROMPTS.length;
+
   it('passes the check with the right sampler (the control)', async () => {
-    expect(countMatches(await readAll(batchFor(base, promptItems(11), 'euler')))).toBe(PROMPTS.length);
+    expect(countMatches(await readAllSeeds())).toBe(images);
   });
 
   it('fails the check with a wrong sigma table (linear betas instead of scaled_linear)', async () => {
     const dir = await withSchedulerConfig({ beta_schedule: 'linear', beta_start: 0.0001, beta_end: 0.02 });
-    expect(countMatches(await readAll(batchFor(base, promptItems(11), 'euler', dir)))).toBeLessThan(PROMPTS.length);
+    expect(countMatches(await readAllSeeds(dir))).toBeLessThanOrEqual(images / 4);
   });
 
   it('fails the check when Euler skips its input scaling', async () => {
     sabotage.skipInputScaling = true;
-    expect(countMatches(await readAll(batchFor(base, promptItems(11), 'euler')))).toBeLessThan(PROMPTS.length);
+    // Measured over 60 images: about a third come out wrong or noisy (the rest still land on a prototype).
+    expect(countMatches(await readAllSeeds())).toBeLessThan(images);
   });
 });

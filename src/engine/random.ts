@@ -2,23 +2,29 @@
  * Seeded Gaussian noise. Every image in a batch owns one generator, so an image is reproduced by its
  * seed alone, whatever batch it ran in.
  */
+const GOLDEN_GAMMA = 0x9e3779b97f4a7c15n;
+
+/** splitmix64's output function: a bijection on 64 bits that scrambles every input bit. */
+function mix64(x: bigint): bigint {
+  let z = BigInt.asUintN(64, (x ^ (x >> 30n)) * 0xbf58476d1ce4e5b9n);
+  z = BigInt.asUintN(64, (z ^ (z >> 27n)) * 0x94d049bb133111ebn);
+  return z ^ (z >> 31n);
+}
+
 export class Rng {
   private state: bigint;
   private spare: number | null = null;
 
   constructor(seed: number) {
-    // splitmix64 seeding keeps nearby seeds (1, 2, 3, ...) far apart.
-    this.state = BigInt.asUintN(64, BigInt(seed) * 0x9e3779b97f4a7c15n + 0x632be59bd9b4e019n);
+    // The state walks in steps of the golden gamma, so it must start at a scrambled seed: started at
+    // seed * gamma, seed s + 1 would replay seed s's numbers shifted by one draw.
+    this.state = mix64(BigInt.asUintN(64, BigInt(seed) * GOLDEN_GAMMA + 0x632be59bd9b4e019n));
   }
 
   /** Uniform in (0, 1). */
   uniform(): number {
-    this.state = BigInt.asUintN(64, this.state + 0x9e3779b97f4a7c15n);
-    let z = this.state;
-    z = BigInt.asUintN(64, (z ^ (z >> 30n)) * 0xbf58476d1ce4e5b9n);
-    z = BigInt.asUintN(64, (z ^ (z >> 27n)) * 0x94d049bb133111ebn);
-    z ^= z >> 31n;
-    return (Number(z >> 11n) + 0.5) / 2 ** 53;
+    this.state = BigInt.asUintN(64, this.state + GOLDEN_GAMMA);
+    return (Number(mix64(this.state) >> 11n) + 0.5) / 2 ** 53;
   }
 
   /** Standard normal (Box-Muller, both values used). */
