@@ -88,3 +88,13 @@ describe('merging compatible requests', () => {
     await expect.poll(() => runs[0].stoppedEarly).toBe(true);
   });
 });
+
+describe('merging within the model batch limit', () => {
+  it("never puts more images in one batch than the model's maxBatch", async () => {
+    const { runs, merger } = harness();
+    const limited = (seed: number) => request([item('a red circle', seed)], { maxBatch: 2 });
+    await Promise.all([1, 2, 3, 4, 5, 6].map((seed) => merger.generate(limited(seed))));
+    // The first runs alone (the worker was free); the five that waited go in batches of at most 2.
+    expect(runs.map((r) => r.items)).toEqual([1, 2, 2, 1]);
+  });
+});

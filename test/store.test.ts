@@ -72,6 +72,15 @@ describe('ImageStore', () => {
     await expect(full.put(bytes(100), 'image/png')).rejects.toBeInstanceOf(StoreFullError);
   });
 
+  it('counts each expired image once when puts that find the store full sweep at the same time', async () => {
+    const store = await open({ ttlSeconds: 0.05, maxBytes: 1000 });
+    for (let i = 0; i < 10; i++) await store.put(bytes(100), 'image/png');
+    await sleep(100);
+    await Promise.all(Array.from({ length: 10 }, () => store.put(bytes(100), 'image/png')));
+    expect(store.stats()).toEqual({ files: 10, bytes: 1000 });
+    expect(await readdir(dir)).toHaveLength(10);
+  });
+
   it('refuses content it cannot name', async () => {
     const store = await open();
     await expect(store.put(bytes(1), 'text/html')).rejects.toThrow(/cannot store/);

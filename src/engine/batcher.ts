@@ -72,7 +72,7 @@ export class BatchMerger {
     const group = this.open.get(batchKey(batch));
     if (!group) return undefined;
     const size = group.members.reduce((n, m) => n + (m.left ? 0 : m.items.length), 0);
-    return size + batch.items.length <= this.maxItems ? group : undefined;
+    return size + batch.items.length <= Math.min(this.maxItems, batch.maxBatch ?? Infinity) ? group : undefined;
   }
 
   private openGroup(batch: GenerationBatch): Group {

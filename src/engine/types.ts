@@ -26,6 +26,8 @@ export interface GenerationBatch {
   /** Scheduler name override (see src/schedulers/index.ts); undefined uses scheduler_config.json. */
   scheduler?: string;
   outputFormat: OutputFormat;
+  /** Most images one model call may hold for this model; merging compatible requests stays within it. */
+  maxBatch?: number;
   /** 0..100, for jpeg and webp. */
   outputCompression?: number;
   items: BatchItem[];

@@ -136,6 +136,7 @@ export function planBatches(request: GenerationRequest, model: ModelEntry): Gene
     scheduler: request.scheduler ?? preset.scheduler,
     outputFormat: request.output_format,
     outputCompression: request.output_compression,
+    maxBatch: preset.maxBatch,
   };
   return chunks(items, preset.maxBatch).map((part) => ({ ...settings, items: part }));
 }

@@ -139,9 +139,13 @@ export class ImageStore {
   /** Deletes expired images. */
   async sweep(): Promise<void> {
     const expired = [...this.index.values()].filter((image) => this.expired(image));
+    // Out of the index before the first await, so that sweeps running at the same time (one per put
+    // that finds the store full) never count the same image twice.
     for (const image of expired) {
       this.index.delete(image.id);
       this.bytes -= image.size;
+    }
+    for (const image of expired) {
       await unlink(this.fileOf(image)).catch((err: NodeJS.ErrnoException) => {
         if (err.code !== 'ENOENT') this.options.logger.warn({ err, id: image.id }, 'cannot delete expired image');
       });
