@@ -29,9 +29,11 @@ describe('loaded models within a memory budget', () => {
   it('releases the least recently used model once the budget is passed', async () => {
     const oneModel = await weightBytes(await inspectModel(a));
     const { cache: c, loads } = cache(oneModel * 1.5);
-    await c.get(a);
+    const first = await c.get(a);
     await c.get(b);
     expect(c.loadedModels()).toEqual([b]);
+    // Released, not just forgotten: its sessions are gone.
+    await expect.poll(() => first.generate({ modelDir: a, width: 64, height: 64, steps: 1, guidanceScale: 0, outputFormat: 'png', items: [{ prompt: 'x', negativePrompt: '', seed: 1 }] }).then(() => 'ran', () => 'released')).toBe('released');
     await c.get(a);
     expect(loads).toEqual([a, b, a]);
     expect(c.loadedModels()).toEqual([a]);

@@ -30,7 +30,10 @@ export class OnnxModel {
     const { session, provider } = await createSession(file, runtime);
     const inputs = new Map<string, InputSpec>();
     for (const meta of session.inputMetadata) {
-      if (!meta.isTensor) throw new Error(`${file}: input '${meta.name}' is not a tensor; only tensor inputs are supported`);
+      if (!meta.isTensor) {
+        await session.release();
+        throw new Error(`${file}: input '${meta.name}' is not a tensor; only tensor inputs are supported`);
+      }
       inputs.set(meta.name, { type: meta.type, rank: meta.shape.length });
     }
     return new OnnxModel(file, session, inputs, provider);
@@ -42,11 +45,6 @@ export class OnnxModel {
 
   get outputNames(): readonly string[] {
     return this.session.outputNames;
-  }
-
-  /** The declared rank of an input, e.g. to tell 2-D from 3-D `txt_ids`. */
-  inputRank(name: string): number | undefined {
-    return this.inputs.get(name)?.rank;
   }
 
   /** Runs with the given feeds (names the graph lacks are an error) and returns the wanted outputs as float32. */

@@ -66,7 +66,7 @@ export class FluxPipeline implements Pipeline {
   }
 
   async release(): Promise<void> {
-    await Promise.all([this.transformer.release(), this.clip.model.release(), this.t5.model.release()]);
+    await Promise.all([this.transformer.release(), this.vae.release(), this.clip.model.release(), this.t5.model.release()]);
   }
 }
 

@@ -14,19 +14,28 @@ const T5_LENGTH = { 'flux-schnell': 256, 'flux-dev': 512 } as const;
 /** Loads every component of a model folder and builds the pipeline for its family. */
 export async function loadPipeline(dir: string, runtime: RuntimeOptions): Promise<Pipeline> {
   const layout = await inspectModel(dir);
+  // Sessions hold native memory: when a later component fails, the ones already open are released.
+  const opened: OnnxModel[] = [];
   const load = async (file: string) => {
     try {
-      return await OnnxModel.load(file, runtime);
+      const model = await OnnxModel.load(file, runtime);
+      opened.push(model);
+      return model;
     } catch (err) {
       throw new ModelLayoutError(layout.dir, `cannot load ${file}: ${(err as Error).message.split('\n')[0]}`);
     }
   };
-  const vae = new VaeDecoder(await load(layout.vaeDecoder), layout.vae.scalingFactor, layout.vae.shiftFactor);
-  const encoder = new TextEncoder(await load(layout.textEncoder), await loadTokenizer(layout.tokenizer));
-  const denoiser = await load(layout.denoiser);
-  const second = await secondEncoder(layout, load);
-  if (layout.family === 'flux') return new FluxPipeline(layout, denoiser, encoder, second!, vae);
-  return new StableDiffusionPipeline(layout, denoiser, second ? [encoder, second] : [encoder], vae);
+  try {
+    const vae = new VaeDecoder(await load(layout.vaeDecoder), layout.vae.scalingFactor, layout.vae.shiftFactor);
+    const encoder = new TextEncoder(await load(layout.textEncoder), await loadTokenizer(layout.tokenizer));
+    const denoiser = await load(layout.denoiser);
+    const second = await secondEncoder(layout, load);
+    if (layout.family === 'flux') return new FluxPipeline(layout, denoiser, encoder, second!, vae);
+    return new StableDiffusionPipeline(layout, denoiser, second ? [encoder, second] : [encoder], vae);
+  } catch (err) {
+    await Promise.allSettled(opened.map((m) => m.release()));
+    throw err;
+  }
 }
 
 async function secondEncoder(layout: ModelLayout, load: (file: string) => Promise<OnnxModel>): Promise<TextEncoder | undefined> {

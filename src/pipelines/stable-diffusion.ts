@@ -99,7 +99,7 @@ export class StableDiffusionPipeline implements Pipeline {
   }
 
   async release(): Promise<void> {
-    await Promise.all([this.unet.release(), ...this.encoders.map((e) => e.model.release())]);
+    await Promise.all([this.unet.release(), this.vae.release(), ...this.encoders.map((e) => e.model.release())]);
   }
 }
 

@@ -12,6 +12,10 @@ export class VaeDecoder {
     private readonly shiftFactor: number,
   ) {}
 
+  release(): Promise<void> {
+    return this.model.release();
+  }
+
   async decode(latents: Float32Array, batch: number, channels: number, latentHeight: number, latentWidth: number): Promise<RgbImage[]> {
     const per = channels * latentHeight * latentWidth;
     const images: RgbImage[] = [];
