@@ -1,5 +1,5 @@
 import { parentPort, threadId, workerData } from 'node:worker_threads';
-import { configureEngine, getPipeline, runBatch, type EngineSettings } from '../pipelines/run.js';
+import { configureEngine, getPipeline, loadedModels, runBatch, type EngineSettings } from '../pipelines/run.js';
 import type { GeneratedImage, GenerationBatch } from './types.js';
 
 /**
@@ -45,11 +45,9 @@ export type WorkerEvent =
 
 const report = (event: WorkerEvent) => parentPort!.postMessage(event);
 
-/** Models this worker has loaded (getPipeline keeps them; a later eviction is not tracked). */
-const loaded = new Set<string>();
-
+/** Loads a model unless this worker holds it, reporting the load (also a reload after an eviction). */
 async function ensureLoaded(modelDir: string): Promise<void> {
-  if (loaded.has(modelDir)) return;
+  if (loadedModels().includes(modelDir)) return;
   const started = performance.now();
   try {
     await getPipeline(modelDir);
@@ -57,7 +55,6 @@ async function ensureLoaded(modelDir: string): Promise<void> {
     report({ event: 'model-load-failed', threadId, modelDir, message: (err as Error).message });
     throw err;
   }
-  loaded.add(modelDir);
   report({ event: 'model-loaded', threadId, modelDir, seconds: (performance.now() - started) / 1000 });
 }
 
@@ -71,10 +68,13 @@ async function preload(): Promise<void> {
   report({ event: 'ready', threadId });
 }
 
-void preload();
+// piscina may hand this worker a task as soon as the module is imported, before preloading ended:
+// tasks wait for it, so that one thread never loads the same model twice at once.
+const preloaded = preload();
 
 export default async function generate({ batch, cancel, progress }: WorkerTask): Promise<WorkerResult> {
   try {
+    await preloaded;
     await ensureLoaded(batch.modelDir);
     const images = await runBatch(batch, {
       shouldStop: () => {

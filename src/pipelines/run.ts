@@ -31,6 +31,11 @@ export function configureEngine(update: Partial<EngineSettings>): void {
   pipelines.setBudget(settings.modelMemoryBudget);
 }
 
+/** Model folders this worker holds (or is loading), least recently used first. */
+export function loadedModels(): string[] {
+  return pipelines.loadedModels();
+}
+
 /** The pipeline for a model folder, loaded on first use and kept while the memory budget allows. */
 export function getPipeline(modelDir: string): Promise<Pipeline> {
   return pipelines.get(modelDir);
