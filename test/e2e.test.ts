@@ -86,15 +86,23 @@ describe('generation with the real engine', () => {
     expect(seenBusy).toBe(true);
     expect(slowest).toBeLessThan(500);
   });
+
+  it("refuses settings the model's sampler cannot run with a 400, not a 500 the SDK would retry", async () => {
+    const generate = (extra: Record<string, unknown>) =>
+      client.images.generate({ model: 'shapes', prompt: 'x', ...extra } as unknown as OpenAI.ImageGenerateParamsNonStreaming);
+    // LCM samples at most original_inference_steps (50) steps.
+    const err = await generate({ scheduler: 'lcm', steps: 100 }).catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(OpenAI.BadRequestError);
+    expect(err).toMatchObject({ status: 400, param: 'steps', code: 'invalid_value', type: 'invalid_request_error' });
+    expect((err as Error).message).toContain('original_inference_steps');
+  });
 });
 
-const demo = path.join(EMBEDDED_MODELS_DIR, 'demo-shapes');
-const demoPresent = await access(demo).then(
-  () => true,
-  () => false,
-);
+describe('the embedded demo model', () => {
+  it('is in the package', async () => {
+    await expect(access(path.join(EMBEDDED_MODELS_DIR, 'demo-shapes', 'model_index.json'))).resolves.toBeUndefined();
+  });
 
-describe.skipIf(!demoPresent)('the embedded demo model', () => {
   it('serves the OpenAI model names out of the box', async () => {
     const models = await client.models.list();
     expect(models.data.map((m) => m.id)).toEqual(expect.arrayContaining(['demo-shapes', 'dall-e-2', 'dall-e-3', 'gpt-image-1']));

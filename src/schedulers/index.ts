@@ -90,3 +90,12 @@ export function createScheduler(config: SchedulerConfig, override?: string): Sch
   const clipSample = config.clip_sample ?? false;
   return target.create({ ...inherited, clip_sample: clipSample, ...target.names[override], _class_name: target.className });
 }
+
+/**
+ * Throws the scheduler's own error when it cannot run `steps` steps for this config (LCM stops at
+ * original_inference_steps, PNDM's Runge-Kutta warm-up needs 4), so callers can refuse a request
+ * before it reaches a worker. mu does not change which step counts are valid.
+ */
+export function checkSchedule(config: SchedulerConfig, override: string | undefined, steps: number): void {
+  createScheduler(config, override).setTimesteps(steps, { mu: 1 });
+}

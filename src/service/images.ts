@@ -6,6 +6,7 @@ import type { BatchItem, GeneratedImage, GenerationBatch } from '../engine/types
 import { ApiError, quoteList } from '../http/errors.js';
 import type { GenerationRequest, ImageObject, ImagesResponse } from '../http/wire.js';
 import type { ModelEntry, ModelRegistry } from '../models/registry.js';
+import { checkSchedule } from '../schedulers/index.js';
 import { StoreFullError, type ImageStore, type StoredImage } from '../store/image-store.js';
 
 /**
@@ -138,6 +139,12 @@ export function planBatches(request: GenerationRequest, model: ModelEntry): Gene
     outputCompression: request.output_compression,
     maxBatch: preset.maxBatch,
   };
+  try {
+    checkSchedule(model.layout.scheduler, settings.scheduler, settings.steps);
+  } catch (err) {
+    const param = request.steps !== undefined ? 'steps' : 'scheduler';
+    throw ApiError.invalid(param, 'invalid_value', `Invalid value for '${param}' with model '${request.model}': ${(err as Error).message}.`);
+  }
   return chunks(items, preset.maxBatch).map((part) => ({ ...settings, items: part }));
 }
 
