@@ -32,6 +32,15 @@ describe('model folders', () => {
     await expect(inspectModel(path.join(dir, 'nowhere'))).rejects.toThrow('the folder does not exist');
   });
 
+  it('refuses a tokenizer without its merges and a scheduler it cannot run, before any request', async () => {
+    const dir = await copyOf('sd15-legacy');
+    await rm(path.join(dir, 'tokenizer', 'merges.txt'));
+    await expect(inspectModel(dir)).rejects.toThrow(/missing tokenizer\//);
+    const other = await copyOf('sd15-optimum');
+    await writeFile(path.join(other, 'scheduler', 'scheduler_config.json'), JSON.stringify({ _class_name: 'HeunDiscreteScheduler' }));
+    await expect(inspectModel(other)).rejects.toThrow(/scheduler_config\.json: .*HeunDiscreteScheduler/);
+  });
+
   it('names the component that cannot be loaded', async () => {
     const dir = await copyOf('sd15-optimum');
     await writeFile(path.join(dir, 'vae_decoder', 'model.onnx'), 'not an onnx file');

@@ -1,5 +1,6 @@
 import { access, readFile } from 'node:fs/promises';
 import path from 'node:path';
+import { createScheduler } from '../schedulers/index.js';
 import type { SchedulerConfig } from '../schedulers/scheduler.js';
 
 /**
@@ -80,7 +81,8 @@ async function findOnnx(dir: string, folders: string[]): Promise<string | undefi
 
 async function findTokenizer(dir: string, folder: string): Promise<string | undefined> {
   const tokDir = path.join(dir, folder);
-  if ((await exists(path.join(tokDir, 'tokenizer.json'))) || (await exists(path.join(tokDir, 'vocab.json')))) return tokDir;
+  if (await exists(path.join(tokDir, 'tokenizer.json'))) return tokDir;
+  if ((await exists(path.join(tokDir, 'vocab.json'))) && (await exists(path.join(tokDir, 'merges.txt')))) return tokDir;
   return undefined;
 }
 
@@ -125,6 +127,11 @@ export async function inspectModel(dir: string): Promise<ModelLayout> {
   if (!scheduler) missing.push('scheduler/scheduler_config.json');
   if (transformer && !textEncoder2) missing.push('text_encoder_2/model.onnx (FLUX needs its T5 encoder)');
   if (missing.length) throw new ModelLayoutError(root, `missing ${missing.join(', ')}`);
+  try {
+    createScheduler(scheduler as SchedulerConfig);
+  } catch (err) {
+    throw new ModelLayoutError(root, `scheduler/scheduler_config.json: ${(err as Error).message}`);
+  }
 
   const family: ModelFamily = transformer ? 'flux' : textEncoder2 ? 'sdxl' : 'sd';
   const denoiserConfig = (await readJson(path.join(path.dirname(denoiser!), 'config.json'))) ?? {};

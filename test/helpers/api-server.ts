@@ -28,6 +28,7 @@ export async function writeStubModel(dir: string, override?: object): Promise<vo
     'text_encoder/model.onnx': '',
     'vae_decoder/model.onnx': '',
     'tokenizer/vocab.json': '{}',
+    'tokenizer/merges.txt': '#version: 0.2\n',
     'scheduler/scheduler_config.json': JSON.stringify({ _class_name: 'EulerDiscreteScheduler', timestep_spacing: 'trailing' }),
   };
   if (override) files['imagegen.json'] = JSON.stringify(override);
