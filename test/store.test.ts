@@ -47,7 +47,7 @@ describe('ImageStore', () => {
     const first = await open({ ttlSeconds: 60 });
     const kept = await first.put(bytes(10), 'image/jpeg');
     const short = await (await open({ ttlSeconds: 0.05 })).put(bytes(10), 'image/png');
-    first.close();
+    await first.close();
     await writeFile(path.join(dir, `.${'a'.repeat(32)}.tmp`), 'half an image');
     await writeFile(path.join(dir, 'README'), 'not an image');
     await sleep(100);

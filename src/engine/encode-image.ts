@@ -9,7 +9,8 @@ export async function encodeImage(image: RgbImage, format: OutputFormat, compres
   const img = sharp(Buffer.from(image.pixels.buffer, image.pixels.byteOffset, image.pixels.byteLength), {
     raw: { width: image.width, height: image.height, channels: 3 },
   });
-  const quality = compression ?? 90;
+  // OpenAI's default output_compression is 100.
+  const quality = compression ?? 100;
   const encoded = format === 'png' ? img.png() : format === 'jpeg' ? img.jpeg({ quality }) : img.webp({ quality });
   return new Uint8Array(await encoded.toBuffer());
 }

@@ -38,7 +38,11 @@ export async function createSession(file: string, runtime: RuntimeOptions): Prom
     try {
       return { session: await ort.InferenceSession.create(file, sessionOptions(runtime, 'cuda')), provider: 'cuda' };
     } catch (err) {
-      cudaBroken = (err as Error).message.split('\n')[0];
+      const message = (err as Error).message.split('\n')[0];
+      // Only a provider that cannot load is a reason to give up on CUDA for good; anything else (a
+      // model too large for the card, a corrupt file) is this model's error.
+      if (!/failed to load (shared )?library|providers_cuda|providers_shared|libcu|cudnn/i.test(message)) throw err;
+      cudaBroken = message;
       (runtime.warn ?? console.warn)(
         `CUDA execution provider unavailable (${cudaBroken}); running on CPU. ` +
           'Install the CUDA provider libraries as the README describes, or set EXECUTION_PROVIDER=cpu.',

@@ -88,7 +88,6 @@ function fromFastifyError(err: FastifyError, request: FastifyRequest): ApiError 
         { code: 'unsupported_media_type' },
       );
   }
-  if (err.validation) return new ApiError(400, err.message, { code: 'invalid_value' });
   if (err.statusCode && err.statusCode >= 400 && err.statusCode < 500) return new ApiError(err.statusCode, err.message);
   return undefined;
 }

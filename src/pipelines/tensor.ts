@@ -11,16 +11,6 @@ export function concatBatch(parts: readonly Float32Array[]): Float32Array {
   return out;
 }
 
-/** Each row repeated `times` times: [b, ...] -> [b * times, ...] grouped by the original row. */
-export function repeatRows(data: Float32Array, rows: number, times: number): Float32Array {
-  const rowSize = data.length / rows;
-  const out = new Float32Array(data.length * times);
-  for (let r = 0; r < rows; r++) {
-    for (let k = 0; k < times; k++) out.set(data.subarray(r * rowSize, (r + 1) * rowSize), (r * times + k) * rowSize);
-  }
-  return out;
-}
-
 export function filled(length: number, value: number): Float32Array {
   return new Float32Array(length).fill(value);
 }

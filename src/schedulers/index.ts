@@ -63,11 +63,6 @@ export function defaultSchedulerName(config: SchedulerConfig): string {
   return entry.nameFor?.(config) ?? Object.keys(entry.names)[0];
 }
 
-/** The kind of model a scheduler config belongs to. */
-export function schedulerKind(config: SchedulerConfig): ModelKind {
-  return entryForClass(config).kind;
-}
-
 /**
  * The scheduler for a model's scheduler_config.json, or the one a request names. An override keeps
  * what the config says about training (betas, prediction_type, spacing, steps_offset ...): like
