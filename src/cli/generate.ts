@@ -4,6 +4,7 @@ import path from 'node:path';
 import type { Command } from 'commander';
 import { pino } from 'pino';
 import { EMBEDDED_MODELS_DIR, loadConfig } from '../config.js';
+import { IMAGE_FORMATS } from '../engine/types.js';
 import { ApiError } from '../http/errors.js';
 import { parseGenerationRequest } from '../http/wire.js';
 import { ModelRegistry, modelRoots } from '../models/registry.js';
@@ -92,7 +93,7 @@ export async function generateCommand(prompt: string, flags: GenerateFlags): Pro
       },
     });
     for (const image of images) {
-      const file = path.join(flags.out, `${slug(prompt)}-${image.seed}.${request.output_format === 'jpeg' ? 'jpg' : request.output_format}`);
+      const file = path.join(flags.out, `${slug(prompt)}-${image.seed}.${IMAGE_FORMATS[request.output_format].extension}`);
       await writeFile(file, image.data);
       written.push(file);
     }

@@ -2,8 +2,6 @@ import sharp from 'sharp';
 import type { RgbImage } from '../pipelines/pipeline.js';
 import type { OutputFormat } from './types.js';
 
-export const CONTENT_TYPES: Record<OutputFormat, string> = { png: 'image/png', jpeg: 'image/jpeg', webp: 'image/webp' };
-
 /** Encodes raw RGB as the requested file format; `compression` is OpenAI's 0..100 (100 = best quality). */
 export async function encodeImage(image: RgbImage, format: OutputFormat, compression?: number): Promise<Uint8Array> {
   const img = sharp(Buffer.from(image.pixels.buffer, image.pixels.byteOffset, image.pixels.byteLength), {

@@ -2,6 +2,16 @@
 
 export type OutputFormat = 'png' | 'jpeg' | 'webp';
 
+/** Each output format's content type and file extension: the one table the encoder, store, routes and CLI use. */
+export const IMAGE_FORMATS = {
+  png: { contentType: 'image/png', extension: 'png' },
+  jpeg: { contentType: 'image/jpeg', extension: 'jpg' },
+  webp: { contentType: 'image/webp', extension: 'webp' },
+} as const satisfies Record<OutputFormat, { contentType: string; extension: string }>;
+
+export type ImageExtension = (typeof IMAGE_FORMATS)[OutputFormat]['extension'];
+export const IMAGE_EXTENSIONS = Object.values(IMAGE_FORMATS).map((f) => f.extension);
+
 export interface BatchItem {
   prompt: string;
   /** Empty string when the request has none (the family decides what "none" means, e.g. SDXL zeros). */

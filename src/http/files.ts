@@ -1,5 +1,6 @@
 import type { FastifyInstance } from 'fastify';
-import type { ImageStore, StoredImage } from '../store/image-store.js';
+import { IMAGE_EXTENSIONS } from '../engine/types.js';
+import { IMAGE_ID, type ImageStore, type StoredImage } from '../store/image-store.js';
 import { ApiError } from './errors.js';
 
 /**
@@ -13,7 +14,7 @@ export interface FilesOptions {
 }
 
 const PREFIX = '/v1/images/files/';
-const FILE_NAME = /^([0-9a-f]{32})\.(png|jpg|webp)$/;
+const FILE_NAME = new RegExp(`^(${IMAGE_ID})\\.(${IMAGE_EXTENSIONS.join('|')})$`);
 
 /** The path of a stored image's URL. */
 export function imagePath(image: StoredImage): string {

@@ -1,6 +1,6 @@
-import { encodeImage, CONTENT_TYPES } from '../engine/encode-image.js';
+import { encodeImage } from '../engine/encode-image.js';
 import { defaultRuntime, type RuntimeOptions } from '../engine/providers.js';
-import type { GeneratedImage, GenerationBatch } from '../engine/types.js';
+import { IMAGE_FORMATS, type GeneratedImage, type GenerationBatch } from '../engine/types.js';
 import os from 'node:os';
 import { loadPipeline } from './load.js';
 import type { GenerateHooks, Pipeline, RgbImage } from './pipeline.js';
@@ -63,7 +63,7 @@ export async function runBatch(batch: GenerationBatch, hooks?: GenerateHooks): P
   return Promise.all(
     images.map(async (image, i) => ({
       data: await encodeImage(image, batch.outputFormat, batch.outputCompression),
-      contentType: CONTENT_TYPES[batch.outputFormat],
+      contentType: IMAGE_FORMATS[batch.outputFormat].contentType,
       seed: batch.items[i].seed,
     })),
   );

@@ -2,6 +2,7 @@ import { randomBytes } from 'node:crypto';
 import { mkdir, readdir, readFile, rename, stat, unlink, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import type { Logger } from 'pino';
+import { IMAGE_EXTENSIONS, IMAGE_FORMATS, type ImageExtension } from '../engine/types.js';
 
 /**
  * Generated images served by URL for a limited time. One file per image, named
@@ -20,11 +21,12 @@ export interface StoredImage {
   size: number;
 }
 
-const EXTENSIONS = { 'image/png': 'png', 'image/jpeg': 'jpg', 'image/webp': 'webp' } as const;
-export type ImageExtension = (typeof EXTENSIONS)[keyof typeof EXTENSIONS];
-const CONTENT_TYPES = Object.fromEntries(Object.entries(EXTENSIONS).map(([type, ext]) => [ext, type])) as Record<ImageExtension, string>;
+const EXTENSIONS = Object.fromEntries(Object.values(IMAGE_FORMATS).map((f) => [f.contentType, f.extension])) as Record<string, ImageExtension>;
+const CONTENT_TYPES = Object.fromEntries(Object.values(IMAGE_FORMATS).map((f) => [f.extension, f.contentType])) as Record<ImageExtension, string>;
 
-const FILE_NAME = /^([0-9a-f]{32})\.(\d+)\.(png|jpg|webp)$/;
+/** Image ids are 32 hex digits (128 random bits). */
+export const IMAGE_ID = '[0-9a-f]{32}';
+const FILE_NAME = new RegExp(`^(${IMAGE_ID})\\.(\\d+)\\.(${IMAGE_EXTENSIONS.join('|')})$`);
 const TEMP_FILE = /^\..*\.tmp$/;
 
 export interface ImageStoreOptions {
@@ -80,7 +82,7 @@ export class ImageStore {
 
   /** Stores an image; throws StoreFullError when it does not fit even after deleting expired ones. */
   async put(data: Uint8Array, contentType: string): Promise<StoredImage> {
-    const ext = EXTENSIONS[contentType as keyof typeof EXTENSIONS];
+    const ext = EXTENSIONS[contentType];
     if (!ext) throw new TypeError(`cannot store images of type ${contentType}`);
     if (this.bytes + data.byteLength > this.options.maxBytes) await this.sweep();
     if (this.bytes + data.byteLength > this.options.maxBytes) throw new StoreFullError(this.options.maxBytes);

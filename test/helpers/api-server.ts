@@ -7,7 +7,7 @@ import sharp from 'sharp';
 import { loadConfig, type Config } from '../../src/config.js';
 import { JobQueue } from '../../src/engine/job-queue.js';
 import type { EnginePool } from '../../src/engine/pool.js';
-import type { GeneratedImage, GenerationBatch } from '../../src/engine/types.js';
+import { IMAGE_FORMATS, type GeneratedImage, type GenerationBatch } from '../../src/engine/types.js';
 import { buildApp } from '../../src/http/app.js';
 import { ModelRegistry } from '../../src/models/registry.js';
 import { Metrics } from '../../src/observability/metrics.js';
@@ -87,13 +87,12 @@ export class FakeEngine implements EnginePool {
   }
 }
 
-const CONTENT_TYPES = { png: 'image/png', jpeg: 'image/jpeg', webp: 'image/webp' } as const;
 
 async function draw(batch: GenerationBatch, seed: number): Promise<GeneratedImage> {
   const background = { r: seed % 256, g: (seed >> 8) % 256, b: (seed >> 16) % 256 };
   const image = sharp({ create: { width: batch.width, height: batch.height, channels: 3, background } });
   const data = await image.toFormat(batch.outputFormat, batch.outputCompression === undefined ? {} : { quality: batch.outputCompression }).toBuffer();
-  return { data: new Uint8Array(data), contentType: CONTENT_TYPES[batch.outputFormat], seed };
+  return { data: new Uint8Array(data), contentType: IMAGE_FORMATS[batch.outputFormat].contentType, seed };
 }
 
 export interface TestServer {
