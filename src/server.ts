@@ -5,6 +5,7 @@ import type { Logger } from 'pino';
 import { EMBEDDED_MODELS_DIR, type Config } from './config.js';
 import { createEnginePool, type WorkerPool } from './engine/pool.js';
 import { buildApp } from './http/app.js';
+import type { ModelRef } from './engine/types.js';
 import { ModelRegistry, modelRoots } from './models/registry.js';
 import { Metrics } from './observability/metrics.js';
 import { ImageStore } from './store/image-store.js';
@@ -82,13 +83,13 @@ export async function startServer(config: Config, logger: Logger): Promise<Runni
   return { app, url, engine, close };
 }
 
-/** The folders of the models to preload; one that is not installed is skipped with a warning. */
-async function preloadDirs(names: string[], registry: ModelRegistry, logger: Logger): Promise<string[]> {
-  const dirs = new Set<string>();
+/** The models to preload; one that is not installed is skipped with a warning. */
+async function preloadDirs(names: string[], registry: ModelRegistry, logger: Logger): Promise<ModelRef[]> {
+  const models = new Map<string, ModelRef>();
   for (const name of names) {
     const model = await registry.resolve(name);
-    if (model) dirs.add(model.layout.dir);
+    if (model) models.set(model.layout.dir, { dir: model.layout.dir, version: model.version });
     else logger.warn(`PRELOAD names '${name}', which is not installed: not preloading it`);
   }
-  return [...dirs];
+  return [...models.values()];
 }

@@ -1,6 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import { inspectModel } from '../src/models/layout.js';
 import { loadPipeline } from '../src/pipelines/load.js';
+import type { Pipeline } from '../src/pipelines/pipeline.js';
 import { PipelineCache, weightBytes } from '../src/pipelines/pipeline-cache.js';
 import { referenceModel } from './helpers/reference.js';
 
@@ -12,6 +13,15 @@ function cache(budget: number) {
     return loadPipeline(dir, { provider: 'cpu', threads: 1 });
   }, budget);
   return { cache: c, loads };
+}
+
+/** 'released' once the pipeline's sessions are gone. */
+function tryGenerate(pipeline: Pipeline): Promise<string> {
+  const batch = { modelDir: pipeline.layout.dir, width: 64, height: 64, steps: 1, guidanceScale: 0, outputFormat: 'png' as const, items: [{ prompt: 'x', negativePrompt: '', seed: 1 }] };
+  return pipeline.generate(batch).then(
+    () => 'ran',
+    () => 'released',
+  );
 }
 
 describe('loaded models within a memory budget', () => {
@@ -33,10 +43,20 @@ describe('loaded models within a memory budget', () => {
     await c.get(b);
     expect(c.loadedModels()).toEqual([b]);
     // Released, not just forgotten: its sessions are gone.
-    await expect.poll(() => first.generate({ modelDir: a, width: 64, height: 64, steps: 1, guidanceScale: 0, outputFormat: 'png', items: [{ prompt: 'x', negativePrompt: '', seed: 1 }] }).then(() => 'ran', () => 'released')).toBe('released');
+    await expect.poll(() => tryGenerate(first)).toBe('released');
     await c.get(a);
     expect(loads).toEqual([a, b, a]);
     expect(c.loadedModels()).toEqual([a]);
+  });
+
+  it('reloads a model whose folder was replaced in place, releasing the old sessions', async () => {
+    const { cache: c, loads } = cache(Number.MAX_SAFE_INTEGER);
+    const old = await c.get(a, 'v1');
+    await c.get(a, 'v1');
+    await c.get(a, 'v2');
+    expect(loads).toEqual([a, a]);
+    expect(c.holds(a, 'v2')).toBe(true);
+    await expect.poll(() => tryGenerate(old)).toBe('released');
   });
 
   it('still runs a model larger than the whole budget', async () => {

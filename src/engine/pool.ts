@@ -6,7 +6,7 @@ import { Piscina } from 'piscina';
 import type { EngineSettings } from '../pipelines/run.js';
 import { BatchMerger } from './batcher.js';
 import { JobQueue } from './job-queue.js';
-import type { Engine, GeneratedImage, GenerationBatch } from './types.js';
+import type { Engine, GeneratedImage, GenerationBatch, ModelRef } from './types.js';
 import type { WorkerEvent, WorkerResult, WorkerTask } from './worker.js';
 
 /**
@@ -30,7 +30,7 @@ export interface EnginePoolOptions {
   /** CUDA device ids shared out among the workers. */
   cudaDevices?: number[];
   /** Model folders every worker loads before it takes jobs. */
-  preload?: string[];
+  preload?: ModelRef[];
   /** Most images one merged batch of compatible requests may hold. */
   maxMergedImages?: number;
   logger?: Logger;
@@ -183,7 +183,7 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
     load: () => queue.load(),
     readiness() {
       const threads = liveThreads();
-      const models = preload.map((dir) => ({
+      const models = preload.map(({ dir }) => ({
         model: modelName(dir),
         loadedOn: threads.filter((id) => loadedOn.get(dir)?.has(id)).length,
         ...(loadErrors.has(dir) && { error: loadErrors.get(dir) }),

@@ -27,6 +27,8 @@ export interface BatchItem {
 export interface GenerationBatch {
   /** Absolute path of the model folder. */
   modelDir: string;
+  /** The registry's version of that folder: a new one (a model replaced in place) makes workers reload it. */
+  modelVersion?: string;
   width: number;
   height: number;
   steps: number;
@@ -48,6 +50,12 @@ export interface GeneratedImage {
   data: Uint8Array;
   contentType: string;
   seed: number;
+}
+
+/** A model folder at one version (see GenerationBatch.modelVersion). */
+export interface ModelRef {
+  dir: string;
+  version?: string;
 }
 
 /** What the HTTP layer needs from the engine. */

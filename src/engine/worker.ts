@@ -1,6 +1,6 @@
 import { parentPort, threadId, workerData } from 'node:worker_threads';
-import { configureEngine, getPipeline, loadedModels, runBatch, type EngineSettings } from '../pipelines/run.js';
-import type { GeneratedImage, GenerationBatch } from './types.js';
+import { configureEngine, getPipeline, holdsModel, runBatch, type EngineSettings } from '../pipelines/run.js';
+import type { GeneratedImage, GenerationBatch, ModelRef } from './types.js';
 
 /**
  * A piscina worker thread: the engine's settings arrive as workerData, batches as tasks. Before it
@@ -13,7 +13,7 @@ interface WorkerData {
   cudaDevices: number[];
   workerCounter: Int32Array;
   /** Model folders to load before the worker says it is ready. */
-  preload: string[];
+  preload: ModelRef[];
   /** Test hook, see WorkerPool.crashWorkerForTest: 1 makes the next worker to reach a step exit. */
   crash: Int32Array;
 }
@@ -46,11 +46,11 @@ export type WorkerEvent =
 const report = (event: WorkerEvent) => parentPort!.postMessage(event);
 
 /** Loads a model unless this worker holds it, reporting the load (also a reload after an eviction). */
-async function ensureLoaded(modelDir: string): Promise<void> {
-  if (loadedModels().includes(modelDir)) return;
+async function ensureLoaded(modelDir: string, version?: string): Promise<void> {
+  if (holdsModel(modelDir, version)) return;
   const started = performance.now();
   try {
-    await getPipeline(modelDir);
+    await getPipeline(modelDir, version);
   } catch (err) {
     report({ event: 'model-load-failed', threadId, modelDir, message: (err as Error).message });
     throw err;
@@ -64,7 +64,7 @@ async function ensureLoaded(modelDir: string): Promise<void> {
  * to preload is reported by ensureLoaded; requests for it retry the load and get its error.
  */
 async function preload(): Promise<void> {
-  for (const modelDir of data.preload) await ensureLoaded(modelDir).catch(() => undefined);
+  for (const { dir, version } of data.preload) await ensureLoaded(dir, version).catch(() => undefined);
   report({ event: 'ready', threadId });
 }
 
@@ -75,7 +75,7 @@ const preloaded = preload();
 export default async function generate({ batch, cancel, progress }: WorkerTask): Promise<WorkerResult> {
   try {
     await preloaded;
-    await ensureLoaded(batch.modelDir);
+    await ensureLoaded(batch.modelDir, batch.modelVersion);
     const images = await runBatch(batch, {
       shouldStop: () => {
         if (Atomics.compareExchange(data.crash, 0, 1, 0) === 1) process.exit(70);

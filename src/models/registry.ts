@@ -19,6 +19,8 @@ export interface ModelEntry {
   schedulers: string[];
   /** Unix seconds: when the folder was last changed. */
   created: number;
+  /** Changes whenever the folder's contents are replaced, so workers reload rather than keep old sessions. */
+  version: string;
   ownedBy: string;
 }
 
@@ -80,12 +82,12 @@ async function readOverride(dir: string) {
   return parsed.data;
 }
 
-async function inspect(id: string, dir: string, ownedBy: string, mtimeMs: number): Promise<ModelEntry> {
+async function inspect(id: string, dir: string, ownedBy: string, mtimeMs: number, version: string): Promise<ModelEntry> {
   const layout = await inspectModel(dir);
   const schedulers = schedulersFor(layout.family === 'flux' ? 'flow' : 'vp');
   try {
     const preset = presetFor(layout, await readOverride(dir), schedulers);
-    return { id, layout, preset, schedulers, created: Math.floor(mtimeMs / 1000), ownedBy };
+    return { id, layout, preset, schedulers, created: Math.floor(mtimeMs / 1000), version, ownedBy };
   } catch (err) {
     throw new Error(`${dir}: ${(err as Error).message}`);
   }
@@ -185,7 +187,7 @@ export class ModelRegistry {
     }
     const cached = this.inspections.get(dir);
     if (cached?.signature === signature) return cached.result;
-    const result = await inspect(id, dir, ownedBy, mtimeMs).catch((err: Error) => err);
+    const result = await inspect(id, dir, ownedBy, mtimeMs, signature).catch((err: Error) => err);
     if (result instanceof Error) this.options.logger.warn({ model: id, dir }, `skipping model: ${result.message}`);
     this.inspections.set(dir, { signature, result });
     return result;

@@ -12,6 +12,7 @@ import type { Pipeline } from './pipeline.js';
 
 interface Entry {
   pipeline: Promise<Pipeline>;
+  version: string | undefined;
   /** 0 until loaded: a model still loading is not counted and cannot be evicted. */
   bytes: number;
 }
@@ -39,14 +40,18 @@ export class PipelineCache {
     this.budgetBytes = bytes;
   }
 
-  get(modelDir: string): Promise<Pipeline> {
+  /** `version` changes when the folder was replaced in place: the old sessions are released, the new files loaded. */
+  get(modelDir: string, version?: string): Promise<Pipeline> {
     const hit = this.entries.get(modelDir);
     if (hit) {
       this.entries.delete(modelDir);
-      this.entries.set(modelDir, hit);
-      return hit.pipeline;
+      if (hit.version === version) {
+        this.entries.set(modelDir, hit);
+        return hit.pipeline;
+      }
+      hit.pipeline.then((p) => p.release()).catch(() => undefined);
     }
-    const entry: Entry = { bytes: 0, pipeline: this.load(modelDir) };
+    const entry: Entry = { bytes: 0, version, pipeline: this.load(modelDir) };
     this.entries.set(modelDir, entry);
     entry.pipeline = entry.pipeline.then(
       async (pipeline) => {
@@ -65,6 +70,10 @@ export class PipelineCache {
   /** Model folders loaded or loading, least recently used first. */
   loadedModels(): string[] {
     return [...this.entries.keys()];
+  }
+
+  holds(modelDir: string, version?: string): boolean {
+    return this.entries.get(modelDir)?.version === version && this.entries.has(modelDir);
   }
 
   private evictBeyondBudget(keep: string): void {

@@ -31,18 +31,18 @@ export function configureEngine(update: Partial<EngineSettings>): void {
   pipelines.setBudget(settings.modelMemoryBudget);
 }
 
-/** Model folders this worker holds (or is loading), least recently used first. */
-export function loadedModels(): string[] {
-  return pipelines.loadedModels();
+/** Whether this worker holds (or is loading) this version of a model folder. */
+export function holdsModel(modelDir: string, version?: string): boolean {
+  return pipelines.holds(modelDir, version);
 }
 
 /** The pipeline for a model folder, loaded on first use and kept while the memory budget allows. */
-export function getPipeline(modelDir: string): Promise<Pipeline> {
-  return pipelines.get(modelDir);
+export function getPipeline(modelDir: string, version?: string): Promise<Pipeline> {
+  return pipelines.get(modelDir, version);
 }
 
 export async function generateImages(batch: GenerationBatch, hooks: GenerateHooks = {}): Promise<RgbImage[]> {
-  const pipeline = await getPipeline(batch.modelDir);
+  const pipeline = await getPipeline(batch.modelDir, batch.modelVersion);
   const m = pipeline.sizeMultiple;
   if (batch.width % m || batch.height % m || batch.width <= 0 || batch.height <= 0) {
     throw new RangeError(`${batch.width}x${batch.height} is not a valid size for this model: both sides must be positive multiples of ${m}`);

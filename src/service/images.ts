@@ -129,6 +129,7 @@ export function planBatches(request: GenerationRequest, model: ModelEntry): Gene
   const items: BatchItem[] = seeds(request).map((seed) => ({ prompt: request.prompt, negativePrompt: request.negative_prompt ?? preset.negativePrompt, seed }));
   const settings = {
     modelDir: model.layout.dir,
+    modelVersion: model.version,
     width,
     height,
     steps: request.steps ?? preset.steps[request.quality],
