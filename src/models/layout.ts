@@ -47,7 +47,7 @@ const DEFAULT_VAE: Record<ModelFamily, { scalingFactor: number; shiftFactor: num
   flux: { scalingFactor: 0.3611, shiftFactor: 0.1159 },
 };
 
-async function exists(file: string): Promise<boolean> {
+export async function exists(file: string): Promise<boolean> {
   try {
     await access(file);
     return true;

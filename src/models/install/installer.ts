@@ -1,9 +1,9 @@
 import { randomUUID } from 'node:crypto';
-import { access, mkdir, mkdtemp, readdir, rename, rm } from 'node:fs/promises';
+import { mkdir, mkdtemp, readdir, rename, rm } from 'node:fs/promises';
 import path from 'node:path';
 import { defaultRuntime } from '../../engine/providers.js';
 import { loadPipeline } from '../../pipelines/load.js';
-import { inspectModel, type ModelFamily, type ModelLayout, type ModelVariant } from '../layout.js';
+import { exists, inspectModel, type ModelFamily, type ModelLayout, type ModelVariant } from '../layout.js';
 import { keepAfterExit, removeIfInterrupted, type Disk } from './disk.js';
 import { ModelInstallError } from './errors.js';
 import type { ProgressOutput } from './progress.js';
@@ -55,13 +55,6 @@ export const pullStagingPath = (modelsDir: string, id: string) => path.join(mode
 export async function unfinishedPulls(modelsDir: string): Promise<string[]> {
   const names = await readdir(path.join(modelsDir, STAGING)).catch(() => []);
   return names.filter((name) => name.startsWith(PULL_PREFIX)).map((name) => name.slice(PULL_PREFIX.length));
-}
-
-export async function exists(file: string): Promise<boolean> {
-  return access(file).then(
-    () => true,
-    () => false,
-  );
 }
 
 const alreadyExists = (modelsDir: string, id: string) =>
