@@ -51,8 +51,9 @@ export class BatchMerger {
     if (signal?.aborted) return Promise.reject(signal.reason);
     return new Promise<GeneratedImage[]>((resolve, reject) => {
       const member: Member = { items: batch.items, signal, left: false, resolve, reject };
-      const joinable = this.joinableGroup(batch);
-      const group = joinable ?? this.openGroup(batch);
+      const key = batchKey(batch);
+      const joinable = this.joinableGroup(key, batch);
+      const group = joinable ?? this.openGroup(key, batch);
       group.members.push(member);
       signal?.addEventListener(
         'abort',
@@ -68,16 +69,16 @@ export class BatchMerger {
     });
   }
 
-  private joinableGroup(batch: GenerationBatch): Group | undefined {
-    const group = this.open.get(batchKey(batch));
+  private joinableGroup(key: string, batch: GenerationBatch): Group | undefined {
+    const group = this.open.get(key);
     if (!group) return undefined;
     const size = group.members.reduce((n, m) => n + (m.left ? 0 : m.items.length), 0);
     return size + batch.items.length <= Math.min(this.maxItems, batch.maxBatch ?? Infinity) ? group : undefined;
   }
 
-  private openGroup(batch: GenerationBatch): Group {
+  private openGroup(key: string, batch: GenerationBatch): Group {
     const { items: _items, ...settings } = batch;
-    const group: Group = { key: batchKey(batch), settings, members: [], abandon: new AbortController() };
+    const group: Group = { key, settings, members: [], abandon: new AbortController() };
     this.open.set(group.key, group);
     return group;
   }

@@ -12,6 +12,9 @@ import type { SchedulerConfig } from '../schedulers/scheduler.js';
 export type ModelFamily = 'sd' | 'sdxl' | 'flux';
 export type ModelVariant = 'sd15' | 'sd2' | 'sd-turbo' | 'sdxl' | 'sdxl-turbo' | 'lcm' | 'flux-schnell' | 'flux-dev';
 
+/** Image sides must fit the latent grid: the VAE's 8x, times FLUX's 2x2 patches. */
+export const SIZE_MULTIPLE: Record<ModelFamily, number> = { sd: 8, sdxl: 8, flux: 16 };
+
 export interface ModelLayout {
   dir: string;
   family: ModelFamily;

@@ -1,5 +1,5 @@
 import { z } from 'zod';
-import type { ModelFamily, ModelLayout, ModelVariant } from './layout.js';
+import { SIZE_MULTIPLE, type ModelLayout, type ModelVariant } from './layout.js';
 
 /**
  * What the OpenAI request fields mean for each kind of model. `quality` picks the number of denoising
@@ -56,8 +56,6 @@ const VARIANTS: Record<ModelVariant, VariantPreset> = {
   'flux-dev': { nativeSize: 1024, steps: { standard: 28, hd: 50 }, guidanceScale: { vivid: 3.5, natural: 2.5 }, maxBatch: 1 },
 };
 
-/** Sides must fit the latent grid: the VAE's 8x, times FLUX's 2x2 patches (the pipelines' sizeMultiple). */
-const SIZE_MULTIPLE: Record<ModelFamily, number> = { sd: 8, sdxl: 8, flux: 16 };
 
 const SIZE_PATTERN = /^([1-9]\d{1,4})x([1-9]\d{1,4})$/;
 

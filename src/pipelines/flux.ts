@@ -17,7 +17,6 @@ const LATENT_CHANNELS = 16;
  * distillation) instead of a classifier-free batch.
  */
 export class FluxPipeline implements Pipeline {
-  readonly sizeMultiple = 16;
 
   constructor(
     readonly layout: ModelLayout,

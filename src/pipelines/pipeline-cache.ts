@@ -73,7 +73,8 @@ export class PipelineCache {
   }
 
   holds(modelDir: string, version?: string): boolean {
-    return this.entries.get(modelDir)?.version === version && this.entries.has(modelDir);
+    const entry = this.entries.get(modelDir);
+    return entry !== undefined && entry.version === version;
   }
 
   private evictBeyondBudget(keep: string): void {

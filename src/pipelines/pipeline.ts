@@ -25,8 +25,6 @@ export class GenerationCancelled extends Error {
 /** A loaded model that turns a batch into pictures, one per item, in item order. */
 export interface Pipeline {
   readonly layout: ModelLayout;
-  /** Latent sizes must be multiples of this many pixels. */
-  readonly sizeMultiple: number;
   generate(batch: GenerationBatch, hooks?: GenerateHooks): Promise<RgbImage[]>;
   release(): Promise<void>;
 }

@@ -19,7 +19,6 @@ type Conditioning = Record<string, HostTensor>;
  * `timestep_cond` embedding of the guidance scale.
  */
 export class StableDiffusionPipeline implements Pipeline {
-  readonly sizeMultiple = 8;
   private readonly latentChannels: number;
   private readonly outputName: string;
 
