@@ -88,7 +88,7 @@ const SETTINGS = {
     schema: boolean.optional(),
     description: 'honour X-Forwarded-Proto/-Host/-For from a reverse proxy (default: true when HOST is loopback)',
   },
-  workers: { schema: integer(1, 64).default(1), description: 'generation worker threads (each loads its own copy of a model)' },
+  workers: { schema: integer(1, 64).default(1), description: 'generation worker processes (each loads its own copy of a model)' },
   executionProvider: { schema: z.enum(['cpu', 'cuda']).default('cpu'), description: 'onnxruntime execution provider: cpu or cuda' },
   modelMemoryBudget: {
     schema: byteSize.optional(),

@@ -16,7 +16,7 @@ export interface RunningServer {
   app: FastifyInstance;
   /** Where it listens, e.g. http://127.0.0.1:8000 (the API's base URL adds /v1). */
   url: string;
-  /** The engine, for tests (its hook simulates a worker crash). */
+  /** The engine, for tests (they watch its queue and kill its worker processes). */
   engine: WorkerPool;
   /** Stops taking requests, lets running ones finish (for SHUTDOWN_TIMEOUT_SECONDS at most), then stops the workers. */
   close(): Promise<void>;

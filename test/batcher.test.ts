@@ -7,7 +7,7 @@ import { referenceModel } from './helpers/reference.js';
 
 /**
  * Compatible requests waiting together share one denoising loop. Real pipelines run the batches
- * (in-process instead of in a worker thread, so the test can watch what each run received).
+ * (in-process instead of in a worker process, so the test can watch what each run received).
  */
 
 function request(items: BatchItem[], overrides: Partial<GenerationBatch> = {}): GenerationBatch {
@@ -21,11 +21,11 @@ function harness() {
   const queue = new JobQueue(1, 10);
   const merger = new BatchMerger(
     (job, signal) => queue.run(job, signal),
-    async (batch, cancel) => {
+    async (batch, stop) => {
       const run = { items: batch.items.length, stoppedEarly: false };
       runs.push(run);
       try {
-        return await runBatch(batch, { shouldStop: () => Atomics.load(cancel, 0) === 1 });
+        return await runBatch(batch, { shouldStop: () => stop.aborted });
       } catch (err) {
         run.stoppedEarly = true;
         throw err;

@@ -58,7 +58,7 @@ describe('every reference family through POST /v1/images/generations', () => {
             response_format: 'b64_json',
             seed: 11,
             ...(FEW_STEP.has(family) ? { quality: 'hd' } : { steps: 20 }),
-          } as OpenAI.ImageGenerateParamsNonStreaming),
+          } as unknown as OpenAI.ImageGenerateParamsNonStreaming),
         ),
       );
       for (const [i, res] of results.entries()) {

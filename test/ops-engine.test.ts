@@ -1,6 +1,7 @@
 import { Writable } from 'node:stream';
 import { pino } from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { createEnginePool } from '../src/engine/pool.js';
 import { startTestServer } from './helpers/api-server.js';
 import { auth, generate, LONG, metric, MODEL, OPS_KEY, scrape, sleep, startOpsServer, untilReady, whenRunning, type Answer, type OpsServer } from './helpers/ops-server.js';
 
@@ -134,29 +135,101 @@ describe('one busy worker', () => {
   });
 });
 
-describe('a worker that dies', () => {
-  it('fails only the requests it was running, with 500 worker_crashed, and is replaced', async () => {
+describe('a worker process that dies', () => {
+  /** Kills a worker running a batch, as the kernel or a native crash would, a moment into its denoising loop. */
+  async function killBusyWorker(ops: OpsServer, signal: NodeJS.Signals, busy: number): Promise<number> {
+    await expect.poll(() => ops.server.engine.workers().filter((w) => w.busy).length, { timeout: 10_000, interval: 5 }).toBe(busy);
+    await sleep(300);
+    const victim = ops.server.engine.workers().find((w) => w.busy)!.pid!;
+    process.kill(victim, signal);
+    return victim;
+  }
+
+  it('killed mid-generation (SIGKILL, as by the OOM killer) fails only the requests it ran, with 500 worker_crashed, and is replaced', async () => {
     const ops = await startOpsServer({ env: { WORKERS: '2' } });
     try {
       await untilReady(ops.server.url);
-      // Different sizes: two batches, one on each worker. The first to reach a step exits.
+      // Different sizes: two batches, one on each worker.
       const both = [generate(ops.baseURL, LONG), generate(ops.baseURL, { ...LONG, size: '256x256', n: 4 })];
-      await expect.poll(() => ops.server.engine.load().running, { timeout: 10_000, interval: 5 }).toBe(2);
-      ops.server.engine.crashWorkerForTest();
+      const victim = await killBusyWorker(ops, 'SIGKILL', 2);
       const answers = await Promise.all(both);
 
       const crashed = answers.filter((a) => a.status === 500);
       expect(crashed).toHaveLength(1);
       expectError(crashed[0], 500, 'server_error', 'worker_crashed');
       expect(crashed[0].body.error!.message).toMatch(/stopped unexpectedly .* restarted/);
-      expect(answers.filter((a) => a.status === 200)).toHaveLength(1);
+      const survived = answers.filter((a) => a.status === 200);
+      expect(survived).toHaveLength(1);
+      expect(survived[0].body.data!.length).toBeGreaterThan(1);
 
       expect((await generate(ops.baseURL)).status).toBe(200);
       await untilReady(ops.server.url);
+      const pids = ops.server.engine.workers().map((w) => w.pid);
+      expect(pids).not.toContain(victim);
+      expect(pids).toHaveLength(2);
+      const text = await scrape(ops.server.url);
+      expect(metric(text, 'imagegen_worker_restarts_total')).toBe(1);
+      expect(metric(text, `imagegen_generation_duration_seconds_count{model="${MODEL}",outcome="worker_died"}`)).toBe(1);
+    } finally {
+      await ops.close();
+    }
+  });
+
+  it('crashing (SIGSEGV) fails the request it ran; requests still queued (here two merged into one batch) run on its replacement', async () => {
+    const ops = await startOpsServer();
+    try {
+      await untilReady(ops.server.url);
+      const first = generate(ops.baseURL, LONG);
+      await whenRunning(ops.server);
+      // Two compatible requests merge into one batch waiting behind the first.
+      const merged = [generate(ops.baseURL, { size: '256x256', steps: 150 }), generate(ops.baseURL, { size: '256x256', steps: 150, prompt: 'a blue square' })];
+      await expect.poll(() => ops.server.engine.load().queued, { timeout: 10_000, interval: 5 }).toBe(1);
+      await killBusyWorker(ops, 'SIGSEGV', 1);
+      expectError(await first, 500, 'server_error', 'worker_crashed');
+      const after = await Promise.all(merged);
+      expect(after.map((a) => a.status)).toEqual([200, 200]);
       expect(metric(await scrape(ops.server.url), 'imagegen_worker_restarts_total')).toBe(1);
     } finally {
       await ops.close();
     }
+  });
+
+  it('dying before it is ready is restarted after a delay that grows, so a broken worker cannot make the pool spin', async () => {
+    const lines: { msg?: string; restartInMs?: number; reason?: string }[] = [];
+    const sink = new Writable({
+      write(chunk: Buffer, _encoding, done) {
+        lines.push(JSON.parse(chunk.toString()));
+        done();
+      },
+    });
+    const ops = await startOpsServer({ logger: pino({ level: 'info' }, sink) });
+    try {
+      for (const expected of [1000, 2000]) {
+        const starting = ops.server.engine.workers()[0];
+        expect(starting.ready).toBe(false);
+        process.kill(starting.pid!, 'SIGKILL');
+        await expect.poll(() => lines.filter((l) => l.restartInMs !== undefined).at(-1)?.restartInMs, { timeout: 5000, interval: 5 }).toBe(expected);
+        await expect.poll(() => ops.server.engine.workers()[0].pid, { timeout: expected + 5000, interval: 5 }).not.toBe(starting.pid);
+      }
+      expect(lines.find((l) => l.restartInMs === 1000)?.reason).toMatch(/killed \(SIGKILL; the system may have run out of memory\)/);
+      await untilReady(ops.server.url);
+      expect((await generate(ops.baseURL)).status).toBe(200);
+    } finally {
+      await ops.close();
+    }
+  });
+});
+
+describe('stopping the engine', () => {
+  it('kills a worker that does not exit within the grace period', async () => {
+    const pool = createEnginePool({ workers: 1, queueMax: 1, executionProvider: 'cpu', stopGraceMs: 200 });
+    const [{ pid }] = pool.workers();
+    // A stopped process cannot answer, as a worker stuck in a long model load would not.
+    process.kill(pid!, 'SIGSTOP');
+    const started = performance.now();
+    await pool.close();
+    expect(performance.now() - started).toBeLessThan(2000);
+    expect(() => process.kill(pid!, 0)).toThrow(/ESRCH/);
   });
 });
 

@@ -1,6 +1,6 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
-import { readdir, rm, writeFile } from 'node:fs/promises';
+import { readdir, readFile, rm, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import { createInterface } from 'node:readline';
 import { fileURLToPath } from 'node:url';
@@ -123,5 +123,35 @@ describe('a failing disk', () => {
     expect((await generate(server.baseURL)).status).toBe(200);
     server.child.kill('SIGTERM');
     expect(await server.exited).toBe(0);
+  });
+});
+
+describe('worker processes', () => {
+  /** The pids the server logged for its ready workers. */
+  const workerPids = (server: ServerProcess) =>
+    server.log.map((line) => JSON.parse(line) as { msg?: string; pid?: number }).filter((entry) => entry.msg === 'worker ready').map((entry) => entry.pid!);
+
+  /** Whether a process runs (from /proc: an exited orphan may linger as a zombie where nothing reaps it). */
+  async function running(pid: number): Promise<boolean> {
+    const stat = await readFile(`/proc/${pid}/stat`, 'utf8').catch(() => undefined);
+    return stat !== undefined && stat.slice(stat.lastIndexOf(')') + 2)[0] !== 'Z';
+  }
+
+  it('end with the server: after a graceful shutdown, and when the server itself is killed', async () => {
+    for (const signal of ['SIGTERM', 'SIGKILL'] as const) {
+      server = await spawnServer(root, { env: { WORKERS: '2' } });
+      await untilReady(server.origin);
+      const pids = workerPids(server);
+      expect(pids).toHaveLength(2);
+      for (const pid of pids) expect(await running(pid)).toBe(true);
+
+      // A worker busy with a long generation stops too, at once rather than when its batch is done.
+      const busy = generate(server.baseURL, { ...LONG, n: 10 }).catch(() => undefined);
+      await whenBusy(server.origin);
+      server.child.kill(signal);
+      await server.exited;
+      await busy;
+      for (const pid of pids) await expect.poll(() => running(pid), { timeout: 3000, interval: 20 }).toBe(false);
+    }
   });
 });

@@ -9,8 +9,8 @@ import type { BatchItem, GeneratedImage, GenerationBatch } from './types.js';
  * runs, the worker is told to stop at its next denoising step only when every member has left.
  */
 
-/** Runs one batch on a worker; setting `cancel[0]` to 1 asks the worker to stop at its next step. */
-export type BatchRunner = (batch: GenerationBatch, cancel: Int32Array) => Promise<GeneratedImage[]>;
+/** Runs one batch on a worker; `stop` aborting asks the worker to stop at its next step. */
+export type BatchRunner = (batch: GenerationBatch, stop: AbortSignal) => Promise<GeneratedImage[]>;
 
 /** Where groups wait for a worker (the bounded job queue). */
 export type JobScheduler = (job: () => Promise<void>, signal: AbortSignal) => Promise<void>;
@@ -98,13 +98,13 @@ export class BatchMerger {
     this.close(group);
     const members = group.members.filter((m) => !m.left);
     if (members.length === 0) return;
-    const cancel = new Int32Array(new SharedArrayBuffer(4));
+    const stop = new AbortController();
     const stopIfAllLeft = () => {
-      if (members.every((m) => m.left)) Atomics.store(cancel, 0, 1);
+      if (members.every((m) => m.left)) stop.abort();
     };
     for (const m of members) m.signal?.addEventListener('abort', stopIfAllLeft, { once: true });
     try {
-      const images = await this.runner({ ...group.settings, items: members.flatMap((m) => m.items) }, cancel);
+      const images = await this.runner({ ...group.settings, items: members.flatMap((m) => m.items) }, stop.signal);
       let offset = 0;
       for (const m of members) {
         m.resolve(images.slice(offset, offset + m.items.length));

@@ -69,7 +69,7 @@ export class Metrics implements EngineMetrics {
   });
   private readonly workerRestarts = new Counter({
     name: 'imagegen_worker_restarts_total',
-    help: 'Worker threads that died (crash, out of memory) and were replaced',
+    help: 'Worker processes that died (crash, out of memory, killed) and were replaced',
     registers: [this.registry],
   });
 
@@ -89,7 +89,7 @@ export class Metrics implements EngineMetrics {
     });
     new Gauge({
       name: 'imagegen_workers',
-      help: 'Worker threads configured and ready (started and done preloading)',
+      help: 'Worker processes configured and ready (started and done preloading)',
       labelNames: ['state'],
       registers: [this.registry],
       collect() {

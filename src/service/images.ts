@@ -1,6 +1,7 @@
 import type { BaseLogger } from 'pino';
 import { QueueClosedError, QueueFullError, QueueTimeoutError } from '../engine/job-queue.js';
-import { WorkerDiedError, type EnginePool } from '../engine/pool.js';
+import type { EnginePool } from '../engine/pool.js';
+import { WorkerDiedError } from '../engine/worker-process.js';
 import { MAX_SEED, randomSeed } from '../engine/random.js';
 import type { BatchItem, GeneratedImage, GenerationBatch } from '../engine/types.js';
 import { ApiError, quoteList } from '../http/errors.js';

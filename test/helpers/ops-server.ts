@@ -9,7 +9,7 @@ import { silentLogger } from './api-server.js';
 import { referenceModel } from './reference.js';
 
 /**
- * The whole service as `imagegen serve` runs it (worker threads, real pipelines), for the operations
+ * The whole service as `imagegen serve` runs it (worker processes, real pipelines), for the operations
  * tests: one model, `shapes` (the reference SD-Turbo), with small sizes so generations are quick and
  * the step count (`steps`, up to 150) makes one as long as a test needs.
  */

@@ -1,0 +1,146 @@
+import { fork, type ChildProcess } from 'node:child_process';
+import { once } from 'node:events';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import type { GeneratedImage, GenerationBatch } from './types.js';
+import type { FromWorker, ToWorker, WorkerInit } from './worker-protocol.js';
+
+/**
+ * The pool's handle on one worker process (worker.ts): starts it, hands it one batch at a time, and
+ * notices when it dies. A process rather than a thread because a segfault in native code, or the
+ * kernel killing it for memory, then ends only the worker: its batch fails with WorkerDiedError and
+ * the server goes on.
+ */
+
+/** The process running a batch died (crash, out of memory, killed); the pool starts a new one. */
+export class WorkerDiedError extends Error {
+  constructor(readonly reason: string) {
+    super(`the worker process running the batch ${reason}`);
+    this.name = 'WorkerDiedError';
+  }
+}
+
+/** What the handle tells its owner. */
+export interface WorkerListener {
+  /** Model loads and readiness, as the worker reports them. */
+  event(worker: WorkerProcess, message: Extract<FromWorker, { type: 'model-loaded' | 'model-load-failed' | 'ready' }>): void;
+  /** The process ended; `reason` says how, for logs. Called once, after the running batch (if any) failed. */
+  exit(worker: WorkerProcess, reason: string): void;
+}
+
+interface Task {
+  resolve(images: GeneratedImage[]): void;
+  reject(err: Error): void;
+  onStep(step: number): void;
+}
+
+/** The worker module next to this one, in the same language: worker.ts under tsx/vitest, worker.js when built. */
+function workerModule(): { file: string; execArgv: string[] } {
+  const ext = path.extname(fileURLToPath(import.meta.url));
+  const file = fileURLToPath(new URL(`./worker${ext}`, import.meta.url));
+  return { file, execArgv: ext === '.ts' ? ['--import', 'tsx'] : [] };
+}
+
+function describeExit(code: number | null, signal: NodeJS.Signals | null): string {
+  if (signal === 'SIGKILL') return 'was killed (SIGKILL; the system may have run out of memory)';
+  if (signal) return `crashed (${signal})`;
+  return `exited with code ${code}`;
+}
+
+export class WorkerProcess {
+  /** Preloading is over and the process is alive: the worker takes batches. */
+  ready = false;
+  /** It was ready once (a worker that dies before that may be broken: see the pool's restart backoff). */
+  wasReady = false;
+  alive = true;
+  /** Model folders this worker has loaded. */
+  readonly loaded = new Set<string>();
+  /** When the process has ended. */
+  readonly exited: Promise<void>;
+  private readonly child: ChildProcess;
+  private task?: Task;
+
+  constructor(
+    init: WorkerInit,
+    private readonly listener: WorkerListener,
+  ) {
+    const { file, execArgv } = workerModule();
+    this.child = fork(file, [], { execArgv, serialization: 'advanced' });
+    this.exited = once(this.child, 'exit').then(([code, signal]) => this.died(describeExit(code, signal)));
+    // Without a pid the process never started, and no 'exit' will come.
+    this.child.on('error', (err) => {
+      if (this.child.pid === undefined) this.died(`could not be started: ${err.message}`);
+    });
+    this.child.on('message', (message: FromWorker) => this.receive(message));
+    this.send(init);
+  }
+
+  get pid(): number | undefined {
+    return this.child.pid;
+  }
+
+  get busy(): boolean {
+    return this.task !== undefined;
+  }
+
+  /** Runs a batch; `stop` aborting makes the worker stop at its next step (the promise then rejects). */
+  run(batch: GenerationBatch, stop: AbortSignal, onStep: (step: number) => void): Promise<GeneratedImage[]> {
+    if (!this.alive || !this.ready || this.task) throw new Error('the worker cannot take a batch now');
+    const cancel = () => this.send({ type: 'cancel' });
+    stop.addEventListener('abort', cancel, { once: true });
+    return new Promise<GeneratedImage[]>((resolve, reject) => {
+      this.task = { resolve, reject, onStep };
+      this.send({ type: 'run', batch });
+      if (stop.aborted) cancel();
+    }).finally(() => stop.removeEventListener('abort', cancel));
+  }
+
+  /** Asks the worker to stop its batch and exit; kills it if it has not within `graceMs` (e.g. busy loading a model). */
+  async stop(graceMs: number): Promise<void> {
+    if (!this.alive) return;
+    this.send({ type: 'stop' });
+    const timer = setTimeout(() => this.child.kill('SIGKILL'), graceMs);
+    await this.exited;
+    clearTimeout(timer);
+  }
+
+  private receive(message: FromWorker): void {
+    switch (message.type) {
+      case 'step':
+        this.task?.onStep(message.step);
+        return;
+      case 'done':
+        this.finish()?.resolve(message.images);
+        return;
+      case 'failed':
+        this.finish()?.reject(Object.assign(new Error(message.error.message), message.error));
+        return;
+      case 'ready':
+        this.ready = this.wasReady = true;
+        break;
+      case 'model-loaded':
+        this.loaded.add(message.modelDir);
+        break;
+    }
+    this.listener.event(this, message);
+  }
+
+  private finish(): Task | undefined {
+    const task = this.task;
+    this.task = undefined;
+    return task;
+  }
+
+  private died(reason: string): void {
+    if (!this.alive) return;
+    this.alive = false;
+    this.ready = false;
+    this.finish()?.reject(new WorkerDiedError(reason));
+    this.listener.exit(this, reason);
+  }
+
+  /** A message the dead process cannot take is dropped: its exit is handled by died(). */
+  private send(message: ToWorker): void {
+    if (this.child.connected) this.child.send(message, () => undefined);
+  }
+}

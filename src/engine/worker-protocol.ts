@@ -1,0 +1,35 @@
+import type { EngineSettings } from '../pipelines/run.js';
+import type { GeneratedImage, GenerationBatch, ModelRef } from './types.js';
+
+/**
+ * The messages between the pool and a worker process, over Node's IPC channel with `advanced`
+ * serialization (structured clone: images travel as bytes).
+ * A worker runs one batch at a time, so messages about a batch need no id.
+ */
+
+/** What a worker is started with (its first message). */
+export interface WorkerInit {
+  type: 'init';
+  engine: Partial<EngineSettings>;
+  /** Model folders to load before the worker says it is ready. */
+  preload: ModelRef[];
+}
+
+export type ToWorker =
+  | WorkerInit
+  | { type: 'run'; batch: GenerationBatch }
+  /** Every client of the running batch left: stop at the next denoising step. */
+  | { type: 'cancel' }
+  /** Stop the running batch, if any, and exit. */
+  | { type: 'stop' };
+
+export type FromWorker =
+  | { type: 'model-loaded'; modelDir: string; seconds: number }
+  | { type: 'model-load-failed'; modelDir: string; message: string }
+  /** Preloading is over; the worker takes batches from now on. */
+  | { type: 'ready' }
+  /** Denoising steps done so far in the running batch. */
+  | { type: 'step'; step: number }
+  | { type: 'done'; images: GeneratedImage[] }
+  /** The batch failed or was cancelled; the worker is fine and takes the next one. */
+  | { type: 'failed'; error: { name: string; message: string; stack?: string } };
