@@ -1,4 +1,5 @@
 import net from 'node:net';
+import { readdir } from 'node:fs/promises';
 import OpenAI from 'openai';
 import type { ImageGenerateParamsNonStreaming } from 'openai/resources/images';
 import sharp from 'sharp';
@@ -289,6 +290,22 @@ describe('backpressure and cancellation', () => {
 });
 
 describe('image store limits', () => {
+  it('stores none of the images when one of them does not fit, so a failed response leaves nothing behind', async () => {
+    const sizes = (await generate({ n: 2, seed: 5, response_format: 'b64_json' })).data!.map((image) => Buffer.from(image.b64_json!, 'base64').length);
+    // Room for the first image, not for both.
+    const tight = await startTestServer({ maxStoreBytes: sizes[0] + sizes[1] - 1 });
+    try {
+      const err = await apiError(generate({ n: 2, seed: 5 }, tight.client));
+      expect({ status: err.status, code: err.code }).toEqual({ status: 507, code: 'storage_full' });
+      expect(tight.store.stats()).toEqual({ files: 0, bytes: 0 });
+      expect(await readdir(tight.dataDir)).toEqual([]);
+      expect((await generate({ n: 1, seed: 5 }, tight.client)).data).toHaveLength(1);
+    } finally {
+      await tight.close();
+    }
+  });
+
+
   it('answers 507 storage_full, not to be retried, when URLs cannot be stored; b64_json still works', async () => {
     const full = await startTestServer({ maxStoreBytes: 10 });
     try {

@@ -137,6 +137,16 @@ describe('worker processes', () => {
     return stat !== undefined && stat.slice(stat.lastIndexOf(')') + 2)[0] !== 'Z';
   }
 
+  it('are what the kernel kills first when memory runs out, rather than the server', async () => {
+    server = await spawnServer(root);
+    await untilReady(server.origin);
+    const score = async (pid: number) => Number(await readFile(`/proc/${pid}/oom_score_adj`, 'utf8'));
+    const [worker] = workerPids(server);
+    expect(await score(worker)).toBe(Math.min(1000, (await score(server.child.pid!)) + 500));
+    server.child.kill('SIGTERM');
+    expect(await server.exited).toBe(0);
+  });
+
   it('end with the server: after a graceful shutdown, and when the server itself is killed', async () => {
     for (const signal of ['SIGTERM', 'SIGKILL'] as const) {
       server = await spawnServer(root, { env: { WORKERS: '2' } });

@@ -1,3 +1,4 @@
+import { readFileSync, writeFileSync } from 'node:fs';
 import { configureEngine, getPipeline, holdsModel, runBatch } from '../pipelines/run.js';
 import type { FromWorker, ToWorker, WorkerInit } from './worker-protocol.js';
 import type { GenerationBatch } from './types.js';
@@ -78,6 +79,19 @@ process.on('message', (message: ToWorker) => {
       break;
   }
 });
+
+const OOM_SCORE_ADJ = '/proc/self/oom_score_adj';
+/**
+ * On Linux, marks this process as the one the OOM killer should pick before the server: a worker that
+ * runs out of memory then costs its own batch, not every request and stored promise of the server.
+ * The score is inherited from the server; raising it needs no privilege (1000 is the most there is).
+ */
+try {
+  const inherited = Number(readFileSync(OOM_SCORE_ADJ, 'utf8'));
+  writeFileSync(OOM_SCORE_ADJ, String(Math.min(1000, inherited + 500)));
+} catch {
+  // not Linux, or /proc is not mounted: the kernel's default choice stands
+}
 
 // The pool went away (it exited or crashed): nobody is left to take this worker's results.
 process.on('disconnect', () => process.exit(0));

@@ -170,13 +170,17 @@ export function createImageService({ registry, engine, store }: ImageServiceDeps
     }
   }
 
-  async function deliver(image: GeneratedImage, request: GenerationRequest, context: GenerateContext): Promise<ImageObject> {
-    if (request.response_format === 'b64_json') return { b64_json: Buffer.from(image.data).toString('base64'), seed: image.seed };
-    try {
-      return { url: context.urlFor(await store.put(image.data, image.contentType)), seed: image.seed };
-    } catch (err) {
-      throw storeError(err);
+  async function deliver(images: GeneratedImage[], request: GenerationRequest, context: GenerateContext): Promise<ImageObject[]> {
+    if (request.response_format === 'b64_json') return images.map((image) => ({ b64_json: Buffer.from(image.data).toString('base64'), seed: image.seed }));
+    const results = await Promise.allSettled(images.map((image) => store.put(image.data, image.contentType)));
+    const stored = results.flatMap((result) => (result.status === 'fulfilled' ? [result.value] : []));
+    const failed = results.find((result) => result.status === 'rejected');
+    if (failed) {
+      // The response names all its images or none: the ones stored would only take space until they expire.
+      await store.remove(stored);
+      throw storeError(failed.reason);
     }
+    return stored.map((image, i) => ({ url: context.urlFor(image), seed: images[i].seed }));
   }
 
   return {
@@ -188,7 +192,7 @@ export function createImageService({ registry, engine, store }: ImageServiceDeps
       const images = await run(batches, context.signal);
       const [{ width, height, steps }] = batches;
       const generated = performance.now();
-      const data = await Promise.all(images.map((image) => deliver(image, request, context)));
+      const data = await deliver(images, request, context);
       // The request's logger already names the model, size and n it asked for; these are what ran.
       context.log.info(
         {

@@ -141,18 +141,27 @@ export class ImageStore {
   /** Deletes expired images. */
   async sweep(): Promise<void> {
     const expired = [...this.index.values()].filter((image) => this.expired(image));
+    await this.discard(expired);
+    if (expired.length) this.options.logger.debug({ deleted: expired.length }, 'expired images deleted');
+  }
+
+  /** Deletes images before they expire: ones no response will name after all. */
+  async remove(images: StoredImage[]): Promise<void> {
+    await this.discard(images.filter((image) => this.index.get(image.id) === image));
+  }
+
+  private async discard(images: StoredImage[]): Promise<void> {
     // Out of the index before the first await, so that sweeps running at the same time (one per put
     // that finds the store full) never count the same image twice.
-    for (const image of expired) {
+    for (const image of images) {
       this.index.delete(image.id);
       this.bytes -= image.size;
     }
-    for (const image of expired) {
+    for (const image of images) {
       await unlink(this.fileOf(image)).catch((err: NodeJS.ErrnoException) => {
-        if (err.code !== 'ENOENT') this.options.logger.warn({ err, id: image.id }, 'cannot delete expired image');
+        if (err.code !== 'ENOENT') this.options.logger.warn({ err, id: image.id }, 'cannot delete image');
       });
     }
-    if (expired.length) this.options.logger.debug({ deleted: expired.length }, 'expired images deleted');
   }
 
   /** Sweeps every `intervalMs` until close(). */
