@@ -1,7 +1,8 @@
-import { access, readFile } from 'node:fs/promises';
+import { access } from 'node:fs/promises';
 import path from 'node:path';
 import { createScheduler } from '../schedulers/index.js';
 import type { SchedulerConfig } from '../schedulers/scheduler.js';
+import { readJsonIfPresent } from '../util/json-file.js';
 
 /**
  * Recognises a model folder in any of the export conventions (legacy diffusers script, Optimum) by
@@ -59,17 +60,12 @@ export async function exists(file: string): Promise<boolean> {
   }
 }
 
-async function readJson(file: string): Promise<Record<string, unknown> | undefined> {
-  let text: string;
+/** A config file of the model folder `root`, or undefined when it has none. */
+async function readJson(root: string, file: string): Promise<Record<string, unknown> | undefined> {
   try {
-    text = await readFile(file, 'utf8');
-  } catch {
-    return undefined;
-  }
-  try {
-    return JSON.parse(text) as Record<string, unknown>;
+    return (await readJsonIfPresent(file)) as Record<string, unknown> | undefined;
   } catch (err) {
-    throw new ModelLayoutError(path.dirname(path.dirname(file)), `${file} is not valid JSON (${(err as Error).message})`);
+    throw new ModelLayoutError(root, (err as Error).message);
   }
 }
 
@@ -126,7 +122,7 @@ export async function inspectModel(dir: string): Promise<ModelLayout> {
   if (!tokenizer) missing.push('tokenizer/ (tokenizer.json or vocab.json + merges.txt)');
   const tokenizer2 = textEncoder2 ? await findTokenizer(root, 'tokenizer_2') : undefined;
   if (textEncoder2 && !tokenizer2) missing.push('tokenizer_2/ (text_encoder_2 needs it)');
-  const scheduler = await readJson(path.join(root, 'scheduler', 'scheduler_config.json'));
+  const scheduler = await readJson(root, path.join(root, 'scheduler', 'scheduler_config.json'));
   if (!scheduler) missing.push('scheduler/scheduler_config.json');
   if (transformer && !textEncoder2) missing.push('text_encoder_2/model.onnx (FLUX needs its T5 encoder)');
   if (missing.length) throw new ModelLayoutError(root, `missing ${missing.join(', ')}`);
@@ -137,9 +133,9 @@ export async function inspectModel(dir: string): Promise<ModelLayout> {
   }
 
   const family: ModelFamily = transformer ? 'flux' : textEncoder2 ? 'sdxl' : 'sd';
-  const denoiserConfig = (await readJson(path.join(path.dirname(denoiser!), 'config.json'))) ?? {};
-  const vaeConfig = (await readJson(path.join(path.dirname(vaeDecoder!), 'config.json'))) ?? {};
-  const modelIndex = await readJson(path.join(root, 'model_index.json'));
+  const denoiserConfig = (await readJson(root, path.join(path.dirname(denoiser!), 'config.json'))) ?? {};
+  const vaeConfig = (await readJson(root, path.join(path.dirname(vaeDecoder!), 'config.json'))) ?? {};
+  const modelIndex = await readJson(root, path.join(root, 'model_index.json'));
   const sampleSize = typeof denoiserConfig.sample_size === 'number' ? denoiserConfig.sample_size : undefined;
 
   return {

@@ -1,7 +1,8 @@
-import { readdir, readFile, stat } from 'node:fs/promises';
+import { readdir, stat } from 'node:fs/promises';
 import path from 'node:path';
 import type { Logger } from 'pino';
 import { schedulersFor } from '../schedulers/index.js';
+import { describeIssues, readJsonIfPresent } from '../util/json-file.js';
 import { inspectModel, type ModelLayout } from './layout.js';
 import { presetFor, presetOverrideSchema, type ModelPreset } from './presets.js';
 
@@ -68,17 +69,8 @@ async function folderSignature(dir: string): Promise<{ signature: string; mtimeM
 }
 
 async function readOverride(dir: string) {
-  let json: unknown;
-  try {
-    json = JSON.parse(await readFile(path.join(dir, OVERRIDE_FILE), 'utf8'));
-  } catch (err) {
-    if ((err as NodeJS.ErrnoException).code === 'ENOENT') return {};
-    throw new Error(`${OVERRIDE_FILE}: ${(err as Error).message}`);
-  }
-  const parsed = presetOverrideSchema.safeParse(json);
-  if (!parsed.success) {
-    throw new Error(`${OVERRIDE_FILE}: ${parsed.error.issues.map((i) => `${i.path.join('.') || '(top)'}: ${i.message}`).join('; ')}`);
-  }
+  const parsed = presetOverrideSchema.safeParse((await readJsonIfPresent(path.join(dir, OVERRIDE_FILE))) ?? {});
+  if (!parsed.success) throw new Error(`${OVERRIDE_FILE}: ${describeIssues(parsed.error)}`);
   return parsed.data;
 }
 

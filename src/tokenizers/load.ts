@@ -1,5 +1,5 @@
-import { readFile } from 'node:fs/promises';
 import path from 'node:path';
+import { readJsonIfPresent, readTextIfPresent } from '../util/json-file.js';
 import { ClipBpeTokenizer } from './clip-bpe.js';
 import { UnigramTokenizer } from './t5-unigram.js';
 import type { TextTokenizer } from './tokenizer.js';
@@ -54,11 +54,11 @@ export async function loadTokenizer(dir: string, options: LoadTokenizerOptions =
   const settings = await readTokenizerSettings(dir);
   const maxLength = options.maxLength ?? settings.modelMaxLength;
 
-  const tokenizerJson = (await readJsonIfPresent(dir, TOKENIZER_JSON)) as TokenizerJson | undefined;
+  const tokenizerJson = (await readJsonIfPresent(path.join(dir, TOKENIZER_JSON))) as TokenizerJson | undefined;
   if (tokenizerJson) return fromTokenizerJson(dir, tokenizerJson, settings.names, maxLength);
 
-  const vocab = await readJsonIfPresent(dir, VOCAB_JSON);
-  const merges = await readTextIfPresent(dir, MERGES_TXT);
+  const vocab = await readJsonIfPresent(path.join(dir, VOCAB_JSON));
+  const merges = await readTextIfPresent(path.join(dir, MERGES_TXT));
   if (vocab !== undefined && merges !== undefined) {
     const { bos, eos, unk, pad } = settings.names;
     return new ClipBpeTokenizer(vocabMap(vocab, path.join(dir, VOCAB_JSON)), parseMergesTxt(merges), {
@@ -127,8 +127,8 @@ function fromTokenizerJson(
  * The map wins where both name a token, as transformers applies it over the config.
  */
 async function readTokenizerSettings(dir: string): Promise<TokenizerSettings> {
-  const config = asRecord(await readJsonIfPresent(dir, TOKENIZER_CONFIG));
-  const map = asRecord(await readJsonIfPresent(dir, SPECIAL_TOKENS_MAP));
+  const config = asRecord(await readJsonIfPresent(path.join(dir, TOKENIZER_CONFIG)));
+  const map = asRecord(await readJsonIfPresent(path.join(dir, SPECIAL_TOKENS_MAP)));
   const name = (key: string) => tokenContent(map[key]) ?? tokenContent(config[key]);
   const length = config.model_max_length;
   const sensible =
@@ -175,23 +175,4 @@ function splitMerge(line: string): [string, string] {
   // Byte-level symbols never contain a space, so the first space is the separator.
   const at = line.indexOf(' ');
   return [line.slice(0, at), line.slice(at + 1)];
-}
-
-async function readTextIfPresent(dir: string, name: string): Promise<string | undefined> {
-  try {
-    return await readFile(path.join(dir, name), 'utf8');
-  } catch (error) {
-    if ((error as NodeJS.ErrnoException).code === 'ENOENT') return undefined;
-    throw error;
-  }
-}
-
-async function readJsonIfPresent(dir: string, name: string): Promise<unknown> {
-  const text = await readTextIfPresent(dir, name);
-  if (text === undefined) return undefined;
-  try {
-    return JSON.parse(text);
-  } catch (error) {
-    throw new Error(`${path.join(dir, name)} is not valid JSON: ${(error as Error).message}`);
-  }
 }

@@ -1,6 +1,7 @@
-import { readFile, writeFile } from 'node:fs/promises';
+import { writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import { z } from 'zod';
+import { describeIssues, parseJson, readTextIfPresent } from '../../util/json-file.js';
 import { ModelInstallError } from './errors.js';
 import { MANIFEST_FILE } from './model-files.js';
 
@@ -33,31 +34,23 @@ export type Manifest = z.infer<typeof manifestSchema>;
 
 /** Checks a manifest's text; `where` names it in the error. */
 export function parseManifest(text: string, where: string): Manifest {
+  const whatToDo = 'copy the model again, or delete the manifest to import without checksums';
   let json: unknown;
   try {
-    json = JSON.parse(text);
+    json = parseJson(text, where);
   } catch (err) {
-    throw new ModelInstallError(`${where} is not valid JSON (${(err as Error).message}); copy the model again, or delete the manifest to import without checksums`);
+    throw new ModelInstallError(`${(err as Error).message}; ${whatToDo}`);
   }
   const parsed = manifestSchema.safeParse(json);
-  if (!parsed.success) {
-    const problems = parsed.error.issues.map((issue) => `${issue.path.join('.') || '(top)'}: ${issue.message}`).join('; ');
-    throw new ModelInstallError(`${where} is not a valid manifest (${problems}); copy the model again, or delete the manifest to import without checksums`);
-  }
+  if (!parsed.success) throw new ModelInstallError(`${where} is not a valid manifest (${describeIssues(parsed.error)}); ${whatToDo}`);
   return parsed.data;
 }
 
 /** The manifest in a model folder, or undefined when it has none. */
 export async function readManifest(dir: string): Promise<Manifest | undefined> {
   const file = path.join(dir, MANIFEST_FILE);
-  let text: string;
-  try {
-    text = await readFile(file, 'utf8');
-  } catch (err) {
-    if ((err as NodeJS.ErrnoException).code === 'ENOENT') return undefined;
-    throw err;
-  }
-  return parseManifest(text, file);
+  const text = await readTextIfPresent(file);
+  return text === undefined ? undefined : parseManifest(text, file);
 }
 
 export function manifestText(manifest: Manifest): string {

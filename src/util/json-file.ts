@@ -1,0 +1,34 @@
+import { readFile } from 'node:fs/promises';
+import type { z } from 'zod';
+
+/** Reading the optional JSON files of model folders and bundles (configs, tokenizers, manifests). */
+
+/** A file's text, or undefined when there is no such file; other read errors (permissions, I/O) propagate. */
+export async function readTextIfPresent(file: string): Promise<string | undefined> {
+  try {
+    return await readFile(file, 'utf8');
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code === 'ENOENT') return undefined;
+    throw err;
+  }
+}
+
+/** Parses JSON text; the error names `where` (usually the file). */
+export function parseJson(text: string, where: string): unknown {
+  try {
+    return JSON.parse(text);
+  } catch (err) {
+    throw new Error(`${where} is not valid JSON (${(err as Error).message})`);
+  }
+}
+
+/** A JSON file's value, or undefined when there is no such file. */
+export async function readJsonIfPresent(file: string): Promise<unknown> {
+  const text = await readTextIfPresent(file);
+  return text === undefined ? undefined : parseJson(text, file);
+}
+
+/** A schema's complaints on one line, `path: message; ...` (`(top)` for the value itself). */
+export function describeIssues(error: z.ZodError): string {
+  return error.issues.map((issue) => `${issue.path.join('.') || '(top)'}: ${issue.message}`).join('; ');
+}
