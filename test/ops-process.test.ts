@@ -141,6 +141,7 @@ describe('worker processes', () => {
     server = await spawnServer(root);
     await untilReady(server.origin);
     const score = async (pid: number) => Number(await readFile(`/proc/${pid}/oom_score_adj`, 'utf8'));
+    await expect.poll(() => workerPids(server!).length).toBe(1);
     const [worker] = workerPids(server);
     expect(await score(worker)).toBe(Math.min(1000, (await score(server.child.pid!)) + 500));
     server.child.kill('SIGTERM');
@@ -151,8 +152,9 @@ describe('worker processes', () => {
     for (const signal of ['SIGTERM', 'SIGKILL'] as const) {
       server = await spawnServer(root, { env: { WORKERS: '2' } });
       await untilReady(server.origin);
+      // The log arrives through a pipe, possibly after /ready answered.
+      await expect.poll(() => workerPids(server!).length).toBe(2);
       const pids = workerPids(server);
-      expect(pids).toHaveLength(2);
       for (const pid of pids) expect(await running(pid)).toBe(true);
 
       // A worker busy with a long generation stops too, at once rather than when its batch is done.

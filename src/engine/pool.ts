@@ -70,10 +70,14 @@ export interface WorkerPool extends EnginePool {
 const modelName = (modelDir: string) => path.basename(modelDir);
 
 /**
- * Delay before restarting a worker that died before it was ready, doubling with each such death in a
- * row (a broken install or GPU would otherwise make the pool spin); one that was serving restarts at once.
+ * A dead worker that had proved itself (completed a batch, or stayed up STABLE_MS) is restarted at once;
+ * one that had not waits, twice as long with each such death in a row. A broken install or GPU, or
+ * models too big for memory (a worker killed right after loading them), would otherwise make the pool
+ * spin, reloading models as fast as it can.
  */
 const RESTART_BACKOFF_MS = { first: 1000, max: 30_000 };
+const STABLE_MS = 60_000;
+const proven = (worker: WorkerProcess) => worker.batchesDone > 0 || (worker.readyAt !== undefined && performance.now() - worker.readyAt >= STABLE_MS);
 
 export function createEnginePool(options: EnginePoolOptions): WorkerPool {
   const { logger, metrics } = options;
@@ -87,12 +91,13 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
   };
   const queue = new JobQueue(0, options.queueMax, { maxWaitMs: options.queueTimeoutMs, onStart: (ms) => metrics?.queueWait(ms / 1000) });
 
-  /** One worker per slot; a slot's CUDA device stays the same across restarts. */
-  const slots: WorkerProcess[] = [];
-  /** Deaths before readiness in a row, per slot (for the restart backoff). */
+  /** One worker per slot (none while a failed start waits for its retry); a slot's CUDA device stays the same across restarts. */
+  const slots: (WorkerProcess | undefined)[] = Array(options.workers).fill(undefined);
+  const workers = () => slots.filter((w): w is WorkerProcess => w !== undefined);
+  /** Deaths of unproven workers in a row, per slot (for the restart backoff). */
   const failedStarts: number[] = Array(options.workers).fill(0);
   const restarts = new Set<NodeJS.Timeout>();
-  const readyWorkers = () => slots.filter((w) => w.ready);
+  const readyWorkers = () => workers().filter((w) => w.ready);
   const loadErrors = new Map<string, string>();
   let closing = false;
 
@@ -101,7 +106,6 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
       const slot = slots.indexOf(worker);
       switch (message.type) {
         case 'ready':
-          failedStarts[slot] = 0;
           logger?.info({ worker: slot, pid: worker.pid }, 'worker ready');
           break;
         case 'model-loaded':
@@ -118,29 +122,35 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
     },
     exit(worker, reason) {
       queue.setConcurrency(readyWorkers().length);
-      if (closing) return;
-      const slot = slots.indexOf(worker);
-      const delay = worker.wasReady ? 0 : Math.min(RESTART_BACKOFF_MS.max, RESTART_BACKOFF_MS.first * 2 ** failedStarts[slot]);
-      if (!worker.wasReady) failedStarts[slot]++;
-      logger?.error({ worker: slot, pid: worker.pid, reason, restartInMs: delay }, `worker process ${reason}; starting a replacement (requests it was running fail with 500)`);
-      metrics?.workerReplaced();
-      const timer = setTimeout(() => {
-        restarts.delete(timer);
-        if (!closing) startWorker(slot);
-      }, delay);
-      restarts.add(timer);
+      if (!closing) restartLater(slots.indexOf(worker), proven(worker), `worker process ${reason}`, worker.pid);
     },
   };
 
   function startWorker(slot: number): void {
     const deviceId = cudaDevices[slot % cudaDevices.length];
-    slots[slot] = new WorkerProcess({ type: 'init', engine: { ...engine, runtime: { ...engine.runtime!, deviceId } }, preload }, listener);
+    try {
+      slots[slot] = new WorkerProcess({ type: 'init', engine: { ...engine, runtime: { ...engine.runtime!, deviceId } }, preload }, listener);
+    } catch (err) {
+      restartLater(slot, false, `worker process could not be started (${(err as Error).message})`);
+    }
+  }
+
+  function restartLater(slot: number, wasProven: boolean, reason: string, pid?: number): void {
+    if (wasProven) failedStarts[slot] = 0;
+    const delay = wasProven ? 0 : Math.min(RESTART_BACKOFF_MS.max, RESTART_BACKOFF_MS.first * 2 ** failedStarts[slot]++);
+    logger?.error({ worker: slot, pid, reason, restartInMs: delay }, `${reason}; starting a replacement (requests it was running fail with 500)`);
+    metrics?.workerReplaced();
+    const timer = setTimeout(() => {
+      restarts.delete(timer);
+      if (!closing) startWorker(slot);
+    }, delay);
+    restarts.add(timer);
   }
   for (let slot = 0; slot < options.workers; slot++) startWorker(slot);
 
   async function runOnWorker(batch: GenerationBatch, stop: AbortSignal): Promise<GeneratedImage[]> {
     // The queue runs no more jobs than there are ready workers, and each job holds its worker until it ends.
-    const worker = slots.find((w) => w.ready && !w.busy);
+    const worker = readyWorkers().find((w) => !w.busy);
     if (!worker) throw new Error('internal error: the job queue started a job with no idle worker');
     const started = performance.now();
     let steps = 0;
@@ -168,7 +178,7 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
     generate: (batch, signal) => merger.generate(batch, signal),
     load: () => queue.load(),
     readiness() {
-      const live = slots.filter((w) => w.alive);
+      const live = workers().filter((w) => w.alive);
       const ready = readyWorkers().length;
       const models = preload.map(({ dir }) => ({
         model: modelName(dir),
@@ -181,12 +191,12 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
         models,
       };
     },
-    workers: () => slots.map((w) => ({ pid: w.pid, alive: w.alive, ready: w.ready, busy: w.busy })),
+    workers: () => workers().map((w) => ({ pid: w.pid, alive: w.alive, ready: w.ready, busy: w.busy })),
     async close() {
       closing = true;
       for (const timer of restarts) clearTimeout(timer);
       queue.close();
-      await Promise.all(slots.map((w) => w.stop(options.stopGraceMs ?? 5000)));
+      await Promise.all(workers().map((w) => w.stop(options.stopGraceMs ?? 5000)));
     },
   };
 }

@@ -1,5 +1,4 @@
 import { fork, type ChildProcess } from 'node:child_process';
-import { once } from 'node:events';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import type { GeneratedImage, GenerationBatch } from './types.js';
@@ -50,8 +49,9 @@ function describeExit(code: number | null, signal: NodeJS.Signals | null): strin
 export class WorkerProcess {
   /** Preloading is over and the process is alive: the worker takes batches. */
   ready = false;
-  /** It was ready once (a worker that dies before that may be broken: see the pool's restart backoff). */
-  wasReady = false;
+  /** When it became ready (performance.now()), and batches it completed: the pool's restart backoff asks. */
+  readyAt: number | undefined;
+  batchesDone = 0;
   alive = true;
   /** Model folders this worker has loaded. */
   readonly loaded = new Set<string>();
@@ -65,9 +65,17 @@ export class WorkerProcess {
     private readonly listener: WorkerListener,
   ) {
     const { file, execArgv } = workerModule();
+    // fork() throws for some failures to start (ENOMEM) and reports others as an 'error' event.
     this.child = fork(file, [], { execArgv, serialization: 'advanced' });
-    this.exited = once(this.child, 'exit').then(([code, signal]) => this.died(describeExit(code, signal)));
-    // Without a pid the process never started, and no 'exit' will come.
+    // 'close' rather than 'exit': it comes after the last message, so a result sent just before the
+    // process ended is not taken for a crash.
+    this.exited = new Promise((resolve) =>
+      this.child.once('close', (code: number | null, signal: NodeJS.Signals | null) => {
+        this.died(describeExit(code, signal));
+        resolve();
+      }),
+    );
+    // Without a pid the process never started (EMFILE, EAGAIN), and no 'close' will come.
     this.child.on('error', (err) => {
       if (this.child.pid === undefined) this.died(`could not be started: ${err.message}`);
     });
@@ -110,13 +118,15 @@ export class WorkerProcess {
         this.task?.onStep(message.step);
         return;
       case 'done':
+        this.batchesDone++;
         this.finish()?.resolve(message.images);
         return;
       case 'failed':
         this.finish()?.reject(Object.assign(new Error(message.error.message), message.error));
         return;
       case 'ready':
-        this.ready = this.wasReady = true;
+        this.ready = true;
+        this.readyAt = performance.now();
         break;
       case 'model-loaded':
         this.loaded.add(message.modelDir);

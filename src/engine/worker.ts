@@ -1,4 +1,5 @@
 import { readFileSync, writeFileSync } from 'node:fs';
+import { inspect } from 'node:util';
 import { configureEngine, getPipeline, holdsModel, runBatch } from '../pipelines/run.js';
 import type { FromWorker, ToWorker, WorkerInit } from './worker-protocol.js';
 import type { GenerationBatch } from './types.js';
@@ -10,7 +11,8 @@ import type { GenerationBatch } from './types.js';
  * preload, says it is ready, and runs one batch at a time.
  */
 
-const send = (message: FromWorker) => process.send!(message);
+/** Resolves once the message is written to the channel: exiting before that could lose a large one. */
+const send = (message: FromWorker) => new Promise<void>((resolve) => process.send!(message, undefined, undefined, () => resolve()));
 
 /** Loads a model unless this worker holds it, reporting the load (also a reload after an eviction). */
 async function ensureLoaded(modelDir: string, version?: string): Promise<void> {
@@ -19,17 +21,17 @@ async function ensureLoaded(modelDir: string, version?: string): Promise<void> {
   try {
     await getPipeline(modelDir, version);
   } catch (err) {
-    send({ type: 'model-load-failed', modelDir, message: (err as Error).message });
+    void send({ type: 'model-load-failed', modelDir, message: (err as Error).message });
     throw err;
   }
-  send({ type: 'model-loaded', modelDir, seconds: (performance.now() - started) / 1000 });
+  void send({ type: 'model-loaded', modelDir, seconds: (performance.now() - started) / 1000 });
 }
 
 /** A model that fails to preload is reported by ensureLoaded; requests for it retry the load and get its error. */
 async function start({ engine, preload }: WorkerInit): Promise<void> {
   configureEngine(engine);
   for (const { dir, version } of preload) await ensureLoaded(dir, version).catch(() => undefined);
-  send({ type: 'ready' });
+  void send({ type: 'ready' });
 }
 
 let running: { cancelled: boolean; done: Promise<void> } | undefined;
@@ -40,12 +42,12 @@ function run(batch: GenerationBatch): void {
   task.done = (async () => {
     try {
       await ensureLoaded(batch.modelDir, batch.modelVersion);
-      const images = await runBatch(batch, { shouldStop: () => task.cancelled, onStep: (step) => send({ type: 'step', step }) });
-      send({ type: 'done', images });
+      const images = await runBatch(batch, { shouldStop: () => task.cancelled, onStep: (step) => void send({ type: 'step', step }) });
+      await send({ type: 'done', images });
     } catch (err) {
       // Only these fields: an error's other properties need not survive serialisation.
-      const { name, message, stack } = err instanceof Error ? err : new Error(String(err));
-      send({ type: 'failed', error: { name, message, stack } });
+      const { name, message, stack } = err instanceof Error ? err : new Error(inspect(err));
+      await send({ type: 'failed', error: { name, message, stack } });
     } finally {
       running = undefined;
     }
