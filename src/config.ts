@@ -103,6 +103,11 @@ const SETTINGS = {
     schema: integer(1).default(120),
     description: 'longest a request may wait for a worker (including while workers load models) before it gets 503 queue_timeout',
   },
+  workerStallTimeoutSeconds: {
+    schema: integer(0).default(600),
+    description:
+      'a worker whose batch makes no progress (no denoising step done, no model loaded) for this long is killed and replaced, failing that batch with 500 (0 = never)',
+  },
   preload: {
     schema: list.optional(),
     description: 'comma-separated models (ids or aliases) every worker loads at start, before /ready says ready (default: DEFAULT_MODEL; "none" loads nothing)',

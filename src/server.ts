@@ -49,6 +49,7 @@ export async function startServer(config: Config, logger: Logger): Promise<Runni
     workers: config.workers,
     queueMax: config.queueMax,
     queueTimeoutMs: config.queueTimeoutSeconds * 1000,
+    stallTimeoutMs: config.workerStallTimeoutSeconds * 1000,
     executionProvider: config.executionProvider,
     cudaDevices: config.cudaDevices,
     modelMemoryBudget: config.modelMemoryBudget,

@@ -136,11 +136,12 @@ describe('one busy worker', () => {
 });
 
 describe('a worker process that dies', () => {
-  /** Kills a worker running a batch, as the kernel or a native crash would, a moment into its denoising loop. */
-  async function killBusyWorker(ops: OpsServer, signal: NodeJS.Signals, busy: number): Promise<number> {
+  /** Sends `signal`, as the kernel or a native fault would, to a worker in the middle of its denoising loop, once `busy` workers run. */
+  async function signalBusyWorker(ops: OpsServer, signal: NodeJS.Signals, busy: number): Promise<number> {
     await expect.poll(() => ops.server.engine.workers().filter((w) => w.busy).length, { timeout: 10_000, interval: 5 }).toBe(busy);
-    await sleep(300);
-    const victim = ops.server.engine.workers().find((w) => w.busy)!.pid!;
+    const midway = () => ops.server.engine.workers().find((w) => w.busy && w.step > 0);
+    await expect.poll(midway, { timeout: 10_000, interval: 1 }).toBeTruthy();
+    const victim = midway()!.pid!;
     process.kill(victim, signal);
     return victim;
   }
@@ -151,13 +152,13 @@ describe('a worker process that dies', () => {
       await untilReady(ops.server.url);
       // Different sizes: two batches, one on each worker.
       const both = [generate(ops.baseURL, LONG), generate(ops.baseURL, { ...LONG, size: '256x256', n: 4 })];
-      const victim = await killBusyWorker(ops, 'SIGKILL', 2);
+      const victim = await signalBusyWorker(ops, 'SIGKILL', 2);
       const answers = await Promise.all(both);
 
       const crashed = answers.filter((a) => a.status === 500);
       expect(crashed).toHaveLength(1);
       expectError(crashed[0], 500, 'server_error', 'worker_crashed');
-      expect(crashed[0].body.error!.message).toMatch(/stopped unexpectedly .* restarted/);
+      expect(crashed[0].body.error!.message).toMatch(/^The worker process generating this image was killed \(SIGKILL; the system may have run out of memory\); it has been replaced\. Retrying may succeed/);
       const survived = answers.filter((a) => a.status === 200);
       expect(survived).toHaveLength(1);
       expect(survived[0].body.data!.length).toBeGreaterThan(1);
@@ -184,11 +185,31 @@ describe('a worker process that dies', () => {
       // Two compatible requests merge into one batch waiting behind the first.
       const merged = [generate(ops.baseURL, { size: '256x256', steps: 150 }), generate(ops.baseURL, { size: '256x256', steps: 150, prompt: 'a blue square' })];
       await expect.poll(() => ops.server.engine.load().queued, { timeout: 10_000, interval: 5 }).toBe(1);
-      await killBusyWorker(ops, 'SIGSEGV', 1);
-      expectError(await first, 500, 'server_error', 'worker_crashed');
+      await signalBusyWorker(ops, 'SIGSEGV', 1);
+      const crashed = await first;
+      expectError(crashed, 500, 'server_error', 'worker_crashed');
+      expect(crashed.body.error!.message).toMatch(/generating this image crashed \(SIGSEGV\)/);
       const after = await Promise.all(merged);
       expect(after.map((a) => a.status)).toEqual([200, 200]);
       expect(metric(await scrape(ops.server.url), 'imagegen_worker_restarts_total')).toBe(1);
+    } finally {
+      await ops.close();
+    }
+  });
+
+  it('is killed and replaced when its batch stops making progress (WORKER_STALL_TIMEOUT_SECONDS), failing only that batch', async () => {
+    const ops = await startOpsServer({ env: { WORKER_STALL_TIMEOUT_SECONDS: '1' } });
+    try {
+      await untilReady(ops.server.url);
+      const stuck = generate(ops.baseURL, LONG);
+      // A stopped process makes no progress, as one deadlocked in native code would not.
+      const victim = await signalBusyWorker(ops, 'SIGSTOP', 1);
+      const queued = generate(ops.baseURL);
+      const answer = await stuck;
+      expectError(answer, 500, 'server_error', 'worker_crashed');
+      expect(answer.body.error!.message).toMatch(/generating this image made no progress for 1 s and was killed; it has been replaced/);
+      expect((await queued).status).toBe(200);
+      expect(ops.server.engine.workers().map((w) => w.pid)).not.toContain(victim);
     } finally {
       await ops.close();
     }

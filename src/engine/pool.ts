@@ -30,6 +30,11 @@ export interface EnginePoolOptions {
   preload?: ModelRef[];
   /** Most images one merged batch of compatible requests may hold. */
   maxMergedImages?: number;
+  /**
+   * A worker whose batch goes this long without progress (a denoising step, a model loaded) is killed,
+   * failing the batch: a deadlock in native code would otherwise hold its requests forever. 0 = never.
+   */
+  stallTimeoutMs?: number;
   /** How long close() lets a worker finish stopping (e.g. a model load) before killing it; default 5 s. */
   stopGraceMs?: number;
   logger?: Logger;
@@ -63,8 +68,8 @@ export interface EnginePool extends Engine {
 
 /** The pool of worker processes. */
 export interface WorkerPool extends EnginePool {
-  /** The worker processes now in the slots (a dead one stays listed until its replacement starts). */
-  workers(): { pid?: number; alive: boolean; ready: boolean; busy: boolean }[];
+  /** The worker processes now in the slots (a dead one stays listed until its replacement starts); `step`: see WorkerProcess. */
+  workers(): { pid?: number; alive: boolean; ready: boolean; busy: boolean; step: number }[];
 }
 
 const modelName = (modelDir: string) => path.basename(modelDir);
@@ -148,16 +153,28 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
   }
   for (let slot = 0; slot < options.workers; slot++) startWorker(slot);
 
+  /** Kills `worker` once it goes stallTimeoutMs without progress(). */
+  function stallWatchdog(worker: WorkerProcess): { progress(): void; stop(): void } {
+    const limit = options.stallTimeoutMs ?? 0;
+    let timer: NodeJS.Timeout | undefined;
+    const progress = () => {
+      clearTimeout(timer);
+      if (limit > 0) timer = setTimeout(() => worker.kill(`made no progress for ${limit / 1000} s and was killed`), limit);
+    };
+    progress();
+    return { progress, stop: () => clearTimeout(timer) };
+  }
+
   async function runOnWorker(batch: GenerationBatch, stop: AbortSignal): Promise<GeneratedImage[]> {
     // The queue runs no more jobs than there are ready workers, and each job holds its worker until it ends.
     const worker = readyWorkers().find((w) => !w.busy);
     if (!worker) throw new Error('internal error: the job queue started a job with no idle worker');
     const started = performance.now();
-    let steps = 0;
     let outcome: BatchOutcome = 'failed';
     let images = 0;
+    const watchdog = stallWatchdog(worker);
     try {
-      const result = await worker.run(batch, stop, (step) => (steps = step));
+      const result = await worker.run(batch, stop, watchdog.progress);
       outcome = 'completed';
       images = result.length;
       return result;
@@ -166,7 +183,9 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
       else if (stop.aborted) outcome = 'cancelled';
       throw err;
     } finally {
+      watchdog.stop();
       const seconds = (performance.now() - started) / 1000;
+      const steps = worker.step;
       metrics?.batchFinished({ model: modelName(batch.modelDir), images, steps, seconds, outcome });
       logger?.debug({ model: modelName(batch.modelDir), size: `${batch.width}x${batch.height}`, items: batch.items.length, steps, runMs: Math.round(seconds * 1000), outcome }, 'batch finished');
     }
@@ -191,7 +210,7 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
         models,
       };
     },
-    workers: () => workers().map((w) => ({ pid: w.pid, alive: w.alive, ready: w.ready, busy: w.busy })),
+    workers: () => workers().map((w) => ({ pid: w.pid, alive: w.alive, ready: w.ready, busy: w.busy, step: w.step })),
     async close() {
       closing = true;
       for (const timer of restarts) clearTimeout(timer);

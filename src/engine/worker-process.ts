@@ -30,7 +30,7 @@ export interface WorkerListener {
 interface Task {
   resolve(images: GeneratedImage[]): void;
   reject(err: Error): void;
-  onStep(step: number): void;
+  onProgress(): void;
 }
 
 /** The worker module next to this one, in the same language: worker.ts under tsx/vitest, worker.js when built. */
@@ -52,6 +52,8 @@ export class WorkerProcess {
   /** When it became ready (performance.now()), and batches it completed: the pool's restart backoff asks. */
   readyAt: number | undefined;
   batchesDone = 0;
+  /** Denoising steps done in the running (or else the last) batch. */
+  step = 0;
   alive = true;
   /** Model folders this worker has loaded. */
   readonly loaded = new Set<string>();
@@ -59,6 +61,8 @@ export class WorkerProcess {
   readonly exited: Promise<void>;
   private readonly child: ChildProcess;
   private task?: Task;
+  /** Why the pool killed it, which then says more than the signal. */
+  private killedBecause?: string;
 
   constructor(
     init: WorkerInit,
@@ -71,7 +75,7 @@ export class WorkerProcess {
     // process ended is not taken for a crash.
     this.exited = new Promise((resolve) =>
       this.child.once('close', (code: number | null, signal: NodeJS.Signals | null) => {
-        this.died(describeExit(code, signal));
+        this.died(this.killedBecause ?? describeExit(code, signal));
         resolve();
       }),
     );
@@ -91,13 +95,17 @@ export class WorkerProcess {
     return this.task !== undefined;
   }
 
-  /** Runs a batch; `stop` aborting makes the worker stop at its next step (the promise then rejects). */
-  run(batch: GenerationBatch, stop: AbortSignal, onStep: (step: number) => void): Promise<GeneratedImage[]> {
+  /**
+   * Runs a batch; `stop` aborting makes the worker stop at its next step (the promise then rejects).
+   * `onProgress` hears of each denoising step done and of each model loaded for it.
+   */
+  run(batch: GenerationBatch, stop: AbortSignal, onProgress: () => void): Promise<GeneratedImage[]> {
     if (!this.alive || !this.ready || this.task) throw new Error('the worker cannot take a batch now');
     const cancel = () => this.send({ type: 'cancel' });
     stop.addEventListener('abort', cancel, { once: true });
     return new Promise<GeneratedImage[]>((resolve, reject) => {
-      this.task = { resolve, reject, onStep };
+      this.task = { resolve, reject, onProgress };
+      this.step = 0;
       this.send({ type: 'run', batch });
       if (stop.aborted) cancel();
     }).finally(() => stop.removeEventListener('abort', cancel));
@@ -107,15 +115,22 @@ export class WorkerProcess {
   async stop(graceMs: number): Promise<void> {
     if (!this.alive) return;
     this.send({ type: 'stop' });
-    const timer = setTimeout(() => this.child.kill('SIGKILL'), graceMs);
+    const timer = setTimeout(() => this.kill(`did not stop within ${graceMs / 1000} s and was killed`), graceMs);
     await this.exited;
     clearTimeout(timer);
+  }
+
+  /** Ends the process at once (SIGKILL); `reason` is what its batch's error and the logs will say. */
+  kill(reason: string): void {
+    this.killedBecause ??= reason;
+    this.child.kill('SIGKILL');
   }
 
   private receive(message: FromWorker): void {
     switch (message.type) {
       case 'step':
-        this.task?.onStep(message.step);
+        this.step = message.step;
+        this.task?.onProgress();
         return;
       case 'done':
         this.batchesDone++;
@@ -130,6 +145,7 @@ export class WorkerProcess {
         break;
       case 'model-loaded':
         this.loaded.add(message.modelDir);
+        this.task?.onProgress();
         break;
     }
     this.listener.event(this, message);

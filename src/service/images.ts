@@ -94,7 +94,7 @@ function engineError(err: unknown): unknown {
   if (err instanceof WorkerDiedError) {
     return new ApiError(
       500,
-      'The worker generating this image stopped unexpectedly (it may have run out of memory) and has been restarted. ' +
+      `The worker process generating this image ${err.reason}; it has been replaced. ` +
         'Retrying may succeed; if it keeps failing, ask for a smaller size or fewer images.',
       { code: 'worker_crashed', cause: err },
     );
