@@ -5,7 +5,7 @@ import type { ImageGenerateParamsNonStreaming } from 'openai/resources/images';
 import sharp from 'sharp';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { MAX_SEED } from '../src/engine/random.js';
-import { MAX_PROMPT_LENGTH } from '../src/http/wire.js';
+import { MAX_PROMPT_LENGTH } from '../src/api/wire.js';
 import { schedulersFor } from '../src/schedulers/index.js';
 import { FakeEngine, startTestServer, STUB_SIZES, TEST_KEY, type TestServer } from './helpers/api-server.js';
 

@@ -1,7 +1,7 @@
 import { createHash, timingSafeEqual } from 'node:crypto';
 import type { FastifyInstance } from 'fastify';
 import fp from 'fastify-plugin';
-import { ApiError } from './errors.js';
+import { ApiError } from '../api/errors.js';
 
 /**
  * Bearer API keys, as OpenAI checks them. Routes marked `config: { public: true }` (image files, so a

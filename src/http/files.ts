@@ -1,7 +1,7 @@
 import type { FastifyInstance } from 'fastify';
 import { IMAGE_EXTENSIONS } from '../engine/types.js';
 import { IMAGE_ID, type ImageStore, type StoredImage } from '../store/image-store.js';
-import { ApiError } from './errors.js';
+import { ApiError } from '../api/errors.js';
 
 /**
  * Serves stored images without an API key, so a plain <img src> works, for as long as they live.

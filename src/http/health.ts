@@ -1,6 +1,6 @@
 import type { FastifyInstance } from 'fastify';
 import type { EnginePool, Readiness } from '../engine/pool.js';
-import { ApiError } from './errors.js';
+import { ApiError } from '../api/errors.js';
 
 /**
  * Probes for load balancers and orchestrators, no key needed, answered while workers are busy.

@@ -1,7 +1,7 @@
 import type { FastifyInstance } from 'fastify';
 import type { ImageService } from '../service/images.js';
 import { imagePath } from './files.js';
-import { parseGenerationRequest, type ImagesResponse } from './wire.js';
+import { parseGenerationRequest, type ImagesResponse } from '../api/wire.js';
 
 /** POST /v1/images/generations. */
 

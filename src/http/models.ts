@@ -1,7 +1,7 @@
 import type { FastifyInstance } from 'fastify';
 import type { ListedModel, ModelRegistry } from '../models/registry.js';
-import { ApiError } from './errors.js';
-import type { ModelList, ModelObject } from './wire.js';
+import { ApiError } from '../api/errors.js';
+import type { ModelList, ModelObject } from '../api/wire.js';
 
 /** GET /v1/models and /v1/models/:id in OpenAI's shape, plus each model's sizes. */
 

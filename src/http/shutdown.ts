@@ -1,6 +1,6 @@
 import type { FastifyInstance } from 'fastify';
 import fp from 'fastify-plugin';
-import { ApiError } from './errors.js';
+import { ApiError } from '../api/errors.js';
 
 /**
  * Each request's lifetime, and graceful shutdown. Every request gets `request.cancellation`, a signal

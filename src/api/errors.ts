@@ -1,0 +1,61 @@
+import type { ErrorBody } from './wire.js';
+
+/**
+ * Errors in OpenAI's shape, {"error":{"message","type","param","code"}} with all four keys, and with
+ * the status the OpenAI SDKs map to the right exception class. Client mistakes must never surface as
+ * 5xx: the SDKs retry 5xx twice, running a bad request three times. Thrown by the service and the HTTP
+ * layer alike; src/http/errors.ts sends them.
+ */
+
+export interface ApiErrorOptions {
+  type?: string;
+  param?: string | null;
+  code?: string | null;
+  headers?: Record<string, string>;
+  /** What went wrong underneath: logged with the error, never sent to the client. */
+  cause?: unknown;
+}
+
+export class ApiError extends Error {
+  readonly type: string;
+  readonly param: string | null;
+  readonly code: string | null;
+  readonly headers: Record<string, string>;
+
+  constructor(
+    readonly status: number,
+    message: string,
+    options: ApiErrorOptions = {},
+  ) {
+    super(message, { cause: options.cause });
+    this.name = 'ApiError';
+    this.type = options.type ?? (status >= 500 ? 'server_error' : 'invalid_request_error');
+    this.param = options.param ?? null;
+    this.code = options.code ?? null;
+    this.headers = options.headers ?? {};
+  }
+
+  /** The usual 400 for a bad field. */
+  static invalid(param: string | null, code: string, message: string): ApiError {
+    return new ApiError(400, message, { param, code });
+  }
+
+  /** While the server drains for shutdown: retryable, and the SDKs do retry 503. */
+  static shuttingDown(): ApiError {
+    return new ApiError(503, 'The server is shutting down. Please retry shortly.', {
+      code: 'server_shutting_down',
+      headers: { 'retry-after': '5' },
+    });
+  }
+
+  toBody(): ErrorBody {
+    return { error: { message: this.message, type: this.type, param: this.param, code: this.code } };
+  }
+}
+
+/** "'a'", "'a' and 'b'", "'a', 'b', and 'c'": OpenAI's way of listing supported values. */
+export function quoteList(values: readonly unknown[]): string {
+  const quoted = values.map((v) => `'${String(v)}'`);
+  if (quoted.length <= 2) return quoted.join(' and ');
+  return `${quoted.slice(0, -1).join(', ')}, and ${quoted.at(-1)}`;
+}
