@@ -2,6 +2,7 @@ import type { BatchNoise } from '../engine/random.js';
 import type { SchedulerEntry } from './index.js';
 import {
   checkPredictionType,
+  DDPM_TRAINING_DEFAULTS,
   clampInPlace,
   epsilonCoefficients,
   rejectUnsupported,
@@ -19,11 +20,7 @@ import type { Scheduler, SchedulerConfig } from './scheduler.js';
 const CLASS_NAME = 'DDIMScheduler';
 
 const DEFAULTS = {
-  num_train_timesteps: 1000,
-  beta_start: 0.0001,
-  beta_end: 0.02,
-  beta_schedule: 'linear',
-  trained_betas: null as number[] | null,
+  ...DDPM_TRAINING_DEFAULTS,
   clip_sample: true,
   set_alpha_to_one: true,
   steps_offset: 0,

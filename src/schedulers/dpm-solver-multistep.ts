@@ -2,6 +2,7 @@ import type { BatchNoise } from '../engine/random.js';
 import type { SchedulerEntry } from './index.js';
 import {
   checkPredictionType,
+  DDPM_TRAINING_DEFAULTS,
   finalSigma,
   interpolateTable,
   karrasSigmas,
@@ -23,11 +24,7 @@ import type { Scheduler, SchedulerConfig } from './scheduler.js';
 const CLASS_NAME = 'DPMSolverMultistepScheduler';
 
 const DEFAULTS = {
-  num_train_timesteps: 1000,
-  beta_start: 0.0001,
-  beta_end: 0.02,
-  beta_schedule: 'linear',
-  trained_betas: null as number[] | null,
+  ...DDPM_TRAINING_DEFAULTS,
   solver_order: 2,
   prediction_type: 'epsilon',
   algorithm_type: 'dpmsolver++',

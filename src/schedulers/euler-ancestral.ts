@@ -2,28 +2,24 @@ import type { BatchNoise } from '../engine/random.js';
 import type { SchedulerEntry } from './index.js';
 import {
   checkPredictionType,
+  DDPM_TRAINING_DEFAULTS,
   eulerUpdate,
   interpolateTable,
   noiseLike,
   rejectUnsupported,
-  scaleBySigma,
-  sigmaSpaceInitNoiseSigma,
   sigmasFromAlphasCumprod,
   spacedTimesteps,
   trainingAlphasCumprod,
   withDefaults,
   type PredictionType,
 } from './noise-schedule.js';
-import type { Scheduler, SchedulerConfig } from './scheduler.js';
+import type { SchedulerConfig } from './scheduler.js';
+import { SigmaSpaceScheduler } from './sigma-space.js';
 
 const CLASS_NAME = 'EulerAncestralDiscreteScheduler';
 
 const DEFAULTS = {
-  num_train_timesteps: 1000,
-  beta_start: 0.0001,
-  beta_end: 0.02,
-  beta_schedule: 'linear',
-  trained_betas: null as number[] | null,
+  ...DDPM_TRAINING_DEFAULTS,
   prediction_type: 'epsilon',
   timestep_spacing: 'linspace',
   steps_offset: 0,
@@ -34,42 +30,25 @@ const DEFAULTS = {
  * fresh noise of std sigma_up so the sample lands at the next sigma (sigma_down^2 + sigma_up^2 =
  * sigma_next^2). The fresh noise makes results depend on the generator, not just the start noise.
  */
-export class EulerAncestralDiscreteScheduler implements Scheduler {
+export class EulerAncestralDiscreteScheduler extends SigmaSpaceScheduler {
   private readonly config: typeof DEFAULTS & SchedulerConfig;
   private readonly predictionType: PredictionType;
   private readonly trainSigmas: Float64Array;
-  private sigmaSchedule: number[] = [];
-  private schedule: number[] = [];
 
   constructor(config: SchedulerConfig = {}) {
-    this.config = withDefaults(DEFAULTS, config);
+    const resolved = withDefaults(DEFAULTS, config);
+    super(resolved.timestep_spacing);
+    this.config = resolved;
     rejectUnsupported(CLASS_NAME, this.config, { rescale_betas_zero_snr: false });
     // diffusers has no `sample` prediction for this scheduler.
     this.predictionType = checkPredictionType(CLASS_NAME, this.config.prediction_type, ['epsilon', 'v_prediction']);
     this.trainSigmas = sigmasFromAlphasCumprod(trainingAlphasCumprod(this.config));
   }
 
-  get timesteps(): readonly number[] {
-    return this.schedule;
-  }
-
-  /** The noise level at each call, then the final one (diffusers' `sigmas`). */
-  get sigmas(): readonly number[] {
-    return this.sigmaSchedule;
-  }
-
-  get initNoiseSigma(): number {
-    return sigmaSpaceInitNoiseSigma(this.sigmaSchedule, this.config.timestep_spacing);
-  }
-
   setTimesteps(numInferenceSteps: number): void {
     const c = this.config;
     this.schedule = spacedTimesteps(c.timestep_spacing, c.num_train_timesteps, numInferenceSteps, c.steps_offset).map(Math.fround);
     this.sigmaSchedule = [...this.schedule.map((t) => interpolateTable(this.trainSigmas, t)), 0];
-  }
-
-  scaleModelInput(sample: Float32Array, index: number): Float32Array {
-    return scaleBySigma(sample, this.sigmaSchedule[index]);
   }
 
   step(modelOutput: Float32Array, index: number, sample: Float32Array, noise: BatchNoise): Float32Array {

@@ -2,14 +2,13 @@ import type { BatchNoise } from '../engine/random.js';
 import type { SchedulerEntry } from './index.js';
 import {
   checkPredictionType,
+  DDPM_TRAINING_DEFAULTS,
   eulerUpdate,
   finalSigma,
   interpolateTable,
   karrasSigmas,
   linspace,
   rejectUnsupported,
-  scaleBySigma,
-  sigmaSpaceInitNoiseSigma,
   sigmasFromAlphasCumprod,
   sigmaToTimestep,
   spacedTimesteps,
@@ -17,16 +16,13 @@ import {
   withDefaults,
   type PredictionType,
 } from './noise-schedule.js';
-import type { Scheduler, SchedulerConfig } from './scheduler.js';
+import type { SchedulerConfig } from './scheduler.js';
+import { SigmaSpaceScheduler } from './sigma-space.js';
 
 const CLASS_NAME = 'EulerDiscreteScheduler';
 
 const DEFAULTS = {
-  num_train_timesteps: 1000,
-  beta_start: 0.0001,
-  beta_end: 0.02,
-  beta_schedule: 'linear',
-  trained_betas: null as number[] | null,
+  ...DDPM_TRAINING_DEFAULTS,
   prediction_type: 'epsilon',
   interpolation_type: 'linear',
   use_karras_sigmas: false,
@@ -42,16 +38,16 @@ const DEFAULTS = {
  * EulerDiscreteScheduler: Karras et al.'s Euler method for the probability-flow ODE, in sigma space.
  * The model sees x / sqrt(sigma^2 + 1), i.e. the VP sample its training used.
  */
-export class EulerDiscreteScheduler implements Scheduler {
+export class EulerDiscreteScheduler extends SigmaSpaceScheduler {
   private readonly config: typeof DEFAULTS & SchedulerConfig;
   private readonly predictionType: PredictionType;
   /** Training sigma per integer timestep, ascending. */
   private readonly trainSigmas: Float64Array;
-  private sigmaSchedule: number[] = [];
-  private schedule: number[] = [];
 
   constructor(config: SchedulerConfig = {}) {
-    this.config = withDefaults(DEFAULTS, config);
+    const resolved = withDefaults(DEFAULTS, config);
+    super(resolved.timestep_spacing);
+    this.config = resolved;
     rejectUnsupported(CLASS_NAME, this.config, {
       use_exponential_sigmas: false,
       use_beta_sigmas: false,
@@ -63,19 +59,6 @@ export class EulerDiscreteScheduler implements Scheduler {
       ['epsilon', 'v_prediction', 'sample'],
     );
     this.trainSigmas = sigmasFromAlphasCumprod(trainingAlphasCumprod(this.config));
-  }
-
-  get timesteps(): readonly number[] {
-    return this.schedule;
-  }
-
-  /** The noise level at each call, then the final one (diffusers' `sigmas`). */
-  get sigmas(): readonly number[] {
-    return this.sigmaSchedule;
-  }
-
-  get initNoiseSigma(): number {
-    return sigmaSpaceInitNoiseSigma(this.sigmaSchedule, this.config.timestep_spacing);
   }
 
   setTimesteps(numInferenceSteps: number): void {
@@ -107,10 +90,6 @@ export class EulerDiscreteScheduler implements Scheduler {
     }
     this.sigmaSchedule = sigmas;
     this.schedule = timesteps;
-  }
-
-  scaleModelInput(sample: Float32Array, index: number): Float32Array {
-    return scaleBySigma(sample, this.sigmaSchedule[index]);
   }
 
   step(modelOutput: Float32Array, index: number, sample: Float32Array, _noise: BatchNoise): Float32Array {

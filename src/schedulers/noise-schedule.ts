@@ -11,6 +11,18 @@ import type { SchedulerConfig } from './scheduler.js';
 // ---------------------------------------------------------------------------------------------
 
 /**
+ * The training noise schedule that DDIM, PNDM, Euler, Euler-ancestral and DPM-Solver default to in
+ * diffusers (DDPM's linear betas); each scheduler's DEFAULTS start from it.
+ */
+export const DDPM_TRAINING_DEFAULTS = {
+  num_train_timesteps: 1000,
+  beta_start: 0.0001,
+  beta_end: 0.02,
+  beta_schedule: 'linear',
+  trained_betas: null as number[] | null,
+};
+
+/**
  * A scheduler's diffusers constructor defaults overlaid with a scheduler_config.json. JSON configs
  * write `null` for "not set" (trained_betas, sigma_min ...), so null never replaces a default.
  */

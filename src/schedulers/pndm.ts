@@ -2,6 +2,7 @@ import type { BatchNoise } from '../engine/random.js';
 import type { SchedulerEntry } from './index.js';
 import {
   checkPredictionType,
+  DDPM_TRAINING_DEFAULTS,
   epsilonCoefficients,
   roundHalfEven,
   spacedTimesteps,
@@ -16,11 +17,7 @@ import type { Scheduler, SchedulerConfig } from './scheduler.js';
 const CLASS_NAME = 'PNDMScheduler';
 
 const DEFAULTS = {
-  num_train_timesteps: 1000,
-  beta_start: 0.0001,
-  beta_end: 0.02,
-  beta_schedule: 'linear',
-  trained_betas: null as number[] | null,
+  ...DDPM_TRAINING_DEFAULTS,
   skip_prk_steps: false,
   set_alpha_to_one: false,
   prediction_type: 'epsilon',
