@@ -74,50 +74,32 @@ export class Metrics implements EngineMetrics {
   });
 
   constructor() {
+    this.gaugeAtScrape('imagegen_queue_jobs', 'Generation jobs running on a worker and waiting for one', (sources) => sources.queue());
+    this.gaugeAtScrape('imagegen_workers', 'Worker processes configured and ready (started and done preloading)', (sources) => sources.workers());
+    this.gaugeAtScrape('imagegen_store_images', 'Images in the image store', (sources) => sources.store().files);
+    this.gaugeAtScrape('imagegen_store_bytes', 'Bytes used by the image store', (sources) => sources.store().bytes);
+    collectDefaultMetrics({ register: this.registry, prefix: 'imagegen_' });
+  }
+
+  /**
+   * A gauge whose value `read` takes from the sources at each scrape: one number, or one per `state`
+   * label (e.g. running and queued). Nothing is reported before watch() connected the sources.
+   */
+  private gaugeAtScrape(name: string, help: string, read: (sources: MetricSources) => number | Record<string, number>): void {
     const sources = () => this.sources;
     new Gauge({
-      name: 'imagegen_queue_jobs',
-      help: 'Generation jobs running on a worker and waiting for one',
+      name,
+      help,
       labelNames: ['state'],
       registers: [this.registry],
       collect() {
-        const load = sources()?.queue();
-        if (!load) return;
-        this.set({ state: 'running' }, load.running);
-        this.set({ state: 'queued' }, load.queued);
+        const connected = sources();
+        if (!connected) return;
+        const value = read(connected);
+        if (typeof value === 'number') this.set(value);
+        else for (const [state, n] of Object.entries(value)) this.set({ state }, n);
       },
     });
-    new Gauge({
-      name: 'imagegen_workers',
-      help: 'Worker processes configured and ready (started and done preloading)',
-      labelNames: ['state'],
-      registers: [this.registry],
-      collect() {
-        const workers = sources()?.workers();
-        if (!workers) return;
-        this.set({ state: 'total' }, workers.total);
-        this.set({ state: 'ready' }, workers.ready);
-      },
-    });
-    new Gauge({
-      name: 'imagegen_store_images',
-      help: 'Images in the image store',
-      registers: [this.registry],
-      collect() {
-        const store = sources()?.store();
-        if (store) this.set(store.files);
-      },
-    });
-    new Gauge({
-      name: 'imagegen_store_bytes',
-      help: 'Bytes used by the image store',
-      registers: [this.registry],
-      collect() {
-        const store = sources()?.store();
-        if (store) this.set(store.bytes);
-      },
-    });
-    collectDefaultMetrics({ register: this.registry, prefix: 'imagegen_' });
   }
 
   /** Connects the gauges to the running parts, which are built after the metrics they report to. */
