@@ -141,7 +141,8 @@ export interface Config extends Omit<z.output<typeof settingsSchema>, 'modelAlia
   preload: string[];
 }
 
-const envName = (name: SettingName) => name.replace(/[A-Z]/g, (c) => `_${c}`).toUpperCase();
+/** A setting's environment variable, e.g. modelsDir -> MODELS_DIR. */
+export const envName = (name: SettingName) => name.replace(/[A-Z]/g, (c) => `_${c}`).toUpperCase();
 const flagName = (name: SettingName) => `--${name.replace(/[A-Z]/g, (c) => `-${c.toLowerCase()}`)}`;
 
 /** Each setting's flag, variable and description, for the CLI's options and help. */

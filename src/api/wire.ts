@@ -21,7 +21,7 @@ const integer = (min: number, max: number) => z.number().multipleOf(1).min(min).
 
 const nonEmptyText = z.string().min(1).max(MAX_PROMPT_LENGTH);
 
-export const generationRequestSchema = z.strictObject({
+const generationRequestSchema = z.strictObject({
   model: z.string().min(1),
   prompt: nonEmptyText,
   n: integer(1, MAX_IMAGES).default(1),

@@ -47,7 +47,7 @@ function slug(prompt: string): string {
   );
 }
 
-export async function generateCommand(prompt: string, flags: GenerateFlags): Promise<string[]> {
+async function generateCommand(prompt: string, flags: GenerateFlags): Promise<string[]> {
   const config = loadConfig({ modelsDir: flags.modelsDir });
   const request = parseGenerationRequest({
     model: flags.model ?? config.defaultModel,
@@ -81,6 +81,8 @@ export async function generateCommand(prompt: string, flags: GenerateFlags): Pro
   const stepsPerBatch = batches[0].steps;
   const progress = new Progress(process.stderr, `${model.id} ${batches[0].width}x${batches[0].height}`, batches.length * stepsPerBatch, 0, Date.now, STEPS);
   await mkdir(flags.out, { recursive: true });
+  const fileStem = slug(prompt);
+  const { extension } = IMAGE_FORMATS[request.output_format];
   const written: string[] = [];
   for (const [index, batch] of batches.entries()) {
     let reported = 0;
@@ -93,7 +95,7 @@ export async function generateCommand(prompt: string, flags: GenerateFlags): Pro
       },
     });
     for (const image of images) {
-      const file = path.join(flags.out, `${slug(prompt)}-${image.seed}.${IMAGE_FORMATS[request.output_format].extension}`);
+      const file = path.join(flags.out, `${fileStem}-${image.seed}.${extension}`);
       await writeFile(file, image.data);
       written.push(file);
     }

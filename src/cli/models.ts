@@ -1,5 +1,5 @@
 import { Command, Option } from 'commander';
-import { settingsHelp, type SettingName } from '../config.js';
+import { envName } from '../config.js';
 import {
   DEFAULT_HUB_URL,
   exportModel,
@@ -19,8 +19,6 @@ import {
  * (which says what to do) and set exit code 1.
  */
 
-/** A server setting's environment variable, as the server reads it. */
-const envName = (name: SettingName) => settingsHelp.find((setting) => setting.name === name)!.env;
 const MODELS_DIR = envName('modelsDir');
 
 interface CommonFlags {

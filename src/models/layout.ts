@@ -2,7 +2,7 @@ import { access } from 'node:fs/promises';
 import path from 'node:path';
 import { createScheduler } from '../schedulers/index.js';
 import type { SchedulerConfig } from '../schedulers/scheduler.js';
-import { readJsonIfPresent } from '../util/json-file.js';
+import { readJsonIfPresent } from '../util/files.js';
 
 /**
  * Recognises a model folder in any of the export conventions (legacy diffusers script, Optimum) by

@@ -2,7 +2,7 @@ import { readdir, stat } from 'node:fs/promises';
 import path from 'node:path';
 import type { Logger } from 'pino';
 import { schedulersFor } from '../schedulers/index.js';
-import { describeIssues, readJsonIfPresent } from '../util/json-file.js';
+import { describeIssues, readJsonIfPresent } from '../util/files.js';
 import { inspectModel, type ModelLayout } from './layout.js';
 import { presetFor, presetOverrideSchema, type ModelPreset } from './presets.js';
 

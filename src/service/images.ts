@@ -9,6 +9,7 @@ import type { GenerationRequest, ImageObject, ImagesResponse } from '../api/wire
 import type { ModelEntry, ModelRegistry } from '../models/registry.js';
 import { checkSchedule } from '../schedulers/index.js';
 import { StoreFullError, type ImageStore, type StoredImage } from '../store/image-store.js';
+import { bufferView } from '../util/bytes.js';
 
 /**
  * What a generations request means: the model and its preset turn OpenAI's fields into engine
@@ -171,7 +172,7 @@ export function createImageService({ registry, engine, store }: ImageServiceDeps
   }
 
   async function deliver(images: GeneratedImage[], request: GenerationRequest, context: GenerateContext): Promise<ImageObject[]> {
-    if (request.response_format === 'b64_json') return images.map((image) => ({ b64_json: Buffer.from(image.data).toString('base64'), seed: image.seed }));
+    if (request.response_format === 'b64_json') return images.map((image) => ({ b64_json: bufferView(image.data).toString('base64'), seed: image.seed }));
     const results = await Promise.allSettled(images.map((image) => store.put(image.data, image.contentType)));
     const stored = results.flatMap((result) => (result.status === 'fulfilled' ? [result.value] : []));
     const failed = results.find((result) => result.status === 'rejected');

@@ -3,6 +3,7 @@ import { mkdir, readdir, readFile, rename, stat, unlink, writeFile } from 'node:
 import path from 'node:path';
 import type { Logger } from 'pino';
 import { IMAGE_EXTENSIONS, IMAGE_FORMATS, type ImageExtension } from '../engine/types.js';
+import { unlessMissing } from '../util/files.js';
 
 /**
  * Generated images served by URL for a limited time. One file per image, named
@@ -130,12 +131,7 @@ export class ImageStore {
   /** The image's bytes, or null if it expired or vanished meanwhile. */
   async read(image: StoredImage): Promise<Buffer | null> {
     if (this.expired(image)) return null;
-    try {
-      return await readFile(this.fileOf(image));
-    } catch (err) {
-      if ((err as NodeJS.ErrnoException).code === 'ENOENT') return null;
-      throw err;
-    }
+    return (await unlessMissing(readFile(this.fileOf(image)))) ?? null;
   }
 
   /** Deletes expired images. */
@@ -178,10 +174,7 @@ export class ImageStore {
   }
 
   private async deleteTempFiles(): Promise<void> {
-    const names = await readdir(this.options.dir).catch((err: NodeJS.ErrnoException) => {
-      if (err.code === 'ENOENT') return [];
-      throw err;
-    });
+    const names = (await unlessMissing(readdir(this.options.dir))) ?? [];
     for (const name of names.filter((n) => TEMP_FILE.test(n))) {
       await unlink(path.join(this.options.dir, name)).catch(() => undefined);
     }

@@ -1,5 +1,5 @@
 import path from 'node:path';
-import { readJsonIfPresent, readTextIfPresent } from '../util/json-file.js';
+import { readJsonIfPresent, readTextIfPresent } from '../util/files.js';
 import { ClipBpeTokenizer } from './clip-bpe.js';
 import { UnigramTokenizer } from './t5-unigram.js';
 import type { TextTokenizer } from './tokenizer.js';

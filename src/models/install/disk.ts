@@ -1,6 +1,7 @@
 import { createReadStream, rmSync, type ReadStream } from 'node:fs';
 import { open, readdir, stat, statfs } from 'node:fs/promises';
 import path from 'node:path';
+import { unlessMissing } from '../../util/files.js';
 import { formatBytes, ModelInstallError } from './errors.js';
 
 /**
@@ -82,12 +83,7 @@ export async function diskFullError(disk: Disk, dir: string, needed: number, adv
 }
 
 export async function sizeOf(file: string): Promise<number | undefined> {
-  try {
-    return (await stat(file)).size;
-  } catch (err) {
-    if ((err as NodeJS.ErrnoException).code === 'ENOENT') return undefined;
-    throw err;
-  }
+  return (await unlessMissing(stat(file)))?.size;
 }
 
 export interface FoundFile {

@@ -1,7 +1,7 @@
 import { writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import { z } from 'zod';
-import { describeIssues, parseJson, readTextIfPresent } from '../../util/json-file.js';
+import { describeIssues, parseJson, readTextIfPresent } from '../../util/files.js';
 import { ModelInstallError } from './errors.js';
 import { MANIFEST_FILE } from './model-files.js';
 

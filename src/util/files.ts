@@ -1,16 +1,21 @@
 import { readFile } from 'node:fs/promises';
 import type { z } from 'zod';
 
-/** Reading the optional JSON files of model folders and bundles (configs, tokenizers, manifests). */
+/** Files that may be absent, and the optional JSON files of model folders and bundles (configs, tokenizers, manifests). */
 
-/** A file's text, or undefined when there is no such file; other read errors (permissions, I/O) propagate. */
-export async function readTextIfPresent(file: string): Promise<string | undefined> {
+/** What a file operation gives, or undefined when the file does not exist; other errors (permissions, I/O) propagate. */
+export async function unlessMissing<T>(operation: Promise<T>): Promise<T | undefined> {
   try {
-    return await readFile(file, 'utf8');
+    return await operation;
   } catch (err) {
     if ((err as NodeJS.ErrnoException).code === 'ENOENT') return undefined;
     throw err;
   }
+}
+
+/** A file's text, or undefined when there is no such file. */
+export function readTextIfPresent(file: string): Promise<string | undefined> {
+  return unlessMissing(readFile(file, 'utf8'));
 }
 
 /** Parses JSON text; the error names `where` (usually the file). */
