@@ -60,6 +60,15 @@ interface Inspection {
   result: ModelEntry | Error;
 }
 
+/** The model folders in a models root, sorted: folders or links to them, not hidden ones (staging, partial pulls). */
+export async function modelFolderNames(root: string): Promise<string[]> {
+  const entries = await readdir(root, { withFileTypes: true });
+  return entries
+    .filter((entry) => (entry.isDirectory() || entry.isSymbolicLink()) && !entry.name.startsWith('.'))
+    .map((entry) => entry.name)
+    .sort();
+}
+
 /** mtimes of the folder and its direct children: cheap, and catches components added or replaced. */
 async function folderSignature(dir: string): Promise<{ signature: string; mtimeMs: number }> {
   const own = await stat(dir);
@@ -147,12 +156,12 @@ export class ModelRegistry {
     for (const root of this.options.roots) {
       let names: string[];
       try {
-        names = (await readdir(root.dir, { withFileTypes: true })).filter((d) => d.isDirectory() || d.isSymbolicLink()).map((d) => d.name);
+        names = await modelFolderNames(root.dir);
       } catch (err) {
         if ((err as NodeJS.ErrnoException).code !== 'ENOENT') logger.warn({ err, dir: root.dir }, 'cannot read models folder');
         continue;
       }
-      for (const id of names.filter((name) => !name.startsWith('.')).sort()) {
+      for (const id of names) {
         if (found.has(id)) continue; // hidden by an earlier root
         const dir = path.resolve(root.dir, id);
         seen.add(dir);

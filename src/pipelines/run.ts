@@ -3,6 +3,7 @@ import { defaultRuntime, type RuntimeOptions } from '../engine/providers.js';
 import { IMAGE_FORMATS, type GeneratedImage, type GenerationBatch } from '../engine/types.js';
 import os from 'node:os';
 import { SIZE_MULTIPLE } from '../models/layout.js';
+import { chunks } from '../util/chunks.js';
 import { loadPipeline } from './load.js';
 import type { GenerateHooks, Pipeline, RgbImage } from './pipeline.js';
 import { PipelineCache } from './pipeline-cache.js';
@@ -48,12 +49,10 @@ export async function generateImages(batch: GenerationBatch, hooks: GenerateHook
   if (batch.width % m || batch.height % m || batch.width <= 0 || batch.height <= 0) {
     throw new RangeError(`${batch.width}x${batch.height} is not a valid size for this model: both sides must be positive multiples of ${m}`);
   }
-  const chunk = Math.max(1, Math.floor(settings.maxBatchPixels / (batch.width * batch.height)));
+  const parts = chunks(batch.items, Math.max(1, Math.floor(settings.maxBatchPixels / (batch.width * batch.height))));
   const images: RgbImage[] = [];
-  const chunks = Math.ceil(batch.items.length / chunk);
-  for (let start = 0, part = 0; start < batch.items.length; start += chunk, part++) {
-    const items = batch.items.slice(start, start + chunk);
-    const onStep = hooks.onStep && ((step: number, total: number) => hooks.onStep!(part * total + step, chunks * total));
+  for (const [part, items] of parts.entries()) {
+    const onStep = hooks.onStep && ((step: number, total: number) => hooks.onStep!(part * total + step, parts.length * total));
     images.push(...(await pipeline.generate({ ...batch, items }, { ...hooks, onStep })));
   }
   return images;

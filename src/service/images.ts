@@ -10,6 +10,7 @@ import type { ModelEntry, ModelRegistry } from '../models/registry.js';
 import { checkSchedule } from '../schedulers/index.js';
 import { StoreFullError, type ImageStore, type StoredImage } from '../store/image-store.js';
 import { bufferView } from '../util/bytes.js';
+import { chunks } from '../util/chunks.js';
 
 /**
  * What a generations request means: the model and its preset turn OpenAI's fields into engine
@@ -71,10 +72,6 @@ function checkScheduler(request: GenerationRequest, model: ModelEntry): void {
 function seeds(request: GenerationRequest): number[] {
   const base = request.seed ?? randomSeed();
   return Array.from({ length: request.n }, (_, i) => (base + i) % (MAX_SEED + 1));
-}
-
-function chunks<T>(items: T[], size: number): T[][] {
-  return Array.from({ length: Math.ceil(items.length / size) }, (_, i) => items.slice(i * size, (i + 1) * size));
 }
 
 function engineError(err: unknown): unknown {

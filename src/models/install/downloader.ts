@@ -6,7 +6,7 @@ import { DownloadInterrupted } from './errors.js';
 import { ConnectionLost, type HubClient, type HubFile, type RepoRef } from './hub-client.js';
 import type { FileDigest } from './manifest.js';
 import { Progress, type ProgressOutput } from './progress.js';
-import { checkDigest, FileHasher, hashing } from './verifier.js';
+import { FileHasher, hashing, verifiedDigest } from './verifier.js';
 
 /**
  * Downloads Hub files into a folder, one at a time, verifying each. A file being downloaded is
@@ -20,6 +20,8 @@ export interface DownloadPlan {
   commit: string;
   files: HubFile[];
   dir: string;
+  /** bytesPresent(dir, files), which the caller measured to check the free space. */
+  present: number;
   disk: Disk;
   output: ProgressOutput;
   /** Attempts after the first for a file whose connection dropped. */
@@ -45,7 +47,7 @@ export async function bytesPresent(dir: string, files: HubFile[]): Promise<numbe
 /** Downloads every file of the plan; returns their digests by path. */
 export async function downloadFiles(plan: DownloadPlan): Promise<Record<string, FileDigest>> {
   const total = plan.files.reduce((sum, file) => sum + file.size, 0);
-  const present = await bytesPresent(plan.dir, plan.files);
+  const { present } = plan;
   const progress = new Progress(plan.output, 'downloading', total, present);
   if (present > 0) progress.note(`resuming: ${Math.round((present / total) * 100)}% already downloaded`);
   const digests: Record<string, FileDigest> = {};
@@ -85,9 +87,7 @@ async function downloadFile(plan: DownloadPlan, file: HubFile, progress: Progres
   if ((await sizeOf(dest)) !== undefined) {
     const hasher = newHasher();
     for await (const chunk of readChunks(dest)) hasher.update(chunk);
-    const digest = hasher.digest();
-    checkDigest(file.path, digest, expected, advice);
-    return { sha256: digest.sha256, size: digest.size };
+    return verifiedDigest(file.path, hasher, expected, advice);
   }
 
   await mkdir(path.dirname(dest), { recursive: true });
@@ -111,8 +111,7 @@ async function downloadFile(plan: DownloadPlan, file: HubFile, progress: Progres
     if (hasher.size < file.size) throw new ConnectionLost(`the server closed the connection after ${hasher.size} of ${file.size} bytes`);
   }
 
-  const digest = hasher.digest();
-  checkDigest(file.path, digest, expected, advice);
+  const digest = verifiedDigest(file.path, hasher, expected, advice);
   await rename(part, dest);
-  return { sha256: digest.sha256, size: digest.size };
+  return digest;
 }

@@ -8,7 +8,7 @@ import { checkModelId, modelPath, validateModel, type CommandOptions } from './i
 import { manifestText, readManifest, type Manifest } from './manifest.js';
 import { MANIFEST_FILE, selectModelFiles } from './model-files.js';
 import { Progress } from './progress.js';
-import { checkCoverage, checkDigest, FileHasher, hashing } from './verifier.js';
+import { checkCoverage, FileHasher, hashing, verifiedDigest } from './verifier.js';
 
 /**
  * `models export`: writes an installed model as a bundle (see bundle.ts) to carry into an air-gapped
@@ -63,10 +63,7 @@ export async function exportModel(options: ExportOptions): Promise<ExportedBundl
       progress.startFile(entry.path);
       const hasher = new FileHasher();
       await bundle.add(`${id}/${entry.path}`, entry.size, progress.counting(hashing(readChunks(path.join(dir, entry.path)), hasher)));
-      const digest = hasher.digest();
-      const expected = recorded?.files[entry.path];
-      if (expected) checkDigest(`${id}/${entry.path}`, digest, expected, `It changed since the model was installed. ${changed}`);
-      manifest.files[entry.path] = { sha256: digest.sha256, size: digest.size };
+      manifest.files[entry.path] = verifiedDigest(`${id}/${entry.path}`, hasher, recorded?.files[entry.path], `It changed since the model was installed. ${changed}`);
       progress.fileDone();
     }
     const text = Buffer.from(manifestText(manifest));

@@ -16,7 +16,7 @@ import {
 import { parseManifest, readManifest, writeManifest, type FileDigest, type Manifest } from './manifest.js';
 import { MANIFEST_FILE, selectModelFiles, skippedNote } from './model-files.js';
 import { Progress } from './progress.js';
-import { checkCoverage, checkDigest, FileHasher, hashing } from './verifier.js';
+import { checkCoverage, FileHasher, hashing, verifiedDigest } from './verifier.js';
 
 /**
  * `models import`: installs a model folder, or a bundle from `models export`, from local disk (the
@@ -132,10 +132,7 @@ async function copyVerified(
     await mkdir(path.dirname(dest), { recursive: true });
     const hasher = new FileHasher();
     await writeStream(options.disk, dest, progress.counting(hashing(file.read(), hasher)));
-    const digest = hasher.digest();
-    const expected = options.manifest?.files[file.path];
-    if (expected) checkDigest(file.path, digest, expected, options.advice);
-    digests[file.path] = { sha256: digest.sha256, size: digest.size };
+    digests[file.path] = verifiedDigest(file.path, hasher, options.manifest?.files[file.path], options.advice);
     progress.fileDone();
   }
   progress.finish();

@@ -1,6 +1,6 @@
-import { readdir } from 'node:fs/promises';
 import path from 'node:path';
 import { inspectModel, ModelLayoutError, type ModelFamily, type ModelVariant } from '../layout.js';
+import { modelFolderNames } from '../registry.js';
 import { listFolder } from './disk.js';
 import { pullStagingPath, unfinishedPulls } from './installer.js';
 
@@ -24,11 +24,9 @@ async function folderBytes(dir: string): Promise<number> {
 
 /** Installed models by id (a folder the server skips is listed as broken), then unfinished pulls. */
 export async function listModels(modelsDir: string): Promise<ModelStatus[]> {
-  const entries = await readdir(modelsDir, { withFileTypes: true }).catch(() => []);
-  // The same folders the registry scans.
-  const ids = entries.filter((entry) => (entry.isDirectory() || entry.isSymbolicLink()) && !entry.name.startsWith('.')).map((entry) => entry.name);
+  const ids = await modelFolderNames(modelsDir).catch(() => []);
   const models: ModelStatus[] = [];
-  for (const id of ids.sort()) {
+  for (const id of ids) {
     const dir = path.join(modelsDir, id);
     const bytes = await folderBytes(dir);
     try {

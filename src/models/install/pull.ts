@@ -74,6 +74,7 @@ export async function pullModel(options: PullOptions): Promise<InstalledModel> {
       commit,
       files,
       dir,
+      present,
       disk,
       output,
       retries: options.retries ?? 3,

@@ -45,10 +45,16 @@ export async function* hashing(source: AsyncIterable<Uint8Array>, hasher: FileHa
 }
 
 /**
- * Throws when `actual` differs from `expected`; `advice` says what to do about it (it depends on where
- * the file came from).
+ * The digest of a file `hasher` has read, for the manifest. Throws when it differs from `expected`
+ * (when there is one); `advice` says what to do about it (it depends on where the file came from).
  */
-export function checkDigest(file: string, actual: ReturnType<FileHasher['digest']>, expected: ExpectedFile, advice: string): void {
+export function verifiedDigest(file: string, hasher: FileHasher, expected: ExpectedFile | undefined, advice: string): FileDigest {
+  const actual = hasher.digest();
+  if (expected) checkDigest(file, actual, expected, advice);
+  return { sha256: actual.sha256, size: actual.size };
+}
+
+function checkDigest(file: string, actual: ReturnType<FileHasher['digest']>, expected: ExpectedFile, advice: string): void {
   const mismatch =
     actual.size !== expected.size
       ? `it has ${actual.size} bytes instead of ${expected.size}`
