@@ -48,15 +48,16 @@ export class FluxPipeline implements Pipeline {
       txt_ids: { data: new Float32Array(textLen * 3), dims: [textLen, 3] },
     };
     if (this.transformer.hasInput('guidance')) feeds.guidance = { data: filled(count, batch.guidanceScale), dims: [count] };
+    const fixed = this.transformer.prepare(feeds);
     const predict = async (x: Float32Array, t: number): Promise<Float32Array> => {
       const out = await this.transformer.run(
         {
-          ...feeds,
           hidden_states: { data: x, dims: [count, seqLen, LATENT_CHANNELS * 4] },
           // diffusers' timesteps are sigma * 1000; the exported transformer takes sigma.
           timestep: { data: filled(count, t / 1000), dims: [count] },
         },
         ['out_hidden_states'],
+        fixed,
       );
       return out.out_hidden_states.data as Float32Array;
     };

@@ -41,21 +41,18 @@ export class StableDiffusionPipeline implements Pipeline {
     const timestepCond = this.unet.hasInput('timestep_cond') ? guidanceEmbedding(batch.guidanceScale, count, this.timeCondDim()) : undefined;
     const guided = !timestepCond && batch.guidanceScale > 1;
     const positive = await this.condition(batch.items.map((i) => i.prompt), batch, false);
-    const conditioning = guided
-      ? concatConditioning(await this.condition(batch.items.map((i) => i.negativePrompt), batch, true), positive)
-      : positive;
+    const conditioning = guided ? concatConditioning(await this.negativeCondition(batch, positive), positive) : positive;
     const rows = guided ? 2 * count : count;
 
     const noise = new BatchNoise(batch.items.map((i) => new Rng(i.seed)));
     const latents = initialLatents(noise, c * h * w, scheduler.initNoiseSigma);
+    const fixed = this.unet.prepare(timestepCond ? { ...conditioning, timestep_cond: timestepCond } : conditioning);
     const predict = async (x: Float32Array, t: number): Promise<Float32Array> => {
-      const feeds: Record<string, HostTensor> = {
-        ...conditioning,
+      const feeds = {
         sample: { data: guided ? concatBatch([x, x]) : x, dims: [rows, c, h, w] },
         timestep: { data: filled(rows, t), dims: [rows] },
       };
-      if (timestepCond) feeds.timestep_cond = timestepCond;
-      const out = (await this.unet.run(feeds, [this.outputName]))[this.outputName].data as Float32Array;
+      const out = (await this.unet.run(feeds, [this.outputName], fixed))[this.outputName].data as Float32Array;
       return guided ? applyGuidance(out, count, batch.guidanceScale, batch.guidanceRescale) : out;
     };
     const result = await denoise(scheduler, latents, noise, predict, hooks);
@@ -70,6 +67,17 @@ export class StableDiffusionPipeline implements Pipeline {
   /** SDXL has two encoders; every other family has one. */
   private condition(prompts: string[], batch: GenerationBatch, negative: boolean): Promise<Conditioning> {
     return this.encoders.length === 2 ? this.conditionSdxl(prompts, batch, negative) : this.conditionSd(prompts);
+  }
+
+  /**
+   * SDXL conditions on zeros for an empty negative prompt (see conditionSdxl): when every one is empty,
+   * the zeros are made here, shaped like the positive conditioning, without running both encoders.
+   */
+  private negativeCondition(batch: GenerationBatch, positive: Conditioning): Promise<Conditioning> | Conditioning {
+    const prompts = batch.items.map((i) => i.negativePrompt);
+    if (this.encoders.length < 2 || prompts.some((p) => p !== '')) return this.condition(prompts, batch, true);
+    const zerosLike = (t: HostTensor): HostTensor => ({ data: new Float32Array(t.data.length), dims: t.dims });
+    return { encoder_hidden_states: zerosLike(positive.encoder_hidden_states), text_embeds: zerosLike(positive.text_embeds), time_ids: positive.time_ids };
   }
 
   private async conditionSd(prompts: string[]): Promise<Conditioning> {
