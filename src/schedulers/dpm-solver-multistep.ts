@@ -8,10 +8,9 @@ import {
   karrasSigmas,
   rejectUnsupported,
   roundHalfEven,
-  sigmasFromAlphasCumprod,
-  sigmaToTimestep,
   spacedTimesteps,
-  trainingAlphasCumprod,
+  timestepsForSigmas,
+  trainingSigmas,
   vpFromSigma,
   weightedSum,
   withDefaults,
@@ -75,7 +74,7 @@ export class DPMSolverMultistepScheduler implements Scheduler {
       );
     }
     this.predictionType = checkPredictionType(CLASS_NAME, c.prediction_type, ['epsilon', 'v_prediction', 'sample']);
-    this.trainSigmas = sigmasFromAlphasCumprod(trainingAlphasCumprod(c));
+    this.trainSigmas = trainingSigmas(c);
   }
 
   get timesteps(): readonly number[] {
@@ -99,8 +98,7 @@ export class DPMSolverMultistepScheduler implements Scheduler {
     let sigmas: number[];
     if (c.use_karras_sigmas) {
       sigmas = karrasSigmas(c.sigma_max ?? table[table.length - 1], c.sigma_min ?? table[0], numInferenceSteps);
-      const logSigmas = Float64Array.from(table, Math.log);
-      timesteps = sigmas.map((s) => sigmaToTimestep(s, logSigmas));
+      timesteps = timestepsForSigmas(sigmas, table);
       // Integer timesteps, except for the cosine schedule where diffusers keeps them fractional.
       if (c.beta_schedule !== 'squaredcos_cap_v2') timesteps = timesteps.map(roundHalfEven);
     } else {

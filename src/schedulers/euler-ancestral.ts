@@ -7,9 +7,8 @@ import {
   interpolateTable,
   noiseLike,
   rejectUnsupported,
-  sigmasFromAlphasCumprod,
   spacedTimesteps,
-  trainingAlphasCumprod,
+  trainingSigmas,
   withDefaults,
   type PredictionType,
 } from './noise-schedule.js';
@@ -42,7 +41,7 @@ export class EulerAncestralDiscreteScheduler extends SigmaSpaceScheduler {
     rejectUnsupported(CLASS_NAME, this.config, { rescale_betas_zero_snr: false });
     // diffusers has no `sample` prediction for this scheduler.
     this.predictionType = checkPredictionType(CLASS_NAME, this.config.prediction_type, ['epsilon', 'v_prediction']);
-    this.trainSigmas = sigmasFromAlphasCumprod(trainingAlphasCumprod(this.config));
+    this.trainSigmas = trainingSigmas(this.config);
   }
 
   setTimesteps(numInferenceSteps: number): void {

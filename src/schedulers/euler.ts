@@ -9,10 +9,9 @@ import {
   karrasSigmas,
   linspace,
   rejectUnsupported,
-  sigmasFromAlphasCumprod,
-  sigmaToTimestep,
   spacedTimesteps,
-  trainingAlphasCumprod,
+  timestepsForSigmas,
+  trainingSigmas,
   withDefaults,
   type PredictionType,
 } from './noise-schedule.js';
@@ -58,7 +57,7 @@ export class EulerDiscreteScheduler extends SigmaSpaceScheduler {
       this.config.prediction_type === 'original_sample' ? 'sample' : this.config.prediction_type,
       ['epsilon', 'v_prediction', 'sample'],
     );
-    this.trainSigmas = sigmasFromAlphasCumprod(trainingAlphasCumprod(this.config));
+    this.trainSigmas = trainingSigmas(this.config);
   }
 
   setTimesteps(numInferenceSteps: number): void {
@@ -80,8 +79,7 @@ export class EulerDiscreteScheduler extends SigmaSpaceScheduler {
     }
     if (c.use_karras_sigmas) {
       sigmas = karrasSigmas(c.sigma_max ?? sigmas[0], c.sigma_min ?? sigmas[sigmas.length - 1], numInferenceSteps);
-      const logSigmas = Float64Array.from(table, Math.log);
-      timesteps = sigmas.map((s) => sigmaToTimestep(s, logSigmas));
+      timesteps = timestepsForSigmas(sigmas, table);
     }
     sigmas.push(finalSigma(c.final_sigmas_type, table));
     if (c.timestep_type === 'continuous' && c.prediction_type === 'v_prediction') {

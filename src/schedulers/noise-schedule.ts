@@ -118,9 +118,9 @@ export function trainingAlphasCumprod(config: BetaConfig): Float32Array {
   return alphasCumprod(betaSchedule(config));
 }
 
-/** The variance-exploding view of the same schedule: sigma_t = sqrt((1 - abar_t) / abar_t), t ascending. */
-export function sigmasFromAlphasCumprod(alphasCumprod: Float32Array): Float64Array {
-  return Float64Array.from(alphasCumprod, (a) => Math.sqrt((1 - a) / a));
+/** The variance-exploding view of a config's schedule: sigma_t = sqrt((1 - abar_t) / abar_t), t ascending. */
+export function trainingSigmas(config: BetaConfig): Float64Array {
+  return Float64Array.from(trainingAlphasCumprod(config), (a) => Math.sqrt((1 - a) / a));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -186,11 +186,17 @@ export function finalSigma(type: string, trainSigmas: ArrayLike<number>): number
   throw new Error(`final_sigmas_type "${type}" is not supported (zero, sigma_min)`);
 }
 
+/** The fractional training timestep of each sigma (Karras schedules), given the training sigma table. */
+export function timestepsForSigmas(sigmas: readonly number[], trainSigmas: Float64Array): number[] {
+  const logSigmas = Float64Array.from(trainSigmas, Math.log);
+  return sigmas.map((sigma) => sigmaToTimestep(sigma, logSigmas));
+}
+
 /**
  * The fractional training timestep whose sigma is `sigma`: linear interpolation in log-sigma between
  * the two neighbouring table entries (k-diffusion's sigma_to_t). `logSigmas` ascends with t.
  */
-export function sigmaToTimestep(sigma: number, logSigmas: ArrayLike<number>): number {
+function sigmaToTimestep(sigma: number, logSigmas: ArrayLike<number>): number {
   const logSigma = Math.log(Math.max(sigma, 1e-10));
   let low = 0;
   for (let i = 0; i < logSigmas.length; i++) if (logSigmas[i] <= logSigma) low = i;
@@ -263,22 +269,6 @@ export function eulerUpdate(
     [1 + r * (1 - cSample * vp.alpha), sample],
     [-r * cOutput, modelOutput],
   ]);
-}
-
-/**
- * x_T's std for the sigma-space (Euler-type) schedulers. diffusers uses sqrt(sigma_max^2 + 1) with
- * `leading` spacing and sigma_max otherwise; kept so images match its pipelines.
- */
-export function sigmaSpaceInitNoiseSigma(sigmas: readonly number[], spacing: string): number {
-  if (sigmas.length === 0) throw new Error('call setTimesteps first');
-  const max = Math.max(...sigmas);
-  return spacing === 'linspace' || spacing === 'trailing' ? max : Math.sqrt(max * max + 1);
-}
-
-/** The model input of a sigma-space sample: the VP sample x / sqrt(sigma^2 + 1) it was trained on. */
-export function scaleBySigma(sample: Float32Array, sigma: number): Float32Array {
-  const scale = 1 / Math.sqrt(sigma * sigma + 1);
-  return sample.map((x) => x * scale);
 }
 
 // ---------------------------------------------------------------------------------------------

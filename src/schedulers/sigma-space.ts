@@ -1,5 +1,4 @@
 import type { BatchNoise } from '../engine/random.js';
-import { scaleBySigma, sigmaSpaceInitNoiseSigma } from './noise-schedule.js';
 import type { Scheduler } from './scheduler.js';
 
 /**
@@ -23,12 +22,21 @@ export abstract class SigmaSpaceScheduler implements Scheduler {
     return this.sigmaSchedule;
   }
 
+  /**
+   * x_T's std. diffusers uses sqrt(sigma_max^2 + 1) with `leading` spacing and sigma_max otherwise;
+   * kept so images match its pipelines.
+   */
   get initNoiseSigma(): number {
-    return sigmaSpaceInitNoiseSigma(this.sigmaSchedule, this.timestepSpacing);
+    if (this.sigmaSchedule.length === 0) throw new Error('call setTimesteps first');
+    const max = Math.max(...this.sigmaSchedule);
+    return this.timestepSpacing === 'linspace' || this.timestepSpacing === 'trailing' ? max : Math.sqrt(max * max + 1);
   }
 
+  /** The VP sample x / sqrt(sigma^2 + 1) the model was trained on. */
   scaleModelInput(sample: Float32Array, index: number): Float32Array {
-    return scaleBySigma(sample, this.sigmaSchedule[index]);
+    const sigma = this.sigmaSchedule[index];
+    const scale = 1 / Math.sqrt(sigma * sigma + 1);
+    return sample.map((x) => x * scale);
   }
 
   abstract setTimesteps(numInferenceSteps: number): void;
