@@ -2,13 +2,11 @@ import { access, cp, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import OpenAI from 'openai';
-import sharp from 'sharp';
 import { afterAll, beforeAll, describe, expect, inject, it } from 'vitest';
 import { EMBEDDED_MODELS_DIR, loadConfig } from '../src/config.js';
 import { startServer, type RunningServer } from '../src/server.js';
 import { silentLogger } from './helpers/api-server.js';
-import { readPicture } from './helpers/picture.js';
-import { BACKGROUND_RGB, PALETTE } from './helpers/palette.js';
+import { readImageFile } from './helpers/picture.js';
 
 /**
  * The whole service as `imagegen serve` runs it: config, worker threads, the real pipelines and the
@@ -38,18 +36,13 @@ afterAll(async () => {
   await rm(root, { recursive: true, force: true });
 });
 
-const read = async (data: Buffer) => {
-  const { data: pixels, info } = await sharp(data).removeAlpha().raw().toBuffer({ resolveWithObject: true });
-  return { info, reading: readPicture(new Uint8Array(pixels), info.width, info.height, PALETTE, BACKGROUND_RGB) };
-};
-
 describe('generation with the real engine', () => {
   it('returns inline images that show what the prompt asks, all different', async () => {
     const res = await client.images.generate({ model: 'shapes', prompt: 'a red circle', n: 3, size: '256x128', quality: 'hd', response_format: 'b64_json' });
     expect(res.data).toHaveLength(3);
     const images = res.data!.map((d) => Buffer.from(d.b64_json!, 'base64'));
     for (const image of images) {
-      const { info, reading } = await read(image);
+      const { info, reading } = await readImageFile(image);
       expect([info.width, info.height]).toEqual([256, 128]);
       expect(reading.colour).toBe('red');
     }
@@ -61,7 +54,7 @@ describe('generation with the real engine', () => {
     const file = await fetch(res.data![0].url!);
     expect(file.headers.get('content-type')).toBe('image/png');
     const image = Buffer.from(await file.arrayBuffer());
-    expect((await read(image)).reading).toMatchObject({ colour: 'blue' });
+    expect((await readImageFile(image)).reading).toMatchObject({ colour: 'blue' });
 
     const seed = (res.data![0] as { seed: number }).seed;
     const again = await client.images.generate({ model: 'shapes', prompt: 'a blue square', quality: 'hd', response_format: 'b64_json', seed } as OpenAI.ImageGenerateParamsNonStreaming);
@@ -107,7 +100,7 @@ describe('the embedded demo model', () => {
     const models = await client.models.list();
     expect(models.data.map((m) => m.id)).toEqual(expect.arrayContaining(['demo-shapes', 'dall-e-2', 'dall-e-3', 'gpt-image-1']));
     const res = await client.images.generate({ model: 'dall-e-3', prompt: 'a yellow circle', response_format: 'b64_json' });
-    const { info, reading } = await read(Buffer.from(res.data![0].b64_json!, 'base64'));
+    const { info, reading } = await readImageFile(Buffer.from(res.data![0].b64_json!, 'base64'));
     expect([info.width, info.height, reading.colour]).toEqual([512, 512, 'yellow']);
   });
 
@@ -116,7 +109,7 @@ describe('the embedded demo model', () => {
     expect(demoModel.default_size).toBe('512x512');
     expect(demoModel.sizes).toEqual(expect.arrayContaining(['256x256', '512x512', '1024x1024', '1792x1024', '1024x1792']));
     const res = await client.images.generate({ model: 'dall-e-2', prompt: 'a green square', size: '256x256', response_format: 'b64_json' });
-    const { info, reading } = await read(Buffer.from(res.data![0].b64_json!, 'base64'));
+    const { info, reading } = await readImageFile(Buffer.from(res.data![0].b64_json!, 'base64'));
     expect([info.width, info.height, reading.colour]).toEqual([256, 256, 'green']);
   });
 });

@@ -1,19 +1,12 @@
 import { existsSync } from 'node:fs';
 import { createRequire } from 'node:module';
-import { cp, mkdtemp, rm, writeFile } from 'node:fs/promises';
-import os from 'node:os';
+import { rm, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { OnnxModel } from '../src/engine/onnx-model.js';
 import { inspectModel } from '../src/models/layout.js';
 import { loadPipeline } from '../src/pipelines/load.js';
-import { referenceModel } from './helpers/reference.js';
-
-async function copyOf(family: string): Promise<string> {
-  const dir = await mkdtemp(path.join(os.tmpdir(), 'imagegen-layout-'));
-  await cp(referenceModel(family), dir, { recursive: true });
-  return dir;
-}
+import { copyOfReference, referenceModel } from './helpers/reference.js';
 
 describe('model folders', () => {
   it('reads the VAE scaling factor and the components from each export convention', async () => {
@@ -27,7 +20,7 @@ describe('model folders', () => {
   });
 
   it('says what is missing from a folder that is not a usable model', async () => {
-    const dir = await copyOf('sdxl');
+    const dir = await copyOfReference('sdxl');
     await rm(path.join(dir, 'unet'), { recursive: true });
     await rm(path.join(dir, 'tokenizer_2'), { recursive: true });
     await expect(inspectModel(dir)).rejects.toThrow(/missing unet\/model\.onnx or transformer\/model\.onnx, .*tokenizer_2\//);
@@ -35,16 +28,16 @@ describe('model folders', () => {
   });
 
   it('refuses a tokenizer without its merges and a scheduler it cannot run, before any request', async () => {
-    const dir = await copyOf('sd15-legacy');
+    const dir = await copyOfReference('sd15-legacy');
     await rm(path.join(dir, 'tokenizer', 'merges.txt'));
     await expect(inspectModel(dir)).rejects.toThrow(/missing tokenizer\//);
-    const other = await copyOf('sd15-optimum');
+    const other = await copyOfReference('sd15-optimum');
     await writeFile(path.join(other, 'scheduler', 'scheduler_config.json'), JSON.stringify({ _class_name: 'HeunDiscreteScheduler' }));
     await expect(inspectModel(other)).rejects.toThrow(/scheduler_config\.json: .*HeunDiscreteScheduler/);
   });
 
   it('names the component that cannot be loaded', async () => {
-    const dir = await copyOf('sd15-optimum');
+    const dir = await copyOfReference('sd15-optimum');
     await writeFile(path.join(dir, 'vae_decoder', 'model.onnx'), 'not an onnx file');
     await expect(loadPipeline(dir, { provider: 'cpu', threads: 1 })).rejects.toThrow(/cannot load .*vae_decoder[/\\]model\.onnx/);
   });

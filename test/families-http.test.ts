@@ -2,14 +2,12 @@ import { mkdtemp, rm } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import OpenAI from 'openai';
-import sharp from 'sharp';
 import { afterAll, beforeAll, describe, expect, inject, it } from 'vitest';
 import { loadConfig } from '../src/config.js';
 import { REFERENCE_FAMILIES } from '../src/reference/index.js';
 import { startServer, type RunningServer } from '../src/server.js';
 import { silentLogger } from './helpers/api-server.js';
-import { readPicture } from './helpers/picture.js';
-import { BACKGROUND_RGB, PALETTE } from './helpers/palette.js';
+import { readImageFile } from './helpers/picture.js';
 
 /**
  * Every reference family, installed as a user would (one folder per model in MODELS_DIR), asked
@@ -62,9 +60,8 @@ describe('every reference family through POST /v1/images/generations', () => {
         ),
       );
       for (const [i, res] of results.entries()) {
-        const { data, info } = await sharp(Buffer.from(res.data![0].b64_json!, 'base64')).removeAlpha().raw().toBuffer({ resolveWithObject: true });
+        const { info, reading } = await readImageFile(Buffer.from(res.data![0].b64_json!, 'base64'));
         expect(`${info.width}x${info.height}`).toBe(size);
-        const reading = readPicture(new Uint8Array(data), info.width, info.height, PALETTE, BACKGROUND_RGB);
         expect({ colour: reading.colour, shape: reading.shape }).toEqual({ colour: PROMPTS[i].colour, shape: PROMPTS[i].shape });
       }
     });

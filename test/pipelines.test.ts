@@ -1,13 +1,11 @@
-import { cp, mkdtemp, readFile, writeFile } from 'node:fs/promises';
-import os from 'node:os';
+import { readFile, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import { afterEach, describe, expect, it, vi } from 'vitest';
 import type { BatchItem, GenerationBatch } from '../src/engine/types.js';
 import { generateImages } from '../src/pipelines/run.js';
 import { schedulersFor } from '../src/schedulers/index.js';
 import { readPicture, type Reading } from './helpers/picture.js';
-import { BACKGROUND_RGB, PALETTE } from './helpers/palette.js';
-import { referenceModel } from './helpers/reference.js';
+import { copyOfReference, referenceModel } from './helpers/reference.js';
 
 /** Switched on by one test to break the sampler on purpose: every scheduler skips its input scaling. */
 const sabotage = vi.hoisted(() => ({ skipInputScaling: false }));
@@ -61,7 +59,7 @@ function batchFor(c: FamilyCase, items: BatchItem[], scheduler?: string, modelDi
 
 async function readAll(batch: GenerationBatch): Promise<Reading[]> {
   const images = await generateImages(batch);
-  return images.map((img) => readPicture(img.pixels, img.width, img.height, PALETTE, BACKGROUND_RGB));
+  return images.map((img) => readPicture(img.pixels, img.width, img.height));
 }
 
 const SEED = 11;
@@ -137,8 +135,7 @@ describe('a broken sampler is caught', () => {
 
   /** A copy of the model whose scheduler config disagrees with how it was trained. */
   async function withSchedulerConfig(change: Record<string, unknown>): Promise<string> {
-    const dir = await mkdtemp(path.join(os.tmpdir(), 'imagegen-broken-'));
-    await cp(referenceModel(base.family), dir, { recursive: true });
+    const dir = await copyOfReference(base.family);
     const file = path.join(dir, 'scheduler', 'scheduler_config.json');
     const config = JSON.parse(await readFile(file, 'utf8'));
     await writeFile(file, JSON.stringify({ ...config, ...change }));

@@ -3,7 +3,15 @@
  * from how much of its bounding box the figure fills (square ~1, circle ~pi/4, triangle ~1/2).
  */
 
-export type Rgb = readonly [number, number, number];
+import sharp, { type OutputInfo } from 'sharp';
+import { BACKGROUND, COLOURS } from '../../src/reference/concepts.js';
+
+type Rgb = readonly [number, number, number];
+
+const to255 = (c: readonly number[]): Rgb => [c[0] * 255, c[1] * 255, c[2] * 255];
+/** The reference models' colours and background in 0..255. */
+const PALETTE: Record<string, Rgb> = Object.fromEntries(Object.entries(COLOURS).map(([name, c]) => [name, to255(c)]));
+const BACKGROUND_RGB: Rgb = to255(BACKGROUND);
 
 export interface Reading {
   colour: string;
@@ -45,8 +53,9 @@ function meanBackgroundDistance(rgb: Uint8Array, width: number, height: number, 
   return count ? total / count : 0;
 }
 
-/** `palette` maps colour names to 0..255 RGB; `background` is the plain background's colour. */
-export function readPicture(rgb: Uint8Array, width: number, height: number, palette: Record<string, Rgb>, background: Rgb): Reading {
+/** What raw 8-bit RGB pixels show, in the reference models' palette. */
+export function readPicture(rgb: Uint8Array, width: number, height: number): Reading {
+  const [palette, background] = [PALETTE, BACKGROUND_RGB];
   let [minX, minY, maxX, maxY, count] = [width, height, -1, -1, 0];
   const sum = [0, 0, 0];
   for (let y = 0; y < height; y++) {
@@ -72,4 +81,10 @@ export function readPicture(rgb: Uint8Array, width: number, height: number, pale
   const fill = count / ((maxX - minX + 1) * (maxY - minY + 1));
   const shape = fill > 0.9 ? 'square' : fill > 0.66 && fill < 0.87 ? 'circle' : fill > 0.38 && fill < 0.62 ? 'triangle' : 'unknown';
   return { colour, shape, fill, coverage: count / (width * height), colourError, backgroundNoise };
+}
+
+/** An encoded image (file path or bytes) decoded, and what it shows. */
+export async function readImageFile(input: string | Buffer): Promise<{ info: OutputInfo; reading: Reading }> {
+  const { data, info } = await sharp(input).removeAlpha().raw().toBuffer({ resolveWithObject: true });
+  return { info, reading: readPicture(new Uint8Array(data), info.width, info.height) };
 }
