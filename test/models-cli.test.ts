@@ -1,13 +1,12 @@
 import { execFile } from 'node:child_process';
-import { cp, mkdir, mkdtemp, readdir, readFile, rm, stat, truncate, writeFile } from 'node:fs/promises';
+import { cp, mkdir, mkdtemp, readdir, readFile, rm, truncate, writeFile } from 'node:fs/promises';
 import { createServer, type AddressInfo } from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
-import { pino } from 'pino';
 import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, inject, it } from 'vitest';
-import { inspectModel } from '../src/models/layout.js';
+import { exists, inspectModel } from '../src/models/layout.js';
 import { ModelRegistry } from '../src/models/registry.js';
 import {
   DownloadInterrupted,
@@ -22,6 +21,7 @@ import {
   type Disk,
   type PullOptions,
 } from '../src/models/install/index.js';
+import { silentLogger } from './helpers/api-server.js';
 import { FakeHub, readFolderFiles } from './helpers/fake-hub.js';
 
 /**
@@ -53,7 +53,7 @@ beforeAll(async () => {
   hub.addRepo(REPO, sourceFiles);
   hub.addRepo('test-org/gated', sourceFiles, { token: 'hf_secret' });
   hub.addRepo('test-org/mixed', {
-    ...(await readFolderFiles(sourceDir, 'onnx')),
+    ...Object.fromEntries(Object.entries(sourceFiles).map(([file, data]) => [`onnx/${file}`, data])),
     'model_index.json': Buffer.from('{}'),
     'unet/diffusion_pytorch_model.safetensors': Buffer.alloc(4096, 1),
     'sample.png': Buffer.alloc(64, 2),
@@ -71,7 +71,6 @@ afterEach(() => rm(work, { recursive: true, force: true }));
 
 const pull = (repo: string, options: Partial<PullOptions> = {}) => pullModel({ modelsDir, repo, hubUrl: hub.url, output, retryDelayMs: 0, ...options });
 const importFrom = (source: string, name?: string) => importModel({ modelsDir, source, name, output });
-const exists = (file: string) => stat(file).then(() => true, () => false);
 async function failureOf(promise: Promise<unknown>): Promise<Error> {
   try {
     await promise;
@@ -82,7 +81,7 @@ async function failureOf(promise: Promise<unknown>): Promise<Error> {
 }
 
 async function registryIds(): Promise<string[]> {
-  const registry = new ModelRegistry({ roots: [{ dir: modelsDir, ownedBy: 'user' }], aliases: {}, logger: pino({ level: 'silent' }) });
+  const registry = new ModelRegistry({ roots: [{ dir: modelsDir, ownedBy: 'user' }], aliases: {}, logger: silentLogger });
   await registry.scan();
   return registry.list().map((model) => model.id);
 }

@@ -18,6 +18,20 @@ function expectError(answer: Answer, status: number, type: string, code: string)
   expect(answer.body.error).toMatchObject({ type, code, param: null });
 }
 
+/** A logger at level info whose lines the test reads: parsed, and as written (`raw`). */
+function capturedLogs<Line>() {
+  const lines: Line[] = [];
+  const raw: string[] = [];
+  const sink = new Writable({
+    write(chunk: Buffer, _encoding, done) {
+      raw.push(chunk.toString());
+      lines.push(JSON.parse(chunk.toString()) as Line);
+      done();
+    },
+  });
+  return { logger: pino({ level: 'info' }, sink), lines, raw };
+}
+
 async function ready(origin: string) {
   const res = await fetch(`${origin}/ready`);
   return { status: res.status, headers: res.headers, body: await res.json() };
@@ -216,14 +230,8 @@ describe('a worker process that dies', () => {
   });
 
   it('is restarted after a delay that grows while it dies before proving itself, at once once it has served', async () => {
-    const lines: { msg?: string; restartInMs?: number; reason?: string }[] = [];
-    const sink = new Writable({
-      write(chunk: Buffer, _encoding, done) {
-        lines.push(JSON.parse(chunk.toString()));
-        done();
-      },
-    });
-    const ops = await startOpsServer({ logger: pino({ level: 'info' }, sink) });
+    const { logger, lines } = capturedLogs<{ msg?: string; restartInMs?: number; reason?: string }>();
+    const ops = await startOpsServer({ logger });
     try {
       for (const expected of [1000, 2000]) {
         const starting = ops.server.engine.workers()[0];
@@ -262,16 +270,8 @@ describe('stopping the engine', () => {
 
 describe('logs', () => {
   async function logsOf(env: Record<string, string>) {
-    const lines: Record<string, unknown>[] = [];
-    const raw: string[] = [];
-    const sink = new Writable({
-      write(chunk: Buffer, _encoding, done) {
-        raw.push(chunk.toString());
-        lines.push(JSON.parse(chunk.toString()));
-        done();
-      },
-    });
-    const ops = await startOpsServer({ env, logger: pino({ level: 'info' }, sink) });
+    const { logger, lines, raw } = capturedLogs<Record<string, unknown>>();
+    const ops = await startOpsServer({ env, logger });
     try {
       const res = await fetch(`${ops.baseURL}/images/generations`, {
         method: 'POST',

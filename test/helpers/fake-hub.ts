@@ -35,14 +35,14 @@ const isLfs = (file: string, data: Buffer) => /\.(onnx|onnx_data|pb|safetensors|
 const sha256 = (data: Buffer) => createHash('sha256').update(data).digest('hex');
 const gitBlobId = (data: Buffer) => createHash('sha1').update(`blob ${data.length}\0`).update(data).digest('hex');
 
-/** Every file under `dir` by relative path (forward slashes), optionally under `prefix/`. */
-export async function readFolderFiles(dir: string, prefix = ''): Promise<Record<string, Buffer>> {
+/** Every file under `dir` by relative path (forward slashes). */
+export async function readFolderFiles(dir: string): Promise<Record<string, Buffer>> {
   const files: Record<string, Buffer> = {};
   const visit = async (rel: string) => {
     for (const name of await readdir(path.join(dir, rel))) {
       const child = rel ? `${rel}/${name}` : name;
       if ((await stat(path.join(dir, child))).isDirectory()) await visit(child);
-      else files[prefix ? `${prefix}/${child}` : child] = await readFile(path.join(dir, child));
+      else files[child] = await readFile(path.join(dir, child));
     }
   };
   await visit('');
