@@ -6,30 +6,15 @@
  *   npx tsx bench/batching.ts [--requests 32] [--size 512] [--workers 1]
  */
 import { parseArgs } from 'node:util';
-import { EMBEDDED_MODELS_DIR } from '../src/config.js';
-import { createEnginePool } from '../src/engine/pool.js';
-import type { GenerationBatch } from '../src/engine/types.js';
+import { burst, warmPool } from './pool-load.js';
 
 const { values } = parseArgs({ options: { requests: { type: 'string', default: '32' }, size: { type: 'string', default: '512' }, workers: { type: 'string', default: '1' } } });
 const [requests, size, workers] = [Number(values.requests), Number(values.size), Number(values.workers)];
 
-const request = (seed: number): GenerationBatch => ({
-  modelDir: `${EMBEDDED_MODELS_DIR}demo-shapes`,
-  width: size,
-  height: size,
-  steps: 4,
-  guidanceScale: 0,
-  outputFormat: 'png',
-  items: [{ prompt: 'a red circle', negativePrompt: '', seed }],
-});
-
 async function measure(maxMergedImages: number): Promise<number> {
-  const pool = createEnginePool({ workers, queueMax: requests, executionProvider: 'cpu', maxMergedImages });
+  const pool = await warmPool({ workers, queueMax: requests, maxMergedImages }, requests, size);
   try {
-    await pool.generate(request(0)); // load the model in every worker before timing
-    const started = performance.now();
-    await Promise.all(Array.from({ length: requests }, (_, i) => pool.generate(request(i + 1))));
-    return requests / ((performance.now() - started) / 1000);
+    return await burst(pool, requests, size);
   } finally {
     await pool.close();
   }

@@ -1,5 +1,8 @@
+import { isIP } from 'node:net';
 import { fileURLToPath } from 'node:url';
 import { z } from 'zod';
+import { NOISE_KINDS } from './runtime/random.js';
+import { OPENAI_MODEL_NAMES } from './api/dialects.js';
 
 /**
  * Server configuration. Every setting has one name from which its environment variable (UPPER_SNAKE)
@@ -9,9 +12,6 @@ import { z } from 'zod';
 
 /** The `models/` folder shipped with the package (holds the demo model); always searched. */
 export const EMBEDDED_MODELS_DIR = fileURLToPath(new URL('../models/', import.meta.url));
-
-/** OpenAI model names that apps hard-code; by default they all resolve to DEFAULT_MODEL. */
-const OPENAI_MODEL_NAMES = ['dall-e-2', 'dall-e-3', 'gpt-image-1'] as const;
 
 const LOOPBACK_HOSTS = new Set(['localhost', '::1', '[::1]']);
 
@@ -51,6 +51,57 @@ const aliasList = z
   .regex(/^\s*([^=,\s]+\s*=\s*[^=,\s]*\s*)(,\s*[^=,\s]+\s*=\s*[^=,\s]*\s*)*$/, 'expected alias=model pairs separated by commas')
   .transform((text) => Object.fromEntries(text.split(',').map((pair) => pair.split('=').map((part) => part.trim()))) as Record<string, string>);
 
+/** An origin as browsers send it in `Origin` (scheme, host, port); "*" for any. */
+function asOrigin(text: string): string | undefined {
+  if (text === '*') return text;
+  if (!URL.canParse(text)) return undefined;
+  const url = new URL(text);
+  const bare = url.pathname === '/' && !url.search && !url.hash && !url.username;
+  return bare && /^https?:$/.test(url.protocol) ? url.origin : undefined;
+}
+
+/** "https://app.example.com,http://localhost:5173" or "*"; each normalised as browsers write origins. */
+const originList = list.pipe(
+  z.array(
+    z.string().transform((text, ctx) => {
+      const origin = asOrigin(text);
+      if (origin === undefined) {
+        ctx.addIssue({ code: 'custom', message: `'${text}' is not an origin: expected * or origins such as https://app.example.com or http://localhost:5173 (scheme, host, port; no path)` });
+        return z.NEVER;
+      }
+      return origin;
+    }),
+  ),
+);
+
+/** proxy-addr's names for address ranges (Fastify's trustProxy understands them). */
+const PROXY_RANGE_NAMES = new Set(['loopback', 'linklocal', 'uniquelocal']);
+
+/** "10.0.0.5", "10.0.0.0/8", "fd00::/8" or one of proxy-addr's range names. */
+function isProxyAddress(text: string): boolean {
+  if (PROXY_RANGE_NAMES.has(text)) return true;
+  const [address, bits, ...rest] = text.split('/');
+  const version = isIP(address);
+  if (version === 0 || rest.length > 0) return false;
+  return bits === undefined || (/^\d{1,3}$/.test(bits) && Number(bits) <= (version === 4 ? 32 : 128));
+}
+
+/** TRUST_PROXY: true/false, or the addresses and CIDR ranges of the proxies to trust. */
+const proxyTrust = z.string().transform((text, ctx): boolean | string[] => {
+  if (/^(true|1|yes)$/i.test(text)) return true;
+  if (/^(false|0|no)$/i.test(text)) return false;
+  const entries = text.split(',').map((item) => item.trim()).filter(Boolean);
+  const wrong = entries.filter((entry) => !isProxyAddress(entry));
+  if (wrong.length > 0) {
+    ctx.addIssue({
+      code: 'custom',
+      message: `${wrong.map((w) => `'${w}'`).join(', ')}: expected false, true, or proxy addresses and CIDR ranges such as 127.0.0.1,10.0.0.0/8 (or loopback, linklocal, uniquelocal)`,
+    });
+    return z.NEVER;
+  }
+  return entries;
+});
+
 const absoluteUrl = z
   .url({ protocol: /^https?$/, error: 'expected an absolute http(s) URL such as https://images.example.com' })
   // Users often paste the SDK's base URL (ending in /v1); the image paths add /v1 themselves.
@@ -70,12 +121,29 @@ const SETTINGS = {
     schema: list.default([]),
     description: 'comma-separated API keys clients send as "Authorization: Bearer <key>" (prefer the env variable: flags show in ps)',
   },
+  apiKeysFile: {
+    schema: z.string().min(1).optional(),
+    description:
+      'file of API keys, one a line as [label:]key [requests_per_minute=N] [images_per_minute=N] [concurrent=N], # comments; re-read when it changes and on SIGHUP (see docs/security.md)',
+  },
   dataDir: { schema: z.string().min(1).default('./data'), description: 'folder of the image store (generated images served by URL)' },
   modelsDir: { schema: z.string().min(1).optional(), description: 'folder of installed models, one sub-folder per model (the embedded models/ is always searched too)' },
-  defaultModel: { schema: z.string().min(1).default('demo-shapes'), description: 'model that the OpenAI model names resolve to' },
+  defaultModel: {
+    schema: z.string().min(1).default('demo-shapes'),
+    description: 'model of requests that name none, and the one the OpenAI model names resolve to (default: the embedded demo model)',
+  },
+  rng: {
+    schema: z.enum(NOISE_KINDS).default('native'),
+    description: 'noise generator of requests that set no "rng": native (ours) or torch (the noise of torch.Generator("cpu").manual_seed(seed), so seeds give diffusers\' pictures)',
+  },
   modelAliases: {
     schema: aliasList.optional(),
     description: `extra or changed model aliases, e.g. "dall-e-3=sdxl,dall-e-2=" (empty target removes one); ${OPENAI_MODEL_NAMES.join(', ')} default to DEFAULT_MODEL`,
+  },
+  corsOrigins: {
+    schema: originList.default([]),
+    description:
+      'comma-separated web origins whose pages may call the API from a browser (CORS), e.g. https://app.example.com, or * for any; the pages still need an API key (default: none, browsers refuse cross-origin calls)',
   },
   modelsRescanSeconds: { schema: integer(0).default(30), description: 'how often model folders are rescanned for added or removed models (0 = only on demand)' },
   imageTtlSeconds: { schema: integer(1).default(86400), description: 'how long image URLs stay valid' },
@@ -85,23 +153,41 @@ const SETTINGS = {
     description: 'external address of this server for image URLs (default: taken from each request)',
   },
   trustProxy: {
-    schema: boolean.optional(),
-    description: 'honour X-Forwarded-Proto/-Host/-For from a reverse proxy (default: true when HOST is loopback)',
+    schema: proxyTrust.default(false),
+    description:
+      'honour X-Forwarded-Proto/-Host/-For from these proxies: comma-separated addresses or CIDR ranges (e.g. 127.0.0.1,10.0.0.0/8), or true for any peer (default: false, the headers are ignored)',
   },
-  workers: { schema: integer(1, 64).default(1), description: 'generation worker processes (each loads its own copy of a model)' },
+  workers: {
+    schema: integer(1, 64).optional(),
+    description: 'generation worker processes, each with its own copy of the models (default: one per CUDA device, one on the CPU, fewer if the models measured more memory than is free)',
+  },
   executionProvider: { schema: z.enum(['cpu', 'cuda']).default('cpu'), description: 'onnxruntime execution provider: cpu or cuda' },
+  ortThreadSpinning: {
+    schema: boolean.default(false),
+    description: "let onnxruntime's CPU threads spin-wait for work between operators (faster only with cores to spare: on a busy machine the spinning takes the cores from the other threads and workers)",
+  },
   modelMemoryBudget: {
     schema: byteSize.optional(),
     description: 'model weights all workers together keep loaded, e.g. 16g; beyond it the least recently used model is unloaded (default: 60% of RAM)',
+  },
+  memoryLimit: {
+    schema: byteSize.optional(),
+    description:
+      'most memory one batch may plan to take on top of its loaded models, e.g. 8g (default: what the machine has free); a batch expected to need more gets 507 insufficient_memory instead of running out of memory',
   },
   cudaDevices: {
     schema: z.string().regex(/^\d+(,\d+)*$/, 'expected device ids separated by commas, e.g. 0,1').transform((t) => t.split(',').map(Number)).default([0]),
     description: 'CUDA device ids; worker i runs on device i mod their count (with EXECUTION_PROVIDER=cuda)',
   },
   queueMax: { schema: integer(0).default(64), description: 'generation jobs that may wait for a worker before requests get 429' },
+  queueMaxSeconds: {
+    schema: integer(0).default(600),
+    description:
+      'estimated seconds of generation work that may wait per worker before new requests get 429 with a Retry-After from the work ahead (each model\'s speed is measured as it runs; 0 = no limit)',
+  },
   queueTimeoutSeconds: {
     schema: integer(1).default(120),
-    description: 'longest a request may wait for a worker (including while workers load models) before it gets 503 queue_timeout',
+    description: 'longest a request may wait for its first batch to get a worker (including while workers load models) before it gets 503 queue_timeout; its later batches never time out',
   },
   workerStallTimeoutSeconds: {
     schema: integer(0).default(600),
@@ -116,7 +202,19 @@ const SETTINGS = {
     schema: integer(0).default(30),
     description: 'on SIGTERM/SIGINT, how long running requests may finish before they are cancelled with a retryable 503',
   },
-  bodyLimit: { schema: byteSize.default(1024 ** 2), description: 'largest accepted request body, e.g. 1m' },
+  bodyLimit: { schema: byteSize.default(1024 ** 2), description: 'largest accepted request body, e.g. 1m; a compressed body counts decompressed' },
+  headersTimeoutSeconds: {
+    schema: integer(1).default(30),
+    description: 'a connection must send a request\'s headers within this long (also a new connection\'s first request), or it gets 408 and is closed',
+  },
+  requestTimeoutSeconds: {
+    schema: integer(1).default(60),
+    description: 'a request (headers and body) must arrive within this long, or it gets 408 and is closed; the generation after it is not limited by this',
+  },
+  keepAliveTimeoutSeconds: {
+    schema: integer(1).default(72),
+    description: 'an idle keep-alive connection is closed after this long (keep it above a load balancer\'s idle timeout)',
+  },
   tlsCert: { schema: z.string().min(1).optional(), description: 'PEM certificate file: serve HTTPS (needs TLS_KEY)' },
   tlsKey: { schema: z.string().min(1).optional(), description: 'PEM private key file for TLS_CERT' },
   metricsPublic: { schema: boolean.default(false), description: 'serve GET /metrics without an API key' },
@@ -133,10 +231,9 @@ const settingsSchema = z.object(Object.fromEntries(Object.entries(SETTINGS).map(
   [K in SettingName]: (typeof SETTINGS)[K]['schema'];
 });
 
-export interface Config extends Omit<z.output<typeof settingsSchema>, 'modelAliases' | 'trustProxy' | 'preload'> {
+export interface Config extends Omit<z.output<typeof settingsSchema>, 'modelAliases' | 'preload'> {
   /** Alias -> model id, defaults merged with MODEL_ALIASES. */
   modelAliases: Record<string, string>;
-  trustProxy: boolean;
   /** Models (ids or aliases) to load at start; empty for none. */
   preload: string[];
 }
@@ -181,11 +278,14 @@ export function loadConfig(flags: Partial<Record<SettingName, string>> = {}, env
   const parsed = result.data;
   const problems: string[] = [];
   const loopback = isLoopback(parsed.host);
-  if (!loopback && parsed.apiKeys.length === 0) {
+  if (!loopback && parsed.apiKeys.length === 0 && !parsed.apiKeysFile) {
     problems.push(
-      `HOST is ${parsed.host} but no API_KEYS are set: refusing to serve without authentication beyond this machine. ` +
-        'Set API_KEYS=<key1,key2> or listen on HOST=127.0.0.1.',
+      `HOST is ${parsed.host} but no API_KEYS or API_KEYS_FILE are set: refusing to serve without authentication beyond this machine. ` +
+        'Set API_KEYS=<key1,key2> (or API_KEYS_FILE=<file>) or listen on HOST=127.0.0.1.',
     );
+  }
+  if (parsed.headersTimeoutSeconds > parsed.requestTimeoutSeconds) {
+    problems.push('HEADERS_TIMEOUT_SECONDS must not exceed REQUEST_TIMEOUT_SECONDS: the headers are part of the request');
   }
   if (Boolean(parsed.tlsCert) !== Boolean(parsed.tlsKey)) problems.push('TLS_CERT and TLS_KEY must be set together');
   if (problems.length) throw new ConfigError(problems);
@@ -199,7 +299,6 @@ export function loadConfig(flags: Partial<Record<SettingName, string>> = {}, env
   return {
     ...parsed,
     modelAliases,
-    trustProxy: parsed.trustProxy ?? loopback,
     preload: preload.length === 1 && preload[0].toLowerCase() === 'none' ? [] : preload,
   };
 }

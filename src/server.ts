@@ -5,10 +5,13 @@ import type { Logger } from 'pino';
 import { EMBEDDED_MODELS_DIR, type Config } from './config.js';
 import { createEnginePool, type WorkerPool } from './engine/pool.js';
 import { buildApp } from './http/app.js';
-import type { ModelRef } from './engine/types.js';
+import type { ModelRef } from './runtime/types.js';
+import { defaultWorkerCount } from './engine/worker-count.js';
+import { availableBytes } from './runtime/memory.js';
+import { MemoryFigures } from './models/memory-figures.js';
 import { ModelRegistry, modelRoots } from './models/registry.js';
 import { Metrics } from './observability/metrics.js';
-import { ImageStore } from './store/image-store.js';
+import { FileImageStore } from './store/file-store.js';
 
 /** Puts the service together (store, models, engine, HTTP app) and starts listening. */
 
@@ -25,7 +28,7 @@ export interface RunningServer {
 const SWEEP_INTERVAL_MS = 60_000;
 
 export async function startServer(config: Config, logger: Logger): Promise<RunningServer> {
-  const store = await ImageStore.open({
+  const store = await FileImageStore.open({
     dir: path.resolve(config.dataDir, 'images'),
     ttlSeconds: config.imageTtlSeconds,
     maxBytes: config.maxStoreBytes,
@@ -45,15 +48,22 @@ export async function startServer(config: Config, logger: Logger): Promise<Runni
   }
 
   const metrics = new Metrics();
+  const memoryFigures = await MemoryFigures.open(config.dataDir);
+  const preload = await preloadDirs(config.preload, registry, logger);
+  const workers = config.workers ?? chosenWorkerCount(config, preload, memoryFigures, logger);
   const engine = createEnginePool({
-    workers: config.workers,
+    workers,
     queueMax: config.queueMax,
+    queueMaxSeconds: config.queueMaxSeconds || undefined,
     queueTimeoutMs: config.queueTimeoutSeconds * 1000,
     stallTimeoutMs: config.workerStallTimeoutSeconds * 1000,
     executionProvider: config.executionProvider,
+    threadSpinning: config.ortThreadSpinning,
     cudaDevices: config.cudaDevices,
     modelMemoryBudget: config.modelMemoryBudget,
-    preload: await preloadDirs(config.preload, registry, logger),
+    memoryLimit: config.memoryLimit,
+    preload,
+    memoryFigures,
     logger: logger.child({ component: 'engine' }),
     metrics,
   });
@@ -63,6 +73,7 @@ export async function startServer(config: Config, logger: Logger): Promise<Runni
   const close = async () => {
     await app.close();
     await engine.close();
+    await memoryFigures.flushed();
     registry.close();
     await store.close();
   };
@@ -77,14 +88,26 @@ export async function startServer(config: Config, logger: Logger): Promise<Runni
   const port = typeof address === 'object' && address ? address.port : config.port;
   const host = config.host.includes(':') ? `[${config.host}]` : config.host;
   const url = `${tls ? 'https' : 'http'}://${host}:${port}`;
-  if (config.apiKeys.length === 0) {
-    logger.warn(`no API_KEYS set: every local client may use the server; it listens on loopback (${config.host}) only`);
+  if (config.apiKeys.length === 0 && !config.apiKeysFile) {
+    logger.warn(`no API_KEYS or API_KEYS_FILE set: every local client may use the server; it listens on loopback (${config.host}) only`);
   }
-  logger.info({ url: `${url}/v1`, models: registry.list().map((m) => m.id), workers: config.workers }, 'imagegen ready');
+  logger.info({ url: `${url}/v1`, models: registry.list().map((m) => m.id), workers }, 'imagegen ready');
   return { app, url, engine, close };
 }
 
 /** The models to preload; one that is not installed is skipped with a warning. */
+function chosenWorkerCount(config: Config, preload: ModelRef[], figures: MemoryFigures, logger: Logger): number {
+  const { workers, reason } = defaultWorkerCount({
+    provider: config.executionProvider,
+    cudaDevices: config.cudaDevices,
+    preload,
+    measured: figures.all(),
+    availableBytes: availableBytes(),
+  });
+  logger.info({ workers }, `WORKERS not set: ${workers} worker process${workers > 1 ? 'es' : ''}, ${reason}`);
+  return workers;
+}
+
 async function preloadDirs(names: string[], registry: ModelRegistry, logger: Logger): Promise<ModelRef[]> {
   const models = new Map<string, ModelRef>();
   for (const name of names) {

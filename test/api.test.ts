@@ -4,7 +4,7 @@ import OpenAI from 'openai';
 import type { ImageGenerateParamsNonStreaming } from 'openai/resources/images';
 import sharp from 'sharp';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { MAX_SEED } from '../src/engine/random.js';
+import { MAX_SEED } from '../src/runtime/random.js';
 import { MAX_PROMPT_LENGTH } from '../src/api/wire.js';
 import { schedulersFor } from '../src/schedulers/index.js';
 import { FakeEngine, startTestServer, STUB_SIZES, TEST_KEY, type TestServer } from './helpers/api-server.js';
@@ -83,9 +83,9 @@ describe('POST /v1/images/generations', () => {
     await generate({ steps: 7, guidance_scale: 2.5, negative_prompt: 'blurry', scheduler: 'euler', output_format: 'webp', output_compression: 60 });
     const [hd, custom] = server.engine.batches.slice(before);
     // The stub is an SD-Turbo: 1 step standard, 4 hd, no guidance.
-    expect({ steps: hd.steps, guidance: hd.guidanceScale, format: hd.outputFormat }).toEqual({ steps: 4, guidance: 0, format: 'png' });
-    expect(custom).toMatchObject({ steps: 7, guidanceScale: 2.5, scheduler: 'euler', outputFormat: 'webp', outputCompression: 60 });
-    expect(custom.items[0]).toMatchObject({ prompt: 'a red circle', negativePrompt: 'blurry' });
+    expect({ steps: hd.steps, guidance: hd.guidanceScale, output: hd.items[0].output }).toEqual({ steps: 4, guidance: 0, output: { format: 'png' } });
+    expect(custom).toMatchObject({ steps: 7, guidanceScale: 2.5, scheduler: 'euler' });
+    expect(custom.items[0]).toMatchObject({ prompt: 'a red circle', negativePrompt: 'blurry', output: { format: 'webp', compression: 60 } });
   });
 
   it('serves jpeg and webp with their content types', async () => {
@@ -124,7 +124,7 @@ describe('POST /v1/images/generations', () => {
 
 describe('request validation', () => {
   const cases: Array<[string, Record<string, unknown>, string | null, string, string?]> = [
-    ['missing model', { model: undefined }, 'model', 'missing_required_parameter', "Missing required parameter: 'model'."],
+    ['empty model', { model: '' }, 'model', 'empty_string'],
     ['missing prompt', { prompt: undefined }, 'prompt', 'missing_required_parameter', "Missing required parameter: 'prompt'."],
     ['null prompt', { prompt: null }, 'prompt', 'missing_required_parameter'],
     ['empty prompt', { prompt: '' }, 'prompt', 'empty_string'],
@@ -290,16 +290,18 @@ describe('backpressure and cancellation', () => {
 });
 
 describe('image store limits', () => {
-  it('stores none of the images when one of them does not fit, so a failed response leaves nothing behind', async () => {
+  it('stores none of the images when they do not fit, so a failed response leaves nothing behind', async () => {
     const sizes = (await generate({ n: 2, seed: 5, response_format: 'b64_json' })).data!.map((image) => Buffer.from(image.b64_json!, 'base64').length);
-    // Room for the first image, not for both.
+    // Room for the first image, not for both; the space a request's images may take is reserved before
+    // they are generated (test/store-reservation.test.ts), so this one is refused before any work.
     const tight = await startTestServer({ maxStoreBytes: sizes[0] + sizes[1] - 1 });
     try {
       const err = await apiError(generate({ n: 2, seed: 5 }, tight.client));
       expect({ status: err.status, code: err.code }).toEqual({ status: 507, code: 'storage_full' });
+      expect(tight.engine.batches).toHaveLength(0);
       expect(tight.store.stats()).toEqual({ files: 0, bytes: 0 });
       expect(await readdir(tight.dataDir)).toEqual([]);
-      expect((await generate({ n: 1, seed: 5 }, tight.client)).data).toHaveLength(1);
+      expect((await generate({ n: 2, seed: 5, response_format: 'b64_json' }, tight.client)).data).toHaveLength(2);
     } finally {
       await tight.close();
     }

@@ -1,9 +1,12 @@
 import { describe, expect, it } from 'vitest';
 import { BatchMerger } from '../src/engine/batcher.js';
 import { JobQueue } from '../src/engine/job-queue.js';
-import type { BatchItem, GeneratedImage, GenerationBatch } from '../src/engine/types.js';
-import { runBatch } from '../src/pipelines/run.js';
+import type { BatchItem, GeneratedImage, GenerationBatch } from '../src/runtime/types.js';
+import { WorkerRuntime } from '../src/pipelines/run.js';
 import { referenceModel } from './helpers/reference.js';
+
+/** This file's own worker runtime, in this process. */
+const runtime = new WorkerRuntime();
 
 /**
  * Compatible requests waiting together share one denoising loop. Real pipelines run the batches
@@ -11,7 +14,7 @@ import { referenceModel } from './helpers/reference.js';
  */
 
 function request(items: BatchItem[], overrides: Partial<GenerationBatch> = {}): GenerationBatch {
-  return { modelDir: referenceModel('sd-turbo'), width: 128, height: 128, steps: 4, guidanceScale: 0, outputFormat: 'png', items, ...overrides };
+  return { modelDir: referenceModel('sd-turbo'), width: 128, height: 128, steps: 4, guidanceScale: 0, items, ...overrides };
 }
 
 const item = (prompt: string, seed: number): BatchItem => ({ prompt, negativePrompt: '', seed });
@@ -25,7 +28,7 @@ function harness() {
       const run = { items: batch.items.length, stoppedEarly: false };
       runs.push(run);
       try {
-        return await runBatch(batch, { shouldStop: () => stop.aborted });
+        return await runtime.runBatch(batch, { shouldStop: () => stop.aborted });
       } catch (err) {
         run.stoppedEarly = true;
         throw err;
@@ -52,8 +55,20 @@ describe('merging compatible requests', () => {
     expect(runs.map((r) => r.items)).toEqual([1, 4, 1]);
     expect(results.map((r) => r.map((img) => img.seed))).toEqual([[1], [2, 3], [4], [5], [6]]);
     // Each image is the one its seed gives alone.
-    const [alone] = await runBatch(request([item('a green triangle', 4)]));
+    const [alone] = await runtime.runBatch(request([item('a green triangle', 4)]));
     expect(Buffer.compare(Buffer.from(alone.data), Buffer.from(results[2][0].data))).toBe(0);
+  });
+
+  it('shares one loop between requests that differ only in file format, encoding each as it asked', async () => {
+    const { runs, merger } = harness();
+    const first = merger.generate(request([item('a red circle', 1)]));
+    const png = merger.generate(request([item('a blue square', 2)]));
+    const webp = merger.generate(request([{ ...item('a blue square', 3), output: { format: 'webp', compression: 50 } }]));
+    const jpeg = merger.generate(request([{ ...item('a blue square', 4), output: { format: 'jpeg' } }]));
+    const [, [p], [w], [j]] = await Promise.all([first, png, webp, jpeg]);
+    expect(runs.map((r) => r.items)).toEqual([1, 3]);
+    expect([p.contentType, w.contentType, j.contentType]).toEqual(['image/png', 'image/webp', 'image/jpeg']);
+    expect([...p.data.subarray(1, 4), ...w.data.subarray(8, 12)].map((b) => String.fromCharCode(b)).join('')).toBe('PNGWEBP');
   });
 
   it('never merges past the item limit', async () => {

@@ -1,4 +1,5 @@
 import { describe, expect, it } from 'vitest';
+import { OPENAI_MODEL_NAMES } from '../src/api/dialects.js';
 import { ConfigError, loadConfig } from '../src/config.js';
 
 /** Configuration from flags and environment, secure by default. */
@@ -23,10 +24,11 @@ describe('loadConfig', () => {
       dataDir: './data',
       defaultModel: 'demo-shapes',
       imageTtlSeconds: 86400,
-      workers: 1,
+      // Unset: the server picks one per device (src/engine/worker-count.ts).
+      workers: undefined,
       queueMax: 64,
       bodyLimit: 1024 * 1024,
-      trustProxy: true,
+      trustProxy: false,
       modelAliases: { 'dall-e-2': 'demo-shapes', 'dall-e-3': 'demo-shapes', 'gpt-image-1': 'demo-shapes' },
     });
   });
@@ -58,7 +60,8 @@ describe('loadConfig', () => {
 
   it('merges MODEL_ALIASES over the defaults; an empty target removes one', () => {
     const config = loadConfig({}, { DEFAULT_MODEL: 'sdxl', MODEL_ALIASES: 'dall-e-3=flux, dall-e-2=, my-model=sd15' });
-    expect(config.modelAliases).toEqual({ 'dall-e-3': 'flux', 'gpt-image-1': 'sdxl', 'my-model': 'sd15' });
+    const defaults = Object.fromEntries(OPENAI_MODEL_NAMES.filter((name) => name !== 'dall-e-2').map((name) => [name, 'sdxl']));
+    expect(config.modelAliases).toEqual({ ...defaults, 'dall-e-3': 'flux', 'my-model': 'sd15' });
     expect(problems(() => loadConfig({}, { MODEL_ALIASES: 'nonsense' }))[0]).toMatch(/^MODEL_ALIASES/);
   });
 

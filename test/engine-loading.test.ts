@@ -3,7 +3,7 @@ import { createRequire } from 'node:module';
 import { rm, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import { describe, expect, it } from 'vitest';
-import { OnnxModel } from '../src/engine/onnx-model.js';
+import { OnnxModel } from '../src/runtime/onnx-model.js';
 import { inspectModel } from '../src/models/layout.js';
 import { loadPipeline } from '../src/pipelines/load.js';
 import { copyOfReference, referenceModel } from './helpers/reference.js';
@@ -16,7 +16,7 @@ describe('model folders', () => {
     expect(sdxl.vae.scalingFactor).toBe(0.13025);
     expect(sdxl.textEncoder2).toBeDefined();
     const flux = await inspectModel(referenceModel('flux-dev'));
-    expect([flux.family, flux.variant, flux.vae]).toEqual(['flux', 'flux-dev', { scalingFactor: 0.3611, shiftFactor: 0.1159 }]);
+    expect([flux.family, flux.variant, flux.vae]).toEqual(['flux', 'flux-dev', { scalingFactor: 0.3611, shiftFactor: 0.1159, scaleFactor: 8, midBlockAttention: false }]);
   });
 
   it('says what is missing from a folder that is not a usable model', async () => {
@@ -30,7 +30,7 @@ describe('model folders', () => {
   it('refuses a tokenizer without its merges and a scheduler it cannot run, before any request', async () => {
     const dir = await copyOfReference('sd15-legacy');
     await rm(path.join(dir, 'tokenizer', 'merges.txt'));
-    await expect(inspectModel(dir)).rejects.toThrow(/missing tokenizer\//);
+    await expect(inspectModel(dir)).rejects.toThrow(/tokenizer: merges\.txt is missing/);
     const other = await copyOfReference('sd15-optimum');
     await writeFile(path.join(other, 'scheduler', 'scheduler_config.json'), JSON.stringify({ _class_name: 'HeunDiscreteScheduler' }));
     await expect(inspectModel(other)).rejects.toThrow(/scheduler_config\.json: .*HeunDiscreteScheduler/);

@@ -1,3 +1,5 @@
+import { formatBytes } from '../src/util/bytes.js';
+import { MemoryFigures } from '../src/models/memory-figures.js';
 import { execFile } from 'node:child_process';
 import { cp, mkdir, mkdtemp, readdir, readFile, rm, truncate, writeFile } from 'node:fs/promises';
 import { createServer, type AddressInfo } from 'node:net';
@@ -11,7 +13,6 @@ import { ModelRegistry } from '../src/models/registry.js';
 import {
   DownloadInterrupted,
   exportModel,
-  formatBytes,
   importModel,
   listModels,
   MANIFEST_FILE,
@@ -20,7 +21,7 @@ import {
   removeModel,
   type Disk,
   type PullOptions,
-} from '../src/models/install/index.js';
+} from '../src/install/index.js';
 import { silentLogger } from './helpers/api-server.js';
 import { FakeHub, readFolderFiles } from './helpers/fake-hub.js';
 
@@ -59,6 +60,8 @@ beforeAll(async () => {
     'sample.png': Buffer.alloc(64, 2),
   });
   hub.addRepo('test-org/pytorch-only', { 'model_index.json': Buffer.from('{}'), 'unet/diffusion_pytorch_model.safetensors': Buffer.alloc(64) });
+  // As NVIDIA's TensorRT repositories ship them: engines compiled for one GPU, no ONNX graphs.
+  hub.addRepo('test-org/tensorrt', { 'model_index.json': Buffer.from('{}'), 'unet/unet.plan': Buffer.alloc(64), 'clip/clip.plan': Buffer.alloc(64) });
 });
 afterAll(() => hub.close());
 
@@ -132,6 +135,7 @@ describe('models pull', () => {
     const before = hub.requests.length;
     await expect(pull('test-org/mixed')).rejects.toThrow(/has no diffusers ONNX export.*--subfolder onnx/);
     await expect(pull('test-org/pytorch-only')).rejects.toThrow(/has no diffusers ONNX export.*PyTorch weights/);
+    await expect(pull('test-org/tensorrt')).rejects.toThrow(/has no diffusers ONNX export.*TensorRT engines \(clip\/clip\.plan, unet\/unet\.plan\).*optimum-cli export onnx/);
     expect(hub.requests.slice(before).some((r) => r.path.includes('/resolve/'))).toBe(false);
     await expectNothingInstalled('mixed');
   });
@@ -355,7 +359,14 @@ const cliWired = (await readFile(new URL('../src/cli/main.ts', import.meta.url),
 describe('the imagegen CLI', () => {
   it.skipIf(!cliWired)('lists models with "imagegen models list"', async () => {
     await importFrom(sourceDir, 'turbo');
-    const { stdout } = await execFileAsync('npx', ['tsx', 'src/cli/main.ts', 'models', 'list', '--models-dir', modelsDir], { cwd: fileURLToPath(new URL('..', import.meta.url)) });
-    expect(stdout).toMatch(/^ID\s+MODEL\s+SIZE\s+STATUS\nturbo\s+sd\/sd-turbo\s+\d+\.\d [KM]iB\s+ok\n$/);
+    const dataDir = path.join(modelsDir, '..', 'data');
+    const list = async () =>
+      (await execFileAsync('npx', ['tsx', 'src/cli/main.ts', 'models', 'list', '--models-dir', modelsDir, '--data-dir', dataDir], { cwd: fileURLToPath(new URL('..', import.meta.url)) })).stdout;
+    expect(await list()).toMatch(/^ID\s+MODEL\s+SIZE\s+MEMORY\s+STATUS\nturbo\s+sd\/sd-turbo\s+\d+\.\d [KM]iB\s+not measured\s+ok\n$/);
+    // What a server's workers measured for the model, as the server keeps it in its data folder.
+    const figures = await MemoryFigures.open(dataDir);
+    figures.record(path.resolve(modelsDir, 'turbo'), { weightsBytes: 1.5 * 2 ** 30, peakBytes: 2 ** 30, peakPixels: 2 ** 20 });
+    await figures.flushed();
+    expect(await list()).toMatch(/\nturbo\s+sd\/sd-turbo\s+\d+\.\d [KM]iB\s+1\.5 GiB \+ 1\.0 GiB at 1\.0 MP\s+ok\n$/);
   });
 });

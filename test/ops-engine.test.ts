@@ -1,8 +1,7 @@
-import { Writable } from 'node:stream';
-import { pino } from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createEnginePool } from '../src/engine/pool.js';
 import { startTestServer } from './helpers/api-server.js';
+import { capturedLogs } from './helpers/logs.js';
 import { auth, generate, LONG, metric, MODEL, OPS_KEY, scrape, sleep, startOpsServer, untilReady, whenRunning, type Answer, type OpsServer } from './helpers/ops-server.js';
 
 /**
@@ -16,20 +15,6 @@ function expectError(answer: Answer, status: number, type: string, code: string)
   expect(answer.headers.get('content-type')).toMatch(/^application\/json/);
   expect(Object.keys(answer.body.error!).sort()).toEqual(['code', 'message', 'param', 'type']);
   expect(answer.body.error).toMatchObject({ type, code, param: null });
-}
-
-/** A logger at level info whose lines the test reads: parsed, and as written (`raw`). */
-function capturedLogs<Line>() {
-  const lines: Line[] = [];
-  const raw: string[] = [];
-  const sink = new Writable({
-    write(chunk: Buffer, _encoding, done) {
-      raw.push(chunk.toString());
-      lines.push(JSON.parse(chunk.toString()) as Line);
-      done();
-    },
-  });
-  return { logger: pino({ level: 'info' }, sink), lines, raw };
 }
 
 async function ready(origin: string) {

@@ -1,5 +1,6 @@
 import http from 'node:http';
 import net from 'node:net';
+import { gzipSync } from 'node:zlib';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { auth, generate, metric, MODEL, OPS_KEY, scrape, startOpsServer, untilReady, type OpsServer } from './helpers/ops-server.js';
 
@@ -139,6 +140,12 @@ function drawCase(next: () => number): Case {
         () => json(VALID, { 'x-padding': 'p'.repeat(20_000) }),
         () => ({ ...json(VALID), headers: { ...auth } }),
         () => ({ ...json({ ...VALID, prompt: 'x'.repeat(1_100_000) }) }),
+        // Issue #13: compressed bodies (a bomb, a lie, an unknown coding), forged hosts, odd expectations.
+        () => ({ ...json(VALID), body: gzipSync(Buffer.alloc(8 * 1024 ** 2, 32)), headers: { ...auth, 'content-type': 'application/json', 'content-encoding': 'gzip' } }),
+        () => ({ ...json(VALID), headers: { ...auth, 'content-type': 'application/json', 'content-encoding': pick(['gzip', 'br', 'deflate', 'zstd', 'gzip, gzip']) } }),
+        () => json({ ...VALID, n: 0 }, { host: pick(['127.0.0.1:1@evil.example', '<b>x</b>', 'a/b', 'evil.example:99999']) }),
+        () => json({ ...VALID, n: 0 }, { 'x-forwarded-host': 'evil.example', 'x-forwarded-proto': 'javascript' }),
+        () => json(VALID, { expect: pick(['tea', '200-ok']) }),
       ])();
     case 'path':
       return { method: pick(['GET', 'HEAD']), path: pick(IMAGE_PATHS), headers: next() < 0.5 ? { ...auth } : {} };
@@ -202,7 +209,7 @@ describe('fuzzing the HTTP API', () => {
       agent.destroy();
     }
     // The mix reached every kind of refusal.
-    expect([...statuses.keys()].sort()).toEqual(expect.arrayContaining([400, 401, 404, 405, 413, 414, 415, 431]));
+    expect([...statuses.keys()].sort()).toEqual(expect.arrayContaining([400, 401, 404, 405, 413, 414, 415, 417, 431]));
     expect(metric(await scrape(ops.server.url), 'imagegen_queue_wait_seconds_count')).toBe(0);
   });
 
@@ -225,6 +232,7 @@ describe('fuzzing the HTTP API', () => {
     for (const request of requests) {
       const [head, body] = (await raw(request)).split('\r\n\r\n');
       expect([request, head.split('\r\n')[0]]).toEqual([request, 'HTTP/1.1 400 Bad Request']);
+      expect(head).toMatch(/\r\nx-request-id: req_[0-9a-f]{32}\r\n/);
       expect(JSON.parse(body).error).toMatchObject({ type: 'invalid_request_error', code: 'malformed_request', param: null });
     }
   });

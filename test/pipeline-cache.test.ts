@@ -17,7 +17,7 @@ function cache(budget: number) {
 
 /** 'released' once the pipeline's sessions are gone. */
 function tryGenerate(pipeline: Pipeline): Promise<string> {
-  const batch = { modelDir: pipeline.layout.dir, width: 64, height: 64, steps: 1, guidanceScale: 0, outputFormat: 'png' as const, items: [{ prompt: 'x', negativePrompt: '', seed: 1 }] };
+  const batch = { modelDir: pipeline.layout.dir, width: 64, height: 64, steps: 1, guidanceScale: 0, items: [{ prompt: 'x', negativePrompt: '', seed: 1 }] };
   return pipeline.generate(batch).then(
     () => 'ran',
     () => 'released',

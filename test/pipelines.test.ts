@@ -1,11 +1,14 @@
 import { readFile, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import { afterEach, describe, expect, it, vi } from 'vitest';
-import type { BatchItem, GenerationBatch } from '../src/engine/types.js';
-import { generateImages } from '../src/pipelines/run.js';
+import type { BatchItem, GenerationBatch } from '../src/runtime/types.js';
+import { WorkerRuntime } from '../src/pipelines/run.js';
 import { schedulersFor } from '../src/schedulers/index.js';
 import { readPicture, type Reading } from './helpers/picture.js';
 import { copyOfReference, referenceModel } from './helpers/reference.js';
+
+/** This file's own worker runtime, in this process. */
+const runtime = new WorkerRuntime();
 
 /** Switched on by one test to break the sampler on purpose: every scheduler skips its input scaling. */
 const sabotage = vi.hoisted(() => ({ skipInputScaling: false }));
@@ -54,11 +57,11 @@ const PROMPTS = [
 ] as const;
 
 function batchFor(c: FamilyCase, items: BatchItem[], scheduler?: string, modelDir = referenceModel(c.family)): GenerationBatch {
-  return { modelDir, width: c.size, height: c.size, steps: c.steps, guidanceScale: c.guidance, scheduler, outputFormat: 'png', items };
+  return { modelDir, width: c.size, height: c.size, steps: c.steps, guidanceScale: c.guidance, scheduler, items };
 }
 
 async function readAll(batch: GenerationBatch): Promise<Reading[]> {
-  const images = await generateImages(batch);
+  const images = await runtime.generateImages(batch);
   return images.map((img) => readPicture(img.pixels, img.width, img.height));
 }
 
@@ -112,13 +115,13 @@ for (const c of FAMILIES) {
 
     it('gives identical pixels for the same seed and different pictures for different seeds', async () => {
       const items = [1, 1, 2, 3, 4].map((seed) => ({ prompt: 'a yellow shape', negativePrompt: '', seed }));
-      const images = await generateImages(batchFor(c, items));
+      const images = await runtime.generateImages(batchFor(c, items));
       expect(Buffer.compare(images[0].pixels, images[1].pixels)).toBe(0);
       const distinct = new Set(images.slice(1).map((img) => Buffer.from(img.pixels).toString('base64')));
       expect(distinct.size).toBeGreaterThanOrEqual(3);
       // Seeds are per image: the same seed alone gives the same picture as inside a batch (up to one
       // level of rounding, since the runtime may sum in another order for another batch size).
-      const [alone] = await generateImages(batchFor(c, [items[3]]));
+      const [alone] = await runtime.generateImages(batchFor(c, [items[3]]));
       expect(maxDifference(alone.pixels, images[3].pixels)).toBeLessThanOrEqual(1);
     });
   });

@@ -4,7 +4,7 @@ import path from 'node:path';
 import * as ort from 'onnxruntime-node';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { presetOverrideSchema } from '../src/models/presets.js';
-import { generateImages } from '../src/pipelines/run.js';
+import { WorkerRuntime } from '../src/pipelines/run.js';
 import { PRIOR_STRENGTH } from '../src/reference/concept-graph.js';
 import {
   BACKGROUND,
@@ -34,6 +34,9 @@ import {
 import { encodeImage } from '../src/reference/latent-code.js';
 import { readPicture } from './helpers/picture.js';
 import { referenceModel } from './helpers/reference.js';
+
+/** This file's own worker runtime, in this process. */
+const runtime = new WorkerRuntime();
 
 /**
  * The reference models: right files and tensor signatures for every family, byte-for-byte
@@ -814,7 +817,7 @@ describe('different seeds give different pictures', () => {
     // shifted by one pair), which shifts the picture rather than changing it.
     const seeds = [7, 271_828, 314_159, 1_618_033, 2_718_281, 4_242_424, 8_675_309, 31_415_926];
     const items = seeds.map((seed) => ({ prompt: 'a red circle', negativePrompt: '', seed }));
-    const images = await generateImages({ modelDir: modelDir('sd-turbo'), width: 256, height: 256, steps: 4, guidanceScale: 0, outputFormat: 'png', items });
+    const images = await runtime.generateImages({ modelDir: modelDir('sd-turbo'), width: 256, height: 256, steps: 4, guidanceScale: 0, items });
     for (const image of images) expect(readPicture(image.pixels, image.width, image.height)).toMatchObject({ colour: 'red', shape: 'circle' });
     // Two runs that land on the same prototype agree to a few levels; two placements differ far more somewhere.
     const distinct: Uint8Array[] = [];

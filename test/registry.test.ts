@@ -56,6 +56,14 @@ describe('ModelRegistry', () => {
     const models = registry([root]);
     await models.scan();
     expect(models.list().map((m) => m.id)).toEqual(['good']);
+    // A stray file is no model folder at all; the skipped folders are listed with their reason for /ready.
+    expect(models.unusable().map(({ id, reason }) => [id, reason])).toEqual([
+      ['bad-default', expect.stringMatching(/^imagegen\.json: default_size 512x512 is not one of its sizes/)],
+      ['bad-override', expect.stringMatching(/^imagegen\.json: sizes/)],
+      ['bad-scheduler', expect.stringMatching(/^imagegen\.json: scheduler 'flow-match-euler' does not fit this model/)],
+      ['bad-size', expect.stringMatching(/^imagegen\.json: sizes 500x500 do not fit this model/)],
+      ['not-a-model', expect.stringMatching(/^missing unet\/model\.onnx/)],
+    ]);
     const good = (await models.resolve('good'))!;
     expect(good.preset).toMatchObject({
       sizes: ['256x256', '512x512'],
@@ -108,5 +116,6 @@ describe('ModelRegistry', () => {
     await writeFile(path.join(root, 'fixme', 'imagegen.json'), JSON.stringify({ sizes: ['512x512'] }));
     await models.refresh();
     expect(models.list().map((m) => m.id)).toEqual(['fixme']);
+    expect(models.unusable()).toEqual([]);
   });
 });

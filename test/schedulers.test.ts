@@ -4,7 +4,7 @@
  * table from the WebNN SD1.5 demo, which prints diffusers' schedule.
  */
 import { describe, expect, it } from 'vitest';
-import { BatchNoise, Rng } from '../src/engine/random.js';
+import { BatchNoise, Rng } from '../src/runtime/random.js';
 import { DDIMScheduler } from '../src/schedulers/ddim.js';
 import { DPMSolverMultistepScheduler } from '../src/schedulers/dpm-solver-multistep.js';
 import { EulerAncestralDiscreteScheduler } from '../src/schedulers/euler-ancestral.js';

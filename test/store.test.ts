@@ -2,7 +2,8 @@ import { mkdtemp, readdir, rm, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
-import { ImageStore, StoreFullError } from '../src/store/image-store.js';
+import { FileImageStore } from '../src/store/file-store.js';
+import { StoreFullError } from '../src/store/image-store.js';
 import { silentLogger, startTestServer, TEST_KEY } from './helpers/api-server.js';
 
 /** The image store on disk, and the files route in front of it. */
@@ -13,11 +14,17 @@ beforeEach(async () => {
 });
 afterEach(() => rm(dir, { recursive: true, force: true }));
 
+/** The stores' clock: tests move it on instead of waiting for images to expire. */
+let now = Date.UTC(2026, 10, 23);
+const clock = () => now;
+const wait = (ms: number) => {
+  now += ms;
+};
+
 const open = (options: { ttlSeconds?: number; maxBytes?: number } = {}) =>
-  ImageStore.open({ dir, ttlSeconds: options.ttlSeconds ?? 60, maxBytes: options.maxBytes ?? 1e6, logger: silentLogger });
+  FileImageStore.open({ dir, ttlSeconds: options.ttlSeconds ?? 60, maxBytes: options.maxBytes ?? 1e6, logger: silentLogger, clock });
 
 const bytes = (n: number, fill = 1) => new Uint8Array(n).fill(fill);
-const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
 
 describe('ImageStore', () => {
   it('writes each image under a 128-bit id, atomically, leaving no temporary files', async () => {
@@ -35,7 +42,7 @@ describe('ImageStore', () => {
     const store = await open({ ttlSeconds: 0.15 });
     const image = await store.put(bytes(10), 'image/webp');
     expect(store.get(image.id)).toMatchObject({ ext: 'webp', contentType: 'image/webp' });
-    await sleep(200);
+    wait(200);
     expect(store.get(image.id)).toBeNull();
     expect(await store.read(image)).toBeNull();
     expect(await readdir(dir)).toHaveLength(1);
@@ -50,7 +57,7 @@ describe('ImageStore', () => {
     await first.close();
     await writeFile(path.join(dir, `.${'a'.repeat(32)}.tmp`), 'half an image');
     await writeFile(path.join(dir, 'README'), 'not an image');
-    await sleep(100);
+    wait(100);
 
     const reopened = await open({ ttlSeconds: 1 });
     expect(reopened.get(kept.id)).toEqual(kept);
@@ -62,11 +69,11 @@ describe('ImageStore', () => {
     const store = await open({ ttlSeconds: 0.05, maxBytes: 250 });
     await store.put(bytes(100), 'image/png');
     await store.put(bytes(100), 'image/png');
-    await sleep(100);
+    wait(100);
     // Both expired: deleted to make room.
     await store.put(bytes(200), 'image/png');
     expect(await readdir(dir)).toHaveLength(1);
-    await sleep(100);
+    wait(100);
     const full = await open({ ttlSeconds: 60, maxBytes: 250 });
     await full.put(bytes(200), 'image/png');
     await expect(full.put(bytes(100), 'image/png')).rejects.toBeInstanceOf(StoreFullError);
@@ -75,7 +82,7 @@ describe('ImageStore', () => {
   it('counts each expired image once when puts that find the store full sweep at the same time', async () => {
     const store = await open({ ttlSeconds: 0.05, maxBytes: 1000 });
     for (let i = 0; i < 10; i++) await store.put(bytes(100), 'image/png');
-    await sleep(100);
+    wait(100);
     await Promise.all(Array.from({ length: 10 }, () => store.put(bytes(100), 'image/png')));
     expect(store.stats()).toEqual({ files: 10, bytes: 1000 });
     expect(await readdir(dir)).toHaveLength(10);
@@ -89,7 +96,7 @@ describe('ImageStore', () => {
 
 describe('GET /v1/images/files/:name', () => {
   it('serves an image until it expires, then 404 in OpenAI shape', async () => {
-    const server = await startTestServer({ ttlSeconds: 1 });
+    const server = await startTestServer({ ttlSeconds: 1, clock });
     try {
       const { data } = await server.client.images.generate({ model: 'stub', prompt: 'x' });
       const url = data![0].url!;
@@ -98,7 +105,7 @@ describe('GET /v1/images/files/:name', () => {
       expect(res.headers.get('cache-control')).toMatch(/^public, max-age=[01], immutable$/);
       expect((await fetch(url, { method: 'HEAD' })).status).toBe(200);
 
-      await sleep(1100);
+      wait(1100);
       const gone = await fetch(url);
       expect(gone.status).toBe(404);
       expect(gone.headers.get('content-type')).toMatch(/^application\/json/);

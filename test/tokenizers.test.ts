@@ -3,7 +3,8 @@ import { mkdir, mkdtemp, rm, symlink, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from 'vitest';
+import { findTokenizerSource } from '../src/tokenizers/files.js';
 import { loadTokenizer } from '../src/tokenizers/load.js';
 import type { TextTokenizer } from '../src/tokenizers/tokenizer.js';
 
@@ -42,6 +43,18 @@ describe.skipIf(!haveClipData)('CLIP BPE against real SD tokenizer files (needs 
     expect(sd15.maxLength).toBe(77);
     expect(sd15.padId).toBe(EOS);
     expect(sd15.encode('An astronaut riding a horse')).toEqual(padded(ASTRONAUT, EOS, 77));
+  });
+
+  it("cleans text as transformers' CLIPTokenizer does with ftfy: entities, curly quotes, ligatures, full-width letters", () => {
+    const same = (typed: string, plain: string) => expect(sd15.encode(typed), typed).toEqual(sd15.encode(plain));
+    same('fish &amp; chips &quot;fresh&quot; &#233;t&eacute;', 'fish & chips "fresh" été');
+    same('\u201cquoted\u201d and \u2018single\u2019', '"quoted" and \'single\'');
+    same('\ufb01sh \ufb02ower', 'fish flower');
+    same('\uff21\uff22\uff23\u3000\uff11\uff12', 'ABC 12');
+    // ftfy leaves entities alone in text that may be HTML source (it has a '<').
+    expect(sd15.encode('<b> &amp;')).not.toEqual(sd15.encode('<b> &'));
+    // A bare '&' with no entity after it stays.
+    same('salt & pepper', 'salt & pepper');
   });
 
   it('gives the same ids from vocab.json + merges.txt as from tokenizer.json', async () => {
@@ -245,14 +258,41 @@ describe('SentencePiece Unigram (T5) from a small tokenizer.json', () => {
 });
 
 describe('loadTokenizer', () => {
+  const escaped = (text: string) => text.replace(/[.*+?^${}()|[\]\\]/g, '\\$&');
+  let dir: string;
+  beforeEach(async () => {
+    dir = await mkdtemp(path.join(tmpdir(), 'partial-tokenizer-'));
+  });
+  afterEach(async () => {
+    await rm(dir, { recursive: true, force: true });
+  });
+
+  it.each([
+    ['vocab.json', 'merges.txt'],
+    ['merges.txt', 'vocab.json'],
+  ])('names the missing file when a CLIP folder has only %s', async (present, absent) => {
+    await writeFile(path.join(dir, present), present === 'vocab.json' ? '{"a</w>": 0}' : '#version: 0.2\n');
+    await expect(loadTokenizer(dir)).rejects.toThrow(new RegExp(`${escaped(dir)}.*${escaped(absent)} is missing`));
+    await expect(findTokenizerSource(dir)).rejects.toMatchObject({ partial: true });
+  });
+
+  it('names tokenizer.json and spiece.model when a T5 folder has neither', async () => {
+    await writeFile(path.join(dir, 'tokenizer_config.json'), JSON.stringify({ tokenizer_class: 'T5Tokenizer' }));
+    await writeFile(path.join(dir, 'added_tokens.json'), JSON.stringify({ '<extra_id_0>': 32099 }));
+    await expect(loadTokenizer(dir)).rejects.toThrow(
+      new RegExp(`${escaped(dir)}.*tokenizer\\.json.*spiece\\.model`),
+    );
+  });
+
+  it('names spiece.model when it is not a SentencePiece model', async () => {
+    await writeFile(path.join(dir, 'spiece.model'), Buffer.from([0x0a, 0xff, 0xff, 0x01]));
+    await expect(loadTokenizer(dir)).rejects.toThrow(/spiece\.model/);
+  });
+
   it('names the folder and the files it looked for when there is no tokenizer', async () => {
-    const empty = await mkdtemp(path.join(tmpdir(), 'no-tokenizer-'));
-    try {
-      await expect(loadTokenizer(empty)).rejects.toThrow(
-        new RegExp(`${empty.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')}.*tokenizer\\.json.*vocab\\.json.*merges\\.txt`),
-      );
-    } finally {
-      await rm(empty, { recursive: true, force: true });
-    }
+    await expect(loadTokenizer(dir)).rejects.toThrow(
+      new RegExp(`${escaped(dir)}.*tokenizer\\.json.*vocab\\.json.*merges\\.txt.*spiece\\.model`),
+    );
+    await expect(findTokenizerSource(dir)).rejects.toMatchObject({ partial: false });
   });
 });

@@ -1,8 +1,20 @@
 import { z } from 'zod';
-import { MAX_SEED } from '../engine/random.js';
+import { MAX_SEED } from '../runtime/random.js';
 import { STYLES, type Quality } from '../models/presets.js';
 import { SCHEDULER_NAMES } from '../schedulers/index.js';
+import { NOISE_KINDS } from '../runtime/random.js';
 import { ApiError, quoteList } from './errors.js';
+import {
+  DEFAULT_RESPONSE_FORMAT,
+  dialectOf,
+  qualityTier,
+  REQUEST_QUALITIES,
+  RESPONSE_FORMATS,
+  type Dialect,
+  type GptImageQuality,
+  type GptImageSize,
+  type ResponseFormat,
+} from './dialects.js';
 
 /**
  * The wire format, declared once: the generations request as a zod schema (OpenAI's fields, the
@@ -15,28 +27,36 @@ export const MAX_PROMPT_LENGTH = 32000;
 const MAX_IMAGES = 10;
 const MAX_STEPS = 150;
 const MAX_GUIDANCE_SCALE = 30;
+const MIN_STRENGTH = 0.01;
 
 /** An integer field whose invalid_type errors say "integer" (z.int() reports plain "number"). */
 const integer = (min: number, max: number) => z.number().multipleOf(1).min(min).max(max);
 
 const nonEmptyText = z.string().min(1).max(MAX_PROMPT_LENGTH);
 
-const generationRequestSchema = z.strictObject({
+const OUTPUT_FORMATS = ['png', 'jpeg', 'webp'] as const;
+type OutputFormat = (typeof OUTPUT_FORMATS)[number];
+
+/**
+ * Every field of the three image requests, declared once; each route's schema picks its own below. The
+ * defaults here apply to all of them (a variation has no `style`, yet its request reads as vivid).
+ */
+const requestFields = z.strictObject({
+  /** Required unless the parser has a default; its dialect (dialects.ts) sets defaults below. */
   model: z.string().min(1),
-  prompt: nonEmptyText,
+  /** Variations have none: they run with the empty prompt. Generations and edits require one. */
+  prompt: z.string().max(MAX_PROMPT_LENGTH).default(''),
   n: integer(1, MAX_IMAGES).default(1),
   /** "WxH" or "auto" (the model's default); checked against the model's sizes by the service. */
   size: z.string().optional(),
-  /** standard|hd (dall-e-3); gpt-image's low|medium|auto count as standard, high as hd. */
-  quality: z
-    .enum(['standard', 'hd', 'low', 'medium', 'high', 'auto'])
-    .default('standard')
-    .transform((q): Quality => (q === 'hd' || q === 'high' ? 'hd' : 'standard')),
+  /** A step tier (dialects.ts qualityTier). */
+  quality: z.enum(REQUEST_QUALITIES).optional(),
   style: z.enum(STYLES).default('vivid'),
-  response_format: z.enum(['url', 'b64_json']).default('url'),
+  /** Omitted: the dialect's default. */
+  response_format: z.enum(RESPONSE_FORMATS).optional(),
   /** Accepted for compatibility; never stored or logged. */
   user: z.string().optional(),
-  output_format: z.enum(['png', 'jpeg', 'webp']).default('png'),
+  output_format: z.enum(OUTPUT_FORMATS).default('png'),
   output_compression: integer(0, 100).optional(),
   background: z
     .enum(['auto', 'opaque', 'transparent'])
@@ -63,9 +83,52 @@ const generationRequestSchema = z.strictObject({
   guidance_scale: z.number().min(0).max(MAX_GUIDANCE_SCALE).optional(),
   negative_prompt: z.string().max(MAX_PROMPT_LENGTH).optional(),
   scheduler: z.enum(SCHEDULER_NAMES).optional(),
+  /** The noise generator: `torch` reproduces diffusers' pictures for a seed (torch.Generator("cpu")). */
+  rng: z.enum(NOISE_KINDS).optional(),
+  /** Edits: OpenAI's detail-keeping hint for gpt-image; the diffusion models have no such knob, so accepted and ignored. */
+  input_fidelity: z.enum(['high', 'low']).optional(),
+  /**
+   * Edits and variations (extension): how much of the schedule runs from the input image, diffusers'
+   * strength. At least 0.01, so that raising the steps to leave one to run stays within MAX_STEPS.
+   */
+  strength: z.number().min(MIN_STRENGTH).max(1).optional(),
 });
 
-export type GenerationRequest = z.output<typeof generationRequestSchema>;
+const generationRequestSchema = requestFields.omit({ input_fidelity: true, strength: true }).extend({ prompt: nonEmptyText });
+
+/** OpenAI's edit fields (no `moderation`), `style` kept as the extension it is for gpt-image names. */
+const editRequestSchema = requestFields.omit({ moderation: true }).extend({ prompt: nonEmptyText });
+
+/** dall-e-2's variation fields, plus the extensions that make sense without a prompt. */
+const variationRequestSchema = requestFields.pick({
+  model: true,
+  n: true,
+  size: true,
+  response_format: true,
+  user: true,
+  seed: true,
+  steps: true,
+  guidance_scale: true,
+  scheduler: true,
+  rng: true,
+  strength: true,
+});
+
+/** The schema of each route's fields (the images themselves travel beside them, see src/http/uploads.ts). */
+export const REQUEST_SCHEMAS = { generation: generationRequestSchema, edit: editRequestSchema, variation: variationRequestSchema } as const;
+export type RequestKind = keyof typeof REQUEST_SCHEMAS;
+
+type RequestFields = z.output<typeof requestFields>;
+
+/**
+ * A request as the service reads it, whichever route it came by: the model named (or the default), its
+ * dialect's defaults applied. A variation's prompt is empty.
+ */
+export type GenerationRequest = Omit<RequestFields, 'quality' | 'response_format'> & {
+  dialect: Dialect;
+  quality: Quality;
+  response_format: ResponseFormat;
+};
 
 export interface ImageObject {
   url?: string;
@@ -74,7 +137,28 @@ export interface ImageObject {
   seed: number;
 }
 
-export interface ImagesResponse {
+/**
+ * Token counts of a gpt-image response (src/service/gpt-image-fields.ts says what they count here).
+ * Input image tokens count the input image of edits and variations; generations have none.
+ */
+export interface ImageUsage {
+  input_tokens: number;
+  input_tokens_details: { text_tokens: number; image_tokens: number };
+  output_tokens: number;
+  output_tokens_details: { text_tokens: number; image_tokens: number };
+  total_tokens: number;
+}
+
+/** What a gpt-image response adds: the settings used, each only where the SDKs' types allow its value. */
+export interface GptImageResponseFields {
+  background: 'opaque';
+  output_format: OutputFormat;
+  quality: GptImageQuality;
+  size?: GptImageSize;
+  usage: ImageUsage;
+}
+
+export interface ImagesResponse extends Partial<GptImageResponseFields> {
   created: number;
   data: ImageObject[];
 }
@@ -98,10 +182,34 @@ export interface ModelList {
   data: ModelObject[];
 }
 
-function isIntegerField(key: string): boolean {
-  let field: z.ZodType | undefined = generationRequestSchema.shape[key as keyof typeof generationRequestSchema.shape];
+/** The schema of a field without its optional/default wrappers. */
+function fieldSchema(key: string): z.ZodType | undefined {
+  let field: z.ZodType | undefined = requestFields.shape[key as keyof typeof requestFields.shape];
   while (field && 'unwrap' in field && typeof field.unwrap === 'function') field = field.unwrap() as z.ZodType;
+  return field;
+}
+
+function isIntegerField(key: string): boolean {
+  const field = fieldSchema(key);
   return field instanceof z.ZodNumber && Boolean(field.isInt);
+}
+
+const NUMBER = /^\s*-?(\d+\.?\d*|\.\d+)(e[+-]?\d+)?\s*$/i;
+
+/**
+ * A multipart form's text values as the JSON body would carry them: the SDKs send numbers and booleans
+ * as strings (`n` arrives as "2"). A string that is no number stays one, so zod's message says what came.
+ */
+function fromForm(fields: Record<string, unknown>): Record<string, unknown> {
+  return Object.fromEntries(
+    Object.entries(fields).map(([key, value]) => {
+      if (typeof value !== 'string') return [key, value];
+      const field = fieldSchema(key);
+      if (field instanceof z.ZodNumber && NUMBER.test(value)) return [key, Number(value)];
+      if (field instanceof z.ZodBoolean && (value === 'true' || value === 'false')) return [key, value === 'true'];
+      return [key, value];
+    }),
+  );
 }
 
 function describeValue(value: unknown): string {
@@ -167,21 +275,38 @@ function rank(issue: z.core.$ZodIssue): number {
   return 2;
 }
 
+export interface ParseOptions {
+  /** The model of requests that name none; the CLI names its model itself, so only the HTTP routes pass one. */
+  defaultModel?: string;
+  /** The fields came as a multipart form's text values (strings), not as JSON. */
+  form?: boolean;
+}
+
 /**
- * Validates a generations request body. `null` means "omitted" (openai-python sends explicit None as
- * null). Throws the ApiError of the most telling problem.
+ * Validates the fields of a generations, edits or variations request. `null` means "omitted"
+ * (openai-python sends explicit None as null). Throws the ApiError of the most telling problem.
  */
-export function parseGenerationRequest(body: unknown): GenerationRequest {
+export function parseImageRequest(kind: RequestKind, body: unknown, { defaultModel, form = false }: ParseOptions = {}): GenerationRequest {
   // No body at all reads as an empty object, so the answer names the missing fields.
   const input = body === undefined ? {} : body;
   if (typeof input !== 'object' || input === null || Array.isArray(input)) {
     throw ApiError.invalid(null, 'invalid_type', `Invalid body: expected a JSON object, but got ${describeValue(input)} instead.`);
   }
-  const present = Object.fromEntries(Object.entries(input).filter(([, value]) => value !== null));
-  const result = generationRequestSchema.safeParse(present, { reportInput: true });
-  if (!result.success) throw toApiError([...result.error.issues].sort((a, b) => rank(a) - rank(b))[0]);
-
-  const request = result.data;
+  const given = Object.fromEntries(Object.entries(input).filter(([, value]) => value !== null));
+  const present = form ? fromForm(given) : given;
+  if (defaultModel !== undefined) present.model ??= defaultModel;
+  const checked = REQUEST_SCHEMAS[kind].safeParse(present, { reportInput: true });
+  if (!checked.success) throw toApiError([...checked.error.issues].sort((a, b) => rank(a) - rank(b))[0]);
+  // Each route's fields passed its own schema; this fills the defaults of those it lacks (a variation's style).
+  const { model, quality, response_format, ...fields } = requestFields.parse(checked.data);
+  const dialect = dialectOf(model);
+  const request: GenerationRequest = {
+    ...fields,
+    model,
+    dialect,
+    quality: qualityTier(quality, dialect, model),
+    response_format: response_format ?? DEFAULT_RESPONSE_FORMAT[dialect],
+  };
   if (request.output_compression !== undefined && request.output_compression < 100 && request.output_format === 'png') {
     throw ApiError.invalid(
       'output_compression',
@@ -190,4 +315,9 @@ export function parseGenerationRequest(body: unknown): GenerationRequest {
     );
   }
   return request;
+}
+
+/** A generations request body (the CLI's requests too). */
+export function parseGenerationRequest(body: unknown, defaultModel?: string): GenerationRequest {
+  return parseImageRequest('generation', body, { defaultModel });
 }

@@ -4,13 +4,13 @@ import path from 'node:path';
 import type { Command } from 'commander';
 import { pino } from 'pino';
 import { EMBEDDED_MODELS_DIR, loadConfig } from '../config.js';
-import { IMAGE_FORMATS } from '../engine/types.js';
+import { IMAGE_FORMATS } from '../runtime/types.js';
 import { ApiError } from '../api/errors.js';
 import { parseGenerationRequest } from '../api/wire.js';
 import { ModelRegistry, modelRoots } from '../models/registry.js';
-import { Progress, STEPS } from '../models/install/progress.js';
-import { configureEngine, runBatch } from '../pipelines/run.js';
-import { planBatches } from '../service/images.js';
+import { Progress, STEPS } from '../install/progress.js';
+import { WorkerRuntime } from '../pipelines/run.js';
+import { planBatches } from '../service/plan.js';
 
 /**
  * `imagegen generate`: the same request the HTTP route takes, run in this process without a server,
@@ -27,6 +27,7 @@ interface GenerateFlags {
   guidanceScale?: string;
   negativePrompt?: string;
   scheduler?: string;
+  rng?: string;
   quality?: string;
   style?: string;
   format: string;
@@ -59,6 +60,7 @@ async function generateCommand(prompt: string, flags: GenerateFlags): Promise<st
     guidance_scale: numberOrUndefined(flags.guidanceScale),
     negative_prompt: flags.negativePrompt,
     scheduler: flags.scheduler,
+    rng: flags.rng,
     quality: flags.quality,
     style: flags.style,
     output_format: flags.format,
@@ -75,9 +77,9 @@ async function generateCommand(prompt: string, flags: GenerateFlags): Promise<st
     const known = registry.list().map((m) => m.id);
     throw new Error(`no model '${request.model}'. Installed: ${known.join(', ') || 'none'}. Install one with 'imagegen models pull' or 'imagegen models import'.`);
   }
-  const batches = planBatches(request, model);
+  const batches = planBatches(request, model, config.rng);
 
-  configureEngine({ runtime: { provider: config.executionProvider, threads: os.availableParallelism() } });
+  const runtime = new WorkerRuntime({ runtime: { provider: config.executionProvider, threads: os.availableParallelism() } });
   const stepsPerBatch = batches[0].steps;
   const progress = new Progress(process.stderr, `${model.id} ${batches[0].width}x${batches[0].height}`, batches.length * stepsPerBatch, 0, Date.now, STEPS);
   await mkdir(flags.out, { recursive: true });
@@ -86,7 +88,7 @@ async function generateCommand(prompt: string, flags: GenerateFlags): Promise<st
   const written: string[] = [];
   for (const [index, batch] of batches.entries()) {
     let reported = 0;
-    const images = await runBatch(batch, {
+    const images = await runtime.runBatch(batch, {
       // A batch may report more steps than asked (PNDM repeats one): scale to the batch's share of the bar.
       onStep: (step, total) => {
         const now = Math.round((step / total) * stepsPerBatch);
@@ -119,6 +121,7 @@ export function registerGenerateCommand(program: Command): void {
     .option('--guidance-scale <scale>', 'classifier-free guidance [default: from --style]')
     .option('--negative-prompt <text>', 'what not to draw')
     .option('--scheduler <name>', "sampler, e.g. euler, euler_a, dpmpp_2m_karras [default: the model's]")
+    .option('--rng <generator>', 'noise generator: native, or torch for the pictures diffusers makes from a seed [RNG]')
     .option('--quality <quality>', 'standard or hd')
     .option('--style <style>', 'vivid or natural')
     .option('--format <format>', 'png, jpeg or webp', 'png')

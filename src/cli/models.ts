@@ -1,9 +1,10 @@
+import { formatBytes } from '../util/bytes.js';
+import path from 'node:path';
 import { Command, Option } from 'commander';
 import { envName } from '../config.js';
 import {
   DEFAULT_HUB_URL,
   exportModel,
-  formatBytes,
   importModel,
   listModels,
   MANIFEST_FILE,
@@ -11,11 +12,13 @@ import {
   pullModel,
   removeModel,
   type InstalledModel,
-} from '../models/install/index.js';
+} from '../install/index.js';
+import { readMemoryFigures, type ModelMemory } from '../models/memory-figures.js';
+import { registerVerifyCommand } from './verify.js';
 
 /**
  * `imagegen models ...`: manage the models folder the server reads (MODELS_DIR). The work is done by
- * src/models/install/; this file maps flags to it and prints results. Failures print their message
+ * src/install/; this file maps flags to it and prints results. Failures print their message
  * (which says what to do) and set exit code 1.
  */
 
@@ -58,6 +61,13 @@ function exitOnInterrupt(message: string): void {
 function printInstalled(model: InstalledModel): void {
   console.log(`installed ${model.id} (${model.family}, ${model.variant}, ${formatBytes(model.bytes)}) in ${model.dir}`);
   console.log(`a running server picks it up at its next rescan (${envName('modelsRescanSeconds')}) or when a request names it`);
+}
+
+/** "1.2 GiB + 3.4 GiB at 1.0 MP": loaded, and the most one batch took on top (at that many images x pixels). */
+function describeMemory(memory: ModelMemory | undefined): string {
+  if (!memory) return 'not measured';
+  const peak = memory.peakPixels ? ` + ${formatBytes(memory.peakBytes)} at ${(memory.peakPixels / 2 ** 20).toFixed(1)} MP` : '';
+  return `${formatBytes(memory.weightsBytes)}${peak}`;
 }
 
 const modelsDirOption = () => new Option('--models-dir <dir>', 'folder of installed models, one sub-folder per model').env(MODELS_DIR);
@@ -143,26 +153,31 @@ export function registerModelCommands(program: Command): void {
 
   models
     .command('list')
-    .description('list installed models, whether the server can use them, and unfinished pulls')
+    .description('list installed models, whether the server can use them, what they measured in memory, and unfinished pulls')
     .addOption(modelsDirOption())
+    .addOption(new Option('--data-dir <dir>', "the server's data folder, where it keeps the memory each model measured").env(envName('dataDir')).default('./data'))
     .action(
-      reporting(async (flags: CommonFlags) => {
+      reporting(async (flags: CommonFlags & { dataDir: string }) => {
         const modelsDir = modelsDirOf(flags);
+        const memory = await readMemoryFigures(flags.dataDir);
         const rows = (await listModels(modelsDir)).map((model) => [
           model.id,
           model.family ? `${model.family}/${model.variant}` : '-',
           formatBytes(model.bytes),
+          describeMemory(memory[path.resolve(modelsDir, model.id)]),
           model.reason ? `${model.status}: ${model.reason}` : model.status,
         ]);
         if (!rows.length) {
           console.log(`no models in ${modelsDir}; install one with "imagegen models pull <repo>" or "imagegen models import <folder|bundle>"`);
           return;
         }
-        const table = [['ID', 'MODEL', 'SIZE', 'STATUS'], ...rows];
+        const table = [['ID', 'MODEL', 'SIZE', 'MEMORY', 'STATUS'], ...rows];
         const widths = table[0].map((_, column) => Math.max(...table.map((row) => row[column].length)));
         for (const row of table) console.log(row.map((cell, column) => (column < row.length - 1 ? cell.padEnd(widths[column]) : cell)).join('  '));
       }),
     );
+
+  registerVerifyCommand(models);
 
   models
     .command('remove')

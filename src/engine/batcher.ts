@@ -1,4 +1,5 @@
-import type { BatchItem, GeneratedImage, GenerationBatch } from './types.js';
+import { RequeueError, type JobOptions, type Ticket } from './job-queue.js';
+import type { BatchItem, GeneratedImage, GenerationBatch } from '../runtime/types.js';
 
 /**
  * Merges requests for the same model, size and settings that wait for a worker together into one
@@ -7,17 +8,24 @@ import type { BatchItem, GeneratedImage, GenerationBatch } from './types.js';
  *
  * Cancellation: a member whose client leaves before the group starts is dropped from it; once the group
  * runs, the worker is told to stop at its next denoising step only when every member has left.
+ *
+ * A group waits in the queue as its first member's request (ticket), weighed by the estimated cost of
+ * all its members; when it starts, every member's request counts as started (see Ticket.begin).
  */
 
 /** Runs one batch on a worker; `stop` aborting asks the worker to stop at its next step. */
 export type BatchRunner = (batch: GenerationBatch, stop: AbortSignal) => Promise<GeneratedImage[]>;
 
 /** Where groups wait for a worker (the bounded job queue). */
-export type JobScheduler = (job: () => Promise<void>, signal: AbortSignal) => Promise<void>;
+export type JobScheduler = (job: () => Promise<void>, signal: AbortSignal, options: JobOptions) => Promise<void>;
+
+/** Estimated seconds a batch takes (see cost-model.ts). */
+export type CostEstimate = (batch: GenerationBatch) => number;
 
 interface Member {
   items: BatchItem[];
   signal?: AbortSignal;
+  ticket?: Ticket;
   left: boolean;
   resolve(images: GeneratedImage[]): void;
   reject(err: unknown): void;
@@ -45,27 +53,43 @@ export class BatchMerger {
     private readonly runner: BatchRunner,
     /** Most items one merged batch may hold (the worker still splits it under its memory bound). */
     private readonly maxItems: number,
+    private readonly estimate?: CostEstimate,
   ) {}
 
-  generate(batch: GenerationBatch, signal?: AbortSignal): Promise<GeneratedImage[]> {
+  /** `ticket`: the request the batch belongs to (a request's batches share one). */
+  generate(batch: GenerationBatch, signal?: AbortSignal, ticket?: Ticket): Promise<GeneratedImage[]> {
     if (signal?.aborted) return Promise.reject(signal.reason);
     return new Promise<GeneratedImage[]>((resolve, reject) => {
-      const member: Member = { items: batch.items, signal, left: false, resolve, reject };
       const key = batchKey(batch);
       const joinable = this.joinableGroup(key, batch);
       const group = joinable ?? this.openGroup(key, batch);
-      group.members.push(member);
-      signal?.addEventListener(
-        'abort',
-        () => {
-          member.left = true;
-          member.reject(signal.reason);
-          if (group.members.every((m) => m.left)) group.abandon.abort(signal.reason);
+      const leave = () => {
+        member.left = true;
+        member.reject(signal!.reason);
+        if (group.members.every((m) => m.left)) group.abandon.abort(signal!.reason);
+      };
+      // The listener goes as soon as the member settles, however it does: an AbortSignal.any() signal
+      // with an abort listener is kept alive by Node, and this closure would keep the member's images
+      // (its resolved promise) reachable for as long as the request's signal lives, i.e. for ever.
+      const settled = () => signal?.removeEventListener('abort', leave);
+      const member: Member = {
+        items: batch.items,
+        signal,
+        ticket,
+        left: false,
+        resolve: (images) => {
+          settled();
+          resolve(images);
         },
-        { once: true },
-      );
+        reject: (err) => {
+          settled();
+          reject(err);
+        },
+      };
+      group.members.push(member);
+      signal?.addEventListener('abort', leave, { once: true });
       // Scheduled after the first member joined: a free worker may start the group at once.
-      if (!joinable) this.schedule(group);
+      if (!joinable) this.schedule(group, ticket);
     });
   }
 
@@ -83,8 +107,10 @@ export class BatchMerger {
     return group;
   }
 
-  private schedule(group: Group): void {
-    this.enqueue(() => this.run(group), group.abandon.signal).catch((err) => {
+  private schedule(group: Group, ticket?: Ticket): void {
+    const { estimate } = this;
+    const cost = estimate && (() => estimate({ ...group.settings, items: group.members.flatMap((m) => (m.left ? [] : m.items)) }));
+    this.enqueue(() => this.run(group), group.abandon.signal, { ticket, cost }).catch((err) => {
       this.close(group);
       for (const m of group.members) m.reject(err);
     });
@@ -98,6 +124,7 @@ export class BatchMerger {
     this.close(group);
     const members = group.members.filter((m) => !m.left);
     if (members.length === 0) return;
+    for (const m of members) m.ticket?.begin();
     const stop = new AbortController();
     const stopIfAllLeft = () => {
       if (members.every((m) => m.left)) stop.abort();
@@ -111,6 +138,8 @@ export class BatchMerger {
         offset += m.items.length;
       }
     } catch (err) {
+      // The batch never reached a worker: the group waits again, its members with it.
+      if (err instanceof RequeueError) throw err;
       for (const m of members) m.reject(err);
     } finally {
       for (const m of members) m.signal?.removeEventListener('abort', stopIfAllLeft);

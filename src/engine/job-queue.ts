@@ -1,14 +1,27 @@
+import { FairOrder } from './fair-order.js';
+
 /**
- * Runs at most `concurrency` jobs at once and lets at most `maxWaiting` more wait, each for at most
- * `maxWaitMs`. A waiting job whose signal aborts leaves the queue; a running job is never interrupted
- * (for the engine that would mean killing a worker and the models it loaded), its result is simply not
- * awaited by anyone. The concurrency can change (workers come up, die and are replaced), so waiting jobs
- * start only once there is a worker ready for them.
+ * Runs at most `concurrency` jobs at once and lets more wait, bounded by their number (`maxWaiting`)
+ * and by the estimated seconds of work waiting (`maxQueuedSeconds`). A job belongs to a request (a
+ * Ticket): the request is admitted, or refused with QueueFullError, as a whole when its first job
+ * arrives, and it waits at most `maxWaitMs` for its FIRST job to start; its later jobs never time out
+ * behind its earlier ones. Waiting jobs start in fair order across clients (fair-order.ts): a client
+ * flooding expensive work delays another's cheap job by at most the jobs already running.
+ *
+ * A waiting job whose signal aborts leaves the queue; a running job is never interrupted (for the
+ * engine that would mean killing a worker and the models it loaded), its result is simply not awaited
+ * by anyone. A running job that rejects with RequeueError did not run after all (its worker was gone)
+ * and goes back to the head of its client's line. The concurrency can change (workers come up, die and
+ * are replaced), so waiting jobs start only once there is a worker ready for them.
  */
 
 export class QueueFullError extends Error {
-  constructor(readonly retryAfterSeconds: number) {
-    super('the job queue is full');
+  constructor(
+    readonly retryAfterSeconds: number,
+    /** Set when the client's own limit (ClientLimits) refused it rather than the server's queue. */
+    readonly clientLimit?: keyof ClientLimits,
+  ) {
+    super(clientLimit ? `the client's ${clientLimit} limit is reached` : 'the job queue is full');
     this.name = 'QueueFullError';
   }
 }
@@ -30,26 +43,85 @@ export class QueueClosedError extends Error {
   }
 }
 
+/** A running job rejects with this when it never ran (its worker was already gone): it waits again. */
+export class RequeueError extends Error {
+  constructor(readonly cause: Error) {
+    super(`the job did not run (${cause.message}) and waits again`);
+    this.name = 'RequeueError';
+  }
+}
+
+/** Per-client bounds, e.g. per API key; a client without them is bound only by the queue's. */
+export interface ClientLimits {
+  /** Estimated seconds of this client's work that may wait; a request beyond it gets QueueFullError (one request alone always may). */
+  maxQueuedCost?: number;
+  /** Jobs of this client that may run at once; the others wait (other clients' jobs go first). */
+  maxConcurrent?: number;
+}
+
+/**
+ * One request's claim on the queue: who sent it and what all its jobs are estimated to cost. It is
+ * admitted with its first job; once any of its jobs starts, none of its jobs times out any more.
+ */
+export class Ticket {
+  admitted = false;
+  started = false;
+  private readonly onStart = new Set<() => void>();
+
+  constructor(
+    readonly client = 'anonymous',
+    /** Estimated seconds of all the request's jobs, for admission. */
+    readonly cost = 0,
+    readonly limits: ClientLimits = {},
+  ) {}
+
+  /** The request got a worker (or joined a batch that did): its other jobs wait without a time limit. */
+  begin(): void {
+    if (this.started) return;
+    this.started = true;
+    for (const disarm of this.onStart) disarm();
+    this.onStart.clear();
+  }
+
+  /** Calls `disarm` when the request starts; returns what cancels that. */
+  whenStarted(disarm: () => void): () => void {
+    this.onStart.add(disarm);
+    return () => this.onStart.delete(disarm);
+  }
+}
+
+export interface JobOptions {
+  /** The request the job belongs to; without one, the job is a request of its own. */
+  ticket?: Ticket;
+  /** The job's estimated seconds, read when it is weighed (it may grow while it waits, as merged batches do). */
+  cost?: () => number;
+}
+
 export interface JobQueueOptions {
-  /** Longest a job may wait; it then leaves the queue with QueueTimeoutError. */
+  /** Longest a request may wait for its first job to start; it then leaves the queue with QueueTimeoutError. */
   maxWaitMs?: number;
+  /** Most estimated seconds of work that may wait per unit of concurrency before new requests are refused. */
+  maxQueuedSeconds?: number;
   /** Told how long each job waited before it started (for metrics). */
   onStart?(waitedMs: number): void;
 }
 
-interface Waiting {
+interface Entry {
+  ticket: Ticket;
+  cost(): number;
   start(): void;
   cancel(reason: unknown): void;
 }
 
-/** Seconds one job is assumed to take until some have been timed. */
+/** Seconds a job without an estimate is assumed to take, until jobs have been timed. */
 const INITIAL_JOB_SECONDS = 5;
 
 export class JobQueue {
-  private readonly waiting: Waiting[] = [];
-  private running = 0;
+  private readonly order = new FairOrder<Entry>();
+  private readonly runningCost = new Map<Entry, number>();
+  private readonly runningByClient = new Map<string, number>();
   private closed = false;
-  /** Moving average of job durations, for Retry-After. */
+  /** Moving average of the durations of jobs without an estimate, for Retry-After. */
   private jobSeconds = INITIAL_JOB_SECONDS;
 
   constructor(
@@ -58,45 +130,70 @@ export class JobQueue {
     private readonly options: JobQueueOptions = {},
   ) {}
 
-  run<T>(job: () => Promise<T>, signal?: AbortSignal): Promise<T> {
+  run<T>(job: () => Promise<T>, signal?: AbortSignal, { ticket = new Ticket(), cost }: JobOptions = {}): Promise<T> {
     if (this.closed) return Promise.reject(new QueueClosedError());
     if (signal?.aborted) return Promise.reject(signal.reason);
-    if (this.running >= this.concurrency && this.waiting.length >= this.maxWaiting) {
-      return Promise.reject(new QueueFullError(this.retryAfterSeconds()));
+    if (!ticket.admitted) {
+      const refusal = this.refusal(ticket);
+      if (refusal) return Promise.reject(refusal);
+      ticket.admitted = true;
     }
+    const weigh = cost ?? (() => this.jobSeconds);
     return new Promise<T>((resolve, reject) => {
-      const queued = performance.now();
+      let queued = 0;
       const onAbort = () => entry.cancel(signal!.reason);
-      const timer =
-        this.options.maxWaitMs === undefined
-          ? undefined
-          : setTimeout(() => entry.cancel(new QueueTimeoutError(Math.round((performance.now() - queued) / 1000), this.retryAfterSeconds())), this.options.maxWaitMs);
+      let disarm = () => undefined as unknown;
+      /**
+       * Waits in line. The wait is bounded until the request starts; a requeued job (`again`) is bounded
+       * once more, since its request may have nothing else running for it.
+       */
+      const wait = (again: boolean) => {
+        queued = performance.now();
+        signal?.addEventListener('abort', onAbort, { once: true });
+        const limit = this.options.maxWaitMs;
+        if (limit !== undefined && (again || !ticket.started)) {
+          const timer = setTimeout(() => entry.cancel(new QueueTimeoutError(Math.round((performance.now() - queued) / 1000), this.retryAfterSeconds())), limit);
+          const forget = again ? () => undefined : ticket.whenStarted(() => clearTimeout(timer));
+          disarm = () => (clearTimeout(timer), forget());
+        }
+        if (again) this.order.pushFront(ticket.client, entry);
+        else this.order.push(ticket.client, entry);
+      };
       const leave = () => {
-        clearTimeout(timer);
+        disarm();
         signal?.removeEventListener('abort', onAbort);
       };
-      const entry: Waiting = {
+      const entry: Entry = {
+        ticket,
+        cost: weigh,
         start: () => {
           leave();
+          ticket.begin();
           const started = performance.now();
           this.options.onStart?.(started - queued);
-          this.running++;
+          this.began(entry);
           job()
-            .then(resolve, reject)
+            .then(resolve, (err: unknown) => {
+              if (!(err instanceof RequeueError)) return reject(err);
+              if (this.closed) return reject(new QueueClosedError());
+              if (signal?.aborted) return reject(signal.reason);
+              // The job did not run: its charge is refunded and it waits at the head of its client's line.
+              this.order.charge(ticket.client, -(this.runningCost.get(entry) ?? 0));
+              wait(true);
+            })
             .finally(() => {
-              this.running--;
-              this.jobSeconds = 0.8 * this.jobSeconds + 0.2 * ((performance.now() - started) / 1000);
+              this.ended(entry);
+              if (!cost) this.jobSeconds = 0.8 * this.jobSeconds + 0.2 * ((performance.now() - started) / 1000);
               this.dispatch();
             });
         },
         cancel: (reason) => {
           leave();
-          this.waiting.splice(this.waiting.indexOf(entry), 1);
+          this.order.remove(entry);
           reject(reason);
         },
       };
-      signal?.addEventListener('abort', onAbort, { once: true });
-      this.waiting.push(entry);
+      wait(false);
       this.dispatch();
     });
   }
@@ -108,22 +205,65 @@ export class JobQueue {
   }
 
   private dispatch(): void {
-    while (this.running < this.concurrency && this.waiting.length) this.waiting.shift()!.start();
+    while (this.runningCost.size < this.concurrency) {
+      const entry = this.order.next((client) => (this.runningByClient.get(client) ?? 0) < (this.limitsOf(client).maxConcurrent ?? Infinity));
+      if (!entry) return;
+      entry.start();
+    }
   }
 
-  /** When the jobs ahead of a newcomer should be done, at the average job duration. */
+  private limitsOf(client: string): ClientLimits {
+    return this.order.peek(client)?.ticket.limits ?? {};
+  }
+
+  private began(entry: Entry): void {
+    const cost = entry.cost();
+    this.order.charge(entry.ticket.client, cost);
+    this.runningCost.set(entry, cost);
+    this.runningByClient.set(entry.ticket.client, (this.runningByClient.get(entry.ticket.client) ?? 0) + 1);
+  }
+
+  private ended(entry: Entry): void {
+    this.runningCost.delete(entry);
+    const left = (this.runningByClient.get(entry.ticket.client) ?? 1) - 1;
+    if (left > 0) this.runningByClient.set(entry.ticket.client, left);
+    else this.runningByClient.delete(entry.ticket.client);
+  }
+
+  /** Why a new request may not wait, or undefined when it may. */
+  private refusal(ticket: Ticket): QueueFullError | undefined {
+    if (this.runningCost.size < this.concurrency && this.order.size === 0) return undefined;
+    const { maxQueuedCost } = ticket.limits;
+    const clientQueued = this.sum(this.order.entriesOf(ticket.client));
+    if (maxQueuedCost !== undefined && clientQueued > 0 && clientQueued + ticket.cost > maxQueuedCost) {
+      return new QueueFullError(this.retryAfterSeconds(), 'maxQueuedCost');
+    }
+    const perWorker = this.sum(this.order.entries()) / Math.max(1, this.concurrency);
+    const tooMuchWork = this.options.maxQueuedSeconds !== undefined && perWorker > this.options.maxQueuedSeconds;
+    if (this.order.size >= this.maxWaiting || tooMuchWork) return new QueueFullError(this.retryAfterSeconds());
+    return undefined;
+  }
+
+  private sum(entries: Iterable<Entry>): number {
+    let total = 0;
+    for (const entry of entries) total += entry.cost();
+    return total;
+  }
+
+  /** When the work ahead of a newcomer (running and waiting, shared among the workers) should be done. */
   private retryAfterSeconds(): number {
-    const ahead = this.waiting.length / Math.max(1, this.concurrency) + 1;
-    return Math.max(1, Math.ceil(ahead * this.jobSeconds));
+    const running = [...this.runningCost.values()].reduce((a, b) => a + b, 0);
+    const ahead = (running + this.sum(this.order.entries())) / Math.max(1, this.concurrency);
+    return Math.max(1, Math.ceil(ahead));
   }
 
   load(): { running: number; queued: number } {
-    return { running: this.running, queued: this.waiting.length };
+    return { running: this.runningCost.size, queued: this.order.size };
   }
 
   /** Rejects the waiting jobs with QueueClosedError and refuses new ones; running jobs go on. */
   close(): void {
     this.closed = true;
-    for (const entry of [...this.waiting]) entry.cancel(new QueueClosedError());
+    for (const entry of [...this.order.entries()]) entry.cancel(new QueueClosedError());
   }
 }

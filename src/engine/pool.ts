@@ -2,9 +2,11 @@ import os from 'node:os';
 import path from 'node:path';
 import type { Logger } from 'pino';
 import type { EngineSettings } from '../pipelines/run.js';
+import type { ModelMemory } from '../models/memory-figures.js';
 import { BatchMerger } from './batcher.js';
-import { JobQueue } from './job-queue.js';
-import type { Engine, GeneratedImage, GenerationBatch, ModelRef } from './types.js';
+import { CostModel } from './cost-model.js';
+import { JobQueue, RequeueError, Ticket, type ClientLimits } from './job-queue.js';
+import type { GeneratedImage, GenerationBatch, ModelRef } from '../runtime/types.js';
 import { WorkerDiedError, WorkerProcess, type WorkerListener } from './worker-process.js';
 
 /**
@@ -12,18 +14,34 @@ import { WorkerDiedError, WorkerProcess, type WorkerListener } from './worker-pr
  * in a bounded queue (see job-queue.ts) that lets as many jobs run as there are workers ready: a
  * worker is ready once it has loaded the models to preload, so requests wait (bounded by the queue's
  * timeout) instead of failing while models load or while a dead worker's replacement starts.
+ * The queue weighs each batch by its estimated seconds (cost-model.ts, learned from the batches that
+ * finished here) to keep clients fair to each other and to answer 429 with a Retry-After that reflects
+ * the work ahead.
  */
+
+/** What the HTTP layer needs from the engine. */
+export interface Engine {
+  /** `ticket`: the request the batch belongs to (see EnginePool.ticket); without one the batch is a request of its own. */
+  generate(batch: GenerationBatch, signal?: AbortSignal, ticket?: Ticket): Promise<GeneratedImage[]>;
+  close(): Promise<void>;
+}
 
 export interface EnginePoolOptions {
   /** Worker processes; each holds its own copy of the models it ran. */
   workers: number;
   /** Jobs that may wait for a free worker; one more gets QueueFullError. */
   queueMax: number;
-  /** Longest a job may wait for a worker before it fails with QueueTimeoutError. */
+  /** Longest a request may wait for its first batch to get a worker before it fails with QueueTimeoutError. */
   queueTimeoutMs?: number;
+  /** Most estimated seconds of work that may wait per worker before new requests get QueueFullError. */
+  queueMaxSeconds?: number;
   executionProvider: 'cpu' | 'cuda';
+  /** Whether onnxruntime's CPU threads spin-wait for work (see RuntimeOptions.spinning); default false. */
+  threadSpinning?: boolean;
   /** Bytes of model weights all workers together keep loaded (default 60% of RAM). */
   modelMemoryBudget?: number;
+  /** Most memory one batch may plan to take on top of its worker's models (default: what is free). */
+  memoryLimit?: number;
   /** CUDA device ids shared out among the workers. */
   cudaDevices?: number[];
   /** Model folders every worker loads before it takes jobs. */
@@ -37,8 +55,16 @@ export interface EnginePoolOptions {
   stallTimeoutMs?: number;
   /** How long close() lets a worker finish stopping (e.g. a model load) before killing it; default 5 s. */
   stopGraceMs?: number;
+  /** Where the models' measured memory is kept across workers and restarts. */
+  memoryFigures?: MemoryFigureBook;
   logger?: Logger;
   metrics?: EngineMetrics;
+}
+
+/** The pool's view of the measured memory figures (see src/models/memory-figures.ts). */
+export interface MemoryFigureBook {
+  all(): Record<string, ModelMemory>;
+  record(modelDir: string, memory: ModelMemory): void;
 }
 
 /** What the engine reports for monitoring; models are named by their folder. */
@@ -46,6 +72,7 @@ export interface EngineMetrics {
   queueWait(seconds: number): void;
   batchFinished(batch: { model: string; images: number; steps: number; seconds: number; outcome: BatchOutcome }): void;
   modelLoaded(model: string, seconds: number): void;
+  modelMemory(model: string, memory: ModelMemory): void;
   workerReplaced(): void;
 }
 
@@ -60,6 +87,8 @@ export interface Readiness {
 }
 
 export interface EnginePool extends Engine {
+  /** A request's claim on the queue: its batches share it (see Ticket), weighed by their estimated cost. */
+  ticket(batches: readonly GenerationBatch[], client: string, limits?: ClientLimits): Ticket;
   /** Jobs running and waiting, for /health. */
   load(): { running: number; queued: number };
   /** For /ready. */
@@ -90,11 +119,21 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
   const cudaDevices = options.cudaDevices ?? [0];
   const engine: Partial<EngineSettings> = {
     // Workers share the cores: more threads than cores would only contend.
-    runtime: { provider: options.executionProvider, threads: Math.max(1, Math.floor(os.availableParallelism() / options.workers)) },
+    runtime: {
+      provider: options.executionProvider,
+      threads: Math.max(1, Math.floor(os.availableParallelism() / options.workers)),
+      spinning: options.threadSpinning ?? false,
+    },
     // Every worker holds its own copy of the models it uses, so the budget is shared out among them.
     modelMemoryBudget: Math.floor((options.modelMemoryBudget ?? os.totalmem() * 0.6) / options.workers),
+    memoryLimit: options.memoryLimit,
   };
-  const queue = new JobQueue(0, options.queueMax, { maxWaitMs: options.queueTimeoutMs, onStart: (ms) => metrics?.queueWait(ms / 1000) });
+  const queue = new JobQueue(0, options.queueMax, {
+    maxWaitMs: options.queueTimeoutMs,
+    maxQueuedSeconds: options.queueMaxSeconds,
+    onStart: (ms) => metrics?.queueWait(ms / 1000),
+  });
+  const costs = new CostModel();
 
   /** One worker per slot (none while a failed start waits for its retry); a slot's CUDA device stays the same across restarts. */
   const slots: (WorkerProcess | undefined)[] = Array(options.workers).fill(undefined);
@@ -118,6 +157,10 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
           metrics?.modelLoaded(modelName(message.modelDir), message.seconds);
           logger?.info({ worker: slot, model: modelName(message.modelDir), loadMs: Math.round(message.seconds * 1000) }, 'model loaded');
           break;
+        case 'model-memory':
+          options.memoryFigures?.record(message.modelDir, message.memory);
+          metrics?.modelMemory(modelName(message.modelDir), message.memory);
+          break;
         case 'model-load-failed':
           loadErrors.set(message.modelDir, message.message);
           logger?.error({ worker: slot, model: modelName(message.modelDir), error: message.message }, 'model failed to load');
@@ -134,7 +177,8 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
   function startWorker(slot: number): void {
     const deviceId = cudaDevices[slot % cudaDevices.length];
     try {
-      slots[slot] = new WorkerProcess({ type: 'init', engine: { ...engine, runtime: { ...engine.runtime!, deviceId } }, preload }, listener);
+      const knownMemory = options.memoryFigures?.all() ?? {};
+      slots[slot] = new WorkerProcess({ type: 'init', engine: { ...engine, runtime: { ...engine.runtime!, deviceId }, knownMemory }, preload }, listener);
     } catch (err) {
       restartLater(slot, false, `worker process could not be started (${(err as Error).message})`);
     }
@@ -170,31 +214,45 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
     const worker = readyWorkers().find((w) => !w.busy);
     if (!worker) throw new Error('internal error: the job queue started a job with no idle worker');
     const started = performance.now();
-    let outcome: BatchOutcome = 'failed';
+    const warm = worker.loaded.has(batch.modelDir);
+    let outcome: BatchOutcome | 'not_started' = 'failed';
     let images = 0;
     const watchdog = stallWatchdog(worker);
     try {
       const result = await worker.run(batch, stop, watchdog.progress);
       outcome = 'completed';
       images = result.length;
+      if (warm) costs.record(batch, (performance.now() - started) / 1000);
       return result;
     } catch (err) {
+      // Sent to a worker already dead (its exit not yet seen): the batch never ran, and waits for another.
+      if (err instanceof WorkerDiedError && !err.batchStarted) {
+        outcome = 'not_started';
+        throw new RequeueError(err);
+      }
       if (err instanceof WorkerDiedError) outcome = 'worker_died';
       else if (stop.aborted) outcome = 'cancelled';
       throw err;
     } finally {
       watchdog.stop();
-      const seconds = (performance.now() - started) / 1000;
-      const steps = worker.step;
-      metrics?.batchFinished({ model: modelName(batch.modelDir), images, steps, seconds, outcome });
-      logger?.debug({ model: modelName(batch.modelDir), size: `${batch.width}x${batch.height}`, items: batch.items.length, steps, runMs: Math.round(seconds * 1000), outcome }, 'batch finished');
+      if (outcome === 'not_started') logger?.warn({ model: modelName(batch.modelDir), pid: worker.pid }, 'batch sent to a worker that had died; it waits for another');
+      else report(batch, worker, outcome, images, started);
     }
   }
 
-  const merger = new BatchMerger((job, signal) => queue.run(job, signal), runOnWorker, options.maxMergedImages ?? 16);
+  function report(batch: GenerationBatch, worker: WorkerProcess, outcome: BatchOutcome, images: number, started: number): void {
+    const seconds = (performance.now() - started) / 1000;
+    const steps = worker.step;
+    metrics?.batchFinished({ model: modelName(batch.modelDir), images, steps, seconds, outcome });
+    logger?.debug({ model: modelName(batch.modelDir), size: `${batch.width}x${batch.height}`, items: batch.items.length, steps, runMs: Math.round(seconds * 1000), outcome }, 'batch finished');
+  }
+
+  const estimate = (batch: GenerationBatch) => costs.estimate(batch);
+  const merger = new BatchMerger((job, signal, jobOptions) => queue.run(job, signal, jobOptions), runOnWorker, options.maxMergedImages ?? 16, estimate);
 
   return {
-    generate: (batch, signal) => merger.generate(batch, signal),
+    generate: (batch, signal, ticket) => merger.generate(batch, signal, ticket),
+    ticket: (batches, client, limits) => new Ticket(client, batches.reduce((sum, batch) => sum + estimate(batch), 0), limits),
     load: () => queue.load(),
     readiness() {
       const live = workers().filter((w) => w.alive);

@@ -1,7 +1,7 @@
 import { fork, type ChildProcess } from 'node:child_process';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
-import type { GeneratedImage, GenerationBatch } from './types.js';
+import type { GeneratedImage, GenerationBatch } from '../runtime/types.js';
 import type { FromWorker, ToWorker, WorkerInit } from './worker-protocol.js';
 
 /**
@@ -11,9 +11,16 @@ import type { FromWorker, ToWorker, WorkerInit } from './worker-protocol.js';
  * the server goes on.
  */
 
-/** The process running a batch died (crash, out of memory, killed); the pool starts a new one. */
+/**
+ * The process running a batch died (crash, out of memory, killed); the pool starts a new one.
+ * `batchStarted` false: it died before it took the batch (it was already dead when the batch was
+ * sent, its 'close' not yet seen), so the batch never ran and may run elsewhere.
+ */
 export class WorkerDiedError extends Error {
-  constructor(readonly reason: string) {
+  constructor(
+    readonly reason: string,
+    readonly batchStarted = true,
+  ) {
     super(`the worker process running the batch ${reason}`);
     this.name = 'WorkerDiedError';
   }
@@ -21,13 +28,15 @@ export class WorkerDiedError extends Error {
 
 /** What the handle tells its owner. */
 export interface WorkerListener {
-  /** Model loads and readiness, as the worker reports them. */
-  event(worker: WorkerProcess, message: Extract<FromWorker, { type: 'model-loaded' | 'model-load-failed' | 'ready' }>): void;
+  /** Model loads, their memory and readiness, as the worker reports them. */
+  event(worker: WorkerProcess, message: Extract<FromWorker, { type: 'model-loaded' | 'model-load-failed' | 'model-memory' | 'ready' }>): void;
   /** The process ended; `reason` says how, for logs. Called once, after the running batch (if any) failed. */
   exit(worker: WorkerProcess, reason: string): void;
 }
 
 interface Task {
+  /** The worker said it took the batch. */
+  started: boolean;
   resolve(images: GeneratedImage[]): void;
   reject(err: Error): void;
   onProgress(): void;
@@ -104,7 +113,7 @@ export class WorkerProcess {
     const cancel = () => this.send({ type: 'cancel' });
     stop.addEventListener('abort', cancel, { once: true });
     return new Promise<GeneratedImage[]>((resolve, reject) => {
-      this.task = { resolve, reject, onProgress };
+      this.task = { started: false, resolve, reject, onProgress };
       this.step = 0;
       this.send({ type: 'run', batch });
       if (stop.aborted) cancel();
@@ -128,6 +137,9 @@ export class WorkerProcess {
 
   private receive(message: FromWorker): void {
     switch (message.type) {
+      case 'started':
+        if (this.task) this.task.started = true;
+        return;
       case 'step':
         this.step = message.step;
         this.task?.onProgress();
@@ -161,7 +173,8 @@ export class WorkerProcess {
     if (!this.alive) return;
     this.alive = false;
     this.ready = false;
-    this.finish()?.reject(new WorkerDiedError(reason));
+    const task = this.finish();
+    task?.reject(new WorkerDiedError(reason, task.started));
     this.listener.exit(this, reason);
   }
 

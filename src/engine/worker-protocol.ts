@@ -1,5 +1,6 @@
+import type { ModelMemory } from '../models/memory-figures.js';
 import type { EngineSettings } from '../pipelines/run.js';
-import type { GeneratedImage, GenerationBatch, ModelRef } from './types.js';
+import type { GeneratedImage, GenerationBatch, ModelRef } from '../runtime/types.js';
 
 /**
  * The messages between the pool and a worker process, over Node's IPC channel with `advanced`
@@ -26,8 +27,15 @@ export type ToWorker =
 export type FromWorker =
   | { type: 'model-loaded'; modelDir: string; seconds: number }
   | { type: 'model-load-failed'; modelDir: string; message: string }
+  /** What a model has cost this worker so far (after its load, and after each batch). */
+  | { type: 'model-memory'; modelDir: string; memory: ModelMemory }
   /** Preloading is over; the worker takes batches from now on. */
   | { type: 'ready' }
+  /**
+   * The worker took the batch (its first answer to 'run'): a process that dies before saying so never
+   * ran the batch, which then goes to another worker instead of failing.
+   */
+  | { type: 'started' }
   /** Denoising steps done so far in the running batch. */
   | { type: 'step'; step: number }
   | { type: 'done'; images: GeneratedImage[] }

@@ -1,8 +1,8 @@
 import { readFileSync, writeFileSync } from 'node:fs';
 import { inspect } from 'node:util';
-import { configureEngine, getPipeline, holdsModel, runBatch } from '../pipelines/run.js';
+import { WorkerRuntime } from '../pipelines/run.js';
 import type { FromWorker, ToWorker, WorkerInit } from './worker-protocol.js';
-import type { GenerationBatch } from './types.js';
+import type { GenerationBatch } from '../runtime/types.js';
 
 /**
  * A worker process (started by worker-process.ts): its own process, so that a native crash or the
@@ -14,22 +14,36 @@ import type { GenerationBatch } from './types.js';
 /** Resolves once the message is written to the channel: exiting before that could lose a large one. */
 const send = (message: FromWorker) => new Promise<void>((resolve) => process.send!(message, undefined, undefined, () => resolve()));
 
+/** Built from the settings of the first message ('init'); no batch comes before it. */
+let runtime: WorkerRuntime | undefined;
+
+function current(): WorkerRuntime {
+  if (!runtime) throw new Error('the worker received a batch before its settings');
+  return runtime;
+}
+
 /** Loads a model unless this worker holds it, reporting the load (also a reload after an eviction). */
 async function ensureLoaded(modelDir: string, version?: string): Promise<void> {
-  if (holdsModel(modelDir, version)) return;
+  if (current().holdsModel(modelDir, version)) return;
   const started = performance.now();
   try {
-    await getPipeline(modelDir, version);
+    await current().getPipeline(modelDir, version);
   } catch (err) {
     void send({ type: 'model-load-failed', modelDir, message: (err as Error).message });
     throw err;
   }
   void send({ type: 'model-loaded', modelDir, seconds: (performance.now() - started) / 1000 });
+  reportMemory(modelDir);
+}
+
+function reportMemory(modelDir: string): void {
+  const memory = current().modelMemory(modelDir);
+  if (memory) void send({ type: 'model-memory', modelDir, memory });
 }
 
 /** A model that fails to preload is reported by ensureLoaded; requests for it retry the load and get its error. */
 async function start({ engine, preload }: WorkerInit): Promise<void> {
-  configureEngine(engine);
+  runtime = new WorkerRuntime(engine);
   for (const { dir, version } of preload) await ensureLoaded(dir, version).catch(() => undefined);
   void send({ type: 'ready' });
 }
@@ -38,11 +52,13 @@ let running: { cancelled: boolean; done: Promise<void> } | undefined;
 let stopping = false;
 
 function run(batch: GenerationBatch): void {
+  void send({ type: 'started' });
   const task = { cancelled: false, done: Promise.resolve() };
   task.done = (async () => {
     try {
       await ensureLoaded(batch.modelDir, batch.modelVersion);
-      const images = await runBatch(batch, { shouldStop: () => task.cancelled, onStep: (step) => void send({ type: 'step', step }) });
+      const images = await current().runBatch(batch, { shouldStop: () => task.cancelled, onStep: (step) => void send({ type: 'step', step }) });
+      reportMemory(batch.modelDir);
       await send({ type: 'done', images });
     } catch (err) {
       // Only these fields: an error's other properties need not survive serialisation.

@@ -7,10 +7,18 @@ import type { Metrics } from '../observability/metrics.js';
 import { createImageService } from '../service/images.js';
 import type { ImageStore } from '../store/image-store.js';
 import { auth } from './auth.js';
+import { connectionOptions, connections } from './connections.js';
+import { content } from './content.js';
+import { cors } from './cors.js';
+import { edits } from './edits.js';
 import { answerClientError, answerFrameworkError, errors } from './errors.js';
+import { expectContinue } from './expect.js';
 import { files } from './files.js';
 import { health } from './health.js';
+import { hostCheck } from './host.js';
 import { images } from './images.js';
+import { KeyRates } from './key-rates.js';
+import { httpLogger } from './logging.js';
 import { metricsRoutes } from './metrics.js';
 import { models } from './models.js';
 import { requestId, requestIds } from './request-id.js';
@@ -18,8 +26,27 @@ import { shutdown } from './shutdown.js';
 
 /** The HTTP app, assembled from one plugin per concern; the caller owns the parts it is given. */
 
+/** The settings the HTTP layer reads. */
+export type AppConfig = Pick<
+  Config,
+  | 'apiKeys'
+  | 'apiKeysFile'
+  | 'bodyLimit'
+  | 'rng'
+  | 'trustProxy'
+  | 'publicBaseUrl'
+  | 'shutdownTimeoutSeconds'
+  | 'metricsPublic'
+  | 'logPrompts'
+  | 'defaultModel'
+  | 'corsOrigins'
+  | 'headersTimeoutSeconds'
+  | 'requestTimeoutSeconds'
+  | 'keepAliveTimeoutSeconds'
+>;
+
 export interface AppParts {
-  config: Pick<Config, 'apiKeys' | 'bodyLimit' | 'trustProxy' | 'publicBaseUrl' | 'shutdownTimeoutSeconds' | 'metricsPublic' | 'logPrompts'>;
+  config: AppConfig;
   registry: ModelRegistry;
   engine: EnginePool;
   store: ImageStore;
@@ -30,9 +57,12 @@ export interface AppParts {
 }
 
 export function buildApp({ config, registry, engine, store, metrics, logger, tls }: AppParts): FastifyInstance {
+  const { http, ...timeouts } = connectionOptions(config);
   const app = Fastify({
-    loggerInstance: logger,
+    loggerInstance: httpLogger(logger),
     genReqId: requestId,
+    ...timeouts,
+    http,
     bodyLimit: config.bodyLimit,
     trustProxy: config.trustProxy,
     // Our own shutdown hook answers in OpenAI's error shape instead.
@@ -40,22 +70,35 @@ export function buildApp({ config, registry, engine, store, metrics, logger, tls
     // Requests refused before routing, in OpenAI's error shape too.
     clientErrorHandler: answerClientError,
     frameworkErrors: answerFrameworkError,
-    ...(tls && { https: tls }),
+    // An HTTPS server takes Node's HTTP options among its TLS ones.
+    ...(tls && { https: { ...http, ...tls } }),
   }) as unknown as FastifyInstance;
 
   app.register(errors);
   app.register(requestIds);
+  app.register(connections);
+  app.register(content, { bodyLimit: config.bodyLimit });
   // Before the plugins whose hooks reject requests, so that those are counted too.
   app.register(metricsRoutes, { metrics, public: config.metricsPublic });
   app.register(shutdown, { timeoutMs: config.shutdownTimeoutSeconds * 1000 });
-  app.register(auth, { apiKeys: config.apiKeys });
-  app.register(health, { engine });
+  // Before auth: a request that is not even valid HTTP is told so, whatever its key.
+  app.register(hostCheck);
+  app.register(expectContinue);
+  // Before auth: preflights are answered without a key, and refusals of a key can be read by the page.
+  app.register(cors, { origins: config.corsOrigins });
+  app.register(auth, { apiKeys: config.apiKeys, apiKeysFile: config.apiKeysFile });
+  app.register(health, { engine, registry });
   app.register(models, { registry });
   app.register(files, { store });
-  app.register(images, {
-    service: createImageService({ registry, engine, store }),
+  // One service and one set of key rates for the three image routes: an edit counts against the same limits.
+  const imageRoutes = {
+    service: createImageService({ registry, engine, store, defaultRng: config.rng }),
     publicBaseUrl: config.publicBaseUrl,
     logPrompts: config.logPrompts,
-  });
+    defaultModel: config.defaultModel,
+    rates: new KeyRates(),
+  };
+  app.register(images, imageRoutes);
+  app.register(edits, imageRoutes);
   return app;
 }

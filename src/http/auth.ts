@@ -1,12 +1,16 @@
-import { createHash, timingSafeEqual } from 'node:crypto';
 import type { FastifyInstance } from 'fastify';
 import fp from 'fastify-plugin';
 import { ApiError } from '../api/errors.js';
+import { KeyRing, type ApiKey } from './keys.js';
 
 /**
  * Bearer API keys, as OpenAI checks them. Routes marked `config: { public: true }` (image files, so a
  * plain <img> can load them, and /health) and unknown URLs need no key. Without configured keys the server accepts
  * everyone; config.ts only allows that on loopback.
+ *
+ * The key is checked in onRequest, before a byte of the body is read, and a refusal closes the
+ * connection: a client without a key can neither make the server read its body nor hold the connection.
+ * The accepted key's label (never the key) goes on every log line of the request.
  */
 
 declare module 'fastify' {
@@ -14,16 +18,19 @@ declare module 'fastify' {
     /** Reachable without an API key. */
     public?: boolean;
   }
+  interface FastifyRequest {
+    /** The key the request was made with (null without keys or on public routes): its label and limits. */
+    apiKey: Omit<ApiKey, 'key'> | null;
+  }
 }
 
 export interface AuthOptions {
   apiKeys: string[];
+  /** API_KEYS_FILE: re-read when it changes and on SIGHUP. */
+  apiKeysFile?: string;
 }
 
-const CHALLENGE = { 'www-authenticate': 'Bearer realm="imagegen"' };
-
-// Comparing fixed-size digests keeps the comparison's time independent of the key and of its length.
-const digest = (key: string) => createHash('sha256').update(key).digest();
+const REFUSAL_HEADERS = { 'www-authenticate': 'Bearer realm="imagegen"', connection: 'close' };
 
 /** OpenAI's way of naming a wrong key without echoing it: its first and last few characters. */
 function mask(key: string): string {
@@ -31,26 +38,36 @@ function mask(key: string): string {
 }
 
 async function authPlugin(app: FastifyInstance, options: AuthOptions): Promise<void> {
-  if (options.apiKeys.length === 0) return;
-  const accepted = options.apiKeys.map(digest);
+  app.decorateRequest('apiKey', null);
+  const keys = await KeyRing.open({ ...options, logger: app.log });
+  if (!keys.enabled) return;
+  const reload = () => void keys.reload();
+  process.on('SIGHUP', reload);
+  app.addHook('onClose', async () => {
+    process.off('SIGHUP', reload);
+    keys.close();
+  });
 
-  app.addHook('onRequest', async (request) => {
+  app.addHook('onRequest', async (request, reply) => {
     // Unknown URLs answer 404 to everyone: a wrong base URL is then told apart from a wrong key.
     if (request.routeOptions.config.public || request.is404) return;
-    const key = /^Bearer\s+(\S+)\s*$/i.exec(request.headers.authorization ?? '')?.[1];
-    if (!key) {
+    // Browsers send CORS preflights without the key. OPTIONS reaches no resource: cors.ts answers the
+    // preflights of allowed origins, every other OPTIONS gets a 405.
+    if (request.method === 'OPTIONS') return;
+    const sent = /^Bearer\s+(\S+)\s*$/i.exec(request.headers.authorization ?? '')?.[1];
+    if (!sent) {
       throw new ApiError(
         401,
         "You didn't provide an API key. You need to provide your API key in an Authorization header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY).",
-        { headers: CHALLENGE },
+        { headers: REFUSAL_HEADERS },
       );
     }
-    const sent = digest(key);
-    // No early exit: every configured key is compared.
-    const valid = accepted.reduce((found, candidate) => timingSafeEqual(candidate, sent) || found, false);
-    if (!valid) {
-      throw new ApiError(401, `Incorrect API key provided: ${mask(key)}.`, { code: 'invalid_api_key', headers: CHALLENGE });
+    const found = keys.find(sent);
+    if (!found) {
+      throw new ApiError(401, `Incorrect API key provided: ${mask(sent)}.`, { code: 'invalid_api_key', headers: REFUSAL_HEADERS });
     }
+    request.apiKey = { label: found.label, ...(found.limits && { limits: found.limits }) };
+    request.log = reply.log = request.log.child({ apiKey: found.label });
   });
 }
 

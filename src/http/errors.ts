@@ -1,8 +1,9 @@
-import { STATUS_CODES } from 'node:http';
+import { STATUS_CODES, type ServerResponse } from 'node:http';
 import type { Socket } from 'node:net';
 import type { FastifyError, FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import fp from 'fastify-plugin';
 import { ApiError } from '../api/errors.js';
+import { newRequestId, stampReply } from './request-id.js';
 
 /**
  * Every error leaves the server as an ApiError in OpenAI's shape: ours as thrown, Fastify's and Node's
@@ -12,7 +13,11 @@ import { ApiError } from '../api/errors.js';
 const INTERNAL_ERROR_MESSAGE =
   'The server had an error while processing your request. Sorry about that! The server log has details under this request id.';
 
-const METHODS = ['GET', 'HEAD', 'POST', 'PUT', 'DELETE', 'PATCH', 'OPTIONS'] as const;
+/**
+ * The methods a 405 may name. Not OPTIONS: its only route is CORS's catch-all for preflights (cors.ts),
+ * which matches every path and would turn every unknown URL's 404 into a 405.
+ */
+const METHODS = ['GET', 'HEAD', 'POST', 'PUT', 'DELETE', 'PATCH'] as const;
 
 /** Fastify's own errors (body parsing, routing) in OpenAI's terms. */
 function fromFastifyError(err: FastifyError, request: FastifyRequest): ApiError | undefined {
@@ -27,48 +32,69 @@ function fromFastifyError(err: FastifyError, request: FastifyRequest): ApiError 
       return new ApiError(413, `The request body is too large: the limit is ${request.routeOptions.bodyLimit} bytes.`, {
         code: 'request_too_large',
       });
-    case 'FST_ERR_CTP_INVALID_MEDIA_TYPE':
-      return new ApiError(
-        415,
-        `Unsupported content type: '${request.headers['content-type'] ?? '(none)'}'. This endpoint only accepts 'application/json' requests.`,
-        { code: 'unsupported_media_type' },
-      );
+    case 'FST_ERR_CTP_INVALID_MEDIA_TYPE': {
+      // The edit routes' context also parses forms (edits.ts).
+      const accepted = request.server.hasContentTypeParser('multipart/form-data') ? "'application/json' and 'multipart/form-data'" : "only 'application/json'";
+      return new ApiError(415, `Unsupported content type: '${request.headers['content-type'] ?? '(none)'}'. This endpoint accepts ${accepted} requests.`, {
+        code: 'unsupported_media_type',
+      });
+    }
   }
   if (err.statusCode && err.statusCode >= 400 && err.statusCode < 500) return new ApiError(err.statusCode, err.message);
   return undefined;
 }
 
-function send(reply: FastifyReply, error: ApiError): FastifyReply {
+/** Sends an error in OpenAI's shape; the one way every route and hook answers with an error. */
+export function sendError(reply: FastifyReply, error: ApiError): FastifyReply {
   return reply.code(error.status).headers(error.headers).type('application/json; charset=utf-8').send(error.toBody());
+}
+
+/** What Node's HTTP parser and its timeouts refuse, in OpenAI's terms. */
+function fromClientError(err: NodeJS.ErrnoException): ApiError {
+  switch (err.code) {
+    case 'HPE_HEADER_OVERFLOW':
+      return new ApiError(431, 'The request headers are too large: the limit is 16 KiB.', { code: 'request_header_fields_too_large' });
+    case 'ERR_HTTP_REQUEST_TIMEOUT':
+      return new ApiError(408, 'The request took too long to arrive: its headers and body must be sent within the server\'s request timeout.', {
+        code: 'request_timeout',
+      });
+    default:
+      return new ApiError(400, 'The HTTP request is malformed and could not be parsed.', { code: 'malformed_request' });
+  }
 }
 
 /**
  * Fastify's `clientErrorHandler`: requests Node's HTTP parser rejects before any route sees them (headers
- * over 16 KiB, malformed request lines, unknown methods, raw null bytes in the URL). Written to the socket
- * by hand, as Node's own answer would be, but with OpenAI's error body.
+ * over 16 KiB, malformed request lines, unknown methods, raw null bytes in the URL) and requests that
+ * took longer than HEADERS_TIMEOUT_SECONDS / REQUEST_TIMEOUT_SECONDS to arrive. Written to the socket
+ * by hand, as Node's own answer would be, but with OpenAI's error body and a request id that the log
+ * line names too. The log gets the error's code only: Node's parser errors carry the raw bytes of the
+ * request, API keys included.
  */
-export function answerClientError(err: NodeJS.ErrnoException, socket: Socket): void {
+export function answerClientError(this: FastifyInstance, err: NodeJS.ErrnoException, socket: Socket): void {
   if (err.code === 'ECONNRESET' || socket.destroyed) return;
-  const error =
-    err.code === 'HPE_HEADER_OVERFLOW'
-      ? new ApiError(431, 'The request headers are too large.', { code: 'request_header_fields_too_large' })
-      : err.code === 'ERR_HTTP_REQUEST_TIMEOUT'
-        ? new ApiError(408, 'The request took too long to arrive.', { code: 'request_timeout' })
-        : new ApiError(400, 'The HTTP request is malformed and could not be parsed.', { code: 'malformed_request' });
+  const error = fromClientError(err);
+  const id = newRequestId();
+  this.log.info({ reqId: id, code: err.code, status: error.status }, 'request refused before routing');
   const body = JSON.stringify(error.toBody());
-  if (socket.writable) {
+  // An answer already under way on this connection (a response to a request whose body is late) cannot take a second one.
+  if (socket.writable && !(socket as { _httpMessage?: ServerResponse })._httpMessage?.headersSent) {
     socket.write(
       `HTTP/1.1 ${error.status} ${STATUS_CODES[error.status]}\r\nContent-Type: application/json; charset=utf-8\r\n` +
-        `Content-Length: ${Buffer.byteLength(body)}\r\nConnection: close\r\n\r\n${body}`,
+        `Content-Length: ${Buffer.byteLength(body)}\r\nx-request-id: ${id}\r\nConnection: close\r\n\r\n${body}`,
     );
   }
   socket.destroy(err);
 }
 
-/** Fastify's `frameworkErrors`: URLs its router cannot decode (bad percent-encoding) or parameters over its length limit. */
-export function answerFrameworkError(err: FastifyError, _request: FastifyRequest, reply: FastifyReply): FastifyReply {
+/**
+ * Fastify's `frameworkErrors`: URLs its router cannot decode (bad percent-encoding) or parameters over its
+ * length limit. No route's hooks run for these, so the request id is stamped here.
+ */
+export function answerFrameworkError(err: FastifyError, request: FastifyRequest, reply: FastifyReply): FastifyReply {
+  stampReply(request, reply);
   const tooLong = err.code === 'FST_ERR_MAX_PARAM_LENGTH';
-  return send(
+  return sendError(
     reply,
     tooLong
       ? new ApiError(414, 'The URL is too long.', { code: 'uri_too_long' })
@@ -79,9 +105,9 @@ export function answerFrameworkError(err: FastifyError, _request: FastifyRequest
 async function errorsPlugin(app: FastifyInstance): Promise<void> {
   app.setErrorHandler((err: FastifyError, request, reply) => {
     const error = err instanceof ApiError ? err : fromFastifyError(err, request);
-    if (error && error.status < 500) return send(reply, error);
+    if (error && error.status < 500) return sendError(reply, error);
     request.log.error({ err }, 'request failed');
-    return send(reply, error ?? new ApiError(500, INTERNAL_ERROR_MESSAGE));
+    return sendError(reply, error ?? new ApiError(500, INTERNAL_ERROR_MESSAGE));
   });
 
   // A known path with another method is a 405 naming the allowed ones, not a 404.
@@ -89,7 +115,7 @@ async function errorsPlugin(app: FastifyInstance): Promise<void> {
     const path = request.url.split('?')[0];
     const allowed = METHODS.filter((method) => app.findRoute({ method, url: path }));
     if (allowed.length) {
-      return send(
+      return sendError(
         reply,
         new ApiError(405, `Method ${request.method} is not allowed for ${path}. Allowed: ${allowed.join(', ')}.`, {
           code: 'method_not_allowed',
@@ -97,7 +123,7 @@ async function errorsPlugin(app: FastifyInstance): Promise<void> {
         }),
       );
     }
-    return send(reply, new ApiError(404, `Invalid URL (${request.method} ${path})`));
+    return sendError(reply, new ApiError(404, `Invalid URL (${request.method} ${path})`));
   });
 }
 

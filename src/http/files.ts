@@ -1,5 +1,5 @@
 import type { FastifyInstance } from 'fastify';
-import { IMAGE_EXTENSIONS } from '../engine/types.js';
+import { IMAGE_EXTENSIONS } from '../runtime/types.js';
 import { IMAGE_ID, type ImageStore, type StoredImage } from '../store/image-store.js';
 import { ApiError } from '../api/errors.js';
 
@@ -35,7 +35,7 @@ export async function files(app: FastifyInstance, { store }: FilesOptions): Prom
     if (!image || image.ext !== match[2]) throw notFound(name);
     const data = await store.read(image);
     if (!data) throw notFound(name);
-    const maxAge = Math.max(0, Math.floor((image.expiresAt - Date.now()) / 1000));
+    const maxAge = Math.max(0, Math.floor((image.expiresAt - store.now()) / 1000));
     return reply
       .type(image.contentType)
       .header('cache-control', `public, max-age=${maxAge}, immutable`)

@@ -1,15 +1,24 @@
 import type { FastifyInstance } from 'fastify';
 import type { EnginePool, Readiness } from '../engine/pool.js';
 import { ApiError } from '../api/errors.js';
+import type { ModelRegistry } from '../models/registry.js';
+import { sendError } from './errors.js';
 
 /**
  * Probes for load balancers and orchestrators, no key needed, answered while workers are busy.
  * /health: the process is alive. /ready: it can generate now, i.e. every worker is up and has loaded
- * the models to preload; until then 503 with Retry-After, so traffic goes elsewhere meanwhile.
+ * the models to preload; until then 503 with Retry-After, so traffic goes elsewhere meanwhile. A ready
+ * server also lists the model folders it skips, with the reason the log and `imagegen models list` give:
+ * an operator who installed a model that never appears finds out why from the probe.
+ *
+ * Probes come every few seconds, so their requests are not logged (logLevel warn) and a 503 from /ready
+ * is no error with a stack trace: the log gets one line when readiness changes, saying why.
  */
 
 export interface HealthOptions {
   engine: EnginePool;
+  /** Where /ready learns the skipped model folders; without it /ready lists none. */
+  registry?: Pick<ModelRegistry, 'unusable'>;
 }
 
 /** Seconds a probe should wait before asking again: loading a model takes a few. */
@@ -27,12 +36,34 @@ function notReady({ workers, models }: Readiness): ApiError {
   });
 }
 
-export async function health(app: FastifyInstance, { engine }: HealthOptions): Promise<void> {
-  app.get('/health', { config: { public: true } }, async () => ({ status: 'ok', queue: engine.load() }));
+/** The skipped folders as /ready lists them, or nothing when there are none (the body stays as it was). */
+function unusableModels(registry: HealthOptions['registry']): { unusable?: { model: string; reason: string }[] } {
+  const unusable = registry?.unusable().map(({ id, reason }) => ({ model: id, reason })) ?? [];
+  return unusable.length ? { unusable } : {};
+}
 
-  app.get('/ready', { config: { public: true } }, async () => {
+const PROBE = { config: { public: true }, logLevel: 'warn' } as const;
+
+export async function health(app: FastifyInstance, { engine, registry }: HealthOptions): Promise<void> {
+  /** What /ready last said: 'ready' or the not-ready message. */
+  let lastState: string | undefined;
+  const logChange = (state: string) => {
+    if (state === lastState) return;
+    lastState = state;
+    if (state === 'ready') app.log.info('ready: /ready answers 200');
+    else app.log.warn(`not ready: /ready answers 503: ${state}`);
+  };
+
+  app.get('/health', PROBE, async () => ({ status: 'ok', queue: engine.load() }));
+
+  app.get('/ready', PROBE, async (_request, reply) => {
     const readiness = engine.readiness();
-    if (!readiness.ready) throw notReady(readiness);
-    return { status: 'ready', workers: readiness.workers, models: readiness.models };
+    if (!readiness.ready) {
+      const error = notReady(readiness);
+      logChange(error.message);
+      return sendError(reply, error);
+    }
+    logChange('ready');
+    return { status: 'ready', workers: readiness.workers, models: readiness.models, ...unusableModels(registry) };
   });
 }

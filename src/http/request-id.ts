@@ -1,6 +1,6 @@
 import { randomBytes } from 'node:crypto';
 import type { IncomingMessage } from 'node:http';
-import type { FastifyInstance } from 'fastify';
+import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import fp from 'fastify-plugin';
 
 /**
@@ -12,18 +12,23 @@ import fp from 'fastify-plugin';
 /** Printable and short: a client id ends up in our logs and headers. */
 const CLIENT_ID = /^[A-Za-z0-9._:@/+=-]{1,128}$/;
 
+/** A fresh id, as OpenAI's look. */
+export const newRequestId = (): string => `req_${randomBytes(16).toString('hex')}`;
+
 /** Fastify's `genReqId`. */
 export function requestId(req: IncomingMessage): string {
   const sent = req.headers['x-request-id'];
-  if (typeof sent === 'string' && CLIENT_ID.test(sent)) return sent;
-  return `req_${randomBytes(16).toString('hex')}`;
+  return typeof sent === 'string' && CLIENT_ID.test(sent) ? sent : newRequestId();
+}
+
+/** OpenAI's response headers: the request id and the time taken. */
+export function stampReply(request: FastifyRequest, reply: FastifyReply): void {
+  reply.header('x-request-id', request.id);
+  reply.header('openai-processing-ms', Math.round(reply.elapsedTime).toString());
 }
 
 async function requestIdPlugin(app: FastifyInstance): Promise<void> {
-  app.addHook('onSend', async (request, reply) => {
-    reply.header('x-request-id', request.id);
-    reply.header('openai-processing-ms', Math.round(reply.elapsedTime).toString());
-  });
+  app.addHook('onSend', async (request, reply) => stampReply(request, reply));
 }
 
 export const requestIds = fp(requestIdPlugin, { name: 'request-id' });

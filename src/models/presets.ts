@@ -1,19 +1,20 @@
 import { z } from 'zod';
-import { SIZE_MULTIPLE, type ModelLayout, type ModelVariant } from './layout.js';
+import type { ModelLayout, ModelVariant } from './layout.js';
 
 /**
  * What the OpenAI request fields mean for each kind of model. `quality` picks the number of denoising
- * steps (hd = more steps, more detail), `style` picks the classifier-free guidance (vivid = stronger
- * guidance: more saturated and literal; natural = weaker). Guidance-distilled models (turbo, schnell)
- * run without guidance, so style does not change their pictures. A model folder may override any of
- * this in an `imagegen.json`:
+ * steps (low = fewer steps, faster and rougher; hd = more steps, more detail), `style` picks the
+ * classifier-free guidance (vivid = stronger guidance: more saturated and literal; natural = weaker).
+ * Guidance-distilled models (turbo, schnell) run without guidance, so style does not change their
+ * pictures. A model folder may override any of this in an `imagegen.json`:
  *
- *   { "sizes": ["512x512", "768x512"], "default_size": "512x512", "steps": { "standard": 20, "hd": 40 },
+ *   { "sizes": ["512x512", "768x512"], "default_size": "512x512", "steps": { "low": 10, "standard": 20, "hd": 40 },
  *     "guidance_scale": { "vivid": 8, "natural": 5 }, "scheduler": "euler", "max_batch": 4,
  *     "guidance_rescale": 0.7, "negative_prompt": "blurry, low quality" }
  */
 
-export type Quality = 'standard' | 'hd';
+/** Step tiers: dall-e's standard|hd, and gpt-image's low (medium and auto count as standard, high as hd). */
+export type Quality = 'low' | 'standard' | 'hd';
 export const STYLES = ['vivid', 'natural'] as const;
 export type Style = (typeof STYLES)[number];
 
@@ -44,16 +45,17 @@ const SIZE_CLASSES: Record<number, string[]> = {
 type VariantPreset = Omit<ModelPreset, 'sizes' | 'defaultSize' | 'scheduler' | 'guidanceRescale' | 'negativePrompt'> & { nativeSize: number };
 
 const VARIANTS: Record<ModelVariant, VariantPreset> = {
-  sd15: { nativeSize: 512, steps: { standard: 25, hd: 50 }, guidanceScale: { vivid: 7.5, natural: 5 }, maxBatch: 4 },
-  sd2: { nativeSize: 768, steps: { standard: 25, hd: 50 }, guidanceScale: { vivid: 7.5, natural: 5 }, maxBatch: 2 },
-  'sd-turbo': { nativeSize: 512, steps: { standard: 1, hd: 4 }, guidanceScale: { vivid: 0, natural: 0 }, maxBatch: 4 },
-  sdxl: { nativeSize: 1024, steps: { standard: 30, hd: 50 }, guidanceScale: { vivid: 7, natural: 5 }, maxBatch: 1 },
-  'sdxl-turbo': { nativeSize: 512, steps: { standard: 1, hd: 4 }, guidanceScale: { vivid: 0, natural: 0 }, maxBatch: 4 },
+  sd15: { nativeSize: 512, steps: { low: 15, standard: 25, hd: 50 }, guidanceScale: { vivid: 7.5, natural: 5 }, maxBatch: 4 },
+  sd2: { nativeSize: 768, steps: { low: 15, standard: 25, hd: 50 }, guidanceScale: { vivid: 7.5, natural: 5 }, maxBatch: 2 },
+  // One step is as few as a turbo model takes: its low is its standard.
+  'sd-turbo': { nativeSize: 512, steps: { low: 1, standard: 1, hd: 4 }, guidanceScale: { vivid: 0, natural: 0 }, maxBatch: 4 },
+  sdxl: { nativeSize: 1024, steps: { low: 20, standard: 30, hd: 50 }, guidanceScale: { vivid: 7, natural: 5 }, maxBatch: 1 },
+  'sdxl-turbo': { nativeSize: 512, steps: { low: 1, standard: 1, hd: 4 }, guidanceScale: { vivid: 0, natural: 0 }, maxBatch: 4 },
   // LCM's guidance is the w it was distilled with (diffusers' default 8.5), not classifier-free guidance.
-  lcm: { nativeSize: 512, steps: { standard: 4, hd: 8 }, guidanceScale: { vivid: 8.5, natural: 6 }, maxBatch: 4 },
-  'flux-schnell': { nativeSize: 1024, steps: { standard: 4, hd: 8 }, guidanceScale: { vivid: 0, natural: 0 }, maxBatch: 1 },
+  lcm: { nativeSize: 512, steps: { low: 2, standard: 4, hd: 8 }, guidanceScale: { vivid: 8.5, natural: 6 }, maxBatch: 4 },
+  'flux-schnell': { nativeSize: 1024, steps: { low: 2, standard: 4, hd: 8 }, guidanceScale: { vivid: 0, natural: 0 }, maxBatch: 1 },
   // FLUX-dev's guidance is an embedded distilled value; 3.5 is its reference setting.
-  'flux-dev': { nativeSize: 1024, steps: { standard: 28, hd: 50 }, guidanceScale: { vivid: 3.5, natural: 2.5 }, maxBatch: 1 },
+  'flux-dev': { nativeSize: 1024, steps: { low: 20, standard: 28, hd: 50 }, guidanceScale: { vivid: 3.5, natural: 2.5 }, maxBatch: 1 },
 };
 
 
@@ -67,7 +69,7 @@ const scale = z.number().min(0);
 export const presetOverrideSchema = z.strictObject({
   sizes: z.array(size).min(1).optional(),
   default_size: size.optional(),
-  steps: z.strictObject({ standard: count.optional(), hd: count.optional() }).optional(),
+  steps: z.strictObject({ low: count.optional(), standard: count.optional(), hd: count.optional() }).optional(),
   guidance_scale: z.strictObject({ vivid: scale.optional(), natural: scale.optional() }).optional(),
   scheduler: z.string().min(1).optional(),
   max_batch: count.optional(),
@@ -85,17 +87,28 @@ class PresetError extends Error {
 }
 
 /**
+ * The folder's step counts over its variant's. A folder that sets standard but not low (written before
+ * low existed) keeps low at most its standard, so low never runs more steps than standard.
+ */
+function stepTiers(base: Record<Quality, number>, override: PresetOverride['steps']): Record<Quality, number> {
+  const standard = override?.standard ?? base.standard;
+  return { low: override?.low ?? Math.min(base.low, standard), standard, hd: override?.hd ?? base.hd };
+}
+
+/**
  * The preset of a model: its variant's defaults, sized for its native resolution, with the folder's
  * `imagegen.json` (already parsed) applied. `knownSchedulers` are the names valid for this model.
  */
-export function presetFor(layout: Pick<ModelLayout, 'family' | 'variant' | 'nativeSize'>, override: PresetOverride, knownSchedulers: readonly string[]): ModelPreset {
+export function presetFor(layout: Pick<ModelLayout, 'variant' | 'nativeSize' | 'sizeMultiple'>, override: PresetOverride, knownSchedulers: readonly string[]): ModelPreset {
   const base = VARIANTS[layout.variant];
   const native = layout.nativeSize ?? base.nativeSize;
   const sizes = override.sizes ?? SIZE_CLASSES[native] ?? [`${native}x${native}`];
   const defaultSize = override.default_size ?? (sizes.includes(`${native}x${native}`) ? `${native}x${native}` : sizes[0]);
-  const multiple = SIZE_MULTIPLE[layout.family];
+  const multiple = layout.sizeMultiple;
   const misfits = sizes.filter((size) => size.split('x').some((side) => Number(side) % multiple));
-  if (misfits.length) throw new PresetError(`sizes ${misfits.join(', ')} do not fit: both sides must be multiples of ${multiple}`);
+  if (misfits.length) {
+    throw new PresetError(`sizes ${misfits.join(', ')} do not fit this model: both sides must be multiples of ${multiple} (from its unet/transformer and vae configs)`);
+  }
   if (!sizes.includes(defaultSize)) {
     throw new PresetError(`default_size ${defaultSize} is not one of its sizes (${sizes.join(', ')})`);
   }
@@ -106,7 +119,7 @@ export function presetFor(layout: Pick<ModelLayout, 'family' | 'variant' | 'nati
   return {
     sizes: [...new Set(sizes)],
     defaultSize,
-    steps: { ...base.steps, ...override.steps },
+    steps: stepTiers(base.steps, override.steps),
     guidanceScale: { ...base.guidanceScale, ...override.guidance_scale },
     scheduler,
     maxBatch: override.max_batch ?? base.maxBatch,

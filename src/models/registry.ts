@@ -1,15 +1,15 @@
 import { readdir, stat } from 'node:fs/promises';
 import path from 'node:path';
 import type { Logger } from 'pino';
-import { schedulersFor } from '../schedulers/index.js';
-import { describeIssues, readJsonIfPresent } from '../util/files.js';
-import { inspectModel, type ModelLayout } from './layout.js';
-import { presetFor, presetOverrideSchema, type ModelPreset } from './presets.js';
+import type { ModelLayout } from './layout.js';
+import { inspectModelFolder, type UnusableModel } from './model-folder.js';
+import type { ModelPreset } from './presets.js';
 
 /**
  * The installed models: one sub-folder per model under each models folder, its id the folder name.
  * Folders are rescanned periodically and when a request names an unknown model, so models can be added
- * and removed without a restart. Unusable folders are logged (once per change) and skipped.
+ * and removed without a restart. Unusable folders are logged (once per change), skipped, and listed
+ * with their reason for /ready.
  */
 
 export interface ModelEntry {
@@ -47,7 +47,12 @@ export interface ListedModel {
   model: ModelEntry;
 }
 
-const OVERRIDE_FILE = 'imagegen.json';
+/** A model folder the server skips, and why (inspectModelFolder's reason). */
+export interface UnusableFolder {
+  id: string;
+  dir: string;
+  reason: string;
+}
 
 /** The user's models folder first (its models hide embedded ones of the same id), then the embedded one. */
 export function modelRoots(modelsDir: string | undefined, embeddedDir: string): ModelsRoot[] {
@@ -55,9 +60,10 @@ export function modelRoots(modelsDir: string | undefined, embeddedDir: string): 
 }
 
 interface Inspection {
+  id: string;
   /** Changes whenever the folder or one of its direct children changes. */
   signature: string;
-  result: ModelEntry | Error;
+  result: ModelEntry | UnusableModel;
 }
 
 /** The model folders in a models root, sorted: folders or links to them, not hidden ones (staging, partial pulls). */
@@ -77,22 +83,15 @@ async function folderSignature(dir: string): Promise<{ signature: string; mtimeM
   return { signature: [own.mtimeMs, ...times].join('|'), mtimeMs: own.mtimeMs };
 }
 
-async function readOverride(dir: string) {
-  const parsed = presetOverrideSchema.safeParse((await readJsonIfPresent(path.join(dir, OVERRIDE_FILE))) ?? {});
-  if (!parsed.success) throw new Error(`${OVERRIDE_FILE}: ${describeIssues(parsed.error)}`);
-  return parsed.data;
+async function inspect(id: string, dir: string, ownedBy: string, mtimeMs: number, version: string): Promise<ModelEntry | UnusableModel> {
+  const verdict = await inspectModelFolder(dir);
+  if (!verdict.usable) return verdict;
+  const { layout, preset, schedulers } = verdict;
+  return { id, layout, preset, schedulers, created: Math.floor(mtimeMs / 1000), version, ownedBy };
 }
 
-async function inspect(id: string, dir: string, ownedBy: string, mtimeMs: number, version: string): Promise<ModelEntry> {
-  const layout = await inspectModel(dir);
-  const schedulers = schedulersFor(layout.family === 'flux' ? 'flow' : 'vp');
-  try {
-    const preset = presetFor(layout, await readOverride(dir), schedulers);
-    return { id, layout, preset, schedulers, created: Math.floor(mtimeMs / 1000), version, ownedBy };
-  } catch (err) {
-    throw new Error(`${dir}: ${(err as Error).message}`);
-  }
-}
+/** An UnusableModel says `usable: false`; a ModelEntry has no such field. */
+const isUsable = (result: ModelEntry | UnusableModel): result is ModelEntry => !('usable' in result);
 
 export class ModelRegistry {
   private models = new Map<string, ModelEntry>();
@@ -149,6 +148,13 @@ export class ModelRegistry {
     return [...installed, ...aliases];
   }
 
+  /** The folders the last scan skipped, by id, with the reason each was skipped. */
+  unusable(): UnusableFolder[] {
+    return [...this.inspections]
+      .flatMap(([dir, { id, result }]) => (isUsable(result) ? [] : [{ id, dir, reason: result.reason }]))
+      .sort((a, b) => a.id.localeCompare(b.id));
+  }
+
   private async scanRoots(): Promise<void> {
     const { logger } = this.options;
     const found = new Map<string, ModelEntry>();
@@ -166,7 +172,7 @@ export class ModelRegistry {
         const dir = path.resolve(root.dir, id);
         seen.add(dir);
         const result = await this.inspectCached(id, dir, root.ownedBy);
-        if (!(result instanceof Error)) found.set(id, result);
+        if (result && isUsable(result)) found.set(id, result);
       }
     }
     for (const dir of this.inspections.keys()) if (!seen.has(dir)) this.inspections.delete(dir);
@@ -177,20 +183,24 @@ export class ModelRegistry {
     this.models = found;
   }
 
-  /** Inspects a folder again only when it changed since the last scan; failures are logged then. */
-  private async inspectCached(id: string, dir: string, ownedBy: string): Promise<ModelEntry | Error> {
+  /**
+   * Inspects a folder again only when it changed since the last scan; unusable ones are logged then.
+   * Undefined: not a folder, or removed while scanning.
+   */
+  private async inspectCached(id: string, dir: string, ownedBy: string): Promise<ModelEntry | UnusableModel | undefined> {
     let signature: string;
     let mtimeMs: number;
     try {
       ({ signature, mtimeMs } = await folderSignature(dir));
-    } catch (err) {
-      return err as Error; // not a folder, or removed while scanning
+    } catch {
+      this.inspections.delete(dir);
+      return undefined;
     }
     const cached = this.inspections.get(dir);
     if (cached?.signature === signature) return cached.result;
-    const result = await inspect(id, dir, ownedBy, mtimeMs, signature).catch((err: Error) => err);
-    if (result instanceof Error) this.options.logger.warn({ model: id, dir }, `skipping model: ${result.message}`);
-    this.inspections.set(dir, { signature, result });
+    const result = await inspect(id, dir, ownedBy, mtimeMs, signature);
+    if (!isUsable(result)) this.options.logger.warn({ model: id, dir }, `skipping model: ${result.reason}`);
+    this.inspections.set(dir, { id, signature, result });
     return result;
   }
 }

@@ -1,5 +1,6 @@
 import { collectDefaultMetrics, Counter, Gauge, Histogram, Registry } from 'prom-client';
 import type { BatchOutcome, EngineMetrics } from '../engine/pool.js';
+import type { ModelMemory } from '../models/memory-figures.js';
 
 /**
  * The service's Prometheus metrics, in a registry of its own (not prom-client's global one, so two
@@ -67,6 +68,12 @@ export class Metrics implements EngineMetrics {
     buckets: [0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300],
     registers: [this.registry],
   });
+  private readonly modelMemoryBytes = new Gauge({
+    name: 'imagegen_model_memory_bytes',
+    help: "What a model measured in a worker: 'weights' its resident growth on load, 'peak' the most one batch took on top",
+    labelNames: ['model', 'kind'],
+    registers: [this.registry],
+  });
   private readonly workerRestarts = new Counter({
     name: 'imagegen_worker_restarts_total',
     help: 'Worker processes that died (crash, out of memory, killed) and were replaced',
@@ -120,6 +127,11 @@ export class Metrics implements EngineMetrics {
     this.generationSeconds.observe({ model, outcome }, seconds);
     this.denoisingSteps.inc({ model }, steps);
     this.imagesGenerated.inc({ model }, images);
+  }
+
+  modelMemory(model: string, memory: ModelMemory): void {
+    this.modelMemoryBytes.set({ model, kind: 'weights' }, memory.weightsBytes);
+    this.modelMemoryBytes.set({ model, kind: 'peak' }, memory.peakBytes);
   }
 
   modelLoaded(model: string, seconds: number): void {

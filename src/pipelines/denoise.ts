@@ -1,32 +1,127 @@
-import type { BatchNoise } from '../engine/random.js';
+import type { BatchNoise } from '../runtime/random.js';
+import type { GenerationBatch, RgbImage } from '../runtime/types.js';
+import { strengthStart } from '../schedulers/index.js';
 import type { Scheduler } from '../schedulers/scheduler.js';
 import { GenerationCancelled, type GenerateHooks } from './pipeline.js';
 
+/** Where the loop starts: its latents, the call they are at, and what inpainting keeps. */
+export interface Start {
+  latents: Float32Array;
+  call: number;
+  keep?: Kept;
+}
+
+/**
+ * Inpainting's kept area, laid out like the latents: the input's clean latents, the noise that took
+ * them to the start, and the mask (1 = repaint, 0 = keep).
+ */
+export interface Kept {
+  original: Float32Array;
+  noise: Float32Array;
+  mask: Float32Array;
+}
+
+/** The latents' shape per item: channels x height x width of the latent grid. */
+export interface LatentShape {
+  channels: number;
+  height: number;
+  width: number;
+}
+
 /**
  * The denoising loop every family shares: the scheduler decides the timesteps and the update, the
- * family's `predict` wraps the model call (guidance, extra inputs, packing).
+ * family's `predict` wraps the model call (guidance, extra inputs, packing). Image-to-image starts at
+ * a later call (see startingLatents); inpainting puts the kept area back after every step, noised to
+ * the level of the next call (clean after the last), as diffusers does for UNets without mask inputs.
  */
 export async function denoise(
   scheduler: Scheduler,
-  latents: Float32Array,
+  start: Start,
   noise: BatchNoise,
   predict: (modelInput: Float32Array, timestep: number) => Promise<Float32Array>,
   hooks: GenerateHooks = {},
 ): Promise<Float32Array> {
-  let x = latents;
-  const total = scheduler.timesteps.length;
-  for (let i = 0; i < total; i++) {
+  let x = start.latents;
+  const calls = scheduler.timesteps.length;
+  for (let i = start.call; i < calls; i++) {
     if (hooks.shouldStop?.()) throw new GenerationCancelled();
     const output = await predict(scheduler.scaleModelInput(x, i), scheduler.timesteps[i]);
     x = scheduler.step(output, i, x, noise);
-    hooks.onStep?.(i + 1, total);
+    if (start.keep) x = putBack(scheduler, x, start.keep, i + 1);
+    hooks.onStep?.(i + 1 - start.call, calls - start.call);
   }
   return x;
 }
 
-/** Initial latents: each item's own Gaussian noise, times the scheduler's starting sigma. */
-export function initialLatents(noise: BatchNoise, perItem: number, initNoiseSigma: number): Float32Array {
-  const x = noise.randn(perItem);
+function putBack(scheduler: Scheduler, x: Float32Array, { original, noise, mask }: Kept, next: number): Float32Array {
+  const kept = next < scheduler.timesteps.length ? scheduler.addNoise(original, noise, next) : original;
+  for (let i = 0; i < x.length; i++) x[i] = mask[i] * x[i] + (1 - mask[i]) * kept[i];
+  return x;
+}
+
+/** The same start with every array laid out anew (FLUX packs its latents into patches). */
+export function relayout(start: Start, layout: (latents: Float32Array) => Float32Array): Start {
+  const keep = start.keep && { original: layout(start.keep.original), noise: layout(start.keep.noise), mask: layout(start.keep.mask) };
+  return { latents: layout(start.latents), call: start.call, keep };
+}
+
+/**
+ * Where a generation starts: text-to-image at call 0 from each item's own Gaussian noise (or the noise
+ * it was given) times the scheduler's starting sigma; image-to-image (`batch.strength`) at the call
+ * strength leaves, from the items' encoded pictures noised to that call's level, as diffusers' img2img
+ * pipelines do; inpainting (items with a `mask`) the same, keeping the unmasked area.
+ */
+export async function startingLatents(
+  batch: Pick<GenerationBatch, 'steps' | 'strength' | 'items' | 'width' | 'height'>,
+  scheduler: Scheduler,
+  noise: BatchNoise,
+  shape: LatentShape,
+  encode: (images: RgbImage[]) => Promise<Float32Array>,
+): Promise<Start> {
+  const perItem = shape.channels * shape.height * shape.width;
+  if (batch.strength === undefined) return { latents: initialLatents(noise, perItem, scheduler.initNoiseSigma), call: 0 };
+  const images = batch.items.map((item, i) => {
+    if (!item.image) throw new RangeError(`image-to-image item ${i} has no image`);
+    if (item.image.width !== batch.width || item.image.height !== batch.height) {
+      throw new RangeError(`image-to-image item ${i} is ${item.image.width}x${item.image.height}; the batch makes ${batch.width}x${batch.height}`);
+    }
+    return item.image;
+  });
+  const call = strengthStart(batch.steps, batch.strength);
+  const original = await encode(images);
+  const drawn = noise.initial(perItem);
+  const latents = scheduler.addNoise(original, drawn, call);
+  if (!batch.items.some((item) => item.mask)) return { latents, call };
+  const mask = new Float32Array(perItem * batch.items.length);
+  batch.items.forEach((item, b) => mask.set(latentMask(item.mask, batch, shape, b), b * perItem));
+  return { latents, call, keep: { original, noise: drawn, mask } };
+}
+
+/**
+ * An item's mask (image pixels, 255 = repaint; none = repaint everything) on the latent grid, the same
+ * for every channel: a latent pixel is repainted when at least half of the image pixels it covers are
+ * (diffusers binarises the mask at 0.5 and resizes it to the latents).
+ */
+function latentMask(mask: Uint8Array | undefined, batch: Pick<GenerationBatch, 'width' | 'height'>, shape: LatentShape, item: number): Float32Array {
+  const out = new Float32Array(shape.channels * shape.height * shape.width).fill(1);
+  if (!mask) return out;
+  if (mask.length !== batch.width * batch.height) throw new RangeError(`the mask of item ${item} has ${mask.length} pixels; the batch makes ${batch.width}x${batch.height}`);
+  const [sy, sx] = [batch.height / shape.height, batch.width / shape.width];
+  const plane = shape.height * shape.width;
+  for (let y = 0; y < shape.height; y++) {
+    for (let x = 0; x < shape.width; x++) {
+      let sum = 0;
+      for (let dy = 0; dy < sy; dy++) for (let dx = 0; dx < sx; dx++) sum += mask[(y * sy + dy) * batch.width + x * sx + dx];
+      const repaint = sum / (sx * sy * 255) >= 0.5 ? 1 : 0;
+      for (let c = 0; c < shape.channels; c++) out[c * plane + y * shape.width + x] = repaint;
+    }
+  }
+  return out;
+}
+
+/** Initial latents: each item's own Gaussian noise (or the noise it was given), times the scheduler's starting sigma. */
+function initialLatents(noise: BatchNoise, perItem: number, initNoiseSigma: number): Float32Array {
+  const x = noise.initial(perItem);
   for (let i = 0; i < x.length; i++) x[i] *= initNoiseSigma;
   return x;
 }

@@ -1,13 +1,14 @@
-import type { HostTensor, OnnxModel } from '../engine/onnx-model.js';
-import { BatchNoise, Rng } from '../engine/random.js';
-import type { GenerationBatch } from '../engine/types.js';
+import type { HostTensor, OnnxModel } from '../runtime/onnx-model.js';
+import { BatchNoise } from '../runtime/random.js';
+import type { GenerationBatch } from '../runtime/types.js';
 import type { ModelLayout } from '../models/layout.js';
 import { createScheduler } from '../schedulers/index.js';
-import { denoise, initialLatents } from './denoise.js';
+import { denoise, relayout, startingLatents } from './denoise.js';
+import type { OnDemand } from './on-demand.js';
 import type { GenerateHooks, Pipeline, RgbImage } from './pipeline.js';
 import { filled } from './tensor.js';
 import type { TextEncoder } from './text-encoder.js';
-import type { VaeDecoder } from './vae.js';
+import type { VaeDecoder, VaeEncoder } from './vae.js';
 
 const LATENT_CHANNELS = 16;
 
@@ -24,11 +25,13 @@ export class FluxPipeline implements Pipeline {
     private readonly clip: TextEncoder,
     private readonly t5: TextEncoder,
     private readonly vae: VaeDecoder,
+    private readonly encoder: OnDemand<VaeEncoder>,
   ) {}
 
   async generate(batch: GenerationBatch, hooks?: GenerateHooks): Promise<RgbImage[]> {
     const count = batch.items.length;
-    const [h, w] = [batch.height / 8, batch.width / 8];
+    const scale = this.layout.vae.scaleFactor;
+    const [h, w] = [batch.height / scale, batch.width / scale];
     const [h2, w2] = [h / 2, w / 2];
     const seqLen = h2 * w2;
     const prompts = batch.items.map((i) => i.prompt);
@@ -38,8 +41,9 @@ export class FluxPipeline implements Pipeline {
 
     const scheduler = createScheduler(this.layout.scheduler, batch.scheduler);
     scheduler.setTimesteps(batch.steps, { mu: shiftMu(seqLen, this.layout.scheduler) });
-    const noise = new BatchNoise(batch.items.map((i) => new Rng(i.seed)));
-    const latents = pack(initialLatents(noise, LATENT_CHANNELS * h * w, scheduler.initNoiseSigma), count, h, w);
+    const noise = BatchNoise.forItems(batch.items);
+    const encode = async (images: RgbImage[]) => (await this.encoder.get()).encode(images, noise);
+    const start = relayout(await startingLatents(batch, scheduler, noise, { channels: LATENT_CHANNELS, height: h, width: w }, encode), (x) => pack(x, count, h, w));
 
     const feeds: Record<string, HostTensor> = {
       encoder_hidden_states: last_hidden_state,
@@ -61,12 +65,12 @@ export class FluxPipeline implements Pipeline {
       );
       return out.out_hidden_states.data as Float32Array;
     };
-    const result = await denoise(scheduler, latents, noise, predict, hooks);
+    const result = await denoise(scheduler, start, noise, predict, hooks);
     return this.vae.decode(unpack(result, count, h, w), count, LATENT_CHANNELS, h, w);
   }
 
   async release(): Promise<void> {
-    await Promise.all([this.transformer.release(), this.vae.release(), this.clip.model.release(), this.t5.model.release()]);
+    await Promise.all([this.transformer.release(), this.vae.release(), this.encoder.release(), this.clip.model.release(), this.t5.model.release()]);
   }
 }
 

@@ -1,12 +1,13 @@
-import { OnnxModel } from '../engine/onnx-model.js';
-import type { RuntimeOptions } from '../engine/providers.js';
+import { OnnxModel } from '../runtime/onnx-model.js';
+import type { RuntimeOptions, SessionTuning } from '../runtime/providers.js';
 import { inspectModel, ModelLayoutError, type ModelLayout } from '../models/layout.js';
 import { loadTokenizer } from '../tokenizers/load.js';
 import { FluxPipeline } from './flux.js';
 import type { Pipeline } from './pipeline.js';
 import { StableDiffusionPipeline } from './stable-diffusion.js';
 import { TextEncoder } from './text-encoder.js';
-import { VaeDecoder } from './vae.js';
+import { OnDemand } from './on-demand.js';
+import { VaeDecoder, VaeEncoder } from './vae.js';
 
 /** T5 sequence length: FLUX schnell was distilled at 256 tokens, dev at 512. */
 const T5_LENGTH = { 'flux-schnell': 256, 'flux-dev': 512 } as const;
@@ -16,9 +17,9 @@ export async function loadPipeline(dir: string, runtime: RuntimeOptions): Promis
   const layout = await inspectModel(dir);
   // Sessions hold native memory: when a later component fails, the ones already open are released.
   const opened: OnnxModel[] = [];
-  const load = async (file: string) => {
+  const load = async (file: string, tuning?: SessionTuning) => {
     try {
-      const model = await OnnxModel.load(file, runtime);
+      const model = await OnnxModel.load(file, runtime, tuning);
       opened.push(model);
       return model;
     } catch (err) {
@@ -26,12 +27,17 @@ export async function loadPipeline(dir: string, runtime: RuntimeOptions): Promis
     }
   };
   try {
-    const vae = new VaeDecoder(await load(layout.vaeDecoder), layout.vae.scalingFactor, layout.vae.shiftFactor);
+    // The decoder runs once per image at full resolution: an arena would keep its peak for good.
+    const vae = new VaeDecoder(await load(layout.vaeDecoder, { memoryArena: false }), layout.vae.scalingFactor, layout.vae.shiftFactor);
     const encoder = new TextEncoder(await load(layout.textEncoder), await loadTokenizer(layout.tokenizer));
     const denoiser = await load(layout.denoiser);
     const second = await secondEncoder(layout, load);
-    if (layout.family === 'flux') return new FluxPipeline(layout, denoiser, encoder, second!, vae);
-    return new StableDiffusionPipeline(layout, denoiser, second ? [encoder, second] : [encoder], vae);
+    const vaeEncoder = new OnDemand(async () => {
+      if (!layout.vaeEncoder) throw new ModelLayoutError(layout.dir, 'image-to-image needs vae_encoder/model.onnx, which this export lacks: export the model again with its VAE encoder');
+      return new VaeEncoder(await load(layout.vaeEncoder, { memoryArena: false }), layout.vae.scalingFactor, layout.vae.shiftFactor);
+    });
+    if (layout.family === 'flux') return new FluxPipeline(layout, denoiser, encoder, second!, vae, vaeEncoder);
+    return new StableDiffusionPipeline(layout, denoiser, second ? [encoder, second] : [encoder], vae, vaeEncoder);
   } catch (err) {
     await Promise.allSettled(opened.map((m) => m.release()));
     throw err;

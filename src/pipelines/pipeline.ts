@@ -1,12 +1,7 @@
-import type { GenerationBatch } from '../engine/types.js';
+import type { GenerationBatch, RgbImage } from '../runtime/types.js';
 import type { ModelLayout } from '../models/layout.js';
 
-/** Raw 8-bit RGB pixels, row-major, 3 channels. */
-export interface RgbImage {
-  pixels: Uint8Array;
-  width: number;
-  height: number;
-}
+export type { RgbImage };
 
 export interface GenerateHooks {
   /** Called after each denoising step of the batch. */

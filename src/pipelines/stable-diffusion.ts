@@ -1,19 +1,20 @@
-import type { HostTensor, OnnxModel } from '../engine/onnx-model.js';
-import { BatchNoise, Rng } from '../engine/random.js';
-import type { GenerationBatch } from '../engine/types.js';
+import type { HostTensor, OnnxModel } from '../runtime/onnx-model.js';
+import { BatchNoise } from '../runtime/random.js';
+import type { GenerationBatch } from '../runtime/types.js';
 import type { ModelLayout } from '../models/layout.js';
 import { createScheduler } from '../schedulers/index.js';
-import { denoise, initialLatents } from './denoise.js';
+import { denoise, startingLatents } from './denoise.js';
+import type { OnDemand } from './on-demand.js';
 import type { GenerateHooks, Pipeline, RgbImage } from './pipeline.js';
 import { applyGuidance, concatBatch, filled } from './tensor.js';
 import type { TextEncoder } from './text-encoder.js';
-import type { VaeDecoder } from './vae.js';
+import type { VaeDecoder, VaeEncoder } from './vae.js';
 
 /** UNet inputs that carry the text condition, for a batch of prompts. */
 type Conditioning = Record<string, HostTensor>;
 
 /**
- * SD 1.x/2.x, SD-Turbo, LCM and SDXL(-Turbo): a UNet denoising 4-channel latents at 1/8 of the image
+ * SD 1.x/2.x, SD-Turbo, LCM and SDXL(-Turbo): a UNet denoising 4-channel latents at 1/8 (the VAE scale) of the image
  * size. The families differ only in how the prompt becomes UNet inputs (`condition`) and in how
  * guidance is applied: a [negative; positive] batch with classifier-free guidance, or LCM's
  * `timestep_cond` embedding of the guidance scale.
@@ -27,6 +28,7 @@ export class StableDiffusionPipeline implements Pipeline {
     private readonly unet: OnnxModel,
     private readonly encoders: TextEncoder[],
     private readonly vae: VaeDecoder,
+    private readonly encoder: OnDemand<VaeEncoder>,
   ) {
     this.latentChannels = typeof layout.denoiserConfig.in_channels === 'number' ? layout.denoiserConfig.in_channels : 4;
     this.outputName = unet.outputNames.includes('out_sample') ? 'out_sample' : unet.outputNames[0];
@@ -34,7 +36,8 @@ export class StableDiffusionPipeline implements Pipeline {
 
   async generate(batch: GenerationBatch, hooks?: GenerateHooks): Promise<RgbImage[]> {
     const count = batch.items.length;
-    const [h, w, c] = [batch.height / 8, batch.width / 8, this.latentChannels];
+    const scale = this.layout.vae.scaleFactor;
+    const [h, w, c] = [batch.height / scale, batch.width / scale, this.latentChannels];
     const scheduler = createScheduler(this.layout.scheduler, batch.scheduler);
     scheduler.setTimesteps(batch.steps);
 
@@ -44,8 +47,8 @@ export class StableDiffusionPipeline implements Pipeline {
     const conditioning = guided ? concatConditioning(await this.negativeCondition(batch, positive), positive) : positive;
     const rows = guided ? 2 * count : count;
 
-    const noise = new BatchNoise(batch.items.map((i) => new Rng(i.seed)));
-    const latents = initialLatents(noise, c * h * w, scheduler.initNoiseSigma);
+    const noise = BatchNoise.forItems(batch.items);
+    const start = await startingLatents(batch, scheduler, noise, { channels: c, height: h, width: w }, async (images) => (await this.encoder.get()).encode(images, noise));
     const fixed = this.unet.prepare(timestepCond ? { ...conditioning, timestep_cond: timestepCond } : conditioning);
     const predict = async (x: Float32Array, t: number): Promise<Float32Array> => {
       const feeds = {
@@ -55,7 +58,7 @@ export class StableDiffusionPipeline implements Pipeline {
       const out = (await this.unet.run(feeds, [this.outputName], fixed))[this.outputName].data as Float32Array;
       return guided ? applyGuidance(out, count, batch.guidanceScale, batch.guidanceRescale) : out;
     };
-    const result = await denoise(scheduler, latents, noise, predict, hooks);
+    const result = await denoise(scheduler, start, noise, predict, hooks);
     return this.vae.decode(result, count, c, h, w);
   }
 
@@ -106,7 +109,7 @@ export class StableDiffusionPipeline implements Pipeline {
   }
 
   async release(): Promise<void> {
-    await Promise.all([this.unet.release(), this.vae.release(), ...this.encoders.map((e) => e.model.release())]);
+    await Promise.all([this.unet.release(), this.vae.release(), this.encoder.release(), ...this.encoders.map((e) => e.model.release())]);
   }
 }
 

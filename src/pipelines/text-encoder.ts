@@ -1,4 +1,4 @@
-import type { HostTensor, OnnxModel } from '../engine/onnx-model.js';
+import type { HostTensor, OnnxModel } from '../runtime/onnx-model.js';
 import type { TextTokenizer } from '../tokenizers/tokenizer.js';
 
 /** A tokenizer and its text encoder, run together on a list of prompts. */
@@ -8,11 +8,19 @@ export class TextEncoder {
     readonly tokenizer: TextTokenizer,
   ) {}
 
+  /**
+   * One row per prompt. Each distinct prompt is encoded once: a request for n images of one prompt, or
+   * a merged batch sharing the empty negative prompt, runs the encoder on one row, not n.
+   */
   async encode(prompts: readonly string[], outputs: readonly string[]): Promise<Record<string, HostTensor>> {
+    const distinct = [...new Set(prompts)];
     const length = this.tokenizer.maxLength;
-    const ids = new Int32Array(prompts.length * length);
-    prompts.forEach((prompt, b) => ids.set(this.tokenizer.encode(prompt), b * length));
-    return this.model.run({ input_ids: { data: ids, dims: [prompts.length, length] } }, outputs);
+    const ids = new Int32Array(distinct.length * length);
+    distinct.forEach((prompt, b) => ids.set(this.tokenizer.encode(prompt), b * length));
+    const encoded = await this.model.run({ input_ids: { data: ids, dims: [distinct.length, length] } }, outputs);
+    if (distinct.length === prompts.length) return encoded;
+    const rowOf = prompts.map((prompt) => distinct.indexOf(prompt));
+    return Object.fromEntries(Object.entries(encoded).map(([name, tensor]) => [name, gatherRows(tensor, rowOf)]));
   }
 
   /**
@@ -27,4 +35,12 @@ export class TextEncoder {
     if (layers.length < 2) return 'last_hidden_state';
     return `hidden_states.${Math.max(...layers) - 1}`;
   }
+}
+
+/** Rows `rows` of a [batch, ...] tensor, in that order. */
+function gatherRows(tensor: HostTensor, rows: readonly number[]): HostTensor {
+  const per = tensor.data.length / tensor.dims[0];
+  const data = new Float32Array(rows.length * per);
+  rows.forEach((row, b) => data.set(tensor.data.subarray(row * per, (row + 1) * per), b * per));
+  return { data, dims: [rows.length, ...tensor.dims.slice(1)] };
 }

@@ -211,6 +211,8 @@ function vaeFiles(spec: FamilySpec): Files {
     sample_size: imageSize,
     scaling_factor: spec.vae.scalingFactor,
     shift_factor: spec.vae.shiftFactor ?? null,
+    // The closed-form decoder has no attention, so its memory does not grow with the square of the pixels.
+    mid_block_add_attention: false,
   });
   return {
     ...inFolder('vae_decoder', componentFiles(spec, vaeDecoder(options), config)),

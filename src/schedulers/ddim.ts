@@ -1,4 +1,4 @@
-import type { BatchNoise } from '../engine/random.js';
+import type { BatchNoise } from '../runtime/random.js';
 import type { SchedulerEntry } from './index.js';
 import {
   checkPredictionType,
@@ -9,6 +9,7 @@ import {
   roundHalfEven,
   spacedTimesteps,
   trainingAlphasCumprod,
+  noised,
   vpFromAlphaCumprod,
   weightedSum,
   withDefaults,
@@ -61,6 +62,10 @@ export class DDIMScheduler implements Scheduler {
 
   scaleModelInput(sample: Float32Array): Float32Array {
     return sample;
+  }
+
+  addNoise(original: Float32Array, noise: Float32Array, index: number): Float32Array {
+    return noised(original, noise, vpFromAlphaCumprod(this.alphasCumprod[this.schedule[index]]));
   }
 
   step(modelOutput: Float32Array, index: number, sample: Float32Array, _noise: BatchNoise): Float32Array {

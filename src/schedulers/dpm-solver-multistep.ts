@@ -1,4 +1,4 @@
-import type { BatchNoise } from '../engine/random.js';
+import type { BatchNoise } from '../runtime/random.js';
 import type { SchedulerEntry } from './index.js';
 import {
   checkPredictionType,
@@ -11,6 +11,7 @@ import {
   spacedTimesteps,
   timestepsForSigmas,
   trainingSigmas,
+  noised,
   vpFromSigma,
   weightedSum,
   withDefaults,
@@ -112,6 +113,11 @@ export class DPMSolverMultistepScheduler implements Scheduler {
 
   scaleModelInput(sample: Float32Array): Float32Array {
     return sample;
+  }
+
+  /** In the VP form this solver steps in: alpha_t x0 + sigma_t noise at call `index`'s sigma. */
+  addNoise(original: Float32Array, noise: Float32Array, index: number): Float32Array {
+    return noised(original, noise, vpFromSigma(this.sigmaSchedule[index]));
   }
 
   step(modelOutput: Float32Array, index: number, sample: Float32Array, _noise: BatchNoise): Float32Array {

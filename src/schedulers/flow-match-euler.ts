@@ -1,4 +1,4 @@
-import type { BatchNoise } from '../engine/random.js';
+import type { BatchNoise } from '../runtime/random.js';
 import type { SchedulerEntry } from './index.js';
 import { linspace, rejectUnsupported, weightedSum, withDefaults } from './noise-schedule.js';
 import type { Scheduler, SchedulerConfig, SetTimestepsOptions } from './scheduler.js';
@@ -69,6 +69,12 @@ export class FlowMatchEulerDiscreteScheduler implements Scheduler {
 
   scaleModelInput(sample: Float32Array): Float32Array {
     return sample;
+  }
+
+  /** The straight path between data and noise: (1 - sigma) x0 + sigma noise (diffusers' scale_noise). */
+  addNoise(original: Float32Array, noise: Float32Array, index: number): Float32Array {
+    const sigma = this.sigmaSchedule[index];
+    return original.map((x, i) => (1 - sigma) * x + sigma * noise[i]);
   }
 
   step(modelOutput: Float32Array, index: number, sample: Float32Array, _noise: BatchNoise): Float32Array {

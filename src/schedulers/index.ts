@@ -14,6 +14,7 @@ import { pndm } from './pndm.js';
 import type { Scheduler, SchedulerConfig } from './scheduler.js';
 
 export type { Scheduler, SchedulerConfig, SetTimestepsOptions } from './scheduler.js';
+export { fewestSteps, stepsRun, strengthStart } from './strength.js';
 
 /** 'vp': noise-prediction diffusion (SD 1.x/2.x, SDXL, LCM); 'flow': rectified flow (FLUX). */
 export type ModelKind = 'vp' | 'flow';

@@ -1,4 +1,4 @@
-import type { BatchNoise } from '../engine/random.js';
+import type { BatchNoise } from '../runtime/random.js';
 import type { SchedulerEntry } from './index.js';
 import {
   checkPredictionType,
@@ -7,6 +7,7 @@ import {
   noiseLike,
   rejectUnsupported,
   trainingAlphasCumprod,
+  noised,
   vpFromAlphaCumprod,
   weightedSum,
   withDefaults,
@@ -75,6 +76,10 @@ export class LCMScheduler implements Scheduler {
 
   scaleModelInput(sample: Float32Array): Float32Array {
     return sample;
+  }
+
+  addNoise(original: Float32Array, noise: Float32Array, index: number): Float32Array {
+    return noised(original, noise, vpFromAlphaCumprod(this.alphasCumprod[this.schedule[index]]));
   }
 
   step(modelOutput: Float32Array, index: number, sample: Float32Array, noise: BatchNoise): Float32Array {

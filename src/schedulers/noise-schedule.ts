@@ -3,7 +3,7 @@
  * prediction-type conversions, written once so each scheduler file holds only its update rule.
  * Every formula follows huggingface/diffusers `src/diffusers/schedulers/`.
  */
-import type { BatchNoise } from '../engine/random.js';
+import type { BatchNoise } from '../runtime/random.js';
 import type { SchedulerConfig } from './scheduler.js';
 
 // ---------------------------------------------------------------------------------------------
@@ -219,6 +219,14 @@ export interface VpCoefficients {
 
 export function vpFromAlphaCumprod(alphaCumprod: number): VpCoefficients {
   return { alpha: Math.sqrt(alphaCumprod), sigma: Math.sqrt(1 - alphaCumprod) };
+}
+
+/** alpha * x0 + sigma * noise: a clean sample taken to a noise level (diffusers' add_noise). */
+export function noised(original: Float32Array, noise: Float32Array, { alpha, sigma }: VpCoefficients): Float32Array {
+  return weightedSum([
+    [alpha, original],
+    [sigma, noise],
+  ]);
 }
 
 /** The VP coefficients of a variance-exploding sigma (x_vp = x_ve / sqrt(sigma^2 + 1)). */

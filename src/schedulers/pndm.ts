@@ -1,4 +1,4 @@
-import type { BatchNoise } from '../engine/random.js';
+import type { BatchNoise } from '../runtime/random.js';
 import type { SchedulerEntry } from './index.js';
 import {
   checkPredictionType,
@@ -7,6 +7,7 @@ import {
   roundHalfEven,
   spacedTimesteps,
   trainingAlphasCumprod,
+  noised,
   vpFromAlphaCumprod,
   weightedSum,
   withDefaults,
@@ -53,6 +54,11 @@ export class PNDMScheduler implements Scheduler {
   private startSample: Float32Array | null = null;
   /** PRK's running weighted sum of the four stage outputs. */
   private rkSum: Float32Array | null = null;
+  /**
+   * Calls since setTimesteps (diffusers' `counter`): the warm-up follows the calls made, while the
+   * timestep follows the call's index, which image-to-image starts past 0.
+   */
+  private calls = 0;
 
   constructor(config: SchedulerConfig = {}) {
     this.config = withDefaults(DEFAULTS, config);
@@ -88,15 +94,22 @@ export class PNDMScheduler implements Scheduler {
     this.ets = [];
     this.startSample = null;
     this.rkSum = null;
+    this.calls = 0;
   }
 
   scaleModelInput(sample: Float32Array): Float32Array {
     return sample;
   }
 
+  addNoise(original: Float32Array, noise: Float32Array, index: number): Float32Array {
+    return noised(original, noise, vpFromAlphaCumprod(this.alphasCumprod[this.allTimesteps[index]]));
+  }
+
   step(modelOutput: Float32Array, index: number, sample: Float32Array, _noise: BatchNoise): Float32Array {
     if (this.stepRatio === 0) throw new Error(`${CLASS_NAME}: call setTimesteps before step`);
-    return index < this.prkTimesteps.length ? this.stepPrk(modelOutput, index, sample) : this.stepPlms(modelOutput, index, sample);
+    const call = this.calls++;
+    // PRK's warm-up runs on its own timesteps from the top, by call, as in diffusers.
+    return call < this.prkTimesteps.length ? this.stepPrk(modelOutput, call, sample) : this.stepPlms(modelOutput, index, call, sample);
   }
 
   private stepPrk(modelOutput: Float32Array, index: number, sample: Float32Array): Float32Array {
@@ -120,12 +133,12 @@ export class PNDMScheduler implements Scheduler {
     return this.transfer(this.startSample!, t, target, eps);
   }
 
-  private stepPlms(modelOutput: Float32Array, index: number, sample: Float32Array): Float32Array {
+  private stepPlms(modelOutput: Float32Array, index: number, call: number, sample: Float32Array): Float32Array {
     let t = this.allTimesteps[index];
     let target = t - this.stepRatio;
     let from = sample;
     let eps: Float32Array;
-    if (this.config.skip_prk_steps && index === 1) {
+    if (this.config.skip_prk_steps && call === 1) {
       // The repeated call: redo the first step from its start with the mean of both outputs.
       eps = weightedSum([[0.5, modelOutput], [0.5, this.ets[0]]]);
       from = this.startSample!;
@@ -134,7 +147,7 @@ export class PNDMScheduler implements Scheduler {
       this.startSample = null;
     } else {
       this.ets = [...this.ets.slice(-3), modelOutput];
-      if (index === 0) this.startSample = sample;
+      if (call === 0) this.startSample = sample;
       const weights = PLMS_WEIGHTS[this.ets.length - 1];
       eps = weightedSum(weights.map((w, k) => [w, this.ets[this.ets.length - 1 - k]] as const));
     }

@@ -1,4 +1,4 @@
-import type { BatchNoise } from '../engine/random.js';
+import type { BatchNoise } from '../runtime/random.js';
 
 /** The fields of diffusers' `scheduler/scheduler_config.json` that our schedulers read. */
 export interface SchedulerConfig {
@@ -45,7 +45,8 @@ export interface SetTimestepsOptions {
  *
  * Usage per generation:
  *   s.setTimesteps(steps); x = noise * s.initNoiseSigma;
- *   for (i = 0; i < s.timesteps.length; i++) {
+ *   (image-to-image: i0 = strengthStart(steps, strength); x = s.addNoise(image latents, noise, i0))
+ *   for (i = 0 (or i0); i < s.timesteps.length; i++) {
  *     out = model(s.scaleModelInput(x, i), s.timesteps[i]); x = s.step(out, i, x, noise);
  *   }
  */
@@ -57,6 +58,11 @@ export interface Scheduler {
   setTimesteps(numInferenceSteps: number, options?: SetTimestepsOptions): void;
   /** The model input for call `index` (Euler-type schedulers divide by sqrt(sigma^2 + 1)). */
   scaleModelInput(sample: Float32Array, index: number): Float32Array;
+  /**
+   * A clean sample taken to the noise level of call `index` (diffusers' add_noise; scale_noise for flow
+   * matching): where image-to-image starts, then denoised from call `index` on.
+   */
+  addNoise(original: Float32Array, noise: Float32Array, index: number): Float32Array;
   /** One update: returns the sample for the next call (a new array). */
   step(modelOutput: Float32Array, index: number, sample: Float32Array, noise: BatchNoise): Float32Array;
 }

@@ -1,4 +1,4 @@
-import type { BatchNoise } from '../engine/random.js';
+import type { BatchNoise } from '../runtime/random.js';
 import type { Scheduler } from './scheduler.js';
 
 /**
@@ -37,6 +37,12 @@ export abstract class SigmaSpaceScheduler implements Scheduler {
     const sigma = this.sigmaSchedule[index];
     const scale = 1 / Math.sqrt(sigma * sigma + 1);
     return sample.map((x) => x * scale);
+  }
+
+  /** x0 + sigma * noise: the variance-exploding sample at call `index`'s noise level. */
+  addNoise(original: Float32Array, noise: Float32Array, index: number): Float32Array {
+    const sigma = this.sigmaSchedule[index];
+    return original.map((x, i) => x + sigma * noise[i]);
   }
 
   abstract setTimesteps(numInferenceSteps: number): void;

@@ -1,27 +1,47 @@
 import type { BaseLogger } from 'pino';
-import { QueueClosedError, QueueFullError, QueueTimeoutError } from '../engine/job-queue.js';
+import type { ClientLimits, Ticket } from '../engine/job-queue.js';
 import type { EnginePool } from '../engine/pool.js';
-import { WorkerDiedError } from '../engine/worker-process.js';
-import { MAX_SEED, randomSeed } from '../engine/random.js';
-import type { BatchItem, GeneratedImage, GenerationBatch } from '../engine/types.js';
+import type { NoiseKind } from '../runtime/random.js';
+import type { GeneratedImage, GenerationBatch } from '../runtime/types.js';
 import { ApiError, quoteList } from '../api/errors.js';
 import type { GenerationRequest, ImageObject, ImagesResponse } from '../api/wire.js';
 import type { ModelEntry, ModelRegistry } from '../models/registry.js';
-import { checkSchedule } from '../schedulers/index.js';
-import { StoreFullError, type ImageStore, type StoredImage } from '../store/image-store.js';
+import type { ImageStore, StoredImage, StoreReservation } from '../store/image-store.js';
 import { bufferView } from '../util/bytes.js';
-import { chunks } from '../util/chunks.js';
+import { engineError, storeError } from './failures.js';
+import { gptImageFields } from './gpt-image-fields.js';
+import { planBatches, requestSize, type FittedEdit } from './plan.js';
+import { fitEdit, type EditSource } from './input-images.js';
+import { PromptTokenCounter } from './prompt-tokens.js';
+import { expectedStoreBytes } from './store-space.js';
 
 /**
- * What a generations request means: the model and its preset turn OpenAI's fields into engine
- * batches, the engine draws the pictures, and they come back inline or as stored files' URLs. Errors
+ * What an images request means, for generations, edits and variations alike: the model and its preset
+ * turn OpenAI's fields into engine batches (an edit's batches also carry its picture, mask and
+ * strength), the engine draws the pictures, and they come back inline or as stored files' URLs. Errors
  * of the model-dependent checks and of the engine's queue and the store become OpenAI errors here.
  */
+
+/**
+ * The strength of edits and variations that name none. An edit without a mask keeps the input's layout
+ * and colours only loosely (0.8: most of the schedule runs, so the prompt wins); a masked one repaints
+ * its masked area from scratch (1; the rest is kept by the mask); a variation keeps the picture's
+ * composition and colours and redraws the details (0.3: with few-step models such as the turbo ones,
+ * higher strengths jump to other pictures in their one or two steps; ask for more with `strength`).
+ */
+export const DEFAULT_STRENGTH = { edit: 0.8, inpaint: 1, variation: 0.3 } as const;
+
+/** The pictures of an edits or variations request, decoded and checked (input-images.ts). */
+export interface EditInput extends EditSource {
+  kind: 'edit' | 'variation';
+}
 
 export interface ImageServiceDeps {
   registry: ModelRegistry;
   engine: EnginePool;
   store: ImageStore;
+  /** The noise generator of requests that name none (the RNG setting). */
+  defaultRng?: NoiseKind;
 }
 
 export interface GenerateContext {
@@ -30,10 +50,15 @@ export interface GenerateContext {
   /** The absolute URL of a stored image, as this request's client reaches the server. */
   urlFor(image: StoredImage): string;
   log: Pick<BaseLogger, 'info'>;
+  /** Who sent the request (an opaque id, e.g. the API key's label): the queue keeps clients fair to each other. Default 'anonymous'. */
+  client?: string;
+  /** The client's own queue limits, if it has any. */
+  limits?: ClientLimits;
 }
 
 export interface ImageService {
-  generate(request: GenerationRequest, context: GenerateContext): Promise<ImagesResponse>;
+  /** Generates from the prompt alone, or, given `edit`, from its picture (edits and variations). */
+  generate(request: GenerationRequest, context: GenerateContext, edit?: EditInput): Promise<ImagesResponse>;
 }
 
 function unknownModel(id: string, registry: ModelRegistry): ApiError {
@@ -47,116 +72,17 @@ function unknownModel(id: string, registry: ModelRegistry): ApiError {
   });
 }
 
-function parseSize(request: GenerationRequest, model: ModelEntry): { width: number; height: number } {
-  const { sizes, defaultSize } = model.preset;
-  const size = request.size === undefined || request.size === 'auto' ? defaultSize : request.size;
-  if (!sizes.includes(size)) {
-    throw ApiError.invalid('size', 'invalid_value', `Invalid value: '${size}'. Supported values are: ${quoteList(sizes)}.`);
-  }
-  const [width, height] = size.split('x').map(Number);
-  return { width, height };
-}
+export function createImageService({ registry, engine, store, defaultRng }: ImageServiceDeps): ImageService {
+  const promptTokens = new PromptTokenCounter();
 
-function checkScheduler(request: GenerationRequest, model: ModelEntry): void {
-  const allowed = model.schedulers;
-  if (request.scheduler !== undefined && !allowed.includes(request.scheduler)) {
-    throw ApiError.invalid(
-      'scheduler',
-      'invalid_value',
-      `Invalid value: '${request.scheduler}'. Supported values for model '${request.model}' are: ${quoteList(allowed)}.`,
-    );
-  }
-}
-
-/** Image i gets seed + i, so each image's seed reproduces it alone; wraps past MAX_SEED. */
-function seeds(request: GenerationRequest): number[] {
-  const base = request.seed ?? randomSeed();
-  return Array.from({ length: request.n }, (_, i) => (base + i) % (MAX_SEED + 1));
-}
-
-function engineError(err: unknown): unknown {
-  if (err instanceof QueueFullError) {
-    return new ApiError(
-      429,
-      `Rate limit reached: all workers are busy and the generation queue is full. Please try again in ${err.retryAfterSeconds}s.`,
-      { type: 'requests', code: 'rate_limit_exceeded', headers: { 'retry-after': String(err.retryAfterSeconds) } },
-    );
-  }
-  if (err instanceof QueueTimeoutError) {
-    return new ApiError(
-      503,
-      `The server is overloaded: this request waited ${err.waitedSeconds}s for a free worker without getting one. Please try again in ${err.retryAfterSeconds}s.`,
-      { code: 'queue_timeout', headers: { 'retry-after': String(err.retryAfterSeconds) } },
-    );
-  }
-  if (err instanceof WorkerDiedError) {
-    return new ApiError(
-      500,
-      `The worker process generating this image ${err.reason}; it has been replaced. ` +
-        'Retrying may succeed; if it keeps failing, ask for a smaller size or fewer images.',
-      { code: 'worker_crashed', cause: err },
-    );
-  }
-  if (err instanceof QueueClosedError) return ApiError.shuttingDown();
-  return err;
-}
-
-function storeError(err: unknown): ApiError {
-  if (err instanceof StoreFullError) {
-    return new ApiError(507, "The server's image store is full. Ask for response_format 'b64_json', or retry once older images expired.", {
-      code: 'storage_full',
-      // Retrying at once cannot help; tell the SDKs not to.
-      headers: { 'x-should-retry': 'false' },
-    });
-  }
-  const reason = (err as NodeJS.ErrnoException).code ?? 'unknown error';
-  return new ApiError(500, `The server could not save the generated image (${reason}). Ask for response_format 'b64_json', or retry later.`, {
-    code: 'storage_error',
-    cause: err,
-  });
-}
-
-/**
- * What a request asks the engine for: its size, steps, guidance and scheduler from the model's preset
- * unless the request sets them, one seed per image, split into batches of at most the model's maxBatch.
- * Throws the OpenAI errors of the checks that depend on the model.
- */
-export function planBatches(request: GenerationRequest, model: ModelEntry): GenerationBatch[] {
-  const { width, height } = parseSize(request, model);
-  checkScheduler(request, model);
-  const { preset } = model;
-  const items: BatchItem[] = seeds(request).map((seed) => ({ prompt: request.prompt, negativePrompt: request.negative_prompt ?? preset.negativePrompt, seed }));
-  const settings = {
-    modelDir: model.layout.dir,
-    modelVersion: model.version,
-    width,
-    height,
-    steps: request.steps ?? preset.steps[request.quality],
-    guidanceScale: request.guidance_scale ?? preset.guidanceScale[request.style],
-    guidanceRescale: preset.guidanceRescale,
-    scheduler: request.scheduler ?? preset.scheduler,
-    outputFormat: request.output_format,
-    outputCompression: request.output_compression,
-    maxBatch: preset.maxBatch,
-  };
-  try {
-    checkSchedule(model.layout.scheduler, settings.scheduler, settings.steps);
-  } catch (err) {
-    const param = request.steps !== undefined ? 'steps' : 'scheduler';
-    throw ApiError.invalid(param, 'invalid_value', `Invalid value for '${param}' with model '${request.model}': ${(err as Error).message}.`);
-  }
-  return chunks(items, preset.maxBatch).map((part) => ({ ...settings, items: part }));
-}
-
-export function createImageService({ registry, engine, store }: ImageServiceDeps): ImageService {
-  /** Runs the batches in parallel (they may land on different workers); one failure cancels the rest. */
-  async function run(batches: GenerationBatch[], signal: AbortSignal): Promise<GeneratedImage[]> {
+  /** Runs the batches in parallel (they may land on different workers) as one request of the queue; one failure cancels the rest. */
+  async function run(batches: GenerationBatch[], signal: AbortSignal, ticket: Ticket): Promise<GeneratedImage[]> {
     const failed = new AbortController();
     const either = AbortSignal.any([signal, failed.signal]);
     try {
       const results = await Promise.all(
         batches.map((batch) =>
-          engine.generate(batch, either).catch((err) => {
+          engine.generate(batch, either, ticket).catch((err) => {
             failed.abort(err);
             throw err;
           }),
@@ -168,9 +94,19 @@ export function createImageService({ registry, engine, store }: ImageServiceDeps
     }
   }
 
-  async function deliver(images: GeneratedImage[], request: GenerationRequest, context: GenerateContext): Promise<ImageObject[]> {
+  /** For url requests, the store space their images will take, set aside before any is generated. */
+  async function reserveSpace(request: GenerationRequest, batches: GenerationBatch[]): Promise<StoreReservation | undefined> {
+    if (request.response_format === 'b64_json') return undefined;
+    try {
+      return await store.reserve(expectedStoreBytes(batches));
+    } catch (err) {
+      throw storeError(err);
+    }
+  }
+
+  async function deliver(images: GeneratedImage[], request: GenerationRequest, context: GenerateContext, reservation?: StoreReservation): Promise<ImageObject[]> {
     if (request.response_format === 'b64_json') return images.map((image) => ({ b64_json: bufferView(image.data).toString('base64'), seed: image.seed }));
-    const results = await Promise.allSettled(images.map((image) => store.put(image.data, image.contentType)));
+    const results = await Promise.allSettled(images.map((image) => store.put(image.data, image.contentType, reservation)));
     const stored = results.flatMap((result) => (result.status === 'fulfilled' ? [result.value] : []));
     const failed = results.find((result) => result.status === 'rejected');
     if (failed) {
@@ -181,29 +117,64 @@ export function createImageService({ registry, engine, store }: ImageServiceDeps
     return stored.map((image, i) => ({ url: context.urlFor(image), seed: images[i].seed }));
   }
 
+  /** Generates the images and delivers them, with their store space reserved from before the work starts until they are stored. */
+  async function produce(batches: GenerationBatch[], request: GenerationRequest, context: GenerateContext) {
+    const reservation = await reserveSpace(request, batches);
+    try {
+      const images = await run(batches, context.signal, engine.ticket(batches, context.client ?? 'anonymous', context.limits));
+      const generated = performance.now();
+      return { images, generated, data: await deliver(images, request, context, reservation) };
+    } finally {
+      reservation?.release();
+    }
+  }
+
+  /** The edit at the request's size, with its strength; a model that cannot encode pictures is a 400 first. */
+  async function fitted(request: GenerationRequest, model: ModelEntry, edit: EditInput): Promise<FittedEdit> {
+    if (!model.layout.vaeEncoder) {
+      throw ApiError.invalid(
+        'model',
+        'unsupported_value',
+        `The model '${request.model}' cannot edit images: its export (${model.id}) lacks vae_encoder/model.onnx. Export it again with its VAE encoder, or name another model.`,
+      );
+    }
+    const { width, height } = requestSize(request, model);
+    const strength = request.strength ?? DEFAULT_STRENGTH[edit.kind === 'variation' ? 'variation' : edit.mask ? 'inpaint' : 'edit'];
+    return { ...(await fitEdit(edit, width, height)), strength };
+  }
+
   return {
-    async generate(request, context) {
+    async generate(request, context, edit) {
       const started = performance.now();
       const model = await registry.resolve(request.model);
       if (!model) throw unknownModel(request.model, registry);
-      const batches = planBatches(request, model);
-      const images = await run(batches, context.signal);
-      const [{ width, height, steps }] = batches;
-      const generated = performance.now();
-      const data = await deliver(images, request, context);
+      const batches = planBatches(request, model, defaultRng, edit && (await fitted(request, model, edit)));
+      // Counted first: a tokenizer that cannot load fails the request before any work is spent on it.
+      const textTokens = request.dialect === 'gpt-image' ? await promptTokens.count(model, request.prompt) : undefined;
+      const { images, data, generated } = await produce(batches, request, context);
+      const [{ width, height, steps, strength }] = batches;
       // The request's logger already names the model, size and n it asked for; these are what ran.
       context.log.info(
         {
           modelId: model.id,
           resolvedSize: `${width}x${height}`,
           steps,
+          strength,
           responseFormat: request.response_format,
           generateMs: Math.round(generated - started),
           deliverMs: Math.round(performance.now() - generated),
         },
         'images generated',
       );
-      return { created: Math.floor(Date.now() / 1000), data };
+      const response = { created: Math.floor(Date.now() / 1000), data };
+      if (textTokens === undefined) return response;
+      return { ...response, ...gptImageFields(request, textTokens, {
+        width,
+        height,
+        count: images.length,
+        inputImages: edit ? 1 : 0,
+        vaeScale: model.layout.vae.scaleFactor,
+      }) };
     },
   };
 }

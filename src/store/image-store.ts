@@ -1,16 +1,9 @@
-import { randomBytes } from 'node:crypto';
-import { mkdir, readdir, readFile, rename, stat, unlink, writeFile } from 'node:fs/promises';
-import path from 'node:path';
-import type { Logger } from 'pino';
-import { IMAGE_EXTENSIONS, IMAGE_FORMATS, type ImageExtension } from '../engine/types.js';
-import { unlessMissing } from '../util/files.js';
+import type { ImageExtension } from '../runtime/types.js';
 
 /**
- * Generated images served by URL for a limited time. One file per image, named
- * `<id>.<expiry unix milliseconds>.<ext>`: the name is the whole index, so a restart rebuilds it from a
- * directory listing and keeps each image's own expiry. Files are written to a temporary name and
- * renamed, so a reader never sees half an image; a failed write deletes its temporary file, and
- * opening and closing the store delete any that a crash left. Ids are 128 random bits in hex.
+ * Where generated images live while their URLs are valid: what the image service and the files route
+ * need of a store. The filesystem store (file-store.ts) is the one there is; an object store would be
+ * another implementation of this interface.
  */
 
 export interface StoredImage {
@@ -22,21 +15,8 @@ export interface StoredImage {
   size: number;
 }
 
-const EXTENSIONS = Object.fromEntries(Object.values(IMAGE_FORMATS).map((f) => [f.contentType, f.extension])) as Record<string, ImageExtension>;
-const CONTENT_TYPES = Object.fromEntries(Object.values(IMAGE_FORMATS).map((f) => [f.extension, f.contentType])) as Record<ImageExtension, string>;
-
 /** Image ids are 32 hex digits (128 random bits). */
 export const IMAGE_ID = '[0-9a-f]{32}';
-const FILE_NAME = new RegExp(`^(${IMAGE_ID})\\.(\\d+)\\.(${IMAGE_EXTENSIONS.join('|')})$`);
-const TEMP_FILE = /^\..*\.tmp$/;
-
-export interface ImageStoreOptions {
-  /** Folder of the images (created if missing). */
-  dir: string;
-  ttlSeconds: number;
-  maxBytes: number;
-  logger: Logger;
-}
 
 export class StoreFullError extends Error {
   constructor(readonly maxBytes: number) {
@@ -45,138 +25,35 @@ export class StoreFullError extends Error {
   }
 }
 
-export class ImageStore {
-  private readonly index = new Map<string, StoredImage>();
-  /** Bytes of indexed files plus writes in progress. */
-  private bytes = 0;
-  private readonly writes = new Set<Promise<void>>();
-  private timer: NodeJS.Timeout | undefined;
-  private constructor(private readonly options: ImageStoreOptions) {}
+/**
+ * Space set aside before images are generated, so that a full store refuses a request before any work
+ * is spent on it. Puts made with it draw on it first; release() returns what they did not use.
+ */
+export interface StoreReservation {
+  /** Bytes still set aside. */
+  readonly bytes: number;
+  release(): void;
+}
 
-  /** Opens the store: indexes the images left by a previous run, deleting expired and half-written ones. */
-  static async open(options: ImageStoreOptions): Promise<ImageStore> {
-    const store = new ImageStore(options);
-    await mkdir(options.dir, { recursive: true });
-    await store.deleteTempFiles();
-    for (const entry of await readdir(options.dir, { withFileTypes: true })) {
-      if (!entry.isFile()) continue;
-      const file = path.join(options.dir, entry.name);
-      const match = FILE_NAME.exec(entry.name);
-      if (!match) continue;
-      const [, id, expiry, ext] = match;
-      const { size } = await stat(file);
-      const image: StoredImage = { id, ext: ext as ImageExtension, contentType: CONTENT_TYPES[ext as ImageExtension], expiresAt: Number(expiry), size };
-      store.index.set(id, image);
-      store.bytes += size;
-    }
-    await store.sweep();
-    return store;
-  }
-
-  private fileOf(image: StoredImage): string {
-    return path.join(this.options.dir, `${image.id}.${image.expiresAt}.${image.ext}`);
-  }
-
-  private expired(image: StoredImage): boolean {
-    return image.expiresAt <= Date.now();
-  }
-
-  /** Stores an image; throws StoreFullError when it does not fit even after deleting expired ones. */
-  async put(data: Uint8Array, contentType: string): Promise<StoredImage> {
-    const ext = EXTENSIONS[contentType];
-    if (!ext) throw new TypeError(`cannot store images of type ${contentType}`);
-    if (this.bytes + data.byteLength > this.options.maxBytes) await this.sweep();
-    if (this.bytes + data.byteLength > this.options.maxBytes) throw new StoreFullError(this.options.maxBytes);
-    this.bytes += data.byteLength; // reserved before the first await, so parallel puts cannot overfill
-
-    const id = randomBytes(16).toString('hex');
-    const expiresAt = Date.now() + Math.round(this.options.ttlSeconds * 1000);
-    const image: StoredImage = { id, ext, contentType, expiresAt, size: data.byteLength };
-    const write = this.write(path.join(this.options.dir, `.${id}.tmp`), this.fileOf(image), data);
-    this.writes.add(write);
-    try {
-      await write;
-    } catch (err) {
-      this.bytes -= data.byteLength;
-      throw err;
-    } finally {
-      this.writes.delete(write);
-    }
-    this.index.set(id, image);
-    return image;
-  }
-
-  private async write(temp: string, file: string, data: Uint8Array): Promise<void> {
-    try {
-      await writeFile(temp, data, { flag: 'wx' });
-      await rename(temp, file);
-    } catch (err) {
-      // A full disk fails a write halfway: no partial file may stay behind.
-      await unlink(temp).catch(() => undefined);
-      throw err;
-    }
-  }
-
-  /** Images and bytes on disk (including writes in progress), for metrics. */
-  stats(): { files: number; bytes: number } {
-    return { files: this.index.size, bytes: this.bytes };
-  }
-
-  /** The image, or null when unknown or expired (even before the sweeper deleted it). */
-  get(id: string): StoredImage | null {
-    const image = this.index.get(id);
-    return image && !this.expired(image) ? image : null;
-  }
-
+export interface ImageStore {
+  /** Sets `bytes` aside for images to come; throws StoreFullError when they do not fit even after a sweep. */
+  reserve(bytes: number): Promise<StoreReservation>;
+  /**
+   * Stores an image until its expiry, drawing on `reservation` first; throws StoreFullError when it
+   * does not fit even after a sweep.
+   */
+  put(data: Uint8Array, contentType: string, reservation?: StoreReservation): Promise<StoredImage>;
+  /** The image, or null when unknown or expired (even before a sweep deleted it). */
+  get(id: string): StoredImage | null;
   /** The image's bytes, or null if it expired or vanished meanwhile. */
-  async read(image: StoredImage): Promise<Buffer | null> {
-    if (this.expired(image)) return null;
-    return (await unlessMissing(readFile(this.fileOf(image)))) ?? null;
-  }
-
-  /** Deletes expired images. */
-  async sweep(): Promise<void> {
-    const expired = [...this.index.values()].filter((image) => this.expired(image));
-    await this.discard(expired);
-    if (expired.length) this.options.logger.debug({ deleted: expired.length }, 'expired images deleted');
-  }
-
+  read(image: StoredImage): Promise<Buffer | null>;
   /** Deletes images before they expire: ones no response will name after all. */
-  async remove(images: StoredImage[]): Promise<void> {
-    await this.discard(images.filter((image) => this.index.get(image.id) === image));
-  }
-
-  private async discard(images: StoredImage[]): Promise<void> {
-    // Out of the index before the first await, so that sweeps running at the same time (one per put
-    // that finds the store full) never count the same image twice.
-    for (const image of images) {
-      this.index.delete(image.id);
-      this.bytes -= image.size;
-    }
-    for (const image of images) {
-      await unlink(this.fileOf(image)).catch((err: NodeJS.ErrnoException) => {
-        if (err.code !== 'ENOENT') this.options.logger.warn({ err, id: image.id }, 'cannot delete image');
-      });
-    }
-  }
-
-  /** Sweeps every `intervalMs` until close(). */
-  startSweeper(intervalMs: number): void {
-    this.timer = setInterval(() => void this.sweep(), intervalMs);
-    this.timer.unref();
-  }
-
-  /** Stops the sweeper, lets writes in progress end, and deletes temporary files a crash may have left. */
-  async close(): Promise<void> {
-    clearInterval(this.timer);
-    await Promise.allSettled(this.writes);
-    await this.deleteTempFiles();
-  }
-
-  private async deleteTempFiles(): Promise<void> {
-    const names = (await unlessMissing(readdir(this.options.dir))) ?? [];
-    for (const name of names.filter((n) => TEMP_FILE.test(n))) {
-      await unlink(path.join(this.options.dir, name)).catch(() => undefined);
-    }
-  }
+  remove(images: StoredImage[]): Promise<void>;
+  /** Deletes expired images. */
+  sweep(): Promise<void>;
+  /** Images and bytes held, for metrics. */
+  stats(): { files: number; bytes: number };
+  /** The store's clock, unix milliseconds: expiry is measured on it. */
+  now(): number;
+  close(): Promise<void>;
 }

@@ -1,9 +1,15 @@
+import { AddedTokenSplitter } from './added-tokens.js';
 import type { TextTokenizer } from './tokenizer.js';
+import { fixText } from './ftfy.js';
 
 /**
  * CLIP's byte-level BPE, as `CLIPTokenizer` in huggingface/transformers runs it: every word is spelled
  * in bytes (so no input is ever out of vocabulary), merged by rank, and the last symbol of a word
  * carries the `</w>` suffix.
+ *
+ * Our own code rather than @huggingface/tokenizers: that library only loads tokenizer.json, which
+ * Optimum's exports do not ship (vocab.json + merges.txt only), and gives other ids than transformers
+ * on the tokenizer.json published with SD 1.5.
  */
 
 export interface ClipBpeOptions {
@@ -15,6 +21,8 @@ export interface ClipBpeOptions {
   padToken?: string;
   /** Only used if a byte symbol is missing from a damaged vocabulary; without it the symbol is dropped. */
   unkToken?: string;
+  /** Added tokens (content -> id) that a prompt may contain, such as SD 2's pad "!" (id 0). */
+  addedTokens?: ReadonlyMap<string, number>;
 }
 
 const DEFAULT_MAX_LENGTH = 77;
@@ -22,8 +30,9 @@ const DEFAULT_BOS = '<|startoftext|>';
 const DEFAULT_EOS = '<|endoftext|>';
 const END_OF_WORD = '</w>';
 
-// CLIP's own pattern. Special tokens come first so that a prompt quoting them maps to their ids rather
-// than to their spelling; the flags make `\p{..}` work and mirror CLIP's re.IGNORECASE.
+// CLIP's own pattern. Special tokens come first: the added-token split only finds them as written,
+// and transformers' BPE cache maps them to their ids after lower-casing too. The flags make `\p{..}`
+// work and mirror CLIP's re.IGNORECASE.
 const WORD_PATTERN =
   /<\|startoftext\|>|<\|endoftext\|>|'s|'t|'re|'ve|'m|'ll|'d|[\p{L}]+|[\p{N}]|[^\s\p{L}\p{N}]+/giu;
 
@@ -54,6 +63,7 @@ export class ClipBpeTokenizer implements TextTokenizer {
   private readonly unkId: number | undefined;
   /** Special tokens written in the prompt itself, looked up before BPE. */
   private readonly specialIds: ReadonlyMap<string, number>;
+  private readonly addedTokens: AddedTokenSplitter;
   /** "left right" -> merge priority (lower merges first). */
   private readonly ranks = new Map<string, number>();
   private readonly cache = new Map<string, number[]>();
@@ -81,22 +91,36 @@ export class ClipBpeTokenizer implements TextTokenizer {
       [bosToken, this.bosId],
       [eosToken, this.eosId],
     ]);
+    // transformers makes the named special tokens added tokens too, whatever the config lists.
+    const padToken: ReadonlyArray<[string, number]> = options.padToken === undefined ? [] : [[options.padToken, this.padId]];
+    this.addedTokens = new AddedTokenSplitter(new Map([...(options.addedTokens ?? []), ...this.specialIds, ...padToken]));
     merges.forEach(([left, right], rank) => this.ranks.set(`${left} ${right}`, rank));
   }
 
   encode(text: string): number[] {
-    // CLIP's cleaning: NFC (as tokenizer.json's normalizer and transformers' fallback do), whitespace
-    // runs collapsed and trimmed, lowercase.
-    const cleaned = text.normalize('NFC').replace(/\s+/gu, ' ').trim().toLowerCase();
     const room = this.maxLength - 2;
     const content: number[] = [];
-    for (const match of cleaned.matchAll(WORD_PATTERN)) {
+    for (const segment of this.addedTokens.split(text)) {
       if (content.length >= room) break;
-      content.push(...this.wordIds(match[0]));
+      if (typeof segment === 'number') content.push(segment);
+      else content.push(...this.textIds(segment, room - content.length));
     }
     const row = [this.bosId, ...content.slice(0, room), this.eosId];
     while (row.length < this.maxLength) row.push(this.padId);
     return row;
+  }
+
+  /** Ids of text without added tokens, up to `room` of them (or a word's worth more). */
+  private textIds(text: string, room: number): number[] {
+    // CLIP's cleaning as transformers does it: ftfy's fix_text (NFC among it), whitespace runs
+    // collapsed and trimmed, lowercase.
+    const cleaned = fixText(text).replace(/\s+/gu, ' ').trim().toLowerCase();
+    const ids: number[] = [];
+    for (const match of cleaned.matchAll(WORD_PATTERN)) {
+      if (ids.length >= room) break;
+      ids.push(...this.wordIds(match[0]));
+    }
+    return ids;
   }
 
   private requireId(token: string, role: string): number {

@@ -1,7 +1,11 @@
+import { readFile } from 'node:fs/promises';
 import path from 'node:path';
-import { readJsonIfPresent, readTextIfPresent } from '../util/files.js';
+import { readJsonIfPresent } from '../util/files.js';
 import { ClipBpeTokenizer } from './clip-bpe.js';
-import { UnigramTokenizer } from './t5-unigram.js';
+import { findTokenizerSource, MERGES_TXT, SPIECE_MODEL, TOKENIZER_JSON, VOCAB_JSON } from './files.js';
+import { parseSentencePieceModel } from './sentencepiece-model.js';
+import { type AddedTokenSpec, sentencePieceToTokenizerJson } from './spiece-to-json.js';
+import { T5Tokenizer } from './t5.js';
 import type { TextTokenizer } from './tokenizer.js';
 
 /**
@@ -24,6 +28,10 @@ interface SpecialTokenNames {
 interface TokenizerSettings {
   names: SpecialTokenNames;
   modelMaxLength?: number;
+  /** tokenizer_config.json as it is. */
+  config: Record<string, unknown>;
+  /** Added tokens the config files declare: `added_tokens_decoder`, or the older added_tokens.json. */
+  addedTokens: AddedTokenSpec[];
 }
 
 interface TokenizerJson {
@@ -31,58 +39,58 @@ interface TokenizerJson {
     type?: string;
     vocab?: unknown;
     merges?: unknown;
-    unk_id?: number | null;
     unk_token?: string | null;
     end_of_word_suffix?: string | null;
   };
-  normalizer?: unknown;
-  pre_tokenizer?: unknown;
   added_tokens?: Array<{ id: number; content: string }>;
   padding?: { pad_token?: string } | null;
 }
 
-const TOKENIZER_JSON = 'tokenizer.json';
-const VOCAB_JSON = 'vocab.json';
-const MERGES_TXT = 'merges.txt';
 const TOKENIZER_CONFIG = 'tokenizer_config.json';
 const SPECIAL_TOKENS_MAP = 'special_tokens_map.json';
+const ADDED_TOKENS_JSON = 'added_tokens.json';
 
 // transformers writes int(1e30) as `model_max_length` when a tokenizer has no limit of its own.
 const MAX_SENSIBLE_LENGTH = 100_000;
 
 export async function loadTokenizer(dir: string, options: LoadTokenizerOptions = {}): Promise<TextTokenizer> {
+  const source = await findTokenizerSource(dir);
   const settings = await readTokenizerSettings(dir);
   const maxLength = options.maxLength ?? settings.modelMaxLength;
+  const { bos, eos, unk, pad } = settings.names;
 
-  const tokenizerJson = (await readJsonIfPresent(path.join(dir, TOKENIZER_JSON))) as TokenizerJson | undefined;
-  if (tokenizerJson) return fromTokenizerJson(dir, tokenizerJson, settings.names, maxLength);
-
-  const vocab = await readJsonIfPresent(path.join(dir, VOCAB_JSON));
-  const merges = await readTextIfPresent(path.join(dir, MERGES_TXT));
-  if (vocab !== undefined && merges !== undefined) {
-    const { bos, eos, unk, pad } = settings.names;
-    return new ClipBpeTokenizer(vocabMap(vocab, path.join(dir, VOCAB_JSON)), parseMergesTxt(merges), {
-      maxLength,
-      bosToken: bos,
-      eosToken: eos,
-      unkToken: unk,
-      padToken: pad,
+  if (source === TOKENIZER_JSON) return fromTokenizerJson(dir, settings, maxLength);
+  if (source === SPIECE_MODEL) {
+    const file = path.join(dir, SPIECE_MODEL);
+    const model = parseSentencePieceModel(await readFile(file), file);
+    const json = sentencePieceToTokenizerJson(model, {
+      addPrefixSpace: optionalBoolean(settings.config.add_prefix_space),
+      legacy: optionalBoolean(settings.config.legacy),
+      addedTokens: settings.addedTokens,
     });
+    return new T5Tokenizer(json, settings.config, { maxLength, eosToken: eos, padToken: pad });
   }
-  throw new Error(
-    `No tokenizer in ${dir}: looked for ${TOKENIZER_JSON}, or ${VOCAB_JSON} together with ${MERGES_TXT}`,
-  );
+  const vocab = await readJsonIfPresent(path.join(dir, VOCAB_JSON));
+  const merges = await readFile(path.join(dir, MERGES_TXT), 'utf8');
+  return new ClipBpeTokenizer(vocabMap(vocab, path.join(dir, VOCAB_JSON)), parseMergesTxt(merges), {
+    maxLength,
+    bosToken: bos,
+    eosToken: eos,
+    unkToken: unk,
+    padToken: pad,
+    addedTokens: new Map(settings.addedTokens.map((token) => [token.content, token.id])),
+  });
 }
 
-function fromTokenizerJson(
+async function fromTokenizerJson(
   dir: string,
-  json: TokenizerJson,
-  names: SpecialTokenNames,
+  settings: TokenizerSettings,
   maxLength: number | undefined,
-): TextTokenizer {
+): Promise<TextTokenizer> {
   const file = path.join(dir, TOKENIZER_JSON);
+  const json = (await readJsonIfPresent(file)) as TokenizerJson;
+  const { names } = settings;
   const model = json.model ?? {};
-  const addedTokens = new Map((json.added_tokens ?? []).map((token) => [token.content, token.id] as const));
   // transformers' fast tokenizers take the pad token from the file's padding section when the config
   // files name none.
   const padToken = names.pad ?? json.padding?.pad_token;
@@ -92,6 +100,7 @@ function fromTokenizerJson(
       if (model.end_of_word_suffix !== '</w>') {
         throw new Error(`${file}: only CLIP's BPE (end_of_word_suffix "</w>") is supported`);
       }
+      const addedTokens = new Map((json.added_tokens ?? []).map((token) => [token.content, token.id] as const));
       const vocab = vocabMap(model.vocab, file);
       for (const [content, id] of addedTokens) vocab.set(content, id);
       return new ClipBpeTokenizer(vocab, parseMergeList(model.merges, file), {
@@ -100,20 +109,12 @@ function fromTokenizerJson(
         eosToken: names.eos,
         unkToken: names.unk ?? model.unk_token ?? undefined,
         padToken,
+        addedTokens,
       });
     }
     case 'Unigram': {
-      if (!Array.isArray(model.vocab)) throw new Error(`${file}: model.vocab is not a list of [piece, score]`);
-      return new UnigramTokenizer(
-        {
-          pieces: model.vocab as Array<[string, number]>,
-          unkId: model.unk_id,
-          normalizer: json.normalizer,
-          preTokenizer: json.pre_tokenizer,
-          addedTokens,
-        },
-        { maxLength, eosToken: names.eos, unkToken: names.unk, padToken },
-      );
+      const withConfig = { ...json, added_tokens: withConfigAttributes(json.added_tokens ?? [], settings.addedTokens) };
+      return new T5Tokenizer(withConfig, settings.config, { maxLength, eosToken: names.eos, padToken });
     }
     default:
       throw new Error(
@@ -123,8 +124,21 @@ function fromTokenizerJson(
 }
 
 /**
- * Special token names and `model_max_length` from tokenizer_config.json and special_tokens_map.json.
- * The map wins where both name a token, as transformers applies it over the config.
+ * transformers re-adds the config's `added_tokens_decoder` over tokenizer.json's tokens, so its
+ * lstrip/rstrip win (T5's `<extra_id_N>` eat the spaces around them), as when converting spiece.model.
+ */
+function withConfigAttributes(tokens: NonNullable<TokenizerJson['added_tokens']>, fromConfig: readonly AddedTokenSpec[]) {
+  const byId = new Map(fromConfig.map((token) => [token.id, token] as const));
+  return tokens.map((token) => {
+    const config = byId.get(token.id);
+    return config?.content === token.content ? { ...token, lstrip: config.lstrip, rstrip: config.rstrip } : token;
+  });
+}
+
+/**
+ * Special token names, added tokens and `model_max_length` from tokenizer_config.json,
+ * special_tokens_map.json and added_tokens.json. The map wins where both name a token, as transformers
+ * applies it over the config.
  */
 async function readTokenizerSettings(dir: string): Promise<TokenizerSettings> {
   const config = asRecord(await readJsonIfPresent(path.join(dir, TOKENIZER_CONFIG)));
@@ -136,7 +150,29 @@ async function readTokenizerSettings(dir: string): Promise<TokenizerSettings> {
   return {
     names: { bos: name('bos_token'), eos: name('eos_token'), unk: name('unk_token'), pad: name('pad_token') },
     modelMaxLength: sensible ? length : undefined,
+    config,
+    addedTokens: await readAddedTokens(dir, config),
   };
+}
+
+/** `added_tokens_decoder` ({id: {content, lstrip, rstrip, special}}) of newer configs, else added_tokens.json ({content: id}). */
+async function readAddedTokens(dir: string, config: Record<string, unknown>): Promise<AddedTokenSpec[]> {
+  const decoder = asRecord(config.added_tokens_decoder);
+  const fromDecoder = Object.entries(decoder).flatMap(([id, value]): AddedTokenSpec[] => {
+    const token = asRecord(value);
+    const content = tokenContent(token);
+    if (content === undefined || !/^\d+$/.test(id)) return [];
+    return [{ id: Number(id), content, special: token.special === true, lstrip: token.lstrip === true, rstrip: token.rstrip === true }];
+  });
+  if (fromDecoder.length) return fromDecoder;
+  const legacy = asRecord(await readJsonIfPresent(path.join(dir, ADDED_TOKENS_JSON)));
+  return Object.entries(legacy).flatMap(([content, id]) =>
+    typeof id === 'number' && Number.isInteger(id) ? [{ id, content, special: false }] : [],
+  );
+}
+
+function optionalBoolean(value: unknown): boolean | undefined {
+  return typeof value === 'boolean' ? value : undefined;
 }
 
 /** A special token is written either as its text or as an AddedToken object `{content, ...}`. */

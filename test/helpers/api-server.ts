@@ -2,16 +2,16 @@ import { mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import OpenAI from 'openai';
-import { pino } from 'pino';
+import { pino, type Logger } from 'pino';
 import sharp from 'sharp';
-import { loadConfig, type Config } from '../../src/config.js';
-import { JobQueue } from '../../src/engine/job-queue.js';
+import { loadConfig } from '../../src/config.js';
+import { JobQueue, Ticket, type ClientLimits } from '../../src/engine/job-queue.js';
 import type { EnginePool } from '../../src/engine/pool.js';
-import { IMAGE_FORMATS, type GeneratedImage, type GenerationBatch } from '../../src/engine/types.js';
-import { buildApp } from '../../src/http/app.js';
+import { IMAGE_FORMATS, outputOf, type BatchItem, type GeneratedImage, type GenerationBatch } from '../../src/runtime/types.js';
+import { buildApp, type AppConfig } from '../../src/http/app.js';
 import { ModelRegistry } from '../../src/models/registry.js';
 import { Metrics } from '../../src/observability/metrics.js';
-import { ImageStore } from '../../src/store/image-store.js';
+import { FileImageStore } from '../../src/store/file-store.js';
 
 /**
  * The real HTTP app, store and model registry on an ephemeral port, with a fake engine: the API's
@@ -48,6 +48,8 @@ export const STUB_SIZES = ['64x64', '128x64', '512x512'];
 export class FakeEngine implements EnginePool {
   readonly batches: GenerationBatch[] = [];
   readonly signals: (AbortSignal | undefined)[] = [];
+  /** Who each request's ticket was for, and its limits: the queue's view of the API key. */
+  readonly tickets: { client: string; limits?: ClientLimits }[] = [];
   private readonly queue: JobQueue;
   private gate: Promise<void> | undefined;
   private open: (() => void) | undefined;
@@ -65,13 +67,22 @@ export class FakeEngine implements EnginePool {
     this.gate = undefined;
   }
 
-  generate(batch: GenerationBatch, signal?: AbortSignal): Promise<GeneratedImage[]> {
+  ticket(_batches: readonly GenerationBatch[], client: string, limits?: ClientLimits): Ticket {
+    this.tickets.push({ client, limits });
+    return new Ticket(client, 0, limits);
+  }
+
+  generate(batch: GenerationBatch, signal?: AbortSignal, ticket?: Ticket): Promise<GeneratedImage[]> {
     this.signals.push(signal);
-    return this.queue.run(async () => {
-      this.batches.push(batch);
-      await this.gate;
-      return Promise.all(batch.items.map((item) => draw(batch, item.seed)));
-    }, signal);
+    return this.queue.run(
+      async () => {
+        this.batches.push(batch);
+        await this.gate;
+        return Promise.all(batch.items.map((item) => draw(batch, item)));
+      },
+      signal,
+      { ticket },
+    );
   }
 
   load() {
@@ -88,11 +99,13 @@ export class FakeEngine implements EnginePool {
 }
 
 
-async function draw(batch: GenerationBatch, seed: number): Promise<GeneratedImage> {
+async function draw(batch: GenerationBatch, item: BatchItem): Promise<GeneratedImage> {
+  const { seed } = item;
+  const { format, compression } = outputOf(item);
   const background = { r: seed % 256, g: (seed >> 8) % 256, b: (seed >> 16) % 256 };
   const image = sharp({ create: { width: batch.width, height: batch.height, channels: 3, background } });
-  const data = await image.toFormat(batch.outputFormat, batch.outputCompression === undefined ? {} : { quality: batch.outputCompression }).toBuffer();
-  return { data: new Uint8Array(data), contentType: IMAGE_FORMATS[batch.outputFormat].contentType, seed };
+  const data = await image.toFormat(format, compression === undefined ? {} : { quality: compression }).toBuffer();
+  return { data: new Uint8Array(data), contentType: IMAGE_FORMATS[format].contentType, seed };
 }
 
 export interface TestServer {
@@ -101,7 +114,7 @@ export interface TestServer {
   origin: string;
   client: OpenAI;
   engine: FakeEngine;
-  store: ImageStore;
+  store: FileImageStore;
   registry: ModelRegistry;
   modelsDir: string;
   dataDir: string;
@@ -117,9 +130,11 @@ export interface TestServerOptions {
   config?: Partial<AppConfig>;
   /** Reuse an image store folder (restart tests). */
   dataDir?: string;
+  /** The image store's clock (unix ms), to expire images without waiting. */
+  clock?: () => number;
+  /** The app's logger (default: silent). */
+  logger?: Logger;
 }
-
-type AppConfig = Pick<Config, 'apiKeys' | 'bodyLimit' | 'trustProxy' | 'publicBaseUrl' | 'shutdownTimeoutSeconds' | 'metricsPublic' | 'logPrompts'>;
 
 export const TEST_KEY = 'sk-test-0123456789abcdef';
 
@@ -132,7 +147,7 @@ export async function startTestServer(options: TestServerOptions = {}): Promise<
   const apiKeys = options.apiKeys ?? [TEST_KEY];
 
   const engine = options.engine ?? new FakeEngine();
-  const store = await ImageStore.open({ dir: dataDir, ttlSeconds: options.ttlSeconds ?? 3600, maxBytes: options.maxStoreBytes ?? 1e9, logger: silentLogger });
+  const store = await FileImageStore.open({ dir: dataDir, ttlSeconds: options.ttlSeconds ?? 3600, maxBytes: options.maxStoreBytes ?? 1e9, logger: silentLogger, clock: options.clock });
   const registry = new ModelRegistry({
     roots: [{ dir: modelsDir, ownedBy: 'user' }],
     aliases: options.aliases ?? { 'dall-e-3': 'stub' },
@@ -141,7 +156,7 @@ export async function startTestServer(options: TestServerOptions = {}): Promise<
   });
   await registry.scan();
   const config: AppConfig = { ...loadConfig({}, {}), apiKeys, bodyLimit: 1024 * 1024, trustProxy: true, publicBaseUrl: undefined, ...options.config };
-  const app = buildApp({ config, registry, engine, store, metrics: new Metrics(), logger: silentLogger });
+  const app = buildApp({ config, registry, engine, store, metrics: new Metrics(), logger: options.logger ?? silentLogger });
   const origin = await app.listen({ port: 0, host: '127.0.0.1' });
   const baseURL = `${origin}/v1`;
   return {

@@ -23,7 +23,7 @@ export async function makeRoot(): Promise<string> {
   const root = await mkdtemp(path.join(os.tmpdir(), 'imagegen-ops-'));
   const model = path.join(root, 'models', MODEL);
   await cp(referenceModel('sd-turbo'), model, { recursive: true });
-  await writeFile(path.join(model, 'imagegen.json'), JSON.stringify({ sizes: ['128x128', '256x256', '512x512'], default_size: '128x128' }));
+  await writeFile(path.join(model, 'imagegen.json'), JSON.stringify({ sizes: ['128x128', '256x256', '512x512', '1024x1024'], default_size: '128x128' }));
   return root;
 }
 
@@ -80,8 +80,11 @@ export async function generate(baseURL: string, fields: Record<string, unknown> 
   return { status: res.status, headers: res.headers, body: await res.json() };
 }
 
-/** A generation that keeps one worker busy for a few seconds on a 2-core machine. */
-export const LONG = { size: '512x512', n: 2, steps: 150 } as const;
+/**
+ * A generation that keeps one worker busy for seconds on a 2-core machine, idle or not (the tests that
+ * use it need it to outlast a 1 s queue timeout; 512x512 took under a second once threads stopped spinning).
+ */
+export const LONG = { size: '1024x1024', n: 2, steps: 150 } as const;
 
 export const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
 

@@ -1,0 +1,28 @@
+/**
+ * Writes a float16 copy of a model folder (as `optimum-cli export onnx --fp16` would have made it):
+ *
+ *   npm run convert:fp16 -- <source-folder> <target-folder> [--keep-float32 <OpType> ...]
+ *
+ * Every model.onnx becomes float16 (weights, inputs, outputs, computation); integer inputs stay as they
+ * are. `--keep-float32` keeps the named ops computing in float32 between Casts, for providers that
+ * compute in float16 (onnxruntime's CPU provider needs none: see scripts/fp16/convert.ts).
+ */
+import { parseArgs } from 'node:util';
+import { convertFolderToFloat16 } from './fp16/convert-folder.js';
+
+const { values, positionals } = parseArgs({
+  allowPositionals: true,
+  options: {
+    'keep-float32': { type: 'string', multiple: true, default: [] },
+    help: { type: 'boolean', short: 'h', default: false },
+  },
+});
+
+if (values.help || positionals.length !== 2) {
+  console.log('usage: convert-fp16 <source-folder> <target-folder> [--keep-float32 <OpType> ...]');
+  process.exit(values.help ? 0 : 2);
+}
+
+const [source, target] = positionals;
+const converted = await convertFolderToFloat16(source, target, { blockList: new Set(values['keep-float32']) });
+for (const { file, milliseconds } of converted) console.log(`${file}: float16 in ${milliseconds.toFixed(0)} ms`);

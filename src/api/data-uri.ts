@@ -1,0 +1,39 @@
+import { ApiError } from './errors.js';
+
+/**
+ * The image references of a JSON edits body (`{"image_url": ...}`), as bytes. Only data: URIs: the
+ * server never fetches URLs, since fetching what a request names would let any caller make it reach
+ * hosts on its network (SSRF), and `file_id`s name OpenAI's file store, which it has no part of.
+ */
+
+const DATA_URI = /^data:([^,;]*)((?:;[^,;]*)*?)(;base64)?,(.*)$/s;
+
+/** The bytes of one `{"image_url": "data:..."}` reference; `param` names it in errors (e.g. `images[0]`). */
+export function imageReferenceBytes(reference: unknown, param: string): Buffer {
+  if (typeof reference !== 'object' || reference === null || Array.isArray(reference)) {
+    throw ApiError.invalid(param, 'invalid_type', `Invalid type for '${param}': expected an object like {"image_url": "data:image/png;base64,..."}.`);
+  }
+  const { image_url: url, file_id: fileId, ...rest } = reference as Record<string, unknown>;
+  const unknown = Object.keys(rest)[0];
+  if (unknown !== undefined) throw ApiError.invalid(`${param}.${unknown}`, 'unknown_parameter', `Unknown parameter: '${param}.${unknown}'.`);
+  if (fileId !== undefined && fileId !== null) {
+    throw ApiError.invalid(`${param}.file_id`, 'unsupported_value', `Unsupported value: '${param}.file_id': this server has no file store. Send the image inline as a data: URI in 'image_url', or as a multipart upload.`);
+  }
+  if (typeof url !== 'string') {
+    throw ApiError.invalid(`${param}.image_url`, url === undefined || url === null ? 'missing_required_parameter' : 'invalid_type', `Missing required parameter: '${param}.image_url' (a data: URI such as "data:image/png;base64,...").`);
+  }
+  if (/^https?:/i.test(url)) {
+    throw ApiError.invalid(
+      `${param}.image_url`,
+      'unsupported_value',
+      `Unsupported value: '${param}.image_url' is an http(s) URL, and this server does not fetch URLs. Send the image inline as a data: URI ("data:image/png;base64,...") or as a multipart upload.`,
+    );
+  }
+  const match = DATA_URI.exec(url);
+  if (!match) {
+    throw ApiError.invalid(`${param}.image_url`, 'invalid_value', `Invalid value for '${param}.image_url': expected a data: URI such as "data:image/png;base64,...".`);
+  }
+  const [, , , base64, payload] = match;
+  // Which format it is comes from the bytes (input-images.ts), not from the URI's media type.
+  return base64 ? Buffer.from(payload, 'base64') : Buffer.from(decodeURIComponent(payload), 'latin1');
+}

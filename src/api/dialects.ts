@@ -1,0 +1,71 @@
+import type { Quality } from '../models/presets.js';
+import { ApiError, quoteList } from './errors.js';
+
+/**
+ * OpenAI's image model names, as the current SDKs enumerate them (openai-node's `ImageModel`), and what
+ * each means on the wire. Apps hard-code the names, so each is an alias of an installed model (config.ts
+ * maps them to DEFAULT_MODEL unless MODEL_ALIASES says otherwise), and a request that uses one is read
+ * and answered as that OpenAI model would: its dialect.
+ */
+
+const DALL_E_MODEL_NAMES = ['dall-e-2', 'dall-e-3'] as const;
+
+export const GPT_IMAGE_MODEL_NAMES = [
+  'gpt-image-1',
+  'gpt-image-1-mini',
+  'gpt-image-1.5',
+  'gpt-image-2',
+  'gpt-image-2-2026-04-21',
+  'chatgpt-image-latest',
+] as const;
+
+export const OPENAI_MODEL_NAMES = [...DALL_E_MODEL_NAMES, ...GPT_IMAGE_MODEL_NAMES] as const;
+
+/**
+ * `gpt-image` (the gpt-image names): b64_json by default, quality low|medium|high|auto, the gpt-image
+ * sizes, and the response echoes its settings and carries usage. `dall-e` (the dall-e names, and also
+ * installed models' own ids and custom aliases, which answer as they always did): url by default,
+ * quality standard|hd (the gpt-image values accepted too), every size the model lists.
+ */
+export type Dialect = 'gpt-image' | 'dall-e';
+
+export function dialectOf(modelName: string): Dialect {
+  return (GPT_IMAGE_MODEL_NAMES as readonly string[]).includes(modelName) ? 'gpt-image' : 'dall-e';
+}
+
+export const RESPONSE_FORMATS = ['url', 'b64_json'] as const;
+export type ResponseFormat = (typeof RESPONSE_FORMATS)[number];
+
+/** gpt-image models answer inline; `url` stays available to them when asked for (our extension). */
+export const DEFAULT_RESPONSE_FORMAT: Record<Dialect, ResponseFormat> = { 'gpt-image': 'b64_json', 'dall-e': 'url' };
+
+/** The sizes of OpenAI's gpt-image models, and the only ones the SDKs' response types allow echoing. */
+export const GPT_IMAGE_SIZES = ['1024x1024', '1536x1024', '1024x1536'] as const;
+export type GptImageSize = (typeof GPT_IMAGE_SIZES)[number];
+
+export const isGptImageSize = (size: string): size is GptImageSize => (GPT_IMAGE_SIZES as readonly string[]).includes(size);
+
+/** Every `quality` the SDKs send: dall-e's standard|hd, gpt-image's low|medium|high|auto. */
+export const REQUEST_QUALITIES = ['standard', 'hd', 'low', 'medium', 'high', 'auto'] as const;
+export type RequestQuality = (typeof REQUEST_QUALITIES)[number];
+
+const GPT_IMAGE_QUALITIES: readonly RequestQuality[] = ['low', 'medium', 'high', 'auto'];
+
+/** The step tier each quality picks: medium and auto (gpt-image's default) are standard, high is hd. */
+const TIERS: Record<RequestQuality, Quality> = { low: 'low', standard: 'standard', medium: 'standard', auto: 'standard', hd: 'hd', high: 'hd' };
+
+/** The quality a gpt-image response echoes for a tier (the SDKs type it as low|medium|high). */
+export type GptImageQuality = 'low' | 'medium' | 'high';
+export const GPT_IMAGE_QUALITY_OF: Record<Quality, GptImageQuality> = { low: 'low', standard: 'medium', hd: 'high' };
+
+/**
+ * The step tier of a request's quality. gpt-image names take only gpt-image's values, as OpenAI's
+ * gpt-image models do; the other names take all six, as before.
+ */
+export function qualityTier(quality: RequestQuality | undefined, dialect: Dialect, modelName: string): Quality {
+  if (quality === undefined) return 'standard';
+  if (dialect === 'gpt-image' && !GPT_IMAGE_QUALITIES.includes(quality)) {
+    throw ApiError.invalid('quality', 'invalid_value', `Invalid value: '${quality}'. Supported values for model '${modelName}' are: ${quoteList(GPT_IMAGE_QUALITIES)}.`);
+  }
+  return TIERS[quality];
+}

@@ -1,0 +1,50 @@
+import os from 'node:os';
+import { Option, type Command } from 'commander';
+import { loadConfig } from '../config.js';
+import { WorkerRuntime } from '../pipelines/run.js';
+import { DEFAULT_TOLERANCE, verifyGolden } from '../service/golden.js';
+
+/**
+ * `imagegen models verify DIR --golden FILE.json`: one line per case, `case N: max_abs=… mean_abs=…
+ * PASS|FAIL` (pixel errors on a 0..1 scale), exit code 1 when any case fails. docs/verify.md says how
+ * to write a golden file for a model of one's own.
+ */
+
+interface VerifyFlags {
+  golden: string;
+  tolerance: number;
+}
+
+function parseTolerance(value: string): number {
+  const t = Number(value);
+  if (!Number.isFinite(t) || t < 0 || t > 1) throw new Error(`--tolerance takes a pixel error from 0 to 1 (e.g. ${DEFAULT_TOLERANCE.toFixed(4)}), got '${value}'`);
+  return t;
+}
+
+export function registerVerifyCommand(models: Command): void {
+  models
+    .command('verify')
+    .description("check a model folder against diffusers' pictures for it: runs each case of a golden file from its starting noise")
+    .argument('<dir>', 'model folder (an ONNX export)')
+    .requiredOption('--golden <file>', 'golden file (JSON; see docs/verify.md)')
+    .addOption(
+      new Option('--tolerance <max_abs>', 'largest pixel error that passes, on a 0..1 scale (fp16 exports: 0.0098)')
+        .argParser(parseTolerance)
+        .default(DEFAULT_TOLERANCE, `${DEFAULT_TOLERANCE.toFixed(4)}, 1.5/255: the 8-bit rounding of both pictures`),
+    )
+    .action(async (dir: string, flags: VerifyFlags) => {
+      const config = loadConfig({});
+      const runtime = new WorkerRuntime({ runtime: { provider: config.executionProvider, threads: os.availableParallelism() } });
+      try {
+        const results = await verifyGolden(runtime, dir, flags.golden, flags.tolerance, (r) =>
+          console.log(`case ${r.index}: max_abs=${r.maxAbs.toFixed(6)} mean_abs=${r.meanAbs.toFixed(6)} ${r.pass ? 'PASS' : 'FAIL'}`),
+        );
+        const failed = results.filter((r) => !r.pass).length;
+        console.log(failed ? `${failed} of ${results.length} cases FAIL (tolerance ${flags.tolerance})` : `all ${results.length} cases PASS`);
+        if (failed) process.exitCode = 1;
+      } catch (err) {
+        console.error(`imagegen models verify: ${(err as Error).message}`);
+        process.exitCode = 2;
+      }
+    });
+}

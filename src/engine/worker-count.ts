@@ -1,0 +1,29 @@
+import type { ModelMemory } from '../models/memory-figures.js';
+import type { ModelRef } from '../runtime/types.js';
+import { formatBytes } from '../util/bytes.js';
+
+/**
+ * How many worker processes to run when WORKERS is not set. On CUDA one per GPU (CUDA_DEVICES). On the
+ * CPU one, whose threads take every core: a second worker on the same cores measured no faster
+ * (`npm run bench:spinning`: x0.98 to x1.06 on 2 cores) and holds a second copy of every model. Either
+ * way no more than the memory the preloaded models measured (weights plus their largest batch; see
+ * src/pipelines/memory-plan.ts) lets fit, and at least one.
+ */
+export function defaultWorkerCount(options: {
+  provider: 'cpu' | 'cuda';
+  cudaDevices: readonly number[];
+  preload: readonly ModelRef[];
+  measured: Record<string, ModelMemory>;
+  availableBytes: number;
+}): { workers: number; reason: string } {
+  const wanted = options.provider === 'cuda' ? options.cudaDevices.length : 1;
+  const base = options.provider === 'cuda' ? `one per CUDA device (${wanted})` : 'one on the CPU (its threads use every core)';
+  const need = Math.max(0, ...options.preload.map(({ dir }) => {
+    const m = options.measured[dir];
+    return m ? m.weightsBytes + m.peakBytes : 0;
+  }));
+  if (need === 0) return { workers: wanted, reason: base };
+  const fit = Math.max(1, Math.floor(options.availableBytes / need));
+  if (fit >= wanted) return { workers: wanted, reason: base };
+  return { workers: fit, reason: `${base}, but the preloaded models measured ${formatBytes(need)} a worker and ${formatBytes(options.availableBytes)} is free` };
+}

@@ -1,0 +1,47 @@
+import multipart from '@fastify/multipart';
+import type { FastifyInstance } from 'fastify';
+import { ApiError } from '../api/errors.js';
+import { parseImageRequest, type ImagesResponse } from '../api/wire.js';
+import type { EditInput } from '../service/images.js';
+import { checkMask, decodeInputImage } from '../service/input-images.js';
+import { generateContext, type ImagesOptions } from './image-context.js';
+import { readUpload, type Upload, type UploadRoute } from './uploads.js';
+
+/**
+ * POST /v1/images/edits and /v1/images/variations: the generations path (service/images.ts) started
+ * from an uploaded picture. Multipart is parsed only here: this plugin's own context registers
+ * @fastify/multipart, so the other routes keep answering a form with 415.
+ */
+
+/** The picture and mask of an upload, decoded and checked. The diffusion models take one input picture. */
+async function editInput({ images, mask }: Upload, route: UploadRoute, form: boolean): Promise<EditInput> {
+  const param = form ? 'image' : 'images';
+  const [first] = images;
+  if (!first) throw ApiError.invalid(param, 'missing_required_parameter', `Missing required parameter: '${param}'.`);
+  if (images.length > 1) {
+    throw ApiError.invalid(
+      param,
+      'too_many_images',
+      `Too many images: got ${images.length}, and this server's diffusion models edit one image per request. Send one image (combine reference pictures into one first).`,
+    );
+  }
+  const source = { image: await decodeInputImage(first.bytes, first.param), ...(mask && { mask: await decodeInputImage(mask.bytes, mask.param) }) };
+  checkMask(source);
+  return { ...source, kind: route };
+}
+
+export async function edits(app: FastifyInstance, options: ImagesOptions): Promise<void> {
+  // Limits are set per request in uploads.ts; throwing on a too-large file makes it a 413, not a silently cut image.
+  await app.register(multipart, { throwFileSizeLimit: true });
+  for (const [path, route] of [
+    ['/v1/images/edits', 'edit'],
+    ['/v1/images/variations', 'variation'],
+  ] as const) {
+    app.post(path, async (request, reply): Promise<ImagesResponse> => {
+      const upload = await readUpload(request, route);
+      const body = parseImageRequest(route, upload.fields, { defaultModel: options.defaultModel, form: upload.form });
+      const edit = await editInput(upload, route, upload.form);
+      return options.service.generate(body, generateContext(request, reply, body, options), edit);
+    });
+  }
+}

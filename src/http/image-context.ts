@@ -1,0 +1,44 @@
+import type { FastifyReply, FastifyRequest } from 'fastify';
+import type { GenerationRequest } from '../api/wire.js';
+import type { GenerateContext, ImageService } from '../service/images.js';
+import { imagePath } from './files.js';
+import { requestOrigin } from './host.js';
+import type { KeyRates } from './key-rates.js';
+
+/** What the image routes (generations, edits, variations) share: their options, and the service context of one request. */
+
+export interface ImagesOptions {
+  service: ImageService;
+  /** Fixed origin for image URLs; otherwise each request's own (host.ts: proxy headers count when trusted, and are validated). */
+  publicBaseUrl?: string;
+  /** Put the prompts in the logs; they are the users' private text, so off unless asked for. */
+  logPrompts: boolean;
+  /** The model of requests that name none (DEFAULT_MODEL). */
+  defaultModel: string;
+  /** API_KEYS_FILE's per-minute limits. */
+  rates: KeyRates;
+}
+
+/**
+ * The service context of a parsed request, once its key's per-minute limits admit it (else a 429);
+ * from here on its log lines name what it asked for.
+ */
+export function generateContext(request: FastifyRequest, reply: FastifyReply, body: GenerationRequest, { publicBaseUrl, logPrompts, rates }: ImagesOptions): GenerateContext {
+  rates.admit(request.apiKey, body.n);
+  // Every later line of this request (errors, Fastify's "request completed") names what it asked for.
+  request.log = reply.log = request.log.child({
+    model: body.model,
+    size: body.size ?? 'auto',
+    n: body.n,
+    ...(logPrompts && { prompt: body.prompt, negativePrompt: body.negative_prompt }),
+  });
+  const base = publicBaseUrl ?? requestOrigin(request);
+  return {
+    signal: request.cancellation,
+    urlFor: (image) => `${base}${imagePath(image)}`,
+    log: request.log,
+    // Queue fairness is per key (by its label); a key file's `concurrent` limit bounds its running work.
+    client: request.apiKey?.label ?? 'anonymous',
+    limits: request.apiKey?.limits?.concurrent === undefined ? undefined : { maxConcurrent: request.apiKey.limits.concurrent },
+  };
+}

@@ -1,0 +1,154 @@
+import { createHash, timingSafeEqual } from 'node:crypto';
+import { unwatchFile, watchFile } from 'node:fs';
+import { readFile } from 'node:fs/promises';
+import type { FastifyBaseLogger } from 'fastify';
+
+/**
+ * The API keys: API_KEYS from the configuration plus API_KEYS_FILE, which is re-read when it changes
+ * (or on reload(), which the auth plugin calls on SIGHUP) without a restart. A key is looked up in
+ * constant time and named everywhere by its label; the key itself never leaves this module but to
+ * be compared.
+ *
+ * API_KEYS_FILE has one key a line, `[label:]key [limit=value ...]`; blank lines and lines starting with
+ * `#` are skipped. A key containing ':' needs a label. Limits (all optional, whole numbers >= 1):
+ * requests_per_minute, images_per_minute, concurrent. Example:
+ *
+ *     # team, key, limits
+ *     alice:sk-alice-7f3a9c images_per_minute=60 concurrent=2
+ *     sk-batch-jobs-91b2
+ */
+
+/** Per-key limits as API_KEYS_FILE states them (enforced by key-rates.ts and, for `concurrent`, the queue). */
+export interface KeyLimits {
+  /** Generation requests per minute. */
+  requestsPerMinute?: number;
+  /** Images per minute (the sum of the requests' n). */
+  imagesPerMinute?: number;
+  /** Generation requests waiting or running at once. */
+  concurrent?: number;
+}
+
+export interface ApiKey {
+  /** How logs name the key: its label in API_KEYS_FILE, else where it was configured (`API_KEYS[2]`, `API_KEYS_FILE:7`). */
+  label: string;
+  key: string;
+  limits?: KeyLimits;
+}
+
+/** An API_KEYS_FILE that cannot be used; the message names lines, never keys. */
+export class KeyFileError extends Error {
+  constructor(file: string, problems: string[]) {
+    super(`API_KEYS_FILE ${file}: ${problems.join('; ')}`);
+    this.name = 'KeyFileError';
+  }
+}
+
+const LIMIT_NAMES = { requests_per_minute: 'requestsPerMinute', images_per_minute: 'imagesPerMinute', concurrent: 'concurrent' } as const;
+const LABEL = /^[A-Za-z0-9._@/-]{1,64}$/;
+/** RFC 6750's b64token: what may follow "Bearer " in Authorization. */
+const KEY = /^[A-Za-z0-9._~+/-]+=*$/;
+
+/** Reads API_KEYS_FILE's text; throws KeyFileError naming every bad line. */
+export function parseKeyFile(text: string, file: string): ApiKey[] {
+  const keys: ApiKey[] = [];
+  const problems: string[] = [];
+  text.split(/\r?\n/).forEach((line, index) => {
+    const [first, ...settings] = line.trim().split(/\s+/);
+    if (!first || first.startsWith('#')) return;
+    const where = `line ${index + 1}`;
+    const colon = first.indexOf(':');
+    const label = colon < 0 ? `API_KEYS_FILE:${index + 1}` : first.slice(0, colon);
+    const key = colon < 0 ? first : first.slice(colon + 1);
+    if (colon >= 0 && !LABEL.test(label)) problems.push(`${where}: the label must be 1 to 64 letters, digits or ._@/-`);
+    if (!KEY.test(key)) problems.push(`${where}: the key must be letters, digits and -._~+/ (a key containing ':' needs a label)`);
+    const limits: KeyLimits = {};
+    for (const setting of settings) {
+      const [name, value] = setting.split('=');
+      const field = LIMIT_NAMES[name as keyof typeof LIMIT_NAMES];
+      if (!field || !/^[1-9]\d{0,8}$/.test(value ?? '')) {
+        problems.push(`${where}: '${setting}' is not a limit: expected ${Object.keys(LIMIT_NAMES).join('=N, ')}=N with N a whole number >= 1`);
+      } else limits[field] = Number(value);
+    }
+    keys.push({ label, key, ...(Object.keys(limits).length > 0 && { limits }) });
+  });
+  const seen = new Set<string>();
+  for (const { label } of keys) {
+    if (seen.has(label)) problems.push(`the label '${label}' is used twice`);
+    seen.add(label);
+  }
+  if (new Set(keys.map((k) => k.key)).size !== keys.length) problems.push('a key is listed twice');
+  if (problems.length > 0) throw new KeyFileError(file, problems);
+  return keys;
+}
+
+/** Comparing fixed-size digests keeps the comparison's time independent of the key and of its length. */
+const digest = (key: string) => createHash('sha256').update(key).digest();
+
+/** How often API_KEYS_FILE is checked for changes: polling sees editors' renames and Kubernetes' symlink swaps alike. */
+const POLL_INTERVAL_MS = 1000;
+
+export interface KeyRingOptions {
+  apiKeys: string[];
+  apiKeysFile?: string;
+  logger: FastifyBaseLogger;
+}
+
+export class KeyRing {
+  private entries: { digest: Buffer; key: ApiKey }[] = [];
+  private reloading: Promise<void> = Promise.resolve();
+  private readonly fixed: ApiKey[];
+  private readonly onChange = () => void this.reload();
+
+  private constructor(private readonly options: KeyRingOptions) {
+    this.fixed = options.apiKeys.map((key, i) => ({ label: `API_KEYS[${i + 1}]`, key }));
+  }
+
+  /** Reads the keys; a bad API_KEYS_FILE fails here, at start, rather than locking everyone out later. */
+  static async open(options: KeyRingOptions): Promise<KeyRing> {
+    const ring = new KeyRing(options);
+    ring.use(await ring.readFile());
+    if (options.apiKeysFile) watchFile(options.apiKeysFile, { interval: POLL_INTERVAL_MS }, ring.onChange);
+    return ring;
+  }
+
+  /** Whether keys are required at all. A configured file counts even when empty: then nobody gets in. */
+  get enabled(): boolean {
+    return this.fixed.length > 0 || this.options.apiKeysFile !== undefined;
+  }
+
+  /** The key sent, if it is one of ours. Every key is compared, with no early exit. */
+  find(sent: string): ApiKey | undefined {
+    const sentDigest = digest(sent);
+    return this.entries.reduce<ApiKey | undefined>((found, entry) => (timingSafeEqual(entry.digest, sentDigest) ? entry.key : found), undefined);
+  }
+
+  /** Re-reads API_KEYS_FILE; when it cannot be read or parsed, the keys in use stay and the log says why. */
+  reload(): Promise<void> {
+    this.reloading = this.reloading.then(async () => {
+      try {
+        this.use(await this.readFile());
+        this.options.logger.info({ keys: this.entries.map((e) => e.key.label) }, 'API keys reloaded');
+      } catch (err) {
+        this.options.logger.error(`${(err as Error).message}; keeping the ${this.entries.length} keys in use`);
+      }
+    });
+    return this.reloading;
+  }
+
+  close(): void {
+    if (this.options.apiKeysFile) unwatchFile(this.options.apiKeysFile, this.onChange);
+  }
+
+  private async readFile(): Promise<ApiKey[]> {
+    const file = this.options.apiKeysFile;
+    if (!file) return [];
+    const text = await readFile(file, 'utf8').catch((err: NodeJS.ErrnoException) => {
+      throw new KeyFileError(file, [`cannot be read (${err.code ?? err.message})`]);
+    });
+    return parseKeyFile(text, file);
+  }
+
+  private use(fromFile: ApiKey[]): void {
+    this.entries = [...this.fixed, ...fromFile].map((key) => ({ digest: digest(key.key), key }));
+  }
+}

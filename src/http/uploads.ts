@@ -1,0 +1,119 @@
+import type { FastifyRequest } from 'fastify';
+import type { Multipart } from '@fastify/multipart';
+import { imageReferenceBytes } from '../api/data-uri.js';
+import { ApiError } from '../api/errors.js';
+
+/**
+ * The body of an edits or variations request as sent, in either of OpenAI's forms: a multipart form
+ * (files `image` or `image[]`, and `mask`; every other part a text field) or, for edits, JSON with
+ * `images: [{image_url}]` and `mask: {image_url}` as data: URIs. The fields go on to the request's
+ * schema, the files to input-images.ts; this module only separates them and bounds their size.
+ */
+
+/** Largest uploaded file: gpt-image's input limit is 50 MB, dall-e-2's 4 MB; 25 MiB holds any 4096-pixel PNG worth sending. */
+export const MAX_UPLOAD_BYTES = 25 * 1024 ** 2;
+/** OpenAI's gpt-image takes up to 16 reference images; more files than that and a mask is refused while reading. */
+const MAX_FILES = 17;
+/** A prompt is at most 32000 characters, up to 4 bytes each in UTF-8. */
+const MAX_FIELD_BYTES = 128 * 1024;
+const MAX_FIELDS = 64;
+
+export type UploadRoute = 'edit' | 'variation';
+
+export interface UploadedFile {
+  bytes: Buffer;
+  /** How errors name it: `image`, `image[1]`, `images[0].image_url`, `mask`. */
+  param: string;
+}
+
+export interface Upload {
+  fields: Record<string, unknown>;
+  /** The fields are a form's strings, not JSON values. */
+  form: boolean;
+  images: UploadedFile[];
+  mask?: UploadedFile;
+}
+
+const FILE_FIELDS: Record<UploadRoute, readonly string[]> = { edit: ['image', 'image[]', 'mask'], variation: ['image'] };
+
+/** @fastify/multipart's and busboy's errors in OpenAI's terms: its limits are 413s, a broken form a 400. */
+function formError(err: unknown): unknown {
+  if (err instanceof ApiError) return err;
+  const code = (err as { code?: string }).code;
+  if (code === 'FST_REQ_FILE_TOO_LARGE') {
+    return new ApiError(413, `An uploaded file is too large: the limit is ${MAX_UPLOAD_BYTES / 1024 ** 2} MiB per file. Send a smaller image.`, { code: 'request_too_large' });
+  }
+  if (code === 'FST_FILES_LIMIT') {
+    return ApiError.invalid('image', 'too_many_images', `Too many files: a request may carry at most ${MAX_FILES - 1} images and a mask, and this server edits only one image. Send one 'image'.`);
+  }
+  if (code === 'FST_PARTS_LIMIT' || code === 'FST_FIELDS_LIMIT') {
+    return new ApiError(413, `The form has too many parts: at most ${MAX_FIELDS} text fields are read.`, { code: 'request_too_large' });
+  }
+  return new ApiError(400, `The multipart/form-data body could not be read: ${(err as Error).message}.`, { code: 'invalid_multipart' });
+}
+
+function readText(part: Extract<Multipart, { type: 'field' }>, fields: Record<string, unknown>): void {
+  if (part.valueTruncated || part.fieldnameTruncated) {
+    throw new ApiError(413, `The form field '${part.fieldname}' is too large: the limit is ${MAX_FIELD_BYTES} bytes.`, { code: 'request_too_large' });
+  }
+  if (part.fieldname in fields) {
+    throw ApiError.invalid(part.fieldname, 'invalid_value', `The form field '${part.fieldname}' was sent more than once; send it once.`);
+  }
+  fields[part.fieldname] = part.value;
+}
+
+async function readForm(request: FastifyRequest, route: UploadRoute): Promise<Upload> {
+  const upload: Upload = { fields: {}, form: true, images: [] };
+  const parts = request.parts({ limits: { fileSize: MAX_UPLOAD_BYTES, files: MAX_FILES, fields: MAX_FIELDS, fieldSize: MAX_FIELD_BYTES } });
+  try {
+    for await (const part of parts) {
+      if (part.type === 'field') {
+        // An image sent as text (a URL, a path) must not read as an unknown field.
+        if (FILE_FIELDS[route].includes(part.fieldname)) {
+          throw ApiError.invalid(part.fieldname, 'invalid_type', `Invalid type for '${part.fieldname}': expected an image file upload, but got a text field instead.`);
+        }
+        readText(part, upload.fields);
+        continue;
+      }
+      if (!FILE_FIELDS[route].includes(part.fieldname)) {
+        throw ApiError.invalid(part.fieldname, 'unknown_parameter', `Unknown parameter: '${part.fieldname}' (a file). The files this endpoint takes are: ${FILE_FIELDS[route].map((f) => `'${f}'`).join(', ')}.`);
+      }
+      const bytes = await part.toBuffer();
+      if (part.fieldname === 'mask') {
+        if (upload.mask) throw ApiError.invalid('mask', 'invalid_value', "The file 'mask' was sent more than once; send one mask.");
+        upload.mask = { bytes, param: 'mask' };
+      } else {
+        upload.images.push({ bytes, param: upload.images.length === 0 ? 'image' : `image[${upload.images.length}]` });
+      }
+    }
+  } catch (err) {
+    throw formError(err);
+  }
+  return upload;
+}
+
+function readJson(body: unknown): Upload {
+  // Not an object: the request's schema says so in OpenAI's words.
+  if (typeof body !== 'object' || body === null || Array.isArray(body)) return { fields: body as Record<string, unknown>, form: false, images: [] };
+  const { images, mask, ...fields } = body as Record<string, unknown>;
+  if (images !== undefined && images !== null && !Array.isArray(images)) {
+    throw ApiError.invalid('images', 'invalid_type', `Invalid type for 'images': expected an array of {"image_url": "data:..."} objects, but got ${typeof images} instead.`);
+  }
+  return {
+    fields,
+    form: false,
+    images: (images ?? []).map((reference: unknown, i: number) => ({ bytes: imageReferenceBytes(reference, `images[${i}]`), param: `images[${i}].image_url` })),
+    ...(mask !== undefined && mask !== null && { mask: { bytes: imageReferenceBytes(mask, 'mask'), param: 'mask' } }),
+  };
+}
+
+/** The request's fields and files, in whichever form it came; variations take only OpenAI's multipart form. */
+export async function readUpload(request: FastifyRequest, route: UploadRoute): Promise<Upload> {
+  if (request.isMultipart()) return readForm(request, route);
+  if (route === 'variation') {
+    throw new ApiError(415, "Unsupported content type: image variations take a multipart/form-data body with the file 'image', as OpenAI's endpoint does.", {
+      code: 'unsupported_media_type',
+    });
+  }
+  return readJson(request.body);
+}

@@ -1,0 +1,18 @@
+/**
+ * Failures of model installs. Their messages are shown to the user as they are, so each one says what
+ * went wrong and what to do next; the CLI prints them without a stack trace.
+ */
+export class ModelInstallError extends Error {
+  constructor(message: string) {
+    super(message);
+    this.name = 'ModelInstallError';
+  }
+}
+
+/** A download stopped part-way; what arrived is kept so that running the same pull again resumes it. */
+export class DownloadInterrupted extends ModelInstallError {
+  constructor(message: string) {
+    super(message);
+    this.name = 'DownloadInterrupted';
+  }
+}

@@ -1,0 +1,170 @@
+import { randomUUID } from 'node:crypto';
+import { mkdir, mkdtemp, readdir, rename, rm } from 'node:fs/promises';
+import path from 'node:path';
+import { defaultRuntime } from '../runtime/providers.js';
+import { loadPipeline } from '../pipelines/load.js';
+import { exists, type ModelFamily, type ModelLayout, type ModelVariant } from '../models/layout.js';
+import { inspectModelFolder } from '../models/model-folder.js';
+import { keepAfterExit, removeIfInterrupted, type Disk } from './disk.js';
+import { ModelInstallError } from './errors.js';
+import type { ProgressOutput } from './progress.js';
+
+/**
+ * The models folder: model ids, the staging area, and putting models in place. Models are assembled in
+ * `<models-dir>/.staging/` (the registry skips dot-folders; same file system, so a rename moves them)
+ * and renamed to `<models-dir>/<id>` only once complete and validated, so the server never sees half
+ * a model.
+ */
+
+/** What every models command takes. */
+export interface CommandOptions {
+  /** The folder of installed models (MODELS_DIR). */
+  modelsDir: string;
+  /** Where writes go; tests pass one that fails. */
+  disk?: Disk;
+  /** Progress and notes (stderr in the CLI). */
+  output?: ProgressOutput;
+}
+
+export interface InstalledModel {
+  id: string;
+  dir: string;
+  family: ModelFamily;
+  variant: ModelVariant;
+  bytes: number;
+}
+
+const STAGING = '.staging';
+const PULL_PREFIX = 'pull-';
+const MODEL_ID = /^[A-Za-z0-9][A-Za-z0-9._-]*$/;
+
+/** An id is a folder name in the models folder and the model name in API requests. */
+export function checkModelId(id: string, advice = ''): void {
+  if (!MODEL_ID.test(id) || id.includes('..')) {
+    throw new ModelInstallError(
+      `'${id}' is not a valid model id: use letters, digits, '.', '_' and '-', starting with a letter or digit (no path separators or '..')${advice ? `; ${advice}` : ''}`,
+    );
+  }
+}
+
+export const modelPath = (modelsDir: string, id: string) => path.join(modelsDir, id);
+
+/** Where a pull keeps its files until complete; a stable name, so a later pull can resume. */
+export const pullStagingPath = (modelsDir: string, id: string) => path.join(modelsDir, STAGING, `${PULL_PREFIX}${id}`);
+
+/** Ids of pulls that stopped before finishing (their files wait in the staging area). */
+export async function unfinishedPulls(modelsDir: string): Promise<string[]> {
+  const names = await readdir(path.join(modelsDir, STAGING)).catch(() => []);
+  return names.filter((name) => name.startsWith(PULL_PREFIX)).map((name) => name.slice(PULL_PREFIX.length));
+}
+
+const alreadyExists = (modelsDir: string, id: string) =>
+  new ModelInstallError(`a model '${id}' already exists in ${modelsDir}; pass --force to replace it, or --name to install under another id`);
+
+/** Checked before any work, so nothing is downloaded or copied for an install that cannot happen. */
+export async function refuseExisting(modelsDir: string, id: string, force: boolean): Promise<void> {
+  if (!force && (await exists(modelPath(modelsDir, id)))) throw alreadyExists(modelsDir, id);
+}
+
+async function stagingRoot(modelsDir: string): Promise<string> {
+  const root = path.join(modelsDir, STAGING);
+  await mkdir(root, { recursive: true });
+  return root;
+}
+
+/** A new folder in the staging area; removed on failure by the caller, and on Ctrl-C by the exit hook. */
+export async function makeTemporary(modelsDir: string, prefix: string): Promise<string> {
+  const dir = await mkdtemp(path.join(await stagingRoot(modelsDir), `${prefix}-`));
+  removeIfInterrupted(dir);
+  return dir;
+}
+
+/** A free path in the staging area to move a model folder aside to. */
+async function asidePath(modelsDir: string, label: string): Promise<string> {
+  return path.join(await stagingRoot(modelsDir), `${label}-${randomUUID()}`);
+}
+
+export async function removeTemporary(dir: string): Promise<void> {
+  await rm(dir, { recursive: true, force: true });
+  keepAfterExit(dir);
+}
+
+export interface ValidateOptions {
+  /** Also load every ONNX session (slow and memory-hungry for big models, but catches damaged files). */
+  load: boolean;
+  /** How to name the model in messages instead of its staging path. */
+  label: string;
+  /** What to do when it is unusable. */
+  advice: string;
+}
+
+/**
+ * Checks that the server will use the model in `dir`, by the verdict the server itself gives
+ * (inspectModelFolder), and (`load`) that its ONNX files load.
+ */
+export async function validateModel(dir: string, options: ValidateOptions): Promise<ModelLayout> {
+  // Messages name the model as the user knows it, not by its staging path.
+  const refusal = (message: string) => new ModelInstallError(`${message.replaceAll(path.resolve(dir), options.label).replace(/\.+$/, '')}. ${options.advice}`);
+  const verdict = await inspectModelFolder(dir);
+  if (!verdict.usable) throw refusal(`${options.label} is not a usable model folder: ${verdict.reason}`);
+  if (options.load) {
+    try {
+      const pipeline = await loadPipeline(dir, { ...defaultRuntime(), warn: () => undefined });
+      await pipeline.release();
+    } catch (err) {
+      // Whatever fails here (ONNX parsing, tokenizer files) is a problem of the model's files.
+      throw refusal((err as Error).message);
+    }
+  }
+  return verdict.layout;
+}
+
+/**
+ * Renames the validated folder `staged` to `<models-dir>/<id>`. Replacing (`force`) moves the old model
+ * aside and deletes it only once the new one is in place, so the id never names a partial model (for
+ * the moment between the two renames it names none; a directory cannot be swapped in one rename).
+ */
+export async function installStaged(staged: string, modelsDir: string, id: string, force: boolean): Promise<string> {
+  const target = modelPath(modelsDir, id);
+  if (!(await exists(target))) {
+    await rename(staged, target).catch((err: NodeJS.ErrnoException) => {
+      throw err.code === 'ENOTEMPTY' || err.code === 'EEXIST' ? alreadyExists(modelsDir, id) : err;
+    });
+    return target;
+  }
+  if (!force) throw alreadyExists(modelsDir, id);
+  const old = await asidePath(modelsDir, `replaced-${id}`);
+  await rename(target, old);
+  try {
+    await rename(staged, target);
+  } catch (err) {
+    await rename(old, target);
+    throw err;
+  }
+  await rm(old, { recursive: true, force: true });
+  return target;
+}
+
+export interface Removed {
+  model: boolean;
+  unfinishedPull: boolean;
+}
+
+/** Removes a model (moved out of sight first, so the server never scans a half-deleted folder) and any unfinished pull of it. */
+export async function removeModel(modelsDir: string, id: string): Promise<Removed> {
+  checkModelId(id);
+  const target = modelPath(modelsDir, id);
+  const partial = pullStagingPath(modelsDir, id);
+  const removed = { model: await exists(target), unfinishedPull: await exists(partial) };
+  if (!removed.model && !removed.unfinishedPull) {
+    throw new ModelInstallError(`there is no model '${id}' in ${modelsDir}; "imagegen models list" shows the installed ones`);
+  }
+  if (removed.model) {
+    // A symbolic link is moved and deleted itself, not what it points to.
+    const trash = await asidePath(modelsDir, `removing-${id}`);
+    await rename(target, trash);
+    await rm(trash, { recursive: true, force: true });
+  }
+  if (removed.unfinishedPull) await rm(partial, { recursive: true, force: true });
+  return removed;
+}

@@ -1,0 +1,63 @@
+import path from 'node:path';
+import { isTensorRtEngine } from '../models/tensorrt.js';
+
+/**
+ * Which files of a repository or folder make up a diffusion ONNX export. Hub repositories often carry
+ * the PyTorch weights, sample pictures and other exports next to the ONNX files; those are many
+ * gigabytes the engine never reads, so pulls, imports and exports leave them out.
+ */
+
+export const MANIFEST_FILE = 'imagegen-manifest.json';
+
+/** Configuration, tokenizer and scheduler files, wherever they are. */
+const SETTINGS_FILES = new Set([
+  'model_index.json',
+  'config.json',
+  'scheduler_config.json',
+  'tokenizer.json',
+  'tokenizer_config.json',
+  'vocab.json',
+  'merges.txt',
+  'special_tokens_map.json',
+  'added_tokens.json',
+  'spiece.model',
+  // The server's per-model preset overrides (see registry.ts).
+  'imagegen.json',
+]);
+
+/** Model licences and cards travel with the weights: some licences require it. */
+const ROOT_DOCUMENTS = /^(readme\.md|licen[cs]e(\.\w+)?)$/i;
+
+/** Weights in formats the engine cannot run, and pictures (TensorRT engines: see tensorrt.ts). */
+const NOT_ONNX = /\.(safetensors|bin|ckpt|pt|pth|msgpack|h5|gguf|png|jpe?g|webp|gif)$/i;
+
+export interface FileSelection {
+  selected: string[];
+  /** Not part of the export (the manifest is in neither list: installs rewrite it). */
+  skipped: string[];
+}
+
+/**
+ * Splits relative paths (forward slashes) into the export's files and the rest. Besides the known
+ * settings files, everything in a folder holding an `.onnx` graph is taken: external weights have
+ * exporter-specific names (Optimum's model.onnx_data, ORT/Olive's model.onnx.data, weights.pb, or one
+ * extension-less file per tensor), so they cannot be listed by name.
+ */
+export function selectModelFiles(paths: string[]): FileSelection {
+  const onnxFolders = new Set(paths.filter((p) => p.endsWith('.onnx')).map((p) => path.posix.dirname(p)));
+  const wanted = (p: string) => {
+    const name = path.posix.basename(p);
+    const folder = path.posix.dirname(p);
+    // Dot-files and dot-folders hold git attributes and `huggingface-cli download` metadata.
+    if (p.split('/').some((part) => part.startsWith('.')) || NOT_ONNX.test(name) || isTensorRtEngine(name)) return false;
+    return SETTINGS_FILES.has(name) || onnxFolders.has(folder) || (folder === '.' && ROOT_DOCUMENTS.test(name));
+  };
+  const candidates = paths.filter((p) => p !== MANIFEST_FILE);
+  return { selected: candidates.filter(wanted), skipped: candidates.filter((p) => !wanted(p)) };
+}
+
+/** The note saying which files an install leaves out. */
+export function skippedNote(where: string, skipped: string[]): string {
+  const shown = skipped.slice(0, 5).join(', ') + (skipped.length > 5 ? ', ...' : '');
+  return `${where}: skipping ${skipped.length} file${skipped.length === 1 ? '' : 's'} an ONNX export does not need: ${shown}\n`;
+}

@@ -1,0 +1,109 @@
+import { formatBytes } from '../util/bytes.js';
+
+/**
+ * Progress of long work (a download in bytes, a generation in denoising steps), for humans on stderr: a bar redrawn in place on a
+ * terminal, plain lines (one per finished file, and one every few seconds during big ones) in logs.
+ */
+
+export interface ProgressOutput {
+  write(text: string): unknown;
+  isTTY?: boolean;
+}
+
+/** How amounts and rates of what is counted are shown. */
+export interface ProgressUnit {
+  amount(n: number): string;
+  rate(perSecond: number): string;
+}
+
+export const BYTES: ProgressUnit = { amount: formatBytes, rate: (r) => `${formatBytes(r)}/s` };
+export const STEPS: ProgressUnit = { amount: (n) => `${Math.round(n)} steps`, rate: (r) => `${r.toFixed(r < 10 ? 1 : 0)} steps/s` };
+
+const REDRAW_MS = 100;
+const PLAIN_LINE_MS = 10_000;
+const BAR_WIDTH = 24;
+
+function formatDuration(seconds: number): string {
+  const s = Math.round(seconds);
+  const hours = Math.floor(s / 3600);
+  const minutes = Math.floor((s % 3600) / 60);
+  const rest = String(s % 60).padStart(2, '0');
+  return hours ? `${hours}:${String(minutes).padStart(2, '0')}:${rest}` : `${minutes}:${rest}`;
+}
+
+export class Progress {
+  private readonly startedAt: number;
+  private readonly doneAtStart: number;
+  private lastLine = -Infinity;
+  private file = '';
+
+  /** `done`: bytes already there (a resumed download); they do not count towards the rate. */
+  constructor(
+    private readonly out: ProgressOutput,
+    private readonly label: string,
+    private readonly total: number,
+    private done = 0,
+    private readonly clock: () => number = Date.now,
+    private readonly unit: ProgressUnit = BYTES,
+  ) {
+    this.startedAt = clock();
+    this.doneAtStart = done;
+  }
+
+  /** The file now being worked on, shown after the numbers. */
+  startFile(name: string): void {
+    this.file = name;
+    this.render(false);
+  }
+
+  /** `bytes` may be negative: a server that ignores a resume request makes a file start over. */
+  add(bytes: number): void {
+    this.done += bytes;
+    this.render(false);
+  }
+
+  /** Passes `source` through, counting its bytes. */
+  async *counting(source: AsyncIterable<Uint8Array>): AsyncIterable<Uint8Array> {
+    for await (const chunk of source) {
+      this.add(chunk.length);
+      yield chunk;
+    }
+  }
+
+  fileDone(): void {
+    if (!this.out.isTTY) this.render(true);
+  }
+
+  /** A message between progress lines. */
+  note(text: string): void {
+    this.out.write(`${this.out.isTTY ? '\r\x1b[K' : ''}${text}\n`);
+    this.lastLine = -Infinity;
+  }
+
+  finish(): void {
+    this.file = '';
+    this.render(true);
+    if (this.out.isTTY) this.out.write('\n');
+  }
+
+  private render(force: boolean): void {
+    const now = this.clock();
+    if (!force && now - this.lastLine < (this.out.isTTY ? REDRAW_MS : PLAIN_LINE_MS)) return;
+    this.lastLine = now;
+    const fraction = this.total > 0 ? Math.min(1, this.done / this.total) : 1;
+    const seconds = (now - this.startedAt) / 1000;
+    const rate = seconds > 0 ? (this.done - this.doneAtStart) / seconds : 0;
+    const numbers = [
+      `${Math.floor(fraction * 100)}%`,
+      `${this.unit.amount(this.done)} / ${this.unit.amount(this.total)}`,
+      ...(rate > 0 ? [this.unit.rate(rate), `ETA ${formatDuration((this.total - this.done) / rate)}`] : []),
+    ].join('  ');
+    const file = this.file ? `  ${this.file}` : '';
+    if (this.out.isTTY) {
+      const filled = Math.round(fraction * BAR_WIDTH);
+      this.out.write(`\r\x1b[K${this.label} [${'='.repeat(filled)}${' '.repeat(BAR_WIDTH - filled)}] ${numbers}${file}`);
+    } else {
+      this.out.write(`${this.label}: ${numbers}${file}\n`);
+    }
+  }
+}

@@ -1,0 +1,149 @@
+import { mkdir, readFile, rm, writeFile } from 'node:fs/promises';
+import path from 'node:path';
+import { isTensorRtEngine, tensorRtProblem } from '../models/tensorrt.js';
+import { diskFullError, ensureFreeSpace, isDiskFull, listFolder, realDisk } from './disk.js';
+import { bytesPresent, downloadFiles } from './downloader.js';
+import { DownloadInterrupted, ModelInstallError } from './errors.js';
+import { HubClient, parseRepoRef, type HubClientOptions, type HubFile, type RepoRef } from './hub-client.js';
+import { checkModelId, installStaged, pullStagingPath, refuseExisting, validateModel, type CommandOptions, type InstalledModel } from './installer.js';
+import { writeManifest } from './manifest.js';
+import { selectModelFiles, skippedNote } from './model-files.js';
+import type { ProgressOutput } from './progress.js';
+
+/** `models pull`: a Hub repository's ONNX export, downloaded, verified and installed. */
+
+export interface PullOptions extends CommandOptions, HubClientOptions {
+  /** owner/name or owner/name@revision. */
+  repo: string;
+  /** The export's folder inside the repository, e.g. "onnx". */
+  subfolder?: string;
+  /** Model id; the repository's name by default. */
+  name?: string;
+  /** Replace an installed model of the same id. */
+  force?: boolean;
+  /** Load the ONNX sessions before installing (default true). */
+  load?: boolean;
+  /** Retries of a dropped connection before giving up (default 3). */
+  retries?: number;
+  retryDelayMs?: number;
+}
+
+/** What a pull in progress is fetching, kept next to its files so that the next run can resume. */
+interface PullState {
+  repo: string;
+  subfolder: string;
+  /** Path -> the Hub's id of its content: parts of files that changed since are dropped. */
+  files: Record<string, string>;
+}
+
+const STATE_FILE = 'pull.json';
+
+export async function pullModel(options: PullOptions): Promise<InstalledModel> {
+  const { modelsDir, disk = realDisk, output = process.stderr } = options;
+  const ref = parseRepoRef(options.repo);
+  const subfolder = normaliseSubfolder(options.subfolder);
+  const id = options.name ?? ref.repo.split('/').pop()!;
+  checkModelId(id, 'choose one with --name');
+  await refuseExisting(modelsDir, id, options.force ?? false);
+
+  const hub = new HubClient(options);
+  const commit = await hub.resolveCommit(ref);
+  const listed = await hub.listFiles(ref, commit, subfolder);
+  const { selected, skipped } = selectModelFiles(listed.map((file) => file.path));
+  checkHasExport(ref, subfolder, selected, listed);
+  const wanted = new Set(selected);
+  const files = listed.filter((file) => wanted.has(file.path));
+  const label = `${ref.repo}@${ref.revision}${subfolder ? ` (${subfolder}/)` : ''}`;
+  if (skipped.length) output.write(skippedNote(label, skipped));
+
+  const staging = pullStagingPath(modelsDir, id);
+  const dir = path.join(staging, 'model');
+  await prepareStaging(staging, { repo: ref.repo, subfolder, files: Object.fromEntries(files.map((file) => [file.path, contentId(file)])) }, output);
+  const total = files.reduce((sum, file) => sum + file.size, 0);
+  const spaceAdvice = 'Free up space, or use a --models-dir on a bigger disk, then pull again';
+  const present = await bytesPresent(dir, files);
+  await ensureFreeSpace(disk, modelsDir, total - present, spaceAdvice).catch(async (err) => {
+    // What an earlier run downloaded stays for the pull after space was freed; an empty start does not.
+    if (present === 0) await rm(staging, { recursive: true, force: true });
+    throw err;
+  });
+
+  try {
+    const digests = await downloadFiles({
+      hub,
+      ref,
+      commit,
+      files,
+      dir,
+      present,
+      disk,
+      output,
+      retries: options.retries ?? 3,
+      retryDelayMs: options.retryDelayMs ?? 1000,
+      resumeAdvice: `Run the same command again to resume, or "imagegen models remove ${id}" to discard it`,
+    });
+    await writeManifest(dir, { files: digests, source: { repo: ref.repo, revision: ref.revision, commit, subfolder: subfolder || undefined } });
+    const layout = await validateModel(dir, {
+      load: options.load ?? true,
+      label,
+      advice: `Nothing was installed. Check that the repository holds a complete diffusers ONNX export${subfolder ? '' : ' (or pick its folder with --subfolder)'}`,
+    });
+    const installed = await installStaged(dir, modelsDir, id, options.force ?? false);
+    await rm(staging, { recursive: true, force: true });
+    return { id, dir: installed, family: layout.family, variant: layout.variant, bytes: total };
+  } catch (err) {
+    if (err instanceof DownloadInterrupted) throw err;
+    await rm(staging, { recursive: true, force: true });
+    throw isDiskFull(err) ? await diskFullError(disk, modelsDir, total, spaceAdvice) : err;
+  }
+}
+
+function normaliseSubfolder(subfolder = ''): string {
+  const normal = path.posix.normalize(subfolder.replaceAll('\\', '/')).replace(/^\/+|\/+$/g, '');
+  if (normal === '.' || normal === '') return '';
+  if (normal === '..' || normal.startsWith('../')) throw new ModelInstallError(`--subfolder '${subfolder}' leaves the repository; give a folder inside it, e.g. onnx`);
+  return normal;
+}
+
+/** For a resume: LFS files by content hash, the others by git blob id. */
+const contentId = (file: HubFile) => file.sha256 ?? file.gitBlobId ?? `size:${file.size}`;
+
+/**
+ * Fails before downloading anything when the chosen folder is not an export's root, naming the
+ * folders of the repository that are.
+ */
+function checkHasExport(ref: RepoRef, subfolder: string, selected: string[], listed: HubFile[]): void {
+  if (selected.includes('unet/model.onnx') || selected.includes('transformer/model.onnx')) return;
+  const nested = /^(.+)\/(unet|transformer)\/model\.onnx$/;
+  const roots = [...new Set(listed.flatMap((file) => nested.exec(file.path)?.[1] ?? []))];
+  const where = `${ref.repo}@${ref.revision}${subfolder ? ` in '${subfolder}'` : ''}`;
+  const engines = listed.map((file) => file.path).filter(isTensorRtEngine);
+  const hint = roots.length
+    ? `pick the export's folder with ${roots.map((root) => `--subfolder ${subfolder ? `${subfolder}/` : ''}${root}`).join(' or ')}`
+    : engines.length
+      ? tensorRtProblem(engines)
+      : 'it may hold only PyTorch weights: choose a repository with an ONNX export (for example one converted with Optimum), or export one with "optimum-cli export onnx"';
+  throw new ModelInstallError(`${where} has no diffusers ONNX export (no unet/model.onnx or transformer/model.onnx); ${hint}`);
+}
+
+/**
+ * Keeps what an earlier run of the same pull downloaded, minus files whose content changed on the Hub
+ * since; anything else in the staging folder (another repository's download) is discarded.
+ */
+async function prepareStaging(staging: string, state: PullState, output: ProgressOutput): Promise<void> {
+  const stateFile = path.join(staging, STATE_FILE);
+  const previous = await readFile(stateFile, 'utf8').then((text) => JSON.parse(text) as PullState, () => undefined);
+  const dir = path.join(staging, 'model');
+  if (previous?.repo === state.repo && previous.subfolder === state.subfolder) {
+    for (const file of await listFolder(dir).catch(() => [])) {
+      const name = file.path.replace(/\.part$/, '');
+      const unchanged = state.files[name] !== undefined && previous.files[name] === state.files[name];
+      if (!unchanged) await rm(path.join(dir, file.path));
+    }
+  } else {
+    if (previous) output.write(`discarding the unfinished download of ${previous.repo} kept for this id\n`);
+    await rm(staging, { recursive: true, force: true });
+  }
+  await mkdir(dir, { recursive: true });
+  await writeFile(stateFile, JSON.stringify(state));
+}

@@ -1,0 +1,51 @@
+import path from 'node:path';
+import { schedulersFor } from '../schedulers/index.js';
+import { describeIssues, readJsonIfPresent } from '../util/files.js';
+import { inspectModel, ModelLayoutError, type ModelLayout } from './layout.js';
+import { presetFor, presetOverrideSchema, type ModelPreset } from './presets.js';
+
+/**
+ * The one verdict on a model folder: can the server run it, and if not, why. The registry (and with
+ * it the log and /ready), `imagegen models list` and installs all ask this, so a folder that one of
+ * them accepts is never skipped by another, and each says the same reason in the same words.
+ */
+
+export interface UsableModel {
+  usable: true;
+  layout: ModelLayout;
+  preset: ModelPreset;
+  /** Scheduler names a request may choose for this model. */
+  schedulers: string[];
+}
+
+export interface UnusableModel {
+  usable: false;
+  /** What is wrong and what to do, without the folder's path (callers name the model their own way). */
+  reason: string;
+}
+
+export type FolderVerdict = UsableModel | UnusableModel;
+
+/** The per-model preset overrides; see presets.ts. */
+export const OVERRIDE_FILE = 'imagegen.json';
+
+async function presetOf(dir: string, layout: ModelLayout, schedulers: readonly string[]): Promise<ModelPreset> {
+  const parsed = presetOverrideSchema.safeParse((await readJsonIfPresent(path.join(dir, OVERRIDE_FILE))) ?? {});
+  if (!parsed.success) throw new Error(`${OVERRIDE_FILE}: ${describeIssues(parsed.error)}`);
+  try {
+    return presetFor(layout, parsed.data, schedulers);
+  } catch (err) {
+    throw new Error(`${OVERRIDE_FILE}: ${(err as Error).message}`);
+  }
+}
+
+export async function inspectModelFolder(dir: string): Promise<FolderVerdict> {
+  try {
+    const layout = await inspectModel(dir);
+    const schedulers = schedulersFor(layout.family === 'flux' ? 'flow' : 'vp');
+    return { usable: true, layout, preset: await presetOf(dir, layout, schedulers), schedulers };
+  } catch (err) {
+    // Any failure, an unreadable file included, makes the folder unusable; the server must go on serving the others.
+    return { usable: false, reason: err instanceof ModelLayoutError ? err.problem : (err as Error).message };
+  }
+}

@@ -1,0 +1,57 @@
+import { readFileSync, writeFileSync } from 'node:fs';
+import os from 'node:os';
+
+/**
+ * What this process holds in memory and what the machine can still give, as the kernel counts them:
+ * onnxruntime allocates natively, so Node's heap statistics see none of it. Linux /proc and cgroup
+ * files where present (a container's limit is what the OOM killer enforces), portable figures elsewhere.
+ */
+
+function procValue(file: string, key: string): number | undefined {
+  try {
+    const match = new RegExp(`^${key}:\\s+(\\d+) kB$`, 'm').exec(readFileSync(file, 'utf8'));
+    return match ? Number(match[1]) * 1024 : undefined;
+  } catch {
+    return undefined;
+  }
+}
+
+function cgroupNumber(file: string): number | undefined {
+  try {
+    const text = readFileSync(file, 'utf8').trim();
+    return text === 'max' ? undefined : Number(text);
+  } catch {
+    return undefined;
+  }
+}
+
+/** Resident memory of this process now. */
+export function residentBytes(): number {
+  return process.memoryUsage.rss();
+}
+
+/**
+ * Starts a new peak measurement: Linux resets the process's high-water mark (VmHWM) when "5" is written
+ * to clear_refs. False where it cannot, and then peakBytes() is the peak since the process started.
+ */
+export function resetPeak(): boolean {
+  try {
+    writeFileSync('/proc/self/clear_refs', '5');
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+/** The most resident memory this process held since resetPeak() (or since it started). */
+export function peakBytes(): number {
+  return procValue('/proc/self/status', 'VmHWM') ?? process.resourceUsage().maxRSS * 1024;
+}
+
+/** Memory the machine (or this process's container) can still give before something is killed. */
+export function availableBytes(): number {
+  const machine = procValue('/proc/meminfo', 'MemAvailable') ?? os.freemem();
+  const limit = cgroupNumber('/sys/fs/cgroup/memory.max');
+  const used = cgroupNumber('/sys/fs/cgroup/memory.current');
+  return limit !== undefined && used !== undefined ? Math.min(machine, Math.max(0, limit - used)) : machine;
+}

@@ -1,0 +1,138 @@
+import * as ort from 'onnxruntime-node';
+import { float32ToHalf, halfToFloat32 } from './float16.js';
+import { createSession, type RuntimeOptions, type SessionTuning } from './providers.js';
+
+/**
+ * One ONNX component (text encoder, UNet, transformer, VAE) whose declared input types and ranks drive
+ * the feeds: exporters disagree (int32 vs int64 ids, scalar vs [batch] timestep, float16 vs float32),
+ * so pipelines hand over plain float32/integer tensors and this class casts them to what the graph says.
+ */
+
+export interface HostTensor {
+  data: Float32Array | Int32Array;
+  dims: readonly number[];
+}
+
+/** Feeds already converted to one graph's input types (see OnnxModel.prepare). */
+export interface PreparedFeeds {
+  readonly tensors: Readonly<Record<string, ort.Tensor>>;
+}
+
+interface InputSpec {
+  type: ort.Tensor.Type;
+  rank: number;
+}
+
+export class OnnxModel {
+  private constructor(
+    readonly file: string,
+    private readonly session: ort.InferenceSession,
+    private readonly inputs: Map<string, InputSpec>,
+    readonly provider: string,
+  ) {}
+
+  static async load(file: string, runtime: RuntimeOptions, tuning?: SessionTuning): Promise<OnnxModel> {
+    const { session, provider } = await createSession(file, runtime, tuning);
+    const inputs = new Map<string, InputSpec>();
+    for (const meta of session.inputMetadata) {
+      if (!meta.isTensor) {
+        await session.release();
+        throw new Error(`${file}: input '${meta.name}' is not a tensor; only tensor inputs are supported`);
+      }
+      inputs.set(meta.name, { type: meta.type, rank: meta.shape.length });
+    }
+    return new OnnxModel(file, session, inputs, provider);
+  }
+
+  hasInput(name: string): boolean {
+    return this.inputs.has(name);
+  }
+
+  get outputNames(): readonly string[] {
+    return this.session.outputNames;
+  }
+
+  /**
+   * Converts feeds that stay the same for every call of a denoising loop (text conditioning, ids) once
+   * instead of on every step: for a float16 graph each conversion is a pass over the whole tensor.
+   */
+  prepare(feeds: Record<string, HostTensor>): PreparedFeeds {
+    return { tensors: this.convert(feeds) };
+  }
+
+  /**
+   * Runs with the given feeds and those prepared (names the graph lacks are an error, as are inputs
+   * neither provides) and returns the wanted outputs as float32.
+   */
+  async run(feeds: Record<string, HostTensor>, outputs: readonly string[], prepared?: PreparedFeeds): Promise<Record<string, HostTensor>> {
+    const ortFeeds = { ...prepared?.tensors, ...this.convert(feeds) };
+    for (const name of this.inputs.keys()) {
+      if (!(name in ortFeeds)) throw new Error(`${this.file} needs input '${name}', which this pipeline does not provide`);
+    }
+    const result = await this.session.run(ortFeeds, outputs as string[]);
+    const out: Record<string, HostTensor> = {};
+    for (const name of outputs) out[name] = fromOrtTensor(this.file, name, result[name]);
+    return out;
+  }
+
+  private convert(feeds: Record<string, HostTensor>): Record<string, ort.Tensor> {
+    const converted: Record<string, ort.Tensor> = {};
+    for (const [name, tensor] of Object.entries(feeds)) {
+      const spec = this.inputs.get(name);
+      if (!spec) throw new Error(`${this.file} has no input '${name}' (it has ${[...this.inputs.keys()].join(', ')})`);
+      converted[name] = toOrtTensor(name, tensor, spec);
+    }
+    return converted;
+  }
+
+  async release(): Promise<void> {
+    await this.session.release();
+  }
+}
+
+/** Fits `dims` to the declared rank: [b] -> scalar for a scalar timestep, extra leading 1s added or dropped. */
+function fitRank(name: string, tensor: HostTensor, rank: number): { data: HostTensor['data']; dims: number[] } {
+  let dims = [...tensor.dims];
+  let data = tensor.data;
+  if (rank === 0 && dims.length === 1) {
+    // One timestep shared by the whole batch; a batch with mixed timesteps cannot feed a scalar input.
+    if (data.some((v) => v !== data[0])) throw new Error(`input '${name}' is a scalar but the batch holds different values`);
+    data = data.slice(0, 1) as HostTensor['data'];
+    dims = [];
+  }
+  while (dims.length < rank) dims.unshift(1);
+  while (dims.length > rank && dims[0] === 1) dims.shift();
+  if (rank !== 0 && dims.length !== rank) throw new Error(`input '${name}' has rank ${tensor.dims.length} but the graph declares rank ${rank}`);
+  return { data, dims };
+}
+
+function toOrtTensor(name: string, tensor: HostTensor, spec: InputSpec): ort.Tensor {
+  const { data, dims } = fitRank(name, tensor, spec.rank);
+  switch (spec.type) {
+    case 'float32':
+      return new ort.Tensor('float32', data instanceof Float32Array ? data : Float32Array.from(data), dims);
+    case 'float16':
+      return new ort.Tensor('float16', float32ToHalf(data), dims);
+    case 'float64':
+      return new ort.Tensor('float64', Float64Array.from(data), dims);
+    case 'int32':
+      return new ort.Tensor('int32', data instanceof Int32Array ? data : Int32Array.from(data, Math.round), dims);
+    case 'int64':
+      return new ort.Tensor('int64', BigInt64Array.from(data, (v) => BigInt(Math.round(v))), dims);
+    default:
+      throw new Error(`input '${name}' has type ${spec.type}, which cannot be fed from Node (export the model with float32 or float16 inputs)`);
+  }
+}
+
+function fromOrtTensor(file: string, name: string, tensor: ort.Tensor | undefined): HostTensor {
+  if (!tensor) throw new Error(`${file} produced no output '${name}'`);
+  const dims = tensor.dims as number[];
+  switch (tensor.type) {
+    case 'float32':
+      return { data: tensor.data as Float32Array, dims };
+    case 'float16':
+      return { data: halfToFloat32(tensor.data as Uint16Array), dims };
+    default:
+      throw new Error(`${file}: output '${name}' has type ${tensor.type}; expected float32 or float16`);
+  }
+}

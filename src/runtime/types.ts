@@ -1,0 +1,88 @@
+import type { NoiseSource } from './random.js';
+
+/** The engine's unit of work and its result; the HTTP layer builds batches, the workers run them. */
+
+export type OutputFormat = 'png' | 'jpeg' | 'webp';
+
+/** Each output format's content type and file extension: the one table the encoder, store, routes and CLI use. */
+export const IMAGE_FORMATS = {
+  png: { contentType: 'image/png', extension: 'png' },
+  jpeg: { contentType: 'image/jpeg', extension: 'jpg' },
+  webp: { contentType: 'image/webp', extension: 'webp' },
+} as const satisfies Record<OutputFormat, { contentType: string; extension: string }>;
+
+export type ImageExtension = (typeof IMAGE_FORMATS)[OutputFormat]['extension'];
+export const IMAGE_EXTENSIONS = Object.values(IMAGE_FORMATS).map((f) => f.extension);
+
+/** Raw 8-bit RGB pixels, row-major, 3 channels. */
+export interface RgbImage {
+  pixels: Uint8Array;
+  width: number;
+  height: number;
+}
+
+export interface ImageOutput {
+  format: OutputFormat;
+  /** 0..100, for jpeg and webp. */
+  compression?: number;
+}
+
+export interface BatchItem extends NoiseSource {
+  prompt: string;
+  /** Empty string when the request has none (the family decides what "none" means, e.g. SDXL zeros). */
+  negativePrompt: string;
+  /** Reproduces this image on its own with the same prompt, settings and `rng`. */
+  seed: number;
+  /** Image-to-image: the picture to start from, at the batch's size (see GenerationBatch.strength). */
+  image?: RgbImage;
+  /** Inpainting: one byte per pixel of `image`, 255 where the picture is to be repainted, 0 where kept. */
+  mask?: Uint8Array;
+  /**
+   * How this image is encoded (PNG when absent). Per item, not per batch: requests that differ only in
+   * their file format share one denoising loop.
+   */
+  output?: ImageOutput;
+}
+
+/**
+ * Requests for the same model, size and settings share one denoising loop; each item keeps its own
+ * prompt and seed.
+ */
+export interface GenerationBatch {
+  /** Absolute path of the model folder. */
+  modelDir: string;
+  /** The registry's version of that folder: a new one (a model replaced in place) makes workers reload it. */
+  modelVersion?: string;
+  width: number;
+  height: number;
+  steps: number;
+  guidanceScale: number;
+  /** diffusers' guidance_rescale (0 = off): counters over-exposure at high guidance. */
+  guidanceRescale?: number;
+  /** Scheduler name override (see src/schedulers/index.ts); undefined uses scheduler_config.json. */
+  scheduler?: string;
+  /**
+   * Image-to-image (every item then has an `image`): how much of the schedule runs from the items'
+   * pictures, in (0, 1]; 1 noises them fully, small values keep them (diffusers' strength).
+   */
+  strength?: number;
+  /** Most images one model call may hold for this model; merging compatible requests stays within it. */
+  maxBatch?: number;
+  items: BatchItem[];
+}
+
+export interface GeneratedImage {
+  /** The encoded image file. */
+  data: Uint8Array;
+  contentType: string;
+  seed: number;
+}
+
+/** A model folder at one version (see GenerationBatch.modelVersion). */
+export interface ModelRef {
+  dir: string;
+  version?: string;
+}
+
+/** An item's encoding: its own, or PNG. */
+export const outputOf = (item: Pick<BatchItem, 'output'>): ImageOutput => item.output ?? { format: 'png' };

@@ -1,0 +1,61 @@
+import { QueueClosedError, QueueFullError, QueueTimeoutError } from '../engine/job-queue.js';
+import { WorkerDiedError } from '../engine/worker-process.js';
+import { ApiError } from '../api/errors.js';
+import { InsufficientMemoryError } from '../pipelines/memory-plan.js';
+import { StoreFullError } from '../store/image-store.js';
+
+/** The engine's and the store's failures as OpenAI errors, with the status and retry advice each deserves. */
+
+export function engineError(err: unknown): unknown {
+  if (err instanceof QueueFullError && err.clientLimit) {
+    return new ApiError(
+      429,
+      `Rate limit reached: this API key already has as much work waiting as its ${err.clientLimit} limit allows. Please try again in ${err.retryAfterSeconds}s, or wait for its running requests to finish.`,
+      { type: 'requests', code: 'rate_limit_exceeded', headers: { 'retry-after': String(err.retryAfterSeconds) } },
+    );
+  }
+  if (err instanceof QueueFullError) {
+    return new ApiError(
+      429,
+      `Rate limit reached: all workers are busy and the generation queue is full. Please try again in ${err.retryAfterSeconds}s.`,
+      { type: 'requests', code: 'rate_limit_exceeded', headers: { 'retry-after': String(err.retryAfterSeconds) } },
+    );
+  }
+  if (err instanceof QueueTimeoutError) {
+    return new ApiError(
+      503,
+      `The server is overloaded: this request waited ${err.waitedSeconds}s for a free worker without getting one. Please try again in ${err.retryAfterSeconds}s.`,
+      { code: 'queue_timeout', headers: { 'retry-after': String(err.retryAfterSeconds) } },
+    );
+  }
+  if (err instanceof WorkerDiedError) {
+    return new ApiError(
+      500,
+      `The worker process generating this image ${err.reason}; it has been replaced. ` +
+        'Retrying may succeed; if it keeps failing, ask for a smaller size or fewer images.',
+      { code: 'worker_crashed', cause: err },
+    );
+  }
+  if (err instanceof QueueClosedError) return ApiError.shuttingDown();
+  // Raised in the worker: it crosses the process boundary by name.
+  if ((err as Error).name === InsufficientMemoryError.name) {
+    return new ApiError(507, (err as Error).message, { code: 'insufficient_memory', headers: { 'x-should-retry': 'false' }, cause: err });
+  }
+  return err;
+}
+
+export function storeError(err: unknown): ApiError {
+  if (err instanceof StoreFullError) {
+    return new ApiError(507, "The server's image store is full. Ask for response_format 'b64_json', or retry once older images expired.", {
+      code: 'storage_full',
+      // Retrying at once cannot help; tell the SDKs not to.
+      headers: { 'x-should-retry': 'false' },
+    });
+  }
+  const reason = (err as NodeJS.ErrnoException).code ?? 'unknown error';
+  return new ApiError(500, `The server could not save the generated image (${reason}). Ask for response_format 'b64_json', or retry later.`, {
+    code: 'storage_error',
+    cause: err,
+  });
+}
+

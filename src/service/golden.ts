@@ -1,0 +1,138 @@
+import { readFile } from 'node:fs/promises';
+import path from 'node:path';
+import sharp from 'sharp';
+import { z } from 'zod';
+import type { GenerationBatch } from '../runtime/types.js';
+import type { WorkerRuntime } from '../pipelines/run.js';
+import { describeIssues } from '../util/files.js';
+
+/**
+ * `imagegen models verify`: runs a model on the cases of a golden file (what diffusers' PyTorch
+ * pipeline made on the same weights from given starting noise, see docs/verify.md) and measures how far
+ * our pictures are from diffusers'. A case is fully determined by its noise, prompt and settings, so
+ * any difference is ours: tokenizer, scheduler, guidance, conditioning, VAE.
+ */
+
+const latentsFile = z.object({
+  file: z.string(),
+  dtype: z.literal('float32'),
+  byteorder: z.literal('little').optional(),
+  shape: z.array(z.number().int().positive()),
+});
+
+const goldenCase = z.object({
+  prompt: z.string(),
+  /** null: none given (SDXL then zeroes its negative conditioning, as diffusers does). */
+  negative_prompt: z.string().nullish(),
+  steps: z.number().int().positive(),
+  guidance: z.number(),
+  width: z.number().int().positive(),
+  height: z.number().int().positive(),
+  seed: z.number().int().nonnegative(),
+  latents: latentsFile,
+  image: z.object({ file: z.string() }),
+});
+
+const goldenFile = z.object({ cases: z.array(goldenCase).min(1) });
+
+export type GoldenCase = z.infer<typeof goldenCase>;
+
+/**
+ * The default bound on the largest pixel error (0..1 scale). Both pictures are 8-bit, so rounding
+ * alone puts a pixel 1/255 off when diffusers' float value and ours straddle a rounding boundary;
+ * onnxruntime and torch agree to ~1e-5 on fp32 graphs, far below a level. Mistakes land well above:
+ * a wrong token id, timestep or guidance costs 2.6/255 or more.
+ */
+export const DEFAULT_TOLERANCE = 1.5 / 255;
+
+/**
+ * fp16 graphs on onnxruntime's CPU provider: weights, graph inputs/outputs and values passing through
+ * data-movement ops are rounded to 11 bits (the arithmetic runs in float32 between the Casts onnxruntime
+ * inserts). The fp16 conversions of the real exports land at most 2/255 off (sd2v; 1/255 elsewhere);
+ * 2.5/255 allows that and still fails guidance off by 0.5 (3/255 on sd15 case 1, which 3/255 would pass).
+ */
+export const FP16_TOLERANCE = 2.5 / 255;
+
+export interface CaseResult {
+  index: number;
+  maxAbs: number;
+  meanAbs: number;
+  pass: boolean;
+}
+
+export class GoldenFileError extends Error {
+  constructor(file: string, problem: string) {
+    super(`${file}: ${problem}`);
+    this.name = 'GoldenFileError';
+  }
+}
+
+export async function readGolden(file: string): Promise<GoldenCase[]> {
+  let json: unknown;
+  try {
+    json = JSON.parse(await readFile(file, 'utf8'));
+  } catch (err) {
+    throw new GoldenFileError(file, `cannot read it as JSON: ${(err as Error).message}`);
+  }
+  const parsed = goldenFile.safeParse(json);
+  if (!parsed.success) throw new GoldenFileError(file, `not a golden file: ${describeIssues(parsed.error)}`);
+  return parsed.data.cases;
+}
+
+/** A case's starting noise, [C, H/8, W/8] float32 as written by numpy's `tofile`. */
+async function readLatents(goldenDir: string, c: GoldenCase): Promise<Float32Array> {
+  const bytes = await readFile(path.resolve(goldenDir, c.latents.file));
+  const count = c.latents.shape.reduce((a, b) => a * b, 1);
+  if (bytes.byteLength !== count * 4) {
+    throw new GoldenFileError(c.latents.file, `holds ${bytes.byteLength} bytes; shape [${c.latents.shape.join(', ')}] needs ${count * 4}`);
+  }
+  // Copied so the floats are aligned whatever the Buffer's offset in its pool.
+  return new Float32Array(bytes.buffer.slice(bytes.byteOffset, bytes.byteOffset + bytes.byteLength));
+}
+
+/** The batch that replays one case: its noise, prompt and settings, with torch's generator for any later draws. */
+function batchFor(modelDir: string, c: GoldenCase, initialNoise: Float32Array): GenerationBatch {
+  return {
+    modelDir,
+    width: c.width,
+    height: c.height,
+    steps: c.steps,
+    guidanceScale: c.guidance,
+    items: [{ prompt: c.prompt, negativePrompt: c.negative_prompt ?? '', seed: c.seed, rng: 'torch', initialNoise }],
+  };
+}
+
+export async function verifyCase(runtime: WorkerRuntime, modelDir: string, goldenDir: string, c: GoldenCase, index: number, tolerance: number): Promise<CaseResult> {
+  const [image] = await runtime.generateImages(batchFor(modelDir, c, await readLatents(goldenDir, c)));
+  const expected = await sharp(path.resolve(goldenDir, c.image.file)).removeAlpha().raw().toBuffer({ resolveWithObject: true });
+  if (expected.info.width !== image.width || expected.info.height !== image.height) {
+    throw new GoldenFileError(c.image.file, `is ${expected.info.width}x${expected.info.height}; the case asks for ${c.width}x${c.height}`);
+  }
+  let max = 0;
+  let sum = 0;
+  for (let i = 0; i < image.pixels.length; i++) {
+    const d = Math.abs(image.pixels[i] - expected.data[i]);
+    sum += d;
+    if (d > max) max = d;
+  }
+  const [maxAbs, meanAbs] = [max / 255, sum / image.pixels.length / 255];
+  return { index, maxAbs, meanAbs, pass: maxAbs <= tolerance };
+}
+
+/** Every case of a golden file, one after the other; `onCase` sees each result as it comes. */
+export async function verifyGolden(
+  runtime: WorkerRuntime,
+  modelDir: string,
+  file: string,
+  tolerance = DEFAULT_TOLERANCE,
+  onCase: (result: CaseResult) => void = () => {},
+): Promise<CaseResult[]> {
+  const cases = await readGolden(file);
+  const results: CaseResult[] = [];
+  for (const [index, c] of cases.entries()) {
+    const result = await verifyCase(runtime, path.resolve(modelDir), path.dirname(path.resolve(file)), c, index, tolerance);
+    onCase(result);
+    results.push(result);
+  }
+  return results;
+}

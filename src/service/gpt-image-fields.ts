@@ -1,0 +1,54 @@
+import { GPT_IMAGE_QUALITY_OF, isGptImageSize } from '../api/dialects.js';
+import type { GenerationRequest, GptImageResponseFields, ImageUsage } from '../api/wire.js';
+
+/**
+ * What a gpt-image response adds to the images: the settings they were made with, and `usage`.
+ *
+ * Usage here counts work, not money. Input: the prompt's tokens by the model's own tokenizer
+ * (prompt-tokens.ts). Output: one image token per 2x2 patch of latent pixels, i.e. per 16x16 pixels
+ * with the usual 8x VAE, for each image: what a FLUX transformer takes as one token, and for every
+ * model a figure that grows with the pixels drawn (a 1024x1024 image is 4096). Steps do not count. The
+ * input picture of an edit or variation counts as input image tokens by the same rule, at the size it
+ * was fitted to.
+ */
+
+/** Latent pixels along a side of one image token. */
+const PATCH = 2;
+
+export interface DrawnImages {
+  width: number;
+  height: number;
+  count: number;
+  /** Input pictures, each fitted to width x height: 1 for edits and variations, 0 for generations. */
+  inputImages: number;
+  /** Image pixels per latent pixel along a side (the VAE's scale factor). */
+  vaeScale: number;
+}
+
+function imageUsage(textTokens: number, { width, height, count, inputImages, vaeScale }: DrawnImages): ImageUsage {
+  const side = vaeScale * PATCH;
+  const perImage = Math.ceil(width / side) * Math.ceil(height / side);
+  const [inputTokens, outputTokens] = [inputImages * perImage, count * perImage];
+  return {
+    input_tokens: textTokens + inputTokens,
+    input_tokens_details: { text_tokens: textTokens, image_tokens: inputTokens },
+    output_tokens: outputTokens,
+    output_tokens_details: { text_tokens: 0, image_tokens: outputTokens },
+    total_tokens: textTokens + inputTokens + outputTokens,
+  };
+}
+
+/**
+ * The echoed settings. The models draw no transparency, so the background is always opaque; a size
+ * outside the SDKs' enum (e.g. a 512x512 model's `auto`) is left out, as strict clients would reject it.
+ */
+export function gptImageFields(request: GenerationRequest, textTokens: number, drawn: DrawnImages): GptImageResponseFields {
+  const size = `${drawn.width}x${drawn.height}`;
+  return {
+    background: 'opaque',
+    output_format: request.output_format,
+    quality: GPT_IMAGE_QUALITY_OF[request.quality],
+    ...(isGptImageSize(size) && { size }),
+    usage: imageUsage(textTokens, drawn),
+  };
+}

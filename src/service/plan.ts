@@ -1,0 +1,119 @@
+import { ApiError, quoteList } from '../api/errors.js';
+import { isGptImageSize } from '../api/dialects.js';
+import type { GenerationRequest } from '../api/wire.js';
+import type { ModelEntry } from '../models/registry.js';
+import { MAX_SEED, randomSeed, type NoiseKind } from '../runtime/random.js';
+import type { BatchItem, GenerationBatch, RgbImage } from '../runtime/types.js';
+import { checkSchedule, fewestSteps, stepsRun } from '../schedulers/index.js';
+import { chunks } from '../util/chunks.js';
+
+/**
+ * A request as engine batches: its size, steps, guidance and scheduler from the model's preset unless
+ * the request sets them, one seed per image, an edit's picture and strength, split by the model's
+ * max_batch. The checks that depend on the model throw OpenAI errors here.
+ */
+
+/** An edit at the size the request runs at. */
+export interface FittedEdit {
+  image: RgbImage;
+  mask?: Uint8Array;
+  strength: number;
+}
+
+/** The 400 for a size the model does not serve under the name the request used, naming those it does. */
+function sizeError(request: GenerationRequest, model: ModelEntry, served: readonly string[]): ApiError {
+  const { sizes, defaultSize } = model.preset;
+  const message =
+    request.dialect === 'gpt-image'
+      ? `Invalid value: '${request.size}'. Supported values for model '${request.model}' are: ${quoteList(['auto', ...served])} ('auto' is ${defaultSize}). ` +
+        `The installed model '${model.id}' serves ${quoteList(sizes)} when asked for by that name.`
+      : `Invalid value: '${request.size}'. Supported values are: ${quoteList(served)}.`;
+  return ApiError.invalid('size', 'invalid_value', message);
+}
+
+/** `auto` (or none) is the model's default; gpt-image names take only the gpt-image sizes among the model's. */
+export function requestSize(request: GenerationRequest, model: ModelEntry): { width: number; height: number } {
+  const { sizes, defaultSize } = model.preset;
+  const asked = request.size === 'auto' ? undefined : request.size;
+  const served = request.dialect === 'gpt-image' ? sizes.filter(isGptImageSize) : sizes;
+  if (asked !== undefined && !served.includes(asked)) throw sizeError(request, model, served);
+  const [width, height] = (asked ?? defaultSize).split('x').map(Number);
+  return { width, height };
+}
+
+function checkScheduler(request: GenerationRequest, model: ModelEntry): void {
+  const allowed = model.schedulers;
+  if (request.scheduler !== undefined && !allowed.includes(request.scheduler)) {
+    throw ApiError.invalid(
+      'scheduler',
+      'invalid_value',
+      `Invalid value: '${request.scheduler}'. Supported values for model '${request.model}' are: ${quoteList(allowed)}.`,
+    );
+  }
+}
+
+/**
+ * The steps of a request. For an edit, a strength runs only that share of them (diffusers'
+ * img2img): when the request left the steps to the preset they are raised until one runs (a turbo
+ * model's single step would otherwise run none below strength 1); steps the request named are kept,
+ * and one that leaves none to run is a 400.
+ */
+function stepsOf(request: GenerationRequest, model: ModelEntry, strength: number | undefined): number {
+  const preset = model.preset.steps[request.quality];
+  if (strength === undefined) return request.steps ?? preset;
+  if (request.steps === undefined) return Math.max(preset, fewestSteps(strength));
+  if (stepsRun(request.steps, strength) >= 1) return request.steps;
+  throw ApiError.invalid(
+    request.strength === undefined ? 'steps' : 'strength',
+    'invalid_value',
+    `Invalid value: strength ${strength} of ${request.steps} steps leaves no step to run. Raise 'steps' to at least ${fewestSteps(strength)}, raise 'strength', or omit 'steps'.`,
+  );
+}
+
+/** Image i gets seed + i, so each image's seed reproduces it alone; wraps past MAX_SEED. */
+function seeds(request: GenerationRequest): number[] {
+  const base = request.seed ?? randomSeed();
+  return Array.from({ length: request.n }, (_, i) => (base + i) % (MAX_SEED + 1));
+}
+
+/**
+ * What a request asks the engine for: its size, steps, guidance and scheduler from the model's preset
+ * unless the request sets them, one seed per image, split into batches of at most the model's maxBatch.
+ * An edit's picture (already at the request's size) goes with every image. Throws the OpenAI errors of
+ * the checks that depend on the model.
+ */
+export function planBatches(request: GenerationRequest, model: ModelEntry, defaultRng: NoiseKind = 'native', edit?: FittedEdit): GenerationBatch[] {
+  const { width, height } = requestSize(request, model);
+  checkScheduler(request, model);
+  const { preset } = model;
+  const rng = request.rng ?? defaultRng;
+  const picture = edit && { image: edit.image, ...(edit.mask && { mask: edit.mask }) };
+  const items: BatchItem[] = seeds(request).map((seed) => ({
+    prompt: request.prompt,
+    negativePrompt: request.negative_prompt ?? preset.negativePrompt,
+    seed,
+    rng,
+    ...picture,
+    output: { format: request.output_format, ...(request.output_compression !== undefined && { compression: request.output_compression }) },
+  }));
+  const settings = {
+    modelDir: model.layout.dir,
+    modelVersion: model.version,
+    width,
+    height,
+    steps: stepsOf(request, model, edit?.strength),
+    ...(edit && { strength: edit.strength }),
+    guidanceScale: request.guidance_scale ?? preset.guidanceScale[request.style],
+    guidanceRescale: preset.guidanceRescale,
+    scheduler: request.scheduler ?? preset.scheduler,
+    maxBatch: preset.maxBatch,
+  };
+  try {
+    checkSchedule(model.layout.scheduler, settings.scheduler, settings.steps);
+  } catch (err) {
+    const param = request.steps !== undefined ? 'steps' : 'scheduler';
+    throw ApiError.invalid(param, 'invalid_value', `Invalid value for '${param}' with model '${request.model}': ${(err as Error).message}.`);
+  }
+  return chunks(items, preset.maxBatch).map((part) => ({ ...settings, items: part }));
+}
+

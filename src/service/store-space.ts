@@ -1,0 +1,18 @@
+import { outputOf, type GenerationBatch, type OutputFormat } from '../runtime/types.js';
+
+/**
+ * What a url request's images are expected to take in the image store, reserved before they are
+ * generated: a full store then refuses the request before any work is spent on it.
+ */
+
+/** Bytes per pixel an encoded image is assumed to take at most: PNG of RGB (noisy pictures barely compress), lossy formats far less. */
+const BYTES_PER_PIXEL: Record<OutputFormat, number> = { png: 3, jpeg: 1, webp: 1 };
+/** Headers and metadata of one file. */
+const FILE_OVERHEAD = 1024;
+
+export function expectedStoreBytes(batches: readonly GenerationBatch[]): number {
+  return batches.reduce(
+    (sum, b) => sum + b.items.reduce((bytes, item) => bytes + b.width * b.height * BYTES_PER_PIXEL[outputOf(item).format] + FILE_OVERHEAD, 0),
+    0,
+  );
+}

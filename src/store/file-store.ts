@@ -1,0 +1,188 @@
+import { randomBytes } from 'node:crypto';
+import { mkdir, readdir, readFile, rename, stat, unlink, writeFile } from 'node:fs/promises';
+import path from 'node:path';
+import type { Logger } from 'pino';
+import { IMAGE_EXTENSIONS, IMAGE_FORMATS, type ImageExtension } from '../runtime/types.js';
+import { unlessMissing } from '../util/files.js';
+import { IMAGE_ID, StoreFullError, type ImageStore, type StoredImage, type StoreReservation } from './image-store.js';
+import { SpaceReservation } from './reservation.js';
+
+/**
+ * Generated images served by URL for a limited time. One file per image, named
+ * `<id>.<expiry unix milliseconds>.<ext>`: the name is the whole index, so a restart rebuilds it from a
+ * directory listing and keeps each image's own expiry. Files are written to a temporary name and
+ * renamed, so a reader never sees half an image; a failed write deletes its temporary file, and
+ * opening and closing the store delete any that a crash left. Ids are 128 random bits in hex.
+ */
+
+const EXTENSIONS = Object.fromEntries(Object.values(IMAGE_FORMATS).map((f) => [f.contentType, f.extension])) as Record<string, ImageExtension>;
+const CONTENT_TYPES = Object.fromEntries(Object.values(IMAGE_FORMATS).map((f) => [f.extension, f.contentType])) as Record<ImageExtension, string>;
+
+const FILE_NAME = new RegExp(`^(${IMAGE_ID})\\.(\\d+)\\.(${IMAGE_EXTENSIONS.join('|')})$`);
+const TEMP_FILE = /^\..*\.tmp$/;
+
+export interface ImageStoreOptions {
+  /** Folder of the images (created if missing). */
+  dir: string;
+  ttlSeconds: number;
+  maxBytes: number;
+  logger: Logger;
+  /** Unix milliseconds now (default Date.now): tests move time on without waiting. */
+  clock?: () => number;
+}
+
+export class FileImageStore implements ImageStore {
+  private readonly index = new Map<string, StoredImage>();
+  /** Bytes of indexed files plus writes in progress. */
+  private bytes = 0;
+  /** Bytes set aside by reservations and not yet written. */
+  private reserved = 0;
+  private readonly writes = new Set<Promise<void>>();
+  private timer: NodeJS.Timeout | undefined;
+  readonly now: () => number;
+  private constructor(private readonly options: ImageStoreOptions) {
+    this.now = options.clock ?? Date.now;
+  }
+
+  /** Opens the store: indexes the images left by a previous run, deleting expired and half-written ones. */
+  static async open(options: ImageStoreOptions): Promise<FileImageStore> {
+    const store = new FileImageStore(options);
+    await mkdir(options.dir, { recursive: true });
+    await store.deleteTempFiles();
+    for (const entry of await readdir(options.dir, { withFileTypes: true })) {
+      if (!entry.isFile()) continue;
+      const file = path.join(options.dir, entry.name);
+      const match = FILE_NAME.exec(entry.name);
+      if (!match) continue;
+      const [, id, expiry, ext] = match;
+      const { size } = await stat(file);
+      const image: StoredImage = { id, ext: ext as ImageExtension, contentType: CONTENT_TYPES[ext as ImageExtension], expiresAt: Number(expiry), size };
+      store.index.set(id, image);
+      store.bytes += size;
+    }
+    await store.sweep();
+    return store;
+  }
+
+  private fileOf(image: StoredImage): string {
+    return path.join(this.options.dir, `${image.id}.${image.expiresAt}.${image.ext}`);
+  }
+
+  private expired(image: StoredImage): boolean {
+    return image.expiresAt <= this.now();
+  }
+
+  /** Sets space aside for images to come; throws StoreFullError when it does not fit even after deleting expired ones. */
+  async reserve(bytes: number): Promise<StoreReservation> {
+    await this.makeRoom(bytes);
+    this.reserved += bytes; // before the next await, so parallel reservations cannot overfill
+    return new SpaceReservation(bytes, (unused) => (this.reserved -= unused));
+  }
+
+  private async makeRoom(bytes: number): Promise<void> {
+    const fits = () => this.bytes + this.reserved + bytes <= this.options.maxBytes;
+    if (!fits()) await this.sweep();
+    if (!fits()) throw new StoreFullError(this.options.maxBytes);
+  }
+
+  /** Stores an image, drawing on `reservation` first; throws StoreFullError when the rest does not fit even after deleting expired ones. */
+  async put(data: Uint8Array, contentType: string, reservation?: StoreReservation): Promise<StoredImage> {
+    const ext = EXTENSIONS[contentType];
+    if (!ext) throw new TypeError(`cannot store images of type ${contentType}`);
+    const covered = reservation instanceof SpaceReservation ? reservation.draw(data.byteLength) : 0;
+    // The covered part leaves the reservation whatever happens next: a put that fails has no use for it.
+    this.reserved -= covered;
+    await this.makeRoom(data.byteLength - covered);
+    this.bytes += data.byteLength; // counted before the first await, so parallel puts cannot overfill
+
+    const id = randomBytes(16).toString('hex');
+    const expiresAt = this.now() + Math.round(this.options.ttlSeconds * 1000);
+    const image: StoredImage = { id, ext, contentType, expiresAt, size: data.byteLength };
+    const write = this.write(path.join(this.options.dir, `.${id}.tmp`), this.fileOf(image), data);
+    this.writes.add(write);
+    try {
+      await write;
+    } catch (err) {
+      this.bytes -= data.byteLength;
+      throw err;
+    } finally {
+      this.writes.delete(write);
+    }
+    this.index.set(id, image);
+    return image;
+  }
+
+  private async write(temp: string, file: string, data: Uint8Array): Promise<void> {
+    try {
+      await writeFile(temp, data, { flag: 'wx' });
+      await rename(temp, file);
+    } catch (err) {
+      // A full disk fails a write halfway: no partial file may stay behind.
+      await unlink(temp).catch(() => undefined);
+      throw err;
+    }
+  }
+
+  /** Images and bytes on disk (including writes in progress), for metrics. */
+  stats(): { files: number; bytes: number } {
+    return { files: this.index.size, bytes: this.bytes };
+  }
+
+  /** The image, or null when unknown or expired (even before the sweeper deleted it). */
+  get(id: string): StoredImage | null {
+    const image = this.index.get(id);
+    return image && !this.expired(image) ? image : null;
+  }
+
+  /** The image's bytes, or null if it expired or vanished meanwhile. */
+  async read(image: StoredImage): Promise<Buffer | null> {
+    if (this.expired(image)) return null;
+    return (await unlessMissing(readFile(this.fileOf(image)))) ?? null;
+  }
+
+  /** Deletes expired images. */
+  async sweep(): Promise<void> {
+    const expired = [...this.index.values()].filter((image) => this.expired(image));
+    await this.discard(expired);
+    if (expired.length) this.options.logger.debug({ deleted: expired.length }, 'expired images deleted');
+  }
+
+  /** Deletes images before they expire: ones no response will name after all. */
+  async remove(images: StoredImage[]): Promise<void> {
+    await this.discard(images.filter((image) => this.index.get(image.id) === image));
+  }
+
+  private async discard(images: StoredImage[]): Promise<void> {
+    // Out of the index before the first await, so that sweeps running at the same time (one per put
+    // that finds the store full) never count the same image twice.
+    for (const image of images) {
+      this.index.delete(image.id);
+      this.bytes -= image.size;
+    }
+    for (const image of images) {
+      await unlink(this.fileOf(image)).catch((err: NodeJS.ErrnoException) => {
+        if (err.code !== 'ENOENT') this.options.logger.warn({ err, id: image.id }, 'cannot delete image');
+      });
+    }
+  }
+
+  /** Sweeps every `intervalMs` until close(). */
+  startSweeper(intervalMs: number): void {
+    this.timer = setInterval(() => void this.sweep(), intervalMs);
+    this.timer.unref();
+  }
+
+  /** Stops the sweeper, lets writes in progress end, and deletes temporary files a crash may have left. */
+  async close(): Promise<void> {
+    clearInterval(this.timer);
+    await Promise.allSettled(this.writes);
+    await this.deleteTempFiles();
+  }
+
+  private async deleteTempFiles(): Promise<void> {
+    const names = (await unlessMissing(readdir(this.options.dir))) ?? [];
+    for (const name of names.filter((n) => TEMP_FILE.test(n))) {
+      await unlink(path.join(this.options.dir, name)).catch(() => undefined);
+    }
+  }
+}

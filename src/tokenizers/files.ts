@@ -1,0 +1,51 @@
+import { access } from 'node:fs/promises';
+import path from 'node:path';
+
+/**
+ * Which files a tokenizer folder loads from, and what it lacks when it cannot: the error names the
+ * missing file and the folder, so that a partial copy is not mistaken for a damaged one.
+ */
+
+export const TOKENIZER_JSON = 'tokenizer.json';
+export const VOCAB_JSON = 'vocab.json';
+export const MERGES_TXT = 'merges.txt';
+export const SPIECE_MODEL = 'spiece.model';
+
+/** tokenizer.json (any model); CLIP's vocab.json + merges.txt; T5's SentencePiece model. */
+export type TokenizerSource = typeof TOKENIZER_JSON | typeof VOCAB_JSON | typeof SPIECE_MODEL;
+
+export class TokenizerFilesError extends Error {
+  constructor(
+    readonly dir: string,
+    /** Some of the files were there: a companion is missing rather than the whole tokenizer. */
+    readonly partial: boolean,
+    problem: string,
+  ) {
+    super(`${dir}: ${problem}`);
+    this.name = 'TokenizerFilesError';
+  }
+}
+
+async function has(dir: string, file: string): Promise<boolean> {
+  return access(path.join(dir, file)).then(
+    () => true,
+    () => false,
+  );
+}
+
+export async function findTokenizerSource(dir: string): Promise<TokenizerSource> {
+  if (await has(dir, TOKENIZER_JSON)) return TOKENIZER_JSON;
+  const vocab = await has(dir, VOCAB_JSON);
+  const merges = await has(dir, MERGES_TXT);
+  if (vocab && merges) return VOCAB_JSON;
+  if (vocab || merges) {
+    const [present, absent] = vocab ? [VOCAB_JSON, MERGES_TXT] : [MERGES_TXT, VOCAB_JSON];
+    throw new TokenizerFilesError(dir, true, `${absent} is missing (${present} is there, and the CLIP tokenizer needs both)`);
+  }
+  if (await has(dir, SPIECE_MODEL)) return SPIECE_MODEL;
+  throw new TokenizerFilesError(
+    dir,
+    false,
+    `no tokenizer: looked for ${TOKENIZER_JSON}, ${VOCAB_JSON} together with ${MERGES_TXT} (CLIP), or ${SPIECE_MODEL} (T5)`,
+  );
+}

@@ -1,0 +1,146 @@
+import { mkdtemp, rename, rm, writeFile } from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import OpenAI from 'openai';
+import { KeyFileError, parseKeyFile } from '../src/http/keys.js';
+import { FakeEngine, startTestServer, type TestServer } from './helpers/api-server.js';
+import { capturedLogs } from './helpers/logs.js';
+
+/** API_KEYS_FILE: its format, rotation without a restart, and keys kept out of the logs. */
+
+describe('the key file format', () => {
+  it('reads keys, labels, limits and comments', () => {
+    const keys = parseKeyFile(
+      ['# the team', '', 'alice:sk-alice-0001 images_per_minute=60 concurrent=2', '  sk-plain-0002  ', 'ci:sk-ci-0003 requests_per_minute=10'].join('\n'),
+      'keys.txt',
+    );
+    expect(keys).toEqual([
+      { label: 'alice', key: 'sk-alice-0001', limits: { imagesPerMinute: 60, concurrent: 2 } },
+      { label: 'API_KEYS_FILE:4', key: 'sk-plain-0002' },
+      { label: 'ci', key: 'sk-ci-0003', limits: { requestsPerMinute: 10 } },
+    ]);
+  });
+
+  it('names every bad line, never the key', () => {
+    const text = ['a:sk-secret-1 speed=9', 'a:sk-secret-2', 'b:sk-secret-3 concurrent=0', 'c:sk secret'].join('\n');
+    const error = (() => {
+      try {
+        parseKeyFile(text, 'keys.txt');
+      } catch (err) {
+        return err as KeyFileError;
+      }
+    })();
+    expect(error).toBeInstanceOf(KeyFileError);
+    expect(error!.message).toMatch(/line 1: 'speed=9' is not a limit/);
+    expect(error!.message).toMatch(/line 3: 'concurrent=0' is not a limit/);
+    expect(error!.message).toMatch(/the label 'a' is used twice/);
+    expect(error!.message).not.toMatch(/sk-secret/);
+  });
+});
+
+describe('rotating API_KEYS_FILE', () => {
+  let dir: string;
+  let server: TestServer;
+  const logs = capturedLogs<Record<string, unknown>>();
+  beforeAll(async () => {
+    dir = await mkdtemp(path.join(os.tmpdir(), 'imagegen-keys-'));
+    await writeFile(path.join(dir, 'keys'), '# keys\nold:sk-old-key-0123456789\n');
+    server = await startTestServer({ apiKeys: [], config: { apiKeysFile: path.join(dir, 'keys') }, logger: logs.logger });
+  });
+  afterAll(async () => {
+    await server.close();
+    await rm(dir, { recursive: true, force: true });
+  });
+
+  const status = (key: string) => fetch(`${server.baseURL}/models`, { headers: { authorization: `Bearer ${key}` } }).then((res) => res.status);
+
+  it('takes a new key and drops the old one without a restart', async () => {
+    expect(await status('sk-old-key-0123456789')).toBe(200);
+    expect(await status('sk-new-key-9876543210')).toBe(401);
+    // As editors and secret managers do: write elsewhere, rename over.
+    await writeFile(path.join(dir, 'keys.tmp'), 'new:sk-new-key-9876543210 concurrent=1\n');
+    await rename(path.join(dir, 'keys.tmp'), path.join(dir, 'keys'));
+    await expect.poll(() => status('sk-new-key-9876543210'), { timeout: 5000, interval: 100 }).toBe(200);
+    expect(await status('sk-old-key-0123456789')).toBe(401);
+  });
+
+  it('keeps the keys in use when the file turns bad, and says so', async () => {
+    await writeFile(path.join(dir, 'keys'), 'new:sk-new-key-9876543210 speed=9\n');
+    await expect.poll(() => logs.raw.some((line) => line.includes('keeping the 1 keys in use')), { timeout: 5000, interval: 100 }).toBe(true);
+    expect(await status('sk-new-key-9876543210')).toBe(200);
+  });
+
+  it('names keys by label in the log, never by value', async () => {
+    expect(logs.lines.some((line) => line.apiKey === 'new')).toBe(true);
+    expect(logs.raw.join('')).not.toMatch(/sk-(old|new)-key/);
+  });
+});
+
+describe('credentials in logs', () => {
+  it('logs neither a key in the query string nor one in a header, and /ready once per change', async () => {
+    const logs = capturedLogs<Record<string, unknown>>();
+    const engine = new FakeEngine();
+    let ready = false;
+    engine.readiness = () => ({ ready, workers: { total: 1, ready: ready ? 1 : 0 }, models: [] });
+    const server = await startTestServer({ logger: logs.logger, engine });
+    try {
+      const secret = 'sk-leaked-in-query-0123456789';
+      await fetch(`${server.baseURL}/models?api_key=${secret}`);
+      await fetch(`${server.origin}/nothing?${secret}`, { headers: { authorization: `Bearer ${secret}`, 'x-api-key': secret } });
+      await fetch(`${server.baseURL}/images/generations?key=${secret}`, { method: 'POST', body: '{', headers: { 'content-type': 'application/json', authorization: `Bearer ${secret}` } });
+      for (let i = 0; i < 10; i++) {
+        ready = i >= 5;
+        expect((await fetch(`${server.origin}/ready?token=${secret}`)).status).toBe(ready ? 200 : 503);
+      }
+      const raw = logs.raw.join('');
+      expect(raw).toContain('[redacted]');
+      expect(raw).not.toContain(secret);
+      expect(raw).not.toContain('leaked');
+      // One line per change of readiness, however often it is polled.
+      expect(logs.lines.filter((line) => /^(not )?ready/.test(String(line.msg))).map((line) => line.msg)).toEqual([
+        'not ready: /ready answers 503: The server is starting and cannot generate yet: 0 of 1 workers are ready.',
+        'ready: /ready answers 200',
+      ]);
+      expect(raw).not.toContain('"stack"');
+    } finally {
+      await server.close();
+    }
+  });
+});
+
+describe("a key file's per-minute limits", () => {
+  let dir: string;
+  let server: TestServer;
+  beforeAll(async () => {
+    dir = await mkdtemp(path.join(os.tmpdir(), 'imagegen-keys-'));
+    await writeFile(path.join(dir, 'keys'), 'slow:sk-slow-key-0123456789 requests_per_minute=1\nfree:sk-free-key-0123456789 concurrent=2\n');
+    server = await startTestServer({ apiKeys: [], config: { apiKeysFile: path.join(dir, 'keys') } });
+  });
+  afterAll(async () => {
+    await server.close();
+    await rm(dir, { recursive: true, force: true });
+  });
+
+  const client = (apiKey: string) => new OpenAI({ baseURL: server.baseURL, apiKey, maxRetries: 0 });
+  const generate = (apiKey: string) => client(apiKey).images.generate({ model: 'stub', prompt: 'a red circle', response_format: 'b64_json' });
+
+  it('answers a key over its requests_per_minute with 429 and Retry-After, other keys unaffected', async () => {
+    await generate('sk-slow-key-0123456789');
+    const err = await generate('sk-slow-key-0123456789').catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(OpenAI.RateLimitError);
+    const limited = err as InstanceType<typeof OpenAI.RateLimitError>;
+    expect(limited.error).toMatchObject({ type: 'requests', code: 'rate_limit_exceeded', message: expect.stringMatching(/API key 'slow': at most 1 request a minute/) });
+    expect(Number(limited.headers.get('retry-after'))).toBeGreaterThan(50);
+    for (let i = 0; i < 3; i++) await generate('sk-free-key-0123456789');
+  });
+
+  it("queues each request as its key's label, with the key's concurrent limit, so keys are served fairly", () => {
+    // The queue's fairness and its per-client limits are tested on the real engine in ops-hardening and
+    // queue-fairness; here, that HTTP hands them the key.
+    expect(server.engine.tickets).toEqual([
+      { client: 'slow', limits: undefined },
+      ...Array.from({ length: 3 }, () => ({ client: 'free', limits: { maxConcurrent: 2 } })),
+    ]);
+  });
+});

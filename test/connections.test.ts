@@ -1,0 +1,149 @@
+import { gzipSync, brotliCompressSync, deflateSync } from 'node:zlib';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { startTestServer, TEST_KEY, type TestServer } from './helpers/api-server.js';
+import { parseResponse, rawRequest } from './helpers/raw-http.js';
+
+/**
+ * Issue #13's connection hardening, over raw sockets: slow and stalled requests time out, refusals close
+ * the connection without reading the body, and every answer, even those Node's parser gives before
+ * any route, carries x-request-id and OpenAI's error body.
+ */
+
+let server: TestServer;
+let port: number;
+beforeAll(async () => {
+  // Short limits, so a stalled request is given up within seconds.
+  server = await startTestServer({ config: { headersTimeoutSeconds: 1, requestTimeoutSeconds: 2 } });
+  port = Number(new URL(server.origin).port);
+});
+afterAll(() => server.close());
+
+const BODY = JSON.stringify({ model: 'stub', prompt: 'a red circle' });
+
+function head(lines: string[]): string {
+  return `${lines.join('\r\n')}\r\n\r\n`;
+}
+
+function expectOpenAiError(text: string, status: number, code: string | null) {
+  const { status: line, headers, body } = parseResponse(text);
+  expect(line, text).toMatch(new RegExp(`^HTTP/1\\.1 ${status} `));
+  expect(headers['x-request-id'], text).toMatch(/^req_[0-9a-f]{32}$/);
+  expect(headers['content-type'], text).toMatch(/^application\/json/);
+  const { error } = JSON.parse(body) as { error: Record<string, unknown> };
+  expect(Object.keys(error).sort()).toEqual(['code', 'message', 'param', 'type']);
+  expect(error.code, text).toBe(code);
+  return { headers, error };
+}
+
+describe('slow and stalled requests', () => {
+  it('closes 50 connections trickling a body within the request timeout, each with a 408', async () => {
+    const started = Date.now();
+    const exchanges = Array.from({ length: 50 }, () =>
+      rawRequest(port, head(['POST /v1/images/generations HTTP/1.1', 'Host: 127.0.0.1', `Authorization: Bearer ${TEST_KEY}`, 'Content-Type: application/json', 'Content-Length: 10000'])),
+    );
+    // One byte every 200 ms: never idle, never done.
+    const trickle = setInterval(() => exchanges.forEach((e) => e.socket.writable && e.socket.write('{')), 200);
+    try {
+      await Promise.all(exchanges.map((e) => e.closed));
+    } finally {
+      clearInterval(trickle);
+    }
+    // REQUEST_TIMEOUT_SECONDS=2, checked every second: all gone well before the trickle could finish (50 s).
+    expect(Date.now() - started).toBeLessThan(6000);
+    for (const exchange of exchanges) expectOpenAiError(exchange.text, 408, 'request_timeout');
+  });
+
+  it('closes a connection that sends nothing, or only part of its headers', async () => {
+    const silent = rawRequest(port);
+    const partial = rawRequest(port, 'GET /health HTTP/1.1\r\nHost: a\r\n');
+    await Promise.all([silent.closed, partial.closed]);
+    expect(silent.closedAfterMs).toBeLessThan(4000);
+    expectOpenAiError(partial.text, 408, 'request_timeout');
+  });
+
+  it('does not cut off a request whose body arrived, however long the answer takes', async () => {
+    server.engine.hold();
+    const exchange = rawRequest(port, head(['POST /v1/images/generations HTTP/1.1', 'Host: a', `Authorization: Bearer ${TEST_KEY}`, 'Content-Type: application/json', `Content-Length: ${BODY.length}`]) + BODY);
+    await new Promise((resolve) => setTimeout(resolve, 3500));
+    expect(exchange.closedAfterMs).toBeUndefined();
+    server.engine.release();
+    await expect.poll(() => parseResponse(exchange.text).status).toMatch(/^HTTP\/1\.1 200/);
+    exchange.socket.destroy();
+  });
+});
+
+describe('refusals before the body', () => {
+  it('answers a missing or wrong key with 401 and closes without reading the body', async () => {
+    for (const authorization of [[], ['Authorization: Bearer sk-wrong-0000000000']]) {
+      const exchange = rawRequest(port, head(['POST /v1/images/generations HTTP/1.1', 'Host: a', ...authorization, 'Content-Type: application/json', 'Content-Length: 100000']));
+      await exchange.closed;
+      const { headers } = expectOpenAiError(exchange.text, 401, authorization.length ? 'invalid_api_key' : null);
+      expect(headers.connection).toBe('close');
+      // Well before the 2 s request timeout: nobody waited for the 100000 bytes.
+      expect(exchange.closedAfterMs).toBeLessThan(1500);
+    }
+  });
+
+  it('sends 100 Continue only to a request whose key is good', async () => {
+    const refused = rawRequest(port, head(['POST /v1/images/generations HTTP/1.1', 'Host: a', 'Expect: 100-continue', 'Content-Type: application/json', `Content-Length: ${BODY.length}`]));
+    await refused.closed;
+    expect(refused.text).not.toContain('100 Continue');
+    expectOpenAiError(refused.text, 401, null);
+
+    const accepted = rawRequest(port, head(['POST /v1/images/generations HTTP/1.1', 'Host: a', `Authorization: Bearer ${TEST_KEY}`, 'Expect: 100-continue', 'Content-Type: application/json', `Content-Length: ${BODY.length}`]));
+    await expect.poll(() => accepted.text).toMatch(/^HTTP\/1\.1 100 Continue\r\n/);
+    accepted.socket.write(BODY);
+    await expect.poll(() => parseResponse(accepted.text).status).toMatch(/^HTTP\/1\.1 200/);
+    accepted.socket.destroy();
+  });
+});
+
+describe('answers before routing', () => {
+  const cases: [string, string, number, string][] = [
+    ['no Host', 'GET /health HTTP/1.1\r\n\r\n', 400, 'invalid_host_header'],
+    ['a Host with userinfo', 'GET /health HTTP/1.1\r\nHost: 127.0.0.1:1@evil.example\r\n\r\n', 400, 'invalid_host_header'],
+    ['a bad request line', 'HELLO\r\n\r\n', 400, 'malformed_request'],
+    ['headers over 16 KiB', `GET /health HTTP/1.1\r\nHost: a\r\nX-Padding: ${'p'.repeat(20_000)}\r\n\r\n`, 431, 'request_header_fields_too_large'],
+    ['an unknown expectation', 'GET /health HTTP/1.1\r\nHost: a\r\nExpect: tea\r\n\r\n', 417, 'expectation_failed'],
+    ['bad percent-encoding', 'GET /v1/models/%E0%A4%A HTTP/1.1\r\nHost: a\r\n\r\n', 400, 'invalid_url'],
+  ];
+  it.each(cases)('%s: OpenAI error with x-request-id', async (_name, request, status, code) => {
+    const exchange = rawRequest(port, request);
+    await expect.poll(() => exchange.text.includes('\r\n\r\n{')).toBe(true);
+    expectOpenAiError(exchange.text, status, code);
+    exchange.socket.destroy();
+  });
+});
+
+describe('content types and encodings', () => {
+  const post = (body: string | Buffer, headers: Record<string, string>) =>
+    fetch(`${server.baseURL}/images/generations`, { method: 'POST', headers: { authorization: `Bearer ${TEST_KEY}`, 'content-type': 'application/json', ...headers }, body: typeof body === 'string' ? body : new Uint8Array(body) });
+
+  it('answers JSON sent as text/plain with 415', async () => {
+    const res = await post(BODY, { 'content-type': 'text/plain' });
+    expect(res.status).toBe(415);
+    expect((await res.json()).error.code).toBe('unsupported_media_type');
+  });
+
+  it('decodes gzip, deflate and br bodies', async () => {
+    for (const [encoding, data] of [['gzip', gzipSync(BODY)], ['deflate', deflateSync(BODY)], ['br', brotliCompressSync(BODY)], ['GZIP', gzipSync(BODY)]] as const) {
+      const res = await post(data, { 'content-encoding': encoding });
+      expect([encoding, res.status]).toEqual([encoding, 200]);
+    }
+  });
+
+  it('answers a gzip bomb with 413, a corrupt body with 400 and an unknown encoding with 415', async () => {
+    // 64 MiB of spaces inside a valid JSON object, 64 KiB compressed: far over the 1 MiB limit once decoded.
+    const bomb = gzipSync(Buffer.concat([Buffer.from('{"prompt":"'), Buffer.alloc(64 * 1024 ** 2, 32), Buffer.from('"}')]));
+    expect(bomb.length).toBeLessThan(1024 ** 2);
+    const tooLarge = await post(bomb, { 'content-encoding': 'gzip' });
+    expect(tooLarge.status).toBe(413);
+    expect((await tooLarge.json()).error.code).toBe('request_too_large');
+    const corrupt = await post(Buffer.from('not gzip at all'), { 'content-encoding': 'gzip' });
+    expect(corrupt.status).toBe(400);
+    expect((await corrupt.json()).error.code).toBe('invalid_content_encoding');
+    const unknown = await post(BODY, { 'content-encoding': 'compress' });
+    expect(unknown.status).toBe(415);
+    expect((await unknown.json()).error.code).toBe('unsupported_content_encoding');
+  });
+});

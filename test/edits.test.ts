@@ -1,0 +1,220 @@
+import { cp, mkdtemp, rm, writeFile } from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
+import OpenAI, { toFile } from 'openai';
+import sharp from 'sharp';
+import { afterAll, beforeAll, describe, expect, inject, it } from 'vitest';
+import { loadConfig } from '../src/config.js';
+import { startServer, type RunningServer } from '../src/server.js';
+import { silentLogger } from './helpers/api-server.js';
+import { readImageFile } from './helpers/picture.js';
+
+/**
+ * Edits and variations end to end: a real server with real workers and the reference SD-Turbo model,
+ * driven by the official SDK. The reference model knows the right answer: a red circle edited with
+ * "a blue square" at strength 1 becomes one, at a low strength stays red; a mask confines the change.
+ */
+
+const KEY = 'sk-edits-0123456789';
+const SIZE = 128;
+let root: string;
+let server: RunningServer;
+let client: OpenAI;
+/** A red circle the API drew, as PNG bytes. */
+let redCircle: Buffer;
+
+beforeAll(async () => {
+  root = await mkdtemp(path.join(os.tmpdir(), 'imagegen-edits-'));
+  const shapes = path.join(root, 'models', 'shapes');
+  await cp(path.join(inject('referenceModelsDir'), 'sd-turbo'), shapes, { recursive: true });
+  await writeFile(path.join(shapes, 'imagegen.json'), JSON.stringify({ sizes: ['128x128', '256x128'], default_size: '128x128' }));
+  const config = loadConfig(
+    {},
+    { PORT: '0', API_KEYS: KEY, DATA_DIR: path.join(root, 'data'), MODELS_DIR: path.join(root, 'models'), MODELS_RESCAN_SECONDS: '0', DEFAULT_MODEL: 'shapes' },
+  );
+  server = await startServer(config, silentLogger);
+  client = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: KEY, maxRetries: 0 });
+  const res = await client.images.generate({ model: 'shapes', prompt: 'a red circle', quality: 'hd', response_format: 'b64_json', seed: 1 } as OpenAI.ImageGenerateParamsNonStreaming);
+  redCircle = Buffer.from(res.data![0].b64_json!, 'base64');
+  expect((await readImageFile(redCircle)).reading).toMatchObject({ colour: 'red', shape: 'circle' });
+}, 120_000);
+
+afterAll(async () => {
+  await server?.close();
+  await rm(root, { recursive: true, force: true });
+});
+
+const png = (bytes: Buffer, name = 'in.png') => toFile(bytes, name, { type: 'image/png' });
+const decoded = (data: OpenAI.ImagesResponse) => data.data!.map((d) => Buffer.from(d.b64_json!, 'base64'));
+
+async function rgb(image: Buffer): Promise<Uint8Array> {
+  return new Uint8Array(await sharp(image).removeAlpha().raw().toBuffer());
+}
+
+/** Mean absolute difference of two same-size pictures over the columns [from, to). */
+async function difference(a: Buffer, b: Buffer, from: number, to: number): Promise<number> {
+  const [x, y] = [await rgb(a), await rgb(b)];
+  let [total, count] = [0, 0];
+  for (let row = 0; row < SIZE; row++) {
+    for (let col = from; col < to; col++) {
+      for (let c = 0; c < 3; c++) total += Math.abs(x[(row * SIZE + col) * 3 + c] - y[(row * SIZE + col) * 3 + c]);
+      count += 3;
+    }
+  }
+  return total / count;
+}
+
+/** A SIZE x SIZE RGBA mask, opaque on the left half and fully transparent (edit here) on the right. */
+function rightHalfMask(width = SIZE, height = SIZE): Promise<Buffer> {
+  const pixels = Buffer.alloc(width * height * 4, 255);
+  for (let p = 0; p < width * height; p++) if (p % width >= width / 2) pixels[p * 4 + 3] = 0;
+  return sharp(pixels, { raw: { width, height, channels: 4 } }).png().toBuffer();
+}
+
+type ErrorClass = typeof OpenAI.BadRequestError;
+
+async function expectApiError(call: Promise<unknown>, kind: ErrorClass, status: number, param: string | null, code: string | null): Promise<InstanceType<typeof OpenAI.APIError>> {
+  const err = await call.then(
+    () => undefined,
+    (e: unknown) => e,
+  );
+  expect(err).toBeInstanceOf(kind);
+  expect(err).toMatchObject({ status, param, code });
+  return err as InstanceType<typeof OpenAI.APIError>;
+}
+
+/** A raw form post, for what the SDK will not send. */
+async function postForm(route: string, form: FormData): Promise<{ status: number; error: { param: string | null; code: string | null; message: string } }> {
+  const res = await fetch(`${server.url}/v1/images/${route}`, { method: 'POST', headers: { authorization: `Bearer ${KEY}` }, body: form });
+  return { status: res.status, error: ((await res.json()) as { error: { param: string | null; code: string | null; message: string } }).error };
+}
+
+describe('POST /v1/images/edits', () => {
+  it('at strength 1 draws the prompt: the red circle becomes a blue square', async () => {
+    const res = await client.images.edit({ model: 'shapes', image: await png(redCircle), prompt: 'a blue square', response_format: 'b64_json', quality: 'high', strength: 1, seed: 5 } as OpenAI.ImageEditParamsNonStreaming);
+    const [image] = decoded(res);
+    const { info, reading } = await readImageFile(image);
+    expect([info.width, info.height]).toEqual([SIZE, SIZE]);
+    expect(reading).toMatchObject({ colour: 'blue', shape: 'square' });
+  });
+
+  it('at a low strength keeps the red circle', async () => {
+    const res = await client.images.edit({ model: 'shapes', image: await png(redCircle), prompt: 'a blue square', response_format: 'b64_json', quality: 'high', strength: 0.25, seed: 2 } as OpenAI.ImageEditParamsNonStreaming);
+    expect((await readImageFile(decoded(res)[0])).reading).toMatchObject({ colour: 'red' });
+  });
+
+  it('with a mask whose right half is transparent changes only the right half', async () => {
+    const res = await client.images.edit({
+      model: 'shapes',
+      image: await png(redCircle),
+      mask: await png(await rightHalfMask(), 'mask.png'),
+      prompt: 'a big green square',
+      response_format: 'b64_json',
+      quality: 'high',
+      seed: 3,
+    } as OpenAI.ImageEditParamsNonStreaming);
+    const [image] = decoded(res);
+    const [left, right] = [await difference(image, redCircle, 0, SIZE / 2 - 8), await difference(image, redCircle, SIZE / 2 + 8, SIZE)];
+    expect(left).toBeLessThan(8);
+    expect(right).toBeGreaterThan(4 * left + 10);
+  });
+
+  it('answers gpt-image names inline with usage counting the input image', async () => {
+    const res = await client.images.edit({ model: 'gpt-image-1', image: await png(redCircle), prompt: 'a blue square', input_fidelity: 'low' });
+    expect(res.data![0].b64_json).toBeTruthy();
+    // The demo model's 128x128 default: 8 x 8 image tokens in and out.
+    expect(res.usage).toMatchObject({ input_tokens_details: { image_tokens: 64 }, output_tokens: 64 });
+  });
+
+  it('takes the JSON form with a data: URI, and fits the input to the requested size', async () => {
+    const res = await client.post<OpenAI.ImagesResponse>('/images/edits', {
+      body: { model: 'shapes', images: [{ image_url: `data:image/png;base64,${redCircle.toString('base64')}` }], prompt: 'a blue square', size: '256x128', strength: 1, quality: 'high', response_format: 'b64_json', seed: 5 },
+    });
+    const { info, reading } = await readImageFile(decoded(res)[0]);
+    expect([info.width, info.height]).toEqual([256, 128]);
+    expect(reading).toMatchObject({ colour: 'blue', shape: 'square' });
+  });
+});
+
+describe('POST /v1/images/variations', () => {
+  it('gives n different images close to the input', async () => {
+    const res = await client.images.createVariation({ model: 'shapes', image: await png(redCircle), n: 3, response_format: 'b64_json', seed: 7 } as OpenAI.ImageCreateVariationParams);
+    const images = decoded(res);
+    expect(images).toHaveLength(3);
+    for (const image of images) expect((await readImageFile(image)).reading.colour).toBe('red');
+    expect(new Set(images.map((i) => i.toString('base64'))).size).toBe(3);
+  });
+});
+
+describe('edit errors', () => {
+  const edit = async (params: Partial<OpenAI.ImageEditParamsNonStreaming> & Record<string, unknown>) =>
+    client.images.edit({ model: 'shapes', image: await png(redCircle), prompt: 'a blue square', ...params } as OpenAI.ImageEditParamsNonStreaming);
+
+  it('refuses a file that is not an image, naming the field', async () => {
+    await expectApiError(edit({ image: await toFile(Buffer.from('just some text'), 'in.txt', { type: 'text/plain' }) }), OpenAI.BadRequestError, 400, 'image', 'invalid_image_format');
+    const gif = await sharp({ create: { width: 8, height: 8, channels: 3, background: 'red' } }).gif().toBuffer();
+    await expectApiError(edit({ image: await toFile(gif, 'in.gif') }), OpenAI.BadRequestError, 400, 'image', 'invalid_image_format');
+  });
+
+  it('refuses a mask of another size, or without an alpha channel', async () => {
+    await expectApiError(edit({ mask: await png(await rightHalfMask(64, 64), 'mask.png') }), OpenAI.BadRequestError, 400, 'mask', 'invalid_mask');
+    const opaque = await sharp({ create: { width: SIZE, height: SIZE, channels: 3, background: 'white' } }).png().toBuffer();
+    const err = await expectApiError(edit({ mask: await png(opaque, 'mask.png') }), OpenAI.BadRequestError, 400, 'mask', 'invalid_mask');
+    expect(err.message).toContain('alpha channel');
+  });
+
+  it('refuses more than one image, naming the limit', async () => {
+    const err = await expectApiError(edit({ image: [await png(redCircle), await png(redCircle)] }), OpenAI.BadRequestError, 400, 'image', 'too_many_images');
+    expect(err.message).toContain('one image per request');
+  });
+
+  it('refuses a request without an image', async () => {
+    const form = new FormData();
+    form.set('prompt', 'a blue square');
+    expect(await postForm('edits', form)).toMatchObject({ status: 400, error: { param: 'image', code: 'missing_required_parameter' } });
+  });
+
+  it('refuses an image too large in pixels', async () => {
+    const wide = await sharp({ create: { width: 5000, height: 4, channels: 3, background: 'red' } }).png().toBuffer();
+    await expectApiError(edit({ image: await png(wide) }), OpenAI.BadRequestError, 400, 'image', 'image_too_large');
+  });
+
+  it('refuses unknown and malformed fields, and a strength that leaves no step', async () => {
+    await expectApiError(edit({ foo: 'bar' }), OpenAI.BadRequestError, 400, 'foo', 'unknown_parameter');
+    await expectApiError(edit({ n: 'many' as unknown as number }), OpenAI.BadRequestError, 400, 'n', 'invalid_type');
+    await expectApiError(edit({ stream: true } as Record<string, unknown>), OpenAI.BadRequestError, 400, 'stream', 'unsupported_value');
+    await expectApiError(edit({ strength: 0.1, steps: 4 }), OpenAI.BadRequestError, 400, 'strength', 'invalid_value');
+    await expectApiError(edit({ prompt: '' }), OpenAI.BadRequestError, 400, 'prompt', 'empty_string');
+  });
+
+  it('refuses URLs and file ids in the JSON form: the server fetches nothing', async () => {
+    const post = (body: Record<string, unknown>) => client.post('/images/edits', { body: { prompt: 'a blue square', ...body } });
+    const err = await expectApiError(post({ images: [{ image_url: 'https://example.com/a.png' }] }), OpenAI.BadRequestError, 400, 'images[0].image_url', 'unsupported_value');
+    expect(err.message).toContain('does not fetch URLs');
+    await expectApiError(post({ images: [{ file_id: 'file-123' }] }), OpenAI.BadRequestError, 400, 'images[0].file_id', 'unsupported_value');
+    await expectApiError(post({ images: [{ image_url: 'data:image/png;base64,aGVsbG8=' }] }), OpenAI.BadRequestError, 400, 'images[0].image_url', 'invalid_image_format');
+    await expectApiError(post({}), OpenAI.BadRequestError, 400, 'images', 'missing_required_parameter');
+  });
+
+  it('answers 413 for a file over the upload limit and a JSON body over BODY_LIMIT', async () => {
+    const form = new FormData();
+    form.set('prompt', 'a blue square');
+    form.set('image', new Blob([new Uint8Array(26 * 1024 ** 2)]), 'big.png');
+    expect(await postForm('edits', form)).toMatchObject({ status: 413, error: { code: 'request_too_large' } });
+    const big = `data:image/png;base64,${Buffer.alloc(2 * 1024 ** 2).toString('base64')}`;
+    await expectApiError(client.post('/images/edits', { body: { prompt: 'x', images: [{ image_url: big }] } }), OpenAI.APIError, 413, null, 'request_too_large');
+  });
+});
+
+describe('variation errors', () => {
+  it('refuses fields variations do not take, and a JSON body', async () => {
+    const image = await png(redCircle);
+    await expectApiError(client.images.createVariation({ image, prompt: 'a blue square' } as OpenAI.ImageCreateVariationParams), OpenAI.BadRequestError, 400, 'prompt', 'unknown_parameter');
+    await expectApiError(client.images.createVariation({ image, mask: await png(redCircle) } as OpenAI.ImageCreateVariationParams), OpenAI.BadRequestError, 400, 'mask', 'unknown_parameter');
+    await expectApiError(client.post('/images/variations', { body: { n: 1 } }), OpenAI.APIError, 415, null, 'unsupported_media_type');
+  });
+
+  it('refuses a size the model does not serve', async () => {
+    await expectApiError(client.images.createVariation({ model: 'shapes', image: await png(redCircle), size: '1024x1024' }), OpenAI.BadRequestError, 400, 'size', 'invalid_value');
+  });
+});

@@ -1,0 +1,38 @@
+import net from 'node:net';
+
+/** Raw HTTP over a TCP socket, for what fetch and the SDK never send (or never let a test see). */
+
+export interface RawExchange {
+  /** Everything the server sent. */
+  text: string;
+  /** When the server closed the connection, in ms after connecting; undefined while open. */
+  closedAfterMs?: number;
+  socket: net.Socket;
+  /** Resolves when the server has closed the connection. */
+  closed: Promise<void>;
+}
+
+/** Connects, writes `request`, and records what comes back and when the server hangs up. */
+export function rawRequest(port: number, request: string | Buffer = ''): RawExchange {
+  const started = Date.now();
+  const socket = net.connect(port, '127.0.0.1');
+  const exchange: RawExchange = { text: '', socket, closed: Promise.resolve() };
+  exchange.closed = new Promise((resolve) => {
+    socket.on('data', (chunk) => (exchange.text += chunk.toString()));
+    socket.on('error', () => {});
+    socket.on('close', () => {
+      exchange.closedAfterMs = Date.now() - started;
+      resolve();
+    });
+  });
+  if (request.length > 0) socket.write(request);
+  return exchange;
+}
+
+/** The status line, headers (lower-case names) and body of the one response in `text` (after a 100 Continue, if any). */
+export function parseResponse(text: string): { status: string; headers: Record<string, string>; body: string } {
+  const [head, body = ''] = text.replace(/^HTTP\/1\.1 100 Continue\r\n\r\n/, '').split('\r\n\r\n');
+  const [status, ...lines] = head.split('\r\n');
+  const headers = Object.fromEntries(lines.map((line) => [line.slice(0, line.indexOf(':')).toLowerCase(), line.slice(line.indexOf(':') + 1).trim()]));
+  return { status, headers, body };
+}

@@ -1,0 +1,85 @@
+import { existsSync } from 'node:fs';
+import { chmod, cp, mkdir, mkdtemp, readdir, rm, symlink } from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import OpenAI from 'openai';
+import type { ImageGenerateParamsNonStreaming, ImagesResponse } from 'openai/resources/images';
+import { onTestFinished } from 'vitest';
+import { loadConfig } from '../../src/config.js';
+import { startServer, type RunningServer } from '../../src/server.js';
+import { silentLogger } from './api-server.js';
+
+/**
+ * The tiny random-weight Optimum exports of the real architectures and diffusers' goldens for them,
+ * in shared/ beside the checkout (see ../shared/data/real-exports/README.md). Tests that need them skip
+ * with this reason when they are absent.
+ */
+
+const here = path.dirname(fileURLToPath(import.meta.url));
+export const REAL_EXPORTS = path.resolve(here, '../../../shared/data/real-exports');
+export const GOLDENS = path.join(REAL_EXPORTS, 'goldens');
+export const haveRealExports = existsSync(path.join(REAL_EXPORTS, 'exports'));
+export const REAL_EXPORT_NAMES = ['sd15', 'sd2v', 'sdxl', 'flux'] as const;
+export type RealExportName = (typeof REAL_EXPORT_NAMES)[number];
+
+if (!haveRealExports) console.warn(`skipping the real-export tests: ${REAL_EXPORTS} (the shared test data) is absent`);
+
+export function realExport(name: RealExportName): string {
+  return path.join(REAL_EXPORTS, 'exports', name);
+}
+
+export function goldenFile(name: RealExportName): string {
+  return path.join(GOLDENS, `${name}.json`);
+}
+
+/**
+ * A copy of a real export that the running test may change: ONNX files are linked (never written),
+ * everything else (configs, tokenizer files) is copied. Deleted when the test ends.
+ */
+export async function copyOfExport(name: RealExportName): Promise<string> {
+  const dir = await mkdtemp(path.join(os.tmpdir(), `imagegen-${name}-`));
+  onTestFinished(() => rm(dir, { recursive: true, force: true }));
+  const source = realExport(name);
+  await cp(source, dir, { recursive: true, filter: (file) => !file.endsWith('.onnx') });
+  for (const entry of await readdir(source, { recursive: true })) {
+    if (entry.endsWith('.onnx')) await symlink(path.join(source, entry), path.join(dir, entry));
+    // shared/ is read-only and cp keeps modes: the copies must be writable for the test to change them.
+    else await chmod(path.join(dir, entry), 0o755);
+  }
+  return dir;
+}
+
+export interface ExportsServer {
+  server: RunningServer;
+  client: OpenAI;
+  /** DATA_DIR of the server. */
+  dataDir: string;
+  /** One image, b64_json, 1 step unless `params` say otherwise (extension fields included). */
+  generate(params: Record<string, unknown>): Promise<ImagesResponse>;
+  close(): Promise<void>;
+}
+
+/**
+ * The whole server (worker processes, real pipelines) with the named real exports installed beside the
+ * embedded model, and the official client pointed at it.
+ */
+export async function startExportsServer(names: readonly RealExportName[], env: Record<string, string> = {}): Promise<ExportsServer> {
+  const root = await mkdtemp(path.join(os.tmpdir(), 'imagegen-exports-'));
+  await mkdir(path.join(root, 'models'));
+  for (const name of names) await symlink(realExport(name), path.join(root, 'models', name));
+  const dataDir = path.join(root, 'data');
+  const server = await startServer(loadConfig({}, { PORT: '0', WORKERS: '1', DATA_DIR: dataDir, MODELS_DIR: path.join(root, 'models'), MODELS_RESCAN_SECONDS: '0', ...env }), silentLogger);
+  const client = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: 'unused', maxRetries: 0 });
+  return {
+    server,
+    client,
+    dataDir,
+    generate: (params) =>
+      client.images.generate({ prompt: 'a red circle', response_format: 'b64_json', steps: 1, ...params } as unknown as ImageGenerateParamsNonStreaming),
+    async close() {
+      await server.close();
+      await rm(root, { recursive: true, force: true });
+    },
+  };
+}

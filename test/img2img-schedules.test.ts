@@ -1,0 +1,149 @@
+/**
+ * What image-to-image needs of the schedulers: diffusers' strength -> first step (get_timesteps), the
+ * noising of a clean sample to that step (add_noise / scale_noise) with the noise levels diffusers
+ * uses, and a loop that starts there. The noise levels are computed here from the SD 1.5 training
+ * schedule on their own, not through the schedulers' code.
+ */
+import { describe, expect, it } from 'vitest';
+import { BatchNoise } from '../src/runtime/random.js';
+import { denoise } from '../src/pipelines/denoise.js';
+import { createScheduler, strengthStart } from '../src/schedulers/index.js';
+import type { SchedulerConfig } from '../src/schedulers/scheduler.js';
+
+const SD15: SchedulerConfig = {
+  beta_start: 0.00085,
+  beta_end: 0.012,
+  beta_schedule: 'scaled_linear',
+  num_train_timesteps: 1000,
+  steps_offset: 1,
+  timestep_spacing: 'leading',
+  set_alpha_to_one: false,
+  skip_prk_steps: true,
+  clip_sample: false,
+  prediction_type: 'epsilon',
+};
+
+/** abar_t of SD's scaled-linear betas: cumprod(1 - linspace(sqrt(b0), sqrt(b1), 1000)^2). */
+function alphaCumprod(t: number): number {
+  const [a, b] = [Math.sqrt(0.00085), Math.sqrt(0.012)];
+  let product = 1;
+  for (let i = 0; i <= t; i++) product *= 1 - (a + ((b - a) * i) / 999) ** 2;
+  return product;
+}
+
+const x0 = Float32Array.from({ length: 64 }, (_, i) => Math.sin(i));
+const n = Float32Array.from({ length: 64 }, (_, i) => Math.cos(3 * i));
+const NO_DRAWS = { batchSize: 1, randn: () => new Float32Array(64) } as unknown as BatchNoise;
+
+function expectClose(actual: Float32Array, expected: (i: number) => number, tolerance = 1e-5) {
+  let worst = 0;
+  actual.forEach((v, i) => (worst = Math.max(worst, Math.abs(v - expected(i)))));
+  expect(worst).toBeLessThan(tolerance);
+}
+
+describe('strength', () => {
+  it("starts where diffusers' get_timesteps does", () => {
+    expect(strengthStart(50, 0.75)).toBe(13); // init_timestep = int(37.5) = 37
+    expect(strengthStart(4, 0.5)).toBe(2);
+    expect(strengthStart(10, 1)).toBe(0);
+    expect(strengthStart(3, 0.34)).toBe(2);
+  });
+
+  it('refuses a strength that leaves no step, or one out of range', () => {
+    expect(() => strengthStart(4, 0.2)).toThrow(/leaves no step/);
+    expect(() => strengthStart(4, 0)).toThrow(/\(0, 1\]/);
+    expect(() => strengthStart(4, 1.5)).toThrow(/\(0, 1\]/);
+  });
+});
+
+describe('addNoise at the first step of image-to-image', () => {
+  it('ddim and pndm: sqrt(abar) x0 + sqrt(1 - abar) noise at the sliced timestep (721 for 50 steps at 0.75)', () => {
+    for (const name of ['ddim', 'pndm'] as const) {
+      const s = createScheduler({ ...SD15, _class_name: name === 'ddim' ? 'DDIMScheduler' : 'PNDMScheduler' });
+      s.setTimesteps(50);
+      const start = strengthStart(50, 0.75);
+      // PNDM repeats its second timestep, so its list is shifted by one from there on, as in diffusers.
+      expect(s.timesteps[start]).toBe(name === 'ddim' ? 721 : 741);
+      const abar = alphaCumprod(s.timesteps[start]);
+      expectClose(s.addNoise(x0, n, start), (i) => Math.sqrt(abar) * x0[i] + Math.sqrt(1 - abar) * n[i]);
+    }
+  });
+
+  it('euler: x0 + sigma noise, sigma = sqrt((1 - abar) / abar) at the step', () => {
+    const s = createScheduler({ ...SD15, _class_name: 'EulerDiscreteScheduler' });
+    s.setTimesteps(20);
+    const start = strengthStart(20, 0.6);
+    const abar = alphaCumprod(s.timesteps[start]);
+    expectClose(s.addNoise(x0, n, start), (i) => x0[i] + Math.sqrt((1 - abar) / abar) * n[i], 1e-4);
+  });
+
+  it('dpm++: the same noise level in the VP form it steps in', () => {
+    const s = createScheduler({ ...SD15, _class_name: 'DPMSolverMultistepScheduler' });
+    s.setTimesteps(20);
+    const start = strengthStart(20, 0.6);
+    const abar = alphaCumprod(s.timesteps[start]);
+    expectClose(s.addNoise(x0, n, start), (i) => Math.sqrt(abar) * x0[i] + Math.sqrt(1 - abar) * n[i], 1e-4);
+  });
+
+  it('flow matching: (1 - sigma) x0 + sigma noise, sigma = t / 1000', () => {
+    const s = createScheduler({ _class_name: 'FlowMatchEulerDiscreteScheduler', num_train_timesteps: 1000, shift: 1 });
+    s.setTimesteps(4);
+    const start = strengthStart(4, 0.5);
+    const sigma = s.timesteps[start] / 1000;
+    expect(sigma).toBeCloseTo(0.5, 6);
+    expectClose(s.addNoise(x0, n, start), (i) => (1 - sigma) * x0[i] + sigma * n[i]);
+  });
+});
+
+/** The model a single clean sample x0 implies: its exact noise (or velocity) prediction at x, t. */
+function oracle(flow: boolean) {
+  return async (x: Float32Array, t: number): Promise<Float32Array> => {
+    if (flow) {
+      const sigma = t / 1000;
+      return x.map((v, i) => (v - x0[i]) / sigma); // v = noise - x0, with noise = (x - (1 - sigma) x0) / sigma
+    }
+    const abar = alphaCumprod(Math.round(t));
+    return x.map((v, i) => (v - Math.sqrt(abar) * x0[i]) / Math.sqrt(1 - abar));
+  };
+}
+
+describe('denoising from the middle of the schedule', () => {
+  // With the exact prediction for one clean sample, a deterministic sampler started at strength's step
+  // must land on that sample (DDIM without set_alpha_to_one stops at abar_0, one training step short):
+  // wrong noise levels, a warm-up keyed to the wrong call, or a loop that skips or repeats a
+  // step would leave it elsewhere.
+  const lastLevel = alphaCumprod(0);
+  for (const [className, steps, strength, finalAbar] of [
+    ['DDIMScheduler', 20, 0.6, lastLevel],
+    ['DPMSolverMultistepScheduler', 20, 0.6, 1],
+    ['FlowMatchEulerDiscreteScheduler', 8, 0.5, 1],
+  ] as const) {
+    it(`${className} lands on the clean sample`, async () => {
+      const flow = className === 'FlowMatchEulerDiscreteScheduler';
+      const s = createScheduler(flow ? { _class_name: className, num_train_timesteps: 1000, shift: 1 } : { ...SD15, _class_name: className });
+      s.setTimesteps(steps);
+      const start = strengthStart(steps, strength);
+      const steps_seen: number[] = [];
+      const out = await denoise(s, { latents: s.addNoise(x0, n, start), call: start }, NO_DRAWS, oracle(flow), { onStep: (step, total) => steps_seen.push(step / total) });
+      expectClose(out, (i) => Math.sqrt(finalAbar) * x0[i] + Math.sqrt(1 - finalAbar) * n[i], 2e-3);
+      expect(steps_seen.at(-1)).toBe(1);
+    });
+  }
+});
+
+describe('PNDM from the middle of the schedule', () => {
+  it("runs its warm-up on the first calls made, not on the schedule's first indices, as diffusers' counter does", async () => {
+    const s = createScheduler({ ...SD15, _class_name: 'PNDMScheduler' });
+    s.setTimesteps(20);
+    const start = strengthStart(20, 0.6);
+    const level = (t: number) => (i: number) => Math.sqrt(alphaCumprod(t)) * x0[i] + Math.sqrt(1 - alphaCumprod(t)) * n[i];
+    const predict = oracle(false);
+    const t = s.timesteps[start];
+    let x = s.addNoise(x0, n, start);
+    // The first two calls make one step, t -> t - 50 (the second re-runs it with the mean of both predictions).
+    x = s.step(await predict(x, t), start, x, NO_DRAWS);
+    expectClose(x, level(t - 50));
+    x = s.step(await predict(x, s.timesteps[start + 1]), start + 1, x, NO_DRAWS);
+    expectClose(x, level(t - 50));
+  });
+});

@@ -1,0 +1,168 @@
+import { cp, mkdir, mkdtemp, readdir, rm, stat, truncate, writeFile } from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
+import Fastify from 'fastify';
+import { afterEach, beforeEach, describe, expect, it } from 'vitest';
+import { OnnxModel } from '../src/runtime/onnx-model.js';
+import { health } from '../src/http/health.js';
+import { importModel, listModels } from '../src/install/index.js';
+import { selectModelFiles } from '../src/install/model-files.js';
+import { inspectModelFolder, type FolderVerdict } from '../src/models/model-folder.js';
+import { externalDataFiles } from '../src/models/onnx-external-data.js';
+import { ModelRegistry } from '../src/models/registry.js';
+import { weightBytes } from '../src/pipelines/pipeline-cache.js';
+import { FakeEngine } from './helpers/api-server.js';
+import { renameExternalData } from './helpers/external-data.js';
+import { capturedLogs } from './helpers/logs.js';
+import { haveRealExports, REAL_EXPORT_NAMES, realExport } from './helpers/real-exports.js';
+import { copyOfReference, referenceModel } from './helpers/reference.js';
+
+/**
+ * Real layouts and spellings: external weights under each exporter's name, folders that cannot run
+ * (missing or truncated external weights, TensorRT engines, no tokenizer, an imagegen.json that does
+ * not fit), and one verdict with one reason in the registry's log, /ready and `imagegen models list`.
+ */
+
+let modelsDir: string;
+beforeEach(async () => {
+  modelsDir = await mkdtemp(path.join(os.tmpdir(), 'imagegen-folders-'));
+});
+afterEach(() => rm(modelsDir, { recursive: true, force: true }));
+
+const silentOutput = { write: () => true, isTTY: false as const };
+
+/** The reason of an unusable verdict (fails the test on a usable one). */
+function reasonOf(verdict: FolderVerdict): string {
+  if (verdict.usable) throw new Error('expected the folder to be unusable');
+  return verdict.reason;
+}
+
+/** A copy of a reference model in the models folder under `id`, for the test to damage. */
+async function installedCopy(family: string, id: string): Promise<string> {
+  const dir = path.join(modelsDir, id);
+  await cp(referenceModel(family), dir, { recursive: true });
+  return dir;
+}
+
+describe('external weights under each exporter\'s name', () => {
+  // Optimum writes model.onnx_data; ORT's and Olive's savers write model.onnx.data. sd15-fp16 has fp16 inputs and outputs.
+  for (const [family, name] of [
+    ['sd15-optimum', 'model.onnx_data'],
+    ['sd15-fp16', 'model.onnx.data'],
+  ]) {
+    it(`${family} with unet/${name}: usable, loaded, counted by weightBytes and installed by import`, async () => {
+      const dir = await copyOfReference(family);
+      const unet = path.join(dir, 'unet', 'model.onnx');
+      await renameExternalData(unet, name);
+      const weights = (await stat(path.join(dir, 'unet', name))).size;
+      expect(await externalDataFiles(unet)).toEqual([{ location: name, bytesNeeded: weights }]);
+
+      const verdict = await inspectModelFolder(dir);
+      if (!verdict.usable) throw new Error(verdict.reason);
+      const session = await OnnxModel.load(verdict.layout.denoiser, { provider: 'cpu', threads: 1 });
+      await session.release();
+
+      let graphs = 0;
+      for (const folder of ['text_encoder', 'unet', 'vae_decoder']) graphs += (await stat(path.join(dir, folder, 'model.onnx'))).size;
+      expect(await weightBytes(verdict.layout)).toBeGreaterThanOrEqual(graphs + weights);
+
+      expect(selectModelFiles(['unet/model.onnx', `unet/${name}`, 'unet/config.json']).selected).toContain(`unet/${name}`);
+      // Import loads every session before installing: the renamed weights must arrive with their graph.
+      const installed = await importModel({ modelsDir, source: dir, name: 'imported', output: silentOutput });
+      expect((await stat(path.join(installed.dir, 'unet', name))).size).toBe(weights);
+    });
+  }
+
+  it.skipIf(!haveRealExports)('finds no external weights in the real exports, whose graphs hold them inline, and finds them usable', async () => {
+    for (const name of REAL_EXPORT_NAMES) {
+      const verdict = await inspectModelFolder(realExport(name));
+      expect(verdict.usable ? name : `${name}: ${verdict.reason}`).toBe(name);
+      if (verdict.usable) expect(await externalDataFiles(verdict.layout.denoiser)).toEqual([]);
+    }
+  });
+});
+
+describe('folders the server cannot run', () => {
+  it('names an external weights file that is missing, under either name, and one that is truncated', async () => {
+    const dir = await copyOfReference('sd15-fp16');
+    const unet = path.join(dir, 'unet', 'model.onnx');
+    await renameExternalData(unet, 'model.onnx.data');
+    await truncate(path.join(dir, 'unet', 'model.onnx.data'), 1000);
+    expect(reasonOf(await inspectModelFolder(dir))).toMatch(/^unet\/model\.onnx\.data is truncated \(1000 B; unet\/model\.onnx reads \d+\.\d KiB of it\): copy it again$/);
+    await rm(path.join(dir, 'unet', 'model.onnx.data'));
+    expect(reasonOf(await inspectModelFolder(dir))).toMatch(/^unet\/model\.onnx keeps its weights in unet\/model\.onnx\.data, which is missing: copy it from the export too/);
+
+    const optimum = await copyOfReference('sd15-optimum');
+    await rm(path.join(optimum, 'unet', 'model.onnx_data'));
+    expect(reasonOf(await inspectModelFolder(optimum))).toMatch(/keeps its weights in unet\/model\.onnx_data, which is missing/);
+  });
+
+  it('recognises TensorRT engines and says to export ONNX instead; installs leave engine files out', async () => {
+    const dir = await copyOfReference('sdxl');
+    await rm(path.join(dir, 'unet'), { recursive: true });
+    await mkdir(path.join(dir, 'unet'));
+    await writeFile(path.join(dir, 'unet', 'model.plan'), 'serialized engine');
+    expect(reasonOf(await inspectModelFolder(dir))).toMatch(/^it holds TensorRT engines \(unet\/model\.plan\) instead of ONNX graphs.*optimum-cli export onnx/);
+    expect(selectModelFiles(['unet/model.onnx', 'unet/model.engine', 'unet/model.trt']).selected).toEqual(['unet/model.onnx']);
+  });
+
+  it('rejects an fp16 export without its tokenizer (as GPU-only exports ship) by saying what is missing', async () => {
+    const dir = await copyOfReference('sd15-fp16');
+    await rm(path.join(dir, 'tokenizer'), { recursive: true });
+    expect(reasonOf(await inspectModelFolder(dir))).toMatch(/^missing tokenizer\/ \(tokenizer\.json or vocab\.json \+ merges\.txt\)$/);
+  });
+});
+
+describe('one verdict for the registry, its log, /ready, "imagegen models list" and installs', () => {
+  it('gives each unusable folder the same reason everywhere, and serves only the usable ones', async () => {
+    await installedCopy('sd-turbo', 'good');
+    // Accepted by the layout alone, which is what "models list" used to check: the server skips it.
+    const misfit = await installedCopy('sd-turbo', 'misfit');
+    await writeFile(path.join(misfit, 'imagegen.json'), JSON.stringify({ sizes: ['500x500'] }));
+    const noWeights = await installedCopy('sd15-optimum', 'no-weights');
+    await rm(path.join(noWeights, 'unet', 'model.onnx_data'));
+    const engines = await installedCopy('sd-turbo', 'engines');
+    await rm(path.join(engines, 'unet', 'model.onnx'));
+    await writeFile(path.join(engines, 'unet', 'unet.engine'), 'serialized engine');
+
+    const logs = capturedLogs<{ msg: string; model?: string }>();
+    const registry = new ModelRegistry({ roots: [{ dir: modelsDir, ownedBy: 'user' }], aliases: {}, logger: logs.logger });
+    await registry.scan();
+    expect(registry.list().map((m) => m.id)).toEqual(['good']);
+
+    const listed = await listModels(modelsDir);
+    const unusable = registry.unusable();
+    expect(unusable.map((u) => u.id)).toEqual(['engines', 'misfit', 'no-weights']);
+    expect(listed.filter((m) => m.status === 'broken').map((m) => ({ id: m.id, reason: m.reason }))).toEqual(unusable.map(({ id, reason }) => ({ id, reason })));
+    const skipped = logs.lines.filter((line) => line.msg.startsWith('skipping model: ')).map((line) => ({ id: line.model, reason: line.msg.slice('skipping model: '.length) }));
+    expect(skipped).toEqual(unusable.map(({ id, reason }) => ({ id, reason })));
+    expect(unusable.find((u) => u.id === 'misfit')!.reason).toBe('imagegen.json: sizes 500x500 do not fit this model: both sides must be multiples of 64 (from its unet/transformer and vae configs)');
+
+    const app = Fastify();
+    await app.register(health, { engine: new FakeEngine(), registry });
+    const ready = await app.inject({ method: 'GET', url: '/ready' });
+    expect(ready.statusCode).toBe(200);
+    expect(ready.json()).toEqual({
+      status: 'ready',
+      workers: { total: 1, ready: 1 },
+      models: [],
+      unusable: unusable.map(({ id, reason }) => ({ model: id, reason })),
+    });
+    await app.close();
+
+    // An install refuses what the server would skip, with the same reason.
+    const refused = await importModel({ modelsDir, source: misfit, name: 'misfit-copy', load: false, output: silentOutput }).catch((err: Error) => err);
+    expect((refused as Error).message).toContain(unusable.find((u) => u.id === 'misfit')!.reason);
+    expect(await readdir(modelsDir)).not.toContain('misfit-copy');
+  });
+
+  it('leaves /ready as it was when every folder is usable', async () => {
+    await installedCopy('sd-turbo', 'good');
+    const registry = new ModelRegistry({ roots: [{ dir: modelsDir, ownedBy: 'user' }], aliases: {}, logger: capturedLogs().logger });
+    await registry.scan();
+    const app = Fastify();
+    await app.register(health, { engine: new FakeEngine(), registry });
+    expect((await app.inject({ method: 'GET', url: '/ready' })).json()).toEqual({ status: 'ready', workers: { total: 1, ready: 1 }, models: [] });
+    await app.close();
+  });
+});

@@ -1,0 +1,183 @@
+import { copyFile } from 'node:fs/promises';
+import path from 'node:path';
+import OpenAI from 'openai';
+import type { ImageGenerateParamsNonStreaming, ImageModel, ImagesResponse as SdkImagesResponse } from 'openai/resources/images';
+import sharp from 'sharp';
+import { afterAll, beforeAll, describe, expect, expectTypeOf, it } from 'vitest';
+import { GPT_IMAGE_MODEL_NAMES, OPENAI_MODEL_NAMES } from '../src/api/dialects.js';
+import type { ImagesResponse } from '../src/api/wire.js';
+import { startTestServer, writeStubModel, type TestServer } from './helpers/api-server.js';
+import { DEMO_TOKENIZER, demoPromptTokens } from './helpers/prompt-tokens.js';
+
+/**
+ * Model names as the official SDK sends them: an omitted model is DEFAULT_MODEL, every name the SDK
+ * enumerates is an alias, gpt-image names answer as OpenAI's gpt-image models (inline images, their
+ * qualities and sizes, echoed settings, usage with the prompt's real token count), dall-e names and
+ * installed ids as before.
+ */
+
+let server: TestServer;
+beforeAll(async () => {
+  const aliases = Object.fromEntries(OPENAI_MODEL_NAMES.map((name) => [name, 'wide']));
+  server = await startTestServer({ aliases, config: { defaultModel: 'wide' } });
+  // A model that lists two of the three gpt-image sizes, with a real tokenizer (the demo model's) to count prompts.
+  const wide = path.join(server.modelsDir, 'wide');
+  await writeStubModel(wide, { sizes: ['512x512', '1024x1024', '1536x1024'], default_size: '512x512' });
+  for (const file of ['tokenizer.json', 'tokenizer_config.json']) await copyFile(path.join(DEMO_TOKENIZER, file), path.join(wide, 'tokenizer', file));
+  await server.registry.scan();
+});
+afterAll(() => server.close());
+
+/** Our extension fields and omitted models are outside the SDK's param types; apps still send them. */
+const generate = (params: Record<string, unknown>, client = server.client) =>
+  client.images.generate({ prompt: 'a red circle', ...params } as unknown as ImageGenerateParamsNonStreaming);
+
+async function apiError(promise: Promise<unknown>): Promise<InstanceType<typeof OpenAI.APIError>> {
+  const err: unknown = await promise.then(() => undefined, (e: unknown) => e);
+  expect(err).toBeInstanceOf(OpenAI.BadRequestError);
+  return err as InstanceType<typeof OpenAI.APIError>;
+}
+
+describe('model names', () => {
+  it('covers every image model the SDK enumerates', () => {
+    expectTypeOf<ImageModel>().toEqualTypeOf<(typeof OPENAI_MODEL_NAMES)[number]>();
+  });
+
+  it('types the response so that strict SDK clients accept it', () => {
+    expectTypeOf<ImagesResponse>().toExtend<SdkImagesResponse>();
+  });
+
+  it('lists each name as a model', async () => {
+    const ids = (await server.client.models.list()).data.map((m) => m.id);
+    expect(ids).toEqual(expect.arrayContaining([...OPENAI_MODEL_NAMES, 'wide']));
+  });
+
+  it('runs DEFAULT_MODEL for a request without a model, answering as its own id does', async () => {
+    const before = server.engine.batches.length;
+    const res = await generate({});
+    expect(server.engine.batches.slice(before).map((b) => b.modelDir)).toEqual([path.join(server.modelsDir, 'wide')]);
+    expect(Object.keys(res).sort()).toEqual(['created', 'data']);
+    expect(Object.keys(res.data![0]).sort()).toEqual(['seed', 'url']);
+  });
+
+  it('names the default model when it is not installed', async () => {
+    const bare = await startTestServer({ config: { defaultModel: 'sd-turbo' } });
+    try {
+      const err = await apiError(generate({}, bare.client));
+      expect({ status: err.status, type: err.type, param: err.param, code: err.code }).toEqual({
+        status: 400,
+        type: 'image_generation_user_error',
+        param: 'model',
+        code: 'invalid_value',
+      });
+      expect(err.message).toContain("The model 'sd-turbo' does not exist. Available models: 'stub' and 'dall-e-3'.");
+    } finally {
+      await bare.close();
+    }
+  });
+});
+
+describe('gpt-image names', () => {
+  it.each(GPT_IMAGE_MODEL_NAMES)('%s answers inline with its settings echoed and usage', async (model) => {
+    const prompt = 'a big red circle';
+    const res = await server.client.images.generate({ model, prompt, n: 2, size: '1536x1024', quality: 'high' });
+    expect(res.data).toHaveLength(2);
+    for (const image of res.data!) {
+      expect(Object.keys(image).sort()).toEqual(['b64_json', 'seed']);
+      const meta = await sharp(Buffer.from(image.b64_json!, 'base64')).metadata();
+      expect([meta.format, meta.width, meta.height]).toEqual(['png', 1536, 1024]);
+    }
+    const textTokens = await demoPromptTokens(prompt);
+    expect(textTokens).toBeGreaterThan(0);
+    // One image token per 16x16 pixels (a 2x2 patch of the 8x VAE's latent pixels), per image.
+    const imageTokens = 2 * (1536 / 16) * (1024 / 16);
+    expect(res).toMatchObject({
+      background: 'opaque',
+      output_format: 'png',
+      quality: 'high',
+      size: '1536x1024',
+      usage: {
+        input_tokens: textTokens,
+        input_tokens_details: { text_tokens: textTokens, image_tokens: 0 },
+        output_tokens: imageTokens,
+        output_tokens_details: { text_tokens: 0, image_tokens: imageTokens },
+        total_tokens: textTokens + imageTokens,
+      },
+    });
+  });
+
+  it('counts the whole prompt, past the 77 tokens a CLIP encoder reads', async () => {
+    const once = await demoPromptTokens('red square ');
+    const res = await server.client.images.generate({ model: 'gpt-image-1', prompt: 'red square '.repeat(100) });
+    expect(100 * once).toBeGreaterThan(77);
+    expect(res.usage!.input_tokens).toBe(100 * once);
+  });
+
+  it('maps low, medium, auto and high to distinct step tiers and echoes them as the SDK names them', async () => {
+    const before = server.engine.batches.length;
+    const echoed: unknown[] = [];
+    for (const quality of ['low', 'medium', 'auto', 'high', undefined] as const) {
+      echoed.push((await generate({ model: 'gpt-image-1', quality })).quality);
+    }
+    expect(echoed).toEqual(['low', 'medium', 'medium', 'high', 'medium']);
+    // The stub is an SD-Turbo: low and standard are both its single step, hd is 4.
+    expect(server.engine.batches.slice(before).map((b) => b.steps)).toEqual([1, 1, 1, 4, 1]);
+  });
+
+  it('serves auto as the model default and leaves out a size outside the SDK enum', async () => {
+    const res = await generate({ model: 'gpt-image-1', size: 'auto', output_format: 'webp', output_compression: 50 });
+    const meta = await sharp(Buffer.from(res.data![0].b64_json!, 'base64')).metadata();
+    expect([meta.format, meta.width, meta.height]).toEqual(['webp', 512, 512]);
+    expect(res).toMatchObject({ output_format: 'webp', background: 'opaque' });
+    expect(res).not.toHaveProperty('size');
+  });
+
+  it('returns a URL only when asked for one (an extension)', async () => {
+    const res = await generate({ model: 'gpt-image-1', response_format: 'url', background: 'auto', moderation: 'low' });
+    expect(Object.keys(res.data![0]).sort()).toEqual(['seed', 'url']);
+    expect((await fetch(res.data![0].url!)).status).toBe(200);
+    expect(res.usage).toBeDefined();
+  });
+
+  const cases: Array<[string, Record<string, unknown>, string, string, string]> = [
+    ['dall-e quality', { quality: 'hd' }, 'quality', 'invalid_value', "Invalid value: 'hd'. Supported values for model 'gpt-image-1' are: 'low', 'medium', 'high', and 'auto'."],
+    ['standard quality', { quality: 'standard' }, 'quality', 'invalid_value', "Supported values for model 'gpt-image-1' are: 'low', 'medium', 'high', and 'auto'."],
+    [
+      'a gpt-image size the model lacks',
+      { size: '1024x1536' },
+      'size',
+      'invalid_value',
+      "Invalid value: '1024x1536'. Supported values for model 'gpt-image-1' are: 'auto', '1024x1024', and '1536x1024' ('auto' is 512x512). " +
+        "The installed model 'wide' serves '512x512', '1024x1024', and '1536x1024' when asked for by that name.",
+    ],
+    ['a model size outside gpt-image sizes', { size: '512x512' }, 'size', 'invalid_value', "Invalid value: '512x512'. Supported values for model 'gpt-image-1' are: 'auto', '1024x1024', and '1536x1024'"],
+    ['transparent background', { background: 'transparent' }, 'background', 'unsupported_value', "Unsupported value: 'background' does not support 'transparent'"],
+    ['compression of a PNG', { output_compression: 80 }, 'output_compression', 'unsupported_value', "needs output_format 'jpeg' or 'webp'"],
+    ['unknown moderation', { moderation: 'strict' }, 'moderation', 'invalid_value', "Invalid value: 'strict'. Supported values are: 'auto' and 'low'."],
+    ['streaming', { stream: true }, 'stream', 'unsupported_value', "Unsupported value: 'stream' does not support true"],
+  ];
+
+  it.each(cases)('%s -> 400 BadRequestError', async (_, params, param, code, message) => {
+    const before = server.engine.batches.length;
+    const err = await apiError(generate({ model: 'gpt-image-1', ...params }));
+    expect({ status: err.status, type: err.type, param: err.param, code: err.code }).toEqual({ status: 400, type: 'invalid_request_error', param, code });
+    expect((err.error as { message: string }).message).toContain(message);
+    expect(server.engine.batches.length).toBe(before);
+  });
+});
+
+describe('dall-e names and installed ids', () => {
+  it.each(['dall-e-2', 'dall-e-3', 'wide'])('%s answers with URLs, no gpt-image fields, standard|hd steps and any model size', async (model) => {
+    const before = server.engine.batches.length;
+    const res = await generate({ model, quality: 'hd', style: 'natural', size: '512x512' });
+    expect(Object.keys(res).sort()).toEqual(['created', 'data']);
+    expect(res.data![0].url).toMatch(/^http:\/\/127\.0\.0\.1:\d+\/v1\/images\/files\/[0-9a-f]{32}\.png$/);
+    expect(server.engine.batches.slice(before).map((b) => [b.steps, b.width])).toEqual([[4, 512]]);
+  });
+
+  it('names only the model sizes in a size error', async () => {
+    const err = await apiError(generate({ model: 'dall-e-3', size: '1024x1792' }));
+    expect({ param: err.param, code: err.code }).toEqual({ param: 'size', code: 'invalid_value' });
+    expect((err.error as { message: string }).message).toBe("Invalid value: '1024x1792'. Supported values are: '512x512', '1024x1024', and '1536x1024'.");
+  });
+});

@@ -1,0 +1,180 @@
+import { describe, expect, it, vi } from 'vitest';
+import { JobQueue, QueueFullError, QueueTimeoutError, RequeueError, Ticket } from '../src/engine/job-queue.js';
+
+/**
+ * The queue weighs work, not jobs: clients are served fairly by estimated seconds, a request's own
+ * batches never time out behind each other, Retry-After follows the work ahead, per-client limits
+ * hold, and a job that never reached its worker waits again instead of failing.
+ */
+
+/** A job that runs until released, recording when it started. */
+function controlled(log: string[], name: string) {
+  let release!: () => void;
+  const done = new Promise<void>((resolve) => (release = resolve));
+  return { job: () => (log.push(name), done.then(() => name)), release: () => release() };
+}
+
+const cost = (seconds: number) => () => seconds;
+const tick = () => new Promise((resolve) => setImmediate(resolve));
+
+describe('fair order across clients', () => {
+  it("starts another client's cheap job after at most one of a flooding client's expensive ones", async () => {
+    const queue = new JobQueue(1, 100);
+    const log: string[] = [];
+    const flood = Array.from({ length: 10 }, (_, i) => controlled(log, `A${i}`));
+    const floodDone = flood.map((f) => queue.run(f.job, undefined, { ticket: new Ticket('A', 50), cost: cost(50) }));
+    expect(log).toEqual(['A0']);
+
+    // B sends cheap requests one after the other, each when its previous one finished.
+    for (let i = 0; i < 3; i++) {
+      const cheap = controlled(log, `B${i}`);
+      const answer = queue.run(cheap.job, undefined, { ticket: new Ticket('B', 1), cost: cost(1) });
+      const runningA = flood.find((_, k) => log.at(-1) === `A${k}`);
+      runningA?.release();
+      await tick();
+      expect(log.at(-1)).toBe(`B${i}`);
+      cheap.release();
+      await answer;
+      await tick();
+    }
+    // Only the A job running when each B arrived went before it: B never waited for the flood.
+    expect(log.filter((name) => name.startsWith('A')).length).toBeLessThanOrEqual(4);
+    for (const f of flood) f.release();
+    await Promise.all(floodDone);
+  });
+
+  it('holds a client to its maxConcurrent while other clients take the free workers', async () => {
+    const queue = new JobQueue(3, 100);
+    const log: string[] = [];
+    const limits = { maxConcurrent: 1 };
+    const jobs = ['A0', 'A1', 'A2'].map((name) => controlled(log, name));
+    const runs = jobs.map((j) => queue.run(j.job, undefined, { ticket: new Ticket('A', 1, limits), cost: cost(1) }));
+    const other = controlled(log, 'B0');
+    const b = queue.run(other.job, undefined, { ticket: new Ticket('B', 1), cost: cost(1) });
+    expect(log).toEqual(['A0', 'B0']);
+    jobs[0].release();
+    await tick();
+    expect(log).toEqual(['A0', 'B0', 'A1']);
+    for (const j of [...jobs, other]) j.release();
+    await Promise.all([...runs, b]);
+  });
+
+  it("refuses a request past its client's maxQueuedCost, but not another client's", async () => {
+    const queue = new JobQueue(1, 100);
+    const log: string[] = [];
+    const limits = { maxQueuedCost: 30 };
+    const running = controlled(log, 'A0');
+    const first = queue.run(running.job, undefined, { ticket: new Ticket('A', 20, limits), cost: cost(20) });
+    const waiting = queue.run(async () => 'A1', undefined, { ticket: new Ticket('A', 20, limits), cost: cost(20) });
+    const refused = await queue.run(async () => 'A2', undefined, { ticket: new Ticket('A', 20, limits), cost: cost(20) }).catch((e: unknown) => e);
+    expect(refused).toBeInstanceOf(QueueFullError);
+    expect((refused as QueueFullError).clientLimit).toBe('maxQueuedCost');
+    const b = queue.run(async () => 'B0', undefined, { ticket: new Ticket('B', 20), cost: cost(20) });
+    running.release();
+    expect(await Promise.all([first, waiting, b])).toEqual(['A0', 'A1', 'B0']);
+  });
+});
+
+describe("a request's own batches", () => {
+  it('never time out behind each other: the time limit is on the first batch starting', async () => {
+    vi.useFakeTimers();
+    try {
+      const queue = new JobQueue(1, 100, { maxWaitMs: 1000 });
+      const ticket = new Ticket('A', 30);
+      const batch = (ms: number) => () => new Promise<number>((resolve) => setTimeout(() => resolve(ms), ms));
+      const parts = [queue.run(batch(5000), undefined, { ticket }), queue.run(batch(5000), undefined, { ticket }), queue.run(batch(5000), undefined, { ticket })];
+      const settled = Promise.allSettled(parts);
+      await vi.advanceTimersByTimeAsync(15_000);
+      expect((await settled).map((r) => r.status)).toEqual(['fulfilled', 'fulfilled', 'fulfilled']);
+    } finally {
+      vi.useRealTimers();
+    }
+  });
+
+  it('are admitted together: a request past QUEUE_MAX is refused whole, one admitted is never refused halfway', async () => {
+    const queue = new JobQueue(1, 1);
+    const log: string[] = [];
+    const blocker = controlled(log, 'X');
+    const x = queue.run(blocker.job);
+    const ticket = new Ticket('A', 3);
+    const parts = [1, 2, 3].map((i) => queue.run(async () => i, undefined, { ticket }));
+    await expect(queue.run(async () => 'late')).rejects.toBeInstanceOf(QueueFullError);
+    blocker.release();
+    expect(await Promise.all([x, ...parts])).toEqual(['X', 1, 2, 3]);
+  });
+
+  it("a later request's first batch still times out while the queue is busy", async () => {
+    vi.useFakeTimers();
+    try {
+      const queue = new JobQueue(1, 100, { maxWaitMs: 1000 });
+      const long = queue.run(() => new Promise<void>((resolve) => setTimeout(resolve, 5000)));
+      const late = queue.run(async () => 'never', undefined, { ticket: new Ticket('B', 1) }).catch((e: unknown) => e);
+      await vi.advanceTimersByTimeAsync(1000);
+      expect(await late).toBeInstanceOf(QueueTimeoutError);
+      await vi.advanceTimersByTimeAsync(4000);
+      await long;
+    } finally {
+      vi.useRealTimers();
+    }
+  });
+});
+
+describe('Retry-After', () => {
+  async function refusedAfter(queuedCost: number): Promise<number> {
+    const queue = new JobQueue(1, 1);
+    const log: string[] = [];
+    const running = controlled(log, 'run');
+    const first = queue.run(running.job, undefined, { ticket: new Ticket('A', 10), cost: cost(10) });
+    const waiting = queue.run(async () => 'wait', undefined, { ticket: new Ticket('A', queuedCost), cost: cost(queuedCost) });
+    const err = (await queue.run(async () => 'no', undefined, { ticket: new Ticket('B', 1), cost: cost(1) }).catch((e: unknown) => e)) as QueueFullError;
+    expect(err).toBeInstanceOf(QueueFullError);
+    running.release();
+    await Promise.all([first, waiting]);
+    return err.retryAfterSeconds;
+  }
+
+  it('is the estimated seconds of the work ahead, larger with more queued cost', async () => {
+    const little = await refusedAfter(5);
+    const much = await refusedAfter(500);
+    expect(little).toBe(15);
+    expect(much).toBe(510);
+  });
+
+  it('refuses new requests once the queued work passes maxQueuedSeconds per worker', async () => {
+    const queue = new JobQueue(2, 100, { maxQueuedSeconds: 60 });
+    const log: string[] = [];
+    const jobs = Array.from({ length: 4 }, (_, i) => controlled(log, `J${i}`));
+    const runs = jobs.map((j) => queue.run(j.job, undefined, { ticket: new Ticket('A', 100), cost: cost(100) }));
+    // Two run, two wait: 200 s of work waiting for 2 workers, past 60 s each.
+    const err = (await queue.run(async () => 'no', undefined, { ticket: new Ticket('B', 1), cost: cost(1) }).catch((e: unknown) => e)) as QueueFullError;
+    expect(err).toBeInstanceOf(QueueFullError);
+    expect(err.retryAfterSeconds).toBe(200);
+    for (const j of jobs) j.release();
+    await Promise.all(runs);
+  });
+});
+
+describe('a job that never reached its worker', () => {
+  it('waits again at the head of the line instead of failing, and still leaves when its client does', async () => {
+    const queue = new JobQueue(1, 100);
+    let attempts = 0;
+    const flaky = async () => {
+      attempts++;
+      if (attempts === 1) throw new RequeueError(new Error('the worker was already dead'));
+      return 'ran';
+    };
+    expect(await queue.run(flaky)).toBe('ran');
+    expect(attempts).toBe(2);
+
+    const client = new AbortController();
+    const never = queue.run(
+      async () => {
+        client.abort(new Error('client left'));
+        throw new RequeueError(new Error('the worker was already dead'));
+      },
+      client.signal,
+    );
+    await expect(never).rejects.toThrow('client left');
+    expect(queue.load()).toEqual({ running: 0, queued: 0 });
+  });
+});

@@ -1,0 +1,99 @@
+import { spawnSync } from 'node:child_process';
+import os from 'node:os';
+import path from 'node:path';
+import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
+import { beforeAll, describe, expect, it, onTestFinished } from 'vitest';
+import { WorkerRuntime } from '../src/pipelines/run.js';
+import { readGolden, verifyCase, verifyGolden, DEFAULT_TOLERANCE } from '../src/service/golden.js';
+import { copyOfExport, goldenFile, GOLDENS, haveRealExports, REAL_EXPORT_NAMES, realExport } from './helpers/real-exports.js';
+
+/**
+ * The engine against diffusers' own pictures on real-architecture exports (Optimum's exporter, real
+ * tokenizers and scheduler configs, random weights): each case starts from the noise diffusers used,
+ * so every pixel must agree to within 8-bit rounding. The mistakes below prove the bound bites.
+ */
+
+const root = path.resolve(import.meta.dirname, '..');
+
+// A budget of one byte keeps one model loaded at a time: onnxruntime's arenas keep each model's peak
+// activations (gigabytes at 1024x1024), and four models at once would not fit a small CI machine.
+let runtime: WorkerRuntime;
+beforeAll(() => {
+  runtime = new WorkerRuntime({ runtime: { provider: 'cpu', threads: Math.min(2, os.availableParallelism()) }, modelMemoryBudget: 1 });
+});
+
+describe.skipIf(!haveRealExports)('real exports against diffusers (needs ../shared/data/real-exports)', () => {
+  for (const name of REAL_EXPORT_NAMES) {
+    it(`${name}: every golden case matches diffusers to within ${(DEFAULT_TOLERANCE * 255).toFixed(1)}/255`, async () => {
+      const results = await verifyGolden(runtime, realExport(name), goldenFile(name));
+      expect(results.length).toBeGreaterThan(0);
+      for (const r of results) expect({ case: r.index, maxAbs: r.maxAbs, pass: r.pass }).toEqual({ case: r.index, maxAbs: r.maxAbs, pass: true });
+    });
+  }
+
+  /** Case 0 of sd15 on a changed copy of the export, or with a changed case. */
+  async function sd15Case0(dir: string, change: (c: Awaited<ReturnType<typeof readGolden>>[number]) => void = () => {}) {
+    const [c] = await readGolden(goldenFile('sd15'));
+    change(c);
+    return verifyCase(runtime, dir, GOLDENS, c, 0, DEFAULT_TOLERANCE);
+  }
+
+  it('fails a case when one token id is wrong', async () => {
+    const dir = await copyOfExport('sd15');
+    const vocabFile = path.join(dir, 'tokenizer/vocab.json');
+    const vocab = JSON.parse(await readFile(vocabFile, 'utf8')) as Record<string, number>;
+    // "red" in "a red circle on a grey background" gets the id of "blue".
+    vocab['red</w>'] = vocab['blue</w>'];
+    await writeFile(vocabFile, JSON.stringify(vocab));
+    const result = await sd15Case0(dir);
+    expect(result.pass).toBe(false);
+    expect(result.maxAbs).toBeGreaterThan(2 * DEFAULT_TOLERANCE);
+  });
+
+  it('fails a case when the timestep spacing is wrong', async () => {
+    const dir = await copyOfExport('sd15');
+    const configFile = path.join(dir, 'scheduler/scheduler_config.json');
+    const config = JSON.parse(await readFile(configFile, 'utf8')) as Record<string, unknown>;
+    expect(config.timestep_spacing).toBe('leading');
+    await writeFile(configFile, JSON.stringify({ ...config, timestep_spacing: 'trailing' }));
+    const result = await sd15Case0(dir);
+    expect(result.pass).toBe(false);
+    expect(result.maxAbs).toBeGreaterThan(2 * DEFAULT_TOLERANCE);
+  });
+
+  it('fails a case when the guidance is off by 0.5', async () => {
+    const result = await sd15Case0(realExport('sd15'), (c) => (c.guidance += 0.5));
+    expect(result.pass).toBe(false);
+    expect(result.maxAbs).toBeGreaterThan(2 * DEFAULT_TOLERANCE);
+  });
+
+  describe('imagegen models verify', () => {
+    const verify = (...args: string[]) =>
+      spawnSync(process.execPath, ['--import', 'tsx', 'src/cli/main.ts', 'models', 'verify', ...args], { cwd: root, encoding: 'utf8' });
+
+    it('prints one line per case and exits 0 when all pass', () => {
+      const run = verify(realExport('sd15'), '--golden', goldenFile('sd15'));
+      expect(run.stderr).toBe('');
+      expect(run.status).toBe(0);
+      const lines = run.stdout.trim().split('\n');
+      expect(lines.slice(0, 2)).toEqual([expect.stringMatching(/^case 0: max_abs=0\.\d{6} mean_abs=0\.\d{6} PASS$/), expect.stringMatching(/^case 1: .* PASS$/)]);
+    });
+
+    it('prints FAIL and exits 1 when a case is off, and exits 2 naming the problem for a file that is not a golden', async () => {
+      const tmp = await mkdtemp(path.join(os.tmpdir(), 'imagegen-golden-'));
+      onTestFinished(() => rm(tmp, { recursive: true, force: true }));
+      const golden = JSON.parse(await readFile(goldenFile('sd15'), 'utf8')) as { cases: { guidance: number; latents: { file: string }; image: { file: string } }[] };
+      const [first] = golden.cases;
+      const wrong = { ...golden, cases: [{ ...first, guidance: first.guidance - 2, latents: { ...first.latents, file: path.join(GOLDENS, first.latents.file) }, image: { file: path.join(GOLDENS, first.image.file) } }] };
+      await writeFile(path.join(tmp, 'wrong.json'), JSON.stringify(wrong));
+      const failing = verify(realExport('sd15'), '--golden', path.join(tmp, 'wrong.json'));
+      expect(failing.stdout).toMatch(/^case 0: max_abs=\S+ mean_abs=\S+ FAIL$/m);
+      expect(failing.status).toBe(1);
+
+      await writeFile(path.join(tmp, 'empty.json'), '{"cases": []}');
+      const bad = verify(realExport('sd15'), '--golden', path.join(tmp, 'empty.json'));
+      expect(bad.status).toBe(2);
+      expect(bad.stderr).toMatch(/empty\.json: not a golden file: cases/);
+    });
+  });
+});

@@ -1,0 +1,93 @@
+import { mkdtemp, rm } from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
+import OpenAI from 'openai';
+import { describe, expect, it } from 'vitest';
+import { FileImageStore } from '../src/store/file-store.js';
+import { StoreFullError } from '../src/store/image-store.js';
+import { FakeEngine, silentLogger, startTestServer } from './helpers/api-server.js';
+
+/**
+ * A url request reserves its images' store space before any is generated: a store without room answers
+ * 507 storage_full at once instead of after the work, and the reservation is returned when the request
+ * ends, whether its images took all of it or not.
+ */
+
+/** 512x512 PNGs are expected to take up to 3 bytes a pixel (about 769 KiB each); 64x64 ones about 13 KiB. */
+const MAX_STORE_BYTES = 60_000;
+
+describe('store space reserved before generation', () => {
+  it('answers 507 storage_full without generating when the images cannot fit, and keeps serving requests that fit', async () => {
+    const server = await startTestServer({ maxStoreBytes: MAX_STORE_BYTES });
+    try {
+      const err = await server.client.images.generate({ model: 'stub', prompt: 'x', size: '512x512' as '1024x1024', response_format: 'url' }).catch((e: unknown) => e);
+      expect(err).toBeInstanceOf(OpenAI.APIError);
+      const apiErr = err as InstanceType<typeof OpenAI.APIError>;
+      expect({ status: apiErr.status, code: apiErr.code, type: apiErr.type }).toEqual({ status: 507, code: 'storage_full', type: 'server_error' });
+      expect(apiErr.message).toMatch(/image store is full.*b64_json/);
+      expect(server.engine.batches).toHaveLength(0);
+
+      // The same size inline needs no store space.
+      const inline = await server.client.images.generate({ model: 'stub', prompt: 'x', size: '512x512' as '1024x1024', response_format: 'b64_json' });
+      expect(inline.data).toHaveLength(1);
+
+      // Each of these reserves about 13 KiB and stores far less: five in a row fit only if every
+      // request hands back what it did not use.
+      for (let i = 0; i < 5; i++) {
+        const small = await server.client.images.generate({ model: 'stub', prompt: 'x', size: '64x64' as '1024x1024', response_format: 'url' });
+        expect(small.data![0].url).toMatch(/^http/);
+      }
+      expect(server.store.stats().bytes).toBeLessThan(5 * 2000);
+    } finally {
+      await server.close();
+    }
+  });
+
+  it('releases the reservation of a request the queue turned away', async () => {
+    // One worker, no waiting room: while one request runs, the others get 429.
+    const engine = new FakeEngine(1, 0);
+    const server = await startTestServer({ maxStoreBytes: 70_000, engine });
+    const ask = (n: number) => server.client.images.generate({ model: 'stub', prompt: 'x', n, size: '64x64' as '1024x1024', response_format: 'url' });
+    try {
+      engine.hold();
+      const running = ask(1); // reserves about 13 KiB
+      await expect.poll(() => engine.load().running).toBe(1);
+      // Each of these reserves about 53 KiB: the second would get 507 had the first kept its reservation.
+      for (let i = 0; i < 2; i++) {
+        const err = (await ask(4).catch((e: unknown) => e)) as InstanceType<typeof OpenAI.APIError>;
+        expect([err.status, err.code]).toEqual([429, 'rate_limit_exceeded']);
+      }
+      engine.release();
+      expect((await running).data).toHaveLength(1);
+    } finally {
+      await server.close();
+    }
+  });
+});
+
+describe('FileImageStore reservations', () => {
+  it('count against the limit until used or released; a put beyond its reservation is checked against what is left', async () => {
+    const dir = await mkdtemp(path.join(os.tmpdir(), 'imagegen-reserve-'));
+    const store = await FileImageStore.open({ dir, ttlSeconds: 60, maxBytes: 1000, logger: silentLogger });
+    try {
+      const first = await store.reserve(600);
+      await expect(store.reserve(600)).rejects.toBeInstanceOf(StoreFullError);
+      // 300 bytes drawn from the reservation, 300 left in it.
+      await store.put(new Uint8Array(300), 'image/png', first);
+      expect(first.bytes).toBe(300);
+      await expect(store.reserve(500)).rejects.toBeInstanceOf(StoreFullError);
+      // 300 covered by the reservation, 200 more fit in what is free; a further 600 would not.
+      await store.put(new Uint8Array(500), 'image/png', first);
+      await expect(store.put(new Uint8Array(600), 'image/png', first)).rejects.toBeInstanceOf(StoreFullError);
+      first.release();
+      expect(store.stats().bytes).toBe(800);
+      const second = await store.reserve(200);
+      second.release();
+      second.release();
+      expect((await store.reserve(200)).bytes).toBe(200);
+    } finally {
+      await store.close();
+      await rm(dir, { recursive: true, force: true });
+    }
+  });
+});

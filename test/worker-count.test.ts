@@ -1,0 +1,20 @@
+import { describe, expect, it } from 'vitest';
+import { defaultWorkerCount } from '../src/engine/worker-count.js';
+
+const GiB = 2 ** 30;
+const sd15 = { dir: '/models/sd15' };
+
+describe('the default number of workers', () => {
+  it('is one on the CPU and one per CUDA device when nothing was measured', () => {
+    expect(defaultWorkerCount({ provider: 'cpu', cudaDevices: [0], preload: [sd15], measured: {}, availableBytes: 64 * GiB }).workers).toBe(1);
+    expect(defaultWorkerCount({ provider: 'cuda', cudaDevices: [0, 1, 2], preload: [sd15], measured: {}, availableBytes: 64 * GiB }).workers).toBe(3);
+  });
+
+  it('is no more than the measured memory of the preloaded models lets fit, and never less than one', () => {
+    const measured = { [sd15.dir]: { weightsBytes: 4 * GiB, peakBytes: 8 * GiB, peakPixels: 2 * 512 * 512 } };
+    const fits = (availableBytes: number) => defaultWorkerCount({ provider: 'cuda', cudaDevices: [0, 1, 2, 3], preload: [sd15], measured, availableBytes });
+    expect(fits(100 * GiB).workers).toBe(4);
+    expect(fits(30 * GiB)).toMatchObject({ workers: 2, reason: expect.stringMatching(/measured 12\.0 GiB a worker and 30\.0 GiB is free/) });
+    expect(fits(5 * GiB).workers).toBe(1);
+  });
+});
