@@ -182,7 +182,7 @@ describe('edit errors', () => {
   it('refuses unknown and malformed fields, and a strength that leaves no step', async () => {
     await expectApiError(edit({ foo: 'bar' }), OpenAI.BadRequestError, 400, 'foo', 'unknown_parameter');
     await expectApiError(edit({ n: 'many' as unknown as number }), OpenAI.BadRequestError, 400, 'n', 'invalid_type');
-    await expectApiError(edit({ stream: true } as Record<string, unknown>), OpenAI.BadRequestError, 400, 'stream', 'unsupported_value');
+    await expectApiError(edit({ stream: true, response_format: 'url' } as Record<string, unknown>), OpenAI.BadRequestError, 400, 'response_format', 'unsupported_value');
     await expectApiError(edit({ strength: 0.1, steps: 4 }), OpenAI.BadRequestError, 400, 'strength', 'invalid_value');
     await expectApiError(edit({ prompt: '' }), OpenAI.BadRequestError, 400, 'prompt', 'empty_string');
   });

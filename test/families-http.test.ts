@@ -68,6 +68,32 @@ describe('every reference family through POST /v1/images/generations', () => {
   }
 });
 
+describe('every reference family streams previews of its picture', () => {
+  for (const family of REFERENCE_FAMILIES) {
+    it(`${family}: the preview halfway through shows the picture the prompt asks for`, async () => {
+      const model = (await client.models.retrieve(family)) as unknown as { sizes: string[] };
+      const size = [...model.sizes].sort((x, y) => area(x) - area(y))[0];
+      const stream = await client.images.generate({
+        model: family,
+        prompt: 'a blue square',
+        size,
+        seed: 5,
+        stream: true,
+        partial_images: 1,
+        // The few-step families get enough steps for a preview halfway to show one picture, not a blend.
+        steps: 20,
+      } as unknown as OpenAI.ImageGenerateParamsStreaming);
+      const events: OpenAI.ImageGenStreamEvent[] = [];
+      for await (const event of stream) events.push(event);
+      expect(events.map((e) => e.type)).toEqual(['image_generation.partial_image', 'image_generation.completed']);
+      for (const event of events) {
+        const { info, reading } = await readImageFile(Buffer.from(event.b64_json, 'base64'));
+        expect([`${info.width}x${info.height}`, reading.colour, reading.shape]).toEqual([size, 'blue', 'square']);
+      }
+    });
+  }
+});
+
 function area(size: string): number {
   const [w, h] = size.split('x').map(Number);
   return w * h;

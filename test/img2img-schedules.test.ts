@@ -95,17 +95,46 @@ describe('addNoise at the first step of image-to-image', () => {
   });
 });
 
-/** The model a single clean sample x0 implies: its exact noise (or velocity) prediction at x, t. */
-function oracle(flow: boolean) {
+/**
+ * The model a single clean sample x0 implies: its exact noise (or velocity) prediction at x, t. The
+ * model input of every VP scheduler is the variance-preserving sample sqrt(abar) x0 + sqrt(1 - abar) eps.
+ */
+function oracle(flow: boolean, velocity = false) {
   return async (x: Float32Array, t: number): Promise<Float32Array> => {
     if (flow) {
       const sigma = t / 1000;
       return x.map((v, i) => (v - x0[i]) / sigma); // v = noise - x0, with noise = (x - (1 - sigma) x0) / sigma
     }
     const abar = alphaCumprod(Math.round(t));
-    return x.map((v, i) => (v - Math.sqrt(abar) * x0[i]) / Math.sqrt(1 - abar));
+    const eps = x.map((v, i) => (v - Math.sqrt(abar) * x0[i]) / Math.sqrt(1 - abar));
+    return velocity ? eps.map((e, i) => Math.sqrt(abar) * e - Math.sqrt(1 - abar) * x0[i]) : eps;
   };
 }
+
+describe('previews of the clean sample during the loop', () => {
+  // With the exact prediction for one clean sample, the clean sample read off the model's output at
+  // every step must be that sample, whatever the scheduler and the prediction type: the noise levels
+  // cleanEstimate reads off addNoise must be those of the sample the loop actually holds.
+  const cases = [
+    ...['PNDMScheduler', 'DDIMScheduler', 'EulerDiscreteScheduler', 'EulerAncestralDiscreteScheduler', 'DPMSolverMultistepScheduler', 'LCMScheduler'].flatMap((className) =>
+      (['epsilon', 'v_prediction'] as const).map((prediction) => [className, prediction] as const),
+    ),
+    ['FlowMatchEulerDiscreteScheduler', 'flow'] as const,
+  ];
+  for (const [className, prediction] of cases) {
+    it(`${className}, ${prediction}: every preview is the clean sample`, async () => {
+      const flow = prediction === 'flow';
+      const s = createScheduler(flow ? { _class_name: className, num_train_timesteps: 1000, shift: 1 } : { ...SD15, _class_name: className, prediction_type: prediction });
+      s.setTimesteps(8);
+      const previews: Float32Array[] = [];
+      const preview = { prediction, show: async (clean: Float32Array) => void previews.push(clean) };
+      const predict = oracle(flow, prediction === 'v_prediction');
+      await denoise(s, { latents: s.addNoise(x0, n, 0), call: 0 }, NO_DRAWS, predict, { previewAt: () => true }, preview);
+      expect(previews.length).toBe(s.timesteps.length - 1);
+      for (const clean of previews) expectClose(clean, (i) => x0[i], 2e-3);
+    });
+  }
+});
 
 describe('denoising from the middle of the schedule', () => {
   // With the exact prediction for one clean sample, a deterministic sampler started at strength's step

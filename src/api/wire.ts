@@ -68,15 +68,12 @@ const requestFields = z.strictObject({
     .optional(),
   /** No moderation runs locally; both values are accepted. */
   moderation: z.enum(['auto', 'low']).optional(),
-  stream: z
-    .boolean()
-    .refine((s) => !s, {
-      message: "Unsupported value: 'stream' does not support true with this server. Omit it or set it to false.",
-      params: { code: 'unsupported_value' },
-    })
-    .optional(),
-  /** Only meaningful with stream, which is always false here. */
+  /** Server-sent events instead of one JSON answer (generations and edits; see ImageStreamEvent). */
+  stream: z.boolean().optional(),
+  /** Streaming: previews per image before it is done; fewer come when the image takes few steps. */
   partial_images: integer(0, 3).optional(),
+  /** Streaming (extension): also send `imagegen.progress` events, for user interfaces. */
+  stream_progress: z.boolean().optional(),
   // Extensions: image i of a request uses seed + i.
   seed: integer(0, MAX_SEED).optional(),
   steps: integer(1, MAX_STEPS).optional(),
@@ -99,7 +96,7 @@ const generationRequestSchema = requestFields.omit({ input_fidelity: true, stren
 /** OpenAI's edit fields (no `moderation`), `style` kept as the extension it is for gpt-image names. */
 const editRequestSchema = requestFields.omit({ moderation: true }).extend({ prompt: nonEmptyText });
 
-/** dall-e-2's variation fields, plus the extensions that make sense without a prompt. */
+/** dall-e-2's variation fields, plus the extensions that make sense without a prompt (no streaming: OpenAI has none for variations). */
 const variationRequestSchema = requestFields.pick({
   model: true,
   n: true,
@@ -162,6 +159,47 @@ export interface ImagesResponse extends Partial<GptImageResponseFields> {
   created: number;
   data: ImageObject[];
 }
+
+/** The two streamed routes' event names: `image_generation.*` for generations, `image_edit.*` for edits. */
+export type StreamPrefix = 'image_generation' | 'image_edit';
+
+/** What every streamed image event carries besides its picture: the settings it was made with. */
+export interface StreamedImageFields {
+  b64_json: string;
+  created_at: number;
+  /** The image's size where the SDKs' enum has it, else 'auto' (the field is required there). */
+  size: GptImageSize | 'auto';
+  quality: GptImageQuality;
+  background: 'opaque';
+  output_format: OutputFormat;
+  /** Extension, as in ImageObject: reproduces the image alone. */
+  seed: number;
+}
+
+/** A preview of an image while it is denoised (openai-node's ImageGenPartialImageEvent / ImageEditPartialImageEvent). */
+export interface ImagePartialEvent extends StreamedImageFields {
+  type: `${StreamPrefix}.partial_image`;
+  partial_image_index: number;
+}
+
+/** A finished image, one event per image (openai-node's ImageGenCompletedEvent / ImageEditCompletedEvent). */
+export interface ImageCompletedEvent extends StreamedImageFields {
+  type: `${StreamPrefix}.completed`;
+  usage: ImageUsage;
+}
+
+/**
+ * Extension, sent only when the request has `stream_progress: true`: while the request waits,
+ * `queued_ahead` is the number of batches before it; while it runs, `step` of `steps` are done.
+ */
+export interface ImageProgressEvent {
+  type: 'imagegen.progress';
+  queued_ahead?: number;
+  step?: number;
+  steps?: number;
+}
+
+export type ImageStreamEvent = ImagePartialEvent | ImageCompletedEvent | ImageProgressEvent;
 
 export interface ErrorBody {
   error: { message: string; type: string; param: string | null; code: string | null };
@@ -307,6 +345,15 @@ export function parseImageRequest(kind: RequestKind, body: unknown, { defaultMod
     quality: qualityTier(quality, dialect, model),
     response_format: response_format ?? DEFAULT_RESPONSE_FORMAT[dialect],
   };
+  if (request.stream) {
+    // Streamed images travel in the events, as OpenAI's do.
+    if (response_format === 'url') {
+      throw ApiError.invalid('response_format', 'unsupported_value', "Unsupported value: 'response_format' 'url' cannot be streamed: streamed images arrive as b64_json in the events. Omit it or set stream to false.");
+    }
+    request.response_format = 'b64_json';
+  } else if (request.stream_progress) {
+    throw ApiError.invalid('stream_progress', 'unsupported_value', "Unsupported value: 'stream_progress' needs 'stream': true.");
+  }
   if (request.output_compression !== undefined && request.output_compression < 100 && request.output_format === 'png') {
     throw ApiError.invalid(
       'output_compression',

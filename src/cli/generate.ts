@@ -90,8 +90,9 @@ async function generateCommand(prompt: string, flags: GenerateFlags): Promise<st
     let reported = 0;
     const images = await runtime.runBatch(batch, {
       // A batch may report more steps than asked (PNDM repeats one): scale to the batch's share of the bar.
-      onStep: (step, total) => {
-        const now = Math.round((step / total) * stepsPerBatch);
+      onEvent: (event) => {
+        if (event.type !== 'step') return;
+        const now = Math.round((event.step / event.total) * stepsPerBatch);
         progress.add(now - reported);
         reported = now;
       },

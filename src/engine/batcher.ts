@@ -1,5 +1,5 @@
 import { RequeueError, type JobOptions, type Ticket } from './job-queue.js';
-import type { BatchItem, GeneratedImage, GenerationBatch } from '../runtime/types.js';
+import type { BatchEvent, BatchItem, GeneratedImage, GenerationBatch } from '../runtime/types.js';
 
 /**
  * Merges requests for the same model, size and settings that wait for a worker together into one
@@ -14,7 +14,7 @@ import type { BatchItem, GeneratedImage, GenerationBatch } from '../runtime/type
  */
 
 /** Runs one batch on a worker; `stop` aborting asks the worker to stop at its next step. */
-export type BatchRunner = (batch: GenerationBatch, stop: AbortSignal) => Promise<GeneratedImage[]>;
+export type BatchRunner = (batch: GenerationBatch, stop: AbortSignal, onEvent: (event: BatchEvent) => void) => Promise<GeneratedImage[]>;
 
 /** Where groups wait for a worker (the bounded job queue). */
 export type JobScheduler = (job: () => Promise<void>, signal: AbortSignal, options: JobOptions) => Promise<void>;
@@ -26,6 +26,7 @@ interface Member {
   items: BatchItem[];
   signal?: AbortSignal;
   ticket?: Ticket;
+  onEvent?(event: BatchEvent): void;
   left: boolean;
   resolve(images: GeneratedImage[]): void;
   reject(err: unknown): void;
@@ -56,8 +57,8 @@ export class BatchMerger {
     private readonly estimate?: CostEstimate,
   ) {}
 
-  /** `ticket`: the request the batch belongs to (a request's batches share one). */
-  generate(batch: GenerationBatch, signal?: AbortSignal, ticket?: Ticket): Promise<GeneratedImage[]> {
+  /** `ticket`: the request the batch belongs to (a request's batches share one); `onEvent`: its batch's events, items numbered as in `batch`. */
+  generate(batch: GenerationBatch, signal?: AbortSignal, ticket?: Ticket, onEvent?: (event: BatchEvent) => void): Promise<GeneratedImage[]> {
     if (signal?.aborted) return Promise.reject(signal.reason);
     return new Promise<GeneratedImage[]>((resolve, reject) => {
       const key = batchKey(batch);
@@ -76,6 +77,7 @@ export class BatchMerger {
         items: batch.items,
         signal,
         ticket,
+        onEvent,
         left: false,
         resolve: (images) => {
           settled();
@@ -131,7 +133,7 @@ export class BatchMerger {
     };
     for (const m of members) m.signal?.addEventListener('abort', stopIfAllLeft, { once: true });
     try {
-      const images = await this.runner({ ...group.settings, items: members.flatMap((m) => m.items) }, stop.signal);
+      const images = await this.runner({ ...group.settings, items: members.flatMap((m) => m.items) }, stop.signal, (event) => routeEvent(members, event));
       let offset = 0;
       for (const m of members) {
         m.resolve(images.slice(offset, offset + m.items.length));
@@ -144,5 +146,21 @@ export class BatchMerger {
     } finally {
       for (const m of members) m.signal?.removeEventListener('abort', stopIfAllLeft);
     }
+  }
+}
+
+/** A merged batch's event to its members: progress to all, an item's preview to the member it belongs to, renumbered. */
+function routeEvent(members: readonly Member[], event: BatchEvent): void {
+  if (event.type === 'step') {
+    for (const m of members) if (!m.left) m.onEvent?.(event);
+    return;
+  }
+  let first = 0;
+  for (const m of members) {
+    if (event.item < first + m.items.length) {
+      if (!m.left) m.onEvent?.({ ...event, item: event.item - first });
+      return;
+    }
+    first += m.items.length;
   }
 }

@@ -6,7 +6,7 @@ import type { ModelMemory } from '../models/memory-figures.js';
 import { BatchMerger } from './batcher.js';
 import { CostModel } from './cost-model.js';
 import { JobQueue, RequeueError, Ticket, type ClientLimits } from './job-queue.js';
-import type { GeneratedImage, GenerationBatch, ModelRef } from '../runtime/types.js';
+import type { BatchEvent, GeneratedImage, GenerationBatch, ModelRef } from '../runtime/types.js';
 import { WorkerDiedError, WorkerProcess, type WorkerListener } from './worker-process.js';
 
 /**
@@ -21,8 +21,11 @@ import { WorkerDiedError, WorkerProcess, type WorkerListener } from './worker-pr
 
 /** What the HTTP layer needs from the engine. */
 export interface Engine {
-  /** `ticket`: the request the batch belongs to (see EnginePool.ticket); without one the batch is a request of its own. */
-  generate(batch: GenerationBatch, signal?: AbortSignal, ticket?: Ticket): Promise<GeneratedImage[]>;
+  /**
+   * `ticket`: the request the batch belongs to (see EnginePool.ticket); without one the batch is a
+   * request of its own. `onEvent` hears the batch's progress and previews, its items numbered as in `batch`.
+   */
+  generate(batch: GenerationBatch, signal?: AbortSignal, ticket?: Ticket, onEvent?: (event: BatchEvent) => void): Promise<GeneratedImage[]>;
   close(): Promise<void>;
 }
 
@@ -209,7 +212,7 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
     return { progress, stop: () => clearTimeout(timer) };
   }
 
-  async function runOnWorker(batch: GenerationBatch, stop: AbortSignal): Promise<GeneratedImage[]> {
+  async function runOnWorker(batch: GenerationBatch, stop: AbortSignal, onEvent: (event: BatchEvent) => void): Promise<GeneratedImage[]> {
     // The queue runs no more jobs than there are ready workers, and each job holds its worker until it ends.
     const worker = readyWorkers().find((w) => !w.busy);
     if (!worker) throw new Error('internal error: the job queue started a job with no idle worker');
@@ -219,7 +222,7 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
     let images = 0;
     const watchdog = stallWatchdog(worker);
     try {
-      const result = await worker.run(batch, stop, watchdog.progress);
+      const result = await worker.run(batch, stop, watchdog.progress, onEvent);
       outcome = 'completed';
       images = result.length;
       if (warm) costs.record(batch, (performance.now() - started) / 1000);
@@ -251,7 +254,7 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
   const merger = new BatchMerger((job, signal, jobOptions) => queue.run(job, signal, jobOptions), runOnWorker, options.maxMergedImages ?? 16, estimate);
 
   return {
-    generate: (batch, signal, ticket) => merger.generate(batch, signal, ticket),
+    generate: (batch, signal, ticket, onEvent) => merger.generate(batch, signal, ticket, onEvent),
     ticket: (batches, client, limits) => new Ticket(client, batches.reduce((sum, batch) => sum + estimate(batch), 0), limits),
     load: () => queue.load(),
     readiness() {

@@ -1,7 +1,7 @@
 import { fork, type ChildProcess } from 'node:child_process';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
-import type { GeneratedImage, GenerationBatch } from '../runtime/types.js';
+import type { BatchEvent, GeneratedImage, GenerationBatch } from '../runtime/types.js';
 import type { FromWorker, ToWorker, WorkerInit } from './worker-protocol.js';
 
 /**
@@ -40,6 +40,7 @@ interface Task {
   resolve(images: GeneratedImage[]): void;
   reject(err: Error): void;
   onProgress(): void;
+  onEvent?(event: BatchEvent): void;
 }
 
 /** The worker module next to this one, in the same language: worker.ts under tsx/vitest, worker.js when built. */
@@ -106,14 +107,15 @@ export class WorkerProcess {
 
   /**
    * Runs a batch; `stop` aborting makes the worker stop at its next step (the promise then rejects).
-   * `onProgress` hears of each denoising step done and of each model loaded for it.
+   * `onProgress` hears of each denoising step done and of each model loaded for it; `onEvent` gets the
+   * batch's events (BatchEvent).
    */
-  run(batch: GenerationBatch, stop: AbortSignal, onProgress: () => void): Promise<GeneratedImage[]> {
+  run(batch: GenerationBatch, stop: AbortSignal, onProgress: () => void, onEvent?: (event: BatchEvent) => void): Promise<GeneratedImage[]> {
     if (!this.alive || !this.ready || this.task) throw new Error('the worker cannot take a batch now');
     const cancel = () => this.send({ type: 'cancel' });
     stop.addEventListener('abort', cancel, { once: true });
     return new Promise<GeneratedImage[]>((resolve, reject) => {
-      this.task = { started: false, resolve, reject, onProgress };
+      this.task = { started: false, resolve, reject, onProgress, onEvent };
       this.step = 0;
       this.send({ type: 'run', batch });
       if (stop.aborted) cancel();
@@ -140,9 +142,10 @@ export class WorkerProcess {
       case 'started':
         if (this.task) this.task.started = true;
         return;
-      case 'step':
-        this.step = message.step;
+      case 'event':
+        if (message.event.type === 'step') this.step = message.event.step;
         this.task?.onProgress();
+        this.task?.onEvent?.(message.event);
         return;
       case 'done':
         this.batchesDone++;

@@ -1,6 +1,6 @@
 import type { ModelMemory } from '../models/memory-figures.js';
 import type { EngineSettings } from '../pipelines/run.js';
-import type { GeneratedImage, GenerationBatch, ModelRef } from '../runtime/types.js';
+import type { BatchEvent, GeneratedImage, GenerationBatch, ModelRef } from '../runtime/types.js';
 
 /**
  * The messages between the pool and a worker process, over Node's IPC channel with `advanced`
@@ -36,8 +36,8 @@ export type FromWorker =
    * ran the batch, which then goes to another worker instead of failing.
    */
   | { type: 'started' }
-  /** Denoising steps done so far in the running batch. */
-  | { type: 'step'; step: number }
+  /** The running batch's progress and previews (see BatchEvent). */
+  | { type: 'event'; event: BatchEvent }
   | { type: 'done'; images: GeneratedImage[] }
   /** The batch failed or was cancelled; the worker is fine and takes the next one. */
   | { type: 'failed'; error: { name: string; message: string; stack?: string } };

@@ -57,7 +57,7 @@ function run(batch: GenerationBatch): void {
   task.done = (async () => {
     try {
       await ensureLoaded(batch.modelDir, batch.modelVersion);
-      const images = await current().runBatch(batch, { shouldStop: () => task.cancelled, onStep: (step) => void send({ type: 'step', step }) });
+      const images = await current().runBatch(batch, { shouldStop: () => task.cancelled, onEvent: (event) => void send({ type: 'event', event }) });
       reportMemory(batch.modelDir);
       await send({ type: 'done', images });
     } catch (err) {

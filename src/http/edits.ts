@@ -1,9 +1,10 @@
 import multipart from '@fastify/multipart';
-import type { FastifyInstance } from 'fastify';
+import type { FastifyInstance, FastifyReply } from 'fastify';
 import { ApiError } from '../api/errors.js';
 import { parseImageRequest, type ImagesResponse } from '../api/wire.js';
 import type { EditInput } from '../service/images.js';
 import { checkMask, decodeInputImage } from '../service/input-images.js';
+import { streamImages } from './event-stream.js';
 import { generateContext, type ImagesOptions } from './image-context.js';
 import { readUpload, type Upload, type UploadRoute } from './uploads.js';
 
@@ -37,11 +38,13 @@ export async function edits(app: FastifyInstance, options: ImagesOptions): Promi
     ['/v1/images/edits', 'edit'],
     ['/v1/images/variations', 'variation'],
   ] as const) {
-    app.post(path, async (request, reply): Promise<ImagesResponse> => {
+    app.post(path, async (request, reply): Promise<ImagesResponse | FastifyReply> => {
       const upload = await readUpload(request, route);
       const body = parseImageRequest(route, upload.fields, { defaultModel: options.defaultModel, form: upload.form });
       const edit = await editInput(upload, route, upload.form);
-      return options.service.generate(body, generateContext(request, reply, body, options), edit);
+      const context = generateContext(request, reply, body, options);
+      if (body.stream) return streamImages(request, reply, 'image_edit', body, (onEvent) => options.service.generate(body, { ...context, onEvent }, edit));
+      return options.service.generate(body, context, edit);
     });
   }
 }

@@ -44,6 +44,17 @@ function fromFastifyError(err: FastifyError, request: FastifyRequest): ApiError 
   return undefined;
 }
 
+/**
+ * What a failure is answered with, as a response or as a streamed error event: an ApiError as it is,
+ * Fastify's own errors translated, anything else logged and answered with the generic 500.
+ */
+export function apiErrorOf(err: unknown, request: FastifyRequest): ApiError {
+  const error = err instanceof ApiError ? err : err instanceof Error ? fromFastifyError(err as FastifyError, request) : undefined;
+  if (error && error.status < 500) return error;
+  request.log.error({ err }, 'request failed');
+  return error ?? new ApiError(500, INTERNAL_ERROR_MESSAGE);
+}
+
 /** Sends an error in OpenAI's shape; the one way every route and hook answers with an error. */
 export function sendError(reply: FastifyReply, error: ApiError): FastifyReply {
   return reply.code(error.status).headers(error.headers).type('application/json; charset=utf-8').send(error.toBody());
@@ -103,12 +114,7 @@ export function answerFrameworkError(err: FastifyError, request: FastifyRequest,
 }
 
 async function errorsPlugin(app: FastifyInstance): Promise<void> {
-  app.setErrorHandler((err: FastifyError, request, reply) => {
-    const error = err instanceof ApiError ? err : fromFastifyError(err, request);
-    if (error && error.status < 500) return sendError(reply, error);
-    request.log.error({ err }, 'request failed');
-    return sendError(reply, error ?? new ApiError(500, INTERNAL_ERROR_MESSAGE));
-  });
+  app.setErrorHandler((err: FastifyError, request, reply) => sendError(reply, apiErrorOf(err, request)));
 
   // A known path with another method is a 405 naming the allowed ones, not a 404.
   app.setNotFoundHandler((request, reply) => {

@@ -2,6 +2,7 @@ import type { BatchNoise } from '../runtime/random.js';
 import type { GenerationBatch, RgbImage } from '../runtime/types.js';
 import { strengthStart } from '../schedulers/index.js';
 import type { Scheduler } from '../schedulers/scheduler.js';
+import { cleanEstimate, type Prediction } from './clean-estimate.js';
 import { GenerationCancelled, type GenerateHooks } from './pipeline.js';
 
 /** Where the loop starts: its latents, the call they are at, and what inpainting keeps. */
@@ -28,11 +29,18 @@ export interface LatentShape {
   width: number;
 }
 
+/** How a family shows the loop's predicted clean latents (in the loop's own layout) as previews. */
+export interface LoopPreview {
+  prediction: Prediction;
+  show(clean: Float32Array, step: number, total: number): Promise<void>;
+}
+
 /**
  * The denoising loop every family shares: the scheduler decides the timesteps and the update, the
  * family's `predict` wraps the model call (guidance, extra inputs, packing). Image-to-image starts at
  * a later call (see startingLatents); inpainting puts the kept area back after every step, noised to
  * the level of the next call (clean after the last), as diffusers does for UNets without mask inputs.
+ * After a step the hooks ask for a preview of, the predicted clean latents go to `preview`.
  */
 export async function denoise(
   scheduler: Scheduler,
@@ -40,16 +48,29 @@ export async function denoise(
   noise: BatchNoise,
   predict: (modelInput: Float32Array, timestep: number) => Promise<Float32Array>,
   hooks: GenerateHooks = {},
+  preview?: LoopPreview,
 ): Promise<Float32Array> {
   let x = start.latents;
   const calls = scheduler.timesteps.length;
+  const total = calls - start.call;
   for (let i = start.call; i < calls; i++) {
     if (hooks.shouldStop?.()) throw new GenerationCancelled();
     const output = await predict(scheduler.scaleModelInput(x, i), scheduler.timesteps[i]);
+    const step = i + 1 - start.call;
+    if (preview && step < total && hooks.previewAt?.(step, total)) {
+      const clean = cleanEstimate(preview.prediction, scheduler, i, x, output);
+      await preview.show(start.keep ? blend(clean, start.keep) : clean, step, total);
+    }
     x = scheduler.step(output, i, x, noise);
     if (start.keep) x = putBack(scheduler, x, start.keep, i + 1);
-    hooks.onStep?.(i + 1 - start.call, calls - start.call);
+    hooks.onStep?.(step, total);
   }
+  return x;
+}
+
+/** Inpainting's kept area, clean, around a picture's repainted area. */
+function blend(x: Float32Array, { original, mask }: Kept): Float32Array {
+  for (let i = 0; i < x.length; i++) x[i] = mask[i] * x[i] + (1 - mask[i]) * original[i];
   return x;
 }
 

@@ -4,7 +4,8 @@ import type { GenerationBatch } from '../runtime/types.js';
 import type { ModelLayout } from '../models/layout.js';
 import { createScheduler } from '../schedulers/index.js';
 import { denoise, relayout, startingLatents } from './denoise.js';
-import type { OnDemand } from './on-demand.js';
+import { OnDemand } from './on-demand.js';
+import { LatentPreview, previewLoop } from './preview.js';
 import type { GenerateHooks, Pipeline, RgbImage } from './pipeline.js';
 import { filled } from './tensor.js';
 import type { TextEncoder } from './text-encoder.js';
@@ -18,6 +19,8 @@ const LATENT_CHANNELS = 16;
  * distillation) instead of a classifier-free batch.
  */
 export class FluxPipeline implements Pipeline {
+  /** Fitted on the first request for previews (streaming). */
+  private readonly previews: OnDemand<LatentPreview>;
 
   constructor(
     readonly layout: ModelLayout,
@@ -26,7 +29,9 @@ export class FluxPipeline implements Pipeline {
     private readonly t5: TextEncoder,
     private readonly vae: VaeDecoder,
     private readonly encoder: OnDemand<VaeEncoder>,
-  ) {}
+  ) {
+    this.previews = new OnDemand(() => LatentPreview.fit(vae, LATENT_CHANNELS, layout.vae.scaleFactor));
+  }
 
   async generate(batch: GenerationBatch, hooks?: GenerateHooks): Promise<RgbImage[]> {
     const count = batch.items.length;
@@ -43,7 +48,8 @@ export class FluxPipeline implements Pipeline {
     scheduler.setTimesteps(batch.steps, { mu: shiftMu(seqLen, this.layout.scheduler) });
     const noise = BatchNoise.forItems(batch.items);
     const encode = async (images: RgbImage[]) => (await this.encoder.get()).encode(images, noise);
-    const start = relayout(await startingLatents(batch, scheduler, noise, { channels: LATENT_CHANNELS, height: h, width: w }, encode), (x) => pack(x, count, h, w));
+    const shape = { channels: LATENT_CHANNELS, height: h, width: w };
+    const start = relayout(await startingLatents(batch, scheduler, noise, shape, encode), (x) => pack(x, count, h, w));
 
     const feeds: Record<string, HostTensor> = {
       encoder_hidden_states: last_hidden_state,
@@ -65,7 +71,8 @@ export class FluxPipeline implements Pipeline {
       );
       return out.out_hidden_states.data as Float32Array;
     };
-    const result = await denoise(scheduler, start, noise, predict, hooks);
+    const preview = previewLoop(hooks, this.previews, 'flow', batch, shape, (clean) => unpack(clean, count, h, w));
+    const result = await denoise(scheduler, start, noise, predict, hooks, preview);
     return this.vae.decode(unpack(result, count, h, w), count, LATENT_CHANNELS, h, w);
   }
 

@@ -1,7 +1,7 @@
 import os from 'node:os';
 import path from 'node:path';
 import { defaultRuntime, type RuntimeOptions } from '../runtime/providers.js';
-import { IMAGE_FORMATS, outputOf, type GeneratedImage, type GenerationBatch } from '../runtime/types.js';
+import { IMAGE_FORMATS, outputOf, previewSteps, type BatchEvent, type BatchItem, type GeneratedImage, type GenerationBatch } from '../runtime/types.js';
 import { chunks } from '../util/chunks.js';
 import { encodeImage } from './encode-image.js';
 import { loadPipeline } from './load.js';
@@ -62,7 +62,38 @@ export class WorkerRuntime {
     return this.pipelines.get(modelDir, version);
   }
 
-  async generateImages(batch: GenerationBatch, hooks: GenerateHooks = {}): Promise<RgbImage[]> {
+  /** The batch's pictures, in item order; `hooks` hear of its parts as of one loop over all its items. */
+  generateImages(batch: GenerationBatch, hooks: GenerateHooks = {}): Promise<RgbImage[]> {
+    return this.runInParts(batch, (part) => ({ ...hooks, onStep: hooks.onStep && part.step(hooks.onStep) }));
+  }
+
+  /**
+   * The batch's images, encoded as each item asks, and its events: progress after every step, and the
+   * previews its items asked for (BatchItem.partialImages), encoded like their images.
+   */
+  async runBatch(batch: GenerationBatch, { shouldStop, onEvent }: BatchHooks = {}): Promise<GeneratedImage[]> {
+    const wanted = batch.items.map((item) => (onEvent && item.partialImages) || 0);
+    const sent = wanted.map(() => 0);
+    const wants = (item: number, step: number, total: number) => previewSteps(wanted[item], total).includes(step);
+    const images = await this.runInParts(batch, (part) => ({
+      shouldStop,
+      onStep: onEvent && part.step((step, total) => onEvent({ type: 'step', step, total })),
+      previewAt: (step, total) => part.items.some((item) => wants(item, step, total)),
+      onPreview: async (pictures, step, total) => {
+        for (const [i, picture] of pictures.entries()) {
+          const item = part.items[i];
+          if (wants(item, step, total)) onEvent!({ type: 'preview', item, index: sent[item]++, image: await encode(picture, batch.items[item]) });
+        }
+      },
+    }));
+    return Promise.all(images.map((image, i) => encode(image, batch.items[i])));
+  }
+
+  /**
+   * Runs the batch in parts that fit the memory plan, one after the other, each with the hooks
+   * `hooksFor` gives it (see Part).
+   */
+  private async runInParts(batch: GenerationBatch, hooksFor: (part: Part) => GenerateHooks): Promise<RgbImage[]> {
     const pipeline = await this.getPipeline(batch.modelDir, batch.modelVersion);
     const m = pipeline.layout.sizeMultiple;
     if (batch.width % m || batch.height % m || batch.width <= 0 || batch.height <= 0) {
@@ -71,21 +102,34 @@ export class WorkerRuntime {
     const byPixels = Math.max(1, Math.floor(this.settings.maxBatchPixels / (batch.width * batch.height)));
     const parts = chunks(batch.items, Math.min(byPixels, this.memory.imagesPerRun(pipeline.layout, batch, path.basename(batch.modelDir))));
     const images: RgbImage[] = [];
-    for (const [part, items] of parts.entries()) {
-      const onStep = hooks.onStep && ((step: number, total: number) => hooks.onStep!(part * total + step, parts.length * total));
+    for (const [index, items] of parts.entries()) {
+      const part: Part = {
+        items: items.map((_, i) => images.length + i),
+        step: (onStep) => (step, total) => onStep(index * total + step, parts.length * total),
+      };
       const pixels = items.length * batch.width * batch.height;
-      images.push(...(await this.memory.measureRun(batch.modelDir, pixels, () => pipeline.generate({ ...batch, items }, { ...hooks, onStep }))));
+      images.push(...(await this.memory.measureRun(batch.modelDir, pixels, () => pipeline.generate({ ...batch, items }, hooksFor(part)))));
     }
     return images;
   }
+}
 
-  async runBatch(batch: GenerationBatch, hooks?: GenerateHooks): Promise<GeneratedImage[]> {
-    const images = await this.generateImages(batch, hooks);
-    return Promise.all(
-      images.map(async (image, i) => {
-        const { format, compression } = outputOf(batch.items[i]);
-        return { data: await encodeImage(image, format, compression), contentType: IMAGE_FORMATS[format].contentType, seed: batch.items[i].seed };
-      }),
-    );
-  }
+/** One of the parts a batch runs in. */
+interface Part {
+  /** The batch's item number of each of the part's items. */
+  items: number[];
+  /** A step callback over the whole batch, for the part's own steps: the parts' loops count as one. */
+  step(onStep: (step: number, total: number) => void): (step: number, total: number) => void;
+}
+
+/** What runBatch's caller hears: whether to stop, and the batch's events. */
+export interface BatchHooks {
+  shouldStop?(): boolean;
+  onEvent?(event: BatchEvent): void;
+}
+
+/** An item's picture as the file it asked for. */
+async function encode(image: RgbImage, item: BatchItem): Promise<GeneratedImage> {
+  const { format, compression } = outputOf(item);
+  return { data: await encodeImage(image, format, compression), contentType: IMAGE_FORMATS[format].contentType, seed: item.seed };
 }

@@ -3,8 +3,10 @@ import { BatchNoise } from '../runtime/random.js';
 import type { GenerationBatch } from '../runtime/types.js';
 import type { ModelLayout } from '../models/layout.js';
 import { createScheduler } from '../schedulers/index.js';
+import { predictionOf } from './clean-estimate.js';
 import { denoise, startingLatents } from './denoise.js';
-import type { OnDemand } from './on-demand.js';
+import { OnDemand } from './on-demand.js';
+import { LatentPreview, previewLoop } from './preview.js';
 import type { GenerateHooks, Pipeline, RgbImage } from './pipeline.js';
 import { applyGuidance, concatBatch, filled } from './tensor.js';
 import type { TextEncoder } from './text-encoder.js';
@@ -22,6 +24,8 @@ type Conditioning = Record<string, HostTensor>;
 export class StableDiffusionPipeline implements Pipeline {
   private readonly latentChannels: number;
   private readonly outputName: string;
+  /** Fitted on the first request for previews (streaming). */
+  private readonly previews: OnDemand<LatentPreview>;
 
   constructor(
     readonly layout: ModelLayout,
@@ -32,6 +36,7 @@ export class StableDiffusionPipeline implements Pipeline {
   ) {
     this.latentChannels = typeof layout.denoiserConfig.in_channels === 'number' ? layout.denoiserConfig.in_channels : 4;
     this.outputName = unet.outputNames.includes('out_sample') ? 'out_sample' : unet.outputNames[0];
+    this.previews = new OnDemand(() => LatentPreview.fit(vae, this.latentChannels, layout.vae.scaleFactor));
   }
 
   async generate(batch: GenerationBatch, hooks?: GenerateHooks): Promise<RgbImage[]> {
@@ -48,7 +53,8 @@ export class StableDiffusionPipeline implements Pipeline {
     const rows = guided ? 2 * count : count;
 
     const noise = BatchNoise.forItems(batch.items);
-    const start = await startingLatents(batch, scheduler, noise, { channels: c, height: h, width: w }, async (images) => (await this.encoder.get()).encode(images, noise));
+    const shape = { channels: c, height: h, width: w };
+    const start = await startingLatents(batch, scheduler, noise, shape, async (images) => (await this.encoder.get()).encode(images, noise));
     const fixed = this.unet.prepare(timestepCond ? { ...conditioning, timestep_cond: timestepCond } : conditioning);
     const predict = async (x: Float32Array, t: number): Promise<Float32Array> => {
       const feeds = {
@@ -58,7 +64,8 @@ export class StableDiffusionPipeline implements Pipeline {
       const out = (await this.unet.run(feeds, [this.outputName], fixed))[this.outputName].data as Float32Array;
       return guided ? applyGuidance(out, count, batch.guidanceScale, batch.guidanceRescale) : out;
     };
-    const result = await denoise(scheduler, start, noise, predict, hooks);
+    const preview = previewLoop(hooks, this.previews, predictionOf(this.layout.scheduler.prediction_type), batch, shape);
+    const result = await denoise(scheduler, start, noise, predict, hooks, preview);
     return this.vae.decode(result, count, c, h, w);
   }
 

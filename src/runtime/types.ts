@@ -42,6 +42,11 @@ export interface BatchItem extends NoiseSource {
    * their file format share one denoising loop.
    */
   output?: ImageOutput;
+  /**
+   * Streaming: how many previews of this image to send while it is denoised (0..3, none when absent),
+   * spread evenly over the loop (see previewSteps). Per item: it does not keep requests from merging.
+   */
+  partialImages?: number;
 }
 
 /**
@@ -76,6 +81,26 @@ export interface GeneratedImage {
   data: Uint8Array;
   contentType: string;
   seed: number;
+}
+
+/**
+ * What a running batch tells whoever asked for it while it runs, in order; its images (or its error)
+ * end the stream. The worker sends these, the pool routes them to the requests of a merged batch (item
+ * numbers then count within each request), and the HTTP layer, the CLI and the watchdog consume them.
+ */
+export type BatchEvent =
+  /** Denoising steps done out of the batch's total (a batch split in parts counts all of them). */
+  | { type: 'step'; step: number; total: number }
+  /** Item `item`'s `index`-th preview (0-based), encoded like the item's final image. */
+  | { type: 'preview'; item: number; index: number; image: GeneratedImage };
+
+/**
+ * The steps (1-based, of `total`) after which an item asking for `count` previews gets one: evenly
+ * spread, never after the last step (that is the image itself), so a short loop sends fewer.
+ */
+export function previewSteps(count: number, total: number): number[] {
+  const steps = Array.from({ length: count }, (_, j) => Math.round(((j + 1) * total) / (count + 1)));
+  return [...new Set(steps)].filter((step) => step >= 1 && step < total);
 }
 
 /** A model folder at one version (see GenerationBatch.modelVersion). */

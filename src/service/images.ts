@@ -2,7 +2,7 @@ import type { BaseLogger } from 'pino';
 import type { ClientLimits, Ticket } from '../engine/job-queue.js';
 import type { EnginePool } from '../engine/pool.js';
 import type { NoiseKind } from '../runtime/random.js';
-import type { GeneratedImage, GenerationBatch } from '../runtime/types.js';
+import type { BatchEvent, GeneratedImage, GenerationBatch } from '../runtime/types.js';
 import { ApiError, quoteList } from '../api/errors.js';
 import type { GenerationRequest, ImageObject, ImagesResponse } from '../api/wire.js';
 import type { ModelEntry, ModelRegistry } from '../models/registry.js';
@@ -54,7 +54,21 @@ export interface GenerateContext {
   client?: string;
   /** The client's own queue limits, if it has any. */
   limits?: ClientLimits;
+  /** Streaming: hears the request's progress and its images' previews while they are made. */
+  onEvent?(event: RequestEvent): void;
 }
+
+/** What a streamed request hears while it runs, its images numbered as in the response. */
+export type RequestEvent =
+  /** Waiting for a worker: other batches waiting in the queue (an upper bound on those ahead: the queue is fair between clients). */
+  | { type: 'queued'; ahead: number }
+  /** Denoising steps done over all the request's batches. */
+  | { type: 'step'; step: number; total: number }
+  /** Image `image`'s `index`-th preview, encoded as the image will be, of its size ("WxH"). */
+  | { type: 'preview'; image: number; index: number; file: GeneratedImage; size: string };
+
+/** How often a waiting streamed request hears how many batches wait with it. */
+const QUEUED_EVENT_MS = 1000;
 
 export interface ImageService {
   /** Generates from the prompt alone, or, given `edit`, from its picture (edits and variations). */
@@ -76,13 +90,14 @@ export function createImageService({ registry, engine, store, defaultRng }: Imag
   const promptTokens = new PromptTokenCounter();
 
   /** Runs the batches in parallel (they may land on different workers) as one request of the queue; one failure cancels the rest. */
-  async function run(batches: GenerationBatch[], signal: AbortSignal, ticket: Ticket): Promise<GeneratedImage[]> {
+  async function run(batches: GenerationBatch[], signal: AbortSignal, ticket: Ticket, onEvent?: (event: RequestEvent) => void): Promise<GeneratedImage[]> {
     const failed = new AbortController();
     const either = AbortSignal.any([signal, failed.signal]);
+    const progress = onEvent && requestProgress(batches, onEvent);
     try {
       const results = await Promise.all(
-        batches.map((batch) =>
-          engine.generate(batch, either, ticket).catch((err) => {
+        batches.map((batch, b) =>
+          engine.generate(batch, either, ticket, progress?.listener(b)).catch((err) => {
             failed.abort(err);
             throw err;
           }),
@@ -91,7 +106,37 @@ export function createImageService({ registry, engine, store, defaultRng }: Imag
       return results.flat();
     } catch (err) {
       throw engineError(err);
+    } finally {
+      progress?.stop();
     }
+  }
+
+  /**
+   * A streamed request's events from its batches' events: steps summed over the batches, previews
+   * numbered as the response's images, and while nothing has started, the batches waiting with it.
+   */
+  function requestProgress(batches: GenerationBatch[], onEvent: (event: RequestEvent) => void) {
+    const firstImage = batches.map((_, b) => batches.slice(0, b).reduce((n, batch) => n + batch.items.length, 0));
+    // A batch's loop may take other than its steps (image-to-image runs fewer); its events say how many.
+    const steps = batches.map((batch) => ({ step: 0, total: batch.steps, begun: false }));
+    const begun = () => steps.filter((s) => s.begun).length;
+    const tellQueued = () => onEvent({ type: 'queued', ahead: Math.max(0, engine.load().queued - (batches.length - begun())) });
+    tellQueued();
+    const timer = setInterval(() => (begun() === 0 ? tellQueued() : clearInterval(timer)), QUEUED_EVENT_MS);
+    return {
+      listener: (b: number) => (event: BatchEvent) => {
+        if (event.type === 'preview') {
+          const { width, height } = batches[b];
+          onEvent({ type: 'preview', image: firstImage[b] + event.item, index: event.index, file: event.image, size: `${width}x${height}` });
+          return;
+        }
+        clearInterval(timer);
+        steps[b] = { step: event.step, total: event.total, begun: true };
+        const sum = (key: 'step' | 'total') => steps.reduce((n, s) => n + s[key], 0);
+        onEvent({ type: 'step', step: sum('step'), total: sum('total') });
+      },
+      stop: () => clearInterval(timer),
+    };
   }
 
   /** For url requests, the store space their images will take, set aside before any is generated. */
@@ -121,7 +166,7 @@ export function createImageService({ registry, engine, store, defaultRng }: Imag
   async function produce(batches: GenerationBatch[], request: GenerationRequest, context: GenerateContext) {
     const reservation = await reserveSpace(request, batches);
     try {
-      const images = await run(batches, context.signal, engine.ticket(batches, context.client ?? 'anonymous', context.limits));
+      const images = await run(batches, context.signal, engine.ticket(batches, context.client ?? 'anonymous', context.limits), context.onEvent);
       const generated = performance.now();
       return { images, generated, data: await deliver(images, request, context, reservation) };
     } finally {
@@ -150,7 +195,8 @@ export function createImageService({ registry, engine, store, defaultRng }: Imag
       if (!model) throw unknownModel(request.model, registry);
       const batches = planBatches(request, model, defaultRng, edit && (await fitted(request, model, edit)));
       // Counted first: a tokenizer that cannot load fails the request before any work is spent on it.
-      const textTokens = request.dialect === 'gpt-image' ? await promptTokens.count(model, request.prompt) : undefined;
+      // Streamed responses carry usage whatever the dialect: OpenAI's completed event has it.
+      const textTokens = request.dialect === 'gpt-image' || request.stream ? await promptTokens.count(model, request.prompt) : undefined;
       const { images, data, generated } = await produce(batches, request, context);
       const [{ width, height, steps, strength }] = batches;
       // The request's logger already names the model, size and n it asked for; these are what ran.

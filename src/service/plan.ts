@@ -95,6 +95,7 @@ export function planBatches(request: GenerationRequest, model: ModelEntry, defau
     rng,
     ...picture,
     output: { format: request.output_format, ...(request.output_compression !== undefined && { compression: request.output_compression }) },
+    ...(request.stream && request.partial_images && { partialImages: request.partial_images }),
   }));
   const settings = {
     modelDir: model.layout.dir,

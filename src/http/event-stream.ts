@@ -1,0 +1,96 @@
+import { PassThrough } from 'node:stream';
+import type { FastifyReply, FastifyRequest } from 'fastify';
+import { GPT_IMAGE_QUALITY_OF, isGptImageSize } from '../api/dialects.js';
+import type { ErrorBody, GenerationRequest, ImagesResponse, ImageStreamEvent, StreamedImageFields, StreamPrefix } from '../api/wire.js';
+import type { GenerateContext, RequestEvent } from '../service/images.js';
+import { bufferView } from '../util/bytes.js';
+import { apiErrorOf } from './errors.js';
+
+/**
+ * A streamed images request (`stream: true`) answered with server-sent events as OpenAI sends them:
+ * `<prefix>.partial_image` for each preview, then one `<prefix>.completed` per image, each event's
+ * name repeated as `type` in its data (openai-python 1.97 reads only the name; openai-node the data).
+ * With `stream_progress` (extension), `imagegen.progress` events too.
+ *
+ * The events begin with the first thing there is to say, so a request refused before any work (a bad
+ * field, a full queue) still gets its plain JSON error and status; a failure after that comes as an
+ * event with OpenAI's error body (`data: {"error": ...}`), which the SDKs raise as an APIError. A client
+ * that disconnects cancels the work, as for any request (request.cancellation).
+ */
+
+type Produce = (onEvent: NonNullable<GenerateContext['onEvent']>) => Promise<ImagesResponse>;
+
+export async function streamImages(request: FastifyRequest, reply: FastifyReply, prefix: StreamPrefix, body: GenerationRequest, produce: Produce): Promise<FastifyReply> {
+  const events = new PassThrough();
+  let opened!: () => void;
+  const firstEvent = new Promise<void>((resolve) => (opened = resolve));
+  const send = (event: ImageStreamEvent | ErrorBody) => {
+    const name = 'type' in event ? `event: ${event.type}\n` : '';
+    events.write(`${name}data: ${JSON.stringify(event)}\n\n`);
+    opened();
+  };
+  const settings = streamedSettings(body);
+
+  const done = produce((event) => {
+    const message = toStreamEvent(event, prefix, body, settings);
+    if (message) send(message);
+  });
+  // Nothing said yet: a failure is still an ordinary error response.
+  const first = await Promise.race([firstEvent.then(() => undefined), done]);
+  const finish = (response: ImagesResponse) => {
+    for (const image of response.data) send(completedEvent(prefix, image.b64_json!, image.seed, response, settings));
+    events.end();
+  };
+  if (first) finish(first);
+  else {
+    done.then(finish, (err: unknown) => {
+      send(apiErrorOf(err, request).toBody());
+      events.end();
+    });
+  }
+  return reply
+    .header('content-type', 'text/event-stream; charset=utf-8')
+    .header('cache-control', 'no-cache')
+    // Proxies (nginx) pass the events on as they come instead of buffering the response.
+    .header('x-accel-buffering', 'no')
+    .send(events);
+}
+
+/** The settings every image event of a request repeats. */
+function streamedSettings(request: GenerationRequest): Pick<StreamedImageFields, 'quality' | 'background' | 'output_format'> {
+  return { quality: GPT_IMAGE_QUALITY_OF[request.quality], background: 'opaque', output_format: request.output_format };
+}
+
+/** The size as the SDKs' enum has it: the streamed events require one. */
+const sizeField = (size: string): StreamedImageFields['size'] => (isGptImageSize(size) ? size : 'auto');
+
+function toStreamEvent(event: RequestEvent, prefix: StreamPrefix, request: GenerationRequest, settings: ReturnType<typeof streamedSettings>): ImageStreamEvent | undefined {
+  switch (event.type) {
+    case 'preview':
+      return {
+        type: `${prefix}.partial_image`,
+        b64_json: bufferView(event.file.data).toString('base64'),
+        partial_image_index: event.index,
+        created_at: Math.floor(Date.now() / 1000),
+        size: sizeField(event.size),
+        ...settings,
+        seed: event.file.seed,
+      };
+    case 'queued':
+      return request.stream_progress ? { type: 'imagegen.progress', queued_ahead: event.ahead } : undefined;
+    case 'step':
+      return request.stream_progress ? { type: 'imagegen.progress', step: event.step, steps: event.total } : undefined;
+  }
+}
+
+function completedEvent(prefix: StreamPrefix, b64: string, seed: number, response: ImagesResponse, settings: ReturnType<typeof streamedSettings>): ImageStreamEvent {
+  return {
+    type: `${prefix}.completed`,
+    b64_json: b64,
+    created_at: response.created,
+    size: response.size ?? 'auto',
+    ...settings,
+    seed,
+    usage: response.usage!,
+  };
+}

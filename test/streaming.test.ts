@@ -1,0 +1,190 @@
+import { mkdtemp, rm } from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
+import OpenAI, { toFile } from 'openai';
+import sharp from 'sharp';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import type { ImageStreamEvent } from '../src/api/wire.js';
+import { loadConfig } from '../src/config.js';
+import { startServer, type RunningServer } from '../src/server.js';
+import { silentLogger } from './helpers/api-server.js';
+import { readImageFile } from './helpers/picture.js';
+
+/**
+ * Streamed generations and edits (`stream: true`) on a real server with real workers and the embedded
+ * demo model, read with the official openai-node client: its `for await` loop gets OpenAI's events,
+ * the previews show the picture the prompt asks for (the reference model's prediction of the clean
+ * picture is exact), and the streamed images are the very ones a plain request gets.
+ */
+
+const KEY = 'sk-streaming-0123456789';
+let root: string;
+let server: RunningServer;
+let client: OpenAI;
+
+beforeAll(async () => {
+  root = await mkdtemp(path.join(os.tmpdir(), 'imagegen-streaming-'));
+  const config = loadConfig({}, { PORT: '0', API_KEYS: KEY, DATA_DIR: path.join(root, 'data'), MODELS_RESCAN_SECONDS: '0', WORKERS: '1' });
+  server = await startServer(config, silentLogger);
+  client = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: KEY, maxRetries: 0 });
+});
+
+afterAll(async () => {
+  await server?.close();
+  await rm(root, { recursive: true, force: true });
+});
+
+const picture = (b64: string) => readImageFile(Buffer.from(b64, 'base64'));
+
+/** The events of a raw streamed request (for our extension events, which the SDK types do not name). */
+async function rawEvents(body: object, signal?: AbortSignal, onEvent?: (event: ImageStreamEvent) => void): Promise<{ status: number; events: ImageStreamEvent[]; names: string[] }> {
+  const res = await fetch(`${server.url}/v1/images/generations`, {
+    method: 'POST',
+    headers: { authorization: `Bearer ${KEY}`, 'content-type': 'application/json' },
+    body: JSON.stringify(body),
+    signal,
+  });
+  const events: ImageStreamEvent[] = [];
+  const names: string[] = [];
+  if (!res.headers.get('content-type')?.startsWith('text/event-stream')) return { status: res.status, events: [await res.json()], names };
+  const decoder = new TextDecoder();
+  let buffered = '';
+  for await (const chunk of res.body!) {
+    buffered += decoder.decode(chunk, { stream: true });
+    let end: number;
+    while ((end = buffered.indexOf('\n\n')) >= 0) {
+      const frame = buffered.slice(0, end);
+      buffered = buffered.slice(end + 2);
+      const name = /^event: (.*)$/m.exec(frame)?.[1];
+      const event = JSON.parse(/^data: (.*)$/m.exec(frame)![1]) as ImageStreamEvent;
+      if (name) names.push(name);
+      events.push(event);
+      onEvent?.(event);
+    }
+  }
+  return { status: res.status, events, names };
+}
+
+describe('streamed generations', () => {
+  it("sends OpenAI's partial and completed events to openai-node's for-await loop, the previews already showing the prompt", async () => {
+    const stream = await client.images.generate({ model: 'gpt-image-1', prompt: 'a blue square', size: '1024x1024', stream: true, partial_images: 2 });
+    const events: OpenAI.ImageGenStreamEvent[] = [];
+    for await (const event of stream) events.push(event);
+
+    expect(events.map((e) => e.type)).toEqual(['image_generation.partial_image', 'image_generation.partial_image', 'image_generation.completed']);
+    const [first, second, completed] = events;
+    expect([first, second].map((e) => (e as OpenAI.ImageGenPartialImageEvent).partial_image_index)).toEqual([0, 1]);
+    for (const event of events) {
+      expect(event).toMatchObject({ size: '1024x1024', quality: 'medium', background: 'opaque', output_format: 'png' });
+      expect(event.created_at).toBeGreaterThan(1.7e9);
+      const { format, width, height } = await sharp(Buffer.from(event.b64_json, 'base64')).metadata();
+      expect([format, width, height]).toEqual(['png', 1024, 1024]);
+    }
+    // Early previews are the model's best guess at high noise (a blend of the pictures it could still
+    // become); by the last one before the end, the guess is the picture asked for.
+    for (const event of [second, completed]) {
+      const { reading } = await picture(event.b64_json);
+      expect([reading.colour, reading.shape]).toEqual(['blue', 'square']);
+    }
+    expect((completed as OpenAI.ImageGenCompletedEvent).usage).toMatchObject({ output_tokens: 4096, input_tokens_details: { image_tokens: 0 } });
+  });
+
+  it('streams, for every image of n, its previews and then the image a plain request gets for the same seed', async () => {
+    const params = { model: 'demo-shapes', prompt: 'a green triangle', n: 2, size: '256x256', seed: 7, output_format: 'webp', output_compression: 80 } as const;
+    const plain = await client.images.generate({ ...params, response_format: 'b64_json' });
+    const stream = await client.images.generate({ ...params, stream: true, partial_images: 1 });
+    const events: OpenAI.ImageGenStreamEvent[] = [];
+    for await (const event of stream) events.push(event);
+
+    const partials = events.filter((e) => e.type === 'image_generation.partial_image');
+    const completed = events.filter((e) => e.type === 'image_generation.completed');
+    expect(partials).toHaveLength(2);
+    expect(completed.map((e) => e.b64_json)).toEqual(plain.data!.map((d) => d.b64_json));
+    expect(completed.map((e) => (e as unknown as { seed: number }).seed)).toEqual([7, 8]);
+    for (const event of partials) expect((await sharp(Buffer.from(event.b64_json, 'base64')).metadata()).format).toBe('webp');
+    // The size is outside the SDKs' enum, and the field is required there: 'auto'.
+    expect(completed[0].size).toBe('auto');
+  });
+
+  it('sends fewer previews than asked when the loop has fewer steps to show them after', async () => {
+    const { events } = await rawEvents({ model: 'demo-shapes', prompt: 'a red circle', size: '256x256', steps: 2, stream: true, partial_images: 3 });
+    expect(events.map((e) => e.type)).toEqual(['image_generation.partial_image', 'image_generation.completed']);
+  });
+
+  it('adds imagegen.progress events with stream_progress: the queue while waiting, then every step', async () => {
+    const { events, names } = await rawEvents({ model: 'demo-shapes', prompt: 'a red circle', size: '256x256', steps: 5, stream: true, stream_progress: true });
+    expect(names).toEqual(events.map((e) => e.type));
+    const progress = events.filter((e) => e.type === 'imagegen.progress');
+    expect(progress[0]).toEqual({ type: 'imagegen.progress', queued_ahead: 0 });
+    expect(progress.filter((e) => e.step !== undefined).map((e) => [e.step, e.steps])).toEqual([1, 2, 3, 4, 5].map((s) => [s, 5]));
+    expect(events.at(-1)!.type).toBe('image_generation.completed');
+  });
+});
+
+describe('streamed edits', () => {
+  it('sends image_edit events for a multipart edit made with toFile', async () => {
+    const red = await sharp({ create: { width: 256, height: 256, channels: 3, background: '#ff0000' } }).png().toBuffer();
+    const stream = await client.images.edit({
+      model: 'demo-shapes',
+      image: await toFile(red, 'red.png'),
+      prompt: 'a blue square',
+      size: '256x256',
+      stream: true,
+      partial_images: 1,
+      // @ts-expect-error strength is our extension
+      strength: 1,
+      steps: 4,
+    });
+    const events: OpenAI.ImageEditStreamEvent[] = [];
+    for await (const event of stream) events.push(event);
+    expect(events.map((e) => e.type)).toEqual(['image_edit.partial_image', 'image_edit.completed']);
+    const { reading } = await picture(events[1].b64_json);
+    expect([reading.colour, reading.shape]).toEqual(['blue', 'square']);
+    expect((events[1] as OpenAI.ImageEditCompletedEvent).usage.input_tokens_details.image_tokens).toBeGreaterThan(0);
+  });
+});
+
+describe('streaming errors and cancellation', () => {
+  it('refuses a stream it cannot send before streaming, with a plain JSON error', async () => {
+    const cases: [object, string, string][] = [
+      [{ response_format: 'url', stream: true }, 'response_format', 'unsupported_value'],
+      [{ stream_progress: true }, 'stream_progress', 'unsupported_value'],
+      [{ stream: true, partial_images: 4 }, 'partial_images', 'integer_above_max_value'],
+      [{ stream: true, size: '100x100' }, 'size', 'invalid_value'],
+    ];
+    for (const [fields, param, code] of cases) {
+      const { status, events } = await rawEvents({ model: 'demo-shapes', prompt: 'a red circle', ...fields });
+      expect([status, (events[0] as unknown as { error: { param: string; code: string } }).error]).toMatchObject([400, { param, code }]);
+    }
+  });
+
+  it('ends the stream with an error event that openai-node raises when the worker dies mid-stream', async () => {
+    const stream = await client.images.generate({ model: 'demo-shapes', prompt: 'a red circle', size: '1024x1024', stream: true, partial_images: 3, steps: 150 } as OpenAI.ImageGenerateParamsStreaming);
+    const seen: string[] = [];
+    const reading = (async () => {
+      for await (const event of stream) {
+        seen.push(event.type);
+        // The first preview came: the batch runs; its worker dies.
+        if (seen.length === 1) process.kill(server.engine.workers().find((w) => w.busy)!.pid!, 'SIGKILL');
+      }
+    })();
+    await expect(reading).rejects.toMatchObject({ status: undefined, error: { code: 'worker_crashed' } });
+    expect(seen).toEqual(['image_generation.partial_image']);
+    await expect.poll(() => server.engine.readiness().ready, { timeout: 60_000 }).toBe(true);
+  });
+
+  it('stops the work when the client disconnects mid-stream', async () => {
+    const leave = new AbortController();
+    const steps: number[] = [];
+    const streamed = rawEvents({ model: 'demo-shapes', prompt: 'a red circle', size: '1024x1024', steps: 150, stream: true, stream_progress: true }, leave.signal, (event) => {
+      if (event.type === 'imagegen.progress' && event.step !== undefined) {
+        steps.push(event.step);
+        if (event.step === 2) leave.abort();
+      }
+    });
+    await expect(streamed).rejects.toThrow();
+    // The worker stops at its next step: the server is idle long before 150 steps at 1024x1024 could end.
+    await expect.poll(() => server.engine.load(), { timeout: 10_000, interval: 20 }).toEqual({ running: 0, queued: 0 });
+    expect(server.engine.workers()[0].step).toBeLessThan(20);
+  });
+});
