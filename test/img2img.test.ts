@@ -84,7 +84,9 @@ describe('image-to-image', () => {
     );
   });
 
-  describe('with a mask (inpainting by masked blending)', () => {
+  // sd15-inpainting has a 9-channel inpainting UNet, told the mask and the kept picture's latents: it
+  // keeps the unmasked half itself (nothing is put back). The other families blend the kept area back.
+  describe('with a mask (inpainting by masked blending, or by an inpainting UNet)', () => {
     /** Mean absolute difference of two pictures over columns [from, to). */
     const columnsDiff = (a: RgbImage, b: RgbImage, from: number, to: number) => {
       let [sum, count] = [0, 0];
@@ -98,7 +100,7 @@ describe('image-to-image', () => {
     };
     const rightHalf = () => Uint8Array.from({ length: SIZE * SIZE }, (_, i) => (i % SIZE >= SIZE / 2 ? 255 : 0));
 
-    for (const family of ['sd15-optimum', 'flux-schnell', 'lcm']) {
+    for (const family of ['sd15-optimum', 'flux-schnell', 'lcm', 'sd15-inpainting']) {
       it(`${family}: changes only the masked half, and nothing with an empty mask`, async () => {
         const red = await redCircle(family);
         const run = async (mask: Uint8Array | undefined) => {

@@ -222,6 +222,7 @@ const EXPECTED_FILES: Record<string, string[]> = {
     'vae_encoder/model.onnx',
   ],
   'sd15-optimum': SD_OPTIMUM_FILES,
+  'sd15-inpainting': SD_OPTIMUM_FILES,
   'sd15-fp16': SD_OPTIMUM_FILES,
   'sd2-v': SD_OPTIMUM_FILES,
   'sd-turbo': [...TOP, ...optimumComponent('text_encoder'), ...inDir('tokenizer', ['tokenizer.json', 'tokenizer_config.json']), ...optimumComponent('unet', true), ...OPTIMUM_VAE],
@@ -300,6 +301,7 @@ const SIGNATURES: Record<string, Record<string, Component>> = {
     ...vaeSignature('float32', 'latent_sample'),
   },
   'sd15-optimum': sdOptimum('float32', ['float32', 0]),
+  'sd15-inpainting': sdOptimum('float32', ['float32', 0]),
   'sd15-fp16': sdOptimum('float16', ['float16', 0]),
   'sd2-v': sdOptimum('float32', ['int64', 1]),
   'sd-turbo': sdOptimum('float32', ['float32', 0]),
@@ -472,6 +474,9 @@ describe('reference configs', () => {
 
   it('writes the component configs a pipeline reads', async () => {
     expect(await readJson('sd15-optimum', 'unet/config.json')).toMatchObject({ sample_size: 64, in_channels: 4, cross_attention_dim: 16 });
+    // An inpainting UNet takes the mask and the masked picture's latents after the sample, as runwayml's does.
+    expect(await readJson('sd15-inpainting', 'unet/config.json')).toMatchObject({ in_channels: 9, out_channels: 4 });
+    expect(await readJson('sd15-inpainting', 'model_index.json')).toMatchObject({ _class_name: 'StableDiffusionInpaintPipeline' });
     expect(await readJson('sd15-optimum', 'vae_decoder/config.json')).toMatchObject({ scaling_factor: 0.18215, latent_channels: 4 });
     expect(await readJson('sd2-v', 'unet/config.json')).toMatchObject({ sample_size: 96 });
     expect(await readJson('sdxl', 'unet/config.json')).toMatchObject({ sample_size: 128, cross_attention_dim: 48 });

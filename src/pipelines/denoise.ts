@@ -123,7 +123,7 @@ export async function startingLatents(
  * for every channel: a latent pixel is repainted when at least half of the image pixels it covers are
  * (diffusers binarises the mask at 0.5 and resizes it to the latents).
  */
-function latentMask(mask: Uint8Array | undefined, batch: Pick<GenerationBatch, 'width' | 'height'>, shape: LatentShape, item: number): Float32Array {
+export function latentMask(mask: Uint8Array | undefined, batch: Pick<GenerationBatch, 'width' | 'height'>, shape: LatentShape, item: number): Float32Array {
   const out = new Float32Array(shape.channels * shape.height * shape.width).fill(1);
   if (!mask) return out;
   if (mask.length !== batch.width * batch.height) throw new RangeError(`the mask of item ${item} has ${mask.length} pixels; the batch makes ${batch.width}x${batch.height}`);

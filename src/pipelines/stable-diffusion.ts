@@ -6,6 +6,7 @@ import { createScheduler } from '../schedulers/index.js';
 import { predictionOf } from './clean-estimate.js';
 import { denoise, startingLatents } from './denoise.js';
 import { OnDemand } from './on-demand.js';
+import { concatChannels, INPAINTING_EXTRA_CHANNELS, inpaintingChannels } from './inpainting-input.js';
 import { LatentPreview, previewLoop } from './preview.js';
 import type { GenerateHooks, Pipeline, RgbImage } from './pipeline.js';
 import { applyGuidance, concatBatch, filled } from './tensor.js';
@@ -23,6 +24,8 @@ type Conditioning = Record<string, HostTensor>;
  */
 export class StableDiffusionPipeline implements Pipeline {
   private readonly latentChannels: number;
+  /** An inpainting UNet: it takes the mask and the masked picture's latents beside the sample (inpainting-input.ts). */
+  private readonly inpainting: boolean;
   private readonly outputName: string;
   /** Fitted on the first request for previews (streaming). */
   private readonly previews: OnDemand<LatentPreview>;
@@ -34,7 +37,9 @@ export class StableDiffusionPipeline implements Pipeline {
     private readonly vae: VaeDecoder,
     private readonly encoder: OnDemand<VaeEncoder>,
   ) {
-    this.latentChannels = typeof layout.denoiserConfig.in_channels === 'number' ? layout.denoiserConfig.in_channels : 4;
+    const inChannels = typeof layout.denoiserConfig.in_channels === 'number' ? layout.denoiserConfig.in_channels : 4;
+    this.inpainting = inChannels === 4 + INPAINTING_EXTRA_CHANNELS;
+    this.latentChannels = this.inpainting ? 4 : inChannels;
     this.outputName = unet.outputNames.includes('out_sample') ? 'out_sample' : unet.outputNames[0];
     this.previews = new OnDemand(() => LatentPreview.fit(vae, this.latentChannels, layout.vae.scaleFactor));
   }
@@ -54,11 +59,16 @@ export class StableDiffusionPipeline implements Pipeline {
 
     const noise = BatchNoise.forItems(batch.items);
     const shape = { channels: c, height: h, width: w };
-    const start = await startingLatents(batch, scheduler, noise, shape, async (images) => (await this.encoder.get()).encode(images, noise));
+    const encode = async (images: RgbImage[]) => (await this.encoder.get()).encode(images, noise);
+    const started = await startingLatents(batch, scheduler, noise, shape, encode);
+    // An inpainting UNet is told what to keep and keeps it; other UNets have it put back after each step.
+    const extra = this.inpainting ? await inpaintingChannels(batch, shape, this.layout.vaeEncoder ? encode : undefined) : undefined;
+    const start = extra ? { ...started, keep: undefined } : started;
     const fixed = this.unet.prepare(timestepCond ? { ...conditioning, timestep_cond: timestepCond } : conditioning);
     const predict = async (x: Float32Array, t: number): Promise<Float32Array> => {
+      const sample = extra ? concatChannels(x, extra, count) : x;
       const feeds = {
-        sample: { data: guided ? concatBatch([x, x]) : x, dims: [rows, c, h, w] },
+        sample: { data: guided ? concatBatch([sample, sample]) : sample, dims: [rows, sample.length / (count * h * w), h, w] },
         timestep: { data: filled(rows, t), dims: [rows] },
       };
       const out = (await this.unet.run(feeds, [this.outputName], fixed))[this.outputName].data as Float32Array;

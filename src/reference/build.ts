@@ -179,7 +179,15 @@ function denoiserFiles(spec: FamilySpec): Files {
   const conditioning: UnetConditioning = sdxl
     ? { kind: 'sdxl', hidden: [first.hidden, second.hidden], pooled: second.hidden }
     : { kind: 'clip', hidden: first.hidden };
-  const graph = unet({ bank, float: spec.float, timestep: denoiser.timestep, prediction: denoiser.prediction, conditioning, timestepCondDim: denoiser.timestepCondDim });
+  const graph = unet({
+    bank,
+    float: spec.float,
+    timestep: denoiser.timestep,
+    prediction: denoiser.prediction,
+    conditioning,
+    timestepCondDim: denoiser.timestepCondDim,
+    inpainting: denoiser.inpainting,
+  });
   // SDXL's time embedding: 6 micro-conditioning values x 256 sinusoidal dims, plus the pooled text.
   const sdxlFields = sdxl
     ? { addition_embed_type: 'text_time', addition_time_embed_dim: 256, projection_class_embeddings_input_dim: 6 * 256 + second.hidden }
@@ -187,7 +195,7 @@ function denoiserFiles(spec: FamilySpec): Files {
   const config = diffusersConfig('UNet2DConditionModel', {
     ...sdxlFields,
     cross_attention_dim: sdxl ? first.hidden + second.hidden : first.hidden,
-    in_channels: spec.vae.channels,
+    in_channels: denoiser.inpainting ? spec.vae.channels + 5 : spec.vae.channels,
     out_channels: spec.vae.channels,
     sample_size: denoiser.sampleSize,
     ...(denoiser.timestepCondDim ? { time_cond_proj_dim: denoiser.timestepCondDim } : {}),

@@ -33,6 +33,8 @@ export interface UnetSpec {
   prediction: 'epsilon' | 'v_prediction';
   /** LCM's timestep_cond width. */
   timestepCondDim?: number;
+  /** An inpainting UNet (in_channels 9: the mask and the masked picture's latents after the sample). */
+  inpainting?: boolean;
 }
 
 export interface FluxSpec {
@@ -134,6 +136,12 @@ export const FAMILY_SPECS: readonly FamilySpec[] = [
     },
   },
   SD15_OPTIMUM,
+  {
+    ...SD15_OPTIMUM,
+    name: 'sd15-inpainting',
+    pipelineClass: 'StableDiffusionInpaintPipeline',
+    denoiser: { ...SD15_OPTIMUM.denoiser, inpainting: true } as UnetSpec,
+  },
   {
     ...SD15_OPTIMUM,
     name: 'sd15-fp16',

@@ -29,6 +29,12 @@ export interface UnetOptions {
   conditioning: UnetConditioning;
   /** LCM's guidance embedding input width; the reference model takes the input and ignores it. */
   timestepCondDim?: number;
+  /**
+   * An inpainting UNet (in_channels 4 + 5): the sample carries the mask (1 = repaint) and the masked
+   * picture's latents after the noisy latents, and the clean estimate is the prompt's picture where the
+   * mask is 1 and the given latents elsewhere, the ideal inpainter a real one is trained towards.
+   */
+  inpainting?: boolean;
 }
 
 const TRAIN_TIMESTEPS = 1000;
@@ -89,7 +95,9 @@ export function unet(opts: UnetOptions): Graph {
   const g = new Graph('reference_unet');
   const { float } = opts;
   const channels = opts.bank.channels;
-  const sample = g.input('sample', float, ['batch', channels, 'height', 'width']);
+  const input = g.input('sample', float, ['batch', opts.inpainting ? channels + 5 : channels, 'height', 'width']);
+  const slice = (from: number, to: number) => g.op('Slice', [input, g.ints([from]), g.ints([to]), g.ints([1])]);
+  const sample = opts.inpainting ? slice(0, channels) : input;
   const timestep = g.input('timestep', opts.timestep.dtype, opts.timestep.rank === 0 ? [] : ['batch']);
   const concepts = promptInputs(g, opts.conditioning, float);
   if (opts.timestepCondDim) g.input('timestep_cond', float, ['batch', opts.timestepCondDim]);
@@ -108,10 +116,18 @@ export function unet(opts: UnetOptions): Graph {
   const masks = g.op('Flatten', [resizedMasks(g, opts.bank, spatial)], { axis: 1 });
   const x = g.op('Reshape', [sample, g.ints([0, 0, -1])]);
   const logPrior = conceptLogPrior(g, concepts, g.floats(PRIOR_STRENGTH));
-  const zHat = posteriorMean(g, opts.bank, { x, masks, logPrior, signal, noiseVar });
+  const prompted = posteriorMean(g, opts.bank, { x, masks, logPrior, signal, noiseVar });
+  const zHat = opts.inpainting ? kept(g, prompted, slice(channels, channels + 1), slice(channels + 1, channels + 5)) : prompted;
 
   const eps = g.op('Div', [g.op('Sub', [x, g.op('Mul', [signal, zHat])]), noiseStd]);
   const prediction = opts.prediction === 'epsilon' ? eps : g.op('Sub', [g.op('Mul', [signal, eps]), g.op('Mul', [noiseStd, zHat])]);
   g.output('out_sample', g.op('Reshape', [prediction, sampleShape]), float, ['batch', channels, 'height', 'width']);
   return g;
+}
+
+/** mask * prompted + (1 - mask) * given, as [batch, C, P]: the inpainting UNet's clean estimate. */
+function kept(g: Graph, prompted: string, mask: string, given: string): string {
+  const flat = (t: string) => g.op('Reshape', [t, g.ints([0, 0, -1])]);
+  const [m, z] = [flat(mask), flat(given)];
+  return g.op('Add', [g.op('Mul', [m, prompted]), g.op('Mul', [g.op('Sub', [g.floats(1), m]), z])]);
 }

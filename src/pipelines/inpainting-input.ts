@@ -1,0 +1,58 @@
+import type { GenerationBatch, RgbImage } from '../runtime/types.js';
+import { latentMask, type LatentShape } from './denoise.js';
+
+/**
+ * What inpainting UNets (in_channels 9, e.g. stable-diffusion-inpainting) take beside the noisy
+ * latents, as diffusers' StableDiffusionInpaintPipeline prepares it: the mask on the latent grid
+ * (1 = repaint) and the latents of the picture with its repainted area blanked. Such a model keeps the
+ * unmasked area itself, so the loop does not put it back. A text-to-image request on one is an
+ * inpainting of a blank picture masked everywhere.
+ */
+
+/** Channels an inpainting UNet takes beyond the latents: the mask, then the masked picture's latents. */
+export const INPAINTING_EXTRA_CHANNELS = 5;
+
+/** 8-bit grey nearest to 0 in the [-1, 1] the VAE reads (diffusers multiplies the masked area by 0). */
+const BLANK = 128;
+
+/**
+ * [items, 5, h, w]: each item's latent mask and masked picture latents. `encode` is the VAE encoder
+ * (undefined when the export has none: the masked latents are then zeros, as a blank picture's nearly are).
+ */
+export async function inpaintingChannels(
+  batch: Pick<GenerationBatch, 'items' | 'width' | 'height'>,
+  shape: LatentShape,
+  encode: ((images: RgbImage[]) => Promise<Float32Array>) | undefined,
+): Promise<Float32Array> {
+  const plane = shape.height * shape.width;
+  const latentPerItem = shape.channels * plane;
+  const masks = batch.items.map((item, b) => latentMask(item.image ? item.mask : undefined, batch, { ...shape, channels: 1 }, b));
+  const pictures = batch.items.map((item) => blanked(item.image, item.image ? item.mask : undefined, batch));
+  const latents = encode ? await encode(pictures) : new Float32Array(latentPerItem * batch.items.length);
+  const out = new Float32Array(batch.items.length * INPAINTING_EXTRA_CHANNELS * plane);
+  masks.forEach((mask, b) => {
+    out.set(mask, b * INPAINTING_EXTRA_CHANNELS * plane);
+    out.set(latents.subarray(b * latentPerItem, (b + 1) * latentPerItem), (b * INPAINTING_EXTRA_CHANNELS + 1) * plane);
+  });
+  return out;
+}
+
+/** The picture with the pixels to repaint blanked (all of them without a picture or a mask). */
+function blanked(image: RgbImage | undefined, mask: Uint8Array | undefined, { width, height }: Pick<GenerationBatch, 'width' | 'height'>): RgbImage {
+  const pixels = new Uint8Array(width * height * 3).fill(BLANK);
+  if (image && mask) {
+    for (let p = 0; p < width * height; p++) if (mask[p] < 128) pixels.set(image.pixels.subarray(p * 3, p * 3 + 3), p * 3);
+  }
+  return { pixels, width, height };
+}
+
+/** Per row, the latents' channels then the extra ones: [rows, c, h, w] ++ [rows, e, h, w] -> [rows, c + e, h, w]. */
+export function concatChannels(x: Float32Array, extra: Float32Array, rows: number): Float32Array {
+  const [perX, perExtra] = [x.length / rows, extra.length / rows];
+  const out = new Float32Array(x.length + extra.length);
+  for (let r = 0; r < rows; r++) {
+    out.set(x.subarray(r * perX, (r + 1) * perX), r * (perX + perExtra));
+    out.set(extra.subarray(r * perExtra, (r + 1) * perExtra), r * (perX + perExtra) + perX);
+  }
+  return out;
+}
