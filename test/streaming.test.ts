@@ -106,6 +106,16 @@ describe('streamed generations', () => {
     expect(completed[0].size).toBe('auto');
   });
 
+  it('counts the previews it sent in /metrics', async () => {
+    const previewsSent = async () => {
+      const metrics = await (await fetch(`${server.url}/metrics`, { headers: { authorization: `Bearer ${KEY}` } })).text();
+      return Number(/^imagegen_partial_images_total\{model="demo-shapes"\} (\d+)$/m.exec(metrics)?.[1] ?? 0);
+    };
+    const before = await previewsSent();
+    await rawEvents({ model: 'demo-shapes', prompt: 'a red circle', size: '256x256', n: 2, steps: 4, stream: true, partial_images: 2 });
+    expect((await previewsSent()) - before).toBe(4);
+  });
+
   it('sends fewer previews than asked when the loop has fewer steps to show them after', async () => {
     const { events } = await rawEvents({ model: 'demo-shapes', prompt: 'a red circle', size: '256x256', steps: 2, stream: true, partial_images: 3 });
     expect(events.map((e) => e.type)).toEqual(['image_generation.partial_image', 'image_generation.completed']);

@@ -74,6 +74,8 @@ export interface MemoryFigureBook {
 export interface EngineMetrics {
   queueWait(seconds: number): void;
   batchFinished(batch: { model: string; images: number; steps: number; seconds: number; outcome: BatchOutcome }): void;
+  /** A batch's event stream sent a preview (a streamed partial image). */
+  partialImage(model: string): void;
   modelLoaded(model: string, seconds: number): void;
   modelMemory(model: string, memory: ModelMemory): void;
   workerReplaced(): void;
@@ -222,7 +224,11 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
     let images = 0;
     const watchdog = stallWatchdog(worker);
     try {
-      const result = await worker.run(batch, stop, watchdog.progress, onEvent);
+      const heard = (event: BatchEvent) => {
+        if (event.type === 'preview') metrics?.partialImage(modelName(batch.modelDir));
+        onEvent(event);
+      };
+      const result = await worker.run(batch, stop, watchdog.progress, heard);
       outcome = 'completed';
       images = result.length;
       if (warm) costs.record(batch, (performance.now() - started) / 1000);

@@ -61,6 +61,12 @@ export class Metrics implements EngineMetrics {
     labelNames: ['model'],
     registers: [this.registry],
   });
+  private readonly partialImages = new Counter({
+    name: 'imagegen_partial_images_total',
+    help: 'Previews of images sent while they were denoised (streamed partial images)',
+    labelNames: ['model'],
+    registers: [this.registry],
+  });
   private readonly modelLoadSeconds = new Histogram({
     name: 'imagegen_model_load_duration_seconds',
     help: 'Time a worker took to load a model',
@@ -127,6 +133,10 @@ export class Metrics implements EngineMetrics {
     this.generationSeconds.observe({ model, outcome }, seconds);
     this.denoisingSteps.inc({ model }, steps);
     this.imagesGenerated.inc({ model }, images);
+  }
+
+  partialImage(model: string): void {
+    this.partialImages.inc({ model });
   }
 
   modelMemory(model: string, memory: ModelMemory): void {
