@@ -2,7 +2,7 @@ import { readFileSync, writeFileSync } from 'node:fs';
 import { inspect } from 'node:util';
 import { WorkerRuntime } from '../pipelines/run.js';
 import type { FromWorker, ToWorker, WorkerInit } from './worker-protocol.js';
-import type { GenerationBatch } from '../runtime/types.js';
+import type { BatchEvent, GenerationBatch } from '../runtime/types.js';
 
 /**
  * A worker process (started by worker-process.ts): its own process, so that a native crash or the
@@ -48,6 +48,26 @@ async function start({ engine, preload }: WorkerInit): Promise<void> {
   void send({ type: 'ready' });
 }
 
+/**
+ * Step events go to the pool at most this often (the last step of a batch always): a fast model at a
+ * small size runs hundreds of steps a second, and a message each would cost the pool's event loop more
+ * than the progress is worth. Previews always go.
+ */
+const STEP_EVENT_INTERVAL_MS = 50;
+
+/** Sends a batch's events, thinning its steps to STEP_EVENT_INTERVAL_MS. */
+function eventSender(): (event: BatchEvent) => void {
+  let lastStep = -Infinity;
+  return (event) => {
+    if (event.type === 'step' && event.step < event.total) {
+      const now = performance.now();
+      if (now - lastStep < STEP_EVENT_INTERVAL_MS) return;
+      lastStep = now;
+    }
+    void send({ type: 'event', event });
+  };
+}
+
 let running: { cancelled: boolean; done: Promise<void> } | undefined;
 let stopping = false;
 
@@ -57,7 +77,7 @@ function run(batch: GenerationBatch): void {
   task.done = (async () => {
     try {
       await ensureLoaded(batch.modelDir, batch.modelVersion);
-      const images = await current().runBatch(batch, { shouldStop: () => task.cancelled, onEvent: (event) => void send({ type: 'event', event }) });
+      const images = await current().runBatch(batch, { shouldStop: () => task.cancelled, onEvent: eventSender() });
       reportMemory(batch.modelDir);
       await send({ type: 'done', images });
     } catch (err) {
