@@ -1,6 +1,4 @@
-import { mkdtemp, rename, rm, writeFile } from 'node:fs/promises';
-import os from 'node:os';
-import path from 'node:path';
+import { rename, writeFile } from 'node:fs/promises';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import OpenAI from 'openai';
 import { KeyFileError, parseKeyFile } from '../src/http/keys.js';
@@ -40,18 +38,14 @@ describe('the key file format', () => {
 });
 
 describe('rotating API_KEYS_FILE', () => {
-  let dir: string;
   let server: TestServer;
+  let keys: string;
   const logs = capturedLogs<Record<string, unknown>>();
   beforeAll(async () => {
-    dir = await mkdtemp(path.join(os.tmpdir(), 'imagegen-keys-'));
-    await writeFile(path.join(dir, 'keys'), '# keys\nold:sk-old-key-0123456789\n');
-    server = await startTestServer({ apiKeys: [], config: { apiKeysFile: path.join(dir, 'keys') }, logger: logs.logger });
+    server = await startTestServer({ keysFile: '# keys\nold:sk-old-key-0123456789\n', logger: logs.logger });
+    keys = server.keysFile!;
   });
-  afterAll(async () => {
-    await server.close();
-    await rm(dir, { recursive: true, force: true });
-  });
+  afterAll(() => server.close());
 
   const status = (key: string) => fetch(`${server.baseURL}/models`, { headers: { authorization: `Bearer ${key}` } }).then((res) => res.status);
 
@@ -59,14 +53,14 @@ describe('rotating API_KEYS_FILE', () => {
     expect(await status('sk-old-key-0123456789')).toBe(200);
     expect(await status('sk-new-key-9876543210')).toBe(401);
     // As editors and secret managers do: write elsewhere, rename over.
-    await writeFile(path.join(dir, 'keys.tmp'), 'new:sk-new-key-9876543210 concurrent=1\n');
-    await rename(path.join(dir, 'keys.tmp'), path.join(dir, 'keys'));
+    await writeFile(`${keys}.tmp`, 'new:sk-new-key-9876543210 concurrent=1\n');
+    await rename(`${keys}.tmp`, keys);
     await expect.poll(() => status('sk-new-key-9876543210'), { timeout: 5000, interval: 100 }).toBe(200);
     expect(await status('sk-old-key-0123456789')).toBe(401);
   });
 
   it('keeps the keys in use when the file turns bad, and says so', async () => {
-    await writeFile(path.join(dir, 'keys'), 'new:sk-new-key-9876543210 speed=9\n');
+    await writeFile(keys, 'new:sk-new-key-9876543210 speed=9\n');
     await expect.poll(() => logs.raw.some((line) => line.includes('keeping the 1 keys in use')), { timeout: 5000, interval: 100 }).toBe(true);
     expect(await status('sk-new-key-9876543210')).toBe(200);
   });
@@ -110,17 +104,11 @@ describe('credentials in logs', () => {
 });
 
 describe("a key file's per-minute limits", () => {
-  let dir: string;
   let server: TestServer;
   beforeAll(async () => {
-    dir = await mkdtemp(path.join(os.tmpdir(), 'imagegen-keys-'));
-    await writeFile(path.join(dir, 'keys'), 'slow:sk-slow-key-0123456789 requests_per_minute=1\nfree:sk-free-key-0123456789 concurrent=2\n');
-    server = await startTestServer({ apiKeys: [], config: { apiKeysFile: path.join(dir, 'keys') } });
+    server = await startTestServer({ keysFile: 'slow:sk-slow-key-0123456789 requests_per_minute=1\nfree:sk-free-key-0123456789 concurrent=2\n' });
   });
-  afterAll(async () => {
-    await server.close();
-    await rm(dir, { recursive: true, force: true });
-  });
+  afterAll(() => server.close());
 
   const client = (apiKey: string) => new OpenAI({ baseURL: server.baseURL, apiKey, maxRetries: 0 });
   const generate = (apiKey: string) => client(apiKey).images.generate({ model: 'stub', prompt: 'a red circle', response_format: 'b64_json' });

@@ -1,13 +1,8 @@
-import { mkdtemp, rm } from 'node:fs/promises';
-import os from 'node:os';
-import path from 'node:path';
 import OpenAI from 'openai';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { loadConfig } from '../src/config.js';
-import { startServer, type RunningServer } from '../src/server.js';
-import { silentLogger } from './helpers/api-server.js';
 import { readImageFile } from './helpers/picture.js';
 import { demoPromptTokens } from './helpers/prompt-tokens.js';
+import { startRealServer, type RealServer } from './helpers/real-server.js';
 
 /**
  * A fresh install as `imagegen serve` runs it (real workers, the embedded demo model, no settings but
@@ -15,21 +10,15 @@ import { demoPromptTokens } from './helpers/prompt-tokens.js';
  */
 
 const KEY = 'sk-e2e-names-0123456789';
-let root: string;
-let server: RunningServer;
+let real: RealServer;
 let client: OpenAI;
 
 beforeAll(async () => {
-  root = await mkdtemp(path.join(os.tmpdir(), 'imagegen-e2e-names-'));
-  const config = loadConfig({}, { PORT: '0', API_KEYS: KEY, DATA_DIR: path.join(root, 'data'), MODELS_RESCAN_SECONDS: '0' });
-  server = await startServer(config, silentLogger);
-  client = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: KEY, maxRetries: 0 });
+  real = await startRealServer({ apiKey: KEY });
+  client = real.client;
 });
 
-afterAll(async () => {
-  await server?.close();
-  await rm(root, { recursive: true, force: true });
-});
+afterAll(() => real?.close());
 
 describe('OpenAI model names with the real engine', () => {
   it('draws with DEFAULT_MODEL (the demo model) when the request names no model', async () => {

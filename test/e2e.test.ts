@@ -1,12 +1,11 @@
-import { access, cp, mkdtemp, rm, writeFile } from 'node:fs/promises';
-import os from 'node:os';
+import { access } from 'node:fs/promises';
 import path from 'node:path';
 import OpenAI from 'openai';
-import { afterAll, beforeAll, describe, expect, inject, it } from 'vitest';
-import { EMBEDDED_MODELS_DIR, loadConfig } from '../src/config.js';
-import { startServer, type RunningServer } from '../src/server.js';
-import { silentLogger } from './helpers/api-server.js';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { EMBEDDED_MODELS_DIR } from '../src/config.js';
 import { readImageFile } from './helpers/picture.js';
+import { startRealServer, type RealServer } from './helpers/real-server.js';
+import { referenceModel } from './helpers/reference.js';
 
 /**
  * The whole service as `imagegen serve` runs it: config, worker threads, the real pipelines and the
@@ -14,27 +13,16 @@ import { readImageFile } from './helpers/picture.js';
  */
 
 const KEY = 'sk-e2e-0123456789';
-let root: string;
-let server: RunningServer;
+let real: RealServer;
 let client: OpenAI;
 
 beforeAll(async () => {
-  root = await mkdtemp(path.join(os.tmpdir(), 'imagegen-e2e-'));
-  const shapes = path.join(root, 'models', 'shapes');
-  await cp(path.join(inject('referenceModelsDir'), 'sd-turbo'), shapes, { recursive: true });
-  await writeFile(path.join(shapes, 'imagegen.json'), JSON.stringify({ sizes: ['128x128', '256x128', '512x512'], default_size: '128x128' }));
-  const config = loadConfig(
-    {},
-    { PORT: '0', API_KEYS: KEY, DATA_DIR: path.join(root, 'data'), MODELS_DIR: path.join(root, 'models'), MODELS_RESCAN_SECONDS: '0' },
-  );
-  server = await startServer(config, silentLogger);
-  client = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: KEY, maxRetries: 0 });
+  const shapes = { copy: referenceModel('sd-turbo'), preset: { sizes: ['128x128', '256x128', '512x512'], default_size: '128x128' } };
+  real = await startRealServer({ apiKey: KEY, models: { shapes } });
+  client = real.client;
 });
 
-afterAll(async () => {
-  await server?.close();
-  await rm(root, { recursive: true, force: true });
-});
+afterAll(() => real?.close());
 
 describe('generation with the real engine', () => {
   it('returns inline images that show what the prompt asks, all different', async () => {
@@ -70,7 +58,7 @@ describe('generation with the real engine', () => {
     let slowest = 0;
     while (!settled) {
       const started = performance.now();
-      const health = (await (await fetch(`${server.url}/health`)).json()) as { queue: { running: number } };
+      const health = (await (await fetch(`${real.server.url}/health`)).json()) as { queue: { running: number } };
       slowest = Math.max(slowest, performance.now() - started);
       seenBusy ||= health.queue.running > 0;
       await new Promise((resolve) => setTimeout(resolve, 5));

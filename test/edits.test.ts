@@ -1,13 +1,9 @@
-import { cp, mkdtemp, rm, writeFile } from 'node:fs/promises';
-import os from 'node:os';
-import path from 'node:path';
 import OpenAI, { toFile } from 'openai';
 import sharp from 'sharp';
-import { afterAll, beforeAll, describe, expect, inject, it } from 'vitest';
-import { loadConfig } from '../src/config.js';
-import { startServer, type RunningServer } from '../src/server.js';
-import { silentLogger } from './helpers/api-server.js';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { readImageFile } from './helpers/picture.js';
+import { startRealServer, type RealServer } from './helpers/real-server.js';
+import { referenceModel } from './helpers/reference.js';
 
 /**
  * Edits and variations end to end: a real server with real workers and the reference SD-Turbo model,
@@ -17,32 +13,21 @@ import { readImageFile } from './helpers/picture.js';
 
 const KEY = 'sk-edits-0123456789';
 const SIZE = 128;
-let root: string;
-let server: RunningServer;
+let real: RealServer;
 let client: OpenAI;
 /** A red circle the API drew, as PNG bytes. */
 let redCircle: Buffer;
 
 beforeAll(async () => {
-  root = await mkdtemp(path.join(os.tmpdir(), 'imagegen-edits-'));
-  const shapes = path.join(root, 'models', 'shapes');
-  await cp(path.join(inject('referenceModelsDir'), 'sd-turbo'), shapes, { recursive: true });
-  await writeFile(path.join(shapes, 'imagegen.json'), JSON.stringify({ sizes: ['128x128', '256x128'], default_size: '128x128' }));
-  const config = loadConfig(
-    {},
-    { PORT: '0', API_KEYS: KEY, DATA_DIR: path.join(root, 'data'), MODELS_DIR: path.join(root, 'models'), MODELS_RESCAN_SECONDS: '0', DEFAULT_MODEL: 'shapes' },
-  );
-  server = await startServer(config, silentLogger);
-  client = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: KEY, maxRetries: 0 });
+  const shapes = { copy: referenceModel('sd-turbo'), preset: { sizes: ['128x128', '256x128'], default_size: '128x128' } };
+  real = await startRealServer({ apiKey: KEY, models: { shapes }, env: { DEFAULT_MODEL: 'shapes' } });
+  client = real.client;
   const res = await client.images.generate({ model: 'shapes', prompt: 'a red circle', quality: 'hd', response_format: 'b64_json', seed: 1 } as OpenAI.ImageGenerateParamsNonStreaming);
   redCircle = Buffer.from(res.data![0].b64_json!, 'base64');
   expect((await readImageFile(redCircle)).reading).toMatchObject({ colour: 'red', shape: 'circle' });
 }, 120_000);
 
-afterAll(async () => {
-  await server?.close();
-  await rm(root, { recursive: true, force: true });
-});
+afterAll(() => real?.close());
 
 const png = (bytes: Buffer, name = 'in.png') => toFile(bytes, name, { type: 'image/png' });
 const decoded = (data: OpenAI.ImagesResponse) => data.data!.map((d) => Buffer.from(d.b64_json!, 'base64'));
@@ -85,7 +70,7 @@ async function expectApiError(call: Promise<unknown>, kind: ErrorClass, status: 
 
 /** A raw form post, for what the SDK will not send. */
 async function postForm(route: string, form: FormData): Promise<{ status: number; error: { param: string | null; code: string | null; message: string } }> {
-  const res = await fetch(`${server.url}/v1/images/${route}`, { method: 'POST', headers: { authorization: `Bearer ${KEY}` }, body: form });
+  const res = await fetch(`${real.baseURL}/images/${route}`, { method: 'POST', headers: { authorization: `Bearer ${KEY}` }, body: form });
   return { status: res.status, error: ((await res.json()) as { error: { param: string | null; code: string | null; message: string } }).error };
 }
 

@@ -1,34 +1,23 @@
-import { mkdtemp, rm } from 'node:fs/promises';
-import os from 'node:os';
-import path from 'node:path';
 import OpenAI from 'openai';
 import { afterAll, beforeAll, describe, expect, inject, it } from 'vitest';
-import { loadConfig } from '../src/config.js';
 import { REFERENCE_FAMILIES } from '../src/reference/index.js';
-import { startServer, type RunningServer } from '../src/server.js';
-import { silentLogger } from './helpers/api-server.js';
 import { readImageFile } from './helpers/picture.js';
+import { startRealServer, type RealServer } from './helpers/real-server.js';
 
 /**
  * Every reference family, installed as a user would (one folder per model in MODELS_DIR), asked
  * through the real HTTP route with the official SDK: the picture shows the prompted colour and shape.
  */
 
-let root: string;
-let server: RunningServer;
+let real: RealServer;
 let client: OpenAI;
 
 beforeAll(async () => {
-  root = await mkdtemp(path.join(os.tmpdir(), 'imagegen-families-'));
-  const config = loadConfig({}, { PORT: '0', DATA_DIR: root, MODELS_DIR: inject('referenceModelsDir'), WORKERS: '2', PRELOAD: 'none' });
-  server = await startServer(config, silentLogger);
-  client = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: 'unused', maxRetries: 0 });
+  real = await startRealServer({ modelsDir: inject('referenceModelsDir'), env: { WORKERS: '2', PRELOAD: 'none' } });
+  client = real.client;
 });
 
-afterAll(async () => {
-  await server?.close();
-  await rm(root, { recursive: true, force: true });
-});
+afterAll(() => real?.close());
 
 /**
  * Families distilled for a few steps run their hd preset (a single step of the exact reference denoiser

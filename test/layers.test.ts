@@ -21,6 +21,9 @@ const RANK: Record<string, number> = {
   store: 4.5,
   pipelines: 4,
   models: 3,
+  // Entries below models/, which reads folders with them; a family names its pipeline's kind, which
+  // pipelines/load.ts maps to a constructor.
+  families: 2.5,
   schedulers: 2,
   tokenizers: 2,
   runtime: 1,

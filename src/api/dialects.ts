@@ -1,4 +1,4 @@
-import type { Quality } from '../models/presets.js';
+import type { Quality } from '../families/family.js';
 import { ApiError, quoteList } from './errors.js';
 
 /**

@@ -1,6 +1,6 @@
 import { z } from 'zod';
 import { MAX_SEED } from '../runtime/random.js';
-import { STYLES, type Quality } from '../models/presets.js';
+import { STYLES, type Quality } from '../families/family.js';
 import { SCHEDULER_NAMES } from '../schedulers/index.js';
 import { NOISE_KINDS } from '../runtime/random.js';
 import { ApiError, quoteList } from './errors.js';

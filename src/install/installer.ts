@@ -3,7 +3,7 @@ import { mkdir, mkdtemp, readdir, rename, rm } from 'node:fs/promises';
 import path from 'node:path';
 import { defaultRuntime } from '../runtime/providers.js';
 import { loadPipeline } from '../pipelines/load.js';
-import { exists, type ModelFamily, type ModelLayout, type ModelVariant } from '../models/layout.js';
+import { exists, type ModelLayout } from '../models/layout.js';
 import { inspectModelFolder } from '../models/model-folder.js';
 import { keepAfterExit, removeIfInterrupted, type Disk } from './disk.js';
 import { ModelInstallError } from './errors.js';
@@ -29,8 +29,8 @@ export interface CommandOptions {
 export interface InstalledModel {
   id: string;
   dir: string;
-  family: ModelFamily;
-  variant: ModelVariant;
+  family: ModelLayout['family'];
+  variant: ModelLayout['variant'];
   bytes: number;
 }
 

@@ -1,5 +1,5 @@
 import path from 'node:path';
-import type { ModelFamily, ModelVariant } from '../models/layout.js';
+import type { ModelLayout } from '../models/layout.js';
 import { inspectModelFolder } from '../models/model-folder.js';
 import { modelFolderNames } from '../models/registry.js';
 import { listFolder } from './disk.js';
@@ -11,8 +11,8 @@ export interface ModelStatus {
   id: string;
   /** `partial`: a pull that stopped before finishing; running it again resumes it. */
   status: 'ok' | 'broken' | 'partial';
-  family?: ModelFamily;
-  variant?: ModelVariant;
+  family?: ModelLayout['family'];
+  variant?: ModelLayout['variant'];
   /** Bytes of its files. */
   bytes: number;
   /** Why a model is broken or partial. */

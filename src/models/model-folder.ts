@@ -1,4 +1,6 @@
 import path from 'node:path';
+import type { Capability, FamilyEntry } from '../families/family.js';
+import { familyEntry } from '../families/index.js';
 import { schedulersFor } from '../schedulers/index.js';
 import { describeIssues, readJsonIfPresent } from '../util/files.js';
 import { inspectModel, ModelLayoutError, type ModelLayout } from './layout.js';
@@ -16,6 +18,8 @@ export interface UsableModel {
   preset: ModelPreset;
   /** Scheduler names a request may choose for this model. */
   schedulers: string[];
+  /** What it can do: its family's capabilities that its export has the components for. */
+  capabilities: Capability[];
 }
 
 export interface UnusableModel {
@@ -39,11 +43,19 @@ async function presetOf(dir: string, layout: ModelLayout, schedulers: readonly s
   }
 }
 
+/** Editing a picture starts from its latents: an export without the VAE encoder cannot. */
+const NEEDS_VAE_ENCODER: ReadonlySet<Capability> = new Set(['image-to-image', 'inpainting']);
+
+function capabilitiesOf(family: FamilyEntry, layout: ModelLayout): Capability[] {
+  return family.capabilities.filter((capability) => layout.vaeEncoder || !NEEDS_VAE_ENCODER.has(capability));
+}
+
 export async function inspectModelFolder(dir: string): Promise<FolderVerdict> {
   try {
     const layout = await inspectModel(dir);
-    const schedulers = schedulersFor(layout.family === 'flux' ? 'flow' : 'vp');
-    return { usable: true, layout, preset: await presetOf(dir, layout, schedulers), schedulers };
+    const family = familyEntry(layout.family);
+    const schedulers = schedulersFor(family.schedulerKind);
+    return { usable: true, layout, preset: await presetOf(dir, layout, schedulers), schedulers, capabilities: capabilitiesOf(family, layout) };
   } catch (err) {
     // Any failure, an unreadable file included, makes the folder unusable; the server must go on serving the others.
     return { usable: false, reason: err instanceof ModelLayoutError ? err.problem : (err as Error).message };

@@ -1,10 +1,13 @@
 import { z } from 'zod';
-import type { ModelLayout, ModelVariant } from './layout.js';
+import type { Quality, Style } from '../families/family.js';
+import { familyEntry } from '../families/index.js';
+import type { ModelLayout } from './layout.js';
 
 /**
- * What the OpenAI request fields mean for each kind of model. `quality` picks the number of denoising
- * steps (low = fewer steps, faster and rougher; hd = more steps, more detail), `style` picks the
- * classifier-free guidance (vivid = stronger guidance: more saturated and literal; natural = weaker).
+ * What the OpenAI request fields mean for a model: its variant's preset (src/families/) with its
+ * folder's overrides. `quality` picks the number of denoising steps (low = fewer steps, faster and
+ * rougher; hd = more steps, more detail), `style` picks the classifier-free guidance (vivid =
+ * stronger guidance: more saturated and literal; natural = weaker).
  * Guidance-distilled models (turbo, schnell) run without guidance, so style does not change their
  * pictures. A model folder may override any of this in an `imagegen.json`:
  *
@@ -12,11 +15,6 @@ import type { ModelLayout, ModelVariant } from './layout.js';
  *     "guidance_scale": { "vivid": 8, "natural": 5 }, "scheduler": "euler", "max_batch": 4,
  *     "guidance_rescale": 0.7, "negative_prompt": "blurry, low quality" }
  */
-
-/** Step tiers: dall-e's standard|hd, and gpt-image's low (medium and auto count as standard, high as hd). */
-export type Quality = 'low' | 'standard' | 'hd';
-export const STYLES = ['vivid', 'natural'] as const;
-export type Style = (typeof STYLES)[number];
 
 export interface ModelPreset {
   /** "WxH", in the order the models endpoint lists them. */
@@ -41,23 +39,6 @@ const SIZE_CLASSES: Record<number, string[]> = {
   // SDXL's training buckets plus the dall-e-3 and gpt-image sizes apps ask for.
   1024: ['1024x1024', '1152x896', '896x1152', '1216x832', '832x1216', '1344x768', '768x1344', '1536x1024', '1024x1536', '1792x1024', '1024x1792'],
 };
-
-type VariantPreset = Omit<ModelPreset, 'sizes' | 'defaultSize' | 'scheduler' | 'guidanceRescale' | 'negativePrompt'> & { nativeSize: number };
-
-const VARIANTS: Record<ModelVariant, VariantPreset> = {
-  sd15: { nativeSize: 512, steps: { low: 15, standard: 25, hd: 50 }, guidanceScale: { vivid: 7.5, natural: 5 }, maxBatch: 4 },
-  sd2: { nativeSize: 768, steps: { low: 15, standard: 25, hd: 50 }, guidanceScale: { vivid: 7.5, natural: 5 }, maxBatch: 2 },
-  // One step is as few as a turbo model takes: its low is its standard.
-  'sd-turbo': { nativeSize: 512, steps: { low: 1, standard: 1, hd: 4 }, guidanceScale: { vivid: 0, natural: 0 }, maxBatch: 4 },
-  sdxl: { nativeSize: 1024, steps: { low: 20, standard: 30, hd: 50 }, guidanceScale: { vivid: 7, natural: 5 }, maxBatch: 1 },
-  'sdxl-turbo': { nativeSize: 512, steps: { low: 1, standard: 1, hd: 4 }, guidanceScale: { vivid: 0, natural: 0 }, maxBatch: 4 },
-  // LCM's guidance is the w it was distilled with (diffusers' default 8.5), not classifier-free guidance.
-  lcm: { nativeSize: 512, steps: { low: 2, standard: 4, hd: 8 }, guidanceScale: { vivid: 8.5, natural: 6 }, maxBatch: 4 },
-  'flux-schnell': { nativeSize: 1024, steps: { low: 2, standard: 4, hd: 8 }, guidanceScale: { vivid: 0, natural: 0 }, maxBatch: 1 },
-  // FLUX-dev's guidance is an embedded distilled value; 3.5 is its reference setting.
-  'flux-dev': { nativeSize: 1024, steps: { low: 20, standard: 28, hd: 50 }, guidanceScale: { vivid: 3.5, natural: 2.5 }, maxBatch: 1 },
-};
-
 
 const SIZE_PATTERN = /^([1-9]\d{1,4})x([1-9]\d{1,4})$/;
 
@@ -99,8 +80,12 @@ function stepTiers(base: Record<Quality, number>, override: PresetOverride['step
  * The preset of a model: its variant's defaults, sized for its native resolution, with the folder's
  * `imagegen.json` (already parsed) applied. `knownSchedulers` are the names valid for this model.
  */
-export function presetFor(layout: Pick<ModelLayout, 'variant' | 'nativeSize' | 'sizeMultiple'>, override: PresetOverride, knownSchedulers: readonly string[]): ModelPreset {
-  const base = VARIANTS[layout.variant];
+export function presetFor(
+  layout: Pick<ModelLayout, 'family' | 'variant' | 'nativeSize' | 'sizeMultiple'>,
+  override: PresetOverride,
+  knownSchedulers: readonly string[],
+): ModelPreset {
+  const base = familyEntry(layout.family).variants[layout.variant];
   const native = layout.nativeSize ?? base.nativeSize;
   const sizes = override.sizes ?? SIZE_CLASSES[native] ?? [`${native}x${native}`];
   const defaultSize = override.default_size ?? (sizes.includes(`${native}x${native}`) ? `${native}x${native}` : sizes[0]);

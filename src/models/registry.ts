@@ -1,6 +1,7 @@
 import { readdir, stat } from 'node:fs/promises';
 import path from 'node:path';
 import type { Logger } from 'pino';
+import type { Capability } from '../families/family.js';
 import type { ModelLayout } from './layout.js';
 import { inspectModelFolder, type UnusableModel } from './model-folder.js';
 import type { ModelPreset } from './presets.js';
@@ -18,6 +19,8 @@ export interface ModelEntry {
   preset: ModelPreset;
   /** Scheduler names a request may choose for this model. */
   schedulers: string[];
+  /** What it can do (text-to-image, image-to-image, ...): see inspectModelFolder. */
+  capabilities: Capability[];
   /** Unix seconds: when the folder was last changed. */
   created: number;
   /** Changes whenever the folder's contents are replaced, so workers reload rather than keep old sessions. */
@@ -86,8 +89,8 @@ async function folderSignature(dir: string): Promise<{ signature: string; mtimeM
 async function inspect(id: string, dir: string, ownedBy: string, mtimeMs: number, version: string): Promise<ModelEntry | UnusableModel> {
   const verdict = await inspectModelFolder(dir);
   if (!verdict.usable) return verdict;
-  const { layout, preset, schedulers } = verdict;
-  return { id, layout, preset, schedulers, created: Math.floor(mtimeMs / 1000), version, ownedBy };
+  const { layout, preset, schedulers, capabilities } = verdict;
+  return { id, layout, preset, schedulers, capabilities, created: Math.floor(mtimeMs / 1000), version, ownedBy };
 }
 
 /** An UnusableModel says `usable: false`; a ModelEntry has no such field. */

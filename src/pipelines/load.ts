@@ -1,5 +1,7 @@
 import { OnnxModel } from '../runtime/onnx-model.js';
 import type { RuntimeOptions, SessionTuning } from '../runtime/providers.js';
+import type { PipelineKind } from '../families/family.js';
+import { familyEntry } from '../families/index.js';
 import { inspectModel, ModelLayoutError, type ModelLayout } from '../models/layout.js';
 import { loadTokenizer } from '../tokenizers/load.js';
 import { FluxPipeline } from './flux.js';
@@ -7,14 +9,32 @@ import type { Pipeline } from './pipeline.js';
 import { StableDiffusionPipeline } from './stable-diffusion.js';
 import { TextEncoder } from './text-encoder.js';
 import { OnDemand } from './on-demand.js';
-import { VaeDecoder, VaeEncoder } from './vae.js';
+import { VaeDecoder, VaeEncoder, type VaeTiler } from './vae.js';
 
-/** T5 sequence length: FLUX schnell was distilled at 256 tokens, dev at 512. */
-const T5_LENGTH = { 'flux-schnell': 256, 'flux-dev': 512 } as const;
+/** Who decides whether a model's VAE decodes whole or in tiles (the worker's MemoryPlan); without one it decodes whole. */
+export interface DecodePlanner {
+  vaeTiler(layout: ModelLayout): VaeTiler;
+}
 
-/** Loads every component of a model folder and builds the pipeline for its family. */
-export async function loadPipeline(dir: string, runtime: RuntimeOptions): Promise<Pipeline> {
+/** A model's loaded components, which each pipeline takes what it needs of. */
+interface Components {
+  layout: ModelLayout;
+  denoiser: OnnxModel;
+  encoders: TextEncoder[];
+  vae: VaeDecoder;
+  vaeEncoder: OnDemand<VaeEncoder>;
+}
+
+/** The pipeline each kind a family names (src/families/) is built with. */
+const PIPELINES: Record<PipelineKind, (parts: Components) => Pipeline> = {
+  'stable-diffusion': ({ layout, denoiser, encoders, vae, vaeEncoder }) => new StableDiffusionPipeline(layout, denoiser, encoders, vae, vaeEncoder),
+  flux: ({ layout, denoiser, encoders: [clip, t5], vae, vaeEncoder }) => new FluxPipeline(layout, denoiser, clip, t5, vae, vaeEncoder),
+};
+
+/** Loads every component of a model folder and builds the pipeline its family names. */
+export async function loadPipeline(dir: string, runtime: RuntimeOptions, memory?: DecodePlanner): Promise<Pipeline> {
   const layout = await inspectModel(dir);
+  const family = familyEntry(layout.family);
   // Sessions hold native memory: when a later component fails, the ones already open are released.
   const opened: OnnxModel[] = [];
   const load = async (file: string, tuning?: SessionTuning) => {
@@ -28,24 +48,23 @@ export async function loadPipeline(dir: string, runtime: RuntimeOptions): Promis
   };
   try {
     // The decoder runs once per image at full resolution: an arena would keep its peak for good.
-    const vae = new VaeDecoder(await load(layout.vaeDecoder, { memoryArena: false }), layout.vae.scalingFactor, layout.vae.shiftFactor);
+    const vae = new VaeDecoder(await load(layout.vaeDecoder, { memoryArena: false }), layout.vae.scalingFactor, layout.vae.shiftFactor, memory?.vaeTiler(layout));
     const encoder = new TextEncoder(await load(layout.textEncoder), await loadTokenizer(layout.tokenizer));
     const denoiser = await load(layout.denoiser);
-    const second = await secondEncoder(layout, load);
+    const second = await secondEncoder(layout, family.secondEncoderLength?.[layout.variant], load);
     const vaeEncoder = new OnDemand(async () => {
       if (!layout.vaeEncoder) throw new ModelLayoutError(layout.dir, 'image-to-image needs vae_encoder/model.onnx, which this export lacks: export the model again with its VAE encoder');
       return new VaeEncoder(await load(layout.vaeEncoder, { memoryArena: false }), layout.vae.scalingFactor, layout.vae.shiftFactor);
     });
-    if (layout.family === 'flux') return new FluxPipeline(layout, denoiser, encoder, second!, vae, vaeEncoder);
-    return new StableDiffusionPipeline(layout, denoiser, second ? [encoder, second] : [encoder], vae, vaeEncoder);
+    return PIPELINES[family.pipeline]({ layout, denoiser, encoders: second ? [encoder, second] : [encoder], vae, vaeEncoder });
   } catch (err) {
     await Promise.allSettled(opened.map((m) => m.release()));
     throw err;
   }
 }
 
-async function secondEncoder(layout: ModelLayout, load: (file: string) => Promise<OnnxModel>): Promise<TextEncoder | undefined> {
+/** `maxLength`: the sequence length it was trained at, when its family fixes one (T5). */
+async function secondEncoder(layout: ModelLayout, maxLength: number | undefined, load: (file: string) => Promise<OnnxModel>): Promise<TextEncoder | undefined> {
   if (!layout.textEncoder2 || !layout.tokenizer2) return undefined;
-  const maxLength = layout.variant === 'flux-schnell' || layout.variant === 'flux-dev' ? T5_LENGTH[layout.variant] : undefined;
   return new TextEncoder(await load(layout.textEncoder2), await loadTokenizer(layout.tokenizer2, { maxLength }));
 }

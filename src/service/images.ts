@@ -174,14 +174,14 @@ export function createImageService({ registry, engine, store, defaultRng }: Imag
     }
   }
 
-  /** The edit at the request's size, with its strength; a model that cannot encode pictures is a 400 first. */
+  /** The edit at the request's size, with its strength; a model that cannot do this edit (its capabilities) is a 400 first. */
   async function fitted(request: GenerationRequest, model: ModelEntry, edit: EditInput): Promise<FittedEdit> {
-    if (!model.layout.vaeEncoder) {
-      throw ApiError.invalid(
-        'model',
-        'unsupported_value',
-        `The model '${request.model}' cannot edit images: its export (${model.id}) lacks vae_encoder/model.onnx. Export it again with its VAE encoder, or name another model.`,
-      );
+    const needs = edit.mask ? 'inpainting' : 'image-to-image';
+    if (!model.capabilities.includes(needs)) {
+      const why = model.layout.vaeEncoder
+        ? `${model.layout.family} models cannot do ${needs} here`
+        : `its export (${model.id}) lacks vae_encoder/model.onnx. Export it again with its VAE encoder`;
+      throw ApiError.invalid('model', 'unsupported_value', `The model '${request.model}' cannot edit images: ${why}, or name another model.`);
     }
     const { width, height } = requestSize(request, model);
     const strength = request.strength ?? DEFAULT_STRENGTH[edit.kind === 'variation' ? 'variation' : edit.mask ? 'inpaint' : 'edit'];

@@ -62,7 +62,7 @@ export async function loadTokenizer(dir: string, options: LoadTokenizerOptions =
   if (source === TOKENIZER_JSON) return fromTokenizerJson(dir, settings, maxLength);
   if (source === SPIECE_MODEL) {
     const file = path.join(dir, SPIECE_MODEL);
-    const model = parseSentencePieceModel(await readFile(file), file);
+    const model = await parseSentencePieceModel(await readFile(file), file);
     const json = sentencePieceToTokenizerJson(model, {
       addPrefixSpace: optionalBoolean(settings.config.add_prefix_space),
       legacy: optionalBoolean(settings.config.legacy),

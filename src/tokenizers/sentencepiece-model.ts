@@ -1,9 +1,9 @@
-import { WIRE_FIXED32, WIRE_FIXED64, WIRE_LENGTH, WIRE_VARINT } from '../util/protobuf-wire.js';
+import { bufferSource, WIRE_FIXED32, WIRE_LENGTH, WIRE_VARINT, WireFormatError, WireReader, type WireField } from '../util/protobuf-wire.js';
 
 /**
  * Reads a SentencePiece `spiece.model` (a `ModelProto` protobuf, sentencepiece_model.proto) into the
- * few fields a tokenizer needs. Hand-written because the format is four small messages and the
- * project has no protobuf library of its own (protobufjs only comes in through onnx-proto).
+ * few fields a tokenizer needs, with the project's protobuf field reader (src/util/protobuf-wire.ts):
+ * the format is four small messages.
  */
 
 /** sentencepiece_model.proto `SentencePiece.Type`. */
@@ -28,59 +28,15 @@ export interface SentencePieceModel {
   addDummyPrefix: boolean;
 }
 
-/** One protobuf field: its number, and its varint value or its bytes (length-delimited and fixed32). */
-interface Field {
-  number: number;
-  value: bigint;
-  bytes: Uint8Array;
-}
-
-function* fields(buffer: Uint8Array, what: string): Generator<Field> {
-  let at = 0;
-  const varint = (): bigint => {
-    let value = 0n;
-    for (let shift = 0n; ; shift += 7n) {
-      if (at >= buffer.length) throw new Error(`${what}: truncated varint`);
-      const byte = buffer[at++];
-      value |= BigInt(byte & 0x7f) << shift;
-      if (byte < 0x80) return value;
-    }
-  };
-  const take = (length: number): Uint8Array => {
-    if (at + length > buffer.length) throw new Error(`${what}: a field runs past the end of the file`);
-    const bytes = buffer.subarray(at, at + length);
-    at += length;
-    return bytes;
-  };
-  while (at < buffer.length) {
-    const key = varint();
-    const number = Number(key >> 3n);
-    const empty = new Uint8Array(0);
-    switch (Number(key & 7n)) {
-      case WIRE_VARINT:
-        yield { number, value: varint(), bytes: empty };
-        break;
-      case WIRE_FIXED64:
-        take(8);
-        break;
-      case WIRE_LENGTH:
-        yield { number, value: 0n, bytes: take(Number(varint())) };
-        break;
-      case WIRE_FIXED32:
-        yield { number, value: 0n, bytes: take(4) };
-        break;
-      default:
-        throw new Error(`${what}: not a protobuf message (wire type ${key & 7n})`);
-    }
-  }
-}
-
 const utf8 = new TextDecoder('utf-8', { fatal: true });
 const asFloat32 = (bytes: Uint8Array) => new DataView(bytes.buffer, bytes.byteOffset, 4).getFloat32(0, true);
 /** int32 fields are varints of the 64-bit two's complement (-1 is ten bytes). */
 const asInt32 = (value: bigint) => Number(BigInt.asIntN(32, value));
 
-export function parseSentencePieceModel(buffer: Uint8Array, file: string): SentencePieceModel {
+/** Whether a field is number `number` of wire type `wire` (a field of another type is someone else's). */
+const is = (field: WireField, number: number, wire: number) => field.number === number && field.wire === wire;
+
+export async function parseSentencePieceModel(buffer: Uint8Array, file: string): Promise<SentencePieceModel> {
   const model: SentencePieceModel = {
     pieces: [],
     unkId: 0,
@@ -89,29 +45,35 @@ export function parseSentencePieceModel(buffer: Uint8Array, file: string): Sente
     addDummyPrefix: true,
   };
   let modelType = UNIGRAM;
-  for (const field of fields(buffer, file)) {
-    if (field.number === 1) {
-      const piece: SentencePiece = { piece: '', score: 0, type: PieceType.normal };
-      for (const f of fields(field.bytes, file)) {
-        if (f.number === 1) piece.piece = utf8.decode(f.bytes);
-        else if (f.number === 2) piece.score = asFloat32(f.bytes);
-        else if (f.number === 3) piece.type = Number(f.value);
-      }
-      model.pieces.push(piece);
-    } else if (field.number === 2) {
-      // TrainerSpec
-      for (const f of fields(field.bytes, file)) {
-        if (f.number === 3) modelType = Number(f.value);
-        else if (f.number === 35) model.byteFallback = f.value !== 0n;
-        else if (f.number === 40) model.unkId = asInt32(f.value);
-      }
-    } else if (field.number === 3) {
-      // NormalizerSpec
-      for (const f of fields(field.bytes, file)) {
-        if (f.number === 2) model.precompiledCharsmap = f.bytes;
-        else if (f.number === 3) model.addDummyPrefix = f.value !== 0n;
+  const reader = new WireReader(bufferSource(buffer));
+  try {
+    for await (const field of reader.fields(buffer.length)) {
+      if (is(field, 1, WIRE_LENGTH)) {
+        const piece: SentencePiece = { piece: '', score: 0, type: PieceType.normal };
+        for await (const f of reader.fields(field.end)) {
+          if (is(f, 1, WIRE_LENGTH)) piece.piece = utf8.decode(await reader.bytes(f));
+          else if (is(f, 2, WIRE_FIXED32)) piece.score = asFloat32(await reader.bytes(f));
+          else if (is(f, 3, WIRE_VARINT)) piece.type = Number(f.value);
+        }
+        model.pieces.push(piece);
+      } else if (is(field, 2, WIRE_LENGTH)) {
+        // TrainerSpec
+        for await (const f of reader.fields(field.end)) {
+          if (is(f, 3, WIRE_VARINT)) modelType = Number(f.value);
+          else if (is(f, 35, WIRE_VARINT)) model.byteFallback = f.value !== 0n;
+          else if (is(f, 40, WIRE_VARINT)) model.unkId = asInt32(f.value);
+        }
+      } else if (is(field, 3, WIRE_LENGTH)) {
+        // NormalizerSpec
+        for await (const f of reader.fields(field.end)) {
+          if (is(f, 2, WIRE_LENGTH)) model.precompiledCharsmap = await reader.bytes(f);
+          else if (is(f, 3, WIRE_VARINT)) model.addDummyPrefix = f.value !== 0n;
+        }
       }
     }
+  } catch (err) {
+    if (err instanceof WireFormatError) throw new Error(`${file}: ${err.message}`);
+    throw err;
   }
   if (modelType !== UNIGRAM) {
     throw new Error(`${file}: SentencePiece model type ${modelType} is not supported (only Unigram, as T5 uses)`);

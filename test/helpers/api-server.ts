@@ -118,6 +118,8 @@ export interface TestServer {
   registry: ModelRegistry;
   modelsDir: string;
   dataDir: string;
+  /** API_KEYS_FILE, when the options gave its lines (`keysFile`). */
+  keysFile: string | undefined;
   close(): Promise<void>;
 }
 
@@ -134,6 +136,8 @@ export interface TestServerOptions {
   clock?: () => number;
   /** The app's logger (default: silent). */
   logger?: Logger;
+  /** An API key file's lines: written to a file the server reads as API_KEYS_FILE (no API_KEYS then). */
+  keysFile?: string;
 }
 
 export const TEST_KEY = 'sk-test-0123456789abcdef';
@@ -144,7 +148,9 @@ export async function startTestServer(options: TestServerOptions = {}): Promise<
   const modelsDir = path.join(root, 'models');
   await writeStubModel(path.join(modelsDir, 'stub'), { sizes: STUB_SIZES, default_size: '64x64' });
   const dataDir = options.dataDir ?? path.join(root, 'data');
-  const apiKeys = options.apiKeys ?? [TEST_KEY];
+  const keysFile = options.keysFile === undefined ? undefined : path.join(root, 'keys');
+  if (keysFile) await writeFile(keysFile, options.keysFile!);
+  const apiKeys = options.apiKeys ?? (keysFile ? [] : [TEST_KEY]);
 
   const engine = options.engine ?? new FakeEngine();
   const store = await FileImageStore.open({ dir: dataDir, ttlSeconds: options.ttlSeconds ?? 3600, maxBytes: options.maxStoreBytes ?? 1e9, logger: silentLogger, clock: options.clock });
@@ -155,7 +161,7 @@ export async function startTestServer(options: TestServerOptions = {}): Promise<
     minRescanIntervalMs: 0,
   });
   await registry.scan();
-  const config: AppConfig = { ...loadConfig({}, {}), apiKeys, bodyLimit: 1024 * 1024, trustProxy: true, publicBaseUrl: undefined, ...options.config };
+  const config: AppConfig = { ...loadConfig({}, {}), apiKeys, apiKeysFile: keysFile, bodyLimit: 1024 * 1024, trustProxy: true, publicBaseUrl: undefined, ...options.config };
   const app = buildApp({ config, registry, engine, store, metrics: new Metrics(), logger: options.logger ?? silentLogger });
   const origin = await app.listen({ port: 0, host: '127.0.0.1' });
   const baseURL = `${origin}/v1`;
@@ -168,6 +174,7 @@ export async function startTestServer(options: TestServerOptions = {}): Promise<
     registry,
     modelsDir,
     dataDir,
+    keysFile,
     async close() {
       await app.close();
       await engine.close();

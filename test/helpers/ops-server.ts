@@ -1,11 +1,10 @@
-import { cp, mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { mkdtemp } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import type { Logger } from 'pino';
 import { expect } from 'vitest';
-import { loadConfig } from '../../src/config.js';
-import { startServer, type RunningServer } from '../../src/server.js';
-import { silentLogger } from './api-server.js';
+import type { RunningServer } from '../../src/server.js';
+import { installModels, startRealServer, type ModelSource, type RealServer } from './real-server.js';
 import { referenceModel } from './reference.js';
 
 /**
@@ -18,12 +17,12 @@ export const MODEL = 'shapes';
 export const OPS_KEY = 'sk-ops-0123456789abcdef';
 export const auth = { authorization: `Bearer ${OPS_KEY}` };
 
+const shapes = (): ModelSource => ({ copy: referenceModel('sd-turbo'), preset: { sizes: ['128x128', '256x256', '512x512', '1024x1024'], default_size: '128x128' } });
+
 /** A root folder with `models/shapes`; `data/` is the DATA_DIR the servers use. */
 export async function makeRoot(): Promise<string> {
   const root = await mkdtemp(path.join(os.tmpdir(), 'imagegen-ops-'));
-  const model = path.join(root, 'models', MODEL);
-  await cp(referenceModel('sd-turbo'), model, { recursive: true });
-  await writeFile(path.join(model, 'imagegen.json'), JSON.stringify({ sizes: ['128x128', '256x256', '512x512', '1024x1024'], default_size: '128x128' }));
+  await installModels(path.join(root, 'models'), { [MODEL]: shapes() });
   return root;
 }
 
@@ -32,14 +31,7 @@ export function rootEnv(root: string): Record<string, string> {
   return { API_KEYS: OPS_KEY, DATA_DIR: path.join(root, 'data'), MODELS_DIR: path.join(root, 'models'), DEFAULT_MODEL: MODEL, MODELS_RESCAN_SECONDS: '0' };
 }
 
-export interface OpsServer {
-  server: RunningServer;
-  /** The API base URL, ending in /v1. */
-  baseURL: string;
-  root: string;
-  /** Stops the server; removes the root unless it was given. */
-  close(): Promise<void>;
-}
+export type OpsServer = RealServer;
 
 export interface OpsServerOptions {
   /** Settings as environment variables, over the test defaults (one worker, port 0). */
@@ -49,18 +41,8 @@ export interface OpsServerOptions {
   root?: string;
 }
 
-export async function startOpsServer({ env = {}, logger = silentLogger, root }: OpsServerOptions = {}): Promise<OpsServer> {
-  const dir = root ?? (await makeRoot());
-  const server = await startServer(loadConfig({}, { PORT: '0', WORKERS: '1', ...rootEnv(dir), ...env }), logger);
-  return {
-    server,
-    baseURL: `${server.url}/v1`,
-    root: dir,
-    async close() {
-      await server.close();
-      if (!root) await rm(dir, { recursive: true, force: true });
-    },
-  };
+export function startOpsServer({ env = {}, logger, root }: OpsServerOptions = {}): Promise<OpsServer> {
+  return startRealServer({ root, models: root ? {} : { [MODEL]: shapes() }, apiKey: OPS_KEY, logger, env: { WORKERS: '1', DEFAULT_MODEL: MODEL, ...env } });
 }
 
 export interface Answer {

@@ -1,14 +1,11 @@
 import { existsSync } from 'node:fs';
-import { chmod, cp, mkdir, mkdtemp, readdir, rm, symlink } from 'node:fs/promises';
+import { chmod, cp, mkdtemp, readdir, rm, symlink } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
-import OpenAI from 'openai';
 import type { ImageGenerateParamsNonStreaming, ImagesResponse } from 'openai/resources/images';
 import { onTestFinished } from 'vitest';
-import { loadConfig } from '../../src/config.js';
-import { startServer, type RunningServer } from '../../src/server.js';
-import { silentLogger } from './api-server.js';
+import { startRealServer, type RealServer } from './real-server.js';
 
 /**
  * The tiny random-weight Optimum exports of the real architectures and diffusers' goldens for them,
@@ -50,36 +47,20 @@ export async function copyOfExport(name: RealExportName): Promise<string> {
   return dir;
 }
 
-export interface ExportsServer {
-  server: RunningServer;
-  client: OpenAI;
-  /** DATA_DIR of the server. */
-  dataDir: string;
+export interface ExportsServer extends RealServer {
   /** One image, b64_json, 1 step unless `params` say otherwise (extension fields included). */
   generate(params: Record<string, unknown>): Promise<ImagesResponse>;
-  close(): Promise<void>;
 }
 
 /**
  * The whole server (worker processes, real pipelines) with the named real exports installed beside the
- * embedded model, and the official client pointed at it.
+ * embedded model, one worker, and the official client pointed at it.
  */
 export async function startExportsServer(names: readonly RealExportName[], env: Record<string, string> = {}): Promise<ExportsServer> {
-  const root = await mkdtemp(path.join(os.tmpdir(), 'imagegen-exports-'));
-  await mkdir(path.join(root, 'models'));
-  for (const name of names) await symlink(realExport(name), path.join(root, 'models', name));
-  const dataDir = path.join(root, 'data');
-  const server = await startServer(loadConfig({}, { PORT: '0', WORKERS: '1', DATA_DIR: dataDir, MODELS_DIR: path.join(root, 'models'), MODELS_RESCAN_SECONDS: '0', ...env }), silentLogger);
-  const client = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: 'unused', maxRetries: 0 });
+  const real = await startRealServer({ models: Object.fromEntries(names.map((name) => [name, { link: realExport(name) }])), env: { WORKERS: '1', ...env } });
   return {
-    server,
-    client,
-    dataDir,
+    ...real,
     generate: (params) =>
-      client.images.generate({ prompt: 'a red circle', response_format: 'b64_json', steps: 1, ...params } as unknown as ImageGenerateParamsNonStreaming),
-    async close() {
-      await server.close();
-      await rm(root, { recursive: true, force: true });
-    },
+      real.client.images.generate({ prompt: 'a red circle', response_format: 'b64_json', steps: 1, ...params } as unknown as ImageGenerateParamsNonStreaming),
   };
 }

@@ -1,0 +1,24 @@
+import { halvings, type VariantClues } from './family.js';
+
+/** Rules the UNet families (SD 1.x/2.x, SDXL) share. */
+
+/**
+ * As diffusers computes it: the VAE's scale factor times the UNet's down-sampling (2^(down blocks -
+ * 1)). A UNet halves the latent grid once per down block after the first and must double it back to
+ * the same size to concatenate its skip connections; `fallback` is for exports without a config.json.
+ */
+export function unetSizeMultiple(vaeScale: number, denoiserConfig: Record<string, unknown>, fallback: number): number {
+  const unet = halvings(denoiserConfig.down_block_types);
+  return unet === undefined ? fallback : vaeScale * unet;
+}
+
+/** `sample_size` x the VAE's scale, when the UNet's config says. */
+export function unetNativeSize(vaeScale: number, denoiserConfig: Record<string, unknown>): number | undefined {
+  return typeof denoiserConfig.sample_size === 'number' && denoiserConfig.sample_size ? denoiserConfig.sample_size * vaeScale : undefined;
+}
+
+/** Adversarially distilled for a step or few: its name says so, or its scheduler's trailing spacing. */
+export function isTurbo({ scheduler, modelIndex }: VariantClues): boolean {
+  const name = String(modelIndex?._name_or_path ?? '').toLowerCase();
+  return name.includes('turbo') || scheduler.timestep_spacing === 'trailing';
+}
