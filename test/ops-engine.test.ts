@@ -1,5 +1,8 @@
+import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { EMBEDDED_MODELS_DIR } from '../src/config.js';
 import { createEnginePool } from '../src/engine/pool.js';
+import type { GenerationBatch } from '../src/runtime/types.js';
 import { startTestServer } from './helpers/api-server.js';
 import { capturedLogs } from './helpers/logs.js';
 import { auth, generate, LONG, metric, MODEL, OPS_KEY, scrape, sleep, startOpsServer, untilReady, whenRunning, type Answer, type OpsServer } from './helpers/ops-server.js';
@@ -214,30 +217,81 @@ describe('a worker process that dies', () => {
     }
   });
 
-  it('is restarted after a delay that grows while it dies before proving itself, at once once it has served', async () => {
+  it('is restarted after a delay that grows while it dies before proving itself, at once once it has served or stayed up a minute', async () => {
+    // The backoff runs on a fake clock: its delays are checked without being waited for.
+    const clock = fakeClock();
     const { logger, lines } = capturedLogs<{ msg?: string; restartInMs?: number; reason?: string }>();
-    const ops = await startOpsServer({ logger });
+    const pool = createEnginePool({ workers: 1, queueMax: 4, executionProvider: 'cpu', preload: [{ dir: DEMO_DIR }], logger, clock });
+    const delays = () => lines.filter((l) => l.restartInMs !== undefined).map((l) => l.restartInMs);
+    const pid = () => pool.workers()[0]?.pid;
+    /** Kills the worker; resolves once its death has been seen (a restart is scheduled). */
+    const kill = async () => {
+      const seen = delays().length;
+      process.kill(pid()!, 'SIGKILL');
+      await expect.poll(() => delays().length, { timeout: 5000, interval: 5 }).toBe(seen + 1);
+    };
     try {
-      for (const expected of [1000, 2000]) {
-        const starting = ops.server.engine.workers()[0];
-        expect(starting.ready).toBe(false);
-        process.kill(starting.pid!, 'SIGKILL');
-        await expect.poll(() => lines.filter((l) => l.restartInMs !== undefined).at(-1)?.restartInMs, { timeout: 5000, interval: 5 }).toBe(expected);
-        await expect.poll(() => ops.server.engine.workers()[0].pid, { timeout: expected + 5000, interval: 5 }).not.toBe(starting.pid);
+      for (const expected of [1000, 2000, 4000]) {
+        const before = pid();
+        expect(pool.workers()[0].ready).toBe(false);
+        await kill();
+        expect(delays().at(-1)).toBe(expected);
+        clock.advance(expected - 1);
+        expect(pid()).toBe(before);
+        clock.advance(1);
+        expect(pid()).not.toBe(before);
       }
       expect(lines.find((l) => l.restartInMs === 1000)?.reason).toMatch(/killed \(SIGKILL; the system may have run out of memory\)/);
-      await untilReady(ops.server.url);
-      expect((await generate(ops.baseURL)).status).toBe(200);
 
       // It completed a batch: whatever killed it now, it was not broken from the start.
-      process.kill(ops.server.engine.workers()[0].pid!, 'SIGKILL');
-      await expect.poll(() => lines.filter((l) => l.restartInMs !== undefined).at(-1)?.restartInMs, { timeout: 5000, interval: 5 }).toBe(0);
-      await untilReady(ops.server.url);
-      expect((await generate(ops.baseURL)).status).toBe(200);
+      await expect.poll(() => pool.readiness().ready, { timeout: 60_000, interval: 10 }).toBe(true);
+      expect(await pool.generate(demoBatch())).toHaveLength(1);
+      await kill();
+      expect(delays().at(-1)).toBe(0);
+
+      // Ready for a minute without a batch proves it too; a minute less a millisecond does not.
+      for (const [upMs, expected] of [[59_999, 1000], [60_000, 0]] as const) {
+        clock.advance(1000);
+        await expect.poll(() => pool.readiness().ready, { timeout: 60_000, interval: 10 }).toBe(true);
+        clock.advance(upMs);
+        await kill();
+        expect(delays().at(-1)).toBe(expected);
+      }
     } finally {
-      await ops.close();
+      await pool.close();
     }
   });
+});
+
+/** A clock that moves only when told to, running what falls due. */
+function fakeClock() {
+  let now = 0;
+  const due = new Set<{ at: number; fn: () => void }>();
+  return {
+    now: () => now,
+    after(ms: number, fn: () => void) {
+      const entry = { at: now + ms, fn };
+      due.add(entry);
+      return () => void due.delete(entry);
+    },
+    advance(ms: number) {
+      now += ms;
+      for (const entry of [...due].filter((e) => e.at <= now)) {
+        due.delete(entry);
+        entry.fn();
+      }
+    },
+  };
+}
+
+const DEMO_DIR = path.join(EMBEDDED_MODELS_DIR, 'demo-shapes');
+const demoBatch = (): GenerationBatch => ({
+  modelDir: DEMO_DIR,
+  width: 256,
+  height: 256,
+  steps: 2,
+  guidanceScale: 0,
+  items: [{ prompt: 'a red circle', negativePrompt: '', seed: 1 }],
 });
 
 describe('stopping the engine', () => {

@@ -60,6 +60,8 @@ export interface EnginePoolOptions {
   stopGraceMs?: number;
   /** Where the models' measured memory is kept across workers and restarts. */
   memoryFigures?: MemoryFigureBook;
+  /** The clock of the restart backoff; real time unless a test passes its own. */
+  clock?: PoolClock;
   logger?: Logger;
   metrics?: EngineMetrics;
 }
@@ -69,6 +71,20 @@ export interface MemoryFigureBook {
   all(): Record<string, ModelMemory>;
   record(modelDir: string, memory: ModelMemory): void;
 }
+
+/** Time as the restart backoff sees it: `after` schedules `fn` in `ms` and returns its cancel. */
+export interface PoolClock {
+  now(): number;
+  after(ms: number, fn: () => void): () => void;
+}
+
+const REAL_CLOCK: PoolClock = {
+  now: () => performance.now(),
+  after(ms, fn) {
+    const timer = setTimeout(fn, ms);
+    return () => clearTimeout(timer);
+  },
+};
 
 /** What the engine reports for monitoring; models are named by their folder. */
 export interface EngineMetrics {
@@ -116,10 +132,10 @@ const modelName = (modelDir: string) => path.basename(modelDir);
  */
 const RESTART_BACKOFF_MS = { first: 1000, max: 30_000 };
 const STABLE_MS = 60_000;
-const proven = (worker: WorkerProcess) => worker.batchesDone > 0 || (worker.readyAt !== undefined && performance.now() - worker.readyAt >= STABLE_MS);
 
 export function createEnginePool(options: EnginePoolOptions): WorkerPool {
   const { logger, metrics } = options;
+  const clock = options.clock ?? REAL_CLOCK;
   const preload = options.preload ?? [];
   const cudaDevices = options.cudaDevices ?? [0];
   const engine: Partial<EngineSettings> = {
@@ -145,7 +161,11 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
   const workers = () => slots.filter((w): w is WorkerProcess => w !== undefined);
   /** Deaths of unproven workers in a row, per slot (for the restart backoff). */
   const failedStarts: number[] = Array(options.workers).fill(0);
-  const restarts = new Set<NodeJS.Timeout>();
+  /** Cancels of the restarts waiting for their delay. */
+  const restarts = new Set<() => void>();
+  /** When each worker became ready, on the pool's clock. */
+  const readyAt = new Map<WorkerProcess, number>();
+  const proven = (worker: WorkerProcess) => worker.batchesDone > 0 || clock.now() - (readyAt.get(worker) ?? Infinity) >= STABLE_MS;
   const readyWorkers = () => workers().filter((w) => w.ready);
   const loadErrors = new Map<string, string>();
   let closing = false;
@@ -155,6 +175,7 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
       const slot = slots.indexOf(worker);
       switch (message.type) {
         case 'ready':
+          readyAt.set(worker, clock.now());
           logger?.info({ worker: slot, pid: worker.pid }, 'worker ready');
           break;
         case 'model-loaded':
@@ -175,7 +196,9 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
     },
     exit(worker, reason) {
       queue.setConcurrency(readyWorkers().length);
-      if (!closing) restartLater(slots.indexOf(worker), proven(worker), `worker process ${reason}`, worker.pid);
+      const wasProven = proven(worker);
+      readyAt.delete(worker);
+      if (!closing) restartLater(slots.indexOf(worker), wasProven, `worker process ${reason}`, worker.pid);
     },
   };
 
@@ -194,11 +217,11 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
     const delay = wasProven ? 0 : Math.min(RESTART_BACKOFF_MS.max, RESTART_BACKOFF_MS.first * 2 ** failedStarts[slot]++);
     logger?.error({ worker: slot, pid, reason, restartInMs: delay }, `${reason}; starting a replacement (requests it was running fail with 500)`);
     metrics?.workerReplaced();
-    const timer = setTimeout(() => {
-      restarts.delete(timer);
+    const cancel = clock.after(delay, () => {
+      restarts.delete(cancel);
       if (!closing) startWorker(slot);
-    }, delay);
-    restarts.add(timer);
+    });
+    restarts.add(cancel);
   }
   for (let slot = 0; slot < options.workers; slot++) startWorker(slot);
 
@@ -280,7 +303,7 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
     workers: () => workers().map((w) => ({ pid: w.pid, alive: w.alive, ready: w.ready, busy: w.busy, step: w.step })),
     async close() {
       closing = true;
-      for (const timer of restarts) clearTimeout(timer);
+      for (const cancel of restarts) cancel();
       queue.close();
       await Promise.all(workers().map((w) => w.stop(options.stopGraceMs ?? 5000)));
     },

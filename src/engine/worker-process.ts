@@ -59,8 +59,7 @@ function describeExit(code: number | null, signal: NodeJS.Signals | null): strin
 export class WorkerProcess {
   /** Preloading is over and the process is alive: the worker takes batches. */
   ready = false;
-  /** When it became ready (performance.now()), and batches it completed: the pool's restart backoff asks. */
-  readyAt: number | undefined;
+  /** Batches it completed: the pool's restart backoff asks. */
   batchesDone = 0;
   /** Denoising steps done in the running (or else the last) batch. */
   step = 0;
@@ -156,7 +155,6 @@ export class WorkerProcess {
         return;
       case 'ready':
         this.ready = true;
-        this.readyAt = performance.now();
         break;
       case 'model-loaded':
         this.loaded.add(message.modelDir);
