@@ -147,7 +147,33 @@ const SETTINGS = {
   },
   modelsRescanSeconds: { schema: integer(0).default(30), description: 'how often model folders are rescanned for added or removed models (0 = only on demand)' },
   imageTtlSeconds: { schema: integer(1).default(86400), description: 'how long image URLs stay valid' },
-  maxStoreBytes: { schema: byteSize.default(2 * 1024 ** 3), description: 'disk space the image store may use, e.g. 2g' },
+  maxStoreBytes: {
+    schema: byteSize.default(2 * 1024 ** 3),
+    description: 'space the image store may use, e.g. 2g (with STORE=s3: the prefix\'s total over all replicas, as each replica\'s last listing saw it; see docs/deploy.md)',
+  },
+  store: {
+    schema: z.enum(['fs', 's3']).default('fs'),
+    description: 'where generated images live: fs (DATA_DIR/images on this machine) or s3 (an S3-compatible bucket every replica shares; see the S3_* settings)',
+  },
+  s3Bucket: { schema: z.string().min(1).optional(), description: 'bucket of the image store with STORE=s3' },
+  s3Prefix: { schema: z.string().default('images/'), description: 'key prefix of the images in S3_BUCKET (deployments sharing a bucket need different ones)' },
+  s3Endpoint: {
+    schema: absoluteUrl.optional(),
+    description: 'S3 API address of stores other than AWS, e.g. http://minio:9000 or https://<account>.r2.cloudflarestorage.com (default: AWS, or AWS_ENDPOINT_URL_S3)',
+  },
+  s3Region: { schema: z.string().min(1).optional(), description: 'bucket region (default: AWS_REGION or the AWS profile\'s; MinIO and most others take us-east-1, R2 auto)' },
+  s3ForcePathStyle: {
+    schema: boolean.default(false),
+    description: 'address the bucket as a path (http://host/bucket/key) rather than a host name: MinIO, Ceph RGW, Garage and most self-hosted stores need true',
+  },
+  s3PresignedUrls: {
+    schema: boolean.default(false),
+    description: 'image URLs are presigned S3 URLs that expire with the image (clients fetch from the bucket, which they must reach), instead of URLs any replica serves',
+  },
+  redisUrl: {
+    schema: z.string().regex(/^rediss?:\/\//, 'expected a redis:// or rediss:// URL, e.g. redis://redis:6379/0').optional(),
+    description: 'Redis shared by the replicas for the per-key limits of API_KEYS_FILE (e.g. redis://redis:6379/0; rediss:// for TLS); unset: each server counts alone',
+  },
   publicBaseUrl: {
     schema: absoluteUrl.optional(),
     description: 'external address of this server for image URLs (default: taken from each request)',
@@ -218,6 +244,10 @@ const SETTINGS = {
   tlsCert: { schema: z.string().min(1).optional(), description: 'PEM certificate file: serve HTTPS (needs TLS_KEY)' },
   tlsKey: { schema: z.string().min(1).optional(), description: 'PEM private key file for TLS_CERT' },
   metricsPublic: { schema: boolean.default(false), description: 'serve GET /metrics without an API key' },
+  playground: {
+    schema: boolean.default(true),
+    description: 'serve the playground web page at / and /playground/ (the page itself loads without a key; the API calls it makes need one)',
+  },
   logLevel: {
     schema: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
     description: 'log level',
@@ -288,6 +318,10 @@ export function loadConfig(flags: Partial<Record<SettingName, string>> = {}, env
     problems.push('HEADERS_TIMEOUT_SECONDS must not exceed REQUEST_TIMEOUT_SECONDS: the headers are part of the request');
   }
   if (Boolean(parsed.tlsCert) !== Boolean(parsed.tlsKey)) problems.push('TLS_CERT and TLS_KEY must be set together');
+  if (parsed.store === 's3' && !parsed.s3Bucket) problems.push('STORE=s3 needs S3_BUCKET (and credentials from the AWS environment variables or files)');
+  if (parsed.s3PresignedUrls && parsed.store !== 's3') problems.push('S3_PRESIGNED_URLS needs STORE=s3');
+  // SigV4 presigned URLs live at most 7 days.
+  if (parsed.s3PresignedUrls && parsed.imageTtlSeconds > 604_800) problems.push('S3_PRESIGNED_URLS allows IMAGE_TTL_SECONDS of at most 604800 (7 days, the longest a presigned URL lives)');
   if (problems.length) throw new ConfigError(problems);
 
   const modelAliases: Record<string, string> = Object.fromEntries(OPENAI_MODEL_NAMES.map((name) => [name, parsed.defaultModel]));

@@ -11,7 +11,10 @@ import { availableBytes } from './runtime/memory.js';
 import { MemoryFigures } from './models/memory-figures.js';
 import { ModelRegistry, modelRoots } from './models/registry.js';
 import { Metrics } from './observability/metrics.js';
-import { FileImageStore } from './store/file-store.js';
+import { openImageStore } from './store/open-store.js';
+import { KeyRates } from './http/key-rates.js';
+import { connectRedis } from './http/redis.js';
+import { RedisLedger } from './http/redis-ledger.js';
 
 /** Puts the service together (store, models, engine, HTTP app) and starts listening. */
 
@@ -28,13 +31,25 @@ export interface RunningServer {
 const SWEEP_INTERVAL_MS = 60_000;
 
 export async function startServer(config: Config, logger: Logger): Promise<RunningServer> {
-  const store = await FileImageStore.open({
-    dir: path.resolve(config.dataDir, 'images'),
-    ttlSeconds: config.imageTtlSeconds,
-    maxBytes: config.maxStoreBytes,
-    logger: logger.child({ component: 'store' }),
-  });
+  const store = await openImageStore(
+    {
+      kind: config.store,
+      dir: path.resolve(config.dataDir, 'images'),
+      s3: {
+        bucket: config.s3Bucket,
+        prefix: config.s3Prefix,
+        endpoint: config.s3Endpoint,
+        region: config.s3Region,
+        forcePathStyle: config.s3ForcePathStyle,
+        presignedUrls: config.s3PresignedUrls,
+      },
+    },
+    { ttlSeconds: config.imageTtlSeconds, maxBytes: config.maxStoreBytes, logger: logger.child({ component: 'store' }) },
+  );
   store.startSweeper(SWEEP_INTERVAL_MS);
+  // With REDIS_URL the replicas share API_KEYS_FILE's per-key limits; without it this server counts alone.
+  const redis = config.redisUrl ? await connectRedis(config.redisUrl, logger.child({ component: 'redis' })) : undefined;
+  const rates = redis && new KeyRates(Date.now, new RedisLedger(redis, logger.child({ component: 'redis' })));
 
   const registry = new ModelRegistry({
     roots: modelRoots(config.modelsDir, EMBEDDED_MODELS_DIR),
@@ -69,13 +84,14 @@ export async function startServer(config: Config, logger: Logger): Promise<Runni
   });
   metrics.watch({ queue: () => engine.load(), workers: () => engine.readiness().workers, store: () => store.stats() });
   const tls = config.tlsCert && config.tlsKey ? { cert: await readFile(config.tlsCert), key: await readFile(config.tlsKey) } : undefined;
-  const app = buildApp({ config, registry, engine, store, metrics, logger, tls });
+  const app = buildApp({ config, registry, engine, store, metrics, logger, tls, rates });
   const close = async () => {
     await app.close();
     await engine.close();
     await memoryFigures.flushed();
     registry.close();
     await store.close();
+    redis?.disconnect();
   };
   try {
     await app.listen({ port: config.port, host: config.host });

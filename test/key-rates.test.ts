@@ -3,48 +3,48 @@ import { ApiError } from '../src/api/errors.js';
 import { KeyRates } from '../src/http/key-rates.js';
 
 /** API_KEYS_FILE's per-minute limits, on a clock the test moves. */
-describe('per-key rates', () => {
+describe('per-key rates', async () => {
   let now = 0;
   const rates = () => new KeyRates(() => now);
-  const refusal = (f: () => void) => {
+  const refusal = async (f: () => Promise<void>) => {
     try {
-      f();
+      await f();
     } catch (err) {
       return err as ApiError;
     }
     throw new Error('not refused');
   };
 
-  it('admits requests_per_minute requests a minute, then answers 429 with the seconds until the oldest leaves', () => {
+  it('admits requests_per_minute requests a minute, then answers 429 with the seconds until the oldest leaves', async () => {
     now = 0;
     const r = rates();
     const key = { label: 'alice', limits: { requestsPerMinute: 2 } };
-    r.admit(key, 1);
+    await r.admit(key, 1);
     now = 10_000;
-    r.admit(key, 1);
+    await r.admit(key, 1);
     now = 20_000;
-    const err = refusal(() => r.admit(key, 1));
+    const err = await refusal(() => r.admit(key, 1));
     expect(err).toMatchObject({ status: 429, type: 'requests', code: 'rate_limit_exceeded', headers: { 'retry-after': '40' } });
     expect(err.message).toMatch(/API key 'alice': at most 2 requests a minute/);
     now = 60_001;
-    expect(() => r.admit(key, 1)).not.toThrow();
+    await expect(r.admit(key, 1)).resolves.toBeUndefined();
   });
 
-  it('counts images_per_minute by n, and refuses a request larger than the limit outright', () => {
+  it('counts images_per_minute by n, and refuses a request larger than the limit outright', async () => {
     now = 0;
     const r = rates();
     const key = { label: 'bob', limits: { imagesPerMinute: 4 } };
-    r.admit(key, 3);
-    expect(refusal(() => r.admit(key, 2)).headers['retry-after']).toBe('60');
-    expect(() => r.admit(key, 1)).not.toThrow();
-    expect(refusal(() => r.admit(key, 5)).status).toBe(429);
+    await r.admit(key, 3);
+    expect((await refusal(() => r.admit(key, 2))).headers['retry-after']).toBe('60');
+    await expect(r.admit(key, 1)).resolves.toBeUndefined();
+    expect((await refusal(() => r.admit(key, 5))).status).toBe(429);
   });
 
-  it('leaves keys without limits, and servers without keys, alone', () => {
+  it('leaves keys without limits, and servers without keys, alone', async () => {
     const r = rates();
     for (let i = 0; i < 100; i++) {
-      r.admit({ label: 'free' }, 10);
-      r.admit(null, 10);
+      await r.admit({ label: 'free' }, 10);
+      await r.admit(null, 10);
     }
   });
 });

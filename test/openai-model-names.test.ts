@@ -154,7 +154,7 @@ describe('gpt-image names', () => {
     ['transparent background', { background: 'transparent' }, 'background', 'unsupported_value', "Unsupported value: 'background' does not support 'transparent'"],
     ['compression of a PNG', { output_compression: 80 }, 'output_compression', 'unsupported_value', "needs output_format 'jpeg' or 'webp'"],
     ['unknown moderation', { moderation: 'strict' }, 'moderation', 'invalid_value', "Invalid value: 'strict'. Supported values are: 'auto' and 'low'."],
-    ['streaming', { stream: true }, 'stream', 'unsupported_value', "Unsupported value: 'stream' does not support true"],
+    ['streamed urls', { stream: true, response_format: 'url' }, 'response_format', 'unsupported_value', "Unsupported value: 'response_format' 'url' cannot be streamed"],
   ];
 
   it.each(cases)('%s -> 400 BadRequestError', async (_, params, param, code, message) => {

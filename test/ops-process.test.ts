@@ -1,60 +1,17 @@
-import { spawn, type ChildProcess } from 'node:child_process';
-import { once } from 'node:events';
 import { readdir, readFile, rm, writeFile } from 'node:fs/promises';
 import path from 'node:path';
-import { createInterface } from 'node:readline';
-import { fileURLToPath } from 'node:url';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { generate, LONG, makeRoot, rootEnv, sleep, untilReady } from './helpers/ops-server.js';
+import { spawnServer, type ServerProcess, type SpawnOptions } from './helpers/server-process.js';
 
 /**
  * `imagegen serve` as a process: graceful shutdown on SIGTERM, and a disk that fails mid-write. The
  * CLI runs from source under tsx, as in development.
  */
 
-const REPO = fileURLToPath(new URL('..', import.meta.url));
-
-interface ServerProcess {
-  child: ChildProcess;
-  /** The API base URL, ending in /v1, and the origin. */
-  baseURL: string;
-  origin: string;
-  /** Resolves with the exit code. */
-  exited: Promise<number | null>;
-  /** Everything it logged, one JSON object a line. */
-  log: string[];
-}
-
-interface SpawnOptions {
-  env?: Record<string, string>;
-  /** Largest file the process may write, in KiB (ulimit -f): writes past it fail with EFBIG, as on a full disk. */
-  fileSizeLimitKb?: number;
-}
-
-async function spawnServer(root: string, { env = {}, fileSizeLimitKb }: SpawnOptions = {}): Promise<ServerProcess> {
-  const command = [process.execPath, '--import', 'tsx', 'src/cli/main.ts', 'serve'];
-  const [file, ...args] = fileSizeLimitKb === undefined ? command : ['bash', '-c', `ulimit -f ${fileSizeLimitKb} && exec "$@"`, 'bash', ...command];
-  const child = spawn(file, args, {
-    cwd: REPO,
-    // Only what the server needs, so settings in the developer's environment cannot change the test. tsx
-    // keeps its compile cache in memory: writing it could hit the file size limit.
-    env: { PATH: process.env.PATH, HOME: process.env.HOME, TSX_DISABLE_CACHE: '1', ...rootEnv(root), PORT: '0', WORKERS: '1', ...env },
-    stdio: ['ignore', 'pipe', 'pipe'],
-  });
-  const exited = once(child, 'exit').then(([code]) => code as number | null);
-  const log: string[] = [];
-  let stderr = '';
-  child.stderr!.on('data', (chunk: Buffer) => (stderr += chunk.toString()));
-  const url = await new Promise<string>((resolve, reject) => {
-    createInterface({ input: child.stdout! }).on('line', (line) => {
-      log.push(line);
-      const entry = JSON.parse(line) as { msg?: string; url?: string };
-      if (entry.msg === 'imagegen ready') resolve(entry.url!);
-    });
-    void exited.then((code) => reject(new Error(`imagegen serve exited with ${code} before listening:\n${stderr}`)));
-  });
-  return { child, baseURL: url, origin: url.replace(/\/v1$/, ''), exited, log };
-}
+/** This test's server: the root's folders, an ephemeral port. */
+const spawnIn = (root: string, { env = {}, ...options }: SpawnOptions & { env?: Record<string, string> } = {}) =>
+  spawnServer({ ...rootEnv(root), PORT: '0', ...env }, options);
 
 async function whenBusy(origin: string): Promise<void> {
   while (((await (await fetch(`${origin}/health`)).json()) as { queue: { running: number } }).queue.running === 0) await sleep(5);
@@ -75,7 +32,7 @@ const images = () => readdir(path.join(root, 'data', 'images'));
 
 describe('SIGTERM', () => {
   it('lets the running generation finish and store its images, removes stray temporary files, and exits 0', async () => {
-    server = await spawnServer(root);
+    server = await spawnIn(root);
     await untilReady(server.origin);
     // What a write cut short by a crash would have left.
     await writeFile(path.join(root, 'data', 'images', '.0123456789abcdef0123456789abcdef.tmp'), 'half an image');
@@ -94,7 +51,7 @@ describe('SIGTERM', () => {
   });
 
   it('cancels requests still running at SHUTDOWN_TIMEOUT_SECONDS with a retryable 503, and exits 0', async () => {
-    server = await spawnServer(root, { env: { SHUTDOWN_TIMEOUT_SECONDS: '0' } });
+    server = await spawnIn(root, { env: { SHUTDOWN_TIMEOUT_SECONDS: '0' } });
     await untilReady(server.origin);
     const running = generate(server.baseURL, LONG);
     await whenBusy(server.origin);
@@ -112,7 +69,7 @@ describe('SIGTERM', () => {
 describe('a failing disk', () => {
   it('answers a failed image write with 500 storage_error naming the cause, leaving no partial file', async () => {
     // PNGs of the smallest size take about 7 KiB: every write fails halfway.
-    server = await spawnServer(root, { fileSizeLimitKb: 4 });
+    server = await spawnIn(root, { fileSizeLimitKb: 4 });
     await untilReady(server.origin);
     const answer = await generate(server.baseURL, { response_format: 'url' });
     expect(answer.status).toBe(500);
@@ -138,7 +95,7 @@ describe('worker processes', () => {
   }
 
   it('are what the kernel kills first when memory runs out, rather than the server', async () => {
-    server = await spawnServer(root);
+    server = await spawnIn(root);
     await untilReady(server.origin);
     const score = async (pid: number) => Number(await readFile(`/proc/${pid}/oom_score_adj`, 'utf8'));
     await expect.poll(() => workerPids(server!).length).toBe(1);
@@ -150,7 +107,7 @@ describe('worker processes', () => {
 
   it('end with the server: after a graceful shutdown, and when the server itself is killed', async () => {
     for (const signal of ['SIGTERM', 'SIGKILL'] as const) {
-      server = await spawnServer(root, { env: { WORKERS: '2' } });
+      server = await spawnIn(root, { env: { WORKERS: '2' } });
       await untilReady(server.origin);
       // The log arrives through a pipe, possibly after /ready answered.
       await expect.poll(() => workerPids(server!).length).toBe(2);

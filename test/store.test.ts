@@ -35,15 +35,16 @@ describe('ImageStore', () => {
     const files = await readdir(dir);
     expect(files).toHaveLength(3);
     expect(files.some((f) => f.endsWith('.tmp'))).toBe(false);
-    expect(await store.read(store.get(images[1].id)!)).toEqual(Buffer.from(bytes(100, 2)));
+    const stream = await store.read((await store.get(images[1].id))!);
+    expect(Buffer.concat(await stream!.toArray())).toEqual(Buffer.from(bytes(100, 2)));
   });
 
   it('forgets images when they expire, before the sweeper deletes them, then deletes them', async () => {
     const store = await open({ ttlSeconds: 0.15 });
     const image = await store.put(bytes(10), 'image/webp');
-    expect(store.get(image.id)).toMatchObject({ ext: 'webp', contentType: 'image/webp' });
+    expect(await store.get(image.id)).toMatchObject({ ext: 'webp', contentType: 'image/webp' });
     wait(200);
-    expect(store.get(image.id)).toBeNull();
+    expect(await store.get(image.id)).toBeNull();
     expect(await store.read(image)).toBeNull();
     expect(await readdir(dir)).toHaveLength(1);
     await store.sweep();
@@ -60,8 +61,8 @@ describe('ImageStore', () => {
     wait(100);
 
     const reopened = await open({ ttlSeconds: 1 });
-    expect(reopened.get(kept.id)).toEqual(kept);
-    expect(reopened.get(short.id)).toBeNull();
+    expect(await reopened.get(kept.id)).toEqual(kept);
+    expect(await reopened.get(short.id)).toBeNull();
     expect((await readdir(dir)).sort()).toEqual([`${kept.id}.${kept.expiresAt}.jpg`, 'README'].sort());
   });
 

@@ -21,6 +21,7 @@ import { KeyRates } from './key-rates.js';
 import { httpLogger } from './logging.js';
 import { metricsRoutes } from './metrics.js';
 import { models } from './models.js';
+import { playground } from './playground.js';
 import { requestId, requestIds } from './request-id.js';
 import { shutdown } from './shutdown.js';
 
@@ -43,6 +44,7 @@ export type AppConfig = Pick<
   | 'headersTimeoutSeconds'
   | 'requestTimeoutSeconds'
   | 'keepAliveTimeoutSeconds'
+  | 'playground'
 >;
 
 export interface AppParts {
@@ -54,9 +56,11 @@ export interface AppParts {
   logger: Logger;
   /** PEM certificate and key: serve HTTPS. */
   tls?: { cert: Buffer; key: Buffer };
+  /** API_KEYS_FILE's per-minute limits; default: counted in this process (server.ts shares them through Redis with REDIS_URL). */
+  rates?: KeyRates;
 }
 
-export function buildApp({ config, registry, engine, store, metrics, logger, tls }: AppParts): FastifyInstance {
+export function buildApp({ config, registry, engine, store, metrics, logger, tls, rates = new KeyRates() }: AppParts): FastifyInstance {
   const { http, ...timeouts } = connectionOptions(config);
   const app = Fastify({
     loggerInstance: httpLogger(logger),
@@ -87,16 +91,18 @@ export function buildApp({ config, registry, engine, store, metrics, logger, tls
   // Before auth: preflights are answered without a key, and refusals of a key can be read by the page.
   app.register(cors, { origins: config.corsOrigins });
   app.register(auth, { apiKeys: config.apiKeys, apiKeysFile: config.apiKeysFile });
-  app.register(health, { engine, registry });
+  app.register(health, { engine, registry, store });
   app.register(models, { registry });
   app.register(files, { store });
+  // The page loads without a key (its routes are public); the API calls it makes need one like any client's.
+  if (config.playground) app.register(playground, { publicBaseUrl: config.publicBaseUrl });
   // One service and one set of key rates for the three image routes: an edit counts against the same limits.
   const imageRoutes = {
     service: createImageService({ registry, engine, store, defaultRng: config.rng }),
     publicBaseUrl: config.publicBaseUrl,
     logPrompts: config.logPrompts,
     defaultModel: config.defaultModel,
-    rates: new KeyRates(),
+    rates,
   };
   app.register(images, imageRoutes);
   app.register(edits, imageRoutes);

@@ -42,7 +42,7 @@ export async function edits(app: FastifyInstance, options: ImagesOptions): Promi
       const upload = await readUpload(request, route);
       const body = parseImageRequest(route, upload.fields, { defaultModel: options.defaultModel, form: upload.form });
       const edit = await editInput(upload, route, upload.form);
-      const context = generateContext(request, reply, body, options);
+      const context = await generateContext(request, reply, body, options);
       if (body.stream) return streamImages(request, reply, 'image_edit', body, (onEvent) => options.service.generate(body, { ...context, onEvent }, edit));
       return options.service.generate(body, context, edit);
     });

@@ -1,11 +1,13 @@
+import type { Readable } from 'node:stream';
 import type { FastifyInstance } from 'fastify';
 import { IMAGE_EXTENSIONS } from '../runtime/types.js';
-import { IMAGE_ID, type ImageStore, type StoredImage } from '../store/image-store.js';
+import { IMAGE_ID, StoreUnavailableError, type ImageStore, type StoredImage } from '../store/image-store.js';
 import { ApiError } from '../api/errors.js';
+import { storeUnavailable } from '../service/failures.js';
 
 /**
- * Serves stored images without an API key, so a plain <img src> works, for as long as they live.
- * The file name is checked against a strict pattern before it reaches the store: nothing else names
+ * Serves stored images without an API key, so a plain <img src> works, for as long as they live,
+ * streamed from the store (with STORE=s3 any replica serves any replica's images). The file name is checked against a strict pattern before it reaches the store: nothing else names
  * a file, so no path can escape the store's folder.
  */
 
@@ -27,17 +29,29 @@ function notFound(name: string): ApiError {
   });
 }
 
+/** The unexpired image `id` and a stream of its bytes, or null when there is none with extension `ext`. */
+async function openImage(store: ImageStore, id: string, ext: string): Promise<{ image: StoredImage; data: Readable } | null> {
+  const image = await store.get(id);
+  if (!image || image.ext !== ext) return null;
+  const data = await store.read(image);
+  return data && { image, data };
+}
+
 export async function files(app: FastifyInstance, { store }: FilesOptions): Promise<void> {
   app.get<{ Params: { name: string } }>(`${PREFIX}:name`, { config: { public: true } }, async (request, reply) => {
     const { name } = request.params;
     const match = FILE_NAME.exec(name);
-    const image = match && store.get(match[1]);
-    if (!image || image.ext !== match[2]) throw notFound(name);
-    const data = await store.read(image);
-    if (!data) throw notFound(name);
+    if (!match) throw notFound(name);
+    // A store that cannot be reached is a retryable 503 in OpenAI's shape, not a 404 that says the image is gone.
+    const found = await openImage(store, match[1], match[2]).catch((err: unknown) => {
+      throw err instanceof StoreUnavailableError ? storeUnavailable(err, 'Please retry shortly.') : err;
+    });
+    if (!found) throw notFound(name);
+    const { image, data } = found;
     const maxAge = Math.max(0, Math.floor((image.expiresAt - store.now()) / 1000));
     return reply
       .type(image.contentType)
+      .header('content-length', image.size)
       .header('cache-control', `public, max-age=${maxAge}, immutable`)
       .header('x-content-type-options', 'nosniff')
       .send(data);

@@ -2,12 +2,14 @@ import type { FastifyInstance } from 'fastify';
 import type { EnginePool, Readiness } from '../engine/pool.js';
 import { ApiError } from '../api/errors.js';
 import type { ModelRegistry } from '../models/registry.js';
+import type { ImageStore } from '../store/image-store.js';
 import { sendError } from './errors.js';
 
 /**
  * Probes for load balancers and orchestrators, no key needed, answered while workers are busy.
  * /health: the process is alive. /ready: it can generate now, i.e. every worker is up and has loaded
- * the models to preload; until then 503 with Retry-After, so traffic goes elsewhere meanwhile. A ready
+ * the models to preload, and the image store can be used (a bucket that cannot be reached says so);
+ * until then 503 with Retry-After, so traffic goes elsewhere meanwhile. A ready
  * server also lists the model folders it skips, with the reason the log and `imagegen models list` give:
  * an operator who installed a model that never appears finds out why from the probe.
  *
@@ -19,6 +21,8 @@ export interface HealthOptions {
   engine: EnginePool;
   /** Where /ready learns the skipped model folders; without it /ready lists none. */
   registry?: Pick<ModelRegistry, 'unusable'>;
+  /** Whose check() /ready asks; without it the store is taken to work. */
+  store?: Pick<ImageStore, 'check'>;
 }
 
 /** Seconds a probe should wait before asking again: loading a model takes a few. */
@@ -44,7 +48,22 @@ function unusableModels(registry: HealthOptions['registry']): { unusable?: { mod
 
 const PROBE = { config: { public: true }, logLevel: 'warn' } as const;
 
-export async function health(app: FastifyInstance, { engine, registry }: HealthOptions): Promise<void> {
+/** The store's reason not to be ready, or undefined when it works. */
+async function storeProblem(store: HealthOptions['store']): Promise<ApiError | undefined> {
+  const failure = await store?.check().then(
+    () => undefined,
+    (err: unknown) => err as Error,
+  );
+  return (
+    failure &&
+    new ApiError(503, `The image store cannot be used: ${failure.message}.`, {
+      code: 'store_unavailable',
+      headers: { 'retry-after': String(RETRY_AFTER_SECONDS) },
+    })
+  );
+}
+
+export async function health(app: FastifyInstance, { engine, registry, store }: HealthOptions): Promise<void> {
   /** What /ready last said: 'ready' or the not-ready message. */
   let lastState: string | undefined;
   const logChange = (state: string) => {
@@ -58,8 +77,8 @@ export async function health(app: FastifyInstance, { engine, registry }: HealthO
 
   app.get('/ready', PROBE, async (_request, reply) => {
     const readiness = engine.readiness();
-    if (!readiness.ready) {
-      const error = notReady(readiness);
+    const error = readiness.ready ? await storeProblem(store) : notReady(readiness);
+    if (error) {
       logChange(error.message);
       return sendError(reply, error);
     }

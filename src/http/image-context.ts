@@ -15,7 +15,7 @@ export interface ImagesOptions {
   logPrompts: boolean;
   /** The model of requests that name none (DEFAULT_MODEL). */
   defaultModel: string;
-  /** API_KEYS_FILE's per-minute limits. */
+  /** API_KEYS_FILE's per-minute limits (shared through Redis with REDIS_URL). */
   rates: KeyRates;
 }
 
@@ -23,8 +23,8 @@ export interface ImagesOptions {
  * The service context of a parsed request, once its key's per-minute limits admit it (else a 429);
  * from here on its log lines name what it asked for.
  */
-export function generateContext(request: FastifyRequest, reply: FastifyReply, body: GenerationRequest, { publicBaseUrl, logPrompts, rates }: ImagesOptions): GenerateContext {
-  rates.admit(request.apiKey, body.n);
+export async function generateContext(request: FastifyRequest, reply: FastifyReply, body: GenerationRequest, { publicBaseUrl, logPrompts, rates }: ImagesOptions): Promise<GenerateContext> {
+  await rates.admit(request.apiKey, body.n);
   // Every later line of this request (errors, Fastify's "request completed") names what it asked for.
   request.log = reply.log = request.log.child({
     model: body.model,
@@ -35,7 +35,8 @@ export function generateContext(request: FastifyRequest, reply: FastifyReply, bo
   const base = publicBaseUrl ?? requestOrigin(request);
   return {
     signal: request.cancellation,
-    urlFor: (image) => `${base}${imagePath(image)}`,
+    // A store that hands out its own addresses (S3 presigned URLs) names them; else this server's files route.
+    urlFor: (image) => image.url ?? `${base}${imagePath(image)}`,
     log: request.log,
     // Queue fairness is per key (by its label); a key file's `concurrent` limit bounds its running work.
     client: request.apiKey?.label ?? 'anonymous',

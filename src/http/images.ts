@@ -8,7 +8,7 @@ import { generateContext, type ImagesOptions } from './image-context.js';
 export async function images(app: FastifyInstance, options: ImagesOptions): Promise<void> {
   app.post('/v1/images/generations', async (request, reply): Promise<ImagesResponse | FastifyReply> => {
     const body = parseGenerationRequest(request.body, options.defaultModel);
-    const context = generateContext(request, reply, body, options);
+    const context = await generateContext(request, reply, body, options);
     if (body.stream) return streamImages(request, reply, 'image_generation', body, (onEvent) => options.service.generate(body, { ...context, onEvent }));
     return options.service.generate(body, context);
   });

@@ -6,40 +6,78 @@ import type { ApiKey } from './keys.js';
  * requests' n), over a sliding minute. Our own rather than @fastify/rate-limit because that counts
  * requests only, and one small window serves both measures. A request over either limit gets 429 with
  * the seconds until it would fit; a refused request is not counted.
+ *
+ * Where the minute's spending is kept is a ledger: this process's memory (one server), or Redis, which
+ * replicas share so that a key's limits hold across all of them (redis-ledger.ts).
  */
 
 const MINUTE_MS = 60_000;
 
-interface Spent {
+/** One admitted request: when, and how many images it asked for. */
+export interface Spent {
   at: number;
   images: number;
 }
 
-export class KeyRates {
+/** A key's per-minute limits as the ledger checks them. */
+export interface WindowLimits {
+  requests?: number;
+  images?: number;
+}
+
+export interface RateLedger {
+  /**
+   * In one atomic step: forgets `label`'s entries older than `windowMs` before `entry.at`; then, if the
+   * rest plus `entry` stay within `limits` (fits()), records `entry` and returns null, else returns the
+   * rest, oldest first, leaving `entry` out.
+   */
+  spend(label: string, entry: Spent, limits: WindowLimits, windowMs: number): Promise<Spent[] | null>;
+}
+
+/** Whether `recent` plus `entry` stay within `limits`: the rule every ledger applies (redis-ledger.ts in Lua). */
+export function fits(recent: readonly Spent[], entry: Spent, limits: WindowLimits): boolean {
+  const images = recent.reduce((sum, s) => sum + s.images, 0);
+  return (limits.requests === undefined || recent.length + 1 <= limits.requests) && (limits.images === undefined || images + entry.images <= limits.images);
+}
+
+/** The ledger of one server: a map in this process. */
+export class MemoryLedger implements RateLedger {
   private readonly spent = new Map<string, Spent[]>();
 
-  constructor(private readonly now: () => number = Date.now) {}
+  async spend(label: string, entry: Spent, limits: WindowLimits, windowMs: number): Promise<Spent[] | null> {
+    const recent = (this.spent.get(label) ?? []).filter((s) => s.at > entry.at - windowMs);
+    if (!fits(recent, entry, limits)) {
+      this.spent.set(label, recent);
+      return recent;
+    }
+    this.spent.set(label, [...recent, entry]);
+    return null;
+  }
+}
+
+export class KeyRates {
+  constructor(
+    private readonly now: () => number = Date.now,
+    private readonly ledger: RateLedger = new MemoryLedger(),
+  ) {}
 
   /** Counts a request for `images` images from `key`, or throws the 429 that says when to retry. */
-  admit(key: Omit<ApiKey, 'key'> | null, images: number): void {
+  async admit(key: Omit<ApiKey, 'key'> | null, images: number): Promise<void> {
     const limits = key?.limits;
     if (!key || !limits || (limits.requestsPerMinute === undefined && limits.imagesPerMinute === undefined)) return;
     const now = this.now();
-    const recent = (this.spent.get(key.label) ?? []).filter((s) => s.at > now - MINUTE_MS);
-    const waits = [
+    const recent = await this.ledger.spend(key.label, { at: now, images }, { requests: limits.requestsPerMinute, images: limits.imagesPerMinute }, MINUTE_MS);
+    if (!recent) return;
+    const wait = Math.max(
       limits.requestsPerMinute !== undefined && recent.length + 1 > limits.requestsPerMinute ? waitFor(recent, recent.length + 1 - limits.requestsPerMinute, () => 1, now) : 0,
       limits.imagesPerMinute !== undefined ? imageWait(recent, images, limits.imagesPerMinute, now) : 0,
-    ];
-    const wait = Math.max(...waits);
-    if (wait > 0) {
-      const seconds = Math.max(1, Math.ceil(wait / 1000));
-      throw new ApiError(429, `Rate limit reached for API key '${key.label}': ${describe(limits)}. Please try again in ${seconds}s.`, {
-        type: 'requests',
-        code: 'rate_limit_exceeded',
-        headers: { 'retry-after': String(seconds) },
-      });
-    }
-    this.spent.set(key.label, [...recent, { at: now, images }]);
+    );
+    const seconds = Math.max(1, Math.ceil(wait / 1000));
+    throw new ApiError(429, `Rate limit reached for API key '${key.label}': ${describe(limits)}. Please try again in ${seconds}s.`, {
+      type: 'requests',
+      code: 'rate_limit_exceeded',
+      headers: { 'retry-after': String(seconds) },
+    });
   }
 }
 

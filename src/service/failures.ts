@@ -2,7 +2,7 @@ import { QueueClosedError, QueueFullError, QueueTimeoutError } from '../engine/j
 import { WorkerDiedError } from '../engine/worker-process.js';
 import { ApiError } from '../api/errors.js';
 import { InsufficientMemoryError } from '../pipelines/memory-plan.js';
-import { StoreFullError } from '../store/image-store.js';
+import { StoreFullError, StoreUnavailableError } from '../store/image-store.js';
 
 /** The engine's and the store's failures as OpenAI errors, with the status and retry advice each deserves. */
 
@@ -44,7 +44,17 @@ export function engineError(err: unknown): unknown {
   return err;
 }
 
+/** The store's backend failing (a bucket that cannot be reached): a retryable 503 naming its reason, then `advice`. */
+export function storeUnavailable(err: StoreUnavailableError, advice: string): ApiError {
+  return new ApiError(503, `The server's image store cannot be used right now (${err.reason}). ${advice}`, {
+    code: 'storage_unavailable',
+    headers: { 'retry-after': '5' },
+    cause: err,
+  });
+}
+
 export function storeError(err: unknown): ApiError {
+  if (err instanceof StoreUnavailableError) return storeUnavailable(err, "Ask for response_format 'b64_json', or retry shortly.");
   if (err instanceof StoreFullError) {
     return new ApiError(507, "The server's image store is full. Ask for response_format 'b64_json', or retry once older images expired.", {
       code: 'storage_full',

@@ -1,24 +1,22 @@
 import { randomBytes } from 'node:crypto';
-import { mkdir, readdir, readFile, rename, stat, unlink, writeFile } from 'node:fs/promises';
+import { constants } from 'node:fs';
+import { access, mkdir, open, readdir, rename, stat, unlink, writeFile } from 'node:fs/promises';
 import path from 'node:path';
+import type { Readable } from 'node:stream';
 import type { Logger } from 'pino';
-import { IMAGE_EXTENSIONS, IMAGE_FORMATS, type ImageExtension } from '../runtime/types.js';
 import { unlessMissing } from '../util/files.js';
-import { IMAGE_ID, StoreFullError, type ImageStore, type StoredImage, type StoreReservation } from './image-store.js';
-import { SpaceReservation } from './reservation.js';
+import { StoreUnavailableError, type ImageStore, type StoredImage, type StoreReservation } from './image-store.js';
+import { extensionOf, imageName, parseImageName } from './image-names.js';
+import { StoreSpace } from './space.js';
 
 /**
- * Generated images served by URL for a limited time. One file per image, named
- * `<id>.<expiry unix milliseconds>.<ext>`: the name is the whole index, so a restart rebuilds it from a
- * directory listing and keeps each image's own expiry. Files are written to a temporary name and
- * renamed, so a reader never sees half an image; a failed write deletes its temporary file, and
- * opening and closing the store delete any that a crash left. Ids are 128 random bits in hex.
+ * Generated images served by URL for a limited time. One file per image, named as image-names.ts says
+ * (`<id>.<expiry unix milliseconds>.<ext>`): a restart rebuilds the index from a directory listing and
+ * keeps each image's own expiry. Files are written to a temporary name and renamed, so a reader never
+ * sees half an image; a failed write deletes its temporary file, and opening and closing the store
+ * delete any that a crash left. Ids are 128 random bits in hex.
  */
 
-const EXTENSIONS = Object.fromEntries(Object.values(IMAGE_FORMATS).map((f) => [f.contentType, f.extension])) as Record<string, ImageExtension>;
-const CONTENT_TYPES = Object.fromEntries(Object.values(IMAGE_FORMATS).map((f) => [f.extension, f.contentType])) as Record<ImageExtension, string>;
-
-const FILE_NAME = new RegExp(`^(${IMAGE_ID})\\.(\\d+)\\.(${IMAGE_EXTENSIONS.join('|')})$`);
 const TEMP_FILE = /^\..*\.tmp$/;
 
 export interface ImageStoreOptions {
@@ -33,15 +31,14 @@ export interface ImageStoreOptions {
 
 export class FileImageStore implements ImageStore {
   private readonly index = new Map<string, StoredImage>();
-  /** Bytes of indexed files plus writes in progress. */
-  private bytes = 0;
-  /** Bytes set aside by reservations and not yet written. */
-  private reserved = 0;
+  /** Bytes of indexed files plus writes in progress, and reservations, against maxBytes. */
+  private readonly space: StoreSpace;
   private readonly writes = new Set<Promise<void>>();
   private timer: NodeJS.Timeout | undefined;
   readonly now: () => number;
   private constructor(private readonly options: ImageStoreOptions) {
     this.now = options.clock ?? Date.now;
+    this.space = new StoreSpace(options.maxBytes, () => this.sweep());
   }
 
   /** Opens the store: indexes the images left by a previous run, deleting expired and half-written ones. */
@@ -51,21 +48,18 @@ export class FileImageStore implements ImageStore {
     await store.deleteTempFiles();
     for (const entry of await readdir(options.dir, { withFileTypes: true })) {
       if (!entry.isFile()) continue;
-      const file = path.join(options.dir, entry.name);
-      const match = FILE_NAME.exec(entry.name);
-      if (!match) continue;
-      const [, id, expiry, ext] = match;
-      const { size } = await stat(file);
-      const image: StoredImage = { id, ext: ext as ImageExtension, contentType: CONTENT_TYPES[ext as ImageExtension], expiresAt: Number(expiry), size };
-      store.index.set(id, image);
-      store.bytes += size;
+      const named = parseImageName(entry.name);
+      if (!named) continue;
+      const image = { ...named, size: (await stat(path.join(options.dir, entry.name))).size };
+      store.index.set(image.id, image);
+      store.space.used += image.size;
     }
     await store.sweep();
     return store;
   }
 
   private fileOf(image: StoredImage): string {
-    return path.join(this.options.dir, `${image.id}.${image.expiresAt}.${image.ext}`);
+    return path.join(this.options.dir, imageName(image));
   }
 
   private expired(image: StoredImage): boolean {
@@ -73,27 +67,14 @@ export class FileImageStore implements ImageStore {
   }
 
   /** Sets space aside for images to come; throws StoreFullError when it does not fit even after deleting expired ones. */
-  async reserve(bytes: number): Promise<StoreReservation> {
-    await this.makeRoom(bytes);
-    this.reserved += bytes; // before the next await, so parallel reservations cannot overfill
-    return new SpaceReservation(bytes, (unused) => (this.reserved -= unused));
-  }
-
-  private async makeRoom(bytes: number): Promise<void> {
-    const fits = () => this.bytes + this.reserved + bytes <= this.options.maxBytes;
-    if (!fits()) await this.sweep();
-    if (!fits()) throw new StoreFullError(this.options.maxBytes);
+  reserve(bytes: number): Promise<StoreReservation> {
+    return this.space.reserve(bytes);
   }
 
   /** Stores an image, drawing on `reservation` first; throws StoreFullError when the rest does not fit even after deleting expired ones. */
   async put(data: Uint8Array, contentType: string, reservation?: StoreReservation): Promise<StoredImage> {
-    const ext = EXTENSIONS[contentType];
-    if (!ext) throw new TypeError(`cannot store images of type ${contentType}`);
-    const covered = reservation instanceof SpaceReservation ? reservation.draw(data.byteLength) : 0;
-    // The covered part leaves the reservation whatever happens next: a put that fails has no use for it.
-    this.reserved -= covered;
-    await this.makeRoom(data.byteLength - covered);
-    this.bytes += data.byteLength; // counted before the first await, so parallel puts cannot overfill
+    const ext = extensionOf(contentType);
+    await this.space.claim(data.byteLength, reservation);
 
     const id = randomBytes(16).toString('hex');
     const expiresAt = this.now() + Math.round(this.options.ttlSeconds * 1000);
@@ -103,7 +84,7 @@ export class FileImageStore implements ImageStore {
     try {
       await write;
     } catch (err) {
-      this.bytes -= data.byteLength;
+      this.space.free(data.byteLength);
       throw err;
     } finally {
       this.writes.delete(write);
@@ -125,19 +106,28 @@ export class FileImageStore implements ImageStore {
 
   /** Images and bytes on disk (including writes in progress), for metrics. */
   stats(): { files: number; bytes: number } {
-    return { files: this.index.size, bytes: this.bytes };
+    return { files: this.index.size, bytes: this.space.used };
   }
 
   /** The image, or null when unknown or expired (even before the sweeper deleted it). */
-  get(id: string): StoredImage | null {
+  async get(id: string): Promise<StoredImage | null> {
     const image = this.index.get(id);
     return image && !this.expired(image) ? image : null;
   }
 
-  /** The image's bytes, or null if it expired or vanished meanwhile. */
-  async read(image: StoredImage): Promise<Buffer | null> {
+  /** The image's bytes as a stream, or null if it expired or vanished meanwhile. */
+  async read(image: StoredImage): Promise<Readable | null> {
     if (this.expired(image)) return null;
-    return (await unlessMissing(readFile(this.fileOf(image)))) ?? null;
+    // Opened here, so that a file the sweeper just deleted is a null rather than a stream that fails.
+    const handle = await unlessMissing(open(this.fileOf(image)));
+    return handle?.createReadStream() ?? null;
+  }
+
+  /** Throws StoreUnavailableError when the folder cannot be written (a volume gone read-only or missing). */
+  async check(): Promise<void> {
+    await access(this.options.dir, constants.W_OK).catch((err: NodeJS.ErrnoException) => {
+      throw new StoreUnavailableError(`the image folder ${this.options.dir} cannot be written (${err.code ?? err.message})`, { cause: err, reason: err.code ?? 'unwritable' });
+    });
   }
 
   /** Deletes expired images. */
@@ -157,7 +147,7 @@ export class FileImageStore implements ImageStore {
     // that finds the store full) never count the same image twice.
     for (const image of images) {
       this.index.delete(image.id);
-      this.bytes -= image.size;
+      this.space.free(image.size);
     }
     for (const image of images) {
       await unlink(this.fileOf(image)).catch((err: NodeJS.ErrnoException) => {

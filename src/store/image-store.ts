@@ -1,9 +1,10 @@
+import type { Readable } from 'node:stream';
 import type { ImageExtension } from '../runtime/types.js';
 
 /**
- * Where generated images live while their URLs are valid: what the image service and the files route
- * need of a store. The filesystem store (file-store.ts) is the one there is; an object store would be
- * another implementation of this interface.
+ * Where generated images live while their URLs are valid: what the image service, the files route and
+ * the readiness probe need of a store. Two implementations: a folder on this machine (file-store.ts)
+ * and an S3-compatible bucket that replicas share (s3-store.ts); STORE picks one (open-store.ts).
  */
 
 export interface StoredImage {
@@ -13,6 +14,11 @@ export interface StoredImage {
   /** Unix milliseconds; the image is gone from this moment on. */
   expiresAt: number;
   size: number;
+  /**
+   * Where clients fetch the image instead of the server's files route, when the store hands out
+   * addresses of its own (S3 presigned URLs, valid until the image expires).
+   */
+  url?: string;
 }
 
 /** Image ids are 32 hex digits (128 random bits). */
@@ -22,6 +28,21 @@ export class StoreFullError extends Error {
   constructor(readonly maxBytes: number) {
     super(`the image store is full (${maxBytes} bytes of unexpired images)`);
     this.name = 'StoreFullError';
+  }
+}
+
+/**
+ * The store's backend cannot be used now (a bucket that cannot be reached, refuses our credentials or
+ * does not exist): requests that need it get a retryable 503 and /ready says why. The message names
+ * what failed and why, never a credential.
+ */
+export class StoreUnavailableError extends Error {
+  /** The backend's short reason (NoSuchBucket, AccessDenied, ECONNREFUSED), fit to tell clients. */
+  readonly reason: string;
+  constructor(message: string, options: { cause?: unknown; reason: string }) {
+    super(message, { cause: options.cause });
+    this.name = 'StoreUnavailableError';
+    this.reason = options.reason;
   }
 }
 
@@ -44,13 +65,15 @@ export interface ImageStore {
    */
   put(data: Uint8Array, contentType: string, reservation?: StoreReservation): Promise<StoredImage>;
   /** The image, or null when unknown or expired (even before a sweep deleted it). */
-  get(id: string): StoredImage | null;
-  /** The image's bytes, or null if it expired or vanished meanwhile. */
-  read(image: StoredImage): Promise<Buffer | null>;
+  get(id: string): Promise<StoredImage | null>;
+  /** The image's bytes as a stream, or null if it expired or vanished meanwhile. */
+  read(image: StoredImage): Promise<Readable | null>;
   /** Deletes images before they expire: ones no response will name after all. */
   remove(images: StoredImage[]): Promise<void>;
   /** Deletes expired images. */
   sweep(): Promise<void>;
+  /** Throws StoreUnavailableError when the store cannot take or serve images now (for /ready). */
+  check(): Promise<void>;
   /** Images and bytes held, for metrics. */
   stats(): { files: number; bytes: number };
   /** The store's clock, unix milliseconds: expiry is measured on it. */

@@ -1,0 +1,26 @@
+import { Redis } from 'ioredis';
+import type { Logger } from 'pino';
+
+/**
+ * The Redis connection that replicas share limits through (REDIS_URL). A command fails fast while Redis
+ * is unreachable (no offline queue, one retry, a 1 s timeout) so that a request never waits on it; the
+ * client reconnects by itself, and its users fall back meanwhile (redis-ledger.ts).
+ */
+
+/** REDIS_URL without its password, for the log. */
+function redacted(url: string): string {
+  const parsed = new URL(url);
+  if (parsed.password) parsed.password = '***';
+  return parsed.toString();
+}
+
+export async function connectRedis(url: string, logger: Logger): Promise<Redis> {
+  const redis = new Redis(url, { lazyConnect: true, enableOfflineQueue: false, maxRetriesPerRequest: 1, connectTimeout: 2000, commandTimeout: 1000 });
+  // Without a listener ioredis prints every failed reconnection attempt; the users of the connection log what it costs them.
+  redis.on('error', () => undefined);
+  await redis.connect().then(
+    () => logger.info(`shared limits in Redis at ${redacted(url)}`),
+    (err: unknown) => logger.error({ err }, `Redis at ${redacted(url)} cannot be reached (${(err as Error).message}): each server counts its own limits until it can`),
+  );
+  return redis;
+}

@@ -1,0 +1,33 @@
+import { IMAGE_EXTENSIONS, IMAGE_FORMATS, type ImageExtension } from '../runtime/types.js';
+import { IMAGE_ID, type StoredImage } from './image-store.js';
+
+/**
+ * How both stores name an image: `<id>.<expiry unix milliseconds>.<ext>`, a file name or an object key
+ * after the prefix. The name is the whole index: a directory or bucket listing gives every image's id,
+ * expiry, type and size, so a restart (or another replica) rebuilds the index, and the sweeper finds
+ * expired images, without reading any image.
+ */
+
+const EXTENSIONS = Object.fromEntries(Object.values(IMAGE_FORMATS).map((f) => [f.contentType, f.extension])) as Record<string, ImageExtension>;
+const CONTENT_TYPES = Object.fromEntries(Object.values(IMAGE_FORMATS).map((f) => [f.extension, f.contentType])) as Record<ImageExtension, string>;
+
+const NAME = new RegExp(`^(${IMAGE_ID})\\.(\\d+)\\.(${IMAGE_EXTENSIONS.join('|')})$`);
+
+/** The extension of images of `contentType`; throws for a type no image name can carry. */
+export function extensionOf(contentType: string): ImageExtension {
+  const ext = EXTENSIONS[contentType];
+  if (!ext) throw new TypeError(`cannot store images of type ${contentType}`);
+  return ext;
+}
+
+export function imageName(image: Pick<StoredImage, 'id' | 'expiresAt' | 'ext'>): string {
+  return `${image.id}.${image.expiresAt}.${image.ext}`;
+}
+
+/** The image a name stands for, or undefined for a name that is not an image's (temporary files, strangers). */
+export function parseImageName(name: string): Omit<StoredImage, 'size'> | undefined {
+  const match = NAME.exec(name);
+  if (!match) return undefined;
+  const [, id, expiry, ext] = match;
+  return { id, ext: ext as ImageExtension, contentType: CONTENT_TYPES[ext as ImageExtension], expiresAt: Number(expiry) };
+}

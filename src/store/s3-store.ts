@@ -1,0 +1,287 @@
+import { createHash, randomBytes } from 'node:crypto';
+import { Readable } from 'node:stream';
+import { DeleteObjectsCommand, GetObjectCommand, ListObjectsV2Command, paginateListObjectsV2, PutObjectCommand, S3Client } from '@aws-sdk/client-s3';
+import { getSignedUrl } from '@aws-sdk/s3-request-presigner';
+import type { Logger } from 'pino';
+import { StoreUnavailableError, type ImageStore, type StoredImage, type StoreReservation } from './image-store.js';
+import { extensionOf, imageName, parseImageName } from './image-names.js';
+import { StoreSpace } from './space.js';
+
+/**
+ * Generated images in an S3-compatible bucket (AWS S3, MinIO, Ceph RGW, Cloudflare R2, Garage), shared
+ * by every replica: any replica serves an image another one made. One object per image under `prefix`,
+ * named as image-names.ts says (`<id>.<expiry>.<ext>`), so a listing is the whole index: the sweeper
+ * deletes expired objects without reading them, and a restart loses nothing. Credentials, and the region
+ * when S3_REGION is unset, come from the AWS SDK's standard chain (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY,
+ * AWS_PROFILE and ~/.aws files, web identity, instance roles).
+ *
+ * No partial object is ever visible: an S3 PUT is atomic (readers see the whole object or none), and it
+ * carries Content-MD5, so the store refuses a body damaged on the way. A GET finds the object by
+ * listing the id's prefix (listings are strongly consistent on the stores above) and checks the expiry
+ * in its name before streaming it, so an expired image is never served even before the sweeper ran.
+ *
+ * The byte limit (MAX_STORE_BYTES) is the prefix's total as this replica's last listing saw it, plus its
+ * own writes since; every sweep (and a put that finds the store full) lists the bucket again, so
+ * replicas see each other's images within a sweep interval (docs/deploy.md).
+ */
+
+export interface S3StoreOptions {
+  bucket: string;
+  /** Put before every object key, e.g. `images/`; several deployments may share a bucket under different prefixes. */
+  prefix: string;
+  /** The S3 API's address for stores other than AWS (e.g. http://minio:9000); unset: AWS's, or AWS_ENDPOINT_URL_S3. */
+  endpoint?: string;
+  /** Unset: the SDK's chain (AWS_REGION, the profile's region). */
+  region?: string;
+  /** Address buckets as a path (http://host/bucket/key) instead of a host name: MinIO, Ceph and most self-hosted stores need it. */
+  forcePathStyle: boolean;
+  /** Hand out presigned GET URLs (valid until the image expires) instead of the replicas' files route. */
+  presignedUrls: boolean;
+  ttlSeconds: number;
+  maxBytes: number;
+  logger: Logger;
+  /** Unix milliseconds now (default Date.now). */
+  clock?: () => number;
+}
+
+/** How long a /ready answer about the bucket holds: load balancers probe every few seconds, each replica's probe costs one LIST. */
+const CHECK_CACHE_MS = 2000;
+/** DeleteObjects takes at most this many keys. */
+const DELETE_BATCH = 1000;
+
+export class S3ImageStore implements ImageStore {
+  private readonly client: S3Client;
+  private readonly space: StoreSpace;
+  /** Images under the prefix as the last listing counted them, plus this replica's puts since. */
+  private files = 0;
+  /** Bytes of puts in progress (counted in `space.used`, in no listing yet). */
+  private writing = 0;
+  /** Puts finished since the current (or last) listing began: the listing may not have seen them. */
+  private recent = new Map<string, number>();
+  private readonly writes = new Set<Promise<unknown>>();
+  private sweeping: Promise<void> | undefined;
+  private checked: { at: number; result: Promise<void> } | undefined;
+  private timer: NodeJS.Timeout | undefined;
+  readonly now: () => number;
+
+  private constructor(private readonly options: S3StoreOptions) {
+    this.now = options.clock ?? Date.now;
+    this.space = new StoreSpace(options.maxBytes, () => this.sweep());
+    this.client = new S3Client({
+      ...(options.endpoint && { endpoint: options.endpoint }),
+      ...(options.region && { region: options.region }),
+      forcePathStyle: options.forcePathStyle,
+      // The SDK's default CRC32 checksums (aws-chunked uploads, trailing checksums) are refused by several
+      // S3-compatible stores; Content-MD5, which every one of them checks, guards our puts instead.
+      requestChecksumCalculation: 'WHEN_REQUIRED',
+      responseChecksumValidation: 'WHEN_REQUIRED',
+      requestHandler: { connectionTimeout: 5000, requestTimeout: 30_000 },
+    });
+  }
+
+  /**
+   * Opens the store and counts what the prefix holds (deleting expired images). A bucket that cannot be
+   * listed does not stop the server: it is logged, /ready answers 503 saying why until the bucket
+   * answers, and url requests get 503 meanwhile (an orchestrator restarting replicas would not help).
+   */
+  static async open(options: S3StoreOptions): Promise<S3ImageStore> {
+    const store = new S3ImageStore(options);
+    await store.sweep().catch((err: unknown) => options.logger.error({ err }, `image store: ${(err as Error).message}; /ready answers 503 until it answers`));
+    return store;
+  }
+
+  private keyOf(image: Pick<StoredImage, 'id' | 'expiresAt' | 'ext'>): string {
+    return `${this.options.prefix}${imageName(image)}`;
+  }
+
+  private expired(image: StoredImage): boolean {
+    return image.expiresAt <= this.now();
+  }
+
+  /** An SDK failure as the error the service answers with a 503; the message names the bucket, the action and the store's reason. */
+  private unavailable(action: string, err: unknown): StoreUnavailableError {
+    const e = err as Error & { code?: string };
+    // Network errors are plain Errors with a code (ECONNREFUSED); S3's own are named (NoSuchBucket, AccessDenied).
+    const reason = e.name === 'Error' && e.code ? e.code : e.name;
+    // HEAD answers carry no body: the SDK then says "UnknownError", which helps nobody.
+    const detail = e.message && e.message !== 'UnknownError' && e.message !== reason ? `: ${e.message}` : '';
+    return new StoreUnavailableError(`the S3 bucket '${this.options.bucket}' failed to ${action} (${reason}${detail})`, { cause: err, reason });
+  }
+
+  reserve(bytes: number): Promise<StoreReservation> {
+    return this.space.reserve(bytes);
+  }
+
+  async put(data: Uint8Array, contentType: string, reservation?: StoreReservation): Promise<StoredImage> {
+    const ext = extensionOf(contentType);
+    await this.space.claim(data.byteLength, reservation);
+    this.writing += data.byteLength;
+    const id = randomBytes(16).toString('hex');
+    const expiresAt = this.now() + Math.round(this.options.ttlSeconds * 1000);
+    const image: StoredImage = { id, ext, contentType, expiresAt, size: data.byteLength };
+    const write = this.client.send(
+      new PutObjectCommand({
+        Bucket: this.options.bucket,
+        Key: this.keyOf(image),
+        Body: data,
+        ContentType: contentType,
+        ContentLength: data.byteLength,
+        ContentMD5: createHash('md5').update(data).digest('base64'),
+        // For presigned URLs and CDNs in front of the bucket: the image never changes and dies at its expiry.
+        CacheControl: `public, max-age=${Math.round(this.options.ttlSeconds)}, immutable`,
+        Expires: new Date(expiresAt),
+      }),
+    );
+    this.writes.add(write);
+    try {
+      await write;
+    } catch (err) {
+      this.space.free(data.byteLength);
+      throw this.unavailable('store an image', err);
+    } finally {
+      this.writes.delete(write);
+      this.writing -= data.byteLength;
+    }
+    this.recent.set(id, data.byteLength);
+    this.files += 1;
+    if (!this.options.presignedUrls) return image;
+    // Signing is local (no request): the URL dies with the image (a whole second early at most).
+    const expiresIn = Math.max(1, Math.floor((expiresAt - this.now()) / 1000));
+    return { ...image, url: await getSignedUrl(this.client, new GetObjectCommand({ Bucket: this.options.bucket, Key: this.keyOf(image) }), { expiresIn }) };
+  }
+
+  async get(id: string): Promise<StoredImage | null> {
+    const listed = await this.client
+      .send(new ListObjectsV2Command({ Bucket: this.options.bucket, Prefix: `${this.options.prefix}${id}.`, MaxKeys: 2 }))
+      .catch((err: unknown) => {
+        throw this.unavailable('look up an image', err);
+      });
+    for (const object of listed.Contents ?? []) {
+      const image = this.imageOf(object.Key, object.Size);
+      if (image?.id === id) return this.expired(image) ? null : image;
+    }
+    return null;
+  }
+
+  async read(image: StoredImage): Promise<Readable | null> {
+    if (this.expired(image)) return null;
+    try {
+      const { Body } = await this.client.send(new GetObjectCommand({ Bucket: this.options.bucket, Key: this.keyOf(image) }));
+      if (!(Body instanceof Readable)) throw new TypeError('the SDK gave no Node.js stream for the object');
+      return Body;
+    } catch (err) {
+      // Deleted since get(): by another replica's sweeper, or the bucket's lifecycle rule.
+      if ((err as Error).name === 'NoSuchKey') return null;
+      throw this.unavailable('read an image', err);
+    }
+  }
+
+  /** Deletes images no response will name; when the bucket fails, they stay until they expire and a sweep deletes them. */
+  async remove(images: StoredImage[]): Promise<void> {
+    try {
+      await this.deleteKeys(images.map((image) => this.keyOf(image)));
+    } catch (err) {
+      this.options.logger.warn({ err }, `${(err as Error).message}: ${images.length} unused images stay until they expire`);
+      return;
+    }
+    for (const image of images) {
+      this.recent.delete(image.id);
+      this.files -= 1;
+      this.space.free(image.size);
+    }
+  }
+
+  /** Lists the prefix: deletes expired images and counts the rest (with this replica's puts the listing may have missed). */
+  sweep(): Promise<void> {
+    // Puts that find the store full sweep at once: one listing serves them all.
+    this.sweeping ??= this.relist().finally(() => (this.sweeping = undefined));
+    return this.sweeping;
+  }
+
+  private async relist(): Promise<void> {
+    const recent = new Map<string, number>();
+    this.recent = recent;
+    const seen = new Set<string>();
+    const expired: string[] = [];
+    let bytes = 0;
+    try {
+      for await (const page of paginateListObjectsV2({ client: this.client }, { Bucket: this.options.bucket, Prefix: this.options.prefix })) {
+        for (const object of page.Contents ?? []) {
+          const image = this.imageOf(object.Key, object.Size);
+          if (!image) continue;
+          if (this.expired(image)) expired.push(object.Key!);
+          else {
+            seen.add(image.id);
+            bytes += image.size;
+          }
+        }
+      }
+    } catch (err) {
+      throw this.unavailable('list its images', err);
+    }
+    await this.deleteKeys(expired);
+    const missed = [...recent].filter(([id]) => !seen.has(id));
+    this.files = seen.size + missed.length;
+    this.space.used = bytes + missed.reduce((sum, [, size]) => sum + size, 0) + this.writing;
+    if (expired.length) this.options.logger.debug({ deleted: expired.length }, 'expired images deleted');
+  }
+
+  /** The image an object under the prefix stands for, or undefined for anything else kept there. */
+  private imageOf(key: string | undefined, size: number | undefined): StoredImage | undefined {
+    if (!key?.startsWith(this.options.prefix)) return undefined;
+    const named = parseImageName(key.slice(this.options.prefix.length));
+    return named && { ...named, size: size ?? 0 };
+  }
+
+  private async deleteKeys(keys: string[]): Promise<void> {
+    for (let start = 0; start < keys.length; start += DELETE_BATCH) {
+      const batch = keys.slice(start, start + DELETE_BATCH);
+      const result = await this.client
+        .send(new DeleteObjectsCommand({ Bucket: this.options.bucket, Delete: { Objects: batch.map((Key) => ({ Key })), Quiet: true } }))
+        .catch((err: unknown) => {
+          throw this.unavailable('delete images', err);
+        });
+      // Another replica's sweeper may have deleted some first: S3 reports no error for those.
+      for (const error of result.Errors ?? []) this.options.logger.warn({ key: error.Key, code: error.Code }, `cannot delete image: ${error.Message}`);
+    }
+  }
+
+  /** Throws StoreUnavailableError while the bucket cannot be listed (the permission every operation here needs too). */
+  check(): Promise<void> {
+    const now = Date.now();
+    if (!this.checked || now - this.checked.at > CHECK_CACHE_MS) {
+      const result = this.client
+        // A prefix no image name has (ids are hex): the answer is empty, and as cheap as a request gets.
+        .send(new ListObjectsV2Command({ Bucket: this.options.bucket, Prefix: `${this.options.prefix}.probe`, MaxKeys: 1 }))
+        .then(
+          () => undefined,
+          (err: unknown) => {
+            throw this.unavailable('answer', err);
+          },
+        );
+      // Cached rejections are awaited by every caller; this keeps an unawaited one from counting as unhandled.
+      result.catch(() => undefined);
+      this.checked = { at: now, result };
+    }
+    return this.checked.result;
+  }
+
+  stats(): { files: number; bytes: number } {
+    return { files: this.files, bytes: this.space.used };
+  }
+
+  /** Sweeps every `intervalMs` until close(); a failing bucket is logged (and /ready says so), the next sweep tries again. */
+  startSweeper(intervalMs: number): void {
+    this.timer = setInterval(() => {
+      this.sweep().catch((err: unknown) => this.options.logger.warn({ err }, `image sweep failed: ${(err as Error).message}`));
+    }, intervalMs);
+    this.timer.unref();
+  }
+
+  async close(): Promise<void> {
+    clearInterval(this.timer);
+    await Promise.allSettled(this.writes);
+    await this.sweeping?.catch(() => undefined);
+    this.client.destroy();
+  }
+}

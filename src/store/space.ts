@@ -1,0 +1,47 @@
+import { StoreFullError, type StoreReservation } from './image-store.js';
+import { SpaceReservation } from './reservation.js';
+
+/**
+ * A store's byte limit: the bytes its images take (plus writes in progress) and the bytes reservations
+ * set aside, against `maxBytes`. Both stores count the same way; each tells it what it holds. Every
+ * count changes before the first await, so parallel reservations and puts cannot overfill.
+ */
+export class StoreSpace {
+  /** Bytes of stored images plus writes in progress. */
+  used = 0;
+  /** Bytes set aside by reservations and not yet written. */
+  private reserved = 0;
+
+  constructor(
+    readonly maxBytes: number,
+    /** Frees what it can (deletes expired images) when something does not fit. */
+    private readonly sweep: () => Promise<void>,
+  ) {}
+
+  /** Sets space aside for images to come; throws StoreFullError when it does not fit even after a sweep. */
+  async reserve(bytes: number): Promise<StoreReservation> {
+    await this.makeRoom(bytes);
+    this.reserved += bytes;
+    return new SpaceReservation(bytes, (unused) => (this.reserved -= unused));
+  }
+
+  /** Counts a write of `bytes`, drawing on `reservation` first; throws StoreFullError when the rest does not fit even after a sweep. */
+  async claim(bytes: number, reservation?: StoreReservation): Promise<void> {
+    const covered = reservation instanceof SpaceReservation ? reservation.draw(bytes) : 0;
+    // The covered part leaves the reservation whatever happens next: a put that fails has no use for it.
+    this.reserved -= covered;
+    await this.makeRoom(bytes - covered);
+    this.used += bytes;
+  }
+
+  /** Bytes no longer held: an image deleted, or a write that failed. */
+  free(bytes: number): void {
+    this.used -= bytes;
+  }
+
+  private async makeRoom(bytes: number): Promise<void> {
+    const fits = () => this.used + this.reserved + bytes <= this.maxBytes;
+    if (!fits()) await this.sweep();
+    if (!fits()) throw new StoreFullError(this.maxBytes);
+  }
+}

@@ -1,0 +1,15 @@
+import { existsSync } from 'node:fs';
+
+/**
+ * A Chromium for the browser tests: Debian's `chromium` (`apt-get install chromium`, as .ci/run does),
+ * driven by playwright-core, which downloads no browser of its own. CHROMIUM_PATH names another one.
+ */
+
+const CANDIDATES = ['/usr/bin/chromium', '/usr/bin/chromium-browser', '/usr/bin/google-chrome', '/usr/bin/google-chrome-stable'];
+
+export const chromiumPath: string | undefined = [process.env.CHROMIUM_PATH, ...CANDIDATES].find((file): file is string => Boolean(file && existsSync(file)));
+
+/** The skip reason tests put in their names, so `npm test` says why they did not run. */
+export const NO_CHROMIUM = ' (skipped: chromium not found, install it with `apt-get install chromium` or set CHROMIUM_PATH)';
+
+if (!chromiumPath) console.warn(`browser tests${NO_CHROMIUM}`);

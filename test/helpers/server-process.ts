@@ -1,0 +1,59 @@
+import { spawn, type ChildProcess } from 'node:child_process';
+import { once } from 'node:events';
+import { createInterface } from 'node:readline';
+import { fileURLToPath } from 'node:url';
+
+/**
+ * `imagegen serve` as a process of its own (the CLI from source under tsx, as in development), with only
+ * the environment it is given, so that settings in the developer's environment cannot change a test.
+ * For tests that kill, restart or put several servers behind a balancer.
+ */
+
+const REPO = fileURLToPath(new URL('../..', import.meta.url));
+
+export interface ServerProcess {
+  child: ChildProcess;
+  /** http://127.0.0.1:<port>, and the API base URL (origin + /v1). */
+  origin: string;
+  baseURL: string;
+  /** Resolves with the exit code (null when killed by a signal). */
+  exited: Promise<number | null>;
+  /** Everything it logged, one JSON object a line. */
+  log: string[];
+}
+
+export interface SpawnOptions {
+  /** Largest file the process may write, in KiB (ulimit -f): writes past it fail with EFBIG, as on a full disk. */
+  fileSizeLimitKb?: number;
+}
+
+/** Starts `imagegen serve` with `env` and resolves once it listens; rejects with its stderr when it exits first. */
+export async function spawnServer(env: Record<string, string>, { fileSizeLimitKb }: SpawnOptions = {}): Promise<ServerProcess> {
+  const command = [process.execPath, '--import', 'tsx', 'src/cli/main.ts', 'serve'];
+  const [file, ...args] = fileSizeLimitKb === undefined ? command : ['bash', '-c', `ulimit -f ${fileSizeLimitKb} && exec "$@"`, 'bash', ...command];
+  const child = spawn(file, args, {
+    cwd: REPO,
+    // tsx keeps its compile cache in memory: writing it could hit a file size limit.
+    env: { PATH: process.env.PATH, HOME: process.env.HOME, TSX_DISABLE_CACHE: '1', WORKERS: '1', ...env },
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
+  const exited = once(child, 'exit').then(([code]) => code as number | null);
+  const log: string[] = [];
+  let stderr = '';
+  child.stderr!.on('data', (chunk: Buffer) => (stderr += chunk.toString()));
+  const url = await new Promise<string>((resolve, reject) => {
+    createInterface({ input: child.stdout! }).on('line', (line) => {
+      log.push(line);
+      const entry = JSON.parse(line) as { msg?: string; url?: string };
+      if (entry.msg === 'imagegen ready') resolve(entry.url!);
+    });
+    void exited.then((code) => reject(new Error(`imagegen serve exited with ${code} before listening:\n${stderr}`)));
+  });
+  return { child, baseURL: url, origin: url.replace(/\/v1$/, ''), exited, log };
+}
+
+/** Kills the server at once (SIGKILL: no graceful shutdown, as a crash or an OOM kill) and waits for its exit. */
+export async function killServer(server: ServerProcess): Promise<void> {
+  if (server.child.exitCode === null && server.child.signalCode === null) server.child.kill('SIGKILL');
+  await server.exited;
+}

@@ -1,0 +1,280 @@
+import { execFile } from 'node:child_process';
+import { mkdir, mkdtemp, readFile, rm, symlink, writeFile } from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
+import { promisify } from 'node:util';
+import { chromium, type Browser, type Page } from 'playwright-core';
+import sharp from 'sharp';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { chromiumPath, NO_CHROMIUM } from './helpers/browser.js';
+import { MODEL, OPS_KEY, startOpsServer, untilReady, type OpsServer } from './helpers/ops-server.js';
+import { readImageFile } from './helpers/picture.js';
+
+/**
+ * The playground in headless Chromium against the whole server (worker processes, the reference
+ * SD-Turbo `shapes`, API keys): key, generation with streamed previews, Cancel, errors beside their
+ * field, a painted mask and an edit, and "copy as code" run for real. PLAYGROUND_SCREENSHOT=<file>
+ * also saves a screenshot of the page (docs/playground.png is made so).
+ */
+
+const run = promisify(execFile);
+
+/** openai-python is not in Debian 12 and PyPI is out of reach here: then the Python test says so in its name. */
+const pythonOpenai = await run('python3', ['-c', 'import openai']).then(
+  () => true,
+  () => false,
+);
+
+/**
+ * What openai-python does with `client.images.generate(...)`: POST the keyword arguments that are not
+ * None, with `extra_body` merged in, as JSON to base_url + /images/generations, with the Bearer key.
+ * Used only where the real package cannot be installed, so the copied snippet still runs as written.
+ */
+const OPENAI_STAND_IN = `
+import json, types, urllib.request
+
+class _Images:
+    def __init__(self, client):
+        self._client = client
+
+    def generate(self, *, extra_body=None, **params):
+        body = {k: v for k, v in params.items() if v is not None}
+        body.update(extra_body or {})
+        request = urllib.request.Request(self._client.base_url + "/images/generations", data=json.dumps(body).encode(),
+                                         headers={"Authorization": "Bearer " + self._client.api_key, "Content-Type": "application/json"})
+        answer = json.load(urllib.request.urlopen(request))
+        return types.SimpleNamespace(data=[types.SimpleNamespace(**image) for image in answer["data"]])
+
+class OpenAI:
+    def __init__(self, *, base_url, api_key):
+        self.base_url, self.api_key = base_url.rstrip("/"), api_key
+        self.images = _Images(self)
+`;
+
+/** The bytes behind an <img> of the page (a blob: or the server's URL), fetched inside the page. */
+async function imageBytes(page: Page, selector: string): Promise<Buffer> {
+  const bytes = await page.$eval(selector, async (img) => Array.from(new Uint8Array(await (await fetch((img as HTMLImageElement).src)).arrayBuffer())));
+  return Buffer.from(bytes);
+}
+
+/** The mean RGB of a band of columns (sharp's stats() would read the whole picture). */
+async function meanColour(image: Buffer, left: number, width: number): Promise<number[]> {
+  const { data, info } = await sharp(image).removeAlpha().extract({ left, top: 0, width, height: 256 }).raw().toBuffer({ resolveWithObject: true });
+  const sums = [0, 0, 0];
+  for (let i = 0; i < data.length; i++) sums[i % 3] += data[i];
+  return sums.map((sum) => sum / (info.width * info.height));
+}
+
+async function pixels(image: Buffer | string): Promise<Buffer> {
+  return sharp(image).removeAlpha().raw().toBuffer();
+}
+
+describe.skipIf(!chromiumPath)(`the playground in headless Chromium${chromiumPath ? '' : NO_CHROMIUM}`, () => {
+  let server: OpsServer;
+  let origin: string;
+  let browser: Browser;
+  let page: Page;
+  let work: string;
+
+  beforeAll(async () => {
+    server = await startOpsServer();
+    origin = server.server.url;
+    await untilReady(origin, 60_000);
+    browser = await chromium.launch({ executablePath: chromiumPath, args: ['--no-sandbox'] });
+    const context = await browser.newContext({ permissions: ['clipboard-read', 'clipboard-write'], viewport: { width: 1280, height: 900 } });
+    page = await context.newPage();
+    work = await mkdtemp(path.join(os.tmpdir(), 'imagegen-playground-'));
+  });
+
+  afterAll(async () => {
+    await browser?.close();
+    await server?.close();
+    if (work) await rm(work, { recursive: true, force: true });
+  });
+
+  /** Fills the settings for a quick, fixed-seed picture of the reference model. */
+  async function settings(fields: { prompt?: string; size?: string; steps?: string; n?: string; seed?: string }): Promise<void> {
+    if (fields.prompt !== undefined) await page.fill('#prompt', fields.prompt);
+    if (fields.size) await page.selectOption('#size', fields.size);
+    if (fields.steps) await page.fill('#steps', fields.steps);
+    if (fields.n) await page.fill('#n', fields.n);
+    if (fields.seed) await page.fill('#seed', fields.seed);
+  }
+
+  /** Clicks a button that sends a request and waits for the page to say that it is done (a fresh status, not the last one). */
+  async function runAndWait(selector: string): Promise<void> {
+    await page.$eval('#status', (status) => (status.textContent = ''));
+    await page.click(selector);
+    await expect.poll(() => page.textContent('#status'), { timeout: 60_000 }).toMatch(/^(Done|Failed)/);
+    expect(await page.textContent('#status')).toMatch(/^Done: 1 image/);
+  }
+
+  it('asks for the API key, says clearly when it is wrong, and lists the models with the right one', async () => {
+    const page404 = await page.goto(`${origin}/`);
+    expect(page404?.status()).toBe(200);
+    await expect.poll(() => page.isVisible('#key-dialog'), { timeout: 30_000 }).toBe(true);
+    await page.fill('#key', 'sk-wrong-0123456789');
+    await page.click('#key-save');
+    await expect.poll(() => page.textContent('#key-error'), { timeout: 30_000 }).toContain('Incorrect API key provided');
+    expect(await page.getAttribute('#key', 'aria-invalid')).toBe('true');
+    await page.fill('#key', OPS_KEY);
+    await page.click('#key-save');
+    await expect.poll(() => page.isVisible('#key-dialog'), { timeout: 30_000 }).toBe(false);
+    expect(await page.$$eval('#model option', (options) => options.map((o) => o.textContent))).toContain(MODEL);
+    await page.selectOption('#model', MODEL);
+    expect(await page.$$eval('#size option', (options) => options.map((o) => o.textContent))).toEqual(['128x128', '256x256', '512x512', '1024x1024']);
+    // Kept for this tab only.
+    expect(await page.evaluate(() => sessionStorage.getItem('imagegen.apiKey'))).toBe(OPS_KEY);
+    expect(await page.evaluate(() => localStorage.length)).toBe(0);
+  });
+
+  it('generates on Ctrl+Enter, shows the picture forming, and draws what the prompt asked for', async () => {
+    await settings({ prompt: 'a red circle', size: '256x256', steps: '12', seed: '7' });
+    await page.selectOption('#partial_images', '3');
+    // Every preview the page shows, counted as it appears (they are removed once the image is done).
+    await page.evaluate(() => {
+      const seen = { previews: 0 };
+      Object.assign(window, { seen });
+      new MutationObserver((changes) => changes.forEach((c) => (seen.previews += [...c.addedNodes].filter((n) => n.nodeName === 'IMG').length))).observe(
+        document.getElementById('previews')!,
+        { childList: true },
+      );
+    });
+    await page.focus('#prompt');
+    await page.keyboard.press('Control+Enter');
+    await page.waitForSelector('#results .result-image');
+    await expect.poll(() => page.textContent('#status'), { timeout: 30_000 }).toMatch(/^Done: 1 image/);
+    expect(await page.evaluate(() => (window as unknown as { seen: { previews: number } }).seen.previews)).toBeGreaterThan(0);
+
+    const { reading, info } = await readImageFile(await imageBytes(page, '#results .result-image'));
+    expect(info.width).toBe(256);
+    expect(reading).toMatchObject({ colour: 'red', shape: 'circle' });
+    expect(await page.textContent('#results figcaption')).toMatch(/^seed 7 · 256x256 · shapes · \d+\.\d s$/);
+    expect(await page.getAttribute('#results .result-image', 'alt')).toBe('a red circle (seed 7)');
+    expect(await page.textContent('#history li')).toContain('streamed: kept in this tab only');
+  });
+
+  it('copies the curl and Node snippets, whose requests give the same image for the same seed', async () => {
+    const shown = await pixels(await imageBytes(page, '#results .result-image'));
+    await page.click('#results button:has-text("Copy as code")');
+    await page.click('button[data-copy="curl"]');
+    const curl = await page.evaluate(() => navigator.clipboard.readText());
+    expect(curl).toContain('"seed":7');
+    await run('bash', ['-c', curl], { cwd: work, env: { ...process.env, OPENAI_API_KEY: OPS_KEY } });
+    const answer = JSON.parse(await readFile(path.join(work, 'response.json'), 'utf8')) as { data: { b64_json: string }[] };
+    expect(await pixels(Buffer.from(answer.data[0].b64_json, 'base64'))).toEqual(shown);
+
+    await page.click('button[data-copy="node"]');
+    const node = await page.evaluate(() => navigator.clipboard.readText());
+    // The real openai-node client, from the project's node_modules.
+    await mkdir(path.join(work, 'node'), { recursive: true });
+    await symlink(path.resolve('node_modules'), path.join(work, 'node', 'node_modules'));
+    await writeFile(path.join(work, 'node', 'snippet.mjs'), node);
+    await run('node', ['snippet.mjs'], { cwd: path.join(work, 'node'), env: { ...process.env, OPENAI_API_KEY: OPS_KEY } });
+    expect(await pixels(path.join(work, 'node', 'image-7.png'))).toEqual(shown);
+    await page.keyboard.press('Escape');
+  });
+
+  it(
+    pythonOpenai
+      ? 'copies the Python snippet and runs it with openai-python: the same image for the same seed'
+      : 'copies the Python snippet and runs it with python3 through a stand-in `openai` module that sends what openai-python sends (openai-python cannot be installed here: not in Debian 12, PyPI out of reach): the same image for the same seed',
+    async () => {
+      const shown = await pixels(await imageBytes(page, '#results .result-image'));
+      await page.click('#results button:has-text("Copy as code")');
+      await page.click('button[data-copy="python"]');
+      await expect.poll(() => page.textContent('button[data-copy="python"] + [role=status]'), { timeout: 30_000 }).toBe('Copied.');
+      const python = await page.evaluate(() => navigator.clipboard.readText());
+      await page.keyboard.press('Escape');
+      expect(python).toContain('extra_body={"steps": 12, "seed": 7}');
+      const dir = path.join(work, 'python');
+      await mkdir(path.join(dir, 'stand-in', 'openai'), { recursive: true });
+      await writeFile(path.join(dir, 'stand-in', 'openai', '__init__.py'), OPENAI_STAND_IN);
+      await writeFile(path.join(dir, 'snippet.py'), python);
+      const env = { ...process.env, OPENAI_API_KEY: OPS_KEY, ...(!pythonOpenai && { PYTHONPATH: path.join(dir, 'stand-in') }) };
+      await run('python3', ['snippet.py'], { cwd: dir, env });
+      expect(await pixels(path.join(dir, 'image-7.png'))).toEqual(shown);
+    },
+  );
+
+  it('reuses the settings of a result, seed included', async () => {
+    await settings({ prompt: 'something else', steps: '3' });
+    await page.check('input[name=seed_mode][value=random]');
+    await page.click('#results button:has-text("Reuse settings")');
+    expect(await page.inputValue('#prompt')).toBe('a red circle');
+    expect(await page.inputValue('#steps')).toBe('12');
+    expect(await page.inputValue('#seed')).toBe('7');
+    expect(await page.isChecked('input[name=seed_mode][value=fixed]')).toBe(true);
+  });
+
+  it('shows an API error as words beside the field it names, and focuses that field', async () => {
+    await settings({ steps: '151' });
+    await page.click('#generate');
+    await expect.poll(() => page.textContent('#steps-error'), { timeout: 30_000 }).toContain("Invalid 'steps'");
+    expect(await page.getAttribute('#steps', 'aria-invalid')).toBe('true');
+    expect(await page.evaluate(() => document.activeElement?.id)).toBe('steps');
+    expect(await page.textContent('#steps-error')).not.toContain('{');
+    await settings({ steps: '12' });
+  });
+
+  it('paints a mask over a result and runs an edit that redraws only the painted half', async () => {
+    await settings({ prompt: 'a red square', seed: '3' });
+    await runAndWait('#generate');
+    const source = await imageBytes(page, '#results .result-image');
+    await page.click('#results button:has-text("Edit")');
+    await page.waitForSelector('#mask', { state: 'visible' });
+    expect(await page.$eval('#mask', (c) => [(c as HTMLCanvasElement).width, (c as HTMLCanvasElement).height])).toEqual([256, 256]);
+
+    // The half of the picture the red square is in, painted in strokes of a 32-pixel brush.
+    const redness = async (left: number) => {
+      const [r, g] = await meanColour(source, left, 128);
+      return r - g;
+    };
+    const painted = (await redness(0)) > (await redness(128)) ? 'left' : 'right';
+    await page.fill('#brush', '32');
+    const box = (await page.locator('#mask').boundingBox())!;
+    const [from, to] = painted === 'left' ? [box.x, box.x + box.width / 2 - 16] : [box.x + box.width / 2 + 16, box.x + box.width];
+    await page.mouse.move(from, box.y);
+    await page.mouse.down();
+    for (let y = 0; y <= box.height; y += 16) {
+      await page.mouse.move(from, box.y + y);
+      await page.mouse.move(to, box.y + y, { steps: 4 });
+    }
+    await page.mouse.up();
+    await settings({ prompt: 'a blue square' });
+    await page.fill('#strength', '1');
+    await runAndWait('#edit-run');
+    expect(await page.getAttribute('#results .result-image', 'alt')).toBe('Edit: a blue square (seed 3)');
+
+    // Kept where nothing was painted, redrawn where the mask was painted (clear of the brush's edge).
+    const edited = await imageBytes(page, '#results .result-image');
+    const difference = async (left: number) => {
+      const [a, b] = [await meanColour(edited, left, 112), await meanColour(source, left, 112)];
+      return Math.hypot(...a.map((v, i) => v - b[i]));
+    };
+    const [paintedLeft, keptLeft] = painted === 'left' ? [0, 144] : [144, 0];
+    expect(await difference(keptLeft)).toBeLessThan(3);
+    expect(await difference(paintedLeft)).toBeGreaterThan(10);
+  });
+
+  it('makes variations of a result, answered with URLs whose time left shows in the history', async () => {
+    await runAndWait('#results button:has-text("Variations")');
+    expect(await page.getAttribute('#results .result-image', 'src')).toMatch(new RegExp(`^${origin}/v1/images/files/`));
+    await expect.poll(() => page.textContent('#history li:first-child .expiry'), { timeout: 30_000 }).toMatch(/^URL expires in 23 h 59 min$/);
+    if (process.env.PLAYGROUND_SCREENSHOT) await page.screenshot({ path: process.env.PLAYGROUND_SCREENSHOT, fullPage: true });
+  });
+
+  it('cancels a long request, and the server is free again', async () => {
+    await settings({ size: '1024x1024', steps: '150', n: '2' });
+    await page.click('#generate');
+    await expect.poll(() => page.textContent('#status'), { timeout: 60_000 }).toMatch(/^Step \d+ of \d+/);
+    expect(server.server.engine.load().running).toBe(1);
+    expect(await page.evaluate(() => document.activeElement?.id)).toBe('cancel');
+    await page.keyboard.press('Enter');
+    await expect.poll(() => page.textContent('#status'), { timeout: 30_000 }).toContain('Cancelled');
+    await expect.poll(() => server.server.engine.load(), { timeout: 30_000 }).toMatchObject({ running: 0, queued: 0 });
+    // Free again: the next request runs at once.
+    await settings({ size: '128x128', steps: '4', n: '1' });
+    await runAndWait('#generate');
+  });
+});

@@ -1,0 +1,94 @@
+import type { Redis } from 'ioredis';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import type { ApiError } from '../src/api/errors.js';
+import { KeyRates } from '../src/http/key-rates.js';
+import { connectRedis } from '../src/http/redis.js';
+import { RedisLedger } from '../src/http/redis-ledger.js';
+import { silentLogger } from './helpers/api-server.js';
+import { findCommand, startRedis, type RedisService } from './helpers/services.js';
+
+/**
+ * API_KEYS_FILE's per-minute limits kept in a real Redis: two replicas' KeyRates, each with its own
+ * connection, count against one limit, with the same answers as the in-memory ledger (test/key-rates.test.ts),
+ * and each falls back to counting alone while Redis is down.
+ */
+
+const REDIS = findCommand('redis-server');
+if (!REDIS) console.warn('test/replicas-limits.test.ts skipped: redis-server not found (install with: apt-get install redis-server)');
+
+let redis: RedisService;
+const connections: Redis[] = [];
+let now = 0;
+
+/** A replica's rates: its own Redis connection, the shared clock of the test. */
+async function replica(): Promise<KeyRates> {
+  const connection = await connectRedis(redis.url, silentLogger);
+  connections.push(connection);
+  return new KeyRates(() => now, new RedisLedger(connection, silentLogger));
+}
+
+async function refusal(admitted: Promise<void>): Promise<ApiError> {
+  try {
+    await admitted;
+  } catch (err) {
+    return err as ApiError;
+  }
+  throw new Error('not refused');
+}
+
+describe.skipIf(!REDIS)(`per-key limits shared through Redis${REDIS ? '' : ' (skipped: redis-server not found, install it with apt-get install redis-server)'}`, () => {
+  beforeAll(async () => {
+    redis = await startRedis(REDIS!);
+  });
+  afterAll(async () => {
+    for (const connection of connections) connection.disconnect();
+    await redis?.stop();
+  });
+
+  it('counts requests_per_minute over all replicas, with the Retry-After of the oldest request leaving the minute', async () => {
+    const [one, two] = [await replica(), await replica()];
+    const key = { label: 'alice', limits: { requestsPerMinute: 2 } };
+    now = 1_000_000;
+    await one.admit(key, 1);
+    now += 10_000;
+    await two.admit(key, 1);
+    now += 10_000;
+    for (const rates of [one, two]) {
+      const err = await refusal(rates.admit(key, 1));
+      expect(err).toMatchObject({ status: 429, type: 'requests', code: 'rate_limit_exceeded', headers: { 'retry-after': '40' } });
+      expect(err.message).toMatch(/API key 'alice': at most 2 requests a minute/);
+    }
+    now += 40_001;
+    await expect(two.admit(key, 1)).resolves.toBeUndefined();
+  });
+
+  it('counts images_per_minute by n over all replicas, refusing a request larger than the limit outright', async () => {
+    const [one, two] = [await replica(), await replica()];
+    const key = { label: 'bob', limits: { imagesPerMinute: 4 } };
+    now = 2_000_000;
+    await one.admit(key, 3);
+    expect((await refusal(two.admit(key, 2))).headers['retry-after']).toBe('60');
+    await expect(two.admit(key, 1)).resolves.toBeUndefined();
+    expect((await refusal(one.admit(key, 1))).status).toBe(429);
+    expect((await refusal(one.admit({ label: 'carol', limits: { imagesPerMinute: 4 } }, 5))).status).toBe(429);
+  });
+
+  it('lets concurrent requests from many replicas through exactly up to the limit', async () => {
+    const replicas = await Promise.all([replica(), replica(), replica()]);
+    const key = { label: 'dave', limits: { requestsPerMinute: 10 } };
+    now = 3_000_000;
+    const outcomes = await Promise.allSettled(Array.from({ length: 30 }, (_, i) => replicas[i % 3].admit(key, 1)));
+    expect(outcomes.filter((o) => o.status === 'fulfilled')).toHaveLength(10);
+  });
+
+  it('falls back to counting per replica while Redis is down', async () => {
+    const [one, two] = [await replica(), await replica()];
+    const key = { label: 'erin', limits: { requestsPerMinute: 1 } };
+    now = 4_000_000;
+    await redis.stop();
+    // Each replica alone admits its own one request instead of refusing everyone or stalling.
+    await expect(one.admit(key, 1)).resolves.toBeUndefined();
+    await expect(two.admit(key, 1)).resolves.toBeUndefined();
+    expect((await refusal(one.admit(key, 1))).status).toBe(429);
+  });
+});

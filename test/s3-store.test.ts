@@ -1,0 +1,221 @@
+import { mkdir, mkdtemp, rm } from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
+import type { Readable } from 'node:stream';
+import { ListObjectsV2Command, S3Client } from '@aws-sdk/client-s3';
+import OpenAI from 'openai';
+import sharp from 'sharp';
+import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
+import { ConfigError, loadConfig } from '../src/config.js';
+import { StoreFullError, StoreUnavailableError } from '../src/store/image-store.js';
+import { S3ImageStore, type S3StoreOptions } from '../src/store/s3-store.js';
+import { silentLogger } from './helpers/api-server.js';
+import { MODEL, OPS_KEY, startOpsServer, untilReady } from './helpers/ops-server.js';
+import { startS3Server, type S3Service } from './helpers/services.js';
+
+/**
+ * The S3 image store against s3rver, an S3-wire-compatible server run as its own process (production
+ * uses a real object store: AWS S3, MinIO, Ceph RGW, R2, Garage), and a real server in front of it.
+ */
+
+const BUCKET = 'images-test';
+let dir: string;
+let s3: S3Service;
+/** The stores' clock: tests move it on instead of waiting for images to expire. */
+let now = Date.UTC(2026, 10, 23);
+
+beforeAll(async () => {
+  dir = await mkdtemp(path.join(os.tmpdir(), 'imagegen-s3-'));
+  await mkdir(path.join(dir, 's3'));
+  s3 = await startS3Server(path.join(dir, 's3'), BUCKET);
+  // The store's credentials come from the standard AWS variables, as in production.
+  for (const [name, value] of Object.entries(s3.credentials)) vi.stubEnv(name, value);
+});
+afterAll(async () => {
+  vi.unstubAllEnvs();
+  await s3?.stop();
+  await rm(dir, { recursive: true, force: true });
+});
+
+const open = (options: Partial<S3StoreOptions> = {}) =>
+  S3ImageStore.open({
+    bucket: BUCKET,
+    prefix: 'images/',
+    endpoint: s3.endpoint,
+    forcePathStyle: true,
+    presignedUrls: false,
+    ttlSeconds: 60,
+    maxBytes: 1e6,
+    logger: silentLogger,
+    clock: () => now,
+    ...options,
+  });
+
+const bytes = (n: number, fill = 1) => new Uint8Array(n).fill(fill);
+const readAll = async (stream: Readable | null) => stream && Buffer.concat(await stream.toArray());
+
+async function keys(prefix: string): Promise<string[]> {
+  const client = new S3Client({ endpoint: s3.endpoint, forcePathStyle: true });
+  try {
+    return ((await client.send(new ListObjectsV2Command({ Bucket: BUCKET, Prefix: prefix }))).Contents ?? []).map((o) => o.Key!);
+  } finally {
+    client.destroy();
+  }
+}
+
+describe('S3ImageStore', () => {
+  it('stores one object per image, named <id>.<expiry>.<ext> under the prefix, and streams it back', async () => {
+    const store = await open({ prefix: 'roundtrip/' });
+    const image = await store.put(bytes(100, 7), 'image/webp');
+    expect(image).toMatchObject({ ext: 'webp', contentType: 'image/webp', size: 100, expiresAt: now + 60_000 });
+    expect(await keys('roundtrip/')).toEqual([`roundtrip/${image.id}.${image.expiresAt}.webp`]);
+    expect(await store.get(image.id)).toEqual(image);
+    expect(await readAll(await store.read(image))).toEqual(Buffer.from(bytes(100, 7)));
+    expect(await store.get('0'.repeat(32))).toBeNull();
+    expect(store.stats()).toEqual({ files: 1, bytes: 100 });
+    await store.close();
+  });
+
+  it('refuses an expired image at every GET before the sweeper deleted it, then the sweep deletes the object', async () => {
+    const store = await open({ prefix: 'expiry/', ttlSeconds: 1 });
+    const image = await store.put(bytes(10), 'image/png');
+    now += 1001;
+    expect(await store.get(image.id)).toBeNull();
+    expect(await store.read(image)).toBeNull();
+    expect(await keys('expiry/')).toHaveLength(1);
+    await store.sweep();
+    expect(await keys('expiry/')).toHaveLength(0);
+    expect(store.stats()).toEqual({ files: 0, bytes: 0 });
+    await store.close();
+  });
+
+  it("shares images between replicas: one serves another's, a restart counts what the bucket holds, and the byte limit spans them", async () => {
+    const [one, two] = [await open({ prefix: 'shared/', maxBytes: 250 }), await open({ prefix: 'shared/', maxBytes: 250 })];
+    const image = await one.put(bytes(100, 3), 'image/png');
+    expect(await readAll(await two.read((await two.get(image.id))!))).toEqual(Buffer.from(bytes(100, 3)));
+    await two.put(bytes(100), 'image/png');
+    // `one` has not listed since `two` wrote: 150 more bytes look as if they fit, until a sweep lists the
+    // bucket (every minute, and whenever a put finds the store full).
+    await one.sweep();
+    expect(one.stats()).toEqual({ files: 2, bytes: 200 });
+    await expect(one.put(bytes(100), 'image/png')).rejects.toBeInstanceOf(StoreFullError);
+    await expect(one.reserve(60)).rejects.toBeInstanceOf(StoreFullError);
+
+    // Another replica starting later (or this one restarted) sees them all.
+    const three = await open({ prefix: 'shared/', maxBytes: 250 });
+    expect(three.stats()).toEqual({ files: 2, bytes: 200 });
+    // Once they expire, the sweep a full store runs deletes them and makes room.
+    now += 61_000;
+    await three.put(bytes(200), 'image/png');
+    expect(await keys('shared/')).toHaveLength(1);
+    await Promise.all([one.close(), two.close(), three.close()]);
+  });
+
+  it('deletes the images of a response that failed, so none of its n images stays visible', async () => {
+    const store = await open({ prefix: 'remove/' });
+    const images = await Promise.all([1, 2, 3].map((fill) => store.put(bytes(10, fill), 'image/jpeg')));
+    await store.remove(images);
+    expect(await keys('remove/')).toEqual([]);
+    expect(store.stats()).toEqual({ files: 0, bytes: 0 });
+    await store.close();
+  });
+
+  it('hands out presigned URLs that load the image from the bucket and expire with it', async () => {
+    const store = await open({ prefix: 'presigned/', presignedUrls: true, ttlSeconds: 600 });
+    const image = await store.put(bytes(20, 9), 'image/png');
+    const url = new URL(image.url!);
+    expect(url.origin).toBe(s3.endpoint);
+    expect(url.pathname).toBe(`/${BUCKET}/presigned/${image.id}.${image.expiresAt}.png`);
+    expect(url.searchParams.get('X-Amz-Expires')).toBe('600');
+    const res = await fetch(url);
+    expect(res.status).toBe(200);
+    expect(res.headers.get('content-type')).toBe('image/png');
+    expect(Buffer.from(await res.arrayBuffer())).toEqual(Buffer.from(bytes(20, 9)));
+    await store.close();
+  });
+
+  it('says which bucket failed and why: StoreUnavailableError from check(), put() and get()', async () => {
+    const store = await open({ bucket: 'no-such-bucket' });
+    const failure = await store.check().catch((err: unknown) => err);
+    expect(failure).toBeInstanceOf(StoreUnavailableError);
+    expect(failure).toMatchObject({ reason: 'NoSuchBucket', message: expect.stringMatching(/the S3 bucket 'no-such-bucket' failed to answer \(NoSuchBucket/) });
+    await expect(store.put(bytes(1), 'image/png')).rejects.toMatchObject({ name: 'StoreUnavailableError', reason: 'NoSuchBucket' });
+    await expect(store.get('0'.repeat(32))).rejects.toBeInstanceOf(StoreUnavailableError);
+    await store.close();
+
+    const unreachable = await open({ endpoint: 'http://127.0.0.1:9' });
+    await expect(unreachable.check()).rejects.toMatchObject({ reason: 'ECONNREFUSED' });
+    await unreachable.close();
+  });
+});
+
+describe('a server with STORE=s3 whose bucket fails', () => {
+  it('answers 503 in OpenAI shape for url requests and image GETs, says why in /ready, and keeps serving b64_json', async () => {
+    const ops = await startOpsServer({ env: { STORE: 's3', S3_BUCKET: BUCKET, S3_PREFIX: 'server/', S3_ENDPOINT: s3.endpoint, S3_FORCE_PATH_STYLE: 'true' } });
+    const origin = ops.server.url;
+    const client = new OpenAI({ baseURL: ops.baseURL, apiKey: OPS_KEY, maxRetries: 0 });
+    const ask = (response_format: 'url' | 'b64_json') =>
+      client.images.generate({ model: MODEL, prompt: 'a red circle', size: '128x128' as '256x256', response_format, steps: 1 } as OpenAI.ImageGenerateParamsNonStreaming);
+    try {
+      await untilReady(origin);
+      const { data } = await ask('url');
+      const imagePath = new URL(data![0].url!).pathname;
+      const served = await fetch(`${origin}${imagePath}`);
+      expect(served.status).toBe(200);
+      expect((await sharp(Buffer.from(await served.arrayBuffer())).metadata()).width).toBe(128);
+
+      // The bucket goes away (the S3 server stops); the server stays up.
+      await s3.stop();
+      // /ready asks the bucket at most every 2 s (probes come often).
+      await expect.poll(async () => (await fetch(`${origin}/ready`)).status, { timeout: 10_000, interval: 250 }).toBe(503);
+      const ready = await fetch(`${origin}/ready`);
+      expect(ready.headers.get('retry-after')).toBe('5');
+      expect((await ready.json()).error).toMatchObject({ code: 'store_unavailable', message: expect.stringMatching(/image store cannot be used: the S3 bucket 'images-test' failed to answer \(ECONNREFUSED/) });
+
+      const err = (await ask('url').catch((e: unknown) => e)) as InstanceType<typeof OpenAI.APIError>;
+      expect(err).toBeInstanceOf(OpenAI.APIError);
+      expect({ status: err.status, type: err.type, code: err.code }).toEqual({ status: 503, type: 'server_error', code: 'storage_unavailable' });
+      expect(err.message).toMatch(/image store cannot be used right now \(ECONNREFUSED\).*b64_json/);
+      expect((await ask('b64_json')).data![0].b64_json).toBeTruthy();
+
+      const image = await fetch(`${origin}${imagePath}`);
+      expect(image.status).toBe(503);
+      expect((await image.json()).error).toMatchObject({ code: 'storage_unavailable', type: 'server_error' });
+
+      // Back again (same port, same objects): ready, and the image loads.
+      s3 = await startS3Server(path.join(dir, 's3'), BUCKET, Number(new URL(s3.endpoint).port));
+      await untilReady(origin);
+      expect((await fetch(`${origin}${imagePath}`)).status).toBe(200);
+    } finally {
+      await ops.close();
+    }
+  });
+});
+
+describe('STORE=s3 settings', () => {
+  const problems = (env: Record<string, string>) => {
+    try {
+      loadConfig({}, env);
+    } catch (err) {
+      return (err as ConfigError).problems;
+    }
+    return [];
+  };
+
+  it('needs a bucket, and presigned URLs only with STORE=s3 and lifetimes a presigned URL can have', () => {
+    expect(problems({ STORE: 's3' })).toEqual([expect.stringMatching(/STORE=s3 needs S3_BUCKET/)]);
+    expect(problems({ S3_PRESIGNED_URLS: 'true' })).toEqual([expect.stringMatching(/S3_PRESIGNED_URLS needs STORE=s3/)]);
+    expect(problems({ STORE: 's3', S3_BUCKET: 'b', S3_PRESIGNED_URLS: 'true', IMAGE_TTL_SECONDS: '604801' })).toEqual([expect.stringMatching(/at most 604800/)]);
+    expect(problems({ STORE: 'gcs' })[0]).toMatch(/^STORE \(--store\)/);
+    expect(problems({ REDIS_URL: 'localhost:6379' })[0]).toMatch(/REDIS_URL.*redis:\/\//);
+    expect(loadConfig({}, { STORE: 's3', S3_BUCKET: 'b', S3_ENDPOINT: 'http://minio:9000/', REDIS_URL: 'redis://r:6379/0' })).toMatchObject({
+      store: 's3',
+      s3Bucket: 'b',
+      s3Prefix: 'images/',
+      s3Endpoint: 'http://minio:9000',
+      s3ForcePathStyle: false,
+      s3PresignedUrls: false,
+      redisUrl: 'redis://r:6379/0',
+    });
+  });
+});

@@ -1,0 +1,82 @@
+/**
+ * The server's API as the page calls it: same origin, the tab's API key, errors in OpenAI's shape turned
+ * into exceptions that keep the `param` they name (the form shows them beside that field).
+ */
+
+export interface ApiErrorBody {
+  message: string;
+  type?: string;
+  param?: string | null;
+  code?: string | null;
+}
+
+/** An answer in OpenAI's error shape (or a network failure, status 0). */
+export class ApiFailure extends Error {
+  constructor(
+    readonly status: number,
+    readonly error: ApiErrorBody,
+  ) {
+    super(error.message);
+  }
+
+  /** The key is missing or refused: ask for it again. */
+  get isKeyProblem(): boolean {
+    return this.status === 401;
+  }
+}
+
+export interface Model {
+  id: string;
+  owned_by: string;
+  /** Our extensions to OpenAI's model object: the sizes the model runs and its default. */
+  sizes: string[];
+  default_size: string;
+}
+
+/** What the image routes answer for each image (url or b64_json, and our `seed` extension). */
+export interface ImageData {
+  url?: string;
+  b64_json?: string;
+  seed: number;
+}
+
+const KEY_ITEM = 'imagegen.apiKey';
+
+/** The API key, kept for this tab only: sessionStorage dies with the tab and is not shared with others. */
+export const apiKey = {
+  get: (): string => sessionStorage.getItem(KEY_ITEM) ?? '',
+  set: (key: string): void => sessionStorage.setItem(KEY_ITEM, key.trim()),
+};
+
+/** The error body of a failed answer, whatever came (a proxy's HTML page included). */
+async function failureOf(res: Response): Promise<ApiFailure> {
+  const text = await res.text();
+  try {
+    const body = JSON.parse(text) as { error?: ApiErrorBody };
+    if (body.error?.message) return new ApiFailure(res.status, body.error);
+  } catch {
+    // not JSON: reported with the status below
+  }
+  return new ApiFailure(res.status, { message: `The server answered ${res.status} ${res.statusText}${text ? `: ${text.slice(0, 200)}` : ''}` });
+}
+
+/** A call to the API with the tab's key; throws ApiFailure unless the answer is 2xx. */
+export async function call(path: string, init: RequestInit = {}): Promise<Response> {
+  const headers = new Headers(init.headers);
+  const key = apiKey.get();
+  if (key) headers.set('authorization', `Bearer ${key}`);
+  let res: Response;
+  try {
+    res = await fetch(path, { ...init, headers });
+  } catch (err) {
+    if ((err as Error).name === 'AbortError') throw err;
+    throw new ApiFailure(0, { message: `The server could not be reached: ${(err as Error).message}` });
+  }
+  if (!res.ok) throw await failureOf(res);
+  return res;
+}
+
+export async function listModels(): Promise<Model[]> {
+  const res = await call('/v1/models');
+  return ((await res.json()) as { data: Model[] }).data;
+}

@@ -1,0 +1,214 @@
+import { ApiFailure, apiKey, listModels, type Model } from './api.js';
+import { showCode } from './code-dialog.js';
+import { clearErrors, showError } from './field-errors.js';
+import { MaskPainter } from './mask.js';
+import { requestForImage, type ImageRequest, type Route } from './request.js';
+import { historyLine, resultCard, timeLeft, type Result } from './results.js';
+import { runRequest, type FinishedImage } from './run.js';
+import { applyFields, readFields, showModels, showSizes } from './settings.js';
+import { snippetsOf } from './snippets.js';
+
+/**
+ * The playground: the settings form, the run (progress, previews, Cancel), the results and the tab's
+ * history, the edit panel; each part lives in its own module, this one wires them to the page.
+ */
+
+const byId = <T extends HTMLElement>(id: string): T => document.getElementById(id) as T;
+
+const form = byId<HTMLFormElement>('settings');
+const status = byId<HTMLParagraphElement>('status');
+const progress = byId<HTMLProgressElement>('progress');
+const previews = byId<HTMLDivElement>('previews');
+const resultsList = byId<HTMLUListElement>('results');
+const historyList = byId<HTMLUListElement>('history');
+const keyDialog = byId<HTMLDialogElement>('key-dialog');
+const keyInput = byId<HTMLInputElement>('key');
+const buttons = { generate: byId<HTMLButtonElement>('generate'), edit: byId<HTMLButtonElement>('edit-run'), variations: byId<HTMLButtonElement>('variations-run'), cancel: byId<HTMLButtonElement>('cancel') };
+const painter = new MaskPainter(byId('mask'), byId('source'), byId('brush'), byId('erase'));
+
+let models: Model[] = [];
+/** The picture in the edit panel. */
+let editSource: Blob | undefined;
+/** The request in flight: aborting it closes the connection, and the server cancels the work. */
+let running: AbortController | undefined;
+/** Every image of this tab, with the history line that shows its URL's time left. */
+const history: { result: Result; expiry: HTMLElement }[] = [];
+
+function say(text: string): void {
+  status.textContent = text;
+}
+
+/** Loads the models; a 401 means the server has keys and this tab has none, or a wrong one. */
+async function connect(): Promise<void> {
+  try {
+    models = await listModels();
+  } catch (err) {
+    if (err instanceof ApiFailure && err.isKeyProblem) return askKey(apiKey.get() ? `The server refused this key: ${err.message}` : '');
+    if (err instanceof ApiFailure) return void (byId('form-error').textContent = `The model list could not be loaded: ${err.message}`);
+    throw err;
+  }
+  showModels(form, models);
+  byId('key-state').textContent = apiKey.get() ? 'Using the API key of this tab.' : 'This server needs no API key.';
+  byId('key-open').hidden = !apiKey.get();
+  keyDialog.close();
+}
+
+function askKey(problem: string): void {
+  byId('key-error').textContent = problem;
+  byId('key-state').textContent = problem ? 'The API key was refused.' : 'This server needs an API key.';
+  byId('key-open').hidden = false;
+  keyInput.value = apiKey.get();
+  if (problem) keyInput.setAttribute('aria-invalid', 'true');
+  else keyInput.removeAttribute('aria-invalid');
+  if (!keyDialog.open) keyDialog.showModal();
+  keyInput.focus();
+}
+
+byId('key-form').addEventListener('submit', (event) => {
+  event.preventDefault();
+  apiKey.set(keyInput.value);
+  void connect();
+});
+byId('key-open').addEventListener('click', () => askKey(''));
+
+function setBusy(busy: boolean): void {
+  buttons.generate.disabled = busy;
+  buttons.edit.disabled = buttons.variations.disabled = busy || !editSource;
+  buttons.cancel.disabled = !busy;
+  progress.hidden = true;
+  if (busy) buttons.cancel.focus();
+}
+
+/** The server's URL lives as long as its Cache-Control says (the files route sends the time left). */
+async function expiryOf(url: string): Promise<number | undefined> {
+  const res = await fetch(url, { method: 'HEAD' }).catch(() => undefined);
+  const seconds = /max-age=(\d+)/.exec(res?.headers.get('cache-control') ?? '')?.[1];
+  return seconds === undefined ? undefined : Date.now() + Number(seconds) * 1000;
+}
+
+function showExpiry(): void {
+  const now = Date.now();
+  for (const { result, expiry } of history) {
+    expiry.textContent = result.url ? (result.expiresAt ? timeLeft(result.expiresAt, now) : '') : 'streamed: kept in this tab only';
+  }
+}
+setInterval(showExpiry, 30_000);
+
+async function addResult(request: ImageRequest, image: FinishedImage, ms: number): Promise<void> {
+  const result: Result = { request, ...image, model: String(request.fields.model), size: String(request.fields.size), ms };
+  resultsList.append(resultCard(result, actions));
+  const line = historyLine(result);
+  historyList.prepend(line);
+  history.push({ result, expiry: line.querySelector('.expiry')! });
+  if (result.url) result.expiresAt = await expiryOf(result.url);
+  showExpiry();
+}
+
+async function send(route: Route): Promise<void> {
+  if (running) return;
+  clearErrors(form);
+  const request: ImageRequest = { route, fields: readFields(form, route) };
+  if (route !== 'generations') {
+    if (!editSource) return showError(form, new ApiFailure(0, { message: 'Choose an image to edit first (or take one from the results).', param: 'image' }));
+    request.image = editSource;
+    if (route === 'edits') request.mask = await painter.toBlob();
+  }
+  const delivery = { stream: byId<HTMLSelectElement>('delivery').value === 'stream', partialImages: Number(byId<HTMLSelectElement>('partial_images').value) };
+  running = new AbortController();
+  setBusy(true);
+  say('Sending…');
+  const started = performance.now();
+  let count = 0;
+  try {
+    await runRequest(request, delivery, running.signal, {
+      queued: (ahead) => say(ahead === 0 ? 'Queued: next for a worker.' : `Queued: ${ahead} batch${ahead === 1 ? '' : 'es'} ahead.`),
+      step: (step, steps) => {
+        say(`Step ${step} of ${steps}.`);
+        Object.assign(progress, { hidden: false, max: steps, value: step });
+      },
+      partial: (src) => {
+        const preview = Object.assign(document.createElement('img'), { src, alt: `Preview of the picture forming (${previews.childElementCount + 1})` });
+        previews.append(preview);
+      },
+      image: (image) => {
+        // The grid shows the latest request's images; the earlier ones stay until the first new one comes.
+        if (count++ === 0) resultsList.replaceChildren();
+        void addResult(request, image, performance.now() - started);
+      },
+    });
+    say(`Done: ${count} image${count === 1 ? '' : 's'} in ${((performance.now() - started) / 1000).toFixed(1)} s.`);
+  } catch (err) {
+    if ((err as Error).name === 'AbortError') say('Cancelled: the server stopped the work.');
+    else if (err instanceof ApiFailure) {
+      say(`Failed: ${err.message}`);
+      if (err.isKeyProblem) askKey(`The server refused this key: ${err.message}`);
+      else showError(form, err);
+    } else throw err;
+  } finally {
+    running = undefined;
+    previews.replaceChildren();
+    setBusy(false);
+    if (document.activeElement === buttons.cancel || document.activeElement === document.body) resultsList.querySelector('a')?.focus();
+  }
+}
+
+async function setEditSource(image: Blob): Promise<void> {
+  editSource = image;
+  await painter.load(image);
+  byId('canvas-box').hidden = false;
+  buttons.edit.disabled = buttons.variations.disabled = Boolean(running);
+}
+
+const fromResult = async (result: Result): Promise<Blob> => (await fetch(result.src)).blob();
+
+const actions = {
+  reuse(result: Result): void {
+    applyFields(form, result.request.fields, result.seed, models);
+    say(`The settings of seed ${result.seed} are back in the form.`);
+    byId('prompt').focus();
+  },
+  async edit(result: Result): Promise<void> {
+    await setEditSource(await fromResult(result));
+    byId('edit').scrollIntoView();
+    byId('prompt').focus();
+    say('The image is in the edit panel: paint a mask, then Edit image.');
+  },
+  async variations(result: Result): Promise<void> {
+    await setEditSource(await fromResult(result));
+    await send('variations');
+  },
+  code(result: Result): void {
+    const files = result.request.route === 'generations' ? '' : ` Save the input picture as image.png${result.request.mask ? ' and the mask as mask.png' : ''} beside it.`;
+    showCode(byId('code-dialog'), snippetsOf(`${location.origin}/v1`, requestForImage(result.request, result.seed)), `This request makes this image again (seed ${result.seed}); the key comes from OPENAI_API_KEY.${files}`);
+  },
+};
+
+form.addEventListener('submit', (event) => {
+  event.preventDefault();
+  void send('generations');
+});
+document.addEventListener('keydown', (event) => {
+  if (event.key === 'Enter' && (event.ctrlKey || event.metaKey) && !keyDialog.open) {
+    event.preventDefault();
+    void send('generations');
+  }
+});
+buttons.edit.addEventListener('click', () => void send('edits'));
+buttons.variations.addEventListener('click', () => void send('variations'));
+buttons.cancel.addEventListener('click', () => running?.abort());
+byId('model').addEventListener('change', () => showSizes(form, models));
+byId('seed').addEventListener('input', () => ((form.elements.namedItem('seed_mode') as RadioNodeList).value = 'fixed'));
+byId<HTMLInputElement>('image').addEventListener('change', (event) => {
+  const file = (event.target as HTMLInputElement).files?.[0];
+  if (file) void setEditSource(file);
+});
+byId('mask-clear').addEventListener('click', () => painter.clear());
+const drop = byId('edit');
+drop.addEventListener('dragover', (event) => event.preventDefault());
+drop.addEventListener('drop', (event) => {
+  event.preventDefault();
+  const file = event.dataTransfer?.files[0];
+  if (file) void setEditSource(file);
+});
+
+void connect();

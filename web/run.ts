@@ -1,0 +1,90 @@
+import { ApiFailure, call, type ApiErrorBody, type ImageData } from './api.js';
+import { bodyOf, EVENT_PREFIX, streams, type ImageRequest } from './request.js';
+import { readEvents } from './sse.js';
+
+/**
+ * Sends one request and reports what comes back as it comes. Generations and edits are streamed
+ * (OpenAI's events, plus our `imagegen.progress` for the queue position and the steps); variations,
+ * which OpenAI does not stream, answer once with URLs. Aborting the signal closes the connection, and
+ * the server cancels the work of a client that went away.
+ */
+
+export interface FinishedImage {
+  /** Its place in the request: image i was made with seed + i. */
+  index: number;
+  seed: number;
+  /** What an <img> shows: the server's URL, or a blob: URL of a streamed picture. */
+  src: string;
+  /** The server's URL of it (answers with URLs only; they expire). */
+  url?: string;
+}
+
+export interface RunListener {
+  queued(ahead: number): void;
+  step(step: number, steps: number): void;
+  /** A preview of an image as it forms (a blob: URL); with n > 1 the images' previews come as their batches make them. */
+  partial(src: string): void;
+  image(image: FinishedImage): void;
+}
+
+interface StreamedImage {
+  type: string;
+  b64_json: string;
+  seed: number;
+  output_format: string;
+}
+
+interface ProgressEvent {
+  type: 'imagegen.progress';
+  /** While waiting: batches ahead of this request. */
+  queued_ahead?: number;
+  /** While running: denoising steps done of the steps the image takes. */
+  step?: number;
+  steps?: number;
+}
+
+type StreamEvent = StreamedImage | ProgressEvent | { error: ApiErrorBody };
+
+function blobUrl(b64: string, format: string): string {
+  const bytes = Uint8Array.from(atob(b64), (c) => c.charCodeAt(0));
+  return URL.createObjectURL(new Blob([bytes], { type: `image/${format}` }));
+}
+
+/** How the answer comes: streamed (previews and progress; the pictures arrive inline) or as URLs that the server keeps for a while. */
+export interface Delivery {
+  stream: boolean;
+  partialImages: number;
+}
+
+export async function runRequest(request: ImageRequest, delivery: Delivery, signal: AbortSignal, on: RunListener): Promise<void> {
+  const streamed = delivery.stream && streams(request.route);
+  const extra: Record<string, string | number | boolean> = streamed ? { stream: true, partial_images: delivery.partialImages, stream_progress: true } : { response_format: 'url' };
+  const { body, headers } = bodyOf(request, extra);
+  const res = await call(`/v1/images/${request.route}`, { method: 'POST', body, headers, signal });
+  if (!streamed) {
+    const { data } = (await res.json()) as { data: ImageData[] };
+    data.forEach(({ url, seed }, index) => on.image({ index, seed, src: url!, url }));
+    return;
+  }
+  const prefix = EVENT_PREFIX[request.route];
+  const expected = Number(request.fields.n ?? 1);
+  let done = 0;
+  for await (const frame of readEvents(res.body!)) {
+    if (frame.data === '[DONE]') continue;
+    const event = JSON.parse(frame.data) as StreamEvent;
+    if ('error' in event) throw new ApiFailure(res.status, event.error);
+    if (event.type === 'imagegen.progress') {
+      const { queued_ahead, step, steps } = event as ProgressEvent;
+      if (step !== undefined) on.step(step, steps ?? step);
+      else if (queued_ahead !== undefined) on.queued(queued_ahead);
+    } else if (event.type === `${prefix}.partial_image`) {
+      on.partial(blobUrl((event as StreamedImage).b64_json, (event as StreamedImage).output_format));
+    } else if (event.type === `${prefix}.completed`) {
+      const { seed, b64_json, output_format } = event as StreamedImage;
+      on.image({ index: done, seed, src: blobUrl(b64_json, output_format) });
+      done++;
+    }
+  }
+  // Each image ends with its completed event: fewer means the server stopped early.
+  if (done < expected) throw new ApiFailure(0, { message: `The stream ended after ${done} of ${expected} images: the server stopped early (see its log).` });
+}

@@ -1,0 +1,74 @@
+import type { Model } from './api.js';
+import { ROUTE_FIELDS, type Fields, type Route } from './request.js';
+
+/**
+ * The settings form as request fields and back ("reuse settings"). An empty control means "the model's
+ * default" and is not sent; the seed is sent only when fixed, since every answer names each image's seed.
+ */
+
+const NUMERIC = new Set(['n', 'steps', 'guidance_scale', 'seed', 'strength']);
+
+function control(form: HTMLFormElement, name: string): HTMLInputElement | HTMLSelectElement | HTMLTextAreaElement | null {
+  const element = form.elements.namedItem(name);
+  return element instanceof HTMLInputElement || element instanceof HTMLSelectElement || element instanceof HTMLTextAreaElement ? element : null;
+}
+
+const seedFixed = (form: HTMLFormElement): boolean => (form.elements.namedItem('seed_mode') as RadioNodeList).value === 'fixed';
+
+/** The fields of the form that `route` takes. */
+export function readFields(form: HTMLFormElement, route: Route): Fields {
+  const fields: Fields = {};
+  for (const name of ROUTE_FIELDS[route]) {
+    if (name === 'seed' && !seedFixed(form)) continue;
+    const value = control(form, name)?.value.trim() ?? '';
+    if (value === '') continue;
+    // Number inputs give '' (skipped above) or a number's text; JSON must carry numbers, not strings.
+    fields[name] = NUMERIC.has(name) ? Number(value) : value;
+  }
+  return fields;
+}
+
+function setControl(element: HTMLInputElement | HTMLSelectElement | HTMLTextAreaElement, value: string | undefined): void {
+  if (!(element instanceof HTMLSelectElement)) {
+    element.value = value ?? element.defaultValue;
+    return;
+  }
+  const options = [...element.options];
+  if (value === undefined) {
+    element.selectedIndex = Math.max(0, options.findIndex((o) => o.defaultSelected));
+    return;
+  }
+  // A value the list lacks (a model since removed) is shown as it was, and the server names the problem.
+  if (!options.some((o) => o.value === value)) element.add(new Option(value));
+  element.value = value;
+}
+
+/** Puts a request's fields back in the form (those it lacks back to their defaults), with its seed fixed. */
+export function applyFields(form: HTMLFormElement, fields: Fields, seed: number, models: Model[]): void {
+  for (const name of ROUTE_FIELDS.edits) {
+    const element = control(form, name);
+    if (!element || name === 'seed') continue;
+    // The size list is the model's: fill it for the model just set.
+    if (name === 'size') showSizes(form, models);
+    setControl(element, fields[name] === undefined ? undefined : String(fields[name]));
+  }
+  (form.elements.namedItem('seed_mode') as RadioNodeList).value = 'fixed';
+  control(form, 'seed')!.value = String(seed);
+}
+
+/** Fills the model list; the sizes follow the chosen model. */
+export function showModels(form: HTMLFormElement, models: Model[]): void {
+  const select = control(form, 'model') as HTMLSelectElement;
+  const chosen = select.value;
+  select.replaceChildren(...models.map((m) => new Option(m.id, m.id)));
+  if (models.some((m) => m.id === chosen)) select.value = chosen;
+  showSizes(form, models);
+}
+
+export function showSizes(form: HTMLFormElement, models: Model[]): void {
+  const model = models.find((m) => m.id === control(form, 'model')?.value);
+  const select = control(form, 'size') as HTMLSelectElement;
+  const chosen = select.value;
+  select.replaceChildren(...(model?.sizes ?? []).map((size) => new Option(size, size)));
+  select.value = model?.sizes.includes(chosen) ? chosen : (model?.default_size ?? '');
+}
