@@ -1,14 +1,10 @@
-import { mkdtemp, rm } from 'node:fs/promises';
-import os from 'node:os';
-import path from 'node:path';
 import OpenAI, { toFile } from 'openai';
 import sharp from 'sharp';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { ImageStreamEvent } from '../src/api/wire.js';
-import { loadConfig } from '../src/config.js';
-import { startServer, type RunningServer } from '../src/server.js';
-import { silentLogger } from './helpers/api-server.js';
+import type { RunningServer } from '../src/server.js';
 import { readImageFile } from './helpers/picture.js';
+import { startRealServer, type RealServer } from './helpers/real-server.js';
 
 /**
  * Streamed generations and edits (`stream: true`) on a real server with real workers and the embedded
@@ -18,21 +14,16 @@ import { readImageFile } from './helpers/picture.js';
  */
 
 const KEY = 'sk-streaming-0123456789';
-let root: string;
+let real: RealServer;
 let server: RunningServer;
 let client: OpenAI;
 
 beforeAll(async () => {
-  root = await mkdtemp(path.join(os.tmpdir(), 'imagegen-streaming-'));
-  const config = loadConfig({}, { PORT: '0', API_KEYS: KEY, DATA_DIR: path.join(root, 'data'), MODELS_RESCAN_SECONDS: '0', WORKERS: '1' });
-  server = await startServer(config, silentLogger);
-  client = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: KEY, maxRetries: 0 });
+  real = await startRealServer({ apiKey: KEY, env: { WORKERS: '1' } });
+  ({ server, client } = real);
 });
 
-afterAll(async () => {
-  await server?.close();
-  await rm(root, { recursive: true, force: true });
-});
+afterAll(() => real?.close());
 
 const picture = (b64: string) => readImageFile(Buffer.from(b64, 'base64'));
 
