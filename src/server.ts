@@ -13,6 +13,7 @@ import { ModelRegistry, modelRoots } from './models/registry.js';
 import { Metrics } from './observability/metrics.js';
 import { openImageStore } from './store/open-store.js';
 import { KeyRates } from './http/key-rates.js';
+import { KeySlots } from './http/key-slots.js';
 import { connectRedis } from './http/redis.js';
 import { RedisLedger } from './http/redis-ledger.js';
 
@@ -50,6 +51,7 @@ export async function startServer(config: Config, logger: Logger): Promise<Runni
   // With REDIS_URL the replicas share API_KEYS_FILE's per-key limits; without it this server counts alone.
   const redis = config.redisUrl ? await connectRedis(config.redisUrl, logger.child({ component: 'redis' })) : undefined;
   const rates = redis && new KeyRates(Date.now, new RedisLedger(redis, logger.child({ component: 'redis' })));
+  const slots = redis && new KeySlots(redis, logger.child({ component: 'redis' }), { maxWaitMs: config.queueTimeoutSeconds * 1000 });
 
   const registry = new ModelRegistry({
     roots: modelRoots(config.modelsDir, EMBEDDED_MODELS_DIR),
@@ -84,7 +86,7 @@ export async function startServer(config: Config, logger: Logger): Promise<Runni
   });
   metrics.watch({ queue: () => engine.load(), workers: () => engine.readiness().workers, store: () => store.stats() });
   const tls = config.tlsCert && config.tlsKey ? { cert: await readFile(config.tlsCert), key: await readFile(config.tlsKey) } : undefined;
-  const app = buildApp({ config, registry, engine, store, metrics, logger, tls, rates });
+  const app = buildApp({ config, registry, engine, store, metrics, logger, tls, rates, slots });
   const close = async () => {
     await app.close();
     await engine.close();

@@ -18,6 +18,7 @@ import { health } from './health.js';
 import { hostCheck } from './host.js';
 import { images } from './images.js';
 import { KeyRates } from './key-rates.js';
+import type { KeySlots } from './key-slots.js';
 import { httpLogger } from './logging.js';
 import { metricsRoutes } from './metrics.js';
 import { models } from './models.js';
@@ -58,9 +59,11 @@ export interface AppParts {
   tls?: { cert: Buffer; key: Buffer };
   /** API_KEYS_FILE's per-minute limits; default: counted in this process (server.ts shares them through Redis with REDIS_URL). */
   rates?: KeyRates;
+  /** API keys' `concurrent` slots over all replicas (server.ts, with REDIS_URL); without: each server's queue counts them. */
+  slots?: KeySlots;
 }
 
-export function buildApp({ config, registry, engine, store, metrics, logger, tls, rates = new KeyRates() }: AppParts): FastifyInstance {
+export function buildApp({ config, registry, engine, store, metrics, logger, tls, rates = new KeyRates(), slots }: AppParts): FastifyInstance {
   const { http, ...timeouts } = connectionOptions(config);
   const app = Fastify({
     loggerInstance: httpLogger(logger),
@@ -103,6 +106,7 @@ export function buildApp({ config, registry, engine, store, metrics, logger, tls
     logPrompts: config.logPrompts,
     defaultModel: config.defaultModel,
     rates,
+    slots,
   };
   app.register(images, imageRoutes);
   app.register(edits, imageRoutes);

@@ -4,6 +4,7 @@ import type { GenerateContext, ImageService } from '../service/images.js';
 import { imagePath } from './files.js';
 import { requestOrigin } from './host.js';
 import type { KeyRates } from './key-rates.js';
+import type { KeySlots } from './key-slots.js';
 
 /** What the image routes (generations, edits, variations) share: their options, and the service context of one request. */
 
@@ -17,13 +18,15 @@ export interface ImagesOptions {
   defaultModel: string;
   /** API_KEYS_FILE's per-minute limits (shared through Redis with REDIS_URL). */
   rates: KeyRates;
+  /** Keys' `concurrent` slots over all replicas (with REDIS_URL). */
+  slots?: KeySlots;
 }
 
 /**
  * The service context of a parsed request, once its key's per-minute limits admit it (else a 429);
  * from here on its log lines name what it asked for.
  */
-export async function generateContext(request: FastifyRequest, reply: FastifyReply, body: GenerationRequest, { publicBaseUrl, logPrompts, rates }: ImagesOptions): Promise<GenerateContext> {
+export async function generateContext(request: FastifyRequest, reply: FastifyReply, body: GenerationRequest, { publicBaseUrl, logPrompts, rates, slots }: ImagesOptions): Promise<GenerateContext> {
   await rates.admit(request.apiKey, body.n);
   // Every later line of this request (errors, Fastify's "request completed") names what it asked for.
   request.log = reply.log = request.log.child({
@@ -41,5 +44,6 @@ export async function generateContext(request: FastifyRequest, reply: FastifyRep
     // Queue fairness is per key (by its label); a key file's `concurrent` limit bounds its running work.
     client: request.apiKey?.label ?? 'anonymous',
     limits: request.apiKey?.limits?.concurrent === undefined ? undefined : { maxConcurrent: request.apiKey.limits.concurrent },
+    ...(slots && { hold: (work) => slots.hold(request.apiKey, request.cancellation, work) }),
   };
 }

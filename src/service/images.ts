@@ -54,6 +54,8 @@ export interface GenerateContext {
   client?: string;
   /** The client's own queue limits, if it has any. */
   limits?: ClientLimits;
+  /** Runs the making of the images holding what the client may hold at once over all servers (a key's `concurrent` slot). */
+  hold?<T>(work: () => Promise<T>): Promise<T>;
   /** Streaming: hears the request's progress and its images' previews while they are made. */
   onEvent?(event: RequestEvent): void;
 }
@@ -166,7 +168,8 @@ export function createImageService({ registry, engine, store, defaultRng }: Imag
   async function produce(batches: GenerationBatch[], request: GenerationRequest, context: GenerateContext) {
     const reservation = await reserveSpace(request, batches);
     try {
-      const images = await run(batches, context.signal, engine.ticket(batches, context.client ?? 'anonymous', context.limits), context.onEvent);
+      const making = () => run(batches, context.signal, engine.ticket(batches, context.client ?? 'anonymous', context.limits), context.onEvent);
+      const images = await (context.hold ? context.hold(making) : making());
       const generated = performance.now();
       return { images, generated, data: await deliver(images, request, context, reservation) };
     } finally {

@@ -1,0 +1,135 @@
+import { mkdtemp, rm, writeFile } from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
+import type { Redis } from 'ioredis';
+import type OpenAI from 'openai';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { KeySlots, type KeySlotsOptions } from '../src/http/key-slots.js';
+import { connectRedis } from '../src/http/redis.js';
+import { silentLogger } from './helpers/api-server.js';
+import { startRealServer } from './helpers/real-server.js';
+import { findCommand, startRedis, type RedisService } from './helpers/services.js';
+
+/**
+ * A key's `concurrent` limit over replicas, kept in a real Redis: each replica's KeySlots has its own
+ * connection, and together they never run more of the key's requests than the limit; a replica that
+ * dies holding slots frees them when their leases run out. Two real servers sharing the Redis show it
+ * over HTTP.
+ */
+
+const REDIS = findCommand('redis-server');
+if (!REDIS) console.warn('test/key-slots.test.ts skipped: redis-server not found (install with: apt-get install redis-server)');
+
+let redis: RedisService;
+const connections: Redis[] = [];
+
+async function replica(options: KeySlotsOptions = {}): Promise<{ slots: KeySlots; connection: Redis }> {
+  const connection = await connectRedis(redis.url, silentLogger);
+  connections.push(connection);
+  return { slots: new KeySlots(connection, silentLogger, { pollMs: 20, ...options }), connection };
+}
+
+/** Work that runs until `finish` is called, recording that it ran. */
+function pending() {
+  let finish!: () => void;
+  const done = new Promise<void>((resolve) => (finish = resolve));
+  const state = { running: false, finish };
+  return { state, work: async () => ((state.running = true), await done) };
+}
+
+const never = new AbortController().signal;
+const tick = () => new Promise((resolve) => setTimeout(resolve, 100));
+
+describe.skipIf(!REDIS)(`'concurrent' slots shared through Redis${REDIS ? '' : ' (skipped: redis-server not found, install it with apt-get install redis-server)'}`, () => {
+  beforeAll(async () => {
+    redis = await startRedis(REDIS!);
+  });
+  afterAll(async () => {
+    for (const connection of connections) connection.disconnect();
+    await redis?.stop();
+  });
+
+  it('runs at most the limit of a key over all replicas; a waiting request starts when one ends', async () => {
+    const [one, two] = [await replica(), await replica()];
+    const key = { label: 'alice', limits: { concurrent: 2 } };
+    const [a, b, c] = [pending(), pending(), pending()];
+    const held = [one.slots.hold(key, never, a.work), two.slots.hold(key, never, b.work), one.slots.hold(key, never, c.work)];
+    await tick();
+    expect([a, b, c].map((p) => p.state.running)).toEqual([true, true, false]);
+    // Another key has its own slots.
+    const other = pending();
+    const otherHeld = two.slots.hold({ label: 'bob', limits: { concurrent: 1 } }, never, other.work);
+    await tick();
+    expect(other.state.running).toBe(true);
+    b.state.finish();
+    await tick();
+    expect(c.state.running).toBe(true);
+    for (const p of [a, c, other]) p.state.finish();
+    await Promise.all([...held, otherHeld]);
+  });
+
+  it("frees a dead replica's slots when their leases run out", async () => {
+    const dying = await replica({ leaseMs: 300 });
+    const survivor = await replica({ leaseMs: 300 });
+    const key = { label: 'carol', limits: { concurrent: 1 } };
+    const stuck = pending();
+    void dying.slots.hold(key, never, stuck.work);
+    await tick();
+    // The replica dies: no renewal, no release.
+    dying.connection.disconnect();
+    const next = pending();
+    const waiting = survivor.slots.hold(key, never, next.work);
+    await tick();
+    expect(next.state.running).toBe(false);
+    await expect.poll(() => next.state.running, { timeout: 2000, interval: 20 }).toBe(true);
+    next.state.finish();
+    await waiting;
+    stuck.state.finish();
+  });
+
+  it('answers 503 queue_timeout after the longest wait, and ends a waiting request whose client left with its reason', async () => {
+    const { slots } = await replica({ maxWaitMs: 200 });
+    const key = { label: 'dave', limits: { concurrent: 1 } };
+    const first = pending();
+    const held = slots.hold(key, never, first.work);
+    await tick();
+    await expect(slots.hold(key, never, async () => undefined)).rejects.toMatchObject({ status: 503, code: 'queue_timeout', headers: { 'retry-after': '1' } });
+    const leaving = new AbortController();
+    const waiting = slots.hold(key, leaving.signal, async () => undefined);
+    leaving.abort(new Error('client left'));
+    await expect(waiting).rejects.toThrow('client left');
+    first.state.finish();
+    await held;
+  });
+
+  it('holds over HTTP: a key with concurrent=1 waits on one server while it runs on another', async () => {
+    const root = await mkdtemp(path.join(os.tmpdir(), 'imagegen-slots-'));
+    const keys = path.join(root, 'keys');
+    await writeFile(keys, 'frank:sk-frank-0123456789 concurrent=1\n');
+    const env = { REDIS_URL: redis.url, API_KEYS_FILE: keys, WORKERS: '1' };
+    const [one, two] = [await startRealServer({ env, apiKey: 'sk-frank-0123456789' }), await startRealServer({ env, apiKey: 'sk-frank-0123456789' })];
+    try {
+      await expect.poll(() => one.server.engine.readiness().ready && two.server.engine.readiness().ready, { timeout: 60_000 }).toBe(true);
+      const order: string[] = [];
+      const long = one.client.images
+        .generate({ model: 'demo-shapes', prompt: 'a red circle', size: '1024x1024', response_format: 'b64_json', steps: 60 } as OpenAI.ImageGenerateParamsNonStreaming)
+        .then(() => order.push('long'));
+      await expect.poll(() => one.server.engine.load().running, { timeout: 10_000, interval: 5 }).toBe(1);
+      const short = two.client.images.generate({ model: 'demo-shapes', prompt: 'a red circle', size: '256x256', response_format: 'b64_json' }).then(() => order.push('short'));
+      await tick();
+      // Its server is idle, yet the request waits for the key's one slot.
+      expect(two.server.engine.load()).toEqual({ running: 0, queued: 0 });
+      await Promise.all([long, short]);
+      expect(order).toEqual(['long', 'short']);
+    } finally {
+      await Promise.all([one.close(), two.close()]);
+      await rm(root, { recursive: true, force: true });
+    }
+  });
+
+  it('runs keys without a concurrent limit at once, and holds nothing for them', async () => {
+    const { slots, connection } = await replica();
+    expect(await slots.hold({ label: 'erin', limits: {} }, never, async () => 'ran')).toBe('ran');
+    expect(await connection.exists('imagegen:slots:erin')).toBe(0);
+  });
+});
