@@ -1,27 +1,20 @@
 /**
- * What merging compatible requests buys: the same burst of concurrent single-image requests through
- * the real worker pool, once with merging off (each request its own denoising loop: the baseline) and
- * once with it on, printed side by side.
+ * What merging compatible requests buys: the same bursts of concurrent single-image requests through
+ * the real worker pool, with merging off (each request its own denoising loop: the baseline) and on,
+ * both pools warmed before either is timed and the rounds taking turns (see compareConfigurations).
+ * `npm run bench` compares the full set of configurations, the default among them.
  *
- *   npx tsx bench/batching.ts [--requests 32] [--size 512] [--workers 1]
+ *   npx tsx bench/batching.ts [--requests 32] [--size 512] [--workers 1] [--max-merged 16] [--rounds 3]
  */
 import { parseArgs } from 'node:util';
-import { burst, warmPool } from './pool-load.js';
+import { compareConfigurations } from './pool-load.js';
 
-const { values } = parseArgs({ options: { requests: { type: 'string', default: '32' }, size: { type: 'string', default: '512' }, workers: { type: 'string', default: '1' } } });
-const [requests, size, workers] = [Number(values.requests), Number(values.size), Number(values.workers)];
+const { values } = parseArgs({
+  options: { requests: { type: 'string', default: '32' }, size: { type: 'string', default: '512' }, workers: { type: 'string', default: '1' }, 'max-merged': { type: 'string', default: '16' }, rounds: { type: 'string', default: '3' } },
+});
+const [requests, size, workers, maxMerged, rounds] = [values.requests, values.size, values.workers, values['max-merged'], values.rounds].map(Number);
 
-async function measure(maxMergedImages: number): Promise<number> {
-  const pool = await warmPool({ workers, queueMax: requests, maxMergedImages }, requests, size);
-  try {
-    return await burst(pool, requests, size);
-  } finally {
-    await pool.close();
-  }
-}
-
-const baseline = await measure(1);
-const merged = await measure(16);
-console.log(`${requests} concurrent requests, ${size}x${size}, 4 steps, demo model, ${workers} worker(s)`);
+const [baseline, merged] = await compareConfigurations([{ workers, maxMergedImages: 1 }, { workers, maxMergedImages: maxMerged }], { requests, size, rounds });
+console.log(`${requests} concurrent requests, ${size}x${size}, 4 steps, demo model, ${workers} worker(s), median of ${rounds} rounds`);
 console.log(`  one loop per request (baseline): ${baseline.toFixed(1)} images/s`);
-console.log(`  merged batches (up to 16):       ${merged.toFixed(1)} images/s   x${(merged / baseline).toFixed(2)}`);
+console.log(`  merged batches (up to ${maxMerged}):${' '.repeat(Math.max(1, 7 - String(maxMerged).length))}${merged.toFixed(1)} images/s   x${(merged / baseline).toFixed(2)}`);

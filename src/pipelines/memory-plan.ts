@@ -3,6 +3,7 @@ import type { GenerationBatch } from '../runtime/types.js';
 import type { ModelLayout } from '../models/layout.js';
 import { formatBytes } from '../util/bytes.js';
 import type { ModelMemory } from '../models/memory-figures.js';
+import type { VaeTiler, VaeTiling } from './vae.js';
 
 /**
  * A worker's memory plan: what each model really costs here (measured, not its file sizes: onnxruntime
@@ -40,8 +41,31 @@ export function vaeAttentionBytes(layout: Pick<ModelLayout, 'vae'>, width: numbe
 /** Share of the available memory a batch may plan to use: the server, other workers and the OS move too. */
 const HEADROOM = 0.9;
 
+/**
+ * Tiles of the VAE decode, in latent pixels: no smaller than this (256 image pixels with the 8x VAE;
+ * smaller tiles spend most of each decoder call on overlap), overlapping by a quarter, no less than 8
+ * (64 image pixels: test/tiled-vae.test.ts shows no seam at that overlap).
+ */
+const MIN_TILE = 32;
+const MIN_OVERLAP = 8;
+
+/**
+ * How to decode an image of this latent size within `budget` bytes: whole (undefined) when its
+ * attention fits, else in the largest square tiles (a multiple of 8 latent pixels) whose attention
+ * does, never smaller than MIN_TILE.
+ */
+export function vaeTiling(layout: Pick<ModelLayout, 'vae'>, latentWidth: number, latentHeight: number, budget: number): VaeTiling | undefined {
+  const scale = layout.vae.scaleFactor;
+  if (vaeAttentionBytes(layout, latentWidth * scale, latentHeight * scale) <= budget) return undefined;
+  let tile = Math.floor(Math.max(latentWidth, latentHeight) / 8) * 8;
+  while (tile > MIN_TILE && vaeAttentionBytes(layout, tile * scale, tile * scale) > budget) tile -= 8;
+  return { tile: Math.max(MIN_TILE, tile), overlap: Math.max(MIN_OVERLAP, Math.floor(tile / 4)) };
+}
+
 export class MemoryPlan {
   private readonly figures: Map<string, ModelMemory>;
+  /** Model folders whose VAE decoder asked for this plan's tiling (see vaeTiler): their decodes are planned tiled. */
+  private readonly tiledDecoders = new Set<string>();
 
   /** `limit`: the most a batch may plan to take (MEMORY_LIMIT); what the machine has free always bounds it too. */
   constructor(
@@ -65,9 +89,30 @@ export class MemoryPlan {
     return loaded;
   }
 
+  /** The memory a batch may plan to take now. */
+  private budget(): number {
+    return Math.min(availableBytes(), this.limit) * HEADROOM;
+  }
+
+  /**
+   * How a model's VAE decoder should decode each image: whole while its attention fits the memory left,
+   * else in tiles that do (see vaeTiling). From then on this plan counts that model's decodes as tiled.
+   */
+  vaeTiler(layout: Pick<ModelLayout, 'dir' | 'vae'>): VaeTiler {
+    this.tiledDecoders.add(layout.dir);
+    return (latentWidth, latentHeight) => vaeTiling(layout, latentWidth, latentHeight, this.budget());
+  }
+
+  /** The decoder's attention as it will run: whole, or one tile's when its decoder tiles (see vaeTiler). */
+  private decodeAttentionBytes(layout: Pick<ModelLayout, 'dir' | 'vae'>, width: number, height: number): number {
+    const scale = layout.vae.scaleFactor;
+    const tiling = this.tiledDecoders.has(layout.dir) ? vaeTiling(layout, width / scale, height / scale, this.budget()) : undefined;
+    return tiling ? vaeAttentionBytes(layout, tiling.tile * scale, tiling.tile * scale) : vaeAttentionBytes(layout, width, height);
+  }
+
   /** What a batch is expected to take above the loaded model: the larger of the VAE's attention and the measured peak scaled by pixels. */
   estimate(layout: Pick<ModelLayout, 'dir' | 'vae'>, batch: Pick<GenerationBatch, 'width' | 'height' | 'items'>): number {
-    const attention = vaeAttentionBytes(layout, batch.width, batch.height);
+    const attention = this.decodeAttentionBytes(layout, batch.width, batch.height);
     const measured = this.figures.get(layout.dir);
     if (!measured?.peakPixels) return attention;
     const pixels = batch.items.length * batch.width * batch.height;
@@ -81,7 +126,7 @@ export class MemoryPlan {
    */
   imagesPerRun(layout: Pick<ModelLayout, 'dir' | 'vae'>, batch: Pick<GenerationBatch, 'width' | 'height' | 'items'>, modelName: string): number {
     const available = Math.min(availableBytes(), this.limit);
-    const fits = (count: number) => this.estimate(layout, { ...batch, items: batch.items.slice(0, count) }) <= available * HEADROOM;
+    const fits = (count: number) => this.estimate(layout, { ...batch, items: batch.items.slice(0, count) }) <= this.budget();
     for (let count = batch.items.length; count >= 1; count--) if (fits(count)) return count;
     const need = this.estimate(layout, { ...batch, items: batch.items.slice(0, 1) });
     throw new InsufficientMemoryError(

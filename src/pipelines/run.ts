@@ -44,7 +44,7 @@ export class WorkerRuntime {
     this.settings = { ...defaults(), ...settings };
     this.memory = new MemoryPlan(this.settings.knownMemory, this.settings.memoryLimit);
     const runtime = this.settings.runtime;
-    this.pipelines = new PipelineCache((dir) => this.memory.measureLoad(dir, () => loadPipeline(dir, runtime)), this.settings.modelMemoryBudget);
+    this.pipelines = new PipelineCache((dir) => this.memory.measureLoad(dir, () => loadPipeline(dir, runtime, this.memory)), this.settings.modelMemoryBudget);
   }
 
   /** What a model folder has cost here, once loaded (and once it ran). */

@@ -1,0 +1,87 @@
+import { mkdir, mkdtemp, rm, symlink } from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
+import { pino } from 'pino';
+import { EMBEDDED_MODELS_DIR, loadConfig } from '../src/config.js';
+import { parseGenerationRequest } from '../src/api/wire.js';
+import { ModelRegistry, modelRoots, type ModelEntry } from '../src/models/registry.js';
+import type { GenerationBatch } from '../src/runtime/types.js';
+import { startServer, type RunningServer } from '../src/server.js';
+import { planBatches } from '../src/service/plan.js';
+
+/**
+ * The whole server in this process (HTTP app, image store, worker pool) with the given model folders
+ * installed beside the embedded model, and two ways to make the same images: over HTTP as a client
+ * does, and in-process, handing the batches the service would plan straight to the same worker pool.
+ * The difference between the two is what the HTTP layer adds (parsing, delivery, serialisation,
+ * transfer).
+ */
+
+export interface BenchServer {
+  server: RunningServer;
+  /** POSTs a generation request, reads the whole answer (unparsed, as a proxy would) and answers the milliseconds it took and the server's own generateMs for it. */
+  overHttp(body: Record<string, unknown>): Promise<{ ms: number; generateMs: number }>;
+  /** The same request's batches, planned as the service plans them, run on the same pool. */
+  inProcess(body: Record<string, unknown>): Promise<void>;
+  /** The batches the service would plan for a request (its model resolved as the server does). */
+  plan(body: Record<string, unknown>): Promise<{ model: ModelEntry; batches: GenerationBatch[] }>;
+  close(): Promise<void>;
+}
+
+interface LogLine {
+  msg?: string;
+  generateMs?: number;
+}
+
+export async function startBenchServer(models: Record<string, string> = {}, env: Record<string, string> = {}): Promise<BenchServer> {
+  const root = await mkdtemp(path.join(os.tmpdir(), 'imagegen-bench-'));
+  const modelsDir = path.join(root, 'models');
+  await mkdir(modelsDir);
+  for (const [name, dir] of Object.entries(models)) await symlink(dir, path.join(modelsDir, name));
+  // The server's own log says how long each request's generation took; the HTTP part is the rest.
+  const generateMs: number[] = [];
+  const logger = pino(
+    { level: 'info' },
+    {
+      write(line: string) {
+        const entry = JSON.parse(line) as LogLine & { level: number };
+        if (entry.msg === 'images generated') generateMs.push(entry.generateMs!);
+        // Errors say why a measurement failed.
+        if (entry.level >= 50) process.stderr.write(line);
+      },
+    },
+  );
+  const config = loadConfig({}, { PORT: '0', WORKERS: '1', DATA_DIR: path.join(root, 'data'), MODELS_DIR: modelsDir, MODELS_RESCAN_SECONDS: '0', PRELOAD: Object.keys(models).join(',') || 'demo-shapes', ...env });
+  const server = await startServer(config, logger);
+  const registry = new ModelRegistry({ roots: modelRoots(modelsDir, EMBEDDED_MODELS_DIR), aliases: {}, logger: pino({ level: 'silent' }) });
+  await registry.scan();
+  while (!server.engine.readiness().ready) await new Promise((resolve) => setTimeout(resolve, 20));
+  const plan = async (body: Record<string, unknown>) => {
+    const request = parseGenerationRequest(body);
+    const model = await registry.resolve(request.model);
+    if (!model) throw new Error(`model '${request.model}' is not installed`);
+    return { model, batches: planBatches(request, model) };
+  };
+  return {
+    server,
+    async overHttp(body) {
+      const started = performance.now();
+      const res = await fetch(`${server.url}/v1/images/generations`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) });
+      const answer = await res.arrayBuffer();
+      const ms = performance.now() - started;
+      if (res.status !== 200) throw new Error(`generation answered ${res.status}: ${Buffer.from(answer).toString().slice(0, 300)}`);
+      return { ms, generateMs: generateMs.at(-1)! };
+    },
+    plan,
+    async inProcess(body) {
+      const { batches } = await plan(body);
+      const ticket = server.engine.ticket(batches, 'bench');
+      await Promise.all(batches.map((batch) => server.engine.generate(batch, undefined, ticket)));
+    },
+    async close() {
+      registry.close();
+      await server.close();
+      await rm(root, { recursive: true, force: true });
+    },
+  };
+}

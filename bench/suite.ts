@@ -1,0 +1,72 @@
+/**
+ * The benchmark suite (`npm run bench`): every measurement against its baseline, side by side in one
+ * run, in one table with the goals of issue #17 beside them, written to a JSON file as well so runs can
+ * be compared. About five minutes on a 2-core machine; docs/performance.md explains each row.
+ *
+ *   npm run bench -- [--out results.json] [--skip-real]
+ *
+ * --skip-real leaves out the real-architecture exports (../shared/data/real-exports), which take most
+ * of the time; without them on disk they are skipped with the reason printed.
+ */
+import { parseArgs } from 'node:util';
+import { REAL_EXPORTS, haveRealExports, realExport, type RealExportName } from '../test/helpers/real-exports.js';
+import { measureEncoders } from './encoders.js';
+import { measureEventLoopStall } from './event-loop.js';
+import { measureHttpOverhead } from './http-overhead.js';
+import { pictures } from './pictures.js';
+import { formatRow, formatTable, writeResults, type Row, type Skipped } from './report.js';
+import { measureStages } from './stages.js';
+import { measureThroughput } from './throughput.js';
+
+const { values } = parseArgs({ options: { out: { type: 'string' }, 'skip-real': { type: 'boolean', default: false } } });
+const real = haveRealExports && !values['skip-real'];
+const noReal = values['skip-real'] ? 'left out (--skip-real)' : `${REAL_EXPORTS} is absent (the shared test data beside the checkout)`;
+
+/** Real exports timed at 3 steps (two gaps between denoiser calls): their presets run 4 to 30, and the per-step stages are scaled. */
+const EXPORTS: RealExportName[] = ['sd15', 'sd2v', 'sdxl', 'flux'];
+
+const measurements: { group: string; run(): Promise<Row[]>; skip?: string }[] = [
+  { group: 'HTTP vs in-process', run: measureHttpOverhead },
+  { group: 'throughput', run: measureThroughput },
+  { group: 'time per image: demo-shapes', run: () => measureStages({ name: 'demo-shapes' }) },
+  ...EXPORTS.map((name) => ({ group: `time per image: ${name}`, run: () => measureStages({ name, dir: realExport(name), measuredSteps: 3 }), skip: real ? undefined : noReal })),
+  {
+    group: 'event-loop stall',
+    run: () => measureEventLoopStall(real ? { model: 'sd15', dir: realExport('sd15'), size: 512 } : { model: 'demo-shapes', size: 1024 }),
+  },
+  {
+    group: 'encode',
+    async run() {
+      const { pictures: list, skipped: why } = await pictures();
+      if (why) skipped.push({ group: 'encode', reason: why });
+      return measureEncoders(list);
+    },
+  },
+];
+
+const rows: Row[] = [];
+const skipped: Skipped[] = [];
+const started = performance.now();
+for (const m of measurements) {
+  if (m.skip) {
+    skipped.push({ group: m.group, reason: m.skip });
+    console.log(`skipped: ${m.group}: ${m.skip}`);
+    continue;
+  }
+  const t = performance.now();
+  // One measurement that fails (a model that cannot run here) is reported and the others go on.
+  const measured = await m.run().catch((err: Error) => {
+    skipped.push({ group: m.group, reason: `failed: ${err.message}` });
+    console.log(`failed: ${m.group}: ${err.stack}`);
+    return [];
+  });
+  for (const row of measured) console.log(formatRow(row));
+  console.log(`  (${m.group}: ${((performance.now() - t) / 1000).toFixed(0)} s)`);
+  rows.push(...measured);
+}
+console.log(`\nimagegen benchmark suite, ${((performance.now() - started) / 1000).toFixed(0)} s; ratio = measured / baseline (time per image: share of the image's time)\n`);
+console.log(formatTable(rows, skipped));
+const file = await writeResults(values.out, rows, skipped, { real });
+console.log(`\nresults written to ${file}`);
+const missed = rows.filter((r) => r.met === false).length;
+console.log(`${rows.filter((r) => r.met !== undefined).length - missed} goals met, ${missed} not met (see docs/performance.md for why)`);
