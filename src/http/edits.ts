@@ -5,7 +5,7 @@ import { parseImageRequest, type ImagesResponse } from '../api/wire.js';
 import type { EditInput } from '../service/images.js';
 import { checkMask, decodeInputImage } from '../service/input-images.js';
 import { streamImages } from './event-stream.js';
-import { generateContext, type ImagesOptions } from './image-context.js';
+import { answer, generateContext, type ImagesOptions } from './image-context.js';
 import { readUpload, type Upload, type UploadRoute } from './uploads.js';
 
 /**
@@ -44,7 +44,7 @@ export async function edits(app: FastifyInstance, options: ImagesOptions): Promi
       const edit = await editInput(upload, route, upload.form);
       const context = await generateContext(request, reply, body, options);
       if (body.stream) return streamImages(request, reply, 'image_edit', body, (onEvent) => options.service.generate(body, { ...context, onEvent }, edit));
-      return options.service.generate(body, context, edit);
+      return answer(reply, await options.service.generate(body, context, edit));
     });
   }
 }

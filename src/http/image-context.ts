@@ -1,7 +1,8 @@
 import type { FastifyReply, FastifyRequest } from 'fastify';
-import type { GenerationRequest } from '../api/wire.js';
+import type { GenerationRequest, ImagesResponse } from '../api/wire.js';
 import type { GenerateContext, ImageService } from '../service/images.js';
 import { imagePath } from './files.js';
+import { imagesJson } from './json-pieces.js';
 import { requestOrigin } from './host.js';
 import type { KeyRates } from './key-rates.js';
 import type { KeySlots } from './key-slots.js';
@@ -20,6 +21,12 @@ export interface ImagesOptions {
   rates: KeyRates;
   /** Keys' `concurrent` slots over all replicas (with REDIS_URL). */
   slots?: KeySlots;
+}
+
+/** A route's answer: one with b64_json images as a stream of JSON pieces (json-pieces.ts), any other as it is. */
+export function answer(reply: FastifyReply, response: ImagesResponse): ImagesResponse | FastifyReply {
+  if (!response.data.some((image) => image.b64_json !== undefined)) return response;
+  return reply.type('application/json; charset=utf-8').send(imagesJson(response));
 }
 
 /**

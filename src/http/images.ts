@@ -1,7 +1,7 @@
 import type { FastifyInstance, FastifyReply } from 'fastify';
 import { parseGenerationRequest, type ImagesResponse } from '../api/wire.js';
 import { streamImages } from './event-stream.js';
-import { generateContext, type ImagesOptions } from './image-context.js';
+import { answer, generateContext, type ImagesOptions } from './image-context.js';
 
 /** POST /v1/images/generations. */
 
@@ -10,6 +10,6 @@ export async function images(app: FastifyInstance, options: ImagesOptions): Prom
     const body = parseGenerationRequest(request.body, options.defaultModel);
     const context = await generateContext(request, reply, body, options);
     if (body.stream) return streamImages(request, reply, 'image_generation', body, (onEvent) => options.service.generate(body, { ...context, onEvent }));
-    return options.service.generate(body, context);
+    return answer(reply, await options.service.generate(body, context));
   });
 }
