@@ -31,7 +31,12 @@ export interface RunningServer {
 
 const SWEEP_INTERVAL_MS = 60_000;
 
-export async function startServer(config: Config, logger: Logger): Promise<RunningServer> {
+/** What tests may replace: the image store's clock (expiry without waiting for it). */
+export interface ServerOverrides {
+  clock?: () => number;
+}
+
+export async function startServer(config: Config, logger: Logger, { clock }: ServerOverrides = {}): Promise<RunningServer> {
   const store = await openImageStore(
     {
       kind: config.store,
@@ -45,7 +50,7 @@ export async function startServer(config: Config, logger: Logger): Promise<Runni
         presignedUrls: config.s3PresignedUrls,
       },
     },
-    { ttlSeconds: config.imageTtlSeconds, maxBytes: config.maxStoreBytes, logger: logger.child({ component: 'store' }) },
+    { ttlSeconds: config.imageTtlSeconds, maxBytes: config.maxStoreBytes, logger: logger.child({ component: 'store' }), clock },
   );
   store.startSweeper(SWEEP_INTERVAL_MS);
   // With REDIS_URL the replicas share API_KEYS_FILE's per-key limits; without it this server counts alone.

@@ -18,6 +18,8 @@ export interface StoreLimits {
   ttlSeconds: number;
   maxBytes: number;
   logger: Logger;
+  /** The clock expiry is measured on (unix milliseconds); Date.now unless a test passes its own. */
+  clock?: () => number;
 }
 
 export interface SweptStore extends ImageStore {

@@ -39,10 +39,12 @@ export interface OpsServerOptions {
   logger?: Logger;
   /** Reuse a root (restart tests); the caller removes it. */
   root?: string;
+  /** The image store's clock (see RealServerOptions.clock). */
+  clock?: () => number;
 }
 
-export function startOpsServer({ env = {}, logger, root }: OpsServerOptions = {}): Promise<OpsServer> {
-  return startRealServer({ root, models: root ? {} : { [MODEL]: shapes() }, apiKey: OPS_KEY, logger, env: { WORKERS: '1', DEFAULT_MODEL: MODEL, ...env } });
+export function startOpsServer({ env = {}, logger, root, clock }: OpsServerOptions = {}): Promise<OpsServer> {
+  return startRealServer({ root, models: root ? {} : { [MODEL]: shapes() }, apiKey: OPS_KEY, logger, clock, env: { WORKERS: '1', DEFAULT_MODEL: MODEL, ...env } });
 }
 
 export interface Answer {

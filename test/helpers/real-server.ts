@@ -42,6 +42,8 @@ export interface RealServerOptions {
   logger?: Logger;
   /** Reuse a root that has `models/` (restart tests); the caller removes it. */
   root?: string;
+  /** The image store's clock (default Date.now): tests move time on instead of waiting. */
+  clock?: () => number;
 }
 
 export interface RealServer {
@@ -69,7 +71,7 @@ export async function startRealServer(options: RealServerOptions = {}): Promise<
     ...(options.apiKey && { API_KEYS: options.apiKey }),
     ...options.env,
   };
-  const server = await startServer(loadConfig({}, env), options.logger ?? silentLogger);
+  const server = await startServer(loadConfig({}, env), options.logger ?? silentLogger, { clock: options.clock });
   const baseURL = `${server.url}/v1`;
   return {
     server,
