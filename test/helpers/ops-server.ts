@@ -3,6 +3,7 @@ import os from 'node:os';
 import path from 'node:path';
 import type { Logger } from 'pino';
 import { expect } from 'vitest';
+import type { ErrorBody, ImagesResponse } from '../../src/api/wire.js';
 import type { RunningServer } from '../../src/server.js';
 import { installModels, startRealServer, type ModelSource, type RealServer } from './real-server.js';
 import { referenceModel } from './reference.js';
@@ -50,7 +51,8 @@ export function startOpsServer({ env = {}, logger, root, clock }: OpsServerOptio
 export interface Answer {
   status: number;
   headers: Headers;
-  body: { data?: { url?: string; b64_json?: string }[]; error?: { message: string; type: string; param: string | null; code: string | null } };
+  /** The answer's body: images, or an error (the wire types, either half absent). */
+  body: Partial<ImagesResponse> & Partial<ErrorBody>;
 }
 
 /** POSTs a generation (model `shapes`, the smallest size, 4 steps unless `fields` say otherwise). */
