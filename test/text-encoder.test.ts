@@ -26,6 +26,17 @@ describe('text encoder', () => {
       const row = (t: typeof data, i: number) => [...t.subarray(i * per, (i + 1) * per)];
       const [red, blue] = [row(separate.last_hidden_state.data, 0), row(separate.last_hidden_state.data, 1)];
       expect([row(data, 0), row(data, 1), row(data, 2), row(data, 3)]).toEqual([red, red, blue, red]);
+
+      // The empty prompt is encoded the first time only, and its kept rows are the encoder's.
+      const first = await encoder.encode(['', 'a red circle'], ['last_hidden_state', 'pooler_output']);
+      const again = await encoder.encode(['a blue square', '', ''], ['last_hidden_state', 'pooler_output']);
+      const onlyEmpty = await encoder.encode([''], ['last_hidden_state']);
+      expect(rowsRun).toEqual([2, 2, 2, 1]);
+      expect(row(again.last_hidden_state.data, 1)).toEqual(row(first.last_hidden_state.data, 0));
+      expect(row(again.last_hidden_state.data, 2)).toEqual(row(first.last_hidden_state.data, 0));
+      expect(row(again.last_hidden_state.data, 0)).toEqual(blue);
+      expect(again.pooler_output.dims[0]).toBe(3);
+      expect([...onlyEmpty.last_hidden_state.data]).toEqual(row(first.last_hidden_state.data, 0));
     } finally {
       await model.release();
     }

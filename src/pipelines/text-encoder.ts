@@ -3,6 +3,12 @@ import type { TextTokenizer } from '../tokenizers/tokenizer.js';
 
 /** A tokenizer and its text encoder, run together on a list of prompts. */
 export class TextEncoder {
+  /**
+   * The empty prompt's row of each output asked for so far: every guided batch without a negative
+   * prompt needs it, and it never changes, so it is encoded once per loaded model.
+   */
+  private readonly emptyRows = new Map<string, HostTensor>();
+
   constructor(
     readonly model: OnnxModel,
     readonly tokenizer: TextTokenizer,
@@ -10,17 +16,28 @@ export class TextEncoder {
 
   /**
    * One row per prompt. Each distinct prompt is encoded once: a request for n images of one prompt, or
-   * a merged batch sharing the empty negative prompt, runs the encoder on one row, not n.
+   * a merged batch sharing the empty negative prompt, runs the encoder on one row, not n; and the empty
+   * prompt once per model (emptyRows).
    */
   async encode(prompts: readonly string[], outputs: readonly string[]): Promise<Record<string, HostTensor>> {
     const distinct = [...new Set(prompts)];
+    const emptyKnown = distinct.includes('') && outputs.every((name) => this.emptyRows.has(name));
+    const toRun = emptyKnown ? distinct.filter((prompt) => prompt !== '') : distinct;
+    const encoded = toRun.length ? await this.run(toRun, outputs) : {};
+    if (toRun.includes('')) for (const name of outputs) this.emptyRows.set(name, gatherRows(encoded[name], [toRun.indexOf('')]));
+    // The rows at hand: those run, then the empty prompt's when it was known.
+    const table = emptyKnown ? Object.fromEntries(outputs.map((name) => [name, appendRow(encoded[name], this.emptyRows.get(name)!)])) : encoded;
+    const order = emptyKnown ? [...toRun, ''] : toRun;
+    if (order.length === prompts.length && order.every((prompt, i) => prompt === prompts[i])) return table;
+    const rowOf = prompts.map((prompt) => order.indexOf(prompt));
+    return Object.fromEntries(Object.entries(table).map(([name, tensor]) => [name, gatherRows(tensor, rowOf)]));
+  }
+
+  private run(prompts: readonly string[], outputs: readonly string[]): Promise<Record<string, HostTensor>> {
     const length = this.tokenizer.maxLength;
-    const ids = new Int32Array(distinct.length * length);
-    distinct.forEach((prompt, b) => ids.set(this.tokenizer.encode(prompt), b * length));
-    const encoded = await this.model.run({ input_ids: { data: ids, dims: [distinct.length, length] } }, outputs);
-    if (distinct.length === prompts.length) return encoded;
-    const rowOf = prompts.map((prompt) => distinct.indexOf(prompt));
-    return Object.fromEntries(Object.entries(encoded).map(([name, tensor]) => [name, gatherRows(tensor, rowOf)]));
+    const ids = new Int32Array(prompts.length * length);
+    prompts.forEach((prompt, b) => ids.set(this.tokenizer.encode(prompt), b * length));
+    return this.model.run({ input_ids: { data: ids, dims: [prompts.length, length] } }, outputs);
   }
 
   /**
@@ -43,4 +60,13 @@ function gatherRows(tensor: HostTensor, rows: readonly number[]): HostTensor {
   const data = new Float32Array(rows.length * per);
   rows.forEach((row, b) => data.set(tensor.data.subarray(row * per, (row + 1) * per), b * per));
   return { data, dims: [rows.length, ...tensor.dims.slice(1)] };
+}
+
+/** [batch, ...] ++ one row (absent tensor: just the row). */
+function appendRow(tensor: HostTensor | undefined, row: HostTensor): HostTensor {
+  if (!tensor) return row;
+  const data = new Float32Array(tensor.data.length + row.data.length);
+  data.set(tensor.data as Float32Array);
+  data.set(row.data as Float32Array, tensor.data.length);
+  return { data, dims: [tensor.dims[0] + 1, ...tensor.dims.slice(1)] };
 }
