@@ -257,6 +257,30 @@ describe.skipIf(!chromiumPath)(`the playground in headless Chromium${chromiumPat
     expect(await difference(paintedLeft)).toBeGreaterThan(10);
   });
 
+  it('paints the mask from the keyboard: arrows move the brush, Space held down paints', async () => {
+    await page.click('#mask-clear');
+    await page.fill('#brush', '16');
+    await page.focus('#mask');
+    expect(await page.isVisible('#mask-cursor')).toBe(true);
+    const alphaAt = (x: number, y: number) => page.$eval('#mask', (c, [px, py]) => (c as HTMLCanvasElement).getContext('2d')!.getImageData(px, py, 1, 1).data[3], [x, y]);
+    const [w, h] = await page.$eval('#mask', (c) => [(c as HTMLCanvasElement).width, (c as HTMLCanvasElement).height]);
+    // Moved without painting: nothing painted yet. Then Space down, right along, Space up.
+    await page.keyboard.press('ArrowUp');
+    expect(await alphaAt(w / 2, h / 2)).toBe(0);
+    await page.keyboard.press('ArrowDown');
+    await page.keyboard.down(' ');
+    for (let i = 0; i < 6; i++) await page.keyboard.press('ArrowRight');
+    await page.keyboard.up(' ');
+    await page.keyboard.press('Shift+ArrowDown');
+    expect(await alphaAt(w / 2, h / 2)).toBeGreaterThan(0);
+    expect(await alphaAt(w / 2 + 20, h / 2)).toBeGreaterThan(0);
+    // Not where the brush only moved, nor far from its way.
+    expect(await alphaAt(w / 2, h / 2 + 40)).toBe(0);
+    expect(await alphaAt(4, 4)).toBe(0);
+    await page.click('#mask-clear');
+    expect(await alphaAt(w / 2, h / 2)).toBe(0);
+  });
+
   it('makes variations of a result, answered with URLs whose time left shows in the history', async () => {
     await runAndWait('#results button:has-text("Variations")');
     expect(await page.getAttribute('#results .result-image', 'src')).toMatch(new RegExp(`^${origin}/v1/images/files/`));

@@ -24,7 +24,7 @@ const historyList = byId<HTMLUListElement>('history');
 const keyDialog = byId<HTMLDialogElement>('key-dialog');
 const keyInput = byId<HTMLInputElement>('key');
 const buttons = { generate: byId<HTMLButtonElement>('generate'), edit: byId<HTMLButtonElement>('edit-run'), variations: byId<HTMLButtonElement>('variations-run'), cancel: byId<HTMLButtonElement>('cancel') };
-const painter = new MaskPainter(byId('mask'), byId('source'), byId('brush'), byId('erase'));
+const painter = new MaskPainter(byId('mask'), byId('source'), byId('brush'), byId('erase'), byId('mask-cursor'));
 
 let models: Model[] = [];
 /** The picture in the edit panel. */
