@@ -68,16 +68,16 @@ export async function denoise(
   return x;
 }
 
-/** Inpainting's kept area, clean, around a picture's repainted area. */
+/** `x` where the mask repaints, `original` where it keeps (in place). */
 function blend(x: Float32Array, { original, mask }: Kept): Float32Array {
   for (let i = 0; i < x.length; i++) x[i] = mask[i] * x[i] + (1 - mask[i]) * original[i];
   return x;
 }
 
-function putBack(scheduler: Scheduler, x: Float32Array, { original, noise, mask }: Kept, next: number): Float32Array {
-  const kept = next < scheduler.timesteps.length ? scheduler.addNoise(original, noise, next) : original;
-  for (let i = 0; i < x.length; i++) x[i] = mask[i] * x[i] + (1 - mask[i]) * kept[i];
-  return x;
+/** The kept area put back, noised to the level of call `next` (clean after the last). */
+function putBack(scheduler: Scheduler, x: Float32Array, keep: Kept, next: number): Float32Array {
+  const original = next < scheduler.timesteps.length ? scheduler.addNoise(keep.original, keep.noise, next) : keep.original;
+  return blend(x, { ...keep, original });
 }
 
 /** The same start with every array laid out anew (FLUX packs its latents into patches). */

@@ -45,14 +45,3 @@ function blanked(image: RgbImage | undefined, mask: Uint8Array | undefined, { wi
   }
   return { pixels, width, height };
 }
-
-/** Per row, the latents' channels then the extra ones: [rows, c, h, w] ++ [rows, e, h, w] -> [rows, c + e, h, w]. */
-export function concatChannels(x: Float32Array, extra: Float32Array, rows: number): Float32Array {
-  const [perX, perExtra] = [x.length / rows, extra.length / rows];
-  const out = new Float32Array(x.length + extra.length);
-  for (let r = 0; r < rows; r++) {
-    out.set(x.subarray(r * perX, (r + 1) * perX), r * (perX + perExtra));
-    out.set(extra.subarray(r * perExtra, (r + 1) * perExtra), r * (perX + perExtra) + perX);
-  }
-  return out;
-}

@@ -6,10 +6,10 @@ import { createScheduler } from '../schedulers/index.js';
 import { predictionOf } from './clean-estimate.js';
 import { denoise, startingLatents } from './denoise.js';
 import { OnDemand } from './on-demand.js';
-import { concatChannels, INPAINTING_EXTRA_CHANNELS, inpaintingChannels } from './inpainting-input.js';
+import { INPAINTING_EXTRA_CHANNELS, inpaintingChannels } from './inpainting-input.js';
 import { LatentPreview, previewLoop } from './preview.js';
 import type { GenerateHooks, Pipeline, RgbImage } from './pipeline.js';
-import { applyGuidance, concatBatch, filled } from './tensor.js';
+import { applyGuidance, concatBatch, concatPerRow, concatRows, filled } from './tensor.js';
 import type { TextEncoder } from './text-encoder.js';
 import type { VaeDecoder, VaeEncoder } from './vae.js';
 
@@ -66,7 +66,7 @@ export class StableDiffusionPipeline implements Pipeline {
     const start = extra ? { ...started, keep: undefined } : started;
     const fixed = this.unet.prepare(timestepCond ? { ...conditioning, timestep_cond: timestepCond } : conditioning);
     const predict = async (x: Float32Array, t: number): Promise<Float32Array> => {
-      const sample = extra ? concatChannels(x, extra, count) : x;
+      const sample = extra ? concatPerRow(x, extra, count) : x;
       const feeds = {
         sample: { data: guided ? concatBatch([sample, sample]) : sample, dims: [rows, sample.length / (count * h * w), h, w] },
         timestep: { data: filled(rows, t), dims: [rows] },
@@ -150,7 +150,7 @@ function concatConditioning(first: Conditioning, second: Conditioning): Conditio
   const out: Conditioning = {};
   for (const key of Object.keys(second)) {
     const [a, b] = [first[key], second[key]];
-    out[key] = { data: concatBatch([a.data as Float32Array, b.data as Float32Array]), dims: [a.dims[0] + b.dims[0], ...a.dims.slice(1)] };
+    out[key] = concatRows(a, b);
   }
   return out;
 }
@@ -158,13 +158,7 @@ function concatConditioning(first: Conditioning, second: Conditioning): Conditio
 /** [b, t, h1] ++ [b, t, h2] -> [b, t, h1 + h2]. */
 function concatLastAxis(a: HostTensor, b: HostTensor): HostTensor {
   const [h1, h2] = [a.dims[a.dims.length - 1], b.dims[b.dims.length - 1]];
-  const rows = a.data.length / h1;
-  const out = new Float32Array(rows * (h1 + h2));
-  for (let r = 0; r < rows; r++) {
-    out.set(a.data.subarray(r * h1, (r + 1) * h1), r * (h1 + h2));
-    out.set(b.data.subarray(r * h2, (r + 1) * h2), r * (h1 + h2) + h1);
-  }
-  return { data: out, dims: [...a.dims.slice(0, -1), h1 + h2] };
+  return { data: concatPerRow(a.data, b.data, a.data.length / h1), dims: [...a.dims.slice(0, -1), h1 + h2] };
 }
 
 function zeroEmptyPrompts(prompts: string[], tensors: HostTensor[]): void {

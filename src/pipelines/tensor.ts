@@ -1,3 +1,5 @@
+import type { HostTensor } from '../runtime/onnx-model.js';
+
 /** Small helpers over flat [batch, ...] float tensors. */
 
 /** Concatenates along the batch axis. */
@@ -7,6 +9,22 @@ export function concatBatch(parts: readonly Float32Array[]): Float32Array {
   for (const p of parts) {
     out.set(p, offset);
     offset += p.length;
+  }
+  return out;
+}
+
+/** Two [batch, ...] tensors as one, `a`'s rows first. */
+export function concatRows(a: HostTensor, b: HostTensor): HostTensor {
+  return { data: concatBatch([a.data as Float32Array, b.data as Float32Array]), dims: [a.dims[0] + b.dims[0], ...a.dims.slice(1)] };
+}
+
+/** Per row, `a`'s part then `b`'s: [rows, ...a] ++ [rows, ...b] along everything after the row axis. */
+export function concatPerRow(a: Float32Array | Int32Array, b: Float32Array | Int32Array, rows: number): Float32Array {
+  const [perA, perB] = [a.length / rows, b.length / rows];
+  const out = new Float32Array(a.length + b.length);
+  for (let r = 0; r < rows; r++) {
+    out.set(a.subarray(r * perA, (r + 1) * perA), r * (perA + perB));
+    out.set(b.subarray(r * perB, (r + 1) * perB), r * (perA + perB) + perA);
   }
   return out;
 }

@@ -1,5 +1,6 @@
 import type { HostTensor, OnnxModel } from '../runtime/onnx-model.js';
 import type { TextTokenizer } from '../tokenizers/tokenizer.js';
+import { concatRows } from './tensor.js';
 
 /** A tokenizer and its text encoder, run together on a list of prompts. */
 export class TextEncoder {
@@ -26,7 +27,7 @@ export class TextEncoder {
     const encoded = toRun.length ? await this.run(toRun, outputs) : {};
     if (toRun.includes('')) for (const name of outputs) this.emptyRows.set(name, gatherRows(encoded[name], [toRun.indexOf('')]));
     // The rows at hand: those run, then the empty prompt's when it was known.
-    const table = emptyKnown ? Object.fromEntries(outputs.map((name) => [name, appendRow(encoded[name], this.emptyRows.get(name)!)])) : encoded;
+    const table = emptyKnown ? Object.fromEntries(outputs.map((name) => [name, withEmptyRow(encoded[name], this.emptyRows.get(name)!)])) : encoded;
     const order = emptyKnown ? [...toRun, ''] : toRun;
     if (order.length === prompts.length && order.every((prompt, i) => prompt === prompts[i])) return table;
     const rowOf = prompts.map((prompt) => order.indexOf(prompt));
@@ -62,11 +63,7 @@ function gatherRows(tensor: HostTensor, rows: readonly number[]): HostTensor {
   return { data, dims: [rows.length, ...tensor.dims.slice(1)] };
 }
 
-/** [batch, ...] ++ one row (absent tensor: just the row). */
-function appendRow(tensor: HostTensor | undefined, row: HostTensor): HostTensor {
-  if (!tensor) return row;
-  const data = new Float32Array(tensor.data.length + row.data.length);
-  data.set(tensor.data as Float32Array);
-  data.set(row.data as Float32Array, tensor.data.length);
-  return { data, dims: [tensor.dims[0] + 1, ...tensor.dims.slice(1)] };
+/** The rows run, then the empty prompt's (only it when nothing else ran). */
+function withEmptyRow(encoded: HostTensor | undefined, empty: HostTensor): HostTensor {
+  return encoded ? concatRows(encoded, empty) : empty;
 }
