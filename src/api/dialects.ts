@@ -40,7 +40,7 @@ export type ResponseFormat = (typeof RESPONSE_FORMATS)[number];
 export const DEFAULT_RESPONSE_FORMAT: Record<Dialect, ResponseFormat> = { 'gpt-image': 'b64_json', 'dall-e': 'url' };
 
 /** The sizes of OpenAI's gpt-image models, and the only ones the SDKs' response types allow echoing. */
-export const GPT_IMAGE_SIZES = ['1024x1024', '1536x1024', '1024x1536'] as const;
+const GPT_IMAGE_SIZES = ['1024x1024', '1536x1024', '1024x1536'] as const;
 export type GptImageSize = (typeof GPT_IMAGE_SIZES)[number];
 
 export const isGptImageSize = (size: string): size is GptImageSize => (GPT_IMAGE_SIZES as readonly string[]).includes(size);

@@ -112,7 +112,7 @@ const variationRequestSchema = requestFields.pick({
 });
 
 /** The schema of each route's fields (the images themselves travel beside them, see src/http/uploads.ts). */
-export const REQUEST_SCHEMAS = { generation: generationRequestSchema, edit: editRequestSchema, variation: variationRequestSchema } as const;
+const REQUEST_SCHEMAS = { generation: generationRequestSchema, edit: editRequestSchema, variation: variationRequestSchema } as const;
 export type RequestKind = keyof typeof REQUEST_SCHEMAS;
 
 type RequestFields = z.output<typeof requestFields>;

@@ -12,7 +12,7 @@ const INITIAL_SECONDS_PER_WORK = 0.1;
 /** Weight of the newest batch in the moving average. */
 const SMOOTHING = 0.3;
 
-export const batchWork = (batch: Pick<GenerationBatch, 'width' | 'height' | 'steps' | 'items'>): number =>
+const batchWork = (batch: Pick<GenerationBatch, 'width' | 'height' | 'steps' | 'items'>): number =>
   ((batch.width * batch.height) / 1e6) * Math.max(1, batch.steps) * batch.items.length;
 
 export class CostModel {

@@ -53,7 +53,6 @@ export class FairOrder<T> {
     }
     if (chosen === undefined) return undefined;
     this.virtualTime = Math.max(this.virtualTime, this.servedOf(chosen));
-    this.served.set(chosen, this.servedOf(chosen));
     const line = this.lines.get(chosen)!;
     const item = line.shift()!;
     this.count--;

@@ -15,7 +15,7 @@ const CREDENTIAL_HEADERS = ['authorization', 'proxy-authorization', 'cookie', 'x
 const REDACT_PATHS = CREDENTIAL_HEADERS.flatMap((name) => [`headers["${name}"]`, `*.headers["${name}"]`]);
 
 /** The URL as it may be logged: the path, and a query string reduced to a marker. */
-export function loggableUrl(url: string): string {
+function loggableUrl(url: string): string {
   const query = url.indexOf('?');
   return query < 0 ? url : `${url.slice(0, query)}?${CENSORED}`;
 }

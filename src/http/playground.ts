@@ -20,7 +20,7 @@ import { ApiError } from '../api/errors.js';
 /** Where `npm run build:playground` writes the bundle (the same from src/http and from dist/http). */
 export const PLAYGROUND_DIR = fileURLToPath(new URL('../../dist/playground/', import.meta.url));
 /** The page's own path; `/` serves the same page. */
-export const PLAYGROUND_PATH = '/playground/';
+const PLAYGROUND_PATH = '/playground/';
 
 const CONTENT_TYPES: Record<string, string> = {
   '.html': 'text/html; charset=utf-8',

@@ -11,7 +11,7 @@ import { ApiError } from '../api/errors.js';
  */
 
 /** Largest uploaded file: gpt-image's input limit is 50 MB, dall-e-2's 4 MB; 25 MiB holds any 4096-pixel PNG worth sending. */
-export const MAX_UPLOAD_BYTES = 25 * 1024 ** 2;
+const MAX_UPLOAD_BYTES = 25 * 1024 ** 2;
 /** OpenAI's gpt-image takes up to 16 reference images; more files than that and a mask is refused while reading. */
 const MAX_FILES = 17;
 /** A prompt is at most 32000 characters, up to 4 bytes each in UTF-8. */

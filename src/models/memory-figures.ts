@@ -15,11 +15,15 @@ const modelMemory = z.object({
   peakPixels: z.number().nonnegative(),
 });
 
+/**
+ * `weightsBytes`, a worker's resident growth when the model loaded; `peakBytes`, the most a batch took
+ * above the loaded model (activations, arena growth); `peakPixels`, images x pixels of that batch.
+ */
 export type ModelMemory = z.infer<typeof modelMemory>;
 
 const FILE = 'model-memory.json';
 
-export function memoryFiguresFile(dataDir: string): string {
+function memoryFiguresFile(dataDir: string): string {
   return path.join(dataDir, FILE);
 }
 

@@ -31,7 +31,7 @@ export interface UnusableModel {
 export type FolderVerdict = UsableModel | UnusableModel;
 
 /** The per-model preset overrides; see presets.ts. */
-export const OVERRIDE_FILE = 'imagegen.json';
+const OVERRIDE_FILE = 'imagegen.json';
 
 async function presetOf(dir: string, layout: ModelLayout, schedulers: readonly string[]): Promise<ModelPreset> {
   const parsed = presetOverrideSchema.safeParse((await readJsonIfPresent(path.join(dir, OVERRIDE_FILE))) ?? {});

@@ -12,13 +12,6 @@ import type { VaeTiler, VaeTiling } from './vae.js';
  * OOM killer end the worker.
  */
 
-/**
- * ModelMemory: `weightsBytes`, the worker's resident growth when the model loaded; `peakBytes`, the most
- * a batch took above the loaded model (activations, arena growth); `peakPixels`, images x pixels of
- * that batch.
- */
-export type { ModelMemory };
-
 export class InsufficientMemoryError extends Error {
   constructor(message: string) {
     super(message);

@@ -33,12 +33,8 @@ export class PipelineCache {
 
   constructor(
     private readonly load: (modelDir: string) => Promise<Pipeline>,
-    private budgetBytes: number,
+    private readonly budgetBytes: number,
   ) {}
-
-  setBudget(bytes: number): void {
-    this.budgetBytes = bytes;
-  }
 
   /** `version` changes when the folder was replaced in place: the old sessions are released, the new files loaded. */
   get(modelDir: string, version?: string): Promise<Pipeline> {

@@ -5,7 +5,8 @@ import { IMAGE_FORMATS, outputOf, previewSteps, type BatchEvent, type BatchItem,
 import { chunks } from '../util/chunks.js';
 import { encodeImage } from './encode-image.js';
 import { loadPipeline } from './load.js';
-import { MemoryPlan, type ModelMemory } from './memory-plan.js';
+import type { ModelMemory } from '../models/memory-figures.js';
+import { MemoryPlan } from './memory-plan.js';
 import type { GenerateHooks, Pipeline, RgbImage } from './pipeline.js';
 import { PipelineCache } from './pipeline-cache.js';
 

@@ -30,7 +30,7 @@ import { expectedStoreBytes } from './store-space.js';
  * composition and colours and redraws the details (0.3: with few-step models such as the turbo ones,
  * higher strengths jump to other pictures in their one or two steps; ask for more with `strength`).
  */
-export const DEFAULT_STRENGTH = { edit: 0.8, inpaint: 1, variation: 0.3 } as const;
+const DEFAULT_STRENGTH = { edit: 0.8, inpaint: 1, variation: 0.3 } as const;
 
 /** The pictures of an edits or variations request, decoded and checked (input-images.ts). */
 export interface EditInput extends EditSource {

@@ -9,9 +9,9 @@ import type { RgbImage } from '../runtime/types.js';
  * edit; the pipelines take one byte per pixel, 255 where to repaint.
  */
 
-export const INPUT_FORMATS = ['png', 'jpeg', 'webp'] as const;
+const INPUT_FORMATS = ['png', 'jpeg', 'webp'] as const;
 /** Largest side of an input picture: bounds the memory one decode takes (4096 x 4096 RGBA is 64 MiB). */
-export const MAX_INPUT_SIDE = 4096;
+const MAX_INPUT_SIDE = 4096;
 /** Alpha below this, once fitted (resizing blends edges), counts as transparent: repaint. */
 const TRANSPARENT_BELOW = 128;
 
