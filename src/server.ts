@@ -54,9 +54,10 @@ export async function startServer(config: Config, logger: Logger, { clock }: Ser
   );
   store.startSweeper(SWEEP_INTERVAL_MS);
   // With REDIS_URL the replicas share API_KEYS_FILE's per-key limits; without it this server counts alone.
-  const redis = config.redisUrl ? await connectRedis(config.redisUrl, logger.child({ component: 'redis' })) : undefined;
-  const rates = redis && new KeyRates(Date.now, new RedisLedger(redis, logger.child({ component: 'redis' })));
-  const slots = redis && new KeySlots(redis, logger.child({ component: 'redis' }), { maxWaitMs: config.queueTimeoutSeconds * 1000 });
+  const redisLog = logger.child({ component: 'redis' });
+  const redis = config.redisUrl ? await connectRedis(config.redisUrl, redisLog) : undefined;
+  const rates = redis && new KeyRates(Date.now, new RedisLedger(redis, redisLog));
+  const slots = redis && new KeySlots(redis, redisLog, { maxWaitMs: config.queueTimeoutSeconds * 1000 });
 
   const registry = new ModelRegistry({
     roots: modelRoots(config.modelsDir, EMBEDDED_MODELS_DIR),
@@ -118,7 +119,7 @@ export async function startServer(config: Config, logger: Logger, { clock }: Ser
   return { app, url, engine, close };
 }
 
-/** The models to preload; one that is not installed is skipped with a warning. */
+/** The default WORKERS for the models to preload and the memory measured (worker-count.ts), logged with its reason. */
 function chosenWorkerCount(config: Config, preload: ModelRef[], figures: MemoryFigures, logger: Logger): number {
   const { workers, reason } = defaultWorkerCount({
     provider: config.executionProvider,
@@ -131,6 +132,7 @@ function chosenWorkerCount(config: Config, preload: ModelRef[], figures: MemoryF
   return workers;
 }
 
+/** The models to preload; one that is not installed is skipped with a warning. */
 async function preloadDirs(names: string[], registry: ModelRegistry, logger: Logger): Promise<ModelRef[]> {
   const models = new Map<string, ModelRef>();
   for (const name of names) {

@@ -1,8 +1,8 @@
 import { z } from 'zod';
-import { MAX_SEED } from '../runtime/random.js';
+import { MAX_SEED, NOISE_KINDS } from '../runtime/random.js';
+import { IMAGE_FORMATS, type OutputFormat } from '../runtime/types.js';
 import { STYLES, type Quality } from '../families/family.js';
 import { SCHEDULER_NAMES } from '../schedulers/index.js';
-import { NOISE_KINDS } from '../runtime/random.js';
 import { ApiError, quoteList } from './errors.js';
 import {
   DEFAULT_RESPONSE_FORMAT,
@@ -34,8 +34,8 @@ const integer = (min: number, max: number) => z.number().multipleOf(1).min(min).
 
 const nonEmptyText = z.string().min(1).max(MAX_PROMPT_LENGTH);
 
-const OUTPUT_FORMATS = ['png', 'jpeg', 'webp'] as const;
-type OutputFormat = (typeof OUTPUT_FORMATS)[number];
+/** The formats the encoder writes (runtime/types.ts holds the one table). */
+const OUTPUT_FORMATS = Object.keys(IMAGE_FORMATS) as [OutputFormat, ...OutputFormat[]];
 
 /**
  * Every field of the three image requests, declared once; each route's schema picks its own below. The
@@ -364,7 +364,7 @@ export function parseImageRequest(kind: RequestKind, body: unknown, { defaultMod
   return request;
 }
 
-/** A generations request body (the CLI's requests too). */
-export function parseGenerationRequest(body: unknown, defaultModel?: string): GenerationRequest {
-  return parseImageRequest('generation', body, { defaultModel });
+/** A generations request body as the CLI sends it (it names its model itself). */
+export function parseGenerationRequest(body: unknown): GenerationRequest {
+  return parseImageRequest('generation', body);
 }

@@ -84,7 +84,7 @@ export function buildApp({ config, registry, engine, store, metrics, logger, tls
   app.register(errors);
   app.register(requestIds);
   app.register(connections);
-  app.register(content, { bodyLimit: config.bodyLimit });
+  app.register(content);
   // Before the plugins whose hooks reject requests, so that those are counted too.
   app.register(metricsRoutes, { metrics, public: config.metricsPublic });
   app.register(shutdown, { timeoutMs: config.shutdownTimeoutSeconds * 1000 });

@@ -11,10 +11,6 @@ import { ApiError } from '../api/errors.js';
  * decompression stops as soon as it passes the limit, so a small zip bomb costs only BODY_LIMIT of work.
  */
 
-export interface ContentOptions {
-  bodyLimit: number;
-}
-
 const DECODERS: Record<string, () => Transform> = {
   gzip: createGunzip,
   'x-gzip': createGunzip,
@@ -50,7 +46,7 @@ function decode(payload: RequestPayload, decoder: Transform, encoding: string, l
   return body;
 }
 
-async function contentPlugin(app: FastifyInstance, { bodyLimit }: ContentOptions): Promise<void> {
+async function contentPlugin(app: FastifyInstance): Promise<void> {
   app.removeContentTypeParser('text/plain');
 
   app.addHook('preParsing', async (request, _reply, payload) => {
@@ -62,7 +58,7 @@ async function contentPlugin(app: FastifyInstance, { bodyLimit }: ContentOptions
         code: 'unsupported_content_encoding',
       });
     }
-    return decode(payload, decoder(), encoding, request.routeOptions.bodyLimit ?? bodyLimit);
+    return decode(payload, decoder(), encoding, request.routeOptions.bodyLimit);
   });
 }
 

@@ -4,8 +4,7 @@ import { ApiError } from '../api/errors.js';
 import { parseImageRequest, type ImagesResponse } from '../api/wire.js';
 import type { EditInput } from '../service/images.js';
 import { checkMask, decodeInputImage } from '../service/input-images.js';
-import { streamImages } from './event-stream.js';
-import { answer, generateContext, type ImagesOptions } from './image-context.js';
+import { respond, type ImagesOptions } from './image-context.js';
 import { readUpload, type Upload, type UploadRoute } from './uploads.js';
 
 /**
@@ -15,7 +14,7 @@ import { readUpload, type Upload, type UploadRoute } from './uploads.js';
  */
 
 /** The picture and mask of an upload, decoded and checked. The diffusion models take one input picture. */
-async function editInput({ images, mask }: Upload, route: UploadRoute, form: boolean): Promise<EditInput> {
+async function editInput({ images, mask, form }: Upload, route: UploadRoute): Promise<EditInput> {
   const param = form ? 'image' : 'images';
   const [first] = images;
   if (!first) throw ApiError.invalid(param, 'missing_required_parameter', `Missing required parameter: '${param}'.`);
@@ -41,10 +40,7 @@ export async function edits(app: FastifyInstance, options: ImagesOptions): Promi
     app.post(path, async (request, reply): Promise<ImagesResponse | FastifyReply> => {
       const upload = await readUpload(request, route);
       const body = parseImageRequest(route, upload.fields, { defaultModel: options.defaultModel, form: upload.form });
-      const edit = await editInput(upload, route, upload.form);
-      const context = await generateContext(request, reply, body, options);
-      if (body.stream) return streamImages(request, reply, 'image_edit', body, (onEvent) => options.service.generate(body, { ...context, onEvent }, edit));
-      return answer(reply, await options.service.generate(body, context, edit));
+      return respond(request, reply, 'image_edit', body, options, await editInput(upload, route));
     });
   }
 }

@@ -1,7 +1,8 @@
 import { PassThrough } from 'node:stream';
 import type { FastifyReply, FastifyRequest } from 'fastify';
-import { GPT_IMAGE_QUALITY_OF, isGptImageSize } from '../api/dialects.js';
+import { isGptImageSize } from '../api/dialects.js';
 import type { ErrorBody, GenerationRequest, ImagesResponse, ImageStreamEvent, StreamedImageFields, StreamPrefix } from '../api/wire.js';
+import { echoedSettings } from '../service/gpt-image-fields.js';
 import type { GenerateContext, RequestEvent } from '../service/images.js';
 import { bufferView } from '../util/bytes.js';
 import { apiErrorOf } from './errors.js';
@@ -29,7 +30,7 @@ export async function streamImages(request: FastifyRequest, reply: FastifyReply,
     events.write(`${name}data: ${JSON.stringify(event)}\n\n`);
     opened();
   };
-  const settings = streamedSettings(body);
+  const settings = echoedSettings(body);
 
   const done = produce((event) => {
     const message = toStreamEvent(event, prefix, body, settings);
@@ -56,15 +57,10 @@ export async function streamImages(request: FastifyRequest, reply: FastifyReply,
     .send(events);
 }
 
-/** The settings every image event of a request repeats. */
-function streamedSettings(request: GenerationRequest): Pick<StreamedImageFields, 'quality' | 'background' | 'output_format'> {
-  return { quality: GPT_IMAGE_QUALITY_OF[request.quality], background: 'opaque', output_format: request.output_format };
-}
-
 /** The size as the SDKs' enum has it: the streamed events require one. */
 const sizeField = (size: string): StreamedImageFields['size'] => (isGptImageSize(size) ? size : 'auto');
 
-function toStreamEvent(event: RequestEvent, prefix: StreamPrefix, request: GenerationRequest, settings: ReturnType<typeof streamedSettings>): ImageStreamEvent | undefined {
+function toStreamEvent(event: RequestEvent, prefix: StreamPrefix, request: GenerationRequest, settings: ReturnType<typeof echoedSettings>): ImageStreamEvent | undefined {
   switch (event.type) {
     case 'preview':
       return {
@@ -83,7 +79,7 @@ function toStreamEvent(event: RequestEvent, prefix: StreamPrefix, request: Gener
   }
 }
 
-function completedEvent(prefix: StreamPrefix, b64: string, seed: number, response: ImagesResponse, settings: ReturnType<typeof streamedSettings>): ImageStreamEvent {
+function completedEvent(prefix: StreamPrefix, b64: string, seed: number, response: ImagesResponse, settings: ReturnType<typeof echoedSettings>): ImageStreamEvent {
   return {
     type: `${prefix}.completed`,
     b64_json: b64,

@@ -1,6 +1,7 @@
 import type { FastifyReply, FastifyRequest } from 'fastify';
-import type { GenerationRequest, ImagesResponse } from '../api/wire.js';
-import type { GenerateContext, ImageService } from '../service/images.js';
+import type { GenerationRequest, ImagesResponse, StreamPrefix } from '../api/wire.js';
+import type { EditInput, GenerateContext, ImageService } from '../service/images.js';
+import { streamImages } from './event-stream.js';
 import { imagePath } from './files.js';
 import { imagesJson } from './json-pieces.js';
 import { requestOrigin } from './host.js';
@@ -23,8 +24,25 @@ export interface ImagesOptions {
   slots?: KeySlots;
 }
 
+/**
+ * What the three image routes do once they have parsed a request: admit it and run it, answering as
+ * server-sent events (`stream`; `prefix` names them) or as one JSON body.
+ */
+export async function respond(
+  request: FastifyRequest,
+  reply: FastifyReply,
+  prefix: StreamPrefix,
+  body: GenerationRequest,
+  options: ImagesOptions,
+  edit?: EditInput,
+): Promise<ImagesResponse | FastifyReply> {
+  const context = await generateContext(request, reply, body, options);
+  if (body.stream) return streamImages(request, reply, prefix, body, (onEvent) => options.service.generate(body, { ...context, onEvent }, edit));
+  return answer(reply, await options.service.generate(body, context, edit));
+}
+
 /** A route's answer: one with b64_json images as a stream of JSON pieces (json-pieces.ts), any other as it is. */
-export function answer(reply: FastifyReply, response: ImagesResponse): ImagesResponse | FastifyReply {
+function answer(reply: FastifyReply, response: ImagesResponse): ImagesResponse | FastifyReply {
   if (!response.data.some((image) => image.b64_json !== undefined)) return response;
   return reply.type('application/json; charset=utf-8').send(imagesJson(response));
 }
@@ -33,7 +51,7 @@ export function answer(reply: FastifyReply, response: ImagesResponse): ImagesRes
  * The service context of a parsed request, once its key's per-minute limits admit it (else a 429);
  * from here on its log lines name what it asked for.
  */
-export async function generateContext(request: FastifyRequest, reply: FastifyReply, body: GenerationRequest, { publicBaseUrl, logPrompts, rates, slots }: ImagesOptions): Promise<GenerateContext> {
+async function generateContext(request: FastifyRequest, reply: FastifyReply, body: GenerationRequest, { publicBaseUrl, logPrompts, rates, slots }: ImagesOptions): Promise<GenerateContext> {
   await rates.admit(request.apiKey, body.n);
   // Every later line of this request (errors, Fastify's "request completed") names what it asked for.
   request.log = reply.log = request.log.child({
@@ -49,7 +67,7 @@ export async function generateContext(request: FastifyRequest, reply: FastifyRep
     urlFor: (image) => image.url ?? `${base}${imagePath(image)}`,
     log: request.log,
     // Queue fairness is per key (by its label); a key file's `concurrent` limit bounds its running work.
-    client: request.apiKey?.label ?? 'anonymous',
+    client: request.apiKey?.label,
     limits: request.apiKey?.limits?.concurrent === undefined ? undefined : { maxConcurrent: request.apiKey.limits.concurrent },
     ...(slots && { hold: (work) => slots.hold(request.apiKey, request.cancellation, work) }),
   };

@@ -39,15 +39,21 @@ function imageUsage(textTokens: number, { width, height, count, inputImages, vae
 }
 
 /**
- * The echoed settings. The models draw no transparency, so the background is always opaque; a size
- * outside the SDKs' enum (e.g. a 512x512 model's `auto`) is left out, as strict clients would reject it.
+ * The settings a gpt-image answer (and every streamed image event) repeats. The models draw no
+ * transparency, so the background is always opaque.
+ */
+export function echoedSettings(request: GenerationRequest): Pick<GptImageResponseFields, 'background' | 'output_format' | 'quality'> {
+  return { background: 'opaque', output_format: request.output_format, quality: GPT_IMAGE_QUALITY_OF[request.quality] };
+}
+
+/**
+ * The echoed settings and usage; a size outside the SDKs' enum (e.g. a 512x512 model's `auto`) is left
+ * out, as strict clients would reject it.
  */
 export function gptImageFields(request: GenerationRequest, textTokens: number, drawn: DrawnImages): GptImageResponseFields {
   const size = `${drawn.width}x${drawn.height}`;
   return {
-    background: 'opaque',
-    output_format: request.output_format,
-    quality: GPT_IMAGE_QUALITY_OF[request.quality],
+    ...echoedSettings(request),
     ...(isGptImageSize(size) && { size }),
     usage: imageUsage(textTokens, drawn),
   };
