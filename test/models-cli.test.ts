@@ -8,7 +8,8 @@ import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
 import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, inject, it } from 'vitest';
-import { exists, inspectModel } from '../src/models/layout.js';
+import { inspectModel } from '../src/models/layout.js';
+import { exists } from '../src/util/files.js';
 import { ModelRegistry } from '../src/models/registry.js';
 import {
   DownloadInterrupted,

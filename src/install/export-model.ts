@@ -3,7 +3,7 @@ import path from 'node:path';
 import { BundleWriter } from './bundle.js';
 import { diskFullError, ensureFreeSpace, isDiskFull, keepAfterExit, listFolder, readChunks, realDisk, removeIfInterrupted } from './disk.js';
 import { ModelInstallError } from './errors.js';
-import { exists } from '../models/layout.js';
+import { exists } from '../util/files.js';
 import { checkModelId, modelPath, validateModel, type CommandOptions } from './installer.js';
 import { manifestText, readManifest, type Manifest } from './manifest.js';
 import { MANIFEST_FILE, selectModelFiles } from './model-files.js';

@@ -1,5 +1,6 @@
 import { mkdir, readFile, rm, writeFile } from 'node:fs/promises';
 import path from 'node:path';
+import { DENOISER_FOLDERS } from '../families/index.js';
 import { isTensorRtEngine, tensorRtProblem } from '../models/tensorrt.js';
 import { diskFullError, ensureFreeSpace, isDiskFull, listFolder, realDisk } from './disk.js';
 import { bytesPresent, downloadFiles } from './downloader.js';
@@ -113,8 +114,9 @@ const contentId = (file: HubFile) => file.sha256 ?? file.gitBlobId ?? `size:${fi
  * folders of the repository that are.
  */
 function checkHasExport(ref: RepoRef, subfolder: string, selected: string[], listed: HubFile[]): void {
-  if (selected.includes('unet/model.onnx') || selected.includes('transformer/model.onnx')) return;
-  const nested = /^(.+)\/(unet|transformer)\/model\.onnx$/;
+  const graphs = DENOISER_FOLDERS.map((folder) => `${folder}/model.onnx`);
+  if (graphs.some((graph) => selected.includes(graph))) return;
+  const nested = new RegExp(`^(.+)/(${DENOISER_FOLDERS.join('|')})/model\\.onnx$`);
   const roots = [...new Set(listed.flatMap((file) => nested.exec(file.path)?.[1] ?? []))];
   const where = `${ref.repo}@${ref.revision}${subfolder ? ` in '${subfolder}'` : ''}`;
   const engines = listed.map((file) => file.path).filter(isTensorRtEngine);
@@ -123,7 +125,7 @@ function checkHasExport(ref: RepoRef, subfolder: string, selected: string[], lis
     : engines.length
       ? tensorRtProblem(engines)
       : 'it may hold only PyTorch weights: choose a repository with an ONNX export (for example one converted with Optimum), or export one with "optimum-cli export onnx"';
-  throw new ModelInstallError(`${where} has no diffusers ONNX export (no unet/model.onnx or transformer/model.onnx); ${hint}`);
+  throw new ModelInstallError(`${where} has no diffusers ONNX export (no ${graphs.join(' or ')}); ${hint}`);
 }
 
 /**

@@ -1,11 +1,11 @@
-import { access, readdir } from 'node:fs/promises';
+import { readdir } from 'node:fs/promises';
 import path from 'node:path';
 import { halvings } from '../families/family.js';
 import { DENOISER_FOLDERS, FAMILIES, recogniseFamily } from '../families/index.js';
 import { createScheduler } from '../schedulers/index.js';
 import type { SchedulerConfig } from '../schedulers/scheduler.js';
 import { findTokenizerSource, TokenizerFilesError } from '../tokenizers/files.js';
-import { readJsonIfPresent } from '../util/files.js';
+import { exists, readJsonIfPresent } from '../util/files.js';
 import { externalDataProblem } from './onnx-external-data.js';
 import { isTensorRtEngine, tensorRtProblem } from './tensorrt.js';
 
@@ -54,15 +54,6 @@ export class ModelLayoutError extends Error {
   ) {
     super(`${dir} is not a usable model folder: ${problem}`);
     this.name = 'ModelLayoutError';
-  }
-}
-
-export async function exists(file: string): Promise<boolean> {
-  try {
-    await access(file);
-    return true;
-  } catch {
-    return false;
   }
 }
 
@@ -116,7 +107,8 @@ export async function inspectModel(dir: string): Promise<ModelLayout> {
     const folder = folders.find((f) => components.has(f));
     return folder && path.join(root, folder, 'model.onnx');
   };
-  const denoiser = graph(...DENOISER_FOLDERS);
+  const denoiserFolder = DENOISER_FOLDERS.find((folder) => components.has(folder));
+  const denoiser = denoiserFolder && path.join(root, denoiserFolder, 'model.onnx');
   if (!denoiser) missing.push(DENOISER_FOLDERS.map((folder) => `${folder}/model.onnx`).join(' or '));
   const textEncoder = graph('text_encoder');
   if (!textEncoder) missing.push('text_encoder/model.onnx');
@@ -132,7 +124,6 @@ export async function inspectModel(dir: string): Promise<ModelLayout> {
   if (!scheduler) missing.push('scheduler/scheduler_config.json');
   const denoiserConfig = (denoiser && (await readJson(root, path.join(path.dirname(denoiser), 'config.json')))) || {};
   const modelIndex = await readJson(root, path.join(root, 'model_index.json'));
-  const denoiserFolder = denoiser && path.basename(path.dirname(denoiser));
   const family = denoiserFolder
     ? recogniseFamily({ components, denoiserFolder, denoiserClass: className(denoiserConfig), pipelineClass: className(modelIndex) })
     : undefined;

@@ -15,7 +15,7 @@ import { referenceT5Vocabulary, type T5Vocabulary } from './t5-vocabulary.js';
 import { t5Encoder } from './t5-encoder.js';
 import { clipTextEncoder } from './text-encoder.js';
 import { clipTokenizerFiles, t5TokenizerFiles } from './tokenizer-files.js';
-import { unet, type UnetConditioning } from './unet.js';
+import { unet, unetInputChannels, type UnetConditioning } from './unet.js';
 import { vaeDecoder, vaeEncoder, type VaeOptions } from './vae.js';
 import { VAE_SCALE } from './latent-code.js';
 
@@ -195,7 +195,7 @@ function denoiserFiles(spec: FamilySpec): Files {
   const config = diffusersConfig('UNet2DConditionModel', {
     ...sdxlFields,
     cross_attention_dim: sdxl ? first.hidden + second.hidden : first.hidden,
-    in_channels: denoiser.inpainting ? spec.vae.channels + 5 : spec.vae.channels,
+    in_channels: unetInputChannels(spec.vae.channels, denoiser.inpainting),
     out_channels: spec.vae.channels,
     sample_size: denoiser.sampleSize,
     ...(denoiser.timestepCondDim ? { time_cond_proj_dim: denoiser.timestepCondDim } : {}),

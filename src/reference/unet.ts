@@ -4,6 +4,7 @@
  */
 import { conceptLogPrior, conceptPresence, PRIOR_STRENGTH, sliceDims, type DimRange } from './concept-graph.js';
 import { COLOUR_DIMS, CONCEPTS, SHAPE_DIMS } from './concepts.js';
+import { INPAINTING_EXTRA_CHANNELS } from '../pipelines/inpainting-input.js';
 import { Graph, type DType } from './onnx-graph.js';
 import { posteriorMean, resizedMasks } from './posterior.js';
 import type { PrototypeBank } from './prototypes.js';
@@ -91,11 +92,16 @@ function promptInputs(g: Graph, conditioning: UnetConditioning, float: DType): s
   return g.op('Concat', [colours, shapes], { axis: 1 });
 }
 
+/** The sample's channels: the latents', and for an inpainting UNet the mask's and the masked picture's after them. */
+export function unetInputChannels(channels: number, inpainting = false): number {
+  return inpainting ? channels + INPAINTING_EXTRA_CHANNELS : channels;
+}
+
 export function unet(opts: UnetOptions): Graph {
   const g = new Graph('reference_unet');
   const { float } = opts;
   const channels = opts.bank.channels;
-  const input = g.input('sample', float, ['batch', opts.inpainting ? channels + 5 : channels, 'height', 'width']);
+  const input = g.input('sample', float, ['batch', unetInputChannels(channels, opts.inpainting), 'height', 'width']);
   const slice = (from: number, to: number) => g.op('Slice', [input, g.ints([from]), g.ints([to]), g.ints([1])]);
   const sample = opts.inpainting ? slice(0, channels) : input;
   const timestep = g.input('timestep', opts.timestep.dtype, opts.timestep.rank === 0 ? [] : ['batch']);
@@ -117,7 +123,7 @@ export function unet(opts: UnetOptions): Graph {
   const x = g.op('Reshape', [sample, g.ints([0, 0, -1])]);
   const logPrior = conceptLogPrior(g, concepts, g.floats(PRIOR_STRENGTH));
   const prompted = posteriorMean(g, opts.bank, { x, masks, logPrior, signal, noiseVar });
-  const zHat = opts.inpainting ? kept(g, prompted, slice(channels, channels + 1), slice(channels + 1, channels + 5)) : prompted;
+  const zHat = opts.inpainting ? kept(g, prompted, slice(channels, channels + 1), slice(channels + 1, unetInputChannels(channels, true))) : prompted;
 
   const eps = g.op('Div', [g.op('Sub', [x, g.op('Mul', [signal, zHat])]), noiseStd]);
   const prediction = opts.prediction === 'epsilon' ? eps : g.op('Sub', [g.op('Mul', [signal, eps]), g.op('Mul', [noiseStd, zHat])]);

@@ -1,5 +1,5 @@
-import { access } from 'node:fs/promises';
 import path from 'node:path';
+import { exists } from '../util/files.js';
 
 /**
  * Which files a tokenizer folder loads from, and what it lacks when it cannot: the error names the
@@ -26,23 +26,16 @@ export class TokenizerFilesError extends Error {
   }
 }
 
-async function has(dir: string, file: string): Promise<boolean> {
-  return access(path.join(dir, file)).then(
-    () => true,
-    () => false,
-  );
-}
-
 export async function findTokenizerSource(dir: string): Promise<TokenizerSource> {
-  if (await has(dir, TOKENIZER_JSON)) return TOKENIZER_JSON;
-  const vocab = await has(dir, VOCAB_JSON);
-  const merges = await has(dir, MERGES_TXT);
+  if (await exists(path.join(dir, TOKENIZER_JSON))) return TOKENIZER_JSON;
+  const vocab = await exists(path.join(dir, VOCAB_JSON));
+  const merges = await exists(path.join(dir, MERGES_TXT));
   if (vocab && merges) return VOCAB_JSON;
   if (vocab || merges) {
     const [present, absent] = vocab ? [VOCAB_JSON, MERGES_TXT] : [MERGES_TXT, VOCAB_JSON];
     throw new TokenizerFilesError(dir, true, `${absent} is missing (${present} is there, and the CLIP tokenizer needs both)`);
   }
-  if (await has(dir, SPIECE_MODEL)) return SPIECE_MODEL;
+  if (await exists(path.join(dir, SPIECE_MODEL))) return SPIECE_MODEL;
   throw new TokenizerFilesError(
     dir,
     false,

@@ -39,7 +39,7 @@ export class T5Tokenizer implements TextTokenizer {
     const sections = { normalizer: null, pre_tokenizer: null, post_processor: null, decoder: null };
     this.tokenizer = new Tokenizer({ ...sections, ...tokenizerJson }, config);
     const idOf = (token: string, role: string): number => {
-      const id = this.tokenizer.get_vocab(true).get(token);
+      const id = this.tokenizer.token_to_id(token);
       if (id === undefined) throw new Error(`T5 tokenizer: ${role} token ${JSON.stringify(token)} is not in the vocabulary`);
       return id;
     };

@@ -1,4 +1,4 @@
-import { readFile } from 'node:fs/promises';
+import { access, readFile } from 'node:fs/promises';
 import type { z } from 'zod';
 
 /** Files that may be absent, and the optional JSON files of model folders and bundles (configs, tokenizers, manifests). */
@@ -10,6 +10,16 @@ export async function unlessMissing<T>(operation: Promise<T>): Promise<T | undef
   } catch (err) {
     if ((err as NodeJS.ErrnoException).code === 'ENOENT') return undefined;
     throw err;
+  }
+}
+
+/** Whether a file (or folder) is there and reachable. */
+export async function exists(file: string): Promise<boolean> {
+  try {
+    await access(file);
+    return true;
+  } catch {
+    return false;
   }
 }
 
