@@ -96,16 +96,19 @@ export class MemoryPlan {
     return (latentWidth, latentHeight) => vaeTiling(layout, latentWidth, latentHeight, this.budget());
   }
 
-  /** The decoder's attention as it will run: whole, or one tile's when its decoder tiles (see vaeTiler). */
-  private decodeAttentionBytes(layout: Pick<ModelLayout, 'dir' | 'vae'>, width: number, height: number): number {
+  /** The decoder's attention as it will run within `budget`: whole, or one tile's when its decoder tiles (see vaeTiler). */
+  private decodeAttentionBytes(layout: Pick<ModelLayout, 'dir' | 'vae'>, width: number, height: number, budget: number): number {
     const scale = layout.vae.scaleFactor;
-    const tiling = this.tiledDecoders.has(layout.dir) ? vaeTiling(layout, width / scale, height / scale, this.budget()) : undefined;
+    const tiling = this.tiledDecoders.has(layout.dir) ? vaeTiling(layout, width / scale, height / scale, budget) : undefined;
     return tiling ? vaeAttentionBytes(layout, tiling.tile * scale, tiling.tile * scale) : vaeAttentionBytes(layout, width, height);
   }
 
-  /** What a batch is expected to take above the loaded model: the larger of the VAE's attention and the measured peak scaled by pixels. */
-  estimate(layout: Pick<ModelLayout, 'dir' | 'vae'>, batch: Pick<GenerationBatch, 'width' | 'height' | 'items'>): number {
-    const attention = this.decodeAttentionBytes(layout, batch.width, batch.height);
+  /**
+   * What a batch is expected to take above the loaded model: the larger of the VAE's attention (tiled when
+   * its decoder tiles within `budget`) and the measured peak scaled by pixels.
+   */
+  estimate(layout: Pick<ModelLayout, 'dir' | 'vae'>, batch: Pick<GenerationBatch, 'width' | 'height' | 'items'>, budget = this.budget()): number {
+    const attention = this.decodeAttentionBytes(layout, batch.width, batch.height, budget);
     const measured = this.figures.get(layout.dir);
     if (!measured?.peakPixels) return attention;
     const pixels = batch.items.length * batch.width * batch.height;
@@ -118,12 +121,13 @@ export class MemoryPlan {
    * when not even one fits.
    */
   imagesPerRun(layout: Pick<ModelLayout, 'dir' | 'vae'>, batch: Pick<GenerationBatch, 'width' | 'height' | 'items'>, modelName: string): number {
+    // Free memory is read once: one decision, one budget (each read is a few /proc and cgroup files).
     const available = Math.min(availableBytes(), this.limit);
-    const fits = (count: number) => this.estimate(layout, { ...batch, items: batch.items.slice(0, count) }) <= this.budget();
-    for (let count = batch.items.length; count >= 1; count--) if (fits(count)) return count;
-    const need = this.estimate(layout, { ...batch, items: batch.items.slice(0, 1) });
+    const budget = available * HEADROOM;
+    const need = (count: number) => this.estimate(layout, { ...batch, items: batch.items.slice(0, count) }, budget);
+    for (let count = batch.items.length; count >= 1; count--) if (need(count) <= budget) return count;
     throw new InsufficientMemoryError(
-      `Model '${modelName}' needs about ${formatBytes(need)} of memory to make an image of ${batch.width}x${batch.height}` +
+      `Model '${modelName}' needs about ${formatBytes(need(1))} of memory to make an image of ${batch.width}x${batch.height}` +
         ` and ${formatBytes(available)} is free${this.limit < Infinity ? ` within MEMORY_LIMIT` : ''}. Ask for a smaller size, or free memory: fewer WORKERS (each holds its own models), a lower MODEL_MEMORY_BUDGET, or a higher MEMORY_LIMIT.`,
     );
   }
