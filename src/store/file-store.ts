@@ -1,4 +1,3 @@
-import { randomBytes } from 'node:crypto';
 import { constants } from 'node:fs';
 import { access, mkdir, open, readdir, rename, stat, unlink, writeFile } from 'node:fs/promises';
 import path from 'node:path';
@@ -6,7 +5,7 @@ import type { Readable } from 'node:stream';
 import type { Logger } from 'pino';
 import { unlessMissing } from '../util/files.js';
 import { StoreUnavailableError, type ImageStore, type StoredImage, type StoreReservation } from './image-store.js';
-import { extensionOf, imageName, parseImageName } from './image-names.js';
+import { extensionOf, imageName, isExpired, newImage, parseImageName } from './image-names.js';
 import { StoreSpace } from './space.js';
 
 /**
@@ -62,10 +61,6 @@ export class FileImageStore implements ImageStore {
     return path.join(this.options.dir, imageName(image));
   }
 
-  private expired(image: StoredImage): boolean {
-    return image.expiresAt <= this.now();
-  }
-
   /** Sets space aside for images to come; throws StoreFullError when it does not fit even after deleting expired ones. */
   reserve(bytes: number): Promise<StoreReservation> {
     return this.space.reserve(bytes);
@@ -76,10 +71,8 @@ export class FileImageStore implements ImageStore {
     const ext = extensionOf(contentType);
     await this.space.claim(data.byteLength, reservation);
 
-    const id = randomBytes(16).toString('hex');
-    const expiresAt = this.now() + Math.round(this.options.ttlSeconds * 1000);
-    const image: StoredImage = { id, ext, contentType, expiresAt, size: data.byteLength };
-    const write = this.write(path.join(this.options.dir, `.${id}.tmp`), this.fileOf(image), data);
+    const image = newImage(ext, contentType, data.byteLength, this.now(), this.options.ttlSeconds);
+    const write = this.write(path.join(this.options.dir, `.${image.id}.tmp`), this.fileOf(image), data);
     this.writes.add(write);
     try {
       await write;
@@ -89,7 +82,7 @@ export class FileImageStore implements ImageStore {
     } finally {
       this.writes.delete(write);
     }
-    this.index.set(id, image);
+    this.index.set(image.id, image);
     return image;
   }
 
@@ -112,12 +105,12 @@ export class FileImageStore implements ImageStore {
   /** The image, or null when unknown or expired (even before the sweeper deleted it). */
   async get(id: string): Promise<StoredImage | null> {
     const image = this.index.get(id);
-    return image && !this.expired(image) ? image : null;
+    return image && !isExpired(image, this.now()) ? image : null;
   }
 
   /** The image's bytes as a stream, or null if it expired or vanished meanwhile. */
   async read(image: StoredImage): Promise<Readable | null> {
-    if (this.expired(image)) return null;
+    if (isExpired(image, this.now())) return null;
     // Opened here, so that a file the sweeper just deleted is a null rather than a stream that fails.
     const handle = await unlessMissing(open(this.fileOf(image)));
     return handle?.createReadStream() ?? null;
@@ -132,7 +125,7 @@ export class FileImageStore implements ImageStore {
 
   /** Deletes expired images. */
   async sweep(): Promise<void> {
-    const expired = [...this.index.values()].filter((image) => this.expired(image));
+    const expired = [...this.index.values()].filter((image) => isExpired(image, this.now()));
     await this.discard(expired);
     if (expired.length) this.options.logger.debug({ deleted: expired.length }, 'expired images deleted');
   }

@@ -1,3 +1,4 @@
+import { randomBytes } from 'node:crypto';
 import { IMAGE_EXTENSIONS, IMAGE_FORMATS, type ImageExtension } from '../runtime/types.js';
 import { IMAGE_ID, type StoredImage } from './image-store.js';
 
@@ -18,6 +19,16 @@ export function extensionOf(contentType: string): ImageExtension {
   const ext = EXTENSIONS[contentType];
   if (!ext) throw new TypeError(`cannot store images of type ${contentType}`);
   return ext;
+}
+
+/** A new image of `size` bytes living `ttlSeconds` from `now`, with a fresh random id (IMAGE_ID's 32 hex digits). */
+export function newImage(ext: ImageExtension, contentType: string, size: number, now: number, ttlSeconds: number): StoredImage {
+  return { id: randomBytes(16).toString('hex'), ext, contentType, expiresAt: now + Math.round(ttlSeconds * 1000), size };
+}
+
+/** Whether an image's time is up at `now` (unix milliseconds). */
+export function isExpired(image: Pick<StoredImage, 'expiresAt'>, now: number): boolean {
+  return image.expiresAt <= now;
 }
 
 export function imageName(image: Pick<StoredImage, 'id' | 'expiresAt' | 'ext'>): string {

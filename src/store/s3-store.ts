@@ -1,10 +1,10 @@
-import { createHash, randomBytes } from 'node:crypto';
+import { createHash } from 'node:crypto';
 import { Readable } from 'node:stream';
 import { DeleteObjectsCommand, GetObjectCommand, ListObjectsV2Command, paginateListObjectsV2, PutObjectCommand, S3Client } from '@aws-sdk/client-s3';
 import { getSignedUrl } from '@aws-sdk/s3-request-presigner';
 import type { Logger } from 'pino';
 import { StoreUnavailableError, type ImageStore, type StoredImage, type StoreReservation } from './image-store.js';
-import { extensionOf, imageName, parseImageName } from './image-names.js';
+import { extensionOf, imageName, isExpired, newImage, parseImageName } from './image-names.js';
 import { StoreSpace } from './space.js';
 
 /**
@@ -94,10 +94,6 @@ export class S3ImageStore implements ImageStore {
     return `${this.options.prefix}${imageName(image)}`;
   }
 
-  private expired(image: StoredImage): boolean {
-    return image.expiresAt <= this.now();
-  }
-
   /** An SDK failure as the error the service answers with a 503; the message names the bucket, the action and the store's reason. */
   private unavailable(action: string, err: unknown): StoreUnavailableError {
     const e = err as Error & { code?: string };
@@ -116,9 +112,7 @@ export class S3ImageStore implements ImageStore {
     const ext = extensionOf(contentType);
     await this.space.claim(data.byteLength, reservation);
     this.writing += data.byteLength;
-    const id = randomBytes(16).toString('hex');
-    const expiresAt = this.now() + Math.round(this.options.ttlSeconds * 1000);
-    const image: StoredImage = { id, ext, contentType, expiresAt, size: data.byteLength };
+    const image = newImage(ext, contentType, data.byteLength, this.now(), this.options.ttlSeconds);
     const write = this.client.send(
       new PutObjectCommand({
         Bucket: this.options.bucket,
@@ -129,7 +123,7 @@ export class S3ImageStore implements ImageStore {
         ContentMD5: createHash('md5').update(data).digest('base64'),
         // For presigned URLs and CDNs in front of the bucket: the image never changes and dies at its expiry.
         CacheControl: `public, max-age=${Math.round(this.options.ttlSeconds)}, immutable`,
-        Expires: new Date(expiresAt),
+        Expires: new Date(image.expiresAt),
       }),
     );
     this.writes.add(write);
@@ -142,11 +136,11 @@ export class S3ImageStore implements ImageStore {
       this.writes.delete(write);
       this.writing -= data.byteLength;
     }
-    this.recent.set(id, data.byteLength);
+    this.recent.set(image.id, data.byteLength);
     this.files += 1;
     if (!this.options.presignedUrls) return image;
     // Signing is local (no request): the URL dies with the image (a whole second early at most).
-    const expiresIn = Math.max(1, Math.floor((expiresAt - this.now()) / 1000));
+    const expiresIn = Math.max(1, Math.floor((image.expiresAt - this.now()) / 1000));
     return { ...image, url: await getSignedUrl(this.client, new GetObjectCommand({ Bucket: this.options.bucket, Key: this.keyOf(image) }), { expiresIn }) };
   }
 
@@ -158,13 +152,13 @@ export class S3ImageStore implements ImageStore {
       });
     for (const object of listed.Contents ?? []) {
       const image = this.imageOf(object.Key, object.Size);
-      if (image?.id === id) return this.expired(image) ? null : image;
+      if (image?.id === id) return isExpired(image, this.now()) ? null : image;
     }
     return null;
   }
 
   async read(image: StoredImage): Promise<Readable | null> {
-    if (this.expired(image)) return null;
+    if (isExpired(image, this.now())) return null;
     try {
       const { Body } = await this.client.send(new GetObjectCommand({ Bucket: this.options.bucket, Key: this.keyOf(image) }));
       if (!(Body instanceof Readable)) throw new TypeError('the SDK gave no Node.js stream for the object');
@@ -209,7 +203,7 @@ export class S3ImageStore implements ImageStore {
         for (const object of page.Contents ?? []) {
           const image = this.imageOf(object.Key, object.Size);
           if (!image) continue;
-          if (this.expired(image)) expired.push(object.Key!);
+          if (isExpired(image, this.now())) expired.push(object.Key!);
           else {
             seen.add(image.id);
             bytes += image.size;
