@@ -4,6 +4,7 @@ import OpenAI from 'openai';
 import type { ImageGenerateParamsNonStreaming } from 'openai/resources/images';
 import sharp from 'sharp';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { apiError } from './helpers/failures.js';
 import { MAX_SEED } from '../src/runtime/random.js';
 import { MAX_PROMPT_LENGTH } from '../src/api/wire.js';
 import { schedulersFor } from '../src/schedulers/index.js';
@@ -24,14 +25,6 @@ afterAll(() => server.close());
 const generate = (params: Record<string, unknown>, client = server.client) =>
   client.images.generate({ model: 'stub', prompt: 'a red circle', ...params } as unknown as ImageGenerateParamsNonStreaming);
 
-async function apiError(promise: Promise<unknown>): Promise<InstanceType<typeof OpenAI.APIError>> {
-  const err = await promise.then(
-    () => undefined,
-    (e: unknown) => e,
-  );
-  expect(err).toBeInstanceOf(OpenAI.APIError);
-  return err as InstanceType<typeof OpenAI.APIError>;
-}
 
 async function decode(data: Uint8Array | ArrayBuffer) {
   return sharp(Buffer.from(data as ArrayBuffer)).metadata();

@@ -1,6 +1,7 @@
 import OpenAI, { toFile } from 'openai';
 import sharp from 'sharp';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { apiError } from './helpers/failures.js';
 import { readImageFile } from './helpers/picture.js';
 import { startRealServer, type RealServer } from './helpers/real-server.js';
 import { referenceModel } from './helpers/reference.js';
@@ -59,13 +60,9 @@ function rightHalfMask(width = SIZE, height = SIZE): Promise<Buffer> {
 type ErrorClass = typeof OpenAI.BadRequestError;
 
 async function expectApiError(call: Promise<unknown>, kind: ErrorClass, status: number, param: string | null, code: string | null): Promise<InstanceType<typeof OpenAI.APIError>> {
-  const err = await call.then(
-    () => undefined,
-    (e: unknown) => e,
-  );
-  expect(err).toBeInstanceOf(kind);
+  const err = await apiError(call, kind);
   expect(err).toMatchObject({ status, param, code });
-  return err as InstanceType<typeof OpenAI.APIError>;
+  return err;
 }
 
 /** A raw form post, for what the SDK will not send. */

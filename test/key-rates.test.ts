@@ -1,4 +1,5 @@
 import { describe, expect, it } from 'vitest';
+import { failureOf } from './helpers/failures.js';
 import { ApiError } from '../src/api/errors.js';
 import { KeyRates } from '../src/http/key-rates.js';
 
@@ -6,14 +7,7 @@ import { KeyRates } from '../src/http/key-rates.js';
 describe('per-key rates', async () => {
   let now = 0;
   const rates = () => new KeyRates(() => now);
-  const refusal = async (f: () => Promise<void>) => {
-    try {
-      await f();
-    } catch (err) {
-      return err as ApiError;
-    }
-    throw new Error('not refused');
-  };
+  const refusal = (f: () => Promise<void>) => failureOf<ApiError>(f());
 
   it('admits requests_per_minute requests a minute, then answers 429 with the seconds until the oldest leaves', async () => {
     now = 0;

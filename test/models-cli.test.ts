@@ -8,6 +8,7 @@ import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
 import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, inject, it } from 'vitest';
+import { failureOf } from './helpers/failures.js';
 import { inspectModel } from '../src/models/layout.js';
 import { exists } from '../src/util/files.js';
 import { ModelRegistry } from '../src/models/registry.js';
@@ -75,14 +76,6 @@ afterEach(() => rm(work, { recursive: true, force: true }));
 
 const pull = (repo: string, options: Partial<PullOptions> = {}) => pullModel({ modelsDir, repo, hubUrl: hub.url, output, retryDelayMs: 0, ...options });
 const importFrom = (source: string, name?: string) => importModel({ modelsDir, source, name, output });
-async function failureOf(promise: Promise<unknown>): Promise<Error> {
-  try {
-    await promise;
-  } catch (err) {
-    return err as Error;
-  }
-  throw new Error('expected it to fail');
-}
 
 async function registryIds(): Promise<string[]> {
   const registry = new ModelRegistry({ roots: [{ dir: modelsDir, ownedBy: 'user' }], aliases: {}, logger: silentLogger });

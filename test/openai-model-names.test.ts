@@ -4,6 +4,7 @@ import OpenAI from 'openai';
 import type { ImageGenerateParamsNonStreaming, ImageModel, ImagesResponse as SdkImagesResponse } from 'openai/resources/images';
 import sharp from 'sharp';
 import { afterAll, beforeAll, describe, expect, expectTypeOf, it } from 'vitest';
+import { apiError } from './helpers/failures.js';
 import { GPT_IMAGE_MODEL_NAMES, OPENAI_MODEL_NAMES } from '../src/api/dialects.js';
 import type { ImagesResponse } from '../src/api/wire.js';
 import { startTestServer, writeStubModel, type TestServer } from './helpers/api-server.js';
@@ -32,11 +33,6 @@ afterAll(() => server.close());
 const generate = (params: Record<string, unknown>, client = server.client) =>
   client.images.generate({ prompt: 'a red circle', ...params } as unknown as ImageGenerateParamsNonStreaming);
 
-async function apiError(promise: Promise<unknown>): Promise<InstanceType<typeof OpenAI.APIError>> {
-  const err: unknown = await promise.then(() => undefined, (e: unknown) => e);
-  expect(err).toBeInstanceOf(OpenAI.BadRequestError);
-  return err as InstanceType<typeof OpenAI.APIError>;
-}
 
 describe('model names', () => {
   it('covers every image model the SDK enumerates', () => {
@@ -63,7 +59,7 @@ describe('model names', () => {
   it('names the default model when it is not installed', async () => {
     const bare = await startTestServer({ config: { defaultModel: 'sd-turbo' } });
     try {
-      const err = await apiError(generate({}, bare.client));
+      const err = await apiError(generate({}, bare.client), OpenAI.BadRequestError);
       expect({ status: err.status, type: err.type, param: err.param, code: err.code }).toEqual({
         status: 400,
         type: 'image_generation_user_error',
@@ -159,7 +155,7 @@ describe('gpt-image names', () => {
 
   it.each(cases)('%s -> 400 BadRequestError', async (_, params, param, code, message) => {
     const before = server.engine.batches.length;
-    const err = await apiError(generate({ model: 'gpt-image-1', ...params }));
+    const err = await apiError(generate({ model: 'gpt-image-1', ...params }), OpenAI.BadRequestError);
     expect({ status: err.status, type: err.type, param: err.param, code: err.code }).toEqual({ status: 400, type: 'invalid_request_error', param, code });
     expect((err.error as { message: string }).message).toContain(message);
     expect(server.engine.batches.length).toBe(before);
@@ -176,7 +172,7 @@ describe('dall-e names and installed ids', () => {
   });
 
   it('names only the model sizes in a size error', async () => {
-    const err = await apiError(generate({ model: 'dall-e-3', size: '1024x1792' }));
+    const err = await apiError(generate({ model: 'dall-e-3', size: '1024x1792' }), OpenAI.BadRequestError);
     expect({ param: err.param, code: err.code }).toEqual({ param: 'size', code: 'invalid_value' });
     expect((err.error as { message: string }).message).toBe("Invalid value: '1024x1792'. Supported values are: '512x512', '1024x1024', and '1536x1024'.");
   });

@@ -1,5 +1,6 @@
 import type { Redis } from 'ioredis';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { failureOf } from './helpers/failures.js';
 import type { ApiError } from '../src/api/errors.js';
 import { KeyRates } from '../src/http/key-rates.js';
 import { connectRedis } from '../src/http/redis.js';
@@ -27,14 +28,7 @@ async function replica(): Promise<KeyRates> {
   return new KeyRates(() => now, new RedisLedger(connection, silentLogger));
 }
 
-async function refusal(admitted: Promise<void>): Promise<ApiError> {
-  try {
-    await admitted;
-  } catch (err) {
-    return err as ApiError;
-  }
-  throw new Error('not refused');
-}
+const refusal = (admitted: Promise<void>) => failureOf<ApiError>(admitted);
 
 describe.skipIf(!REDIS)(`per-key limits shared through Redis${REDIS ? '' : ' (skipped: redis-server not found, install it with apt-get install redis-server)'}`, () => {
   beforeAll(async () => {
