@@ -13,7 +13,7 @@ import type { OutputFormat, RgbImage } from '../src/runtime/types.js';
 import { bufferView } from '../src/util/bytes.js';
 import { pictures, type Picture } from './pictures.js';
 import type { Row } from './report.js';
-import { median, ms, timed } from './stats.js';
+import { ms, sideBySide } from './stats.js';
 
 type Encode = (image: Sharp) => Sharp;
 
@@ -47,7 +47,7 @@ interface Outcome {
 async function outcome(image: RgbImage, encode: () => Promise<Uint8Array>): Promise<Outcome> {
   await encode();
   let file: Uint8Array = new Uint8Array();
-  const time = median(await sequential(5, async () => timed(async () => (file = await encode()))));
+  const [time] = await sideBySide([async () => (file = await encode())], 5);
   const back = await sharp(file).removeAlpha().raw().toBuffer();
   let sum = 0;
   let max = 0;
@@ -57,12 +57,6 @@ async function outcome(image: RgbImage, encode: () => Promise<Uint8Array>): Prom
     max = Math.max(max, d);
   }
   return { ms: time, bytes: file.length, meanError: sum / back.length, maxError: max };
-}
-
-async function sequential<T>(count: number, run: () => Promise<T>): Promise<T[]> {
-  const out: T[] = [];
-  for (let i = 0; i < count; i++) out.push(await run());
-  return out;
 }
 
 const kib = (bytes: number) => `${(bytes / 1024).toFixed(0)} KiB`;

@@ -1,6 +1,7 @@
-import { mkdir, mkdtemp, rm, symlink } from 'node:fs/promises';
+import { mkdtemp, rm } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
+import { installModels } from '../test/helpers/real-server.js';
 import type { Row } from './report.js';
 import { startServerProcess } from './server-process.js';
 import { ms } from './stats.js';
@@ -25,8 +26,7 @@ const N = 10;
 
 export async function measureEventLoopStall({ model, dir, size }: StallCase): Promise<Row[]> {
   const root = await mkdtemp(path.join(os.tmpdir(), 'imagegen-stall-'));
-  await mkdir(path.join(root, 'models'));
-  if (dir) await symlink(dir, path.join(root, 'models', model));
+  await installModels(path.join(root, 'models'), dir ? { [model]: { link: dir } } : {});
   const server = await startServerProcess({ WORKERS: '1', DATA_DIR: path.join(root, 'data'), MODELS_DIR: path.join(root, 'models'), PRELOAD: model });
   const origin = server.baseURL.replace(/\/v1$/, '');
   try {
