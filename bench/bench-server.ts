@@ -1,13 +1,12 @@
-import { mkdir, mkdtemp, rm, symlink } from 'node:fs/promises';
-import os from 'node:os';
 import path from 'node:path';
 import { pino } from 'pino';
-import { EMBEDDED_MODELS_DIR, loadConfig } from '../src/config.js';
+import { EMBEDDED_MODELS_DIR } from '../src/config.js';
 import { parseGenerationRequest } from '../src/api/wire.js';
 import { ModelRegistry, modelRoots, type ModelEntry } from '../src/models/registry.js';
 import type { GenerationBatch } from '../src/runtime/types.js';
-import { startServer, type RunningServer } from '../src/server.js';
+import type { RunningServer } from '../src/server.js';
 import { planBatches } from '../src/service/plan.js';
+import { startRealServer } from '../test/helpers/real-server.js';
 
 /**
  * The whole server in this process (HTTP app, image store, worker pool) with the given model folders
@@ -34,10 +33,6 @@ interface LogLine {
 }
 
 export async function startBenchServer(models: Record<string, string> = {}, env: Record<string, string> = {}): Promise<BenchServer> {
-  const root = await mkdtemp(path.join(os.tmpdir(), 'imagegen-bench-'));
-  const modelsDir = path.join(root, 'models');
-  await mkdir(modelsDir);
-  for (const [name, dir] of Object.entries(models)) await symlink(dir, path.join(modelsDir, name));
   // The server's own log says how long each request's generation took; the HTTP part is the rest.
   const generateMs: number[] = [];
   const logger = pino(
@@ -51,9 +46,13 @@ export async function startBenchServer(models: Record<string, string> = {}, env:
       },
     },
   );
-  const config = loadConfig({}, { PORT: '0', WORKERS: '1', DATA_DIR: path.join(root, 'data'), MODELS_DIR: modelsDir, MODELS_RESCAN_SECONDS: '0', PRELOAD: Object.keys(models).join(',') || 'demo-shapes', ...env });
-  const server = await startServer(config, logger);
-  const registry = new ModelRegistry({ roots: modelRoots(modelsDir, EMBEDDED_MODELS_DIR), aliases: {}, logger: pino({ level: 'silent' }) });
+  const real = await startRealServer({
+    models: Object.fromEntries(Object.entries(models).map(([name, dir]) => [name, { link: dir }])),
+    env: { WORKERS: '1', PRELOAD: Object.keys(models).join(',') || 'demo-shapes', ...env },
+    logger,
+  });
+  const { server } = real;
+  const registry = new ModelRegistry({ roots: modelRoots(path.join(real.root, 'models'), EMBEDDED_MODELS_DIR), aliases: {}, logger: pino({ level: 'silent' }) });
   await registry.scan();
   while (!server.engine.readiness().ready) await new Promise((resolve) => setTimeout(resolve, 20));
   const plan = async (body: Record<string, unknown>) => {
@@ -80,8 +79,7 @@ export async function startBenchServer(models: Record<string, string> = {}, env:
     },
     async close() {
       registry.close();
-      await server.close();
-      await rm(root, { recursive: true, force: true });
+      await real.close();
     },
   };
 }
