@@ -28,7 +28,7 @@ export async function measureEventLoopStall({ model, dir, size }: StallCase): Pr
   const root = await mkdtemp(path.join(os.tmpdir(), 'imagegen-stall-'));
   await installModels(path.join(root, 'models'), dir ? { [model]: { link: dir } } : {});
   const server = await startServerProcess({ WORKERS: '1', DATA_DIR: path.join(root, 'data'), MODELS_DIR: path.join(root, 'models'), PRELOAD: model });
-  const origin = server.baseURL.replace(/\/v1$/, '');
+  const { origin } = server;
   try {
     const worst = async (format: 'url' | 'b64_json') => {
       const body = { model, prompt: 'a red circle', n: N, size: `${size}x${size}`, steps: 1, guidance_scale: 0, response_format: format, seed: 3 };

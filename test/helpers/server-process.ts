@@ -25,25 +25,32 @@ export interface ServerProcess {
 export interface SpawnOptions {
   /** Largest file the process may write, in KiB (ulimit -f): writes past it fail with EFBIG, as on a full disk. */
   fileSizeLimitKb?: number;
+  /** Each line of its log as it comes; `log` then keeps none (long runs, e.g. the soak benchmark). */
+  onLine?(line: string): void;
+  /** Its stderr: collected for the error of a failed start (default), or shown as it comes. */
+  stderr?: 'pipe' | 'inherit';
 }
 
 /** Starts `imagegen serve` with `env` and resolves once it listens; rejects with its stderr when it exits first. */
-export async function spawnServer(env: Record<string, string>, { fileSizeLimitKb }: SpawnOptions = {}): Promise<ServerProcess> {
+export async function spawnServer(env: Record<string, string>, { fileSizeLimitKb, onLine, stderr: stderrMode = 'pipe' }: SpawnOptions = {}): Promise<ServerProcess> {
   const command = [process.execPath, '--import', 'tsx', 'src/cli/main.ts', 'serve'];
   const [file, ...args] = fileSizeLimitKb === undefined ? command : ['bash', '-c', `ulimit -f ${fileSizeLimitKb} && exec "$@"`, 'bash', ...command];
   const child = spawn(file, args, {
     cwd: REPO,
     // tsx keeps its compile cache in memory: writing it could hit a file size limit.
     env: { PATH: process.env.PATH, HOME: process.env.HOME, TSX_DISABLE_CACHE: '1', WORKERS: '1', ...env },
-    stdio: ['ignore', 'pipe', 'pipe'],
+    stdio: ['ignore', 'pipe', stderrMode],
   });
   const exited = once(child, 'exit').then(([code]) => code as number | null);
   const log: string[] = [];
+  const hear = onLine ?? ((line: string) => log.push(line));
   let stderr = '';
-  child.stderr!.on('data', (chunk: Buffer) => (stderr += chunk.toString()));
+  child.stderr?.on('data', (chunk: Buffer) => (stderr += chunk.toString()));
   const url = await new Promise<string>((resolve, reject) => {
+    // Every line is read, or the pipe would fill and block the server; only the one it waits for is parsed.
     createInterface({ input: child.stdout! }).on('line', (line) => {
-      log.push(line);
+      hear(line);
+      if (!line.includes('"imagegen ready"')) return;
       const entry = JSON.parse(line) as { msg?: string; url?: string };
       if (entry.msg === 'imagegen ready') resolve(entry.url!);
     });
