@@ -199,7 +199,7 @@ const SETTINGS = {
   memoryLimit: {
     schema: byteSize.optional(),
     description:
-      'most memory one batch may plan to take on top of its loaded models, e.g. 8g (default: what the machine has free); a batch expected to need more gets 507 insufficient_memory instead of running out of memory',
+      'most memory the running batches of all workers may plan to take together on top of their loaded models, e.g. 8g (default: what the machine has free); a batch waits for memory another batch planned on, and one expected to need more than there is gets 507 insufficient_memory instead of running out of memory',
   },
   cudaDevices: {
     schema: z.string().regex(/^\d+(,\d+)*$/, 'expected device ids separated by commas, e.g. 0,1').transform((t) => t.split(',').map(Number)).default([0]),

@@ -3,7 +3,7 @@ import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { EMBEDDED_MODELS_DIR } from '../src/config.js';
 import { inspectModel, type ModelLayout } from '../src/models/layout.js';
-import { MemoryPlan, vaeAttentionBytes, vaeTiling } from '../src/pipelines/memory-plan.js';
+import { localMemory, MemoryPlan, vaeAttentionBytes, vaeTiling } from '../src/pipelines/memory-plan.js';
 import { tileSpans, toRgb, VaeDecoder, type VaeTiling } from '../src/pipelines/vae.js';
 import { OnnxModel } from '../src/runtime/onnx-model.js';
 import type { RgbImage } from '../src/runtime/types.js';
@@ -147,12 +147,12 @@ describe('the memory plan decides when to tile', () => {
     expect(vaeTiling({ vae: { ...layout.vae, midBlockAttention: false } }, 224, 128, 1)).toBeUndefined();
   });
 
-  it('lets a size run that only tiles fit once the model decodes through its tiler', () => {
-    const plan = new MemoryPlan({}, 2 * GiB);
+  it('lets a size run that only tiles fit once the model decodes through its tiler', async () => {
+    const plan = new MemoryPlan({}, localMemory(2 * GiB));
     const batch = { width: 1792, height: 1024, items: [{ prompt: '', negativePrompt: '', seed: 1 }] };
-    expect(() => plan.imagesPerRun(layout, batch, 'sdxl')).toThrow(/needs about/);
+    await expect(plan.imagesPerRun(layout, batch, 'sdxl')).rejects.toThrow(/needs about/);
     const tiler = plan.vaeTiler(layout);
-    expect(plan.imagesPerRun(layout, batch, 'sdxl')).toBe(1);
+    expect(await plan.imagesPerRun(layout, batch, 'sdxl')).toBe(1);
     expect(tiler(224, 128)?.tile).toBeGreaterThanOrEqual(32);
     expect(tiler(64, 64)).toBeUndefined();
   });

@@ -5,6 +5,8 @@ import type { EngineSettings } from '../pipelines/run.js';
 import type { ModelMemory } from '../models/memory-figures.js';
 import { BatchMerger } from './batcher.js';
 import { CostModel } from './cost-model.js';
+import { MemoryArbiter } from './memory-arbiter.js';
+import { plannableBytes, residentBytesOf } from '../runtime/memory.js';
 import { JobQueue, RequeueError, Ticket, type ClientLimits } from './job-queue.js';
 import type { BatchEvent, GeneratedImage, GenerationBatch, ModelRef } from '../runtime/types.js';
 import { WorkerDiedError, WorkerProcess, type WorkerListener } from './worker-process.js';
@@ -43,7 +45,7 @@ export interface EnginePoolOptions {
   threadSpinning?: boolean;
   /** Bytes of model weights all workers together keep loaded (default 60% of RAM). */
   modelMemoryBudget?: number;
-  /** Most memory one batch may plan to take on top of its worker's models (default: what is free). */
+  /** Most memory the running batches of all workers may plan to take together on top of their models (default: what is free). */
   memoryLimit?: number;
   /** CUDA device ids shared out among the workers. */
   cudaDevices?: number[];
@@ -94,6 +96,8 @@ export interface EngineMetrics {
   partialImage(model: string): void;
   modelLoaded(model: string, seconds: number): void;
   modelMemory(model: string, memory: ModelMemory): void;
+  /** A batch waited for memory another worker's batch had planned on (see memory-arbiter.ts). */
+  memoryWaited(): void;
   workerReplaced(): void;
 }
 
@@ -147,8 +151,8 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
     },
     // Every worker holds its own copy of the models it uses, so the budget is shared out among them.
     modelMemoryBudget: Math.floor((options.modelMemoryBudget ?? os.totalmem() * 0.6) / options.workers),
-    memoryLimit: options.memoryLimit,
   };
+  const memory = new MemoryArbiter({ plannable: () => plannableBytes(options.memoryLimit), resident: residentBytesOf });
   const queue = new JobQueue(0, options.queueMax, {
     maxWaitMs: options.queueTimeoutMs,
     maxQueuedSeconds: options.queueMaxSeconds,
@@ -191,10 +195,22 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
           loadErrors.set(message.modelDir, message.message);
           logger?.error({ worker: slot, model: modelName(message.modelDir), error: message.message }, 'model failed to load');
           break;
+        case 'memory-ask':
+          memory.ask(worker);
+          return;
+        case 'memory-take':
+          memory.take(worker, message.bytes);
+          return;
+        case 'memory-wait':
+          memory.wait(worker);
+          metrics?.memoryWaited();
+          logger?.info({ worker: slot, plannedBytes: memory.plannedBytes() }, 'batch waits for memory other batches planned on');
+          return;
       }
       queue.setConcurrency(readyWorkers().length);
     },
     exit(worker, reason) {
+      memory.release(worker);
       queue.setConcurrency(readyWorkers().length);
       const wasProven = proven(worker);
       readyAt.delete(worker);
@@ -225,13 +241,13 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
   }
   for (let slot = 0; slot < options.workers; slot++) startWorker(slot);
 
-  /** Kills `worker` once it goes stallTimeoutMs without progress(). */
+  /** Kills `worker` once it goes stallTimeoutMs without progress(), not counting time it waits for memory. */
   function stallWatchdog(worker: WorkerProcess): { progress(): void; stop(): void } {
     const limit = options.stallTimeoutMs ?? 0;
     let timer: NodeJS.Timeout | undefined;
     const progress = () => {
       clearTimeout(timer);
-      if (limit > 0) timer = setTimeout(() => worker.kill(`made no progress for ${limit / 1000} s and was killed`), limit);
+      if (limit > 0) timer = setTimeout(() => (memory.isWaiting(worker) ? progress() : worker.kill(`made no progress for ${limit / 1000} s and was killed`)), limit);
     };
     progress();
     return { progress, stop: () => clearTimeout(timer) };
@@ -266,6 +282,7 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
       else if (stop.aborted) outcome = 'cancelled';
       throw err;
     } finally {
+      memory.release(worker);
       watchdog.stop();
       if (outcome === 'not_started') logger?.warn({ model: modelName(batch.modelDir), pid: worker.pid }, 'batch sent to a worker that had died; it waits for another');
       else report(batch, worker, outcome, images, started);

@@ -2,6 +2,7 @@ import { fork, type ChildProcess } from 'node:child_process';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import type { BatchEvent, GeneratedImage, GenerationBatch } from '../runtime/types.js';
+import type { MemoryClaimant, MemoryGrant } from './memory-arbiter.js';
 import type { FromWorker, ToWorker, WorkerInit } from './worker-protocol.js';
 
 /**
@@ -28,8 +29,8 @@ export class WorkerDiedError extends Error {
 
 /** What the handle tells its owner. */
 export interface WorkerListener {
-  /** Model loads, their memory and readiness, as the worker reports them. */
-  event(worker: WorkerProcess, message: Extract<FromWorker, { type: 'model-loaded' | 'model-load-failed' | 'model-memory' | 'ready' }>): void;
+  /** Model loads, their memory and readiness, and its batches' memory plans, as the worker reports them. */
+  event(worker: WorkerProcess, message: Extract<FromWorker, { type: 'model-loaded' | 'model-load-failed' | 'model-memory' | 'ready' | `memory-${string}` }>): void;
   /** The process ended; `reason` says how, for logs. Called once, after the running batch (if any) failed. */
   exit(worker: WorkerProcess, reason: string): void;
 }
@@ -56,7 +57,7 @@ function describeExit(code: number | null, signal: NodeJS.Signals | null): strin
   return `exited with code ${code}`;
 }
 
-export class WorkerProcess {
+export class WorkerProcess implements MemoryClaimant {
   /** Preloading is over and the process is alive: the worker takes batches. */
   ready = false;
   /** Batches it completed: the pool's restart backoff asks. */
@@ -128,6 +129,11 @@ export class WorkerProcess {
     const timer = setTimeout(() => this.kill(`did not stop within ${graceMs / 1000} s and was killed`), graceMs);
     await this.exited;
     clearTimeout(timer);
+  }
+
+  /** The pool's arbiter answers the running batch's memory plan (see memory-arbiter.ts). */
+  grantMemory(grant: MemoryGrant): void {
+    this.send({ type: 'memory-grant', grant });
   }
 
   /** Ends the process at once (SIGKILL); `reason` is what its batch's error and the logs will say. */

@@ -1,4 +1,5 @@
 import type { ModelMemory } from '../models/memory-figures.js';
+import type { MemoryGrant } from './memory-arbiter.js';
 import type { EngineSettings } from '../pipelines/run.js';
 import type { BatchEvent, GeneratedImage, GenerationBatch, ModelRef } from '../runtime/types.js';
 
@@ -19,6 +20,8 @@ export interface WorkerInit {
 export type ToWorker =
   | WorkerInit
   | { type: 'run'; batch: GenerationBatch }
+  /** The pool's answer to 'memory-ask' and 'memory-wait': what the running batch may plan on (see memory-arbiter.ts). */
+  | { type: 'memory-grant'; grant: MemoryGrant }
   /** Every client of the running batch left: stop at the next denoising step. */
   | { type: 'cancel' }
   /** Stop the running batch, if any, and exit. */
@@ -36,6 +39,13 @@ export type FromWorker =
    * ran the batch, which then goes to another worker instead of failing.
    */
   | { type: 'started' }
+  /**
+   * The running batch's memory plan, with the pool's arbiter (memory-arbiter.ts): asking for a grant,
+   * the bytes it took of it (0: none, the batch does not run), or waiting for another batch to end.
+   */
+  | { type: 'memory-ask' }
+  | { type: 'memory-take'; bytes: number }
+  | { type: 'memory-wait' }
   /** The running batch's progress and previews (see BatchEvent). */
   | { type: 'event'; event: BatchEvent }
   | { type: 'done'; images: GeneratedImage[] }

@@ -1,6 +1,9 @@
 import { readFileSync, writeFileSync } from 'node:fs';
 import { inspect } from 'node:util';
+import type { MemorySource } from '../pipelines/memory-plan.js';
+import { GenerationCancelled } from '../pipelines/pipeline.js';
 import { WorkerRuntime } from '../pipelines/run.js';
+import type { MemoryGrant } from './memory-arbiter.js';
 import type { FromWorker, ToWorker, WorkerInit } from './worker-protocol.js';
 import type { BatchEvent, GenerationBatch } from '../runtime/types.js';
 
@@ -13,6 +16,38 @@ import type { BatchEvent, GenerationBatch } from '../runtime/types.js';
 
 /** Resolves once the message is written to the channel: exiting before that could lose a large one. */
 const send = (message: FromWorker) => new Promise<void>((resolve) => process.send!(message, undefined, undefined, () => resolve()));
+
+/** The grant the running batch's memory plan waits for, if any (see pooledMemory). */
+let awaitingGrant: { resolve(grant: MemoryGrant): void; reject(err: Error): void } | undefined;
+
+function askForMemory(message: Extract<FromWorker, { type: 'memory-ask' | 'memory-wait' }>): Promise<MemoryGrant> {
+  return new Promise((resolve, reject) => {
+    awaitingGrant = { resolve, reject };
+    void send(message);
+  });
+}
+
+/**
+ * Memory as the pool's arbiter grants it (engine/memory-arbiter.ts): every worker's batches are
+ * planned one at a time, each counting what the others planned.
+ */
+const pooledMemory: MemorySource = {
+  async reserve(plan) {
+    let grant = await askForMemory({ type: 'memory-ask' });
+    for (;;) {
+      const found = plan(grant.budget);
+      if (found) {
+        void send({ type: 'memory-take', bytes: found.bytes });
+        return { plan: found, budget: grant.budget };
+      }
+      if (grant.alone <= grant.budget || !plan(grant.alone)) {
+        void send({ type: 'memory-take', bytes: 0 });
+        return { budget: grant.alone };
+      }
+      grant = await askForMemory({ type: 'memory-wait' });
+    }
+  },
+};
 
 /** Built from the settings of the first message ('init'); no batch comes before it. */
 let runtime: WorkerRuntime | undefined;
@@ -43,7 +78,7 @@ function reportMemory(modelDir: string): void {
 
 /** A model that fails to preload is reported by ensureLoaded; requests for it retry the load and get its error. */
 async function start({ engine, preload }: WorkerInit): Promise<void> {
-  runtime = new WorkerRuntime(engine);
+  runtime = new WorkerRuntime(engine, pooledMemory);
   for (const { dir, version } of preload) await ensureLoaded(dir, version).catch(() => undefined);
   void send({ type: 'ready' });
 }
@@ -109,8 +144,15 @@ process.on('message', (message: ToWorker) => {
     case 'run':
       run(message.batch);
       break;
+    case 'memory-grant':
+      awaitingGrant?.resolve(message.grant);
+      awaitingGrant = undefined;
+      break;
     case 'cancel':
       if (running) running.cancelled = true;
+      // A batch waiting for memory stops waiting: the pool's arbiter forgets it when the batch fails.
+      awaitingGrant?.reject(new GenerationCancelled());
+      awaitingGrant = undefined;
       break;
     case 'stop':
       void stop();

@@ -1,7 +1,9 @@
 import { mkdir, rename, writeFile } from 'node:fs/promises';
 import path from 'node:path';
+import { isDeepStrictEqual } from 'node:util';
 import { z } from 'zod';
 import { readJsonIfPresent } from '../util/files.js';
+import { mergeSamples } from './memory-curve.js';
 
 /**
  * What each model measured in the workers (see src/pipelines/memory-plan.ts), kept in DATA_DIR so a
@@ -9,17 +11,42 @@ import { readJsonIfPresent } from '../util/files.js';
  * Keyed by model folder; a file that cannot be read is ignored (the figures are measured again).
  */
 
+const size = z.number().nonnegative();
+const sample = z.object({ pixels: size, bytes: size });
+
 const modelMemory = z.object({
-  weightsBytes: z.number().nonnegative(),
-  peakBytes: z.number().nonnegative(),
-  peakPixels: z.number().nonnegative(),
+  weightsBytes: size,
+  peakBytes: size,
+  peakPixels: size,
+  /** What the text encoders and the denoising loop took per image, at each image size it ran at (see memory-curve.ts). */
+  denoise: z.array(sample).optional(),
+  /**
+   * The VAE decoder call (an image, or a tile of one) that took the most, its pixels, and the attention
+   * it held (counted apart, as it grows with the square of the pixels; see memory-plan.ts).
+   */
+  decode: sample.extend({ attentionBytes: size }).optional(),
 });
 
 /**
  * `weightsBytes`, a worker's resident growth when the model loaded; `peakBytes`, the most a batch took
- * above the loaded model (activations, arena growth); `peakPixels`, images x pixels of that batch.
+ * above the loaded model (activations, arena growth); `peakPixels`, images x pixels of that batch;
+ * `denoise` and `decode`, the same split by phase where the system can tell them apart (Linux).
  */
 export type ModelMemory = z.infer<typeof modelMemory>;
+
+/** The figures of both, each the larger: what the plan counts on is the most a model was seen to take. */
+export function mergeMemory(known: ModelMemory | undefined, reported: ModelMemory): ModelMemory {
+  const peak = known && known.peakBytes >= reported.peakBytes ? known : reported;
+  const denoise = known?.denoise || reported.denoise ? mergeSamples(known?.denoise ?? [], reported.denoise ?? []) : undefined;
+  const decode = !known?.decode || (reported.decode && reported.decode.bytes > known.decode.bytes) ? reported.decode : known.decode;
+  return {
+    weightsBytes: Math.max(known?.weightsBytes ?? 0, reported.weightsBytes),
+    peakBytes: peak.peakBytes,
+    peakPixels: peak.peakPixels,
+    ...(denoise && { denoise }),
+    ...(decode && { decode }),
+  };
+}
 
 const FILE = 'model-memory.json';
 
@@ -56,9 +83,8 @@ export class MemoryFigures {
   /** Keeps the larger of the known and the reported figures; writes the file when they grew. */
   record(modelDir: string, reported: ModelMemory): void {
     const known = this.figures[modelDir];
-    const peak = known && known.peakBytes >= reported.peakBytes ? known : reported;
-    const next = { weightsBytes: Math.max(known?.weightsBytes ?? 0, reported.weightsBytes), peakBytes: peak.peakBytes, peakPixels: peak.peakPixels };
-    if (known && next.weightsBytes === known.weightsBytes && next.peakBytes === known.peakBytes) return;
+    const next = mergeMemory(known, reported);
+    if (known && isDeepStrictEqual(next, known)) return;
     this.figures[modelDir] = next;
     this.writing = this.writing.then(() => this.write()).catch(() => undefined);
   }

@@ -76,8 +76,13 @@ export class Metrics implements EngineMetrics {
   });
   private readonly modelMemoryBytes = new Gauge({
     name: 'imagegen_model_memory_bytes',
-    help: "What a model measured in a worker: 'weights' its resident growth on load, 'peak' the most one batch took on top",
+    help: "What a model measured in a worker: 'weights' its resident growth on load, 'peak' the most one batch took on top, 'denoise' what its denoising took per image at the largest size it ran, 'decode' the most one VAE decoder call took",
     labelNames: ['model', 'kind'],
+    registers: [this.registry],
+  });
+  private readonly memoryWaits = new Counter({
+    name: 'imagegen_memory_waits_total',
+    help: "Batches that waited for memory another worker's running batch had planned on",
     registers: [this.registry],
   });
   private readonly workerRestarts = new Counter({
@@ -142,6 +147,13 @@ export class Metrics implements EngineMetrics {
   modelMemory(model: string, memory: ModelMemory): void {
     this.modelMemoryBytes.set({ model, kind: 'weights' }, memory.weightsBytes);
     this.modelMemoryBytes.set({ model, kind: 'peak' }, memory.peakBytes);
+    const largest = memory.denoise?.at(-1);
+    if (largest) this.modelMemoryBytes.set({ model, kind: 'denoise' }, largest.bytes);
+    if (memory.decode) this.modelMemoryBytes.set({ model, kind: 'decode' }, memory.decode.bytes);
+  }
+
+  memoryWaited(): void {
+    this.memoryWaits.inc();
   }
 
   modelLoaded(model: string, seconds: number): void {

@@ -1,8 +1,9 @@
-import { availableBytes, peakBytes, resetPeak, residentBytes } from '../runtime/memory.js';
+import { peakBytes, plannableBytes, resetPeak, residentBytes } from '../runtime/memory.js';
 import type { GenerationBatch } from '../runtime/types.js';
 import type { ModelLayout } from '../models/layout.js';
 import { formatBytes } from '../util/bytes.js';
-import type { ModelMemory } from '../models/memory-figures.js';
+import { bytesPerImage } from '../models/memory-curve.js';
+import { mergeMemory, type ModelMemory } from '../models/memory-figures.js';
 import type { VaeTiler, VaeTiling } from './vae.js';
 
 /**
@@ -31,9 +32,6 @@ export function vaeAttentionBytes(layout: Pick<ModelLayout, 'vae'>, width: numbe
   return 3 * tokens * tokens * 4;
 }
 
-/** Share of the available memory a batch may plan to use: the server, other workers and the OS move too. */
-const HEADROOM = 0.9;
-
 /**
  * Tiles of the VAE decode, in latent pixels: no smaller than this (256 image pixels with the 8x VAE;
  * smaller tiles spend most of each decoder call on overlap), overlapping by a quarter, no less than 8
@@ -55,15 +53,70 @@ export function vaeTiling(layout: Pick<ModelLayout, 'vae'>, latentWidth: number,
   return { tile: Math.max(MIN_TILE, tile), overlap: Math.max(MIN_OVERLAP, Math.floor(tile / 4)) };
 }
 
+/**
+ * Who gives a batch its memory. In a worker, the pool's arbiter (engine/memory-arbiter.ts), which
+ * counts what the other workers' running batches planned on; in a process of its own (the CLI), what
+ * is free here (localMemory).
+ */
+export interface MemorySource {
+  /**
+   * Plans a batch: `plan` gets the bytes the batch may take and says what it takes of them (undefined:
+   * nothing fits). What it takes stays counted until the batch ends. Where nothing fits within what
+   * other batches left, but would within what is free, the source waits for one of them to end and
+   * asks again. `plan` is undefined in the answer when the batch fits in neither; `budget` is what it
+   * was last planned with.
+   */
+  reserve<T extends { bytes: number }>(plan: (budget: number) => T | undefined): Promise<{ plan?: T; budget: number }>;
+}
+
+/** The memory of this process alone: what is free now, within `limit` (MEMORY_LIMIT). */
+export function localMemory(limit = Infinity): MemorySource {
+  return {
+    async reserve(plan) {
+      const budget = plannableBytes(limit);
+      return { plan: plan(budget), budget };
+    },
+  };
+}
+
+/** One part of a batch as planned: its images, and the bytes they are expected to take. */
+interface PartPlan {
+  count: number;
+  bytes: number;
+}
+
+/** Where the running batch's decode began (see MemoryPlan.vaeTiler): the peak before it, and the resident memory then. */
+interface DecodeStart {
+  peak: number;
+  resident: number;
+  /** The decode's unit (an image, or a tile of one) in pixels, and its attention. */
+  pixels: number;
+  attentionBytes: number;
+}
+
 export class MemoryPlan {
   private readonly figures: Map<string, ModelMemory>;
+  /**
+   * What each loaded model's runs left resident here: onnxruntime's arena keeps a session's largest
+   * activations for the next run, so a run needs only what goes beyond them, and what a run measured
+   * above its start is its need less these.
+   */
+  private readonly held = new Map<string, number>();
   /** Model folders whose VAE decoder asked for this plan's tiling (see vaeTiler): their decodes are planned tiled. */
   private readonly tiledDecoders = new Set<string>();
+  /** What the VAE's attention may take in the running batch (see imagesPerRun); tiles are chosen to fit it. */
+  private attentionBudget = Infinity;
+  /** Set when the running batch's decode begins, if this system can measure the phases apart. */
+  private decodeStart?: DecodeStart;
+  /** Whether the running batch's peak is measured from its start (resetPeak worked). */
+  private exactPeak = false;
 
-  /** `limit`: the most a batch may plan to take (MEMORY_LIMIT); what the machine has free always bounds it too. */
+  /** Whether this system measures a run's phases apart (a resettable peak: Linux); calibrate() needs it. */
+  readonly measuresPhases = resetPeak();
+
   constructor(
     known: Record<string, ModelMemory> = {},
-    private readonly limit = Infinity,
+    private readonly source: MemorySource = localMemory(),
   ) {
     this.figures = new Map(Object.entries(known));
   }
@@ -77,70 +130,116 @@ export class MemoryPlan {
   async measureLoad<T>(modelDir: string, load: () => Promise<T>): Promise<T> {
     const before = residentBytes();
     const loaded = await load();
+    this.held.set(modelDir, 0);
     const known = this.figures.get(modelDir);
     this.figures.set(modelDir, { peakBytes: 0, peakPixels: 0, ...known, weightsBytes: Math.max(0, residentBytes() - before) });
     return loaded;
   }
 
-  /** The memory a batch may plan to take now. */
-  private budget(): number {
-    return Math.min(availableBytes(), this.limit) * HEADROOM;
-  }
-
   /**
-   * How a model's VAE decoder should decode each image: whole while its attention fits the memory left,
-   * else in tiles that do (see vaeTiling). From then on this plan counts that model's decodes as tiled.
+   * How a model's VAE decoder should decode each image: whole while its attention fits what the running
+   * batch planned for it, else in tiles that do (see vaeTiling). The decoder asks as its decode begins,
+   * which is where this plan splits the batch's peak into its two phases. From then on this plan counts
+   * that model's decodes as tiled.
    */
   vaeTiler(layout: Pick<ModelLayout, 'dir' | 'vae'>): VaeTiler {
     this.tiledDecoders.add(layout.dir);
-    return (latentWidth, latentHeight) => vaeTiling(layout, latentWidth, latentHeight, this.budget());
+    return (latentWidth, latentHeight) => {
+      const tiling = vaeTiling(layout, latentWidth, latentHeight, this.attentionBudget);
+      if (this.exactPeak) {
+        const scale = layout.vae.scaleFactor;
+        const [width, height] = tiling ? [tiling.tile * scale, tiling.tile * scale] : [latentWidth * scale, latentHeight * scale];
+        this.decodeStart = { peak: peakBytes(), resident: residentBytes(), pixels: width * height, attentionBytes: vaeAttentionBytes(layout, width, height) };
+        resetPeak();
+      }
+      return tiling;
+    };
   }
 
-  /** The decoder's attention as it will run within `budget`: whole, or one tile's when its decoder tiles (see vaeTiler). */
-  private decodeAttentionBytes(layout: Pick<ModelLayout, 'dir' | 'vae'>, width: number, height: number, budget: number): number {
+  /** The decoder's unit (an image, or one tile when its decoder tiles within `budget`; see vaeTiler), in pixels. */
+  private decodeUnit(layout: Pick<ModelLayout, 'dir' | 'vae'>, width: number, height: number, budget: number): { width: number; height: number } {
     const scale = layout.vae.scaleFactor;
     const tiling = this.tiledDecoders.has(layout.dir) ? vaeTiling(layout, width / scale, height / scale, budget) : undefined;
-    return tiling ? vaeAttentionBytes(layout, tiling.tile * scale, tiling.tile * scale) : vaeAttentionBytes(layout, width, height);
+    return tiling ? { width: tiling.tile * scale, height: tiling.tile * scale } : { width, height };
   }
 
   /**
-   * What a batch is expected to take above the loaded model: the larger of the VAE's attention (tiled when
-   * its decoder tiles within `budget`) and the measured peak scaled by pixels.
+   * What the text encoders and the denoising loop take for `images` images of `pixels` each (see
+   * memory-curve.ts), beyond what the model's earlier runs here left held. Figures without the phases
+   * apart (another system) count the whole peak there.
    */
-  estimate(layout: Pick<ModelLayout, 'dir' | 'vae'>, batch: Pick<GenerationBatch, 'width' | 'height' | 'items'>, budget = this.budget()): number {
-    const attention = this.decodeAttentionBytes(layout, batch.width, batch.height, budget);
-    const measured = this.figures.get(layout.dir);
-    if (!measured?.peakPixels) return attention;
-    const pixels = batch.items.length * batch.width * batch.height;
-    return Math.max(attention, measured.peakBytes * Math.max(1, pixels / measured.peakPixels));
+  private denoiseBytes(modelDir: string, images: number, pixels: number): number {
+    const measured = this.figures.get(modelDir);
+    const samples = measured?.denoise ?? (measured?.peakPixels ? [{ pixels: measured.peakPixels, bytes: measured.peakBytes }] : []);
+    return Math.max(0, images * bytesPerImage(samples, pixels) - (this.held.get(modelDir) ?? 0));
   }
 
   /**
-   * How many of the batch's images one model call may hold within the memory left: all of them, or
-   * fewer (the batch then runs in parts, as its max_batch would have it). Throws InsufficientMemoryError
-   * when not even one fits.
+   * What one decoder call of width x height takes: its attention, whose size is known in closed form,
+   * plus the rest of the measured call's working memory scaled by pixels.
    */
-  imagesPerRun(layout: Pick<ModelLayout, 'dir' | 'vae'>, batch: Pick<GenerationBatch, 'width' | 'height' | 'items'>, modelName: string): number {
-    // Free memory is read once: one decision, one budget (each read is a few /proc and cgroup files).
-    const available = Math.min(availableBytes(), this.limit);
-    const budget = available * HEADROOM;
-    const need = (count: number) => this.estimate(layout, { ...batch, items: batch.items.slice(0, count) }, budget);
-    for (let count = batch.items.length; count >= 1; count--) if (need(count) <= budget) return count;
-    throw new InsufficientMemoryError(
-      `Model '${modelName}' needs about ${formatBytes(need(1))} of memory to make an image of ${batch.width}x${batch.height}` +
-        ` and ${formatBytes(available)} is free${this.limit < Infinity ? ` within MEMORY_LIMIT` : ''}. Ask for a smaller size, or free memory: fewer WORKERS (each holds its own models), a lower MODEL_MEMORY_BUDGET, or a higher MEMORY_LIMIT.`,
-    );
+  private decodeBytes(layout: Pick<ModelLayout, 'dir' | 'vae'>, width: number, height: number): number {
+    const measured = this.figures.get(layout.dir)?.decode;
+    const rest = measured?.pixels ? Math.max(0, measured.bytes - measured.attentionBytes) * Math.max(1, (width * height) / measured.pixels) : 0;
+    return rest + vaeAttentionBytes(layout, width, height);
   }
 
-  /** Runs a batch, recording its peak when it beats the model's last one. */
-  async measureRun<T>(modelDir: string, pixels: number, run: () => Promise<T>): Promise<T> {
-    const exact = resetPeak();
+  /**
+   * What a batch is expected to take above the loaded model within `budget`: its denoising phase, whose
+   * arenas stay held, plus one decoder call, tiled to fit what the denoising leaves when its decoder tiles.
+   */
+  estimate(layout: Pick<ModelLayout, 'dir' | 'vae'>, batch: Pick<GenerationBatch, 'width' | 'height' | 'items'>, budget = plannableBytes()): number {
+    const denoise = this.denoiseBytes(layout.dir, batch.items.length, batch.width * batch.height);
+    const unit = this.decodeUnit(layout, batch.width, batch.height, budget - denoise);
+    return denoise + this.decodeBytes(layout, unit.width, unit.height);
+  }
+
+  /**
+   * How many of the batch's images one model call may hold within the memory its source gives: all of
+   * them, or fewer (the batch then runs in parts, as its max_batch would have it). Throws
+   * InsufficientMemoryError when not even one fits.
+   */
+  async imagesPerRun(layout: Pick<ModelLayout, 'dir' | 'vae'>, batch: Pick<GenerationBatch, 'width' | 'height' | 'items'>, modelName: string): Promise<number> {
+    const need = (count: number, budget: number) => this.estimate(layout, { ...batch, items: batch.items.slice(0, count) }, budget);
+    const { plan, budget } = await this.source.reserve((budget): PartPlan | undefined => {
+      for (let count = batch.items.length; count >= 1; count--) {
+        const bytes = need(count, budget);
+        if (bytes <= budget) return { count, bytes };
+      }
+      return undefined;
+    });
+    if (!plan) {
+      throw new InsufficientMemoryError(
+        `Model '${modelName}' needs about ${formatBytes(need(1, budget))} of memory to make an image of ${batch.width}x${batch.height}` +
+          ` and batches may plan on ${formatBytes(budget)} now (90% of what is free, within MEMORY_LIMIT if set). Ask for a smaller size, or free memory: fewer WORKERS (each holds its own models), a lower MODEL_MEMORY_BUDGET, or a higher MEMORY_LIMIT.`,
+      );
+    }
+    this.attentionBudget = budget - this.denoiseBytes(layout.dir, plan.count, batch.width * batch.height);
+    return plan.count;
+  }
+
+  /** Runs `images` images of `pixels` each, recording what they took in the model's figures. */
+  async measureRun<T>(modelDir: string, images: number, pixels: number, run: () => Promise<T>): Promise<T> {
+    this.exactPeak = resetPeak();
+    this.decodeStart = undefined;
     const before = residentBytes();
+    const held = this.held.get(modelDir) ?? 0;
     const result = await run();
+    this.held.set(modelDir, held + Math.max(0, residentBytes() - before));
     // Without a resettable high-water mark the peak may be an earlier batch's: still an upper bound.
-    const peak = Math.max(0, (exact ? peakBytes() : Math.max(peakBytes(), residentBytes())) - before);
-    const known = this.figures.get(modelDir) ?? { weightsBytes: 0, peakBytes: 0, peakPixels: 0 };
-    if (peak > known.peakBytes) this.figures.set(modelDir, { ...known, peakBytes: peak, peakPixels: pixels });
+    const end = this.exactPeak ? peakBytes() : Math.max(peakBytes(), residentBytes());
+    // Set by the tiler during run(), which the compiler cannot see.
+    const start = this.decodeStart as DecodeStart | undefined;
+    const reported: ModelMemory = {
+      weightsBytes: 0,
+      peakBytes: Math.max(0, Math.max(end, start?.peak ?? 0) - before) + held,
+      peakPixels: images * pixels,
+      ...(start && {
+        denoise: [{ pixels, bytes: (Math.max(0, start.peak - before) + held) / images }],
+        decode: { bytes: Math.max(0, end - start.resident), pixels: start.pixels, attentionBytes: start.attentionBytes },
+      }),
+    };
+    this.figures.set(modelDir, mergeMemory(this.figures.get(modelDir), reported));
     return result;
   }
 }

@@ -6,7 +6,7 @@ import { chunks } from '../util/chunks.js';
 import { encodeImage } from './encode-image.js';
 import { loadPipeline } from './load.js';
 import type { ModelMemory } from '../models/memory-figures.js';
-import { MemoryPlan } from './memory-plan.js';
+import { localMemory, MemoryPlan, type MemorySource } from './memory-plan.js';
 import type { GenerateHooks, Pipeline, RgbImage } from './pipeline.js';
 import { PipelineCache } from './pipeline-cache.js';
 
@@ -25,9 +25,12 @@ export interface EngineSettings {
   maxBatchPixels: number;
   /** What models measured in earlier workers (by model folder), so the first batch here is planned too. */
   knownMemory: Record<string, ModelMemory>;
-  /** Most memory one batch may plan to take on top of the loaded models (undefined: what is free). */
+  /** Most memory one batch may plan to take on top of the loaded models (undefined: what is free); for a runtime without a memory source of its own. */
   memoryLimit?: number;
 }
+
+/** Sides of the calibration runs (see WorkerRuntime.calibrate): small enough to cost little, two to fit a curve. */
+const CALIBRATION_SIDES = [256, 384];
 
 const defaults = (): EngineSettings => ({
   runtime: defaultRuntime(),
@@ -41,11 +44,33 @@ export class WorkerRuntime {
   private readonly memory: MemoryPlan;
   private readonly pipelines: PipelineCache;
 
-  constructor(settings: Partial<EngineSettings> = {}) {
+  /** `memory`: who grants batches their memory (a worker's pool); by default what this process sees free. */
+  constructor(settings: Partial<EngineSettings> = {}, memory?: MemorySource) {
     this.settings = { ...defaults(), ...settings };
-    this.memory = new MemoryPlan(this.settings.knownMemory, this.settings.memoryLimit);
+    this.memory = new MemoryPlan(this.settings.knownMemory, memory ?? localMemory(this.settings.memoryLimit));
     const runtime = this.settings.runtime;
-    this.pipelines = new PipelineCache((dir) => this.memory.measureLoad(dir, () => loadPipeline(dir, runtime, this.memory)), this.settings.modelMemoryBudget);
+    this.pipelines = new PipelineCache(async (dir) => {
+      const pipeline = await this.memory.measureLoad(dir, () => loadPipeline(dir, runtime, this.memory));
+      await this.calibrate(pipeline);
+      return pipeline;
+    }, this.settings.modelMemoryBudget);
+  }
+
+  /**
+   * A model that never ran on this machine first runs one step at two small sizes: its memory plan then
+   * extrapolates from measured figures (models/memory-curve.ts) instead of knowing nothing, and a first
+   * request too large for the machine gets 507 rather than the OOM killer. The figures are kept in
+   * DATA_DIR, so this happens once per model and machine. Guidance above 1 counts the doubled batch of
+   * classifier-free guidance.
+   */
+  private async calibrate(pipeline: Pipeline): Promise<void> {
+    const { dir, sizeMultiple } = pipeline.layout;
+    if (!this.memory.measuresPhases || this.memory.of(dir)?.denoise) return;
+    for (const side of CALIBRATION_SIDES) {
+      const size = Math.ceil(side / sizeMultiple) * sizeMultiple;
+      const batch: GenerationBatch = { modelDir: dir, width: size, height: size, steps: 1, guidanceScale: 2, items: [{ prompt: '', negativePrompt: '', seed: 0 }] };
+      await this.memory.measureRun(dir, 1, size * size, () => pipeline.generate(batch, {}));
+    }
   }
 
   /** What a model folder has cost here, once loaded (and once it ran). */
@@ -101,15 +126,14 @@ export class WorkerRuntime {
       throw new RangeError(`${batch.width}x${batch.height} is not a valid size for this model: both sides must be positive multiples of ${m}`);
     }
     const byPixels = Math.max(1, Math.floor(this.settings.maxBatchPixels / (batch.width * batch.height)));
-    const parts = chunks(batch.items, Math.min(byPixels, this.memory.imagesPerRun(pipeline.layout, batch, path.basename(batch.modelDir))));
+    const parts = chunks(batch.items, Math.min(byPixels, await this.memory.imagesPerRun(pipeline.layout, batch, path.basename(batch.modelDir))));
     const images: RgbImage[] = [];
     for (const [index, items] of parts.entries()) {
       const part: Part = {
         items: items.map((_, i) => images.length + i),
         step: (onStep) => (step, total) => onStep(index * total + step, parts.length * total),
       };
-      const pixels = items.length * batch.width * batch.height;
-      images.push(...(await this.memory.measureRun(batch.modelDir, pixels, () => pipeline.generate({ ...batch, items }, hooksFor(part)))));
+      images.push(...(await this.memory.measureRun(batch.modelDir, items.length, batch.width * batch.height, () => pipeline.generate({ ...batch, items }, hooksFor(part)))));
     }
     return images;
   }

@@ -48,6 +48,19 @@ export function peakBytes(): number {
   return procValue('/proc/self/status', 'VmHWM') ?? process.resourceUsage().maxRSS * 1024;
 }
 
+/** Share of the free memory batches may plan to use: the server, the workers' other allocations and the OS move too. */
+const HEADROOM = 0.9;
+
+/** What batches may plan to take now: HEADROOM of what is free, and no more than `limit` (MEMORY_LIMIT). */
+export function plannableBytes(limit = Infinity): number {
+  return Math.min(availableBytes(), limit) * HEADROOM;
+}
+
+/** Resident memory of another process of this machine (a worker), where /proc shows it. */
+export function residentBytesOf(pid: number): number | undefined {
+  return procValue(`/proc/${pid}/status`, 'VmRSS');
+}
+
 /** Memory the machine (or this process's container) can still give before something is killed. */
 export function availableBytes(): number {
   const machine = procValue('/proc/meminfo', 'MemAvailable') ?? os.freemem();
