@@ -201,6 +201,11 @@ const SETTINGS = {
     description:
       'most memory the running batches of all workers may plan to take together on top of their loaded models, e.g. 8g (default: what the machine has free); a batch waits for memory another batch planned on, and one expected to need more than there is gets 507 insufficient_memory instead of running out of memory',
   },
+  vaeTiling: {
+    schema: z.enum(['auto', 'always']).default('auto'),
+    description:
+      "when the VAE decodes in overlapping tiles: 'auto' only where the whole decode would not fit memory (the picture is then diffusers' exactly), 'always' every image with a side over 512 pixels (less memory; faster where the decoder's attention dominates, as in small exports at large sizes)",
+  },
   cudaDevices: {
     schema: z.string().regex(/^\d+(,\d+)*$/, 'expected device ids separated by commas, e.g. 0,1').transform((t) => t.split(',').map(Number)).default([0]),
     description: 'CUDA device ids; worker i runs on device i mod their count (with EXECUTION_PROVIDER=cuda)',

@@ -147,6 +147,17 @@ describe('the memory plan decides when to tile', () => {
     expect(vaeTiling({ vae: { ...layout.vae, midBlockAttention: false } }, 224, 128, 1)).toBeUndefined();
   });
 
+  it("tiles every image with a side over 64 latent pixels with VAE_TILING=always, in tiles of at most 64", async () => {
+    expect(vaeTiling(layout, 64, 64, Infinity, 64)).toBeUndefined();
+    expect(vaeTiling(layout, 96, 64, Infinity, 64)).toEqual({ tile: 64, overlap: 16 });
+    // Memory still bounds the tile below 64.
+    expect(vaeTiling(layout, 128, 128, vaeAttentionBytes(layout, 40 * 8, 40 * 8), 64)?.tile).toBe(40);
+    const plan = new MemoryPlan({}, localMemory(), 'always');
+    const tiler = plan.vaeTiler(layout);
+    expect(await plan.imagesPerRun(layout, { width: 1024, height: 1024, items: [{ prompt: '', negativePrompt: '', seed: 1 }] }, 'sdxl')).toBe(1);
+    expect(tiler(128, 128)).toEqual({ tile: 64, overlap: 16 });
+  });
+
   it('lets a size run that only tiles fit once the model decodes through its tiler', async () => {
     const plan = new MemoryPlan({}, localMemory(2 * GiB));
     const batch = { width: 1792, height: 1024, items: [{ prompt: '', negativePrompt: '', seed: 1 }] };

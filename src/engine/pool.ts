@@ -47,6 +47,8 @@ export interface EnginePoolOptions {
   modelMemoryBudget?: number;
   /** Most memory the running batches of all workers may plan to take together on top of their models (default: what is free). */
   memoryLimit?: number;
+  /** When the VAE decodes in tiles (see VaeTilingMode); default 'auto'. */
+  vaeTiling?: EngineSettings['vaeTiling'];
   /** CUDA device ids shared out among the workers. */
   cudaDevices?: number[];
   /** Model folders every worker loads before it takes jobs. */
@@ -151,6 +153,7 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
     },
     // Every worker holds its own copy of the models it uses, so the budget is shared out among them.
     modelMemoryBudget: Math.floor((options.modelMemoryBudget ?? os.totalmem() * 0.6) / options.workers),
+    vaeTiling: options.vaeTiling,
   };
   const memory = new MemoryArbiter({ plannable: () => plannableBytes(options.memoryLimit), resident: residentBytesOf });
   const queue = new JobQueue(0, options.queueMax, {

@@ -42,16 +42,26 @@ const MIN_OVERLAP = 8;
 
 /**
  * How to decode an image of this latent size within `budget` bytes: whole (undefined) when its
- * attention fits, else in the largest square tiles (a multiple of 8 latent pixels) whose attention
- * does, never smaller than MIN_TILE.
+ * attention fits and no side is longer than `largestTile`, else in the largest square tiles (a
+ * multiple of 8 latent pixels, at most `largestTile`) whose attention does, never smaller than MIN_TILE.
  */
-export function vaeTiling(layout: Pick<ModelLayout, 'vae'>, latentWidth: number, latentHeight: number, budget: number): VaeTiling | undefined {
+export function vaeTiling(layout: Pick<ModelLayout, 'vae'>, latentWidth: number, latentHeight: number, budget: number, largestTile = Infinity): VaeTiling | undefined {
   const scale = layout.vae.scaleFactor;
-  if (vaeAttentionBytes(layout, latentWidth * scale, latentHeight * scale) <= budget) return undefined;
-  let tile = Math.floor(Math.max(latentWidth, latentHeight) / 8) * 8;
+  const longest = Math.max(latentWidth, latentHeight);
+  if (longest <= largestTile && vaeAttentionBytes(layout, latentWidth * scale, latentHeight * scale) <= budget) return undefined;
+  let tile = Math.min(largestTile, Math.floor(longest / 8) * 8);
   while (tile > MIN_TILE && vaeAttentionBytes(layout, tile * scale, tile * scale) > budget) tile -= 8;
   return { tile: Math.max(MIN_TILE, tile), overlap: Math.max(MIN_OVERLAP, Math.floor(tile / 4)) };
 }
+
+/**
+ * When the VAE decodes in tiles: 'auto' only where the whole decode would not fit memory (the whole
+ * decode is diffusers' picture exactly); 'always' any image with a side over 64 latent pixels (512
+ * image pixels with the 8x VAE, diffusers' tile), which bounds the decode's memory and, where its
+ * attention dominates (small-width exports, very large sizes), its time.
+ */
+export type VaeTilingMode = 'auto' | 'always';
+const ALWAYS_TILE = 64;
 
 /**
  * Who gives a batch its memory. In a worker, the pool's arbiter (engine/memory-arbiter.ts), which
@@ -114,11 +124,15 @@ export class MemoryPlan {
   /** Whether this system measures a run's phases apart (a resettable peak: Linux); calibrate() needs it. */
   readonly measuresPhases = resetPeak();
 
+  private readonly largestTile: number;
+
   constructor(
     known: Record<string, ModelMemory> = {},
     private readonly source: MemorySource = localMemory(),
+    tiling: VaeTilingMode = 'auto',
   ) {
     this.figures = new Map(Object.entries(known));
+    this.largestTile = tiling === 'always' ? ALWAYS_TILE : Infinity;
   }
 
   /** The figures of a model folder, if it ran here (or in an earlier worker, see EngineSettings.knownMemory). */
@@ -145,7 +159,7 @@ export class MemoryPlan {
   vaeTiler(layout: Pick<ModelLayout, 'dir' | 'vae'>): VaeTiler {
     this.tiledDecoders.add(layout.dir);
     return (latentWidth, latentHeight) => {
-      const tiling = vaeTiling(layout, latentWidth, latentHeight, this.attentionBudget);
+      const tiling = vaeTiling(layout, latentWidth, latentHeight, this.attentionBudget, this.largestTile);
       if (this.exactPeak) {
         const scale = layout.vae.scaleFactor;
         const [width, height] = tiling ? [tiling.tile * scale, tiling.tile * scale] : [latentWidth * scale, latentHeight * scale];
@@ -159,7 +173,7 @@ export class MemoryPlan {
   /** The decoder's unit (an image, or one tile when its decoder tiles within `budget`; see vaeTiler), in pixels. */
   private decodeUnit(layout: Pick<ModelLayout, 'dir' | 'vae'>, width: number, height: number, budget: number): { width: number; height: number } {
     const scale = layout.vae.scaleFactor;
-    const tiling = this.tiledDecoders.has(layout.dir) ? vaeTiling(layout, width / scale, height / scale, budget) : undefined;
+    const tiling = this.tiledDecoders.has(layout.dir) ? vaeTiling(layout, width / scale, height / scale, budget, this.largestTile) : undefined;
     return tiling ? { width: tiling.tile * scale, height: tiling.tile * scale } : { width, height };
   }
 

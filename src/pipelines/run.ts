@@ -6,7 +6,7 @@ import { chunks } from '../util/chunks.js';
 import { encodeImage } from './encode-image.js';
 import { loadPipeline } from './load.js';
 import type { ModelMemory } from '../models/memory-figures.js';
-import { localMemory, MemoryPlan, type MemorySource } from './memory-plan.js';
+import { localMemory, MemoryPlan, type MemorySource, type VaeTilingMode } from './memory-plan.js';
 import type { GenerateHooks, Pipeline, RgbImage } from './pipeline.js';
 import { PipelineCache } from './pipeline-cache.js';
 
@@ -27,6 +27,8 @@ export interface EngineSettings {
   knownMemory: Record<string, ModelMemory>;
   /** Most memory one batch may plan to take on top of the loaded models (undefined: what is free); for a runtime without a memory source of its own. */
   memoryLimit?: number;
+  /** When the VAE decodes in tiles (see VaeTilingMode); default 'auto'. */
+  vaeTiling?: VaeTilingMode;
 }
 
 /** Sides of the calibration runs (see WorkerRuntime.calibrate): small enough to cost little, two to fit a curve. */
@@ -47,7 +49,7 @@ export class WorkerRuntime {
   /** `memory`: who grants batches their memory (a worker's pool); by default what this process sees free. */
   constructor(settings: Partial<EngineSettings> = {}, memory?: MemorySource) {
     this.settings = { ...defaults(), ...settings };
-    this.memory = new MemoryPlan(this.settings.knownMemory, memory ?? localMemory(this.settings.memoryLimit));
+    this.memory = new MemoryPlan(this.settings.knownMemory, memory ?? localMemory(this.settings.memoryLimit), this.settings.vaeTiling);
     const runtime = this.settings.runtime;
     this.pipelines = new PipelineCache(async (dir) => {
       const pipeline = await this.memory.measureLoad(dir, () => loadPipeline(dir, runtime, this.memory));
