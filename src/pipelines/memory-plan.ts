@@ -109,9 +109,11 @@ export class MemoryPlan {
   /**
    * What each loaded model's runs left resident here: onnxruntime's arena keeps a session's largest
    * activations for the next run, so a run needs only what goes beyond them, and what a run measured
-   * above its start is its need less these.
+   * above its start is its need less these. Never more than the worker grew since the model loaded
+   * (`loadedAt`), so memory given back shrinks it.
    */
   private readonly held = new Map<string, number>();
+  private readonly loadedAt = new Map<string, number>();
   /** Model folders whose VAE decoder asked for this plan's tiling (see vaeTiler): their decodes are planned tiled. */
   private readonly tiledDecoders = new Set<string>();
   /** What the VAE's attention may take in the running batch (see imagesPerRun); tiles are chosen to fit it. */
@@ -145,6 +147,7 @@ export class MemoryPlan {
     const before = residentBytes();
     const loaded = await load();
     this.held.set(modelDir, 0);
+    this.loadedAt.set(modelDir, residentBytes());
     const known = this.figures.get(modelDir);
     this.figures.set(modelDir, { peakBytes: 0, peakPixels: 0, ...known, weightsBytes: Math.max(0, residentBytes() - before) });
     return loaded;
@@ -239,7 +242,8 @@ export class MemoryPlan {
     const before = residentBytes();
     const held = this.held.get(modelDir) ?? 0;
     const result = await run();
-    this.held.set(modelDir, held + Math.max(0, residentBytes() - before));
+    const after = residentBytes();
+    this.held.set(modelDir, Math.max(0, Math.min(held + after - before, after - (this.loadedAt.get(modelDir) ?? after))));
     // Without a resettable high-water mark the peak may be an earlier batch's: still an upper bound.
     const end = this.exactPeak ? peakBytes() : Math.max(peakBytes(), residentBytes());
     // Set by the tiler during run(), which the compiler cannot see.
