@@ -20,9 +20,9 @@ class Worker implements MemoryClaimant {
   }
 }
 
-function setUp(free = 10 * GiB) {
+function setUp(free = 10 * GiB, limit = Infinity) {
   const readings = { free, resident: new Map<number, number>() };
-  const arbiter = new MemoryArbiter({ plannable: () => readings.free, resident: (pid) => readings.resident.get(pid) });
+  const arbiter = new MemoryArbiter({ plannable: () => readings.free, resident: (pid) => readings.resident.get(pid) }, limit);
   return { arbiter, readings, a: new Worker(1), b: new Worker(2) };
 }
 
@@ -56,8 +56,7 @@ describe('the memory arbiter', () => {
     arbiter.ask(a);
     arbiter.take(a, 8 * GiB);
     arbiter.ask(b);
-    arbiter.wait(b);
-    expect(arbiter.waits).toBe(1);
+    expect(arbiter.wait(b)).toBe(true);
     expect(arbiter.isWaiting(b)).toBe(true);
     expect(b.grants).toHaveLength(1);
     arbiter.release(a);
@@ -93,6 +92,20 @@ describe('the memory arbiter', () => {
     expect(arbiter.isWaiting(c)).toBe(false);
     // Messages from a worker whose turn it is not change nothing.
     arbiter.take(a, 9 * GiB);
+    expect(arbiter.wait(a)).toBe(false);
     expect(arbiter.plannedBytes()).toBe(GiB);
+  });
+
+  it('keeps all running batches together within the limit, even once they have taken what they planned', () => {
+    const { arbiter, readings, a, b } = setUp(20 * GiB, 8 * GiB);
+    readings.resident.set(1, GiB);
+    arbiter.ask(a);
+    expect(a.last).toEqual({ budget: 8 * GiB, alone: 8 * GiB });
+    arbiter.take(a, 6 * GiB);
+    // a's worker took all 6 GiB: free memory alone would leave b 14 GiB, the limit leaves it 2.
+    readings.resident.set(1, 7 * GiB);
+    readings.free = 14 * GiB;
+    arbiter.ask(b);
+    expect(b.last).toEqual({ budget: 2 * GiB, alone: 8 * GiB });
   });
 });

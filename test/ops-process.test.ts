@@ -69,7 +69,7 @@ describe('SIGTERM', () => {
 describe('a failing disk', () => {
   it('answers a failed image write with 500 storage_error naming the cause, leaving no partial file', async () => {
     // PNGs of the smallest size take about 7 KiB: every write fails halfway.
-    server = await spawnIn(root, { fileSizeLimitKb: 4 });
+    server = await spawnIn(root, { limitsKb: { fileSize: 4 } });
     await untilReady(server.origin);
     const answer = await generate(server.baseURL, { response_format: 'url' });
     expect(answer.status).toBe(500);

@@ -6,9 +6,10 @@
  *
  * A worker asks (ask), and when its turn comes gets a grant: `alone`, what batches may plan on now
  * (see plannableBytes), and `budget`, that less what the other running batches planned and have not
- * yet taken (their planned bytes less their worker's resident growth since). It answers with the
- * bytes it takes (take), or, when its batch fits `alone` but not `budget`, that it waits (wait): it
- * asks again when another batch ends. A batch's bytes are held until it ends (release).
+ * yet taken (their planned bytes less their worker's resident growth since), and within a limit
+ * (MEMORY_LIMIT) less all they planned. It answers with the bytes it takes (take), or, when its batch
+ * fits `alone` but not `budget`, that it waits (wait): it asks again when another batch ends. A
+ * batch's bytes are held until it ends (release).
  */
 
 /** What a worker is granted: see the module's comment. */
@@ -46,10 +47,12 @@ export class MemoryArbiter {
   private readonly held = new Map<MemoryClaimant, Held>();
   /** Batches that ended holding memory, so far: a worker that chose to wait after one did asks again at once. */
   private releases = 0;
-  /** Batches that waited for another's memory (for /metrics). */
-  waits = 0;
 
-  constructor(private readonly readings: MemoryReadings) {}
+  /** `limit`: the most all running batches together may plan on (MEMORY_LIMIT less the headroom). */
+  constructor(
+    private readonly readings: MemoryReadings,
+    private readonly limit = Infinity,
+  ) {}
 
   /** A worker is about to plan a batch: it gets its grant when its turn comes. */
   ask(who: MemoryClaimant): void {
@@ -65,16 +68,16 @@ export class MemoryArbiter {
     this.next();
   }
 
-  /** The worker whose turn it is waits for memory another batch holds. */
-  wait(who: MemoryClaimant): void {
-    if (this.turn?.who !== who) return;
+  /** The worker whose turn it is waits for memory another batch holds; false (nothing done) when it is not its turn. */
+  wait(who: MemoryClaimant): boolean {
+    if (this.turn?.who !== who) return false;
     const { releases } = this.turn;
     this.turn = undefined;
-    this.waits++;
     // A batch ended while it planned: what it waited for may be free already.
     if (releases !== this.releases) this.asking.push(who);
     else this.parked.add(who);
     this.next();
+    return true;
   }
 
   /** The worker's batch ended, or the worker died: what it held is free, and the waiting workers ask again. */
@@ -111,10 +114,15 @@ export class MemoryArbiter {
   }
 
   private grant(who: MemoryClaimant): MemoryGrant {
-    const alone = this.readings.plannable();
-    let others = 0;
-    for (const [worker, held] of this.held) if (worker !== who) others += this.untaken(worker, held);
-    return { budget: Math.max(0, alone - others), alone };
+    const alone = Math.min(this.readings.plannable(), this.limit);
+    let untaken = 0;
+    let planned = 0;
+    for (const [worker, held] of this.held) {
+      if (worker === who) continue;
+      untaken += this.untaken(worker, held);
+      planned += held.bytes;
+    }
+    return { budget: Math.max(0, Math.min(alone - untaken, this.limit - planned)), alone };
   }
 
   /** What a running batch planned and its worker has not grown by yet (all of it where growth cannot be read). */

@@ -6,7 +6,7 @@ import type { ModelMemory } from '../models/memory-figures.js';
 import { BatchMerger } from './batcher.js';
 import { CostModel } from './cost-model.js';
 import { MemoryArbiter } from './memory-arbiter.js';
-import { plannableBytes, residentBytesOf } from '../runtime/memory.js';
+import { HEADROOM, plannableBytes, residentBytesOf } from '../runtime/memory.js';
 import { JobQueue, RequeueError, Ticket, type ClientLimits } from './job-queue.js';
 import type { BatchEvent, GeneratedImage, GenerationBatch, ModelRef } from '../runtime/types.js';
 import { WorkerDiedError, WorkerProcess, type WorkerListener } from './worker-process.js';
@@ -155,7 +155,7 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
     modelMemoryBudget: Math.floor((options.modelMemoryBudget ?? os.totalmem() * 0.6) / options.workers),
     vaeTiling: options.vaeTiling,
   };
-  const memory = new MemoryArbiter({ plannable: () => plannableBytes(options.memoryLimit), resident: residentBytesOf });
+  const memory = new MemoryArbiter({ plannable: () => plannableBytes(), resident: residentBytesOf }, (options.memoryLimit ?? Infinity) * HEADROOM);
   const queue = new JobQueue(0, options.queueMax, {
     maxWaitMs: options.queueTimeoutMs,
     maxQueuedSeconds: options.queueMaxSeconds,
@@ -205,9 +205,10 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
           memory.take(worker, message.bytes);
           return;
         case 'memory-wait':
-          memory.wait(worker);
-          metrics?.memoryWaited();
-          logger?.info({ worker: slot, plannedBytes: memory.plannedBytes() }, 'batch waits for memory other batches planned on');
+          if (memory.wait(worker)) {
+            metrics?.memoryWaited();
+            logger?.info({ worker: slot, plannedBytes: memory.plannedBytes() }, 'batch waits for memory other batches planned on');
+          }
           return;
       }
       queue.setConcurrency(readyWorkers().length);

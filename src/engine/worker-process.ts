@@ -133,6 +133,8 @@ export class WorkerProcess implements MemoryClaimant {
 
   /** The pool's arbiter answers the running batch's memory plan (see memory-arbiter.ts). */
   grantMemory(grant: MemoryGrant): void {
+    // The end of a wait for memory: the batch's first step is still to come, and the stall watchdog counts from here.
+    this.task?.onProgress();
     this.send({ type: 'memory-grant', grant });
   }
 

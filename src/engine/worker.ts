@@ -17,14 +17,28 @@ import type { BatchEvent, GenerationBatch } from '../runtime/types.js';
 /** Resolves once the message is written to the channel: exiting before that could lose a large one. */
 const send = (message: FromWorker) => new Promise<void>((resolve) => process.send!(message, undefined, undefined, () => resolve()));
 
+/** The batch this worker runs, if any; and whether the worker is stopping. */
+let running: { cancelled: boolean; done: Promise<void> } | undefined;
+let stopping = false;
+
 /** The grant the running batch's memory plan waits for, if any (see pooledMemory). */
 let awaitingGrant: { resolve(grant: MemoryGrant): void; reject(err: Error): void } | undefined;
 
-function askForMemory(message: Extract<FromWorker, { type: 'memory-ask' | 'memory-wait' }>): Promise<MemoryGrant> {
-  return new Promise((resolve, reject) => {
+/** Asks the pool's arbiter; a batch cancelled meanwhile (or before) stops here rather than wait for memory. */
+async function askForMemory(message: Extract<FromWorker, { type: 'memory-ask' | 'memory-wait' }>): Promise<MemoryGrant> {
+  if (running?.cancelled) throw new GenerationCancelled();
+  const grant = await new Promise<MemoryGrant>((resolve, reject) => {
     awaitingGrant = { resolve, reject };
     void send(message);
   });
+  if (running?.cancelled) throw new GenerationCancelled();
+  return grant;
+}
+
+/** A batch waiting for memory stops waiting (cancelled, or the worker stops); the pool's arbiter forgets it when the batch fails. */
+function stopWaitingForMemory(): void {
+  awaitingGrant?.reject(new GenerationCancelled());
+  awaitingGrant = undefined;
 }
 
 /**
@@ -103,8 +117,6 @@ function eventSender(): (event: BatchEvent) => void {
   };
 }
 
-let running: { cancelled: boolean; done: Promise<void> } | undefined;
-let stopping = false;
 
 function run(batch: GenerationBatch): void {
   void send({ type: 'started' });
@@ -130,6 +142,7 @@ async function stop(): Promise<void> {
   stopping = true;
   if (running) {
     running.cancelled = true;
+    stopWaitingForMemory();
     await running.done;
   }
   process.exit(0);
@@ -150,9 +163,7 @@ process.on('message', (message: ToWorker) => {
       break;
     case 'cancel':
       if (running) running.cancelled = true;
-      // A batch waiting for memory stops waiting: the pool's arbiter forgets it when the batch fails.
-      awaitingGrant?.reject(new GenerationCancelled());
-      awaitingGrant = undefined;
+      stopWaitingForMemory();
       break;
     case 'stop':
       void stop();

@@ -82,7 +82,7 @@ export class Metrics implements EngineMetrics {
   });
   private readonly memoryWaits = new Counter({
     name: 'imagegen_memory_waits_total',
-    help: "Batches that waited for memory another worker's running batch had planned on",
+    help: "Times a batch waited for memory another worker's running batch had planned on",
     registers: [this.registry],
   });
   private readonly workerRestarts = new Counter({

@@ -104,6 +104,12 @@ interface DecodeStart {
   attentionBytes: number;
 }
 
+/**
+ * Growth of a run, as a share of what the model's arenas held before it, below which the run is taken
+ * to have stayed within them (the JS heap and allocator move by a few percent run to run).
+ */
+const ARENA_NOISE = 0.05;
+
 export class MemoryPlan {
   private readonly figures: Map<string, ModelMemory>;
   /**
@@ -182,12 +188,10 @@ export class MemoryPlan {
 
   /**
    * What the text encoders and the denoising loop take for `images` images of `pixels` each (see
-   * memory-curve.ts), beyond what the model's earlier runs here left held. Figures without the phases
-   * apart (another system) count the whole peak there.
+   * memory-curve.ts), beyond what the model's earlier runs here left held.
    */
   private denoiseBytes(modelDir: string, images: number, pixels: number): number {
-    const measured = this.figures.get(modelDir);
-    const samples = measured?.denoise ?? (measured?.peakPixels ? [{ pixels: measured.peakPixels, bytes: measured.peakBytes }] : []);
+    const samples = this.figures.get(modelDir)?.denoise ?? [];
     return Math.max(0, images * bytesPerImage(samples, pixels) - (this.held.get(modelDir) ?? 0));
   }
 
@@ -205,7 +209,7 @@ export class MemoryPlan {
    * What a batch is expected to take above the loaded model within `budget`: its denoising phase, whose
    * arenas stay held, plus one decoder call, tiled to fit what the denoising leaves when its decoder tiles.
    */
-  estimate(layout: Pick<ModelLayout, 'dir' | 'vae'>, batch: Pick<GenerationBatch, 'width' | 'height' | 'items'>, budget = plannableBytes()): number {
+  estimate(layout: Pick<ModelLayout, 'dir' | 'vae'>, batch: Pick<GenerationBatch, 'width' | 'height' | 'items'>, budget: number): number {
     const denoise = this.denoiseBytes(layout.dir, batch.items.length, batch.width * batch.height);
     const unit = this.decodeUnit(layout, batch.width, batch.height, budget - denoise);
     return denoise + this.decodeBytes(layout, unit.width, unit.height);
@@ -235,7 +239,12 @@ export class MemoryPlan {
     return plan.count;
   }
 
-  /** Runs `images` images of `pixels` each, recording what they took in the model's figures. */
+  /**
+   * Runs `images` images of `pixels` each, recording what they took in the model's figures: on Linux
+   * the denoising and the decode apart, elsewhere the whole run as denoising (an upper bound: the
+   * decode's attention is then counted twice). A run that stayed within what the model's arenas already
+   * held says only that it needed no more than that, and adds no denoising figure.
+   */
   async measureRun<T>(modelDir: string, images: number, pixels: number, run: () => Promise<T>): Promise<T> {
     this.exactPeak = resetPeak();
     this.decodeStart = undefined;
@@ -248,14 +257,13 @@ export class MemoryPlan {
     const end = this.exactPeak ? peakBytes() : Math.max(peakBytes(), residentBytes());
     // Set by the tiler during run(), which the compiler cannot see.
     const start = this.decodeStart as DecodeStart | undefined;
+    const grew = Math.max(0, (start?.peak ?? end) - before);
     const reported: ModelMemory = {
       weightsBytes: 0,
       peakBytes: Math.max(0, Math.max(end, start?.peak ?? 0) - before) + held,
       peakPixels: images * pixels,
-      ...(start && {
-        denoise: [{ pixels, bytes: (Math.max(0, start.peak - before) + held) / images }],
-        decode: { bytes: Math.max(0, end - start.resident), pixels: start.pixels, attentionBytes: start.attentionBytes },
-      }),
+      ...(grew > held * ARENA_NOISE && { denoise: [{ pixels, bytes: (grew + held) / images }] }),
+      ...(start && { decode: { bytes: Math.max(0, end - start.resident), pixels: start.pixels, attentionBytes: start.attentionBytes } }),
     };
     this.figures.set(modelDir, mergeMemory(this.figures.get(modelDir), reported));
     return result;

@@ -73,6 +73,14 @@ export class PipelineCache {
     return entry !== undefined && entry.version === version;
   }
 
+  /** Releases a model's sessions now (their arenas with them); the next get() loads it again. */
+  async release(modelDir: string): Promise<void> {
+    const entry = this.entries.get(modelDir);
+    if (!entry) return;
+    this.entries.delete(modelDir);
+    await entry.pipeline.then((p) => p.release()).catch(() => undefined);
+  }
+
   private evictBeyondBudget(keep: string): void {
     let total = [...this.entries.values()].reduce((sum, e) => sum + e.bytes, 0);
     for (const [dir, entry] of this.entries) {

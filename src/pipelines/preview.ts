@@ -30,7 +30,8 @@ export class LatentPreview {
 
   static async fit(vae: VaeDecoder, channels: number, scale: number): Promise<LatentPreview> {
     const probe = new Rng(0).fillNormal(new Float32Array(channels * PROBE_SIDE * PROBE_SIDE));
-    const [image] = await vae.decode(probe.slice(), 1, channels, PROBE_SIDE, PROBE_SIDE);
+    // Whole, without asking the memory plan's tiler: the probe is tiny, and the plan takes that question for a batch's decode beginning.
+    const [image] = await vae.decode(probe.slice(), 1, channels, PROBE_SIDE, PROBE_SIDE, null);
     const samples = PROBE_SIDE * PROBE_SIDE;
     const inputs = Array.from({ length: samples }, (_, p) => {
       const row = new Float64Array(channels + 1);

@@ -1,12 +1,13 @@
 import os from 'node:os';
 import path from 'node:path';
+import { OnnxOutOfMemoryError } from '../runtime/onnx-model.js';
 import { defaultRuntime, type RuntimeOptions } from '../runtime/providers.js';
 import { IMAGE_FORMATS, outputOf, previewSteps, type BatchEvent, type BatchItem, type GeneratedImage, type GenerationBatch } from '../runtime/types.js';
 import { chunks } from '../util/chunks.js';
 import { encodeImage } from './encode-image.js';
 import { loadPipeline } from './load.js';
 import type { ModelMemory } from '../models/memory-figures.js';
-import { localMemory, MemoryPlan, type MemorySource, type VaeTilingMode } from './memory-plan.js';
+import { InsufficientMemoryError, localMemory, MemoryPlan, type MemorySource, type VaeTilingMode } from './memory-plan.js';
 import type { GenerateHooks, Pipeline, RgbImage } from './pipeline.js';
 import { PipelineCache } from './pipeline-cache.js';
 
@@ -71,7 +72,8 @@ export class WorkerRuntime {
     for (const side of CALIBRATION_SIDES) {
       const size = Math.ceil(side / sizeMultiple) * sizeMultiple;
       const batch: GenerationBatch = { modelDir: dir, width: size, height: size, steps: 1, guidanceScale: 2, items: [{ prompt: '', negativePrompt: '', seed: 0 }] };
-      await this.memory.measureRun(dir, 1, size * size, () => pipeline.generate(batch, {}));
+      // A model that cannot run a plain generation is measured on its first batch instead, whose error then says why.
+      if (!(await this.memory.measureRun(dir, 1, size * size, () => pipeline.generate(batch, {})).then(() => true, () => false))) return;
     }
   }
 
@@ -128,14 +130,25 @@ export class WorkerRuntime {
       throw new RangeError(`${batch.width}x${batch.height} is not a valid size for this model: both sides must be positive multiples of ${m}`);
     }
     const byPixels = Math.max(1, Math.floor(this.settings.maxBatchPixels / (batch.width * batch.height)));
-    const parts = chunks(batch.items, Math.min(byPixels, await this.memory.imagesPerRun(pipeline.layout, batch, path.basename(batch.modelDir))));
+    // The memory plan holds what the largest part takes: parts no larger than maxBatchPixels allows.
+    const perRun = await this.memory.imagesPerRun(pipeline.layout, { ...batch, items: batch.items.slice(0, byPixels) }, path.basename(batch.modelDir));
+    const parts = chunks(batch.items, perRun);
     const images: RgbImage[] = [];
     for (const [index, items] of parts.entries()) {
       const part: Part = {
         items: items.map((_, i) => images.length + i),
         step: (onStep) => (step, total) => onStep(index * total + step, parts.length * total),
       };
-      images.push(...(await this.memory.measureRun(batch.modelDir, items.length, batch.width * batch.height, () => pipeline.generate({ ...batch, items }, hooksFor(part)))));
+      const run = () => pipeline.generate({ ...batch, items }, hooksFor(part));
+      images.push(
+        ...(await this.memory.measureRun(batch.modelDir, items.length, batch.width * batch.height, run).catch(async (err: unknown) => {
+          if (!(err instanceof OnnxOutOfMemoryError)) throw err;
+          // The failed run's arenas keep what it got, which other sessions (the arena-less VAE) cannot
+          // use: the model's sessions go, and the next batch loads them again with the memory back.
+          await this.pipelines.release(batch.modelDir);
+          throw ranOutOfMemory(path.basename(batch.modelDir), batch, items.length, err);
+        })),
+      );
     }
     return images;
   }
@@ -153,6 +166,18 @@ interface Part {
 export interface BatchHooks {
   shouldStop?(): boolean;
   onEvent?(event: BatchEvent): void;
+}
+
+/**
+ * onnxruntime could not allocate what a run needed, though the plan expected it to fit (another process
+ * took the memory, a limit the plan cannot see such as a container's or the GPU's): a 507 like the plan's own.
+ */
+function ranOutOfMemory(modelName: string, batch: GenerationBatch, images: number, err: OnnxOutOfMemoryError): InsufficientMemoryError {
+  const inDecoder = path.basename(path.dirname(err.file)) === 'vae_decoder';
+  return new InsufficientMemoryError(
+    `Model '${modelName}' ran out of memory making ${images} image(s) of ${batch.width}x${batch.height} (onnxruntime: ${err.detail.split('\n')[0]}).` +
+      ` Ask for a smaller size or fewer images${inDecoder ? ', set VAE_TILING=always' : ''}, or free memory: fewer WORKERS (each holds its own models), a lower MODEL_MEMORY_BUDGET, or on CUDA a GPU with more memory.`,
+  );
 }
 
 /** An item's picture as the file it asked for. */

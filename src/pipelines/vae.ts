@@ -29,14 +29,17 @@ export class VaeDecoder {
     return this.model.release();
   }
 
-  /** `tiling`: decode in tiles (the tiler's choice by default; undefined decodes whole). */
+  /**
+   * `tiling`: decode in tiles; by default the tiler's choice (it is asked as a batch's decode begins,
+   * see MemoryPlan.vaeTiler); null decodes whole without asking.
+   */
   async decode(
     latents: Float32Array,
     batch: number,
     channels: number,
     latentHeight: number,
     latentWidth: number,
-    tiling = this.tiler?.(latentWidth, latentHeight),
+    tiling: VaeTiling | null | undefined = this.tiler?.(latentWidth, latentHeight),
   ): Promise<RgbImage[]> {
     const per = channels * latentHeight * latentWidth;
     const images: RgbImage[] = [];

@@ -49,9 +49,9 @@ export function peakBytes(): number {
 }
 
 /** Share of the free memory batches may plan to use: the server, the workers' other allocations and the OS move too. */
-const HEADROOM = 0.9;
+export const HEADROOM = 0.9;
 
-/** What batches may plan to take now: HEADROOM of what is free, and no more than `limit` (MEMORY_LIMIT). */
+/** What batches may plan to take now: HEADROOM of what is free, and no more than that of `limit` (MEMORY_LIMIT). */
 export function plannableBytes(limit = Infinity): number {
   return Math.min(availableBytes(), limit) * HEADROOM;
 }

@@ -13,6 +13,24 @@ export interface HostTensor {
   dims: readonly number[];
 }
 
+/**
+ * How onnxruntime says an allocation failed: `std::bad_alloc` from the CPU allocator without an arena,
+ * "Failed to allocate memory for requested buffer" from an arena (CPU or CUDA), and CUDA's own "out of
+ * memory" (cudaErrorMemoryAllocation).
+ */
+const OUT_OF_MEMORY = /std::bad_alloc|Failed to allocate memory|out of memory|cudaErrorMemoryAllocation/i;
+
+/** A session's run could not allocate its memory: the session and its process are fine, the run is not. */
+export class OnnxOutOfMemoryError extends Error {
+  constructor(
+    readonly file: string,
+    readonly detail: string,
+  ) {
+    super(`${file} ran out of memory: ${detail}`);
+    this.name = 'OnnxOutOfMemoryError';
+  }
+}
+
 /** Feeds already converted to one graph's input types (see OnnxModel.prepare). */
 export interface PreparedFeeds {
   readonly tensors: Readonly<Record<string, ort.Tensor>>;
@@ -69,7 +87,9 @@ export class OnnxModel {
     for (const name of this.inputs.keys()) {
       if (!(name in ortFeeds)) throw new Error(`${this.file} needs input '${name}', which this pipeline does not provide`);
     }
-    const result = await this.session.run(ortFeeds, outputs as string[]);
+    const result = await this.session.run(ortFeeds, outputs as string[]).catch((err: unknown) => {
+      throw OUT_OF_MEMORY.test((err as Error).message) ? new OnnxOutOfMemoryError(this.file, (err as Error).message) : err;
+    });
     const out: Record<string, HostTensor> = {};
     for (const name of outputs) out[name] = fromOrtTensor(this.file, name, result[name]);
     return out;

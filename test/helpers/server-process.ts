@@ -23,8 +23,11 @@ export interface ServerProcess {
 }
 
 export interface SpawnOptions {
-  /** Largest file the process may write, in KiB (ulimit -f): writes past it fail with EFBIG, as on a full disk. */
-  fileSizeLimitKb?: number;
+  /**
+   * Resource limits of the process and its workers, in KiB: `fileSize` (ulimit -f), writes past it fail
+   * with EFBIG as on a full disk; `data` (ulimit -d), allocations past it fail as on a machine out of memory.
+   */
+  limitsKb?: { fileSize?: number; data?: number };
   /** Each line of its log as it comes; `log` then keeps none (long runs, e.g. the soak benchmark). */
   onLine?(line: string): void;
   /** Its stderr: collected for the error of a failed start (default), or shown as it comes. */
@@ -32,9 +35,10 @@ export interface SpawnOptions {
 }
 
 /** Starts `imagegen serve` with `env` and resolves once it listens; rejects with its stderr when it exits first. */
-export async function spawnServer(env: Record<string, string>, { fileSizeLimitKb, onLine, stderr: stderrMode = 'pipe' }: SpawnOptions = {}): Promise<ServerProcess> {
+export async function spawnServer(env: Record<string, string>, { limitsKb = {}, onLine, stderr: stderrMode = 'pipe' }: SpawnOptions = {}): Promise<ServerProcess> {
   const command = [process.execPath, '--import', 'tsx', 'src/cli/main.ts', 'serve'];
-  const [file, ...args] = fileSizeLimitKb === undefined ? command : ['bash', '-c', `ulimit -f ${fileSizeLimitKb} && exec "$@"`, 'bash', ...command];
+  const ulimits = [limitsKb.fileSize !== undefined && `ulimit -f ${limitsKb.fileSize}`, limitsKb.data !== undefined && `ulimit -d ${limitsKb.data}`].filter(Boolean);
+  const [file, ...args] = ulimits.length === 0 ? command : ['bash', '-c', `${ulimits.join(' && ')} && exec "$@"`, 'bash', ...command];
   const child = spawn(file, args, {
     cwd: REPO,
     // tsx keeps its compile cache in memory: writing it could hit a file size limit.
