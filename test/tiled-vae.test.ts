@@ -147,6 +147,20 @@ describe('the memory plan decides when to tile', () => {
     expect(vaeTiling({ vae: { ...layout.vae, midBlockAttention: false } }, 224, 128, 1)).toBeUndefined();
   });
 
+  it("sizes tiles by all a decoder call was measured to take, not by its attention alone", async () => {
+    // A decoder measured at 512x512 taking 1 GiB, of which 0.19 GiB attention: the rest grows with the tile's pixels.
+    const decode = { pixels: 512 * 512, bytes: GiB, attentionBytes: vaeAttentionBytes(layout, 512, 512) };
+    const plan = new MemoryPlan({ [layout.dir]: { weightsBytes: 0, peakBytes: GiB, peakPixels: 512 * 512, decode } }, localMemory(2.5 * GiB));
+    const tiler = plan.vaeTiler(layout);
+    expect(await plan.imagesPerRun(layout, { width: 1792, height: 1024, items: [{ prompt: '', negativePrompt: '', seed: 1 }] }, 'sdxl')).toBe(1);
+    const tile = tiler(224, 128)!.tile;
+    const byAttention = vaeTiling(layout, 224, 128, 2.5 * GiB * 0.9)!.tile;
+    expect(tile).toBeLessThan(byAttention);
+    const side = tile * 8;
+    const rest = (decode.bytes - decode.attentionBytes) * Math.max(1, (side * side) / decode.pixels);
+    expect(rest + vaeAttentionBytes(layout, side, side)).toBeLessThanOrEqual(2.5 * GiB * 0.9);
+  });
+
   it("tiles every image with a side over 64 latent pixels with VAE_TILING=always, in tiles of at most 64", async () => {
     expect(vaeTiling(layout, 64, 64, Infinity, 64)).toBeUndefined();
     expect(vaeTiling(layout, 96, 64, Infinity, 64)).toEqual({ tile: 64, overlap: 16 });

@@ -41,16 +41,24 @@ const MIN_TILE = 32;
 const MIN_OVERLAP = 8;
 
 /**
- * How to decode an image of this latent size within `budget` bytes: whole (undefined) when its
- * attention fits and no side is longer than `largestTile`, else in the largest square tiles (a
- * multiple of 8 latent pixels, at most `largestTile`) whose attention does, never smaller than MIN_TILE.
+ * How to decode an image of this latent size within `budget` bytes: whole (undefined) when it fits
+ * and no side is longer than `largestTile`, else in the largest square tiles (a multiple of 8 latent
+ * pixels, at most `largestTile`) that fit, never smaller than MIN_TILE. `cost`: what one decoder call
+ * of width x height image pixels takes (by default its attention, which dominates at large sizes).
  */
-export function vaeTiling(layout: Pick<ModelLayout, 'vae'>, latentWidth: number, latentHeight: number, budget: number, largestTile = Infinity): VaeTiling | undefined {
+export function vaeTiling(
+  layout: Pick<ModelLayout, 'vae'>,
+  latentWidth: number,
+  latentHeight: number,
+  budget: number,
+  largestTile = Infinity,
+  cost = (width: number, height: number) => vaeAttentionBytes(layout, width, height),
+): VaeTiling | undefined {
   const scale = layout.vae.scaleFactor;
   const longest = Math.max(latentWidth, latentHeight);
-  if (longest <= largestTile && vaeAttentionBytes(layout, latentWidth * scale, latentHeight * scale) <= budget) return undefined;
+  if (longest <= largestTile && cost(latentWidth * scale, latentHeight * scale) <= budget) return undefined;
   let tile = Math.min(largestTile, Math.floor(longest / 8) * 8);
-  while (tile > MIN_TILE && vaeAttentionBytes(layout, tile * scale, tile * scale) > budget) tile -= 8;
+  while (tile > MIN_TILE && cost(tile * scale, tile * scale) > budget) tile -= 8;
   return { tile: Math.max(MIN_TILE, tile), overlap: Math.max(MIN_OVERLAP, Math.floor(tile / 4)) };
 }
 
@@ -122,8 +130,8 @@ export class MemoryPlan {
   private readonly loadedAt = new Map<string, number>();
   /** Model folders whose VAE decoder asked for this plan's tiling (see vaeTiler): their decodes are planned tiled. */
   private readonly tiledDecoders = new Set<string>();
-  /** What the VAE's attention may take in the running batch (see imagesPerRun); tiles are chosen to fit it. */
-  private attentionBudget = Infinity;
+  /** What the VAE decoder may take in the running batch (see imagesPerRun); tiles are chosen to fit it. */
+  private decodeBudget = Infinity;
   /** Set when the running batch's decode begins, if this system can measure the phases apart. */
   private decodeStart?: DecodeStart;
   /** Whether the running batch's peak is measured from its start (resetPeak worked). */
@@ -160,7 +168,7 @@ export class MemoryPlan {
   }
 
   /**
-   * How a model's VAE decoder should decode each image: whole while its attention fits what the running
+   * How a model's VAE decoder should decode each image: whole while a decoder call fits what the running
    * batch planned for it, else in tiles that do (see vaeTiling). The decoder asks as its decode begins,
    * which is where this plan splits the batch's peak into its two phases. From then on this plan counts
    * that model's decodes as tiled.
@@ -168,7 +176,7 @@ export class MemoryPlan {
   vaeTiler(layout: Pick<ModelLayout, 'dir' | 'vae'>): VaeTiler {
     this.tiledDecoders.add(layout.dir);
     return (latentWidth, latentHeight) => {
-      const tiling = vaeTiling(layout, latentWidth, latentHeight, this.attentionBudget, this.largestTile);
+      const tiling = this.tiling(layout, latentWidth, latentHeight, this.decodeBudget);
       if (this.exactPeak) {
         const scale = layout.vae.scaleFactor;
         const [width, height] = tiling ? [tiling.tile * scale, tiling.tile * scale] : [latentWidth * scale, latentHeight * scale];
@@ -179,10 +187,15 @@ export class MemoryPlan {
     };
   }
 
+  /** How this model's decoder decodes within `budget`: tiles chosen by what a decoder call of theirs takes here (see decodeBytes). */
+  private tiling(layout: Pick<ModelLayout, 'dir' | 'vae'>, latentWidth: number, latentHeight: number, budget: number): VaeTiling | undefined {
+    return vaeTiling(layout, latentWidth, latentHeight, budget, this.largestTile, (width, height) => this.decodeBytes(layout, width, height));
+  }
+
   /** The decoder's unit (an image, or one tile when its decoder tiles within `budget`; see vaeTiler), in pixels. */
   private decodeUnit(layout: Pick<ModelLayout, 'dir' | 'vae'>, width: number, height: number, budget: number): { width: number; height: number } {
     const scale = layout.vae.scaleFactor;
-    const tiling = this.tiledDecoders.has(layout.dir) ? vaeTiling(layout, width / scale, height / scale, budget, this.largestTile) : undefined;
+    const tiling = this.tiledDecoders.has(layout.dir) ? this.tiling(layout, width / scale, height / scale, budget) : undefined;
     return tiling ? { width: tiling.tile * scale, height: tiling.tile * scale } : { width, height };
   }
 
@@ -235,7 +248,7 @@ export class MemoryPlan {
           ` and batches may plan on ${formatBytes(budget)} now (90% of what is free, within MEMORY_LIMIT if set). Ask for a smaller size, or free memory: fewer WORKERS (each holds its own models), a lower MODEL_MEMORY_BUDGET, or a higher MEMORY_LIMIT.`,
       );
     }
-    this.attentionBudget = budget - this.denoiseBytes(layout.dir, plan.count, batch.width * batch.height);
+    this.decodeBudget = budget - this.denoiseBytes(layout.dir, plan.count, batch.width * batch.height);
     return plan.count;
   }
 
