@@ -43,6 +43,11 @@ describe.skipIf(!haveRealExports)('a run that onnxruntime cannot allocate (needs
       code: 'insufficient_memory',
       message: expect.stringMatching(/^Model 'sd15' ran out of memory making 1 image\(s\) of 768x512 \(onnxruntime: .*(bad_alloc|Failed to allocate).*\)\. Ask for a smaller size or fewer images.*MODEL_MEMORY_BUDGET/),
     });
+    // The plan learnt that this size needs more than it had to give: the same request is refused before
+    // it runs (no second failed run, no second reload), while a smaller one runs.
+    const again = await apiError(generate('768x512', 7.5));
+    expect(again.status).toBe(507);
+    expect(again.error).toMatchObject({ code: 'insufficient_memory', message: expect.stringMatching(/^Model 'sd15' needs about .* of 768x512 and batches may plan on/) });
     expect((await generate('512x512', 0)).data).toHaveLength(1);
     // Still the first worker: the failure cost the request, not the process.
     expect(server.log.some((line) => line.includes('starting a replacement'))).toBe(false);

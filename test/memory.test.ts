@@ -1,6 +1,6 @@
 import OpenAI from 'openai';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { bytesPerImage, mergeSamples } from '../src/models/memory-curve.js';
+import { bytesPerImage, leastPerImage, mergeSamples } from '../src/models/memory-curve.js';
 import { readMemoryFigures } from '../src/models/memory-figures.js';
 import { localMemory, MemoryPlan, vaeAttentionBytes } from '../src/pipelines/memory-plan.js';
 import { WorkerRuntime } from '../src/pipelines/run.js';
@@ -36,12 +36,14 @@ describe('the memory plan', () => {
     expect(new MemoryPlan().estimate(withAttention, { width: 512, height: 512, items: items(2) }, Infinity)).toBe(attention(512));
   });
 
-  it('extrapolates the denoising from two sizes along a·p + b·p², with the margin for the arena', () => {
+  it('extrapolates the denoising as the larger of the square from the largest size and twice the fitted a·p + b·p²', () => {
     const [p1, p2] = [256 * 256, 512 * 512];
-    // All square (x16 for 4x the pixels): the fitted curve is the square, which the one-sample bound already is.
-    expect(bytesPerImage([{ pixels: p1, bytes: 1e8 }, { pixels: p2, bytes: 16e8 }], 4 * p2)).toBeCloseTo(256e8, -3);
-    // All linear: twice the line (the arena margin), half the square of the larger sample.
-    expect(bytesPerImage([{ pixels: p1, bytes: 1e8 }, { pixels: p2, bytes: 4e8 }], 4 * p2)).toBeCloseTo(2 * 16e8, -3);
+    // All square (x16 for 4x the pixels): the fitted curve is the square, doubled for the arena.
+    expect(bytesPerImage([{ pixels: p1, bytes: 1e8 }, { pixels: p2, bytes: 16e8 }], 4 * p2)).toBeCloseTo(2 * 256e8, -3);
+    // All linear: the square from the larger sample, above twice the line.
+    expect(bytesPerImage([{ pixels: p1, bytes: 1e8 }, { pixels: p2, bytes: 4e8 }], 4 * p2)).toBeCloseTo(64e8, -3);
+    // Steeper than the square between the samples (an arena doubling): twice the fitted curve.
+    expect(bytesPerImage([{ pixels: p1, bytes: 1e8 }, { pixels: p2, bytes: 32e8 }], 2 * p2)).toBeGreaterThan(32e8 * 4);
     // Below the largest sample: that sample's bound, linear.
     expect(bytesPerImage([{ pixels: p1, bytes: 1e8 }, { pixels: p2, bytes: 4e8 }], p2 / 2)).toBeCloseTo(2e8, -3);
     expect(bytesPerImage([], p2)).toBe(0);
@@ -50,6 +52,16 @@ describe('the memory plan', () => {
       { pixels: p2, bytes: 3 },
       { pixels: 4 * p2, bytes: 1 },
     ]);
+  });
+
+  it('expects at least what an image was seen to exceed, at that size and above (a run onnxruntime could not allocate)', () => {
+    const p = 512 * 512;
+    expect(leastPerImage([{ pixels: p, bytes: 4e9 }], p / 2)).toBe(0);
+    expect(leastPerImage([{ pixels: p, bytes: 4e9 }], p)).toBeGreaterThan(4e9);
+    expect(leastPerImage([{ pixels: p, bytes: 4e9 }, { pixels: 2 * p, bytes: 6e9 }], 4 * p)).toBeGreaterThan(6e9);
+    const plan = new MemoryPlan({ '/m': { ...measured, exceeded: [{ pixels: p, bytes: 4e9 }] } });
+    expect(plan.estimate(withAttention, { width: 512, height: 512, items: items(1) }, Infinity)).toBeGreaterThan(4e9);
+    expect(plan.estimate(withAttention, { width: 256, height: 256, items: items(1) }, Infinity)).toBeLessThan(1e9);
   });
 
   it('splits a batch into the most images per model call that fit', async () => {
@@ -69,7 +81,7 @@ describe('the memory plan', () => {
   it.skipIf(!haveRealExports)('measures what a real export takes in this process, loaded and at its peak (needs ../shared)', async () => {
     const runtime = new WorkerRuntime({ runtime: { provider: 'cpu', threads: 1 } });
     const dir = realExport('sd15');
-    await runtime.generateImages({ modelDir: dir, width: 512, height: 512, steps: 1, guidanceScale: 0, items: [{ prompt: 'a cat', negativePrompt: '', seed: 1 }] });
+    await runtime.generateImages({ modelDir: dir, width: 512, height: 512, steps: 1, guidanceScale: 2, items: [{ prompt: 'a cat', negativePrompt: '', seed: 1 }] });
     const measured = runtime.modelMemory(dir)!;
     expect(measured.weightsBytes).toBeGreaterThan(1e6);
     // At least the VAE's attention at 512x512 (4096 tokens) passes through memory.
@@ -77,7 +89,8 @@ describe('the memory plan', () => {
     expect(measured.peakPixels).toBe(512 * 512);
     // On Linux the peak is measured in its two phases, the decoder's with its attention at 512x512.
     if (process.platform === 'linux') {
-      // Its calibration runs (256 and 384, one step each) and the batch: three sizes of denoising.
+      // Its calibration runs (1/2 and 3/4 of its native 512: 256 and 384, one step each, with guidance) and the batch, which grew the
+      // denoiser's arena beyond what they left: three sizes of denoising.
       expect(measured.denoise!.map((sample) => sample.pixels)).toEqual([256 * 256, 384 * 384, 512 * 512]);
       // The largest decoder call seen (the allocator's reuse of freed pages blurs which of the three
       // sizes), with the attention of its own size.

@@ -128,6 +128,8 @@ function run(batch: GenerationBatch): void {
       reportMemory(batch.modelDir);
       await send({ type: 'done', images });
     } catch (err) {
+      // A run that ran out of memory changed the model's figures too (ModelMemory.exceeded).
+      reportMemory(batch.modelDir);
       // Only these fields: an error's other properties need not survive serialisation.
       const { name, message, stack } = err instanceof Error ? err : new Error(inspect(err));
       await send({ type: 'failed', error: { name, message, stack } });

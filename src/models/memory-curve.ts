@@ -3,10 +3,12 @@
  * it ran at. Its activations grow with the pixels and its attention with their square (the tiny SD 1.5
  * export measured 0.13, 1.96 and 8.5 GB at 256², 512² and 768²), so the need of one image is taken
  * to be a·p + b·p² with a, b ≥ 0 for p pixels. A single sample bounds that curve: linearly below its
- * size, quadratically above. Two samples fix it, which extrapolates far closer for a model whose
- * activations are mostly linear; but onnxruntime's arena grows in doubling regions, so what a session
- * holds depends on the sizes it ran before (the same export held 1.2 GB after 256², 384² and 512², and
- * 2.0 GB after 512² alone), and the fitted curve gets a margin of that factor.
+ * size, quadratically above. But onnxruntime's arena grows in doubling regions, so what a session holds
+ * steps up faster than its need and depends on the sizes it ran before (the same export held 1.2 GB
+ * after 256², 384² and 512², and 2.0 GB after 512² alone). Beyond the largest size measured, the need
+ * is taken as the larger of that sample's quadratic bound and twice the curve fitted through the two
+ * largest samples: `npm run bench:memory-plan` measured this 1.0 to 1.9 times what the real exports
+ * then took at and beyond their native sizes, where the smaller of the two was 0.57 to 1.19 times.
  */
 
 /** What one image of `pixels` took. */
@@ -16,7 +18,7 @@ export interface MemorySample {
 }
 
 /** Margin on a curve fitted through two samples: the arena's doubling regions (see above). */
-const FIT_MARGIN = 2;
+const ARENA_MARGIN = 2;
 
 /** The bound of one sample: exact for a curve that is all square above its size, all linear below. */
 function sampleBound({ pixels, bytes }: MemorySample, at: number): number {
@@ -40,8 +42,19 @@ export function bytesPerImage(samples: readonly MemorySample[], pixels: number):
   const bound = Math.min(...samples.map((sample) => sampleBound(sample, pixels)));
   const [low, high] = [...samples].sort((x, y) => x.pixels - y.pixels).slice(-2);
   if (!high || pixels <= high.pixels) return bound;
-  return Math.min(bound, fitThrough(low, high)(pixels) * FIT_MARGIN);
+  return Math.max(bound, fitThrough(low, high)(pixels) * ARENA_MARGIN);
 }
+
+/**
+ * The least one image of `pixels` needs by the sizes at which an image was seen to need more than
+ * their bytes (ModelMemory.exceeded): a larger image needs no less.
+ */
+export function leastPerImage(exceeded: readonly MemorySample[], pixels: number): number {
+  return Math.max(0, ...exceeded.filter((sample) => sample.pixels <= pixels).map((sample) => sample.bytes * EXCEEDED_MARGIN));
+}
+
+/** "More than": what an exceeded figure is taken to mean. */
+const EXCEEDED_MARGIN = 1.05;
 
 /** Samples with `added`: the larger figure per size, at most `keep` sizes (the largest: the smaller are bounded by them). */
 export function mergeSamples(samples: readonly MemorySample[], added: readonly MemorySample[], keep = 16): MemorySample[] {

@@ -3,7 +3,7 @@ import path from 'node:path';
 import { isDeepStrictEqual } from 'node:util';
 import { z } from 'zod';
 import { readJsonIfPresent } from '../util/files.js';
-import { mergeSamples } from './memory-curve.js';
+import { mergeSamples, type MemorySample } from './memory-curve.js';
 
 /**
  * What each model measured in the workers (see src/pipelines/memory-plan.ts), kept in DATA_DIR so a
@@ -25,6 +25,12 @@ const modelMemory = z.object({
    * it held (counted apart, as it grows with the square of the pixels; see memory-plan.ts).
    */
   decode: sample.extend({ attentionBytes: size }).optional(),
+  /**
+   * Sizes at which one image needed more than `bytes`: a run onnxruntime could not allocate though it
+   * was planned within them (a limit the plan cannot see, such as the GPU's). The plan expects at least
+   * that much from then on, at that size and above, and tries again only with more to give.
+   */
+  exceeded: z.array(sample).optional(),
 });
 
 /**
@@ -37,7 +43,9 @@ export type ModelMemory = z.infer<typeof modelMemory>;
 /** The figures of both, each the larger: what the plan counts on is the most a model was seen to take. */
 export function mergeMemory(known: ModelMemory | undefined, reported: ModelMemory): ModelMemory {
   const peak = known && known.peakBytes >= reported.peakBytes ? known : reported;
-  const denoise = known?.denoise || reported.denoise ? mergeSamples(known?.denoise ?? [], reported.denoise ?? []) : undefined;
+  const merged = (a?: MemorySample[], b?: MemorySample[]) => (a || b ? mergeSamples(a ?? [], b ?? []) : undefined);
+  const denoise = merged(known?.denoise, reported.denoise);
+  const exceeded = merged(known?.exceeded, reported.exceeded);
   const decode = !known?.decode || (reported.decode && reported.decode.bytes > known.decode.bytes) ? reported.decode : known.decode;
   return {
     weightsBytes: Math.max(known?.weightsBytes ?? 0, reported.weightsBytes),
@@ -45,6 +53,7 @@ export function mergeMemory(known: ModelMemory | undefined, reported: ModelMemor
     peakPixels: peak.peakPixels,
     ...(denoise && { denoise }),
     ...(decode && { decode }),
+    ...(exceeded && { exceeded }),
   };
 }
 

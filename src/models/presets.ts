@@ -76,6 +76,11 @@ function stepTiers(base: Record<Quality, number>, override: PresetOverride['step
   return { low: override?.low ?? Math.min(base.low, standard), standard, hd: override?.hd ?? base.hd };
 }
 
+/** The side a model was trained at: its denoiser's config, else its family variant's. */
+export function nativeSide(layout: Pick<ModelLayout, 'family' | 'variant' | 'nativeSize'>): number {
+  return layout.nativeSize ?? familyEntry(layout.family).variants[layout.variant].nativeSize;
+}
+
 /**
  * The preset of a model: its variant's defaults, sized for its native resolution, with the folder's
  * `imagegen.json` (already parsed) applied. `knownSchedulers` are the names valid for this model.
@@ -86,7 +91,7 @@ export function presetFor(
   knownSchedulers: readonly string[],
 ): ModelPreset {
   const base = familyEntry(layout.family).variants[layout.variant];
-  const native = layout.nativeSize ?? base.nativeSize;
+  const native = nativeSide(layout);
   const sizes = override.sizes ?? SIZE_CLASSES[native] ?? [`${native}x${native}`];
   const defaultSize = override.default_size ?? (sizes.includes(`${native}x${native}`) ? `${native}x${native}` : sizes[0]);
   const multiple = layout.sizeMultiple;

@@ -2,7 +2,7 @@ import { peakBytes, plannableBytes, resetPeak, residentBytes } from '../runtime/
 import type { GenerationBatch } from '../runtime/types.js';
 import type { ModelLayout } from '../models/layout.js';
 import { formatBytes } from '../util/bytes.js';
-import { bytesPerImage } from '../models/memory-curve.js';
+import { bytesPerImage, leastPerImage } from '../models/memory-curve.js';
 import { mergeMemory, type ModelMemory } from '../models/memory-figures.js';
 import type { VaeTiler, VaeTiling } from './vae.js';
 
@@ -130,7 +130,8 @@ export class MemoryPlan {
   private readonly loadedAt = new Map<string, number>();
   /** Model folders whose VAE decoder asked for this plan's tiling (see vaeTiler): their decodes are planned tiled. */
   private readonly tiledDecoders = new Set<string>();
-  /** What the VAE decoder may take in the running batch (see imagesPerRun); tiles are chosen to fit it. */
+  /** What the running batch was planned within, and what of it the VAE decoder may take (tiles are chosen to fit it). */
+  private batchBudget = Infinity;
   private decodeBudget = Infinity;
   /** Set when the running batch's decode begins, if this system can measure the phases apart. */
   private decodeStart?: DecodeStart;
@@ -204,8 +205,9 @@ export class MemoryPlan {
    * memory-curve.ts), beyond what the model's earlier runs here left held.
    */
   private denoiseBytes(modelDir: string, images: number, pixels: number): number {
-    const samples = this.figures.get(modelDir)?.denoise ?? [];
-    return Math.max(0, images * bytesPerImage(samples, pixels) - (this.held.get(modelDir) ?? 0));
+    const figures = this.figures.get(modelDir);
+    const perImage = Math.max(bytesPerImage(figures?.denoise ?? [], pixels), leastPerImage(figures?.exceeded ?? [], pixels));
+    return Math.max(0, images * perImage - (this.held.get(modelDir) ?? 0));
   }
 
   /**
@@ -248,8 +250,19 @@ export class MemoryPlan {
           ` and batches may plan on ${formatBytes(budget)} now (90% of what is free, within MEMORY_LIMIT if set). Ask for a smaller size, or free memory: fewer WORKERS (each holds its own models), a lower MODEL_MEMORY_BUDGET, or a higher MEMORY_LIMIT.`,
       );
     }
+    this.batchBudget = budget;
     this.decodeBudget = budget - this.denoiseBytes(layout.dir, plan.count, batch.width * batch.height);
     return plan.count;
+  }
+
+  /**
+   * A run of `images` images of `pixels` each that onnxruntime could not allocate, though planned within
+   * the running batch's budget: each of them needed more than its share of it (ModelMemory.exceeded).
+   */
+  recordExceeded(modelDir: string, images: number, pixels: number): void {
+    if (this.batchBudget === Infinity) return;
+    const exceeded = [{ pixels, bytes: this.batchBudget / images }];
+    this.figures.set(modelDir, mergeMemory(this.figures.get(modelDir), { weightsBytes: 0, peakBytes: 0, peakPixels: 0, exceeded }));
   }
 
   /**

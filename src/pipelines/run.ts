@@ -6,6 +6,7 @@ import { IMAGE_FORMATS, outputOf, previewSteps, type BatchEvent, type BatchItem,
 import { chunks } from '../util/chunks.js';
 import { encodeImage } from './encode-image.js';
 import { loadPipeline } from './load.js';
+import { nativeSide } from '../models/presets.js';
 import type { ModelMemory } from '../models/memory-figures.js';
 import { InsufficientMemoryError, localMemory, MemoryPlan, type MemorySource, type VaeTilingMode } from './memory-plan.js';
 import type { GenerateHooks, Pipeline, RgbImage } from './pipeline.js';
@@ -32,8 +33,12 @@ export interface EngineSettings {
   vaeTiling?: VaeTilingMode;
 }
 
-/** Sides of the calibration runs (see WorkerRuntime.calibrate): small enough to cost little, two to fit a curve. */
-const CALIBRATION_SIDES = [256, 384];
+/**
+ * Sides of the calibration runs (see WorkerRuntime.calibrate), as shares of the model's native side:
+ * small enough to cost little, two to fit a curve, near enough to the native size that the curve holds
+ * there (`npm run bench:memory-plan` shows how well).
+ */
+const CALIBRATION_SHARES = [1 / 2, 3 / 4];
 
 const defaults = (): EngineSettings => ({
   runtime: defaultRuntime(),
@@ -60,17 +65,17 @@ export class WorkerRuntime {
   }
 
   /**
-   * A model that never ran on this machine first runs one step at two small sizes: its memory plan then
-   * extrapolates from measured figures (models/memory-curve.ts) instead of knowing nothing, and a first
-   * request too large for the machine gets 507 rather than the OOM killer. The figures are kept in
+   * A model that never ran on this machine first runs one step at half and three quarters of its native
+   * side: its memory plan then extrapolates from measured figures (models/memory-curve.ts) instead of
+   * knowing nothing, and a first request too large for the machine gets 507 rather than the OOM killer. The figures are kept in
    * DATA_DIR, so this happens once per model and machine. Guidance above 1 counts the doubled batch of
    * classifier-free guidance.
    */
   private async calibrate(pipeline: Pipeline): Promise<void> {
     const { dir, sizeMultiple } = pipeline.layout;
     if (!this.memory.measuresPhases || this.memory.of(dir)?.denoise) return;
-    for (const side of CALIBRATION_SIDES) {
-      const size = Math.ceil(side / sizeMultiple) * sizeMultiple;
+    for (const share of CALIBRATION_SHARES) {
+      const size = Math.ceil((nativeSide(pipeline.layout) * share) / sizeMultiple) * sizeMultiple;
       const batch: GenerationBatch = { modelDir: dir, width: size, height: size, steps: 1, guidanceScale: 2, items: [{ prompt: '', negativePrompt: '', seed: 0 }] };
       // A model that cannot run a plain generation is measured on its first batch instead, whose error then says why.
       if (!(await this.memory.measureRun(dir, 1, size * size, () => pipeline.generate(batch, {})).then(() => true, () => false))) return;
@@ -143,6 +148,7 @@ export class WorkerRuntime {
       images.push(
         ...(await this.memory.measureRun(batch.modelDir, items.length, batch.width * batch.height, run).catch(async (err: unknown) => {
           if (!(err instanceof OnnxOutOfMemoryError)) throw err;
+          this.memory.recordExceeded(batch.modelDir, items.length, batch.width * batch.height);
           // The failed run's arenas keep what it got, which other sessions (the arena-less VAE) cannot
           // use: the model's sessions go, and the next batch loads them again with the memory back.
           await this.pipelines.release(batch.modelDir);
