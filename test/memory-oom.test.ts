@@ -1,55 +1,112 @@
-import { mkdtemp, rm } from 'node:fs/promises';
+import { mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import OpenAI from 'openai';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import type { ModelMemory } from '../src/models/memory-figures.js';
+import { cgroupUnavailable, makeMemoryCgroup, type MemoryCgroup } from './helpers/cgroup.js';
 import { apiError } from './helpers/failures.js';
 import { haveRealExports, realExport } from './helpers/real-exports.js';
 import { installModels } from './helpers/real-server.js';
-import { spawnServer, type ServerProcess } from './helpers/server-process.js';
+import { spawnServer, type SpawnOptions } from './helpers/server-process.js';
 
 /**
- * A run that runs out of memory though the plan expected it to fit (another process took the memory, or
- * a limit the plan cannot see: a container's, the GPU's). Here a data-size limit on the server and its
- * workers (ulimit -d, 2 GB) makes onnxruntime's allocations fail for real, with the machine's free
- * memory still telling the plan that a 768x512 image of the SD 1.5 export (about 4 GB to denoise with
- * guidance) fits.
+ * Batches that run out of memory though the plan let them run (another process took the memory, or a
+ * limit the plan cannot see, such as the GPU's), made to happen for real with the SD 1.5 export: a
+ * 768x512 image with guidance takes about 4.4 GB above the loaded model, a 512x512 one without about
+ * 1.2 GB. Either way the client gets a 507 that says what to change, the server learns that the size
+ * needs more than it had (the same request is then refused up front), and a smaller request runs.
  */
 
-describe.skipIf(!haveRealExports)('a run that onnxruntime cannot allocate (needs ../shared/data/real-exports)', () => {
-  let root: string;
-  let server: ServerProcess;
-  let client: OpenAI;
-  beforeAll(async () => {
-    root = await mkdtemp(path.join(os.tmpdir(), 'imagegen-oom-'));
-    await installModels(path.join(root, 'models'), { sd15: { link: realExport('sd15') } });
-    server = await spawnServer(
-      { PORT: '0', DATA_DIR: path.join(root, 'data'), MODELS_DIR: path.join(root, 'models'), DEFAULT_MODEL: 'sd15', PRELOAD: 'sd15', MODELS_RESCAN_SECONDS: '0' },
-      { limitsKb: { data: 2_000_000 } },
-    );
-    client = new OpenAI({ baseURL: server.baseURL, apiKey: 'unused', maxRetries: 0 });
-  });
-  afterAll(async () => {
-    server?.child.kill('SIGKILL');
-    await rm(root, { recursive: true, force: true });
-  });
+const cgroupSkip = await cgroupUnavailable();
+if (cgroupSkip) console.warn(`skipping the OOM-killer test: ${cgroupSkip}`);
 
+/** The SD 1.5 export installed as 'sd15' in a root of its own, and `imagegen serve` started on it. */
+async function startSd15(options: SpawnOptions, figures?: (modelDir: string) => Record<string, ModelMemory>) {
+  const root = await mkdtemp(path.join(os.tmpdir(), 'imagegen-oom-'));
+  const modelsDir = path.join(root, 'models');
+  const dataDir = path.join(root, 'data');
+  await installModels(modelsDir, { sd15: { link: realExport('sd15') } });
+  if (figures) {
+    await mkdir(dataDir, { recursive: true });
+    await writeFile(path.join(dataDir, 'model-memory.json'), JSON.stringify(figures(path.join(modelsDir, 'sd15'))));
+  }
+  const server = await spawnServer({ PORT: '0', DATA_DIR: dataDir, MODELS_DIR: modelsDir, DEFAULT_MODEL: 'sd15', PRELOAD: 'sd15', MODELS_RESCAN_SECONDS: '0' }, options);
+  const client = new OpenAI({ baseURL: server.baseURL, apiKey: 'unused', maxRetries: 0 });
   const generate = (size: string, guidance: number) => client.images.generate({ model: 'sd15', prompt: 'a cat', size, response_format: 'b64_json', steps: 1, guidance_scale: guidance } as never);
+  return {
+    server,
+    generate,
+    async close() {
+      server.child.kill('SIGKILL');
+      await server.exited;
+      await rm(root, { recursive: true, force: true });
+    },
+  };
+}
+
+/** The same request again is refused by the plan before it runs; a smaller one runs. */
+async function expectLearnt(generate: (size: string, guidance: number) => Promise<OpenAI.ImagesResponse>) {
+  const again = await apiError(generate('768x512', 7.5));
+  expect(again.status).toBe(507);
+  expect(again.error).toMatchObject({ code: 'insufficient_memory', message: expect.stringMatching(/^Model 'sd15' needs about .* of 768x512 and batches may plan on/) });
+  expect((await generate('512x512', 0)).data).toHaveLength(1);
+}
+
+describe.skipIf(!haveRealExports)('a run that onnxruntime cannot allocate (needs ../shared/data/real-exports)', () => {
+  // A data-size limit on the server and its workers (ulimit -d, 2 GB) makes onnxruntime's allocations
+  // fail, while the machine's free memory still tells the plan that the 768x512 image fits.
+  let sd15: Awaited<ReturnType<typeof startSd15>>;
+  beforeAll(async () => {
+    sd15 = await startSd15({ limitsKb: { data: 2_000_000 } });
+  });
+  afterAll(() => sd15?.close());
 
   it('answers 507 insufficient_memory saying what to change, and the same worker serves on', async () => {
-    const error = await apiError(generate('768x512', 7.5));
+    const error = await apiError(sd15.generate('768x512', 7.5));
     expect(error.status).toBe(507);
     expect(error.error).toMatchObject({
       code: 'insufficient_memory',
       message: expect.stringMatching(/^Model 'sd15' ran out of memory making 1 image\(s\) of 768x512 \(onnxruntime: .*(bad_alloc|Failed to allocate).*\)\. Ask for a smaller size or fewer images.*MODEL_MEMORY_BUDGET/),
     });
-    // The plan learnt that this size needs more than it had to give: the same request is refused before
-    // it runs (no second failed run, no second reload), while a smaller one runs.
-    const again = await apiError(generate('768x512', 7.5));
-    expect(again.status).toBe(507);
-    expect(again.error).toMatchObject({ code: 'insufficient_memory', message: expect.stringMatching(/^Model 'sd15' needs about .* of 768x512 and batches may plan on/) });
-    expect((await generate('512x512', 0)).data).toHaveLength(1);
+    // The model's sessions were released (their arenas kept what the failed run got): without that the
+    // 512x512 image that follows fails in the VAE decoder.
+    await expectLearnt(sd15.generate);
     // Still the first worker: the failure cost the request, not the process.
-    expect(server.log.some((line) => line.includes('starting a replacement'))).toBe(false);
+    expect(sd15.server.log.some((line) => line.includes('starting a replacement'))).toBe(false);
+  });
+});
+
+describe.skipIf(!haveRealExports || cgroupSkip)('a worker the OOM killer ends (needs ../shared and root with a memory cgroup)', () => {
+  // The server runs in a memory cgroup of 2.2 GB, which its plan sees (the 768x512 image took 2.7 GB
+  // in all there, the 512x512 one 1.7 GB); figures that say the model needs
+  // almost nothing make it run the 768x512 image, and the kernel's OOM killer ends the worker (the
+  // one it prefers: see worker.ts's oom_score_adj).
+  let group: MemoryCgroup;
+  let sd15: Awaited<ReturnType<typeof startSd15>>;
+  const MiB = 2 ** 20;
+  beforeAll(async () => {
+    group = await makeMemoryCgroup(2.2 * 2 ** 30);
+    sd15 = await startSd15({ cgroup: group.dir }, (dir) => ({
+      [dir]: { weightsBytes: MiB, peakBytes: MiB, peakPixels: 768 * 512, denoise: [{ pixels: 768 * 512, bytes: MiB }] },
+    }));
+  });
+  afterAll(async () => {
+    await sd15?.close();
+    await group?.remove();
+  });
+
+  it('answers 507 insufficient_memory naming the model, the size and what it was planned with, and plans better from then on', async () => {
+    const error = await apiError(sd15.generate('768x512', 7.5));
+    expect(error.status).toBe(507);
+    expect(error.error).toMatchObject({
+      code: 'insufficient_memory',
+      message: expect.stringMatching(/^The worker process generating this image was killed by the system for running out of memory: model 'sd15' at 768x512 needed more than the .* it was planned with\./),
+    });
+    // Planned within the group's limit, which the plan reads (cgroup v1 or v2), not the machine's free memory.
+    const [, amount, unit] = /than the ([\d.]+) (MiB|GiB) it was planned with/.exec(error.message)!;
+    expect(Number(amount) * (unit === 'GiB' ? 1024 : 1)).toBeLessThan(2.2 * 1024);
+    await expect.poll(() => sd15.server.log.some((line) => line.includes('the OOM killer ended a worker'))).toBe(true);
+    await expectLearnt(sd15.generate);
   });
 });

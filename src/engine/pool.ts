@@ -6,7 +6,7 @@ import type { ModelMemory } from '../models/memory-figures.js';
 import { BatchMerger } from './batcher.js';
 import { CostModel } from './cost-model.js';
 import { MemoryArbiter } from './memory-arbiter.js';
-import { HEADROOM, plannableBytes, residentBytesOf } from '../runtime/memory.js';
+import { HEADROOM, oomKills, plannableBytes, residentBytesOf } from '../runtime/memory.js';
 import { JobQueue, RequeueError, Ticket, type ClientLimits } from './job-queue.js';
 import type { BatchEvent, GeneratedImage, GenerationBatch, ModelRef } from '../runtime/types.js';
 import { WorkerDiedError, WorkerProcess, type WorkerListener } from './worker-process.js';
@@ -129,6 +129,22 @@ export interface WorkerPool extends EnginePool {
 }
 
 const modelName = (modelDir: string) => path.basename(modelDir);
+
+/**
+ * The kernel's OOM killer ended the worker running a batch, which its memory plan had let run: the
+ * batch needed more than the `plannedBytes` it was granted. The pool has recorded that (see
+ * ModelMemory.exceeded), so the plan refuses the same request up front from now on.
+ */
+export class WorkerOutOfMemoryError extends Error {
+  constructor(
+    readonly model: string,
+    readonly size: string,
+    readonly plannedBytes: number,
+  ) {
+    super(`the worker making ${size} images with model '${model}' was killed by the system for running out of memory`);
+    this.name = 'WorkerOutOfMemoryError';
+  }
+}
 
 /**
  * A dead worker that had proved itself (completed a batch, or stayed up STABLE_MS) is restarted at once;
@@ -266,6 +282,7 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
     let outcome: BatchOutcome | 'not_started' = 'failed';
     let images = 0;
     const watchdog = stallWatchdog(worker);
+    const oomKillsBefore = oomKills();
     try {
       const heard = (event: BatchEvent) => {
         if (event.type === 'preview') metrics?.partialImage(modelName(batch.modelDir));
@@ -284,13 +301,22 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
       }
       if (err instanceof WorkerDiedError) outcome = 'worker_died';
       else if (stop.aborted) outcome = 'cancelled';
-      throw err;
+      const killedForMemory = err instanceof WorkerDiedError && worker.grant && (oomKills() ?? 0) > (oomKillsBefore ?? Infinity);
+      throw killedForMemory ? outOfMemory(batch, worker.grant!.budget) : err;
     } finally {
       memory.release(worker);
       watchdog.stop();
       if (outcome === 'not_started') logger?.warn({ model: modelName(batch.modelDir), pid: worker.pid }, 'batch sent to a worker that had died; it waits for another');
       else report(batch, worker, outcome, images, started);
     }
+  }
+
+  /** Records that the batch needed more than it was planned with (its model's `exceeded` figures), for the next plans. */
+  function outOfMemory(batch: GenerationBatch, plannedBytes: number): WorkerOutOfMemoryError {
+    const exceeded = [{ pixels: batch.width * batch.height, bytes: plannedBytes / batch.items.length }];
+    options.memoryFigures?.record(batch.modelDir, { weightsBytes: 0, peakBytes: 0, peakPixels: 0, exceeded });
+    logger?.error({ model: modelName(batch.modelDir), size: `${batch.width}x${batch.height}`, images: batch.items.length, plannedBytes }, 'the OOM killer ended a worker: its batch needed more memory than planned');
+    return new WorkerOutOfMemoryError(modelName(batch.modelDir), `${batch.width}x${batch.height}`, plannedBytes);
   }
 
   function report(batch: GenerationBatch, worker: WorkerProcess, outcome: BatchOutcome, images: number, started: number): void {

@@ -64,6 +64,8 @@ export class WorkerProcess implements MemoryClaimant {
   batchesDone = 0;
   /** Denoising steps done in the running (or else the last) batch. */
   step = 0;
+  /** The memory the running (or else the last) batch was last granted (see memory-arbiter.ts). */
+  grant?: MemoryGrant;
   alive = true;
   /** Model folders this worker has loaded. */
   readonly loaded = new Set<string>();
@@ -117,6 +119,7 @@ export class WorkerProcess implements MemoryClaimant {
     return new Promise<GeneratedImage[]>((resolve, reject) => {
       this.task = { started: false, resolve, reject, onProgress, onEvent };
       this.step = 0;
+      this.grant = undefined;
       this.send({ type: 'run', batch });
       if (stop.aborted) cancel();
     }).finally(() => stop.removeEventListener('abort', cancel));
@@ -135,6 +138,7 @@ export class WorkerProcess implements MemoryClaimant {
   grantMemory(grant: MemoryGrant): void {
     // The end of a wait for memory: the batch's first step is still to come, and the stall watchdog counts from here.
     this.task?.onProgress();
+    this.grant = grant;
     this.send({ type: 'memory-grant', grant });
   }
 

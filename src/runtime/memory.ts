@@ -1,5 +1,6 @@
 import { readFileSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
+import { cgroupAvailableBytes, cgroupOomKills } from './cgroup-memory.js';
 
 /**
  * What this process holds in memory and what the machine can still give, as the kernel counts them:
@@ -11,15 +12,6 @@ function procValue(file: string, key: string): number | undefined {
   try {
     const match = new RegExp(`^${key}:\\s+(\\d+) kB$`, 'm').exec(readFileSync(file, 'utf8'));
     return match ? Number(match[1]) * 1024 : undefined;
-  } catch {
-    return undefined;
-  }
-}
-
-function cgroupNumber(file: string): number | undefined {
-  try {
-    const text = readFileSync(file, 'utf8').trim();
-    return text === 'max' ? undefined : Number(text);
   } catch {
     return undefined;
   }
@@ -61,10 +53,27 @@ export function residentBytesOf(pid: number): number | undefined {
   return procValue(`/proc/${pid}/status`, 'VmRSS');
 }
 
-/** Memory the machine (or this process's container) can still give before something is killed. */
+/** Memory the machine (or this process's container, see cgroup-memory.ts) can still give before something is killed. */
 export function availableBytes(): number {
   const machine = procValue('/proc/meminfo', 'MemAvailable') ?? os.freemem();
-  const limit = cgroupNumber('/sys/fs/cgroup/memory.max');
-  const used = cgroupNumber('/sys/fs/cgroup/memory.current');
-  return limit !== undefined && used !== undefined ? Math.min(machine, Math.max(0, limit - used)) : machine;
+  return Math.min(machine, cgroupAvailableBytes() ?? Infinity);
+}
+
+/**
+ * Processes the kernel's OOM killer has ended so far among this process's control group (see
+ * cgroup-memory.ts), else on the whole machine (/proc/vmstat); undefined where neither is known.
+ */
+export function oomKills(): number | undefined {
+  const inGroup = cgroupOomKills();
+  if (inGroup !== undefined) return inGroup;
+  const match = /^oom_kill (\d+)$/m.exec(readTextOrEmpty('/proc/vmstat'));
+  return match ? Number(match[1]) : undefined;
+}
+
+function readTextOrEmpty(file: string): string {
+  try {
+    return readFileSync(file, 'utf8');
+  } catch {
+    return '';
+  }
 }

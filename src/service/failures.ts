@@ -1,5 +1,7 @@
 import { QueueClosedError, QueueFullError, QueueTimeoutError } from '../engine/job-queue.js';
+import { WorkerOutOfMemoryError } from '../engine/pool.js';
 import { WorkerDiedError } from '../engine/worker-process.js';
+import { formatBytes } from '../util/bytes.js';
 import { ApiError } from '../api/errors.js';
 import { InsufficientMemoryError } from '../pipelines/memory-plan.js';
 import { StoreFullError, StoreUnavailableError } from '../store/image-store.js';
@@ -26,6 +28,14 @@ export function engineError(err: unknown): unknown {
       503,
       `The server is overloaded: this request waited ${err.waitedSeconds}s for a free worker without getting one. Please try again in ${err.retryAfterSeconds}s.`,
       { code: 'queue_timeout', headers: { 'retry-after': String(err.retryAfterSeconds) } },
+    );
+  }
+  if (err instanceof WorkerOutOfMemoryError) {
+    return new ApiError(
+      507,
+      `The worker process generating this image was killed by the system for running out of memory: model '${err.model}' at ${err.size} needed more than the ${formatBytes(err.plannedBytes)} it was planned with. ` +
+        'It has been replaced, and the server now expects this to need more, so it is refused at once until more memory is free. Ask for a smaller size or fewer images, or free memory: fewer WORKERS, a lower MODEL_MEMORY_BUDGET.',
+      { code: 'insufficient_memory', headers: { 'x-should-retry': 'false' }, cause: err },
     );
   }
   if (err instanceof WorkerDiedError) {

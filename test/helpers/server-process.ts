@@ -28,6 +28,8 @@ export interface SpawnOptions {
    * with EFBIG as on a full disk; `data` (ulimit -d), allocations past it fail as on a machine out of memory.
    */
   limitsKb?: { fileSize?: number; data?: number };
+  /** A control group's folder the process (and so its workers) joins before it starts (see helpers/cgroup.ts). */
+  cgroup?: string;
   /** Each line of its log as it comes; `log` then keeps none (long runs, e.g. the soak benchmark). */
   onLine?(line: string): void;
   /** Its stderr: collected for the error of a failed start (default), or shown as it comes. */
@@ -35,10 +37,14 @@ export interface SpawnOptions {
 }
 
 /** Starts `imagegen serve` with `env` and resolves once it listens; rejects with its stderr when it exits first. */
-export async function spawnServer(env: Record<string, string>, { limitsKb = {}, onLine, stderr: stderrMode = 'pipe' }: SpawnOptions = {}): Promise<ServerProcess> {
+export async function spawnServer(env: Record<string, string>, { limitsKb = {}, cgroup, onLine, stderr: stderrMode = 'pipe' }: SpawnOptions = {}): Promise<ServerProcess> {
   const command = [process.execPath, '--import', 'tsx', 'src/cli/main.ts', 'serve'];
-  const ulimits = [limitsKb.fileSize !== undefined && `ulimit -f ${limitsKb.fileSize}`, limitsKb.data !== undefined && `ulimit -d ${limitsKb.data}`].filter(Boolean);
-  const [file, ...args] = ulimits.length === 0 ? command : ['bash', '-c', `${ulimits.join(' && ')} && exec "$@"`, 'bash', ...command];
+  const setUp = [
+    limitsKb.fileSize !== undefined && `ulimit -f ${limitsKb.fileSize}`,
+    limitsKb.data !== undefined && `ulimit -d ${limitsKb.data}`,
+    cgroup !== undefined && `echo $$ > '${cgroup}/cgroup.procs'`,
+  ].filter(Boolean);
+  const [file, ...args] = setUp.length === 0 ? command : ['bash', '-c', `${setUp.join(' && ')} && exec "$@"`, 'bash', ...command];
   const child = spawn(file, args, {
     cwd: REPO,
     // tsx keeps its compile cache in memory: writing it could hit a file size limit.
