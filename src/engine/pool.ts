@@ -6,7 +6,8 @@ import type { ModelMemory } from '../models/memory-figures.js';
 import { BatchMerger } from './batcher.js';
 import { CostModel } from './cost-model.js';
 import { MemoryArbiter } from './memory-arbiter.js';
-import { HEADROOM, oomKills, plannableBytes, residentBytesOf } from '../runtime/memory.js';
+import { cgroupOomKills } from '../runtime/cgroup-memory.js';
+import { HEADROOM, plannableBytes, residentBytesOf } from '../runtime/memory.js';
 import { JobQueue, RequeueError, Ticket, type ClientLimits } from './job-queue.js';
 import type { BatchEvent, GeneratedImage, GenerationBatch, ModelRef } from '../runtime/types.js';
 import { WorkerDiedError, WorkerProcess, type WorkerListener } from './worker-process.js';
@@ -282,7 +283,7 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
     let outcome: BatchOutcome | 'not_started' = 'failed';
     let images = 0;
     const watchdog = stallWatchdog(worker);
-    const oomKillsBefore = oomKills();
+    const oomKillsBefore = cgroupOomKills();
     try {
       const heard = (event: BatchEvent) => {
         if (event.type === 'preview') metrics?.partialImage(modelName(batch.modelDir));
@@ -301,8 +302,9 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
       }
       if (err instanceof WorkerDiedError) outcome = 'worker_died';
       else if (stop.aborted) outcome = 'cancelled';
-      const killedForMemory = err instanceof WorkerDiedError && worker.grant && (oomKills() ?? 0) > (oomKillsBefore ?? Infinity);
-      throw killedForMemory ? outOfMemory(batch, worker.grant!.budget) : err;
+      // Killed by the system (not the pool's watchdog or shutdown) while its group's OOM kills went up.
+      const killedForMemory = err instanceof WorkerDiedError && err.killedBySystem && !stop.aborted && (cgroupOomKills() ?? 0) > (oomKillsBefore ?? Infinity);
+      throw killedForMemory && worker.grant && worker.plannedImages ? outOfMemory(batch, worker.grant.budget, worker.plannedImages) : err;
     } finally {
       memory.release(worker);
       watchdog.stop();
@@ -311,9 +313,12 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
     }
   }
 
-  /** Records that the batch needed more than it was planned with (its model's `exceeded` figures), for the next plans. */
-  function outOfMemory(batch: GenerationBatch, plannedBytes: number): WorkerOutOfMemoryError {
-    const exceeded = [{ pixels: batch.width * batch.height, bytes: plannedBytes / batch.items.length }];
+  /**
+   * Records that each image of the batch needed more than its share of what it was planned with (its
+   * model's `exceeded` figures, kept for this server's lifetime), for the next plans.
+   */
+  function outOfMemory(batch: GenerationBatch, plannedBytes: number, imagesPerRun: number): WorkerOutOfMemoryError {
+    const exceeded = [{ pixels: batch.width * batch.height, bytes: plannedBytes / imagesPerRun }];
     options.memoryFigures?.record(batch.modelDir, { weightsBytes: 0, peakBytes: 0, peakPixels: 0, exceeded });
     logger?.error({ model: modelName(batch.modelDir), size: `${batch.width}x${batch.height}`, images: batch.items.length, plannedBytes }, 'the OOM killer ended a worker: its batch needed more memory than planned');
     return new WorkerOutOfMemoryError(modelName(batch.modelDir), `${batch.width}x${batch.height}`, plannedBytes);

@@ -18,9 +18,14 @@ import type { FromWorker, ToWorker, WorkerInit } from './worker-protocol.js';
  * sent, its 'close' not yet seen), so the batch never ran and may run elsewhere.
  */
 export class WorkerDiedError extends Error {
+  /**
+   * `killedBySystem`: it got SIGKILL from outside the pool (the kernel's OOM killer is the usual
+   * sender; see pool.ts), not from the pool's own watchdog or shutdown.
+   */
   constructor(
     readonly reason: string,
     readonly batchStarted = true,
+    readonly killedBySystem = false,
   ) {
     super(`the worker process running the batch ${reason}`);
     this.name = 'WorkerDiedError';
@@ -64,8 +69,9 @@ export class WorkerProcess implements MemoryClaimant {
   batchesDone = 0;
   /** Denoising steps done in the running (or else the last) batch. */
   step = 0;
-  /** The memory the running (or else the last) batch was last granted (see memory-arbiter.ts). */
+  /** The memory the running (or else the last) batch was last granted, and the images per model call it planned (see memory-arbiter.ts). */
   grant?: MemoryGrant;
+  plannedImages?: number;
   alive = true;
   /** Model folders this worker has loaded. */
   readonly loaded = new Set<string>();
@@ -87,7 +93,7 @@ export class WorkerProcess implements MemoryClaimant {
     // process ended is not taken for a crash.
     this.exited = new Promise((resolve) =>
       this.child.once('close', (code: number | null, signal: NodeJS.Signals | null) => {
-        this.died(this.killedBecause ?? describeExit(code, signal));
+        this.died(this.killedBecause ?? describeExit(code, signal), signal === 'SIGKILL' && this.killedBecause === undefined);
         resolve();
       }),
     );
@@ -120,6 +126,7 @@ export class WorkerProcess implements MemoryClaimant {
       this.task = { started: false, resolve, reject, onProgress, onEvent };
       this.step = 0;
       this.grant = undefined;
+      this.plannedImages = undefined;
       this.send({ type: 'run', batch });
       if (stop.aborted) cancel();
     }).finally(() => stop.removeEventListener('abort', cancel));
@@ -172,6 +179,9 @@ export class WorkerProcess implements MemoryClaimant {
         this.loaded.add(message.modelDir);
         this.task?.onProgress();
         break;
+      case 'memory-take':
+        this.plannedImages = message.images;
+        break;
     }
     this.listener.event(this, message);
   }
@@ -182,12 +192,12 @@ export class WorkerProcess implements MemoryClaimant {
     return task;
   }
 
-  private died(reason: string): void {
+  private died(reason: string, killedBySystem = false): void {
     if (!this.alive) return;
     this.alive = false;
     this.ready = false;
     const task = this.finish();
-    task?.reject(new WorkerDiedError(reason, task.started));
+    task?.reject(new WorkerDiedError(reason, task.started, killedBySystem));
     this.listener.exit(this, reason);
   }
 

@@ -44,7 +44,7 @@ export type FromWorker =
    * the bytes it took of it (0: none, the batch does not run), or waiting for another batch to end.
    */
   | { type: 'memory-ask' }
-  | { type: 'memory-take'; bytes: number }
+  | { type: 'memory-take'; bytes: number; images: number }
   | { type: 'memory-wait' }
   /** The running batch's progress and previews (see BatchEvent). */
   | { type: 'event'; event: BatchEvent }

@@ -51,11 +51,11 @@ const pooledMemory: MemorySource = {
     for (;;) {
       const found = plan(grant.budget);
       if (found) {
-        void send({ type: 'memory-take', bytes: found.bytes });
+        void send({ type: 'memory-take', bytes: found.bytes, images: found.images });
         return { plan: found, budget: grant.budget };
       }
       if (grant.alone <= grant.budget || !plan(grant.alone)) {
-        void send({ type: 'memory-take', bytes: 0 });
+        void send({ type: 'memory-take', bytes: 0, images: 0 });
         return { budget: grant.alone };
       }
       grant = await askForMemory({ type: 'memory-wait' });

@@ -26,9 +26,11 @@ const modelMemory = z.object({
    */
   decode: sample.extend({ attentionBytes: size }).optional(),
   /**
-   * Sizes at which one image needed more than `bytes`: a run onnxruntime could not allocate though it
-   * was planned within them (a limit the plan cannot see, such as the GPU's). The plan expects at least
-   * that much from then on, at that size and above, and tries again only with more to give.
+   * Sizes at which one image needed more than `bytes`: a run onnxruntime could not allocate, or whose
+   * worker the OOM killer ended, though it was planned within them (a limit the plan cannot see, such
+   * as the GPU's, or memory taken meanwhile). The plan expects at least that much from then on, at that
+   * size and above, and tries again only with more to give. Kept for the server's lifetime, not in
+   * DATA_DIR: a restart (after freeing memory, or on a bigger GPU) starts afresh.
    */
   exceeded: z.array(sample).optional(),
 });
@@ -107,7 +109,8 @@ export class MemoryFigures {
   private async write(): Promise<void> {
     const file = memoryFiguresFile(this.dataDir);
     await mkdir(this.dataDir, { recursive: true });
-    await writeFile(`${file}.tmp`, JSON.stringify(this.figures, null, 1));
+    const kept = Object.fromEntries(Object.entries(this.figures).map(([dir, { exceeded: _lesson, ...measured }]) => [dir, measured]));
+    await writeFile(`${file}.tmp`, JSON.stringify(kept, null, 1));
     await rename(`${file}.tmp`, file);
   }
 }

@@ -84,7 +84,7 @@ export interface MemorySource {
    * asks again. `plan` is undefined in the answer when the batch fits in neither; `budget` is what it
    * was last planned with.
    */
-  reserve<T extends { bytes: number }>(plan: (budget: number) => T | undefined): Promise<{ plan?: T; budget: number }>;
+  reserve<T extends { bytes: number; images: number }>(plan: (budget: number) => T | undefined): Promise<{ plan?: T; budget: number }>;
 }
 
 /** The memory of this process alone: what is free now, within `limit` (MEMORY_LIMIT). */
@@ -99,7 +99,7 @@ export function localMemory(limit = Infinity): MemorySource {
 
 /** One part of a batch as planned: its images, and the bytes they are expected to take. */
 interface PartPlan {
-  count: number;
+  images: number;
   bytes: number;
 }
 
@@ -240,7 +240,7 @@ export class MemoryPlan {
     const { plan, budget } = await this.source.reserve((budget): PartPlan | undefined => {
       for (let count = batch.items.length; count >= 1; count--) {
         const bytes = need(count, budget);
-        if (bytes <= budget) return { count, bytes };
+        if (bytes <= budget) return { images: count, bytes };
       }
       return undefined;
     });
@@ -251,8 +251,8 @@ export class MemoryPlan {
       );
     }
     this.batchBudget = budget;
-    this.decodeBudget = budget - this.denoiseBytes(layout.dir, plan.count, batch.width * batch.height);
-    return plan.count;
+    this.decodeBudget = budget - this.denoiseBytes(layout.dir, plan.images, batch.width * batch.height);
+    return plan.images;
   }
 
   /**

@@ -1,6 +1,6 @@
 import { readFileSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
-import { cgroupAvailableBytes, cgroupOomKills } from './cgroup-memory.js';
+import { cgroupAvailableBytes } from './cgroup-memory.js';
 
 /**
  * What this process holds in memory and what the machine can still give, as the kernel counts them:
@@ -57,23 +57,4 @@ export function residentBytesOf(pid: number): number | undefined {
 export function availableBytes(): number {
   const machine = procValue('/proc/meminfo', 'MemAvailable') ?? os.freemem();
   return Math.min(machine, cgroupAvailableBytes() ?? Infinity);
-}
-
-/**
- * Processes the kernel's OOM killer has ended so far among this process's control group (see
- * cgroup-memory.ts), else on the whole machine (/proc/vmstat); undefined where neither is known.
- */
-export function oomKills(): number | undefined {
-  const inGroup = cgroupOomKills();
-  if (inGroup !== undefined) return inGroup;
-  const match = /^oom_kill (\d+)$/m.exec(readTextOrEmpty('/proc/vmstat'));
-  return match ? Number(match[1]) : undefined;
-}
-
-function readTextOrEmpty(file: string): string {
-  try {
-    return readFileSync(file, 'utf8');
-  } catch {
-    return '';
-  }
 }

@@ -43,15 +43,25 @@ export async function makeMemoryCgroup(limitBytes: number): Promise<MemoryCgroup
     throw new Error('the v2 memory controller is not enabled for child groups');
   }
   const dir = await mkdtemp(path.join(where.dir, 'imagegen-test-'));
-  await writeFile(path.join(dir, where.limitFile), String(Math.round(limitBytes))).catch(async (err: unknown) => {
+  const limit = String(Math.round(limitBytes));
+  try {
+    await writeFile(path.join(dir, where.limitFile), limit);
+    // Without swap in the limit too, a machine with swap would page instead of reaching the OOM killer.
+    const swapFile = where.limitFile === 'memory.max' ? ['memory.swap.max', '0'] : ['memory.memsw.limit_in_bytes', limit];
+    if (existsSync(path.join(dir, swapFile[0]))) await writeFile(path.join(dir, swapFile[0]), swapFile[1]);
+  } catch (err) {
     await rmdir(dir);
     throw err;
-  });
+  }
+  const members = async () => (await readFile(path.join(dir, 'cgroup.procs'), 'utf8')).split('\n').filter(Boolean).map(Number);
   return {
     dir,
-    // A group can go only once its last process has: killed workers take a moment to exit.
+    // A group can go only once its last process has: killed workers take a moment to exit, and any left
+    // after that are killed.
     async remove() {
-      for (let tries = 0; (await readFile(path.join(dir, 'cgroup.procs'), 'utf8')).trim() && tries < 100; tries++) await new Promise((resolve) => setTimeout(resolve, 50));
+      for (let tries = 0; (await members()).length && tries < 100; tries++) await new Promise((resolve) => setTimeout(resolve, 50));
+      for (const pid of await members()) process.kill(pid, 'SIGKILL');
+      for (let tries = 0; (await members()).length && tries < 100; tries++) await new Promise((resolve) => setTimeout(resolve, 50));
       await rmdir(dir);
     },
   };
