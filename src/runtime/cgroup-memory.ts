@@ -1,5 +1,6 @@
-import { existsSync, readFileSync } from 'node:fs';
+import { existsSync } from 'node:fs';
 import path from 'node:path';
+import { kernelText } from './kernel-files.js';
 
 /**
  * What this process's control groups still let it take: the OOM killer enforces a container's memory
@@ -22,14 +23,6 @@ interface Hierarchy {
   oomFile: string;
 }
 
-function readText(file: string): string | undefined {
-  try {
-    return readFileSync(file, 'utf8');
-  } catch {
-    return undefined;
-  }
-}
-
 /**
  * A group's folder and its ancestors', innermost first, those that are mounted here: just the root
  * where the group's own is not (a container's namespace).
@@ -45,7 +38,7 @@ function groupDirs(base: string, group: string, limitFile: string): string[] {
 
 /** This process's memory hierarchy, from /proc/self/cgroup: the v1 memory controller's, else the v2 unified one. */
 function findHierarchy(): Hierarchy | undefined {
-  const lines = (readText('/proc/self/cgroup') ?? '').split('\n');
+  const lines = (kernelText('/proc/self/cgroup') ?? '').split('\n');
   // "id:controllers:path", the path itself possibly holding colons.
   const v1 = lines.map((line) => line.split(':')).find(([, controllers]) => controllers?.split(',').includes('memory'));
   if (v1) {
@@ -53,7 +46,7 @@ function findHierarchy(): Hierarchy | undefined {
     return { dirs: groupDirs(path.join(ROOT, 'memory'), v1.slice(2).join(':'), limitFile), limitFile, usageFile: 'memory.usage_in_bytes', inactiveKey: 'total_inactive_file', oomFile: 'memory.oom_control' };
   }
   const v2 = lines.find((line) => line.startsWith('0::'));
-  if (v2 && readText(path.join(ROOT, 'cgroup.controllers'))?.split(/\s+/).includes('memory')) {
+  if (v2 && kernelText(path.join(ROOT, 'cgroup.controllers'))?.split(/\s+/).includes('memory')) {
     const limitFile = 'memory.max';
     return { dirs: groupDirs(ROOT, v2.slice(3), limitFile), limitFile, usageFile: 'memory.current', inactiveKey: 'inactive_file', oomFile: 'memory.events' };
   }
@@ -68,14 +61,14 @@ function hierarchy(): Hierarchy | undefined {
 }
 
 function numberIn(file: string): number | undefined {
-  const text = readText(file)?.trim();
+  const text = kernelText(file)?.trim();
   if (!text || text === 'max') return undefined;
   const value = Number(text);
   return Number.isFinite(value) && value < UNLIMITED_V1 ? value : undefined;
 }
 
 function statValue(file: string, key: string): number | undefined {
-  const match = new RegExp(`^${key} (\\d+)$`, 'm').exec(readText(file) ?? '');
+  const match = new RegExp(`^${key} (\\d+)$`, 'm').exec(kernelText(file) ?? '');
   return match ? Number(match[1]) : undefined;
 }
 

@@ -1,6 +1,7 @@
-import { readFileSync, writeFileSync } from 'node:fs';
+import { writeFileSync } from 'node:fs';
 import os from 'node:os';
 import { cgroupAvailableBytes } from './cgroup-memory.js';
+import { kernelText } from './kernel-files.js';
 
 /**
  * What this process holds in memory and what the machine can still give, as the kernel counts them:
@@ -9,12 +10,8 @@ import { cgroupAvailableBytes } from './cgroup-memory.js';
  */
 
 function procValue(file: string, key: string): number | undefined {
-  try {
-    const match = new RegExp(`^${key}:\\s+(\\d+) kB$`, 'm').exec(readFileSync(file, 'utf8'));
-    return match ? Number(match[1]) * 1024 : undefined;
-  } catch {
-    return undefined;
-  }
+  const match = new RegExp(`^${key}:\\s+(\\d+) kB$`, 'm').exec(kernelText(file) ?? '');
+  return match ? Number(match[1]) * 1024 : undefined;
 }
 
 /** Resident memory of this process now. */
