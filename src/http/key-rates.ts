@@ -35,7 +35,7 @@ export interface RateLedger {
 }
 
 /** Whether `recent` plus `entry` stay within `limits`: the rule every ledger applies (redis-ledger.ts in Lua). */
-export function fits(recent: readonly Spent[], entry: Spent, limits: WindowLimits): boolean {
+function fits(recent: readonly Spent[], entry: Spent, limits: WindowLimits): boolean {
   const images = recent.reduce((sum, s) => sum + s.images, 0);
   return (limits.requests === undefined || recent.length + 1 <= limits.requests) && (limits.images === undefined || images + entry.images <= limits.images);
 }

@@ -4,6 +4,7 @@ import type { Redis, Result } from 'ioredis';
 import type { Logger } from 'pino';
 import { ApiError } from '../api/errors.js';
 import type { ApiKey } from './keys.js';
+import { RedisFallback } from './redis.js';
 
 /**
  * A key's `concurrent` limit over every replica (REDIS_URL): a request of such a key holds one of the
@@ -48,13 +49,14 @@ export interface KeySlotsOptions {
 export class KeySlots {
   private readonly leaseMs: number;
   private readonly pollMs: number;
-  private failing = false;
+  private readonly status: RedisFallback;
 
   constructor(
     private readonly redis: Redis,
-    private readonly logger: Logger,
+    logger: Logger,
     private readonly options: KeySlotsOptions = {},
   ) {
+    this.status = new RedisFallback(logger, "'concurrent' limits hold per server until it can", "'concurrent' limits hold over all servers again");
     this.leaseMs = options.leaseMs ?? 30_000;
     this.pollMs = options.pollMs ?? 200;
     redis.defineCommand('imagegenTakeSlot', { numberOfKeys: 1, lua: TAKE });
@@ -87,11 +89,10 @@ export class KeySlots {
         const now = Date.now();
         taken = await this.redis.imagegenTakeSlot(slots, now, limit, now + this.leaseMs, id, 2 * this.leaseMs);
       } catch (err) {
-        if (!this.failing) this.logger.warn({ err }, `Redis cannot be reached (${(err as Error).message}): 'concurrent' limits hold per server until it can`);
-        this.failing = true;
+        this.status.failed(err);
         return false;
       }
-      this.failing = false;
+      this.status.answered();
       if (taken === 1) return true;
       const waited = Date.now() - started;
       if (this.options.maxWaitMs !== undefined && waited >= this.options.maxWaitMs) {

@@ -2,6 +2,7 @@ import { randomBytes } from 'node:crypto';
 import type { Redis, Result } from 'ioredis';
 import type { Logger } from 'pino';
 import { MemoryLedger, type RateLedger, type Spent, type WindowLimits } from './key-rates.js';
+import { RedisFallback } from './redis.js';
 
 /**
  * Per-key rates kept in Redis, so that replicas share them: each key's last minute is a sorted set of
@@ -42,13 +43,14 @@ const KEY_PREFIX = 'imagegen:rate:';
 
 export class RedisLedger implements RateLedger {
   private readonly fallback = new MemoryLedger();
-  private failing = false;
+  private readonly status: RedisFallback;
 
   constructor(
     private readonly redis: Redis,
-    private readonly logger: Logger,
+    logger: Logger,
   ) {
     redis.defineCommand('imagegenSpend', { numberOfKeys: 1, lua: SPEND });
+    this.status = new RedisFallback(logger, 'per-key rates are counted per server until it can', 'per-key rates are shared again');
   }
 
   async spend(label: string, entry: Spent, limits: WindowLimits, windowMs: number): Promise<Spent[] | null> {
@@ -57,12 +59,10 @@ export class RedisLedger implements RateLedger {
     try {
       members = await this.redis.imagegenSpend(`${KEY_PREFIX}${label}`, entry.at, windowMs, entry.images, limits.requests ?? -1, limits.images ?? -1, member);
     } catch (err) {
-      if (!this.failing) this.logger.warn({ err }, `Redis cannot be reached (${(err as Error).message}): per-key rates are counted per server until it can`);
-      this.failing = true;
+      this.status.failed(err);
       return this.fallback.spend(label, entry, limits, windowMs);
     }
-    if (this.failing) this.logger.info('Redis answers again: per-key rates are shared again');
-    this.failing = false;
+    this.status.answered();
     return members && members.map((m) => ({ at: Number(m.split(':')[0]), images: Number(m.split(':')[1]) }));
   }
 }

@@ -24,3 +24,28 @@ export async function connectRedis(url: string, logger: Logger): Promise<Redis> 
   );
   return redis;
 }
+
+/**
+ * A user of the connection falling back while Redis cannot be asked: it says so once when that starts
+ * and once when Redis answers again, rather than on every request. `falling` and `back` finish the two
+ * log lines with what the fallback costs and what comes back.
+ */
+export class RedisFallback {
+  private failing = false;
+
+  constructor(
+    private readonly logger: Logger,
+    private readonly falling: string,
+    private readonly back: string,
+  ) {}
+
+  failed(err: unknown): void {
+    if (!this.failing) this.logger.warn({ err }, `Redis cannot be reached (${(err as Error).message}): ${this.falling}`);
+    this.failing = true;
+  }
+
+  answered(): void {
+    if (this.failing) this.logger.info(`Redis answers again: ${this.back}`);
+    this.failing = false;
+  }
+}
