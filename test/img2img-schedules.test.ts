@@ -129,7 +129,7 @@ describe('previews of the clean sample during the loop', () => {
       const previews: Float32Array[] = [];
       const preview = { prediction, show: async (clean: Float32Array) => void previews.push(clean) };
       const predict = oracle(flow, prediction === 'v_prediction');
-      await denoise(s, { latents: s.addNoise(x0, n, 0), call: 0 }, NO_DRAWS, predict, { previewAt: () => true }, preview);
+      await denoise(s, { latents: s.addNoise(x0, n, 0), call: 0 }, NO_DRAWS, predict, { previewsAt: () => [0] }, preview);
       expect(previews.length).toBe(s.timesteps.length - 1);
       for (const clean of previews) expectClose(clean, (i) => x0[i], 2e-3);
     });

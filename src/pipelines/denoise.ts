@@ -32,7 +32,8 @@ export interface LatentShape {
 /** How a family shows the loop's predicted clean latents (in the loop's own layout) as previews. */
 export interface LoopPreview {
   prediction: Prediction;
-  show(clean: Float32Array, step: number, total: number): Promise<void>;
+  /** Shows items `items` of the batch (by number) only: the others asked for no preview. */
+  show(clean: Float32Array, step: number, total: number, items: readonly number[]): Promise<void>;
 }
 
 /**
@@ -57,9 +58,10 @@ export async function denoise(
     if (hooks.shouldStop?.()) throw new GenerationCancelled();
     const output = await predict(scheduler.scaleModelInput(x, i), scheduler.timesteps[i]);
     const step = i + 1 - start.call;
-    if (preview && step < total && hooks.previewAt?.(step, total)) {
+    const previewed = preview && step < total ? (hooks.previewsAt?.(step, total) ?? []) : [];
+    if (preview && previewed.length) {
       const clean = cleanEstimate(preview.prediction, scheduler, i, x, output);
-      await preview.show(start.keep ? blend(clean, start.keep) : clean, step, total);
+      await preview.show(start.keep ? blend(clean, start.keep) : clean, step, total, previewed);
     }
     x = scheduler.step(output, i, x, noise);
     if (start.keep) x = putBack(scheduler, x, start.keep, i + 1);

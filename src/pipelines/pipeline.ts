@@ -8,10 +8,10 @@ export interface GenerateHooks {
   onStep?(step: number, total: number): void;
   /** Polled before each step; true stops the generation with a `GenerationCancelled`. */
   shouldStop?(): boolean;
-  /** Whether previews are wanted after this step (asked for every step but the last). */
-  previewAt?(step: number, total: number): boolean;
-  /** The batch's pictures as the loop predicts them after `step`, one per item: a cheap approximation (preview.ts). */
-  onPreview?(images: RgbImage[], step: number, total: number): Promise<void>;
+  /** The batch's items (by number) that want a preview after this step; none, no preview (asked for every step but the last). */
+  previewsAt?(step: number, total: number): readonly number[];
+  /** Those items' pictures as the loop predicts them after `step`: a cheap approximation (preview.ts). */
+  onPreview?(previews: readonly { item: number; image: RgbImage }[], step: number, total: number): Promise<void>;
 }
 
 export class GenerationCancelled extends Error {

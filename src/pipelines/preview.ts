@@ -83,11 +83,11 @@ export function previewLoop(
   if (!onPreview) return undefined;
   return {
     prediction,
-    async show(clean, step, total) {
+    async show(clean, step, total, items) {
       const map = await previews.get();
       const latents = unlayout(clean);
-      const images = await Promise.all(batch.items.map((_, item) => map.render(latents, item, shape.height, shape.width, batch)));
-      await onPreview(images, step, total);
+      const shown = await Promise.all(items.map(async (item) => ({ item, image: await map.render(latents, item, shape.height, shape.width, batch) })));
+      await onPreview(shown, step, total);
     },
   };
 }

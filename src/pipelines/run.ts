@@ -113,11 +113,12 @@ export class WorkerRuntime {
     const images = await this.runInParts(batch, (part) => ({
       shouldStop,
       onStep: onEvent && part.step((step, total) => onEvent({ type: 'step', step, total })),
-      previewAt: (step, total) => part.items.some((item) => wants(item, step, total)),
-      onPreview: async (pictures, step, total) => {
-        for (const [i, picture] of pictures.entries()) {
+      // Numbered within the part, as its loop sees them.
+      previewsAt: (step, total) => part.items.flatMap((item, i) => (wants(item, step, total) ? [i] : [])),
+      onPreview: async (previews) => {
+        for (const { item: i, image } of previews) {
           const item = part.items[i];
-          if (wants(item, step, total)) onEvent!({ type: 'preview', item, index: sent[item]++, image: await encode(picture, batch.items[item]) });
+          onEvent!({ type: 'preview', item, index: sent[item]++, image: await encode(image, batch.items[item]) });
         }
       },
     }));
