@@ -2,7 +2,7 @@ import os from 'node:os';
 import path from 'node:path';
 import type { Logger } from 'pino';
 import type { EngineSettings } from '../pipelines/run.js';
-import type { ModelMemory } from '../models/memory-figures.js';
+import { exceededFigures, type ModelMemory } from '../models/memory-figures.js';
 import { BatchMerger } from './batcher.js';
 import { CostModel } from './cost-model.js';
 import { MemoryArbiter } from './memory-arbiter.js';
@@ -318,8 +318,7 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
    * model's `exceeded` figures, kept for this server's lifetime), for the next plans.
    */
   function outOfMemory(batch: GenerationBatch, plannedBytes: number, imagesPerRun: number): WorkerOutOfMemoryError {
-    const exceeded = [{ pixels: batch.width * batch.height, bytes: plannedBytes / imagesPerRun }];
-    options.memoryFigures?.record(batch.modelDir, { weightsBytes: 0, peakBytes: 0, peakPixels: 0, exceeded });
+    options.memoryFigures?.record(batch.modelDir, exceededFigures(batch.width * batch.height, plannedBytes, imagesPerRun));
     logger?.error({ model: modelName(batch.modelDir), size: `${batch.width}x${batch.height}`, images: batch.items.length, plannedBytes }, 'the OOM killer ended a worker: its batch needed more memory than planned');
     return new WorkerOutOfMemoryError(modelName(batch.modelDir), `${batch.width}x${batch.height}`, plannedBytes);
   }

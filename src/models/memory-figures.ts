@@ -59,6 +59,16 @@ export function mergeMemory(known: ModelMemory | undefined, reported: ModelMemor
   };
 }
 
+/** The figures that say only that each of `images` images of `pixels` needed more than its share of `plannedBytes`. */
+export function exceededFigures(pixels: number, plannedBytes: number, images: number): ModelMemory {
+  return { weightsBytes: 0, peakBytes: 0, peakPixels: 0, exceeded: [{ pixels, bytes: plannedBytes / images }] };
+}
+
+/** What DATA_DIR keeps of a model's figures: all but its `exceeded` lessons, which last the server's lifetime. */
+function kept({ exceeded: _lessons, ...measured }: ModelMemory): ModelMemory {
+  return measured;
+}
+
 const FILE = 'model-memory.json';
 
 function memoryFiguresFile(dataDir: string): string {
@@ -91,12 +101,12 @@ export class MemoryFigures {
     return { ...this.figures };
   }
 
-  /** Keeps the larger of the known and the reported figures; writes the file when they grew. */
+  /** Keeps the larger of the known and the reported figures; writes the file when what it keeps grew. */
   record(modelDir: string, reported: ModelMemory): void {
     const known = this.figures[modelDir];
     const next = mergeMemory(known, reported);
-    if (known && isDeepStrictEqual(next, known)) return;
     this.figures[modelDir] = next;
+    if (known && isDeepStrictEqual(kept(next), kept(known))) return;
     this.writing = this.writing.then(() => this.write()).catch(() => undefined);
   }
 
@@ -109,8 +119,8 @@ export class MemoryFigures {
   private async write(): Promise<void> {
     const file = memoryFiguresFile(this.dataDir);
     await mkdir(this.dataDir, { recursive: true });
-    const kept = Object.fromEntries(Object.entries(this.figures).map(([dir, { exceeded: _lesson, ...measured }]) => [dir, measured]));
-    await writeFile(`${file}.tmp`, JSON.stringify(kept, null, 1));
+    const saved = Object.fromEntries(Object.entries(this.figures).map(([dir, figures]) => [dir, kept(figures)]));
+    await writeFile(`${file}.tmp`, JSON.stringify(saved, null, 1));
     await rename(`${file}.tmp`, file);
   }
 }

@@ -3,7 +3,7 @@ import type { GenerationBatch } from '../runtime/types.js';
 import type { ModelLayout } from '../models/layout.js';
 import { formatBytes } from '../util/bytes.js';
 import { bytesPerImage, leastPerImage } from '../models/memory-curve.js';
-import { mergeMemory, type ModelMemory } from '../models/memory-figures.js';
+import { exceededFigures, mergeMemory, type ModelMemory } from '../models/memory-figures.js';
 import type { VaeTiler, VaeTiling } from './vae.js';
 
 /**
@@ -261,8 +261,7 @@ export class MemoryPlan {
    */
   recordExceeded(modelDir: string, images: number, pixels: number): void {
     if (this.batchBudget === Infinity) return;
-    const exceeded = [{ pixels, bytes: this.batchBudget / images }];
-    this.figures.set(modelDir, mergeMemory(this.figures.get(modelDir), { weightsBytes: 0, peakBytes: 0, peakPixels: 0, exceeded }));
+    this.figures.set(modelDir, mergeMemory(this.figures.get(modelDir), exceededFigures(pixels, this.batchBudget, images)));
   }
 
   /**
