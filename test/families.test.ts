@@ -7,6 +7,7 @@ import { FAMILIES } from '../src/families/index.js';
 import { inspectModelFolder } from '../src/models/model-folder.js';
 import { REFERENCE_FAMILIES } from '../src/reference/index.js';
 import { startTestServer } from './helpers/api-server.js';
+import { apiError } from './helpers/failures.js';
 import { haveRealExports, REAL_EXPORT_NAMES, realExport } from './helpers/real-exports.js';
 import { copyOfReference, referenceModel } from './helpers/reference.js';
 
@@ -91,10 +92,9 @@ describe('the model-family registry', () => {
     const server = await startTestServer();
     try {
       const png = await sharp({ create: { width: 64, height: 64, channels: 3, background: 'red' } }).png().toBuffer();
-      const error = await server.client.images.edit({ model: 'stub', prompt: 'a blue square', image: await toFile(png, 'in.png', { type: 'image/png' }) }).catch((err: unknown) => err);
-      expect(error).toBeInstanceOf(OpenAI.BadRequestError);
+      const error = await apiError(server.client.images.edit({ model: 'stub', prompt: 'a blue square', image: await toFile(png, 'in.png', { type: 'image/png' }) }), OpenAI.BadRequestError);
       expect(error).toMatchObject({ status: 400, param: 'model', code: 'unsupported_value' });
-      expect((error as Error).message).toMatch(/The model 'stub' cannot edit images: its export \(stub\) lacks vae_encoder\/model\.onnx/);
+      expect(error.message).toMatch(/The model 'stub' cannot edit images: its export \(stub\) lacks vae_encoder\/model\.onnx/);
     } finally {
       await server.close();
     }

@@ -4,7 +4,7 @@ import { ApiError } from '../src/api/errors.js';
 import { KeyRates } from '../src/http/key-rates.js';
 
 /** API_KEYS_FILE's per-minute limits, on a clock the test moves. */
-describe('per-key rates', async () => {
+describe('per-key rates', () => {
   let now = 0;
   const rates = () => new KeyRates(() => now);
   const refusal = (f: () => Promise<void>) => failureOf<ApiError>(f());

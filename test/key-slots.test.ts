@@ -7,6 +7,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { KeySlots, type KeySlotsOptions } from '../src/http/key-slots.js';
 import { connectRedis } from '../src/http/redis.js';
 import { silentLogger } from './helpers/api-server.js';
+import { whenRunning } from './helpers/ops-server.js';
 import { startRealServer } from './helpers/real-server.js';
 import { findCommand, startRedis, type RedisService } from './helpers/services.js';
 
@@ -117,7 +118,7 @@ describe.skipIf(!REDIS)(`'concurrent' slots shared through Redis${REDIS ? '' : '
       const long = one.client.images
         .generate({ model: 'demo-shapes', prompt: 'a red circle', size: '1024x1024', response_format: 'b64_json', steps: 60 } as OpenAI.ImageGenerateParamsNonStreaming)
         .then(() => order.push('long'));
-      await expect.poll(() => one.server.engine.load().running, { timeout: 10_000, interval: 5 }).toBe(1);
+      await whenRunning(one.server);
       const short = two.client.images.generate({ model: 'demo-shapes', prompt: 'a red circle', size: '256x256', response_format: 'b64_json' }).then(() => order.push('short'));
       await tick();
       // Its server is idle, yet the request waits for the key's one slot.

@@ -8,7 +8,7 @@ import { cgroupUnavailable, makeMemoryCgroup, type MemoryCgroup } from './helper
 import { apiError } from './helpers/failures.js';
 import { haveRealExports, realExport } from './helpers/real-exports.js';
 import { installModels } from './helpers/real-server.js';
-import { spawnServer, type SpawnOptions } from './helpers/server-process.js';
+import { killServer, spawnServer, type SpawnOptions } from './helpers/server-process.js';
 
 /**
  * Batches that run out of memory though the plan let them run (another process took the memory, or a
@@ -39,8 +39,7 @@ async function startSd15(options: SpawnOptions, { env = {}, figures }: { env?: R
     dataDir,
     generate,
     async close() {
-      server.child.kill('SIGKILL');
-      await server.exited;
+      await killServer(server);
       await rm(root, { recursive: true, force: true });
     },
   };
