@@ -3,13 +3,12 @@ import os from 'node:os';
 import path from 'node:path';
 import type { Redis } from 'ioredis';
 import type OpenAI from 'openai';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { KeySlots, type KeySlotsOptions } from '../src/http/key-slots.js';
-import { connectRedis } from '../src/http/redis.js';
 import { silentLogger } from './helpers/api-server.js';
 import { whenRunning } from './helpers/ops-server.js';
 import { startRealServer } from './helpers/real-server.js';
-import { findCommand, startRedis, type RedisService } from './helpers/services.js';
+import { NO_REDIS, REDIS_SERVER, useRedis, type TestRedis } from './helpers/redis.js';
 
 /**
  * A key's `concurrent` limit over replicas, kept in a real Redis: each replica's KeySlots has its own
@@ -18,15 +17,10 @@ import { findCommand, startRedis, type RedisService } from './helpers/services.j
  * over HTTP.
  */
 
-const REDIS = findCommand('redis-server');
-if (!REDIS) console.warn('test/key-slots.test.ts skipped: redis-server not found (install with: apt-get install redis-server)');
-
-let redis: RedisService;
-const connections: Redis[] = [];
+let redis: TestRedis;
 
 async function replica(options: KeySlotsOptions = {}): Promise<{ slots: KeySlots; connection: Redis }> {
-  const connection = await connectRedis(redis.url, silentLogger);
-  connections.push(connection);
+  const connection = await redis.connect();
   return { slots: new KeySlots(connection, silentLogger, { pollMs: 20, ...options }), connection };
 }
 
@@ -41,14 +35,8 @@ function pending() {
 const never = new AbortController().signal;
 const tick = () => new Promise((resolve) => setTimeout(resolve, 100));
 
-describe.skipIf(!REDIS)(`'concurrent' slots shared through Redis${REDIS ? '' : ' (skipped: redis-server not found, install it with apt-get install redis-server)'}`, () => {
-  beforeAll(async () => {
-    redis = await startRedis(REDIS!);
-  });
-  afterAll(async () => {
-    for (const connection of connections) connection.disconnect();
-    await redis?.stop();
-  });
+describe.skipIf(!REDIS_SERVER)(`'concurrent' slots shared through Redis${NO_REDIS}`, () => {
+  redis = useRedis();
 
   it('runs at most the limit of a key over all replicas; a waiting request starts when one ends', async () => {
     const [one, two] = [await replica(), await replica()];

@@ -1,12 +1,10 @@
-import type { Redis } from 'ioredis';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { failureOf } from './helpers/failures.js';
 import type { ApiError } from '../src/api/errors.js';
 import { KeyRates } from '../src/http/key-rates.js';
-import { connectRedis } from '../src/http/redis.js';
 import { RedisLedger } from '../src/http/redis-ledger.js';
 import { silentLogger } from './helpers/api-server.js';
-import { findCommand, startRedis, type RedisService } from './helpers/services.js';
+import { NO_REDIS, REDIS_SERVER, useRedis, type TestRedis } from './helpers/redis.js';
 
 /**
  * API_KEYS_FILE's per-minute limits kept in a real Redis: two replicas' KeyRates, each with its own
@@ -14,30 +12,18 @@ import { findCommand, startRedis, type RedisService } from './helpers/services.j
  * and each falls back to counting alone while Redis is down.
  */
 
-const REDIS = findCommand('redis-server');
-if (!REDIS) console.warn('test/replicas-limits.test.ts skipped: redis-server not found (install with: apt-get install redis-server)');
-
-let redis: RedisService;
-const connections: Redis[] = [];
+let redis: TestRedis;
 let now = 0;
 
 /** A replica's rates: its own Redis connection, the shared clock of the test. */
 async function replica(): Promise<KeyRates> {
-  const connection = await connectRedis(redis.url, silentLogger);
-  connections.push(connection);
-  return new KeyRates(() => now, new RedisLedger(connection, silentLogger));
+  return new KeyRates(() => now, new RedisLedger(await redis.connect(), silentLogger));
 }
 
 const refusal = (admitted: Promise<void>) => failureOf<ApiError>(admitted);
 
-describe.skipIf(!REDIS)(`per-key limits shared through Redis${REDIS ? '' : ' (skipped: redis-server not found, install it with apt-get install redis-server)'}`, () => {
-  beforeAll(async () => {
-    redis = await startRedis(REDIS!);
-  });
-  afterAll(async () => {
-    for (const connection of connections) connection.disconnect();
-    await redis?.stop();
-  });
+describe.skipIf(!REDIS_SERVER)(`per-key limits shared through Redis${NO_REDIS}`, () => {
+  redis = useRedis();
 
   it('counts requests_per_minute over all replicas, with the Retry-After of the oldest request leaving the minute', async () => {
     const [one, two] = [await replica(), await replica()];
