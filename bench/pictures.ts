@@ -2,7 +2,7 @@ import sharp from 'sharp';
 import { WorkerRuntime } from '../src/pipelines/run.js';
 import type { RgbImage } from '../src/runtime/types.js';
 import { REAL_EXPORTS, haveRealExports, realExport } from '../test/helpers/real-exports.js';
-import { DEMO_MODEL_DIR } from './pool-load.js';
+import { DEMO_MODEL_DIR } from '../test/helpers/demo-model.js';
 
 /**
  * 1024x1024 pictures to encode: the embedded model's (flat shapes: compresses far better than a photo),
@@ -25,7 +25,7 @@ async function generated(dir: string, steps: number): Promise<RgbImage> {
 }
 
 /** Octaves of seeded random colour noise, each upsampled to the full size and weighted by its scale. */
-export async function photoLike(side = SIDE): Promise<RgbImage> {
+async function photoLike(side = SIDE): Promise<RgbImage> {
   let state = 12345;
   const random = () => (state = (Math.imul(state, 1664525) + 1013904223) >>> 0) / 2 ** 32;
   const sum = new Float32Array(side * side * 3);

@@ -1,7 +1,6 @@
 import sharp from 'sharp';
 import { beforeAll, describe, expect, it } from 'vitest';
-import path from 'node:path';
-import { EMBEDDED_MODELS_DIR } from '../src/config.js';
+import { DEMO_MODEL_DIR } from './helpers/demo-model.js';
 import { encodeImage } from '../src/pipelines/encode-image.js';
 import { WorkerRuntime } from '../src/pipelines/run.js';
 import type { OutputFormat, RgbImage } from '../src/runtime/types.js';
@@ -19,7 +18,7 @@ let pictures: { name: string; image: RgbImage }[];
 beforeAll(async () => {
   const runtime = new WorkerRuntime({ runtime: { provider: 'cpu', threads: 2 } });
   const [drawn] = await runtime.generateImages({
-    modelDir: path.join(EMBEDDED_MODELS_DIR, 'demo-shapes'),
+    modelDir: DEMO_MODEL_DIR,
     width: 512,
     height: 512,
     steps: 4,

@@ -2,7 +2,7 @@ import { mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { EMBEDDED_MODELS_DIR } from '../src/config.js';
+import { DEMO_MODEL_DIR } from './helpers/demo-model.js';
 import type { ModelMemory } from '../src/models/memory-figures.js';
 import { metric } from './helpers/ops-server.js';
 import { startRealServer, type RealServer } from './helpers/real-server.js';
@@ -14,12 +14,11 @@ import { startRealServer, type RealServer } from './helpers/real-server.js';
  */
 
 const MiB = 2 ** 20;
-const DEMO = path.join(EMBEDDED_MODELS_DIR, 'demo-shapes');
 // What the demo model is said to need (the file of figures a server keeps in DATA_DIR): 600 MiB to
 // denoise one 512x512 image. MEMORY_LIMIT 1g gives 921.6 MiB to plan with: room for one such image
 // at a time, not two (a batch of three runs one image after the other, holding its 600 MiB throughout).
 const FIGURES: Record<string, ModelMemory> = {
-  [DEMO]: { weightsBytes: MiB, peakBytes: 600 * MiB, peakPixels: 512 * 512, denoise: [{ pixels: 512 * 512, bytes: 600 * MiB }] },
+  [DEMO_MODEL_DIR]: { weightsBytes: MiB, peakBytes: 600 * MiB, peakPixels: 512 * 512, denoise: [{ pixels: 512 * 512, bytes: 600 * MiB }] },
 };
 
 describe('memory shared out among the workers', () => {

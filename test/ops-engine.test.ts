@@ -1,6 +1,5 @@
-import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { EMBEDDED_MODELS_DIR } from '../src/config.js';
+import { DEMO_MODEL_DIR } from './helpers/demo-model.js';
 import { createEnginePool } from '../src/engine/pool.js';
 import type { GenerationBatch } from '../src/runtime/types.js';
 import { startTestServer } from './helpers/api-server.js';
@@ -221,7 +220,7 @@ describe('a worker process that dies', () => {
     // The backoff runs on a fake clock: its delays are checked without being waited for.
     const clock = fakeClock();
     const { logger, lines } = capturedLogs<{ msg?: string; restartInMs?: number; reason?: string }>();
-    const pool = createEnginePool({ workers: 1, queueMax: 4, executionProvider: 'cpu', preload: [{ dir: DEMO_DIR }], logger, clock });
+    const pool = createEnginePool({ workers: 1, queueMax: 4, executionProvider: 'cpu', preload: [{ dir: DEMO_MODEL_DIR }], logger, clock });
     const delays = () => lines.filter((l) => l.restartInMs !== undefined).map((l) => l.restartInMs);
     const pid = () => pool.workers()[0]?.pid;
     /** Kills the worker; resolves once its death has been seen (a restart is scheduled). */
@@ -284,9 +283,8 @@ function fakeClock() {
   };
 }
 
-const DEMO_DIR = path.join(EMBEDDED_MODELS_DIR, 'demo-shapes');
 const demoBatch = (): GenerationBatch => ({
-  modelDir: DEMO_DIR,
+  modelDir: DEMO_MODEL_DIR,
   width: 256,
   height: 256,
   steps: 2,

@@ -1,7 +1,7 @@
 import { readFile } from 'node:fs/promises';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { EMBEDDED_MODELS_DIR } from '../src/config.js';
+import { DEMO_MODEL_DIR } from './helpers/demo-model.js';
 import { inspectModel, type ModelLayout } from '../src/models/layout.js';
 import { localMemory, MemoryPlan, vaeAttentionBytes, vaeTiling } from '../src/pipelines/memory-plan.js';
 import { tileSpans, toRgb, VaeDecoder, type VaeTiling } from '../src/pipelines/vae.js';
@@ -73,7 +73,7 @@ describe('tile spans', () => {
 describe('tiled VAE decode of the embedded model (a local decoder)', () => {
   let decoded: { layout: ModelLayout; vae: VaeDecoder };
   beforeAll(async () => {
-    decoded = await decoder(path.join(EMBEDDED_MODELS_DIR, 'demo-shapes'));
+    decoded = await decoder(DEMO_MODEL_DIR);
   });
   afterAll(() => decoded.vae.release());
 

@@ -1,9 +1,9 @@
 import path from 'node:path';
-import { EMBEDDED_MODELS_DIR } from '../../src/config.js';
+import { DEMO_MODEL_DIR } from './demo-model.js';
 import { loadTokenizer } from '../../src/tokenizers/load.js';
 
 /** The demo model's tokenizer folder: a real CLIP BPE, small. */
-export const DEMO_TOKENIZER = path.join(EMBEDDED_MODELS_DIR, 'demo-shapes', 'tokenizer');
+export const DEMO_TOKENIZER = path.join(DEMO_MODEL_DIR, 'tokenizer');
 
 /**
  * A short prompt's tokens without its markers, read off the encoder row the model gets (77 long):
