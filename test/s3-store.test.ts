@@ -170,7 +170,7 @@ describe('a server with STORE=s3 whose bucket fails', () => {
       await expect.poll(async () => (await fetch(`${origin}/ready`)).status, { timeout: 10_000, interval: 250 }).toBe(503);
       const ready = await fetch(`${origin}/ready`);
       expect(ready.headers.get('retry-after')).toBe('5');
-      expect((await ready.json()).error).toMatchObject({ code: 'store_unavailable', message: expect.stringMatching(/image store cannot be used: the S3 bucket 'images-test' failed to answer \(ECONNREFUSED/) });
+      expect((await ready.json()).error).toMatchObject({ code: 'storage_unavailable', message: expect.stringMatching(/image store cannot be used: the S3 bucket 'images-test' failed to answer \(ECONNREFUSED/) });
 
       const err = await apiError(ask('url'));
       expect({ status: err.status, type: err.type, code: err.code }).toEqual({ status: 503, type: 'server_error', code: 'storage_unavailable' });

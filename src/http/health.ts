@@ -57,7 +57,7 @@ async function storeProblem(store: HealthOptions['store']): Promise<ApiError | u
   return (
     failure &&
     new ApiError(503, `The image store cannot be used: ${failure.message}.`, {
-      code: 'store_unavailable',
+      code: 'storage_unavailable',
       headers: { 'retry-after': String(RETRY_AFTER_SECONDS) },
     })
   );
