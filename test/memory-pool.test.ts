@@ -1,16 +1,19 @@
 import { mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
+import { pino } from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { DEMO_MODEL_DIR } from './helpers/demo-model.js';
 import type { ModelMemory } from '../src/models/memory-figures.js';
 import { metric } from './helpers/ops-server.js';
+import { haveRealExports, realExport } from './helpers/real-exports.js';
 import { startRealServer, type RealServer } from './helpers/real-server.js';
 
 /**
  * Two worker processes planning against the same memory (src/engine/memory-arbiter.ts): a batch that
  * fits the machine alone but not beside another's waits for it to end, rather than both counting on
- * the same free bytes; and waiting is not taken for a stalled worker.
+ * the same free bytes; waiting is not taken for a stalled worker; and a model's calibration, whose
+ * memory nobody knows before it runs, waits for other batches' planned memory too.
  */
 
 const MiB = 2 ** 20;
@@ -55,5 +58,52 @@ describe('memory shared out among the workers', () => {
     expect(later.ended - earlier.ended).toBeGreaterThan(0.5 * (earlier.ended - earlier.started));
     // No worker was killed for the wait.
     expect(real.server.engine.workers().every((w) => w.alive)).toBe(true);
+  });
+});
+
+describe.skipIf(!haveRealExports)("a model's calibration beside another worker's batch (needs ../shared/data/real-exports)", () => {
+  let real: RealServer;
+  let root: string;
+  /** When each model's 'model loaded' line was logged, on performance.now()'s clock. */
+  const loadedAt = new Map<string, number>();
+  beforeAll(async () => {
+    root = await mkdtemp(path.join(os.tmpdir(), 'imagegen-memory-calibration-'));
+    await mkdir(path.join(root, 'data'), { recursive: true });
+    // The demo model's batch of three 768x768 images (long enough for the other model to load
+    // meanwhile) plans on 1.5 GiB of the 7.2 GiB MEMORY_LIMIT leaves, and uses far less: room for the
+    // SD 1.5 export's 512x512 image beside it. That export has no figures, so the worker that loads it
+    // first calibrates it (one step at 256x256 and 384x384).
+    const GiB = 2 ** 30;
+    const figures = { [DEMO_MODEL_DIR]: { ...FIGURES[DEMO_MODEL_DIR], peakBytes: 0.5 * GiB, peakPixels: 768 * 768, denoise: [{ pixels: 768 * 768, bytes: 0.5 * GiB }] } };
+    await writeFile(path.join(root, 'data', 'model-memory.json'), JSON.stringify(figures));
+    const logger = pino({ level: 'info' }, {
+      write(line: string) {
+        const entry = JSON.parse(line) as { msg?: string; model?: string };
+        if (entry.msg === 'model loaded' && entry.model) loadedAt.set(entry.model, performance.now());
+      },
+    });
+    real = await startRealServer({ root, logger, models: { sd15: { link: realExport('sd15') } }, env: { WORKERS: '2', MEMORY_LIMIT: '8g', METRICS_PUBLIC: 'true', PRELOAD: 'demo-shapes' } });
+    while (!real.server.engine.readiness().ready) await new Promise((resolve) => setTimeout(resolve, 50));
+  });
+  afterAll(async () => {
+    await real?.close();
+    await rm(root, { recursive: true, force: true });
+  });
+
+  it('waits for the batch that planned on the memory to end before it runs', async () => {
+    const long = real.client.images
+      .generate({ model: 'demo-shapes', prompt: 'a red circle', size: '768x768', n: 3, response_format: 'b64_json', steps: 150 } as never)
+      .then(() => performance.now());
+    // The long batch is denoising (it has its grant) before the other request comes.
+    await expect.poll(() => real.server.engine.workers().some((w) => w.busy && w.step > 0), { interval: 20, timeout: 10_000 }).toBe(true);
+    const short = real.client.images.generate({ model: 'sd15', prompt: 'a cat', size: '512x512', response_format: 'b64_json', steps: 1, guidance_scale: 0 } as never);
+    const [longEnded, answer] = await Promise.all([long, short]);
+    expect(answer.data).toHaveLength(1);
+    // Calibrated only once the long batch released what it planned on: its load (with the calibration)
+    // finished after the long batch's answer arrived, not while it ran.
+    expect(loadedAt.get('sd15')).toBeGreaterThan(longEnded);
+    // The calibration waited. (The SD 1.5 batch itself fits beside the long one: without the
+    // calibration's wait, nothing waits here.)
+    expect(metric(await (await fetch(`${real.server.url}/metrics`)).text(), 'imagegen_memory_waits_total')).toBeGreaterThanOrEqual(1);
   });
 });

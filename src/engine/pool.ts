@@ -221,6 +221,9 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
         case 'memory-take':
           memory.take(worker, message.bytes);
           return;
+        case 'memory-release':
+          memory.release(worker);
+          return;
         case 'memory-wait':
           if (memory.wait(worker)) {
             metrics?.memoryWaited();

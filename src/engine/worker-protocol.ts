@@ -46,6 +46,8 @@ export type FromWorker =
   | { type: 'memory-ask' }
   | { type: 'memory-take'; bytes: number; images: number }
   | { type: 'memory-wait' }
+  /** The work that took memory outside a batch (a calibration, see MemorySource.exclusive) ended: it holds none now. */
+  | { type: 'memory-release' }
   /** The running batch's progress and previews (see BatchEvent). */
   | { type: 'event'; event: BatchEvent }
   | { type: 'done'; images: GeneratedImage[] }

@@ -61,6 +61,17 @@ const pooledMemory: MemorySource = {
       grant = await askForMemory({ type: 'memory-wait' });
     }
   },
+  async exclusive(work) {
+    let grant = await askForMemory({ type: 'memory-ask' });
+    // Less than all there is: another batch planned on memory it has not taken yet (or on part of MEMORY_LIMIT).
+    while (grant.budget < grant.alone) grant = await askForMemory({ type: 'memory-wait' });
+    void send({ type: 'memory-take', bytes: grant.budget, images: 0 });
+    try {
+      return await work();
+    } finally {
+      void send({ type: 'memory-release' });
+    }
+  },
 };
 
 /** Built from the settings of the first message ('init'); no batch comes before it. */

@@ -85,6 +85,12 @@ export interface MemorySource {
    * was last planned with.
    */
   reserve<T extends { bytes: number; images: number }>(plan: (budget: number) => T | undefined): Promise<{ plan?: T; budget: number }>;
+  /**
+   * Runs work whose memory is not known before it runs (a model's calibration) once no other batch
+   * holds memory it planned on and has not taken yet, holding all there is until the work ends: other
+   * batches wait for it, rather than plan on memory it is about to take.
+   */
+  exclusive<T>(work: () => Promise<T>): Promise<T>;
 }
 
 /** The memory of this process alone: what is free now, within `limit` (MEMORY_LIMIT). */
@@ -94,6 +100,7 @@ export function localMemory(limit = Infinity): MemorySource {
       const budget = plannableBytes(limit);
       return { plan: plan(budget), budget };
     },
+    exclusive: (work) => work(),
   };
 }
 
@@ -150,6 +157,11 @@ export class MemoryPlan {
   ) {
     this.figures = new Map(Object.entries(known));
     this.largestTile = tiling === 'always' ? ALWAYS_TILE : Infinity;
+  }
+
+  /** Runs work whose memory is not known in advance with all the memory there is (see MemorySource.exclusive). */
+  exclusive<T>(work: () => Promise<T>): Promise<T> {
+    return this.source.exclusive(work);
   }
 
   /** The figures of a model folder, if it ran here (or in an earlier worker, see EngineSettings.knownMemory). */

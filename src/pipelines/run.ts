@@ -9,7 +9,7 @@ import { loadPipeline } from './load.js';
 import { nativeSide } from '../models/presets.js';
 import type { ModelMemory } from '../models/memory-figures.js';
 import { InsufficientMemoryError, localMemory, MemoryPlan, type MemorySource, type VaeTilingMode } from './memory-plan.js';
-import type { GenerateHooks, Pipeline, RgbImage } from './pipeline.js';
+import { GenerationCancelled, type GenerateHooks, type Pipeline, type RgbImage } from './pipeline.js';
 import { PipelineCache } from './pipeline-cache.js';
 
 /**
@@ -74,12 +74,20 @@ export class WorkerRuntime {
   private async calibrate(pipeline: Pipeline): Promise<void> {
     const { dir, sizeMultiple } = pipeline.layout;
     if (!this.memory.measuresPhases || this.memory.of(dir)?.denoise) return;
-    for (const share of CALIBRATION_SHARES) {
-      const size = Math.ceil((nativeSide(pipeline.layout) * share) / sizeMultiple) * sizeMultiple;
-      const batch: GenerationBatch = { modelDir: dir, width: size, height: size, steps: 1, guidanceScale: 2, items: [{ prompt: '', negativePrompt: '', seed: 0 }] };
-      // A model that cannot run a plain generation is measured on its first batch instead, whose error then says why.
-      if (!(await this.memory.measureRun(dir, 1, size * size, () => pipeline.generate(batch, {})).then(() => true, () => false))) return;
-    }
+    const run = async () => {
+      for (const share of CALIBRATION_SHARES) {
+        const size = Math.ceil((nativeSide(pipeline.layout) * share) / sizeMultiple) * sizeMultiple;
+        const batch: GenerationBatch = { modelDir: dir, width: size, height: size, steps: 1, guidanceScale: 2, items: [{ prompt: '', negativePrompt: '', seed: 0 }] };
+        // A model that cannot run a plain generation is measured on its first batch instead, whose error then says why.
+        if (!(await this.memory.measureRun(dir, 1, size * size, () => pipeline.generate(batch, {})).then(() => true, () => false))) return;
+      }
+    };
+    // What the runs will take is what they are to find out: they wait for other workers' batches to
+    // take what they planned on, and those planned meanwhile wait for them. A batch cancelled while its
+    // model's calibration waited leaves the model loaded and not calibrated (its first batch measures it).
+    await this.memory.exclusive(run).catch((err: unknown) => {
+      if (!(err instanceof GenerationCancelled)) throw err;
+    });
   }
 
   /** What a model folder has cost here, once loaded (and once it ran). */
