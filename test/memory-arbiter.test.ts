@@ -108,4 +108,40 @@ describe('the memory arbiter', () => {
     arbiter.ask(b);
     expect(b.last).toEqual({ budget: 2 * GiB, alone: 8 * GiB });
   });
+
+  it('grants nothing to other batches while exclusive work waits, so it waits only for the batches already running', () => {
+    const { arbiter, a, b } = setUp();
+    const calibration = new Worker(3);
+    arbiter.ask(a);
+    arbiter.take(a, 4 * GiB);
+    // The calibration asks while a's batch holds 4 GiB it has not taken: less than all there is, so it waits.
+    arbiter.ask(calibration, true);
+    expect(calibration.last).toEqual({ budget: 6 * GiB, alone: 10 * GiB });
+    arbiter.wait(calibration);
+    // A batch asking meanwhile gets nothing, though 6 GiB are left: it waits behind the calibration.
+    arbiter.ask(b);
+    expect(b.last).toEqual({ budget: 0, alone: 10 * GiB });
+    arbiter.wait(b);
+    // a's batch ends: the calibration gets all there is and takes it; b still gets nothing beside it.
+    arbiter.release(a);
+    expect(calibration.last).toEqual({ budget: 10 * GiB, alone: 10 * GiB });
+    arbiter.take(calibration, 10 * GiB);
+    expect(b.last).toEqual({ budget: 0, alone: 10 * GiB });
+    arbiter.wait(b);
+    // Once it ends, b plans as before.
+    arbiter.release(calibration);
+    expect(b.last).toEqual({ budget: 10 * GiB, alone: 10 * GiB });
+  });
+
+  it('lets two exclusive claimants go one after the other, not block each other', () => {
+    const { arbiter, a, b } = setUp();
+    arbiter.ask(a, true);
+    arbiter.ask(b, true);
+    expect(a.last).toEqual({ budget: 10 * GiB, alone: 10 * GiB });
+    arbiter.take(a, 10 * GiB);
+    expect(b.last).toEqual({ budget: 0, alone: 10 * GiB });
+    arbiter.wait(b);
+    arbiter.release(a);
+    expect(b.last).toEqual({ budget: 10 * GiB, alone: 10 * GiB });
+  });
 });

@@ -69,12 +69,12 @@ describe.skipIf(!haveRealExports)("a model's calibration beside another worker's
   beforeAll(async () => {
     root = await mkdtemp(path.join(os.tmpdir(), 'imagegen-memory-calibration-'));
     await mkdir(path.join(root, 'data'), { recursive: true });
-    // The demo model's batch of three 768x768 images (long enough for the other model to load
+    // The demo model's batch of three 1024x1024 images (long enough for the other model to load
     // meanwhile) plans on 1.5 GiB of the 7.2 GiB MEMORY_LIMIT leaves, and uses far less: room for the
     // SD 1.5 export's 512x512 image beside it. That export has no figures, so the worker that loads it
     // first calibrates it (one step at 256x256 and 384x384).
     const GiB = 2 ** 30;
-    const figures = { [DEMO_MODEL_DIR]: { ...FIGURES[DEMO_MODEL_DIR], peakBytes: 0.5 * GiB, peakPixels: 768 * 768, denoise: [{ pixels: 768 * 768, bytes: 0.5 * GiB }] } };
+    const figures = { [DEMO_MODEL_DIR]: { ...FIGURES[DEMO_MODEL_DIR], peakBytes: 0.5 * GiB, peakPixels: 1024 * 1024, denoise: [{ pixels: 1024 * 1024, bytes: 0.5 * GiB }] } };
     await writeFile(path.join(root, 'data', 'model-memory.json'), JSON.stringify(figures));
     const logger = pino({ level: 'info' }, {
       write(line: string) {
@@ -92,7 +92,7 @@ describe.skipIf(!haveRealExports)("a model's calibration beside another worker's
 
   it('waits for the batch that planned on the memory to end before it runs', async () => {
     const long = real.client.images
-      .generate({ model: 'demo-shapes', prompt: 'a red circle', size: '768x768', n: 3, response_format: 'b64_json', steps: 150 } as never)
+      .generate({ model: 'demo-shapes', prompt: 'a red circle', size: '1024x1024', n: 3, response_format: 'b64_json', steps: 150 } as never)
       .then(() => performance.now());
     // The long batch is denoising (it has its grant) before the other request comes.
     await expect.poll(() => real.server.engine.workers().some((w) => w.busy && w.step > 0), { interval: 20, timeout: 10_000 }).toBe(true);

@@ -10,6 +10,11 @@
  * (MEMORY_LIMIT) less all they planned. It answers with the bytes it takes (take), or, when its batch
  * fits `alone` but not `budget`, that it waits (wait): it asks again when another batch ends. A
  * batch's bytes are held until it ends (release).
+ *
+ * Work whose memory nobody knows beforehand (a model's calibration) asks as `exclusive`: it waits until
+ * no other batch holds memory it has not taken, then takes all there is. While the first such claimant
+ * waits, every other is granted nothing, so new batches cannot keep it waiting: it waits only for the
+ * batches running when it asked.
  */
 
 /** What a worker is granted: see the module's comment. */
@@ -47,6 +52,8 @@ export class MemoryArbiter {
   private readonly held = new Map<MemoryClaimant, Held>();
   /** Batches that ended holding memory, so far: a worker that chose to wait after one did asks again at once. */
   private releases = 0;
+  /** Exclusive claimants that have not taken their memory yet, first come first. */
+  private readonly exclusive: MemoryClaimant[] = [];
 
   /** `limit`: the most all running batches together may plan on (MEMORY_LIMIT less the headroom). */
   constructor(
@@ -54,8 +61,9 @@ export class MemoryArbiter {
     private readonly limit = Infinity,
   ) {}
 
-  /** A worker is about to plan a batch: it gets its grant when its turn comes. */
-  ask(who: MemoryClaimant): void {
+  /** A worker is about to plan a batch (or, `exclusive`, work that takes all there is): it gets its grant when its turn comes. */
+  ask(who: MemoryClaimant, exclusive = false): void {
+    if (exclusive && !this.exclusive.includes(who)) this.exclusive.push(who);
     this.asking.push(who);
     this.next();
   }
@@ -64,6 +72,7 @@ export class MemoryArbiter {
   take(who: MemoryClaimant, bytes: number): void {
     if (this.turn?.who !== who) return;
     this.turn = undefined;
+    this.forgetExclusive(who);
     if (bytes > 0) this.held.set(who, { bytes, residentAtTake: who.pid === undefined ? undefined : this.readings.resident(who.pid) });
     this.next();
   }
@@ -86,6 +95,7 @@ export class MemoryArbiter {
     if (index >= 0) this.asking.splice(index, 1);
     this.parked.delete(who);
     if (this.turn?.who === who) this.turn = undefined;
+    this.forgetExclusive(who);
     if (this.held.delete(who)) {
       this.releases++;
       this.asking.push(...this.parked);
@@ -113,8 +123,14 @@ export class MemoryArbiter {
     who.grantMemory(this.grant(who));
   }
 
+  private forgetExclusive(who: MemoryClaimant): void {
+    const index = this.exclusive.indexOf(who);
+    if (index >= 0) this.exclusive.splice(index, 1);
+  }
+
   private grant(who: MemoryClaimant): MemoryGrant {
     const alone = Math.min(this.readings.plannable(), this.limit);
+    if (this.exclusive.length > 0 && this.exclusive[0] !== who) return { budget: 0, alone };
     let untaken = 0;
     let planned = 0;
     for (const [worker, held] of this.held) {

@@ -216,7 +216,7 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
           logger?.error({ worker: slot, model: modelName(message.modelDir), error: message.message }, 'model failed to load');
           break;
         case 'memory-ask':
-          memory.ask(worker);
+          memory.ask(worker, message.exclusive);
           return;
         case 'memory-take':
           memory.take(worker, message.bytes);

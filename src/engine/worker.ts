@@ -21,23 +21,31 @@ const send = (message: FromWorker) => new Promise<void>((resolve) => process.sen
 let running: { cancelled: boolean; done: Promise<void> } | undefined;
 let stopping = false;
 
-/** The grant the running batch's memory plan waits for, if any (see pooledMemory). */
-let awaitingGrant: { resolve(grant: MemoryGrant): void; reject(err: Error): void } | undefined;
+/** The grant the running batch's memory plan (or a calibration) waits for, if any (see pooledMemory). */
+let awaitingGrant: { resolve(grant: MemoryGrant): void; reject(err: Error): void; cancellable: boolean } | undefined;
 
-/** Asks the pool's arbiter; a batch cancelled meanwhile (or before) stops here rather than wait for memory. */
-async function askForMemory(message: Extract<FromWorker, { type: 'memory-ask' | 'memory-wait' }>): Promise<MemoryGrant> {
-  if (running?.cancelled) throw new GenerationCancelled();
+/**
+ * Asks the pool's arbiter. A batch cancelled meanwhile (or before) stops here rather than wait for
+ * memory; a calibration (`cancellable` false) waits on, because a model is calibrated only as it loads.
+ */
+async function askForMemory(message: Extract<FromWorker, { type: 'memory-ask' | 'memory-wait' }>, cancellable = true): Promise<MemoryGrant> {
+  const cancelled = () => cancellable && running?.cancelled;
+  if (cancelled()) throw new GenerationCancelled();
   const grant = await new Promise<MemoryGrant>((resolve, reject) => {
-    awaitingGrant = { resolve, reject };
+    awaitingGrant = { resolve, reject, cancellable };
     void send(message);
   });
-  if (running?.cancelled) throw new GenerationCancelled();
+  if (cancelled()) throw new GenerationCancelled();
   return grant;
 }
 
-/** A batch waiting for memory stops waiting (cancelled, or the worker stops); the pool's arbiter forgets it when the batch fails. */
-function stopWaitingForMemory(): void {
-  awaitingGrant?.reject(new GenerationCancelled());
+/**
+ * Whoever waits for memory stops waiting: the batch was cancelled, or (`stopping`) the worker stops,
+ * which ends a calibration's wait too. The pool's arbiter forgets it when the batch fails.
+ */
+function stopWaitingForMemory(stopping = false): void {
+  if (!awaitingGrant || !(stopping || awaitingGrant.cancellable)) return;
+  awaitingGrant.reject(new GenerationCancelled());
   awaitingGrant = undefined;
 }
 
@@ -62,9 +70,11 @@ const pooledMemory: MemorySource = {
     }
   },
   async exclusive(work) {
-    let grant = await askForMemory({ type: 'memory-ask' });
+    // While it asks, other batches are granted nothing (the arbiter's 'exclusive'): it waits only for
+    // the running ones to end.
+    let grant = await askForMemory({ type: 'memory-ask', exclusive: true }, false);
     // Less than all there is: another batch planned on memory it has not taken yet (or on part of MEMORY_LIMIT).
-    while (grant.budget < grant.alone) grant = await askForMemory({ type: 'memory-wait' });
+    while (grant.budget < grant.alone) grant = await askForMemory({ type: 'memory-wait' }, false);
     void send({ type: 'memory-take', bytes: grant.budget, images: 0 });
     try {
       return await work();
@@ -155,7 +165,7 @@ async function stop(): Promise<void> {
   stopping = true;
   if (running) {
     running.cancelled = true;
-    stopWaitingForMemory();
+    stopWaitingForMemory(true);
     await running.done;
   }
   process.exit(0);

@@ -83,8 +83,8 @@ export class WorkerRuntime {
       }
     };
     // What the runs will take is what they are to find out: they wait for other workers' batches to
-    // take what they planned on, and those planned meanwhile wait for them. A batch cancelled while its
-    // model's calibration waited leaves the model loaded and not calibrated (its first batch measures it).
+    // take what they planned on, and those planned meanwhile wait for them. Only a worker that stops
+    // ends the wait (GenerationCancelled); it exits with the model loaded and not calibrated.
     await this.memory.exclusive(run).catch((err: unknown) => {
       if (!(err instanceof GenerationCancelled)) throw err;
     });
