@@ -35,11 +35,11 @@ async function predictAndMeasure(name: RealExportName, size: string): Promise<Pr
   const [width, height] = size.split('x').map(Number);
   const runtime = new WorkerRuntime({ runtime: { provider: 'cpu', threads: 2 } });
   const before = residentBytes();
-  await runtime.getPipeline(dir);
+  const pipeline = await runtime.getPipeline(dir);
   const figures = runtime.modelMemory(dir)!;
   const batch: GenerationBatch = { modelDir: dir, width, height, steps: 2, guidanceScale: 2, items: [{ prompt: 'a cat', negativePrompt: '', seed: 1 }] };
   // A plan of its own with the calibrated figures: what a fresh worker would expect, nothing yet held.
-  const predicted = new MemoryPlan({ [dir]: figures }).estimate(await inspectModel(dir), batch, Infinity);
+  const predicted = new MemoryPlan({ [dir]: figures }).estimate(await inspectModel(dir), batch, Infinity, pipeline.samplesPerImage(batch));
   resetPeak();
   await runtime.generateImages(batch);
   const measured = peakBytes() - (before + figures.weightsBytes);

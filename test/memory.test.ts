@@ -30,6 +30,8 @@ describe('the memory plan', () => {
     const plan = new MemoryPlan({ '/m': measured });
     expect(plan.estimate(withAttention, { width: 512, height: 512, items: items(1) }, Infinity)).toBeCloseTo(1.3e9, -3);
     expect(plan.estimate(withAttention, { width: 512, height: 512, items: items(2) }, Infinity)).toBeCloseTo(2.3e9, -3);
+    // The figures are per sample of a denoiser call: with classifier-free guidance an image is two.
+    expect(plan.estimate(withAttention, { width: 512, height: 512, items: items(1) }, Infinity, 2)).toBeCloseTo(2.3e9, -3);
     // 4x the pixels from one sample: the denoising bounded by the square (x16), the decoder's convolutions x4, its attention exact.
     expect(plan.estimate(withAttention, { width: 1024, height: 1024, items: items(1) }, Infinity)).toBeCloseTo(16e9 + (3e8 - attention(512)) * 4 + attention(1024), -3);
     // A model never measured: the decoder's attention alone, all that is known in closed form.
@@ -83,10 +85,14 @@ describe('the memory plan', () => {
     const dir = realExport('sd15');
     await runtime.generateImages({ modelDir: dir, width: 512, height: 512, steps: 1, guidanceScale: 2, items: [{ prompt: 'a cat', negativePrompt: '', seed: 1 }] });
     const measured = runtime.modelMemory(dir)!;
+    // Guidance above 1 doubles each image in the UNet's batch: memory is counted per sample.
+    const pipeline = await runtime.getPipeline(dir);
+    expect([pipeline.samplesPerImage({ guidanceScale: 2 }), pipeline.samplesPerImage({ guidanceScale: 1 }), pipeline.samplesPerImage({ guidanceScale: 0 })]).toEqual([2, 1, 1]);
     expect(measured.weightsBytes).toBeGreaterThan(1e6);
     // At least the VAE's attention at 512x512 (4096 tokens) passes through memory.
     expect(measured.peakBytes).toBeGreaterThan(4096 ** 2 * 4);
-    expect(measured.peakPixels).toBe(512 * 512);
+    // Two samples of 512x512: the image and, with guidance, its unconditional copy.
+    expect(measured.peakPixels).toBe(2 * 512 * 512);
     // On Linux the peak is measured in its two phases, the decoder's with its attention at 512x512.
     if (process.platform === 'linux') {
       // Its calibration runs (1/2 and 3/4 of its native 512: 256 and 384, one step each, with guidance) and the batch, which grew the

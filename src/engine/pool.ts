@@ -307,7 +307,7 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
       else if (stop.aborted) outcome = 'cancelled';
       // Killed by the system (not the pool's watchdog or shutdown) while its group's OOM kills went up.
       const killedForMemory = err instanceof WorkerDiedError && err.killedBySystem && !stop.aborted && (cgroupOomKills() ?? 0) > (oomKillsBefore ?? Infinity);
-      throw killedForMemory && worker.grant && worker.plannedImages ? outOfMemory(batch, worker.grant.budget, worker.plannedImages) : err;
+      throw killedForMemory && worker.grant && worker.plannedSamples ? outOfMemory(batch, worker.grant.budget, worker.plannedSamples) : err;
     } finally {
       memory.release(worker);
       watchdog.stop();
@@ -317,11 +317,11 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
   }
 
   /**
-   * Records that each image of the batch needed more than its share of what it was planned with (its
-   * model's `exceeded` figures, kept for this server's lifetime), for the next plans.
+   * Records that each sample of the batch's model calls needed more than its share of what it was
+   * planned with (its model's `exceeded` figures, kept for this server's lifetime), for the next plans.
    */
-  function outOfMemory(batch: GenerationBatch, plannedBytes: number, imagesPerRun: number): WorkerOutOfMemoryError {
-    options.memoryFigures?.record(batch.modelDir, exceededFigures(batch.width * batch.height, plannedBytes, imagesPerRun));
+  function outOfMemory(batch: GenerationBatch, plannedBytes: number, samplesPerRun: number): WorkerOutOfMemoryError {
+    options.memoryFigures?.record(batch.modelDir, exceededFigures(batch.width * batch.height, plannedBytes, samplesPerRun));
     logger?.error({ model: modelName(batch.modelDir), size: `${batch.width}x${batch.height}`, images: batch.items.length, plannedBytes }, 'the OOM killer ended a worker: its batch needed more memory than planned');
     return new WorkerOutOfMemoryError(modelName(batch.modelDir), `${batch.width}x${batch.height}`, plannedBytes);
   }

@@ -69,9 +69,9 @@ export class WorkerProcess implements MemoryClaimant {
   batchesDone = 0;
   /** Denoising steps done in the running (or else the last) batch. */
   step = 0;
-  /** The memory the running (or else the last) batch was last granted, and the images per model call it planned (see memory-arbiter.ts). */
+  /** The memory the running (or else the last) batch was last granted, and the samples per model call it planned (see memory-arbiter.ts, Pipeline.samplesPerImage). */
   grant?: MemoryGrant;
-  plannedImages?: number;
+  plannedSamples?: number;
   alive = true;
   /** Model folders this worker has loaded. */
   readonly loaded = new Set<string>();
@@ -126,7 +126,7 @@ export class WorkerProcess implements MemoryClaimant {
       this.task = { started: false, resolve, reject, onProgress, onEvent };
       this.step = 0;
       this.grant = undefined;
-      this.plannedImages = undefined;
+      this.plannedSamples = undefined;
       this.send({ type: 'run', batch });
       if (stop.aborted) cancel();
     }).finally(() => stop.removeEventListener('abort', cancel));
@@ -180,7 +180,7 @@ export class WorkerProcess implements MemoryClaimant {
         this.task?.onProgress();
         break;
       case 'memory-take':
-        this.plannedImages = message.images;
+        this.plannedSamples = message.samples;
         break;
     }
     this.listener.event(this, message);

@@ -45,7 +45,7 @@ export type FromWorker =
    */
   /** `exclusive`: for work that takes all there is (a calibration, see MemorySource.exclusive). */
   | { type: 'memory-ask'; exclusive?: boolean }
-  | { type: 'memory-take'; bytes: number; images: number }
+  | { type: 'memory-take'; bytes: number; samples: number }
   | { type: 'memory-wait' }
   /** The work that took memory outside a batch (a calibration, see MemorySource.exclusive) ended: it holds none now. */
   | { type: 'memory-release' }

@@ -59,11 +59,11 @@ const pooledMemory: MemorySource = {
     for (;;) {
       const found = plan(grant.budget);
       if (found) {
-        void send({ type: 'memory-take', bytes: found.bytes, images: found.images });
+        void send({ type: 'memory-take', bytes: found.bytes, samples: found.samples });
         return { plan: found, budget: grant.budget };
       }
       if (grant.alone <= grant.budget || !plan(grant.alone)) {
-        void send({ type: 'memory-take', bytes: 0, images: 0 });
+        void send({ type: 'memory-take', bytes: 0, samples: 0 });
         return { budget: grant.alone };
       }
       grant = await askForMemory({ type: 'memory-wait' });
@@ -75,7 +75,7 @@ const pooledMemory: MemorySource = {
     let grant = await askForMemory({ type: 'memory-ask', exclusive: true }, false);
     // Less than all there is: another batch planned on memory it has not taken yet (or on part of MEMORY_LIMIT).
     while (grant.budget < grant.alone) grant = await askForMemory({ type: 'memory-wait' }, false);
-    void send({ type: 'memory-take', bytes: grant.budget, images: 0 });
+    void send({ type: 'memory-take', bytes: grant.budget, samples: 0 });
     try {
       return await work();
     } finally {

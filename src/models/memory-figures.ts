@@ -18,7 +18,12 @@ const modelMemory = z.object({
   weightsBytes: size,
   peakBytes: size,
   peakPixels: size,
-  /** What the text encoders and the denoising loop took per image, at each image size it ran at (see memory-curve.ts). */
+  /**
+   * What the text encoders and the denoising loop took per sample of a denoiser call (an image, and its
+   * unconditional copy with classifier-free guidance: see Pipeline.samplesPerImage), at each image size
+   * it ran at (see memory-curve.ts). Figures kept by earlier versions counted per image, guidance or not
+   * (calibrations ran with guidance): read per sample, they overstate, which is safe.
+   */
   denoise: z.array(sample).optional(),
   /**
    * The VAE decoder call (an image, or a tile of one) that took the most, its pixels, and the attention
@@ -26,7 +31,7 @@ const modelMemory = z.object({
    */
   decode: sample.extend({ attentionBytes: size }).optional(),
   /**
-   * Sizes at which one image needed more than `bytes`: a run onnxruntime could not allocate, or whose
+   * Sizes at which one sample needed more than `bytes`: a run onnxruntime could not allocate, or whose
    * worker the OOM killer ended, though it was planned within them (a limit the plan cannot see, such
    * as the GPU's, or memory taken meanwhile). The plan expects at least that much from then on, at that
    * size and above, and tries again only with more to give. Kept for the server's lifetime, not in
@@ -37,7 +42,7 @@ const modelMemory = z.object({
 
 /**
  * `weightsBytes`, a worker's resident growth when the model loaded; `peakBytes`, the most a batch took
- * above the loaded model (activations, arena growth); `peakPixels`, images x pixels of that batch;
+ * above the loaded model (activations, arena growth); `peakPixels`, samples x pixels of that batch's model call;
  * `denoise` and `decode`, the same split by phase where the system can tell them apart (Linux).
  */
 export type ModelMemory = z.infer<typeof modelMemory>;
@@ -59,9 +64,9 @@ export function mergeMemory(known: ModelMemory | undefined, reported: ModelMemor
   };
 }
 
-/** The figures that say only that each of `images` images of `pixels` needed more than its share of `plannedBytes`. */
-export function exceededFigures(pixels: number, plannedBytes: number, images: number): ModelMemory {
-  return { weightsBytes: 0, peakBytes: 0, peakPixels: 0, exceeded: [{ pixels, bytes: plannedBytes / images }] };
+/** The figures that say only that each of `samples` samples of `pixels` needed more than its share of `plannedBytes`. */
+export function exceededFigures(pixels: number, plannedBytes: number, samples: number): ModelMemory {
+  return { weightsBytes: 0, peakBytes: 0, peakPixels: 0, exceeded: [{ pixels, bytes: plannedBytes / samples }] };
 }
 
 /** What DATA_DIR keeps of a model's figures: all but its `exceeded` lessons, which last the server's lifetime. */

@@ -33,6 +33,11 @@ export class FluxPipeline implements Pipeline {
     this.previews = new OnDemand(() => LatentPreview.fit(vae, LATENT_CHANNELS, layout.vae.scaleFactor));
   }
 
+  /** dev takes the guidance as an input, schnell none: never an unconditional copy. */
+  samplesPerImage(): number {
+    return 1;
+  }
+
   async generate(batch: GenerationBatch, hooks?: GenerateHooks): Promise<RgbImage[]> {
     const count = batch.items.length;
     const scale = this.layout.vae.scaleFactor;

@@ -84,7 +84,7 @@ export interface MemorySource {
    * asks again. `plan` is undefined in the answer when the batch fits in neither; `budget` is what it
    * was last planned with.
    */
-  reserve<T extends { bytes: number; images: number }>(plan: (budget: number) => T | undefined): Promise<{ plan?: T; budget: number }>;
+  reserve<T extends { bytes: number; samples: number }>(plan: (budget: number) => T | undefined): Promise<{ plan?: T; budget: number }>;
   /**
    * Runs work whose memory is not known before it runs (a model's calibration) once no other batch
    * holds memory it planned on and has not taken yet, holding all there is until the work ends: other
@@ -104,9 +104,10 @@ export function localMemory(limit = Infinity): MemorySource {
   };
 }
 
-/** One part of a batch as planned: its images, and the bytes they are expected to take. */
+/** One part of a batch as planned: its images, their samples in one denoiser call, and the bytes they are expected to take. */
 interface PartPlan {
   images: number;
+  samples: number;
   bytes: number;
 }
 
@@ -213,13 +214,13 @@ export class MemoryPlan {
   }
 
   /**
-   * What the text encoders and the denoising loop take for `images` images of `pixels` each (see
-   * memory-curve.ts), beyond what the model's earlier runs here left held.
+   * What the text encoders and the denoising loop take for `samples` samples of `pixels` each (see
+   * memory-curve.ts and Pipeline.samplesPerImage), beyond what the model's earlier runs here left held.
    */
-  private denoiseBytes(modelDir: string, images: number, pixels: number): number {
+  private denoiseBytes(modelDir: string, samples: number, pixels: number): number {
     const figures = this.figures.get(modelDir);
-    const perImage = Math.max(bytesPerImage(figures?.denoise ?? [], pixels), leastPerImage(figures?.exceeded ?? [], pixels));
-    return Math.max(0, images * perImage - (this.held.get(modelDir) ?? 0));
+    const perSample = Math.max(bytesPerImage(figures?.denoise ?? [], pixels), leastPerImage(figures?.exceeded ?? [], pixels));
+    return Math.max(0, samples * perSample - (this.held.get(modelDir) ?? 0));
   }
 
   /**
@@ -235,9 +236,10 @@ export class MemoryPlan {
   /**
    * What a batch is expected to take above the loaded model within `budget`: its denoising phase, whose
    * arenas stay held, plus one decoder call, tiled to fit what the denoising leaves when its decoder tiles.
+   * `samplesPerImage`: see Pipeline.samplesPerImage.
    */
-  estimate(layout: Pick<ModelLayout, 'dir' | 'vae'>, batch: Pick<GenerationBatch, 'width' | 'height' | 'items'>, budget: number): number {
-    const denoise = this.denoiseBytes(layout.dir, batch.items.length, batch.width * batch.height);
+  estimate(layout: Pick<ModelLayout, 'dir' | 'vae'>, batch: Pick<GenerationBatch, 'width' | 'height' | 'items'>, budget: number, samplesPerImage = 1): number {
+    const denoise = this.denoiseBytes(layout.dir, batch.items.length * samplesPerImage, batch.width * batch.height);
     const unit = this.decodeUnit(layout, batch.width, batch.height, budget - denoise);
     return denoise + this.decodeBytes(layout, unit.width, unit.height);
   }
@@ -247,12 +249,12 @@ export class MemoryPlan {
    * them, or fewer (the batch then runs in parts, as its max_batch would have it). Throws
    * InsufficientMemoryError when not even one fits.
    */
-  async imagesPerRun(layout: Pick<ModelLayout, 'dir' | 'vae'>, batch: Pick<GenerationBatch, 'width' | 'height' | 'items'>, modelName: string): Promise<number> {
-    const need = (count: number, budget: number) => this.estimate(layout, { ...batch, items: batch.items.slice(0, count) }, budget);
+  async imagesPerRun(layout: Pick<ModelLayout, 'dir' | 'vae'>, batch: Pick<GenerationBatch, 'width' | 'height' | 'items'>, modelName: string, samplesPerImage = 1): Promise<number> {
+    const need = (count: number, budget: number) => this.estimate(layout, { ...batch, items: batch.items.slice(0, count) }, budget, samplesPerImage);
     const { plan, budget } = await this.source.reserve((budget): PartPlan | undefined => {
       for (let count = batch.items.length; count >= 1; count--) {
         const bytes = need(count, budget);
-        if (bytes <= budget) return { images: count, bytes };
+        if (bytes <= budget) return { images: count, samples: count * samplesPerImage, bytes };
       }
       return undefined;
     });
@@ -263,26 +265,26 @@ export class MemoryPlan {
       );
     }
     this.batchBudget = budget;
-    this.decodeBudget = budget - this.denoiseBytes(layout.dir, plan.images, batch.width * batch.height);
+    this.decodeBudget = budget - this.denoiseBytes(layout.dir, plan.samples, batch.width * batch.height);
     return plan.images;
   }
 
   /**
-   * A run of `images` images of `pixels` each that onnxruntime could not allocate, though planned within
-   * the running batch's budget: each of them needed more than its share of it (ModelMemory.exceeded).
+   * A run of `samples` samples of `pixels` each that onnxruntime could not allocate, though planned
+   * within the running batch's budget: each of them needed more than its share of it (ModelMemory.exceeded).
    */
-  recordExceeded(modelDir: string, images: number, pixels: number): void {
+  recordExceeded(modelDir: string, samples: number, pixels: number): void {
     if (this.batchBudget === Infinity) return;
-    this.figures.set(modelDir, mergeMemory(this.figures.get(modelDir), exceededFigures(pixels, this.batchBudget, images)));
+    this.figures.set(modelDir, mergeMemory(this.figures.get(modelDir), exceededFigures(pixels, this.batchBudget, samples)));
   }
 
   /**
-   * Runs `images` images of `pixels` each, recording what they took in the model's figures: on Linux
+   * Runs `samples` samples (Pipeline.samplesPerImage) of `pixels` each, recording what they took in the model's figures: on Linux
    * the denoising and the decode apart, elsewhere the whole run as denoising (an upper bound: the
    * decode's attention is then counted twice). A run that stayed within what the model's arenas already
    * held says only that it needed no more than that, and adds no denoising figure.
    */
-  async measureRun<T>(modelDir: string, images: number, pixels: number, run: () => Promise<T>): Promise<T> {
+  async measureRun<T>(modelDir: string, samples: number, pixels: number, run: () => Promise<T>): Promise<T> {
     this.exactPeak = resetPeak();
     this.decodeStart = undefined;
     const before = residentBytes();
@@ -298,8 +300,8 @@ export class MemoryPlan {
     const reported: ModelMemory = {
       weightsBytes: 0,
       peakBytes: Math.max(0, Math.max(end, start?.peak ?? 0) - before) + held,
-      peakPixels: images * pixels,
-      ...(grew > held * ARENA_NOISE && { denoise: [{ pixels, bytes: (grew + held) / images }] }),
+      peakPixels: samples * pixels,
+      ...(grew > held * ARENA_NOISE && { denoise: [{ pixels, bytes: (grew + held) / samples }] }),
       ...(start && { decode: { bytes: Math.max(0, end - start.resident), pixels: start.pixels, attentionBytes: start.attentionBytes } }),
     };
     this.figures.set(modelDir, mergeMemory(this.figures.get(modelDir), reported));

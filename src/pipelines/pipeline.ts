@@ -24,6 +24,11 @@ export class GenerationCancelled extends Error {
 /** A loaded model that turns a batch into pictures, one per item, in item order. */
 export interface Pipeline {
   readonly layout: ModelLayout;
+  /**
+   * Samples of each image that one denoiser call holds: 2 with classifier-free guidance (the
+   * unconditional copy rides along), else 1. Memory is measured and planned per sample.
+   */
+  samplesPerImage(batch: Pick<GenerationBatch, 'guidanceScale'>): number;
   generate(batch: GenerationBatch, hooks?: GenerateHooks): Promise<RgbImage[]>;
   release(): Promise<void>;
 }

@@ -79,7 +79,7 @@ export class WorkerRuntime {
         const size = Math.ceil((nativeSide(pipeline.layout) * share) / sizeMultiple) * sizeMultiple;
         const batch: GenerationBatch = { modelDir: dir, width: size, height: size, steps: 1, guidanceScale: 2, items: [{ prompt: '', negativePrompt: '', seed: 0 }] };
         // A model that cannot run a plain generation is measured on its first batch instead, whose error then says why.
-        if (!(await this.memory.measureRun(dir, 1, size * size, () => pipeline.generate(batch, {})).then(() => true, () => false))) return;
+        if (!(await this.memory.measureRun(dir, pipeline.samplesPerImage(batch), size * size, () => pipeline.generate(batch, {})).then(() => true, () => false))) return;
       }
     };
     // What the runs will take is what they are to find out: they wait for other workers' batches to
@@ -145,7 +145,8 @@ export class WorkerRuntime {
     }
     const byPixels = Math.max(1, Math.floor(this.settings.maxBatchPixels / (batch.width * batch.height)));
     // The memory plan holds what the largest part takes: parts no larger than maxBatchPixels allows.
-    const perRun = await this.memory.imagesPerRun(pipeline.layout, { ...batch, items: batch.items.slice(0, byPixels) }, path.basename(batch.modelDir));
+    const samples = pipeline.samplesPerImage(batch);
+    const perRun = await this.memory.imagesPerRun(pipeline.layout, { ...batch, items: batch.items.slice(0, byPixels) }, path.basename(batch.modelDir), samples);
     const parts = chunks(batch.items, perRun);
     const images: RgbImage[] = [];
     for (const [index, items] of parts.entries()) {
@@ -155,9 +156,9 @@ export class WorkerRuntime {
       };
       const run = () => pipeline.generate({ ...batch, items }, hooksFor(part));
       images.push(
-        ...(await this.memory.measureRun(batch.modelDir, items.length, batch.width * batch.height, run).catch(async (err: unknown) => {
+        ...(await this.memory.measureRun(batch.modelDir, items.length * samples, batch.width * batch.height, run).catch(async (err: unknown) => {
           if (!(err instanceof OnnxOutOfMemoryError)) throw err;
-          this.memory.recordExceeded(batch.modelDir, items.length, batch.width * batch.height);
+          this.memory.recordExceeded(batch.modelDir, items.length * samples, batch.width * batch.height);
           // The failed run's arenas keep what it got, which other sessions (the arena-less VAE) cannot
           // use: the model's sessions go, and the next batch loads them again with the memory back.
           await this.pipelines.release(batch.modelDir);

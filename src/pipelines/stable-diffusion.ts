@@ -44,6 +44,11 @@ export class StableDiffusionPipeline implements Pipeline {
     this.previews = new OnDemand(() => LatentPreview.fit(vae, this.latentChannels, layout.vae.scaleFactor));
   }
 
+  /** A UNet that takes the guidance as an embedding (LCM) needs no unconditional copy. */
+  samplesPerImage({ guidanceScale }: Pick<GenerationBatch, 'guidanceScale'>): number {
+    return !this.unet.hasInput('timestep_cond') && guidanceScale > 1 ? 2 : 1;
+  }
+
   async generate(batch: GenerationBatch, hooks?: GenerateHooks): Promise<RgbImage[]> {
     const count = batch.items.length;
     const scale = this.layout.vae.scaleFactor;
@@ -52,7 +57,7 @@ export class StableDiffusionPipeline implements Pipeline {
     scheduler.setTimesteps(batch.steps);
 
     const timestepCond = this.unet.hasInput('timestep_cond') ? guidanceEmbedding(batch.guidanceScale, count, this.timeCondDim()) : undefined;
-    const guided = !timestepCond && batch.guidanceScale > 1;
+    const guided = this.samplesPerImage(batch) === 2;
     const positive = await this.condition(batch.items.map((i) => i.prompt), batch, false);
     const conditioning = guided ? concatConditioning(await this.negativeCondition(batch, positive), positive) : positive;
     const rows = guided ? 2 * count : count;
