@@ -63,7 +63,7 @@ function printInstalled(model: InstalledModel): void {
   console.log(`a running server picks it up at its next rescan (${envName('modelsRescanSeconds')}) or when a request names it`);
 }
 
-/** "1.2 GiB + 3.4 GiB at 1.0 MP": loaded, and the most one batch took on top (at that many images x pixels). */
+/** "1.2 GiB + 3.4 GiB at 1.0 MP": loaded, and the most one batch took on top (at that many samples x pixels of one denoiser call; see Pipeline.samplesPerImage). */
 function describeMemory(memory: ModelMemory | undefined): string {
   if (!memory) return 'not measured';
   const peak = memory.peakPixels ? ` + ${formatBytes(memory.peakBytes)} at ${(memory.peakPixels / 2 ** 20).toFixed(1)} MP` : '';

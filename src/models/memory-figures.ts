@@ -21,8 +21,10 @@ const modelMemory = z.object({
   /**
    * What the text encoders and the denoising loop took per sample of a denoiser call (an image, and its
    * unconditional copy with classifier-free guidance: see Pipeline.samplesPerImage), at each image size
-   * it ran at (see memory-curve.ts). Figures kept by earlier versions counted per image, guidance or not
-   * (calibrations ran with guidance): read per sample, they overstate, which is safe.
+   * it ran at (see memory-curve.ts). Figures kept by versions before this unit counted per image,
+   * guidance or not (calibrations ran with guidance): read per sample they overstate a guided image up
+   * to twice, which is safe but refuses sizes that fit; deleting DATA_DIR/model-memory.json makes the
+   * workers measure again.
    */
   denoise: z.array(sample).optional(),
   /**
