@@ -38,6 +38,20 @@ describe('the memory plan', () => {
     expect(new MemoryPlan().estimate(withAttention, { width: 512, height: 512, items: items(2) }, Infinity)).toBe(attention(512));
   });
 
+  it("plans image-to-image's VAE encoder, which encodes each picture whole, though the decoder tiles", () => {
+    // A small denoiser beside a large VAE, as in the tiny real exports: at 1024x1024 the decoder tiles
+    // within a 2 GB budget, but the encoder's attention over all 16384 latent pixels is 3.2 GB by itself.
+    const plan = new MemoryPlan({ '/m': { ...measured, denoise: [{ pixels: 512 * 512, bytes: 1e7 }] } });
+    plan.vaeTiler(withAttention);
+    const picture = { width: 1024, height: 1024, pixels: new Uint8Array(1024 * 1024 * 3) };
+    const textToImage = plan.estimate(withAttention, { width: 1024, height: 1024, items: items(1) }, 2e9);
+    const imageToImage = plan.estimate(withAttention, { width: 1024, height: 1024, items: items(1).map((item) => ({ ...item, image: picture })) }, 2e9);
+    // Text to image fits, in tiles; image to image does not: its encoder takes a whole decoder call's memory.
+    expect(textToImage).toBeLessThanOrEqual(2e9);
+    expect(imageToImage).toBeCloseTo((3e8 - attention(512)) * 4 + attention(1024), -3);
+    expect(imageToImage).toBeGreaterThan(2e9);
+  });
+
   it('extrapolates the denoising as the larger of the square from the largest size and twice the fitted a·p + b·p²', () => {
     const [p1, p2] = [256 * 256, 512 * 512];
     // All square (x16 for 4x the pixels): the fitted curve is the square, doubled for the arena.

@@ -236,12 +236,16 @@ export class MemoryPlan {
   /**
    * What a batch is expected to take above the loaded model within `budget`: its denoising phase, whose
    * arenas stay held, plus one decoder call, tiled to fit what the denoising leaves when its decoder tiles.
-   * `samplesPerImage`: see Pipeline.samplesPerImage.
+   * Image-to-image first encodes each picture whole, before the denoising takes its memory: the VAE
+   * encoder mirrors the decoder (the same mid-block attention over the latent pixels), so one whole
+   * decoder call of the size stands for it. `samplesPerImage`: see Pipeline.samplesPerImage.
    */
   estimate(layout: Pick<ModelLayout, 'dir' | 'vae'>, batch: Pick<GenerationBatch, 'width' | 'height' | 'items'>, budget: number, samplesPerImage = 1): number {
     const denoise = this.denoiseBytes(layout.dir, batch.items.length * samplesPerImage, batch.width * batch.height);
     const unit = this.decodeUnit(layout, batch.width, batch.height, budget - denoise);
-    return denoise + this.decodeBytes(layout, unit.width, unit.height);
+    const generate = denoise + this.decodeBytes(layout, unit.width, unit.height);
+    const encode = batch.items.some((item) => item.image) ? this.decodeBytes(layout, batch.width, batch.height) : 0;
+    return Math.max(encode, generate);
   }
 
   /**
