@@ -64,8 +64,9 @@ describe('memory shared out among the workers', () => {
 describe.skipIf(!haveRealExports)("a model's calibration beside another worker's batch (needs ../shared/data/real-exports)", () => {
   let real: RealServer;
   let root: string;
-  /** When each model's 'model loaded' line was logged, on performance.now()'s clock. */
+  /** When each model's 'model loaded' line was logged, on performance.now()'s clock; and the waits logged. */
   const loadedAt = new Map<string, number>();
+  const waits: string[] = [];
   beforeAll(async () => {
     root = await mkdtemp(path.join(os.tmpdir(), 'imagegen-memory-calibration-'));
     await mkdir(path.join(root, 'data'), { recursive: true });
@@ -80,6 +81,7 @@ describe.skipIf(!haveRealExports)("a model's calibration beside another worker's
       write(line: string) {
         const entry = JSON.parse(line) as { msg?: string; model?: string };
         if (entry.msg === 'model loaded' && entry.model) loadedAt.set(entry.model, performance.now());
+        if (entry.msg?.endsWith('waits for memory other batches planned on')) waits.push(entry.msg);
       },
     });
     real = await startRealServer({ root, logger, models: { sd15: { link: realExport('sd15') } }, env: { WORKERS: '2', MEMORY_LIMIT: '8g', METRICS_PUBLIC: 'true', PRELOAD: 'demo-shapes' } });
@@ -105,5 +107,6 @@ describe.skipIf(!haveRealExports)("a model's calibration beside another worker's
     // The calibration waited. (The SD 1.5 batch itself fits beside the long one: without the
     // calibration's wait, nothing waits here.)
     expect(metric(await (await fetch(`${real.server.url}/metrics`)).text(), 'imagegen_memory_waits_total')).toBeGreaterThanOrEqual(1);
+    expect(waits).toContain("a model's calibration waits for memory other batches planned on");
   });
 });

@@ -109,6 +109,11 @@ export class MemoryArbiter {
     return this.parked.has(who) || this.asking.includes(who);
   }
 
+  /** Whether the worker asked for exclusive work (see ask) and has not taken its memory yet. */
+  isExclusive(who: MemoryClaimant): boolean {
+    return this.exclusive.includes(who);
+  }
+
   /** Bytes the running batches planned on, for /metrics. */
   plannedBytes(): number {
     let total = 0;

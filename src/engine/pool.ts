@@ -227,7 +227,8 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
         case 'memory-wait':
           if (memory.wait(worker)) {
             metrics?.memoryWaited();
-            logger?.info({ worker: slot, plannedBytes: memory.plannedBytes() }, 'batch waits for memory other batches planned on');
+            const who = memory.isExclusive(worker) ? "a model's calibration" : 'batch';
+            logger?.info({ worker: slot, plannedBytes: memory.plannedBytes() }, `${who} waits for memory other batches planned on`);
           }
           return;
       }
