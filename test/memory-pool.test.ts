@@ -7,7 +7,7 @@ import { DEMO_MODEL_DIR } from './helpers/demo-model.js';
 import type { ModelMemory } from '../src/models/memory-figures.js';
 import { metric } from './helpers/ops-server.js';
 import { haveRealExports, realExport } from './helpers/real-exports.js';
-import { startRealServer, type RealServer } from './helpers/real-server.js';
+import { startRealServer, type RealServer, type RealServerOptions } from './helpers/real-server.js';
 
 /**
  * Two worker processes planning against the same memory (src/engine/memory-arbiter.ts): a batch that
@@ -24,23 +24,34 @@ const FIGURES: Record<string, ModelMemory> = {
   [DEMO_MODEL_DIR]: { weightsBytes: MiB, peakBytes: 600 * MiB, peakPixels: 512 * 512, denoise: [{ pixels: 512 * 512, bytes: 600 * MiB }] },
 };
 
+/**
+ * A server of two workers (the demo model preloaded, /metrics public) whose DATA_DIR already holds
+ * `figures`, once it is ready; closing it removes its root.
+ */
+async function startWithFigures(figures: Record<string, ModelMemory>, options: RealServerOptions): Promise<RealServer> {
+  const root = await mkdtemp(path.join(os.tmpdir(), 'imagegen-memory-pool-'));
+  await mkdir(path.join(root, 'data'), { recursive: true });
+  await writeFile(path.join(root, 'data', 'model-memory.json'), JSON.stringify(figures));
+  const real = await startRealServer({ ...options, root, env: { WORKERS: '2', METRICS_PUBLIC: 'true', PRELOAD: 'demo-shapes', ...options.env } });
+  while (!real.server.engine.readiness().ready) await new Promise((resolve) => setTimeout(resolve, 50));
+  return {
+    ...real,
+    async close() {
+      await real.close();
+      await rm(root, { recursive: true, force: true });
+    },
+  };
+}
+
+const memoryWaits = async (real: RealServer) => metric(await (await fetch(`${real.server.url}/metrics`)).text(), 'imagegen_memory_waits_total');
+
 describe('memory shared out among the workers', () => {
   let real: RealServer;
-  let root: string;
   beforeAll(async () => {
-    root = await mkdtemp(path.join(os.tmpdir(), 'imagegen-memory-pool-'));
-    await mkdir(path.join(root, 'data'), { recursive: true });
-    await writeFile(path.join(root, 'data', 'model-memory.json'), JSON.stringify(FIGURES));
     // A stall timeout shorter than the first batch: the waiting worker makes no progress meanwhile.
-    real = await startRealServer({ root, env: { WORKERS: '2', MEMORY_LIMIT: '1g', WORKER_STALL_TIMEOUT_SECONDS: '1', METRICS_PUBLIC: 'true', PRELOAD: 'demo-shapes' } });
-    while (!real.server.engine.readiness().ready) await new Promise((resolve) => setTimeout(resolve, 50));
+    real = await startWithFigures(FIGURES, { env: { MEMORY_LIMIT: '1g', WORKER_STALL_TIMEOUT_SECONDS: '1' } });
   });
-  afterAll(async () => {
-    await real?.close();
-    await rm(root, { recursive: true, force: true });
-  });
-
-  const waits = async () => metric(await (await fetch(`${real.server.url}/metrics`)).text(), 'imagegen_memory_waits_total');
+  afterAll(() => real?.close());
 
   it('runs two batches that fit only one at a time one after the other, both to completion', async () => {
     // Different step counts: two batches the pool cannot merge, one per worker.
@@ -52,7 +63,7 @@ describe('memory shared out among the workers', () => {
     };
     const [first, second] = await Promise.all([generate(150), generate(149)]);
     expect([first.images, second.images]).toEqual([3, 3]);
-    expect(await waits()).toBeGreaterThanOrEqual(1);
+    expect(await memoryWaits(real)).toBeGreaterThanOrEqual(1);
     // One waited for the other: their runs did not overlap, so the later one ended well after the earlier.
     const [earlier, later] = [first, second].sort((a, b) => a.ended - b.ended);
     expect(later.ended - earlier.ended).toBeGreaterThan(0.5 * (earlier.ended - earlier.started));
@@ -63,20 +74,16 @@ describe('memory shared out among the workers', () => {
 
 describe.skipIf(!haveRealExports)("a model's calibration beside another worker's batch (needs ../shared/data/real-exports)", () => {
   let real: RealServer;
-  let root: string;
   /** When each model's 'model loaded' line was logged, on performance.now()'s clock; and the waits logged. */
   const loadedAt = new Map<string, number>();
   const waits: string[] = [];
   beforeAll(async () => {
-    root = await mkdtemp(path.join(os.tmpdir(), 'imagegen-memory-calibration-'));
-    await mkdir(path.join(root, 'data'), { recursive: true });
     // The demo model's batch of three 1024x1024 images (long enough for the other model to load
     // meanwhile) plans on 1.5 GiB of the 7.2 GiB MEMORY_LIMIT leaves, and uses far less: room for the
     // SD 1.5 export's 512x512 image beside it. That export has no figures, so the worker that loads it
     // first calibrates it (one step at 256x256 and 384x384).
     const GiB = 2 ** 30;
     const figures = { [DEMO_MODEL_DIR]: { ...FIGURES[DEMO_MODEL_DIR], peakBytes: 0.5 * GiB, peakPixels: 1024 * 1024, denoise: [{ pixels: 1024 * 1024, bytes: 0.5 * GiB }] } };
-    await writeFile(path.join(root, 'data', 'model-memory.json'), JSON.stringify(figures));
     const logger = pino({ level: 'info' }, {
       write(line: string) {
         const entry = JSON.parse(line) as { msg?: string; model?: string };
@@ -84,13 +91,9 @@ describe.skipIf(!haveRealExports)("a model's calibration beside another worker's
         if (entry.msg?.endsWith('waits for memory other batches planned on')) waits.push(entry.msg);
       },
     });
-    real = await startRealServer({ root, logger, models: { sd15: { link: realExport('sd15') } }, env: { WORKERS: '2', MEMORY_LIMIT: '8g', METRICS_PUBLIC: 'true', PRELOAD: 'demo-shapes' } });
-    while (!real.server.engine.readiness().ready) await new Promise((resolve) => setTimeout(resolve, 50));
+    real = await startWithFigures(figures, { logger, models: { sd15: { link: realExport('sd15') } }, env: { MEMORY_LIMIT: '8g' } });
   });
-  afterAll(async () => {
-    await real?.close();
-    await rm(root, { recursive: true, force: true });
-  });
+  afterAll(() => real?.close());
 
   it('waits for the batch that planned on the memory to end before it runs', async () => {
     const long = real.client.images
@@ -106,7 +109,7 @@ describe.skipIf(!haveRealExports)("a model's calibration beside another worker's
     expect(loadedAt.get('sd15')).toBeGreaterThan(longEnded);
     // The calibration waited. (The SD 1.5 batch itself fits beside the long one: without the
     // calibration's wait, nothing waits here.)
-    expect(metric(await (await fetch(`${real.server.url}/metrics`)).text(), 'imagegen_memory_waits_total')).toBeGreaterThanOrEqual(1);
+    expect(await memoryWaits(real)).toBeGreaterThanOrEqual(1);
     expect(waits).toContain("a model's calibration waits for memory other batches planned on");
   });
 });
