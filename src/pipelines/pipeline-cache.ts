@@ -27,6 +27,11 @@ export async function weightBytes(layout: ModelLayout): Promise<number> {
   return total;
 }
 
+/** Releases an entry's sessions once it has loaded; one that failed to load holds none. */
+function releaseSessions(entry: Entry): Promise<void> {
+  return entry.pipeline.then((p) => p.release()).catch(() => undefined);
+}
+
 export class PipelineCache {
   /** Map order is recency order: the least recently used first. */
   private readonly entries = new Map<string, Entry>();
@@ -45,7 +50,7 @@ export class PipelineCache {
         this.entries.set(modelDir, hit);
         return hit.pipeline;
       }
-      hit.pipeline.then((p) => p.release()).catch(() => undefined);
+      void releaseSessions(hit);
     }
     const entry: Entry = { bytes: 0, version, pipeline: this.load(modelDir) };
     this.entries.set(modelDir, entry);
@@ -78,7 +83,7 @@ export class PipelineCache {
     const entry = this.entries.get(modelDir);
     if (!entry) return;
     this.entries.delete(modelDir);
-    await entry.pipeline.then((p) => p.release()).catch(() => undefined);
+    await releaseSessions(entry);
   }
 
   private evictBeyondBudget(keep: string): void {
@@ -88,7 +93,7 @@ export class PipelineCache {
       if (dir === keep || entry.bytes === 0) continue;
       this.entries.delete(dir);
       total -= entry.bytes;
-      entry.pipeline.then((p) => p.release()).catch(() => undefined);
+      void releaseSessions(entry);
     }
   }
 }

@@ -68,8 +68,8 @@ export class WorkerRuntime {
    * A model that never ran on this machine first runs one step at half and three quarters of its native
    * side: its memory plan then extrapolates from measured figures (models/memory-curve.ts) instead of
    * knowing nothing, and a first request too large for the machine gets 507 rather than the OOM killer. The figures are kept in
-   * DATA_DIR, so this happens once per model and machine. Guidance above 1 counts the doubled batch of
-   * classifier-free guidance.
+   * DATA_DIR, so this happens once per model and machine. The runs use guidance, as most requests do;
+   * their figures count per sample (Pipeline.samplesPerImage), so they serve requests without it too.
    */
   private async calibrate(pipeline: Pipeline): Promise<void> {
     const { dir, sizeMultiple } = pipeline.layout;
