@@ -1,17 +1,20 @@
-import { mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { mkdir, mkdtemp, rm, truncate, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
-import OpenAI from 'openai';
+import onnxProto from 'onnx-proto';
+import OpenAI, { toFile } from 'openai';
+import sharp from 'sharp';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { EMBEDDED_MODELS_DIR } from '../src/config.js';
 import { readMemoryFigures, type ModelMemory } from '../src/models/memory-figures.js';
 import { cgroupUnavailable, makeMemoryCgroup, type MemoryCgroup } from './helpers/cgroup.js';
 import { apiError } from './helpers/failures.js';
 import { haveRealExports, realExport } from './helpers/real-exports.js';
 import { installModels } from './helpers/real-server.js';
-import { killServer, spawnServer, type SpawnOptions } from './helpers/server-process.js';
+import { killServer, spawnServer, type ServerProcess, type SpawnOptions } from './helpers/server-process.js';
 
 /**
- * Batches that run out of memory though the plan let them run (another process took the memory, or a
+ * Models and batches that run out of memory though the plan let them run (another process took the memory, or a
  * limit the plan cannot see, such as the GPU's), made to happen for real with the SD 1.5 export: a
  * 768x512 image with guidance takes about 4.4 GB above the loaded model, a 512x512 one without about
  * 1.2 GB. Either way the client gets a 507 that says what to change, the server learns that the size
@@ -116,5 +119,91 @@ describe.skipIf(!haveRealExports || cgroupSkip)('a worker the OOM killer ends (n
     expect(Number(amount) * (unit === 'GiB' ? 1024 : 1)).toBeLessThan(2.2 * 1024);
     await expect.poll(() => sd15.server.log.some((line) => line.includes('the OOM killer ended a worker'))).toBe(true);
     await expectLearnt(sd15);
+  });
+});
+
+/**
+ * Replaces `component`'s graph in a model folder with one whose single weight is 2 GiB (a MatMul of
+ * [1, 16384] by [16384, 32768], float32, kept in a sparse model.onnx_data that takes no disk): creating
+ * its session allocates the 2 GiB at once.
+ */
+async function makeHeavy(modelDir: string, component: string): Promise<void> {
+  const { onnx } = onnxProto;
+  const [rows, cols] = [16384, 32768];
+  const tensor = (name: string, dims: number[]) => ({ name, type: { tensorType: { elemType: onnx.TensorProto.DataType.FLOAT, shape: { dim: dims.map((dimValue) => ({ dimValue })) } } } });
+  const graph = onnx.ModelProto.encode({
+    irVersion: 8,
+    opsetImport: [{ domain: '', version: 17 }],
+    graph: {
+      name: 'heavy',
+      node: [{ opType: 'MatMul', input: ['x', 'w'], output: ['y'] }],
+      input: [tensor('x', [1, rows])],
+      output: [tensor('y', [1, cols])],
+      initializer: [
+        {
+          name: 'w',
+          dataType: onnx.TensorProto.DataType.FLOAT,
+          dims: [rows, cols],
+          dataLocation: onnx.TensorProto.DataLocation.EXTERNAL,
+          externalData: [
+            { key: 'location', value: 'model.onnx_data' },
+            { key: 'offset', value: '0' },
+            { key: 'length', value: String(rows * cols * 4) },
+          ],
+        },
+      ],
+    },
+  }).finish();
+  await writeFile(path.join(modelDir, component, 'model.onnx'), graph);
+  await writeFile(path.join(modelDir, component, 'model.onnx_data'), '');
+  await truncate(path.join(modelDir, component, 'model.onnx_data'), rows * cols * 4);
+}
+
+describe('a model whose sessions onnxruntime cannot allocate as they load', () => {
+  // Copies of the embedded model whose VAE decoder ('heavy') or VAE encoder ('heavy-encoder') weighs
+  // 2 GiB, under a data-size limit of 1 GB on the server and its workers (ulimit -d): the machine's free
+  // memory tells the plan they fit, and onnxruntime's allocation fails as the session is created.
+  let root: string;
+  let server: ServerProcess;
+  let client: OpenAI;
+  beforeAll(async () => {
+    root = await mkdtemp(path.join(os.tmpdir(), 'imagegen-load-oom-'));
+    const modelsDir = path.join(root, 'models');
+    await installModels(modelsDir, { heavy: { copy: path.join(EMBEDDED_MODELS_DIR, 'demo-shapes') }, 'heavy-encoder': { copy: path.join(EMBEDDED_MODELS_DIR, 'demo-shapes') } });
+    await makeHeavy(path.join(modelsDir, 'heavy'), 'vae_decoder');
+    await makeHeavy(path.join(modelsDir, 'heavy-encoder'), 'vae_encoder');
+    server = await spawnServer(
+      { PORT: '0', DATA_DIR: path.join(root, 'data'), MODELS_DIR: modelsDir, PRELOAD: 'demo-shapes,heavy', MODELS_RESCAN_SECONDS: '0' },
+      { limitsKb: { data: 1_000_000 } },
+    );
+    client = new OpenAI({ baseURL: server.baseURL, apiKey: 'unused', maxRetries: 0 });
+  });
+  afterAll(async () => {
+    if (server) await killServer(server);
+    if (root) await rm(root, { recursive: true, force: true });
+  });
+
+  it('answers 507 insufficient_memory naming the component and what to change, not a broken folder, and the worker serves on', async () => {
+    const error = await apiError(client.images.generate({ model: 'heavy', prompt: 'a cat', size: '256x256', response_format: 'b64_json' }));
+    expect(error.status).toBe(507);
+    expect(error.error).toMatchObject({
+      code: 'insufficient_memory',
+      message: expect.stringMatching(/^Model 'heavy' ran out of memory loading vae_decoder\/model\.onnx \(onnxruntime: .*bad_alloc.*\): its weights need more memory than this worker could get\. Free memory for it: fewer WORKERS/),
+    });
+    // /ready says why the preloaded model is missing in the same words.
+    const ready = await fetch(`${server.origin}/ready`);
+    expect(ready.status).toBe(503);
+    expect(((await ready.json()) as { error: { message: string } }).error.message).toMatch(/model 'heavy' failed to load: Model 'heavy' ran out of memory loading vae_decoder\/model\.onnx/);
+    expect((await client.images.generate({ model: 'demo-shapes', prompt: 'a cat', size: '256x256', response_format: 'b64_json' })).data).toHaveLength(1);
+    expect(server.log.some((line) => line.includes('starting a replacement'))).toBe(false);
+  });
+
+  it('answers 507 for a component loaded on demand (the VAE encoder of an edit), and the model still generates', async () => {
+    const picture = await sharp({ create: { width: 256, height: 256, channels: 3, background: '#c03020' } }).png().toBuffer();
+    const edit = client.images.edit({ model: 'heavy-encoder', image: await toFile(picture, 'in.png', { type: 'image/png' }), prompt: 'a cat', size: '256x256', response_format: 'b64_json' });
+    const error = await apiError(edit);
+    expect(error.status).toBe(507);
+    expect(error.error).toMatchObject({ code: 'insufficient_memory', message: expect.stringMatching(/^Model 'heavy-encoder' ran out of memory loading vae_encoder\/model\.onnx \(onnxruntime: .*bad_alloc/) });
+    expect((await client.images.generate({ model: 'heavy-encoder', prompt: 'a cat', size: '256x256', response_format: 'b64_json' })).data).toHaveLength(1);
   });
 });

@@ -1,4 +1,4 @@
-import { OnnxModel } from '../runtime/onnx-model.js';
+import { OnnxModel, OnnxOutOfMemoryError } from '../runtime/onnx-model.js';
 import type { RuntimeOptions, SessionTuning } from '../runtime/providers.js';
 import type { PipelineKind } from '../families/family.js';
 import { familyEntry } from '../families/index.js';
@@ -43,6 +43,8 @@ export async function loadPipeline(dir: string, runtime: RuntimeOptions, memory?
       opened.push(model);
       return model;
     } catch (err) {
+      // Running out of memory says nothing about the folder: the caller reports it as memory.
+      if (err instanceof OnnxOutOfMemoryError) throw err;
       throw new ModelLayoutError(layout.dir, `cannot load ${file}: ${(err as Error).message.split('\n')[0]}`);
     }
   };

@@ -58,7 +58,9 @@ export class WorkerRuntime {
     this.memory = new MemoryPlan(this.settings.knownMemory, memory ?? localMemory(this.settings.memoryLimit), this.settings.vaeTiling);
     const runtime = this.settings.runtime;
     this.pipelines = new PipelineCache(async (dir) => {
-      const pipeline = await this.memory.measureLoad(dir, () => loadPipeline(dir, runtime, this.memory));
+      const pipeline = await this.memory.measureLoad(dir, () => loadPipeline(dir, runtime, this.memory)).catch((err: unknown) => {
+        throw err instanceof OnnxOutOfMemoryError ? ranOutOfMemory(path.basename(dir), err) : err;
+      });
       await this.calibrate(pipeline);
       return pipeline;
     }, this.settings.modelMemoryBudget);
@@ -158,11 +160,14 @@ export class WorkerRuntime {
       images.push(
         ...(await this.memory.measureRun(batch.modelDir, items.length * samples, batch.width * batch.height, run).catch(async (err: unknown) => {
           if (!(err instanceof OnnxOutOfMemoryError)) throw err;
-          this.memory.recordExceeded(batch.modelDir, items.length * samples, batch.width * batch.height);
-          // The failed run's arenas keep what it got, which other sessions (the arena-less VAE) cannot
-          // use: the model's sessions go, and the next batch loads them again with the memory back.
-          await this.pipelines.release(batch.modelDir);
-          throw ranOutOfMemory(path.basename(batch.modelDir), batch, items.length, err);
+          // A component loaded on demand (the VAE encoder) failing to load taught nothing about the size.
+          if (err.during === 'run') {
+            this.memory.recordExceeded(batch.modelDir, items.length * samples, batch.width * batch.height);
+            // The failed run's arenas keep what it got, which other sessions (the arena-less VAE) cannot
+            // use: the model's sessions go, and the next batch loads them again with the memory back.
+            await this.pipelines.release(batch.modelDir);
+          }
+          throw ranOutOfMemory(path.basename(batch.modelDir), err, { batch, images: items.length });
         })),
       );
     }
@@ -185,14 +190,24 @@ export interface BatchHooks {
 }
 
 /**
- * onnxruntime could not allocate what a run needed, though the plan expected it to fit (another process
- * took the memory, a limit the plan cannot see such as a container's or the GPU's): a 507 like the plan's own.
+ * onnxruntime could not allocate what a model needed, though the plan expected it to fit (another process
+ * took the memory, a limit the plan cannot see such as a container's or the GPU's): a 507 like the
+ * plan's own. `making`: the images of the run, when it failed running rather than loading.
  */
-function ranOutOfMemory(modelName: string, batch: GenerationBatch, images: number, err: OnnxOutOfMemoryError): InsufficientMemoryError {
-  const inDecoder = path.basename(path.dirname(err.file)) === 'vae_decoder';
+function ranOutOfMemory(modelName: string, err: OnnxOutOfMemoryError, making?: { batch: GenerationBatch; images: number }): InsufficientMemoryError {
+  const component = path.basename(path.dirname(err.file));
+  const cause = `(onnxruntime: ${err.detail.split('\n')[0]})`;
+  const freeMemory = 'fewer WORKERS (each holds its own models), a lower MODEL_MEMORY_BUDGET, or on CUDA a GPU with more memory';
+  if (err.during === 'load' || !making) {
+    return new InsufficientMemoryError(
+      `Model '${modelName}' ran out of memory loading ${component}/${path.basename(err.file)} ${cause}: its weights need more memory than this worker could get.` +
+        ` Free memory for it: ${freeMemory}; or install a smaller export of it (fp16).`,
+    );
+  }
+  const { batch, images } = making;
   return new InsufficientMemoryError(
-    `Model '${modelName}' ran out of memory making ${images} image(s) of ${batch.width}x${batch.height} (onnxruntime: ${err.detail.split('\n')[0]}).` +
-      ` Ask for a smaller size or fewer images${inDecoder ? ', set VAE_TILING=always' : ''}, or free memory: fewer WORKERS (each holds its own models), a lower MODEL_MEMORY_BUDGET, or on CUDA a GPU with more memory.`,
+    `Model '${modelName}' ran out of memory making ${images} image(s) of ${batch.width}x${batch.height} ${cause}.` +
+      ` Ask for a smaller size or fewer images${component === 'vae_decoder' ? ', set VAE_TILING=always' : ''}, or free memory: ${freeMemory}.`,
   );
 }
 

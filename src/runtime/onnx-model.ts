@@ -20,15 +20,25 @@ export interface HostTensor {
  */
 const OUT_OF_MEMORY = /std::bad_alloc|Failed to allocate memory|out of memory|cudaErrorMemoryAllocation/i;
 
-/** A session's run could not allocate its memory: the session and its process are fine, the run is not. */
+/**
+ * onnxruntime could not allocate what a session needed, while creating it (its weights, prepacked
+ * kernels: `during` 'load') or running it ('run'). The process is fine; the session or the run is not.
+ */
 export class OnnxOutOfMemoryError extends Error {
   constructor(
     readonly file: string,
     readonly detail: string,
+    readonly during: 'load' | 'run',
   ) {
-    super(`${file} ran out of memory: ${detail}`);
+    super(`${file} ran out of memory (${during}): ${detail}`);
     this.name = 'OnnxOutOfMemoryError';
   }
+}
+
+/** `err` as an OnnxOutOfMemoryError when onnxruntime says an allocation failed, else as it is. */
+function outOfMemoryOr(err: unknown, file: string, during: OnnxOutOfMemoryError['during']): unknown {
+  const message = (err as Error).message;
+  return OUT_OF_MEMORY.test(message) ? new OnnxOutOfMemoryError(file, message, during) : err;
 }
 
 /** Feeds already converted to one graph's input types (see OnnxModel.prepare). */
@@ -50,7 +60,9 @@ export class OnnxModel {
   ) {}
 
   static async load(file: string, runtime: RuntimeOptions, tuning?: SessionTuning): Promise<OnnxModel> {
-    const { session, provider } = await createSession(file, runtime, tuning);
+    const { session, provider } = await createSession(file, runtime, tuning).catch((err: unknown) => {
+      throw outOfMemoryOr(err, file, 'load');
+    });
     const inputs = new Map<string, InputSpec>();
     for (const meta of session.inputMetadata) {
       if (!meta.isTensor) {
@@ -88,7 +100,7 @@ export class OnnxModel {
       if (!(name in ortFeeds)) throw new Error(`${this.file} needs input '${name}', which this pipeline does not provide`);
     }
     const result = await this.session.run(ortFeeds, outputs as string[]).catch((err: unknown) => {
-      throw OUT_OF_MEMORY.test((err as Error).message) ? new OnnxOutOfMemoryError(this.file, (err as Error).message) : err;
+      throw outOfMemoryOr(err, this.file, 'run');
     });
     const out: Record<string, HostTensor> = {};
     for (const name of outputs) out[name] = fromOrtTensor(this.file, name, result[name]);
