@@ -72,6 +72,9 @@ export async function startServer(config: Config, logger: Logger, { clock }: Ser
 
   const metrics = new Metrics();
   const memoryFigures = await MemoryFigures.open(config.dataDir);
+  if (memoryFigures.outdated) {
+    logger.info('the memory figures in DATA_DIR/model-memory.json were measured per image by an older version, not per sample: set aside; each model is measured again as it first loads');
+  }
   const preload = await preloadDirs(config.preload, registry, logger);
   const workers = config.workers ?? chosenWorkerCount(config, preload, memoryFigures, logger);
   const engine = createEnginePool({

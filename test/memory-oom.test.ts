@@ -1,4 +1,4 @@
-import { mkdir, mkdtemp, rm, truncate, writeFile } from 'node:fs/promises';
+import { mkdtemp, rm, truncate, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import onnxProto from 'onnx-proto';
@@ -6,7 +6,7 @@ import OpenAI, { toFile } from 'openai';
 import sharp from 'sharp';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { EMBEDDED_MODELS_DIR } from '../src/config.js';
-import { readMemoryFigures, type ModelMemory } from '../src/models/memory-figures.js';
+import { readMemoryFigures, writeMemoryFigures, type ModelMemory } from '../src/models/memory-figures.js';
 import { cgroupUnavailable, makeMemoryCgroup, type MemoryCgroup } from './helpers/cgroup.js';
 import { apiError } from './helpers/failures.js';
 import { haveRealExports, realExport } from './helpers/real-exports.js';
@@ -30,10 +30,7 @@ async function startSd15(options: SpawnOptions, { env = {}, figures }: { env?: R
   const modelsDir = path.join(root, 'models');
   const dataDir = path.join(root, 'data');
   await installModels(modelsDir, { sd15: { link: realExport('sd15') } });
-  if (figures) {
-    await mkdir(dataDir, { recursive: true });
-    await writeFile(path.join(dataDir, 'model-memory.json'), JSON.stringify(figures(path.join(modelsDir, 'sd15'))));
-  }
+  if (figures) await writeMemoryFigures(dataDir, figures(path.join(modelsDir, 'sd15')));
   const server = await spawnServer({ PORT: '0', DATA_DIR: dataDir, MODELS_DIR: modelsDir, DEFAULT_MODEL: 'sd15', PRELOAD: 'sd15', MODELS_RESCAN_SECONDS: '0', ...env }, options);
   const client = new OpenAI({ baseURL: server.baseURL, apiKey: 'unused', maxRetries: 0 });
   const generate = (size: string, guidance: number) => client.images.generate({ model: 'sd15', prompt: 'a cat', size, response_format: 'b64_json', steps: 1, guidance_scale: guidance } as never);

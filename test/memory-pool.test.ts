@@ -1,10 +1,10 @@
-import { mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { mkdtemp, rm } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { pino } from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { DEMO_MODEL_DIR } from './helpers/demo-model.js';
-import type { ModelMemory } from '../src/models/memory-figures.js';
+import { writeMemoryFigures, type ModelMemory } from '../src/models/memory-figures.js';
 import { metric } from './helpers/ops-server.js';
 import { haveRealExports, realExport } from './helpers/real-exports.js';
 import { startRealServer, type RealServer, type RealServerOptions } from './helpers/real-server.js';
@@ -30,8 +30,7 @@ const FIGURES: Record<string, ModelMemory> = {
  */
 async function startWithFigures(figures: Record<string, ModelMemory>, options: RealServerOptions): Promise<RealServer> {
   const root = await mkdtemp(path.join(os.tmpdir(), 'imagegen-memory-pool-'));
-  await mkdir(path.join(root, 'data'), { recursive: true });
-  await writeFile(path.join(root, 'data', 'model-memory.json'), JSON.stringify(figures));
+  await writeMemoryFigures(path.join(root, 'data'), figures);
   const real = await startRealServer({ ...options, root, env: { WORKERS: '2', METRICS_PUBLIC: 'true', PRELOAD: 'demo-shapes', ...options.env } });
   while (!real.server.engine.readiness().ready) await new Promise((resolve) => setTimeout(resolve, 50));
   return {

@@ -1,11 +1,16 @@
+import { mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
 import OpenAI from 'openai';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { bytesPerImage, leastPerImage, mergeSamples } from '../src/models/memory-curve.js';
 import { readMemoryFigures } from '../src/models/memory-figures.js';
 import { localMemory, MemoryPlan, vaeAttentionBytes } from '../src/pipelines/memory-plan.js';
 import { WorkerRuntime } from '../src/pipelines/run.js';
+import { DEMO_MODEL_DIR } from './helpers/demo-model.js';
 import { metric } from './helpers/ops-server.js';
 import { haveRealExports, realExport, startExportsServer, type ExportsServer } from './helpers/real-exports.js';
+import { killServer, spawnServer, type ServerProcess } from './helpers/server-process.js';
 
 /**
  * Memory planned from what models really take: measured in the worker, kept, shown, and used to refuse
@@ -147,5 +152,33 @@ describe('memory in the server', () => {
     expect(status).toBe(507);
     expect(body).toMatchObject({ code: 'insufficient_memory', message: expect.stringMatching(/^Model 'sd15' needs about .* of 512x512 .*MEMORY_LIMIT/) });
     expect((await generate({ model: 'demo-shapes', size: '256x256' })).data).toHaveLength(1);
+  });
+});
+
+describe('figures kept by an older version', () => {
+  let root: string;
+  let server: ServerProcess;
+  beforeAll(async () => {
+    // A version-1 file (a bare record of models, figures per image) saying the demo model needs 1 TiB to
+    // denoise one 512x512 image: were it read, every request would get 507.
+    root = await mkdtemp(path.join(os.tmpdir(), 'imagegen-old-figures-'));
+    const dataDir = path.join(root, 'data');
+    await mkdir(dataDir);
+    const TiB = 2 ** 40;
+    await writeFile(path.join(dataDir, 'model-memory.json'), JSON.stringify({ [DEMO_MODEL_DIR]: { weightsBytes: 2 ** 20, peakBytes: TiB, peakPixels: 512 * 512, denoise: [{ pixels: 512 * 512, bytes: TiB }] } }));
+    server = await spawnServer({ PORT: '0', DATA_DIR: dataDir, MODELS_DIR: path.join(root, 'models'), MODELS_RESCAN_SECONDS: '0' });
+  });
+  afterAll(async () => {
+    if (server) await killServer(server);
+    if (root) await rm(root, { recursive: true, force: true });
+  });
+
+  it('are set aside, saying so, and the model is measured again', async () => {
+    expect(server.log.some((line) => line.includes('model-memory.json were measured per image by an older version'))).toBe(true);
+    const client = new OpenAI({ baseURL: server.baseURL, apiKey: 'unused', maxRetries: 0 });
+    expect((await client.images.generate({ model: 'demo-shapes', prompt: 'a cat', size: '512x512', response_format: 'b64_json' })).data).toHaveLength(1);
+    // The file is rewritten in this version's format with what the worker measured.
+    await expect.poll(async () => (await readMemoryFigures(path.join(root, 'data')))[DEMO_MODEL_DIR]?.weightsBytes).toBeGreaterThan(0);
+    expect((await readMemoryFigures(path.join(root, 'data')))[DEMO_MODEL_DIR].peakBytes).toBeLessThan(2 ** 40);
   });
 });

@@ -8,7 +8,8 @@ import { mergeSamples, type MemorySample } from './memory-curve.js';
 /**
  * What each model measured in the workers (see src/pipelines/memory-plan.ts), kept in DATA_DIR so a
  * restarted server plans its first batches with them and `imagegen models list` can show them.
- * Keyed by model folder; a file that cannot be read is ignored (the figures are measured again).
+ * Keyed by model folder; a file that cannot be read, or of an older version, is ignored (the figures
+ * are measured again).
  */
 
 const size = z.number().nonnegative();
@@ -21,10 +22,7 @@ const modelMemory = z.object({
   /**
    * What the text encoders and the denoising loop took per sample of a denoiser call (an image, and its
    * unconditional copy with classifier-free guidance: see Pipeline.samplesPerImage), at each image size
-   * it ran at (see memory-curve.ts). Figures kept by versions before this unit counted per image,
-   * guidance or not (calibrations ran with guidance): read per sample they overstate a guided image up
-   * to twice, which is safe but refuses sizes that fit; deleting DATA_DIR/model-memory.json makes the
-   * workers measure again.
+   * it ran at (see memory-curve.ts).
    */
   denoise: z.array(sample).optional(),
   /**
@@ -78,17 +76,35 @@ function kept({ exceeded: _lessons, ...measured }: ModelMemory): ModelMemory {
 
 const FILE = 'model-memory.json';
 
+/**
+ * The file is `{ version, models }`. Version 2 counts the denoising per sample. Version 1 (a bare record
+ * of models, before the version field) counted it per image, guidance or not: read per sample it would
+ * overstate a guided image up to twice (refusing sizes that fit), and halved it would understate an
+ * image without guidance (risking the OOM killer). Neither is safe to convert, so an older file is set
+ * aside and the workers measure each model again as it loads.
+ */
+const VERSION = 2;
+const figuresFile = z.object({ version: z.literal(VERSION), models: z.record(z.string(), modelMemory) });
+
 function memoryFiguresFile(dataDir: string): string {
   return path.join(dataDir, FILE);
 }
 
-export async function readMemoryFigures(dataDir: string): Promise<Record<string, ModelMemory>> {
+/** The figures a file holds; `outdated` when it is of an older version, whose figures are not used. */
+async function readFigures(dataDir: string): Promise<{ figures: Record<string, ModelMemory>; outdated: boolean }> {
   try {
-    const parsed = z.record(z.string(), modelMemory).safeParse((await readJsonIfPresent(memoryFiguresFile(dataDir))) ?? {});
-    return parsed.success ? parsed.data : {};
+    const content: unknown = (await readJsonIfPresent(memoryFiguresFile(dataDir))) ?? { version: VERSION, models: {} };
+    const parsed = figuresFile.safeParse(content);
+    if (parsed.success) return { figures: parsed.data.models, outdated: false };
+    const version = typeof content === 'object' && content !== null && 'version' in content ? content.version : 1;
+    return { figures: {}, outdated: typeof version === 'number' && version < VERSION };
   } catch {
-    return {};
+    return { figures: {}, outdated: false };
   }
+}
+
+export async function readMemoryFigures(dataDir: string): Promise<Record<string, ModelMemory>> {
+  return (await readFigures(dataDir)).figures;
 }
 
 /** The figures of one server: the most each model ever took, written through to DATA_DIR. */
@@ -98,10 +114,13 @@ export class MemoryFigures {
   private constructor(
     private readonly dataDir: string,
     private readonly figures: Record<string, ModelMemory>,
+    /** The file held figures of an older version, which were set aside (see VERSION); it is rewritten with the first new ones. */
+    readonly outdated: boolean,
   ) {}
 
   static async open(dataDir: string): Promise<MemoryFigures> {
-    return new MemoryFigures(dataDir, await readMemoryFigures(dataDir));
+    const { figures, outdated } = await readFigures(dataDir);
+    return new MemoryFigures(dataDir, figures, outdated);
   }
 
   all(): Record<string, ModelMemory> {
@@ -122,12 +141,15 @@ export class MemoryFigures {
     return this.writing;
   }
 
-  /** Written aside and renamed, so a crash never leaves half a file. */
   private async write(): Promise<void> {
-    const file = memoryFiguresFile(this.dataDir);
-    await mkdir(this.dataDir, { recursive: true });
-    const saved = Object.fromEntries(Object.entries(this.figures).map(([dir, figures]) => [dir, kept(figures)]));
-    await writeFile(`${file}.tmp`, JSON.stringify(saved, null, 1));
-    await rename(`${file}.tmp`, file);
+    await writeMemoryFigures(this.dataDir, Object.fromEntries(Object.entries(this.figures).map(([dir, figures]) => [dir, kept(figures)])));
   }
+}
+
+/** Writes figures to DATA_DIR in this version's format, aside and renamed so that a crash never leaves half a file. */
+export async function writeMemoryFigures(dataDir: string, models: Record<string, ModelMemory>): Promise<void> {
+  const file = memoryFiguresFile(dataDir);
+  await mkdir(dataDir, { recursive: true });
+  await writeFile(`${file}.tmp`, JSON.stringify({ version: VERSION, models }, null, 1));
+  await rename(`${file}.tmp`, file);
 }
