@@ -27,7 +27,7 @@ const EXPORTS: RealExportName[] = ['sd15', 'sd2v', 'sdxl', 'flux'];
 
 const measurements: { group: string; run(): Promise<Row[]>; skip?: string }[] = [
   { group: 'HTTP vs in-process', run: measureHttpOverhead },
-  { group: 'throughput', run: measureThroughput },
+  { group: 'throughput', run: () => measureThroughput(real ? { name: 'sd15', dir: realExport('sd15'), size: 512 } : undefined) },
   { group: 'time per image: demo-shapes', run: () => measureStages({ name: 'demo-shapes' }) },
   ...EXPORTS.map((name) => ({ group: `time per image: ${name}`, run: () => measureStages({ name, dir: realExport(name), measuredSteps: 3 }), skip: real ? undefined : noReal })),
   {
