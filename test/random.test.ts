@@ -59,6 +59,13 @@ describe('seeded noise', () => {
     expect(first(2 ** 32 - 1)).toEqual([0.15517548909980355, 0.7088288990720653, -1.4804692193874383, -1.2372957144225303, 0.07529555784396678]);
   });
 
+  it('fills arrays with the values normal() gives one by one, across fills of odd and even lengths', () => {
+    // fillNormal draws Box-Muller pairs; a fill of odd length leaves the pair's second value for the next.
+    const rng = new Rng(9);
+    const filled = [1, 3, 2, 0, 5, 4].flatMap((n) => [...rng.fillNormal(new Float32Array(n))]);
+    expect(filled).toEqual(draws(9, 15).map(Math.fround));
+  });
+
   it("gives each item of a batch its own seed's noise", () => {
     const batch = new BatchNoise([new Rng(3), new Rng(4)]).randn(5);
     expect([...batch.subarray(5)]).toEqual([...new Rng(4).fillNormal(new Float32Array(5))]);

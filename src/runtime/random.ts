@@ -100,8 +100,17 @@ export class Rng implements NormalGenerator {
     return r * Math.cos(theta);
   }
 
+  /** The values normal() would give one after another, drawn a Box-Muller pair at a time (no spare to check per value). */
   fillNormal(out: Float32Array): Float32Array {
-    for (let i = 0; i < out.length; i++) out[i] = this.normal();
+    let i = 0;
+    if (out.length > 0 && !Number.isNaN(this.spare)) out[i++] = this.normal();
+    for (; i + 1 < out.length; i += 2) {
+      const r = Math.sqrt(-2 * Math.log(this.uniform()));
+      const theta = 2 * Math.PI * this.uniform();
+      out[i] = r * Math.cos(theta);
+      out[i + 1] = r * Math.sin(theta);
+    }
+    if (i < out.length) out[i] = this.normal();
     return out;
   }
 }
