@@ -94,7 +94,7 @@ export async function startServer(config: Config, logger: Logger, { clock }: Ser
     logger: logger.child({ component: 'engine' }),
     metrics,
   });
-  metrics.watch({ queue: () => engine.load(), workers: () => engine.readiness().workers, store: () => store.stats() });
+  metrics.watch({ queue: () => engine.load(), workers: () => engine.readiness().workers, modelsHeld: () => engine.modelsHeld(), store: () => store.stats() });
   const tls = config.tlsCert && config.tlsKey ? { cert: await readFile(config.tlsCert), key: await readFile(config.tlsKey) } : undefined;
   const app = buildApp({ config, registry, engine, store, metrics, logger, tls, rates, slots });
   const close = async () => {

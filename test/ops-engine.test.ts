@@ -118,6 +118,7 @@ describe('one busy worker', () => {
     expect(metric(text, `imagegen_generation_duration_seconds_count{model="${MODEL}",outcome="completed"}`)).toBeGreaterThanOrEqual(3);
     expect(metric(text, `imagegen_images_generated_total{model="${MODEL}"}`)).toBe(4);
     expect(metric(text, `imagegen_model_load_duration_seconds_count{model="${MODEL}"}`)).toBe(1);
+    expect(metric(text, `imagegen_model_workers{model="${MODEL}"}`)).toBe(1);
     expect(metric(text, 'imagegen_queue_jobs{state="queued"}')).toBe(0);
     expect(metric(text, 'imagegen_workers{state="ready"}')).toBe(1);
     expect(metric(text, 'imagegen_store_images')).toBe(1);
@@ -133,6 +134,32 @@ describe('one busy worker', () => {
     } finally {
       await open.close();
     }
+  });
+});
+
+describe('the models a worker holds', () => {
+  // MODEL_MEMORY_BUDGET of one byte: a worker keeps only the model it used last.
+  let ops: OpsServer;
+  beforeAll(async () => {
+    ops = await startOpsServer({ env: { MODEL_MEMORY_BUDGET: '1' } });
+    await untilReady(ops.server.url);
+  });
+  afterAll(() => ops?.close());
+
+  it('are what /metrics shows, evictions included, while /ready stays ready with the preloaded model evicted', async () => {
+    expect(metric(await scrape(ops.server.url), `imagegen_model_workers{model="${MODEL}"}`)).toBe(1);
+    // The embedded model, beside the preloaded one: loading it evicts the other.
+    expect((await generate(ops.baseURL, { model: 'demo-shapes', size: '256x256' })).status).toBe(200);
+    let text = await scrape(ops.server.url);
+    expect(metric(text, 'imagegen_model_workers{model="demo-shapes"}')).toBe(1);
+    expect(metric(text, `imagegen_model_workers{model="${MODEL}"}`)).toBeUndefined();
+    // Evicted, the preloaded model is still served (it loads again): not a reason to take the server out of rotation.
+    expect((await ready(ops.server.url)).status).toBe(200);
+    expect((await generate(ops.baseURL, { model: MODEL })).status).toBe(200);
+    text = await scrape(ops.server.url);
+    expect(metric(text, `imagegen_model_load_duration_seconds_count{model="${MODEL}"}`)).toBe(2);
+    expect(metric(text, `imagegen_model_workers{model="${MODEL}"}`)).toBe(1);
+    expect(metric(text, 'imagegen_model_workers{model="demo-shapes"}')).toBeUndefined();
   });
 });
 

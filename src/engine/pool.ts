@@ -110,7 +110,7 @@ export interface Readiness {
   /** Every worker is up and has loaded every model to preload. */
   ready: boolean;
   workers: { total: number; ready: number };
-  /** The models to preload: on how many workers each is loaded, and why its last load failed. */
+  /** The models to preload: on how many workers each has loaded (it may since have been evicted, and loads again on use), and why its last load failed. */
   models: { model: string; loadedOn: number; error?: string }[];
 }
 
@@ -121,6 +121,8 @@ export interface EnginePool extends Engine {
   load(): { running: number; queued: number };
   /** For /ready. */
   readiness(): Readiness;
+  /** Each model that live workers hold now, by name, and on how many (for /metrics). */
+  modelsHeld(): Record<string, number>;
 }
 
 /** The pool of worker processes. */
@@ -346,7 +348,7 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
       const ready = readyWorkers().length;
       const models = preload.map(({ dir }) => ({
         model: modelName(dir),
-        loadedOn: live.filter((w) => w.loaded.has(dir)).length,
+        loadedOn: live.filter((w) => w.loadedOnce.has(dir)).length,
         ...(loadErrors.has(dir) && { error: loadErrors.get(dir) }),
       }));
       return {
@@ -354,6 +356,11 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
         workers: { total: options.workers, ready },
         models,
       };
+    },
+    modelsHeld() {
+      const held: Record<string, number> = {};
+      for (const w of workers()) if (w.alive) for (const dir of w.loaded) held[modelName(dir)] = (held[modelName(dir)] ?? 0) + 1;
+      return held;
     },
     workers: () => workers().map((w) => ({ pid: w.pid, alive: w.alive, ready: w.ready, busy: w.busy, step: w.step })),
     async close() {

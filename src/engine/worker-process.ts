@@ -73,8 +73,10 @@ export class WorkerProcess implements MemoryClaimant {
   grant?: MemoryGrant;
   plannedSamples?: number;
   alive = true;
-  /** Model folders this worker has loaded. */
+  /** Model folders this worker holds now, as of its last load or batch. */
   readonly loaded = new Set<string>();
+  /** Model folders this worker has loaded at some time (for /ready: a preloaded model evicted since is still served, by loading it again). */
+  readonly loadedOnce = new Set<string>();
   /** When the process has ended. */
   readonly exited: Promise<void>;
   private readonly child: ChildProcess;
@@ -167,9 +169,11 @@ export class WorkerProcess implements MemoryClaimant {
         return;
       case 'done':
         this.batchesDone++;
+        this.hold(message.held);
         this.finish()?.resolve(message.images);
         return;
       case 'failed':
+        this.hold(message.held);
         this.finish()?.reject(Object.assign(new Error(message.error.message), message.error));
         return;
       case 'ready':
@@ -177,6 +181,7 @@ export class WorkerProcess implements MemoryClaimant {
         break;
       case 'model-loaded':
         this.loaded.add(message.modelDir);
+        this.loadedOnce.add(message.modelDir);
         this.task?.onProgress();
         break;
       case 'memory-take':
@@ -184,6 +189,11 @@ export class WorkerProcess implements MemoryClaimant {
         break;
     }
     this.listener.event(this, message);
+  }
+
+  private hold(modelDirs: readonly string[]): void {
+    this.loaded.clear();
+    for (const dir of modelDirs) this.loaded.add(dir);
   }
 
   private finish(): Task | undefined {

@@ -51,6 +51,7 @@ export type FromWorker =
   | { type: 'memory-release' }
   /** The running batch's progress and previews (see BatchEvent). */
   | { type: 'event'; event: BatchEvent }
-  | { type: 'done'; images: GeneratedImage[] }
+  /** `held`: the model folders the worker holds once the batch is over (a load may have evicted others, running out of memory released its own). */
+  | { type: 'done'; images: GeneratedImage[]; held: string[] }
   /** The batch failed or was cancelled; the worker is fine and takes the next one. */
-  | { type: 'failed'; error: { name: string; message: string; stack?: string } };
+  | { type: 'failed'; error: { name: string; message: string; stack?: string }; held: string[] };

@@ -147,13 +147,13 @@ function run(batch: GenerationBatch): void {
       await ensureLoaded(batch.modelDir, batch.modelVersion);
       const images = await current().runBatch(batch, { shouldStop: () => task.cancelled, onEvent: eventSender() });
       reportMemory(batch.modelDir);
-      await send({ type: 'done', images });
+      await send({ type: 'done', images, held: current().heldModels() });
     } catch (err) {
       // A run that ran out of memory changed the model's figures too (ModelMemory.exceeded).
       reportMemory(batch.modelDir);
       // Only these fields: an error's other properties need not survive serialisation.
       const { name, message, stack } = err instanceof Error ? err : new Error(inspect(err));
-      await send({ type: 'failed', error: { name, message, stack } });
+      await send({ type: 'failed', error: { name, message, stack }, held: current().heldModels() });
     } finally {
       running = undefined;
     }

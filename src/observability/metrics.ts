@@ -13,6 +13,7 @@ import type { ModelMemory } from '../models/memory-figures.js';
 export interface MetricSources {
   queue(): { running: number; queued: number };
   workers(): { total: number; ready: number };
+  modelsHeld(): Record<string, number>;
   store(): { files: number; bytes: number };
 }
 
@@ -94,28 +95,31 @@ export class Metrics implements EngineMetrics {
   constructor() {
     this.gaugeAtScrape('imagegen_queue_jobs', 'Generation jobs running on a worker and waiting for one', (sources) => sources.queue());
     this.gaugeAtScrape('imagegen_workers', 'Worker processes configured and ready (started and done preloading)', (sources) => sources.workers());
+    this.gaugeAtScrape('imagegen_model_workers', 'Worker processes holding each model loaded now (0 or absent: the next request for it loads it)', (sources) => sources.modelsHeld(), 'model');
     this.gaugeAtScrape('imagegen_store_images', 'Images in the image store', (sources) => sources.store().files);
     this.gaugeAtScrape('imagegen_store_bytes', 'Bytes used by the image store', (sources) => sources.store().bytes);
     collectDefaultMetrics({ register: this.registry, prefix: 'imagegen_' });
   }
 
   /**
-   * A gauge whose value `read` takes from the sources at each scrape: one number, or one per `state`
-   * label (e.g. running and queued). Nothing is reported before watch() connected the sources.
+   * A gauge whose value `read` takes from the sources at each scrape: one number, or one per value of
+   * `label` (e.g. running and queued states). Nothing is reported before watch() connected the sources.
    */
-  private gaugeAtScrape(name: string, help: string, read: (sources: MetricSources) => number | Record<string, number>): void {
+  private gaugeAtScrape(name: string, help: string, read: (sources: MetricSources) => number | Record<string, number>, label = 'state'): void {
     const sources = () => this.sources;
     new Gauge({
       name,
       help,
-      labelNames: ['state'],
+      labelNames: [label],
       registers: [this.registry],
       collect() {
         const connected = sources();
         if (!connected) return;
         const value = read(connected);
-        if (typeof value === 'number') this.set(value);
-        else for (const [state, n] of Object.entries(value)) this.set({ state }, n);
+        if (typeof value === 'number') return this.set(value);
+        // A value no longer read (a model no worker holds) goes from the output.
+        this.reset();
+        for (const [key, n] of Object.entries(value)) this.set({ [label]: key }, n);
       },
     });
   }

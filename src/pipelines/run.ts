@@ -97,6 +97,11 @@ export class WorkerRuntime {
     return this.memory.of(modelDir);
   }
 
+  /** The model folders this runtime holds (or is loading), least recently used first. */
+  heldModels(): string[] {
+    return this.pipelines.loadedModels();
+  }
+
   /** Whether this runtime holds (or is loading) this version of a model folder. */
   holdsModel(modelDir: string, version?: string): boolean {
     return this.pipelines.holds(modelDir, version);

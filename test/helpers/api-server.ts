@@ -93,6 +93,11 @@ export class FakeEngine implements EnginePool {
     return { ready: true, workers: { total: 1, ready: 1 }, models: [] };
   }
 
+  /** It draws without loading models. */
+  modelsHeld() {
+    return {};
+  }
+
   async close() {
     this.queue.close();
   }
