@@ -1,3 +1,4 @@
+import { crc32 } from 'node:zlib';
 import OpenAI, { toFile } from 'openai';
 import sharp from 'sharp';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -138,6 +139,16 @@ describe('edit errors', () => {
     await expectApiError(edit({ image: await toFile(gif, 'in.gif') }), OpenAI.BadRequestError, 400, 'image', 'invalid_image_format');
   });
 
+  it('refuses an empty file, as image, as mask, in a variation and as an empty data URI', async () => {
+    const empty = () => toFile(Buffer.alloc(0), 'empty.png', { type: 'image/png' });
+    const err = await expectApiError(edit({ image: await empty() }), OpenAI.BadRequestError, 400, 'image', 'invalid_image_format');
+    expect(err.message).toContain('the file is empty');
+    await expectApiError(edit({ mask: await empty() }), OpenAI.BadRequestError, 400, 'mask', 'invalid_image_format');
+    await expectApiError(client.images.createVariation({ model: 'shapes', image: await empty() }), OpenAI.BadRequestError, 400, 'image', 'invalid_image_format');
+    const post = (imageUrl: string) => client.post('/images/edits', { body: { prompt: 'a blue square', images: [{ image_url: imageUrl }] } });
+    await expectApiError(post('data:image/png;base64,'), OpenAI.BadRequestError, 400, 'images[0].image_url', 'invalid_image_format');
+  });
+
   it('refuses a mask of another size, or without an alpha channel', async () => {
     await expectApiError(edit({ mask: await png(await rightHalfMask(64, 64), 'mask.png') }), OpenAI.BadRequestError, 400, 'mask', 'invalid_mask');
     const opaque = await sharp({ create: { width: SIZE, height: SIZE, channels: 3, background: 'white' } }).png().toBuffer();
@@ -156,9 +167,15 @@ describe('edit errors', () => {
     expect(await postForm('edits', form)).toMatchObject({ status: 400, error: { param: 'image', code: 'missing_required_parameter' } });
   });
 
-  it('refuses an image too large in pixels', async () => {
+  it('refuses an image too large in pixels, also one beyond what the decoder reads the header of', async () => {
     const wide = await sharp({ create: { width: 5000, height: 4, channels: 3, background: 'red' } }).png().toBuffer();
     await expectApiError(edit({ image: await png(wide) }), OpenAI.BadRequestError, 400, 'image', 'image_too_large');
+    // A small PNG whose header says 30000x30000 (its IHDR patched, the checksum mended).
+    const huge = Buffer.from(await sharp({ create: { width: 8, height: 8, channels: 3, background: 'red' } }).png().toBuffer());
+    huge.writeUInt32BE(30000, 16);
+    huge.writeUInt32BE(30000, 20);
+    huge.writeUInt32BE(crc32(huge.subarray(12, 29)), 29);
+    await expectApiError(edit({ image: await png(huge) }), OpenAI.BadRequestError, 400, 'image', 'image_too_large');
   });
 
   it('refuses unknown and malformed fields, and a strength that leaves no step', async () => {

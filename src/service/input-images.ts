@@ -33,19 +33,17 @@ export interface EditSource {
 /** Decodes one uploaded picture; `param` names it in the 400s (`image`, `mask`, `images[0].image_url`). */
 export async function decodeInputImage(bytes: Buffer, param: string): Promise<InputImage> {
   const unsupported = `Invalid file '${param}': unsupported image format. Supported formats are: ${quoteList(INPUT_FORMATS)}.`;
+  if (bytes.length === 0) throw ApiError.invalid(param, 'invalid_image_format', `Invalid file '${param}': the file is empty. Send a ${quoteList(INPUT_FORMATS)} picture.`);
+  const tooLarge = (size: string) =>
+    ApiError.invalid(param, 'image_too_large', `Invalid file '${param}': the image is ${size}; its sides may be at most ${MAX_INPUT_SIDE} pixels. Scale it down first.`);
   const metadata = await sharp(bytes)
     .metadata()
-    .catch(() => {
-      throw ApiError.invalid(param, 'invalid_image_format', unsupported);
+    .catch((err: Error) => {
+      // sharp refuses to read the header of a picture beyond its own pixel limit (about 16384 x 16384).
+      throw /pixel limit/i.test(err.message) ? tooLarge('larger than sharp will decode') : ApiError.invalid(param, 'invalid_image_format', unsupported);
     });
   if (!(INPUT_FORMATS as readonly string[]).includes(metadata.format)) throw ApiError.invalid(param, 'invalid_image_format', unsupported);
-  if (metadata.width > MAX_INPUT_SIDE || metadata.height > MAX_INPUT_SIDE) {
-    throw ApiError.invalid(
-      param,
-      'image_too_large',
-      `Invalid file '${param}': the image is ${metadata.width}x${metadata.height}; its sides may be at most ${MAX_INPUT_SIDE} pixels. Scale it down first.`,
-    );
-  }
+  if (metadata.width > MAX_INPUT_SIDE || metadata.height > MAX_INPUT_SIDE) throw tooLarge(`${metadata.width}x${metadata.height}`);
   try {
     const { data, info } = await sharp(bytes).rotate().ensureAlpha().raw().toBuffer({ resolveWithObject: true });
     return { rgba: data, width: info.width, height: info.height, hasAlpha: metadata.hasAlpha };
