@@ -1,9 +1,10 @@
 import { existsSync } from 'node:fs';
-import { mkdir, mkdtemp, rm, symlink, writeFile } from 'node:fs/promises';
+import { mkdir, mkdtemp, readFile, rm, symlink, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from 'vitest';
+import { bytePairs } from '../src/tokenizers/clip-bpe.js';
 import { findTokenizerSource } from '../src/tokenizers/files.js';
 import { loadTokenizer } from '../src/tokenizers/load.js';
 import type { TextTokenizer } from '../src/tokenizers/tokenizer.js';
@@ -131,6 +132,47 @@ describe.skipIf(!haveClipData)('CLIP BPE against real SD tokenizer files (needs 
     expect(sd15.encode('')).toEqual(padded([BOS, EOS], EOS, 77));
     // Emoji are not letters: they are byte-encoded, several bytes to a token at most.
     expect(sd15.encode('🚀').indexOf(EOS)).toBeGreaterThan(1);
+  });
+
+  it('encodes prompts of one very long word: 128,000 emoji (half a million bytes), 32,000 letters', () => {
+    // The ids of a repeated symbol depend on the word's end only near the end: the first 75 are those of a shorter run.
+    expect(sd15.encode('😀'.repeat(128_000))).toEqual(sd15.encode('😀'.repeat(1_000)));
+    expect(sd15.encode('ab'.repeat(16_000))).toEqual(sd15.encode('ab'.repeat(1_000)));
+  });
+
+  it("merges byte pairs as GPT-2's BPE does, literally: the best-ranked pair's every occurrence, left to right, again and again", async () => {
+    const lines = (await readFile(path.join(clip('sd-1.5'), 'merges.txt'), 'utf8')).split('\n').filter((line) => line && !line.startsWith('#version'));
+    const ranks = new Map(lines.map((line, rank) => [line, rank]));
+    /** The algorithm as transformers' CLIPTokenizer.bpe writes it: a pass over the word for every merge. */
+    const literal = (word: string) => {
+      let symbols = [...bytePairs(word, new Map())];
+      for (;;) {
+        let best = -1;
+        for (let i = 0; i + 1 < symbols.length; i++) {
+          const rank = ranks.get(`${symbols[i]} ${symbols[i + 1]}`);
+          if (rank !== undefined && (best < 0 || rank < ranks.get(`${symbols[best]} ${symbols[best + 1]}`)!)) best = i;
+        }
+        if (best < 0) return symbols;
+        const [left, right] = [symbols[best], symbols[best + 1]];
+        const merged: string[] = [];
+        for (let i = 0; i < symbols.length; i++) {
+          if (symbols[i] === left && symbols[i + 1] === right) {
+            merged.push(left + right);
+            i++;
+          } else {
+            merged.push(symbols[i]);
+          }
+        }
+        symbols = merged;
+      }
+    };
+    // Words glued from pieces of real merges (so that many merges apply), letters, runs (a a a) and non-ASCII.
+    let seed = 12345;
+    const random = (n: number) => ((seed = (seed * 1103515245 + 12345) % 2 ** 31) % n);
+    const pieces = [...lines.slice(0, 3000).flatMap((line) => line.replace(/<\/w>/g, '').split(' ')), 'a', 'aa', 'é', '東', '😀', 'zzzz'];
+    const words = Array.from({ length: 400 }, () => Array.from({ length: 1 + random(12) }, () => pieces[random(pieces.length)]).join(''));
+    words.push('a'.repeat(3000), 'ab'.repeat(1500), 'mississippi'.repeat(200));
+    for (const word of words) expect(bytePairs(word, ranks), word.slice(0, 40)).toEqual(literal(word));
   });
 });
 

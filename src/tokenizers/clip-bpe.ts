@@ -38,6 +38,8 @@ const WORD_PATTERN =
 
 // Bounded so that a server fed endless distinct prompts does not grow without limit.
 const CACHE_LIMIT = 10_000;
+/** Longer words are not cached (see wordIds). */
+const CACHED_WORD_LENGTH = 64;
 
 /**
  * GPT-2's reversible byte -> character table: printable bytes stand for themselves, the others are
@@ -103,24 +105,28 @@ export class ClipBpeTokenizer implements TextTokenizer {
     for (const segment of this.addedTokens.split(text)) {
       if (content.length >= room) break;
       if (typeof segment === 'number') content.push(segment);
-      else content.push(...this.textIds(segment, room - content.length));
+      else this.textIds(segment, content, room);
     }
-    const row = [this.bosId, ...content.slice(0, room), this.eosId];
+    const row = [this.bosId, ...content, this.eosId];
     while (row.length < this.maxLength) row.push(this.padId);
     return row;
   }
 
-  /** Ids of text without added tokens, up to `room` of them (or a word's worth more). */
-  private textIds(text: string, room: number): number[] {
+  /**
+   * Appends the ids of text without added tokens to `ids` until it holds `room` (transformers truncates
+   * the whole row the same way). One at a time: a word of emoji runs to over 100,000 ids, too many to
+   * spread into push()'s arguments.
+   */
+  private textIds(text: string, ids: number[], room: number): void {
     // CLIP's cleaning as transformers does it: ftfy's fix_text (NFC among it), whitespace runs
     // collapsed and trimmed, lowercase.
     const cleaned = fixText(text).replace(/\s+/gu, ' ').trim().toLowerCase();
-    const ids: number[] = [];
     for (const match of cleaned.matchAll(WORD_PATTERN)) {
-      if (ids.length >= room) break;
-      ids.push(...this.wordIds(match[0]));
+      for (const id of this.wordIds(match[0])) {
+        if (ids.length >= room) return;
+        ids.push(id);
+      }
     }
-    return ids;
   }
 
   private requireId(token: string, role: string): number {
@@ -138,46 +144,119 @@ export class ClipBpeTokenizer implements TextTokenizer {
     if (cached) return cached;
 
     const ids: number[] = [];
-    for (const symbol of this.bpe(word)) {
+    for (const symbol of bytePairs(word, this.ranks)) {
       const id = this.vocab.get(symbol) ?? this.unkId;
       if (id !== undefined) ids.push(id);
     }
+    // Prompts' words are short; a long one (a prompt without spaces) is not worth its memory.
+    if (word.length > CACHED_WORD_LENGTH) return ids;
     if (this.cache.size >= CACHE_LIMIT) this.cache.clear();
     this.cache.set(word, ids);
     return ids;
   }
+}
 
-  /** Splits one word into vocabulary symbols by applying the best-ranked merge until none applies. */
-  private bpe(word: string): string[] {
-    let symbols = Array.from(utf8.encode(word), (byte) => BYTE_TO_CHAR[byte]);
-    symbols[symbols.length - 1] += END_OF_WORD;
+/**
+ * Splits one word into vocabulary symbols as GPT-2's and CLIP's BPE does: again and again, merge every
+ * occurrence of the best-ranked adjacent pair, left to right. Done literally that is a pass over the
+ * word per merge, and a prompt of one 32,000-letter word took seconds; here the pairs wait in a heap by
+ * (rank, position) and each round takes all of the best rank's, in order, so a word costs
+ * n log n. The symbols are a linked list of the word's bytes; a pair in the heap whose symbols changed
+ * since it was pushed (a version per symbol) is skipped.
+ */
+export function bytePairs(word: string, ranks: ReadonlyMap<string, number>): string[] {
+  const symbols = Array.from(utf8.encode(word), (byte) => BYTE_TO_CHAR[byte]);
+  symbols[symbols.length - 1] += END_OF_WORD;
+  const n = symbols.length;
+  const next = Int32Array.from({ length: n }, (_, i) => (i + 1 < n ? i + 1 : -1));
+  const prev = Int32Array.from({ length: n }, (_, i) => i - 1);
+  const version = new Int32Array(n);
+  const alive = new Uint8Array(n).fill(1);
+  const heap = new PairHeap();
+  const push = (left: number) => {
+    const right = next[left];
+    if (right < 0) return;
+    const rank = ranks.get(`${symbols[left]} ${symbols[right]}`);
+    if (rank !== undefined) heap.push({ rank, left, right, leftVersion: version[left], rightVersion: version[right] });
+  };
+  for (let i = 0; i + 1 < n; i++) push(i);
 
-    while (symbols.length > 1) {
-      let bestRank = Infinity;
-      let bestAt = -1;
-      for (let i = 0; i + 1 < symbols.length; i++) {
-        const rank = this.ranks.get(`${symbols[i]} ${symbols[i + 1]}`);
-        if (rank !== undefined && rank < bestRank) {
-          bestRank = rank;
-          bestAt = i;
-        }
-      }
-      if (bestAt < 0) break;
-
-      // Merge every occurrence of the chosen pair, scanning left to right.
-      const left = symbols[bestAt];
-      const right = symbols[bestAt + 1];
-      const merged: string[] = [];
-      for (let i = 0; i < symbols.length; i++) {
-        if (symbols[i] === left && symbols[i + 1] === right) {
-          merged.push(left + right);
-          i++;
-        } else {
-          merged.push(symbols[i]);
-        }
-      }
-      symbols = merged;
+  while (heap.size > 0) {
+    // One round: every pair of the best rank, in word order; a merge cannot make another pair of that
+    // rank (the merged symbol is longer than either side), and pairs it makes wait for the next rounds.
+    const rank = heap.peek().rank;
+    const merged: number[] = [];
+    while (heap.size > 0 && heap.peek().rank === rank) {
+      const { left, right, leftVersion, rightVersion } = heap.pop();
+      // Stale: a symbol merged since, or the pair overlapping one merged just before it (a a a).
+      if (!alive[left] || !alive[right] || next[left] !== right || version[left] !== leftVersion || version[right] !== rightVersion) continue;
+      symbols[left] += symbols[right];
+      version[left]++;
+      alive[right] = 0;
+      next[left] = next[right];
+      if (next[right] >= 0) prev[next[right]] = left;
+      merged.push(left);
     }
-    return symbols;
+    for (const at of merged) {
+      if (!alive[at]) continue;
+      if (prev[at] >= 0) push(prev[at]);
+      push(at);
+    }
+  }
+  const out: string[] = [];
+  for (let i = 0; i >= 0; i = next[i]) out.push(symbols[i]);
+  return out;
+}
+
+interface Pair {
+  rank: number;
+  /** The left symbol's position in the word (its first byte's), which orders pairs of one rank. */
+  left: number;
+  right: number;
+  leftVersion: number;
+  rightVersion: number;
+}
+
+/** A binary min-heap of pairs by (rank, position). */
+class PairHeap {
+  private readonly items: Pair[] = [];
+
+  get size(): number {
+    return this.items.length;
+  }
+
+  peek(): Pair {
+    return this.items[0];
+  }
+
+  push(pair: Pair): void {
+    const items = this.items;
+    items.push(pair);
+    for (let i = items.length - 1; i > 0; ) {
+      const parent = (i - 1) >> 1;
+      if (!before(items[i], items[parent])) break;
+      [items[i], items[parent]] = [items[parent], items[i]];
+      i = parent;
+    }
+  }
+
+  pop(): Pair {
+    const items = this.items;
+    const top = items[0];
+    const last = items.pop()!;
+    if (items.length === 0) return top;
+    items[0] = last;
+    for (let i = 0; ; ) {
+      const [l, r] = [2 * i + 1, 2 * i + 2];
+      let least = i;
+      if (l < items.length && before(items[l], items[least])) least = l;
+      if (r < items.length && before(items[r], items[least])) least = r;
+      if (least === i) break;
+      [items[i], items[least]] = [items[least], items[i]];
+      i = least;
+    }
+    return top;
   }
 }
+
+const before = (a: Pair, b: Pair) => a.rank < b.rank || (a.rank === b.rank && a.left < b.left);
