@@ -82,4 +82,13 @@ describe('encoder settings', () => {
       expect(meanError((await decoded(low)).pixels, image.pixels)).toBeGreaterThan(meanError((await decoded(high)).pixels, image.pixels));
     }
   });
+
+  it("takes all of OpenAI's output_compression range: 0, which sharp refuses, encodes as its lowest quality, 1", async () => {
+    const { image } = pictures[0];
+    for (const format of ['webp', 'jpeg'] as const) {
+      const [zero, one] = await Promise.all([encodeImage(image, format, 0), encodeImage(image, format, 1)]);
+      expect(Buffer.compare(Buffer.from(zero), Buffer.from(one))).toBe(0);
+      expect((await decoded(zero)).width).toBe(image.width);
+    }
+  });
 });

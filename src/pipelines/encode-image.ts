@@ -26,8 +26,9 @@ export async function encodeImage(image: RgbImage, format: OutputFormat, compres
   const img = sharp(bufferView(image.pixels), {
     raw: { width: image.width, height: image.height, channels: 3 },
   });
-  // OpenAI's default output_compression is 100.
-  const quality = compression ?? 100;
+  // OpenAI's default output_compression is 100. Its 0 is sharp's 1, the lowest it takes (libjpeg
+  // itself reads a quality of 0 as 1).
+  const quality = Math.max(1, compression ?? 100);
   const encoded =
     format === 'png' ? img.png(ENCODER_SETTINGS.png) : format === 'jpeg' ? img.jpeg({ ...ENCODER_SETTINGS.jpeg, quality }) : img.webp({ ...ENCODER_SETTINGS.webp, quality });
   return encoded.toBuffer();
