@@ -1,3 +1,5 @@
+import { once } from 'node:events';
+import http from 'node:http';
 import { crc32 } from 'node:zlib';
 import OpenAI, { toFile } from 'openai';
 import sharp from 'sharp';
@@ -159,6 +161,28 @@ describe('edit errors', () => {
   it('refuses more than one image, naming the limit', async () => {
     const err = await expectApiError(edit({ image: [await png(redCircle), await png(redCircle)] }), OpenAI.BadRequestError, 400, 'image', 'too_many_images');
     expect(err.message).toContain('one image per request');
+  });
+
+  it('refuses a second image as it begins, unread: the answer comes while the client is still sending it', async () => {
+    const boundary = 'edits-test-boundary';
+    const head = (name: string, file?: string) =>
+      `--${boundary}\r\nContent-Disposition: form-data; name="${name}"${file ? `; filename="${file}"\r\nContent-Type: image/png` : ''}\r\n\r\n`;
+    const { hostname, port } = new URL(real.baseURL);
+    const request = http.request({ host: hostname, port, path: '/v1/images/edits', method: 'POST', headers: { authorization: `Bearer ${KEY}`, 'content-type': `multipart/form-data; boundary=${boundary}` } });
+    try {
+      const response = once(request, 'response') as Promise<[http.IncomingMessage]>;
+      request.write(`${head('prompt')}a blue square\r\n`);
+      request.write(Buffer.concat([Buffer.from(head('image[]', 'a.png')), redCircle, Buffer.from('\r\n')]));
+      // The second image's first bytes, and never its end: a large upload still on its way.
+      request.write(Buffer.concat([Buffer.from(head('image[]', 'b.png')), Buffer.alloc(64 * 1024)]));
+      const [res] = await response;
+      const chunks: Buffer[] = [];
+      for await (const chunk of res) chunks.push(chunk as Buffer);
+      expect(res.statusCode).toBe(400);
+      expect(JSON.parse(Buffer.concat(chunks).toString()).error).toMatchObject({ param: 'image', code: 'too_many_images' });
+    } finally {
+      request.destroy();
+    }
   });
 
   it('refuses a request without an image', async () => {

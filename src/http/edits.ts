@@ -5,7 +5,7 @@ import { parseImageRequest, type ImagesResponse } from '../api/wire.js';
 import type { EditInput } from '../service/images.js';
 import { checkMask, decodeInputImage } from '../service/input-images.js';
 import { respond, type ImagesOptions } from './image-context.js';
-import { readUpload, type Upload, type UploadRoute } from './uploads.js';
+import { readUpload, type Upload, type UploadLimits, type UploadRoute } from './uploads.js';
 
 /**
  * POST /v1/images/edits and /v1/images/variations: the generations path (service/images.ts) started
@@ -13,18 +13,23 @@ import { readUpload, type Upload, type UploadRoute } from './uploads.js';
  * @fastify/multipart, so the other routes keep answering a form with 415.
  */
 
-/** The picture and mask of an upload, decoded and checked. The diffusion models take one input picture. */
+/** The diffusion models take one input picture (OpenAI's gpt-image takes up to 16). */
+const UPLOAD_LIMITS: UploadLimits = {
+  maxImages: 1,
+  tooMany: (param) =>
+    ApiError.invalid(
+      param,
+      'too_many_images',
+      "Too many images: this server's diffusion models edit one image per request, and this request sends more. Send one image (combine reference pictures into one first).",
+    ),
+};
+
+/** The picture and mask of an upload, decoded and checked. */
 async function editInput({ images, mask, form }: Upload, route: UploadRoute): Promise<EditInput> {
   const param = form ? 'image' : 'images';
   const [first] = images;
   if (!first) throw ApiError.invalid(param, 'missing_required_parameter', `Missing required parameter: '${param}'.`);
-  if (images.length > 1) {
-    throw ApiError.invalid(
-      param,
-      'too_many_images',
-      `Too many images: got ${images.length}, and this server's diffusion models edit one image per request. Send one image (combine reference pictures into one first).`,
-    );
-  }
+  if (images.length > UPLOAD_LIMITS.maxImages) throw UPLOAD_LIMITS.tooMany(param);
   const source = { image: await decodeInputImage(first.bytes, first.param), ...(mask && { mask: await decodeInputImage(mask.bytes, mask.param) }) };
   checkMask(source);
   return { ...source, kind: route };
@@ -38,7 +43,7 @@ export async function edits(app: FastifyInstance, options: ImagesOptions): Promi
     ['/v1/images/variations', 'variation'],
   ] as const) {
     app.post(path, async (request, reply): Promise<ImagesResponse | FastifyReply> => {
-      const upload = await readUpload(request, route);
+      const upload = await readUpload(request, route, UPLOAD_LIMITS);
       const body = parseImageRequest(route, upload.fields, { defaultModel: options.defaultModel, form: upload.form });
       return respond(request, reply, 'image_edit', body, options, await editInput(upload, route));
     });

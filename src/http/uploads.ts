@@ -12,8 +12,6 @@ import { ApiError } from '../api/errors.js';
 
 /** Largest uploaded file: gpt-image's input limit is 50 MB, dall-e-2's 4 MB; 25 MiB holds any 4096-pixel PNG worth sending. */
 const MAX_UPLOAD_BYTES = 25 * 1024 ** 2;
-/** OpenAI's gpt-image takes up to 16 reference images; more files than that and a mask is refused while reading. */
-const MAX_FILES = 17;
 /** A prompt is at most 32000 characters, up to 4 bytes each in UTF-8. */
 const MAX_FIELD_BYTES = 128 * 1024;
 const MAX_FIELDS = 64;
@@ -24,6 +22,12 @@ export interface UploadedFile {
   bytes: Buffer;
   /** How errors name it: `image`, `image[1]`, `images[0].image_url`, `mask`. */
   param: string;
+}
+
+/** What the route takes: `maxImages` image files at most; a form's next one is refused, with `tooMany`'s error, before it is read. */
+export interface UploadLimits {
+  maxImages: number;
+  tooMany(param: string): ApiError;
 }
 
 export interface Upload {
@@ -43,9 +47,6 @@ function formError(err: unknown): unknown {
   if (code === 'FST_REQ_FILE_TOO_LARGE') {
     return new ApiError(413, `An uploaded file is too large: the limit is ${MAX_UPLOAD_BYTES / 1024 ** 2} MiB per file. Send a smaller image.`, { code: 'request_too_large' });
   }
-  if (code === 'FST_FILES_LIMIT') {
-    return ApiError.invalid('image', 'too_many_images', `Too many files: a request may carry at most ${MAX_FILES - 1} images and a mask, and this server edits only one image. Send one 'image'.`);
-  }
   if (code === 'FST_PARTS_LIMIT' || code === 'FST_FIELDS_LIMIT') {
     return new ApiError(413, `The form has too many parts: at most ${MAX_FIELDS} text fields are read.`, { code: 'request_too_large' });
   }
@@ -62,9 +63,10 @@ function readText(part: Extract<Multipart, { type: 'field' }>, fields: Record<st
   fields[part.fieldname] = part.value;
 }
 
-async function readForm(request: FastifyRequest, route: UploadRoute): Promise<Upload> {
+async function readForm(request: FastifyRequest, route: UploadRoute, limits: UploadLimits): Promise<Upload> {
   const upload: Upload = { fields: {}, form: true, images: [] };
-  const parts = request.parts({ limits: { fileSize: MAX_UPLOAD_BYTES, files: MAX_FILES, fields: MAX_FIELDS, fieldSize: MAX_FIELD_BYTES } });
+  // No limit on the number of files: beyond the route's images and one mask, the next is refused unread.
+  const parts = request.parts({ limits: { fileSize: MAX_UPLOAD_BYTES, fields: MAX_FIELDS, fieldSize: MAX_FIELD_BYTES } });
   try {
     for await (const part of parts) {
       if (part.type === 'field') {
@@ -78,6 +80,8 @@ async function readForm(request: FastifyRequest, route: UploadRoute): Promise<Up
       if (!FILE_FIELDS[route].includes(part.fieldname)) {
         throw ApiError.invalid(part.fieldname, 'unknown_parameter', `Unknown parameter: '${part.fieldname}' (a file). The files this endpoint takes are: ${FILE_FIELDS[route].map((f) => `'${f}'`).join(', ')}.`);
       }
+      // Files the route will not take are not read into memory only to be refused.
+      if (part.fieldname !== 'mask' && upload.images.length >= limits.maxImages) throw limits.tooMany('image');
       const bytes = await part.toBuffer();
       if (part.fieldname === 'mask') {
         if (upload.mask) throw ApiError.invalid('mask', 'invalid_value', "The file 'mask' was sent more than once; send one mask.");
@@ -108,8 +112,8 @@ function readJson(body: unknown): Upload {
 }
 
 /** The request's fields and files, in whichever form it came; variations take only OpenAI's multipart form. */
-export async function readUpload(request: FastifyRequest, route: UploadRoute): Promise<Upload> {
-  if (request.isMultipart()) return readForm(request, route);
+export async function readUpload(request: FastifyRequest, route: UploadRoute, limits: UploadLimits): Promise<Upload> {
+  if (request.isMultipart()) return readForm(request, route, limits);
   if (route === 'variation') {
     throw new ApiError(415, "Unsupported content type: image variations take a multipart/form-data body with the file 'image', as OpenAI's endpoint does.", {
       code: 'unsupported_media_type',
