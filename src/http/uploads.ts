@@ -80,14 +80,13 @@ async function readForm(request: FastifyRequest, route: UploadRoute, limits: Upl
       if (!FILE_FIELDS[route].includes(part.fieldname)) {
         throw ApiError.invalid(part.fieldname, 'unknown_parameter', `Unknown parameter: '${part.fieldname}' (a file). The files this endpoint takes are: ${FILE_FIELDS[route].map((f) => `'${f}'`).join(', ')}.`);
       }
-      // Files the route will not take are not read into memory only to be refused.
-      if (part.fieldname !== 'mask' && upload.images.length >= limits.maxImages) throw limits.tooMany('image');
-      const bytes = await part.toBuffer();
+      // Files the route will not take are refused before they are read into memory.
       if (part.fieldname === 'mask') {
         if (upload.mask) throw ApiError.invalid('mask', 'invalid_value', "The file 'mask' was sent more than once; send one mask.");
-        upload.mask = { bytes, param: 'mask' };
+        upload.mask = { bytes: await part.toBuffer(), param: 'mask' };
       } else {
-        upload.images.push({ bytes, param: upload.images.length === 0 ? 'image' : `image[${upload.images.length}]` });
+        if (upload.images.length >= limits.maxImages) throw limits.tooMany('image');
+        upload.images.push({ bytes: await part.toBuffer(), param: upload.images.length === 0 ? 'image' : `image[${upload.images.length}]` });
       }
     }
   } catch (err) {
