@@ -185,6 +185,14 @@ describe('edit errors', () => {
     }
   });
 
+  it('refuses a form part without a name', async () => {
+    const boundary = 'edits-test-boundary';
+    const body = `--${boundary}\r\nContent-Disposition: form-data; name="prompt"\r\n\r\nx\r\n--${boundary}\r\nContent-Disposition: form-data\r\n\r\nnameless\r\n--${boundary}--\r\n`;
+    const res = await fetch(`${real.baseURL}/images/edits`, { method: 'POST', headers: { authorization: `Bearer ${KEY}`, 'content-type': `multipart/form-data; boundary=${boundary}` }, body });
+    expect(res.status).toBe(400);
+    expect(((await res.json()) as { error: object }).error).toMatchObject({ code: 'invalid_multipart', param: null, message: expect.stringContaining('has no name') });
+  });
+
   it('refuses a request without an image', async () => {
     const form = new FormData();
     form.set('prompt', 'a blue square');

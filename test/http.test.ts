@@ -40,8 +40,11 @@ describe('malformed requests', () => {
     for (const body of ['[]', '"a red circle"', '42', 'null']) await expectError(await post(body), 400, 'invalid_type');
   });
 
-  it('a __proto__ key -> 400, never a polluted object', async () => {
-    await expectError(await post('{"model":"stub","prompt":"x","__proto__":{"n":5}}'), 400, null);
+  it('a __proto__ or constructor.prototype key -> 400 saying so, never a polluted object', async () => {
+    for (const body of ['{"model":"stub","prompt":"x","__proto__":{"n":5}}', '{"model":"stub","prompt":"x","constructor":{"prototype":{"n":5}}}']) {
+      const error = await expectError(await post(body), 400, null);
+      expect(error.message).toMatch(/or had a '__proto__' or 'constructor' key/);
+    }
   });
 
   it('wrong content type -> 415', async () => {

@@ -26,7 +26,9 @@ function fromFastifyError(err: FastifyError, request: FastifyRequest): ApiError 
     case 'FST_ERR_CTP_EMPTY_JSON_BODY':
       return new ApiError(
         400,
-        'We could not parse the JSON body of your request. The API expects a JSON object, but what was sent was not valid JSON.',
+        // Fastify's parser (secure-json-parse) also refuses valid JSON with these keys, a guard against
+        // prototype pollution, and does not say which it was.
+        "We could not parse the JSON body of your request. The API expects a JSON object, but what was sent was not valid JSON, or had a '__proto__' or 'constructor' key, which this server refuses.",
       );
     case 'FST_ERR_CTP_BODY_TOO_LARGE':
       return new ApiError(413, `The request body is too large: the limit is ${request.routeOptions.bodyLimit} bytes.`, {

@@ -69,6 +69,9 @@ async function readForm(request: FastifyRequest, route: UploadRoute, limits: Upl
   const parts = request.parts({ limits: { fileSize: MAX_UPLOAD_BYTES, fields: MAX_FIELDS, fieldSize: MAX_FIELD_BYTES } });
   try {
     for await (const part of parts) {
+      if (!part.fieldname) {
+        throw new ApiError(400, 'A part of the multipart/form-data body has no name (its Content-Disposition lacks name="..."): name every field and file.', { code: 'invalid_multipart' });
+      }
       if (part.type === 'field') {
         // An image sent as text (a URL, a path) must not read as an unknown field.
         if (FILE_FIELDS[route].includes(part.fieldname)) {
