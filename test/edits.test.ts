@@ -4,6 +4,7 @@ import { crc32 } from 'node:zlib';
 import OpenAI, { toFile } from 'openai';
 import sharp from 'sharp';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { imageReferenceBytes } from '../src/api/data-uri.js';
 import { apiError } from './helpers/failures.js';
 import { readImageFile } from './helpers/picture.js';
 import { startRealServer, type RealServer } from './helpers/real-server.js';
@@ -224,6 +225,8 @@ describe('edit errors', () => {
     expect(err.message).toContain('does not fetch URLs');
     await expectApiError(post({ images: [{ file_id: 'file-123' }] }), OpenAI.BadRequestError, 400, 'images[0].file_id', 'unsupported_value');
     await expectApiError(post({ images: [{ image_url: 'data:image/png;base64,aGVsbG8=' }] }), OpenAI.BadRequestError, 400, 'images[0].image_url', 'invalid_image_format');
+    // The scheme and the base64 marker in any case, as URI schemes are case-insensitive.
+    expect(imageReferenceBytes({ image_url: 'DATA:image/png;BASE64,aGVsbG8=' }, 'images[0]').toString()).toBe('hello');
     await expectApiError(post({}), OpenAI.BadRequestError, 400, 'images', 'missing_required_parameter');
   });
 

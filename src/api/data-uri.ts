@@ -6,7 +6,8 @@ import { ApiError } from './errors.js';
  * hosts on its network (SSRF), and `file_id`s name OpenAI's file store, which it has no part of.
  */
 
-const DATA_URI = /^data:([^,;]*)((?:;[^,;]*)*?)(;base64)?,(.*)$/s;
+/** RFC 2397; the scheme and the base64 marker are case-insensitive, as URI schemes are. */
+const DATA_URI = /^data:([^,;]*)((?:;[^,;]*)*?)(;base64)?,(.*)$/is;
 
 /** The bytes of one `{"image_url": "data:..."}` reference; `param` names it in errors (e.g. `images[0]`). */
 export function imageReferenceBytes(reference: unknown, param: string): Buffer {
