@@ -11,7 +11,7 @@ afterAll(() => server.close());
 
 const auth = { authorization: `Bearer ${TEST_KEY}` };
 
-async function post(body: string, headers: Record<string, string> = { 'content-type': 'application/json' }) {
+async function post(body: string | Buffer<ArrayBuffer>, headers: Record<string, string> = { 'content-type': 'application/json' }) {
   return fetch(`${server.baseURL}/images/generations`, { method: 'POST', headers: { ...auth, ...headers }, body });
 }
 
@@ -52,9 +52,13 @@ describe('malformed requests', () => {
     expect(error.message).toContain('application/x-www-form-urlencoded');
   });
 
-  it('JSON with a charset parameter is fine', async () => {
-    const res = await post(JSON.stringify({ model: 'stub', prompt: 'x' }), { 'content-type': 'application/json; charset=utf-8' });
-    expect(res.status).toBe(200);
+  it('JSON with a UTF-8 charset parameter is fine; another charset -> 415, not a body read as if it were UTF-8', async () => {
+    const json = JSON.stringify({ model: 'stub', prompt: 'x' });
+    for (const type of ['application/json; charset=utf-8', 'application/json;charset="UTF-8"', 'application/json; charset=us-ascii']) {
+      expect((await post(json, { 'content-type': type })).status, type).toBe(200);
+    }
+    const error = await expectError(await post(Buffer.from(json, 'utf16le'), { 'content-type': 'application/json; charset=utf-16' }), 415, 'unsupported_media_type');
+    expect(error.message).toContain("charset 'utf-16'");
   });
 
   it('body over the limit -> 413 request_too_large', async () => {

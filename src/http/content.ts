@@ -11,6 +11,9 @@ import { ApiError } from '../api/errors.js';
  * decompression stops as soon as it passes the limit, so a small zip bomb costs only BODY_LIMIT of work.
  */
 
+/** Charsets a body may declare: UTF-8, and ASCII, which is UTF-8 too. */
+const TEXT_CHARSETS = new Set(['utf-8', 'utf8', 'us-ascii', 'ascii']);
+
 const DECODERS: Record<string, () => Transform> = {
   gzip: createGunzip,
   'x-gzip': createGunzip,
@@ -50,6 +53,11 @@ async function contentPlugin(app: FastifyInstance): Promise<void> {
   app.removeContentTypeParser('text/plain');
 
   app.addHook('preParsing', async (request, _reply, payload) => {
+    // JSON is UTF-8 (RFC 8259); Fastify would read a body of any declared charset as UTF-8.
+    const charset = /;\s*charset\s*=\s*"?([^";\s]+)/i.exec(request.headers['content-type'] ?? '')?.[1].toLowerCase();
+    if (charset && !TEXT_CHARSETS.has(charset)) {
+      throw new ApiError(415, `Unsupported charset '${charset}': send the body in UTF-8.`, { code: 'unsupported_media_type' });
+    }
     const encoding = request.headers['content-encoding']?.trim().toLowerCase();
     if (!encoding || encoding === 'identity') return payload;
     const decoder = DECODERS[encoding];
