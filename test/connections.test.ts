@@ -102,6 +102,7 @@ describe('answers before routing', () => {
   const cases: [string, string, number, string][] = [
     ['no Host', 'GET /health HTTP/1.1\r\n\r\n', 400, 'invalid_host_header'],
     ['a Host with userinfo', 'GET /health HTTP/1.1\r\nHost: 127.0.0.1:1@evil.example\r\n\r\n', 400, 'invalid_host_header'],
+    ['two Host headers', 'GET /health HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n', 400, 'invalid_host_header'],
     ['a bad request line', 'HELLO\r\n\r\n', 400, 'malformed_request'],
     ['headers over 16 KiB', `GET /health HTTP/1.1\r\nHost: a\r\nX-Padding: ${'p'.repeat(20_000)}\r\n\r\n`, 431, 'request_header_fields_too_large'],
     ['an unknown expectation', 'GET /health HTTP/1.1\r\nHost: a\r\nExpect: tea\r\n\r\n', 417, 'expectation_failed'],

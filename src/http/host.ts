@@ -8,7 +8,7 @@ import { ApiError } from '../api/errors.js';
  * The Host header, and the origin image URLs are built from. Node's own check for a missing Host is
  * switched off (app.ts) because it answers a bare 400; here it is made in OpenAI's shape, and a Host
  * that is not `host[:port]` is refused too (RFC 9112 asks for a 400 in both cases), before the key is
- * checked. X-Forwarded-Proto/-Host count only from proxies TRUST_PROXY names (Fastify checks the
+ * checked, as is a request with two Host headers. X-Forwarded-Proto/-Host count only from proxies TRUST_PROXY names (Fastify checks the
  * peer's address); a forwarded value that is not http(s) or not `host[:port]` is ignored, so a forged
  * header can never turn an image URL into `javascript:`, a URL with userinfo, or markup.
  */
@@ -55,6 +55,10 @@ async function hostPlugin(app: FastifyInstance): Promise<void> {
     }
     if (host !== undefined && originOf('http', host) === undefined) {
       throw new ApiError(400, 'The Host header is not a valid host[:port].', { code: 'invalid_host_header' });
+    }
+    // Node keeps the first of several; RFC 9112 asks for a 400, since a proxy may have read another.
+    if (request.raw.rawHeaders.filter((name, i) => i % 2 === 0 && name.toLowerCase() === 'host').length > 1) {
+      throw new ApiError(400, 'The request has more than one Host header; send one.', { code: 'invalid_host_header' });
     }
   });
 }
