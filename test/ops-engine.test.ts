@@ -363,4 +363,20 @@ describe('logs', () => {
     const { lines } = await logsOf({ LOG_PROMPTS: 'true' });
     expect(lines.find((l) => l.msg === 'images generated')).toMatchObject({ prompt: 'a secret purple triangle' });
   });
+
+  it('give a request whose client left before its answer an outcome: request aborted', async () => {
+    const { logger, lines } = capturedLogs<Record<string, unknown>>();
+    const ops = await startOpsServer({ logger });
+    try {
+      const leaving = new AbortController();
+      const request = generate(ops.baseURL, LONG, { signal: leaving.signal, headers: { ...auth, 'content-type': 'application/json', 'x-request-id': 'req-abort-test' } }).catch(() => undefined);
+      await whenRunning(ops.server);
+      leaving.abort();
+      await request;
+      await expect.poll(() => lines.find((l) => l.reqId === 'req-abort-test' && l.msg === 'request aborted: the client closed the connection before the answer was sent')).toBeDefined();
+      expect(lines.some((l) => l.reqId === 'req-abort-test' && l.msg === 'request completed')).toBe(false);
+    } finally {
+      await ops.close();
+    }
+  });
 });
