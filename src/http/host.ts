@@ -7,10 +7,11 @@ import { ApiError } from '../api/errors.js';
 /**
  * The Host header, and the origin image URLs are built from. Node's own check for a missing Host is
  * switched off (app.ts) because it answers a bare 400; here it is made in OpenAI's shape, and a Host
- * that is not `host[:port]` is refused too (RFC 9112 asks for a 400 in both cases), before the key is
- * checked, as is a request with two Host headers. X-Forwarded-Proto/-Host count only from proxies TRUST_PROXY names (Fastify checks the
- * peer's address); a forwarded value that is not http(s) or not `host[:port]` is ignored, so a forged
- * header can never turn an image URL into `javascript:`, a URL with userinfo, or markup.
+ * that is not `host[:port]`, or two Host headers, are refused too (RFC 9112 asks for a 400 in each
+ * case), before the key is checked. X-Forwarded-Proto/-Host count only from proxies TRUST_PROXY names
+ * (Fastify checks the peer's address); a forwarded value that is not http(s) or not `host[:port]` is
+ * ignored, so a forged header can never turn an image URL into `javascript:`, a URL with userinfo, or
+ * markup.
  */
 
 /** host[:port]: a DNS name (underscores allowed, as in container names) or IPv4 address, or an IPv6 literal in brackets. */
