@@ -95,7 +95,7 @@ export class Metrics implements EngineMetrics {
   constructor() {
     this.gaugeAtScrape('imagegen_queue_jobs', 'Generation jobs running on a worker and waiting for one', (sources) => sources.queue());
     this.gaugeAtScrape('imagegen_workers', 'Worker processes configured and ready (started and done preloading)', (sources) => sources.workers());
-    this.gaugeAtScrape('imagegen_model_workers', 'Worker processes holding each model loaded now (0 or absent: the next request for it loads it)', (sources) => sources.modelsHeld(), 'model');
+    this.gaugeAtScrape('imagegen_model_workers', 'Worker processes holding each model loaded now (a model none holds is absent: the next request for it loads it)', (sources) => sources.modelsHeld(), 'model');
     this.gaugeAtScrape('imagegen_store_images', 'Images in the image store', (sources) => sources.store().files);
     this.gaugeAtScrape('imagegen_store_bytes', 'Bytes used by the image store', (sources) => sources.store().bytes);
     collectDefaultMetrics({ register: this.registry, prefix: 'imagegen_' });
