@@ -1,4 +1,4 @@
-import { mkdtemp, readdir, rm, writeFile } from 'node:fs/promises';
+import { mkdtemp, readdir, rm, utimes, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
@@ -56,7 +56,10 @@ describe('ImageStore', () => {
     const kept = await first.put(bytes(10), 'image/jpeg');
     const short = await (await open({ ttlSeconds: 0.05 })).put(bytes(10), 'image/png');
     await first.close();
-    await writeFile(path.join(dir, `.${'a'.repeat(32)}.tmp`), 'half an image');
+    // Left by a crash an hour ago (a recent one may be another server's write in progress).
+    const crashed = path.join(dir, `.${'a'.repeat(32)}.tmp`);
+    await writeFile(crashed, 'half an image');
+    await utimes(crashed, new Date(Date.now() - 3600_000), new Date(Date.now() - 3600_000));
     await writeFile(path.join(dir, 'README'), 'not an image');
     wait(100);
 
@@ -87,6 +90,24 @@ describe('ImageStore', () => {
     await Promise.all(Array.from({ length: 10 }, () => store.put(bytes(100), 'image/png')));
     expect(store.stats()).toEqual({ files: 10, bytes: 1000 });
     expect(await readdir(dir)).toHaveLength(10);
+  });
+
+  it("shares its folder with another server's store: each finds the other's images, and neither deletes the other's writes in progress", async () => {
+    const a = await open();
+    const b = await open();
+    const fromA = await a.put(bytes(10, 7), 'image/png');
+    const fromB = await b.put(bytes(10, 8), 'image/png');
+    expect(await b.get(fromA.id)).toEqual(fromA);
+    expect(await a.get(fromB.id)).toEqual(fromB);
+    expect(Buffer.concat(await (await b.read(fromA))!.toArray())).toEqual(Buffer.from(bytes(10, 7)));
+    expect(b.stats()).toEqual({ files: 2, bytes: 20 });
+    // A third server starting (or one stopping) while a write is under way leaves its temporary file alone.
+    const writing = path.join(dir, `.${'b'.repeat(32)}.tmp`);
+    await writeFile(writing, 'half an image, being written');
+    await (await open()).close();
+    expect(await readdir(dir)).toContain(`.${'b'.repeat(32)}.tmp`);
+    // An id no store has is a miss, after one listing.
+    expect(await a.get('c'.repeat(32))).toBeNull();
   });
 
   it('refuses content it cannot name', async () => {

@@ -14,9 +14,17 @@ import { StoreSpace } from './space.js';
  * keeps each image's own expiry. Files are written to a temporary name and renamed, so a reader never
  * sees half an image; a failed write deletes its temporary file, and opening and closing the store
  * delete any that a crash left. Ids are 128 random bits in hex.
+ *
+ * Two servers may share the folder for a while (a restart that starts the new server before stopping
+ * the old, blue-green on one host): an id this store has not indexed is looked for in a new listing of
+ * the folder when a file came or went since the last (its mtime changed; a scanner's random ids cost a
+ * stat each), and temporary files are deleted only once they are older than any write takes, so that
+ * neither server loses the other's images.
  */
 
 const TEMP_FILE = /^\..*\.tmp$/;
+/** A temporary file older than this was left by a crash, not written now by another server. */
+const TEMP_FILE_AGE_MS = 10 * 60_000;
 
 export interface ImageStoreOptions {
   /** Folder of the images (created if missing). */
@@ -34,6 +42,9 @@ export class FileImageStore implements ImageStore {
   private readonly space: StoreSpace;
   private readonly writes = new Set<Promise<void>>();
   private timer: NodeJS.Timeout | undefined;
+  /** The folder's mtime when it was last listed, and the listing under way. */
+  private listedMtime = NaN;
+  private listing: Promise<void> | undefined;
   readonly now: () => number;
   private constructor(private readonly options: ImageStoreOptions) {
     this.now = options.clock ?? Date.now;
@@ -45,16 +56,32 @@ export class FileImageStore implements ImageStore {
     const store = new FileImageStore(options);
     await mkdir(options.dir, { recursive: true });
     await store.deleteTempFiles();
-    for (const entry of await readdir(options.dir, { withFileTypes: true })) {
-      if (!entry.isFile()) continue;
-      const named = parseImageName(entry.name);
-      if (!named) continue;
-      const image = { ...named, size: (await stat(path.join(options.dir, entry.name))).size };
-      store.index.set(image.id, image);
-      store.space.used += image.size;
-    }
+    await store.listIfChanged();
     await store.sweep();
     return store;
+  }
+
+  /** Indexes the folder's images not indexed yet (a previous run's, another server's) if a file came or went since the last listing. */
+  private async listIfChanged(): Promise<void> {
+    while (this.listing) await this.listing;
+    const folder = await unlessMissing(stat(this.options.dir));
+    // Read before the listing: a file that comes during it changes the mtime again.
+    if (!folder || folder.mtimeMs === this.listedMtime || this.listing) return;
+    this.listedMtime = folder.mtimeMs;
+    this.listing = this.list().finally(() => (this.listing = undefined));
+    await this.listing;
+  }
+
+  private async list(): Promise<void> {
+    for (const entry of await readdir(this.options.dir, { withFileTypes: true })) {
+      const named = entry.isFile() ? parseImageName(entry.name) : undefined;
+      if (!named || this.index.has(named.id)) continue;
+      // Gone meanwhile (the other server's sweeper): skipped.
+      const stats = await unlessMissing(stat(path.join(this.options.dir, entry.name)));
+      if (!stats || this.index.has(named.id)) continue;
+      this.index.set(named.id, { ...named, size: stats.size });
+      this.space.used += stats.size;
+    }
   }
 
   private fileOf(image: StoredImage): string {
@@ -104,6 +131,7 @@ export class FileImageStore implements ImageStore {
 
   /** The image, or null when unknown or expired (even before the sweeper deleted it). */
   async get(id: string): Promise<StoredImage | null> {
+    if (!this.index.has(id)) await this.listIfChanged().catch(() => undefined);
     const image = this.index.get(id);
     return image && !isExpired(image, this.now()) ? image : null;
   }
@@ -165,7 +193,9 @@ export class FileImageStore implements ImageStore {
   private async deleteTempFiles(): Promise<void> {
     const names = (await unlessMissing(readdir(this.options.dir))) ?? [];
     for (const name of names.filter((n) => TEMP_FILE.test(n))) {
-      await unlink(path.join(this.options.dir, name)).catch(() => undefined);
+      const file = path.join(this.options.dir, name);
+      const stats = await unlessMissing(stat(file));
+      if (stats && Date.now() - stats.mtimeMs > TEMP_FILE_AGE_MS) await unlink(file).catch(() => undefined);
     }
   }
 }
