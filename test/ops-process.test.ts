@@ -1,4 +1,4 @@
-import { readdir, readFile, rm, writeFile } from 'node:fs/promises';
+import { readdir, readFile, rm, utimes, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { generate, LONG, makeRoot, rootEnv, sleep, untilReady } from './helpers/ops-server.js';
@@ -34,8 +34,10 @@ describe('SIGTERM', () => {
   it('lets the running generation finish and store its images, removes stray temporary files, and exits 0', async () => {
     server = await spawnIn(root);
     await untilReady(server.origin);
-    // What a write cut short by a crash would have left.
-    await writeFile(path.join(root, 'data', 'images', '.0123456789abcdef0123456789abcdef.tmp'), 'half an image');
+    // What a write cut short by a crash an hour ago would have left (a recent one may be another server's write in progress).
+    const crashed = path.join(root, 'data', 'images', '.0123456789abcdef0123456789abcdef.tmp');
+    await writeFile(crashed, 'half an image');
+    await utimes(crashed, new Date(Date.now() - 3600_000), new Date(Date.now() - 3600_000));
     const running = generate(server.baseURL, { ...LONG, response_format: 'url' });
     await whenBusy(server.origin);
     server.child.kill('SIGTERM');
