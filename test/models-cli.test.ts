@@ -1,7 +1,7 @@
 import { formatBytes } from '../src/util/bytes.js';
 import { MemoryFigures } from '../src/models/memory-figures.js';
 import { execFile } from 'node:child_process';
-import { cp, mkdir, mkdtemp, readdir, readFile, rm, truncate, writeFile } from 'node:fs/promises';
+import { cp, mkdir, mkdtemp, readdir, readFile, rm, stat, truncate, writeFile } from 'node:fs/promises';
 import { createServer, type AddressInfo } from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
@@ -100,6 +100,13 @@ async function copyOfSource(): Promise<string> {
   return dir;
 }
 
+/** An installed model's folder is as readable as any folder mkdir makes here (the umask's), so a server running as another user can read it. */
+async function expectUsualMode(dir: string): Promise<void> {
+  const usual = path.join(work, `usual-${Math.random()}`);
+  await mkdir(usual);
+  expect((await stat(dir)).mode & 0o777).toBe((await stat(usual)).mode & 0o777);
+}
+
 describe('models pull', () => {
   it('installs a verified model that the registry serves, reporting byte progress', async () => {
     const model = await pull(REPO);
@@ -107,6 +114,7 @@ describe('models pull', () => {
     expect((await inspectModel(model.dir)).variant).toBe('sd-turbo');
     expect(await registryIds()).toEqual(['sd-turbo-onnx']);
     await expectNoStaging();
+    await expectUsualMode(model.dir);
 
     const manifest = JSON.parse(await readFile(path.join(model.dir, MANIFEST_FILE), 'utf8'));
     expect(Object.keys(manifest.files).sort()).toEqual(Object.keys(sourceFiles).sort());
@@ -217,6 +225,7 @@ describe('models import and export', () => {
   it('round-trips a folder through an export bundle', async () => {
     const imported = await importFrom(sourceDir, 'imported');
     expect(imported.variant).toBe('sd-turbo');
+    await expectUsualMode(imported.dir);
     const out = path.join(work, 'out');
     await mkdir(out);
     const bundle = await exportModel({ modelsDir, id: 'imported', out, output });

@@ -1,5 +1,5 @@
 import { randomUUID } from 'node:crypto';
-import { mkdir, mkdtemp, readdir, rename, rm } from 'node:fs/promises';
+import { mkdir, readdir, rename, rm } from 'node:fs/promises';
 import path from 'node:path';
 import { defaultRuntime } from '../runtime/providers.js';
 import { loadPipeline } from '../pipelines/load.js';
@@ -73,9 +73,14 @@ async function stagingRoot(modelsDir: string): Promise<string> {
   return root;
 }
 
-/** A new folder in the staging area; removed on failure by the caller, and on Ctrl-C by the exit hook. */
+/**
+ * A new folder in the staging area; removed on failure by the caller, and on Ctrl-C by the exit hook.
+ * Made with mkdir, not mkdtemp: mkdtemp's folders are 0700 whatever the umask, and the model renamed
+ * into place from one could not be read by a server running as another user than the installer.
+ */
 export async function makeTemporary(modelsDir: string, prefix: string): Promise<string> {
-  const dir = await mkdtemp(path.join(await stagingRoot(modelsDir), `${prefix}-`));
+  const dir = path.join(await stagingRoot(modelsDir), `${prefix}-${randomUUID()}`);
+  await mkdir(dir);
   removeIfInterrupted(dir);
   return dir;
 }
