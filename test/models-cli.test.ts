@@ -2,7 +2,8 @@ import { formatBytes } from '../src/util/bytes.js';
 import { MemoryFigures } from '../src/models/memory-figures.js';
 import { execFile } from 'node:child_process';
 import { cp, mkdir, mkdtemp, readdir, readFile, rm, stat, truncate, writeFile } from 'node:fs/promises';
-import { createServer, type AddressInfo } from 'node:net';
+import { createServer as createHttpServer } from 'node:http';
+import { createServer, type AddressInfo, type Socket } from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -157,6 +158,28 @@ describe('models pull', () => {
     const hubUrl = `http://127.0.0.1:${(closed.address() as AddressInfo).port}`;
     await new Promise((resolve) => closed.close(resolve));
     await expect(pull(REPO, { hubUrl })).rejects.toThrow(new RegExp(`cannot reach the Hub at ${hubUrl} .*ECONNREFUSED.*models import`));
+  });
+
+  it('gives up on a server that takes the connection and never answers, and explains one that is not a Hub', async () => {
+    // Takes connections and never says a word.
+    const sockets: Socket[] = [];
+    const silent = createServer((socket) => void sockets.push(socket));
+    const portal = createHttpServer((_req, res) => res.writeHead(200, { 'content-type': 'text/html' }).end('<html>Sign in to the proxy</html>'));
+    const urls = await Promise.all(
+      [silent, portal].map(async (server) => {
+        await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+        return `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+      }),
+    );
+    try {
+      await expect(pull(REPO, { hubUrl: urls[0], stallMs: 300 })).rejects.toThrow(new RegExp(`cannot reach the Hub at ${urls[0]} \\(no answer from the server for 0.3 s\\)`));
+      await expect(pull(REPO, { hubUrl: urls[1] })).rejects.toThrow(new RegExp(`the server at ${urls[1]} did not answer as a Hugging Face Hub does .*check HF_ENDPOINT`));
+      await expectNothingInstalled('sd-turbo-onnx');
+    } finally {
+      for (const socket of sockets) socket.destroy();
+      portal.closeAllConnections();
+      await Promise.all([silent, portal].map((server) => new Promise((resolve) => server.close(resolve))));
+    }
   });
 
   it('keeps a download whose connection dropped, and resumes it with a Range request', async () => {

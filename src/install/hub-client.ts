@@ -33,7 +33,16 @@ export interface HubClientOptions {
   /** Sent as a bearer token (HF_TOKEN); needed for gated and private repositories. */
   token?: string;
   fetch?: typeof fetch;
+  /** How long the Hub may leave a request unanswered, or a download without new bytes (default STALL_MS). */
+  stallMs?: number;
 }
+
+/**
+ * A request the Hub has not answered, or a download that has sent nothing, for this long counts as a
+ * lost connection (a download then resumes where it stopped): a server that accepts the connection and
+ * says nothing must not hold a pull forever.
+ */
+const STALL_MS = 60_000;
 
 /** The connection failed or dropped, or the server had a passing problem: worth trying again. */
 export class ConnectionLost extends Error {}
@@ -68,7 +77,7 @@ export class HubClient {
 
   constructor(private readonly options: HubClientOptions = {}) {
     this.hubUrl = (options.hubUrl ?? DEFAULT_HUB_URL).replace(/\/+$/, '');
-    const base = options.fetch ?? fetch;
+    const base = stallGuarded(options.fetch ?? fetch, options.stallMs ?? STALL_MS);
     const token = options.token;
     // Our own header rather than the library's accessToken, which rejects tokens not starting with hf_
     // (mirrors issue their own). fetch drops it on redirects to another origin (the Hub's CDN).
@@ -159,14 +168,44 @@ export class HubClient {
       }
       return new ModelInstallError(`the Hub at ${this.hubUrl} answered ${status} for ${ref.repo}${said ? ` (${said})` : ''}; try again later`);
     }
-    if (err instanceof TypeError) {
+    if (err instanceof TypeError || err instanceof ConnectionLost) {
       return new ModelInstallError(
         `cannot reach the Hub at ${this.hubUrl} (${networkReason(err)}): check the network or proxy, or set HF_ENDPOINT (--hub-url) to a mirror. ` +
           'Without network access, export the model elsewhere with "imagegen models export" and install it here with "imagegen models import"',
       );
     }
-    return err as Error;
+    // Anything else (a portal's HTML page where JSON should be) says the URL is not a Hub.
+    return new ModelInstallError(`the server at ${this.hubUrl} did not answer as a Hugging Face Hub does (${(err as Error).message.split('\n')[0]}); check HF_ENDPOINT / --hub-url`);
   }
+}
+
+/**
+ * fetch that fails with ConnectionLost when the answer's headers, or the next bytes of its body, take
+ * longer than `stallMs`. Not one timeout for the whole request: a large file may rightly take hours.
+ */
+function stallGuarded(base: typeof fetch, stallMs: number): typeof fetch {
+  return async (input, init) => {
+    const controller = new AbortController();
+    const stalled = () => controller.abort(new ConnectionLost(`no answer from the server for ${stallMs / 1000} s`));
+    let timer = setTimeout(stalled, stallMs);
+    const response = await base(input, { ...init, signal: controller.signal }).finally(() => clearTimeout(timer));
+    if (!response.body) return response;
+    const reader = response.body.getReader();
+    const body = new ReadableStream<Uint8Array>({
+      async pull(stream) {
+        timer = setTimeout(stalled, stallMs);
+        try {
+          const { done, value } = await reader.read();
+          if (done) stream.close();
+          else stream.enqueue(value);
+        } finally {
+          clearTimeout(timer);
+        }
+      },
+      cancel: (reason) => reader.cancel(reason),
+    });
+    return new Response(body, { status: response.status, statusText: response.statusText, headers: response.headers });
+  };
 }
 
 /** The body's read errors (a dropped connection) as ConnectionLost, so callers can tell them from disk errors. */
