@@ -1,7 +1,8 @@
 import { readdir, readFile, rm, utimes, writeFile } from 'node:fs/promises';
+import { connect } from 'node:net';
 import path from 'node:path';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
-import { generate, LONG, makeRoot, rootEnv, sleep, untilReady } from './helpers/ops-server.js';
+import { generate, LONG, makeRoot, OPS_KEY, rootEnv, sleep, untilReady } from './helpers/ops-server.js';
 import { spawnServer, type ServerProcess, type SpawnOptions } from './helpers/server-process.js';
 
 /**
@@ -65,6 +66,27 @@ describe('SIGTERM', () => {
     expect(answer.headers.get('retry-after')).toBe('5');
     expect(await server.exited).toBe(0);
     expect(server.log.join('\n')).toMatch(/shutdown deadline passed/);
+  });
+});
+
+describe('SIGTERM with a client that stopped reading', () => {
+  it('closes its connection once the deadline passed, and exits', async () => {
+    server = await spawnIn(root, { env: { SHUTDOWN_TIMEOUT_SECONDS: '1' } });
+    await untilReady(server.origin);
+    // Ten 1024x1024 pictures as base64 (tens of MiB): more than the sockets' buffers hold, and the client reads none of it.
+    const body = JSON.stringify({ model: 'demo-shapes', prompt: 'a red circle', n: 10, size: '1024x1024', steps: 2, response_format: 'b64_json' });
+    const socket = connect(Number(new URL(server.origin).port), '127.0.0.1');
+    socket.pause();
+    socket.write(`POST /v1/images/generations HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer ${OPS_KEY}\r\nContent-Type: application/json\r\nContent-Length: ${Buffer.byteLength(body)}\r\n\r\n${body}`);
+    try {
+      await expect.poll(() => server!.log.some((line) => line.includes('"images generated"')), { timeout: 60_000 }).toBe(true);
+      server.child.kill('SIGTERM');
+      const exited = await Promise.race([server.exited, sleep(20_000).then(() => 'still running 20 s after SIGTERM')]);
+      expect(exited).toBe(0);
+      expect(server.log.join('\n')).toMatch(/closing connections whose answers are still being written/);
+    } finally {
+      socket.destroy();
+    }
   });
 });
 

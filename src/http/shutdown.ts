@@ -10,7 +10,8 @@ import { ApiError } from '../api/errors.js';
  *
  * Once close() starts, requests arriving on open keep-alive connections get a retryable 503 in OpenAI's
  * shape; requests in flight get `timeoutMs` to finish, then their signals abort with that same 503;
- * then every connection is closed. Node only closes idle connections by itself, and counts a connection
+ * then every connection is closed, at the latest ANSWER_GRACE_MS later: an answer being written to a
+ * client that stopped reading never ends by itself. Node only closes idle connections by itself, and counts a connection
  * that has not sent a request yet (browsers and HTTP clients open spare ones) as busy, which would hold
  * shutdown for a minute.
  */
@@ -22,6 +23,9 @@ declare module 'fastify' {
   }
 }
 
+/** How long requests cancelled at the deadline have to send their 503 before their connections are closed. */
+const ANSWER_GRACE_MS = 2000;
+
 export interface ShutdownOptions {
   /** How long close() lets requests in flight finish before cancelling them. */
   timeoutMs: number;
@@ -30,6 +34,7 @@ export interface ShutdownOptions {
 async function shutdownPlugin(app: FastifyInstance, { timeoutMs }: ShutdownOptions): Promise<void> {
   let closing = false;
   let deadline: NodeJS.Timeout | undefined;
+  let lastCall: NodeJS.Timeout | undefined;
   const inFlight = new Set<AbortController>();
   const closeConnectionsWhenDrained = () => {
     if (closing && inFlight.size === 0) app.server.closeAllConnections();
@@ -57,10 +62,17 @@ async function shutdownPlugin(app: FastifyInstance, { timeoutMs }: ShutdownOptio
     deadline = setTimeout(() => {
       app.log.warn({ cancelled: inFlight.size }, 'shutdown deadline passed: cancelling the requests still in flight');
       for (const lifetime of inFlight) lifetime.abort(ApiError.shuttingDown());
+      lastCall = setTimeout(() => {
+        if (inFlight.size) app.log.warn({ closed: inFlight.size }, 'closing connections whose answers are still being written (clients that stopped reading)');
+        app.server.closeAllConnections();
+      }, ANSWER_GRACE_MS);
     }, timeoutMs);
   });
 
-  app.addHook('onClose', async () => clearTimeout(deadline));
+  app.addHook('onClose', async () => {
+    clearTimeout(deadline);
+    clearTimeout(lastCall);
+  });
 }
 
 export const shutdown = fp(shutdownPlugin, { name: 'shutdown' });
