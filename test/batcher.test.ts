@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { BatchMerger } from '../src/engine/batcher.js';
-import { JobQueue } from '../src/engine/job-queue.js';
+import { JobQueue, Ticket } from '../src/engine/job-queue.js';
 import type { BatchItem, GeneratedImage, GenerationBatch } from '../src/runtime/types.js';
 import { WorkerRuntime } from '../src/pipelines/run.js';
 import { referenceModel } from './helpers/reference.js';
@@ -19,13 +19,13 @@ function request(items: BatchItem[], overrides: Partial<GenerationBatch> = {}): 
 
 const item = (prompt: string, seed: number): BatchItem => ({ prompt, negativePrompt: '', seed });
 
-function harness() {
-  const runs: { items: number; stoppedEarly: boolean }[] = [];
+function harness(maxItems = 8) {
+  const runs: { items: number; seeds: number[]; stoppedEarly: boolean }[] = [];
   const queue = new JobQueue(1, 10);
   const merger = new BatchMerger(
-    (job, signal) => queue.run(job, signal),
+    (job, signal, options) => queue.run(job, signal, options),
     async (batch, stop) => {
-      const run = { items: batch.items.length, stoppedEarly: false };
+      const run = { items: batch.items.length, seeds: batch.items.map((i) => i.seed), stoppedEarly: false };
       runs.push(run);
       try {
         return await runtime.runBatch(batch, { shouldStop: () => stop.aborted });
@@ -34,12 +34,35 @@ function harness() {
         throw err;
       }
     },
-    8,
+    maxItems,
+    // A second per image: the fair queue weighs clients by it.
+    (batch) => batch.items.length,
   );
   return { runs, merger };
 }
 
 describe('merging compatible requests', () => {
+  it("joins another client's group only when it is that client's next: never one at the back of a flood", async () => {
+    const { runs, merger } = harness(4);
+    const from = (client: string, seed: number) => merger.generate(request([item('a red circle', seed)]), undefined, new Ticket(client));
+    const running = from('flood', 100);
+    // Nine more from the same client, while the worker is busy: groups of 4, 4 and 1, the last still open.
+    const flood = Array.from({ length: 9 }, (_, i) => from('flood', i + 1));
+    // The same settings from another client: not merged into the open group at the flood's back.
+    const other = from('other', 50);
+    await Promise.all([running, ...flood, other]);
+    expect(runs.map((r) => r.seeds)).toEqual([[100], [50], [1, 2, 3, 4], [5, 6, 7, 8], [9]]);
+  });
+
+  it("merges another client's request into a group that is its owner's next; a client with a concurrency limit merges nothing", async () => {
+    const { runs, merger } = harness(4);
+    const from = (client: string, seed: number, limits = {}) => merger.generate(request([item('a red circle', seed)]), undefined, new Ticket(client, 0, limits));
+    const running = from('a', 100);
+    const waiting = [from('a', 1), from('b', 2), from('c', 3, { maxConcurrent: 1 }), from('c', 4, { maxConcurrent: 1 })];
+    await Promise.all([running, ...waiting]);
+    expect(runs.map((r) => r.seeds).sort()).toEqual([[1, 2], [100], [3], [4]]);
+  });
+
   it('runs requests that waited together as one batch, each getting its own images', async () => {
     const { runs, merger } = harness();
     const first = merger.generate(request([item('a red circle', 1)]));

@@ -11,6 +11,11 @@ import type { BatchEvent, BatchItem, GeneratedImage, GenerationBatch } from '../
  *
  * A group waits in the queue as its first member's request (ticket), weighed by the estimated cost of
  * all its members; when it starts, every member's request counts as started (see Ticket.begin).
+ *
+ * Fairness: a group waits in its owner's line of the fair queue (fair-order.ts), so a request joins
+ * another client's group only when that group is the owner's next to start (about where the joiner's
+ * own request would wait), never one at the back of a flood. A client with a concurrency limit
+ * (maxConcurrent, counted in batches) merges nothing, so that its requests count one by one.
  */
 
 /** Runs one batch on a worker; `stop` aborting asks the worker to stop at its next step. */
@@ -34,11 +39,16 @@ interface Member {
 
 interface Group {
   key: string;
+  /** The client whose line the group waits in (its first member's). */
+  owner: string;
   settings: Omit<GenerationBatch, 'items'>;
   members: Member[];
   /** Aborts the group's place in the queue once every member has left. */
   abandon: AbortController;
 }
+
+const ANONYMOUS = 'anonymous';
+const ownKey = (client: string, key: string) => `${client}\n${key}`;
 
 /** Batches with equal keys can run as one: everything but the items. */
 export function batchKey(batch: GenerationBatch): string {
@@ -47,7 +57,10 @@ export function batchKey(batch: GenerationBatch): string {
 }
 
 export class BatchMerger {
+  /** Groups a request may still join, by owner and key (see ownKey). */
   private readonly open = new Map<string, Group>();
+  /** Each client's groups waiting for a worker, oldest first. */
+  private readonly waiting = new Map<string, Group[]>();
 
   constructor(
     private readonly enqueue: JobScheduler,
@@ -62,8 +75,8 @@ export class BatchMerger {
     if (signal?.aborted) return Promise.reject(signal.reason);
     return new Promise<GeneratedImage[]>((resolve, reject) => {
       const key = batchKey(batch);
-      const joinable = this.joinableGroup(key, batch);
-      const group = joinable ?? this.openGroup(key, batch);
+      const joinable = this.joinableGroup(key, batch, ticket);
+      const group = joinable ?? this.openGroup(key, batch, ticket?.client ?? ANONYMOUS);
       const leave = () => {
         member.left = true;
         member.reject(signal!.reason);
@@ -95,17 +108,27 @@ export class BatchMerger {
     });
   }
 
-  private joinableGroup(key: string, batch: GenerationBatch): Group | undefined {
-    const group = this.open.get(key);
-    if (!group) return undefined;
-    const size = group.members.reduce((n, m) => n + (m.left ? 0 : m.items.length), 0);
-    return size + batch.items.length <= Math.min(this.maxItems, batch.maxBatch ?? Infinity) ? group : undefined;
+  /** The client's own open group of these settings, else another client's next group of them, with room for the batch; none for a client with a concurrency limit. */
+  private joinableGroup(key: string, batch: GenerationBatch, ticket?: Ticket): Group | undefined {
+    if (ticket?.limits.maxConcurrent !== undefined) return undefined;
+    const client = ticket?.client ?? ANONYMOUS;
+    const fits = (group: Group | undefined) => {
+      const size = group?.members.reduce((n, m) => n + (m.left ? 0 : m.items.length), 0) ?? Infinity;
+      return size + batch.items.length <= Math.min(this.maxItems, batch.maxBatch ?? Infinity);
+    };
+    const own = this.open.get(ownKey(client, key));
+    if (fits(own)) return own;
+    for (const [owner, [next]] of this.waiting) {
+      if (owner !== client && next.key === key && this.open.get(ownKey(owner, key)) === next && fits(next)) return next;
+    }
+    return undefined;
   }
 
-  private openGroup(key: string, batch: GenerationBatch): Group {
+  private openGroup(key: string, batch: GenerationBatch, owner: string): Group {
     const { items: _items, ...settings } = batch;
-    const group: Group = { key, settings, members: [], abandon: new AbortController() };
-    this.open.set(group.key, group);
+    const group: Group = { key, owner, settings, members: [], abandon: new AbortController() };
+    this.open.set(ownKey(owner, key), group);
+    this.waiting.set(owner, [...(this.waiting.get(owner) ?? []), group]);
     return group;
   }
 
@@ -118,8 +141,13 @@ export class BatchMerger {
     });
   }
 
+  /** The group no longer waits: it runs, or it failed or was abandoned in the queue. */
   private close(group: Group): void {
-    if (this.open.get(group.key) === group) this.open.delete(group.key);
+    const key = ownKey(group.owner, group.key);
+    if (this.open.get(key) === group) this.open.delete(key);
+    const rest = (this.waiting.get(group.owner) ?? []).filter((g) => g !== group);
+    if (rest.length) this.waiting.set(group.owner, rest);
+    else this.waiting.delete(group.owner);
   }
 
   private async run(group: Group): Promise<void> {
