@@ -106,6 +106,12 @@ describe('folders the server cannot run', () => {
     expect(selectModelFiles(['unet/model.onnx', 'unet/model.engine', 'unet/model.trt']).selected).toEqual(['unet/model.onnx']);
   });
 
+  it("rejects an imagegen.json asking more steps than the API's limit, naming the field", async () => {
+    const dir = await copyOfReference('sd-turbo');
+    await writeFile(path.join(dir, 'imagegen.json'), JSON.stringify({ steps: { standard: 100_000 } }));
+    expect(reasonOf(await inspectModelFolder(dir))).toMatch(/^imagegen\.json: steps\.standard: .*150/);
+  });
+
   it('rejects an fp16 export without its tokenizer (as GPU-only exports ship) by saying what is missing', async () => {
     const dir = await copyOfReference('sd15-fp16');
     await rm(path.join(dir, 'tokenizer'), { recursive: true });

@@ -94,6 +94,12 @@ describe.skipIf(!haveRealExports)('real exports against diffusers (needs ../shar
       const bad = verify(realExport('sd15'), '--golden', path.join(tmp, 'empty.json'));
       expect(bad.status).toBe(2);
       expect(bad.stderr).toMatch(/empty\.json: not a golden file: cases/);
+
+      // Steps beyond any schedule's use would only exhaust memory: refused, naming the field.
+      await writeFile(path.join(tmp, 'steps.json'), JSON.stringify({ ...wrong, cases: [{ ...wrong.cases[0], steps: 1e9 }] }));
+      const endless = verify(realExport('sd15'), '--golden', path.join(tmp, 'steps.json'));
+      expect(endless.status).toBe(2);
+      expect(endless.stderr).toMatch(/steps\.json: not a golden file: cases\.0\.steps/);
     });
   });
 });

@@ -1,6 +1,6 @@
 import { z } from 'zod';
 import { MAX_SEED, NOISE_KINDS } from '../runtime/random.js';
-import { IMAGE_FORMATS, type OutputFormat } from '../runtime/types.js';
+import { IMAGE_FORMATS, MAX_STEPS, type OutputFormat } from '../runtime/types.js';
 import { STYLES, type Quality } from '../families/family.js';
 import { SCHEDULER_NAMES } from '../schedulers/index.js';
 import { ApiError, quoteList } from './errors.js';
@@ -25,7 +25,6 @@ import {
 /** gpt-image's limit; CLIP-based models read only the first 77 tokens of it, T5 the first 256/512. */
 export const MAX_PROMPT_LENGTH = 32000;
 const MAX_IMAGES = 10;
-const MAX_STEPS = 150;
 const MAX_GUIDANCE_SCALE = 30;
 const MIN_STRENGTH = 0.01;
 

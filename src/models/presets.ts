@@ -1,6 +1,7 @@
 import { z } from 'zod';
 import type { Quality, Style } from '../families/family.js';
 import { familyEntry } from '../families/index.js';
+import { MAX_STEPS } from '../runtime/types.js';
 import type { ModelLayout } from './layout.js';
 
 /**
@@ -44,13 +45,14 @@ const SIZE_PATTERN = /^([1-9]\d{1,4})x([1-9]\d{1,4})$/;
 
 const size = z.string().regex(SIZE_PATTERN, 'expected "WIDTHxHEIGHT", e.g. "1024x1024"');
 const count = z.number().int().min(1);
+const steps = count.max(MAX_STEPS);
 const scale = z.number().min(0);
 
 /** The `imagegen.json` a model folder may carry; every field optional. */
 export const presetOverrideSchema = z.strictObject({
   sizes: z.array(size).min(1).optional(),
   default_size: size.optional(),
-  steps: z.strictObject({ low: count.optional(), standard: count.optional(), hd: count.optional() }).optional(),
+  steps: z.strictObject({ low: steps.optional(), standard: steps.optional(), hd: steps.optional() }).optional(),
   guidance_scale: z.strictObject({ vivid: scale.optional(), natural: scale.optional() }).optional(),
   scheduler: z.string().min(1).optional(),
   max_batch: count.optional(),

@@ -53,6 +53,12 @@ export interface BatchItem extends NoiseSource {
  * Requests for the same model, size and settings share one denoising loop; each item keeps its own
  * prompt and seed.
  */
+/**
+ * The most denoising steps a run takes: the API's limit, and the bound of what a model's imagegen.json
+ * and a golden file may ask (far above any schedule's use; a huge count would only exhaust memory).
+ */
+export const MAX_STEPS = 150;
+
 export interface GenerationBatch {
   /** Absolute path of the model folder. */
   modelDir: string;

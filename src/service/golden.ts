@@ -2,7 +2,7 @@ import { readFile } from 'node:fs/promises';
 import path from 'node:path';
 import sharp from 'sharp';
 import { z } from 'zod';
-import type { GenerationBatch } from '../runtime/types.js';
+import { MAX_STEPS, type GenerationBatch } from '../runtime/types.js';
 import type { WorkerRuntime } from '../pipelines/run.js';
 import { describeIssues } from '../util/files.js';
 
@@ -24,7 +24,7 @@ const goldenCase = z.object({
   prompt: z.string(),
   /** null: none given (SDXL then zeroes its negative conditioning, as diffusers does). */
   negative_prompt: z.string().nullish(),
-  steps: z.number().int().positive(),
+  steps: z.number().int().positive().max(MAX_STEPS),
   guidance: z.number(),
   width: z.number().int().positive(),
   height: z.number().int().positive(),
