@@ -3,7 +3,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { FileImageStore } from '../src/store/file-store.js';
-import { StoreFullError } from '../src/store/image-store.js';
+import { StoreFullError, StoreUnavailableError } from '../src/store/image-store.js';
 import { silentLogger, startTestServer, TEST_KEY } from './helpers/api-server.js';
 
 /** The image store on disk, and the files route in front of it. */
@@ -108,6 +108,12 @@ describe('ImageStore', () => {
     expect(await readdir(dir)).toContain(`.${'b'.repeat(32)}.tmp`);
     // An id no store has is a miss, after one listing.
     expect(await a.get('c'.repeat(32))).toBeNull();
+  });
+
+  it('refuses to reserve space in a folder that cannot be written, before any work is done for it', async () => {
+    const store = await open();
+    await rm(dir, { recursive: true });
+    await expect(store.reserve(100)).rejects.toBeInstanceOf(StoreUnavailableError);
   });
 
   it('refuses content it cannot name', async () => {

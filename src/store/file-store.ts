@@ -88,8 +88,13 @@ export class FileImageStore implements ImageStore {
     return path.join(this.options.dir, imageName(image));
   }
 
-  /** Sets space aside for images to come; throws StoreFullError when it does not fit even after deleting expired ones. */
-  reserve(bytes: number): Promise<StoreReservation> {
+  /**
+   * Sets space aside for images to come; throws StoreFullError when it does not fit even after deleting
+   * expired ones, and StoreUnavailableError when the folder cannot be written (before any work is done
+   * for images that could not be kept).
+   */
+  async reserve(bytes: number): Promise<StoreReservation> {
+    await this.check();
     return this.space.reserve(bytes);
   }
 
