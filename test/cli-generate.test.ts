@@ -28,6 +28,11 @@ describe('imagegen generate', () => {
       expect([info.width, info.height]).toEqual([512, 512]);
       expect(reading).toMatchObject({ colour: 'yellow', shape: 'square' });
     }
+
+    // The same prompt and seed again (here with fewer steps) never overwrites the earlier picture.
+    const again = await imagegen('generate', 'a yellow square', '--seed', '7', '--steps', '1', '--out', out);
+    expect(again.stdout.trim()).toBe(path.join(out, 'a-yellow-square-7-2.png'));
+    expect((await readdir(out)).sort()).toEqual(['a-yellow-square-7-2.png', 'a-yellow-square-7.png', 'a-yellow-square-8.png']);
   });
 
   it('rejects what the API rejects, with the same message', async () => {

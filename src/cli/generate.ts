@@ -38,6 +38,19 @@ interface GenerateFlags {
 const numberOrUndefined = (value: string | undefined) => (value === undefined ? undefined : Number(value));
 
 /** "A red circle, big!" -> "a-red-circle-big", for file names. */
+/** Writes `<stem>.<ext>`, or `<stem>-2.<ext>`, `-3`... when taken: an earlier picture of the same prompt and seed (other steps, another model) is never overwritten. */
+async function writeNew(dir: string, stem: string, extension: string, data: Uint8Array): Promise<string> {
+  for (let copy = 1; ; copy++) {
+    const file = path.join(dir, `${stem}${copy > 1 ? `-${copy}` : ''}.${extension}`);
+    try {
+      await writeFile(file, data, { flag: 'wx' });
+      return file;
+    } catch (err) {
+      if ((err as NodeJS.ErrnoException).code !== 'EEXIST') throw err;
+    }
+  }
+}
+
 function slug(prompt: string): string {
   return (
     prompt
@@ -97,11 +110,7 @@ async function generateCommand(prompt: string, flags: GenerateFlags): Promise<st
         reported = now;
       },
     });
-    for (const image of images) {
-      const file = path.join(flags.out, `${fileStem}-${image.seed}.${extension}`);
-      await writeFile(file, image.data);
-      written.push(file);
-    }
+    for (const image of images) written.push(await writeNew(flags.out, `${fileStem}-${image.seed}`, extension, image.data));
     progress.note(`batch ${index + 1}/${batches.length} done`);
   }
   progress.finish();
