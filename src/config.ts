@@ -233,7 +233,7 @@ const SETTINGS = {
     schema: integer(0).default(30),
     description: 'on SIGTERM/SIGINT, how long running requests may finish before they are cancelled with a retryable 503',
   },
-  bodyLimit: { schema: byteSize.default(1024 ** 2), description: 'largest accepted request body, e.g. 1m; a compressed body counts decompressed' },
+  bodyLimit: { schema: byteSize.pipe(z.number().min(1, 'expected at least 1 byte')).default(1024 ** 2), description: 'largest accepted request body, e.g. 1m; a compressed body counts decompressed' },
   headersTimeoutSeconds: {
     schema: integer(1).default(30),
     description: 'a connection must send a request\'s headers within this long (also a new connection\'s first request), or it gets 408 and is closed',

@@ -90,6 +90,19 @@ describe('SIGTERM with a client that stopped reading', () => {
   });
 });
 
+describe('a server that cannot start', () => {
+  it('says which setting to change, without a stack trace', async () => {
+    server = await spawnIn(root);
+    const port = new URL(server.origin).port;
+    const failure = (env: Record<string, string>) => spawnIn(root, { env }).then(() => expect.fail('it started'), (err: Error) => err.message);
+    const taken = await failure({ PORT: port });
+    expect(taken).toMatch(new RegExp(`exited with 1 before listening:\\nimagegen serve cannot start: port ${port} on 127\\.0\\.0\\.1 is already in use.*set PORT to a free port`));
+    expect(taken).not.toMatch(/\n\s+at /);
+    expect(await failure({ TLS_CERT: '/nonexistent/cert.pem', TLS_KEY: '/nonexistent/key.pem' })).toMatch(/cannot start: \/nonexistent\/cert\.pem does not exist: check the setting naming it \(TLS_CERT/);
+    expect(await failure({ BODY_LIMIT: '0' })).toMatch(/exited with 2 before listening:[^]*BODY_LIMIT \(--body-limit\): expected at least 1 byte/);
+  });
+});
+
 describe('a failing disk', () => {
   it('answers a failed image write with 500 storage_error naming the cause, leaving no partial file', async () => {
     // PNGs of the smallest size take about 7 KiB: every write fails halfway.

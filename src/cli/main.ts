@@ -2,7 +2,7 @@
 import { readFileSync } from 'node:fs';
 import { Command } from 'commander';
 import { pino } from 'pino';
-import { ConfigError, loadConfig, settingsHelp, type SettingName } from '../config.js';
+import { ConfigError, loadConfig, settingsHelp, type Config, type SettingName } from '../config.js';
 import { startServer } from '../server.js';
 import { registerGenerateCommand } from './generate.js';
 import { registerModelCommands } from './models.js';
@@ -27,7 +27,11 @@ const serve = program
     }
     // Keys are never logged, prompts only with LOG_PROMPTS: request logs carry method, URL, status, ids and timings.
     const logger = pino({ level: config.logLevel });
-    const server = await startServer(config, logger);
+    const server = await startServer(config, logger).catch((err: unknown) => {
+      logger.fatal({ err }, 'cannot start');
+      console.error(`imagegen serve cannot start: ${startupProblem(err as NodeJS.ErrnoException, config)}`);
+      process.exit(1);
+    });
 
     let stopping = false;
     const stop = (signal: NodeJS.Signals) => {
@@ -48,6 +52,29 @@ const serve = program
     process.on('SIGTERM', stop);
     process.on('SIGINT', stop);
   });
+
+/** What stopped the server from starting, in words that name the setting to change. */
+function startupProblem(err: NodeJS.ErrnoException, config: Config): string {
+  const file = err.path ?? '';
+  switch (err.code) {
+    case 'EADDRINUSE':
+      return `port ${config.port} on ${config.host} is already in use (another imagegen, or another program): stop it, or set PORT to a free port.`;
+    case 'EACCES':
+      if (err.syscall === 'listen') return `not allowed to listen on port ${config.port}: set PORT to one above 1023, or give node the capability to bind low ports.`;
+      return `no permission to use ${file}: check the setting naming it (DATA_DIR, MODELS_DIR, TLS_CERT, TLS_KEY, API_KEYS_FILE) and the folder's owner.`;
+    case 'ENOTFOUND':
+    case 'EADDRNOTAVAIL':
+      return `HOST '${config.host}' is not an address of this machine: set HOST to 127.0.0.1, 0.0.0.0 (with API_KEYS) or one of its own addresses.`;
+    case 'ENOENT':
+      return `${file} does not exist: check the setting naming it (TLS_CERT, TLS_KEY, API_KEYS_FILE, DATA_DIR, MODELS_DIR).`;
+    case 'ENOTDIR':
+    case 'EROFS':
+    case 'EEXIST':
+      return `${file} cannot be used as a writable folder (${err.code}): set DATA_DIR to a folder the server may write.`;
+    default:
+      return err.message ?? String(err);
+  }
+}
 
 for (const setting of settingsHelp) serve.option(`${setting.flag} <value>`, `${setting.description} [${setting.env}]`);
 
