@@ -280,6 +280,11 @@ describe('models import and export', () => {
     await rm(path.join(dir, 'text_encoder'), { recursive: true });
     await expect(importFrom(dir, 'partial')).rejects.toThrow(/missing text_encoder\/model.onnx.*Copy the complete export folder again/);
     await expectNothingInstalled('partial');
+    // A mistake in our own preset file is to be corrected there, not copied again.
+    const preset = await copyOfSource();
+    await writeFile(path.join(preset, 'imagegen.json'), '{"sizes": ["500x500"]}');
+    await expect(importFrom(preset, 'preset')).rejects.toThrow(/imagegen\.json: sizes 500x500 do not fit.*Correct imagegen\.json in .*or remove it/);
+    await expectNothingInstalled('preset');
   });
 
   it('refuses files that do not match the manifest', async () => {

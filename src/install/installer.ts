@@ -5,7 +5,7 @@ import { defaultRuntime } from '../runtime/providers.js';
 import { loadPipeline } from '../pipelines/load.js';
 import type { ModelLayout } from '../models/layout.js';
 import { exists } from '../util/files.js';
-import { inspectModelFolder } from '../models/model-folder.js';
+import { inspectModelFolder, OVERRIDE_FILE } from '../models/model-folder.js';
 import { keepAfterExit, removeIfInterrupted, type Disk } from './disk.js';
 import { ModelInstallError } from './errors.js';
 import type { ProgressOutput } from './progress.js';
@@ -110,9 +110,13 @@ export interface ValidateOptions {
  */
 export async function validateModel(dir: string, options: ValidateOptions): Promise<ModelLayout> {
   // Messages name the model as the user knows it, not by its staging path.
-  const refusal = (message: string) => new ModelInstallError(`${message.replaceAll(path.resolve(dir), options.label).replace(/\.+$/, '')}. ${options.advice}`);
+  const refusal = (message: string, advice = options.advice) => new ModelInstallError(`${message.replaceAll(path.resolve(dir), options.label).replace(/\.+$/, '')}. ${advice}`);
   const verdict = await inspectModelFolder(dir);
-  if (!verdict.usable) throw refusal(`${options.label} is not a usable model folder: ${verdict.reason}`);
+  if (!verdict.usable) {
+    // Our own preset file is a text the user wrote, not a damaged export: copying again would not help.
+    const presetAdvice = `Nothing was installed. Correct ${OVERRIDE_FILE} in ${options.label} (its fields: docs/api.md, "What quality and style do"), or remove it to use the family's defaults, then try again`;
+    throw refusal(`${options.label} is not a usable model folder: ${verdict.reason}`, verdict.reason.startsWith(`${OVERRIDE_FILE}:`) ? presetAdvice : options.advice);
+  }
   if (options.load) {
     try {
       const pipeline = await loadPipeline(dir, { ...defaultRuntime(), warn: () => undefined });

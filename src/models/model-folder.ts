@@ -30,8 +30,8 @@ export interface UnusableModel {
 
 export type FolderVerdict = UsableModel | UnusableModel;
 
-/** The per-model preset overrides; see presets.ts. */
-const OVERRIDE_FILE = 'imagegen.json';
+/** The per-model preset overrides; see presets.ts. A verdict about it starts with its name. */
+export const OVERRIDE_FILE = 'imagegen.json';
 
 async function presetOf(dir: string, layout: ModelLayout, schedulers: readonly string[]): Promise<ModelPreset> {
   const parsed = presetOverrideSchema.safeParse((await readJsonIfPresent(path.join(dir, OVERRIDE_FILE))) ?? {});
