@@ -4,7 +4,7 @@ import path from 'node:path';
 import OpenAI from 'openai';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { bytesPerImage, leastPerImage, mergeSamples } from '../src/models/memory-curve.js';
-import { readMemoryFigures } from '../src/models/memory-figures.js';
+import { MemoryFigures, readMemoryFigures } from '../src/models/memory-figures.js';
 import { localMemory, MemoryPlan, vaeAttentionBytes } from '../src/pipelines/memory-plan.js';
 import { WorkerRuntime } from '../src/pipelines/run.js';
 import { DEMO_MODEL_DIR } from './helpers/demo-model.js';
@@ -171,6 +171,19 @@ describe('figures kept by an older version', () => {
   afterAll(async () => {
     if (server) await killServer(server);
     if (root) await rm(root, { recursive: true, force: true });
+  });
+
+  it('are told apart from a file that is missing or damaged', async () => {
+    const dir = await mkdtemp(path.join(os.tmpdir(), 'imagegen-figures-'));
+    try {
+      expect((await MemoryFigures.open(dir)).setAside).toBeUndefined();
+      await writeFile(path.join(dir, 'model-memory.json'), '{"version": 2, "models": {"/m": {"weightsBytes": "lots"');
+      expect((await MemoryFigures.open(dir)).setAside).toBe('unreadable');
+      await writeFile(path.join(dir, 'model-memory.json'), '{"/m": {"weightsBytes": 1, "peakBytes": 1, "peakPixels": 1}}');
+      expect((await MemoryFigures.open(dir)).setAside).toBe('outdated');
+    } finally {
+      await rm(dir, { recursive: true, force: true });
+    }
   });
 
   it('are set aside, saying so, and the model is measured again', async () => {

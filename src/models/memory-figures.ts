@@ -1,4 +1,4 @@
-import { mkdir, rename, writeFile } from 'node:fs/promises';
+import { mkdir, rename, unlink, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import { isDeepStrictEqual } from 'node:util';
 import { z } from 'zod';
@@ -90,16 +90,19 @@ function memoryFiguresFile(dataDir: string): string {
   return path.join(dataDir, FILE);
 }
 
-/** The figures a file holds; `outdated` when it is of an older version, whose figures are not used. */
-async function readFigures(dataDir: string): Promise<{ figures: Record<string, ModelMemory>; outdated: boolean }> {
+/** Why a file's figures are not used: of an older version, or not readable as figures at all. */
+export type SetAside = 'outdated' | 'unreadable';
+
+/** The figures a file holds, or none and why (`setAside`). */
+async function readFigures(dataDir: string): Promise<{ figures: Record<string, ModelMemory>; setAside?: SetAside }> {
   try {
     const content: unknown = (await readJsonIfPresent(memoryFiguresFile(dataDir))) ?? { version: VERSION, models: {} };
     const parsed = figuresFile.safeParse(content);
-    if (parsed.success) return { figures: parsed.data.models, outdated: false };
+    if (parsed.success) return { figures: parsed.data.models };
     const version = typeof content === 'object' && content !== null && 'version' in content ? content.version : 1;
-    return { figures: {}, outdated: typeof version === 'number' && version < VERSION };
+    return { figures: {}, setAside: typeof version === 'number' && version < VERSION ? 'outdated' : 'unreadable' };
   } catch {
-    return { figures: {}, outdated: false };
+    return { figures: {}, setAside: 'unreadable' };
   }
 }
 
@@ -114,13 +117,13 @@ export class MemoryFigures {
   private constructor(
     private readonly dataDir: string,
     private readonly figures: Record<string, ModelMemory>,
-    /** The file held figures of an older version, which were set aside (see VERSION); it is rewritten with the first new ones. */
-    readonly outdated: boolean,
+    /** Why the file's figures were set aside, if they were (see VERSION); it is rewritten with the first new ones. */
+    readonly setAside: SetAside | undefined,
   ) {}
 
   static async open(dataDir: string): Promise<MemoryFigures> {
-    const { figures, outdated } = await readFigures(dataDir);
-    return new MemoryFigures(dataDir, figures, outdated);
+    const { figures, setAside } = await readFigures(dataDir);
+    return new MemoryFigures(dataDir, figures, setAside);
   }
 
   all(): Record<string, ModelMemory> {
@@ -150,6 +153,12 @@ export class MemoryFigures {
 export async function writeMemoryFigures(dataDir: string, models: Record<string, ModelMemory>): Promise<void> {
   const file = memoryFiguresFile(dataDir);
   await mkdir(dataDir, { recursive: true });
-  await writeFile(`${file}.tmp`, JSON.stringify({ version: VERSION, models }, null, 1));
-  await rename(`${file}.tmp`, file);
+  try {
+    await writeFile(`${file}.tmp`, JSON.stringify({ version: VERSION, models }, null, 1));
+    await rename(`${file}.tmp`, file);
+  } catch (err) {
+    // A full disk: no empty file left behind.
+    await unlink(`${file}.tmp`).catch(() => undefined);
+    throw err;
+  }
 }
