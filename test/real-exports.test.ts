@@ -100,6 +100,13 @@ describe.skipIf(!haveRealExports)('real exports against diffusers (needs ../shar
       const endless = verify(realExport('sd15'), '--golden', path.join(tmp, 'steps.json'));
       expect(endless.status).toBe(2);
       expect(endless.stderr).toMatch(/steps\.json: not a golden file: cases\.0\.steps/);
+
+      // An expected image that is not a picture is named, with its case.
+      await writeFile(path.join(tmp, 'not-a.png'), 'text');
+      await writeFile(path.join(tmp, 'image.json'), JSON.stringify({ ...wrong, cases: [{ ...wrong.cases[0], image: { file: path.join(tmp, 'not-a.png') } }] }));
+      const unreadable = verify(realExport('sd15'), '--golden', path.join(tmp, 'image.json'));
+      expect(unreadable.status).toBe(2);
+      expect(unreadable.stderr).toMatch(/not-a\.png: \(case 0's expected image\) cannot be read/);
     });
   });
 });

@@ -104,7 +104,13 @@ function batchFor(modelDir: string, c: GoldenCase, initialNoise: Float32Array): 
 
 export async function verifyCase(runtime: WorkerRuntime, modelDir: string, goldenDir: string, c: GoldenCase, index: number, tolerance: number): Promise<CaseResult> {
   const [image] = await runtime.generateImages(batchFor(modelDir, c, await readLatents(goldenDir, c)));
-  const expected = await sharp(path.resolve(goldenDir, c.image.file)).removeAlpha().raw().toBuffer({ resolveWithObject: true });
+  const expected = await sharp(path.resolve(goldenDir, c.image.file))
+    .removeAlpha()
+    .raw()
+    .toBuffer({ resolveWithObject: true })
+    .catch((err: Error) => {
+      throw new GoldenFileError(c.image.file, `(case ${index}'s expected image) cannot be read: ${err.message}`);
+    });
   if (expected.info.width !== image.width || expected.info.height !== image.height) {
     throw new GoldenFileError(c.image.file, `is ${expected.info.width}x${expected.info.height}; the case asks for ${c.width}x${c.height}`);
   }
