@@ -1,4 +1,4 @@
-import { mkdtemp, readdir, rm, utimes, writeFile } from 'node:fs/promises';
+import { mkdtemp, readdir, rm, truncate, utimes, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
@@ -108,6 +108,14 @@ describe('ImageStore', () => {
     expect(await readdir(dir)).toContain(`.${'b'.repeat(32)}.tmp`);
     // An id no store has is a miss, after one listing.
     expect(await a.get('c'.repeat(32))).toBeNull();
+  });
+
+  it('answers an image whose file was cut short on disk as gone, rather than serving it short of its size', async () => {
+    const store = await open();
+    const image = await store.put(bytes(100), 'image/png');
+    await truncate(path.join(dir, (await readdir(dir))[0]), 10);
+    expect(await store.read(image)).toBeNull();
+    expect(await store.get(image.id)).toBeNull();
   });
 
   it('refuses to reserve space in a folder that cannot be written, before any work is done for it', async () => {

@@ -42,6 +42,8 @@ export class FileImageStore implements ImageStore {
   private readonly space: StoreSpace;
   private readonly writes = new Set<Promise<void>>();
   private timer: NodeJS.Timeout | undefined;
+  /** Ids whose files changed on disk after they were stored (see read): never indexed again. */
+  private readonly damaged = new Set<string>();
   /** The folder's mtime when it was last listed, and the listing under way. */
   private listedMtime = NaN;
   private listing: Promise<void> | undefined;
@@ -75,7 +77,7 @@ export class FileImageStore implements ImageStore {
   private async list(): Promise<void> {
     for (const entry of await readdir(this.options.dir, { withFileTypes: true })) {
       const named = entry.isFile() ? parseImageName(entry.name) : undefined;
-      if (!named || this.index.has(named.id)) continue;
+      if (!named || this.index.has(named.id) || this.damaged.has(named.id)) continue;
       // Gone meanwhile (the other server's sweeper): skipped.
       const stats = await unlessMissing(stat(path.join(this.options.dir, entry.name)));
       if (!stats || this.index.has(named.id)) continue;
@@ -146,7 +148,20 @@ export class FileImageStore implements ImageStore {
     if (isExpired(image, this.now())) return null;
     // Opened here, so that a file the sweeper just deleted is a null rather than a stream that fails.
     const handle = await unlessMissing(open(this.fileOf(image)));
-    return handle?.createReadStream() ?? null;
+    if (!handle) return null;
+    // Changed on disk since it was stored (truncated by something else): served, it would break off
+    // short of its Content-Length; it is forgotten (left on disk to look at) and answered as gone.
+    if ((await handle.stat()).size !== image.size) {
+      await handle.close();
+      this.options.logger.warn({ id: image.id, file: this.fileOf(image) }, 'image file changed on disk since it was stored: no longer served');
+      this.damaged.add(image.id);
+      if (this.index.get(image.id) === image) {
+        this.index.delete(image.id);
+        this.space.free(image.size);
+      }
+      return null;
+    }
+    return handle.createReadStream();
   }
 
   /** Throws StoreUnavailableError when the folder cannot be written (a volume gone read-only or missing). */
