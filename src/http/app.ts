@@ -19,7 +19,7 @@ import { hostCheck } from './host.js';
 import { images } from './images.js';
 import { KeyRates } from './key-rates.js';
 import type { KeySlots } from './key-slots.js';
-import { abortLog, httpLogger } from './logging.js';
+import { httpLogger } from './logging.js';
 import { metricsRoutes } from './metrics.js';
 import { models } from './models.js';
 import { playground } from './playground.js';
@@ -83,7 +83,6 @@ export function buildApp({ config, registry, engine, store, metrics, logger, tls
 
   app.register(errors);
   app.register(requestIds);
-  app.register(abortLog);
   app.register(connections);
   app.register(content);
   // Before the plugins whose hooks reject requests, so that those are counted too.

@@ -1,5 +1,4 @@
-import type { FastifyInstance, FastifyRequest } from 'fastify';
-import fp from 'fastify-plugin';
+import type { FastifyRequest } from 'fastify';
 import type { Logger } from 'pino';
 
 /**
@@ -29,18 +28,3 @@ function requestSummary(request: FastifyRequest) {
 export function httpLogger(logger: Logger): Logger {
   return logger.child({}, { serializers: { req: requestSummary }, redact: { paths: REDACT_PATHS, censor: CENSORED } });
 }
-
-/**
- * Fastify logs 'request completed' only for answers it finished sending; a request whose client closed
- * the connection first (a cancelled generation, a timeout on the client's side) gets this line instead,
- * so that every 'incoming request' has an outcome in the log.
- */
-async function abortLogPlugin(app: FastifyInstance): Promise<void> {
-  app.addHook('onRequest', async (request, reply) => {
-    reply.raw.once('close', () => {
-      if (!reply.raw.writableFinished) request.log.info({ responseTime: reply.elapsedTime }, 'request aborted: the client closed the connection before the answer was sent');
-    });
-  });
-}
-
-export const abortLog = fp(abortLogPlugin, { name: 'abort-log' });

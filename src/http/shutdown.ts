@@ -5,7 +5,8 @@ import { ApiError } from '../api/errors.js';
 /**
  * Each request's lifetime, and graceful shutdown. Every request gets `request.cancellation`, a signal
  * that aborts when its client goes away before the answer was sent (so waiting work is dropped and
- * running work stops) or when shutdown stops waiting for it. Fastify's own `request.signal` will not
+ * running work stops; the log says 'request aborted', as Fastify logs 'request completed' only for
+ * answers it finished) or when shutdown stops waiting for it. Fastify's own `request.signal` will not
  * do: it follows the request stream's 'close', which Node emits as soon as a POST body has been read.
  *
  * Once close() starts, requests arriving on open keep-alive connections get a retryable 503 in OpenAI's
@@ -48,7 +49,10 @@ async function shutdownPlugin(app: FastifyInstance, { timeoutMs }: ShutdownOptio
     // 'close' comes once per response: sent, failed or abandoned by the client.
     reply.raw.once('close', () => {
       inFlight.delete(lifetime);
-      if (!reply.raw.writableFinished) lifetime.abort(new ApiError(499, 'The client closed the connection.'));
+      if (!reply.raw.writableFinished) {
+        request.log.info({ responseTime: reply.elapsedTime }, 'request aborted: the client closed the connection before the answer was sent');
+        lifetime.abort(new ApiError(499, 'The client closed the connection.'));
+      }
       closeConnectionsWhenDrained();
     });
     if (closing) throw ApiError.shuttingDown();
