@@ -243,11 +243,16 @@ describe('a worker process that dies', () => {
     }
   });
 
-  it('is restarted after a delay that grows while it dies before proving itself, at once once it has served or stayed up a minute', async () => {
+  it('is restarted after a delay that grows while it dies before proving itself, at once once it has served or stayed up a minute; /ready says why it is not ready meanwhile', async () => {
     // The backoff runs on a fake clock: its delays are checked without being waited for.
     const clock = fakeClock();
     const { logger, lines } = capturedLogs<{ msg?: string; restartInMs?: number; reason?: string }>();
     const pool = createEnginePool({ workers: 1, queueMax: 4, executionProvider: 'cpu', preload: [{ dir: DEMO_MODEL_DIR }], logger, clock });
+    const server = await startTestServer({ engine: pool });
+    const readyAnswer = async () => {
+      const res = await fetch(`${server.origin}/ready`);
+      return { status: res.status, message: ((await res.json()) as { error?: { message: string } }).error?.message };
+    };
     const delays = () => lines.filter((l) => l.restartInMs !== undefined).map((l) => l.restartInMs);
     const pid = () => pool.workers()[0]?.pid;
     /** Kills the worker; resolves once its death has been seen (a restart is scheduled). */
@@ -257,11 +262,16 @@ describe('a worker process that dies', () => {
       await expect.poll(() => delays().length, { timeout: 5000, interval: 5 }).toBe(seen + 1);
     };
     try {
-      for (const expected of [1000, 2000, 4000]) {
+      for (const [times, expected] of [[1, 1000], [2, 2000], [3, 4000]] as const) {
         const before = pid();
         expect(pool.workers()[0].ready).toBe(false);
         await kill();
         expect(delays().at(-1)).toBe(expected);
+        // Without the reason an operator sees a server "loading" for ever.
+        expect(await readyAnswer()).toEqual({
+          status: 503,
+          message: `The server is starting and cannot generate yet: 0 of 1 workers are ready, loading 'demo-shapes'; a worker process was killed (SIGKILL; the system may have run out of memory) before it was ready (${times} time${times === 1 ? '' : 's'} in a row; the server log says more).`,
+        });
         clock.advance(expected - 1);
         expect(pid()).toBe(before);
         clock.advance(1);
@@ -271,6 +281,8 @@ describe('a worker process that dies', () => {
 
       // It completed a batch: whatever killed it now, it was not broken from the start.
       await expect.poll(() => pool.readiness().ready, { timeout: 60_000, interval: 10 }).toBe(true);
+      expect(pool.readiness().startFailure).toBeUndefined();
+      expect((await readyAnswer()).status).toBe(200);
       expect(await pool.generate(demoBatch())).toHaveLength(1);
       await kill();
       expect(delays().at(-1)).toBe(0);
@@ -284,7 +296,7 @@ describe('a worker process that dies', () => {
         expect(delays().at(-1)).toBe(expected);
       }
     } finally {
-      await pool.close();
+      await server.close(); // and the pool
     }
   });
 });

@@ -112,6 +112,8 @@ export interface Readiness {
   workers: { total: number; ready: number };
   /** The models to preload: on how many workers each has loaded (it may since have been evicted, and loads again on use), and why its last load failed. */
   models: { model: string; loadedOn: number; error?: string }[];
+  /** How the last worker to end before it was ready ended, while none has become ready since: why a server stays "starting". */
+  startFailure?: string;
 }
 
 export interface EnginePool extends Engine {
@@ -194,6 +196,7 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
   const proven = (worker: WorkerProcess) => worker.batchesDone > 0 || clock.now() - (readyAt.get(worker) ?? Infinity) >= STABLE_MS;
   const readyWorkers = () => workers().filter((w) => w.ready);
   const loadErrors = new Map<string, string>();
+  let startFailure: string | undefined;
   let closing = false;
 
   const listener: WorkerListener = {
@@ -201,6 +204,7 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
       const slot = slots.indexOf(worker);
       switch (message.type) {
         case 'ready':
+          startFailure = undefined;
           readyAt.set(worker, clock.now());
           logger?.info({ worker: slot, pid: worker.pid }, 'worker ready');
           break;
@@ -240,8 +244,11 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
       memory.release(worker);
       queue.setConcurrency(readyWorkers().length);
       const wasProven = proven(worker);
-      readyAt.delete(worker);
-      if (!closing) restartLater(slots.indexOf(worker), wasProven, `worker process ${reason}`, worker.pid);
+      const wasReady = readyAt.delete(worker);
+      if (closing) return;
+      const slot = slots.indexOf(worker);
+      restartLater(slot, wasProven, `worker process ${reason}`, worker.pid);
+      if (!wasReady) startFailure = `a worker process ${reason} before it was ready (${failedStarts[slot]} time${failedStarts[slot] === 1 ? '' : 's'} in a row; the server log says more)`;
     },
   };
 
@@ -251,7 +258,9 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
       const knownMemory = options.memoryFigures?.all() ?? {};
       slots[slot] = new WorkerProcess({ type: 'init', engine: { ...engine, runtime: { ...engine.runtime!, deviceId }, knownMemory }, preload }, listener);
     } catch (err) {
-      restartLater(slot, false, `worker process could not be started (${(err as Error).message})`);
+      const reason = `worker process could not be started (${(err as Error).message})`;
+      restartLater(slot, false, reason);
+      startFailure = `a ${reason}`;
     }
   }
 
@@ -355,6 +364,7 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
         ready: ready === options.workers && models.every((m) => m.loadedOn === options.workers),
         workers: { total: options.workers, ready },
         models,
+        ...(startFailure !== undefined && { startFailure }),
       };
     },
     modelsHeld() {

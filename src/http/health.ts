@@ -28,12 +28,12 @@ export interface HealthOptions {
 /** Seconds a probe should wait before asking again: loading a model takes a few. */
 const RETRY_AFTER_SECONDS = 5;
 
-function notReady({ workers, models }: Readiness): ApiError {
+function notReady({ workers, models, startFailure }: Readiness): ApiError {
   const failed = models.find((m) => m.error);
   const loading = models.filter((m) => m.loadedOn < workers.total).map((m) => `'${m.model}'`);
   const why = failed
     ? `model '${failed.model}' failed to load: ${failed.error}`
-    : `${workers.ready} of ${workers.total} workers are ready${loading.length ? `, loading ${loading.join(', ')}` : ''}`;
+    : `${workers.ready} of ${workers.total} workers are ready${loading.length ? `, loading ${loading.join(', ')}` : ''}${startFailure ? `; ${startFailure}` : ''}`;
   return new ApiError(503, `The server is starting and cannot generate yet: ${why}.`, {
     code: 'not_ready',
     headers: { 'retry-after': String(RETRY_AFTER_SECONDS) },
