@@ -5,7 +5,7 @@ import OpenAI from 'openai';
 import { describe, expect, it } from 'vitest';
 import { FileImageStore } from '../src/store/file-store.js';
 import { StoreFullError } from '../src/store/image-store.js';
-import { FakeEngine, silentLogger, startTestServer } from './helpers/api-server.js';
+import { FakeEngine, silentLogger, startTestServer, TEST_KEY } from './helpers/api-server.js';
 
 /**
  * A url request reserves its images' store space before any is generated: a store without room answers
@@ -59,6 +59,38 @@ describe('store space reserved before generation', () => {
       }
       engine.release();
       expect((await running).data).toHaveLength(1);
+    } finally {
+      await server.close();
+    }
+  });
+});
+
+describe('a store full with the images of running requests', () => {
+  it('answers 507 storage_full with Retry-After, to be retried, while space set aside for running requests is what is missing; not to be retried when the images could never fit', async () => {
+    // Two workers: one request holds its reservation (about 26 KiB for two 64x64 PNGs) while others come.
+    const engine = new FakeEngine(2, 4);
+    const server = await startTestServer({ maxStoreBytes: 30_000, engine });
+    const ask = (n: number) => server.client.images.generate({ model: 'stub', prompt: 'x', n, size: '64x64' as '1024x1024', response_format: 'url' });
+    const refusal = async (n: number) => {
+      const res = await fetch(`${server.baseURL}/images/generations`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json', authorization: `Bearer ${TEST_KEY}` },
+        body: JSON.stringify({ model: 'stub', prompt: 'x', n, size: '64x64' }),
+      });
+      const body = (await res.json()) as { error: { code: string; message: string } };
+      return { status: res.status, code: body.error.code, message: body.error.message, retryAfter: res.headers.get('retry-after'), shouldRetry: res.headers.get('x-should-retry') };
+    };
+    try {
+      engine.hold();
+      const running = ask(2);
+      await expect.poll(() => engine.load().running).toBe(1);
+      expect(await refusal(1)).toMatchObject({ status: 507, code: 'storage_full', retryAfter: '5', shouldRetry: null, message: expect.stringMatching(/requests running now.*retry in a few seconds/) });
+      // Three images would not fit in an empty store: retrying cannot help.
+      expect(await refusal(3)).toMatchObject({ status: 507, code: 'storage_full', retryAfter: null, shouldRetry: 'false', message: expect.stringMatching(/retry once older images expired/) });
+      engine.release();
+      expect((await running).data).toHaveLength(2);
+      // The running request stored far less than it set aside, and handed the rest back.
+      expect((await ask(1)).data).toHaveLength(1);
     } finally {
       await server.close();
     }

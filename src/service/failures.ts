@@ -54,17 +54,27 @@ export function engineError(err: unknown): unknown {
   return err;
 }
 
+/** When to retry a request the store refused for a passing reason: long enough for a bucket to come back or a running request to end. */
+const STORE_RETRY_SECONDS = 5;
+
 /** The store's backend failing (a bucket that cannot be reached): a retryable 503 naming its reason, then `advice`. */
 export function storeUnavailable(err: StoreUnavailableError, advice: string): ApiError {
   return new ApiError(503, `The server's image store cannot be used right now (${err.reason}). ${advice}`, {
     code: 'storage_unavailable',
-    headers: { 'retry-after': '5' },
+    headers: { 'retry-after': String(STORE_RETRY_SECONDS) },
     cause: err,
   });
 }
 
 export function storeError(err: unknown): ApiError {
   if (err instanceof StoreUnavailableError) return storeUnavailable(err, "Ask for response_format 'b64_json', or retry shortly.");
+  if (err instanceof StoreFullError && err.untilWritesEnd) {
+    return new ApiError(507, "The server's image store is full with the images of requests running now. Ask for response_format 'b64_json', or retry in a few seconds.", {
+      code: 'storage_full',
+      // Each running request hands back the space it set aside and did not use as it ends.
+      headers: { 'retry-after': String(STORE_RETRY_SECONDS) },
+    });
+  }
   if (err instanceof StoreFullError) {
     return new ApiError(507, "The server's image store is full. Ask for response_format 'b64_json', or retry once older images expired.", {
       code: 'storage_full',

@@ -25,8 +25,12 @@ export interface StoredImage {
 export const IMAGE_ID = '[0-9a-f]{32}';
 
 export class StoreFullError extends Error {
-  constructor(readonly maxBytes: number) {
-    super(`the image store is full (${maxBytes} bytes of unexpired images)`);
+  constructor(
+    readonly maxBytes: number,
+    /** It would fit but for the space set aside for images being generated now: once those are stored, what they did not use is free again. */
+    readonly untilWritesEnd = false,
+  ) {
+    super(`the image store is full (${maxBytes} bytes of unexpired images${untilWritesEnd ? ' and of images being generated' : ''})`);
     this.name = 'StoreFullError';
   }
 }

@@ -42,6 +42,6 @@ export class StoreSpace {
   private async makeRoom(bytes: number): Promise<void> {
     const fits = () => this.used + this.reserved + bytes <= this.maxBytes;
     if (!fits()) await this.sweep();
-    if (!fits()) throw new StoreFullError(this.maxBytes);
+    if (!fits()) throw new StoreFullError(this.maxBytes, this.used + bytes <= this.maxBytes);
   }
 }
