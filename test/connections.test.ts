@@ -111,7 +111,12 @@ describe('answers before routing', () => {
   it.each(cases)('%s: OpenAI error with x-request-id', async (_name, request, status, code) => {
     const exchange = rawRequest(port, request);
     await expect.poll(() => exchange.text.includes('\r\n\r\n{')).toBe(true);
-    expectOpenAiError(exchange.text, status, code);
+    const { headers } = expectOpenAiError(exchange.text, status, code);
+    if (code === 'invalid_host_header') {
+      // What a proxy in front made of this stream is in doubt: nothing more is read from it.
+      expect(headers.connection).toBe('close');
+      await exchange.closed;
+    }
     exchange.socket.destroy();
   });
 });

@@ -48,18 +48,24 @@ export function requestOrigin(request: FastifyRequest): string {
   );
 }
 
+/**
+ * The connection is closed after the answer: a proxy in front may have read another Host, or framed the
+ * stream differently, so what follows on it is not to be trusted.
+ */
+const refused = (message: string) => new ApiError(400, message, { code: 'invalid_host_header', headers: { connection: 'close' } });
+
 async function hostPlugin(app: FastifyInstance): Promise<void> {
   app.addHook('onRequest', async (request) => {
     const { host } = request.headers;
     if (host === undefined && request.raw.httpVersion === '1.1') {
-      throw new ApiError(400, 'The request has no Host header, which HTTP/1.1 requires.', { code: 'invalid_host_header' });
+      throw refused('The request has no Host header, which HTTP/1.1 requires.');
     }
     if (host !== undefined && originOf('http', host) === undefined) {
-      throw new ApiError(400, 'The Host header is not a valid host[:port].', { code: 'invalid_host_header' });
+      throw refused('The Host header is not a valid host[:port].');
     }
     // Node keeps the first of several; RFC 9112 asks for a 400, since a proxy may have read another.
     if (request.raw.rawHeaders.filter((name, i) => i % 2 === 0 && name.toLowerCase() === 'host').length > 1) {
-      throw new ApiError(400, 'The request has more than one Host header; send one.', { code: 'invalid_host_header' });
+      throw refused('The request has more than one Host header; send one.');
     }
   });
 }
