@@ -39,6 +39,10 @@ describe('imagegen generate', () => {
     await expect(imagegen('generate', 'a red circle', '--n', '11')).rejects.toMatchObject({
       stderr: expect.stringContaining("Invalid 'n': integer above maximum value. Expected a value <= 10, but got 11 instead."),
     });
+    // What the API cannot be sent (JSON has no NaN): the flag is named.
+    for (const [flag, value] of [['--steps', 'abc'], ['--guidance-scale', 'NaN'], ['--seed', ''], ['--n', '0x2']]) {
+      await expect(imagegen('generate', 'a red circle', flag, value)).rejects.toMatchObject({ stderr: `imagegen generate: ${flag} takes a number, not '${value}'\n` });
+    }
     await expect(imagegen('generate', 'a red circle', '--model', 'no-such-model')).rejects.toMatchObject({
       stderr: expect.stringContaining("no model 'no-such-model'"),
     });

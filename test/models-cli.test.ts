@@ -1,7 +1,7 @@
 import { formatBytes } from '../src/util/bytes.js';
 import { MemoryFigures } from '../src/models/memory-figures.js';
 import { execFile } from 'node:child_process';
-import { cp, mkdir, mkdtemp, readdir, readFile, rm, stat, truncate, writeFile } from 'node:fs/promises';
+import { cp, mkdir, mkdtemp, readdir, readFile, rm, stat, symlink, truncate, writeFile } from 'node:fs/promises';
 import { createServer as createHttpServer } from 'node:http';
 import { createServer, type AddressInfo, type Socket } from 'node:net';
 import os from 'node:os';
@@ -287,6 +287,36 @@ describe('models import and export', () => {
     await expectNothingInstalled('preset');
   });
 
+  it('follows symbolic links, and names a link loop or a link to nothing instead of walking it until the path is too long', async () => {
+    // As a Hugging Face cache's snapshot is: files that are links to blobs elsewhere.
+    const linked = await copyOfSource();
+    const blobs = path.join(work, 'blobs');
+    await mkdir(blobs);
+    await cp(path.join(linked, WEIGHTS), path.join(blobs, 'unet-weights'));
+    await rm(path.join(linked, WEIGHTS));
+    await symlink(path.join(blobs, 'unet-weights'), path.join(linked, WEIGHTS));
+    expect((await importFrom(linked, 'linked')).id).toBe('linked');
+
+    await symlink('..', path.join(linked, 'unet', 'up'));
+    await expect(importFrom(linked, 'looped')).rejects.toThrow(new RegExp(`${linked}/unet/up leads to a folder already listed \\(a symbolic link loop`));
+    await rm(path.join(linked, 'unet', 'up'));
+    await symlink('l2', path.join(linked, 'l1'));
+    await symlink('l1', path.join(linked, 'l2'));
+    await expect(importFrom(linked, 'looped')).rejects.toThrow(new RegExp(`${linked}/l1 is a symbolic link to nothing that can be read \\(ELOOP\\): remove it`));
+    await expectNothingInstalled('looped');
+  });
+
+  it('refuses an id too long for a folder name, and a folder --out that does not exist, before any work', async () => {
+    await expect(importFrom(sourceDir, 'x'.repeat(300))).rejects.toThrow(/^'x{40}…' \(300 characters\) is not a valid model id: use up to 128 letters/);
+    await expectNothingInstalled('x'.repeat(128));
+    expect((await importFrom(sourceDir, 'y'.repeat(128))).id).toBe('y'.repeat(128));
+
+    await importFrom(sourceDir, 'good');
+    const missing = path.join(work, 'no-such-folder') + path.sep;
+    await expect(exportModel({ modelsDir, id: 'good', out: missing, output })).rejects.toThrow(`the folder ${missing} does not exist; create it, or give the bundle file's name as --out`);
+    expect(await exists(path.join(work, 'no-such-folder'))).toBe(false);
+  });
+
   it('refuses files that do not match the manifest', async () => {
     await importFrom(sourceDir, 'good');
     const dir = await copyOfSource();
@@ -310,9 +340,18 @@ describe('models import and export', () => {
     await writeFile(damaged, bytes);
     await expect(importFrom(damaged, 'damaged')).rejects.toThrow(new RegExp(`${WEIGHTS} failed verification: its sha256`));
 
+    // A second copy of a file appended, as `tar rf` does: tar would unpack the later one.
+    const appended = path.join(work, 'appended.tar');
+    await cp(file, appended);
+    await mkdir(path.join(work, 'again', 'good', 'tokenizer'), { recursive: true });
+    await writeFile(path.join(work, 'again', 'good', 'tokenizer', 'tokenizer_config.json'), '{"changed": true}');
+    await execFileAsync('tar', ['rf', appended, '-C', path.join(work, 'again'), 'good/tokenizer/tokenizer_config.json']);
+    await expect(importModel({ modelsDir, source: appended, name: 'appended', output, load: false })).rejects.toThrow(/not a readable bundle \(good\/tokenizer\/tokenizer_config.json is in it twice\)/);
+
     await truncate(file, 100_000);
     await expect(importFrom(file, 'truncated')).rejects.toThrow(/not a readable bundle.*truncated or damaged/);
     await expectNothingInstalled('damaged');
+    await expectNothingInstalled('appended');
     await expectNothingInstalled('truncated');
   });
 });

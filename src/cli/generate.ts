@@ -35,9 +35,16 @@ interface GenerateFlags {
   modelsDir?: string;
 }
 
-const numberOrUndefined = (value: string | undefined) => (value === undefined ? undefined : Number(value));
+/** A decimal number as typed, such as 7, -1.5 or 1e3; Number() alone would take '' for 0 and 'abc' for NaN. */
+const NUMBER = /^[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:e[+-]?\d+)?$/i;
 
-/** "A red circle, big!" -> "a-red-circle-big", for file names. */
+/** A numeric flag's value, for the request schema to check the range of. */
+function numberFlag(flag: string, value: string | undefined): number | undefined {
+  if (value === undefined) return undefined;
+  if (!NUMBER.test(value.trim())) throw new Error(`${flag} takes a number, not '${value}'`);
+  return Number(value);
+}
+
 /** Writes `<stem>.<ext>`, or `<stem>-2.<ext>`, `-3`... when taken: an earlier picture of the same prompt and seed (other steps, another model) is never overwritten. */
 async function writeNew(dir: string, stem: string, extension: string, data: Uint8Array): Promise<string> {
   for (let copy = 1; ; copy++) {
@@ -51,6 +58,7 @@ async function writeNew(dir: string, stem: string, extension: string, data: Uint
   }
 }
 
+/** "A red circle, big!" -> "a-red-circle-big", for file names. */
 function slug(prompt: string): string {
   return (
     prompt
@@ -66,11 +74,11 @@ async function generateCommand(prompt: string, flags: GenerateFlags): Promise<st
   const request = parseGenerationRequest({
     model: flags.model ?? config.defaultModel,
     prompt,
-    n: Number(flags.n),
+    n: numberFlag('--n', flags.n),
     size: flags.size,
-    seed: numberOrUndefined(flags.seed),
-    steps: numberOrUndefined(flags.steps),
-    guidance_scale: numberOrUndefined(flags.guidanceScale),
+    seed: numberFlag('--seed', flags.seed),
+    steps: numberFlag('--steps', flags.steps),
+    guidance_scale: numberFlag('--guidance-scale', flags.guidanceScale),
     negative_prompt: flags.negativePrompt,
     scheduler: flags.scheduler,
     rng: flags.rng,

@@ -185,6 +185,8 @@ async function readEntries(handle: FileHandle, file: string, fileSize: number): 
     const rel = safePath(name);
     if (!rel) throw damaged(`entry '${name}' points outside the bundle's folder`);
     if (dataAt + size > fileSize) throw damaged(`it ends at byte ${fileSize}, inside ${rel}`);
+    // tar lets a later copy win; which one the maker meant is anybody's guess.
+    if (entries.some((entry) => entry.path === rel)) throw damaged(`${rel} is in it twice`);
     entries.push({ path: rel, size, read: () => readRange(handle, dataAt, size) });
   }
 }

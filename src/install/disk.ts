@@ -1,5 +1,5 @@
 import { createReadStream, rmSync, type ReadStream } from 'node:fs';
-import { open, readdir, stat, statfs } from 'node:fs/promises';
+import { open, readdir, realpath, stat, statfs } from 'node:fs/promises';
 import path from 'node:path';
 import { unlessMissing } from '../util/files.js';
 import { formatBytes } from '../util/bytes.js';
@@ -99,10 +99,23 @@ export interface FoundFile {
  */
 export async function listFolder(dir: string): Promise<FoundFile[]> {
   const found: FoundFile[] = [];
+  // Symbolic links are followed (a Hugging Face cache's snapshot links to its blobs), each folder once:
+  // a link back up the tree would otherwise be walked until the path grew too long.
+  const listed = new Set<string>();
   const visit = async (rel: string) => {
-    for (const name of (await readdir(path.join(dir, rel))).sort()) {
+    const here = path.join(dir, rel);
+    const real = await realpath(here);
+    if (listed.has(real)) {
+      throw new ModelInstallError(`${here} leads to a folder already listed (a symbolic link loop, or a second link to the same folder): remove the link, or copy the model without it`);
+    }
+    listed.add(real);
+    for (const name of (await readdir(here)).sort()) {
       const child = rel ? `${rel}/${name}` : name;
-      const info = await stat(path.join(dir, child));
+      const info = await stat(path.join(dir, child)).catch((err: NodeJS.ErrnoException) => {
+        // readdir named it, so it is a link that leads nowhere (or round in a circle).
+        if (err.code !== 'ENOENT' && err.code !== 'ELOOP') throw err;
+        throw new ModelInstallError(`${path.join(dir, child)} is a symbolic link to nothing that can be read (${err.code}): remove it, or replace it with the file it should lead to`);
+      });
       if (info.isDirectory()) await visit(child);
       else if (info.isFile()) found.push({ path: child, size: info.size });
     }

@@ -45,7 +45,10 @@ export async function exportModel(options: ExportOptions): Promise<ExportedBundl
   // Files added since the install (an imagegen.json preset override, say) are fine; missing ones are not.
   if (recorded) checkCoverage(recorded, [...wanted], dir, changed, true);
 
-  const file = (await stat(options.out).catch(() => undefined))?.isDirectory() ? path.join(options.out, `${id}.tar`) : options.out;
+  const isFolder = (await stat(options.out).catch(() => undefined))?.isDirectory() ?? false;
+  // A trailing separator means a folder, as with cp: not a file named by the folder.
+  if (!isFolder && /[\\/]$/.test(options.out)) throw new ModelInstallError(`the folder ${options.out} does not exist; create it, or give the bundle file's name as --out`);
+  const file = isFolder ? path.join(options.out, `${id}.tar`) : options.out;
   if (await exists(file)) throw new ModelInstallError(`${file} already exists; choose another --out, or delete it first`);
   if (!(await exists(path.dirname(path.resolve(file))))) throw new ModelInstallError(`the folder of ${file} does not exist; create it or choose another --out`);
   const total = files.reduce((sum, entry) => sum + entry.size, 0);

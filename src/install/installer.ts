@@ -38,12 +38,15 @@ export interface InstalledModel {
 const STAGING = '.staging';
 const PULL_PREFIX = 'pull-';
 const MODEL_ID = /^[A-Za-z0-9][A-Za-z0-9._-]*$/;
+/** Far below a file name's 255 bytes, which the staging folder's name (the id with a prefix and a UUID) must also fit in. */
+const MAX_MODEL_ID_LENGTH = 128;
 
 /** An id is a folder name in the models folder and the model name in API requests. */
 export function checkModelId(id: string, advice = ''): void {
-  if (!MODEL_ID.test(id) || id.includes('..')) {
+  if (!MODEL_ID.test(id) || id.includes('..') || id.length > MAX_MODEL_ID_LENGTH) {
+    const shown = id.length > MAX_MODEL_ID_LENGTH ? `${id.slice(0, 40)}…' (${id.length} characters)` : `${id}'`;
     throw new ModelInstallError(
-      `'${id}' is not a valid model id: use letters, digits, '.', '_' and '-', starting with a letter or digit (no path separators or '..')${advice ? `; ${advice}` : ''}`,
+      `'${shown} is not a valid model id: use up to ${MAX_MODEL_ID_LENGTH} letters, digits, '.', '_' and '-', starting with a letter or digit (no path separators or '..')${advice ? `; ${advice}` : ''}`,
     );
   }
 }
