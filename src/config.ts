@@ -192,6 +192,11 @@ const SETTINGS = {
     schema: boolean.default(false),
     description: "let onnxruntime's CPU threads spin-wait for work between operators (faster only with cores to spare: on a busy machine the spinning takes the cores from the other threads and workers)",
   },
+  workerNice: {
+    schema: integer(0, 19).default(10),
+    description:
+      "how far below the server's the workers' CPU priority is (a Unix nice increment, 0 to 19): with every core denoising, the server still answers health probes, streams and new requests at once, and idle cores go to the workers all the same",
+  },
   modelMemoryBudget: {
     schema: byteSize.optional(),
     description: 'model weights all workers together keep loaded, e.g. 16g; beyond it the least recently used model is unloaded (default: 60% of RAM)',

@@ -87,6 +87,7 @@ export async function startServer(config: Config, logger: Logger, { clock }: Ser
     stallTimeoutMs: config.workerStallTimeoutSeconds * 1000,
     executionProvider: config.executionProvider,
     threadSpinning: config.ortThreadSpinning,
+    workerNice: config.workerNice,
     vaeTiling: config.vaeTiling,
     cudaDevices: config.cudaDevices,
     modelMemoryBudget: config.modelMemoryBudget,

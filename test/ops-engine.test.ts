@@ -1,3 +1,5 @@
+import { readdir, readFile } from 'node:fs/promises';
+import os from 'node:os';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { DEMO_MODEL_DIR } from './helpers/demo-model.js';
 import { createEnginePool } from '../src/engine/pool.js';
@@ -389,6 +391,30 @@ describe('logs', () => {
       expect(lines.some((l) => l.reqId === 'req-abort-test' && l.msg === 'request completed')).toBe(false);
     } finally {
       await ops.close();
+    }
+  });
+});
+
+/** The nice value of each thread of process `pid` (Linux: field 19 of /proc/<pid>/task/<tid>/stat, after the parenthesised name). */
+async function threadNiceness(pid: number): Promise<number[]> {
+  const tids = await readdir(`/proc/${pid}/task`);
+  const stats = await Promise.all(tids.map((tid) => readFile(`/proc/${pid}/task/${tid}/stat`, 'utf8').catch(() => undefined)));
+  return stats.filter((stat) => stat !== undefined).map((stat) => Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[16]));
+}
+
+describe('worker priority', () => {
+  it.skipIf(process.platform !== 'linux')('runs every thread of a worker, onnxruntime\'s included, WORKER_NICE below the server (Linux: a priority per thread)', async () => {
+    const pool = createEnginePool({ workers: 1, queueMax: 1, executionProvider: 'cpu', workerNice: 7, preload: [{ dir: DEMO_MODEL_DIR }] });
+    try {
+      await expect.poll(() => pool.readiness().ready, { timeout: 60_000, interval: 20 }).toBe(true);
+      expect(await pool.generate(demoBatch())).toHaveLength(1);
+      const worker = await threadNiceness(pool.workers()[0].pid!);
+      // Node's own threads and the inference threads the model's sessions made after the priority was set.
+      expect(worker.length).toBeGreaterThan(5);
+      expect(new Set(worker)).toEqual(new Set([Math.min(19, os.getPriority() + 7)]));
+      expect(new Set(await threadNiceness(process.pid))).toEqual(new Set([os.getPriority()]));
+    } finally {
+      await pool.close();
     }
   });
 });

@@ -44,6 +44,8 @@ export interface EnginePoolOptions {
   executionProvider: 'cpu' | 'cuda';
   /** Whether onnxruntime's CPU threads spin-wait for work (see RuntimeOptions.spinning); default false. */
   threadSpinning?: boolean;
+  /** How far below the server's the workers' CPU priority is (see WorkerInit.nice); default 0. */
+  workerNice?: number;
   /** Bytes of model weights all workers together keep loaded (default 60% of RAM). */
   modelMemoryBudget?: number;
   /** Most memory the running batches of all workers may plan to take together on top of their models (default: what is free). */
@@ -256,7 +258,7 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
     const deviceId = cudaDevices[slot % cudaDevices.length];
     try {
       const knownMemory = options.memoryFigures?.all() ?? {};
-      slots[slot] = new WorkerProcess({ type: 'init', engine: { ...engine, runtime: { ...engine.runtime!, deviceId }, knownMemory }, preload }, listener);
+      slots[slot] = new WorkerProcess({ type: 'init', engine: { ...engine, runtime: { ...engine.runtime!, deviceId }, knownMemory }, preload, nice: options.workerNice ?? 0 }, listener);
     } catch (err) {
       const reason = `worker process could not be started (${(err as Error).message})`;
       restartLater(slot, false, reason);

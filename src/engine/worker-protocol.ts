@@ -15,6 +15,8 @@ export interface WorkerInit {
   engine: Partial<EngineSettings>;
   /** Model folders to load before the worker says it is ready. */
   preload: ModelRef[];
+  /** A Unix nice increment: the worker runs this far below the server's CPU priority, so the server's event loop is never starved of a core. */
+  nice: number;
 }
 
 export type ToWorker =

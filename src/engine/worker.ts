@@ -1,4 +1,5 @@
-import { readFileSync, writeFileSync } from 'node:fs';
+import { readdirSync, readFileSync, writeFileSync } from 'node:fs';
+import os from 'node:os';
 import { inspect } from 'node:util';
 import type { MemorySource } from '../pipelines/memory-plan.js';
 import { GenerationCancelled } from '../pipelines/pipeline.js';
@@ -112,7 +113,8 @@ function reportMemory(modelDir: string): void {
 }
 
 /** A model that fails to preload is reported by ensureLoaded; requests for it retry the load and get its error. */
-async function start({ engine, preload }: WorkerInit): Promise<void> {
+async function start({ engine, preload, nice }: WorkerInit): Promise<void> {
+  lowerPriority(nice);
   runtime = new WorkerRuntime(engine, pooledMemory);
   for (const { dir, version } of preload) await ensureLoaded(dir, version).catch(() => undefined);
   void send({ type: 'ready' });
@@ -205,6 +207,30 @@ try {
   writeFileSync(OOM_SCORE_ADJ, String(Math.min(1000, inherited + 500)));
 } catch {
   // not Linux, or /proc is not mounted: the kernel's default choice stands
+}
+
+/**
+ * Lowers this process's CPU priority by `increment` (capped at nice 19). Lowering needs no privilege.
+ * On Linux a priority belongs to each thread: every thread there is now (Node's) is lowered, and those
+ * made later (onnxruntime's, as models load) inherit it from the thread that makes them. Elsewhere the
+ * process's priority is the one to set.
+ */
+function lowerPriority(increment: number): void {
+  if (increment <= 0) return;
+  const target = Math.min(19, os.getPriority() + increment);
+  let threads: number[];
+  try {
+    threads = readdirSync('/proc/self/task').map(Number);
+  } catch {
+    threads = [0];
+  }
+  for (const thread of threads) {
+    try {
+      os.setPriority(thread, target);
+    } catch {
+      // the thread ended meanwhile
+    }
+  }
 }
 
 // The pool went away (it exited or crashed): nobody is left to take this worker's results.
