@@ -3,8 +3,10 @@ import type { GenerationBatch } from '../runtime/types.js';
 /**
  * Estimated seconds of a batch, for the queue's fair order, admission and Retry-After: its work is
  * megapixels x steps x images, and each model's seconds per unit of work is learned from the batches
- * it finished here (a moving average, so a change of load or hardware shows within a few batches). A
- * model not yet timed is assumed to be as fast as the average of those that were.
+ * it finished here (a moving average, so a change of load or hardware shows within a few batches).
+ * Until a model's first batch finishes, that batch's progress so far stands in (an estimate off by ten
+ * times or more would make Retry-After and the queue's admission wrong for as long as the first batch
+ * runs, minutes on a CPU); a model with neither is assumed to be as fast as the average of the others.
  */
 
 /** Seconds per megapixel-step-image of a model never timed anywhere: a mid-range GPU's SD figure. */
@@ -17,10 +19,23 @@ const batchWork = (batch: Pick<GenerationBatch, 'width' | 'height' | 'steps' | '
 
 export class CostModel {
   private readonly secondsPerWork = new Map<string, number>();
+  /** From batches still running, for models none has finished on yet (see progress()). */
+  private readonly provisional = new Map<string, number>();
 
   /** Estimated seconds `batch` takes on one worker. */
   estimate(batch: GenerationBatch): number {
-    return batchWork(batch) * (this.secondsPerWork.get(batch.modelDir) ?? this.fallbackRate());
+    return batchWork(batch) * (this.rateOf(batch.modelDir) ?? this.fallbackRate());
+  }
+
+  /**
+   * Learns from a batch still running on a worker that had its model loaded, while its model has no
+   * finished batch to go by: the share `done` (0..1) of its denoising took `seconds`. The work after the
+   * last step (the VAE, encoding) is not in it, so this errs short, and gives way to the first finished batch.
+   */
+  progress(batch: GenerationBatch, seconds: number, done: number): void {
+    const work = batchWork(batch) * done;
+    if (this.secondsPerWork.has(batch.modelDir) || work <= 0 || seconds <= 0) return;
+    this.provisional.set(batch.modelDir, seconds / work);
   }
 
   /** Learns from a batch that completed on a worker that had its model loaded already (a load would skew the rate). */
@@ -30,10 +45,16 @@ export class CostModel {
     const rate = seconds / work;
     const known = this.secondsPerWork.get(batch.modelDir);
     this.secondsPerWork.set(batch.modelDir, known === undefined ? rate : (1 - SMOOTHING) * known + SMOOTHING * rate);
+    this.provisional.delete(batch.modelDir);
+  }
+
+  private rateOf(modelDir: string): number | undefined {
+    return this.secondsPerWork.get(modelDir) ?? this.provisional.get(modelDir);
   }
 
   private fallbackRate(): number {
-    const rates = [...this.secondsPerWork.values()];
+    const models = new Set([...this.secondsPerWork.keys(), ...this.provisional.keys()]);
+    const rates = [...models].map((model) => this.rateOf(model)!);
     return rates.length ? rates.reduce((a, b) => a + b, 0) / rates.length : INITIAL_SECONDS_PER_WORK;
   }
 }

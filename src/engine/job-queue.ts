@@ -118,7 +118,8 @@ const INITIAL_JOB_SECONDS = 5;
 
 export class JobQueue {
   private readonly order = new FairOrder<Entry>();
-  private readonly runningCost = new Map<Entry, number>();
+  /** The running jobs: the cost each was charged to its client when it started, and when that was. */
+  private readonly running = new Map<Entry, { charged: number; startedAt: number }>();
   private readonly runningByClient = new Map<string, number>();
   private closed = false;
   /** Moving average of the durations of jobs without an estimate, for Retry-After. */
@@ -178,7 +179,7 @@ export class JobQueue {
               if (this.closed) return reject(new QueueClosedError());
               if (signal?.aborted) return reject(signal.reason);
               // The job did not run: its charge is refunded and it waits at the head of its client's line.
-              this.order.charge(ticket.client, -(this.runningCost.get(entry) ?? 0));
+              this.order.charge(ticket.client, -(this.running.get(entry)?.charged ?? 0));
               wait(true);
             })
             .finally(() => {
@@ -205,7 +206,7 @@ export class JobQueue {
   }
 
   private dispatch(): void {
-    while (this.runningCost.size < this.concurrency) {
+    while (this.running.size < this.concurrency) {
       const entry = this.order.next((client) => (this.runningByClient.get(client) ?? 0) < (this.limitsOf(client).maxConcurrent ?? Infinity));
       if (!entry) return;
       entry.start();
@@ -219,12 +220,12 @@ export class JobQueue {
   private began(entry: Entry): void {
     const cost = entry.cost();
     this.order.charge(entry.ticket.client, cost);
-    this.runningCost.set(entry, cost);
+    this.running.set(entry, { charged: cost, startedAt: performance.now() });
     this.runningByClient.set(entry.ticket.client, (this.runningByClient.get(entry.ticket.client) ?? 0) + 1);
   }
 
   private ended(entry: Entry): void {
-    this.runningCost.delete(entry);
+    this.running.delete(entry);
     const left = (this.runningByClient.get(entry.ticket.client) ?? 1) - 1;
     if (left > 0) this.runningByClient.set(entry.ticket.client, left);
     else this.runningByClient.delete(entry.ticket.client);
@@ -232,7 +233,7 @@ export class JobQueue {
 
   /** Why a new request may not wait, or undefined when it may. */
   private refusal(ticket: Ticket): QueueFullError | undefined {
-    if (this.runningCost.size < this.concurrency && this.order.size === 0) return undefined;
+    if (this.running.size < this.concurrency && this.order.size === 0) return undefined;
     const { maxQueuedCost } = ticket.limits;
     const clientQueued = this.sum(this.order.entriesOf(ticket.client));
     if (maxQueuedCost !== undefined && clientQueued > 0 && clientQueued + ticket.cost > maxQueuedCost) {
@@ -250,15 +251,20 @@ export class JobQueue {
     return total;
   }
 
-  /** When the work ahead of a newcomer (running and waiting, shared among the workers) should be done. */
+  /**
+   * When the work ahead of a newcomer (what is left of the running jobs, and the waiting ones, shared
+   * among the workers) should be done. Estimates are asked again: they improve as jobs progress.
+   */
   private retryAfterSeconds(): number {
-    const running = [...this.runningCost.values()].reduce((a, b) => a + b, 0);
-    const ahead = (running + this.sum(this.order.entries())) / Math.max(1, this.concurrency);
+    const now = performance.now();
+    let left = 0;
+    for (const [entry, { startedAt }] of this.running) left += Math.max(0, entry.cost() - (now - startedAt) / 1000);
+    const ahead = (left + this.sum(this.order.entries())) / Math.max(1, this.concurrency);
     return Math.max(1, Math.ceil(ahead));
   }
 
   load(): { running: number; queued: number } {
-    return { running: this.runningCost.size, queued: this.order.size };
+    return { running: this.running.size, queued: this.order.size };
   }
 
   /** Rejects the waiting jobs with QueueClosedError and refuses new ones; running jobs go on. */

@@ -304,6 +304,7 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
     try {
       const heard = (event: BatchEvent) => {
         if (event.type === 'preview') metrics?.partialImage(modelName(batch.modelDir));
+        if (event.type === 'step' && warm) costs.progress(batch, (performance.now() - started) / 1000, event.step / event.total);
         onEvent(event);
       };
       const result = await worker.run(batch, stop, watchdog.progress, heard);

@@ -1,0 +1,45 @@
+import { describe, expect, it } from 'vitest';
+import { CostModel } from '../src/engine/cost-model.js';
+import type { GenerationBatch } from '../src/runtime/types.js';
+
+/** 1 megapixel x 10 steps x 2 images: 20 units of work. */
+const batch = (modelDir: string): GenerationBatch => ({
+  modelDir,
+  width: 1000,
+  height: 1000,
+  steps: 10,
+  guidanceScale: 0,
+  items: [
+    { prompt: 'a', negativePrompt: '', seed: 1 },
+    { prompt: 'b', negativePrompt: '', seed: 2 },
+  ],
+});
+
+describe('the cost model', () => {
+  it("goes by a model's first batch while it runs, then by finished batches only", () => {
+    const costs = new CostModel();
+    const guess = costs.estimate(batch('a'));
+    // A quarter of the first batch took 40 s: a CPU far slower than the guess for a model never timed.
+    costs.progress(batch('a'), 40, 0.25);
+    expect(costs.estimate(batch('a'))).toBeCloseTo(160);
+    expect(costs.estimate(batch('a'))).not.toBeCloseTo(guess);
+    // Another model never timed is taken to be as fast as the ones that were.
+    expect(costs.estimate(batch('b'))).toBeCloseTo(160);
+
+    // The finished batch replaces the progress figure rather than averaging with it.
+    costs.record(batch('a'), 100);
+    expect(costs.estimate(batch('a'))).toBeCloseTo(100);
+    costs.progress(batch('a'), 1, 0.5);
+    expect(costs.estimate(batch('a'))).toBeCloseTo(100);
+    // Later batches move the average.
+    costs.record(batch('a'), 200);
+    expect(costs.estimate(batch('a'))).toBeCloseTo(130);
+  });
+
+  it('learns nothing from a batch with no progress yet', () => {
+    const costs = new CostModel();
+    const guess = costs.estimate(batch('a'));
+    costs.progress(batch('a'), 5, 0);
+    expect(costs.estimate(batch('a'))).toBe(guess);
+  });
+});
