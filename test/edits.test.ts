@@ -227,6 +227,15 @@ describe('edit errors', () => {
     await expectApiError(post({ images: [{ image_url: 'data:image/png;base64,aGVsbG8=' }] }), OpenAI.BadRequestError, 400, 'images[0].image_url', 'invalid_image_format');
     // The scheme and the base64 marker in any case, as URI schemes are case-insensitive.
     expect(imageReferenceBytes({ image_url: 'DATA:image/png;BASE64,aGVsbG8=' }, 'images[0]').toString()).toBe('hello');
+    // Binary data percent-encoded byte by byte (RFC 2397's other form), which is not UTF-8 text.
+    const percentEncoded = `data:image/png,${[...redCircle].map((byte) => `%${byte.toString(16).padStart(2, '0')}`).join('')}`;
+    expect(imageReferenceBytes({ image_url: percentEncoded }, 'images[0]')).toEqual(redCircle);
+    expect(imageReferenceBytes({ image_url: 'data:,a%20b%FFc' }, 'images[0]')).toEqual(Buffer.from([0x61, 0x20, 0x62, 0xff, 0x63]));
+    for (const [imageUrl, why] of [['data:image/png,%89PNG%', 'percent-encoding'], ['data:image/png,%zz', 'percent-encoding'], ['data:image/png;base64,!!!!', 'base64']]) {
+      const bad = await expectApiError(post({ images: [{ image_url: imageUrl }] }), OpenAI.BadRequestError, 400, 'images[0].image_url', 'invalid_value');
+      expect(bad.message).toContain(`not valid ${why}`);
+    }
+    await expectApiError(post({ images: [{ image_url: 'data:image/png,%89PNG' }] }), OpenAI.BadRequestError, 400, 'images[0].image_url', 'invalid_image_format');
     await expectApiError(post({}), OpenAI.BadRequestError, 400, 'images', 'missing_required_parameter');
   });
 

@@ -35,6 +35,38 @@ export function imageReferenceBytes(reference: unknown, param: string): Buffer {
     throw ApiError.invalid(`${param}.image_url`, 'invalid_value', `Invalid value for '${param}.image_url': expected a data: URI such as "data:image/png;base64,...".`);
   }
   const [, , , base64, payload] = match;
+  const bytes = base64 ? base64Bytes(payload) : percentDecoded(payload);
+  if (!bytes) {
+    throw ApiError.invalid(
+      `${param}.image_url`,
+      'invalid_value',
+      `Invalid value for '${param}.image_url': the data after the comma is not valid ${base64 ? 'base64' : 'percent-encoding (%XX for each byte that is not plain ASCII)'}.`,
+    );
+  }
   // Which format it is comes from the bytes (input-images.ts), not from the URI's media type.
-  return base64 ? Buffer.from(payload, 'base64') : Buffer.from(decodeURIComponent(payload), 'latin1');
+  return bytes;
+}
+
+/** Standard or URL-safe base64, padded or not, whitespace ignored; undefined when it is not base64 (Buffer.from would skip what it cannot read). */
+function base64Bytes(text: string): Buffer | undefined {
+  const compact = text.replace(/\s+/g, '');
+  return /^[A-Za-z0-9+/_-]*={0,2}$/.test(compact) ? Buffer.from(compact, 'base64') : undefined;
+}
+
+/** RFC 2397's other form: each %XX is one byte (binary data, not UTF-8 text, so decodeURIComponent will not do), the rest as written. */
+function percentDecoded(text: string): Buffer | undefined {
+  const raw = Buffer.from(text, 'utf8');
+  const out = Buffer.allocUnsafe(raw.length);
+  let length = 0;
+  for (let i = 0; i < raw.length; i++) {
+    if (raw[i] !== 0x25 /* % */) {
+      out[length++] = raw[i];
+      continue;
+    }
+    const hex = raw.toString('latin1', i + 1, i + 3);
+    if (!/^[0-9A-Fa-f]{2}$/.test(hex)) return undefined;
+    out[length++] = Number.parseInt(hex, 16);
+    i += 2;
+  }
+  return out.subarray(0, length);
 }
