@@ -105,6 +105,21 @@ describe('POST /v1/images/edits', () => {
     expect(right).toBeGreaterThan(4 * left + 10);
   });
 
+  it('without a mask, repaints where the image itself is fully transparent, at the strength of a masked edit', async () => {
+    const image = await halfTransparent();
+    const edit = async (strength?: number) => {
+      const res = await client.images.edit({ model: 'shapes', image: await png(image), prompt: 'a big green square', response_format: 'b64_json', quality: 'high', seed: 3, ...(strength && { strength }) } as OpenAI.ImageEditParamsNonStreaming);
+      return decoded(res)[0];
+    };
+    const [result, atOne, atEdits] = [await edit(), await edit(1), await edit(0.8)];
+    const [left, right] = [await difference(result, image, 0, SIZE / 2 - 8), await difference(result, image, SIZE / 2 + 8, SIZE)];
+    expect(left).toBeLessThan(8);
+    expect(right).toBeGreaterThan(4 * left + 10);
+    // Masked edits default to strength 1 (an edit of the whole picture to 0.8).
+    expect(result.equals(atOne)).toBe(true);
+    expect(result.equals(atEdits)).toBe(false);
+  });
+
   it('answers gpt-image names inline with usage counting the input image', async () => {
     const res = await client.images.edit({ model: 'gpt-image-1', image: await png(redCircle), prompt: 'a blue square', input_fidelity: 'low' });
     expect(res.data![0].b64_json).toBeTruthy();
@@ -122,7 +137,20 @@ describe('POST /v1/images/edits', () => {
   });
 });
 
+/** A SIZE x SIZE picture: opaque blue on the left half, fully transparent on the right (as a logo on a transparent background is). */
+function halfTransparent(): Promise<Buffer> {
+  const pixels = Buffer.alloc(SIZE * SIZE * 4);
+  for (let p = 0; p < SIZE * SIZE; p++) if (p % SIZE < SIZE / 2) pixels.set([0, 0, 255, 255], p * 4);
+  return sharp(pixels, { raw: { width: SIZE, height: SIZE, channels: 4 } }).png().toBuffer();
+}
+
 describe('POST /v1/images/variations', () => {
+  it('varies the whole picture, transparent parts or not: transparency is no mask here', async () => {
+    const image = await halfTransparent();
+    const res = await client.images.createVariation({ model: 'shapes', image: await png(image), response_format: 'b64_json', seed: 7, strength: 1 } as OpenAI.ImageCreateVariationParams);
+    expect(await difference(decoded(res)[0], image, 0, SIZE / 2)).toBeGreaterThan(20);
+  });
+
   it('gives n different images close to the input', async () => {
     const res = await client.images.createVariation({ model: 'shapes', image: await png(redCircle), n: 3, response_format: 'b64_json', seed: 7 } as OpenAI.ImageCreateVariationParams);
     const images = decoded(res);

@@ -12,7 +12,7 @@ import { bufferView } from '../util/bytes.js';
 import { engineError, storeError } from './failures.js';
 import { gptImageFields } from './gpt-image-fields.js';
 import { planBatches, requestSize, type FittedEdit } from './plan.js';
-import { fitEdit, type EditSource } from './input-images.js';
+import { editMarks, fitEdit, type EditSource } from './input-images.js';
 import { PromptTokenCounter } from './prompt-tokens.js';
 import { expectedStoreBytes } from './store-space.js';
 
@@ -190,7 +190,9 @@ export function createImageService({ registry, engine, store, defaultRng }: Imag
 
   /** The edit at the request's size, with its strength; a model that cannot do this edit (its capabilities) is a 400 first. */
   async function fitted(request: GenerationRequest, model: ModelEntry, edit: EditInput): Promise<FittedEdit> {
-    const needs = edit.mask ? 'inpainting' : 'image-to-image';
+    // A variation varies the whole picture: transparency marks nothing there.
+    const mask = edit.kind === 'edit' ? editMarks(edit) : undefined;
+    const needs = mask ? 'inpainting' : 'image-to-image';
     if (!model.capabilities.includes(needs)) {
       const why = model.layout.vaeEncoder
         ? `${model.layout.family} models cannot do ${needs} here`
@@ -198,8 +200,8 @@ export function createImageService({ registry, engine, store, defaultRng }: Imag
       throw ApiError.invalid('model', 'unsupported_value', `The model '${request.model}' cannot edit images: ${why}, or name another model.`);
     }
     const { width, height } = requestSize(request, model);
-    const strength = request.strength ?? DEFAULT_STRENGTH[edit.kind === 'variation' ? 'variation' : edit.mask ? 'inpaint' : 'edit'];
-    return { ...(await fitEdit(edit, width, height)), strength };
+    const strength = request.strength ?? DEFAULT_STRENGTH[edit.kind === 'variation' ? 'variation' : mask ? 'inpaint' : 'edit'];
+    return { ...(await fitEdit({ image: edit.image, mask }, width, height)), strength };
   }
 
   return {

@@ -77,6 +77,14 @@ function hasTransparentPixel({ rgba, hasAlpha }: InputImage): boolean {
   return false;
 }
 
+/**
+ * What marks where an edit repaints: its mask, or without one, an image with fully transparent pixels
+ * is its own mask (dall-e-2's rule); undefined when the whole picture is edited.
+ */
+export function editMarks({ image, mask }: EditSource): InputImage | undefined {
+  return mask ?? (hasTransparentPixel(image) ? image : undefined);
+}
+
 /** The picture resized to cover width x height and centre-cropped, as RGBA. */
 async function fit(input: InputImage, width: number, height: number): Promise<Buffer> {
   return sharp(input.rgba, { raw: { width: input.width, height: input.height, channels: 4 } })
@@ -85,16 +93,12 @@ async function fit(input: InputImage, width: number, height: number): Promise<Bu
     .toBuffer();
 }
 
-/**
- * The edit's picture and mask at the size the request runs at. Without a mask, an image with fully
- * transparent pixels is its own mask (dall-e-2's rule); an opaque one is edited everywhere.
- */
-export async function fitEdit({ image, mask }: EditSource, width: number, height: number): Promise<{ image: RgbImage; mask?: Uint8Array }> {
+/** The edit's picture and mask (where to repaint, see editMarks; none: everywhere) at the size the request runs at. */
+export async function fitEdit({ image, mask: marks }: EditSource, width: number, height: number): Promise<{ image: RgbImage; mask?: Uint8Array }> {
   const rgba = await fit(image, width, height);
   const pixels = new Uint8Array(width * height * 3);
   for (let p = 0; p < width * height; p++) pixels.set(rgba.subarray(p * 4, p * 4 + 3), p * 3);
   const fitted = { pixels, width, height };
-  const marks = mask ?? (hasTransparentPixel(image) ? image : undefined);
   if (!marks) return { image: fitted };
   const alpha = marks === image ? rgba : await fit(marks, width, height);
   const repaint = new Uint8Array(width * height);
