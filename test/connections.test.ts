@@ -152,4 +152,18 @@ describe('content types and encodings', () => {
     expect(unknown.status).toBe(415);
     expect((await unknown.json()).error.code).toBe('unsupported_content_encoding');
   });
+
+  it('answers a compressed multipart form with 415: the form parser reads the body as sent, so it must come uncompressed', async () => {
+    const boundary = 'b0undary';
+    const form = Buffer.from(`--${boundary}\r\nContent-Disposition: form-data; name="prompt"\r\n\r\na red circle\r\n--${boundary}--\r\n`);
+    for (const body of [gzipSync(form), form]) {
+      const res = await fetch(`${server.baseURL}/images/edits`, {
+        method: 'POST',
+        headers: { authorization: `Bearer ${TEST_KEY}`, 'content-type': `multipart/form-data; boundary=${boundary}`, 'content-encoding': 'gzip' },
+        body: new Uint8Array(body),
+      });
+      expect(res.status).toBe(415);
+      expect((await res.json()).error).toMatchObject({ code: 'unsupported_content_encoding', message: expect.stringContaining('send it uncompressed') });
+    }
+  });
 });

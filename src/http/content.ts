@@ -7,7 +7,7 @@ import { ApiError } from '../api/errors.js';
 /**
  * What a request body may be: JSON only (Fastify would also take text/plain, which made a JSON body
  * sent as text/plain a confusing 400 instead of a 415), and compressed with gzip, deflate or br if the
- * client says so in Content-Encoding. A compressed body counts against BODY_LIMIT as decompressed, and
+ * client says so in Content-Encoding (a multipart form must come uncompressed). A compressed body counts against BODY_LIMIT as decompressed, and
  * decompression stops as soon as it passes the limit, so a small zip bomb costs only BODY_LIMIT of work.
  */
 
@@ -60,6 +60,12 @@ async function contentPlugin(app: FastifyInstance): Promise<void> {
     }
     const encoding = request.headers['content-encoding']?.trim().toLowerCase();
     if (!encoding || encoding === 'identity') return payload;
+    // @fastify/multipart reads the request itself, not this hook's decoded stream.
+    if (/^multipart\//i.test(request.headers['content-type'] ?? '')) {
+      throw new ApiError(415, `Unsupported Content-Encoding '${encoding}' for a multipart/form-data body: send it uncompressed (its pictures are compressed already).`, {
+        code: 'unsupported_content_encoding',
+      });
+    }
     const decoder = DECODERS[encoding];
     if (!decoder) {
       throw new ApiError(415, `Unsupported Content-Encoding '${encoding}': send the body uncompressed or compressed with one of gzip, deflate, br.`, {
