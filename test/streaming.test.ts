@@ -189,3 +189,42 @@ describe('streaming errors and cancellation', () => {
     expect(server.engine.workers()[0].step).toBeLessThan(20);
   });
 });
+
+describe('stream_progress and a busy queue', () => {
+  it('counts the batches ahead, and a request the full queue refuses gets its 429 as plain JSON, not an event after a 200', async () => {
+    // One worker, two places in the queue.
+    const busy = await startRealServer({ apiKey: KEY, env: { WORKERS: '1', QUEUE_MAX: '2' } });
+    const post = (body: object, signal?: AbortSignal) =>
+      fetch(`${busy.server.url}/v1/images/generations`, {
+        method: 'POST',
+        headers: { authorization: `Bearer ${KEY}`, 'content-type': 'application/json' },
+        body: JSON.stringify({ model: 'demo-shapes', prompt: 'a red circle', size: '256x256', response_format: 'b64_json', ...body }),
+        signal,
+      });
+    const streamed = { stream: true, stream_progress: true };
+    const leave = new AbortController();
+    try {
+      await expect.poll(() => busy.server.engine.readiness().ready, { timeout: 60_000 }).toBe(true);
+      // Steps told apart, so that the queue does not merge the waiting requests into one batch.
+      const running = post({ size: '1024x1024', steps: 150 }, leave.signal).catch(() => undefined);
+      await expect.poll(() => busy.server.engine.load().running).toBe(1);
+      const waiting = post({ steps: 2 }, leave.signal).catch(() => undefined);
+      await expect.poll(() => busy.server.engine.load().queued).toBe(1);
+      const third = await post({ steps: 3, ...streamed }, leave.signal);
+      expect(third.headers.get('content-type')).toMatch(/^text\/event-stream/);
+      const firstEvent = new TextDecoder().decode((await third.body!.getReader().read()).value);
+      expect(firstEvent).toBe(`event: imagegen.progress\ndata: ${JSON.stringify({ type: 'imagegen.progress', queued_ahead: 1 })}\n\n`);
+
+      const refused = await post({ steps: 4, ...streamed });
+      expect(refused.status).toBe(429);
+      expect(refused.headers.get('content-type')).toMatch(/^application\/json/);
+      expect(Number(refused.headers.get('retry-after'))).toBeGreaterThan(0);
+      expect(((await refused.json()) as { error: { code: string } }).error.code).toBe('rate_limit_exceeded');
+      leave.abort();
+      await Promise.all([running, waiting]);
+    } finally {
+      leave.abort();
+      await busy.close();
+    }
+  });
+});

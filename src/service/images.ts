@@ -124,8 +124,17 @@ export function createImageService({ registry, engine, store, defaultRng }: Imag
     const steps = batches.map((batch) => ({ step: 0, total: batch.steps, begun: false }));
     const begun = () => steps.filter((s) => s.begun).length;
     const tellQueued = () => onEvent({ type: 'queued', ahead: Math.max(0, engine.load().queued - (batches.length - begun())) });
-    tellQueued();
-    const timer = setInterval(() => (begun() === 0 ? tellQueued() : clearInterval(timer)), QUEUED_EVENT_MS);
+    let timer: NodeJS.Timeout | undefined;
+    // First told once the batches are queued, after their admission settled: a request the queue refuses
+    // gets its 429 as a plain error (no event may come before it), and the count includes its own batches.
+    const first = globalThis.setImmediate(() => {
+      tellQueued();
+      timer = setInterval(() => (begun() === 0 ? tellQueued() : clearInterval(timer)), QUEUED_EVENT_MS);
+    });
+    const stop = () => {
+      clearImmediate(first);
+      clearInterval(timer);
+    };
     return {
       listener: (b: number) => (event: BatchEvent) => {
         if (event.type === 'preview') {
@@ -133,12 +142,12 @@ export function createImageService({ registry, engine, store, defaultRng }: Imag
           onEvent({ type: 'preview', image: firstImage[b] + event.item, index: event.index, file: event.image, size: `${width}x${height}` });
           return;
         }
-        clearInterval(timer);
+        stop();
         steps[b] = { step: event.step, total: event.total, begun: true };
         const sum = (key: 'step' | 'total') => steps.reduce((n, s) => n + s[key], 0);
         onEvent({ type: 'step', step: sum('step'), total: sum('total') });
       },
-      stop: () => clearInterval(timer),
+      stop,
     };
   }
 
