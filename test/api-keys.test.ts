@@ -1,6 +1,6 @@
 import { rename, writeFile } from 'node:fs/promises';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import OpenAI from 'openai';
+import OpenAI, { toFile } from 'openai';
 import { KeyFileError, parseKeyFile } from '../src/http/keys.js';
 import { FakeEngine, startTestServer, type TestServer } from './helpers/api-server.js';
 import { capturedLogs } from './helpers/logs.js';
@@ -121,6 +121,19 @@ describe("a key file's per-minute limits", () => {
     expect(limited.error).toMatchObject({ type: 'requests', code: 'rate_limit_exceeded', message: expect.stringMatching(/API key 'slow': at most 1 request a minute/) });
     expect(Number(limited.headers.get('retry-after'))).toBeGreaterThan(50);
     for (let i = 0; i < 3; i++) await generate('sk-free-key-0123456789');
+  });
+
+  it('refuses an edit over the limit before decoding its picture: a refused request costs no decoding', async () => {
+    const limited = await startTestServer({ keysFile: 'edits:sk-edits-key-0123456789 requests_per_minute=1\n' });
+    const editor = new OpenAI({ baseURL: limited.baseURL, apiKey: 'sk-edits-key-0123456789', maxRetries: 0 });
+    try {
+      // Not a picture at all: decoding it is a 400, and only a request the limit admitted gets that far.
+      const edit = async () => editor.images.edit({ model: 'stub', prompt: 'x', image: await toFile(Buffer.from('not a picture'), 'in.png') }).catch((e: unknown) => e);
+      expect(await edit()).toMatchObject({ status: 400, code: 'invalid_image_format' });
+      expect(await edit()).toMatchObject({ status: 429, code: 'rate_limit_exceeded' });
+    } finally {
+      await limited.close();
+    }
   });
 
   it("queues each request as its key's label, with the key's concurrent limit, so keys are served fairly", () => {

@@ -53,9 +53,9 @@ export class ApiError extends Error {
   }
 }
 
-/** "'a'", "'a' and 'b'", "'a', 'b', and 'c'": OpenAI's way of listing supported values. */
-export function quoteList(values: readonly unknown[]): string {
+/** "'a'", "'a' and 'b'", "'a', 'b', and 'c'": OpenAI's way of listing supported values ('or' for a choice of one). */
+export function quoteList(values: readonly unknown[], conjunction: 'and' | 'or' = 'and'): string {
   const quoted = values.map((v) => `'${String(v)}'`);
-  if (quoted.length <= 2) return quoted.join(' and ');
-  return `${quoted.slice(0, -1).join(', ')}, and ${quoted.at(-1)}`;
+  if (quoted.length <= 2) return quoted.join(` ${conjunction} `);
+  return `${quoted.slice(0, -1).join(', ')}, ${conjunction} ${quoted.at(-1)}`;
 }

@@ -45,7 +45,7 @@ export async function edits(app: FastifyInstance, options: ImagesOptions): Promi
     app.post(path, async (request, reply): Promise<ImagesResponse | FastifyReply> => {
       const upload = await readUpload(request, route, UPLOAD_LIMITS);
       const body = parseImageRequest(route, upload.fields, { defaultModel: options.defaultModel, form: upload.form });
-      return respond(request, reply, 'image_edit', body, options, await editInput(upload, route));
+      return respond(request, reply, 'image_edit', body, options, () => editInput(upload, route));
     });
   }
 }

@@ -26,7 +26,8 @@ export interface ImagesOptions {
 
 /**
  * What the three image routes do once they have parsed a request: admit it and run it, answering as
- * server-sent events (`stream`; `prefix` names them) or as one JSON body.
+ * server-sent events (`stream`; `prefix` names them) or as one JSON body. An edit's pictures are
+ * decoded (`decodeEdit`) only once its key's limits admitted it: a refused request costs no decoding.
  */
 export async function respond(
   request: FastifyRequest,
@@ -34,9 +35,10 @@ export async function respond(
   prefix: StreamPrefix,
   body: GenerationRequest,
   options: ImagesOptions,
-  edit?: EditInput,
+  decodeEdit?: () => Promise<EditInput>,
 ): Promise<ImagesResponse | FastifyReply> {
   const context = await generateContext(request, reply, body, options);
+  const edit = await decodeEdit?.();
   if (body.stream) return streamImages(request, reply, prefix, body, (onEvent) => options.service.generate(body, { ...context, onEvent }, edit));
   return answer(reply, await options.service.generate(body, context, edit));
 }

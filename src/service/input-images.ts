@@ -3,25 +3,35 @@ import { ApiError, quoteList } from '../api/errors.js';
 import type { RgbImage } from '../runtime/types.js';
 
 /**
- * The pictures of edits and variations: decoded once with sharp (the format read from the bytes, never
- * from a part's content type, which the SDKs send as octet-stream), checked, and later fitted to the
- * size the request runs at. OpenAI's masks are pictures whose fully transparent pixels mark where to
+ * The pictures of edits and variations: checked with sharp (the format read from the bytes, never
+ * from a part's content type, which the SDKs send as octet-stream), and later fitted to the size the
+ * request runs at. OpenAI's masks are pictures whose fully transparent pixels mark where to
  * edit; the pipelines take one byte per pixel, 255 where to repaint.
  */
 
 const INPUT_FORMATS = ['png', 'jpeg', 'webp'] as const;
-/** Largest side of an input picture: bounds the memory one decode takes (4096 x 4096 RGBA is 64 MiB). */
+/** Largest side of an input picture: bounds the work and memory of one decode (4096 x 4096 RGBA is 64 MiB). */
 const MAX_INPUT_SIDE = 4096;
 /** Alpha below this, once fitted (resizing blends edges), counts as transparent: repaint. */
 const TRANSPARENT_BELOW = 128;
 
-/** A decoded picture: raw RGBA at its own size, upright (EXIF orientation applied). */
+/**
+ * An uploaded picture, checked: decoded once to be sure it can be (and to find fully transparent
+ * pixels), but kept as the file. It is decoded again only as it is fitted to the request's size: held
+ * decoded at its own size, a 4096 x 4096 picture would take 64 MiB for as long as its request waits.
+ */
 export interface InputImage {
-  rgba: Buffer;
+  bytes: Buffer;
+  /** Its size upright (EXIF orientation applied). */
   width: number;
   height: number;
-  /** Whether the file had an alpha channel (a mask must). */
+  /** Whether the file has an alpha channel (a mask must). */
   hasAlpha: boolean;
+  /** Whether some pixel is fully transparent (see editMarks). */
+  hasTransparentPixel: boolean;
+  /** Its format and what it was sent as (`image`, `mask`, `images[0].image_url`), for errors. */
+  format: string;
+  param: string;
 }
 
 /** What an edit starts from; `mask` is absent when the request sent none. */
@@ -30,10 +40,13 @@ export interface EditSource {
   mask?: InputImage;
 }
 
-/** Decodes one uploaded picture; `param` names it in the 400s (`image`, `mask`, `images[0].image_url`). */
+const damaged = (param: string, format: string) =>
+  ApiError.invalid(param, 'invalid_image_format', `Invalid file '${param}': the ${format} file is damaged and could not be decoded.`);
+
+/** Checks one uploaded picture; `param` names it in the 400s (`image`, `mask`, `images[0].image_url`). */
 export async function decodeInputImage(bytes: Buffer, param: string): Promise<InputImage> {
   const unsupported = `Invalid file '${param}': unsupported image format. Supported formats are: ${quoteList(INPUT_FORMATS)}.`;
-  if (bytes.length === 0) throw ApiError.invalid(param, 'invalid_image_format', `Invalid file '${param}': the file is empty. Send a ${quoteList(INPUT_FORMATS)} picture.`);
+  if (bytes.length === 0) throw ApiError.invalid(param, 'invalid_image_format', `Invalid file '${param}': the file is empty. Send a ${quoteList(INPUT_FORMATS, 'or')} picture.`);
   const tooLarge = (size: string) =>
     ApiError.invalid(param, 'image_too_large', `Invalid file '${param}': the image is ${size}; its sides may be at most ${MAX_INPUT_SIDE} pixels. Scale it down first.`);
   const metadata = await sharp(bytes)
@@ -44,12 +57,15 @@ export async function decodeInputImage(bytes: Buffer, param: string): Promise<In
     });
   if (!(INPUT_FORMATS as readonly string[]).includes(metadata.format)) throw ApiError.invalid(param, 'invalid_image_format', unsupported);
   if (metadata.width > MAX_INPUT_SIDE || metadata.height > MAX_INPUT_SIDE) throw tooLarge(`${metadata.width}x${metadata.height}`);
-  try {
-    const { data, info } = await sharp(bytes).rotate().ensureAlpha().raw().toBuffer({ resolveWithObject: true });
-    return { rgba: data, width: info.width, height: info.height, hasAlpha: metadata.hasAlpha };
-  } catch {
-    throw ApiError.invalid(param, 'invalid_image_format', `Invalid file '${param}': the ${metadata.format} file is damaged and could not be decoded.`);
-  }
+  // Statistics decode every pixel without keeping them: a damaged file fails here, before the request queues.
+  const stats = await sharp(bytes)
+    .stats()
+    .catch(() => {
+      throw damaged(param, metadata.format);
+    });
+  const { width, height } = metadata.autoOrient;
+  const hasTransparentPixel = metadata.hasAlpha && stats.channels.at(-1)!.min === 0;
+  return { bytes, width, height, hasAlpha: metadata.hasAlpha, hasTransparentPixel, format: metadata.format, param };
 }
 
 /** Checks a mask against its picture, as OpenAI does: the same size, with an alpha channel. */
@@ -71,26 +87,25 @@ export function checkMask({ image, mask }: EditSource): void {
   }
 }
 
-function hasTransparentPixel({ rgba, hasAlpha }: InputImage): boolean {
-  if (!hasAlpha) return false;
-  for (let i = 3; i < rgba.length; i += 4) if (rgba[i] === 0) return true;
-  return false;
-}
-
 /**
  * What marks where an edit repaints: its mask, or without one, an image with fully transparent pixels
  * is its own mask (dall-e-2's rule); undefined when the whole picture is edited.
  */
 export function editMarks({ image, mask }: EditSource): InputImage | undefined {
-  return mask ?? (hasTransparentPixel(image) ? image : undefined);
+  return mask ?? (image.hasTransparentPixel ? image : undefined);
 }
 
-/** The picture resized to cover width x height and centre-cropped, as RGBA. */
+/** The picture upright, resized to cover width x height and centre-cropped, as RGBA: decoded and resized in one pass. */
 async function fit(input: InputImage, width: number, height: number): Promise<Buffer> {
-  return sharp(input.rgba, { raw: { width: input.width, height: input.height, channels: 4 } })
+  return sharp(input.bytes)
+    .rotate()
+    .ensureAlpha()
     .resize(width, height, { fit: 'cover', position: 'centre' })
     .raw()
-    .toBuffer();
+    .toBuffer()
+    .catch(() => {
+      throw damaged(input.param, input.format);
+    });
 }
 
 /** The edit's picture and mask (where to repaint, see editMarks; none: everywhere) at the size the request runs at. */

@@ -1,0 +1,46 @@
+import sharp from 'sharp';
+import { describe, expect, it } from 'vitest';
+import { decodeInputImage, editMarks, fitEdit } from '../src/service/input-images.js';
+
+/**
+ * An uploaded picture is checked at once but held as its file while its request waits: decoded at its
+ * own size, each 4096 x 4096 upload held 64 MiB (and its mask as much) for as long as it queued, so a few
+ * tiny uploads (a flat 4096 x 4096 PNG is a few hundred KiB) took gigabytes.
+ */
+
+const SIDE = 4096;
+
+/** A flat SIDE x SIDE RGBA PNG: fully transparent on the left half, opaque blue on the right. */
+function bigFlatPng(): Promise<Buffer> {
+  return sharp({ create: { width: SIDE / 2, height: SIDE, channels: 4, background: { r: 0, g: 0, b: 255, alpha: 1 } } })
+    .extend({ left: SIDE / 2, background: { r: 0, g: 0, b: 0, alpha: 0 } })
+    .png()
+    .toBuffer();
+}
+
+describe('uploaded pictures', () => {
+  it('are held as their files, not decoded, while their requests wait', async () => {
+    const file = await bigFlatPng();
+    expect(file.length).toBeLessThan(1024 ** 2);
+    const before = process.memoryUsage().external;
+    const held = [];
+    for (let i = 0; i < 10; i++) held.push(await decodeInputImage(Buffer.from(file), 'image'));
+    // Ten decoded at their size would hold 640 MiB; as files, ten copies of the upload.
+    expect(process.memoryUsage().external - before).toBeLessThan(10 * file.length + 16 * 1024 ** 2);
+    expect(held[0]).toMatchObject({ width: SIDE, height: SIDE, hasAlpha: true, hasTransparentPixel: true, format: 'png' });
+  });
+
+  it('are decoded as they are fitted: upright, covering the size, their transparent pixels the mask', async () => {
+    const image = await decodeInputImage(await bigFlatPng(), 'image');
+    const { image: fitted, mask } = await fitEdit({ image, mask: editMarks({ image }) }, 256, 128);
+    expect([fitted.width, fitted.height, fitted.pixels.length]).toEqual([256, 128, 256 * 128 * 3]);
+    // Covering 256x128 crops the square's top and bottom: the left half stays transparent, the right blue.
+    expect([mask![10], mask![250]]).toEqual([255, 0]);
+    expect([...fitted.pixels.subarray(250 * 3, 250 * 3 + 3)]).toEqual([0, 0, 255]);
+  });
+
+  it('refuses a damaged file when it is checked, before its request queues', async () => {
+    const file = await bigFlatPng();
+    await expect(decodeInputImage(file.subarray(0, file.length - 2000), 'image')).rejects.toMatchObject({ status: 400, param: 'image', code: 'invalid_image_format' });
+  });
+});
