@@ -25,7 +25,9 @@ let redCircle: Buffer;
 
 beforeAll(async () => {
   const shapes = { copy: referenceModel('sd-turbo'), preset: { sizes: ['128x128', '256x128'], default_size: '128x128' } };
-  real = await startRealServer({ apiKey: KEY, models: { shapes }, env: { DEFAULT_MODEL: 'shapes' } });
+  // One image a batch: a request for n images runs n batches.
+  const single = { copy: referenceModel('sd-turbo'), preset: { sizes: ['128x128'], default_size: '128x128', max_batch: 1 } };
+  real = await startRealServer({ apiKey: KEY, models: { shapes, single }, env: { DEFAULT_MODEL: 'shapes' } });
   client = real.client;
   const res = await client.images.generate({ model: 'shapes', prompt: 'a red circle', quality: 'hd', response_format: 'b64_json', seed: 1 } as OpenAI.ImageGenerateParamsNonStreaming);
   redCircle = Buffer.from(res.data![0].b64_json!, 'base64');
@@ -118,6 +120,19 @@ describe('POST /v1/images/edits', () => {
     // Masked edits default to strength 1 (an edit of the whole picture to 0.8).
     expect(result.equals(atOne)).toBe(true);
     expect(result.equals(atEdits)).toBe(false);
+  });
+
+  it('streams progress over all of its batches out of the steps its strength runs, a total that never changes', async () => {
+    const form = new FormData();
+    for (const [name, value] of Object.entries({ model: 'single', prompt: 'a blue square', n: '2', steps: '8', strength: '0.5', stream: 'true', stream_progress: 'true' })) form.set(name, value);
+    form.set('image', new Blob([new Uint8Array(redCircle)], { type: 'image/png' }), 'in.png');
+    const res = await fetch(`${real.baseURL}/images/edits`, { method: 'POST', headers: { authorization: `Bearer ${KEY}` }, body: form });
+    const events = (await res.text()).split('\n').filter((line) => line.startsWith('data: ')).map((line) => JSON.parse(line.slice(6)) as { type: string; step?: number; steps?: number });
+    const steps = events.filter((e) => e.step !== undefined);
+    // Two batches of 4 steps each (half of 8): the total is 8 from the first step event on.
+    expect(new Set(steps.map((e) => e.steps))).toEqual(new Set([8]));
+    expect(steps.at(-1)!.step).toBe(8);
+    expect(events.filter((e) => e.type === 'image_edit.completed')).toHaveLength(2);
   });
 
   it('answers gpt-image names inline with usage counting the input image', async () => {

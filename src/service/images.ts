@@ -7,6 +7,7 @@ import type { BatchEvent, GeneratedImage, GenerationBatch } from '../runtime/typ
 import { ApiError, quoteList } from '../api/errors.js';
 import type { GenerationRequest, ImageObject, ImagesResponse } from '../api/wire.js';
 import type { ModelEntry, ModelRegistry } from '../models/registry.js';
+import { stepsRun } from '../schedulers/index.js';
 import type { ImageStore, StoredImage, StoreReservation } from '../store/image-store.js';
 import { bufferView } from '../util/bytes.js';
 import { engineError, storeError } from './failures.js';
@@ -120,8 +121,9 @@ export function createImageService({ registry, engine, store, defaultRng }: Imag
    */
   function requestProgress(batches: GenerationBatch[], onEvent: (event: RequestEvent) => void) {
     const firstImage = batches.map((_, b) => batches.slice(0, b).reduce((n, batch) => n + batch.items.length, 0));
-    // A batch's loop may take other than its steps (image-to-image runs fewer); its events say how many.
-    const steps = batches.map((batch) => ({ step: 0, total: batch.steps, begun: false }));
+    // Image-to-image runs only the steps its strength leaves; a batch's events then say how many exactly
+    // (PNDM's loop takes one more), so a progress bar does not jump back when they begin.
+    const steps = batches.map((batch) => ({ step: 0, total: batch.strength === undefined ? batch.steps : stepsRun(batch.steps, batch.strength), begun: false }));
     const begun = () => steps.filter((s) => s.begun).length;
     const tellQueued = () => onEvent({ type: 'queued', ahead: Math.max(0, engine.load().queued - (batches.length - begun())) });
     let timer: NodeJS.Timeout | undefined;
