@@ -280,13 +280,16 @@ describe('edit errors', () => {
     }
     await expectApiError(post({ images: [{ image_url: 'data:image/png,%89PNG' }] }), OpenAI.BadRequestError, 400, 'images[0].image_url', 'invalid_image_format');
     await expectApiError(post({}), OpenAI.BadRequestError, 400, 'images', 'missing_required_parameter');
+    await expectApiError(post({ images: [{}] }), OpenAI.BadRequestError, 400, 'images[0].image_url', 'missing_required_parameter');
+    const wrongType = await expectApiError(post({ images: [{ image_url: { url: 'data:,' } }] }), OpenAI.BadRequestError, 400, 'images[0].image_url', 'invalid_type');
+    expect(wrongType.message).toContain('expected a string');
   });
 
   it('answers 413 for a file over the upload limit and a JSON body over BODY_LIMIT', async () => {
     const form = new FormData();
     form.set('prompt', 'a blue square');
     form.set('image', new Blob([new Uint8Array(26 * 1024 ** 2)]), 'big.png');
-    expect(await postForm('edits', form)).toMatchObject({ status: 413, error: { code: 'request_too_large' } });
+    expect(await postForm('edits', form)).toMatchObject({ status: 413, error: { code: 'request_too_large', param: 'image' } });
     const big = `data:image/png;base64,${Buffer.alloc(2 * 1024 ** 2).toString('base64')}`;
     await expectApiError(client.post('/images/edits', { body: { prompt: 'x', images: [{ image_url: big }] } }), OpenAI.APIError, 413, null, 'request_too_large');
   });

@@ -20,8 +20,11 @@ export function imageReferenceBytes(reference: unknown, param: string): Buffer {
   if (fileId !== undefined && fileId !== null) {
     throw ApiError.invalid(`${param}.file_id`, 'unsupported_value', `Unsupported value: '${param}.file_id': this server has no file store. Send the image inline as a data: URI in 'image_url', or as a multipart upload.`);
   }
+  if (url === undefined || url === null) {
+    throw ApiError.invalid(`${param}.image_url`, 'missing_required_parameter', `Missing required parameter: '${param}.image_url' (a data: URI such as "data:image/png;base64,...").`);
+  }
   if (typeof url !== 'string') {
-    throw ApiError.invalid(`${param}.image_url`, url === undefined || url === null ? 'missing_required_parameter' : 'invalid_type', `Missing required parameter: '${param}.image_url' (a data: URI such as "data:image/png;base64,...").`);
+    throw ApiError.invalid(`${param}.image_url`, 'invalid_type', `Invalid type for '${param}.image_url': expected a string (a data: URI such as "data:image/png;base64,..."), but got ${Array.isArray(url) ? 'an array' : `a ${typeof url}`} instead.`);
   }
   if (/^https?:/i.test(url)) {
     throw ApiError.invalid(

@@ -40,13 +40,24 @@ export interface Upload {
 
 const FILE_FIELDS: Record<UploadRoute, readonly string[]> = { edit: ['image', 'image[]', 'mask'], variation: ['image'] };
 
+const isFileTooLarge = (err: unknown) => (err as { code?: string }).code === 'FST_REQ_FILE_TOO_LARGE';
+
+/** A file over the limit; `param` names it where known. */
+const fileTooLarge = (param: string | null) =>
+  new ApiError(413, `An uploaded file${param ? ` ('${param}')` : ''} is too large: the limit is ${MAX_UPLOAD_BYTES / 1024 ** 2} MiB per file. Send a smaller image.`, { code: 'request_too_large', param });
+
+/** A file part's bytes; one over the limit is a 413 naming it. */
+async function fileBytes(part: Extract<Multipart, { type: 'file' }>, param: string): Promise<Buffer> {
+  return part.toBuffer().catch((err: unknown) => {
+    throw isFileTooLarge(err) ? fileTooLarge(param) : err;
+  });
+}
+
 /** @fastify/multipart's and busboy's errors in OpenAI's terms: its limits are 413s, a broken form a 400. */
 function formError(err: unknown): unknown {
   if (err instanceof ApiError) return err;
   const code = (err as { code?: string }).code;
-  if (code === 'FST_REQ_FILE_TOO_LARGE') {
-    return new ApiError(413, `An uploaded file is too large: the limit is ${MAX_UPLOAD_BYTES / 1024 ** 2} MiB per file. Send a smaller image.`, { code: 'request_too_large' });
-  }
+  if (isFileTooLarge(err)) return fileTooLarge(null);
   if (code === 'FST_PARTS_LIMIT' || code === 'FST_FIELDS_LIMIT') {
     return new ApiError(413, `The form has too many parts: at most ${MAX_FIELDS} text fields are read.`, { code: 'request_too_large' });
   }
@@ -86,10 +97,11 @@ async function readForm(request: FastifyRequest, route: UploadRoute, limits: Upl
       // Files the route will not take are refused before they are read into memory.
       if (part.fieldname === 'mask') {
         if (upload.mask) throw ApiError.invalid('mask', 'invalid_value', "The file 'mask' was sent more than once; send one mask.");
-        upload.mask = { bytes: await part.toBuffer(), param: 'mask' };
+        upload.mask = { bytes: await fileBytes(part, 'mask'), param: 'mask' };
       } else {
         if (upload.images.length >= limits.maxImages) throw limits.tooMany('image');
-        upload.images.push({ bytes: await part.toBuffer(), param: upload.images.length === 0 ? 'image' : `image[${upload.images.length}]` });
+        const param = upload.images.length === 0 ? 'image' : `image[${upload.images.length}]`;
+        upload.images.push({ bytes: await fileBytes(part, param), param });
       }
     }
   } catch (err) {
