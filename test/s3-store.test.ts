@@ -131,6 +131,8 @@ describe('S3ImageStore', () => {
     const res = await fetch(url);
     expect(res.status).toBe(200);
     expect(res.headers.get('content-type')).toBe('image/png');
+    // Cached until the image expires, however late it is fetched: an absolute date, no max-age.
+    expect([res.headers.get('cache-control'), res.headers.get('expires')]).toEqual(['public, immutable', new Date(image.expiresAt).toUTCString()]);
     expect(Buffer.from(await res.arrayBuffer())).toEqual(Buffer.from(bytes(20, 9)));
     await store.close();
   });
@@ -148,6 +150,24 @@ describe('S3ImageStore', () => {
     await expect(unreachable.check()).rejects.toMatchObject({ reason: 'ECONNREFUSED' });
     await unreachable.close();
   });
+
+  it('fails requests to a bucket that stops answering once they time out, instead of waiting for as long as it is silent', async () => {
+    const store = await open({ prefix: 'stalled/', requestTimeoutMs: 1000 });
+    const image = await store.put(bytes(10), 'image/png');
+    // The S3 server still holds its connections but answers nothing, as a stalled store or a half-open network does.
+    s3.child.kill('SIGSTOP');
+    try {
+      for (const call of [() => store.get(image.id), () => store.read(image), () => store.put(bytes(10), 'image/png'), () => store.check()]) {
+        const started = performance.now();
+        await expect(call()).rejects.toBeInstanceOf(StoreUnavailableError);
+        expect(performance.now() - started).toBeLessThan(5000);
+      }
+    } finally {
+      s3.child.kill('SIGCONT');
+    }
+    expect(await store.get(image.id)).toEqual(image);
+    await store.close();
+  });
 });
 
 describe('a server with STORE=s3 whose bucket fails', () => {
@@ -162,7 +182,17 @@ describe('a server with STORE=s3 whose bucket fails', () => {
       const imagePath = new URL(data![0].url!).pathname;
       const served = await fetch(`${origin}${imagePath}`);
       expect(served.status).toBe(200);
-      expect((await sharp(Buffer.from(await served.arrayBuffer())).metadata()).width).toBe(128);
+      const body = Buffer.from(await served.arrayBuffer());
+      expect((await sharp(body).metadata()).width).toBe(128);
+      // A HEAD answers from the listing: the object is not downloaded from the bucket to be thrown away.
+      // s3rver logs each request's path and query (its GetObject calls marked x-id=GetObject).
+      const objectGets = () => s3.output.filter((line) => line.includes(`/server/${imagePath.split('/').pop()!.split('.')[0]}.`) && line.includes('x-id=GetObject')).length;
+      const getsBefore = objectGets();
+      const head = await fetch(`${origin}${imagePath}`, { method: 'HEAD' });
+      expect([head.status, head.headers.get('content-length'), head.headers.get('content-type')]).toEqual([200, String(body.length), 'image/png']);
+      await new Promise((resolve) => setTimeout(resolve, 200));
+      expect(objectGets()).toBe(getsBefore);
+      expect(getsBefore).toBe(1);
 
       // The bucket goes away (the S3 server stops); the server stays up.
       await s3.stop();

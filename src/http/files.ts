@@ -29,31 +29,42 @@ function notFound(name: string): ApiError {
   });
 }
 
-/** The unexpired image `id` and a stream of its bytes, or null when there is none with extension `ext`. */
-async function openImage(store: ImageStore, id: string, ext: string): Promise<{ image: StoredImage; data: Readable } | null> {
+/**
+ * The unexpired image `id` and, unless `headersOnly` (a HEAD: with STORE=s3 a read would download the
+ * whole object to discard it), a stream of its bytes; null when there is none with extension `ext`.
+ */
+async function openImage(store: ImageStore, id: string, ext: string, headersOnly: boolean): Promise<{ image: StoredImage; data?: Readable } | null> {
   const image = await store.get(id);
   if (!image || image.ext !== ext) return null;
+  if (headersOnly) return { image };
   const data = await store.read(image);
   return data && { image, data };
 }
 
 export async function files(app: FastifyInstance, { store }: FilesOptions): Promise<void> {
-  app.get<{ Params: { name: string } }>(`${PREFIX}:name`, { config: { public: true } }, async (request, reply) => {
-    const { name } = request.params;
-    const match = FILE_NAME.exec(name);
-    if (!match) throw notFound(name);
-    // A store that cannot be reached is a retryable 503 in OpenAI's shape, not a 404 that says the image is gone.
-    const found = await openImage(store, match[1], match[2]).catch((err: unknown) => {
-      throw err instanceof StoreUnavailableError ? storeUnavailable(err, 'Please retry shortly.') : err;
-    });
-    if (!found) throw notFound(name);
-    const { image, data } = found;
-    const maxAge = Math.max(0, Math.floor((image.expiresAt - store.now()) / 1000));
-    return reply
-      .type(image.contentType)
-      .header('content-length', image.size)
-      .header('cache-control', `public, max-age=${maxAge}, immutable`)
-      .header('x-content-type-options', 'nosniff')
-      .send(data);
+  // HEAD is routed here too, not left to Fastify's own HEAD route, which would run the GET (reading the
+  // image) and then answer Content-Length: 0 for the body this handler leaves out.
+  app.route<{ Params: { name: string } }>({
+    method: ['GET', 'HEAD'],
+    url: `${PREFIX}:name`,
+    config: { public: true },
+    handler: async (request, reply) => {
+      const { name } = request.params;
+      const match = FILE_NAME.exec(name);
+      if (!match) throw notFound(name);
+      // A store that cannot be reached is a retryable 503 in OpenAI's shape, not a 404 that says the image is gone.
+      const found = await openImage(store, match[1], match[2], request.method === 'HEAD').catch((err: unknown) => {
+        throw err instanceof StoreUnavailableError ? storeUnavailable(err, 'Please retry shortly.') : err;
+      });
+      if (!found) throw notFound(name);
+      const { image, data } = found;
+      const maxAge = Math.max(0, Math.floor((image.expiresAt - store.now()) / 1000));
+      return reply
+        .type(image.contentType)
+        .header('content-length', image.size)
+        .header('cache-control', `public, max-age=${maxAge}, immutable`)
+        .header('x-content-type-options', 'nosniff')
+        .send(data);
+    },
   });
 }

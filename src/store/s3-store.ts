@@ -42,10 +42,15 @@ export interface S3StoreOptions {
   logger: Logger;
   /** Unix milliseconds now (default Date.now). */
   clock?: () => number;
+  /** Longest an S3 request may go unanswered (or its connection idle) before it fails; default 30 s. */
+  requestTimeoutMs?: number;
 }
 
 /** How long a /ready answer about the bucket holds: load balancers probe every few seconds, each replica's probe costs one LIST. */
 const CHECK_CACHE_MS = 2000;
+/** Longest /ready waits for the bucket: a probe is answered before the balancer gives up on it. */
+const CHECK_TIMEOUT_MS = 5000;
+const REQUEST_TIMEOUT_MS = 30_000;
 /** DeleteObjects takes at most this many keys. */
 const DELETE_BATCH = 1000;
 
@@ -75,7 +80,15 @@ export class S3ImageStore implements ImageStore {
       // S3-compatible stores; Content-MD5, which every one of them checks, guards our puts instead.
       requestChecksumCalculation: 'WHEN_REQUIRED',
       responseChecksumValidation: 'WHEN_REQUIRED',
-      requestHandler: { connectionTimeout: 5000, requestTimeout: 30_000 },
+      // A bucket that takes connections and never answers (a stalled store, a half-open network) fails
+      // requests after the timeout rather than holding image GETs, url requests and the sweeper for as
+      // long as it stays silent: without throwOnRequestTimeout the SDK only logs a warning.
+      requestHandler: {
+        connectionTimeout: 5000,
+        requestTimeout: options.requestTimeoutMs ?? REQUEST_TIMEOUT_MS,
+        throwOnRequestTimeout: true,
+        socketTimeout: options.requestTimeoutMs ?? REQUEST_TIMEOUT_MS,
+      },
     });
   }
 
@@ -121,8 +134,9 @@ export class S3ImageStore implements ImageStore {
         ContentType: contentType,
         ContentLength: data.byteLength,
         ContentMD5: createHash('md5').update(data).digest('base64'),
-        // For presigned URLs and CDNs in front of the bucket: the image never changes and dies at its expiry.
-        CacheControl: `public, max-age=${Math.round(this.options.ttlSeconds)}, immutable`,
+        // For presigned URLs and CDNs in front of the bucket: the image never changes and dies at its
+        // expiry. No max-age, which would count the whole lifetime again from each fetch and outrank Expires.
+        CacheControl: 'public, immutable',
         Expires: new Date(image.expiresAt),
       }),
     );
@@ -246,7 +260,9 @@ export class S3ImageStore implements ImageStore {
     if (!this.checked || now - this.checked.at > CHECK_CACHE_MS) {
       const result = this.client
         // A prefix no image name has (ids are hex): the answer is empty, and as cheap as a request gets.
-        .send(new ListObjectsV2Command({ Bucket: this.options.bucket, Prefix: `${this.options.prefix}.probe`, MaxKeys: 1 }))
+        .send(new ListObjectsV2Command({ Bucket: this.options.bucket, Prefix: `${this.options.prefix}.probe`, MaxKeys: 1 }), {
+          abortSignal: AbortSignal.timeout(Math.min(CHECK_TIMEOUT_MS, this.options.requestTimeoutMs ?? REQUEST_TIMEOUT_MS)),
+        })
         .then(
           () => undefined,
           (err: unknown) => {
