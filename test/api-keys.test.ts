@@ -1,3 +1,4 @@
+import { createHash } from 'node:crypto';
 import { rename, writeFile } from 'node:fs/promises';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import OpenAI, { toFile } from 'openai';
@@ -15,13 +16,14 @@ describe('the key file format', () => {
     );
     expect(keys).toEqual([
       { label: 'alice', key: 'sk-alice-0001', limits: { imagesPerMinute: 60, concurrent: 2 } },
-      { label: 'API_KEYS_FILE:4', key: 'sk-plain-0002' },
+      // Unlabelled: named by its digest, which stays when lines move (a line number would hand its limits to another key).
+      { label: `sha256:${createHash('sha256').update('sk-plain-0002').digest('hex').slice(0, 12)}`, key: 'sk-plain-0002' },
       { label: 'ci', key: 'sk-ci-0003', limits: { requestsPerMinute: 10 } },
     ]);
   });
 
   it('names every bad line, never the key', () => {
-    const text = ['a:sk-secret-1 speed=9', 'a:sk-secret-2', 'b:sk-secret-3 concurrent=0', 'c:sk secret'].join('\n');
+    const text = ['a:sk-secret-1 speed=9', 'a:sk-secret-2', 'b:sk-secret-3 concurrent=0', 'c:sk secret', 'd:sk-secret-5 concurrent=1=2', 'e:sk-secret-6 concurrent=1 concurrent=3'].join('\n');
     const error = (() => {
       try {
         parseKeyFile(text, 'keys.txt');
@@ -33,6 +35,8 @@ describe('the key file format', () => {
     expect(error!.message).toMatch(/line 1: 'speed=9' is not a limit/);
     expect(error!.message).toMatch(/line 3: 'concurrent=0' is not a limit/);
     expect(error!.message).toMatch(/the label 'a' is used twice/);
+    expect(error!.message).toMatch(/line 5: 'concurrent=1=2' is not a limit/);
+    expect(error!.message).toMatch(/line 6: concurrent is given twice/);
     expect(error!.message).not.toMatch(/sk-secret/);
   });
 });
@@ -123,14 +127,18 @@ describe("a key file's per-minute limits", () => {
     for (let i = 0; i < 3; i++) await generate('sk-free-key-0123456789');
   });
 
-  it('refuses an edit over the limit before decoding its picture: a refused request costs no decoding', async () => {
+  it('counts only valid requests, and refuses one over the limit before any work (an edit before decoding its picture)', async () => {
     const limited = await startTestServer({ keysFile: 'edits:sk-edits-key-0123456789 requests_per_minute=1\n' });
-    const editor = new OpenAI({ baseURL: limited.baseURL, apiKey: 'sk-edits-key-0123456789', maxRetries: 0 });
+    const as = new OpenAI({ baseURL: limited.baseURL, apiKey: 'sk-edits-key-0123456789', maxRetries: 0 });
+    const fails = (call: Promise<unknown>) => call.catch((e: unknown) => e);
     try {
-      // Not a picture at all: decoding it is a 400, and only a request the limit admitted gets that far.
-      const edit = async () => editor.images.edit({ model: 'stub', prompt: 'x', image: await toFile(Buffer.from('not a picture'), 'in.png') }).catch((e: unknown) => e);
-      expect(await edit()).toMatchObject({ status: 400, code: 'invalid_image_format' });
-      expect(await edit()).toMatchObject({ status: 429, code: 'rate_limit_exceeded' });
+      // Requests that cannot run use none of the minute's one request.
+      expect(await fails(as.images.generate({ model: 'no-such-model', prompt: 'x' }))).toMatchObject({ status: 400, param: 'model' });
+      expect(await fails(as.images.generate({ model: 'stub', prompt: 'x', size: '999x999' as '1024x1024' }))).toMatchObject({ status: 400, param: 'size' });
+      expect((await as.images.generate({ model: 'stub', prompt: 'x', response_format: 'b64_json' })).data).toHaveLength(1);
+      // Not a picture at all: only a request the limit admits would be decoded, and get the 400 that says so.
+      const edit = await fails(as.images.edit({ model: 'stub', prompt: 'x', image: await toFile(Buffer.from('not a picture'), 'in.png') }));
+      expect(edit).toMatchObject({ status: 429, code: 'rate_limit_exceeded' });
     } finally {
       await limited.close();
     }

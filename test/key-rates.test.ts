@@ -31,7 +31,20 @@ describe('per-key rates', () => {
     await r.admit(key, 3);
     expect((await refusal(() => r.admit(key, 2))).headers['retry-after']).toBe('60');
     await expect(r.admit(key, 1)).resolves.toBeUndefined();
-    expect((await refusal(() => r.admit(key, 5))).status).toBe(429);
+    // More than the limit can never fit: a 429 the SDKs are told not to retry, with no time to wait for.
+    const never = await refusal(() => r.admit({ label: 'carol', limits: { imagesPerMinute: 4 } }, 5));
+    expect(never).toMatchObject({ status: 429, code: 'rate_limit_exceeded', headers: { 'x-should-retry': 'false' } });
+    expect(never.headers['retry-after']).toBeUndefined();
+    expect(never.message).toMatch(/asks for 5 images, more than the key may have in a minute \(4 images\)\. Ask for at most 4/);
+  });
+
+  it('checks a request without counting it: one that proves invalid costs nothing', async () => {
+    now = 0;
+    const r = rates();
+    const key = { label: 'dora', limits: { requestsPerMinute: 1, imagesPerMinute: 2 } };
+    for (let i = 0; i < 5; i++) await r.check(key, 2);
+    await r.admit(key, 2);
+    expect((await refusal(() => r.check(key, 1))).headers['retry-after']).toBe('60');
   });
 
   it('leaves keys without limits, and servers without keys, alone', async () => {

@@ -53,6 +53,15 @@ describe.skipIf(!REDIS_SERVER)(`per-key limits shared through Redis${NO_REDIS}`,
     expect((await refusal(one.admit({ label: 'carol', limits: { imagesPerMinute: 4 } }, 5))).status).toBe(429);
   });
 
+  it('checks without counting, on every replica', async () => {
+    const [one, two] = [await replica(), await replica()];
+    const key = { label: 'fred', limits: { requestsPerMinute: 1 } };
+    now = 5_000_000;
+    for (let i = 0; i < 3; i++) await Promise.all([one.check(key, 1), two.check(key, 1)]);
+    await two.admit(key, 1);
+    expect((await refusal(one.check(key, 1))).status).toBe(429);
+  });
+
   it('lets concurrent requests from many replicas through exactly up to the limit', async () => {
     const replicas = await Promise.all([replica(), replica(), replica()]);
     const key = { label: 'dave', limits: { requestsPerMinute: 10 } };

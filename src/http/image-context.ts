@@ -50,11 +50,11 @@ function answer(reply: FastifyReply, response: ImagesResponse): ImagesResponse |
 }
 
 /**
- * The service context of a parsed request, once its key's per-minute limits admit it (else a 429);
- * from here on its log lines name what it asked for.
+ * The service context of a parsed request, once its key's per-minute limits would admit it (else a 429;
+ * the service counts it once it proved valid); from here on its log lines name what it asked for.
  */
 async function generateContext(request: FastifyRequest, reply: FastifyReply, body: GenerationRequest, { publicBaseUrl, logPrompts, rates, slots }: ImagesOptions): Promise<GenerateContext> {
-  await rates.admit(request.apiKey, body.n);
+  await rates.check(request.apiKey, body.n);
   // Every later line of this request (errors, Fastify's "request completed") names what it asked for.
   request.log = reply.log = request.log.child({
     model: body.model,
@@ -68,6 +68,7 @@ async function generateContext(request: FastifyRequest, reply: FastifyReply, bod
     // A store that hands out its own addresses (S3 presigned URLs) names them; else this server's files route.
     urlFor: (image) => image.url ?? `${base}${imagePath(image)}`,
     log: request.log,
+    admit: () => rates.admit(request.apiKey, body.n),
     // Queue fairness is per key (by its label); a key file's `concurrent` limit bounds its running work.
     client: request.apiKey?.label,
     limits: request.apiKey?.limits?.concurrent === undefined ? undefined : { maxConcurrent: request.apiKey.limits.concurrent },

@@ -5,7 +5,10 @@ import type { ApiKey } from './keys.js';
  * API_KEYS_FILE's per-minute limits of a key: requests_per_minute and images_per_minute (the sum of its
  * requests' n), over a sliding minute. Our own rather than @fastify/rate-limit because that counts
  * requests only, and one small window serves both measures. A request over either limit gets 429 with
- * the seconds until it would fit; a refused request is not counted.
+ * the seconds until it would fit; a refused request is not counted, nor is one that turns out invalid:
+ * the routes check() a request as it comes (a refusal then costs no work, such as decoding an upload)
+ * and admit() it, counting it, once it is known to be valid. A request for more images than the key
+ * may have in a minute can never fit: it gets a 429 not to be retried.
  *
  * Where the minute's spending is kept is a ledger: this process's memory (one server), or Redis, which
  * replicas share so that a key's limits hold across all of them (redis-ledger.ts).
@@ -28,10 +31,10 @@ export interface WindowLimits {
 export interface RateLedger {
   /**
    * In one atomic step: forgets `label`'s entries older than `windowMs` before `entry.at`; then, if the
-   * rest plus `entry` stay within `limits` (fits()), records `entry` and returns null, else returns the
-   * rest, oldest first, leaving `entry` out.
+   * rest plus `entry` stay within `limits` (fits()), records `entry` (unless `record` is false: a check)
+   * and returns null, else returns the rest, oldest first, leaving `entry` out.
    */
-  spend(label: string, entry: Spent, limits: WindowLimits, windowMs: number): Promise<Spent[] | null>;
+  spend(label: string, entry: Spent, limits: WindowLimits, windowMs: number, record?: boolean): Promise<Spent[] | null>;
 }
 
 /** Whether `recent` plus `entry` stay within `limits`: the rule every ledger applies (redis-ledger.ts in Lua). */
@@ -44,14 +47,11 @@ function fits(recent: readonly Spent[], entry: Spent, limits: WindowLimits): boo
 export class MemoryLedger implements RateLedger {
   private readonly spent = new Map<string, Spent[]>();
 
-  async spend(label: string, entry: Spent, limits: WindowLimits, windowMs: number): Promise<Spent[] | null> {
+  async spend(label: string, entry: Spent, limits: WindowLimits, windowMs: number, record = true): Promise<Spent[] | null> {
     const recent = (this.spent.get(label) ?? []).filter((s) => s.at > entry.at - windowMs);
-    if (!fits(recent, entry, limits)) {
-      this.spent.set(label, recent);
-      return recent;
-    }
-    this.spent.set(label, [...recent, entry]);
-    return null;
+    const fit = fits(recent, entry, limits);
+    this.spent.set(label, fit && record ? [...recent, entry] : recent);
+    return fit ? null : recent;
   }
 }
 
@@ -61,12 +61,29 @@ export class KeyRates {
     private readonly ledger: RateLedger = new MemoryLedger(),
   ) {}
 
+  /** Throws the 429 that `admit` would throw now, counting nothing: for a request not yet known to be valid. */
+  check(key: Omit<ApiKey, 'key'> | null, images: number): Promise<void> {
+    return this.spend(key, images, false);
+  }
+
   /** Counts a request for `images` images from `key`, or throws the 429 that says when to retry. */
-  async admit(key: Omit<ApiKey, 'key'> | null, images: number): Promise<void> {
+  admit(key: Omit<ApiKey, 'key'> | null, images: number): Promise<void> {
+    return this.spend(key, images, true);
+  }
+
+  private async spend(key: Omit<ApiKey, 'key'> | null, images: number, record: boolean): Promise<void> {
     const limits = key?.limits;
     if (!key || !limits || (limits.requestsPerMinute === undefined && limits.imagesPerMinute === undefined)) return;
+    if (limits.imagesPerMinute !== undefined && images > limits.imagesPerMinute) {
+      throw new ApiError(
+        429,
+        `Rate limit reached for API key '${key.label}': this request asks for ${images} images, more than the key may have in a minute (${plural(limits.imagesPerMinute, 'image')}). Ask for at most ${limits.imagesPerMinute} at a time.`,
+        // Waiting cannot help: the SDKs are told not to retry.
+        { type: 'requests', code: 'rate_limit_exceeded', headers: { 'x-should-retry': 'false' } },
+      );
+    }
     const now = this.now();
-    const recent = await this.ledger.spend(key.label, { at: now, images }, { requests: limits.requestsPerMinute, images: limits.imagesPerMinute }, MINUTE_MS);
+    const recent = await this.ledger.spend(key.label, { at: now, images }, { requests: limits.requestsPerMinute, images: limits.imagesPerMinute }, MINUTE_MS, record);
     if (!recent) return;
     const wait = Math.max(
       limits.requestsPerMinute !== undefined && recent.length + 1 > limits.requestsPerMinute ? waitFor(recent, recent.length + 1 - limits.requestsPerMinute, () => 1, now) : 0,
@@ -92,7 +109,6 @@ function waitFor(recent: Spent[], excess: number, weight: (s: Spent) => number, 
 }
 
 function imageWait(recent: Spent[], images: number, limit: number, now: number): number {
-  if (images > limit) return MINUTE_MS;
   const used = recent.reduce((sum, s) => sum + s.images, 0);
   return used + images > limit ? waitFor(recent, used + images - limit, (s) => s.images, now) : 0;
 }

@@ -10,7 +10,7 @@ import type { FastifyBaseLogger } from 'fastify';
  * be compared.
  *
  * API_KEYS_FILE has one key a line, `[label:]key [limit=value ...]`; blank lines and lines starting with
- * `#` are skipped. A key containing ':' needs a label. Limits (all optional, whole numbers >= 1):
+ * `#` are skipped. Limits (all optional, whole numbers >= 1, each at most once a line):
  * requests_per_minute, images_per_minute, concurrent. Example:
  *
  *     # team, key, limits
@@ -29,7 +29,11 @@ export interface KeyLimits {
 }
 
 export interface ApiKey {
-  /** How logs name the key: its label in API_KEYS_FILE, else where it was configured (`API_KEYS[2]`, `API_KEYS_FILE:7`). */
+  /**
+   * How logs, limits and the queue name the key: its label in API_KEYS_FILE, else `sha256:` and the start
+   * of its digest there (stable when lines move, unlike a line number; names nothing of the key), or
+   * where it was configured (`API_KEYS[2]`).
+   */
   label: string;
   key: string;
   limits?: KeyLimits;
@@ -48,6 +52,9 @@ const LABEL = /^[A-Za-z0-9._@/-]{1,64}$/;
 /** RFC 6750's b64token: what may follow "Bearer " in Authorization. */
 const KEY = /^[A-Za-z0-9._~+/-]+=*$/;
 
+/** Comparing fixed-size digests keeps the comparison's time independent of the key and of its length. */
+const digest = (key: string) => createHash('sha256').update(key).digest();
+
 /** Reads API_KEYS_FILE's text; throws KeyFileError naming every bad line. */
 export function parseKeyFile(text: string, file: string): ApiKey[] {
   const keys: ApiKey[] = [];
@@ -57,17 +64,19 @@ export function parseKeyFile(text: string, file: string): ApiKey[] {
     if (!first || first.startsWith('#')) return;
     const where = `line ${index + 1}`;
     const colon = first.indexOf(':');
-    const label = colon < 0 ? `API_KEYS_FILE:${index + 1}` : first.slice(0, colon);
     const key = colon < 0 ? first : first.slice(colon + 1);
+    const label = colon < 0 ? `sha256:${digest(key).toString('hex').slice(0, 12)}` : first.slice(0, colon);
     if (colon >= 0 && !LABEL.test(label)) problems.push(`${where}: the label must be 1 to 64 letters, digits or ._@/-`);
-    if (!KEY.test(key)) problems.push(`${where}: the key must be letters, digits and -._~+/ (a key containing ':' needs a label)`);
+    if (!KEY.test(key)) problems.push(`${where}: the key must be letters, digits and -._~+/ (one ':' at most, after the label)`);
     const limits: KeyLimits = {};
     for (const setting of settings) {
-      const [name, value] = setting.split('=');
-      const field = LIMIT_NAMES[name as keyof typeof LIMIT_NAMES];
-      if (!field || !/^[1-9]\d{0,8}$/.test(value ?? '')) {
+      const match = /^([a-z_]+)=([1-9]\d{0,8})$/.exec(setting);
+      const field = match && LIMIT_NAMES[match[1] as keyof typeof LIMIT_NAMES];
+      if (!match || !field) {
         problems.push(`${where}: '${setting}' is not a limit: expected ${Object.keys(LIMIT_NAMES).join('=N, ')}=N with N a whole number >= 1`);
-      } else limits[field] = Number(value);
+      } else if (limits[field] !== undefined) {
+        problems.push(`${where}: ${match[1]} is given twice`);
+      } else limits[field] = Number(match[2]);
     }
     keys.push({ label, key, ...(Object.keys(limits).length > 0 && { limits }) });
   });
@@ -80,9 +89,6 @@ export function parseKeyFile(text: string, file: string): ApiKey[] {
   if (problems.length > 0) throw new KeyFileError(file, problems);
   return keys;
 }
-
-/** Comparing fixed-size digests keeps the comparison's time independent of the key and of its length. */
-const digest = (key: string) => createHash('sha256').update(key).digest();
 
 /** How often API_KEYS_FILE is checked for changes: polling sees editors' renames and Kubernetes' symlink swaps alike. */
 const POLL_INTERVAL_MS = 1000;

@@ -27,6 +27,9 @@ local maxRequests, maxImages = tonumber(ARGV[4]), tonumber(ARGV[5])
 if (maxRequests >= 0 and #recent + 1 > maxRequests) or (maxImages >= 0 and images + tonumber(ARGV[3]) > maxImages) then
   return recent
 end
+if ARGV[7] ~= '1' then
+  return false
+end
 redis.call('ZADD', KEYS[1], at, ARGV[6])
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return false
@@ -35,7 +38,7 @@ return false
 declare module 'ioredis' {
   interface RedisCommander<Context> {
     /** Defined by RedisLedger: the members of the window when `entry` does not fit, else null (and `entry` recorded). */
-    imagegenSpend(key: string, at: number, windowMs: number, images: number, maxRequests: number, maxImages: number, member: string): Result<string[] | null, Context>;
+    imagegenSpend(key: string, at: number, windowMs: number, images: number, maxRequests: number, maxImages: number, member: string, record: 0 | 1): Result<string[] | null, Context>;
   }
 }
 
@@ -53,14 +56,14 @@ export class RedisLedger implements RateLedger {
     this.status = new RedisFallback(logger, 'per-key rates are counted per server until it can', 'per-key rates are shared again');
   }
 
-  async spend(label: string, entry: Spent, limits: WindowLimits, windowMs: number): Promise<Spent[] | null> {
+  async spend(label: string, entry: Spent, limits: WindowLimits, windowMs: number, record = true): Promise<Spent[] | null> {
     const member = `${entry.at}:${entry.images}:${randomBytes(6).toString('hex')}`;
     let members: string[] | null;
     try {
-      members = await this.redis.imagegenSpend(`${KEY_PREFIX}${label}`, entry.at, windowMs, entry.images, limits.requests ?? -1, limits.images ?? -1, member);
+      members = await this.redis.imagegenSpend(`${KEY_PREFIX}${label}`, entry.at, windowMs, entry.images, limits.requests ?? -1, limits.images ?? -1, member, record ? 1 : 0);
     } catch (err) {
       this.status.failed(err);
-      return this.fallback.spend(label, entry, limits, windowMs);
+      return this.fallback.spend(label, entry, limits, windowMs, record);
     }
     this.status.answered();
     return members && members.map((m) => ({ at: Number(m.split(':')[0]), images: Number(m.split(':')[1]) }));

@@ -52,6 +52,8 @@ export interface GenerateContext {
   /** The absolute URL of a stored image, as this request's client reaches the server. */
   urlFor(image: StoredImage): string;
   log: Pick<BaseLogger, 'info'>;
+  /** Counts the request against its key's per-minute limits, once it is known to be valid; throws the 429 when over them. */
+  admit?(): Promise<void>;
   /** Who sent the request (an opaque id, e.g. the API key's label): the queue keeps clients fair to each other. Default 'anonymous'. */
   client?: string;
   /** The client's own queue limits, if it has any. */
@@ -224,6 +226,7 @@ export function createImageService({ registry, engine, store, defaultRng }: Imag
       // Counted first: a tokenizer that cannot load fails the request before any work is spent on it.
       // Streamed responses carry usage whatever the dialect: OpenAI's completed event has it.
       const textTokens = request.dialect === 'gpt-image' || request.stream ? await promptTokens.count(model, request.prompt) : undefined;
+      await context.admit?.();
       const { images, data, generated } = await produce(batches, request, context);
       const [{ width, height, steps, strength }] = batches;
       // The request's logger already names the model, size and n it asked for; these are what ran.
