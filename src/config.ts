@@ -114,7 +114,8 @@ const absoluteUrl = z
 const SETTINGS = {
   port: { schema: integer(0, 65535).default(8000), description: 'TCP port to listen on (0 picks a free one)' },
   host: {
-    schema: z.string().min(1).default('127.0.0.1'),
+    // An IPv6 address as URLs write it ([::1]) is what Node's listen() cannot resolve.
+    schema: z.string().min(1).default('127.0.0.1').transform((host) => host.replace(/^\[(.*)\]$/, '$1')),
     description: 'interface to listen on; anything but loopback requires API_KEYS',
   },
   apiKeys: {

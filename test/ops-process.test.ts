@@ -161,3 +161,16 @@ describe('worker processes', () => {
     }
   });
 });
+
+describe('HOST and SIGHUP', () => {
+  it('listens on an IPv6 address written as in URLs ([::1]), and lives through SIGHUP without keys to reload', async () => {
+    server = await spawnIn(root, { env: { HOST: '[::1]', API_KEYS: '' } });
+    expect(server.origin).toMatch(/^http:\/\/\[::1\]:\d+$/);
+    await untilReady(server.origin);
+    // SIGHUP reloads the key file; with none, its default action would end the server.
+    server.child.kill('SIGHUP');
+    await expect.poll(() => server!.log.some((line) => line.includes('SIGHUP: there are no API keys to reload'))).toBe(true);
+    expect((await fetch(`${server.origin}/health`)).status).toBe(200);
+    expect(server.child.exitCode).toBeNull();
+  });
+});

@@ -40,13 +40,14 @@ function mask(key: string): string {
 async function authPlugin(app: FastifyInstance, options: AuthOptions): Promise<void> {
   app.decorateRequest('apiKey', null);
   const keys = await KeyRing.open({ ...options, logger: app.log });
-  if (!keys.enabled) return;
-  const reload = () => void keys.reload();
+  // Handled with keys or without: SIGHUP's default action would end the server, requests in flight and all.
+  const reload = () => (keys.enabled ? void keys.reload() : app.log.info('SIGHUP: there are no API keys to reload'));
   process.on('SIGHUP', reload);
   app.addHook('onClose', async () => {
     process.off('SIGHUP', reload);
     keys.close();
   });
+  if (!keys.enabled) return;
 
   app.addHook('onRequest', async (request, reply) => {
     // Unknown URLs answer 404 to everyone: a wrong base URL is then told apart from a wrong key.
