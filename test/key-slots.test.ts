@@ -79,6 +79,22 @@ describe.skipIf(!REDIS_SERVER)(`'concurrent' slots shared through Redis${NO_REDI
     stuck.state.finish();
   });
 
+  it('leaves no lease behind when taking a slot timed out on a stalled Redis that later resumes', async () => {
+    const { slots, connection } = await replica();
+    const key = { label: 'erin', limits: { concurrent: 1 } };
+    redis.signal('SIGSTOP');
+    try {
+      // The take times out (1 s): the work runs unshared, as while Redis is down.
+      expect(await slots.hold(key, never, async () => 'ran')).toBe('ran');
+    } finally {
+      redis.signal('SIGCONT');
+    }
+    // Redis then runs the take it had received, and the removal sent after it.
+    await expect.poll(() => connection.zcard('imagegen:slots:erin'), { timeout: 5000, interval: 50 }).toBe(0);
+    await tick();
+    expect(await connection.zcard('imagegen:slots:erin')).toBe(0);
+  });
+
   it('answers 503 queue_timeout after the longest wait, and ends a waiting request whose client left with its reason', async () => {
     const { slots } = await replica({ maxWaitMs: 200 });
     const key = { label: 'dave', limits: { concurrent: 1 } };

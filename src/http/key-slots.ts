@@ -90,6 +90,10 @@ export class KeySlots {
         taken = await this.redis.imagegenTakeSlot(slots, now, limit, now + this.leaseMs, id, 2 * this.leaseMs);
       } catch (err) {
         this.status.failed(err);
+        // A take that timed out here may still run once a stalled Redis resumes, leaving a lease nobody
+        // renews or ends that holds the slot until it runs out. Sent after it on the same connection,
+        // this removal runs after it.
+        this.redis.zrem(slots, id).catch(() => undefined);
         return false;
       }
       this.status.answered();

@@ -16,6 +16,8 @@ export interface TestRedis {
   connect(): Promise<Redis>;
   /** Stops the server now (a test of Redis going away); the describe's end then stops nothing more. */
   stop(): Promise<void>;
+  /** Sends the server a signal: SIGSTOP stalls it (connections open, nothing answered), SIGCONT resumes it. */
+  signal(signal: NodeJS.Signals): void;
 }
 
 /** A throw-away redis-server for the describe this is called in, started before its tests and stopped after them. */
@@ -39,5 +41,6 @@ export function useRedis(): TestRedis {
       return connection;
     },
     stop: () => service!.stop(),
+    signal: (signal) => void service!.child.kill(signal),
   };
 }
