@@ -113,12 +113,13 @@ async function draw(batch: GenerationBatch, item: BatchItem): Promise<GeneratedI
   return { data: new Uint8Array(data), contentType: IMAGE_FORMATS[format].contentType, seed };
 }
 
-export interface TestServer {
+/** `E`: the engine behind the app, the fake one unless a test passes a real pool. */
+export interface TestServer<E extends EnginePool = FakeEngine> {
   /** The API base URL, ending in /v1. */
   baseURL: string;
   origin: string;
   client: OpenAI;
-  engine: FakeEngine;
+  engine: E;
   store: FileImageStore;
   registry: ModelRegistry;
   modelsDir: string;
@@ -128,10 +129,10 @@ export interface TestServer {
   close(): Promise<void>;
 }
 
-export interface TestServerOptions {
+export interface TestServerOptions<E extends EnginePool = FakeEngine> {
   apiKeys?: string[];
   aliases?: Record<string, string>;
-  engine?: FakeEngine;
+  engine?: E;
   ttlSeconds?: number;
   maxStoreBytes?: number;
   config?: Partial<AppConfig>;
@@ -148,7 +149,7 @@ export interface TestServerOptions {
 export const TEST_KEY = 'sk-test-0123456789abcdef';
 
 /** A server with one stub model, `stub`, aliased as dall-e-3. */
-export async function startTestServer(options: TestServerOptions = {}): Promise<TestServer> {
+export async function startTestServer<E extends EnginePool = FakeEngine>(options: TestServerOptions<E> = {}): Promise<TestServer<E>> {
   const root = await mkdtemp(path.join(os.tmpdir(), 'imagegen-api-'));
   const modelsDir = path.join(root, 'models');
   await writeStubModel(path.join(modelsDir, 'stub'), { sizes: STUB_SIZES, default_size: '64x64' });
@@ -157,7 +158,8 @@ export async function startTestServer(options: TestServerOptions = {}): Promise<
   if (keysFile) await writeFile(keysFile, options.keysFile!);
   const apiKeys = options.apiKeys ?? (keysFile ? [] : [TEST_KEY]);
 
-  const engine = options.engine ?? new FakeEngine();
+  // Without an engine of the test's, the fake one: E is then FakeEngine, its default.
+  const engine = options.engine ?? (new FakeEngine() as unknown as E);
   const store = await FileImageStore.open({ dir: dataDir, ttlSeconds: options.ttlSeconds ?? 3600, maxBytes: options.maxStoreBytes ?? 1e9, logger: silentLogger, clock: options.clock });
   const registry = new ModelRegistry({
     roots: [{ dir: modelsDir, ownedBy: 'user' }],
