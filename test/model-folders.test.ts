@@ -154,7 +154,21 @@ describe('one verdict for the registry, its log, /ready, "imagegen models list" 
       models: [],
       unusable: unusable.map(({ id, reason }) => ({ model: id, reason })),
     });
+    // /ready needs no key: a peer elsewhere (a load balancer) gets the status, not the folders and reasons.
+    const remote = await app.inject({ method: 'GET', url: '/ready', remoteAddress: '203.0.113.5' });
+    expect(remote.json()).toEqual({ status: 'ready', workers: { total: 1, ready: 1 }, models: [] });
     await app.close();
+
+    const starting = new FakeEngine();
+    starting.readiness = () => ({ ready: false, workers: { total: 1, ready: 0 }, models: [{ model: 'good', loadedOn: 0, error: `cannot read ${modelsDir}/good/unet/model.onnx` }] });
+    const notReady = Fastify();
+    await notReady.register(health, { engine: starting, registry });
+    const [here, elsewhere] = await Promise.all(['127.0.0.1', '203.0.113.5'].map((remoteAddress) => notReady.inject({ method: 'GET', url: '/ready', remoteAddress })));
+    expect([here.statusCode, elsewhere.statusCode]).toEqual([503, 503]);
+    expect(here.json().error.message).toContain(`${modelsDir}/good/unet/model.onnx`);
+    expect(elsewhere.json().error).toEqual({ message: expect.stringMatching(/^The server is starting and cannot generate yet; the server's log says why/), type: 'server_error', param: null, code: 'not_ready' });
+    expect(elsewhere.headers['retry-after']).toBe('5');
+    await notReady.close();
 
     // An install refuses what the server would skip, with the same reason.
     const refused = await importModel({ modelsDir, source: misfit, name: 'misfit-copy', load: false, output: silentOutput }).catch((err: Error) => err);

@@ -15,6 +15,10 @@ import { sendError } from './errors.js';
  *
  * Probes come every few seconds, so their requests are not logged (logLevel warn) and a 503 from /ready
  * is no error with a stack trace: the log gets one line when readiness changes, saying why.
+ *
+ * /ready needs no key, so the reasons (a bucket's name and address, model folders and their errors) go
+ * only to peers on this machine (request.ip: behind a TRUST_PROXY proxy, the client's); a balancer
+ * elsewhere needs only the status, and its answers point to the log.
  */
 
 export interface HealthOptions {
@@ -63,6 +67,15 @@ async function storeProblem(store: HealthOptions['store']): Promise<ApiError | u
   );
 }
 
+/** A peer on this machine: loopback, IPv4 or IPv6 (or IPv4 mapped into IPv6). */
+const isLocalPeer = (ip: string) => ip === '::1' || /^(::ffff:)?127\./.test(ip);
+
+/** What a peer elsewhere is told instead of `error`'s reasons: the same status, code and headers. */
+function withoutReasons(error: ApiError): ApiError {
+  const what = error.code === 'storage_unavailable' ? 'The image store cannot be used' : 'The server is starting and cannot generate yet';
+  return new ApiError(error.status, `${what}; the server's log says why (as does /ready asked from the server's own machine).`, { code: error.code, headers: error.headers });
+}
+
 export async function health(app: FastifyInstance, { engine, registry, store }: HealthOptions): Promise<void> {
   /** What /ready last said: 'ready' or the not-ready message. */
   let lastState: string | undefined;
@@ -75,14 +88,15 @@ export async function health(app: FastifyInstance, { engine, registry, store }: 
 
   app.get('/health', PROBE, async () => ({ status: 'ok', queue: engine.load() }));
 
-  app.get('/ready', PROBE, async (_request, reply) => {
+  app.get('/ready', PROBE, async (request, reply) => {
+    const local = isLocalPeer(request.ip);
     const readiness = engine.readiness();
     const error = readiness.ready ? await storeProblem(store) : notReady(readiness);
     if (error) {
       logChange(error.message);
-      return sendError(reply, error);
+      return sendError(reply, local ? error : withoutReasons(error));
     }
     logChange('ready');
-    return { status: 'ready', workers: readiness.workers, models: readiness.models, ...unusableModels(registry) };
+    return { status: 'ready', workers: readiness.workers, models: readiness.models, ...(local && unusableModels(registry)) };
   });
 }
