@@ -1,4 +1,4 @@
-import { cp, mkdir, mkdtemp, readdir, rm, stat, truncate, writeFile } from 'node:fs/promises';
+import { appendFile, cp, mkdir, mkdtemp, readdir, readFile, rm, stat, truncate, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import Fastify from 'fastify';
@@ -116,6 +116,43 @@ describe('folders the server cannot run', () => {
     const dir = await copyOfReference('sd15-fp16');
     await rm(path.join(dir, 'tokenizer'), { recursive: true });
     expect(reasonOf(await inspectModelFolder(dir))).toMatch(/^missing tokenizer\/ \(tokenizer\.json or vocab\.json \+ merges\.txt\)$/);
+  });
+});
+
+describe('rescans', () => {
+  it('see a file finished or replaced inside a component folder, and reload sessions only when weights or configs changed', async () => {
+    const dir = await installedCopy('sd15-optimum', 'copying');
+    const weights = path.join(dir, 'unet', 'model.onnx_data');
+    const whole = await readFile(weights);
+    // The copy's last file is still being written when the server scans.
+    await writeFile(weights, whole.subarray(0, whole.length >> 1));
+    const registry = new ModelRegistry({ roots: [{ dir: modelsDir, ownedBy: 'user' }], aliases: {}, logger: capturedLogs().logger, minRescanIntervalMs: 0 });
+    await registry.scan();
+    expect(registry.unusable().map((u) => u.reason)).toEqual([expect.stringMatching(/unet\/model.onnx_data is truncated/)]);
+    // The rest arrives: neither the model's folder nor unet/ changes its mtime, only the file does.
+    const folderTimes = [await stat(dir), await stat(path.join(dir, 'unet'))].map((info) => info.mtimeMs);
+    await appendFile(weights, whole.subarray(whole.length >> 1));
+    expect([await stat(dir), await stat(path.join(dir, 'unet'))].map((info) => info.mtimeMs)).toEqual(folderTimes);
+    await registry.scan();
+    const first = await registry.resolve('copying');
+    expect(registry.unusable()).toEqual([]);
+    expect(first).toBeDefined();
+
+    // A preset edited: served at once, and the same sessions (version) serve it.
+    await writeFile(path.join(dir, 'imagegen.json'), JSON.stringify({ sizes: ['256x256'], default_size: '256x256' }));
+    await registry.scan();
+    const preset = (await registry.resolve('copying'))!;
+    expect(preset.preset.sizes).toEqual(['256x256']);
+    expect(preset.version).toBe(first!.version);
+    // A config edited in place: inspected again (here refused), and a new version once usable.
+    const scheduler = path.join(dir, 'scheduler', 'scheduler_config.json');
+    const config = await readFile(scheduler, 'utf8');
+    await writeFile(scheduler, config.replace(/"_class_name": *"[^"]*"/, '"_class_name": "NoSuchScheduler"'));
+    await registry.scan();
+    expect(registry.unusable().map((u) => u.reason)).toEqual([expect.stringMatching(/NoSuchScheduler/)]);
+    await writeFile(scheduler, config);
+    await registry.scan();
+    expect((await registry.resolve('copying'))!.version).not.toBe(first!.version);
   });
 });
 

@@ -1,9 +1,10 @@
+import { createHash } from 'node:crypto';
 import { readdir, stat } from 'node:fs/promises';
 import path from 'node:path';
 import type { Logger } from 'pino';
 import type { Capability } from '../families/family.js';
 import type { ModelLayout } from './layout.js';
-import { inspectModelFolder, type UnusableModel } from './model-folder.js';
+import { inspectModelFolder, OVERRIDE_FILE, type UnusableModel } from './model-folder.js';
 import type { ModelPreset } from './presets.js';
 
 /**
@@ -23,7 +24,7 @@ export interface ModelEntry {
   capabilities: Capability[];
   /** Unix seconds: when the folder was last changed. */
   created: number;
-  /** Changes whenever the folder's contents are replaced, so workers reload rather than keep old sessions. */
+  /** Changes whenever a file of the folder other than imagegen.json changes, so workers reload rather than keep old sessions. */
   version: string;
   ownedBy: string;
 }
@@ -64,7 +65,7 @@ export function modelRoots(modelsDir: string | undefined, embeddedDir: string): 
 
 interface Inspection {
   id: string;
-  /** Changes whenever the folder or one of its direct children changes. */
+  /** Changes whenever a file in the folder changes (see folderSignature). */
   signature: string;
   result: ModelEntry | UnusableModel;
 }
@@ -78,12 +79,30 @@ export async function modelFolderNames(root: string): Promise<string[]> {
     .sort();
 }
 
-/** mtimes of the folder and its direct children: cheap, and catches components added or replaced. */
-async function folderSignature(dir: string): Promise<{ signature: string; mtimeMs: number }> {
+/** Deep enough for every layout (component folders, Optimum's onnx/ and tokenizer_2/ within them). */
+const SIGNATURE_DEPTH = 3;
+
+/**
+ * The size and mtime of every file in the folder, down to SIGNATURE_DEPTH: a few dozen stats for an
+ * export, and they catch what the folder's own mtime does not: a file rewritten in place (weights
+ * replaced, a config edited, a copy whose last file was still being written at the last scan).
+ * `weights` leaves imagegen.json out: its presets are the server's, and editing them must not make
+ * every worker load the model's sessions again.
+ */
+async function folderSignature(dir: string): Promise<{ signature: string; weights: string; mtimeMs: number }> {
   const own = await stat(dir);
-  const children = await readdir(dir);
-  const times = await Promise.all(children.sort().map(async (child) => `${child}:${(await stat(path.join(dir, child))).mtimeMs}`));
-  return { signature: [own.mtimeMs, ...times].join('|'), mtimeMs: own.mtimeMs };
+  const files: string[] = [];
+  const visit = async (rel: string, depth: number) => {
+    for (const name of (await readdir(path.join(dir, rel))).sort()) {
+      const child = rel ? `${rel}/${name}` : name;
+      const info = await stat(path.join(dir, child)).catch(() => undefined); // a link to nothing: inspection says so
+      if (info?.isDirectory() && depth < SIGNATURE_DEPTH) await visit(child, depth + 1);
+      files.push(`${child}:${info?.size}:${info?.mtimeMs}`);
+    }
+  };
+  await visit('', 1);
+  const weights = files.filter((entry) => !entry.startsWith(`${OVERRIDE_FILE}:`)).join('|');
+  return { signature: files.join('|'), weights, mtimeMs: own.mtimeMs };
 }
 
 async function inspect(id: string, dir: string, ownedBy: string, mtimeMs: number, version: string): Promise<ModelEntry | UnusableModel> {
@@ -192,16 +211,17 @@ export class ModelRegistry {
    */
   private async inspectCached(id: string, dir: string, ownedBy: string): Promise<ModelEntry | UnusableModel | undefined> {
     let signature: string;
+    let weights: string;
     let mtimeMs: number;
     try {
-      ({ signature, mtimeMs } = await folderSignature(dir));
+      ({ signature, weights, mtimeMs } = await folderSignature(dir));
     } catch {
       this.inspections.delete(dir);
       return undefined;
     }
     const cached = this.inspections.get(dir);
     if (cached?.signature === signature) return cached.result;
-    const result = await inspect(id, dir, ownedBy, mtimeMs, signature);
+    const result = await inspect(id, dir, ownedBy, mtimeMs, createHash('sha256').update(weights).digest('hex').slice(0, 16));
     if (!isUsable(result)) this.options.logger.warn({ model: id, dir }, `skipping model: ${result.reason}`);
     this.inspections.set(dir, { id, signature, result });
     return result;
