@@ -156,6 +156,24 @@ describe('rescans', () => {
   });
 });
 
+describe('aliases', () => {
+  it('give way to an installed model of the same name in lookups as in the list, and the scan says so', async () => {
+    await installedCopy('sd-turbo', 'good');
+    await installedCopy('sd-turbo', 'dall-e-3');
+    const logs = capturedLogs<{ msg: string }>();
+    const registry = new ModelRegistry({ roots: [{ dir: modelsDir, ownedBy: 'user' }], aliases: { 'dall-e-3': 'good', 'dall-e-2': 'good' }, logger: logs.logger });
+    await registry.scan();
+    expect((await registry.resolve('dall-e-3'))!.id).toBe('dall-e-3');
+    expect((await registry.resolve('dall-e-2'))!.id).toBe('good');
+    expect(registry.list().map(({ id, model }) => [id, model.id])).toEqual([
+      ['dall-e-3', 'dall-e-3'],
+      ['good', 'good'],
+      ['dall-e-2', 'good'],
+    ]);
+    expect(logs.lines.map((line) => line.msg)).toContain("the alias 'dall-e-3' is hidden by the installed model 'dall-e-3', which requests for 'dall-e-3' get: rename that model folder, or drop the alias");
+  });
+});
+
 describe('one verdict for the registry, its log, /ready, "imagegen models list" and installs', () => {
   it('gives each unusable folder the same reason everywhere, and serves only the usable ones', async () => {
     await installedCopy('sd-turbo', 'good');

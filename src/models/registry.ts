@@ -154,11 +154,14 @@ export class ModelRegistry {
     return Date.now() - this.lastScan >= this.minRescanIntervalMs ? this.scan() : Promise.resolve();
   }
 
-  /** The model an id or alias names, rescanning first (rate-limited) when it is unknown. */
+  /**
+   * The model an id or alias names, rescanning first (rate-limited) when it is unknown. An installed
+   * model's id wins over an alias of the same name, here as in list(): the scan logs such an alias.
+   */
   async resolve(id: string): Promise<ModelEntry | undefined> {
-    const target = Object.hasOwn(this.options.aliases, id) ? this.options.aliases[id] : id;
-    if (!this.models.has(target)) await this.refresh();
-    return this.models.get(target);
+    const named = () => this.models.get(id) ?? (Object.hasOwn(this.options.aliases, id) ? this.models.get(this.options.aliases[id]) : undefined);
+    if (!named()) await this.refresh();
+    return named();
   }
 
   /** Installed models by id, then the aliases whose model is installed. */
@@ -201,7 +204,12 @@ export class ModelRegistry {
 
     const added = [...found.keys()].filter((id) => !this.models.has(id));
     const removed = [...this.models.keys()].filter((id) => !found.has(id));
-    if (added.length || removed.length) logger.info({ added, removed, models: [...found.keys()] }, 'models changed');
+    if (added.length || removed.length) {
+      logger.info({ added, removed, models: [...found.keys()] }, 'models changed');
+      for (const alias of Object.keys(this.options.aliases).filter((name) => found.has(name) && this.options.aliases[name] !== name)) {
+        logger.warn({ alias, target: this.options.aliases[alias] }, `the alias '${alias}' is hidden by the installed model '${alias}', which requests for '${alias}' get: rename that model folder, or drop the alias`);
+      }
+    }
     this.models = found;
   }
 
