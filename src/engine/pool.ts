@@ -1,3 +1,4 @@
+import { existsSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import type { Logger } from 'pino';
@@ -358,7 +359,9 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
     readiness() {
       const live = workers().filter((w) => w.alive);
       const ready = readyWorkers().length;
-      const models = preload.map(({ dir }) => ({
+      // A preloaded model whose folder was removed since cannot hold readiness back: the other models
+      // are served (a worker started since could not load it, and never will).
+      const models = preload.filter(({ dir }) => existsSync(dir)).map(({ dir }) => ({
         model: modelName(dir),
         loadedOn: live.filter((w) => w.loadedOnce.has(dir)).length,
         ...(loadErrors.has(dir) && { error: loadErrors.get(dir) }),

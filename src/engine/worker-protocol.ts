@@ -55,5 +55,8 @@ export type FromWorker =
   | { type: 'event'; event: BatchEvent }
   /** `held`: the model folders the worker holds once the batch is over (a load may have evicted others, running out of memory released its own). */
   | { type: 'done'; images: GeneratedImage[]; held: string[] }
-  /** The batch failed or was cancelled; the worker is fine and takes the next one. */
-  | { type: 'failed'; error: { name: string; message: string; stack?: string }; held: string[] };
+  /**
+   * The batch failed or was cancelled; the worker is fine and takes the next one. `problem`: what is
+   * wrong with a model folder that could not be loaded (ModelLayoutError.problem, which names no path).
+   */
+  | { type: 'failed'; error: { name: string; message: string; stack?: string; problem?: string }; held: string[] };

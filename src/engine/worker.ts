@@ -1,6 +1,7 @@
 import { readdirSync, readFileSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import { inspect } from 'node:util';
+import { ModelLayoutError } from '../models/layout.js';
 import type { MemorySource } from '../pipelines/memory-plan.js';
 import { GenerationCancelled } from '../pipelines/pipeline.js';
 import { WorkerRuntime } from '../pipelines/run.js';
@@ -155,7 +156,8 @@ function run(batch: GenerationBatch): void {
       reportMemory(batch.modelDir);
       // Only these fields: an error's other properties need not survive serialisation.
       const { name, message, stack } = err instanceof Error ? err : new Error(inspect(err));
-      await send({ type: 'failed', error: { name, message, stack }, held: current().heldModels() });
+      const problem = err instanceof ModelLayoutError ? { problem: err.problem } : {};
+      await send({ type: 'failed', error: { name, message, stack, ...problem }, held: current().heldModels() });
     } finally {
       running = undefined;
     }

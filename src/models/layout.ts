@@ -46,6 +46,9 @@ export interface ModelLayout {
   denoiserConfig: Record<string, unknown>;
 }
 
+/** ModelLayoutError.problem of a folder that is not there (a model removed since it was listed). */
+export const MISSING_FOLDER = 'the folder does not exist';
+
 export class ModelLayoutError extends Error {
   constructor(
     readonly dir: string,
@@ -98,7 +101,7 @@ function unknownFamily(denoiserFolder: string, denoiserConfig: Record<string, un
 
 export async function inspectModel(dir: string): Promise<ModelLayout> {
   const root = path.resolve(dir);
-  if (!(await exists(root))) throw new ModelLayoutError(root, 'the folder does not exist');
+  if (!(await exists(root))) throw new ModelLayoutError(root, MISSING_FOLDER);
   const missing: string[] = [];
 
   const components = await componentsOf(root);

@@ -1,3 +1,4 @@
+import path from 'node:path';
 import { OnnxModel, OnnxOutOfMemoryError } from '../runtime/onnx-model.js';
 import type { RuntimeOptions, SessionTuning } from '../runtime/providers.js';
 import type { PipelineKind } from '../families/family.js';
@@ -45,7 +46,9 @@ export async function loadPipeline(dir: string, runtime: RuntimeOptions, memory?
     } catch (err) {
       // Running out of memory says nothing about the folder: the caller reports it as memory.
       if (err instanceof OnnxOutOfMemoryError) throw err;
-      throw new ModelLayoutError(layout.dir, `cannot load ${file}: ${(err as Error).message.split('\n')[0]}`);
+      // The problem names files within the folder, as the other reasons do: it reaches clients (500 model_unusable).
+      const within = (text: string) => text.replaceAll(`${layout.dir}${path.sep}`, '');
+      throw new ModelLayoutError(layout.dir, `cannot load ${within(file)}: ${within((err as Error).message.split('\n')[0])}`);
     }
   };
   try {

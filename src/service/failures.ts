@@ -3,12 +3,14 @@ import { WorkerOutOfMemoryError } from '../engine/pool.js';
 import { WorkerDiedError } from '../engine/worker-process.js';
 import { formatBytes } from '../util/bytes.js';
 import { ApiError } from '../api/errors.js';
+import { MISSING_FOLDER } from '../models/layout.js';
 import { InsufficientMemoryError } from '../pipelines/memory-plan.js';
 import { StoreFullError, StoreUnavailableError } from '../store/image-store.js';
 
 /** The engine's and the store's failures as OpenAI errors, with the status and retry advice each deserves. */
 
-export function engineError(err: unknown): unknown {
+/** The engine's failures as OpenAI errors; `model` names the request's model in them. */
+export function engineError(err: unknown, model: string): unknown {
   if (err instanceof QueueFullError && err.clientLimit) {
     return new ApiError(
       429,
@@ -47,6 +49,19 @@ export function engineError(err: unknown): unknown {
     );
   }
   if (err instanceof QueueClosedError) return ApiError.shuttingDown();
+  // Installed and usable when the request came; since then removed, or found damaged as it loaded
+  // (ModelLayoutError crosses the process boundary by name, with its problem).
+  if ((err as Error).name === 'ModelLayoutError') {
+    const { problem } = err as { problem?: string };
+    if (problem === MISSING_FOLDER) {
+      return new ApiError(400, `The model '${model}' was removed from the server while this request waited for it.`, { type: 'image_generation_user_error', param: 'model', code: 'invalid_value', cause: err });
+    }
+    return new ApiError(
+      500,
+      `The model '${model}' is installed but could not be loaded: ${problem ?? (err as Error).message}. Other models still work; the server's operator should repair or remove it ("imagegen models list" checks it).`,
+      { code: 'model_unusable', headers: { 'x-should-retry': 'false' }, cause: err },
+    );
+  }
   // Raised in the worker: it crosses the process boundary by name.
   if ((err as Error).name === InsufficientMemoryError.name) {
     return new ApiError(507, (err as Error).message, { code: 'insufficient_memory', headers: { 'x-should-retry': 'false' }, cause: err });

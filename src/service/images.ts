@@ -95,8 +95,11 @@ function unknownModel(id: string, registry: ModelRegistry): ApiError {
 export function createImageService({ registry, engine, store, defaultRng }: ImageServiceDeps): ImageService {
   const promptTokens = new PromptTokenCounter();
 
-  /** Runs the batches in parallel (they may land on different workers) as one request of the queue; one failure cancels the rest. */
-  async function run(batches: GenerationBatch[], signal: AbortSignal, ticket: Ticket, onEvent?: (event: RequestEvent) => void): Promise<GeneratedImage[]> {
+  /**
+   * Runs the batches in parallel (they may land on different workers) as one request of the queue; one
+   * failure cancels the rest. `model`: as the request named it, for its errors.
+   */
+  async function run(batches: GenerationBatch[], model: string, signal: AbortSignal, ticket: Ticket, onEvent?: (event: RequestEvent) => void): Promise<GeneratedImage[]> {
     const failed = new AbortController();
     const either = AbortSignal.any([signal, failed.signal]);
     const progress = onEvent && requestProgress(batches, onEvent);
@@ -111,7 +114,7 @@ export function createImageService({ registry, engine, store, defaultRng }: Imag
       );
       return results.flat();
     } catch (err) {
-      throw engineError(err);
+      throw engineError(err, model);
     } finally {
       progress?.stop();
     }
@@ -192,7 +195,7 @@ export function createImageService({ registry, engine, store, defaultRng }: Imag
   async function produce(batches: GenerationBatch[], request: GenerationRequest, context: GenerateContext) {
     const reservation = await reserveSpace(request, batches);
     try {
-      const making = () => run(batches, context.signal, engine.ticket(batches, context.client ?? 'anonymous', context.limits), context.onEvent);
+      const making = () => run(batches, request.model, context.signal, engine.ticket(batches, context.client ?? 'anonymous', context.limits), context.onEvent);
       const images = await (context.hold ? context.hold(making) : making());
       const generated = performance.now();
       return { images, generated, data: await deliver(images, request, context, reservation) };

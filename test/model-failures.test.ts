@@ -1,0 +1,65 @@
+import { rm, truncate } from 'node:fs/promises';
+import path from 'node:path';
+import OpenAI from 'openai';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { apiError } from './helpers/failures.js';
+import { whenRunning } from './helpers/ops-server.js';
+import { startRealServer, type RealServer } from './helpers/real-server.js';
+import { referenceModel } from './helpers/reference.js';
+
+/**
+ * A model that was installed and usable when its request came, and is not by the time a worker loads
+ * it: damaged on disk (a graph cut short, which the folder's inspection cannot see without parsing it)
+ * or removed. The client learns which, instead of a bare 500.
+ */
+
+let real: RealServer;
+const modelDir = (id: string) => path.join(real.root, 'models', id);
+
+beforeAll(async () => {
+  const copy = { copy: referenceModel('sd-turbo') };
+  real = await startRealServer({ models: { good: copy, damaged: copy, doomed: copy }, env: { WORKERS: '1', PRELOAD: 'good', DEFAULT_MODEL: 'good' } });
+  // Cut short after the scan that found it usable, as a copy still being written would be.
+  await truncate(path.join(modelDir('damaged'), 'text_encoder', 'model.onnx'), 2000);
+}, 120_000);
+afterAll(() => real?.close());
+
+const generate = (model: string, extra: object = {}) =>
+  real.client.images.generate({ model, prompt: 'a red circle', response_format: 'b64_json', ...extra } as OpenAI.ImageGenerateParamsNonStreaming);
+
+describe('a model that cannot be loaded when its request runs', () => {
+  it('is a 500 model_unusable naming the model and what is wrong with it (no server path), not to be retried', async () => {
+    const err = await apiError(generate('damaged'));
+    expect({ status: err.status, type: err.type, code: err.code }).toEqual({ status: 500, type: 'server_error', code: 'model_unusable' });
+    const { message } = err.error as { message: string };
+    expect(message).toMatch(/^The model 'damaged' is installed but could not be loaded: cannot load text_encoder\/model\.onnx: .+ Other models still work/);
+    expect(message).not.toContain(real.root);
+    expect(err.headers.get('x-should-retry')).toBe('false');
+    // The other models are unaffected.
+    expect((await generate('good')).data).toHaveLength(1);
+  });
+
+  it('is a 400 saying it was removed when its folder went away while the request waited', async () => {
+    const long = generate('good', { n: 4, steps: 150 });
+    await whenRunning(real.server);
+    const waiting = apiError(generate('doomed'));
+    await expect.poll(() => real.server.engine.load().queued).toBe(1);
+    await rm(modelDir('doomed'), { recursive: true });
+    const err = await waiting;
+    expect({ status: err.status, param: err.param, code: err.code }).toEqual({ status: 400, param: 'model', code: 'invalid_value' });
+    expect((err.error as { message: string }).message).toBe("The model 'doomed' was removed from the server while this request waited for it.");
+    expect((await long).data).toHaveLength(4);
+  });
+});
+
+describe('a preloaded model removed while the server runs', () => {
+  it('no longer holds /ready back once a worker started since cannot load it', async () => {
+    await rm(modelDir('good'), { recursive: true });
+    // The worker restarts (a crash, the OOM killer) and preloads what it can.
+    process.kill(real.server.engine.workers()[0].pid!, 'SIGKILL');
+    await expect.poll(() => real.server.engine.workers()[0]?.ready, { timeout: 30_000, interval: 50 }).toBe(true);
+    const ready = await fetch(`${real.server.url}/ready`);
+    expect(ready.status).toBe(200);
+    expect(((await ready.json()) as { models: unknown[] }).models).toEqual([]);
+  });
+});
