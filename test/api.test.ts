@@ -1,5 +1,6 @@
 import net from 'node:net';
-import { readdir } from 'node:fs/promises';
+import { mkdir, readdir, rm, writeFile } from 'node:fs/promises';
+import path from 'node:path';
 import OpenAI from 'openai';
 import type { ImageGenerateParamsNonStreaming } from 'openai/resources/images';
 import sharp from 'sharp';
@@ -165,6 +166,21 @@ describe('request validation', () => {
     expect(err).toBeInstanceOf(OpenAI.BadRequestError);
     expect({ type: err.type, param: err.param, code: err.code }).toEqual({ type: 'image_generation_user_error', param: 'model', code: 'invalid_value' });
     expect(err.message).toContain("The model 'dall-e-4' does not exist. Available models: 'stub' and 'dall-e-3'.");
+  });
+
+  it('says why an installed model cannot be used, where a request or /v1/models names it, with no server path', async () => {
+    // A model folder with nothing but a broken preset file: the scan skips it, and says why.
+    await mkdir(path.join(server.modelsDir, 'broken'));
+    await writeFile(path.join(server.modelsDir, 'broken', 'model_index.json'), '{');
+    const err = await apiError(generate({ model: 'broken' }));
+    expect({ status: err.status, param: err.param, code: err.code }).toEqual({ status: 400, param: 'model', code: 'invalid_value' });
+    const { message } = err.error as { message: string };
+    expect(message).toMatch(/^The model 'broken' is installed but cannot be used \(.+\); the server's operator can repair it\. Available models: 'stub'/);
+    expect(message).not.toContain(server.modelsDir);
+    const retrieved = await server.client.models.retrieve('broken').catch((e: unknown) => e as InstanceType<typeof OpenAI.APIError>);
+    expect(retrieved).toMatchObject({ status: 404, code: 'model_not_found' });
+    expect((retrieved as InstanceType<typeof OpenAI.APIError>).message).toContain(message.slice(0, message.indexOf(';')));
+    await rm(path.join(server.modelsDir, 'broken'), { recursive: true });
   });
 
   it('never runs the engine for an invalid request', async () => {

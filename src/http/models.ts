@@ -30,7 +30,8 @@ export async function models(app: FastifyInstance, { registry }: ModelsOptions):
     const { id } = request.params;
     const model = await registry.resolve(id);
     if (!model) {
-      throw new ApiError(404, `The model '${id}' does not exist`, { param: 'model', code: 'model_not_found' });
+      const unusable = registry.unusableReason(id);
+      throw new ApiError(404, `The model '${id}' ${unusable ? `is installed but cannot be used (${unusable})` : 'does not exist'}`, { param: 'model', code: 'model_not_found' });
     }
     return toModelObject({ id, model });
   });

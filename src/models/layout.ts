@@ -46,6 +46,14 @@ export interface ModelLayout {
   denoiserConfig: Record<string, unknown>;
 }
 
+/**
+ * `text` (a problem, an error's message) with the paths of files in the model folder `dir` made
+ * relative to it: reasons reach clients (/ready, 500 model_unusable), which the server's paths are not for.
+ */
+export function withinFolder(dir: string, text: string): string {
+  return text.replaceAll(`${path.resolve(dir)}${path.sep}`, '');
+}
+
 /** ModelLayoutError.problem of a folder that is not there (a model removed since it was listed). */
 export const MISSING_FOLDER = 'the folder does not exist';
 

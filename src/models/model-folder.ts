@@ -3,7 +3,7 @@ import type { Capability, FamilyEntry } from '../families/family.js';
 import { familyEntry } from '../families/index.js';
 import { schedulersFor } from '../schedulers/index.js';
 import { describeIssues, readJsonIfPresent } from '../util/files.js';
-import { inspectModel, ModelLayoutError, type ModelLayout } from './layout.js';
+import { inspectModel, ModelLayoutError, withinFolder, type ModelLayout } from './layout.js';
 import { presetFor, presetOverrideSchema, type ModelPreset } from './presets.js';
 
 /**
@@ -58,6 +58,6 @@ export async function inspectModelFolder(dir: string): Promise<FolderVerdict> {
     return { usable: true, layout, preset: await presetOf(dir, layout, schedulers), schedulers, capabilities: capabilitiesOf(family, layout) };
   } catch (err) {
     // Any failure, an unreadable file included, makes the folder unusable; the server must go on serving the others.
-    return { usable: false, reason: err instanceof ModelLayoutError ? err.problem : (err as Error).message };
+    return { usable: false, reason: withinFolder(dir, err instanceof ModelLayoutError ? err.problem : (err as Error).message) };
   }
 }

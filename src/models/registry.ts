@@ -173,6 +173,12 @@ export class ModelRegistry {
     return [...installed, ...aliases];
   }
 
+  /** Why `id`, or the model the alias `id` names, is installed and skipped: undefined when it is not. */
+  unusableReason(id: string): string | undefined {
+    const target = !this.models.has(id) && Object.hasOwn(this.options.aliases, id) ? this.options.aliases[id] : id;
+    return this.unusable().find((folder) => folder.id === target)?.reason;
+  }
+
   /** The folders the last scan skipped, by id, with the reason each was skipped. */
   unusable(): UnusableFolder[] {
     return [...this.inspections]

@@ -84,8 +84,10 @@ export interface ImageService {
 function unknownModel(id: string, registry: ModelRegistry): ApiError {
   const available = registry.list().map((m) => m.id);
   const hint = available.length ? ` Available models: ${quoteList(available)}.` : ' No models are installed.';
+  const unusable = registry.unusableReason(id);
+  const what = unusable ? `is installed but cannot be used (${unusable}); the server's operator can repair it` : 'does not exist';
   // OpenAI's images endpoint answers an unknown model with this 400 (other endpoints use 404).
-  return new ApiError(400, `The model '${id}' does not exist.${hint}`, {
+  return new ApiError(400, `The model '${id}' ${what}.${hint}`, {
     type: 'image_generation_user_error',
     param: 'model',
     code: 'invalid_value',
