@@ -1,5 +1,5 @@
 import net from 'node:net';
-import { mkdir, readdir, rm, writeFile } from 'node:fs/promises';
+import { cp, mkdir, readdir, rm, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import OpenAI from 'openai';
 import type { ImageGenerateParamsNonStreaming } from 'openai/resources/images';
@@ -181,6 +181,16 @@ describe('request validation', () => {
     expect(retrieved).toMatchObject({ status: 404, code: 'model_not_found' });
     expect((retrieved as InstanceType<typeof OpenAI.APIError>).message).toContain(message.slice(0, message.indexOf(';')));
     await rm(path.join(server.modelsDir, 'broken'), { recursive: true });
+  });
+
+  it('retrieves a model whose id is as long as a folder name may be', async () => {
+    const id = 'm'.repeat(200);
+    await cp(path.join(server.modelsDir, 'stub'), path.join(server.modelsDir, id), { recursive: true });
+    try {
+      expect((await server.client.models.retrieve(id)).id).toBe(id);
+    } finally {
+      await rm(path.join(server.modelsDir, id), { recursive: true });
+    }
   });
 
   it('never runs the engine for an invalid request', async () => {

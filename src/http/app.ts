@@ -71,6 +71,9 @@ export function buildApp({ config, registry, engine, store, metrics, logger, tls
     ...timeouts,
     http,
     bodyLimit: config.bodyLimit,
+    // Route parameters (a model id in /v1/models/{id}) up to a file name's 255 bytes, percent-encoded
+    // where need be: Fastify's 100 answered 414 for ids that /v1/models lists.
+    maxParamLength: 768,
     trustProxy: config.trustProxy,
     // Our own shutdown hook answers in OpenAI's error shape instead.
     return503OnClosing: false,
