@@ -1,4 +1,4 @@
-import { appendFile, cp, mkdir, mkdtemp, readdir, readFile, rm, stat, truncate, writeFile } from 'node:fs/promises';
+import { appendFile, cp, mkdir, mkdtemp, readdir, readFile, rm, stat, symlink, truncate, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import Fastify from 'fastify';
@@ -156,12 +156,66 @@ describe('rescans', () => {
   });
 });
 
+describe('links in the models folder that lead to no model folder', () => {
+  it('are skipped with the same reason by the registry (logged once) and by "imagegen models list"', async () => {
+    await installedCopy('sd-turbo', 'good');
+    await symlink(path.join(modelsDir, 'nowhere'), path.join(modelsDir, 'dangling'));
+    await symlink('loop2', path.join(modelsDir, 'loop1'));
+    await symlink('loop1', path.join(modelsDir, 'loop2'));
+    await writeFile(path.join(modelsDir, 'notes.txt'), 'a file');
+    await symlink('notes.txt', path.join(modelsDir, 'to-a-file'));
+    const logs = capturedLogs<{ msg: string; model?: string }>();
+    const registry = new ModelRegistry({ roots: [{ dir: modelsDir, ownedBy: 'user' }], aliases: {}, logger: logs.logger, minRescanIntervalMs: 0 });
+    await registry.scan();
+    await registry.scan();
+    const reasons = Object.fromEntries(registry.unusable().map(({ id, reason }) => [id, reason]));
+    expect(reasons).toEqual({
+      dangling: 'a symbolic link to nothing that can be read (ENOENT): remove it or point it at a model folder',
+      loop1: 'a symbolic link to nothing that can be read (ELOOP): remove it or point it at a model folder',
+      loop2: 'a symbolic link to nothing that can be read (ELOOP): remove it or point it at a model folder',
+      'to-a-file': 'a link to a file, not to a model folder: remove it or point it at a model folder',
+    });
+    expect(logs.lines.filter((line) => line.msg.startsWith('skipping model: '))).toHaveLength(4);
+    const listed = await listModels(modelsDir);
+    expect(Object.fromEntries(listed.filter((m) => m.status === 'broken').map((m) => [m.id, m.reason]))).toEqual(reasons);
+    expect(registry.list().map((m) => m.id)).toEqual(['good']);
+  });
+
+  it("hide a model of the same id in a later root (the embedded one) rather than fall back to it unsaid", async () => {
+    const embedded = await mkdtemp(path.join(os.tmpdir(), 'imagegen-embedded-'));
+    try {
+      await cp(referenceModel('sd-turbo'), path.join(embedded, 'demo'), { recursive: true });
+      await symlink(path.join(modelsDir, 'nowhere'), path.join(modelsDir, 'demo'));
+      const registry = new ModelRegistry({ roots: [{ dir: modelsDir, ownedBy: 'user' }, { dir: embedded, ownedBy: 'imagegen' }], aliases: {}, logger: capturedLogs().logger });
+      await registry.scan();
+      expect(await registry.resolve('demo')).toBeUndefined();
+      expect(registry.unusableReason('demo')).toMatch(/^a symbolic link to nothing/);
+    } finally {
+      await rm(embedded, { recursive: true, force: true });
+    }
+  });
+});
+
+describe('a models folder that does not exist', () => {
+  it('is said once, not at every rescan, and its models are served once it appears', async () => {
+    const missing = path.join(modelsDir, 'not-yet');
+    const logs = capturedLogs<{ msg: string }>();
+    const registry = new ModelRegistry({ roots: [{ dir: missing, ownedBy: 'user' }], aliases: {}, logger: logs.logger });
+    await registry.scan();
+    await registry.scan();
+    expect(logs.lines.filter((line) => line.msg.includes('does not exist'))).toEqual([expect.objectContaining({ msg: expect.stringMatching(/^the models folder .*not-yet does not exist: none of its models are served until it does/) })]);
+    await cp(referenceModel('sd-turbo'), path.join(missing, 'late'), { recursive: true });
+    await registry.scan();
+    expect(registry.list().map((m) => m.id)).toEqual(['late']);
+  });
+});
+
 describe('aliases', () => {
-  it('give way to an installed model of the same name in lookups as in the list, and the scan says so', async () => {
+  it('give way to an installed model of the same name in lookups as in the list, and the scan says so, as it says which name nothing', async () => {
     await installedCopy('sd-turbo', 'good');
     await installedCopy('sd-turbo', 'dall-e-3');
     const logs = capturedLogs<{ msg: string }>();
-    const registry = new ModelRegistry({ roots: [{ dir: modelsDir, ownedBy: 'user' }], aliases: { 'dall-e-3': 'good', 'dall-e-2': 'good' }, logger: logs.logger });
+    const registry = new ModelRegistry({ roots: [{ dir: modelsDir, ownedBy: 'user' }], aliases: { 'dall-e-3': 'good', 'dall-e-2': 'good', chained: 'dall-e-2' }, logger: logs.logger });
     await registry.scan();
     expect((await registry.resolve('dall-e-3'))!.id).toBe('dall-e-3');
     expect((await registry.resolve('dall-e-2'))!.id).toBe('good');
@@ -171,6 +225,9 @@ describe('aliases', () => {
       ['dall-e-2', 'good'],
     ]);
     expect(logs.lines.map((line) => line.msg)).toContain("the alias 'dall-e-3' is hidden by the installed model 'dall-e-3', which requests for 'dall-e-3' get: rename that model folder, or drop the alias");
+    // An alias of an alias answers nothing, and the log says why.
+    expect(await registry.resolve('chained')).toBeUndefined();
+    expect(logs.lines.map((line) => line.msg)).toContain("the alias 'chained' names 'dall-e-2', which is not an installed model's id: it answers nothing until such a model is installed (MODEL_ALIASES, DEFAULT_MODEL)");
   });
 });
 

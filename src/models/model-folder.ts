@@ -1,3 +1,4 @@
+import { lstat, stat } from 'node:fs/promises';
 import path from 'node:path';
 import type { Capability, FamilyEntry } from '../families/family.js';
 import { familyEntry } from '../families/index.js';
@@ -50,7 +51,18 @@ function capabilitiesOf(family: FamilyEntry, layout: ModelLayout): Capability[] 
   return family.capabilities.filter((capability) => layout.vaeEncoder || !NEEDS_VAE_ENCODER.has(capability));
 }
 
+/** Why `dir` is no folder to look into, if it is not: a link to nothing (or round in a circle), or to a file. */
+async function notAFolder(dir: string): Promise<string | undefined> {
+  const info = await stat(dir).catch((err: NodeJS.ErrnoException) => err);
+  if (!(info instanceof Error)) return info.isDirectory() ? undefined : 'a link to a file, not to a model folder: remove it or point it at a model folder';
+  // Nothing there at all: inspectModel says the folder does not exist.
+  if (info.code === 'ENOENT' && !(await lstat(dir).catch(() => undefined))) return undefined;
+  return `a symbolic link to nothing that can be read (${info.code}): remove it or point it at a model folder`;
+}
+
 export async function inspectModelFolder(dir: string): Promise<FolderVerdict> {
+  const problem = await notAFolder(dir);
+  if (problem) return { usable: false, reason: problem };
   try {
     const layout = await inspectModel(dir);
     const family = familyEntry(layout.family);

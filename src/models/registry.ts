@@ -1,5 +1,5 @@
 import { createHash } from 'node:crypto';
-import { readdir, stat } from 'node:fs/promises';
+import { lstat, readdir, stat } from 'node:fs/promises';
 import path from 'node:path';
 import type { Logger } from 'pino';
 import type { Capability } from '../families/family.js';
@@ -118,6 +118,8 @@ const isUsable = (result: ModelEntry | UnusableModel): result is ModelEntry => !
 export class ModelRegistry {
   private models = new Map<string, ModelEntry>();
   private readonly inspections = new Map<string, Inspection>();
+  /** Roots found missing (and said so) at the last scan. */
+  private readonly missingRoots = new Set<string>();
   private scanning: Promise<void> | undefined;
   private lastScan = 0;
   private timer: NodeJS.Timeout | undefined;
@@ -190,19 +192,28 @@ export class ModelRegistry {
     const { logger } = this.options;
     const found = new Map<string, ModelEntry>();
     const seen = new Set<string>();
+    /** Ids an earlier root has, usable or not: a user's broken copy of the demo model hides the embedded one rather than fall back to it unsaid. */
+    const claimed = new Set<string>();
     for (const root of this.options.roots) {
       let names: string[];
       try {
         names = await modelFolderNames(root.dir);
+        this.missingRoots.delete(root.dir);
       } catch (err) {
         if ((err as NodeJS.ErrnoException).code !== 'ENOENT') logger.warn({ err, dir: root.dir }, 'cannot read models folder');
+        else if (!this.missingRoots.has(root.dir)) {
+          // Said once, not at every rescan; a pull or import creates it.
+          this.missingRoots.add(root.dir);
+          logger.warn({ dir: root.dir }, `the models folder ${root.dir} does not exist: none of its models are served until it does ("imagegen models pull" or "import" creates it; check MODELS_DIR)`);
+        }
         continue;
       }
       for (const id of names) {
-        if (found.has(id)) continue; // hidden by an earlier root
+        if (claimed.has(id)) continue; // hidden by an earlier root
         const dir = path.resolve(root.dir, id);
         seen.add(dir);
         const result = await this.inspectCached(id, dir, root.ownedBy);
+        if (result) claimed.add(id);
         if (result && isUsable(result)) found.set(id, result);
       }
     }
@@ -212,8 +223,16 @@ export class ModelRegistry {
     const removed = [...this.models.keys()].filter((id) => !found.has(id));
     if (added.length || removed.length) {
       logger.info({ added, removed, models: [...found.keys()] }, 'models changed');
-      for (const alias of Object.keys(this.options.aliases).filter((name) => found.has(name) && this.options.aliases[name] !== name)) {
-        logger.warn({ alias, target: this.options.aliases[alias] }, `the alias '${alias}' is hidden by the installed model '${alias}', which requests for '${alias}' get: rename that model folder, or drop the alias`);
+      const dangling = new Map<string, string[]>();
+      for (const [alias, target] of Object.entries(this.options.aliases)) {
+        if (found.has(alias) && target !== alias) {
+          logger.warn({ alias, target }, `the alias '${alias}' is hidden by the installed model '${alias}', which requests for '${alias}' get: rename that model folder, or drop the alias`);
+        } else if (!found.has(target)) dangling.set(target, [...(dangling.get(target) ?? []), alias]);
+      }
+      // Aliases name installed models' ids, not other aliases: one line per missing target.
+      for (const [target, aliases] of dangling) {
+        const named = aliases.map((alias) => `'${alias}'`).join(', ');
+        logger.warn({ aliases, target }, `the alias${aliases.length > 1 ? 'es' : ''} ${named} name${aliases.length > 1 ? '' : 's'} '${target}', which is not an installed model's id: ${aliases.length > 1 ? 'they answer' : 'it answers'} nothing until such a model is installed (MODEL_ALIASES, DEFAULT_MODEL)`);
       }
     }
     this.models = found;
@@ -225,17 +244,24 @@ export class ModelRegistry {
    */
   private async inspectCached(id: string, dir: string, ownedBy: string): Promise<ModelEntry | UnusableModel | undefined> {
     let signature: string;
-    let weights: string;
-    let mtimeMs: number;
+    let result: ModelEntry | UnusableModel;
     try {
-      ({ signature, weights, mtimeMs } = await folderSignature(dir));
-    } catch {
-      this.inspections.delete(dir);
-      return undefined;
+      const folder = await folderSignature(dir);
+      signature = folder.signature;
+      if (this.inspections.get(dir)?.signature === signature) return this.inspections.get(dir)!.result;
+      result = await inspect(id, dir, ownedBy, folder.mtimeMs, createHash('sha256').update(folder.weights).digest('hex').slice(0, 16));
+    } catch (err) {
+      const code = (err as NodeJS.ErrnoException).code ?? 'unreadable';
+      // Removed while scanning: nothing to say.
+      if (code === 'ENOENT' && !(await lstat(dir).catch(() => undefined))) {
+        this.inspections.delete(dir);
+        return undefined;
+      }
+      // A link to nothing, round in a circle or to a file: said once, with the reason `imagegen models list` gives.
+      signature = `unreadable:${code}`;
+      if (this.inspections.get(dir)?.signature === signature) return this.inspections.get(dir)!.result;
+      result = await inspect(id, dir, ownedBy, Date.now(), signature);
     }
-    const cached = this.inspections.get(dir);
-    if (cached?.signature === signature) return cached.result;
-    const result = await inspect(id, dir, ownedBy, mtimeMs, createHash('sha256').update(weights).digest('hex').slice(0, 16));
     if (!isUsable(result)) this.options.logger.warn({ model: id, dir }, `skipping model: ${result.reason}`);
     this.inspections.set(dir, { id, signature, result });
     return result;
