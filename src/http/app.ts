@@ -104,7 +104,7 @@ export function buildApp({ config, registry, engine, store, metrics, logger, tls
   if (config.playground) app.register(playground, { publicBaseUrl: config.publicBaseUrl });
   // One service and one set of key rates for the three image routes: an edit counts against the same limits.
   const imageRoutes = {
-    service: createImageService({ registry, engine, store, defaultRng: config.rng }),
+    service: createImageService({ registry, engine, store, defaultRng: config.rng, defaultModel: config.defaultModel }),
     publicBaseUrl: config.publicBaseUrl,
     logPrompts: config.logPrompts,
     defaultModel: config.defaultModel,

@@ -44,6 +44,8 @@ export interface ImageServiceDeps {
   store: ImageStore;
   /** The noise generator of requests that name none (the RNG setting). */
   defaultRng?: NoiseKind;
+  /** DEFAULT_MODEL: the model of requests that name none, named in the error when it is not installed. */
+  defaultModel?: string;
 }
 
 export interface GenerateContext {
@@ -81,20 +83,22 @@ export interface ImageService {
   generate(request: GenerationRequest, context: GenerateContext, edit?: EditInput): Promise<ImagesResponse>;
 }
 
-function unknownModel(id: string, registry: ModelRegistry): ApiError {
+function unknownModel(id: string, registry: ModelRegistry, defaultModel: string | undefined): ApiError {
   const available = registry.list().map((m) => m.id);
   const hint = available.length ? ` Available models: ${quoteList(available)}.` : ' No models are installed.';
   const unusable = registry.unusableReason(id);
-  const what = unusable ? `is installed but cannot be used (${unusable}); the server's operator can repair it` : 'does not exist';
+  // A request that named no model (or an OpenAI name aliased to the default) got it from DEFAULT_MODEL.
+  const setting = id === defaultModel ? " (the server's DEFAULT_MODEL, which requests without a model run)" : '';
+  const what = `${setting} ${unusable ? `is installed but cannot be used (${unusable}); the server's operator can repair it` : 'does not exist'}`;
   // OpenAI's images endpoint answers an unknown model with this 400 (other endpoints use 404).
-  return new ApiError(400, `The model '${id}' ${what}.${hint}`, {
+  return new ApiError(400, `The model '${id}'${what}.${hint}`, {
     type: 'image_generation_user_error',
     param: 'model',
     code: 'invalid_value',
   });
 }
 
-export function createImageService({ registry, engine, store, defaultRng }: ImageServiceDeps): ImageService {
+export function createImageService({ registry, engine, store, defaultRng, defaultModel }: ImageServiceDeps): ImageService {
   const promptTokens = new PromptTokenCounter();
 
   /**
@@ -226,7 +230,7 @@ export function createImageService({ registry, engine, store, defaultRng }: Imag
     async generate(request, context, edit) {
       const started = performance.now();
       const model = await registry.resolve(request.model);
-      if (!model) throw unknownModel(request.model, registry);
+      if (!model) throw unknownModel(request.model, registry, defaultModel);
       const batches = planBatches(request, model, defaultRng, edit && (await fitted(request, model, edit)));
       // Counted first: a tokenizer that cannot load fails the request before any work is spent on it.
       // Streamed responses carry usage whatever the dialect: OpenAI's completed event has it.
