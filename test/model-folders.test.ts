@@ -210,6 +210,19 @@ describe('a models folder that does not exist', () => {
   });
 });
 
+describe('MODELS_DIR set to a model folder itself', () => {
+  it('is said once, naming what to point it at', async () => {
+    const model = await installedCopy('sd-turbo', 'only');
+    const logs = capturedLogs<{ msg: string }>();
+    const registry = new ModelRegistry({ roots: [{ dir: model, ownedBy: 'user' }], aliases: {}, logger: logs.logger });
+    await registry.scan();
+    await registry.scan();
+    expect(logs.lines.filter((line) => line.msg.includes('looks like a model folder'))).toEqual([
+      expect.objectContaining({ msg: `the models folder ${model} looks like a model folder itself (it has model_index.json): point MODELS_DIR at the folder that holds model folders, one per model` }),
+    ]);
+  });
+});
+
 describe('aliases', () => {
   it('give way to an installed model of the same name in lookups as in the list, and the scan says so, as it says which name nothing', async () => {
     await installedCopy('sd-turbo', 'good');

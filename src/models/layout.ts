@@ -54,6 +54,9 @@ export function withinFolder(dir: string, text: string): string {
   return text.replaceAll(`${path.resolve(dir)}${path.sep}`, '');
 }
 
+/** The file at the top of every diffusers-layout export. */
+export const MODEL_INDEX = 'model_index.json';
+
 /** ModelLayoutError.problem of a folder that is not there (a model removed since it was listed). */
 export const MISSING_FOLDER = 'the folder does not exist';
 
@@ -134,7 +137,7 @@ export async function inspectModel(dir: string): Promise<ModelLayout> {
   const scheduler = await readJson(root, path.join(root, 'scheduler', 'scheduler_config.json'));
   if (!scheduler) missing.push('scheduler/scheduler_config.json');
   const denoiserConfig = (denoiser && (await readJson(root, path.join(path.dirname(denoiser), 'config.json')))) || {};
-  const modelIndex = await readJson(root, path.join(root, 'model_index.json'));
+  const modelIndex = await readJson(root, path.join(root, MODEL_INDEX));
   const family = denoiserFolder
     ? recogniseFamily({ components, denoiserFolder, denoiserClass: className(denoiserConfig), pipelineClass: className(modelIndex) })
     : undefined;

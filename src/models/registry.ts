@@ -3,7 +3,8 @@ import { lstat, readdir, stat } from 'node:fs/promises';
 import path from 'node:path';
 import type { Logger } from 'pino';
 import type { Capability } from '../families/family.js';
-import type { ModelLayout } from './layout.js';
+import { exists } from '../util/files.js';
+import { MODEL_INDEX, type ModelLayout } from './layout.js';
 import { inspectModelFolder, OVERRIDE_FILE, type UnusableModel } from './model-folder.js';
 import type { ModelPreset } from './presets.js';
 
@@ -118,8 +119,9 @@ const isUsable = (result: ModelEntry | UnusableModel): result is ModelEntry => !
 export class ModelRegistry {
   private models = new Map<string, ModelEntry>();
   private readonly inspections = new Map<string, Inspection>();
-  /** Roots found missing (and said so) at the last scan. */
+  /** Roots found missing (and said so) at the last scan, and roots that are a model folder (said once). */
   private readonly missingRoots = new Set<string>();
+  private readonly misplacedRoots = new Set<string>();
   private scanning: Promise<void> | undefined;
   private lastScan = 0;
   private timer: NodeJS.Timeout | undefined;
@@ -199,6 +201,10 @@ export class ModelRegistry {
       try {
         names = await modelFolderNames(root.dir);
         this.missingRoots.delete(root.dir);
+        if (!this.misplacedRoots.has(root.dir) && (await exists(path.join(root.dir, MODEL_INDEX)))) {
+          this.misplacedRoots.add(root.dir);
+          logger.warn({ dir: root.dir }, `the models folder ${root.dir} looks like a model folder itself (it has ${MODEL_INDEX}): point MODELS_DIR at the folder that holds model folders, one per model`);
+        }
       } catch (err) {
         if ((err as NodeJS.ErrnoException).code !== 'ENOENT') logger.warn({ err, dir: root.dir }, 'cannot read models folder');
         else if (!this.missingRoots.has(root.dir)) {
