@@ -4,6 +4,7 @@ import path from 'node:path';
 import Fastify from 'fastify';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { OnnxModel } from '../src/runtime/onnx-model.js';
+import type { Readiness } from '../src/engine/pool.js';
 import { health } from '../src/http/health.js';
 import { importModel, listModels } from '../src/install/index.js';
 import { selectModelFiles } from '../src/install/model-files.js';
@@ -285,7 +286,7 @@ describe('one verdict for the registry, its log, /ready, "imagegen models list" 
     await app.close();
 
     const starting = new FakeEngine();
-    starting.readiness = () => ({ ready: false, workers: { total: 1, ready: 0 }, models: [{ model: 'good', loadedOn: 0, error: `cannot read ${modelsDir}/good/unet/model.onnx` }] });
+    starting.readiness = (): Readiness => ({ ready: false, workers: { total: 1, ready: 0 }, models: [{ model: 'good', loadedOn: 0, error: `cannot read ${modelsDir}/good/unet/model.onnx` }] });
     const notReady = Fastify();
     await notReady.register(health, { engine: starting, registry });
     const [here, elsewhere] = await Promise.all(['127.0.0.1', '203.0.113.5'].map((remoteAddress) => notReady.inject({ method: 'GET', url: '/ready', remoteAddress })));

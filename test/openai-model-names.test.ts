@@ -66,7 +66,7 @@ describe('model names', () => {
         param: 'model',
         code: 'invalid_value',
       });
-      expect(err.message).toContain("The model 'sd-turbo' does not exist. Available models: 'stub' and 'dall-e-3'.");
+      expect(err.message).toContain("The model 'sd-turbo' (the server's DEFAULT_MODEL, which requests without a model run) does not exist. Available models: 'stub' and 'dall-e-3'.");
     } finally {
       await bare.close();
     }

@@ -2,6 +2,7 @@ import http from 'node:http';
 import net from 'node:net';
 import { gzipSync } from 'node:zlib';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { MAX_PARAM_LENGTH } from '../src/http/app.js';
 import { auth, generate, metric, MODEL, OPS_KEY, scrape, startOpsServer, untilReady, type OpsServer } from './helpers/ops-server.js';
 
 /**
@@ -101,7 +102,7 @@ const IMAGE_PATHS = [
   '/v1/images/files/%c0%ae%c0%ae%2fpackage.json',
   '/v1/images/files/',
   '/v1/images/../../../../etc/passwd',
-  `/v1/images/files/${'a'.repeat(300)}.png`,
+  `/v1/images/files/${'a'.repeat(MAX_PARAM_LENGTH + 1)}.png`,
   '/v1/images/files/%E0%A4%A.png',
 ];
 

@@ -63,6 +63,9 @@ export interface AppParts {
   slots?: KeySlots;
 }
 
+/** Route parameters (a model id in /v1/models/{id}) up to a file name's 255 bytes, percent-encoded where need be. */
+export const MAX_PARAM_LENGTH = 768;
+
 export function buildApp({ config, registry, engine, store, metrics, logger, tls, rates = new KeyRates(), slots }: AppParts): FastifyInstance {
   const { http, ...timeouts } = connectionOptions(config);
   const app = Fastify({
@@ -71,9 +74,8 @@ export function buildApp({ config, registry, engine, store, metrics, logger, tls
     ...timeouts,
     http,
     bodyLimit: config.bodyLimit,
-    // Route parameters (a model id in /v1/models/{id}) up to a file name's 255 bytes, percent-encoded
-    // where need be: Fastify's 100 answered 414 for ids that /v1/models lists.
-    maxParamLength: 768,
+    // Fastify's default of 100 answered 414 for model ids that /v1/models lists.
+    routerOptions: { maxParamLength: MAX_PARAM_LENGTH },
     trustProxy: config.trustProxy,
     // Our own shutdown hook answers in OpenAI's error shape instead.
     return503OnClosing: false,

@@ -6,7 +6,7 @@ import { pino, type Logger } from 'pino';
 import sharp from 'sharp';
 import { loadConfig } from '../../src/config.js';
 import { JobQueue, Ticket, type ClientLimits } from '../../src/engine/job-queue.js';
-import type { EnginePool } from '../../src/engine/pool.js';
+import type { EnginePool, Readiness } from '../../src/engine/pool.js';
 import { IMAGE_FORMATS, outputOf, type BatchItem, type GeneratedImage, type GenerationBatch } from '../../src/runtime/types.js';
 import { buildApp, type AppConfig } from '../../src/http/app.js';
 import { ModelRegistry } from '../../src/models/registry.js';
@@ -89,7 +89,7 @@ export class FakeEngine implements EnginePool {
     return this.queue.load();
   }
 
-  readiness() {
+  readiness(): Readiness {
     return { ready: true, workers: { total: 1, ready: 1 }, models: [] };
   }
 
