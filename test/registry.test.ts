@@ -51,17 +51,22 @@ describe('ModelRegistry', () => {
     await writeStubModel(path.join(root, 'bad-default'), { sizes: ['256x256'], default_size: '512x512' });
     await writeStubModel(path.join(root, 'bad-scheduler'), { scheduler: 'flow-match-euler' });
     await writeStubModel(path.join(root, 'bad-size'), { sizes: ['500x500'] });
+    await writeStubModel(path.join(root, 'bad-steps'), { steps: { low: 3, standard: 2, hd: 1 } });
+    // A standard above the variant's hd lifts hd with it rather than contradict it.
+    await writeStubModel(path.join(root, 'slow'), { steps: { standard: 60 } });
     await mkdir(path.join(root, 'not-a-model'));
     await writeFile(path.join(root, 'stray-file.onnx'), '');
     const models = registry([root]);
     await models.scan();
-    expect(models.list().map((m) => m.id)).toEqual(['good']);
+    expect(models.list().map((m) => m.id)).toEqual(['good', 'slow']);
+    expect((await models.resolve('slow'))!.preset.steps).toMatchObject({ standard: 60, hd: 60 });
     // A stray file is no model folder at all; the skipped folders are listed with their reason for /ready.
     expect(models.unusable().map(({ id, reason }) => [id, reason])).toEqual([
       ['bad-default', expect.stringMatching(/^imagegen\.json: default_size 512x512 is not one of its sizes/)],
       ['bad-override', expect.stringMatching(/^imagegen\.json: sizes/)],
       ['bad-scheduler', expect.stringMatching(/^imagegen\.json: scheduler 'flow-match-euler' does not fit this model/)],
       ['bad-size', expect.stringMatching(/^imagegen\.json: sizes 500x500 do not fit this model/)],
+      ['bad-steps', 'imagegen.json: steps must not fall from low to standard to hd; they are 3, 2 and 1'],
       ['not-a-model', expect.stringMatching(/^missing unet\/model\.onnx/)],
     ]);
     const good = (await models.resolve('good'))!;

@@ -70,12 +70,12 @@ class PresetError extends Error {
 }
 
 /**
- * The folder's step counts over its variant's. A folder that sets standard but not low (written before
- * low existed) keeps low at most its standard, so low never runs more steps than standard.
+ * The folder's step counts over its variant's. A tier the folder leaves out follows the standard it
+ * sets (low at most, hd at least its standard), so only tiers it sets itself can contradict each other.
  */
 function stepTiers(base: Record<Quality, number>, override: PresetOverride['steps']): Record<Quality, number> {
   const standard = override?.standard ?? base.standard;
-  return { low: override?.low ?? Math.min(base.low, standard), standard, hd: override?.hd ?? base.hd };
+  return { low: override?.low ?? Math.min(base.low, standard), standard, hd: override?.hd ?? Math.max(base.hd, standard) };
 }
 
 /** The side a model was trained at: its denoiser's config, else its family variant's. */
@@ -104,6 +104,11 @@ export function presetFor(
   if (!sizes.includes(defaultSize)) {
     throw new PresetError(`default_size ${defaultSize} is not one of its sizes (${sizes.join(', ')})`);
   }
+  const tiers = stepTiers(base.steps, override.steps);
+  // quality asks for more work at each tier: a preset that runs fewer steps for hd than for low is a slip.
+  if (!(tiers.low <= tiers.standard && tiers.standard <= tiers.hd)) {
+    throw new PresetError(`steps must not fall from low to standard to hd; they are ${tiers.low}, ${tiers.standard} and ${tiers.hd}`);
+  }
   const scheduler = override.scheduler;
   if (scheduler !== undefined && !knownSchedulers.includes(scheduler)) {
     throw new PresetError(`scheduler '${scheduler}' does not fit this model; use one of ${knownSchedulers.join(', ')}`);
@@ -111,7 +116,7 @@ export function presetFor(
   return {
     sizes: [...new Set(sizes)],
     defaultSize,
-    steps: stepTiers(base.steps, override.steps),
+    steps: tiers,
     guidanceScale: { ...base.guidanceScale, ...override.guidance_scale },
     scheduler,
     maxBatch: override.max_batch ?? base.maxBatch,
