@@ -118,12 +118,15 @@ describe("a key file's per-minute limits", () => {
   const generate = (apiKey: string) => client(apiKey).images.generate({ model: 'stub', prompt: 'a red circle', response_format: 'b64_json' });
 
   it('answers a key over its requests_per_minute with 429 and Retry-After, other keys unaffected', async () => {
-    await generate('sk-slow-key-0123456789');
+    const { response } = await generate('sk-slow-key-0123456789').withResponse();
+    // OpenAI's rate-limit headers, on the answer.
+    expect(['limit', 'remaining', 'reset'].map((what) => response.headers.get(`x-ratelimit-${what}-requests`))).toEqual(['1', '0', '1m0s']);
     const err = await generate('sk-slow-key-0123456789').catch((e: unknown) => e);
     expect(err).toBeInstanceOf(OpenAI.RateLimitError);
     const limited = err as InstanceType<typeof OpenAI.RateLimitError>;
     expect(limited.error).toMatchObject({ type: 'requests', code: 'rate_limit_exceeded', message: expect.stringMatching(/API key 'slow': at most 1 request a minute/) });
     expect(Number(limited.headers.get('retry-after'))).toBeGreaterThan(50);
+    expect(limited.headers.get('x-ratelimit-remaining-requests')).toBe('0');
     for (let i = 0; i < 3; i++) await generate('sk-free-key-0123456789');
   });
 

@@ -81,7 +81,10 @@ describe('with CORS_ORIGINS', () => {
     const ok = await post(TEST_KEY);
     expect(ok.status).toBe(200);
     expect(ok.headers.get('access-control-allow-origin')).toBe(ALLOWED);
-    expect(ok.headers.get('access-control-expose-headers')).toBe('x-request-id, openai-processing-ms, retry-after, x-should-retry');
+    expect(ok.headers.get('access-control-expose-headers')).toBe(
+      'x-request-id, openai-processing-ms, retry-after, x-should-retry, ' +
+        'x-ratelimit-limit-requests, x-ratelimit-remaining-requests, x-ratelimit-reset-requests, x-ratelimit-limit-images, x-ratelimit-remaining-images, x-ratelimit-reset-images',
+    );
 
     const refused = await post('sk-wrong-key-000000');
     expect(refused.status).toBe(401);

@@ -7,30 +7,31 @@ import { KeyRates } from '../src/http/key-rates.js';
 describe('per-key rates', () => {
   let now = 0;
   const rates = () => new KeyRates(() => now);
-  const refusal = (f: () => Promise<void>) => failureOf<ApiError>(f());
+  const refusal = (f: () => Promise<unknown>) => failureOf<ApiError>(f());
 
   it('admits requests_per_minute requests a minute, then answers 429 with the seconds until the oldest leaves', async () => {
     now = 0;
     const r = rates();
     const key = { label: 'alice', limits: { requestsPerMinute: 2 } };
-    await r.admit(key, 1);
+    // OpenAI's rate-limit headers come with each answer: what is left, and when the window frees again.
+    expect(await r.admit(key, 1)).toEqual({ 'x-ratelimit-limit-requests': '2', 'x-ratelimit-remaining-requests': '1', 'x-ratelimit-reset-requests': '1m0s' });
     now = 10_000;
-    await r.admit(key, 1);
+    expect(await r.admit(key, 1)).toMatchObject({ 'x-ratelimit-remaining-requests': '0', 'x-ratelimit-reset-requests': '50s' });
     now = 20_000;
     const err = await refusal(() => r.admit(key, 1));
-    expect(err).toMatchObject({ status: 429, type: 'requests', code: 'rate_limit_exceeded', headers: { 'retry-after': '40' } });
+    expect(err).toMatchObject({ status: 429, type: 'requests', code: 'rate_limit_exceeded', headers: { 'retry-after': '40', 'x-ratelimit-remaining-requests': '0', 'x-ratelimit-reset-requests': '40s' } });
     expect(err.message).toMatch(/API key 'alice': at most 2 requests a minute/);
-    now = 60_001;
-    await expect(r.admit(key, 1)).resolves.toBeUndefined();
+    now = 69_999.5;
+    expect(await r.admit(key, 1)).toMatchObject({ 'x-ratelimit-remaining-requests': '0', 'x-ratelimit-reset-requests': '1ms' });
   });
 
   it('counts images_per_minute by n, and refuses a request larger than the limit outright', async () => {
     now = 0;
     const r = rates();
     const key = { label: 'bob', limits: { imagesPerMinute: 4 } };
-    await r.admit(key, 3);
+    expect(await r.admit(key, 3)).toEqual({ 'x-ratelimit-limit-images': '4', 'x-ratelimit-remaining-images': '1', 'x-ratelimit-reset-images': '1m0s' });
     expect((await refusal(() => r.admit(key, 2))).headers['retry-after']).toBe('60');
-    await expect(r.admit(key, 1)).resolves.toBeUndefined();
+    expect(await r.admit(key, 1)).toMatchObject({ 'x-ratelimit-remaining-images': '0' });
     // More than the limit can never fit: a 429 the SDKs are told not to retry, with no time to wait for.
     const never = await refusal(() => r.admit({ label: 'carol', limits: { imagesPerMinute: 4 } }, 5));
     expect(never).toMatchObject({ status: 429, code: 'rate_limit_exceeded', headers: { 'x-should-retry': 'false' } });

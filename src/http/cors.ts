@@ -15,7 +15,8 @@ export interface CorsOptions {
 }
 
 /** Headers a page's script may read: the SDKs take the request id and retry hints from them. */
-const EXPOSED_HEADERS = ['x-request-id', 'openai-processing-ms', 'retry-after', 'x-should-retry'];
+const RATE_HEADERS = ['requests', 'images'].flatMap((measure) => ['limit', 'remaining', 'reset'].map((what) => `x-ratelimit-${what}-${measure}`));
+const EXPOSED_HEADERS = ['x-request-id', 'openai-processing-ms', 'retry-after', 'x-should-retry', ...RATE_HEADERS];
 
 /** Browsers may reuse a preflight's answer this long (seconds) before asking again. */
 const PREFLIGHT_MAX_AGE = 600;

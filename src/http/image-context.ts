@@ -68,7 +68,8 @@ async function generateContext(request: FastifyRequest, reply: FastifyReply, bod
     // A store that hands out its own addresses (S3 presigned URLs) names them; else this server's files route.
     urlFor: (image) => image.url ?? `${base}${imagePath(image)}`,
     log: request.log,
-    admit: () => rates.admit(request.apiKey, body.n),
+    // OpenAI's x-ratelimit-* headers go on the answer, streamed or not.
+    admit: async () => void reply.headers(await rates.admit(request.apiKey, body.n)),
     // Queue fairness is per key (by its label); a key file's `concurrent` limit bounds its running work.
     client: request.apiKey?.label,
     limits: request.apiKey?.limits?.concurrent === undefined ? undefined : { maxConcurrent: request.apiKey.limits.concurrent },

@@ -28,13 +28,18 @@ export interface WindowLimits {
   images?: number;
 }
 
+/** What a ledger found: whether the entry fitted, and the window before it (oldest first, the entry left out). */
+export interface Spending {
+  fits: boolean;
+  recent: Spent[];
+}
+
 export interface RateLedger {
   /**
    * In one atomic step: forgets `label`'s entries older than `windowMs` before `entry.at`; then, if the
-   * rest plus `entry` stay within `limits` (fits()), records `entry` (unless `record` is false: a check)
-   * and returns null, else returns the rest, oldest first, leaving `entry` out.
+   * rest plus `entry` stay within `limits` (fits()), records `entry` (unless `record` is false: a check).
    */
-  spend(label: string, entry: Spent, limits: WindowLimits, windowMs: number, record?: boolean): Promise<Spent[] | null>;
+  spend(label: string, entry: Spent, limits: WindowLimits, windowMs: number, record?: boolean): Promise<Spending>;
 }
 
 /** Whether `recent` plus `entry` stay within `limits`: the rule every ledger applies (redis-ledger.ts in Lua). */
@@ -47,12 +52,41 @@ function fits(recent: readonly Spent[], entry: Spent, limits: WindowLimits): boo
 export class MemoryLedger implements RateLedger {
   private readonly spent = new Map<string, Spent[]>();
 
-  async spend(label: string, entry: Spent, limits: WindowLimits, windowMs: number, record = true): Promise<Spent[] | null> {
+  async spend(label: string, entry: Spent, limits: WindowLimits, windowMs: number, record = true): Promise<Spending> {
     const recent = (this.spent.get(label) ?? []).filter((s) => s.at > entry.at - windowMs);
     const fit = fits(recent, entry, limits);
     this.spent.set(label, fit && record ? [...recent, entry] : recent);
-    return fit ? null : recent;
+    return { fits: fit, recent };
   }
+}
+
+/**
+ * OpenAI's rate-limit headers for a key's limits, as they stand with `spent` counted (or, for a refusal,
+ * without it): `x-ratelimit-limit-requests`, `-remaining-requests`, `-reset-requests` (when the window
+ * frees again, as OpenAI writes it: "1s", "6m0s"), and the same with `-images` for images_per_minute.
+ */
+function rateHeaders(limits: NonNullable<ApiKey['limits']>, window: readonly Spent[], now: number): Record<string, string> {
+  const headers: Record<string, string> = {};
+  const measures = [
+    ['requests', limits.requestsPerMinute, () => 1],
+    ['images', limits.imagesPerMinute, (s: Spent) => s.images],
+  ] as const;
+  for (const [name, limit, weight] of measures) {
+    if (limit === undefined) continue;
+    const used = window.reduce((sum, s) => sum + weight(s), 0);
+    const oldest = window.find((s) => weight(s) > 0);
+    headers[`x-ratelimit-limit-${name}`] = String(limit);
+    headers[`x-ratelimit-remaining-${name}`] = String(Math.max(0, limit - used));
+    headers[`x-ratelimit-reset-${name}`] = durationText(oldest ? Math.max(0, oldest.at + MINUTE_MS - now) : 0);
+  }
+  return headers;
+}
+
+/** Milliseconds as OpenAI's headers write a duration: "350ms", "12s", "1m5s". */
+function durationText(ms: number): string {
+  if (ms < 1000) return `${Math.ceil(ms)}ms`;
+  const seconds = Math.ceil(ms / 1000);
+  return seconds < 60 ? `${seconds}s` : `${Math.floor(seconds / 60)}m${seconds % 60}s`;
 }
 
 export class KeyRates {
@@ -62,18 +96,19 @@ export class KeyRates {
   ) {}
 
   /** Throws the 429 that `admit` would throw now, counting nothing: for a request not yet known to be valid. */
-  check(key: Omit<ApiKey, 'key'> | null, images: number): Promise<void> {
-    return this.spend(key, images, false);
+  async check(key: Omit<ApiKey, 'key'> | null, images: number): Promise<void> {
+    await this.spend(key, images, false);
   }
 
-  /** Counts a request for `images` images from `key`, or throws the 429 that says when to retry. */
-  admit(key: Omit<ApiKey, 'key'> | null, images: number): Promise<void> {
+  /** Counts a request for `images` images from `key`, or throws the 429 that says when to retry; returns OpenAI's rate-limit headers for its answer. */
+  admit(key: Omit<ApiKey, 'key'> | null, images: number): Promise<Record<string, string>> {
     return this.spend(key, images, true);
   }
 
-  private async spend(key: Omit<ApiKey, 'key'> | null, images: number, record: boolean): Promise<void> {
+  private async spend(key: Omit<ApiKey, 'key'> | null, images: number, record: boolean): Promise<Record<string, string>> {
     const limits = key?.limits;
-    if (!key || !limits || (limits.requestsPerMinute === undefined && limits.imagesPerMinute === undefined)) return;
+    if (!key || !limits || (limits.requestsPerMinute === undefined && limits.imagesPerMinute === undefined)) return {};
+    const now = this.now();
     if (limits.imagesPerMinute !== undefined && images > limits.imagesPerMinute) {
       throw new ApiError(
         429,
@@ -82,9 +117,9 @@ export class KeyRates {
         { type: 'requests', code: 'rate_limit_exceeded', headers: { 'x-should-retry': 'false' } },
       );
     }
-    const now = this.now();
-    const recent = await this.ledger.spend(key.label, { at: now, images }, { requests: limits.requestsPerMinute, images: limits.imagesPerMinute }, MINUTE_MS, record);
-    if (!recent) return;
+    const entry = { at: now, images };
+    const { fits: admitted, recent } = await this.ledger.spend(key.label, entry, { requests: limits.requestsPerMinute, images: limits.imagesPerMinute }, MINUTE_MS, record);
+    if (admitted) return rateHeaders(limits, [...recent, entry], now);
     const wait = Math.max(
       limits.requestsPerMinute !== undefined && recent.length + 1 > limits.requestsPerMinute ? waitFor(recent, recent.length + 1 - limits.requestsPerMinute, () => 1, now) : 0,
       limits.imagesPerMinute !== undefined ? imageWait(recent, images, limits.imagesPerMinute, now) : 0,
@@ -93,7 +128,7 @@ export class KeyRates {
     throw new ApiError(429, `Rate limit reached for API key '${key.label}': ${describe(limits)}. Please try again in ${seconds}s.`, {
       type: 'requests',
       code: 'rate_limit_exceeded',
-      headers: { 'retry-after': String(seconds) },
+      headers: { 'retry-after': String(seconds), ...rateHeaders(limits, recent, now) },
     });
   }
 }

@@ -1,12 +1,12 @@
 import { randomBytes } from 'node:crypto';
 import type { Redis, Result } from 'ioredis';
 import type { Logger } from 'pino';
-import { MemoryLedger, type RateLedger, type Spent, type WindowLimits } from './key-rates.js';
+import { MemoryLedger, type RateLedger, type Spending, type Spent, type WindowLimits } from './key-rates.js';
 import { RedisFallback } from './redis.js';
 
 /**
  * Per-key rates kept in Redis, so that replicas share them: each key's last minute is a sorted set of
- * `<at>:<images>:<nonce>` scored by `at`, checked and appended in one Lua script (Redis runs a script
+ * `<at>:<images>:<nonce>` scored by `at`, checked, appended and read back in one Lua script (Redis runs a script
  * alone, so two replicas can never both admit the last request that fits). The script applies
  * key-rates.ts's fits() rule. Times are the replicas' own clocks: keep them in sync (NTP).
  *
@@ -24,21 +24,22 @@ for _, member in ipairs(recent) do
   images = images + tonumber(string.match(member, '^[^:]+:(%d+):'))
 end
 local maxRequests, maxImages = tonumber(ARGV[4]), tonumber(ARGV[5])
-if (maxRequests >= 0 and #recent + 1 > maxRequests) or (maxImages >= 0 and images + tonumber(ARGV[3]) > maxImages) then
-  return recent
+local fits = not ((maxRequests >= 0 and #recent + 1 > maxRequests) or (maxImages >= 0 and images + tonumber(ARGV[3]) > maxImages))
+if fits and ARGV[7] == '1' then
+  redis.call('ZADD', KEYS[1], at, ARGV[6])
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
-if ARGV[7] ~= '1' then
-  return false
+local answer = { fits and 1 or 0 }
+for _, member in ipairs(recent) do
+  answer[#answer + 1] = member
 end
-redis.call('ZADD', KEYS[1], at, ARGV[6])
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
-return false
+return answer
 `;
 
 declare module 'ioredis' {
   interface RedisCommander<Context> {
-    /** Defined by RedisLedger: the members of the window when `entry` does not fit, else null (and `entry` recorded). */
-    imagegenSpend(key: string, at: number, windowMs: number, images: number, maxRequests: number, maxImages: number, member: string, record: 0 | 1): Result<string[] | null, Context>;
+    /** Defined by RedisLedger: 1 when `entry` fits (then recorded, if `record`), else 0, followed by the members of the window before it. */
+    imagegenSpend(key: string, at: number, windowMs: number, images: number, maxRequests: number, maxImages: number, member: string, record: 0 | 1): Result<[number, ...string[]], Context>;
   }
 }
 
@@ -56,16 +57,17 @@ export class RedisLedger implements RateLedger {
     this.status = new RedisFallback(logger, 'per-key rates are counted per server until it can', 'per-key rates are shared again');
   }
 
-  async spend(label: string, entry: Spent, limits: WindowLimits, windowMs: number, record = true): Promise<Spent[] | null> {
+  async spend(label: string, entry: Spent, limits: WindowLimits, windowMs: number, record = true): Promise<Spending> {
     const member = `${entry.at}:${entry.images}:${randomBytes(6).toString('hex')}`;
-    let members: string[] | null;
+    let answer: [number, ...string[]];
     try {
-      members = await this.redis.imagegenSpend(`${KEY_PREFIX}${label}`, entry.at, windowMs, entry.images, limits.requests ?? -1, limits.images ?? -1, member, record ? 1 : 0);
+      answer = await this.redis.imagegenSpend(`${KEY_PREFIX}${label}`, entry.at, windowMs, entry.images, limits.requests ?? -1, limits.images ?? -1, member, record ? 1 : 0);
     } catch (err) {
       this.status.failed(err);
       return this.fallback.spend(label, entry, limits, windowMs, record);
     }
     this.status.answered();
-    return members && members.map((m) => ({ at: Number(m.split(':')[0]), images: Number(m.split(':')[1]) }));
+    const [fits, ...members] = answer;
+    return { fits: fits === 1, recent: members.map((m) => ({ at: Number(m.split(':')[0]), images: Number(m.split(':')[1]) })) };
   }
 }
