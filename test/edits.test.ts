@@ -142,6 +142,18 @@ describe('POST /v1/images/edits', () => {
     expect(res.usage).toMatchObject({ input_tokens_details: { image_tokens: 64 }, output_tokens: 64 });
   });
 
+  it('answers an edit that names no model as OpenAI does, inline as a gpt-image model (DEFAULT_MODEL runs it)', async () => {
+    const res = await client.images.edit({ image: await png(redCircle), prompt: 'a blue square' } as OpenAI.ImageEditParamsNonStreaming);
+    expect(Object.keys(res.data![0]).sort()).toEqual(['b64_json', 'seed']);
+    expect(res).toMatchObject({ output_format: 'png', quality: 'medium', usage: { input_tokens_details: { image_tokens: 64 } } });
+    const { info } = await readImageFile(decoded(res)[0]);
+    expect([info.width, info.height]).toEqual([128, 128]);
+    // dall-e's quality values still read as dall-e-2's edit.
+    const standard = await client.images.edit({ image: await png(redCircle), prompt: 'a blue square', quality: 'standard' } as OpenAI.ImageEditParamsNonStreaming);
+    expect(Object.keys(standard).sort()).toEqual(['created', 'data']);
+    expect(standard.data![0].url).toBeTruthy();
+  });
+
   it('takes the JSON form with a data: URI, and fits the input to the requested size', async () => {
     const res = await client.post<OpenAI.ImagesResponse>('/images/edits', {
       body: { model: 'shapes', images: [{ image_url: `data:image/png;base64,${redCircle.toString('base64')}` }], prompt: 'a blue square', size: '256x128', strength: 1, quality: 'high', response_format: 'b64_json', seed: 5 },
@@ -164,6 +176,12 @@ describe('POST /v1/images/variations', () => {
     const image = await halfTransparent();
     const res = await client.images.createVariation({ model: 'shapes', image: await png(image), response_format: 'b64_json', seed: 7, strength: 1 } as OpenAI.ImageCreateVariationParams);
     expect(await difference(decoded(res)[0], image, 0, SIZE / 2)).toBeGreaterThan(20);
+  });
+
+  it('answers a variation that names no model as dall-e-2 does, with a URL', async () => {
+    const res = await client.images.createVariation({ image: await png(redCircle) } as OpenAI.ImageCreateVariationParams);
+    expect(Object.keys(res).sort()).toEqual(['created', 'data']);
+    expect((await fetch(res.data![0].url!)).status).toBe(200);
   });
 
   it('gives n different images close to the input', async () => {

@@ -5,7 +5,7 @@ import type { ImageGenerateParamsNonStreaming, ImageModel, ImagesResponse as Sdk
 import sharp from 'sharp';
 import { afterAll, beforeAll, describe, expect, expectTypeOf, it } from 'vitest';
 import { apiError } from './helpers/failures.js';
-import { GPT_IMAGE_MODEL_NAMES, OPENAI_MODEL_NAMES } from '../src/api/dialects.js';
+import { GPT_IMAGE_MODEL_NAMES, gptImageNameTakes, OPENAI_MODEL_NAMES } from '../src/api/dialects.js';
 import type { ImagesResponse } from '../src/api/wire.js';
 import { startTestServer, writeStubModel, type TestServer } from './helpers/api-server.js';
 import { DEMO_TOKENIZER, demoPromptTokens } from './helpers/prompt-tokens.js';
@@ -48,13 +48,22 @@ describe('model names', () => {
     expect(ids).toEqual(expect.arrayContaining([...OPENAI_MODEL_NAMES, 'wide']));
   });
 
-  it('runs DEFAULT_MODEL for a request without a model, answering as its own id does', async () => {
+  it('runs DEFAULT_MODEL for a request without a model, answering as dall-e-2 (OpenAI\'s default) does', async () => {
     const before = server.engine.batches.length;
     const res = await generate({});
     expect(server.engine.batches.slice(before).map((b) => b.modelDir)).toEqual([path.join(server.modelsDir, 'wide')]);
     expect(Object.keys(res).sort()).toEqual(['created', 'data']);
     expect(Object.keys(res.data![0]).sort()).toEqual(['seed', 'url']);
   });
+
+  it.each([{ output_format: 'jpeg' }, { background: 'auto' }, { moderation: 'low' }, { quality: 'high' }, { partial_images: 0 }])(
+    'answers a request without a model that uses gpt-image parameter %o as a gpt-image model, as OpenAI does',
+    async (params) => {
+      const res = await generate(params);
+      expect(Object.keys(res.data![0]).sort()).toEqual(['b64_json', 'seed']);
+      expect(res).toMatchObject({ background: 'opaque', usage: { output_tokens: 1024 } });
+    },
+  );
 
   it('names the default model when it is not installed', async () => {
     const bare = await startTestServer({ config: { defaultModel: 'sd-turbo' } });
@@ -159,6 +168,28 @@ describe('gpt-image names', () => {
     expect({ status: err.status, type: err.type, param: err.param, code: err.code }).toEqual({ status: 400, type: 'invalid_request_error', param, code });
     expect((err.error as { message: string }).message).toContain(message);
     expect(server.engine.batches.length).toBe(before);
+  });
+});
+
+describe('gpt-image-2 sizes', () => {
+  it('takes a model size beyond the three gpt-image sizes under a gpt-image-2 name only', async () => {
+    for (const model of ['gpt-image-2', 'gpt-image-2-2026-04-21']) {
+      const res = await generate({ model, size: '512x512' });
+      const meta = await sharp(Buffer.from(res.data![0].b64_json!, 'base64')).metadata();
+      expect([meta.width, meta.height]).toEqual([512, 512]);
+      // Outside the SDK's size enum: left out of the answer.
+      expect(res).not.toHaveProperty('size');
+    }
+    const err = await apiError(generate({ model: 'gpt-image-2', size: '640x640' }), OpenAI.BadRequestError);
+    expect((err.error as { message: string }).message).toContain("Supported values for model 'gpt-image-2' are: 'auto', '512x512', '1024x1024', and '1536x1024'");
+  });
+
+  it('follows OpenAI\'s rule for them: sides of multiples of 16, aspect within 1:3 to 3:1, at most 3840x2160', () => {
+    const takes = (size: string) => gptImageNameTakes('gpt-image-2', size);
+    expect(['1536x864', '512x512', '3840x2160', '2160x3840', '1536x512', '16x48'].filter(takes)).toHaveLength(6);
+    expect(['1536x500', '1552x512', '3856x1296', '2176x2176', '4096x2160'].filter(takes)).toEqual([]);
+    expect(gptImageNameTakes('gpt-image-1', '1536x864')).toBe(false);
+    expect(gptImageNameTakes('gpt-image-1', '1536x1024')).toBe(true);
   });
 });
 

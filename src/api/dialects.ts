@@ -45,11 +45,50 @@ export type GptImageSize = (typeof GPT_IMAGE_SIZES)[number];
 
 export const isGptImageSize = (size: string): size is GptImageSize => (GPT_IMAGE_SIZES as readonly string[]).includes(size);
 
+/** The gpt-image names that take sizes beyond the three (openai-node's `ImageGenerateParams.size`). */
+const FREE_SIZE_MODEL_NAMES: readonly string[] = ['gpt-image-2', 'gpt-image-2-2026-04-21'];
+
+/**
+ * Whether OpenAI's model of this gpt-image name takes a size: the three gpt-image sizes, and for
+ * gpt-image-2 any WxH whose sides are multiples of 16, whose aspect ratio is within 1:3 to 3:1 and
+ * which is at most 3840x2160 (long side 3840, short side 2160). The installed model must serve it too.
+ */
+export function gptImageNameTakes(modelName: string, size: string): boolean {
+  if (isGptImageSize(size)) return true;
+  if (!FREE_SIZE_MODEL_NAMES.includes(modelName)) return false;
+  const [width, height] = size.split('x').map(Number);
+  const [long, short] = width >= height ? [width, height] : [height, width];
+  return width % 16 === 0 && height % 16 === 0 && long <= 3 * short && long <= 3840 && short <= 2160;
+}
+
 /** Every `quality` the SDKs send: dall-e's standard|hd, gpt-image's low|medium|high|auto. */
 export const REQUEST_QUALITIES = ['standard', 'hd', 'low', 'medium', 'high', 'auto'] as const;
 export type RequestQuality = (typeof REQUEST_QUALITIES)[number];
 
 const GPT_IMAGE_QUALITIES: readonly RequestQuality[] = ['low', 'medium', 'high', 'auto'];
+
+/** The request fields only OpenAI's gpt-image models take (the SDKs document each as "GPT image models only"). */
+const GPT_IMAGE_ONLY_FIELDS = ['output_format', 'output_compression', 'background', 'moderation', 'partial_images'] as const;
+
+/**
+ * The dialect of a request that names no model, as OpenAI reads one: a generation is dall-e-2's unless
+ * it uses a parameter specific to the gpt-image models (openai-node's `ImageGenerateParams.model`), an
+ * edit is a gpt-image model's (`ImageEditParams.model` defaults to one) unless it asks for dall-e's
+ * quality `standard` or `hd`, and variations exist only for dall-e-2. Whichever it is, DEFAULT_MODEL runs.
+ */
+export function dialectWithoutModel(kind: 'generation' | 'edit' | 'variation', fields: Readonly<Record<string, unknown>>): Dialect {
+  const quality = fields.quality as RequestQuality | undefined;
+  switch (kind) {
+    case 'generation': {
+      const gptImageOnly = GPT_IMAGE_ONLY_FIELDS.some((field) => fields[field] !== undefined) || fields.stream === true || (quality !== undefined && GPT_IMAGE_QUALITIES.includes(quality));
+      return gptImageOnly ? 'gpt-image' : 'dall-e';
+    }
+    case 'edit':
+      return quality === 'standard' || quality === 'hd' ? 'dall-e' : 'gpt-image';
+    case 'variation':
+      return 'dall-e';
+  }
+}
 
 /** The step tier each quality picks: medium and auto (gpt-image's default) are standard, high is hd. */
 const TIERS: Record<RequestQuality, Quality> = { low: 'low', standard: 'standard', medium: 'standard', auto: 'standard', hd: 'hd', high: 'hd' };

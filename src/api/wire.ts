@@ -7,6 +7,7 @@ import { ApiError, quoteList } from './errors.js';
 import {
   DEFAULT_RESPONSE_FORMAT,
   dialectOf,
+  dialectWithoutModel,
   qualityTier,
   REQUEST_QUALITIES,
   RESPONSE_FORMATS,
@@ -331,12 +332,14 @@ export function parseImageRequest(kind: RequestKind, body: unknown, { defaultMod
   }
   const given = Object.fromEntries(Object.entries(input).filter(([, value]) => value !== null));
   const present = form ? fromForm(given) : given;
+  const named = present.model !== undefined;
   if (defaultModel !== undefined) present.model ??= defaultModel;
   const checked = REQUEST_SCHEMAS[kind].safeParse(present, { reportInput: true });
   if (!checked.success) throw toApiError([...checked.error.issues].sort((a, b) => rank(a) - rank(b))[0]);
   // Each route's fields passed its own schema; this fills the defaults of those it lacks (a variation's style).
   const { model, quality, response_format, ...fields } = requestFields.parse(checked.data);
-  const dialect = dialectOf(model);
+  // The fields as sent, not as parsed: the parse fills in defaults (output_format png) the client never sent.
+  const dialect = named ? dialectOf(model) : dialectWithoutModel(kind, present);
   const request: GenerationRequest = {
     ...fields,
     model,

@@ -93,8 +93,11 @@ export function betaSchedule(config: BetaConfig): Float32Array {
   switch (config.beta_schedule) {
     case 'linear':
       return linspaceFloat32(start, end, n);
-    case 'scaled_linear':
-      return linspaceFloat32(Math.sqrt(start), Math.sqrt(end), n).map((b) => b * b);
+    case 'scaled_linear': {
+      const roots = linspaceFloat32(Math.sqrt(start), Math.sqrt(end), n);
+      for (let i = 0; i < n; i++) roots[i] *= roots[i];
+      return roots;
+    }
     case 'squaredcos_cap_v2':
       return cosineBetas(n);
     default:
@@ -106,10 +109,10 @@ export function betaSchedule(config: BetaConfig): Float32Array {
 export function alphasCumprod(betas: Float32Array): Float32Array {
   const out = new Float32Array(betas.length);
   let product = 1;
-  betas.forEach((beta, t) => {
-    product *= Math.fround(1 - beta);
+  for (let t = 0; t < betas.length; t++) {
+    product *= Math.fround(1 - betas[t]);
     out[t] = product;
-  });
+  }
   return out;
 }
 
@@ -120,7 +123,12 @@ export function trainingAlphasCumprod(config: BetaConfig): Float32Array {
 
 /** The variance-exploding view of a config's schedule: sigma_t = sqrt((1 - abar_t) / abar_t), t ascending. */
 export function trainingSigmas(config: BetaConfig): Float64Array {
-  return Float64Array.from(trainingAlphasCumprod(config), (a) => Math.sqrt((1 - a) / a));
+  // Plain loops here and above: every request's plan builds these tables, and typed arrays' from/map/
+  // forEach with a callback run several times slower.
+  const alphas = trainingAlphasCumprod(config);
+  const sigmas = new Float64Array(alphas.length);
+  for (let t = 0; t < alphas.length; t++) sigmas[t] = Math.sqrt((1 - alphas[t]) / alphas[t]);
+  return sigmas;
 }
 
 // ---------------------------------------------------------------------------------------------

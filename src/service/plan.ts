@@ -1,5 +1,5 @@
 import { ApiError, quoteList } from '../api/errors.js';
-import { isGptImageSize } from '../api/dialects.js';
+import { gptImageNameTakes } from '../api/dialects.js';
 import type { GenerationRequest } from '../api/wire.js';
 import type { ModelEntry } from '../models/registry.js';
 import { MAX_SEED, randomSeed, type NoiseKind } from '../runtime/random.js';
@@ -31,11 +31,11 @@ function sizeError(request: GenerationRequest, model: ModelEntry, served: readon
   return ApiError.invalid('size', 'invalid_value', message);
 }
 
-/** `auto` (or none) is the model's default; gpt-image names take only the gpt-image sizes among the model's. */
+/** `auto` (or none) is the model's default; gpt-image names take only those of the model's sizes that OpenAI's model of the name takes. */
 export function requestSize(request: GenerationRequest, model: ModelEntry): { width: number; height: number } {
   const { sizes, defaultSize } = model.preset;
   const asked = request.size === 'auto' ? undefined : request.size;
-  const served = request.dialect === 'gpt-image' ? sizes.filter(isGptImageSize) : sizes;
+  const served = request.dialect === 'gpt-image' ? sizes.filter((size) => gptImageNameTakes(request.model, size)) : sizes;
   if (asked !== undefined && !served.includes(asked)) throw sizeError(request, model, served);
   const [width, height] = (asked ?? defaultSize).split('x').map(Number);
   return { width, height };
