@@ -1,6 +1,7 @@
 import { gzipSync, brotliCompressSync, deflateSync } from 'node:zlib';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startTestServer, TEST_KEY, type TestServer } from './helpers/api-server.js';
+import { MAX_PARAM_LENGTH } from '../src/http/app.js';
 import { parseResponse, rawRequest } from './helpers/raw-http.js';
 
 /**
@@ -118,6 +119,19 @@ describe('answers before routing', () => {
       await exchange.closed;
     }
     exchange.socket.destroy();
+  });
+});
+
+describe('requests the router refuses', () => {
+  it('are counted in /metrics as every other request is (no route hook runs for them)', async () => {
+    const count = async (status: number) => {
+      const text = await (await fetch(`${server.origin}/metrics`, { headers: { authorization: `Bearer ${TEST_KEY}` } })).text();
+      return Number(new RegExp(`^imagegen_http_requests_total\\{method="GET",route="unmatched",status="${status}"\\} (\\d+)$`, 'm').exec(text)?.[1] ?? 0);
+    };
+    const before = [await count(400), await count(414)];
+    expect((await fetch(`${server.origin}/v1/models/%zz`)).status).toBe(400);
+    expect((await fetch(`${server.origin}/v1/models/${'m'.repeat(MAX_PARAM_LENGTH + 1)}`)).status).toBe(414);
+    await expect.poll(async () => [await count(400), await count(414)]).toEqual([before[0] + 1, before[1] + 1]);
   });
 });
 

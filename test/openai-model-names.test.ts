@@ -48,6 +48,16 @@ describe('model names', () => {
     expect(ids).toEqual(expect.arrayContaining([...OPENAI_MODEL_NAMES, 'wide']));
   });
 
+  it('lists under each name the sizes a request may name by it, every one of which generates', async () => {
+    const listed = async (id: string) => (await server.client.models.retrieve(id)) as unknown as { sizes: string[]; default_size: string };
+    expect(await listed('dall-e-3')).toMatchObject({ sizes: ['512x512', '1024x1024', '1536x1024'], default_size: '512x512' });
+    expect(await listed('gpt-image-1')).toMatchObject({ sizes: ['auto', '1024x1024', '1536x1024'], default_size: 'auto' });
+    expect(await listed('gpt-image-2')).toMatchObject({ sizes: ['auto', '512x512', '1024x1024', '1536x1024'], default_size: 'auto' });
+    for (const model of ['gpt-image-1', 'gpt-image-2']) {
+      for (const size of (await listed(model)).sizes) expect((await generate({ model, size })).data).toHaveLength(1);
+    }
+  });
+
   it('runs DEFAULT_MODEL for a request without a model, answering as dall-e-2 (OpenAI\'s default) does', async () => {
     const before = server.engine.batches.length;
     const res = await generate({});
@@ -64,6 +74,12 @@ describe('model names', () => {
       expect(res).toMatchObject({ background: 'opaque', usage: { output_tokens: 1024 } });
     },
   );
+
+  it('checks such a request under DEFAULT_MODEL\'s id: every size and quality it took before still runs', async () => {
+    const res = await generate({ output_format: 'jpeg', quality: 'standard', size: '512x512' });
+    const meta = await sharp(Buffer.from(res.data![0].b64_json!, 'base64')).metadata();
+    expect([meta.format, meta.width]).toEqual(['jpeg', 512]);
+  });
 
   it('names the default model when it is not installed', async () => {
     const bare = await startTestServer({ config: { defaultModel: 'sd-turbo' } });

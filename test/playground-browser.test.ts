@@ -160,9 +160,13 @@ describe.skipIf(!chromiumPath)(`the playground in headless Chromium${chromiumPat
     await page.click('button[data-copy="curl"]');
     const curl = await page.evaluate(() => navigator.clipboard.readText());
     expect(curl).toContain('"seed":7');
+    // zsh (the macOS shell) takes no comment after a line continuation: none is there, and each command has lines of its own.
+    expect(curl).not.toMatch(/\\\n\s*#/);
     await run('bash', ['-c', curl], { cwd: work, env: { ...process.env, OPENAI_API_KEY: OPS_KEY } });
     const answer = JSON.parse(await readFile(path.join(work, 'response.json'), 'utf8')) as { data: { b64_json: string }[] };
     expect(await pixels(Buffer.from(answer.data[0].b64_json, 'base64'))).toEqual(shown);
+    // Its second command writes the picture, as the dialog says.
+    expect(await pixels(path.join(work, 'image-7.png'))).toEqual(shown);
 
     await page.click('button[data-copy="node"]');
     const node = await page.evaluate(() => navigator.clipboard.readText());
@@ -255,6 +259,52 @@ describe.skipIf(!chromiumPath)(`the playground in headless Chromium${chromiumPat
     const [paintedLeft, keptLeft] = painted === 'left' ? [0, 144] : [144, 0];
     expect(await difference(keptLeft)).toBeLessThan(3);
     expect(await difference(paintedLeft)).toBeGreaterThan(10);
+
+    // Its code reads image.png and mask.png: the dialog offers both for download, the mask as painted.
+    await page.click('#results button:has-text("Copy as code")');
+    expect(await page.$$eval('#code-files a', (links) => links.map((a) => [a.textContent, a.getAttribute('download')]))).toEqual([
+      ['Download image.png', 'image.png'],
+      ['Download mask.png', 'mask.png'],
+    ]);
+    const maskBytes = Buffer.from(await page.$eval('#code-files a[download="mask.png"]', async (a) => Array.from(new Uint8Array(await (await fetch((a as HTMLAnchorElement).href)).arrayBuffer()))));
+    const mask = await sharp(maskBytes).ensureAlpha().extractChannel(3).raw().toBuffer({ resolveWithObject: true });
+    expect([mask.info.width, mask.info.height]).toEqual([256, 256]);
+    const alpha = (x: number) => mask.data[128 * 256 + x];
+    // Transparent (repainted) on the painted half, opaque (kept) on the other.
+    expect(painted === 'left' ? [alpha(40), alpha(216)] : [alpha(216), alpha(40)]).toEqual([0, 255]);
+    await page.keyboard.press('Escape');
+  });
+
+  it('sends no mask once every stroke was erased again, so the whole picture is redrawn', async () => {
+    await page.click('#mask-clear');
+    await page.fill('#brush', '16');
+    await page.focus('#mask');
+    await page.keyboard.press(' ');
+    await page.check('#erase');
+    await page.fill('#brush', '64');
+    await page.focus('#mask');
+    await page.keyboard.press(' ');
+    await page.uncheck('#erase');
+    // The form's parts as the page hands them to fetch (the browser does not show a streamed form's body).
+    await page.evaluate(() => {
+      const send = window.fetch;
+      window.fetch = (input, init) => {
+        if (init?.body instanceof FormData) (window as unknown as { parts: string[] }).parts = [...init.body.keys()];
+        return send(input, init);
+      };
+    });
+    await runAndWait('#edit-run');
+    const parts = await page.evaluate(() => (window as unknown as { parts: string[] }).parts);
+    expect(parts).toContain('image');
+    expect(parts).not.toContain('mask');
+  });
+
+  it('says so beside the image field when a chosen file is no picture, and keeps the one it had', async () => {
+    const before = await page.getAttribute('#source', 'src');
+    await page.setInputFiles('#image', { name: 'notes.txt', mimeType: 'text/plain', buffer: Buffer.from('not a picture') });
+    await expect.poll(() => page.textContent('#image-error')).toMatch(/^That image cannot be edited: it is not a picture this browser can read/);
+    expect(await page.getAttribute('#image', 'aria-invalid')).toBe('true');
+    expect(await page.getAttribute('#source', 'src')).toBe(before);
   });
 
   it('paints the mask from the keyboard: arrows move the brush, Space held down paints', async () => {

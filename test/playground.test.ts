@@ -51,6 +51,13 @@ describe('the playground page', () => {
     expect(page.headers.get('content-security-policy')).toBe(
       "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data: blob:; connect-src 'self' blob:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
     );
+    // A PUBLIC_BASE_URL with a path is allowed by its origin: a source with a path would allow that path only, not the images under it.
+    const behindProxy = await startTestServer({ config: { publicBaseUrl: 'https://cdn.example.com/imagegen' } });
+    try {
+      expect((await fetch(`${behindProxy.origin}/`)).headers.get('content-security-policy')).toContain("img-src 'self' https://cdn.example.com data: blob:; connect-src 'self' https://cdn.example.com blob:;");
+    } finally {
+      await behindProxy.close();
+    }
     for (const name of await readdir(PLAYGROUND_DIR)) {
       if (name.endsWith('.map')) continue;
       const text = await readFile(path.join(PLAYGROUND_DIR, name), 'utf8');

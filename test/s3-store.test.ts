@@ -126,6 +126,8 @@ describe('S3ImageStore', () => {
     const image = await store.put(bytes(20, 9), 'image/png');
     const url = new URL(image.url!);
     expect(url.origin).toBe(s3.endpoint);
+    // Known from the start, for the playground's policy (app.ts): the page may load images from there.
+    expect(store.urlOrigin).toBe(s3.endpoint);
     expect(url.pathname).toBe(`/${BUCKET}/presigned/${image.id}.${image.expiresAt}.png`);
     expect(url.searchParams.get('X-Amz-Expires')).toBe('600');
     const res = await fetch(url);

@@ -46,6 +46,8 @@ async function rawEvents(body: object, signal?: AbortSignal, onEvent?: (event: I
     while ((end = buffered.indexOf('\n\n')) >= 0) {
       const frame = buffered.slice(0, end);
       buffered = buffered.slice(end + 2);
+      // Comments (the stream's opening and keep-alive lines) carry no event.
+      if (frame.startsWith(':')) continue;
       const name = /^event: (.*)$/m.exec(frame)?.[1];
       const event = JSON.parse(/^data: (.*)$/m.exec(frame)![1]) as ImageStreamEvent;
       if (name) names.push(name);
@@ -190,8 +192,8 @@ describe('streaming errors and cancellation', () => {
   });
 });
 
-describe('stream_progress and a busy queue', () => {
-  it('counts the batches ahead, and a request the full queue refuses gets its 429 as plain JSON, not an event after a 200', async () => {
+describe('streams and a busy queue', () => {
+  it('counts the batches ahead, a request the full queue refuses gets its 429 as plain JSON (not an event after a 200), and a stream opens once queued', async () => {
     // One worker, two places in the queue.
     const busy = await startRealServer({ apiKey: KEY, env: { WORKERS: '1', QUEUE_MAX: '2' } });
     const post = (body: object, signal?: AbortSignal) =>
@@ -222,6 +224,20 @@ describe('stream_progress and a busy queue', () => {
       expect(((await refused.json()) as { error: { code: string } }).error.code).toBe('rate_limit_exceeded');
       leave.abort();
       await Promise.all([running, waiting]);
+
+      // Without stream_progress there is no event to send while it waits: a comment opens the stream as
+      // soon as the request is queued, so a client's timeout to the first byte does not run out meanwhile.
+      const busyAgain = new AbortController();
+      leave.signal.addEventListener('abort', () => busyAgain.abort());
+      await expect.poll(() => busy.server.engine.load(), { timeout: 30_000 }).toMatchObject({ running: 0, queued: 0 });
+      const long = post({ size: '1024x1024', steps: 150 }, busyAgain.signal).catch(() => undefined);
+      await expect.poll(() => busy.server.engine.load().running).toBe(1);
+      const plain = await post({ steps: 2, stream: true }, busyAgain.signal);
+      expect(plain.headers.get('content-type')).toMatch(/^text\/event-stream/);
+      expect(new TextDecoder().decode((await plain.body!.getReader().read()).value)).toBe(': queued\n\n');
+      expect(busy.server.engine.load()).toMatchObject({ running: 1, queued: 1 });
+      busyAgain.abort();
+      await long;
     } finally {
       leave.abort();
       await busy.close();

@@ -1,6 +1,6 @@
 import { ApiFailure, apiKey, listModels, type Model } from './api.js';
 import { showCode } from './code-dialog.js';
-import { clearErrors, showError } from './field-errors.js';
+import { clearError, clearErrors, showError } from './field-errors.js';
 import { MaskPainter } from './mask.js';
 import { requestForImage, type ImageRequest, type Route } from './request.js';
 import { historyLine, resultCard, timeLeft, type Result } from './results.js';
@@ -79,8 +79,17 @@ function setBusy(busy: boolean): void {
   if (busy) buttons.cancel.focus();
 }
 
-/** The server's URL lives as long as its Cache-Control says (the files route sends the time left). */
+/**
+ * When an image's URL dies: an S3 presigned URL (S3_PRESIGNED_URLS) says so in its query, signed for GET
+ * only; the server's files route sends the time left in Cache-Control.
+ */
 async function expiryOf(url: string): Promise<number | undefined> {
+  const query = new URL(url, location.href).searchParams;
+  const signed = /^(\d{4})(\d{2})(\d{2})T(\d{2})(\d{2})(\d{2})Z$/.exec(query.get('X-Amz-Date') ?? '');
+  if (signed && query.has('X-Amz-Expires')) {
+    const [year, month, day, hours, minutes, seconds] = signed.slice(1).map(Number);
+    return Date.UTC(year, month - 1, day, hours, minutes, seconds) + Number(query.get('X-Amz-Expires')) * 1000;
+  }
   const res = await fetch(url, { method: 'HEAD' }).catch(() => undefined);
   const seconds = /max-age=(\d+)/.exec(res?.headers.get('cache-control') ?? '')?.[1];
   return seconds === undefined ? undefined : Date.now() + Number(seconds) * 1000;
@@ -111,7 +120,13 @@ async function send(route: Route): Promise<void> {
   if (route !== 'generations') {
     if (!editSource) return showError(form, new ApiFailure(0, { message: 'Choose an image to edit first (or take one from the results).', param: 'image' }));
     request.image = editSource;
-    if (route === 'edits') request.mask = await painter.toBlob();
+    if (route === 'edits') {
+      try {
+        request.mask = await painter.toBlob();
+      } catch (err) {
+        return showError(form, new ApiFailure(0, { message: `The painted mask could not be encoded (${(err as Error).message}): clear it and paint again.`, param: 'image' }));
+      }
+    }
   }
   const delivery = { stream: byId<HTMLSelectElement>('delivery').value === 'stream', partialImages: Number(byId<HTMLSelectElement>('partial_images').value) };
   running = new AbortController();
@@ -146,20 +161,40 @@ async function send(route: Route): Promise<void> {
     } else throw err;
   } finally {
     running = undefined;
+    // Each preview holds its picture in memory until its URL is revoked.
+    for (const preview of previews.querySelectorAll('img')) URL.revokeObjectURL(preview.src);
     previews.replaceChildren();
     setBusy(false);
     if (document.activeElement === buttons.cancel || document.activeElement === document.body) resultsList.querySelector('a')?.focus();
   }
 }
 
-async function setEditSource(image: Blob): Promise<void> {
-  editSource = image;
-  await painter.load(image);
+/**
+ * Puts a picture in the edit panel; true when it is there. One that cannot be read (not an image, an
+ * expired URL) is reported beside the image field, and the panel keeps the picture it had.
+ */
+async function setEditSource(take: () => Promise<Blob>): Promise<boolean> {
+  try {
+    const image = await take();
+    await painter.load(image);
+    editSource = image;
+  } catch (err) {
+    const reason = err instanceof ApiFailure ? err.message : 'it is not a picture this browser can read (PNG, JPEG or WebP)';
+    showError(form, new ApiFailure(0, { message: `That image cannot be edited: ${reason}.`, param: 'image' }));
+    return false;
+  }
+  clearError(form, 'image');
   byId('canvas-box').hidden = false;
   buttons.edit.disabled = buttons.variations.disabled = Boolean(running);
+  return true;
 }
 
-const fromResult = async (result: Result): Promise<Blob> => (await fetch(result.src)).blob();
+/** A result's picture; a URL that is gone (expired, or the server restarted without its store) is an ApiFailure saying so. */
+async function fromResult(result: Result): Promise<Blob> {
+  const res = await fetch(result.src).catch(() => undefined);
+  if (!res?.ok) throw new ApiFailure(res?.status ?? 0, { message: `the server no longer has it (${res ? `HTTP ${res.status}` : 'it could not be reached'}): its URL may have expired` });
+  return res.blob();
+}
 
 const actions = {
   reuse(result: Result): void {
@@ -168,18 +203,19 @@ const actions = {
     byId('prompt').focus();
   },
   async edit(result: Result): Promise<void> {
-    await setEditSource(await fromResult(result));
+    if (!(await setEditSource(() => fromResult(result)))) return;
     byId('edit').scrollIntoView();
     byId('prompt').focus();
     say('The image is in the edit panel: paint a mask, then Edit image.');
   },
   async variations(result: Result): Promise<void> {
-    await setEditSource(await fromResult(result));
-    await send('variations');
+    if (await setEditSource(() => fromResult(result))) await send('variations');
   },
   code(result: Result): void {
-    const files = result.request.route === 'generations' ? '' : ` Save the input picture as image.png${result.request.mask ? ' and the mask as mask.png' : ''} beside it.`;
-    showCode(byId('code-dialog'), snippetsOf(`${location.origin}/v1`, requestForImage(result.request, result.seed)), `This request makes this image again (seed ${result.seed}); the key comes from OPENAI_API_KEY.${files}`);
+    const { image, mask } = result.request;
+    const files = [image && { name: 'image.png', blob: image }, mask && { name: 'mask.png', blob: mask }].filter((file) => file !== undefined);
+    const save = files.length ? ` Save ${files.map((file) => file.name).join(' and ')} (below) beside it.` : '';
+    showCode(byId('code-dialog'), snippetsOf(`${location.origin}/v1`, requestForImage(result.request, result.seed)), `This request makes this image again (seed ${result.seed}); the key comes from OPENAI_API_KEY.${save}`, files);
   },
 };
 
@@ -200,7 +236,7 @@ byId('model').addEventListener('change', () => showSizes(form, models));
 byId('seed').addEventListener('input', () => ((form.elements.namedItem('seed_mode') as RadioNodeList).value = 'fixed'));
 byId<HTMLInputElement>('image').addEventListener('change', (event) => {
   const file = (event.target as HTMLInputElement).files?.[0];
-  if (file) void setEditSource(file);
+  if (file) void setEditSource(async () => file);
 });
 byId('mask-clear').addEventListener('click', () => painter.clear());
 const drop = byId('edit');
@@ -208,7 +244,7 @@ drop.addEventListener('dragover', (event) => event.preventDefault());
 drop.addEventListener('drop', (event) => {
   event.preventDefault();
   const file = event.dataTransfer?.files[0];
-  if (file) void setEditSource(file);
+  if (file) void setEditSource(async () => file);
 });
 
 void connect();

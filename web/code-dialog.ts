@@ -19,8 +19,19 @@ async function copy(text: string, block: HTMLElement, status: HTMLElement): Prom
   }
 }
 
-export function showCode(dialog: HTMLDialogElement, snippets: Snippets, note: string): void {
+/** A file the snippets read (an edit's picture and mask), offered for download beside them. */
+export interface SnippetFile {
+  name: string;
+  blob: Blob;
+}
+
+export function showCode(dialog: HTMLDialogElement, snippets: Snippets, note: string, files: readonly SnippetFile[] = []): void {
   dialog.querySelector('#code-note')!.textContent = note;
+  const downloads = dialog.querySelector('#code-files')!;
+  for (const link of downloads.querySelectorAll('a')) URL.revokeObjectURL(link.href);
+  downloads.replaceChildren(
+    ...files.map(({ name, blob }) => Object.assign(document.createElement('a'), { href: URL.createObjectURL(blob), download: name, textContent: `Download ${name}` })),
+  );
   const blocks = LANGUAGES.map(([key, title]) => {
     const section = document.createElement('section');
     const heading = Object.assign(document.createElement('h3'), { textContent: title, id: `code-${key}-title` });

@@ -11,6 +11,13 @@ function fieldName(param: string): string {
   return /^images?\b/.test(param) ? 'image' : param.split(/[.[]/)[0];
 }
 
+/** Clears the message of one field (`image` once a picture could be read after all). */
+export function clearError(form: HTMLFormElement, name: string): void {
+  const message = form.querySelector<HTMLElement>(`#${CSS.escape(name)}-error`);
+  if (message) message.textContent = '';
+  form.querySelector(`#${CSS.escape(name)}`)?.removeAttribute('aria-invalid');
+}
+
 export function clearErrors(form: HTMLFormElement): void {
   for (const message of form.querySelectorAll<HTMLElement>('.error')) message.textContent = '';
   for (const field of form.querySelectorAll('[aria-invalid]')) field.removeAttribute('aria-invalid');

@@ -44,10 +44,17 @@ export class MaskPainter {
     canvas.addEventListener('blur', () => ((cursorMark.hidden = true), (this.keyDown = false)));
   }
 
-  /** Shows a new picture to edit; the mask starts empty. */
+  /** Shows a new picture to edit; the mask starts empty. One that cannot be decoded throws and leaves the panel as it was. */
   async load(image: Blob): Promise<void> {
+    const url = URL.createObjectURL(image);
+    try {
+      await Object.assign(new Image(), { src: url }).decode();
+    } catch (err) {
+      URL.revokeObjectURL(url);
+      throw err;
+    }
     URL.revokeObjectURL(this.source.src);
-    this.source.src = URL.createObjectURL(image);
+    this.source.src = url;
     await this.source.decode();
     this.canvas.width = this.source.naturalWidth;
     this.canvas.height = this.source.naturalHeight;
@@ -60,9 +67,12 @@ export class MaskPainter {
     this.painted = false;
   }
 
-  /** The mask to send, or undefined when nothing is painted (then the whole picture is redrawn). */
+  /**
+   * The mask to send, or undefined when nothing is painted (then the whole picture is redrawn), also
+   * when every stroke was erased again: an opaque mask would keep the whole picture instead.
+   */
   async toBlob(): Promise<Blob | undefined> {
-    if (!this.painted) return undefined;
+    if (!this.painted || !this.anyFullyPainted()) return undefined;
     const mask = document.createElement('canvas');
     [mask.width, mask.height] = [this.canvas.width, this.canvas.height];
     const context = mask.getContext('2d')!;
@@ -72,6 +82,13 @@ export class MaskPainter {
     context.globalCompositeOperation = 'destination-out';
     context.drawImage(this.canvas, 0, 0);
     return new Promise((resolve, reject) => mask.toBlob((blob) => (blob ? resolve(blob) : reject(new Error('the mask could not be encoded'))), 'image/png'));
+  }
+
+  /** Whether some pixel is fully painted: only those are fully transparent in the mask, where the server repaints. */
+  private anyFullyPainted(): boolean {
+    const { data } = this.context().getImageData(0, 0, this.canvas.width, this.canvas.height);
+    for (let alpha = 3; alpha < data.length; alpha += 4) if (data[alpha] === 255) return true;
+    return false;
   }
 
   private context(): CanvasRenderingContext2D {

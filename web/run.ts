@@ -56,6 +56,15 @@ export interface Delivery {
   partialImages: number;
 }
 
+/** An event's data; what is not JSON (a proxy's page in the stream) fails the request with what came instead. */
+function parseEvent(data: string, status: number): StreamEvent {
+  try {
+    return JSON.parse(data) as StreamEvent;
+  } catch {
+    throw new ApiFailure(status, { message: `The stream brought something that is not an event of this server (${JSON.stringify(data.slice(0, 80))}): is a proxy between the page and the server rewriting it?` });
+  }
+}
+
 export async function runRequest(request: ImageRequest, delivery: Delivery, signal: AbortSignal, on: RunListener): Promise<void> {
   const streamed = delivery.stream && streams(request.route);
   const extra: Record<string, string | number | boolean> = streamed ? { stream: true, partial_images: delivery.partialImages, stream_progress: true } : { response_format: 'url' };
@@ -71,7 +80,7 @@ export async function runRequest(request: ImageRequest, delivery: Delivery, sign
   let done = 0;
   for await (const frame of readEvents(res.body!)) {
     if (frame.data === '[DONE]') continue;
-    const event = JSON.parse(frame.data) as StreamEvent;
+    const event = parseEvent(frame.data, res.status);
     if ('error' in event) throw new ApiFailure(res.status, event.error);
     if (event.type === 'imagegen.progress') {
       const { queued_ahead, step, steps } = event as ProgressEvent;

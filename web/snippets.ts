@@ -28,16 +28,22 @@ const literal = (value: string | number): string => JSON.stringify(value);
 /** Single-quoted for a POSIX shell. */
 const shellQuote = (text: string): string => `'${text.replace(/'/g, `'\\''`)}'`;
 
+/**
+ * Two commands, curl then jq, each on lines of its own (no comment after a line continuation: zsh, the
+ * macOS shell, reads `#` there as an argument). response.json stays, with the error if there was one.
+ */
 function curl(base: string, { route, fields, image, mask }: ImageRequest, file: string): string {
-  const head = [`curl ${base}/images/${route}`, '-H "Authorization: Bearer $OPENAI_API_KEY"'];
-  const tail = ['-o response.json', `# then: jq -r '.data[0].b64_json' response.json | base64 --decode > ${file}`];
-  if (route === 'generations') {
-    return [...head, '-H "Content-Type: application/json"', `-d ${shellQuote(JSON.stringify(fields))}`, ...tail].join(' \\\n  ');
-  }
-  // --form-string: a value starting with @ or < is sent as it is, never read from a file.
-  const files = [image && '-F image=@image.png', mask && '-F mask=@mask.png'].filter((f): f is string => Boolean(f));
-  const text = Object.entries(fields).map(([name, value]) => `--form-string ${shellQuote(`${name}=${value}`)}`);
-  return [...head, ...files, ...text, ...tail].join(' \\\n  ');
+  const head = [`curl -sS ${base}/images/${route}`, '-H "Authorization: Bearer $OPENAI_API_KEY"'];
+  const save = `jq -r '.data[0].b64_json' response.json | base64 --decode > ${file}`;
+  const body =
+    route === 'generations'
+      ? ['-H "Content-Type: application/json"', `-d ${shellQuote(JSON.stringify(fields))}`]
+      : [
+          ...[image && '-F image=@image.png', mask && '-F mask=@mask.png'].filter((f): f is string => Boolean(f)),
+          // --form-string: a value starting with @ or < is sent as it is, never read from a file.
+          ...Object.entries(fields).map(([name, value]) => `--form-string ${shellQuote(`${name}=${value}`)}`),
+        ];
+  return `${[...head, ...body, '-o response.json'].join(' \\\n  ')}\n${save}`;
 }
 
 function python(base: string, { route, fields, image, mask }: ImageRequest, file: string): string {

@@ -21,7 +21,11 @@ export async function* readEvents(body: ReadableStream<Uint8Array>): AsyncGenera
     for (;;) {
       const { value, done } = await reader.read();
       if (done) return;
-      buffered += decoder.decode(value, { stream: true });
+      const text = decoder.decode(value, { stream: true });
+      buffered += text;
+      // Most chunks of a streamed image are the middle of its one long data line: split only once a line
+      // ends, not the whole growing line again at every chunk.
+      if (!text.includes('\n')) continue;
       // A frame may end in the middle of a line: keep the unfinished last line for the next chunk.
       const lines = buffered.split(/\r?\n/);
       buffered = lines.pop() ?? '';

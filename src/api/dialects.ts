@@ -51,7 +51,7 @@ const FREE_SIZE_MODEL_NAMES: readonly string[] = ['gpt-image-2', 'gpt-image-2-20
 /**
  * Whether OpenAI's model of this gpt-image name takes a size: the three gpt-image sizes, and for
  * gpt-image-2 any WxH whose sides are multiples of 16, whose aspect ratio is within 1:3 to 3:1 and
- * which is at most 3840x2160 (long side 3840, short side 2160). The installed model must serve it too.
+ * which is at most 3840x2160 (long side 3840, short side 2160).
  */
 export function gptImageNameTakes(modelName: string, size: string): boolean {
   if (isGptImageSize(size)) return true;
@@ -59,6 +59,16 @@ export function gptImageNameTakes(modelName: string, size: string): boolean {
   const [width, height] = size.split('x').map(Number);
   const [long, short] = width >= height ? [width, height] : [height, width];
   return width % 16 === 0 && height % 16 === 0 && long <= 3 * short && long <= 3840 && short <= 2160;
+}
+
+/**
+ * The sizes of a model that a request may name under `modelName`: all of them under its own id, a dall-e
+ * name or another alias; under a gpt-image name only those OpenAI's model of that name takes. A
+ * request without a model is checked under its default's id, whatever its dialect, so nothing it was
+ * given before is refused.
+ */
+export function servedSizes(modelName: string, sizes: readonly string[]): readonly string[] {
+  return dialectOf(modelName) === 'gpt-image' ? sizes.filter((size) => gptImageNameTakes(modelName, size)) : sizes;
 }
 
 /** Every `quality` the SDKs send: dall-e's standard|hd, gpt-image's low|medium|high|auto. */
@@ -99,11 +109,11 @@ export const GPT_IMAGE_QUALITY_OF: Record<Quality, GptImageQuality> = { low: 'lo
 
 /**
  * The step tier of a request's quality. gpt-image names take only gpt-image's values, as OpenAI's
- * gpt-image models do; the other names take all six, as before.
+ * gpt-image models do; the other names (and requests without a model) take all six, as before.
  */
-export function qualityTier(quality: RequestQuality | undefined, dialect: Dialect, modelName: string): Quality {
+export function qualityTier(quality: RequestQuality | undefined, modelName: string): Quality {
   if (quality === undefined) return 'standard';
-  if (dialect === 'gpt-image' && !GPT_IMAGE_QUALITIES.includes(quality)) {
+  if (dialectOf(modelName) === 'gpt-image' && !GPT_IMAGE_QUALITIES.includes(quality)) {
     throw ApiError.invalid('quality', 'invalid_value', `Invalid value: '${quality}'. Supported values for model '${modelName}' are: ${quoteList(GPT_IMAGE_QUALITIES)}.`);
   }
   return TIERS[quality];

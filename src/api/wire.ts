@@ -210,7 +210,7 @@ export interface ModelObject {
   object: 'model';
   created: number;
   owned_by: string;
-  /** Extensions: the sizes the model accepts and the one used when a request names none. */
+  /** Extensions: the sizes a request may name under this id (`auto` first under gpt-image names) and the one it gets when it names none. */
   sizes: string[];
   default_size: string;
 }
@@ -344,7 +344,7 @@ export function parseImageRequest(kind: RequestKind, body: unknown, { defaultMod
     ...fields,
     model,
     dialect,
-    quality: qualityTier(quality, dialect, model),
+    quality: qualityTier(quality, model),
     response_format: response_format ?? DEFAULT_RESPONSE_FORMAT[dialect],
   };
   if (request.stream) {

@@ -20,7 +20,7 @@ import { images } from './images.js';
 import { KeyRates } from './key-rates.js';
 import type { KeySlots } from './key-slots.js';
 import { httpLogger } from './logging.js';
-import { metricsRoutes } from './metrics.js';
+import { countRequest, metricsRoutes } from './metrics.js';
 import { models } from './models.js';
 import { playground } from './playground.js';
 import { requestId, requestIds } from './request-id.js';
@@ -81,7 +81,10 @@ export function buildApp({ config, registry, engine, store, metrics, logger, tls
     return503OnClosing: false,
     // Requests refused before routing, in OpenAI's error shape too.
     clientErrorHandler: answerClientError,
-    frameworkErrors: answerFrameworkError,
+    frameworkErrors: (err, request, reply) => {
+      countRequest(metrics, request, reply);
+      return answerFrameworkError(err, request, reply);
+    },
     // An HTTPS server takes Node's HTTP options among its TLS ones.
     ...(tls && { https: { ...http, ...tls } }),
   }) as unknown as FastifyInstance;
@@ -103,7 +106,10 @@ export function buildApp({ config, registry, engine, store, metrics, logger, tls
   app.register(models, { registry });
   app.register(files, { store });
   // The page loads without a key (its routes are public); the API calls it makes need one like any client's.
-  if (config.playground) app.register(playground, { publicBaseUrl: config.publicBaseUrl });
+  if (config.playground) {
+    const imageOrigins = [config.publicBaseUrl && new URL(config.publicBaseUrl).origin, store.urlOrigin].filter((origin): origin is string => Boolean(origin));
+    app.register(playground, { imageOrigins: [...new Set(imageOrigins)] });
+  }
   // One service and one set of key rates for the three image routes: an edit counts against the same limits.
   const imageRoutes = {
     service: createImageService({ registry, engine, store, defaultRng: config.rng, defaultModel: config.defaultModel }),

@@ -13,40 +13,54 @@ import { apiErrorOf } from './errors.js';
  * name repeated as `type` in its data (openai-python 1.97 reads only the name; openai-node the data).
  * With `stream_progress` (extension), `imagegen.progress` events too.
  *
- * The events begin with the first thing there is to say, so a request refused before any work (a bad
- * field, a full queue) still gets its plain JSON error and status; a failure after that comes as an
- * event with OpenAI's error body (`data: {"error": ...}`), which the SDKs raise as an APIError. A client
- * that disconnects cancels the work, as for any request (request.cancellation).
+ * The answer begins once the request is admitted to the queue, so a request refused before any work (a
+ * bad field, a full queue) still gets its plain JSON error and status; a failure after that comes as an
+ * event with OpenAI's error body (`data: {"error": ...}`), which the SDKs raise as an APIError. Without
+ * an event to send then, a comment line opens the stream (SSE clients skip comments), and one is sent
+ * every HEARTBEAT_MS while nothing else is: a client's timeout to the first byte, or a proxy's idle
+ * timeout, does not run out while the request waits for a worker or takes long steps. A client that
+ * disconnects cancels the work, as for any request (request.cancellation).
  */
 
 type Produce = (onEvent: NonNullable<GenerateContext['onEvent']>) => Promise<ImagesResponse>;
+
+/** Below the 60 s idle timeout of common proxies (nginx's proxy_read_timeout, AWS load balancers). */
+const HEARTBEAT_MS = 15_000;
 
 export async function streamImages(request: FastifyRequest, reply: FastifyReply, prefix: StreamPrefix, body: GenerationRequest, produce: Produce): Promise<FastifyReply> {
   const events = new PassThrough();
   let opened!: () => void;
   const firstEvent = new Promise<void>((resolve) => (opened = resolve));
-  const send = (event: ImageStreamEvent | ErrorBody) => {
-    const name = 'type' in event ? `event: ${event.type}\n` : '';
-    events.write(`${name}data: ${JSON.stringify(event)}\n\n`);
+  let heartbeat: NodeJS.Timeout | undefined;
+  const write = (text: string) => {
+    events.write(text);
     opened();
+    heartbeat?.refresh();
   };
+  const send = (event: ImageStreamEvent | ErrorBody) => write(`${'type' in event ? `event: ${event.type}\n` : ''}data: ${JSON.stringify(event)}\n\n`);
   const settings = echoedSettings(body);
 
   const done = produce((event) => {
     const message = toStreamEvent(event, prefix, body, settings);
     if (message) send(message);
+    else if (event.type === 'queued' && !heartbeat) write(': queued\n\n');
   });
   // Nothing said yet: a failure is still an ordinary error response.
   const first = await Promise.race([firstEvent.then(() => undefined), done]);
+  const end = () => {
+    clearInterval(heartbeat);
+    events.end();
+  };
   const finish = (response: ImagesResponse) => {
     for (const image of response.data) send(completedEvent(prefix, image.b64_json!, image.seed, response, settings));
-    events.end();
+    end();
   };
   if (first) finish(first);
   else {
+    heartbeat = setInterval(() => write(': keep-alive\n\n'), HEARTBEAT_MS);
     done.then(finish, (err: unknown) => {
       send(apiErrorOf(err, request).toBody());
-      events.end();
+      end();
     });
   }
   return reply

@@ -1,4 +1,4 @@
-import type { FastifyInstance } from 'fastify';
+import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import fp from 'fastify-plugin';
 import type { Metrics } from '../observability/metrics.js';
 
@@ -14,14 +14,21 @@ export interface MetricsOptions {
   public: boolean;
 }
 
-async function metricsPlugin(app: FastifyInstance, { metrics, public: isPublic }: MetricsOptions): Promise<void> {
-  app.addHook('onRequest', async (request, reply) => {
-    reply.raw.once('close', () => {
-      const status = reply.raw.writableFinished ? reply.statusCode : 499;
-      // Route templates, never raw URLs: scanners' random paths must not become label values.
-      metrics.httpRequest(request.method, request.routeOptions.url ?? 'unmatched', status, reply.elapsedTime / 1000);
-    });
+/**
+ * Counts a request once its answer is done (or 499 when the client left first). Called by the hook below
+ * for routed requests, and by the app for those Fastify's router refuses (frameworkErrors), for which
+ * no hook runs.
+ */
+export function countRequest(metrics: Metrics, request: FastifyRequest, reply: FastifyReply): void {
+  reply.raw.once('close', () => {
+    const status = reply.raw.writableFinished ? reply.statusCode : 499;
+    // Route templates, never raw URLs: scanners' random paths must not become label values.
+    metrics.httpRequest(request.method, request.routeOptions.url ?? 'unmatched', status, reply.elapsedTime / 1000);
   });
+}
+
+async function metricsPlugin(app: FastifyInstance, { metrics, public: isPublic }: MetricsOptions): Promise<void> {
+  app.addHook('onRequest', async (request, reply) => countRequest(metrics, request, reply));
 
   app.get('/metrics', { config: { public: isPublic } }, async (_request, reply) =>
     reply.type(metrics.registry.contentType).send(await metrics.registry.metrics()),

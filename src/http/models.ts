@@ -1,22 +1,29 @@
 import type { FastifyInstance } from 'fastify';
 import type { ListedModel, ModelRegistry } from '../models/registry.js';
+import { dialectOf, servedSizes } from '../api/dialects.js';
 import { ApiError } from '../api/errors.js';
 import type { ModelList, ModelObject } from '../api/wire.js';
 
-/** GET /v1/models and /v1/models/:id in OpenAI's shape, plus each model's sizes. */
+/**
+ * GET /v1/models and /v1/models/:id in OpenAI's shape, plus the sizes a request may name under each id
+ * and the one it gets without: under a gpt-image name those are `auto` and the sizes of the model that
+ * OpenAI's model of that name takes (dialects.ts servedSizes), so a client offering them offers none
+ * that would be refused.
+ */
 
 export interface ModelsOptions {
   registry: ModelRegistry;
 }
 
 function toModelObject({ id, model }: ListedModel): ModelObject {
+  const gptImage = dialectOf(id) === 'gpt-image';
   return {
     id,
     object: 'model',
     created: model.created,
     owned_by: model.ownedBy,
-    sizes: model.preset.sizes,
-    default_size: model.preset.defaultSize,
+    sizes: gptImage ? ['auto', ...servedSizes(id, model.preset.sizes)] : model.preset.sizes,
+    default_size: gptImage ? 'auto' : model.preset.defaultSize,
   };
 }
 

@@ -40,8 +40,11 @@ interface Asset {
 export interface PlaygroundOptions {
   /** The built bundle's folder (default PLAYGROUND_DIR). */
   dir?: string;
-  /** PUBLIC_BASE_URL: image URLs point there, so the page may load images from it. */
-  publicBaseUrl?: string;
+  /**
+   * Origins besides the server's own where image URLs point (PUBLIC_BASE_URL's, an S3 bucket's
+   * presigned URLs'), so the page may load images from them.
+   */
+  imageOrigins?: readonly string[];
 }
 
 /** The bundle's files by name; empty when it has not been built. */
@@ -60,9 +63,12 @@ async function loadAssets(dir: string): Promise<Map<string, Asset>> {
   return assets;
 }
 
-/** Only this server's own files, API and images (plus PUBLIC_BASE_URL's, where image URLs point). */
-function contentSecurityPolicy(publicBaseUrl: string | undefined): string {
-  const self = publicBaseUrl ? `'self' ${publicBaseUrl}` : "'self'";
+/**
+ * Only this server's own files, API and images, plus the origins image URLs point to. Origins, not
+ * URLs: a source with a path (PUBLIC_BASE_URL's) would allow that one path and nothing under it.
+ */
+function contentSecurityPolicy(imageOrigins: readonly string[]): string {
+  const self = ["'self'", ...imageOrigins].join(' ');
   return [
     "default-src 'none'",
     "script-src 'self'",
@@ -76,12 +82,12 @@ function contentSecurityPolicy(publicBaseUrl: string | undefined): string {
   ].join('; ');
 }
 
-export async function playground(app: FastifyInstance, { dir = PLAYGROUND_DIR, publicBaseUrl }: PlaygroundOptions = {}): Promise<void> {
+export async function playground(app: FastifyInstance, { dir = PLAYGROUND_DIR, imageOrigins = [] }: PlaygroundOptions = {}): Promise<void> {
   const assets = await loadAssets(dir);
   if (!assets.has('index.html')) {
     app.log.warn(`the playground page is not built (no ${path.join(dir, 'index.html')}): run \`npm run build\`; / answers 503 until then`);
   }
-  const csp = contentSecurityPolicy(publicBaseUrl);
+  const csp = contentSecurityPolicy(imageOrigins);
 
   function send(name: string, request: FastifyRequest, reply: FastifyReply): FastifyReply {
     const asset = assets.get(name);

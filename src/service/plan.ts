@@ -1,5 +1,5 @@
 import { ApiError, quoteList } from '../api/errors.js';
-import { gptImageNameTakes } from '../api/dialects.js';
+import { dialectOf, servedSizes } from '../api/dialects.js';
 import type { GenerationRequest } from '../api/wire.js';
 import type { ModelEntry } from '../models/registry.js';
 import { MAX_SEED, randomSeed, type NoiseKind } from '../runtime/random.js';
@@ -24,18 +24,18 @@ export interface FittedEdit {
 function sizeError(request: GenerationRequest, model: ModelEntry, served: readonly string[]): ApiError {
   const { sizes, defaultSize } = model.preset;
   const message =
-    request.dialect === 'gpt-image'
+    dialectOf(request.model) === 'gpt-image'
       ? `Invalid value: '${request.size}'. Supported values for model '${request.model}' are: ${quoteList(['auto', ...served])} ('auto' is ${defaultSize}). ` +
         `The installed model '${model.id}' serves ${quoteList(sizes)} when asked for by that name.`
       : `Invalid value: '${request.size}'. Supported values are: ${quoteList(served)}.`;
   return ApiError.invalid('size', 'invalid_value', message);
 }
 
-/** `auto` (or none) is the model's default; gpt-image names take only those of the model's sizes that OpenAI's model of the name takes. */
+/** `auto` (or none) is the model's default; any other size must be one the model serves under the name used (servedSizes). */
 export function requestSize(request: GenerationRequest, model: ModelEntry): { width: number; height: number } {
   const { sizes, defaultSize } = model.preset;
   const asked = request.size === 'auto' ? undefined : request.size;
-  const served = request.dialect === 'gpt-image' ? sizes.filter((size) => gptImageNameTakes(request.model, size)) : sizes;
+  const served = servedSizes(request.model, sizes);
   if (asked !== undefined && !served.includes(asked)) throw sizeError(request, model, served);
   const [width, height] = (asked ?? defaultSize).split('x').map(Number);
   return { width, height };

@@ -37,6 +37,8 @@ export interface ImageStoreOptions {
 }
 
 export class FileImageStore implements ImageStore {
+  /** Its images are served by the server's files route. */
+  readonly urlOrigin = undefined;
   private readonly index = new Map<string, StoredImage>();
   /** Bytes of indexed files plus writes in progress, and reservations, against maxBytes. */
   private readonly space: StoreSpace;

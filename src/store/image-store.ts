@@ -61,6 +61,11 @@ export interface StoreReservation {
 }
 
 export interface ImageStore {
+  /**
+   * The origin of the addresses the store hands out itself (StoredImage.url: S3 presigned URLs), where
+   * it does: a page showing its images must allow loading from it (the playground's policy).
+   */
+  readonly urlOrigin: string | undefined;
   /** Sets `bytes` aside for images to come; throws StoreFullError when they do not fit even after a sweep. */
   reserve(bytes: number): Promise<StoreReservation>;
   /**

@@ -68,6 +68,7 @@ export class S3ImageStore implements ImageStore {
   private checked: { at: number; result: Promise<void> } | undefined;
   private timer: NodeJS.Timeout | undefined;
   readonly now: () => number;
+  urlOrigin: string | undefined;
 
   private constructor(private readonly options: S3StoreOptions) {
     this.now = options.clock ?? Date.now;
@@ -99,8 +100,24 @@ export class S3ImageStore implements ImageStore {
    */
   static async open(options: S3StoreOptions): Promise<S3ImageStore> {
     const store = new S3ImageStore(options);
+    if (options.presignedUrls) store.urlOrigin = await store.presignedOrigin();
     await store.sweep().catch((err: unknown) => options.logger.error({ err }, `image store: ${(err as Error).message}; /ready answers 503 until it answers`));
     return store;
+  }
+
+  /**
+   * Where presigned URLs point: the SDK decides (path or virtual-host style, the region's endpoint), so
+   * one is signed to see (locally; no request is sent). Unknown where signing fails (no credentials yet).
+   */
+  private async presignedOrigin(): Promise<string | undefined> {
+    const probe = new GetObjectCommand({ Bucket: this.options.bucket, Key: `${this.options.prefix}origin-probe` });
+    return getSignedUrl(this.client, probe, { expiresIn: 60 }).then(
+      (url) => new URL(url).origin,
+      (err: unknown) => {
+        this.options.logger.warn({ err }, `image store: presigned URLs cannot be signed (${(err as Error).message}); the playground will not show the bucket's images`);
+        return undefined;
+      },
+    );
   }
 
   private keyOf(image: Pick<StoredImage, 'id' | 'expiresAt' | 'ext'>): string {
