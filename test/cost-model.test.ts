@@ -36,6 +36,20 @@ describe('the cost model', () => {
     expect(costs.estimate(batch('a'))).toBeCloseTo(130);
   });
 
+  it("goes by the steps after a running batch's first: the first also holds the text encoders and first allocations", () => {
+    const costs = new CostModel();
+    const long = batch('a');
+    // The first of 10 steps took 5 s, the next four 1 s each: 1 s a step, not 5.
+    costs.progress(long, 5, 0.1);
+    expect(costs.estimate(long)).toBeCloseTo(50);
+    costs.progress(long, 9, 0.5);
+    expect(costs.estimate(long)).toBeCloseTo(10);
+    // Each batch is measured from its own first report.
+    const other = batch('a');
+    costs.progress(other, 2, 0.1);
+    expect(costs.estimate(other)).toBeCloseTo(20);
+  });
+
   it('learns nothing from a batch with no progress yet', () => {
     const costs = new CostModel();
     const guess = costs.estimate(batch('a'));

@@ -21,6 +21,8 @@ export class CostModel {
   private readonly secondsPerWork = new Map<string, number>();
   /** From batches still running, for models none has finished on yet (see progress()). */
   private readonly provisional = new Map<string, number>();
+  /** Each running batch's first progress report (see progress()). */
+  private readonly firstReports = new WeakMap<GenerationBatch, { seconds: number; done: number }>();
 
   /** Estimated seconds `batch` takes on one worker. */
   estimate(batch: GenerationBatch): number {
@@ -29,13 +31,19 @@ export class CostModel {
 
   /**
    * Learns from a batch still running on a worker that had its model loaded, while its model has no
-   * finished batch to go by: the share `done` (0..1) of its denoising took `seconds`. The work after the
-   * last step (the VAE, encoding) is not in it, so this errs short, and gives way to the first finished batch.
+   * finished batch to go by: the share `done` (0..1) of its denoising took `seconds` since it started.
+   * From its second report on, the rate is that of the steps after the first report's: the first step
+   * also holds the text encoders and the first run's allocations at the batch's size, and extrapolated
+   * over a long batch it made a minute of the 10 s left. The work after the last step (the VAE,
+   * encoding) is not in it, so this errs short, and gives way to the first finished batch.
    */
   progress(batch: GenerationBatch, seconds: number, done: number): void {
-    const work = batchWork(batch) * done;
-    if (this.secondsPerWork.has(batch.modelDir) || work <= 0 || seconds <= 0) return;
-    this.provisional.set(batch.modelDir, seconds / work);
+    if (this.secondsPerWork.has(batch.modelDir) || done <= 0 || seconds <= 0) return;
+    const first = this.firstReports.get(batch);
+    if (!first) this.firstReports.set(batch, { seconds, done });
+    const [span, share] = first ? [seconds - first.seconds, done - first.done] : [seconds, done];
+    const work = batchWork(batch) * share;
+    if (work > 0 && span > 0) this.provisional.set(batch.modelDir, span / work);
   }
 
   /** Learns from a batch that completed on a worker that had its model loaded already (a load would skew the rate). */
