@@ -205,7 +205,7 @@ const SETTINGS = {
   memoryLimit: {
     schema: byteSize.optional(),
     description:
-      'most memory the running batches of all workers may plan to take together on top of their loaded models, e.g. 8g (default: what the machine has free); a batch waits for memory another batch planned on, and one expected to need more than there is gets 507 insufficient_memory instead of running out of memory',
+      'memory the running batches of all workers may plan to take together on top of their loaded models, e.g. 8g (default: what the machine has free), of which they plan on 90% (headroom for what a plan cannot see); a batch waits for memory another batch planned on, and one expected to need more than there is gets 507 insufficient_memory instead of running out of memory',
   },
   vaeTiling: {
     schema: z.enum(['auto', 'always']).default('auto'),

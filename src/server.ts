@@ -122,7 +122,10 @@ export async function startServer(config: Config, logger: Logger, { clock }: Ser
   if (config.apiKeys.length === 0 && !config.apiKeysFile) {
     logger.warn(`no API_KEYS or API_KEYS_FILE set: every local client may use the server; it listens on loopback (${config.host}) only`);
   }
-  logger.info({ url: `${url}/v1`, models: registry.list().map((m) => m.id), workers }, 'imagegen ready');
+  // Listening, not yet ready: /ready says when the workers have loaded the models (the log says "worker ready").
+  // Behind a proxy, or on every interface (0.0.0.0), the address clients use is PUBLIC_BASE_URL's.
+  const clientUrl = `${config.publicBaseUrl ?? url}/v1`;
+  logger.info({ url: clientUrl, models: registry.list().map((m) => m.id), workers }, 'imagegen listening');
   return { app, url, engine, close };
 }
 

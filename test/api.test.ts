@@ -47,6 +47,13 @@ describe('POST /v1/images/generations', () => {
     expect(new Set(res.data!.map((d) => d.b64_json)).size).toBe(3);
   });
 
+  it('takes seed -1 as a random seed, as A1111 and ComfyUI do', async () => {
+    const drawn = async () => ((await generate({ seed: -1, response_format: 'b64_json' })).data![0] as { seed: number }).seed;
+    const [a, b] = [await drawn(), await drawn()];
+    for (const seed of [a, b]) expect(seed).toBeGreaterThanOrEqual(0);
+    expect(a).not.toBe(b);
+  });
+
   it('returns absolute URLs by default that load without a key and carry their remaining lifetime', async () => {
     const res = await generate({ n: 2 });
     expect(res.data).toHaveLength(2);
@@ -128,7 +135,7 @@ describe('request validation', () => {
     ['n below 1', { n: 0 }, 'n', 'integer_below_min_value', "Invalid 'n': integer below minimum value. Expected a value >= 1, but got 0 instead."],
     ['n as a string', { n: '2' }, 'n', 'invalid_type', "Invalid type for 'n': expected an integer, but got a string instead."],
     ['n not whole', { n: 1.5 }, 'n', 'invalid_type', "Invalid type for 'n': expected an integer, but got a decimal number instead."],
-    ['unsupported size', { size: '1536x1024' }, 'size', 'invalid_value', `Invalid value: '1536x1024'. Supported values are: ${"'64x64', '128x64', and '512x512'"}.`],
+    ['unsupported size', { size: '1536x1024' }, 'size', 'invalid_value', `Invalid value: '1536x1024'. Supported values are: ${"'64x64', '128x64', and '512x512'"}. The server serves another size (both sides multiples of 64) once it is in 'sizes' in the model's imagegen.json.`],
     ['malformed size', { size: 'big' }, 'size', 'invalid_value'],
     ['unknown response_format', { response_format: 'png' }, 'response_format', 'invalid_value', "Invalid value: 'png'. Supported values are: 'url' and 'b64_json'."],
     ['unknown quality', { quality: 'ultra' }, 'quality', 'invalid_value'],
@@ -140,7 +147,7 @@ describe('request validation', () => {
     ['unknown output_format', { output_format: 'gif' }, 'output_format', 'invalid_value'],
     ['streamed urls', { stream: true, response_format: 'url' }, 'response_format', 'unsupported_value'],
     ['stream_progress without stream', { stream_progress: true }, 'stream_progress', 'unsupported_value'],
-    ['negative seed', { seed: -1 }, 'seed', 'integer_below_min_value'],
+    ['negative seed', { seed: -2 }, 'seed', 'integer_below_min_value'],
     ['seed above 32 bits', { seed: MAX_SEED + 1 }, 'seed', 'integer_above_max_value'],
     ['zero steps', { steps: 0 }, 'steps', 'integer_below_min_value'],
     ['guidance too high', { guidance_scale: 31 }, 'guidance_scale', 'decimal_above_max_value'],

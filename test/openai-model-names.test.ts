@@ -82,7 +82,7 @@ describe('model names', () => {
   });
 
   it('names the default model when it is not installed', async () => {
-    const bare = await startTestServer({ config: { defaultModel: 'sd-turbo' } });
+    const bare = await startTestServer({ config: { defaultModel: 'sd-turbo' }, aliases: { 'dall-e-3': 'stub', 'gpt-image-1': 'sd-turbo' } });
     try {
       const err = await apiError(generate({}, bare.client), OpenAI.BadRequestError);
       expect({ status: err.status, type: err.type, param: err.param, code: err.code }).toEqual({
@@ -92,6 +92,11 @@ describe('model names', () => {
         code: 'invalid_value',
       });
       expect(err.message).toContain("The model 'sd-turbo' (the server's DEFAULT_MODEL, which requests without a model run) does not exist. Available models: 'stub' and 'dall-e-3'.");
+      // An OpenAI name aliased to it is told what it names, and which settings chose that.
+      const aliased = await apiError(generate({ model: 'gpt-image-1' }, bare.client), OpenAI.BadRequestError);
+      expect((aliased.error as { message: string }).message).toBe(
+        "The model 'gpt-image-1' is an alias of 'sd-turbo', the server's DEFAULT_MODEL, which is not installed (see MODEL_ALIASES and DEFAULT_MODEL). Available models: 'stub' and 'dall-e-3'.",
+      );
     } finally {
       await bare.close();
     }
@@ -221,6 +226,8 @@ describe('dall-e names and installed ids', () => {
   it('names only the model sizes in a size error', async () => {
     const err = await apiError(generate({ model: 'dall-e-3', size: '1024x1792' }), OpenAI.BadRequestError);
     expect({ param: err.param, code: err.code }).toEqual({ param: 'size', code: 'invalid_value' });
-    expect((err.error as { message: string }).message).toBe("Invalid value: '1024x1792'. Supported values are: '512x512', '1024x1024', and '1536x1024'.");
+    expect((err.error as { message: string }).message).toBe(
+      "Invalid value: '1024x1792'. Supported values are: '512x512', '1024x1024', and '1536x1024'. The server serves another size (both sides multiples of 64) once it is in 'sizes' in the model's imagegen.json.",
+    );
   });
 });

@@ -89,6 +89,13 @@ describe.skipIf(!haveRealExports)('real exports against diffusers (needs ../shar
       const failing = verify(realExport('sd15'), '--golden', path.join(tmp, 'wrong.json'));
       expect(failing.stdout).toMatch(/^case 0: max_abs=\S+ mean_abs=\S+ FAIL$/m);
       expect(failing.status).toBe(1);
+      // The tolerance as the docs write it, in 8-bit steps: all of them passes anything.
+      const lenient = verify(realExport('sd15'), '--golden', path.join(tmp, 'wrong.json'), '--tolerance', '255/255');
+      expect([lenient.stdout.match(/PASS$/m)?.[0], lenient.status]).toEqual(['PASS', 0]);
+      // A tolerance out of range is a usage error naming the flag (exit 2, as an unusable golden), not a stack trace.
+      const outOfRange = verify(realExport('sd15'), '--golden', path.join(tmp, 'wrong.json'), '--tolerance', '2');
+      expect(outOfRange.status).toBe(2);
+      expect(outOfRange.stderr.trim()).toBe("error: option '--tolerance <max_abs>' argument '2' is invalid. It takes a pixel error from 0 to 1, such as 0.0059 or 1.5/255.");
 
       await writeFile(path.join(tmp, 'empty.json'), '{"cases": []}');
       const bad = verify(realExport('sd15'), '--golden', path.join(tmp, 'empty.json'));

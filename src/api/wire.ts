@@ -75,7 +75,8 @@ const requestFields = z.strictObject({
   /** Streaming (extension): also send `imagegen.progress` events, for user interfaces. */
   stream_progress: z.boolean().optional(),
   // Extensions: image i of a request uses seed + i.
-  seed: integer(0, MAX_SEED).optional(),
+  /** -1 is a random seed too, as in A1111 and ComfyUI, whose users send it. */
+  seed: integer(-1, MAX_SEED).optional(),
   steps: integer(1, MAX_STEPS).optional(),
   guidance_scale: z.number().min(0).max(MAX_GUIDANCE_SCALE).optional(),
   negative_prompt: z.string().max(MAX_PROMPT_LENGTH).optional(),
@@ -342,6 +343,7 @@ export function parseImageRequest(kind: RequestKind, body: unknown, { defaultMod
   const dialect = named ? dialectOf(model) : dialectWithoutModel(kind, present);
   const request: GenerationRequest = {
     ...fields,
+    seed: fields.seed === -1 ? undefined : fields.seed,
     model,
     dialect,
     quality: qualityTier(quality, model),

@@ -1,5 +1,5 @@
 import os from 'node:os';
-import { Option, type Command } from 'commander';
+import { InvalidArgumentError, Option, type Command } from 'commander';
 import { loadConfig } from '../config.js';
 import { WorkerRuntime } from '../pipelines/run.js';
 import { DEFAULT_TOLERANCE, verifyGolden } from '../service/golden.js';
@@ -15,9 +15,12 @@ interface VerifyFlags {
   tolerance: number;
 }
 
+/** A pixel error from 0 to 1, as a number (0.0059) or in 8-bit steps as the docs write them (1.5/255). */
 function parseTolerance(value: string): number {
-  const t = Number(value);
-  if (!Number.isFinite(t) || t < 0 || t > 1) throw new Error(`--tolerance takes a pixel error from 0 to 1 (e.g. ${DEFAULT_TOLERANCE.toFixed(4)}), got '${value}'`);
+  const [, of255] = /^\s*([\d.]+)\s*\/\s*255\s*$/.exec(value) ?? [];
+  const t = of255 !== undefined ? Number(of255) / 255 : value.trim() === '' ? NaN : Number(value);
+  // Commander reports this error with the option's name and exits (with 2: see the command's exitOverride).
+  if (!Number.isFinite(t) || t < 0 || t > 1) throw new InvalidArgumentError(`It takes a pixel error from 0 to 1, such as ${DEFAULT_TOLERANCE.toFixed(4)} or 1.5/255.`);
   return t;
 }
 
@@ -26,6 +29,8 @@ export function registerVerifyCommand(models: Command): void {
     .command('verify')
     .description("check a model folder against diffusers' pictures for it: runs each case of a golden file from its starting noise")
     .argument('<dir>', 'model folder (an ONNX export)')
+    // A flag it cannot use exits 2, as a golden file it cannot use does: 1 means a case failed.
+    .exitOverride((err) => process.exit(err.code === 'commander.invalidArgument' ? 2 : err.exitCode))
     .requiredOption('--golden <file>', 'golden file (JSON; see docs/verify.md)')
     .addOption(
       new Option('--tolerance <max_abs>', 'largest pixel error that passes, on a 0..1 scale (fp16 exports: 0.0098)')

@@ -177,9 +177,14 @@ export class ModelRegistry {
     return [...installed, ...aliases];
   }
 
+  /** The model id the alias `id` names, installed or not; undefined when `id` is no alias (or an installed model's own id, which wins). */
+  aliasTarget(id: string): string | undefined {
+    return !this.models.has(id) && Object.hasOwn(this.options.aliases, id) ? this.options.aliases[id] : undefined;
+  }
+
   /** Why `id`, or the model the alias `id` names, is installed and skipped: undefined when it is not. */
   unusableReason(id: string): string | undefined {
-    const target = !this.models.has(id) && Object.hasOwn(this.options.aliases, id) ? this.options.aliases[id] : id;
+    const target = this.aliasTarget(id) ?? id;
     return this.unusable().find((folder) => folder.id === target)?.reason;
   }
 

@@ -87,9 +87,13 @@ function unknownModel(id: string, registry: ModelRegistry, defaultModel: string 
   const available = registry.list().map((m) => m.id);
   const hint = available.length ? ` Available models: ${quoteList(available)}.` : ' No models are installed.';
   const unusable = registry.unusableReason(id);
-  // A request that named no model (or an OpenAI name aliased to the default) got it from DEFAULT_MODEL.
-  const setting = id === defaultModel ? " (the server's DEFAULT_MODEL, which requests without a model run)" : '';
-  const what = `${setting} ${unusable ? `is installed but cannot be used (${unusable}); the server's operator can repair it` : 'does not exist'}`;
+  const repair = unusable && `is installed but cannot be used (${unusable}); the server's operator can repair it`;
+  // An alias (an OpenAI name) whose model is missing names that model, and the setting that chose it.
+  const target = registry.aliasTarget(id);
+  const what = target
+    ? ` is an alias of '${target}'${target === defaultModel ? ", the server's DEFAULT_MODEL," : ''} which ${repair ?? 'is not installed (see MODEL_ALIASES and DEFAULT_MODEL)'}`
+    : // A request that named no model got it from DEFAULT_MODEL.
+      `${id === defaultModel ? " (the server's DEFAULT_MODEL, which requests without a model run)" : ''} ${repair ?? 'does not exist'}`;
   // OpenAI's images endpoint answers an unknown model with this 400 (other endpoints use 404).
   return new ApiError(400, `The model '${id}'${what}.${hint}`, {
     type: 'image_generation_user_error',

@@ -27,7 +27,8 @@ function sizeError(request: GenerationRequest, model: ModelEntry, served: readon
     dialectOf(request.model) === 'gpt-image'
       ? `Invalid value: '${request.size}'. Supported values for model '${request.model}' are: ${quoteList(['auto', ...served])} ('auto' is ${defaultSize}). ` +
         `The installed model '${model.id}' serves ${quoteList(sizes)} when asked for by that name.`
-      : `Invalid value: '${request.size}'. Supported values are: ${quoteList(served)}.`;
+      : `Invalid value: '${request.size}'. Supported values are: ${quoteList(served)}. ` +
+        `The server serves another size (both sides multiples of ${model.layout.sizeMultiple}) once it is in 'sizes' in the model's imagegen.json.`;
   return ApiError.invalid('size', 'invalid_value', message);
 }
 

@@ -60,9 +60,9 @@ export async function spawnServer(env: Record<string, string>, { limitsKb = {}, 
     // Every line is read, or the pipe would fill and block the server; only the one it waits for is parsed.
     createInterface({ input: child.stdout! }).on('line', (line) => {
       hear(line);
-      if (!line.includes('"imagegen ready"')) return;
+      if (!line.includes('"imagegen listening"')) return;
       const entry = JSON.parse(line) as { msg?: string; url?: string };
-      if (entry.msg === 'imagegen ready') resolve(entry.url!);
+      if (entry.msg === 'imagegen listening') resolve(entry.url!);
     });
     void exited.then((code) => reject(new Error(`imagegen serve exited with ${code} before listening:\n${stderr}`)));
   });
