@@ -60,7 +60,7 @@ const WRONG: Record<string, unknown[]> = {
   stream: ['false', 1, {}],
   stream_progress: ['true', 1],
   partial_images: [4, -1, '1', 0.5],
-  seed: [-1, 2 ** 32, 1.5, '7', [], {}],
+  seed: [-2, 2 ** 32, 1.5, '7', [], {}],
   steps: [0, 151, 2.5, '4', true],
   guidance_scale: [-1, 31, '7', [], {}],
   negative_prompt: [1, [], {}, 'x'.repeat(32001)],
