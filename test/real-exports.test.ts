@@ -108,6 +108,12 @@ describe.skipIf(!haveRealExports)('real exports against diffusers (needs ../shar
       expect(endless.status).toBe(2);
       expect(endless.stderr).toMatch(/steps\.json: not a golden file: cases\.0\.steps/);
 
+      // Another model's golden file (a pipeline class other than the model's) is refused before any case runs.
+      const mismatched = verify(realExport('sdxl'), '--golden', goldenFile('sd15'));
+      expect(mismatched.status).toBe(2);
+      expect(mismatched.stderr).toMatch(/sd15\.json: was made by diffusers' StableDiffusionPipeline, and .*sdxl is a StableDiffusionXLPipeline \(its model_index\.json\): use this model's own golden file/);
+      expect(mismatched.stdout).toBe('');
+
       // An expected image that is not a picture is named, with its case.
       await writeFile(path.join(tmp, 'not-a.png'), 'text');
       await writeFile(path.join(tmp, 'image.json'), JSON.stringify({ ...wrong, cases: [{ ...wrong.cases[0], image: { file: path.join(tmp, 'not-a.png') } }] }));

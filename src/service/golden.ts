@@ -4,7 +4,7 @@ import sharp from 'sharp';
 import { z } from 'zod';
 import { MAX_STEPS, type GenerationBatch } from '../runtime/types.js';
 import type { WorkerRuntime } from '../pipelines/run.js';
-import { describeIssues } from '../util/files.js';
+import { describeIssues, readJsonIfPresent } from '../util/files.js';
 
 /**
  * `imagegen models verify`: runs a model on the cases of a golden file (what diffusers' PyTorch
@@ -33,7 +33,9 @@ const goldenCase = z.object({
   image: z.object({ file: z.string() }),
 });
 
-const goldenFile = z.object({ cases: z.array(goldenCase).min(1) });
+/** `pipeline`: the diffusers class that made the pictures (optional; checked against the model's own). */
+const goldenFile = z.object({ pipeline: z.string().optional(), cases: z.array(goldenCase).min(1) });
+type GoldenFile = z.infer<typeof goldenFile>;
 
 export type GoldenCase = z.infer<typeof goldenCase>;
 
@@ -67,7 +69,7 @@ export class GoldenFileError extends Error {
   }
 }
 
-export async function readGolden(file: string): Promise<GoldenCase[]> {
+async function readGoldenFile(file: string): Promise<GoldenFile> {
   let json: unknown;
   try {
     json = JSON.parse(await readFile(file, 'utf8'));
@@ -76,7 +78,25 @@ export async function readGolden(file: string): Promise<GoldenCase[]> {
   }
   const parsed = goldenFile.safeParse(json);
   if (!parsed.success) throw new GoldenFileError(file, `not a golden file: ${describeIssues(parsed.error)}`);
-  return parsed.data.cases;
+  return parsed.data;
+}
+
+export async function readGolden(file: string): Promise<GoldenCase[]> {
+  return (await readGoldenFile(file)).cases;
+}
+
+/** A diffusers pipeline class as its ONNX exports name it too: Optimum writes ORT..., the legacy exporter Onnx.... */
+const pipelineName = (className: string) => className.replace(/^(ORT|Onnx)/, '');
+
+/**
+ * Refuses a golden file made by another pipeline than the model's (model_index.json's `_class_name`):
+ * its cases would only FAIL, or fail to run, and say nothing of the model. Either side unnamed: no check.
+ */
+async function checkPipeline(file: string, golden: GoldenFile, modelDir: string): Promise<void> {
+  const modelIndex = (await readJsonIfPresent(path.join(modelDir, 'model_index.json')).catch(() => undefined)) as { _class_name?: unknown } | undefined;
+  const modelClass = typeof modelIndex?._class_name === 'string' ? modelIndex._class_name : undefined;
+  if (!golden.pipeline || !modelClass || pipelineName(golden.pipeline) === pipelineName(modelClass)) return;
+  throw new GoldenFileError(file, `was made by diffusers' ${golden.pipeline}, and ${modelDir} is a ${modelClass} (its model_index.json): use this model's own golden file`);
 }
 
 /** A case's starting noise, [C, H/8, W/8] float32 as written by numpy's `tofile`. */
@@ -133,9 +153,10 @@ export async function verifyGolden(
   tolerance = DEFAULT_TOLERANCE,
   onCase: (result: CaseResult) => void = () => {},
 ): Promise<CaseResult[]> {
-  const cases = await readGolden(file);
+  const golden = await readGoldenFile(file);
+  await checkPipeline(file, golden, modelDir);
   const results: CaseResult[] = [];
-  for (const [index, c] of cases.entries()) {
+  for (const [index, c] of golden.cases.entries()) {
     const result = await verifyCase(runtime, path.resolve(modelDir), path.dirname(path.resolve(file)), c, index, tolerance);
     onCase(result);
     results.push(result);
