@@ -1,4 +1,5 @@
 import { gzipSync, brotliCompressSync, deflateSync } from 'node:zlib';
+import sharp from 'sharp';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startTestServer, TEST_KEY, type TestServer } from './helpers/api-server.js';
 import { MAX_PARAM_LENGTH } from '../src/http/app.js';
@@ -119,6 +120,81 @@ describe('answers before routing', () => {
       await exchange.closed;
     }
     exchange.socket.destroy();
+  });
+});
+
+describe('requests no route takes', () => {
+  it('are answered 404 or 405 as they arrive, key or no key, their body neither read nor parsed', async () => {
+    for (const [path, status] of [['/nope', 404], ['/v1/models', 405]] as const) {
+      // A body declared and never sent: the answer cannot wait for it.
+      const exchange = rawRequest(port, `POST ${path} HTTP/1.1\r\nHost: a\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n{`);
+      await expect.poll(() => exchange.text.includes('\r\n\r\n{'), { timeout: 2000 }).toBe(true);
+      const { headers } = expectOpenAiError(exchange.text, status, status === 404 ? null : 'method_not_allowed');
+      expect(headers.connection).toBe('close');
+      await exchange.closed;
+    }
+  });
+});
+
+/**
+ * Streams `chunks` as a chunked request body after `head` until the server hangs up (or, `untilAnswered`,
+ * answers); answers what was sent and heard.
+ */
+async function sendChunked(head: string, chunks: Iterable<Buffer>, untilAnswered = true): Promise<{ sent: number; text: string }> {
+  const exchange = rawRequest(port, head);
+  let sent = 0;
+  let open = true;
+  void exchange.closed.then(() => (open = false));
+  for (const chunk of chunks) {
+    if (!open || (untilAnswered && exchange.text)) break;
+    const written = exchange.socket.write(Buffer.concat([Buffer.from(`${chunk.length.toString(16)}\r\n`), chunk, Buffer.from('\r\n')]));
+    sent += chunk.length;
+    if (!written) await Promise.race([new Promise((resolve) => exchange.socket.once('drain', resolve)), exchange.closed]);
+  }
+  await Promise.race([exchange.closed, new Promise((resolve) => setTimeout(resolve, 5000))]);
+  exchange.socket.destroy();
+  return { sent, text: exchange.text };
+}
+
+describe('multipart bodies', () => {
+  const boundary = 'b0undary';
+  const head = (length: string) =>
+    `POST /v1/images/edits HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer ${TEST_KEY}\r\nContent-Type: multipart/form-data; boundary=${boundary}\r\n${length}\r\n\r\n`;
+  const MiB = 1024 ** 2;
+  /** Two files of 25 MiB, 64 fields of 128 KiB and 1 MiB of part headers: the most an edit's form takes. */
+  const FORM_BOUND = 59 * MiB;
+  function* junk(mebibytes: number) {
+    for (let i = 0; i < mebibytes; i++) yield Buffer.alloc(MiB, 0x61);
+  }
+
+  it('over the largest form an endpoint takes, declared, get 413 before any of it is read', async () => {
+    const exchange = rawRequest(port, head(`Content-Length: ${100 * MiB}`));
+    await expect.poll(() => exchange.text.includes('\r\n\r\n{')).toBe(true);
+    const { headers, error } = expectOpenAiError(exchange.text, 413, 'request_too_large');
+    expect(error.message).toBe('The multipart/form-data body is larger than any form this endpoint takes (at most 59 MiB).');
+    expect(headers.connection).toBe('close');
+    await exchange.closed;
+  });
+
+  it('are counted whole, before the first part and after the last, which the form parser skips uncounted', async () => {
+    // Junk before the first part: a 413 once past the bound, the rest unread. The connection closes with
+    // the client's bytes unread, so TCP may reset it before the client reads the answer (Node has no
+    // lingering close): the answer, when it arrives, is the 413.
+    const before = await sendChunked(head('Transfer-Encoding: chunked'), junk(200));
+    if (before.text) expectOpenAiError(before.text, 413, 'request_too_large');
+    expect(before.sent).toBeLessThan(FORM_BOUND + 16 * MiB);
+
+    // A whole form, then junk after its last boundary: the connection is cut once past the bound (the
+    // request with it, if its answer was not sent yet).
+    const png = await sharp({ create: { width: 64, height: 64, channels: 3, background: '#c00' } }).png().toBuffer();
+    const form = Buffer.concat([
+      Buffer.from(`--${boundary}\r\nContent-Disposition: form-data; name="prompt"\r\n\r\na blue square\r\n`),
+      Buffer.from(`--${boundary}\r\nContent-Disposition: form-data; name="image"; filename="in.png"\r\nContent-Type: image/png\r\n\r\n`),
+      png,
+      Buffer.from(`\r\n--${boundary}--\r\n`),
+    ]);
+    const after = await sendChunked(head('Transfer-Encoding: chunked'), [form, ...junk(200)], false);
+    expect(after.sent).toBeLessThan(FORM_BOUND + 16 * MiB);
   });
 });
 

@@ -11,7 +11,7 @@ import { connectionOptions, connections } from './connections.js';
 import { content } from './content.js';
 import { cors } from './cors.js';
 import { edits } from './edits.js';
-import { answerClientError, answerFrameworkError, errors } from './errors.js';
+import { answerClientError, answerFrameworkError, errors, unrouted } from './errors.js';
 import { expectContinue } from './expect.js';
 import { files } from './files.js';
 import { health } from './health.js';
@@ -101,6 +101,7 @@ export function buildApp({ config, registry, engine, store, metrics, logger, tls
   app.register(expectContinue);
   // Before auth: preflights are answered without a key, and refusals of a key can be read by the page.
   app.register(cors, { origins: config.corsOrigins });
+  app.register(unrouted);
   app.register(auth, { apiKeys: config.apiKeys, apiKeysFile: config.apiKeysFile });
   app.register(health, { engine, registry, store });
   app.register(models, { registry });

@@ -115,24 +115,40 @@ export function answerFrameworkError(err: FastifyError, request: FastifyRequest,
   );
 }
 
+/**
+ * The answer to a request no route takes: a 405 naming the allowed methods where the path is known, else
+ * a 404. One that came with a body closes the connection, the body unread.
+ */
+function unroutedError(app: FastifyInstance, request: FastifyRequest): ApiError {
+  const path = request.url.split('?')[0];
+  const allowed = METHODS.filter((method) => app.findRoute({ method, url: path }));
+  const withBody = request.headers['transfer-encoding'] !== undefined || Number(request.headers['content-length'] ?? 0) > 0;
+  const close: Record<string, string> = withBody ? { connection: 'close' } : {};
+  if (allowed.length) {
+    return new ApiError(405, `Method ${request.method} is not allowed for ${path}. Allowed: ${allowed.join(', ')}.`, {
+      code: 'method_not_allowed',
+      headers: { allow: allowed.join(', '), ...close },
+    });
+  }
+  return new ApiError(404, `Invalid URL (${request.method} ${path})`, { headers: close });
+}
+
 async function errorsPlugin(app: FastifyInstance): Promise<void> {
   app.setErrorHandler((err: FastifyError, request, reply) => sendError(reply, apiErrorOf(err, request)));
-
-  // A known path with another method is a 405 naming the allowed ones, not a 404.
-  app.setNotFoundHandler((request, reply) => {
-    const path = request.url.split('?')[0];
-    const allowed = METHODS.filter((method) => app.findRoute({ method, url: path }));
-    if (allowed.length) {
-      return sendError(
-        reply,
-        new ApiError(405, `Method ${request.method} is not allowed for ${path}. Allowed: ${allowed.join(', ')}.`, {
-          code: 'method_not_allowed',
-          headers: { allow: allowed.join(', ') },
-        }),
-      );
-    }
-    return sendError(reply, new ApiError(404, `Invalid URL (${request.method} ${path})`));
-  });
+  app.setNotFoundHandler((request, reply) => sendError(reply, unroutedError(app, request)));
 }
 
 export const errors = fp(errorsPlugin, { name: 'errors' });
+
+/**
+ * Answers a request no route takes as it arrives, key or no key: Fastify's not-found handler runs only
+ * after the body was read, decompressed and parsed, which would let any client make the server do that
+ * work for nothing. Registered after cors, so that pages can read the answer.
+ */
+async function unroutedPlugin(app: FastifyInstance): Promise<void> {
+  app.addHook('onRequest', async (request) => {
+    if (request.is404) throw unroutedError(app, request);
+  });
+}
+
+export const unrouted = fp(unroutedPlugin, { name: 'unrouted' });

@@ -74,7 +74,58 @@ function readText(part: Extract<Multipart, { type: 'field' }>, fields: Record<st
   fields[part.fieldname] = part.value;
 }
 
+/** Part headers and boundaries: a form's bytes beyond its files and fields. */
+const FORM_OVERHEAD_BYTES = 1024 ** 2;
+
+/**
+ * Bounds the bytes a form may send, all of them: the parser counts files and fields but skips what comes
+ * before the first part and after the last without counting, so a client could make the server read
+ * gigabytes. A declared length over the bound is refused before anything is read. Otherwise the body is
+ * counted as it comes, to its end: past the bound while the parts are read, the request stream's error
+ * ends them with a 413 (@fastify/multipart listens for it) and the connection closes, the rest unread;
+ * past it after the form's end (junk after its last boundary, while the request runs), the connection is
+ * cut. Answers a function to call once the parts are read.
+ */
+function boundFormBytes(request: FastifyRequest, maxBytes: number): () => void {
+  const tooLarge = () =>
+    new ApiError(413, `The multipart/form-data body is larger than any form this endpoint takes (at most ${Math.ceil(maxBytes / 1024 ** 2)} MiB).`, {
+      code: 'request_too_large',
+      headers: { connection: 'close' },
+    });
+  if (Number(request.headers['content-length'] ?? 0) > maxBytes) throw tooLarge();
+  const raw = request.raw;
+  let received = 0;
+  let partsRead = false;
+  const count = (chunk: Buffer) => {
+    received += chunk.byteLength;
+    if (received <= maxBytes) return;
+    raw.off('data', count);
+    if (partsRead) raw.socket.destroy();
+    else {
+      raw.pause();
+      raw.emit('error', tooLarge());
+    }
+  };
+  raw.on('data', count);
+  raw.once('end', () => raw.off('data', count));
+  return () => {
+    partsRead = true;
+    // The parser let go of the stream: what is left is read (and counted) here, not left to block it.
+    if (!raw.readableEnded) raw.resume();
+  };
+}
+
 async function readForm(request: FastifyRequest, route: UploadRoute, limits: UploadLimits): Promise<Upload> {
+  const files = limits.maxImages + (FILE_FIELDS[route].includes('mask') ? 1 : 0);
+  const partsRead = boundFormBytes(request, files * MAX_UPLOAD_BYTES + MAX_FIELDS * MAX_FIELD_BYTES + FORM_OVERHEAD_BYTES);
+  try {
+    return await readParts(request, route, limits);
+  } finally {
+    partsRead();
+  }
+}
+
+async function readParts(request: FastifyRequest, route: UploadRoute, limits: UploadLimits): Promise<Upload> {
   const upload: Upload = { fields: {}, form: true, images: [] };
   // No limit on the number of files: beyond the route's images and one mask, the next is refused unread.
   const parts = request.parts({ limits: { fileSize: MAX_UPLOAD_BYTES, fields: MAX_FIELDS, fieldSize: MAX_FIELD_BYTES } });
