@@ -109,6 +109,7 @@ describe('answers before routing', () => {
     ['headers over 16 KiB', `GET /health HTTP/1.1\r\nHost: a\r\nX-Padding: ${'p'.repeat(20_000)}\r\n\r\n`, 431, 'request_header_fields_too_large'],
     ['an unknown expectation', 'GET /health HTTP/1.1\r\nHost: a\r\nExpect: tea\r\n\r\n', 417, 'expectation_failed'],
     ['bad percent-encoding', 'GET /v1/models/%E0%A4%A HTTP/1.1\r\nHost: a\r\n\r\n', 400, 'invalid_url'],
+    ['two Authorization headers', `GET /v1/models HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer ${TEST_KEY}\r\nauthorization: Bearer other\r\n\r\n`, 400, 'invalid_authorization_header'],
   ];
   it.each(cases)('%s: OpenAI error with x-request-id', async (_name, request, status, code) => {
     const exchange = rawRequest(port, request);

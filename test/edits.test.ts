@@ -27,7 +27,9 @@ beforeAll(async () => {
   const shapes = { copy: referenceModel('sd-turbo'), preset: { sizes: ['128x128', '256x128'], default_size: '128x128' } };
   // One image a batch: a request for n images runs n batches.
   const single = { copy: referenceModel('sd-turbo'), preset: { sizes: ['128x128'], default_size: '128x128', max_batch: 1 } };
-  real = await startRealServer({ apiKey: KEY, models: { shapes, single }, env: { DEFAULT_MODEL: 'shapes' } });
+  // An LCM: its scheduler takes at most 50 steps (its original_inference_steps).
+  const lcm = { copy: referenceModel('lcm'), preset: { sizes: ['128x128'], default_size: '128x128' } };
+  real = await startRealServer({ apiKey: KEY, models: { shapes, single, lcm }, env: { DEFAULT_MODEL: 'shapes' } });
   client = real.client;
   const res = await client.images.generate({ model: 'shapes', prompt: 'a red circle', quality: 'hd', response_format: 'b64_json', seed: 1 } as OpenAI.ImageGenerateParamsNonStreaming);
   redCircle = Buffer.from(res.data![0].b64_json!, 'base64');
@@ -277,6 +279,9 @@ describe('edit errors', () => {
     await expectApiError(edit({ n: 'many' as unknown as number }), OpenAI.BadRequestError, 400, 'n', 'invalid_type');
     await expectApiError(edit({ stream: true, response_format: 'url' } as Record<string, unknown>), OpenAI.BadRequestError, 400, 'response_format', 'unsupported_value');
     await expectApiError(edit({ strength: 0.1, steps: 4 }), OpenAI.BadRequestError, 400, 'strength', 'invalid_value');
+    // A strength so low that the steps it needs are more than the model's scheduler takes: the strength is named.
+    const low = await expectApiError(edit({ model: 'lcm', strength: 0.01 }), OpenAI.BadRequestError, 400, 'strength', 'invalid_value');
+    expect(low.message).toMatch(/runs one step only of 100 or more\)\. Raise 'strength'\.$/);
     await expectApiError(edit({ prompt: '' }), OpenAI.BadRequestError, 400, 'prompt', 'empty_string');
   });
 

@@ -113,8 +113,11 @@ export function planBatches(request: GenerationRequest, model: ModelEntry, defau
   try {
     checkSchedule(model.layout.scheduler, settings.scheduler, settings.steps);
   } catch (err) {
-    const param = request.steps !== undefined ? 'steps' : 'scheduler';
-    throw ApiError.invalid(param, 'invalid_value', `Invalid value for '${param}' with model '${request.model}': ${(err as Error).message}.`);
+    // Steps the request left to the preset but a low strength raised (stepsOf) are the strength's doing.
+    const raised = request.steps === undefined && settings.steps > preset.steps[request.quality];
+    const param = request.steps !== undefined ? 'steps' : raised ? 'strength' : 'scheduler';
+    const why = raised ? ` (strength ${edit!.strength} runs one step only of ${settings.steps} or more). Raise 'strength'` : '';
+    throw ApiError.invalid(param, 'invalid_value', `Invalid value for '${param}' with model '${request.model}': ${(err as Error).message}${why}.`);
   }
   return chunks(items, preset.maxBatch).map((part) => ({ ...settings, items: part }));
 }
