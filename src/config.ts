@@ -248,6 +248,10 @@ const SETTINGS = {
     schema: integer(1).default(60),
     description: 'a request (headers and body) must arrive within this long, or it gets 408 and is closed; the generation after it is not limited by this',
   },
+  sendTimeoutSeconds: {
+    schema: integer(1).default(60),
+    description: 'once an answer is being sent, a client that takes none of it for this long has its connection closed (it would hold the answer in memory)',
+  },
   keepAliveTimeoutSeconds: {
     schema: integer(1).default(72),
     description: 'an idle keep-alive connection is closed after this long (keep it above a load balancer\'s idle timeout)',

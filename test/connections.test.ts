@@ -1,4 +1,6 @@
 import { gzipSync, brotliCompressSync, deflateSync } from 'node:zlib';
+import { randomBytes } from 'node:crypto';
+import net from 'node:net';
 import sharp from 'sharp';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startTestServer, TEST_KEY, type TestServer } from './helpers/api-server.js';
@@ -15,7 +17,7 @@ let server: TestServer;
 let port: number;
 beforeAll(async () => {
   // Short limits, so a stalled request is given up within seconds.
-  server = await startTestServer({ config: { headersTimeoutSeconds: 1, requestTimeoutSeconds: 2 } });
+  server = await startTestServer({ config: { headersTimeoutSeconds: 1, requestTimeoutSeconds: 2, sendTimeoutSeconds: 1 } });
   port = Number(new URL(server.origin).port);
 });
 afterAll(() => server.close());
@@ -121,6 +123,28 @@ describe('answers before routing', () => {
       await exchange.closed;
     }
     exchange.socket.destroy();
+  });
+});
+
+describe('a client that does not read its answer', () => {
+  it('has its connection closed once it took none of it for SEND_TIMEOUT_SECONDS', async () => {
+    // An image far larger than the sockets' buffers, asked for by a client that reads nothing.
+    const image = await server.store.put(randomBytes(32 * 1024 ** 2), 'image/png');
+    const abandoned = async () => {
+      const text = await (await fetch(`${server.origin}/metrics`, { headers: { authorization: `Bearer ${TEST_KEY}` } })).text();
+      return Number(/^imagegen_http_requests_total\{method="GET",route="\/v1\/images\/files\/:name",status="499"\} (\d+)$/m.exec(text)?.[1] ?? 0);
+    };
+    const before = await abandoned();
+    const socket = net.connect(port, '127.0.0.1');
+    socket.pause();
+    socket.on('error', () => {});
+    socket.write(`GET /v1/images/files/${image.id}.png HTTP/1.1\r\nHost: a\r\n\r\n`);
+    try {
+      // Closed by the server, the answer unfinished: counted as 499, the client's doing.
+      await expect.poll(abandoned, { timeout: 10_000 }).toBe(before + 1);
+    } finally {
+      socket.destroy();
+    }
   });
 });
 

@@ -65,6 +65,8 @@ describe('one busy worker', () => {
     const started = performance.now();
     const long = generate(ops.baseURL, LONG);
     await whenRunning(ops.server);
+    // Past its first step (which also holds the text encoders and first allocations), so that its progress has a rate to tell.
+    await expect.poll(() => ops.server.engine.workers().find((w) => w.busy)?.step ?? 0, { timeout: 30_000, interval: 5 }).toBeGreaterThanOrEqual(2);
     const waiting = performance.now();
     const late = await generate(ops.baseURL, { size: '256x256' });
     const waited = performance.now() - waiting;
@@ -172,7 +174,8 @@ describe('a worker process that dies', () => {
   async function signalBusyWorker(ops: OpsServer, signal: NodeJS.Signals, busy: number): Promise<number> {
     await expect.poll(() => ops.server.engine.workers().filter((w) => w.busy).length, { timeout: 10_000, interval: 5 }).toBe(busy);
     const midway = () => ops.server.engine.workers().find((w) => w.busy && w.step > 0);
-    await expect.poll(midway, { timeout: 10_000, interval: 1 }).toBeTruthy();
+    // Its first step holds the text encoders and the first run at this size: seconds on a busy machine.
+    await expect.poll(midway, { timeout: 30_000, interval: 1 }).toBeTruthy();
     const victim = midway()!.pid!;
     process.kill(victim, signal);
     return victim;

@@ -45,6 +45,7 @@ export type AppConfig = Pick<
   | 'headersTimeoutSeconds'
   | 'requestTimeoutSeconds'
   | 'keepAliveTimeoutSeconds'
+  | 'sendTimeoutSeconds'
   | 'playground'
 >;
 
@@ -91,7 +92,7 @@ export function buildApp({ config, registry, engine, store, metrics, logger, tls
 
   app.register(errors);
   app.register(requestIds);
-  app.register(connections);
+  app.register(connections, { sendTimeoutSeconds: config.sendTimeoutSeconds });
   app.register(content);
   // Before the plugins whose hooks reject requests, so that those are counted too.
   app.register(metricsRoutes, { metrics, public: config.metricsPublic });

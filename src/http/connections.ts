@@ -13,6 +13,10 @@ import type { Config } from '../config.js';
  *
  * An answer sent before the request's body was read (a refused key, an unknown URL, a body too large)
  * closes the connection: reading a body nobody wants would let a client hold the connection with it.
+ * Once an answer is under way, a client that takes none of it for SEND_TIMEOUT_SECONDS is cut off: one
+ * that never reads would hold the socket and the answer's buffers for good. The clock starts with the
+ * answer, not the request, so a long generation is not cut short (a stream's keep-alive lines reach a
+ * client that reads).
  */
 
 export type ConnectionSettings = Pick<Config, 'headersTimeoutSeconds' | 'requestTimeoutSeconds' | 'keepAliveTimeoutSeconds'>;
@@ -36,9 +40,19 @@ export function connectionOptions(settings: ConnectionSettings): { keepAliveTime
   };
 }
 
-async function connectionsPlugin(app: FastifyInstance): Promise<void> {
+export interface ConnectionsOptions {
+  sendTimeoutSeconds: number;
+}
+
+async function connectionsPlugin(app: FastifyInstance, { sendTimeoutSeconds }: ConnectionsOptions): Promise<void> {
   app.addHook('onSend', async (request, reply) => {
     if (!request.raw.complete) reply.header('connection', 'close');
+    // The socket's inactivity timer: any byte the client takes restarts it. Node replaces it with the
+    // keep-alive timeout once the answer is done.
+    reply.raw.setTimeout(sendTimeoutSeconds * 1000, () => {
+      request.log.warn({ sendTimeoutSeconds }, 'the client took none of its answer for SEND_TIMEOUT_SECONDS: connection closed');
+      reply.raw.destroy();
+    });
   });
 }
 
