@@ -133,18 +133,29 @@ describe.skipIf(!chromiumPath)(`the playground in headless Chromium${chromiumPat
     await page.selectOption('#partial_images', '3');
     // Every preview the page shows, counted as it appears (they are removed once the image is done).
     await page.evaluate(() => {
-      const seen = { previews: 0 };
+      const seen = { previews: 0, sources: [] as string[] };
       Object.assign(window, { seen });
-      new MutationObserver((changes) => changes.forEach((c) => (seen.previews += [...c.addedNodes].filter((n) => n.nodeName === 'IMG').length))).observe(
-        document.getElementById('previews')!,
-        { childList: true },
-      );
+      new MutationObserver((changes) =>
+        changes.forEach((c) => {
+          const images = [...c.addedNodes].filter((n): n is HTMLImageElement => n.nodeName === 'IMG');
+          seen.previews += images.length;
+          seen.sources.push(...images.map((image) => image.src));
+        }),
+      ).observe(document.getElementById('previews')!, { childList: true });
     });
     await page.focus('#prompt');
     await page.keyboard.press('Control+Enter');
     await page.waitForSelector('#results .result-image');
     await expect.poll(() => page.textContent('#status'), { timeout: 30_000 }).toMatch(/^Done: 1 image/);
     expect(await page.evaluate(() => (window as unknown as { seen: { previews: number } }).seen.previews)).toBeGreaterThan(0);
+    // Their pictures are let go once they are removed: each preview's blob URL no longer loads.
+    const previewsStillLoading = await page.evaluate(async () => {
+      const { sources } = (window as unknown as { seen: { sources: string[] } }).seen;
+      const loads = await Promise.all(sources.map((src) => fetch(src).then(() => true, () => false)));
+      return { count: sources.length, loading: loads.filter(Boolean).length };
+    });
+    expect(previewsStillLoading.count).toBeGreaterThan(0);
+    expect(previewsStillLoading.loading).toBe(0);
 
     const { reading, info } = await readImageFile(await imageBytes(page, '#results .result-image'));
     expect(info.width).toBe(256);
