@@ -106,6 +106,8 @@ function boundFormBytes(request: FastifyRequest, maxBytes: number): () => void {
       raw.emit('error', tooLarge());
     }
   };
+  // A 'data' listener sets the stream flowing, but only from the next tick: readParts pipes it into the
+  // form parser before then (its first step runs synchronously), so no chunk reaches this count alone.
   raw.on('data', count);
   raw.once('end', () => raw.off('data', count));
   return () => {
