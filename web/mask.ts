@@ -46,18 +46,18 @@ export class MaskPainter {
 
   /** Shows a new picture to edit; the mask starts empty. One that cannot be decoded throws and leaves the panel as it was. */
   async load(image: Blob): Promise<void> {
-    const url = URL.createObjectURL(image);
+    // Decoded aside first, so that the panel keeps its picture when this one cannot be.
+    const decoded = Object.assign(new Image(), { src: URL.createObjectURL(image) });
     try {
-      await Object.assign(new Image(), { src: url }).decode();
+      await decoded.decode();
     } catch (err) {
-      URL.revokeObjectURL(url);
+      URL.revokeObjectURL(decoded.src);
       throw err;
     }
     URL.revokeObjectURL(this.source.src);
-    this.source.src = url;
-    await this.source.decode();
-    this.canvas.width = this.source.naturalWidth;
-    this.canvas.height = this.source.naturalHeight;
+    this.source.src = decoded.src;
+    this.canvas.width = decoded.naturalWidth;
+    this.canvas.height = decoded.naturalHeight;
     this.cursor = { x: this.canvas.width / 2, y: this.canvas.height / 2 };
     this.clear();
   }

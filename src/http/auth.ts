@@ -57,7 +57,7 @@ async function authPlugin(app: FastifyInstance, options: AuthOptions): Promise<v
     if (request.method === 'OPTIONS') return;
     // Node keeps the first of two Authorization headers; a proxy in front may have read the other.
     if (request.raw.rawHeaders.filter((name, i) => i % 2 === 0 && name.toLowerCase() === 'authorization').length > 1) {
-      throw new ApiError(400, 'The request has more than one Authorization header: send the key in one.', { code: 'invalid_authorization_header', headers: { connection: 'close' } });
+      throw new ApiError(400, 'The request has more than one Authorization header: send the key in one.', { code: 'invalid_authorization_header' });
     }
     const sent = /^Bearer\s+(\S+)\s*$/i.exec(request.headers.authorization ?? '')?.[1];
     if (!sent) {

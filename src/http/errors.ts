@@ -117,20 +117,18 @@ export function answerFrameworkError(err: FastifyError, request: FastifyRequest,
 
 /**
  * The answer to a request no route takes: a 405 naming the allowed methods where the path is known, else
- * a 404. One that came with a body closes the connection, the body unread.
+ * a 404. (One sent before its body arrived closes the connection, as every such answer does: connections.ts.)
  */
 function unroutedError(app: FastifyInstance, request: FastifyRequest): ApiError {
   const path = request.url.split('?')[0];
   const allowed = METHODS.filter((method) => app.findRoute({ method, url: path }));
-  const withBody = request.headers['transfer-encoding'] !== undefined || Number(request.headers['content-length'] ?? 0) > 0;
-  const close: Record<string, string> = withBody ? { connection: 'close' } : {};
   if (allowed.length) {
     return new ApiError(405, `Method ${request.method} is not allowed for ${path}. Allowed: ${allowed.join(', ')}.`, {
       code: 'method_not_allowed',
-      headers: { allow: allowed.join(', '), ...close },
+      headers: { allow: allowed.join(', ') },
     });
   }
-  return new ApiError(404, `Invalid URL (${request.method} ${path})`, { headers: close });
+  return new ApiError(404, `Invalid URL (${request.method} ${path})`);
 }
 
 async function errorsPlugin(app: FastifyInstance): Promise<void> {

@@ -88,10 +88,8 @@ const FORM_OVERHEAD_BYTES = 1024 ** 2;
  */
 function boundFormBytes(request: FastifyRequest, maxBytes: number): () => void {
   const tooLarge = () =>
-    new ApiError(413, `The multipart/form-data body is larger than any form this endpoint takes (at most ${Math.ceil(maxBytes / 1024 ** 2)} MiB).`, {
-      code: 'request_too_large',
-      headers: { connection: 'close' },
-    });
+    // Sent with the body unread, so the connection closes (connections.ts).
+    new ApiError(413, `The multipart/form-data body is larger than any form this endpoint takes (at most ${Math.ceil(maxBytes / 1024 ** 2)} MiB).`, { code: 'request_too_large' });
   if (Number(request.headers['content-length'] ?? 0) > maxBytes) throw tooLarge();
   const raw = request.raw;
   let received = 0;

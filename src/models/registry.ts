@@ -163,7 +163,7 @@ export class ModelRegistry {
    * model's id wins over an alias of the same name, here as in list(): the scan logs such an alias.
    */
   async resolve(id: string): Promise<ModelEntry | undefined> {
-    const named = () => this.models.get(id) ?? (Object.hasOwn(this.options.aliases, id) ? this.models.get(this.options.aliases[id]) : undefined);
+    const named = () => this.models.get(this.aliasTarget(id) ?? id);
     if (!named()) await this.refresh();
     return named();
   }
