@@ -61,8 +61,10 @@ describe.skipIf(!REDIS_SERVER)(`'concurrent' slots shared through Redis${NO_REDI
   });
 
   it("frees a dead replica's slots when their leases run out", async () => {
-    const dying = await replica({ leaseMs: 300 });
-    const survivor = await replica({ leaseMs: 300 });
+    // Leases long enough that the survivor's first try, 100 ms after the death, comes well within the
+    // last one the dying replica renewed, even on a busy machine (300 ms failed there).
+    const dying = await replica({ leaseMs: 1000 });
+    const survivor = await replica({ leaseMs: 1000 });
     const key = { label: 'carol', limits: { concurrent: 1 } };
     const stuck = pending();
     void dying.slots.hold(key, never, stuck.work);
@@ -73,7 +75,7 @@ describe.skipIf(!REDIS_SERVER)(`'concurrent' slots shared through Redis${NO_REDI
     const waiting = survivor.slots.hold(key, never, next.work);
     await tick();
     expect(next.state.running).toBe(false);
-    await expect.poll(() => next.state.running, { timeout: 2000, interval: 20 }).toBe(true);
+    await expect.poll(() => next.state.running, { timeout: 5000, interval: 20 }).toBe(true);
     next.state.finish();
     await waiting;
     stuck.state.finish();
