@@ -104,6 +104,13 @@ const proxyTrust = z.string().transform((text, ctx): boolean | string[] => {
 
 const absoluteUrl = z
   .url({ protocol: /^https?$/, error: 'expected an absolute http(s) URL such as https://images.example.com' })
+  // Paths are appended to it: a query, fragment or credentials would end up in the middle of every URL.
+  .refine((url) => {
+    // Not a URL at all: the check above says so.
+    if (!URL.canParse(url)) return true;
+    const { search, hash, username, password } = new URL(url);
+    return !/\s/.test(url) && !search && !hash && !username && !password;
+  }, 'expected an address without spaces, query (?), fragment (#) or user:password@, such as https://images.example.com/prefix')
   // Users often paste the SDK's base URL (ending in /v1); the image paths add /v1 themselves.
   .transform((url) => url.replace(/\/+$/, '').replace(/\/v1$/, ''));
 

@@ -69,4 +69,10 @@ describe('loadConfig', () => {
     expect(loadConfig({}, { PUBLIC_BASE_URL: 'https://img.example.com/v1/' }).publicBaseUrl).toBe('https://img.example.com');
     expect(loadConfig({}, { PUBLIC_BASE_URL: 'https://example.com/gen' }).publicBaseUrl).toBe('https://example.com/gen');
   });
+
+  it('refuses a PUBLIC_BASE_URL that image paths cannot follow: a query, fragment, credentials or spaces', () => {
+    for (const url of ['https://x.example.com/imgs?x=1', 'https://x.example.com/imgs#frag', 'https://u:p@x.example.com/imgs', 'https://x.example.com/im gs']) {
+      expect([url, problems(() => loadConfig({}, { PUBLIC_BASE_URL: url }))[0]]).toEqual([url, expect.stringMatching(/^PUBLIC_BASE_URL .*without spaces, query/)]);
+    }
+  });
 });

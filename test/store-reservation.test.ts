@@ -24,7 +24,9 @@ describe('store space reserved before generation', () => {
       expect(err).toBeInstanceOf(OpenAI.APIError);
       const apiErr = err as InstanceType<typeof OpenAI.APIError>;
       expect({ status: apiErr.status, code: apiErr.code, type: apiErr.type }).toEqual({ status: 507, code: 'storage_full', type: 'server_error' });
-      expect(apiErr.message).toMatch(/image store is full.*b64_json/);
+      // A 512x512 PNG may take 769 KiB: more than the whole store, which waiting cannot change.
+      expect(apiErr.message).toMatch(/more than the whole store holds \(MAX_STORE_BYTES, 58\.6 KiB\)\. Ask for response_format 'b64_json'/);
+      expect(apiErr.headers?.get('x-should-retry')).toBe('false');
       expect(server.engine.batches).toHaveLength(0);
 
       // The same size inline needs no store space.
@@ -86,11 +88,17 @@ describe('a store full with the images of running requests', () => {
       await expect.poll(() => engine.load().running).toBe(1);
       expect(await refusal(1)).toMatchObject({ status: 507, code: 'storage_full', retryAfter: '5', shouldRetry: null, message: expect.stringMatching(/requests running now.*retry in a few seconds/) });
       // Three images would not fit in an empty store: retrying cannot help.
-      expect(await refusal(3)).toMatchObject({ status: 507, code: 'storage_full', retryAfter: null, shouldRetry: 'false', message: expect.stringMatching(/retry once older images expired/) });
+      expect(await refusal(3)).toMatchObject({ status: 507, code: 'storage_full', retryAfter: null, shouldRetry: 'false', message: expect.stringMatching(/more than the whole store holds/) });
       engine.release();
       expect((await running).data).toHaveLength(2);
       // The running request stored far less than it set aside, and handed the rest back.
       expect((await ask(1)).data).toHaveLength(1);
+      // Full of unexpired images (their lifetime is the test server's hour): not to be retried now, and
+      // Retry-After says when enough of them will have expired.
+      await server.store.put(new Uint8Array(25_000), 'image/png');
+      const full = await refusal(1);
+      expect(full).toMatchObject({ status: 507, code: 'storage_full', shouldRetry: 'false', message: expect.stringMatching(/store is full \(MAX_STORE_BYTES, 29\.3 KiB\).*retry in \d+s, when enough older images will have expired/) });
+      expect(Number(full.retryAfter)).toBeGreaterThan(3500);
     } finally {
       await server.close();
     }

@@ -118,10 +118,61 @@ describe('ImageStore', () => {
     expect(await store.get(image.id)).toBeNull();
   });
 
-  it('refuses to reserve space in a folder that cannot be written, before any work is done for it', async () => {
+  it('refuses to reserve space in a folder that cannot be written, before any work is done for it; makes a deleted folder again', async () => {
     const store = await open();
     await rm(dir, { recursive: true });
+    (await store.reserve(100)).release();
+    expect((await store.put(bytes(10), 'image/png')).size).toBe(10);
+    await rm(dir, { recursive: true });
+    await writeFile(dir, 'a file where the folder was');
     await expect(store.reserve(100)).rejects.toBeInstanceOf(StoreUnavailableError);
+    await rm(dir);
+  });
+
+  it('says why it is full: images that expire (and when enough will have), space set aside now, more than it can ever hold, or the disk', async () => {
+    const store = await open({ ttlSeconds: 60, maxBytes: 250 });
+    const reason = (promise: Promise<unknown>) => promise.then(() => 'fits', (err: StoreFullError) => ({ reason: err.reason, retryAfterSeconds: err.retryAfterSeconds }));
+    await store.put(bytes(100), 'image/png');
+    wait(30_000);
+    await store.put(bytes(100), 'image/png');
+    // 50 bytes free; 100 more need the first image gone, in 30 s; 200 more need both, in 60 s.
+    expect(await reason(store.put(bytes(100), 'image/png'))).toEqual({ reason: 'images', retryAfterSeconds: 30 });
+    expect(await reason(store.reserve(200))).toEqual({ reason: 'images', retryAfterSeconds: 60 });
+    expect(await reason(store.reserve(251))).toEqual({ reason: 'too-large', retryAfterSeconds: undefined });
+    const held = await store.reserve(50);
+    expect(await reason(store.reserve(10))).toEqual({ reason: 'running', retryAfterSeconds: undefined });
+    held.release();
+    // The disk under it has less room than this, whatever the store's own limit.
+    const huge = await open({ maxBytes: 1e18 });
+    expect(await reason(huge.reserve(1e17))).toEqual({ reason: 'disk', retryAfterSeconds: undefined });
+  });
+
+  it('sweeps what the index does not know: stale temporary files a crash left, and expired images another server wrote', async () => {
+    const store = await open({ ttlSeconds: 60 });
+    const mine = await store.put(bytes(10), 'image/png');
+    const crashed = path.join(dir, `.${'a'.repeat(32)}.tmp`);
+    await writeFile(crashed, 'half an image');
+    await utimes(crashed, new Date(Date.now() - 3600_000), new Date(Date.now() - 3600_000));
+    // Another server's image, written after this store listed the folder, expiring in a second.
+    const theirs = `${'d'.repeat(32)}.${now + 1000}.png`;
+    await writeFile(path.join(dir, theirs), bytes(20));
+    await store.sweep();
+    expect((await readdir(dir)).sort()).toEqual([`${mine.id}.${mine.expiresAt}.png`, theirs].sort());
+    expect(store.stats()).toEqual({ files: 2, bytes: 30 });
+    wait(2000);
+    await store.sweep();
+    expect(await readdir(dir)).toEqual([`${mine.id}.${mine.expiresAt}.png`]);
+    expect(store.stats()).toEqual({ files: 1, bytes: 10 });
+  });
+
+  it('forgets an image whose file something else deleted: its space is free, and has() says so as read() does', async () => {
+    const store = await open();
+    const image = await store.put(bytes(100), 'image/png');
+    expect(await store.has(image)).toBe(true);
+    await rm(path.join(dir, `${image.id}.${image.expiresAt}.png`));
+    expect(await store.has(image)).toBe(false);
+    expect(await store.read(image)).toBeNull();
+    expect(store.stats()).toEqual({ files: 0, bytes: 0 });
   });
 
   it('refuses content it cannot name', async () => {

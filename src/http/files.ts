@@ -36,7 +36,7 @@ function notFound(name: string): ApiError {
 async function openImage(store: ImageStore, id: string, ext: string, headersOnly: boolean): Promise<{ image: StoredImage; data?: Readable } | null> {
   const image = await store.get(id);
   if (!image || image.ext !== ext) return null;
-  if (headersOnly) return { image };
+  if (headersOnly) return (await store.has(image)) ? { image } : null;
   const data = await store.read(image);
   return data && { image, data };
 }

@@ -3,6 +3,7 @@ import path from 'node:path';
 import { openBundle, type BundleEntry } from './bundle.js';
 import { diskFullError, ensureFreeSpace, isDiskFull, listFolder, readChunks, realDisk, writeStream } from './disk.js';
 import { ModelInstallError } from './errors.js';
+import { makeFolder } from '../util/files.js';
 import {
   checkModelId,
   installStaged,
@@ -95,7 +96,7 @@ export async function importModel(options: ImportOptions): Promise<InstalledMode
 
     const total = source.files.reduce((sum, file) => sum + file.size, 0);
     const spaceAdvice = 'Free up space, or use a --models-dir on a bigger disk, then import again';
-    await mkdir(modelsDir, { recursive: true });
+    await makeFolder(modelsDir);
     await ensureFreeSpace(disk, modelsDir, total, spaceAdvice);
     const staging = await makeTemporary(modelsDir, `import-${id}`);
     try {

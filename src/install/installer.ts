@@ -4,7 +4,7 @@ import path from 'node:path';
 import { defaultRuntime } from '../runtime/providers.js';
 import { loadPipeline } from '../pipelines/load.js';
 import type { ModelLayout } from '../models/layout.js';
-import { exists } from '../util/files.js';
+import { exists, makeFolder } from '../util/files.js';
 import { inspectModelFolder, OVERRIDE_FILE } from '../models/model-folder.js';
 import { keepAfterExit, removeIfInterrupted, type Disk } from './disk.js';
 import { ModelInstallError } from './errors.js';
@@ -72,7 +72,7 @@ export async function refuseExisting(modelsDir: string, id: string, force: boole
 
 async function stagingRoot(modelsDir: string): Promise<string> {
   const root = path.join(modelsDir, STAGING);
-  await mkdir(root, { recursive: true });
+  await makeFolder(root);
   return root;
 }
 

@@ -81,22 +81,33 @@ export function storeUnavailable(err: StoreUnavailableError, advice: string): Ap
   });
 }
 
+/** Retrying at once cannot help a full store: tell the SDKs not to. */
+const NO_RETRY = { 'x-should-retry': 'false' };
+
+function storeFull(err: StoreFullError): ApiError {
+  const inline = "Ask for response_format 'b64_json'";
+  const { reason, neededBytes, maxBytes, retryAfterSeconds } = err;
+  const [message, headers]: [string, Record<string, string>] =
+    reason === 'running'
+      ? // Each running request hands back the space it set aside and did not use as it ends.
+        [`The server's image store is full with the images of requests running now. ${inline}, or retry in a few seconds.`, { 'retry-after': String(STORE_RETRY_SECONDS) }]
+      : reason === 'too-large'
+        ? [
+            `This request's images may take up to ${formatBytes(neededBytes)} in the server's image store (counted at the most their format can take), more than the whole store holds (MAX_STORE_BYTES, ${formatBytes(maxBytes)}). ${inline}, or fewer or smaller images; the server's operator can raise MAX_STORE_BYTES.`,
+            NO_RETRY,
+          ]
+        : reason === 'disk'
+          ? [`The disk holding the server's image store is full. ${inline}; the server's operator should free disk space under DATA_DIR, or lower MAX_STORE_BYTES to what the disk can hold.`, NO_RETRY]
+          : [
+              `The server's image store is full (MAX_STORE_BYTES, ${formatBytes(maxBytes)}). ${inline}, or retry ${retryAfterSeconds === undefined ? 'once older images expired' : `in ${retryAfterSeconds}s, when enough older images will have expired`}.`,
+              { ...NO_RETRY, ...(retryAfterSeconds !== undefined && { 'retry-after': String(retryAfterSeconds) }) },
+            ];
+  return new ApiError(507, message, { code: 'storage_full', headers, cause: err });
+}
+
 export function storeError(err: unknown): ApiError {
   if (err instanceof StoreUnavailableError) return storeUnavailable(err, "Ask for response_format 'b64_json', or retry shortly.");
-  if (err instanceof StoreFullError && err.untilWritesEnd) {
-    return new ApiError(507, "The server's image store is full with the images of requests running now. Ask for response_format 'b64_json', or retry in a few seconds.", {
-      code: 'storage_full',
-      // Each running request hands back the space it set aside and did not use as it ends.
-      headers: { 'retry-after': String(STORE_RETRY_SECONDS) },
-    });
-  }
-  if (err instanceof StoreFullError) {
-    return new ApiError(507, "The server's image store is full. Ask for response_format 'b64_json', or retry once older images expired.", {
-      code: 'storage_full',
-      // Retrying at once cannot help; tell the SDKs not to.
-      headers: { 'x-should-retry': 'false' },
-    });
-  }
+  if (err instanceof StoreFullError) return storeFull(err);
   const reason = (err as NodeJS.ErrnoException).code ?? 'unknown error';
   return new ApiError(500, `The server could not save the generated image (${reason}). Ask for response_format 'b64_json', or retry later.`, {
     code: 'storage_error',

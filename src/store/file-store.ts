@@ -1,25 +1,26 @@
 import { constants } from 'node:fs';
-import { access, mkdir, open, readdir, rename, stat, unlink, writeFile } from 'node:fs/promises';
+import { access, open, readdir, rename, stat, statfs, unlink } from 'node:fs/promises';
 import path from 'node:path';
 import type { Readable } from 'node:stream';
 import type { Logger } from 'pino';
-import { unlessMissing } from '../util/files.js';
-import { StoreUnavailableError, type ImageStore, type StoredImage, type StoreReservation } from './image-store.js';
+import { makeFolder, unlessMissing } from '../util/files.js';
+import { StoreFullError, StoreUnavailableError, type ImageStore, type StoredImage, type StoreReservation } from './image-store.js';
 import { extensionOf, imageName, isExpired, newImage, parseImageName } from './image-names.js';
 import { StoreSpace } from './space.js';
 
 /**
  * Generated images served by URL for a limited time. One file per image, named as image-names.ts says
  * (`<id>.<expiry unix milliseconds>.<ext>`): a restart rebuilds the index from a directory listing and
- * keeps each image's own expiry. Files are written to a temporary name and renamed, so a reader never
- * sees half an image; a failed write deletes its temporary file, and opening and closing the store
- * delete any that a crash left. Ids are 128 random bits in hex.
+ * keeps each image's own expiry. Files are written to a temporary name, flushed to the disk and renamed,
+ * so neither a reader nor a restart after a power loss sees half an image; a failed write deletes its
+ * temporary file, and the sweeper deletes any that a crash left. Ids are 128 random bits in hex.
  *
  * Two servers may share the folder for a while (a restart that starts the new server before stopping
  * the old, blue-green on one host): an id this store has not indexed is looked for in a new listing of
  * the folder when a file came or went since the last (its mtime changed; a scanner's random ids cost a
- * stat each), and temporary files are deleted only once they are older than any write takes, so that
- * neither server loses the other's images.
+ * stat each), and so is every sweep, which then deletes the other's expired images too; temporary files
+ * are deleted only once they are older than any write takes, so that neither server loses the other's
+ * images.
  */
 
 const TEMP_FILE = /^\..*\.tmp$/;
@@ -42,7 +43,8 @@ export class FileImageStore implements ImageStore {
   private readonly index = new Map<string, StoredImage>();
   /** Bytes of indexed files plus writes in progress, and reservations, against maxBytes. */
   private readonly space: StoreSpace;
-  private readonly writes = new Set<Promise<void>>();
+  /** Writes in progress by image id: a listing meanwhile must not count their files a second time. */
+  private readonly writes = new Map<string, Promise<void>>();
   private timer: NodeJS.Timeout | undefined;
   /** Ids whose files changed on disk after they were stored (see read): never indexed again. */
   private readonly damaged = new Set<string>();
@@ -52,15 +54,13 @@ export class FileImageStore implements ImageStore {
   readonly now: () => number;
   private constructor(private readonly options: ImageStoreOptions) {
     this.now = options.clock ?? Date.now;
-    this.space = new StoreSpace(options.maxBytes, () => this.sweep());
+    this.space = new StoreSpace(options.maxBytes, () => this.sweep(), (bytes) => this.secondsUntilFreed(bytes));
   }
 
   /** Opens the store: indexes the images left by a previous run, deleting expired and half-written ones. */
   static async open(options: ImageStoreOptions): Promise<FileImageStore> {
     const store = new FileImageStore(options);
-    await mkdir(options.dir, { recursive: true });
-    await store.deleteTempFiles();
-    await store.listIfChanged();
+    await makeFolder(options.dir);
     await store.sweep();
     return store;
   }
@@ -79,10 +79,10 @@ export class FileImageStore implements ImageStore {
   private async list(): Promise<void> {
     for (const entry of await readdir(this.options.dir, { withFileTypes: true })) {
       const named = entry.isFile() ? parseImageName(entry.name) : undefined;
-      if (!named || this.index.has(named.id) || this.damaged.has(named.id)) continue;
+      if (!named || this.index.has(named.id) || this.writes.has(named.id) || this.damaged.has(named.id)) continue;
       // Gone meanwhile (the other server's sweeper): skipped.
       const stats = await unlessMissing(stat(path.join(this.options.dir, entry.name)));
-      if (!stats || this.index.has(named.id)) continue;
+      if (!stats || this.index.has(named.id) || this.writes.has(named.id)) continue;
       this.index.set(named.id, { ...named, size: stats.size });
       this.space.used += stats.size;
     }
@@ -99,7 +99,20 @@ export class FileImageStore implements ImageStore {
    */
   async reserve(bytes: number): Promise<StoreReservation> {
     await this.check();
+    const disk = await statfs(this.options.dir);
+    if (disk.bavail * disk.bsize < bytes) throw new StoreFullError('disk', this.options.maxBytes, bytes);
     return this.space.reserve(bytes);
+  }
+
+  /** Seconds until enough of the stored images expire to free `bytes`; undefined when they never would. */
+  private secondsUntilFreed(bytes: number): number | undefined {
+    const byExpiry = [...this.index.values()].sort((a, b) => a.expiresAt - b.expiresAt);
+    let freed = 0;
+    for (const image of byExpiry) {
+      freed += image.size;
+      if (freed >= bytes) return Math.max(1, Math.ceil((image.expiresAt - this.now()) / 1000));
+    }
+    return undefined;
   }
 
   /** Stores an image, drawing on `reservation` first; throws StoreFullError when the rest does not fit even after deleting expired ones. */
@@ -109,14 +122,14 @@ export class FileImageStore implements ImageStore {
 
     const image = newImage(ext, contentType, data.byteLength, this.now(), this.options.ttlSeconds);
     const write = this.write(path.join(this.options.dir, `.${image.id}.tmp`), this.fileOf(image), data);
-    this.writes.add(write);
+    this.writes.set(image.id, write);
     try {
       await write;
     } catch (err) {
       this.space.free(data.byteLength);
       throw err;
     } finally {
-      this.writes.delete(write);
+      this.writes.delete(image.id);
     }
     this.index.set(image.id, image);
     return image;
@@ -124,11 +137,21 @@ export class FileImageStore implements ImageStore {
 
   private async write(temp: string, file: string, data: Uint8Array): Promise<void> {
     try {
-      await writeFile(temp, data, { flag: 'wx' });
+      const handle = await open(temp, 'wx');
+      try {
+        await handle.writeFile(data);
+        // On the disk before it gets its name: renamed first, a power loss could leave a named file that
+        // is empty or short, which a restart would index and serve (a millisecond or so per image).
+        await handle.datasync();
+      } finally {
+        await handle.close();
+      }
       await rename(temp, file);
     } catch (err) {
       // A full disk fails a write halfway: no partial file may stay behind.
       await unlink(temp).catch(() => undefined);
+      const { code } = err as NodeJS.ErrnoException;
+      if (code === 'ENOSPC' || code === 'EDQUOT') throw new StoreFullError('disk', this.options.maxBytes, data.byteLength);
       throw err;
     }
   }
@@ -150,34 +173,68 @@ export class FileImageStore implements ImageStore {
     if (isExpired(image, this.now())) return null;
     // Opened here, so that a file the sweeper just deleted is a null rather than a stream that fails.
     const handle = await unlessMissing(open(this.fileOf(image)));
-    if (!handle) return null;
+    if (!handle) {
+      // Deleted by something else than the sweeper: its space is free, and HEAD no longer finds it either.
+      if (!isExpired(image, this.now())) this.forget(image);
+      return null;
+    }
     // Changed on disk since it was stored (truncated by something else): served, it would break off
     // short of its Content-Length; it is forgotten (left on disk to look at) and answered as gone.
     if ((await handle.stat()).size !== image.size) {
       await handle.close();
       this.options.logger.warn({ id: image.id, file: this.fileOf(image) }, 'image file changed on disk since it was stored: no longer served');
       this.damaged.add(image.id);
-      if (this.index.get(image.id) === image) {
-        this.index.delete(image.id);
-        this.space.free(image.size);
-      }
+      this.forget(image);
       return null;
     }
     return handle.createReadStream();
   }
 
-  /** Throws StoreUnavailableError when the folder cannot be written (a volume gone read-only or missing). */
-  async check(): Promise<void> {
-    await access(this.options.dir, constants.W_OK).catch((err: NodeJS.ErrnoException) => {
-      throw new StoreUnavailableError(`the image folder ${this.options.dir} cannot be written (${err.code ?? err.message})`, { cause: err, reason: err.code ?? 'unwritable' });
-    });
+  /** Whether the image's file is still there as it was stored (a HEAD answers what a GET would). */
+  async has(image: StoredImage): Promise<boolean> {
+    const data = await this.read(image);
+    data?.destroy();
+    return data !== null;
   }
 
-  /** Deletes expired images. */
+  /** Drops an image from the index (and its bytes from the count) without touching its file. */
+  private forget(image: StoredImage): void {
+    if (this.index.get(image.id) !== image) return;
+    this.index.delete(image.id);
+    this.space.free(image.size);
+  }
+
+  /**
+   * Throws StoreUnavailableError when the folder cannot be written (a volume gone read-only). A folder
+   * deleted under the running server is made again: its images are gone, but new ones can be kept.
+   */
+  async check(): Promise<void> {
+    const { dir } = this.options;
+    try {
+      const folder = await unlessMissing(stat(dir));
+      if (!folder) {
+        await makeFolder(dir);
+        this.options.logger.warn({ dir }, 'the image folder was deleted while the server ran: made it again (the images it held are lost)');
+      } else if (!folder.isDirectory()) {
+        throw Object.assign(new Error(`${dir} is not a folder`), { code: 'ENOTDIR' });
+      }
+      await access(dir, constants.W_OK);
+    } catch (err) {
+      const { code, message } = err as NodeJS.ErrnoException;
+      throw new StoreUnavailableError(`the image folder ${dir} cannot be written (${code ?? message})`, { cause: err, reason: code ?? 'unwritable' });
+    }
+  }
+
+  /**
+   * Deletes expired images, those of another server sharing the folder (listed again when it changed)
+   * included, and temporary files a crash left.
+   */
   async sweep(): Promise<void> {
+    await this.listIfChanged().catch(() => undefined);
     const expired = [...this.index.values()].filter((image) => isExpired(image, this.now()));
     await this.discard(expired);
     if (expired.length) this.options.logger.debug({ deleted: expired.length }, 'expired images deleted');
+    await this.deleteTempFiles();
   }
 
   /** Deletes images before they expire: ones no response will name after all. */
@@ -205,11 +262,10 @@ export class FileImageStore implements ImageStore {
     this.timer.unref();
   }
 
-  /** Stops the sweeper, lets writes in progress end, and deletes temporary files a crash may have left. */
+  /** Stops the sweeper and lets writes in progress end. */
   async close(): Promise<void> {
     clearInterval(this.timer);
-    await Promise.allSettled(this.writes);
-    await this.deleteTempFiles();
+    await Promise.allSettled(this.writes.values());
   }
 
   private async deleteTempFiles(): Promise<void> {

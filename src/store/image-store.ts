@@ -24,13 +24,28 @@ export interface StoredImage {
 /** Image ids are 32 hex digits (128 random bits). */
 export const IMAGE_ID = '[0-9a-f]{32}';
 
+/** Why a store refused images. */
+export type StoreFullReason =
+  /** Full of unexpired images: room comes back as they expire. */
+  | 'images'
+  /** It would fit but for space set aside for images being generated now: once those are stored, what they did not use is free again. */
+  | 'running'
+  /** More than the whole store (its byte limit) can hold: no waiting helps. */
+  | 'too-large'
+  /** The disk under the store has no room left, whatever the store's byte limit. */
+  | 'disk';
+
 export class StoreFullError extends Error {
   constructor(
+    readonly reason: StoreFullReason,
+    /** The store's byte limit (MAX_STORE_BYTES). */
     readonly maxBytes: number,
-    /** It would fit but for the space set aside for images being generated now: once those are stored, what they did not use is free again. */
-    readonly untilWritesEnd = false,
+    /** What the refused images needed. */
+    readonly neededBytes: number,
+    /** When images expiring frees enough room, where the store knows ('images'). */
+    readonly retryAfterSeconds?: number,
   ) {
-    super(`the image store is full (${maxBytes} bytes of unexpired images${untilWritesEnd ? ' and of images being generated' : ''})`);
+    super(`the image store cannot take ${neededBytes} more bytes (${reason}; its limit is ${maxBytes} bytes)`);
     this.name = 'StoreFullError';
   }
 }
@@ -77,6 +92,8 @@ export interface ImageStore {
   get(id: string): Promise<StoredImage | null>;
   /** The image's bytes as a stream, or null if it expired or vanished meanwhile. */
   read(image: StoredImage): Promise<Readable | null>;
+  /** Whether read() would find the image now, without reading it (a HEAD). */
+  has(image: StoredImage): Promise<boolean>;
   /** Deletes images before they expire: ones no response will name after all. */
   remove(images: StoredImage[]): Promise<void>;
   /** Deletes expired images. */

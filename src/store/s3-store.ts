@@ -201,6 +201,11 @@ export class S3ImageStore implements ImageStore {
     }
   }
 
+  /** get() has just listed the object: a HEAD costs no second request (a GetObject would start the download). */
+  async has(image: StoredImage): Promise<boolean> {
+    return !isExpired(image, this.now());
+  }
+
   /** Deletes images no response will name; when the bucket fails, they stay until they expire and a sweep deletes them. */
   async remove(images: StoredImage[]): Promise<void> {
     try {

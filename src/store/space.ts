@@ -16,6 +16,8 @@ export class StoreSpace {
     readonly maxBytes: number,
     /** Frees what it can (deletes expired images) when something does not fit. */
     private readonly sweep: () => Promise<void>,
+    /** Seconds until images expiring free `bytes`, where the store knows its images' expiry. */
+    private readonly secondsUntilFreed?: (bytes: number) => number | undefined,
   ) {}
 
   /** Sets space aside for images to come; throws StoreFullError when it does not fit even after a sweep. */
@@ -40,8 +42,11 @@ export class StoreSpace {
   }
 
   private async makeRoom(bytes: number): Promise<void> {
+    if (bytes > this.maxBytes) throw new StoreFullError('too-large', this.maxBytes, bytes);
     const fits = () => this.used + this.reserved + bytes <= this.maxBytes;
     if (!fits()) await this.sweep();
-    if (!fits()) throw new StoreFullError(this.maxBytes, this.used + bytes <= this.maxBytes);
+    if (fits()) return;
+    if (this.used + bytes <= this.maxBytes) throw new StoreFullError('running', this.maxBytes, bytes);
+    throw new StoreFullError('images', this.maxBytes, bytes, this.secondsUntilFreed?.(this.used + bytes - this.maxBytes));
   }
 }

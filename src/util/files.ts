@@ -1,4 +1,5 @@
-import { access, readFile } from 'node:fs/promises';
+import { access, mkdir, readFile } from 'node:fs/promises';
+import path from 'node:path';
 import type { z } from 'zod';
 
 /** Files that may be absent, and the optional JSON files of model folders and bundles (configs, tokenizers, manifests). */
@@ -10,6 +11,23 @@ export async function unlessMissing<T>(operation: Promise<T>): Promise<T | undef
   } catch (err) {
     if ((err as NodeJS.ErrnoException).code === 'ENOENT') return undefined;
     throw err;
+  }
+}
+
+/**
+ * Makes a folder and its missing parents. Node's recursive mkdir reports a read-only or forbidden
+ * parent as ENOENT ("does not exist"); here the error is the real one, from making the first missing
+ * folder under the deepest one that exists.
+ */
+export async function makeFolder(dir: string): Promise<void> {
+  try {
+    await mkdir(dir, { recursive: true });
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code !== 'ENOENT') throw err;
+    let missing = path.resolve(dir);
+    while (!(await exists(path.dirname(missing))) && path.dirname(missing) !== missing) missing = path.dirname(missing);
+    await mkdir(missing);
+    await mkdir(dir, { recursive: true });
   }
 }
 
