@@ -69,6 +69,22 @@ describe('SIGTERM', () => {
   });
 });
 
+describe('a signal to the whole process group (Ctrl-C in a terminal, systemd stopping the service)', () => {
+  it('reaches the workers too, which leave stopping to the server: the running generation finishes, and it exits 0', async () => {
+    server = await spawnIn(root, { group: true });
+    await untilReady(server.origin);
+    const running = generate(server.baseURL, LONG);
+    await whenBusy(server.origin);
+    process.kill(-server.child.pid!, 'SIGINT');
+
+    const answer = await running;
+    expect([answer.status, answer.body.error?.message]).toEqual([200, undefined]);
+    expect(answer.body.data).toHaveLength(LONG.n);
+    expect(await server.exited).toBe(0);
+    expect(server.log.join('\n')).not.toMatch(/starting a replacement/);
+  });
+});
+
 describe('SIGTERM with a client that stopped reading', () => {
   it('closes its connection once the deadline passed, and exits', async () => {
     server = await spawnIn(root, { env: { SHUTDOWN_TIMEOUT_SECONDS: '1' } });

@@ -237,3 +237,9 @@ function lowerPriority(increment: number): void {
 
 // The pool went away (it exited or crashed): nobody is left to take this worker's results.
 process.on('disconnect', () => process.exit(0));
+
+// A terminal's Ctrl-C (SIGINT) and a service manager's stop (systemd's SIGTERM to every process of the
+// unit) reach the workers as well as the server. The server alone decides when they stop: after its
+// running requests finished, by a 'stop' message (or SIGKILL); left to the signal, a worker would die at
+// once and fail them. SIGHUP (the server reloads its keys) likewise.
+for (const signal of ['SIGINT', 'SIGTERM', 'SIGHUP'] as const) process.on(signal, () => undefined);

@@ -262,10 +262,11 @@ export class FileImageStore implements ImageStore {
     this.timer.unref();
   }
 
-  /** Stops the sweeper and lets writes in progress end. */
+  /** Stops the sweeper, lets writes in progress end, and deletes temporary files a crash may have left. */
   async close(): Promise<void> {
     clearInterval(this.timer);
     await Promise.allSettled(this.writes.values());
+    await this.deleteTempFiles();
   }
 
   private async deleteTempFiles(): Promise<void> {

@@ -34,10 +34,12 @@ export interface SpawnOptions {
   onLine?(line: string): void;
   /** Its stderr: collected for the error of a failed start (default), or shown as it comes. */
   stderr?: 'pipe' | 'inherit';
+  /** In a process group of its own (its pid is the group's id), as a shell or a service manager starts it. */
+  group?: boolean;
 }
 
 /** Starts `imagegen serve` with `env` and resolves once it listens; rejects with its stderr when it exits first. */
-export async function spawnServer(env: Record<string, string>, { limitsKb = {}, cgroup, onLine, stderr: stderrMode = 'pipe' }: SpawnOptions = {}): Promise<ServerProcess> {
+export async function spawnServer(env: Record<string, string>, { limitsKb = {}, cgroup, onLine, stderr: stderrMode = 'pipe', group = false }: SpawnOptions = {}): Promise<ServerProcess> {
   const command = [process.execPath, '--import', 'tsx', 'src/cli/main.ts', 'serve'];
   const setUp = [
     limitsKb.fileSize !== undefined && `ulimit -f ${limitsKb.fileSize}`,
@@ -50,6 +52,7 @@ export async function spawnServer(env: Record<string, string>, { limitsKb = {}, 
     // tsx keeps its compile cache in memory: writing it could hit a file size limit.
     env: { PATH: process.env.PATH, HOME: process.env.HOME, TSX_DISABLE_CACHE: '1', WORKERS: '1', ...env },
     stdio: ['ignore', 'pipe', stderrMode],
+    detached: group,
   });
   const exited = once(child, 'exit').then(([code]) => code as number | null);
   const log: string[] = [];
