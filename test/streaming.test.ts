@@ -165,7 +165,12 @@ describe('streaming errors and cancellation', () => {
     }
   });
 
-  it('ends the stream with an error event that openai-node raises when the worker dies mid-stream', async () => {
+  it('ends the stream with an error event that openai-node raises when the worker dies mid-stream, and counts it under its status', async () => {
+    const requestsCounted = async (status: string) => {
+      const metrics = await (await fetch(`${server.url}/metrics`, { headers: { authorization: `Bearer ${KEY}` } })).text();
+      return Number(new RegExp(`^imagegen_http_requests_total\\{method="POST",route="/v1/images/generations",status="${status}"\\} (\\d+)$`, 'm').exec(metrics)?.[1] ?? 0);
+    };
+    const failedBefore = await requestsCounted('500');
     const stream = await client.images.generate({ model: 'demo-shapes', prompt: 'a red circle', size: '1024x1024', stream: true, partial_images: 3, steps: 150 } as OpenAI.ImageGenerateParamsStreaming);
     const seen: string[] = [];
     const reading = (async () => {
@@ -177,6 +182,8 @@ describe('streaming errors and cancellation', () => {
     })();
     await expect(reading).rejects.toMatchObject({ status: undefined, error: { code: 'worker_crashed' } });
     expect(seen).toEqual(['image_generation.partial_image']);
+    // Counted as the failure it was, not as the 200 that began the stream.
+    await expect.poll(() => requestsCounted('500'), { timeout: 5000 }).toBe(failedBefore + 1);
     await expect.poll(() => server.engine.readiness().ready, { timeout: 60_000 }).toBe(true);
   });
 

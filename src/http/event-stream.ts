@@ -6,6 +6,7 @@ import { echoedSettings } from '../service/gpt-image-fields.js';
 import type { GenerateContext, RequestEvent } from '../service/images.js';
 import { bufferView } from '../util/bytes.js';
 import { apiErrorOf } from './errors.js';
+import { failedInStream } from './metrics.js';
 
 /**
  * A streamed images request (`stream: true`) answered with server-sent events as OpenAI sends them:
@@ -59,8 +60,12 @@ export async function streamImages(request: FastifyRequest, reply: FastifyReply,
   else {
     heartbeat = setInterval(() => write(': keep-alive\n\n'), HEARTBEAT_MS);
     done.then(finish, (err: unknown) => {
-      send(apiErrorOf(err, request).toBody());
+      const error = apiErrorOf(err, request);
+      send(error.toBody());
       end();
+      // The log's "request completed" line says 200, what went out before the failure: this one says how it ended.
+      failedInStream(reply, error.status);
+      request.log.warn({ status: error.status, code: error.code }, `stream ended with an error event: ${error.message}`);
     });
   }
   return reply

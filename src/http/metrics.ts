@@ -21,10 +21,21 @@ export interface MetricsOptions {
  */
 export function countRequest(metrics: Metrics, request: FastifyRequest, reply: FastifyReply): void {
   reply.raw.once('close', () => {
-    const status = reply.raw.writableFinished ? reply.statusCode : 499;
+    const status = streamFailures.get(reply) ?? (reply.raw.writableFinished ? reply.statusCode : 499);
     // Route templates, never raw URLs: scanners' random paths must not become label values.
     metrics.httpRequest(request.method, request.routeOptions.url ?? 'unmatched', status, reply.elapsedTime / 1000);
   });
+}
+
+/** Streamed answers that failed after their 200 went out, and the status the failure has (see failedInStream). */
+const streamFailures = new WeakMap<FastifyReply, number>();
+
+/**
+ * A streamed answer (server-sent events) that failed after its 200 went out, with an error event: it is
+ * counted under the error's status, so that its failure shows where failures of other requests do.
+ */
+export function failedInStream(reply: FastifyReply, status: number): void {
+  streamFailures.set(reply, status);
 }
 
 async function metricsPlugin(app: FastifyInstance, { metrics, public: isPublic }: MetricsOptions): Promise<void> {
