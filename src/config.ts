@@ -2,6 +2,7 @@ import { isIP } from 'node:net';
 import { fileURLToPath } from 'node:url';
 import { z } from 'zod';
 import { NOISE_KINDS } from './runtime/random.js';
+import { BEARER_TOKEN } from './api/bearer.js';
 import { OPENAI_MODEL_NAMES } from './api/dialects.js';
 
 /**
@@ -37,6 +38,21 @@ const boolean = z
 
 const integer = (min: number, max = Number.MAX_SAFE_INTEGER) =>
   z.string().regex(/^\d+$/, 'expected a whole number').transform(Number).pipe(z.number().min(min).max(max));
+
+/** The longest Node's timers wait (2^31 - 1 ms): a longer one fires at once instead. */
+const MAX_TIMER_SECONDS = Math.floor((2 ** 31 - 1) / 1000);
+
+/** A duration a timer waits, in whole seconds; `min` 0 where 0 means "never" (the setting says). */
+const seconds = (min: number) =>
+  z
+    .string()
+    .regex(/^\d+$/, 'expected a whole number of seconds')
+    .transform(Number)
+    .pipe(z.number().min(min).max(MAX_TIMER_SECONDS, `expected at most ${MAX_TIMER_SECONDS} (about 24 days, the longest a timer waits)`));
+
+/** A byte size of at least `min` bytes, whose error says that a bare number is bytes. */
+const bytesAtLeast = (min: number, unit: string) =>
+  byteSize.pipe(z.number().min(min, `expected at least ${unit} (a number without a unit is bytes: write 8g for 8 GiB)`));
 
 const list = z.string().transform((text) =>
   text
@@ -126,7 +142,9 @@ const SETTINGS = {
     description: 'interface to listen on; anything but loopback requires API_KEYS',
   },
   apiKeys: {
-    schema: list.default([]),
+    schema: list
+      .refine((keys) => keys.every((key) => BEARER_TOKEN.test(key)), 'expected keys of letters, digits and . _ ~ + / - (what an Authorization: Bearer header can carry), separated by commas')
+      .default([]),
     description: 'comma-separated API keys clients send as "Authorization: Bearer <key>" (prefer the env variable: flags show in ps)',
   },
   apiKeysFile: {
@@ -153,10 +171,10 @@ const SETTINGS = {
     description:
       'comma-separated web origins whose pages may call the API from a browser (CORS), e.g. https://app.example.com, or * for any; the pages still need an API key (default: none, browsers refuse cross-origin calls)',
   },
-  modelsRescanSeconds: { schema: integer(0).default(30), description: 'how often model folders are rescanned for added or removed models (0 = only on demand)' },
+  modelsRescanSeconds: { schema: seconds(0).default(30), description: 'how often model folders are rescanned for added or removed models (0 = only on demand)' },
   imageTtlSeconds: { schema: integer(1).default(86400), description: 'how long image URLs stay valid' },
   maxStoreBytes: {
-    schema: byteSize.default(2 * 1024 ** 3),
+    schema: bytesAtLeast(1024 ** 2, '1m').default(2 * 1024 ** 3),
     description: 'space the image store may use, e.g. 2g (with STORE=s3: the prefix\'s total over all replicas, as each replica\'s last listing saw it; see docs/deploy.md)',
   },
   store: {
@@ -210,7 +228,7 @@ const SETTINGS = {
     description: 'model weights all workers together keep loaded, e.g. 16g; beyond it the least recently used model is unloaded (default: 60% of RAM)',
   },
   memoryLimit: {
-    schema: byteSize.optional(),
+    schema: bytesAtLeast(64 * 1024 ** 2, '64m').optional(),
     description:
       'memory the running batches of all workers may plan to take together on top of their loaded models, e.g. 8g (default: what the machine has free), of which they plan on 90% (headroom for what a plan cannot see); a batch waits for memory another batch planned on, and one expected to need more than there is gets 507 insufficient_memory instead of running out of memory',
   },
@@ -230,11 +248,11 @@ const SETTINGS = {
       'estimated seconds of generation work that may wait per worker before new requests get 429 with a Retry-After from the work ahead (each model\'s speed is measured as it runs; 0 = no limit)',
   },
   queueTimeoutSeconds: {
-    schema: integer(1).default(120),
+    schema: seconds(1).default(120),
     description: 'longest a request may wait for its first batch to get a worker (including while workers load models) before it gets 503 queue_timeout; its later batches never time out',
   },
   workerStallTimeoutSeconds: {
-    schema: integer(0).default(600),
+    schema: seconds(0).default(600),
     description:
       'a worker whose batch makes no progress (no denoising step done, no model loaded) for this long is killed and replaced, failing that batch with 500 (0 = never)',
   },
@@ -243,24 +261,24 @@ const SETTINGS = {
     description: 'comma-separated models (ids or aliases) every worker loads at start, before /ready says ready (default: DEFAULT_MODEL; "none" loads nothing)',
   },
   shutdownTimeoutSeconds: {
-    schema: integer(0).default(30),
+    schema: seconds(0).default(30),
     description: 'on SIGTERM/SIGINT, how long running requests may finish before they are cancelled with a retryable 503',
   },
   bodyLimit: { schema: byteSize.pipe(z.number().min(1, 'expected at least 1 byte')).default(1024 ** 2), description: 'largest accepted request body, e.g. 1m; a compressed body counts decompressed' },
   headersTimeoutSeconds: {
-    schema: integer(1).default(30),
+    schema: seconds(1).default(30),
     description: 'a connection must send a request\'s headers within this long (also a new connection\'s first request), or it gets 408 and is closed',
   },
   requestTimeoutSeconds: {
-    schema: integer(1).default(60),
+    schema: seconds(1).default(60),
     description: 'a request (headers and body) must arrive within this long, or it gets 408 and is closed; the generation after it is not limited by this',
   },
   sendTimeoutSeconds: {
-    schema: integer(1).default(60),
+    schema: seconds(1).default(60),
     description: 'once an answer is being sent, a client that takes none of it for this long has its connection closed (it would hold the answer in memory)',
   },
   keepAliveTimeoutSeconds: {
-    schema: integer(1).default(72),
+    schema: seconds(1).default(72),
     description: 'an idle keep-alive connection is closed after this long (keep it above a load balancer\'s idle timeout)',
   },
   tlsCert: { schema: z.string().min(1).optional(), description: 'PEM certificate file: serve HTTPS (needs TLS_KEY)' },

@@ -70,6 +70,17 @@ describe('loadConfig', () => {
     expect(loadConfig({}, { PUBLIC_BASE_URL: 'https://example.com/gen' }).publicBaseUrl).toBe('https://example.com/gen');
   });
 
+  it('refuses durations longer than a timer can wait (one would fire at once), byte sizes too small to mean what was meant, and keys no client can send', () => {
+    for (const name of ['QUEUE_TIMEOUT_SECONDS', 'WORKER_STALL_TIMEOUT_SECONDS', 'SHUTDOWN_TIMEOUT_SECONDS', 'MODELS_RESCAN_SECONDS', 'SEND_TIMEOUT_SECONDS']) {
+      expect(problems(() => loadConfig({}, { [name]: '9999999' }))).toEqual([expect.stringMatching(new RegExp(`^${name} .*expected at most 2147483 \\(about 24 days`))]);
+    }
+    expect(loadConfig({}, { WORKER_STALL_TIMEOUT_SECONDS: '2147483' }).workerStallTimeoutSeconds).toBe(2147483);
+    expect(problems(() => loadConfig({}, { MEMORY_LIMIT: '8' }))).toEqual([expect.stringMatching(/^MEMORY_LIMIT .*expected at least 64m \(a number without a unit is bytes: write 8g/)]);
+    expect(problems(() => loadConfig({}, { MAX_STORE_BYTES: '0' }))).toEqual([expect.stringMatching(/^MAX_STORE_BYTES .*expected at least 1m/)]);
+    expect(loadConfig({}, { MEMORY_LIMIT: '8g', MAX_STORE_BYTES: '1m' })).toMatchObject({ memoryLimit: 8 * 1024 ** 3, maxStoreBytes: 1024 ** 2 });
+    expect(problems(() => loadConfig({}, { API_KEYS: 'my secret key' }))).toEqual([expect.stringMatching(/^API_KEYS .*letters, digits and/)]);
+  });
+
   it('refuses a PUBLIC_BASE_URL that image paths cannot follow: a query, fragment, credentials or spaces', () => {
     for (const url of ['https://x.example.com/imgs?x=1', 'https://x.example.com/imgs#frag', 'https://u:p@x.example.com/imgs', 'https://x.example.com/im gs']) {
       expect([url, problems(() => loadConfig({}, { PUBLIC_BASE_URL: url }))[0]]).toEqual([url, expect.stringMatching(/^PUBLIC_BASE_URL .*without spaces, query/)]);
