@@ -297,11 +297,10 @@ const SETTINGS = {
 
 export type SettingName = keyof typeof SETTINGS;
 
-const settingsSchema = z.object(Object.fromEntries(Object.entries(SETTINGS).map(([name, s]) => [name, s.schema])) as {
-  [K in SettingName]: (typeof SETTINGS)[K]['schema'];
-});
+/** The settings as their schemas give them. */
+type Settings = z.output<z.ZodObject<{ [K in SettingName]: (typeof SETTINGS)[K]['schema'] }>>;
 
-export interface Config extends Omit<z.output<typeof settingsSchema>, 'modelAliases' | 'preload'> {
+export interface Config extends Omit<Settings, 'modelAliases' | 'preload'> {
   /** Alias -> model id, defaults merged with MODEL_ALIASES. */
   modelAliases: Record<string, string>;
   /** Models (ids or aliases) to load at start; empty for none. */
@@ -328,24 +327,54 @@ export class ConfigError extends Error {
 }
 
 /**
- * Reads the configuration: CLI flag values (commander's camelCase keys, strings) over environment
- * variables. Empty values count as unset. Throws ConfigError listing every invalid setting (the checks
- * across settings run once each setting is valid).
+ * Parses the named settings from CLI flag values (commander's camelCase keys, strings) over environment
+ * variables. Empty values count as unset. Throws ConfigError listing every invalid one.
  */
-export function loadConfig(flags: Partial<Record<SettingName, string>> = {}, env: NodeJS.ProcessEnv = process.env): Config {
-  const raw = Object.fromEntries(
-    (Object.keys(SETTINGS) as SettingName[]).map((name) => [name, (flags[name] ?? env[envName(name)])?.trim() || undefined]),
-  );
-  const result = settingsSchema.safeParse(raw);
+function parseSettings<K extends SettingName>(names: readonly K[], flags: Partial<Record<SettingName, string>>, env: NodeJS.ProcessEnv): Pick<Settings, K> {
+  const raw = Object.fromEntries(names.map((name) => [name, (flags[name] ?? env[envName(name)])?.trim() || undefined]));
+  const result = z.object(Object.fromEntries(names.map((name) => [name, SETTINGS[name].schema]))).safeParse(raw);
   if (!result.success) {
     throw new ConfigError(
       result.error.issues.map((issue) => {
-        const name = issue.path[0] as SettingName;
+        const name = issue.path[0] as K;
         return `${envName(name)} (${flagName(name)}): ${issue.message}${raw[name] === undefined ? '' : ` (got '${raw[name]}')`}`;
       }),
     );
   }
-  const parsed = result.data;
+  // The object of exactly these settings' schemas, whose output zod's types cannot follow for a generic
+  // list of names.
+  return result.data as unknown as Pick<Settings, K>;
+}
+
+/** The OpenAI names pointing to DEFAULT_MODEL, with MODEL_ALIASES over them (an empty target removes one). */
+function aliasesOf({ defaultModel, modelAliases }: Pick<Settings, 'defaultModel' | 'modelAliases'>): Record<string, string> {
+  const aliases: Record<string, string> = Object.fromEntries(OPENAI_MODEL_NAMES.map((name) => [name, defaultModel]));
+  for (const [alias, target] of Object.entries(modelAliases ?? {})) {
+    if (target) aliases[alias] = target;
+    else delete aliases[alias];
+  }
+  return aliases;
+}
+
+/** What the commands that run models without serving them (generate, models verify) read. */
+const MODEL_SETTINGS = ['modelsDir', 'defaultModel', 'modelAliases', 'rng', 'executionProvider'] as const;
+export type ModelSettings = Pick<Config, (typeof MODEL_SETTINGS)[number]>;
+
+/**
+ * The settings of commands that run models without serving them: only these are read and checked, so a
+ * server's settings in the same environment (HOST=0.0.0.0 set for `serve`, say) cannot stop them.
+ */
+export function loadModelSettings(flags: Partial<Record<SettingName, string>> = {}, env: NodeJS.ProcessEnv = process.env): ModelSettings {
+  const parsed = parseSettings(MODEL_SETTINGS, flags, env);
+  return { ...parsed, modelAliases: aliasesOf(parsed) };
+}
+
+/**
+ * Reads the server's configuration (see parseSettings). Throws ConfigError listing every invalid
+ * setting (the checks across settings run once each setting is valid).
+ */
+export function loadConfig(flags: Partial<Record<SettingName, string>> = {}, env: NodeJS.ProcessEnv = process.env): Config {
+  const parsed = parseSettings(Object.keys(SETTINGS) as SettingName[], flags, env);
   const problems: string[] = [];
   const loopback = isLoopback(parsed.host);
   if (!loopback && parsed.apiKeys.length === 0 && !parsed.apiKeysFile) {
@@ -364,15 +393,10 @@ export function loadConfig(flags: Partial<Record<SettingName, string>> = {}, env
   if (parsed.s3PresignedUrls && parsed.imageTtlSeconds > 604_800) problems.push('S3_PRESIGNED_URLS allows IMAGE_TTL_SECONDS of at most 604800 (7 days, the longest a presigned URL lives)');
   if (problems.length) throw new ConfigError(problems);
 
-  const modelAliases: Record<string, string> = Object.fromEntries(OPENAI_MODEL_NAMES.map((name) => [name, parsed.defaultModel]));
-  for (const [alias, target] of Object.entries(parsed.modelAliases ?? {})) {
-    if (target) modelAliases[alias] = target;
-    else delete modelAliases[alias];
-  }
   const preload = parsed.preload ?? [parsed.defaultModel];
   return {
     ...parsed,
-    modelAliases,
+    modelAliases: aliasesOf(parsed),
     preload: preload.length === 1 && preload[0].toLowerCase() === 'none' ? [] : preload,
   };
 }

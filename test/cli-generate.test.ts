@@ -1,5 +1,5 @@
 import { execFile } from 'node:child_process';
-import { mkdtemp, readdir } from 'node:fs/promises';
+import { mkdtemp, readdir, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { promisify } from 'node:util';
@@ -11,7 +11,12 @@ const root = path.resolve(import.meta.dirname, '..');
 
 /** The real `imagegen generate` command, as a user runs it: no server, files out, progress on stderr. */
 async function imagegen(...args: string[]) {
-  return run(process.execPath, ['--import', 'tsx', path.join(root, 'src/cli/main.ts'), ...args], { cwd: root });
+  return imagegenWith({}, ...args);
+}
+
+/** The same with `env` over this process's environment. */
+async function imagegenWith(env: Record<string, string>, ...args: string[]) {
+  return run(process.execPath, ['--import', 'tsx', path.join(root, 'src/cli/main.ts'), ...args], { cwd: root, env: { ...process.env, ...env } });
 }
 
 describe('imagegen generate', () => {
@@ -46,5 +51,25 @@ describe('imagegen generate', () => {
     await expect(imagegen('generate', 'a red circle', '--model', 'no-such-model')).rejects.toMatchObject({
       stderr: expect.stringContaining("no model 'no-such-model'"),
     });
+  });
+
+  it('names the flag the request refuses and exits 2, as for every usage error; an --out it cannot write is refused before any picture is made', async () => {
+    await expect(imagegen('generate', 'a red circle', '--rng', 'foo')).rejects.toMatchObject({ code: 2, stderr: expect.stringMatching(/^imagegen generate: --rng: Invalid value: 'foo'/) });
+    await expect(imagegen('generate', 'a red circle', '--format', 'gif')).rejects.toMatchObject({ code: 2, stderr: expect.stringMatching(/^imagegen generate: --format: /) });
+    const file = path.join(await mkdtemp(path.join(os.tmpdir(), 'imagegen-cli-')), 'a-file');
+    await writeFile(file, 'not a folder');
+    await expect(imagegen('generate', 'a red circle', '--out', file)).rejects.toMatchObject({ code: 2, stderr: expect.stringMatching(/--out '.*a-file' is a file, not a folder: name a folder you may write\n$/) });
+    // Usage errors of any command: an unknown command, a missing argument or option.
+    await expect(imagegen('no-such-command')).rejects.toMatchObject({ code: 2 });
+    await expect(imagegen('generate')).rejects.toMatchObject({ code: 2, stderr: expect.stringContaining("missing required argument 'prompt'") });
+    await expect(imagegen('models', 'verify', root)).rejects.toMatchObject({ code: 2, stderr: expect.stringContaining("required option '--golden <file>' not specified") });
+  });
+
+  it("reads only the settings it uses: a server's settings in the same environment do not stop it", async () => {
+    const out = await mkdtemp(path.join(os.tmpdir(), 'imagegen-cli-'));
+    // A server would refuse these (a public address without keys, a port that is no number).
+    const { stdout } = await imagegenWith({ HOST: '0.0.0.0', PORT: 'abc', API_KEYS: '' }, 'generate', 'a red circle', '--size', '256x256', '--steps', '1', '--seed', '3', '--out', out);
+    expect(stdout.trim()).toBe(path.join(out, 'a-red-circle-3.png'));
+    await expect(imagegenWith({ EXECUTION_PROVIDER: 'tpu' }, 'generate', 'a red circle', '--out', out)).rejects.toMatchObject({ code: 2, stderr: expect.stringContaining('EXECUTION_PROVIDER (--execution-provider)') });
   });
 });

@@ -1,9 +1,11 @@
-import { mkdir, writeFile } from 'node:fs/promises';
+import { access, writeFile } from 'node:fs/promises';
+import { constants } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import type { Command } from 'commander';
 import { pino } from 'pino';
-import { EMBEDDED_MODELS_DIR, loadConfig } from '../config.js';
+import { ConfigError, EMBEDDED_MODELS_DIR, loadModelSettings } from '../config.js';
+import { makeFolder } from '../util/files.js';
 import { IMAGE_FORMATS } from '../runtime/types.js';
 import { ApiError } from '../api/errors.js';
 import { parseGenerationRequest } from '../api/wire.js';
@@ -38,11 +40,31 @@ interface GenerateFlags {
 /** A decimal number as typed, such as 7, -1.5 or 1e3; Number() alone would take '' for 0 and 'abc' for NaN. */
 const NUMBER = /^[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:e[+-]?\d+)?$/i;
 
+/** A flag the user got wrong: the command exits 2, as for flags commander refuses. */
+class UsageError extends Error {}
+
 /** A numeric flag's value, for the request schema to check the range of. */
 function numberFlag(flag: string, value: string | undefined): number | undefined {
   if (value === undefined) return undefined;
-  if (!NUMBER.test(value.trim())) throw new Error(`${flag} takes a number, not '${value}'`);
+  if (!NUMBER.test(value.trim())) throw new UsageError(`${flag} takes a number, not '${value}'`);
   return Number(value);
+}
+
+/** The flag of each request field (where the names differ), for the request's errors. */
+const FLAG_OF_FIELD: Record<string, string> = { output_format: '--format', guidance_scale: '--guidance-scale', negative_prompt: '--negative-prompt' };
+const flagOf = (field: string) => FLAG_OF_FIELD[field] ?? `--${field}`;
+
+/** The output folder, made if need be and checked writable before any work is spent on pictures it could not hold. */
+async function prepareOut(dir: string): Promise<void> {
+  try {
+    if (!dir) throw Object.assign(new Error('no folder named'), { code: 'ENOENT' });
+    await makeFolder(dir);
+    await access(dir, constants.W_OK);
+  } catch (err) {
+    const { code } = err as NodeJS.ErrnoException;
+    const why = code === 'EEXIST' || code === 'ENOTDIR' ? 'is a file, not a folder' : code === 'EACCES' || code === 'EPERM' || code === 'EROFS' ? `cannot be written (${code})` : `cannot be used (${code ?? (err as Error).message})`;
+    throw new UsageError(`--out '${dir}' ${why}: name a folder you may write`);
+  }
 }
 
 /** Writes `<stem>.<ext>`, or `<stem>-2.<ext>`, `-3`... when taken: an earlier picture of the same prompt and seed (other steps, another model) is never overwritten. */
@@ -70,7 +92,7 @@ function slug(prompt: string): string {
 }
 
 async function generateCommand(prompt: string, flags: GenerateFlags): Promise<string[]> {
-  const config = loadConfig({ modelsDir: flags.modelsDir });
+  const config = loadModelSettings({ modelsDir: flags.modelsDir });
   const request = parseGenerationRequest({
     model: flags.model ?? config.defaultModel,
     prompt,
@@ -87,6 +109,7 @@ async function generateCommand(prompt: string, flags: GenerateFlags): Promise<st
     output_format: flags.format,
     response_format: 'b64_json',
   });
+  await prepareOut(flags.out);
   const registry = new ModelRegistry({
     roots: modelRoots(config.modelsDir, EMBEDDED_MODELS_DIR),
     aliases: config.modelAliases,
@@ -103,7 +126,6 @@ async function generateCommand(prompt: string, flags: GenerateFlags): Promise<st
   const runtime = new WorkerRuntime({ runtime: { provider: config.executionProvider, threads: os.availableParallelism() } });
   const stepsPerBatch = batches[0].steps;
   const progress = new Progress(process.stderr, `${model.id} ${batches[0].width}x${batches[0].height}`, batches.length * stepsPerBatch, 0, Date.now, STEPS);
-  await mkdir(flags.out, { recursive: true });
   const fileStem = slug(prompt);
   const { extension } = IMAGE_FORMATS[request.output_format];
   const written: string[] = [];
@@ -149,9 +171,10 @@ export function registerGenerateCommand(program: Command): void {
       try {
         for (const file of await generateCommand(prompt, flags)) console.log(file);
       } catch (err) {
-        const message = err instanceof ApiError ? `invalid request: ${err.message}` : (err as Error).message;
+        // A flag the request schema refuses names the flag; what failed later (a model, a file) exits 1.
+        const message = err instanceof ApiError && err.param ? `${flagOf(err.param)}: ${err.message}` : (err as Error).message;
         console.error(`imagegen generate: ${message}`);
-        process.exitCode = 1;
+        process.exitCode = err instanceof UsageError || err instanceof ApiError || err instanceof ConfigError ? 2 : 1;
       }
     });
 }

@@ -11,7 +11,13 @@ import { registerModelCommands } from './models.js';
 
 const { version } = JSON.parse(readFileSync(new URL('../../package.json', import.meta.url), 'utf8')) as { version: string };
 
-const program = new Command('imagegen').description('Self-hosted OpenAI-compatible image generation (POST /v1/images/generations)').version(version);
+const program = new Command('imagegen')
+  .description('Self-hosted OpenAI-compatible image generation (POST /v1/images/generations)')
+  .version(version)
+  // Every usage error (an unknown flag, a missing argument or option, no command) exits 2, as an invalid
+  // setting does, so that scripts can tell it from a failure of the work (1); help and --version exit 0.
+  // Set before the commands are made: each inherits it.
+  .exitOverride((err) => process.exit(err.exitCode === 0 ? 0 : 2));
 
 const serve = program
   .command('serve')

@@ -1,6 +1,6 @@
 import os from 'node:os';
 import { InvalidArgumentError, Option, type Command } from 'commander';
-import { loadConfig } from '../config.js';
+import { loadModelSettings } from '../config.js';
 import { WorkerRuntime } from '../pipelines/run.js';
 import { DEFAULT_TOLERANCE, verifyGolden } from '../service/golden.js';
 
@@ -19,7 +19,7 @@ interface VerifyFlags {
 function parseTolerance(value: string): number {
   const [, of255] = /^\s*([\d.]+)\s*\/\s*255\s*$/.exec(value) ?? [];
   const t = of255 !== undefined ? Number(of255) / 255 : value.trim() === '' ? NaN : Number(value);
-  // Commander reports this error with the option's name and exits (with 2: see the command's exitOverride).
+  // Commander reports this error with the option's name and exits (with 2, as every usage error: see main.ts).
   if (!Number.isFinite(t) || t < 0 || t > 1) throw new InvalidArgumentError(`It takes a pixel error from 0 to 1, such as ${DEFAULT_TOLERANCE.toFixed(4)} or 1.5/255.`);
   return t;
 }
@@ -29,8 +29,6 @@ export function registerVerifyCommand(models: Command): void {
     .command('verify')
     .description("check a model folder against diffusers' pictures for it: runs each case of a golden file from its starting noise")
     .argument('<dir>', 'model folder (an ONNX export)')
-    // A flag it cannot use exits 2, as a golden file it cannot use does: 1 means a case failed.
-    .exitOverride((err) => process.exit(err.code === 'commander.invalidArgument' ? 2 : err.exitCode))
     .requiredOption('--golden <file>', 'golden file (JSON; see docs/verify.md)')
     .addOption(
       new Option('--tolerance <max_abs>', 'largest pixel error that passes, on a 0..1 scale (fp16 exports: 0.0098)')
@@ -38,14 +36,14 @@ export function registerVerifyCommand(models: Command): void {
         .default(DEFAULT_TOLERANCE, `${DEFAULT_TOLERANCE.toFixed(4)}, 1.5/255: the 8-bit rounding of both pictures`),
     )
     .action(async (dir: string, flags: VerifyFlags) => {
-      const config = loadConfig({});
-      const runtime = new WorkerRuntime({ runtime: { provider: config.executionProvider, threads: os.availableParallelism() } });
       try {
+        const config = loadModelSettings({});
+        const runtime = new WorkerRuntime({ runtime: { provider: config.executionProvider, threads: os.availableParallelism() } });
         const results = await verifyGolden(runtime, dir, flags.golden, flags.tolerance, (r) =>
           console.log(`case ${r.index}: max_abs=${r.maxAbs.toFixed(6)} mean_abs=${r.meanAbs.toFixed(6)} ${r.pass ? 'PASS' : 'FAIL'}`),
         );
         const failed = results.filter((r) => !r.pass).length;
-        console.log(failed ? `${failed} of ${results.length} cases FAIL (tolerance ${flags.tolerance})` : `all ${results.length} cases PASS`);
+        console.log(failed ? `${failed} of ${results.length} cases FAIL (tolerance ${flags.tolerance.toFixed(4)})` : `all ${results.length} cases PASS`);
         if (failed) process.exitCode = 1;
       } catch (err) {
         console.error(`imagegen models verify: ${(err as Error).message}`);
