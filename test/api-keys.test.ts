@@ -80,7 +80,7 @@ describe('credentials in logs', () => {
     const logs = capturedLogs<Record<string, unknown>>();
     const engine = new FakeEngine();
     let ready = false;
-    engine.readiness = () => ({ ready, workers: { total: 1, ready: ready ? 1 : 0 }, models: [] });
+    engine.readiness = () => ({ ready, started: ready, workers: { total: 1, ready: ready ? 1 : 0 }, models: [] });
     const server = await startTestServer({ logger: logs.logger, engine });
     try {
       const secret = 'sk-leaked-in-query-0123456789';

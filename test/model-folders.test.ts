@@ -286,7 +286,7 @@ describe('one verdict for the registry, its log, /ready, "imagegen models list" 
     await app.close();
 
     const starting = new FakeEngine();
-    starting.readiness = (): Readiness => ({ ready: false, workers: { total: 1, ready: 0 }, models: [{ model: 'good', loadedOn: 0, error: `cannot read ${modelsDir}/good/unet/model.onnx` }] });
+    starting.readiness = (): Readiness => ({ ready: false, started: false, workers: { total: 1, ready: 0 }, models: [{ model: 'good', loadedOn: 0, error: `cannot read ${modelsDir}/good/unet/model.onnx` }] });
     const notReady = Fastify();
     await notReady.register(health, { engine: starting, registry });
     const [here, elsewhere] = await Promise.all(['127.0.0.1', '203.0.113.5'].map((remoteAddress) => notReady.inject({ method: 'GET', url: '/ready', remoteAddress })));

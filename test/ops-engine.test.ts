@@ -308,6 +308,37 @@ describe('a worker process that dies', () => {
   });
 });
 
+describe('a pool whose workers die after it started', () => {
+  it('stays ready while one worker is, says it cannot generate (not "starting") when none is, and a request that waited for none is told so', async () => {
+    const clock = fakeClock();
+    const pool = createEnginePool({ workers: 2, queueMax: 4, queueTimeoutMs: 300, executionProvider: 'cpu', preload: [{ dir: DEMO_MODEL_DIR }], clock });
+    const server = await startTestServer({ engine: pool });
+    const readyAnswer = async () => {
+      const res = await fetch(`${server.origin}/ready`);
+      return { status: res.status, message: ((await res.json()) as { error?: { message: string } }).error?.message };
+    };
+    const kill = async (index: number) => {
+      const { pid } = pool.workers()[index];
+      process.kill(pid!, 'SIGKILL');
+      await expect.poll(() => pool.workers()[index].alive, { timeout: 5000, interval: 5 }).toBe(false);
+    };
+    try {
+      await expect.poll(() => pool.readiness().ready, { timeout: 60_000, interval: 10 }).toBe(true);
+      // Unproven, the dead worker's replacement waits for the fake clock: one worker serves meanwhile.
+      await kill(0);
+      expect(pool.readiness()).toMatchObject({ ready: true, workers: { total: 2, ready: 1 } });
+      expect((await readyAnswer()).status).toBe(200);
+      expect(await pool.generate(demoBatch())).toHaveLength(1);
+
+      await kill(1);
+      expect(await readyAnswer()).toEqual({ status: 503, message: expect.stringMatching(/^The server cannot generate right now: 0 of 2 workers are ready/) });
+      await expect(pool.generate(demoBatch())).rejects.toMatchObject({ name: 'QueueTimeoutError', noWorker: true, retryAfterSeconds: 5 });
+    } finally {
+      await server.close(); // and the pool
+    }
+  });
+});
+
 /** A clock that moves only when told to, running what falls due. */
 function fakeClock() {
   let now = 0;

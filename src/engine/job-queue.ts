@@ -26,10 +26,15 @@ export class QueueFullError extends Error {
   }
 }
 
+/** When to try again after no worker was ready to take a job: a worker restarts within seconds, or its backoff says more. */
+const NO_WORKER_RETRY_SECONDS = 5;
+
 export class QueueTimeoutError extends Error {
   constructor(
     readonly waitedSeconds: number,
     readonly retryAfterSeconds: number,
+    /** No job could run at all when it gave up: no worker was ready (starting, or restarting after crashes), not busy ones. */
+    readonly noWorker = false,
   ) {
     super(`the job waited ${waitedSeconds}s without getting a worker`);
     this.name = 'QueueTimeoutError';
@@ -153,7 +158,7 @@ export class JobQueue {
         signal?.addEventListener('abort', onAbort, { once: true });
         const limit = this.options.maxWaitMs;
         if (limit !== undefined && (again || !ticket.started)) {
-          const timer = setTimeout(() => entry.cancel(new QueueTimeoutError(Math.round((performance.now() - queued) / 1000), this.retryAfterSeconds())), limit);
+          const timer = setTimeout(() => entry.cancel(this.timedOut(queued)), limit);
           const forget = again ? () => undefined : ticket.whenStarted(() => clearTimeout(timer));
           disarm = () => (clearTimeout(timer), forget());
         }
@@ -255,6 +260,14 @@ export class JobQueue {
    * When the work ahead of a newcomer (what is left of the running jobs, and the waiting ones, shared
    * among the workers) should be done. Estimates are asked again: they improve as jobs progress.
    */
+  /** The error of a job that waited since `queued` too long. */
+  private timedOut(queued: number): QueueTimeoutError {
+    const waited = Math.round((performance.now() - queued) / 1000);
+    // With no worker to run anything, the work ahead says nothing of when one will be back.
+    if (this.concurrency === 0) return new QueueTimeoutError(waited, NO_WORKER_RETRY_SECONDS, true);
+    return new QueueTimeoutError(waited, this.retryAfterSeconds());
+  }
+
   private retryAfterSeconds(): number {
     const now = performance.now();
     let left = 0;

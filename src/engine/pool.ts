@@ -110,8 +110,13 @@ export interface EngineMetrics {
 export type BatchOutcome = 'completed' | 'cancelled' | 'failed' | 'worker_died';
 
 export interface Readiness {
-  /** Every worker is up and has loaded every model to preload. */
+  /**
+   * Every worker is up and has loaded every model to preload; or, once that was so (`started`), at least
+   * one worker has: a server whose other workers crash and restart still serves, at less speed.
+   */
   ready: boolean;
+  /** The pool has been ready with all its workers once: it is past starting. */
+  started: boolean;
   workers: { total: number; ready: number };
   /** The models to preload: on how many workers each has loaded (it may since have been evicted, and loads again on use), and why its last load failed. */
   models: { model: string; loadedOn: number; error?: string }[];
@@ -200,6 +205,8 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
   const readyWorkers = () => workers().filter((w) => w.ready);
   const loadErrors = new Map<string, string>();
   let startFailure: string | undefined;
+  /** See Readiness.started. */
+  let started = false;
   let closing = false;
 
   const listener: WorkerListener = {
@@ -243,15 +250,16 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
       }
       queue.setConcurrency(readyWorkers().length);
     },
-    exit(worker, reason) {
+    exit(worker, reason, hadBatch) {
       memory.release(worker);
       queue.setConcurrency(readyWorkers().length);
       const wasProven = proven(worker);
       const wasReady = readyAt.delete(worker);
       if (closing) return;
       const slot = slots.indexOf(worker);
-      restartLater(slot, wasProven, `worker process ${reason}`, worker.pid);
+      restartLater(slot, wasProven, `worker process ${reason}${hadBatch ? '' : ' while idle'}`, worker.pid, hadBatch);
       if (!wasReady) startFailure = `a worker process ${reason} before it was ready (${failedStarts[slot]} time${failedStarts[slot] === 1 ? '' : 's'} in a row; the server log says more)`;
+      else if (!wasProven) startFailure = `a worker process ${reason} soon after it was ready (the server log says more)`;
     },
   };
 
@@ -267,10 +275,10 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
     }
   }
 
-  function restartLater(slot: number, wasProven: boolean, reason: string, pid?: number): void {
+  function restartLater(slot: number, wasProven: boolean, reason: string, pid?: number, hadBatch = false): void {
     if (wasProven) failedStarts[slot] = 0;
     const delay = wasProven ? 0 : Math.min(RESTART_BACKOFF_MS.max, RESTART_BACKOFF_MS.first * 2 ** failedStarts[slot]++);
-    logger?.error({ worker: slot, pid, reason, restartInMs: delay }, `${reason}; starting a replacement (requests it was running fail with 500)`);
+    logger?.error({ worker: slot, pid, reason, restartInMs: delay }, `${reason}; starting a replacement${hadBatch ? ' (the requests of its batch fail with 500)' : ''}`);
     metrics?.workerReplaced();
     const cancel = clock.after(delay, () => {
       restarts.delete(cancel);
@@ -366,8 +374,11 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
         loadedOn: live.filter((w) => w.loadedOnce.has(dir)).length,
         ...(loadErrors.has(dir) && { error: loadErrors.get(dir) }),
       }));
+      const full = ready === options.workers && models.every((m) => m.loadedOn === options.workers);
+      started ||= full;
       return {
-        ready: ready === options.workers && models.every((m) => m.loadedOn === options.workers),
+        ready: full || (started && ready > 0 && models.every((m) => m.loadedOn > 0)),
+        started,
         workers: { total: options.workers, ready },
         models,
         ...(startFailure !== undefined && { startFailure }),

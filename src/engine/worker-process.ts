@@ -26,6 +26,8 @@ export class WorkerDiedError extends Error {
     readonly reason: string,
     readonly batchStarted = true,
     readonly killedBySystem = false,
+    /** The signal that ended it, if one did. */
+    readonly signal?: NodeJS.Signals,
   ) {
     super(`the worker process running the batch ${reason}`);
     this.name = 'WorkerDiedError';
@@ -36,8 +38,8 @@ export class WorkerDiedError extends Error {
 export interface WorkerListener {
   /** Model loads, their memory and readiness, and its batches' memory plans, as the worker reports them. */
   event(worker: WorkerProcess, message: Extract<FromWorker, { type: 'model-loaded' | 'model-load-failed' | 'model-memory' | 'ready' | `memory-${string}` }>): void;
-  /** The process ended; `reason` says how, for logs. Called once, after the running batch (if any) failed. */
-  exit(worker: WorkerProcess, reason: string): void;
+  /** The process ended; `reason` says how, for logs; `hadBatch`: it was running one, which failed. Called once, after that batch failed. */
+  exit(worker: WorkerProcess, reason: string, hadBatch: boolean): void;
 }
 
 interface Task {
@@ -95,7 +97,7 @@ export class WorkerProcess implements MemoryClaimant {
     // process ended is not taken for a crash.
     this.exited = new Promise((resolve) =>
       this.child.once('close', (code: number | null, signal: NodeJS.Signals | null) => {
-        this.died(this.killedBecause ?? describeExit(code, signal), signal === 'SIGKILL' && this.killedBecause === undefined);
+        this.died(this.killedBecause ?? describeExit(code, signal), signal === 'SIGKILL' && this.killedBecause === undefined, signal ?? undefined);
         resolve();
       }),
     );
@@ -202,13 +204,13 @@ export class WorkerProcess implements MemoryClaimant {
     return task;
   }
 
-  private died(reason: string, killedBySystem = false): void {
+  private died(reason: string, killedBySystem = false, signal?: NodeJS.Signals): void {
     if (!this.alive) return;
     this.alive = false;
     this.ready = false;
     const task = this.finish();
-    task?.reject(new WorkerDiedError(reason, task.started, killedBySystem));
-    this.listener.exit(this, reason);
+    task?.reject(new WorkerDiedError(reason, task.started, killedBySystem, signal));
+    this.listener.exit(this, reason, task !== undefined);
   }
 
   /** A message the dead process cannot take is dropped: its exit is handled by died(). */

@@ -8,7 +8,8 @@ import { sendError } from './errors.js';
 /**
  * Probes for load balancers and orchestrators, no key needed, answered while workers are busy.
  * /health: the process is alive. /ready: it can generate now, i.e. every worker is up and has loaded
- * the models to preload, and the image store can be used (a bucket that cannot be reached says so);
+ * the models to preload (once that was so, one such worker is enough: others crashing and restarting
+ * slow the server but do not stop it), and the image store can be used (a bucket that cannot be reached says so);
  * until then 503 with Retry-After, so traffic goes elsewhere meanwhile. A ready
  * server also lists the model folders it skips, with the reason the log and `imagegen models list` give:
  * an operator who installed a model that never appears finds out why from the probe.
@@ -32,13 +33,16 @@ export interface HealthOptions {
 /** Seconds a probe should wait before asking again: loading a model takes a few. */
 const RETRY_AFTER_SECONDS = 5;
 
-function notReady({ workers, models, startFailure }: Readiness): ApiError {
+/** What a not-ready server cannot do, before the reasons: a server past starting lost its workers. */
+const cannot = (started: boolean) => (started ? 'The server cannot generate right now' : 'The server is starting and cannot generate yet');
+
+function notReady({ workers, models, startFailure, started }: Readiness): ApiError {
   const failed = models.find((m) => m.error);
   const loading = models.filter((m) => m.loadedOn < workers.total).map((m) => `'${m.model}'`);
   const why = failed
     ? `model '${failed.model}' failed to load: ${failed.error}`
     : `${workers.ready} of ${workers.total} workers are ready${loading.length ? `, loading ${loading.join(', ')}` : ''}${startFailure ? `; ${startFailure}` : ''}`;
-  return new ApiError(503, `The server is starting and cannot generate yet: ${why}.`, {
+  return new ApiError(503, `${cannot(started)}: ${why}.`, {
     code: 'not_ready',
     headers: { 'retry-after': String(RETRY_AFTER_SECONDS) },
   });
@@ -72,7 +76,7 @@ const isLocalPeer = (ip: string) => ip === '::1' || /^(::ffff:)?127\./.test(ip);
 
 /** What a peer elsewhere is told instead of `error`'s reasons: the same status, code and headers. */
 function withoutReasons(error: ApiError): ApiError {
-  const what = error.code === 'storage_unavailable' ? 'The image store cannot be used' : 'The server is starting and cannot generate yet';
+  const what = error.code === 'storage_unavailable' ? 'The image store cannot be used' : error.message.slice(0, error.message.indexOf(':'));
   return new ApiError(error.status, `${what}; the server's log says why (as does /ready asked from the server's own machine).`, { code: error.code, headers: error.headers });
 }
 

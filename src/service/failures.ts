@@ -28,7 +28,9 @@ export function engineError(err: unknown, model: string): unknown {
   if (err instanceof QueueTimeoutError) {
     return new ApiError(
       503,
-      `The server is overloaded: this request waited ${err.waitedSeconds}s for a free worker without getting one. Please try again in ${err.retryAfterSeconds}s.`,
+      err.noWorker
+        ? `The server cannot generate right now: this request waited ${err.waitedSeconds}s and no worker process was ready to take it (they are starting, or restarting after crashing; /ready and the server's log say why). Please try again in ${err.retryAfterSeconds}s.`
+        : `The server is overloaded: this request waited ${err.waitedSeconds}s for a free worker without getting one. Please try again in ${err.retryAfterSeconds}s.`,
       { code: 'queue_timeout', headers: { 'retry-after': String(err.retryAfterSeconds) } },
     );
   }
@@ -41,12 +43,12 @@ export function engineError(err: unknown, model: string): unknown {
     );
   }
   if (err instanceof WorkerDiedError) {
-    return new ApiError(
-      500,
-      `The worker process generating this image ${err.reason}; it has been replaced. ` +
-        'Retrying may succeed; if it keeps failing, ask for a smaller size or fewer images.',
-      { code: 'worker_crashed', cause: err },
-    );
+    // SIGBUS: a memory-mapped file the worker read (a model's weights) shrank under it, replaced or cut
+    // short in place; size and count have nothing to do with it.
+    const advice = err.signal === 'SIGBUS'
+      ? `A model file it had loaded was probably changed or cut short in place: the server's operator should replace model '${model}' only by installing it anew ("imagegen models import --force", which swaps the folder whole), never by copying over its files.`
+      : 'Retrying may succeed; if it keeps failing, ask for a smaller size or fewer images.';
+    return new ApiError(500, `The worker process generating this image ${err.reason}; it has been replaced. ${advice}`, { code: 'worker_crashed', cause: err });
   }
   if (err instanceof QueueClosedError) return ApiError.shuttingDown();
   // Installed and usable when the request came; since then removed, or found damaged as it loaded

@@ -90,7 +90,7 @@ export class FakeEngine implements EnginePool {
   }
 
   readiness(): Readiness {
-    return { ready: true, workers: { total: 1, ready: 1 }, models: [] };
+    return { ready: true, started: true, workers: { total: 1, ready: 1 }, models: [] };
   }
 
   /** It draws without loading models. */

@@ -1,0 +1,24 @@
+import { describe, expect, it } from 'vitest';
+import { ApiError } from '../src/api/errors.js';
+import { QueueTimeoutError } from '../src/engine/job-queue.js';
+import { WorkerDiedError } from '../src/engine/worker-process.js';
+import { engineError } from '../src/service/failures.js';
+
+/** The engine's failures as clients read them: the advice has to fit the cause. */
+describe('engineError', () => {
+  it('tells a worker killed by SIGBUS (a loaded model file changed under it) to reinstall the model, not to ask for less', () => {
+    const bus = engineError(new WorkerDiedError('crashed (SIGBUS)', true, false, 'SIGBUS'), 'sd15') as ApiError;
+    expect([bus.status, bus.code]).toEqual([500, 'worker_crashed']);
+    expect(bus.message).toMatch(/crashed \(SIGBUS\); it has been replaced\. A model file it had loaded was probably changed or cut short in place: .*model 'sd15' only by installing it anew \("imagegen models import --force"/);
+    expect(bus.message).not.toMatch(/smaller size/);
+    const segv = engineError(new WorkerDiedError('crashed (SIGSEGV)', true, false, 'SIGSEGV'), 'sd15') as ApiError;
+    expect(segv.message).toMatch(/Retrying may succeed; if it keeps failing, ask for a smaller size or fewer images\.$/);
+  });
+
+  it('says a request that waited while no worker was ready was not refused for load', () => {
+    const none = engineError(new QueueTimeoutError(120, 5, true), 'm') as ApiError;
+    expect([none.status, none.code, none.headers['retry-after']]).toEqual([503, 'queue_timeout', '5']);
+    expect(none.message).toMatch(/^The server cannot generate right now: this request waited 120s and no worker process was ready/);
+    expect((engineError(new QueueTimeoutError(120, 9), 'm') as ApiError).message).toMatch(/^The server is overloaded/);
+  });
+});
