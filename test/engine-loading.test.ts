@@ -39,7 +39,7 @@ describe('model folders', () => {
   it('names the component that cannot be loaded', async () => {
     const dir = await copyOfReference('sd15-optimum');
     await writeFile(path.join(dir, 'vae_decoder', 'model.onnx'), 'not an onnx file');
-    await expect(loadPipeline(dir, { provider: 'cpu', threads: 1 })).rejects.toThrow(/cannot load .*vae_decoder[/\\]model\.onnx/);
+    await expect(loadPipeline(dir, { provider: 'cpu', threads: 1 })).rejects.toThrow(/vae_decoder[/\\]model\.onnx is cut short or is not an ONNX graph/);
   });
 
   it('loads external weight files (weights.pb, model.onnx_data) next to the graph', async () => {

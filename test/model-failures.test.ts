@@ -9,7 +9,7 @@ import { referenceModel } from './helpers/reference.js';
 
 /**
  * A model that was installed and usable when its request came, and is not by the time a worker loads
- * it: damaged on disk (a graph cut short, which the folder's inspection cannot see without parsing it)
+ * it: damaged on disk (a graph cut short after the scan that found it whole)
  * or removed. The client learns which, instead of a bare 500.
  */
 
@@ -32,7 +32,7 @@ describe('a model that cannot be loaded when its request runs', () => {
     const err = await apiError(generate('damaged'));
     expect({ status: err.status, type: err.type, code: err.code }).toEqual({ status: 500, type: 'server_error', code: 'model_unusable' });
     const { message } = err.error as { message: string };
-    expect(message).toMatch(/^The model 'damaged' is installed but could not be loaded: cannot load text_encoder\/model\.onnx: .+ Other models still work/);
+    expect(message).toMatch(/^The model 'damaged' is installed but could not be loaded: text_encoder\/model\.onnx is cut short or is not an ONNX graph .*: copy it again from the export\. Other models still work/);
     expect(message).not.toContain(real.root);
     expect(err.headers?.get('x-should-retry')).toBe('false');
     // The other models are unaffected.

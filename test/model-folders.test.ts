@@ -56,7 +56,7 @@ describe('external weights under each exporter\'s name', () => {
       const unet = path.join(dir, 'unet', 'model.onnx');
       await renameExternalData(unet, name);
       const weights = (await stat(path.join(dir, 'unet', name))).size;
-      expect(await externalDataFiles(unet)).toEqual([{ location: name, bytesNeeded: weights }]);
+      expect(await externalDataFiles(unet)).toEqual({ files: [{ location: name, bytesNeeded: weights }], damage: undefined });
 
       const verdict = await inspectModelFolder(dir);
       if (!verdict.usable) throw new Error(verdict.reason);
@@ -78,7 +78,7 @@ describe('external weights under each exporter\'s name', () => {
     for (const name of REAL_EXPORT_NAMES) {
       const verdict = await inspectModelFolder(realExport(name));
       expect(verdict.usable ? name : `${name}: ${verdict.reason}`).toBe(name);
-      if (verdict.usable) expect(await externalDataFiles(verdict.layout.denoiser)).toEqual([]);
+      if (verdict.usable) expect(await externalDataFiles(verdict.layout.denoiser)).toEqual({ files: [], damage: undefined });
     }
   });
 });
@@ -96,6 +96,15 @@ describe('folders the server cannot run', () => {
     const optimum = await copyOfReference('sd15-optimum');
     await rm(path.join(optimum, 'unet', 'model.onnx_data'));
     expect(reasonOf(await inspectModelFolder(optimum))).toMatch(/keeps its weights in unet\/model\.onnx_data, which is missing/);
+  });
+
+  it('names a graph that is cut short or is no protobuf, rather than calling the folder usable until a request loads it', async () => {
+    const dir = await copyOfReference('sd-turbo');
+    const unet = path.join(dir, 'unet', 'model.onnx');
+    await truncate(unet, Math.floor((await stat(unet)).size / 2));
+    expect(reasonOf(await inspectModelFolder(dir))).toMatch(/^unet\/model\.onnx is cut short or is not an ONNX graph \(a field runs past the end of its message\): copy it again from the export$/);
+    await writeFile(unet, Buffer.from([0x0f, 0x0f, 0x0f, 0x0f]));
+    expect(reasonOf(await inspectModelFolder(dir))).toMatch(/^unet\/model\.onnx is cut short or is not an ONNX graph \(not a protobuf message/);
   });
 
   it('recognises TensorRT engines and says to export ONNX instead; installs leave engine files out', async () => {

@@ -57,11 +57,13 @@ async function externalEntries(reader: WireReader, tensorEnd: number): Promise<M
 }
 
 /**
- * The external files the initializers of `onnxFile` read. A file that is not a protobuf, or is cut
- * short, gives what was found before the damage: loading it names the damage better.
+ * The external files the initializers of `onnxFile` read, and, where the walk found the file is no
+ * protobuf or is cut short (a field running past its end), what is wrong: onnxruntime would refuse it
+ * only when a request loads it ("Protobuf parsing failed").
  */
-export async function externalDataFiles(onnxFile: string): Promise<ExternalDataFile[]> {
+export async function externalDataFiles(onnxFile: string): Promise<{ files: ExternalDataFile[]; damage?: string }> {
   const needed = new Map<string, number>();
+  let damage: string | undefined;
   const file = await open(onnxFile);
   try {
     const reader = new WireReader(fileSource(file));
@@ -76,20 +78,23 @@ export async function externalDataFiles(onnxFile: string): Promise<ExternalDataF
     }
   } catch (err) {
     if (!(err instanceof WireFormatError)) throw err;
+    damage = err.message;
   } finally {
     await file.close();
   }
-  return [...needed].map(([location, bytesNeeded]) => ({ location, bytesNeeded }));
+  return { files: [...needed].map(([location, bytesNeeded]) => ({ location, bytesNeeded })), damage };
 }
 
 /**
- * Why the graph `onnxFile` cannot load for want of its external weights (paths relative to the model
- * folder `root`), or undefined when they are all there in full.
+ * Why the graph `onnxFile` cannot load, damaged itself or for want of its external weights (paths
+ * relative to the model folder `root`), or undefined when it and they are all there in full.
  */
 export async function externalDataProblem(onnxFile: string, root: string): Promise<string | undefined> {
   const graph = path.relative(root, onnxFile);
+  const { files, damage } = await externalDataFiles(onnxFile);
+  if (damage) return `${graph} is cut short or is not an ONNX graph (${damage}): copy it again from the export`;
   const problems: string[] = [];
-  for (const { location, bytesNeeded } of await externalDataFiles(onnxFile)) {
+  for (const { location, bytesNeeded } of files) {
     const weights = path.resolve(path.dirname(onnxFile), location);
     const name = path.relative(root, weights);
     const size = (await stat(weights).catch(() => undefined))?.size;
