@@ -438,5 +438,11 @@ describe('the imagegen CLI', () => {
     figures.record(path.resolve(modelsDir, 'turbo'), { weightsBytes: 1.5 * 2 ** 30, peakBytes: 2 ** 30, peakPixels: 2 ** 20 });
     await figures.flushed();
     expect(await list()).toMatch(/\nturbo\s+sd\/sd-turbo\s+\d+\.\d [KM]iB\s+1\.5 GiB \+ 1\.0 GiB at 1\.0 MP\s+ok\n$/);
+    // A mistyped folder is no empty one.
+    const missing = path.join(modelsDir, 'no-such-folder');
+    await expect(execFileAsync('npx', ['tsx', 'src/cli/main.ts', 'models', 'list', '--models-dir', missing], { cwd: fileURLToPath(new URL('..', import.meta.url)) })).rejects.toMatchObject({
+      code: 1,
+      stderr: expect.stringContaining(`error: ${missing} is not there (ENOENT): pass the folder the server reads models from`),
+    });
   });
 });

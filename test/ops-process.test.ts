@@ -115,6 +115,9 @@ describe('a server that cannot start', () => {
     expect(taken).toMatch(new RegExp(`exited with 1 before listening:\\nimagegen serve cannot start: port ${port} on 127\\.0\\.0\\.1 is already in use.*set PORT to a free port`));
     expect(taken).not.toMatch(/\n\s+at /);
     expect(await failure({ TLS_CERT: '/nonexistent/cert.pem', TLS_KEY: '/nonexistent/key.pem' })).toMatch(/cannot start: \/nonexistent\/cert\.pem does not exist: check the setting naming it \(TLS_CERT/);
+    const notPem = path.join(root, 'not-a-certificate.txt');
+    await writeFile(notPem, 'hello');
+    expect(await failure({ TLS_CERT: notPem, TLS_KEY: notPem })).toMatch(/cannot start: TLS_CERT \(.*not-a-certificate\.txt\) and TLS_KEY \(.*\) cannot be used: .*PEM.*They must be the PEM certificate/);
     expect(await failure({ BODY_LIMIT: '0' })).toMatch(/exited with 2 before listening:[^]*BODY_LIMIT \(--body-limit\): expected at least 1 byte/);
   });
 });

@@ -78,6 +78,10 @@ function startupProblem(err: NodeJS.ErrnoException, config: Config): string {
     case 'EEXIST':
       return `${file} cannot be used as a writable folder (${err.code}): set DATA_DIR to a folder the server may write.`;
     default:
+      // OpenSSL's errors (a file that is no PEM, a key that does not match the certificate) name neither file.
+      if (err.code?.startsWith('ERR_OSSL')) {
+        return `TLS_CERT (${config.tlsCert}) and TLS_KEY (${config.tlsKey}) cannot be used: ${err.message}. They must be the PEM certificate (chain) and its private key.`;
+      }
       return err.message ?? String(err);
   }
 }

@@ -1,4 +1,5 @@
 import { formatBytes } from '../util/bytes.js';
+import { stat } from 'node:fs/promises';
 import path from 'node:path';
 import { Command, Option } from 'commander';
 import { envName } from '../config.js';
@@ -159,6 +160,11 @@ export function registerModelCommands(program: Command): void {
     .action(
       reporting(async (flags: CommonFlags & { dataDir: string }) => {
         const modelsDir = modelsDirOf(flags);
+        // A mistyped folder is not an empty one: say so, rather than "no models".
+        const folder = await stat(modelsDir).catch((err: NodeJS.ErrnoException) => err);
+        if (folder instanceof Error || !folder.isDirectory()) {
+          throw new ModelInstallError(`${modelsDir} is ${folder instanceof Error ? `not there (${folder.code})` : 'a file, not a folder'}: pass the folder the server reads models from (--models-dir or ${MODELS_DIR})`);
+        }
         const memory = await readMemoryFigures(flags.dataDir);
         const rows = (await listModels(modelsDir)).map((model) => [
           model.id,
