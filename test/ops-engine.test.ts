@@ -308,6 +308,22 @@ describe('a worker process that dies', () => {
   });
 });
 
+describe('a worker that hangs while it starts', () => {
+  it('is killed once it goes its stall timeout (WORKER_STALL_TIMEOUT_SECONDS, at least a minute) without loading a model or becoming ready, and /ready says why', async () => {
+    const clock = fakeClock();
+    const pool = createEnginePool({ workers: 1, queueMax: 4, executionProvider: 'cpu', preload: [{ dir: DEMO_MODEL_DIR }], startStallTimeoutMs: 1000, clock });
+    const [{ pid }] = pool.workers();
+    // Stopped before it could load anything, as a deadlock in native code would hold it.
+    process.kill(pid!, 'SIGSTOP');
+    try {
+      await expect.poll(() => pool.readiness().startFailure, { timeout: 10_000, interval: 20 }).toMatch(/^a worker process made no progress for 1 s while starting \(loading its models\) and was killed before it was ready/);
+      expect(() => process.kill(pid!, 0)).toThrow(/ESRCH/);
+    } finally {
+      await pool.close();
+    }
+  });
+});
+
 describe('a pool whose workers die after it started', () => {
   it('stays ready while one worker is, says it cannot generate (not "starting") when none is, and a request that waited for none is told so', async () => {
     const clock = fakeClock();

@@ -64,6 +64,12 @@ export interface EnginePoolOptions {
    * failing the batch: a deadlock in native code would otherwise hold its requests forever. 0 = never.
    */
   stallTimeoutMs?: number;
+  /**
+   * The same for a worker that is starting: it is killed once it goes this long without loading a model
+   * or becoming ready. Default: stallTimeoutMs, but at least START_STALL_MIN_MS (booting Node and
+   * onnxruntime is no progress it reports); 0 with a stallTimeoutMs of 0.
+   */
+  startStallTimeoutMs?: number;
   /** How long close() lets a worker finish stopping (e.g. a model load) before killing it; default 5 s. */
   stopGraceMs?: number;
   /** Where the models' measured memory is kept across workers and restarts. */
@@ -166,6 +172,8 @@ export class WorkerOutOfMemoryError extends Error {
  * spin, reloading models as fast as it can.
  */
 const RESTART_BACKOFF_MS = { first: 1000, max: 30_000 };
+/** The least a starting worker gets between signs of progress (see EnginePoolOptions.startStallTimeoutMs). */
+const START_STALL_MIN_MS = 60_000;
 const STABLE_MS = 60_000;
 
 export function createEnginePool(options: EnginePoolOptions): WorkerPool {
@@ -205,6 +213,13 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
   const readyWorkers = () => workers().filter((w) => w.ready);
   const loadErrors = new Map<string, string>();
   let startFailure: string | undefined;
+  /**
+   * The watchdogs of workers not yet ready: one that neither loads a model nor says anything for the
+   * stall timeout is hung (a deadlock in native code while loading) and would hold the server "starting" for good.
+   */
+  const starting = new Map<WorkerProcess, { progress(): void; stop(): void }>();
+  const stallMs = options.stallTimeoutMs ?? 0;
+  const startStallMs = options.startStallTimeoutMs ?? (stallMs > 0 ? Math.max(stallMs, START_STALL_MIN_MS) : 0);
   /** See Readiness.started. */
   let started = false;
   let closing = false;
@@ -212,8 +227,11 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
   const listener: WorkerListener = {
     event(worker, message) {
       const slot = slots.indexOf(worker);
+      starting.get(worker)?.progress();
       switch (message.type) {
         case 'ready':
+          starting.get(worker)?.stop();
+          starting.delete(worker);
           startFailure = undefined;
           readyAt.set(worker, clock.now());
           logger?.info({ worker: slot, pid: worker.pid }, 'worker ready');
@@ -251,6 +269,8 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
       queue.setConcurrency(readyWorkers().length);
     },
     exit(worker, reason, hadBatch) {
+      starting.get(worker)?.stop();
+      starting.delete(worker);
       memory.release(worker);
       queue.setConcurrency(readyWorkers().length);
       const wasProven = proven(worker);
@@ -267,7 +287,9 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
     const deviceId = cudaDevices[slot % cudaDevices.length];
     try {
       const knownMemory = options.memoryFigures?.all() ?? {};
-      slots[slot] = new WorkerProcess({ type: 'init', engine: { ...engine, runtime: { ...engine.runtime!, deviceId }, knownMemory }, preload, nice: options.workerNice ?? 0 }, listener);
+      const worker = new WorkerProcess({ type: 'init', engine: { ...engine, runtime: { ...engine.runtime!, deviceId }, knownMemory }, preload, nice: options.workerNice ?? 0 }, listener);
+      slots[slot] = worker;
+      starting.set(worker, stallWatchdog(worker, startStallMs, ' while starting (loading its models)'));
     } catch (err) {
       const reason = `worker process could not be started (${(err as Error).message})`;
       restartLater(slot, false, reason);
@@ -288,13 +310,12 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
   }
   for (let slot = 0; slot < options.workers; slot++) startWorker(slot);
 
-  /** Kills `worker` once it goes stallTimeoutMs without progress(), not counting time it waits for memory. */
-  function stallWatchdog(worker: WorkerProcess): { progress(): void; stop(): void } {
-    const limit = options.stallTimeoutMs ?? 0;
+  /** Kills `worker` once it goes `limit` ms without progress(), not counting time it waits for memory; `doing` says what it was at, for the kill's reason. */
+  function stallWatchdog(worker: WorkerProcess, limit = options.stallTimeoutMs ?? 0, doing = ''): { progress(): void; stop(): void } {
     let timer: NodeJS.Timeout | undefined;
     const progress = () => {
       clearTimeout(timer);
-      if (limit > 0) timer = setTimeout(() => (memory.isWaiting(worker) ? progress() : worker.kill(`made no progress for ${limit / 1000} s and was killed`)), limit);
+      if (limit > 0) timer = setTimeout(() => (memory.isWaiting(worker) ? progress() : worker.kill(`made no progress for ${limit / 1000} s${doing} and was killed`)), limit);
     };
     progress();
     return { progress, stop: () => clearTimeout(timer) };
