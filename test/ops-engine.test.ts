@@ -67,10 +67,15 @@ describe('one busy worker', () => {
     await whenRunning(ops.server);
     // Past its first step (which also holds the text encoders and first allocations), so that its progress has a rate to tell.
     await expect.poll(() => ops.server.engine.workers().find((w) => w.busy)?.step ?? 0, { timeout: 30_000, interval: 5 }).toBeGreaterThanOrEqual(2);
+    const waitsBefore = await scrape(ops.server.url);
     const waiting = performance.now();
     const late = await generate(ops.baseURL, { size: '256x256' });
     const waited = performance.now() - waiting;
     expectError(late, 503, 'server_error', 'queue_timeout');
+    // Its wait shows in the histogram of queue waits, as a started job's does.
+    const waitsAfter = await scrape(ops.server.url);
+    expect(metric(waitsAfter, 'imagegen_queue_wait_seconds_count')! - metric(waitsBefore, 'imagegen_queue_wait_seconds_count')!).toBe(1);
+    expect(metric(waitsAfter, 'imagegen_queue_wait_seconds_sum')! - metric(waitsBefore, 'imagegen_queue_wait_seconds_sum')!).toBeGreaterThanOrEqual(0.95);
     expect(late.body.error!.message).toMatch(/waited 1s for a free worker/);
     expect(Number(late.headers.get('retry-after'))).toBeGreaterThanOrEqual(1);
     expect(waited).toBeGreaterThanOrEqual(950);

@@ -11,7 +11,7 @@ describe('JobQueue waiting limits', () => {
     vi.useFakeTimers();
     try {
       const waits: number[] = [];
-      const queue = new JobQueue(1, 4, { maxWaitMs: 2000, onStart: (ms) => waits.push(ms) });
+      const queue = new JobQueue(1, 4, { maxWaitMs: 2000, onWaited: (ms) => waits.push(ms) });
       void queue.run(forever);
       const waiting = queue.run(async () => 'never').catch((e: unknown) => e);
       await vi.advanceTimersByTimeAsync(1999);
@@ -22,7 +22,8 @@ describe('JobQueue waiting limits', () => {
       expect(err.waitedSeconds).toBe(2);
       expect(err.retryAfterSeconds).toBeGreaterThanOrEqual(1);
       expect(queue.load()).toEqual({ running: 1, queued: 0 });
-      expect(waits).toEqual([0]);
+      // The running job's wait (none), and the one that gave up after its 2 s.
+      expect(waits).toEqual([0, 2000]);
     } finally {
       vi.useRealTimers();
     }

@@ -107,8 +107,8 @@ export interface JobQueueOptions {
   maxWaitMs?: number;
   /** Most estimated seconds of work that may wait per unit of concurrency before new requests are refused. */
   maxQueuedSeconds?: number;
-  /** Told how long each job waited before it started (for metrics). */
-  onStart?(waitedMs: number): void;
+  /** Told how long each job waited, until it started or gave up at maxWaitMs (for metrics). */
+  onWaited?(waitedMs: number): void;
 }
 
 interface Entry {
@@ -176,7 +176,7 @@ export class JobQueue {
           leave();
           ticket.begin();
           const started = performance.now();
-          this.options.onStart?.(started - queued);
+          this.options.onWaited?.(started - queued);
           this.began(entry);
           job()
             .then(resolve, (err: unknown) => {
@@ -262,6 +262,7 @@ export class JobQueue {
    */
   /** The error of a job that waited since `queued` too long. */
   private timedOut(queued: number): QueueTimeoutError {
+    this.options.onWaited?.(performance.now() - queued);
     const waited = Math.round((performance.now() - queued) / 1000);
     // With no worker to run anything, the work ahead says nothing of when one will be back.
     if (this.concurrency === 0) return new QueueTimeoutError(waited, NO_WORKER_RETRY_SECONDS, true);

@@ -196,7 +196,7 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
   const queue = new JobQueue(0, options.queueMax, {
     maxWaitMs: options.queueTimeoutMs,
     maxQueuedSeconds: options.queueMaxSeconds,
-    onStart: (ms) => metrics?.queueWait(ms / 1000),
+    onWaited: (ms) => metrics?.queueWait(ms / 1000),
   });
   const costs = new CostModel();
 

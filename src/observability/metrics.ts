@@ -39,7 +39,7 @@ export class Metrics implements EngineMetrics {
   });
   private readonly queueWaitSeconds = new Histogram({
     name: 'imagegen_queue_wait_seconds',
-    help: 'Time generation jobs waited for a worker',
+    help: 'Time generation jobs waited for a worker, until they started or gave up (queue_timeout)',
     buckets: DURATION_BUCKETS,
     registers: [this.registry],
   });
