@@ -1,4 +1,5 @@
 import { readFile } from 'node:fs/promises';
+import { createSecureContext } from 'node:tls';
 import path from 'node:path';
 import type { FastifyInstance } from 'fastify';
 import type { Logger } from 'pino';
@@ -37,6 +38,9 @@ export interface ServerOverrides {
 }
 
 export async function startServer(config: Config, logger: Logger, { clock }: ServerOverrides = {}): Promise<RunningServer> {
+  // Read and checked first: a file that is missing or no PEM stops the start before any worker process is started.
+  const tls = config.tlsCert && config.tlsKey ? { cert: await readFile(config.tlsCert), key: await readFile(config.tlsKey) } : undefined;
+  if (tls) createSecureContext(tls);
   const store = await openImageStore(
     {
       kind: config.store,
@@ -98,7 +102,6 @@ export async function startServer(config: Config, logger: Logger, { clock }: Ser
     metrics,
   });
   metrics.watch({ queue: () => engine.load(), workers: () => engine.readiness().workers, modelsHeld: () => engine.modelsHeld(), store: () => store.stats() });
-  const tls = config.tlsCert && config.tlsKey ? { cert: await readFile(config.tlsCert), key: await readFile(config.tlsKey) } : undefined;
   const app = buildApp({ config, registry, engine, store, metrics, logger, tls, rates, slots });
   const close = async () => {
     await app.close();

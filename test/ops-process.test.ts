@@ -1,4 +1,6 @@
 import { readdir, readFile, rm, utimes, writeFile } from 'node:fs/promises';
+import { execFileSync } from 'node:child_process';
+import { get } from 'node:https';
 import { connect } from 'node:net';
 import path from 'node:path';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
@@ -191,5 +193,32 @@ describe('HOST and SIGHUP', () => {
     await expect.poll(() => server!.log.some((line) => line.includes('SIGHUP: there are no API keys to reload'))).toBe(true);
     expect((await fetch(`${server.origin}/health`)).status).toBe(200);
     expect(server.child.exitCode).toBeNull();
+  });
+});
+
+/** openssl makes the test's certificate; where it is missing, the HTTPS test says so and skips. */
+const haveOpenssl = (() => {
+  try {
+    execFileSync('openssl', ['version'], { stdio: 'ignore' });
+    return true;
+  } catch {
+    return false;
+  }
+})();
+
+describe.skipIf(!haveOpenssl)('HTTPS (needs openssl to make a certificate)', () => {
+  it('serves TLS_CERT and TLS_KEY as HTTPS', async () => {
+    const [cert, key] = [path.join(root, 'cert.pem'), path.join(root, 'key.pem')];
+    execFileSync('openssl', ['req', '-x509', '-newkey', 'rsa:2048', '-nodes', '-keyout', key, '-out', cert, '-days', '1', '-subj', '/CN=localhost'], { stdio: 'ignore' });
+    server = await spawnIn(root, { env: { TLS_CERT: cert, TLS_KEY: key } });
+    expect(server.origin).toMatch(/^https:\/\/127\.0\.0\.1:\d+$/);
+    const body = await new Promise<string>((resolve, reject) => {
+      get(`${server!.origin}/health`, { rejectUnauthorized: false }, (res) => {
+        let text = '';
+        res.on('data', (chunk: Buffer) => (text += chunk.toString()));
+        res.on('end', () => resolve(text));
+      }).on('error', reject);
+    });
+    expect(JSON.parse(body)).toMatchObject({ status: 'ok' });
   });
 });

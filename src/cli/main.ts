@@ -34,8 +34,10 @@ const serve = program
     // Keys are never logged, prompts only with LOG_PROMPTS: request logs carry method, URL, status, ids and timings.
     const logger = pino({ level: config.logLevel });
     const server = await startServer(config, logger).catch((err: unknown) => {
-      logger.fatal({ err }, 'cannot start');
-      console.error(`imagegen serve cannot start: ${startupProblem(err as NodeJS.ErrnoException, config)}`);
+      const known = startupProblem(err as NodeJS.ErrnoException, config);
+      // A problem the message explains needs no stack trace in the log; anything else does.
+      if (!known) logger.fatal({ err }, 'cannot start');
+      console.error(`imagegen serve cannot start: ${known ?? (err as Error).message}`);
       process.exit(1);
     });
 
@@ -59,8 +61,8 @@ const serve = program
     process.on('SIGINT', stop);
   });
 
-/** What stopped the server from starting, in words that name the setting to change. */
-function startupProblem(err: NodeJS.ErrnoException, config: Config): string {
+/** What stopped the server from starting, in words that name the setting to change; undefined for what it cannot explain. */
+function startupProblem(err: NodeJS.ErrnoException, config: Config): string | undefined {
   const file = err.path ?? '';
   switch (err.code) {
     case 'EADDRINUSE':
@@ -76,13 +78,16 @@ function startupProblem(err: NodeJS.ErrnoException, config: Config): string {
     case 'ENOTDIR':
     case 'EROFS':
     case 'EEXIST':
+    case 'EPERM':
       return `${file} cannot be used as a writable folder (${err.code}): set DATA_DIR to a folder the server may write.`;
     default:
       // OpenSSL's errors (a file that is no PEM, a key that does not match the certificate) name neither file.
       if (err.code?.startsWith('ERR_OSSL')) {
         return `TLS_CERT (${config.tlsCert}) and TLS_KEY (${config.tlsKey}) cannot be used: ${err.message}. They must be the PEM certificate (chain) and its private key.`;
       }
-      return err.message ?? String(err);
+      // Errors of ours that already say what to do (a bad API_KEYS_FILE, an unusable store).
+      if (err.name === 'KeyFileError' || err.name === 'StoreUnavailableError') return err.message;
+      return undefined;
   }
 }
 
