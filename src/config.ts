@@ -312,11 +312,16 @@ export const envName = (name: SettingName) => name.replace(/[A-Z]/g, (c) => `_${
 const flagName = (name: SettingName) => `--${name.replace(/[A-Z]/g, (c) => `-${c.toLowerCase()}`)}`;
 
 /** Each setting's flag, variable and description, for the CLI's options and help. */
+/** Whether a setting's schema is `boolean` (with a default or not). */
+const isBoolean = (schema: z.ZodType): boolean => schema === boolean || (schema instanceof z.ZodDefault && schema.unwrap() === boolean);
+
 export const settingsHelp = (Object.keys(SETTINGS) as SettingName[]).map((name) => ({
   name,
   flag: flagName(name),
   env: envName(name),
   description: SETTINGS[name].description,
+  /** A true/false setting: its flag alone (`--log-prompts`) means true. */
+  isSwitch: isBoolean(SETTINGS[name].schema),
 }));
 
 export class ConfigError extends Error {

@@ -183,6 +183,15 @@ describe('worker processes', () => {
   });
 });
 
+describe('serve flags', () => {
+  it('take a true/false setting as a switch: the flag alone is true', async () => {
+    server = await spawnIn(root, { args: ['--metrics-public', '--log-level', 'info'], env: { API_KEYS: OPS_KEY } });
+    // Public metrics: no key needed, where the API needs one.
+    expect((await fetch(`${server.origin}/metrics`)).status).toBe(200);
+    expect((await fetch(`${server.origin}/v1/models`)).status).toBe(401);
+  });
+});
+
 describe('HOST and SIGHUP', () => {
   it('listens on an IPv6 address written as in URLs ([::1]), and lives through SIGHUP without keys to reload', async () => {
     server = await spawnIn(root, { env: { HOST: '[::1]', API_KEYS: '' } });

@@ -22,10 +22,10 @@ const program = new Command('imagegen')
 const serve = program
   .command('serve')
   .description('start the HTTP server; every flag can also be set by the environment variable shown')
-  .action(async (flags: Partial<Record<SettingName, string>>) => {
+  .action(async (flags: Partial<Record<SettingName, string | true>>) => {
     let config;
     try {
-      config = loadConfig(flags);
+      config = loadConfig(Object.fromEntries(Object.entries(flags).map(([name, value]) => [name, value === true ? 'true' : value])));
     } catch (err) {
       if (!(err instanceof ConfigError)) throw err;
       console.error(err.message);
@@ -91,7 +91,11 @@ function startupProblem(err: NodeJS.ErrnoException, config: Config): string | un
   }
 }
 
-for (const setting of settingsHelp) serve.option(`${setting.flag} <value>`, `${setting.description} [${setting.env}]`);
+for (const setting of settingsHelp) {
+  // A switch's flag alone is true (commander then gives true, which loadConfig reads as the text 'true').
+  if (setting.isSwitch) serve.option(`${setting.flag} [true|false]`, `${setting.description} [${setting.env}]`, (value: string) => value);
+  else serve.option(`${setting.flag} <value>`, `${setting.description} [${setting.env}]`);
+}
 
 registerGenerateCommand(program);
 registerModelCommands(program);

@@ -36,11 +36,13 @@ export interface SpawnOptions {
   stderr?: 'pipe' | 'inherit';
   /** In a process group of its own (its pid is the group's id), as a shell or a service manager starts it. */
   group?: boolean;
+  /** Flags after `serve`. */
+  args?: string[];
 }
 
 /** Starts `imagegen serve` with `env` and resolves once it listens; rejects with its stderr when it exits first. */
-export async function spawnServer(env: Record<string, string>, { limitsKb = {}, cgroup, onLine, stderr: stderrMode = 'pipe', group = false }: SpawnOptions = {}): Promise<ServerProcess> {
-  const command = [process.execPath, '--import', 'tsx', 'src/cli/main.ts', 'serve'];
+export async function spawnServer(env: Record<string, string>, { limitsKb = {}, cgroup, onLine, stderr: stderrMode = 'pipe', group = false, args: flags = [] }: SpawnOptions = {}): Promise<ServerProcess> {
+  const command = [process.execPath, '--import', 'tsx', 'src/cli/main.ts', 'serve', ...flags];
   const setUp = [
     limitsKb.fileSize !== undefined && `ulimit -f ${limitsKb.fileSize}`,
     limitsKb.data !== undefined && `ulimit -d ${limitsKb.data}`,
