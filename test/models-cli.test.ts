@@ -165,8 +165,12 @@ describe('models pull', () => {
     const sockets: Socket[] = [];
     const silent = createServer((socket) => void sockets.push(socket));
     const portal = createHttpServer((_req, res) => res.writeHead(200, { 'content-type': 'text/html' }).end('<html>Sign in to the proxy</html>'));
+    // JSON, but not the Hub's: no commit in the model info; or a commit, and a file tree that is no list.
+    const json = (body: (url: string) => object) => createHttpServer((req, res) => res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify(body(req.url ?? ''))));
+    const noCommit = json(() => ({}));
+    const noTree = json((url) => (url.includes('/tree/') ? {} : { id: REPO, sha: 'a'.repeat(40) }));
     const urls = await Promise.all(
-      [silent, portal].map(async (server) => {
+      [silent, portal, noCommit, noTree].map(async (server) => {
         await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
         return `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
       }),
@@ -174,11 +178,13 @@ describe('models pull', () => {
     try {
       await expect(pull(REPO, { hubUrl: urls[0], stallMs: 300 })).rejects.toThrow(new RegExp(`cannot reach the Hub at ${urls[0]} \\(no answer from the server for 0.3 s\\)`));
       await expect(pull(REPO, { hubUrl: urls[1] })).rejects.toThrow(new RegExp(`the server at ${urls[1]} did not answer as a Hugging Face Hub does .*check HF_ENDPOINT`));
+      await expect(pull(REPO, { hubUrl: urls[2] })).rejects.toThrow(new RegExp(`the server at ${urls[2]} did not answer as a Hugging Face Hub does \\(its model info for ${REPO} has no commit id \\(sha\\)\\)`));
+      await expect(pull(REPO, { hubUrl: urls[3] })).rejects.toThrow(new RegExp(`the server at ${urls[3]} did not answer as a Hugging Face Hub does`));
       await expectNothingInstalled('sd-turbo-onnx');
     } finally {
       for (const socket of sockets) socket.destroy();
-      portal.closeAllConnections();
-      await Promise.all([silent, portal].map((server) => new Promise((resolve) => server.close(resolve))));
+      for (const server of [portal, noCommit, noTree]) server.closeAllConnections();
+      await Promise.all([silent, portal, noCommit, noTree].map((server) => new Promise((resolve) => server.close(resolve))));
     }
   });
 

@@ -94,6 +94,8 @@ export class HubClient {
   async resolveCommit(ref: RepoRef): Promise<string> {
     try {
       const info = await modelInfo({ name: ref.repo, revision: ref.revision, hubUrl: this.hubUrl, fetch: this.fetch, additionalFields: ['sha'] });
+      // A server that answers JSON without the commit is no Hub: downloading from resolve/undefined/ would follow.
+      if (typeof info.sha !== 'string' || !/^[0-9a-f]{40}$/.test(info.sha)) throw new Error(`its model info for ${ref.repo} has no commit id (sha)`);
       return info.sha;
     } catch (err) {
       throw this.explain(err, ref);
@@ -168,7 +170,8 @@ export class HubClient {
       }
       return new ModelInstallError(`the Hub at ${this.hubUrl} answered ${status} for ${ref.repo}${said ? ` (${said})` : ''}; try again later`);
     }
-    if (err instanceof TypeError || err instanceof ConnectionLost) {
+    // fetch's own failure is a TypeError "fetch failed"; other TypeErrors come from answers of the wrong shape.
+    if ((err instanceof TypeError && err.message === 'fetch failed') || err instanceof ConnectionLost) {
       return new ModelInstallError(
         `cannot reach the Hub at ${this.hubUrl} (${networkReason(err)}): check the network or proxy, or set HF_ENDPOINT (--hub-url) to a mirror. ` +
           'Without network access, export the model elsewhere with "imagegen models export" and install it here with "imagegen models import"',
