@@ -444,6 +444,13 @@ describe('the imagegen CLI', () => {
     figures.record(path.resolve(modelsDir, 'turbo'), { weightsBytes: 1.5 * 2 ** 30, peakBytes: 2 ** 30, peakPixels: 2 ** 20 });
     await figures.flushed();
     expect(await list()).toMatch(/\nturbo\s+sd\/sd-turbo\s+\d+\.\d [KM]iB\s+1\.5 GiB \+ 1\.0 GiB at 1\.0 MP\s+ok\n$/);
+    // An id that is also an OpenAI model name, or the embedded model's, changes what requests for it run: said so.
+    const cli = (...args: string[]) => execFileAsync('npx', ['tsx', 'src/cli/main.ts', ...args], { cwd: fileURLToPath(new URL('..', import.meta.url)) });
+    for (const [name, note] of [['dall-e-3', /note: dall-e-3 is also an OpenAI model name: requests naming it now run this model/], ['demo-shapes', /note: demo-shapes is also the id of a model that comes with the server/]] as const) {
+      const { stdout } = await cli('models', 'import', sourceDir, '--name', name, '--skip-load', '--models-dir', modelsDir);
+      expect(stdout).toMatch(note);
+    }
+    expect((await cli('models', 'import', sourceDir, '--name', 'mine', '--skip-load', '--models-dir', modelsDir)).stdout).not.toMatch(/note:/);
     // A mistyped folder is no empty one.
     const missing = path.join(modelsDir, 'no-such-folder');
     await expect(execFileAsync('npx', ['tsx', 'src/cli/main.ts', 'models', 'list', '--models-dir', missing], { cwd: fileURLToPath(new URL('..', import.meta.url)) })).rejects.toMatchObject({

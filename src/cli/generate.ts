@@ -113,13 +113,22 @@ async function generateCommand(prompt: string, flags: GenerateFlags): Promise<st
   const registry = new ModelRegistry({
     roots: modelRoots(config.modelsDir, EMBEDDED_MODELS_DIR),
     aliases: config.modelAliases,
-    logger: pino({ level: 'warn' }, pino.destination(2)),
+    // The registry's warnings (a broken folder beside the model) as plain lines, not JSON.
+    logger: pino(
+      { level: 'warn' },
+      {
+        write(line: string) {
+          const { msg, dir } = JSON.parse(line) as { msg: string; dir?: string };
+          process.stderr.write(`imagegen generate: warning: ${dir ? `${dir}: ` : ''}${msg}\n`);
+        },
+      },
+    ),
   });
   await registry.scan();
   const model = await registry.resolve(request.model);
   if (!model) {
     const known = registry.list().map((m) => m.id);
-    throw new Error(`no model '${request.model}'. Installed: ${known.join(', ') || 'none'}. Install one with 'imagegen models pull' or 'imagegen models import'.`);
+    throw new Error(`no model '${request.model}'. Available (installed models, then aliases): ${known.join(', ') || 'none'}. Install one with 'imagegen models pull' or 'imagegen models import'.`);
   }
   const batches = planBatches(request, model, config.rng);
 

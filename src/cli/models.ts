@@ -1,8 +1,10 @@
 import { formatBytes } from '../util/bytes.js';
+import { existsSync } from 'node:fs';
 import { stat } from 'node:fs/promises';
 import path from 'node:path';
 import { Command, Option } from 'commander';
-import { envName } from '../config.js';
+import { EMBEDDED_MODELS_DIR, envName } from '../config.js';
+import { OPENAI_MODEL_NAMES } from '../api/dialects.js';
 import {
   DEFAULT_HUB_URL,
   exportModel,
@@ -62,6 +64,13 @@ function exitOnInterrupt(message: string): void {
 function printInstalled(model: InstalledModel): void {
   console.log(`installed ${model.id} (${model.family}, ${model.variant}, ${formatBytes(model.bytes)}) in ${model.dir}`);
   console.log(`a running server picks it up at its next rescan (${envName('modelsRescanSeconds')}) or when a request names it`);
+  // Legitimate (a model meant to answer for that name), but it changes what other requests run.
+  if ((OPENAI_MODEL_NAMES as readonly string[]).includes(model.id)) {
+    console.log(`note: ${model.id} is also an OpenAI model name: requests naming it now run this model, not the one ${envName('modelAliases')} or ${envName('defaultModel')} gives it`);
+  }
+  if (existsSync(path.join(EMBEDDED_MODELS_DIR, model.id))) {
+    console.log(`note: ${model.id} is also the id of a model that comes with the server: requests naming it (and ${envName('defaultModel')}=${model.id}) now run this one`);
+  }
 }
 
 /** "1.2 GiB + 3.4 GiB at 1.0 MP": loaded, and the most one batch took on top (at that many samples x pixels of one denoiser call; see Pipeline.samplesPerImage). */
