@@ -10,6 +10,7 @@
  */
 import { parseArgs } from 'node:util';
 import { REAL_EXPORTS, haveRealExports, realExport, type RealExportName } from '../test/helpers/real-exports.js';
+import { measureColdStart } from './cold-start.js';
 import { measureEncoders } from './encoders.js';
 import { measureEventLoopStall } from './event-loop.js';
 import { measureHttpOverhead } from './http-overhead.js';
@@ -26,6 +27,7 @@ const noReal = values['skip-real'] ? 'left out (--skip-real)' : `${REAL_EXPORTS}
 const EXPORTS: RealExportName[] = ['sd15', 'sd2v', 'sdxl', 'flux'];
 
 const measurements: { group: string; run(): Promise<Row[]>; skip?: string }[] = [
+  { group: 'cold start', run: measureColdStart },
   { group: 'HTTP vs in-process', run: measureHttpOverhead },
   { group: 'throughput', run: () => measureThroughput(real ? { name: 'sd15', dir: realExport('sd15'), size: 512 } : undefined) },
   { group: 'time per image: demo-shapes', run: () => measureStages({ name: 'demo-shapes' }) },

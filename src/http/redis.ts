@@ -1,4 +1,4 @@
-import { Redis } from 'ioredis';
+import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
 
 /**
@@ -15,6 +15,8 @@ function redacted(url: string): string {
 }
 
 export async function connectRedis(url: string, logger: Logger): Promise<Redis> {
+  // Loaded only with REDIS_URL: a single server has no use for the client, and it costs start-up time.
+  const { Redis } = await import('ioredis');
   const redis = new Redis(url, { lazyConnect: true, enableOfflineQueue: false, maxRetriesPerRequest: 1, connectTimeout: 2000, commandTimeout: 1000 });
   // Without a listener ioredis prints every failed reconnection attempt; the users of the connection log what it costs them.
   redis.on('error', () => undefined);

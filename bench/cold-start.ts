@@ -1,0 +1,73 @@
+import { spawn } from 'node:child_process';
+import { once } from 'node:events';
+import { mkdtemp, rm } from 'node:fs/promises';
+import { createServer, type AddressInfo } from 'node:net';
+import os from 'node:os';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import type { Row } from './report.js';
+import { median, ms } from './stats.js';
+
+/**
+ * Cold start (issue #17): how long `npm start` on a built tree takes to answer /health, against the
+ * server alone (`node dist/cli/main.js serve`), taking turns. `npm start`'s prestart builds only when a
+ * source changed (scripts/build-if-stale.mjs): here nothing has, so what it adds is npm itself.
+ */
+
+const REPO = fileURLToPath(new URL('..', import.meta.url));
+const ROUNDS = 3;
+
+async function freePort(): Promise<number> {
+  const server = createServer().listen(0, '127.0.0.1');
+  await once(server, 'listening');
+  const { port } = server.address() as AddressInfo;
+  server.close();
+  return port;
+}
+
+/** Milliseconds from spawning `command` to its first /health 200; then stops it (the whole process group). */
+async function untilHealthy(command: string[], dataDir: string): Promise<number> {
+  const port = await freePort();
+  const started = performance.now();
+  const child = spawn(command[0], command.slice(1), { cwd: REPO, env: { ...process.env, PORT: String(port), DATA_DIR: dataDir, PRELOAD: 'none' }, stdio: 'ignore', detached: true });
+  const exited = once(child, 'exit');
+  try {
+    for (;;) {
+      const ok = await fetch(`http://127.0.0.1:${port}/health`).then((res) => res.ok, () => false);
+      if (ok) return performance.now() - started;
+      if (child.exitCode !== null) throw new Error(`${command.join(' ')} exited with ${child.exitCode} before answering /health`);
+      await new Promise((resolve) => setTimeout(resolve, 10));
+    }
+  } finally {
+    process.kill(-child.pid!, 'SIGTERM');
+    await exited;
+  }
+}
+
+export async function measureColdStart(): Promise<Row[]> {
+  const dataDir = await mkdtemp(path.join(os.tmpdir(), 'imagegen-cold-'));
+  try {
+    // Built and stamped, as a tree is after `npm ci && npm start` once.
+    await once(spawn('node', ['scripts/build-if-stale.mjs'], { cwd: REPO, stdio: 'inherit' }), 'exit');
+    const alone: number[] = [];
+    const npm: number[] = [];
+    for (let round = 0; round < ROUNDS; round++) {
+      alone.push(await untilHealthy(['node', 'dist/cli/main.js', 'serve'], dataDir));
+      npm.push(await untilHealthy(['npm', 'start', '--silent'], dataDir));
+    }
+    const [baseline, measured] = [median(alone), median(npm)];
+    return [
+      {
+        group: 'cold start',
+        case: 'npm start on a built tree to /health; baseline: node dist/cli/main.js serve',
+        baseline: ms(baseline),
+        measured: ms(measured),
+        ratio: measured / baseline,
+        goal: '<= 2000 ms',
+        met: measured <= 2000,
+      },
+    ];
+  } finally {
+    await rm(dataDir, { recursive: true, force: true });
+  }
+}

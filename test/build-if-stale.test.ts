@@ -1,0 +1,60 @@
+import { execFile } from 'node:child_process';
+import { mkdir, mkdtemp, readFile, rm, utimes, writeFile } from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
+import { promisify } from 'node:util';
+import { afterEach, beforeEach, describe, expect, it } from 'vitest';
+
+/**
+ * `npm start`'s prestart (scripts/build-if-stale.mjs) in a project of its own whose "build" only counts
+ * its runs: a built tree starts without building, a changed source builds again, and a build that
+ * failed leaves the tree to be built next time.
+ */
+
+const SCRIPT = path.resolve(import.meta.dirname, '../scripts/build-if-stale.mjs');
+const run = promisify(execFile);
+
+let root: string;
+beforeEach(async () => {
+  root = await mkdtemp(path.join(os.tmpdir(), 'imagegen-stale-'));
+  await mkdir(path.join(root, 'src', 'http'), { recursive: true });
+  await mkdir(path.join(root, 'dist'));
+  await writeFile(path.join(root, 'src', 'http', 'app.ts'), 'export {};\n');
+  await writeFile(path.join(root, 'tsconfig.json'), '{}\n');
+  await writeFile(path.join(root, 'fail'), 'no');
+  // The build appends a line to `builds`, fails while `fail` says yes, and stamps as npm run build does.
+  const build = `node -e "const fs = require('fs'); fs.appendFileSync('builds', 'x\\\\n'); if (fs.readFileSync('fail', 'utf8') === 'yes') process.exit(3)" && node ${JSON.stringify(SCRIPT)} --stamp`;
+  await writeFile(path.join(root, 'package.json'), JSON.stringify({ name: 'stale-test', private: true, scripts: { build } }));
+});
+afterEach(() => rm(root, { recursive: true, force: true }));
+
+const prestart = () => run(process.execPath, [SCRIPT], { cwd: root });
+const builds = async () => (await readFile(path.join(root, 'builds'), 'utf8').catch(() => '')).split('\n').filter(Boolean).length;
+/** Sets a file's modification time `seconds` from now. */
+const touch = (file: string, seconds: number) => utimes(path.join(root, file), new Date(), new Date(Date.now() + seconds * 1000));
+
+describe('build-if-stale (prestart)', () => {
+  it('builds a tree never built, then starts a built one without building, and builds again when a source changed', async () => {
+    await prestart();
+    expect(await builds()).toBe(1);
+    await prestart();
+    await prestart();
+    expect(await builds()).toBe(1);
+    await touch('src/http/app.ts', 5);
+    await prestart();
+    expect(await builds()).toBe(2);
+    await touch('tsconfig.json', 10);
+    await prestart();
+    expect(await builds()).toBe(3);
+  });
+
+  it('fails as the build fails, and builds again next time rather than starting what it left', async () => {
+    await writeFile(path.join(root, 'fail'), 'yes');
+    await expect(prestart()).rejects.toMatchObject({ code: 3 });
+    await writeFile(path.join(root, 'fail'), 'no');
+    await prestart();
+    expect(await builds()).toBe(2);
+    await prestart();
+    expect(await builds()).toBe(2);
+  });
+});
