@@ -191,6 +191,14 @@ describe('GET /v1/images/files/:name', () => {
       expect(res.status).toBe(200);
       expect(res.headers.get('cache-control')).toMatch(/^public, max-age=[01], immutable$/);
       expect((await fetch(url, { method: 'HEAD' })).status).toBe(200);
+      // Its id is its ETag: a client that has it gets 304 and no body.
+      const etag = res.headers.get('etag')!;
+      expect(etag).toBe(`"${url.split('/').pop()!.slice(0, 32)}"`);
+      for (const ifNoneMatch of [etag, `W/${etag}`, `"other", ${etag}`, '*']) {
+        const again = await fetch(url, { headers: { 'if-none-match': ifNoneMatch } });
+        expect([ifNoneMatch, again.status, (await again.arrayBuffer()).byteLength, again.headers.get('etag')]).toEqual([ifNoneMatch, 304, 0, etag]);
+      }
+      expect((await fetch(url, { headers: { 'if-none-match': '"other"' } })).status).toBe(200);
 
       wait(1100);
       const gone = await fetch(url);

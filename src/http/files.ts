@@ -41,6 +41,18 @@ async function openImage(store: ImageStore, id: string, ext: string, headersOnly
   return data && { image, data };
 }
 
+/**
+ * Whether If-None-Match names `etag` (or is `*`). An image never changes under its id, so its id is a
+ * strong ETag and a weak comparison (W/ ignored) is all RFC 9110 asks for GET; a few lines, no library.
+ */
+function matchesEtag(header: string | undefined, etag: string): boolean {
+  if (!header) return false;
+  return header.split(',').some((tag) => {
+    const candidate = tag.trim().replace(/^W\//, '');
+    return candidate === '*' || candidate === etag;
+  });
+}
+
 export async function files(app: FastifyInstance, { store }: FilesOptions): Promise<void> {
   // HEAD is routed here too, not left to Fastify's own HEAD route, which would run the GET (reading the
   // image) and then answer Content-Length: 0 for the body this handler leaves out.
@@ -59,12 +71,14 @@ export async function files(app: FastifyInstance, { store }: FilesOptions): Prom
       if (!found) throw notFound(name);
       const { image, data } = found;
       const maxAge = Math.max(0, Math.floor((image.expiresAt - store.now()) / 1000));
-      return reply
-        .type(image.contentType)
-        .header('content-length', image.size)
-        .header('cache-control', `public, max-age=${maxAge}, immutable`)
-        .header('x-content-type-options', 'nosniff')
-        .send(data);
+      const etag = `"${image.id}"`;
+      reply.header('etag', etag).header('cache-control', `public, max-age=${maxAge}, immutable`).header('x-content-type-options', 'nosniff');
+      // A client (a cache, a browser's reload) that has the image already gets no second copy.
+      if (matchesEtag(request.headers['if-none-match'], etag)) {
+        data?.destroy();
+        return reply.code(304).send();
+      }
+      return reply.type(image.contentType).header('content-length', image.size).send(data);
     },
   });
 }
