@@ -1,40 +1,46 @@
 #!/usr/bin/env node
 /**
- * `npm start`'s prestart: builds only when a source changed since the last successful build, so that
- * starting a built tree costs no compiler run (an incremental tsc still takes seconds to find nothing
- * changed). `npm run build` ends by writing the stamp (`--stamp`); a missing stamp, or any file of the
- * build's inputs newer than it, runs `npm run build`. Plain JavaScript: it runs before anything is built.
+ * `npm start`'s prestart: builds only when the build's inputs changed since the last successful build,
+ * so that starting a built tree costs no compiler run (an incremental tsc still takes seconds to find
+ * nothing changed). The inputs' fingerprint (every file's path, size and modification time) is taken
+ * as a build begins (`--begin`) and kept as the stamp once it succeeded (`--stamp`): a file saved while
+ * the build ran, or files copied in with their old times (rsync -a, tar, docker COPY), differ from it,
+ * and so does a tree never built. Plain JavaScript: it runs before anything is built.
  */
 import { spawnSync } from 'node:child_process';
-import { readdirSync, statSync, writeFileSync } from 'node:fs';
+import { existsSync, lstatSync, mkdirSync, readdirSync, readFileSync, renameSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 
 const STAMP = path.join('dist', '.build-stamp');
+const BEGUN = path.join('dist', '.build-begun');
 /** What the build reads: the sources, the playground's, and the files that configure them. */
-const INPUTS = ['src', 'web', 'tsconfig.json', 'package.json'];
+const INPUTS = ['src', 'web', 'tsconfig.json', 'package.json', 'package-lock.json'];
+/** What a start needs of the build: a tree whose output was deleted is built again. */
+const ENTRY = path.join('dist', 'cli', 'main.js');
 
-/** The newest modification time under `entry` (a file or a folder), in ms; 0 when it does not exist. */
-function newest(entry) {
+/** One line per file under `entry` (not following links): path, size, modification time. */
+function fingerprint(entry, lines = []) {
   let stats;
   try {
-    stats = statSync(entry);
+    stats = lstatSync(entry);
   } catch {
-    return 0;
+    return lines;
   }
-  if (!stats.isDirectory()) return stats.mtimeMs;
-  return readdirSync(entry).reduce((latest, name) => Math.max(latest, newest(path.join(entry, name))), stats.mtimeMs);
+  if (stats.isDirectory()) for (const name of readdirSync(entry).sort()) fingerprint(path.join(entry, name), lines);
+  else lines.push(`${entry} ${stats.size} ${stats.mtimeMs}`);
+  return lines;
 }
 
-if (process.argv.includes('--stamp')) {
-  writeFileSync(STAMP, `${new Date().toISOString()}\n`);
+const current = () => INPUTS.flatMap((input) => fingerprint(input)).join('\n');
+
+if (process.argv.includes('--begin')) {
+  mkdirSync('dist', { recursive: true });
+  writeFileSync(BEGUN, current());
+} else if (process.argv.includes('--stamp')) {
+  renameSync(BEGUN, STAMP);
 } else {
-  let stamped = 0;
-  try {
-    stamped = statSync(STAMP).mtimeMs;
-  } catch {
-    // never built here
-  }
-  if (Math.max(...INPUTS.map(newest)) >= stamped) {
+  const stamped = existsSync(STAMP) ? readFileSync(STAMP, 'utf8') : undefined;
+  if (stamped !== current() || !existsSync(ENTRY)) {
     const build = spawnSync('npm', ['run', 'build'], { stdio: 'inherit' });
     process.exit(build.status ?? 1);
   }

@@ -2,7 +2,6 @@ import { isIP } from 'node:net';
 import { fileURLToPath } from 'node:url';
 import { z } from 'zod';
 import { NOISE_KINDS } from './runtime/random.js';
-import { BEARER_TOKEN } from './api/bearer.js';
 import { OPENAI_MODEL_NAMES } from './api/dialects.js';
 
 /**
@@ -125,7 +124,8 @@ const absoluteUrl = z
     // Not a URL at all: the check above says so.
     if (!URL.canParse(url)) return true;
     const { search, hash, username, password } = new URL(url);
-    return !/\s/.test(url) && !search && !hash && !username && !password;
+    // A bare trailing ? or # parses as no query or fragment, and would still end up before the paths.
+    return !/[\s?#]/.test(url) && !search && !hash && !username && !password;
   }, 'expected an address without spaces, query (?), fragment (#) or user:password@, such as https://images.example.com/prefix')
   // Users often paste the SDK's base URL (ending in /v1); the image paths add /v1 themselves.
   .transform((url) => url.replace(/\/+$/, '').replace(/\/v1$/, ''));
@@ -143,7 +143,9 @@ const SETTINGS = {
   },
   apiKeys: {
     schema: list
-      .refine((keys) => keys.every((key) => BEARER_TOKEN.test(key)), 'expected keys of letters, digits and . _ ~ + / - (what an Authorization: Bearer header can carry), separated by commas')
+      // What the Authorization header's parser (http/auth.ts) takes: no space or control character (a key
+      // with one could never be sent, and every client would be refused).
+      .refine((keys) => keys.every((key) => /^[\x21-\x7e\x80-\xff]+$/.test(key)), 'expected keys without spaces or control characters, separated by commas')
       .default([]),
     description: 'comma-separated API keys clients send as "Authorization: Bearer <key>" (prefer the env variable: flags show in ps)',
   },
@@ -224,7 +226,8 @@ const SETTINGS = {
       "how far below the server's the workers' CPU priority is (a Unix nice increment, 0 to 19): with every core denoising, the server still answers health probes, streams and new requests at once, and idle cores go to the workers all the same",
   },
   modelMemoryBudget: {
-    schema: byteSize.optional(),
+    // 0 keeps only the model in use; a small number is a unit forgotten (16 meaning 16g).
+    schema: byteSize.pipe(z.number().refine((bytes) => bytes === 0 || bytes >= 64 * 1024 ** 2, 'expected 0 or at least 64m (a number without a unit is bytes: write 16g for 16 GiB)')).optional(),
     description: 'model weights all workers together keep loaded, e.g. 16g; beyond it the least recently used model is unloaded (default: 60% of RAM)',
   },
   memoryLimit: {

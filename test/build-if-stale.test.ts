@@ -22,8 +22,10 @@ beforeEach(async () => {
   await writeFile(path.join(root, 'src', 'http', 'app.ts'), 'export {};\n');
   await writeFile(path.join(root, 'tsconfig.json'), '{}\n');
   await writeFile(path.join(root, 'fail'), 'no');
-  // The build appends a line to `builds`, fails while `fail` says yes, and stamps as npm run build does.
-  const build = `node -e "const fs = require('fs'); fs.appendFileSync('builds', 'x\\\\n'); if (fs.readFileSync('fail', 'utf8') === 'yes') process.exit(3)" && node ${JSON.stringify(SCRIPT)} --stamp`;
+  // The build appends a line to `builds`, fails while `fail` says yes, writes the entry point, and
+  // fingerprints and stamps as npm run build does.
+  const work = "const fs = require('fs'); fs.appendFileSync('builds', 'x\\\\n'); if (fs.readFileSync('fail', 'utf8') === 'yes') process.exit(3); fs.mkdirSync('dist/cli', { recursive: true }); fs.writeFileSync('dist/cli/main.js', '')";
+  const build = `node ${JSON.stringify(SCRIPT)} --begin && node -e "${work}" && node ${JSON.stringify(SCRIPT)} --stamp`;
   await writeFile(path.join(root, 'package.json'), JSON.stringify({ name: 'stale-test', private: true, scripts: { build } }));
 });
 afterEach(() => rm(root, { recursive: true, force: true }));
@@ -46,6 +48,19 @@ describe('build-if-stale (prestart)', () => {
     await touch('tsconfig.json', 10);
     await prestart();
     expect(await builds()).toBe(3);
+    // A source copied in with an older time (rsync -a, tar, docker COPY) is a change too.
+    await touch('src/http/app.ts', -3600);
+    await prestart();
+    expect(await builds()).toBe(4);
+    // So is a new file, and a build output deleted.
+    await writeFile(path.join(root, 'src', 'new.ts'), 'export {};\n');
+    await prestart();
+    expect(await builds()).toBe(5);
+    await rm(path.join(root, 'dist', 'cli', 'main.js'));
+    await prestart();
+    expect(await builds()).toBe(6);
+    await prestart();
+    expect(await builds()).toBe(6);
   });
 
   it('fails as the build fails, and builds again next time rather than starting what it left', async () => {

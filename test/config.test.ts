@@ -77,12 +77,16 @@ describe('loadConfig', () => {
     expect(loadConfig({}, { WORKER_STALL_TIMEOUT_SECONDS: '2147483' }).workerStallTimeoutSeconds).toBe(2147483);
     expect(problems(() => loadConfig({}, { MEMORY_LIMIT: '8' }))).toEqual([expect.stringMatching(/^MEMORY_LIMIT .*expected at least 64m \(a number without a unit is bytes: write 8g/)]);
     expect(problems(() => loadConfig({}, { MAX_STORE_BYTES: '0' }))).toEqual([expect.stringMatching(/^MAX_STORE_BYTES .*expected at least 1m/)]);
+    expect(problems(() => loadConfig({}, { MODEL_MEMORY_BUDGET: '16' }))).toEqual([expect.stringMatching(/^MODEL_MEMORY_BUDGET .*expected 0 or at least 64m/)]);
+    expect(loadConfig({}, { MODEL_MEMORY_BUDGET: '0' }).modelMemoryBudget).toBe(0);
     expect(loadConfig({}, { MEMORY_LIMIT: '8g', MAX_STORE_BYTES: '1m' })).toMatchObject({ memoryLimit: 8 * 1024 ** 3, maxStoreBytes: 1024 ** 2 });
-    expect(problems(() => loadConfig({}, { API_KEYS: 'my secret key' }))).toEqual([expect.stringMatching(/^API_KEYS .*letters, digits and/)]);
+    expect(problems(() => loadConfig({}, { API_KEYS: 'my secret key' }))).toEqual([expect.stringMatching(/^API_KEYS .*without spaces or control characters/)]);
+    // Whatever a header carries is a key that works, punctuation included.
+    expect(loadConfig({}, { API_KEYS: 'abc!def, p@ss:word' }).apiKeys).toEqual(['abc!def', 'p@ss:word']);
   });
 
   it('refuses a PUBLIC_BASE_URL that image paths cannot follow: a query, fragment, credentials or spaces', () => {
-    for (const url of ['https://x.example.com/imgs?x=1', 'https://x.example.com/imgs#frag', 'https://u:p@x.example.com/imgs', 'https://x.example.com/im gs']) {
+    for (const url of ['https://x.example.com/imgs?x=1', 'https://x.example.com/imgs#frag', 'https://u:p@x.example.com/imgs', 'https://x.example.com/im gs', 'https://x.example.com/imgs?', 'https://x.example.com/imgs#']) {
       expect([url, problems(() => loadConfig({}, { PUBLIC_BASE_URL: url }))[0]]).toEqual([url, expect.stringMatching(/^PUBLIC_BASE_URL .*without spaces, query/)]);
     }
   });

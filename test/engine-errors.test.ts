@@ -20,5 +20,7 @@ describe('engineError', () => {
     expect([none.status, none.code, none.headers['retry-after']]).toEqual([503, 'queue_timeout', '5']);
     expect(none.message).toMatch(/^The server cannot generate right now: this request waited 120s and no worker process was ready/);
     expect((engineError(new QueueTimeoutError(120, 9), 'm') as ApiError).message).toMatch(/^The server is overloaded/);
+    // Held by the key's own limit, with workers free: the server is not the one to blame.
+    expect((engineError(new QueueTimeoutError(3, 4, false, 1), 'm') as ApiError).message).toMatch(/^This request waited 3s behind this API key's own running requests: the key may run 1 at once \(its 'concurrent' limit\)\. Please try again in 4s/);
   });
 });

@@ -15,6 +15,13 @@ function controlled(log: string[], name: string) {
 }
 
 const cost = (seconds: number) => () => seconds;
+
+/** Three controlled jobs (`<client>0`..`<client>2`) of a client allowed one running job at a time. */
+function oneAtATime(queue: JobQueue, log: string[], client: string) {
+  const jobs = [0, 1, 2].map((i) => controlled(log, `${client}${i}`));
+  const runs = jobs.map((j) => queue.run(j.job, undefined, { ticket: new Ticket(client, 1, { maxConcurrent: 1 }), cost: cost(1) }));
+  return { jobs, runs };
+}
 const tick = () => new Promise((resolve) => setImmediate(resolve));
 
 describe('fair order across clients', () => {
@@ -46,9 +53,7 @@ describe('fair order across clients', () => {
   it('holds a client to its maxConcurrent while other clients take the free workers', async () => {
     const queue = new JobQueue(3, 100);
     const log: string[] = [];
-    const limits = { maxConcurrent: 1 };
-    const jobs = ['A0', 'A1', 'A2'].map((name) => controlled(log, name));
-    const runs = jobs.map((j) => queue.run(j.job, undefined, { ticket: new Ticket('A', 1, limits), cost: cost(1) }));
+    const { jobs, runs } = oneAtATime(queue, log, 'A');
     const other = controlled(log, 'B0');
     const b = queue.run(other.job, undefined, { ticket: new Ticket('B', 1), cost: cost(1) });
     expect(log).toEqual(['A0', 'B0']);
@@ -151,6 +156,51 @@ describe('Retry-After', () => {
     expect(err.retryAfterSeconds).toBe(200);
     for (const j of jobs) j.release();
     await Promise.all(runs);
+  });
+});
+
+describe('a request that timed out, or finds a worker free', () => {
+  it('is told to retry when the first running job should end, not after the whole queue; behind its own concurrent limit, it is told so', async () => {
+    vi.useFakeTimers();
+    try {
+      const queue = new JobQueue(1, 100, { maxWaitMs: 1000 });
+      const log: string[] = [];
+      const running = controlled(log, 'run');
+      void queue.run(running.job, undefined, { ticket: new Ticket('A', 30), cost: cost(30) });
+      // Four waiting behind it, 100 s each: the oldest used to be told the most (the whole queue).
+      const waiting = Array.from({ length: 4 }, (_, i) => queue.run(async () => i, undefined, { ticket: new Ticket(`C${i}`, 100), cost: cost(100) }).catch((e: unknown) => e));
+      await vi.advanceTimersByTimeAsync(1000);
+      const errors = (await Promise.all(waiting)) as QueueTimeoutError[];
+      // The running job's 30 s less the second it ran.
+      expect(errors.map((e) => [e.name, e.retryAfterSeconds, e.clientLimit])).toEqual(Array(4).fill(['QueueTimeoutError', 29, undefined]));
+      running.release();
+
+      // Two workers, one free: the key's own limit of one is what holds its second request.
+      const limited = new JobQueue(2, 100, { maxWaitMs: 1000 });
+      const own = controlled(log, 'own');
+      void limited.run(own.job, undefined, { ticket: new Ticket('K', 5, { maxConcurrent: 1 }), cost: cost(5) });
+      const second = limited.run(async () => 'no', undefined, { ticket: new Ticket('K', 5, { maxConcurrent: 1 }), cost: cost(5) }).catch((e: unknown) => e);
+      await vi.advanceTimersByTimeAsync(1000);
+      expect(await second).toMatchObject({ name: 'QueueTimeoutError', clientLimit: 1, retryAfterSeconds: 4 });
+      own.release();
+    } finally {
+      vi.useRealTimers();
+    }
+  });
+
+  it('is admitted when a worker is free for it, however many other clients\' jobs wait held by their own limits', async () => {
+    // Room for two waiting jobs; one client with a limit of one fills it while a worker is idle.
+    const queue = new JobQueue(2, 2);
+    const log: string[] = [];
+    const { jobs, runs } = oneAtATime(queue, log, 'K');
+    expect(queue.load()).toEqual({ running: 1, queued: 2 });
+    const other = controlled(log, 'B0');
+    const b = queue.run(other.job, undefined, { ticket: new Ticket('B', 1), cost: cost(1) });
+    expect(log).toEqual(['K0', 'B0']);
+    // The limited client itself is still refused: nothing free for it, and no room to wait.
+    await expect(queue.run(async () => 'no', undefined, { ticket: new Ticket('K', 1, { maxConcurrent: 1 }), cost: cost(1) })).rejects.toBeInstanceOf(QueueFullError);
+    for (const j of [...jobs, other]) j.release();
+    await Promise.all([...runs, b]);
   });
 });
 

@@ -156,6 +156,8 @@ describe('ImageStore', () => {
     // Another server's image, written after this store listed the folder, expiring in a second.
     const theirs = `${'d'.repeat(32)}.${now + 1000}.png`;
     await writeFile(path.join(dir, theirs), bytes(20));
+    // The folder's change seen whatever the filesystem's timestamp granularity.
+    await utimes(dir, new Date(), new Date(Date.now() + 5000));
     await store.sweep();
     expect((await readdir(dir)).sort()).toEqual([`${mine.id}.${mine.expiresAt}.png`, theirs].sort());
     expect(store.stats()).toEqual({ files: 2, bytes: 30 });

@@ -109,7 +109,6 @@ async function generateCommand(prompt: string, flags: GenerateFlags): Promise<st
     output_format: flags.format,
     response_format: 'b64_json',
   });
-  await prepareOut(flags.out);
   const registry = new ModelRegistry({
     roots: modelRoots(config.modelsDir, EMBEDDED_MODELS_DIR),
     aliases: config.modelAliases,
@@ -131,6 +130,7 @@ async function generateCommand(prompt: string, flags: GenerateFlags): Promise<st
     throw new Error(`no model '${request.model}'. Available (installed models, then aliases): ${known.join(', ') || 'none'}. Install one with 'imagegen models pull' or 'imagegen models import'.`);
   }
   const batches = planBatches(request, model, config.rng);
+  await prepareOut(flags.out);
 
   const runtime = new WorkerRuntime({ runtime: { provider: config.executionProvider, threads: os.availableParallelism() } });
   const stepsPerBatch = batches[0].steps;
@@ -183,7 +183,8 @@ export function registerGenerateCommand(program: Command): void {
         // A flag the request schema refuses names the flag; what failed later (a model, a file) exits 1.
         const message = err instanceof ApiError && err.param ? `${flagOf(err.param)}: ${err.message}` : (err as Error).message;
         console.error(`imagegen generate: ${message}`);
-        process.exitCode = err instanceof UsageError || err instanceof ApiError || err instanceof ConfigError ? 2 : 1;
+        const refused = err instanceof UsageError || err instanceof ConfigError || (err instanceof ApiError && err.status < 500);
+        process.exitCode = refused ? 2 : 1;
       }
     });
 }

@@ -35,6 +35,8 @@ export class QueueTimeoutError extends Error {
     readonly retryAfterSeconds: number,
     /** No job could run at all when it gave up: no worker was ready (starting, or restarting after crashes), not busy ones. */
     readonly noWorker = false,
+    /** The client's own `maxConcurrent` that held it: its other jobs were running (workers may have been free). */
+    readonly clientLimit?: number,
   ) {
     super(`the job waited ${waitedSeconds}s without getting a worker`);
     this.name = 'QueueTimeoutError';
@@ -158,7 +160,7 @@ export class JobQueue {
         signal?.addEventListener('abort', onAbort, { once: true });
         const limit = this.options.maxWaitMs;
         if (limit !== undefined && (again || !ticket.started)) {
-          const timer = setTimeout(() => entry.cancel(this.timedOut(queued)), limit);
+          const timer = setTimeout(() => entry.cancel(this.timedOut(queued, ticket)), limit);
           const forget = again ? () => undefined : ticket.whenStarted(() => clearTimeout(timer));
           disarm = () => (clearTimeout(timer), forget());
         }
@@ -238,7 +240,10 @@ export class JobQueue {
 
   /** Why a new request may not wait, or undefined when it may. */
   private refusal(ticket: Ticket): QueueFullError | undefined {
-    if (this.running.size < this.concurrency && this.order.size === 0) return undefined;
+    // A worker is free, and this client may use it: it starts at once (the jobs waiting now are held by
+    // their own clients' limits, or dispatch would have started them), whatever waits.
+    const mayRun = (this.runningByClient.get(ticket.client) ?? 0) < (ticket.limits.maxConcurrent ?? Infinity);
+    if (this.running.size < this.concurrency && mayRun) return undefined;
     const { maxQueuedCost } = ticket.limits;
     const clientQueued = this.sum(this.order.entriesOf(ticket.client));
     if (maxQueuedCost !== undefined && clientQueued > 0 && clientQueued + ticket.cost > maxQueuedCost) {
@@ -256,19 +261,33 @@ export class JobQueue {
     return total;
   }
 
-  /**
-   * When the work ahead of a newcomer (what is left of the running jobs, and the waiting ones, shared
-   * among the workers) should be done. Estimates are asked again: they improve as jobs progress.
-   */
-  /** The error of a job that waited since `queued` too long. */
-  private timedOut(queued: number): QueueTimeoutError {
+  /** The error of a job of `ticket` that waited since `queued` too long. */
+  private timedOut(queued: number, ticket: Ticket): QueueTimeoutError {
     this.options.onWaited?.(performance.now() - queued);
     const waited = Math.round((performance.now() - queued) / 1000);
     // With no worker to run anything, the work ahead says nothing of when one will be back.
     if (this.concurrency === 0) return new QueueTimeoutError(waited, NO_WORKER_RETRY_SECONDS, true);
-    return new QueueTimeoutError(waited, this.retryAfterSeconds());
+    const { maxConcurrent } = ticket.limits;
+    const heldByOwnLimit = maxConcurrent !== undefined && (this.runningByClient.get(ticket.client) ?? 0) >= maxConcurrent;
+    // Retried, it waits in its client's line again, which the fair order takes in turn with the others:
+    // what holds it is the running jobs (its own client's, where its limit held it), not the whole queue
+    // (the oldest request, the first to time out, was told to wait longest).
+    const holding = [...this.running.keys()].filter((entry) => !heldByOwnLimit || entry.ticket.client === ticket.client);
+    return new QueueTimeoutError(waited, this.firstToEnd(holding), false, heldByOwnLimit ? maxConcurrent : undefined);
   }
 
+  /** Seconds (at least 1) until the first of the running `entries` should end: a worker, or a slot of its client's, is free then. */
+  private firstToEnd(entries: Entry[]): number {
+    if (entries.length === 0) return 1;
+    const now = performance.now();
+    const left = entries.map((entry) => Math.max(0, entry.cost() - (now - this.running.get(entry)!.startedAt) / 1000));
+    return Math.max(1, Math.ceil(Math.min(...left)));
+  }
+
+  /**
+   * When the work ahead of a newcomer (what is left of the running jobs, and the waiting ones, shared
+   * among the workers) should be done. Estimates are asked again: they improve as jobs progress.
+   */
   private retryAfterSeconds(): number {
     const now = performance.now();
     let left = 0;

@@ -173,7 +173,7 @@ export class WorkerOutOfMemoryError extends Error {
  */
 const RESTART_BACKOFF_MS = { first: 1000, max: 30_000 };
 /** The least a starting worker gets between signs of progress (see EnginePoolOptions.startStallTimeoutMs). */
-const START_STALL_MIN_MS = 60_000;
+const START_STALL_MIN_MS = 300_000;
 const STABLE_MS = 60_000;
 
 export function createEnginePool(options: EnginePoolOptions): WorkerPool {
@@ -267,6 +267,8 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
           return;
       }
       queue.setConcurrency(readyWorkers().length);
+      // Past starting once every worker is ready with every preloaded model, whether anyone asked /ready then or not.
+      started ||= preloadState().full;
     },
     exit(worker, reason, hadBatch) {
       starting.get(worker)?.stop();
@@ -378,6 +380,20 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
     logger?.debug({ model: modelName(batch.modelDir), size: `${batch.width}x${batch.height}`, items: batch.items.length, steps, runMs: Math.round(seconds * 1000), outcome }, 'batch finished');
   }
 
+  /** The workers ready, each preloaded model and on how many live workers it loaded, and whether that is all of them. */
+  function preloadState() {
+    const live = workers().filter((w) => w.alive);
+    const ready = readyWorkers().length;
+    // A preloaded model whose folder was removed since cannot hold readiness back: the other models
+    // are served (a worker started since could not load it, and never will).
+    const models = preload.filter(({ dir }) => existsSync(dir)).map(({ dir }) => ({
+      model: modelName(dir),
+      loadedOn: live.filter((w) => w.loadedOnce.has(dir)).length,
+      ...(loadErrors.has(dir) && { error: loadErrors.get(dir) }),
+    }));
+    return { ready, models, full: ready === options.workers && models.every((m) => m.loadedOn === options.workers) };
+  }
+
   const estimate = (batch: GenerationBatch) => costs.estimate(batch);
   const merger = new BatchMerger((job, signal, jobOptions) => queue.run(job, signal, jobOptions), runOnWorker, options.maxMergedImages ?? 16, estimate);
 
@@ -386,17 +402,7 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
     ticket: (batches, client, limits) => new Ticket(client, batches.reduce((sum, batch) => sum + estimate(batch), 0), limits),
     load: () => queue.load(),
     readiness() {
-      const live = workers().filter((w) => w.alive);
-      const ready = readyWorkers().length;
-      // A preloaded model whose folder was removed since cannot hold readiness back: the other models
-      // are served (a worker started since could not load it, and never will).
-      const models = preload.filter(({ dir }) => existsSync(dir)).map(({ dir }) => ({
-        model: modelName(dir),
-        loadedOn: live.filter((w) => w.loadedOnce.has(dir)).length,
-        ...(loadErrors.has(dir) && { error: loadErrors.get(dir) }),
-      }));
-      const full = ready === options.workers && models.every((m) => m.loadedOn === options.workers);
-      started ||= full;
+      const { ready, models, full } = preloadState();
       return {
         ready: full || (started && ready > 0 && models.every((m) => m.loadedOn > 0)),
         started,

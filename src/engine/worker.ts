@@ -241,5 +241,6 @@ process.on('disconnect', () => process.exit(0));
 // A terminal's Ctrl-C (SIGINT) and a service manager's stop (systemd's SIGTERM to every process of the
 // unit) reach the workers as well as the server. The server alone decides when they stop: after its
 // running requests finished, by a 'stop' message (or SIGKILL); left to the signal, a worker would die at
-// once and fail them. SIGHUP (the server reloads its keys) likewise.
-for (const signal of ['SIGINT', 'SIGTERM', 'SIGHUP'] as const) process.on(signal, () => undefined);
+// once and fail them. SIGHUP (the server reloads its keys) likewise. A worker whose server is gone (its
+// channel closed, which also ends it unless native code holds its thread) takes the signal as meant.
+for (const signal of ['SIGINT', 'SIGTERM', 'SIGHUP'] as const) process.on(signal, () => (process.connected ? undefined : process.exit(0)));

@@ -2,7 +2,6 @@ import { createHash, timingSafeEqual } from 'node:crypto';
 import { unwatchFile, watchFile } from 'node:fs';
 import { readFile } from 'node:fs/promises';
 import type { FastifyBaseLogger } from 'fastify';
-import { BEARER_TOKEN } from '../api/bearer.js';
 
 /**
  * The API keys: API_KEYS from the configuration plus API_KEYS_FILE, which is re-read when it changes
@@ -50,6 +49,8 @@ export class KeyFileError extends Error {
 
 const LIMIT_NAMES = { requests_per_minute: 'requestsPerMinute', images_per_minute: 'imagesPerMinute', concurrent: 'concurrent' } as const;
 const LABEL = /^[A-Za-z0-9._@/-]{1,64}$/;
+/** RFC 6750's b64token: what may follow "Bearer " in Authorization. */
+const KEY = /^[A-Za-z0-9._~+/-]+=*$/;
 
 /** Comparing fixed-size digests keeps the comparison's time independent of the key and of its length. */
 const digest = (key: string) => createHash('sha256').update(key).digest();
@@ -66,7 +67,7 @@ export function parseKeyFile(text: string, file: string): ApiKey[] {
     const key = colon < 0 ? first : first.slice(colon + 1);
     const label = colon < 0 ? `sha256:${digest(key).toString('hex').slice(0, 12)}` : first.slice(0, colon);
     if (colon >= 0 && !LABEL.test(label)) problems.push(`${where}: the label must be 1 to 64 letters, digits or ._@/-`);
-    if (!BEARER_TOKEN.test(key)) problems.push(`${where}: the key must be letters, digits and -._~+/ (one ':' at most, after the label)`);
+    if (!KEY.test(key)) problems.push(`${where}: the key must be letters, digits and -._~+/ (one ':' at most, after the label)`);
     const limits: KeyLimits = {};
     for (const setting of settings) {
       const match = /^([a-z_]+)=([1-9]\d{0,8})$/.exec(setting);

@@ -30,7 +30,9 @@ export function engineError(err: unknown, model: string): unknown {
       503,
       err.noWorker
         ? `The server cannot generate right now: this request waited ${err.waitedSeconds}s and no worker process was ready to take it (they are starting, or restarting after crashing; /ready and the server's log say why). Please try again in ${err.retryAfterSeconds}s.`
-        : `The server is overloaded: this request waited ${err.waitedSeconds}s for a free worker without getting one. Please try again in ${err.retryAfterSeconds}s.`,
+        : err.clientLimit !== undefined
+          ? `This request waited ${err.waitedSeconds}s behind this API key's own running requests: the key may run ${err.clientLimit} at once (its 'concurrent' limit). Please try again in ${err.retryAfterSeconds}s, or send fewer requests at once.`
+          : `The server is overloaded: this request waited ${err.waitedSeconds}s for a free worker without getting one. Please try again in ${err.retryAfterSeconds}s.`,
       { code: 'queue_timeout', headers: { 'retry-after': String(err.retryAfterSeconds) } },
     );
   }

@@ -1,5 +1,5 @@
 import { constants } from 'node:fs';
-import { access, open, readdir, rename, stat, statfs, unlink } from 'node:fs/promises';
+import { access, mkdir, open, readdir, rename, stat, statfs, unlink } from 'node:fs/promises';
 import path from 'node:path';
 import type { Readable } from 'node:stream';
 import type { Logger } from 'pino';
@@ -45,6 +45,10 @@ export class FileImageStore implements ImageStore {
   private readonly space: StoreSpace;
   /** Writes in progress by image id: a listing meanwhile must not count their files a second time. */
   private readonly writes = new Map<string, Promise<void>>();
+  /** Ids being deleted: out of the index, their files not gone yet; a listing meanwhile must not count them again. */
+  private readonly deleting = new Set<string>();
+  /** The device of the folder holding the store's folder, when it opened (see check). */
+  private parentDevice = NaN;
   private timer: NodeJS.Timeout | undefined;
   /** Ids whose files changed on disk after they were stored (see read): never indexed again. */
   private readonly damaged = new Set<string>();
@@ -61,6 +65,7 @@ export class FileImageStore implements ImageStore {
   static async open(options: ImageStoreOptions): Promise<FileImageStore> {
     const store = new FileImageStore(options);
     await makeFolder(options.dir);
+    store.parentDevice = (await stat(path.dirname(path.resolve(options.dir)))).dev;
     await store.sweep();
     return store;
   }
@@ -79,10 +84,10 @@ export class FileImageStore implements ImageStore {
   private async list(): Promise<void> {
     for (const entry of await readdir(this.options.dir, { withFileTypes: true })) {
       const named = entry.isFile() ? parseImageName(entry.name) : undefined;
-      if (!named || this.index.has(named.id) || this.writes.has(named.id) || this.damaged.has(named.id)) continue;
+      if (!named || this.index.has(named.id) || this.writes.has(named.id) || this.deleting.has(named.id) || this.damaged.has(named.id)) continue;
       // Gone meanwhile (the other server's sweeper): skipped.
       const stats = await unlessMissing(stat(path.join(this.options.dir, entry.name)));
-      if (!stats || this.index.has(named.id) || this.writes.has(named.id)) continue;
+      if (!stats || this.index.has(named.id) || this.writes.has(named.id) || this.deleting.has(named.id)) continue;
       this.index.set(named.id, { ...named, size: stats.size });
       this.space.used += stats.size;
     }
@@ -99,7 +104,9 @@ export class FileImageStore implements ImageStore {
    */
   async reserve(bytes: number): Promise<StoreReservation> {
     await this.check();
-    const disk = await statfs(this.options.dir);
+    const disk = await statfs(this.options.dir).catch((err: NodeJS.ErrnoException) => {
+      throw new StoreUnavailableError(`the image folder ${this.options.dir} cannot be examined (${err.code ?? err.message})`, { cause: err, reason: err.code ?? 'statfs failed' });
+    });
     if (disk.bavail * disk.bsize < bytes) throw new StoreFullError('disk', this.options.maxBytes, bytes);
     return this.space.reserve(bytes);
   }
@@ -213,7 +220,11 @@ export class FileImageStore implements ImageStore {
     try {
       const folder = await unlessMissing(stat(dir));
       if (!folder) {
-        await makeFolder(dir);
+        // Only the folder itself, under a parent on the disk it was on: a volume that went away (its mount
+        // point left empty) must not be replaced by a folder on another disk that the images then fill.
+        const parent = await unlessMissing(stat(path.dirname(path.resolve(dir))));
+        if (parent?.dev !== this.parentDevice) throw Object.assign(new Error(`${dir} is gone, with the disk it was on`), { code: 'ENOENT' });
+        await mkdir(dir);
         this.options.logger.warn({ dir }, 'the image folder was deleted while the server ran: made it again (the images it held are lost)');
       } else if (!folder.isDirectory()) {
         throw Object.assign(new Error(`${dir} is not a folder`), { code: 'ENOTDIR' });
@@ -247,12 +258,14 @@ export class FileImageStore implements ImageStore {
     // that finds the store full) never count the same image twice.
     for (const image of images) {
       this.index.delete(image.id);
+      this.deleting.add(image.id);
       this.space.free(image.size);
     }
     for (const image of images) {
       await unlink(this.fileOf(image)).catch((err: NodeJS.ErrnoException) => {
         if (err.code !== 'ENOENT') this.options.logger.warn({ err, id: image.id }, 'cannot delete image');
       });
+      this.deleting.delete(image.id);
     }
   }
 
