@@ -39,11 +39,11 @@ describe('the cost model', () => {
   it("goes by the steps after a running batch's first: the first also holds the text encoders and first allocations", () => {
     const costs = new CostModel();
     const long = batch('a');
-    // The first of 10 steps took 5 s, the next four 1 s each: 1 s a step, not 5.
+    // The first of 10 steps took 5 s, the next four 1 s each: 5 s and then 1 s a step, not 5 s each.
     costs.progress(long, 5, 0.1);
     expect(costs.estimate(long)).toBeCloseTo(50);
     costs.progress(long, 9, 0.5);
-    expect(costs.estimate(long)).toBeCloseTo(10);
+    expect(costs.estimate(long)).toBeCloseTo(5 + 9);
     // Each batch is measured from its own first report.
     const other = batch('a');
     costs.progress(other, 2, 0.1);
@@ -55,5 +55,25 @@ describe('the cost model', () => {
     const guess = costs.estimate(batch('a'));
     costs.progress(batch('a'), 5, 0);
     expect(costs.estimate(batch('a'))).toBe(guess);
+  });
+
+  it('keeps what a batch pays once apart from its steps: a one-step batch does not make every step look as slow', () => {
+    const costs = new CostModel();
+    const small = { ...batch('a'), width: 250, height: 250, steps: 1, items: batch('a').items.slice(0, 1) };
+    // 1/16 megapixel, one step, 0.12 s: text encoders, one step, VAE, encoding.
+    costs.progress(small, 0.05, 1);
+    costs.record(small, 0.12);
+    expect(costs.estimate(small)).toBeCloseTo(0.12);
+    // A 10-step batch of 2 megapixel-images, timed: 1 s before its first report, then 0.1 s a step, 0.5 s after.
+    const big = batch('a');
+    for (let step = 1; step <= 10; step++) costs.progress(big, 1 + (step - 1) * 0.1, step / 10);
+    costs.record(big, 1 + 0.9 + 0.5);
+    // Its steps at 0.05 s per megapixel-image, learned from it alone; what it paid once (0.75 s per
+    // megapixel-image) averaged with the small batch's (1.92). The same batch again is estimated at 4 s
+    // for its 2.4; one rate per unit of work (1.92 and 0.12, averaged) said 28 s, and 150 steps 414 s.
+    const next = batch('a');
+    expect(costs.estimate(next)).toBeCloseTo(2 * (0.7 * 1.92 + 0.3 * 0.75 + 9 * 0.05));
+    // A batch of more steps costs more by its further steps only.
+    expect(costs.estimate({ ...next, steps: 110 })! - costs.estimate(next)).toBeCloseTo(2 * 100 * 0.05);
   });
 });
