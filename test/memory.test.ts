@@ -99,6 +99,25 @@ describe('the memory plan', () => {
     );
   });
 
+  it.skipIf(process.platform !== 'linux')("counts an image-to-image batch's denoising from the end of its encoding, not the encoder's memory with it (Linux: a resettable peak)", async () => {
+    const plan = new MemoryPlan();
+    const held: Buffer[] = [];
+    const MiB = 2 ** 20;
+    await plan.measureRun('/m', 1, 512 * 512, async () => {
+      // The encoder's session and attention: 200 MiB before the pictures are encoded.
+      held.push(Buffer.alloc(200 * MiB, 1));
+      plan.encoded();
+      // The denoising: 40 MiB more.
+      held.push(Buffer.alloc(40 * MiB, 1));
+    });
+    const [denoise] = plan.of('/m')!.denoise!;
+    expect(denoise.bytes).toBeGreaterThan(30 * MiB);
+    expect(denoise.bytes).toBeLessThan(100 * MiB);
+    // The batch's peak still counts the encoder's.
+    expect(plan.of('/m')!.peakBytes).toBeGreaterThan(230 * MiB);
+    held.length = 0;
+  });
+
   it.skipIf(!haveRealExports)('measures what a real export takes in this process, loaded and at its peak (needs ../shared)', async () => {
     const runtime = new WorkerRuntime({ runtime: { provider: 'cpu', threads: 1 } });
     const dir = realExport('sd15');

@@ -11,9 +11,14 @@ import { TextEncoder } from './text-encoder.js';
 import { OnDemand } from './on-demand.js';
 import { VaeDecoder, VaeEncoder, type VaeTiler } from './vae.js';
 
-/** Who decides whether a model's VAE decodes whole or in tiles (the worker's MemoryPlan); without one it decodes whole. */
+/**
+ * The worker's MemoryPlan as the pipelines see it: it decides whether a model's VAE decodes whole or in
+ * tiles (without one it decodes whole), and hears when a batch's pictures are encoded.
+ */
 export interface DecodePlanner {
   vaeTiler(layout: ModelLayout): VaeTiler;
+  /** The VAE encoder has encoded a batch's pictures (image-to-image): what the batch takes from here is its denoising. */
+  encoded(): void;
 }
 
 /** A model's loaded components, which each pipeline takes what it needs of. */
@@ -56,7 +61,7 @@ export async function loadPipeline(dir: string, runtime: RuntimeOptions, memory?
     const second = await secondEncoder(layout, family.secondEncoderLength?.[layout.variant], load);
     const vaeEncoder = new OnDemand(async () => {
       if (!layout.vaeEncoder) throw new ModelLayoutError(layout.dir, 'image-to-image needs vae_encoder/model.onnx, which this export lacks: export the model again with its VAE encoder');
-      return new VaeEncoder(await load(layout.vaeEncoder, { memoryArena: false }), layout.vae.scalingFactor, layout.vae.shiftFactor);
+      return new VaeEncoder(await load(layout.vaeEncoder, { memoryArena: false }), layout.vae.scalingFactor, layout.vae.shiftFactor, () => memory?.encoded());
     });
     return PIPELINES[family.pipeline]({ layout, denoiser, encoders: second ? [encoder, second] : [encoder], vae, vaeEncoder });
   } catch (err) {

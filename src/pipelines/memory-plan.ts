@@ -143,6 +143,8 @@ export class MemoryPlan {
   private decodeBudget = Infinity;
   /** Set when the running batch's decode begins, if this system can measure the phases apart. */
   private decodeStart?: DecodeStart;
+  /** The running batch's peak and resident memory when its VAE encoder finished (image-to-image), if it ran. */
+  private encodeEnd?: { peak: number; resident: number };
   /** Whether the running batch's peak is measured from its start (resetPeak worked). */
   private exactPeak = false;
 
@@ -179,6 +181,17 @@ export class MemoryPlan {
     const known = this.figures.get(modelDir);
     this.figures.set(modelDir, { peakBytes: 0, peakPixels: 0, ...known, weightsBytes: Math.max(0, residentBytes() - before) });
     return loaded;
+  }
+
+  /**
+   * The running batch's pictures are encoded (image-to-image): its denoising is measured from here, so
+   * that the encoder (its attention over every pixel, its session loaded on first use) is not counted
+   * as denoising, whose figures then plan plain generations at that size too.
+   */
+  encoded(): void {
+    if (!this.exactPeak) return;
+    this.encodeEnd = { peak: peakBytes(), resident: residentBytes() };
+    resetPeak();
   }
 
   /**
@@ -291,6 +304,7 @@ export class MemoryPlan {
   async measureRun<T>(modelDir: string, samples: number, pixels: number, run: () => Promise<T>): Promise<T> {
     this.exactPeak = resetPeak();
     this.decodeStart = undefined;
+    this.encodeEnd = undefined;
     const before = residentBytes();
     const held = this.held.get(modelDir) ?? 0;
     const result = await run();
@@ -300,10 +314,11 @@ export class MemoryPlan {
     const end = this.exactPeak ? peakBytes() : Math.max(peakBytes(), residentBytes());
     // Set by the tiler during run(), which the compiler cannot see.
     const start = this.decodeStart as DecodeStart | undefined;
-    const grew = Math.max(0, (start?.peak ?? end) - before);
+    const encoded = this.encodeEnd as { peak: number; resident: number } | undefined;
+    const grew = Math.max(0, (start?.peak ?? end) - (encoded?.resident ?? before));
     const reported: ModelMemory = {
       weightsBytes: 0,
-      peakBytes: Math.max(0, Math.max(end, start?.peak ?? 0) - before) + held,
+      peakBytes: Math.max(0, Math.max(end, start?.peak ?? 0, encoded?.peak ?? 0) - before) + held,
       peakPixels: samples * pixels,
       ...(grew > held * ARENA_NOISE && { denoise: [{ pixels, bytes: (grew + held) / samples }] }),
       ...(start && { decode: { bytes: Math.max(0, end - start.resident), pixels: start.pixels, attentionBytes: start.attentionBytes } }),

@@ -182,6 +182,8 @@ export class VaeEncoder {
     private readonly model: OnnxModel,
     private readonly scalingFactor: number,
     private readonly shiftFactor: number,
+    /** Told when a batch's pictures are encoded (the memory plan measures the denoising from there). */
+    private readonly onEncoded: () => void = () => undefined,
   ) {
     this.output = model.outputNames.includes('latent_parameters') ? 'latent_parameters' : 'latent_sample';
   }
@@ -209,6 +211,7 @@ export class VaeEncoder {
         latents[b * per + i] = (z - this.shiftFactor) * this.scalingFactor;
       }
     });
+    this.onEncoded();
     return latents;
   }
 }
