@@ -39,6 +39,18 @@ describe('uploaded pictures', () => {
     expect([...fitted.pixels.subarray(250 * 3, 250 * 3 + 3)]).toEqual([0, 0, 255]);
   });
 
+  it("repaints a mask's fully transparent pixels at its own size (a soft edge is kept, as OpenAI keeps it), and those below half alpha when scaled", async () => {
+    // Four columns of alpha 0, 60, 102 and 255 (a soft brush's edge between painted and kept).
+    const alphas = [0, 60, 102, 255];
+    const rgba = Buffer.alloc(64 * 64 * 4);
+    for (let p = 0; p < 64 * 64; p++) rgba.set([255, 255, 255, alphas[Math.floor((p % 64) / 16)]], p * 4);
+    const mask = await decodeInputImage(await sharp(rgba, { raw: { width: 64, height: 64, channels: 4 } }).png().toBuffer(), 'mask');
+    const image = await decodeInputImage(await sharp({ create: { width: 64, height: 64, channels: 3, background: 'red' } }).png().toBuffer(), 'image');
+    const columns = (repaint: Uint8Array, side: number) => [0, 1, 2, 3].map((c) => repaint[Math.floor(side / 2) * side + Math.floor(((c + 0.5) * side) / 4)]);
+    expect(columns((await fitEdit({ image, mask }, 64, 64)).mask!, 64)).toEqual([255, 0, 0, 0]);
+    expect(columns((await fitEdit({ image, mask }, 128, 128)).mask!, 128)).toEqual([255, 255, 255, 0]);
+  });
+
   it('refuses a damaged file when it is checked, before its request queues', async () => {
     const file = await bigFlatPng();
     await expect(decodeInputImage(file.subarray(0, file.length - 2000), 'image')).rejects.toMatchObject({ status: 400, param: 'image', code: 'invalid_image_format' });

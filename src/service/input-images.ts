@@ -12,8 +12,12 @@ import type { RgbImage } from '../runtime/types.js';
 const INPUT_FORMATS = ['png', 'jpeg', 'webp'] as const;
 /** Largest side of an input picture: bounds the work and memory of one decode (4096 x 4096 RGBA is 64 MiB). */
 const MAX_INPUT_SIDE = 4096;
-/** Alpha below this, once fitted (resizing blends edges), counts as transparent: repaint. */
-const TRANSPARENT_BELOW = 128;
+/**
+ * Which pixels a mask repaints: at its own size, the fully transparent ones (OpenAI's rule: a soft
+ * brush's half-transparent edge is kept); scaled, whose alpha is below half (scaling blends edges, and
+ * a fully transparent area's border would otherwise shrink by a pixel or two).
+ */
+const transparentBelow = (scaled: boolean) => (scaled ? 128 : 1);
 
 /**
  * An uploaded picture, checked: decoded once to be sure it can be (and to find fully transparent
@@ -116,7 +120,8 @@ export async function fitEdit({ image, mask: marks }: EditSource, width: number,
   const fitted = { pixels, width, height };
   if (!marks) return { image: fitted };
   const alpha = marks === image ? rgba : await fit(marks, width, height);
+  const below = transparentBelow(marks.width !== width || marks.height !== height);
   const repaint = new Uint8Array(width * height);
-  for (let p = 0; p < repaint.length; p++) repaint[p] = alpha[p * 4 + 3] < TRANSPARENT_BELOW ? 255 : 0;
+  for (let p = 0; p < repaint.length; p++) repaint[p] = alpha[p * 4 + 3] < below ? 255 : 0;
   return { image: fitted, mask: repaint };
 }
