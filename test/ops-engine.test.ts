@@ -149,10 +149,10 @@ describe('one busy worker', () => {
 });
 
 describe('the models a worker holds', () => {
-  // MODEL_MEMORY_BUDGET of one byte: a worker keeps only the model it used last.
+  // MODEL_MEMORY_BUDGET of 0: a worker keeps only the model it used last.
   let ops: OpsServer;
   beforeAll(async () => {
-    ops = await startOpsServer({ env: { MODEL_MEMORY_BUDGET: '1' } });
+    ops = await startOpsServer({ env: { MODEL_MEMORY_BUDGET: '0' } });
     await untilReady(ops.server.url);
   });
   afterAll(() => ops?.close());

@@ -131,7 +131,8 @@ describe('Retry-After', () => {
     const running = controlled(log, 'run');
     const first = queue.run(running.job, undefined, { ticket: new Ticket('A', 10), cost: cost(10) });
     const waiting = queue.run(async () => 'wait', undefined, { ticket: new Ticket('A', queuedCost), cost: cost(queuedCost) });
-    const err = (await queue.run(async () => 'no', undefined, { ticket: new Ticket('B', 1), cost: cost(1) }).catch((e: unknown) => e)) as QueueFullError;
+    // The waiting job's own client: another client with nothing waiting would be let in beside it.
+    const err = (await queue.run(async () => 'no', undefined, { ticket: new Ticket('A', 1), cost: cost(1) }).catch((e: unknown) => e)) as QueueFullError;
     expect(err).toBeInstanceOf(QueueFullError);
     running.release();
     await Promise.all([first, waiting]);
@@ -201,6 +202,30 @@ describe('a request that timed out, or finds a worker free', () => {
     await expect(queue.run(async () => 'no', undefined, { ticket: new Ticket('K', 1, { maxConcurrent: 1 }), cost: cost(1) })).rejects.toBeInstanceOf(QueueFullError);
     for (const j of [...jobs, other]) j.release();
     await Promise.all([...runs, b]);
+  });
+});
+
+describe('a full waiting room', () => {
+  it("admits a client with nothing waiting while another client's flood fills it, up to twice its size, and goes on refusing the flood", async () => {
+    const queue = new JobQueue(1, 4);
+    const log: string[] = [];
+    const flood = Array.from({ length: 5 }, (_, i) => controlled(log, `A${i}`));
+    const runs = flood.map((f) => queue.run(f.job, undefined, { ticket: new Ticket('A', 10), cost: cost(10) }));
+    expect(queue.load()).toEqual({ running: 1, queued: 4 });
+    await expect(queue.run(async () => 'no', undefined, { ticket: new Ticket('A', 10), cost: cost(10) })).rejects.toBeInstanceOf(QueueFullError);
+    // B, C, D have nothing waiting: each gets in while A holds more than half of what waits.
+    const others = ['B', 'C', 'D'].map((client) => queue.run(async () => client, undefined, { ticket: new Ticket(client, 1), cost: cost(1) }));
+    expect(queue.load()).toEqual({ running: 1, queued: 7 });
+    // A now holds 4 of 7: still more than half, but E would make 8, twice the room.
+    expect(queue.load().queued).toBe(7);
+    const e = queue.run(async () => 'E', undefined, { ticket: new Ticket('E', 1), cost: cost(1) });
+    expect(queue.load().queued).toBe(8);
+    await expect(queue.run(async () => 'no', undefined, { ticket: new Ticket('F', 1), cost: cost(1) })).rejects.toBeInstanceOf(QueueFullError);
+    // B again, with its first request still waiting: refused as before.
+    await expect(queue.run(async () => 'no', undefined, { ticket: new Ticket('B', 1), cost: cost(1) })).rejects.toBeInstanceOf(QueueFullError);
+    for (const f of flood) f.release();
+    expect(await Promise.all([...others, e])).toEqual(['B', 'C', 'D', 'E']);
+    await Promise.all(runs);
   });
 });
 

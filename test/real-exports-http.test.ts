@@ -48,7 +48,7 @@ describe.skipIf(!haveRealExports)('real exports in the server: sizes, seeds (nee
   describe('every listed size through POST /v1/images/generations', () => {
     let sweep: ExportsServer;
     beforeAll(async () => {
-      sweep = await startExportsServer(REAL_EXPORT_NAMES, { DEFAULT_MODEL: 'sd15', PRELOAD: 'none', MODEL_MEMORY_BUDGET: '1', VAE_TILING: 'always' });
+      sweep = await startExportsServer(REAL_EXPORT_NAMES, { DEFAULT_MODEL: 'sd15', PRELOAD: 'none', MODEL_MEMORY_BUDGET: '0', VAE_TILING: 'always' });
     });
     afterAll(() => sweep?.close());
 
@@ -71,7 +71,7 @@ describe.skipIf(!haveRealExports)('real exports in the server: sizes, seeds (nee
     let client: OpenAI;
     // One model loaded at a time (a one-byte budget): the big sizes' activations are the test's memory.
     beforeAll(async () => {
-      exports = await startExportsServer(REAL_EXPORT_NAMES, { DEFAULT_MODEL: 'sd15', PRELOAD: 'none', MODEL_MEMORY_BUDGET: '1' });
+      exports = await startExportsServer(REAL_EXPORT_NAMES, { DEFAULT_MODEL: 'sd15', PRELOAD: 'none', MODEL_MEMORY_BUDGET: '0' });
       client = exports.client;
     });
     afterAll(() => exports?.close());

@@ -251,8 +251,23 @@ export class JobQueue {
     }
     const perWorker = this.sum(this.order.entries()) / Math.max(1, this.concurrency);
     const tooMuchWork = this.options.maxQueuedSeconds !== undefined && perWorker > this.options.maxQueuedSeconds;
-    if (this.order.size >= this.maxWaiting || tooMuchWork) return new QueueFullError(this.retryAfterSeconds());
+    const full = this.order.size >= this.maxWaiting && !this.floodedBy(ticket.client);
+    if (full || tooMuchWork) return new QueueFullError(this.retryAfterSeconds());
     return undefined;
+  }
+
+  /**
+   * Whether the waiting room (QUEUE_MAX) is full because of another client: `client` has nothing
+   * waiting while one other client holds more than half of what waits. Such a newcomer is admitted, up
+   * to twice the room's size: one client's flood would otherwise keep every other client out (the fair
+   * order only helps those already admitted), while the flood's own further requests are still
+   * refused. The bound on waiting work (QUEUE_MAX_SECONDS) holds for everyone.
+   */
+  private floodedBy(client: string): boolean {
+    if (this.order.size >= 2 * this.maxWaiting || this.order.entriesOf(client).length > 0) return false;
+    const waiting = new Map<string, number>();
+    for (const entry of this.order.entries()) waiting.set(entry.ticket.client, (waiting.get(entry.ticket.client) ?? 0) + 1);
+    return Math.max(0, ...waiting.values()) > this.order.size / 2;
   }
 
   private sum(entries: Iterable<Entry>): number {
