@@ -37,6 +37,10 @@ describe('per-key rates', () => {
     expect(never).toMatchObject({ status: 429, code: 'rate_limit_exceeded', headers: { 'x-should-retry': 'false' } });
     expect(never.headers['retry-after']).toBeUndefined();
     expect(never.message).toMatch(/asks for 5 images, more than the key may have in a minute \(4 images\)\. Ask for at most 4/);
+    // Like every answer to a limited key, with its window as it stands: bob's, which this counted nothing against.
+    const bobs = await refusal(() => r.admit(key, 5));
+    expect(bobs.headers).toMatchObject({ 'x-ratelimit-limit-images': '4', 'x-ratelimit-remaining-images': '0', 'x-ratelimit-reset-images': '1m0s' });
+    expect(await r.admit({ label: 'carol', limits: { imagesPerMinute: 4 } }, 4)).toMatchObject({ 'x-ratelimit-remaining-images': '0' });
   });
 
   it('checks a request without counting it: one that proves invalid costs nothing', async () => {

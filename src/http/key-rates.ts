@@ -109,16 +109,19 @@ export class KeyRates {
     const limits = key?.limits;
     if (!key || !limits || (limits.requestsPerMinute === undefined && limits.imagesPerMinute === undefined)) return {};
     const now = this.now();
+    const entry = { at: now, images };
+    const windowLimits = { requests: limits.requestsPerMinute, images: limits.imagesPerMinute };
     if (limits.imagesPerMinute !== undefined && images > limits.imagesPerMinute) {
+      // The key's window as it stands (nothing counted), for the rate-limit headers every refusal carries.
+      const { recent } = await this.ledger.spend(key.label, entry, windowLimits, MINUTE_MS, false);
       throw new ApiError(
         429,
         `Rate limit reached for API key '${key.label}': this request asks for ${images} images, more than the key may have in a minute (${plural(limits.imagesPerMinute, 'image')}). Ask for at most ${limits.imagesPerMinute} at a time.`,
         // Waiting cannot help: the SDKs are told not to retry.
-        { type: 'requests', code: 'rate_limit_exceeded', headers: { 'x-should-retry': 'false' } },
+        { type: 'requests', code: 'rate_limit_exceeded', headers: { 'x-should-retry': 'false', ...rateHeaders(limits, recent, now) } },
       );
     }
-    const entry = { at: now, images };
-    const { fits: admitted, recent } = await this.ledger.spend(key.label, entry, { requests: limits.requestsPerMinute, images: limits.imagesPerMinute }, MINUTE_MS, record);
+    const { fits: admitted, recent } = await this.ledger.spend(key.label, entry, windowLimits, MINUTE_MS, record);
     if (admitted) return rateHeaders(limits, [...recent, entry], now);
     const wait = Math.max(
       limits.requestsPerMinute !== undefined && recent.length + 1 > limits.requestsPerMinute ? waitFor(recent, recent.length + 1 - limits.requestsPerMinute, () => 1, now) : 0,
