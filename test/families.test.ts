@@ -95,6 +95,10 @@ describe('the model-family registry', () => {
       const error = await apiError(server.client.images.edit({ model: 'stub', prompt: 'a blue square', image: await toFile(png, 'in.png', { type: 'image/png' }) }), OpenAI.BadRequestError);
       expect(error).toMatchObject({ status: 400, param: 'model', code: 'unsupported_value' });
       expect(error.message).toMatch(/The model 'stub' cannot edit images: its export \(stub\) lacks vae_encoder\/model\.onnx/);
+      // A client can tell beforehand: the model's entry lists what it can do, and its samplers.
+      const listed = (await server.client.models.retrieve('stub')) as OpenAI.Model & { capabilities: string[]; schedulers: string[] };
+      expect(listed.capabilities).toEqual(['text-to-image', 'previews']);
+      expect(listed.schedulers.length).toBeGreaterThan(0);
     } finally {
       await server.close();
     }
