@@ -58,7 +58,8 @@ export class FileImageStore implements ImageStore {
   readonly now: () => number;
   private constructor(private readonly options: ImageStoreOptions) {
     this.now = options.clock ?? Date.now;
-    this.space = new StoreSpace(options.maxBytes, () => this.sweep(), (bytes) => this.secondsUntilFreed(bytes));
+    // Making room deletes expired images only: listing the folder and deleting a crash's temporary files are the sweeper's.
+    this.space = new StoreSpace(options.maxBytes, () => this.deleteExpired(), (bytes) => this.secondsUntilFreed(bytes));
   }
 
   /** Opens the store: indexes the images left by a previous run, deleting expired and half-written ones. */
@@ -84,13 +85,18 @@ export class FileImageStore implements ImageStore {
   private async list(): Promise<void> {
     for (const entry of await readdir(this.options.dir, { withFileTypes: true })) {
       const named = entry.isFile() ? parseImageName(entry.name) : undefined;
-      if (!named || this.index.has(named.id) || this.writes.has(named.id) || this.deleting.has(named.id) || this.damaged.has(named.id)) continue;
+      if (!named || this.accounted(named.id) || this.damaged.has(named.id)) continue;
       // Gone meanwhile (the other server's sweeper): skipped.
       const stats = await unlessMissing(stat(path.join(this.options.dir, entry.name)));
-      if (!stats || this.index.has(named.id) || this.writes.has(named.id) || this.deleting.has(named.id)) continue;
+      if (!stats || this.accounted(named.id)) continue;
       this.index.set(named.id, { ...named, size: stats.size });
       this.space.used += stats.size;
     }
+  }
+
+  /** Whether this store counts the id's file already: indexed, being written, or being deleted. */
+  private accounted(id: string): boolean {
+    return this.index.has(id) || this.writes.has(id) || this.deleting.has(id);
   }
 
   private fileOf(image: StoredImage): string {
@@ -242,10 +248,15 @@ export class FileImageStore implements ImageStore {
    */
   async sweep(): Promise<void> {
     await this.listIfChanged().catch(() => undefined);
+    await this.deleteExpired();
+    await this.deleteTempFiles();
+  }
+
+  /** Deletes the indexed images that expired: what a put or reservation that finds the store full can free. */
+  private async deleteExpired(): Promise<void> {
     const expired = [...this.index.values()].filter((image) => isExpired(image, this.now()));
     await this.discard(expired);
     if (expired.length) this.options.logger.debug({ deleted: expired.length }, 'expired images deleted');
-    await this.deleteTempFiles();
   }
 
   /** Deletes images before they expire: ones no response will name after all. */
@@ -257,9 +268,8 @@ export class FileImageStore implements ImageStore {
     // Out of the index before the first await, so that sweeps running at the same time (one per put
     // that finds the store full) never count the same image twice.
     for (const image of images) {
-      this.index.delete(image.id);
+      this.forget(image);
       this.deleting.add(image.id);
-      this.space.free(image.size);
     }
     for (const image of images) {
       await unlink(this.fileOf(image)).catch((err: NodeJS.ErrnoException) => {
