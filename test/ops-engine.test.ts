@@ -87,7 +87,11 @@ describe('one busy worker', () => {
     // Otherwise the timeout above proved nothing: the long job must outlast it.
     expect(longMs).toBeGreaterThan(waited);
     // Retry-After went by the running batch's progress, the model's first: no batch had finished to time it by.
-    expect(Number(late.headers.get('retry-after'))).toBeLessThanOrEqual(Math.ceil(longMs / 1000) + 1);
+    // The estimate counts the first step (text encoders, the first allocations at this size) once and
+    // extrapolates the steps after it from the few done by then, which on this machine run a little
+    // slower than the later ones: within half again of what the batch took, not the tenfold of a rate
+    // taken from the first step alone.
+    expect(Number(late.headers.get('retry-after'))).toBeLessThanOrEqual(Math.ceil((1.5 * longMs) / 1000) + 1);
   });
 
   it('stops a generation whose client disconnected at its next step, freeing the worker for the next request', async () => {
