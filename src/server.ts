@@ -17,6 +17,7 @@ import { KeyRates } from './http/key-rates.js';
 import { KeySlots } from './http/key-slots.js';
 import { connectRedis } from './http/redis.js';
 import { RedisLedger } from './http/redis-ledger.js';
+import { readKeyFile } from './http/keys.js';
 
 /** Puts the service together (store, models, engine, HTTP app) and starts listening. */
 
@@ -41,6 +42,8 @@ export async function startServer(config: Config, logger: Logger, { clock }: Ser
   // Read and checked first: a file that is missing or no PEM stops the start before any worker process is started.
   const tls = config.tlsCert && config.tlsKey ? { cert: await readFile(config.tlsCert), key: await readFile(config.tlsKey) } : undefined;
   if (tls) createSecureContext(tls);
+  // The same for the keys (the auth plugin reads them again as the app starts, and then on every change).
+  if (config.apiKeysFile) await readKeyFile(config.apiKeysFile);
   const store = await openImageStore(
     {
       kind: config.store,

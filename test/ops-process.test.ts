@@ -122,6 +122,19 @@ describe('a server that cannot start', () => {
     expect(await failure({ TLS_CERT: notPem, TLS_KEY: notPem })).toMatch(/cannot start: TLS_CERT \(.*not-a-certificate\.txt\) and TLS_KEY \(.*\) cannot be used: .*PEM.*They must be the PEM certificate/);
     expect(await failure({ BODY_LIMIT: '0' })).toMatch(/exited with 2 before listening:[^]*BODY_LIMIT \(--body-limit\): expected at least 1 byte/);
   });
+
+  it('refuses a bad API_KEYS_FILE before it scans models or starts a worker', async () => {
+    const file = path.join(root, 'keys.txt');
+    await writeFile(file, 'ops:sk-ops-key speed=3\n');
+    const log: string[] = [];
+    const refused = await spawnIn(root, { env: { API_KEYS_FILE: file }, onLine: (line) => log.push(line) }).then(
+      () => expect.fail('it started'),
+      (err: Error) => err.message,
+    );
+    expect(refused).toMatch(/exited with 1 before listening:\nimagegen serve cannot start: API_KEYS_FILE .*keys\.txt: line 1: 'speed=3' is not a limit/);
+    // Nothing of a start was logged: it found the file bad first, not after starting the workers.
+    expect(log).toEqual([]);
+  });
 });
 
 describe('a failing disk', () => {

@@ -16,20 +16,23 @@ function controlled(log: string[], name: string) {
 
 const cost = (seconds: number) => () => seconds;
 
-/** Three controlled jobs (`<client>0`..`<client>2`) of a client allowed one running job at a time. */
-function oneAtATime(queue: JobQueue, log: string[], client: string) {
-  const jobs = [0, 1, 2].map((i) => controlled(log, `${client}${i}`));
-  const runs = jobs.map((j) => queue.run(j.job, undefined, { ticket: new Ticket(client, 1, { maxConcurrent: 1 }), cost: cost(1) }));
+/** `count` controlled jobs (`<name>0`, `<name>1`, ...) of a client, each estimated at `seconds`, all sent at once. */
+function burst(queue: JobQueue, log: string[], { name, client = name, count, seconds = 1, maxConcurrent }: { name: string; client?: string; count: number; seconds?: number; maxConcurrent?: number }) {
+  const jobs = Array.from({ length: count }, (_, i) => controlled(log, `${name}${i}`));
+  const ticket = () => new Ticket(client, seconds, maxConcurrent === undefined ? undefined : { maxConcurrent });
+  const runs = jobs.map((j) => queue.run(j.job, undefined, { ticket: ticket(), cost: cost(seconds) }));
   return { jobs, runs };
 }
+
+/** Three controlled jobs (`<client>0`..`<client>2`) of a client allowed one running job at a time. */
+const oneAtATime = (queue: JobQueue, log: string[], client: string) => burst(queue, log, { name: client, count: 3, maxConcurrent: 1 });
 const tick = () => new Promise((resolve) => setImmediate(resolve));
 
 describe('fair order across clients', () => {
   it("starts another client's cheap job after at most one of a flooding client's expensive ones", async () => {
     const queue = new JobQueue(1, 100);
     const log: string[] = [];
-    const flood = Array.from({ length: 10 }, (_, i) => controlled(log, `A${i}`));
-    const floodDone = flood.map((f) => queue.run(f.job, undefined, { ticket: new Ticket('A', 50), cost: cost(50) }));
+    const { jobs: flood, runs: floodDone } = burst(queue, log, { name: 'A', count: 10, seconds: 50 });
     expect(log).toEqual(['A0']);
 
     // B sends cheap requests one after the other, each when its previous one finished.
@@ -149,8 +152,7 @@ describe('Retry-After', () => {
   it('refuses new requests once the queued work passes maxQueuedSeconds per worker', async () => {
     const queue = new JobQueue(2, 100, { maxQueuedSeconds: 60 });
     const log: string[] = [];
-    const jobs = Array.from({ length: 4 }, (_, i) => controlled(log, `J${i}`));
-    const runs = jobs.map((j) => queue.run(j.job, undefined, { ticket: new Ticket('A', 100), cost: cost(100) }));
+    const { jobs, runs } = burst(queue, log, { name: 'J', client: 'A', count: 4, seconds: 100 });
     // Two run, two wait: 200 s of work waiting for 2 workers, past 60 s each.
     const err = (await queue.run(async () => 'no', undefined, { ticket: new Ticket('B', 1), cost: cost(1) }).catch((e: unknown) => e)) as QueueFullError;
     expect(err).toBeInstanceOf(QueueFullError);
@@ -209,8 +211,7 @@ describe('a full waiting room', () => {
   it("admits a client with nothing waiting while another client's flood fills it, up to twice its size, and goes on refusing the flood", async () => {
     const queue = new JobQueue(1, 4);
     const log: string[] = [];
-    const flood = Array.from({ length: 5 }, (_, i) => controlled(log, `A${i}`));
-    const runs = flood.map((f) => queue.run(f.job, undefined, { ticket: new Ticket('A', 10), cost: cost(10) }));
+    const { jobs: flood, runs } = burst(queue, log, { name: 'A', count: 5, seconds: 10 });
     expect(queue.load()).toEqual({ running: 1, queued: 4 });
     await expect(queue.run(async () => 'no', undefined, { ticket: new Ticket('A', 10), cost: cost(10) })).rejects.toBeInstanceOf(QueueFullError);
     // B, C, D have nothing waiting: each gets in while A holds more than half of what waits.

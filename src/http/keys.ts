@@ -90,6 +90,14 @@ export function parseKeyFile(text: string, file: string): ApiKey[] {
   return keys;
 }
 
+/** Reads and parses API_KEYS_FILE; throws KeyFileError when it cannot be read or has bad lines. */
+export async function readKeyFile(file: string): Promise<ApiKey[]> {
+  const text = await readFile(file, 'utf8').catch((err: NodeJS.ErrnoException) => {
+    throw new KeyFileError(file, [`cannot be read (${err.code ?? err.message})`]);
+  });
+  return parseKeyFile(text, file);
+}
+
 /** How often API_KEYS_FILE is checked for changes: polling sees editors' renames and Kubernetes' symlink swaps alike. */
 const POLL_INTERVAL_MS = 1000;
 
@@ -146,12 +154,7 @@ export class KeyRing {
   }
 
   private async readFile(): Promise<ApiKey[]> {
-    const file = this.options.apiKeysFile;
-    if (!file) return [];
-    const text = await readFile(file, 'utf8').catch((err: NodeJS.ErrnoException) => {
-      throw new KeyFileError(file, [`cannot be read (${err.code ?? err.message})`]);
-    });
-    return parseKeyFile(text, file);
+    return this.options.apiKeysFile ? readKeyFile(this.options.apiKeysFile) : [];
   }
 
   private use(fromFile: ApiKey[]): void {

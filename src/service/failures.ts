@@ -89,24 +89,38 @@ export function storeUnavailable(err: StoreUnavailableError, advice: string): Ap
 const NO_RETRY = { 'x-should-retry': 'false' };
 
 function storeFull(err: StoreFullError): ApiError {
-  const inline = "Ask for response_format 'b64_json'";
-  const { reason, neededBytes, maxBytes, retryAfterSeconds } = err;
-  const [message, headers]: [string, Record<string, string>] =
-    reason === 'running'
-      ? // Each running request hands back the space it set aside and did not use as it ends.
-        [`The server's image store is full with the images of requests running now. ${inline}, or retry in a few seconds.`, { 'retry-after': String(STORE_RETRY_SECONDS) }]
-      : reason === 'too-large'
-        ? [
-            `This request's images may take up to ${formatBytes(neededBytes)} in the server's image store (counted at the most their format can take), more than the whole store holds (MAX_STORE_BYTES, ${formatBytes(maxBytes)}). ${inline}, or fewer or smaller images; the server's operator can raise MAX_STORE_BYTES.`,
-            NO_RETRY,
-          ]
-        : reason === 'disk'
-          ? [`The disk holding the server's image store is full. ${inline}; the server's operator should free disk space under DATA_DIR, or lower MAX_STORE_BYTES to what the disk can hold.`, NO_RETRY]
-          : [
-              `The server's image store is full (MAX_STORE_BYTES, ${formatBytes(maxBytes)}). ${inline}, or retry ${retryAfterSeconds === undefined ? 'once older images expired' : `in ${retryAfterSeconds}s, when enough older images will have expired`}.`,
-              { ...NO_RETRY, ...(retryAfterSeconds !== undefined && { 'retry-after': String(retryAfterSeconds) }) },
-            ];
+  const { message, headers } = storeFullAnswer(err);
   return new ApiError(507, message, { code: 'storage_full', headers, cause: err });
+}
+
+/** What a full store tells the client, and whether (and when) retrying can help, by why it is full. */
+function storeFullAnswer({ reason, neededBytes, maxBytes, retryAfterSeconds }: StoreFullError): { message: string; headers: Record<string, string> } {
+  const inline = "Ask for response_format 'b64_json'";
+  switch (reason) {
+    case 'running':
+      // Each running request hands back the space it set aside and did not use as it ends.
+      return {
+        message: `The server's image store is full with the images of requests running now. ${inline}, or retry in a few seconds.`,
+        headers: { 'retry-after': String(STORE_RETRY_SECONDS) },
+      };
+    case 'too-large':
+      return {
+        message: `This request's images may take up to ${formatBytes(neededBytes)} in the server's image store (counted at the most their format can take), more than the whole store holds (MAX_STORE_BYTES, ${formatBytes(maxBytes)}). ${inline}, or fewer or smaller images; the server's operator can raise MAX_STORE_BYTES.`,
+        headers: NO_RETRY,
+      };
+    case 'disk':
+      return {
+        message: `The disk holding the server's image store is full. ${inline}; the server's operator should free disk space under DATA_DIR, or lower MAX_STORE_BYTES to what the disk can hold.`,
+        headers: NO_RETRY,
+      };
+    case 'images': {
+      const when = retryAfterSeconds === undefined ? 'once older images expired' : `in ${retryAfterSeconds}s, when enough older images will have expired`;
+      return {
+        message: `The server's image store is full (MAX_STORE_BYTES, ${formatBytes(maxBytes)}). ${inline}, or retry ${when}.`,
+        headers: { ...NO_RETRY, ...(retryAfterSeconds !== undefined && { 'retry-after': String(retryAfterSeconds) }) },
+      };
+    }
+  }
 }
 
 export function storeError(err: unknown): ApiError {
