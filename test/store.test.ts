@@ -212,6 +212,39 @@ describe('GET /v1/images/files/:name', () => {
     }
   });
 
+  it('serves byte ranges: a part as 206, a range past the end as 416, the whole where a part cannot be given', async () => {
+    const server = await startTestServer();
+    try {
+      const { data } = await server.client.images.generate({ model: 'stub', prompt: 'x' });
+      const url = data![0].url!;
+      const whole = await fetch(url);
+      expect(whole.headers.get('accept-ranges')).toBe('bytes');
+      const bytes = Buffer.from(await whole.arrayBuffer());
+      const size = bytes.length;
+      const etag = whole.headers.get('etag')!;
+      const get = async (headers: Record<string, string>) => {
+        const res = await fetch(url, { headers });
+        return { status: res.status, range: res.headers.get('content-range'), length: res.headers.get('content-length'), body: Buffer.from(await res.arrayBuffer()) };
+      };
+      // The forms a resumed download and a viewer send: from-to, from on, the last n.
+      expect(await get({ range: 'bytes=0-9' })).toEqual({ status: 206, range: `bytes 0-9/${size}`, length: '10', body: bytes.subarray(0, 10) });
+      expect(await get({ range: `bytes=${size - 5}-` })).toEqual({ status: 206, range: `bytes ${size - 5}-${size - 1}/${size}`, length: '5', body: bytes.subarray(size - 5) });
+      expect(await get({ range: 'bytes=-3' })).toEqual({ status: 206, range: `bytes ${size - 3}-${size - 1}/${size}`, length: '3', body: bytes.subarray(size - 3) });
+      // An end past the file is cut to it; If-Range naming this copy keeps the range.
+      expect(await get({ range: `bytes=4-${size + 100}`, 'if-range': etag })).toMatchObject({ status: 206, range: `bytes 4-${size - 1}/${size}`, body: bytes.subarray(4) });
+      // Answered whole: another copy in If-Range (a date never matches), several ranges, a malformed header.
+      const wholeAnswers: Record<string, string>[] = [{ range: 'bytes=0-9', 'if-range': '"other"' }, { range: 'bytes=0-9', 'if-range': 'Wed, 21 Oct 2015 07:28:00 GMT' }, { range: 'bytes=0-1,5-6' }, { range: 'pages=1' }, { range: 'bytes=x-y' }];
+      for (const headers of wholeAnswers) {
+        expect({ headers, ...(await get(headers)) }).toMatchObject({ headers, status: 200, range: null, body: bytes });
+      }
+      const beyond = await fetch(url, { headers: { range: `bytes=${size}-` } });
+      expect([beyond.status, beyond.headers.get('content-range')]).toEqual([416, `bytes */${size}`]);
+      expect((await beyond.json()).error).toMatchObject({ type: 'invalid_request_error', code: 'range_not_satisfiable', param: null });
+    } finally {
+      await server.close();
+    }
+  });
+
   it('keeps serving images generated before a restart', async () => {
     const dataDir = path.join(dir, 'data');
     const before = await startTestServer({ dataDir });

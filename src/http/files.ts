@@ -1,7 +1,7 @@
-import type { Readable } from 'node:stream';
-import type { FastifyInstance } from 'fastify';
+import type { FastifyInstance, FastifyRequest } from 'fastify';
+import parseRange from 'range-parser';
 import { IMAGE_EXTENSIONS } from '../runtime/types.js';
-import { IMAGE_ID, StoreUnavailableError, type ImageStore, type StoredImage } from '../store/image-store.js';
+import { IMAGE_ID, StoreUnavailableError, type ByteRange, type ImageStore, type StoredImage } from '../store/image-store.js';
 import { ApiError } from '../api/errors.js';
 import { storeUnavailable } from '../service/failures.js';
 
@@ -29,16 +29,10 @@ function notFound(name: string): ApiError {
   });
 }
 
-/**
- * The unexpired image `id` and, unless `headersOnly` (a HEAD: with STORE=s3 a read would download the
- * whole object to discard it), a stream of its bytes; null when there is none with extension `ext`.
- */
-async function openImage(store: ImageStore, id: string, ext: string, headersOnly: boolean): Promise<{ image: StoredImage; data?: Readable } | null> {
+/** The unexpired image `id`, if it has extension `ext`. */
+async function findImage(store: ImageStore, id: string, ext: string): Promise<StoredImage | null> {
   const image = await store.get(id);
-  if (!image || image.ext !== ext) return null;
-  if (headersOnly) return (await store.has(image)) ? { image } : null;
-  const data = await store.read(image);
-  return data && { image, data };
+  return image && image.ext === ext ? image : null;
 }
 
 /**
@@ -50,6 +44,31 @@ function matchesEtag(header: string | undefined, etag: string): boolean {
   return header.split(',').some((tag) => {
     const candidate = tag.trim().replace(/^W\//, '');
     return candidate === '*' || candidate === etag;
+  });
+}
+
+/**
+ * The part of the image a GET asks for with Range: undefined for all of it, also where RFC 9110 lets a
+ * server answer whole (a malformed header, another unit, several ranges: multipart/byteranges buys
+ * nothing for an image) and where If-Range names another copy than this one (an image never changes
+ * under its id, and a date never matches: no Last-Modified is sent). range-parser (Express's) reads
+ * the header's forms: `a-b`, `a-`, `-n`.
+ */
+function requestedRange(headers: FastifyRequest['headers'], size: number, etag: string): ByteRange | 'unsatisfiable' | undefined {
+  const header = headers.range;
+  if (!header) return undefined;
+  const ifRange = headers['if-range'];
+  if (ifRange !== undefined && (typeof ifRange !== 'string' || ifRange.trim() !== etag)) return undefined;
+  const ranges = parseRange(size, header, { combine: true });
+  if (ranges === -1) return 'unsatisfiable';
+  if (ranges === -2 || ranges.type !== 'bytes' || ranges.length !== 1) return undefined;
+  return ranges[0];
+}
+
+function unsatisfiable(range: string, size: number): ApiError {
+  return new ApiError(416, `The range '${range}' starts beyond the image's ${size} bytes (bytes are counted from 0).`, {
+    code: 'range_not_satisfiable',
+    headers: { 'content-range': `bytes */${size}` },
   });
 }
 
@@ -65,20 +84,33 @@ export async function files(app: FastifyInstance, { store }: FilesOptions): Prom
       const match = FILE_NAME.exec(name);
       if (!match) throw notFound(name);
       // A store that cannot be reached is a retryable 503 in OpenAI's shape, not a 404 that says the image is gone.
-      const found = await openImage(store, match[1], match[2], request.method === 'HEAD').catch((err: unknown) => {
+      const unavailable = (err: unknown) => {
         throw err instanceof StoreUnavailableError ? storeUnavailable(err, 'Please retry shortly.') : err;
-      });
-      if (!found) throw notFound(name);
-      const { image, data } = found;
+      };
+      const image = await findImage(store, match[1], match[2]).catch(unavailable);
+      if (!image) throw notFound(name);
       const maxAge = Math.max(0, Math.floor((image.expiresAt - store.now()) / 1000));
       const etag = `"${image.id}"`;
-      reply.header('etag', etag).header('cache-control', `public, max-age=${maxAge}, immutable`).header('x-content-type-options', 'nosniff');
-      // A client (a cache, a browser's reload) that has the image already gets no second copy.
-      if (matchesEtag(request.headers['if-none-match'], etag)) {
-        data?.destroy();
-        return reply.code(304).send();
+      reply.header('etag', etag).header('cache-control', `public, max-age=${maxAge}, immutable`).header('x-content-type-options', 'nosniff').header('accept-ranges', 'bytes');
+      // A client (a cache, a browser's reload) that has the image already gets no second copy; a HEAD
+      // gets the headers. Neither reads the image (with STORE=s3 that would download it to discard it).
+      const fresh = matchesEtag(request.headers['if-none-match'], etag);
+      if (fresh || request.method === 'HEAD') {
+        if (!(await store.has(image).catch(unavailable))) throw notFound(name);
+        return fresh ? reply.code(304).send() : reply.type(image.contentType).header('content-length', image.size).send();
       }
-      return reply.type(image.contentType).header('content-length', image.size).send(data);
+      const range = requestedRange(request.headers, image.size, etag);
+      if (range === 'unsatisfiable') throw unsatisfiable(request.headers.range!, image.size);
+      const data = await store.read(image, range).catch(unavailable);
+      if (!data) throw notFound(name);
+      reply.type(image.contentType);
+      if (!range) return reply.header('content-length', image.size).send(data);
+      // A part: a download that broke off resumes where it stopped, a viewer fetches what it shows.
+      return reply
+        .code(206)
+        .header('content-range', `bytes ${range.start}-${range.end}/${image.size}`)
+        .header('content-length', range.end - range.start + 1)
+        .send(data);
     },
   });
 }

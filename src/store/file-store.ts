@@ -4,7 +4,7 @@ import path from 'node:path';
 import type { Readable } from 'node:stream';
 import type { Logger } from 'pino';
 import { makeFolder, unlessMissing } from '../util/files.js';
-import { StoreFullError, StoreUnavailableError, type ImageStore, type StoredImage, type StoreReservation } from './image-store.js';
+import { StoreFullError, StoreUnavailableError, type ByteRange, type ImageStore, type StoredImage, type StoreReservation } from './image-store.js';
 import { extensionOf, imageName, isExpired, newImage, parseImageName } from './image-names.js';
 import { StoreSpace } from './space.js';
 
@@ -182,7 +182,7 @@ export class FileImageStore implements ImageStore {
   }
 
   /** The image's bytes as a stream, or null if it expired or vanished meanwhile. */
-  async read(image: StoredImage): Promise<Readable | null> {
+  async read(image: StoredImage, range?: ByteRange): Promise<Readable | null> {
     if (isExpired(image, this.now())) return null;
     // Opened here, so that a file the sweeper just deleted is a null rather than a stream that fails.
     const handle = await unlessMissing(open(this.fileOf(image)));
@@ -200,7 +200,7 @@ export class FileImageStore implements ImageStore {
       this.forget(image);
       return null;
     }
-    return handle.createReadStream();
+    return handle.createReadStream(range);
   }
 
   /** Whether the image's file is still there as it was stored (a HEAD answers what a GET would). */

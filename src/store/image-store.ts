@@ -75,6 +75,12 @@ export interface StoreReservation {
   release(): void;
 }
 
+/** Bytes `start` to `end` of a file, both included (as HTTP ranges count them), within its size. */
+export interface ByteRange {
+  start: number;
+  end: number;
+}
+
 export interface ImageStore {
   /**
    * The origin of the addresses the store hands out itself (StoredImage.url: S3 presigned URLs), where
@@ -90,8 +96,8 @@ export interface ImageStore {
   put(data: Uint8Array, contentType: string, reservation?: StoreReservation): Promise<StoredImage>;
   /** The image, or null when unknown or expired (even before a sweep deleted it). */
   get(id: string): Promise<StoredImage | null>;
-  /** The image's bytes as a stream, or null if it expired or vanished meanwhile. */
-  read(image: StoredImage): Promise<Readable | null>;
+  /** The image's bytes (those of `range` only, when given) as a stream, or null if it expired or vanished meanwhile. */
+  read(image: StoredImage, range?: ByteRange): Promise<Readable | null>;
   /** Whether read() would find the image now, without reading it (a HEAD). */
   has(image: StoredImage): Promise<boolean>;
   /** Deletes images before they expire: ones no response will name after all. */

@@ -3,7 +3,7 @@ import { Readable } from 'node:stream';
 import { DeleteObjectsCommand, GetObjectCommand, ListObjectsV2Command, paginateListObjectsV2, PutObjectCommand, S3Client } from '@aws-sdk/client-s3';
 import { getSignedUrl } from '@aws-sdk/s3-request-presigner';
 import type { Logger } from 'pino';
-import { StoreUnavailableError, type ImageStore, type StoredImage, type StoreReservation } from './image-store.js';
+import { StoreUnavailableError, type ByteRange, type ImageStore, type StoredImage, type StoreReservation } from './image-store.js';
 import { extensionOf, imageName, isExpired, newImage, parseImageName } from './image-names.js';
 import { StoreSpace } from './space.js';
 
@@ -188,10 +188,12 @@ export class S3ImageStore implements ImageStore {
     return null;
   }
 
-  async read(image: StoredImage): Promise<Readable | null> {
+  async read(image: StoredImage, range?: ByteRange): Promise<Readable | null> {
     if (isExpired(image, this.now())) return null;
     try {
-      const { Body } = await this.client.send(new GetObjectCommand({ Bucket: this.options.bucket, Key: this.keyOf(image) }));
+      const { Body } = await this.client.send(
+        new GetObjectCommand({ Bucket: this.options.bucket, Key: this.keyOf(image), ...(range && { Range: `bytes=${range.start}-${range.end}` }) }),
+      );
       if (!(Body instanceof Readable)) throw new TypeError('the SDK gave no Node.js stream for the object');
       return Body;
     } catch (err) {
