@@ -177,6 +177,7 @@ const SETTINGS = {
   imageTtlSeconds: { schema: integer(1).default(86400), description: 'how long image URLs stay valid' },
   maxStoreBytes: {
     schema: bytesAtLeast(1024 ** 2, '1m').default(2 * 1024 ** 3),
+    shownDefault: '2g',
     description: 'space the image store may use, e.g. 2g (with STORE=s3: the prefix\'s total over all replicas, as each replica\'s last listing saw it; see docs/deploy.md)',
   },
   store: {
@@ -267,7 +268,11 @@ const SETTINGS = {
     schema: seconds(0).default(30),
     description: 'on SIGTERM/SIGINT, how long running requests may finish before they are cancelled with a retryable 503',
   },
-  bodyLimit: { schema: byteSize.pipe(z.number().min(1, 'expected at least 1 byte')).default(1024 ** 2), description: 'largest accepted request body, e.g. 1m; a compressed body counts decompressed' },
+  bodyLimit: {
+    schema: byteSize.pipe(z.number().min(1, 'expected at least 1 byte')).default(1024 ** 2),
+    shownDefault: '1m',
+    description: 'largest accepted request body, e.g. 1m; a compressed body counts decompressed',
+  },
   headersTimeoutSeconds: {
     schema: seconds(1).default(30),
     description: 'a connection must send a request\'s headers within this long (also a new connection\'s first request), or it gets 408 and is closed',
@@ -296,7 +301,7 @@ const SETTINGS = {
     description: 'log level',
   },
   logPrompts: { schema: boolean.default(false), description: 'log the prompts of generation requests (they are private to the user: off by default)' },
-} satisfies Record<string, { schema: z.ZodType; description: string }>;
+} satisfies Record<string, { schema: z.ZodType; description: string; shownDefault?: string }>;
 
 export type SettingName = keyof typeof SETTINGS;
 
@@ -314,15 +319,30 @@ export interface Config extends Omit<Settings, 'modelAliases' | 'preload'> {
 export const envName = (name: SettingName) => name.replace(/[A-Z]/g, (c) => `_${c}`).toUpperCase();
 const flagName = (name: SettingName) => `--${name.replace(/[A-Z]/g, (c) => `-${c.toLowerCase()}`)}`;
 
-/** Each setting's flag, variable and description, for the CLI's options and help. */
 /** Whether a setting's schema is `boolean` (with a default or not). */
 const isBoolean = (schema: z.ZodType): boolean => schema === boolean || (schema instanceof z.ZodDefault && schema.unwrap() === boolean);
 
+/**
+ * A setting's value when neither its flag nor its variable is set, as help shows it: its schema's
+ * default (shownDefault where the parsed number reads worse than what one would write, e.g. 2g);
+ * undefined where there is none, or where the description says what it depends on ("(default: ...").
+ */
+function defaultText(setting: { schema: z.ZodType; description: string; shownDefault?: string }): string | undefined {
+  if (setting.description.includes('(default:')) return undefined;
+  if (setting.shownDefault !== undefined) return setting.shownDefault;
+  const parsed = setting.schema.safeParse(undefined);
+  const value: unknown = parsed.success ? parsed.data : undefined;
+  if (Array.isArray(value)) return value.length > 0 ? value.join(',') : undefined;
+  return ['string', 'number', 'boolean'].includes(typeof value) ? String(value) : undefined;
+}
+
+/** Each setting's flag, variable, description and default, for the CLI's options and help. */
 export const settingsHelp = (Object.keys(SETTINGS) as SettingName[]).map((name) => ({
   name,
   flag: flagName(name),
   env: envName(name),
   description: SETTINGS[name].description,
+  defaultText: defaultText(SETTINGS[name]),
   /** A true/false setting: its flag alone (`--log-prompts`) means true. */
   isSwitch: isBoolean(SETTINGS[name].schema),
 }));

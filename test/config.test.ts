@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { OPENAI_MODEL_NAMES } from '../src/api/dialects.js';
-import { ConfigError, loadConfig } from '../src/config.js';
+import { ConfigError, loadConfig, settingsHelp } from '../src/config.js';
 
 /** Configuration from flags and environment, secure by default. */
 
@@ -88,6 +88,20 @@ describe('loadConfig', () => {
   it('refuses a PUBLIC_BASE_URL that image paths cannot follow: a query, fragment, credentials or spaces', () => {
     for (const url of ['https://x.example.com/imgs?x=1', 'https://x.example.com/imgs#frag', 'https://u:p@x.example.com/imgs', 'https://x.example.com/im gs', 'https://x.example.com/imgs?', 'https://x.example.com/imgs#']) {
       expect([url, problems(() => loadConfig({}, { PUBLIC_BASE_URL: url }))[0]]).toEqual([url, expect.stringMatching(/^PUBLIC_BASE_URL .*without spaces, query/)]);
+    }
+  });
+});
+
+describe('settingsHelp (serve --help)', () => {
+  it("shows each setting's default as one would write it, and writing it changes nothing", () => {
+    const shown = Object.fromEntries(settingsHelp.map((s) => [s.env, s.defaultText]));
+    expect(shown).toMatchObject({ PORT: '8000', HOST: '127.0.0.1', MAX_STORE_BYTES: '2g', BODY_LIMIT: '1m', LOG_PROMPTS: 'false', CUDA_DEVICES: '0', STORE: 'fs' });
+    // None where there is none (API_KEYS), or where the description says what it depends on.
+    expect(shown).toMatchObject({ API_KEYS: undefined, WORKERS: undefined, CORS_ORIGINS: undefined, DEFAULT_MODEL: undefined });
+    const defaults = loadConfig({}, {});
+    for (const setting of settingsHelp.filter((s) => s.defaultText !== undefined)) {
+      const written = loadConfig({}, { [setting.env]: setting.defaultText });
+      expect({ env: setting.env, value: written[setting.name as keyof typeof written] }).toEqual({ env: setting.env, value: defaults[setting.name as keyof typeof defaults] });
     }
   });
 });

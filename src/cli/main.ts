@@ -92,9 +92,11 @@ function startupProblem(err: NodeJS.ErrnoException, config: Config): string | un
 }
 
 for (const setting of settingsHelp) {
+  // The default goes in the text, not commander's default: that would set every flag and hide the environment.
+  const help = `${setting.description} [${setting.env}${setting.defaultText === undefined ? '' : `, default ${setting.defaultText}`}]`;
   // A switch's flag alone is true (commander then gives true, which loadConfig reads as the text 'true').
-  if (setting.isSwitch) serve.option(`${setting.flag} [true|false]`, `${setting.description} [${setting.env}]`, (value: string) => value);
-  else serve.option(`${setting.flag} <value>`, `${setting.description} [${setting.env}]`);
+  if (setting.isSwitch) serve.option(`${setting.flag} [true|false]`, help, (value: string) => value);
+  else serve.option(`${setting.flag} <value>`, help);
 }
 
 registerGenerateCommand(program);
