@@ -97,6 +97,24 @@ describe.skipIf(!REDIS_SERVER)(`'concurrent' slots shared through Redis${NO_REDI
     expect(await connection.zcard('imagegen:slots:erin')).toBe(0);
   });
 
+  it('says once when a request begins to wait for a slot, and not when it gets one at once', async () => {
+    const { slots } = await replica();
+    const key = { label: 'gina', limits: { concurrent: 1 } };
+    const first = pending();
+    const waits: string[] = [];
+    const held = slots.hold(key, never, first.work, () => waits.push('first'));
+    await tick();
+    const second = slots.hold(key, never, async () => 'ran', () => waits.push('second'));
+    // Several polls (20 ms each) while it waits: told once.
+    await tick();
+    await tick();
+    expect(waits).toEqual(['second']);
+    first.state.finish();
+    expect(await second).toBe('ran');
+    await held;
+    expect(waits).toEqual(['second']);
+  });
+
   it('answers 503 queue_timeout after the longest wait, and ends a waiting request whose client left with its reason', async () => {
     const { slots } = await replica({ maxWaitMs: 200 });
     const key = { label: 'dave', limits: { concurrent: 1 } };
@@ -129,8 +147,21 @@ describe.skipIf(!REDIS_SERVER)(`'concurrent' slots shared through Redis${NO_REDI
       await tick();
       // Its server is idle, yet the request waits for the key's one slot.
       expect(two.server.engine.load()).toEqual({ running: 0, queued: 0 });
+      // A streamed request of the key opens its stream as it begins to wait (a proxy or a client waiting
+      // for a first byte would give up on a silent one), and its events come once it ran.
+      const streamed = await fetch(`${two.server.url}/v1/images/generations`, {
+        method: 'POST',
+        headers: { authorization: 'Bearer sk-frank-0123456789', 'content-type': 'application/json' },
+        body: JSON.stringify({ model: 'demo-shapes', prompt: 'a red circle', size: '256x256', stream: true }),
+      });
+      const reader = streamed.body!.getReader();
+      expect(new TextDecoder().decode((await reader.read()).value)).toBe(': queued\n\n');
+      expect(order).toEqual([]);
+      let rest = '';
+      for (let chunk = await reader.read(); !chunk.done; chunk = await reader.read()) rest += new TextDecoder().decode(chunk.value);
+      expect(rest).toMatch(/^event: image_generation\.completed$/m);
       await Promise.all([long, short]);
-      expect(order).toEqual(['long', 'short']);
+      expect(order[0]).toBe('long');
     } finally {
       await Promise.all([one.close(), two.close()]);
       await rm(root, { recursive: true, force: true });

@@ -3,6 +3,8 @@ import sharp from 'sharp';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { ImageStreamEvent } from '../src/api/wire.js';
 import type { RunningServer } from '../src/server.js';
+import { capturedLogs } from './helpers/logs.js';
+import { whenRunning } from './helpers/ops-server.js';
 import { readImageFile } from './helpers/picture.js';
 import { startRealServer, type RealServer } from './helpers/real-server.js';
 
@@ -18,8 +20,10 @@ let real: RealServer;
 let server: RunningServer;
 let client: OpenAI;
 
+const logs = capturedLogs<{ msg: string }>();
+
 beforeAll(async () => {
-  real = await startRealServer({ apiKey: KEY, env: { WORKERS: '1' } });
+  real = await startRealServer({ apiKey: KEY, env: { WORKERS: '1' }, logger: logs.logger });
   ({ server, client } = real);
 });
 
@@ -187,19 +191,62 @@ describe('streaming errors and cancellation', () => {
     await expect.poll(() => server.engine.readiness().ready, { timeout: 60_000 }).toBe(true);
   });
 
+  it("sends each image as its batch finishes: a later batch's failure keeps those already made", async () => {
+    // Six images run as batches of four and two (the model's max_batch) on the one worker, one after the other.
+    const stream = await client.images.generate({ model: 'demo-shapes', prompt: 'a red circle', n: 6, seed: 40, size: '512x512', steps: 150, stream: true } as OpenAI.ImageGenerateParamsStreaming);
+    const seeds: number[] = [];
+    const reading = (async () => {
+      for await (const event of stream) {
+        seeds.push((event as unknown as { seed: number }).seed);
+        // The first batch's images came: the second batch runs; its worker dies.
+        if (seeds.length === 1) process.kill(server.engine.workers()[0].pid!, 'SIGKILL');
+      }
+    })();
+    await expect(reading).rejects.toMatchObject({ error: { code: 'worker_crashed' } });
+    expect(seeds).toEqual([40, 41, 42, 43]);
+    await expect.poll(() => server.engine.readiness().ready, { timeout: 60_000 }).toBe(true);
+  });
+
   it('stops the work when the client disconnects mid-stream', async () => {
     const leave = new AbortController();
     const streamed = rawEvents({ model: 'demo-shapes', prompt: 'a red circle', size: '1024x1024', steps: 150, stream: true, stream_progress: true }, leave.signal, (event) => {
       if (event.type === 'imagegen.progress' && event.step !== undefined && event.step >= 2 && !leave.signal.aborted) leave.abort();
     });
+    const logged = logs.lines.length;
     await expect(streamed).rejects.toThrow();
     // The worker stops at its next step: the server is idle long before 150 steps at 1024x1024 could end.
     await expect.poll(() => server.engine.load(), { timeout: 10_000, interval: 20 }).toEqual({ running: 0, queued: 0 });
     expect(server.engine.workers()[0].step).toBeLessThan(20);
+    // A client leaving is no failed stream: the log says it left, and warns of nothing.
+    await new Promise((resolve) => setTimeout(resolve, 200));
+    const messages = logs.lines.slice(logged).map((line) => line.msg);
+    expect(messages).toContain('request aborted: the client closed the connection before the answer was sent');
+    expect(messages.filter((msg) => msg.startsWith('stream ended'))).toEqual([]);
   });
 });
 
 describe('streams and a busy queue', () => {
+  it('keeps a waiting stream alive more often than SEND_TIMEOUT_SECONDS, which would otherwise close it', async () => {
+    const quick = await startRealServer({ apiKey: KEY, env: { WORKERS: '1', SEND_TIMEOUT_SECONDS: '1' } });
+    const post = (body: object) =>
+      fetch(`${quick.server.url}/v1/images/generations`, {
+        method: 'POST',
+        headers: { authorization: `Bearer ${KEY}`, 'content-type': 'application/json' },
+        body: JSON.stringify({ model: 'demo-shapes', prompt: 'a red circle', response_format: 'b64_json', ...body }),
+      });
+    try {
+      // Several seconds of work ahead of the stream.
+      const long = post({ size: '1024x1024', steps: 150, n: 2 }).then((res) => res.arrayBuffer());
+      await whenRunning(quick.server);
+      const text = await (await post({ size: '256x256', stream: true })).text();
+      expect(text.match(/^: keep-alive$/gm)!.length).toBeGreaterThanOrEqual(2);
+      expect(text).toMatch(/^event: image_generation\.completed$/m);
+      await long;
+    } finally {
+      await quick.close();
+    }
+  });
+
   it('counts the batches ahead, a request the full queue refuses gets its 429 as plain JSON (not an event after a 200), and a stream opens once queued', async () => {
     // One worker, two places in the queue.
     const busy = await startRealServer({ apiKey: KEY, env: { WORKERS: '1', QUEUE_MAX: '2' } });

@@ -118,6 +118,7 @@ export function buildApp({ config, registry, engine, store, metrics, logger, tls
     publicBaseUrl: config.publicBaseUrl,
     logPrompts: config.logPrompts,
     defaultModel: config.defaultModel,
+    sendTimeoutMs: config.sendTimeoutSeconds * 1000,
     rates,
     slots,
   };

@@ -18,7 +18,7 @@ import { failedInStream } from './metrics.js';
  * bad field, a full queue) still gets its plain JSON error and status; a failure after that comes as an
  * event with OpenAI's error body (`data: {"error": ...}`), which the SDKs raise as an APIError. Without
  * an event to send then, a comment line opens the stream (SSE clients skip comments), and one is sent
- * every HEARTBEAT_MS while nothing else is: a client's timeout to the first byte, or a proxy's idle
+ * every HEARTBEAT_MS (or more often, see StreamOptions.sendTimeoutMs) while nothing else is: a client's timeout to the first byte, or a proxy's idle
  * timeout, does not run out while the request waits for a worker or takes long steps. A client that
  * disconnects cancels the work, as for any request (request.cancellation).
  */
@@ -28,7 +28,19 @@ type Produce = (onEvent: NonNullable<GenerateContext['onEvent']>) => Promise<Ima
 /** Below the 60 s idle timeout of common proxies (nginx's proxy_read_timeout, AWS load balancers). */
 const HEARTBEAT_MS = 15_000;
 
-export async function streamImages(request: FastifyRequest, reply: FastifyReply, prefix: StreamPrefix, body: GenerationRequest, produce: Produce): Promise<FastifyReply> {
+export interface StreamOptions {
+  /** The events' name prefix (`image_generation`, `image_edit`). */
+  prefix: StreamPrefix;
+  body: GenerationRequest;
+  /**
+   * SEND_TIMEOUT_SECONDS in ms. Its timer is the socket's inactivity timer, so a stream quiet for that
+   * long is closed even while its client reads: keep-alive lines come at least twice as often.
+   */
+  sendTimeoutMs: number;
+}
+
+export async function streamImages(request: FastifyRequest, reply: FastifyReply, { prefix, body, sendTimeoutMs }: StreamOptions, produce: Produce): Promise<FastifyReply> {
+  const heartbeatMs = Math.min(HEARTBEAT_MS, sendTimeoutMs / 2);
   const events = new PassThrough();
   let opened!: () => void;
   const firstEvent = new Promise<void>((resolve) => (opened = resolve));
@@ -52,14 +64,14 @@ export async function streamImages(request: FastifyRequest, reply: FastifyReply,
     clearInterval(heartbeat);
     events.end();
   };
-  const finish = (response: ImagesResponse) => {
-    for (const image of response.data) send(completedEvent(prefix, image.b64_json!, image.seed, response, settings));
-    end();
-  };
-  if (first) finish(first);
+  // The images went out as they were made ('image' events): the answer itself adds nothing.
+  if (first) end();
   else {
-    heartbeat = setInterval(() => write(': keep-alive\n\n'), HEARTBEAT_MS);
-    done.then(finish, (err: unknown) => {
+    heartbeat = setInterval(() => write(': keep-alive\n\n'), heartbeatMs);
+    done.then(end, (err: unknown) => {
+      // The client left (or stopped reading until the send timeout closed the connection): nobody to
+      // tell, and the close was logged and counted (499) as it happened.
+      if (reply.raw.destroyed) return end();
       const error = apiErrorOf(err, request);
       send(error.toBody());
       end();
@@ -95,17 +107,15 @@ function toStreamEvent(event: RequestEvent, prefix: StreamPrefix, request: Gener
       return request.stream_progress ? { type: 'imagegen.progress', queued_ahead: event.ahead } : undefined;
     case 'step':
       return request.stream_progress ? { type: 'imagegen.progress', step: event.step, steps: event.total } : undefined;
+    case 'image':
+      return {
+        type: `${prefix}.completed`,
+        b64_json: bufferView(event.file.data).toString('base64'),
+        created_at: Math.floor(Date.now() / 1000),
+        size: event.fields.size ?? 'auto',
+        ...settings,
+        seed: event.file.seed,
+        usage: event.fields.usage,
+      };
   }
-}
-
-function completedEvent(prefix: StreamPrefix, b64: string, seed: number, response: ImagesResponse, settings: ReturnType<typeof echoedSettings>): ImageStreamEvent {
-  return {
-    type: `${prefix}.completed`,
-    b64_json: b64,
-    created_at: response.created,
-    size: response.size ?? 'auto',
-    ...settings,
-    seed,
-    usage: response.usage!,
-  };
 }

@@ -18,6 +18,8 @@ export interface ImagesOptions {
   logPrompts: boolean;
   /** The model of requests that name none (DEFAULT_MODEL). */
   defaultModel: string;
+  /** SEND_TIMEOUT_SECONDS in ms: a stream's keep-alive lines come more often (event-stream.ts). */
+  sendTimeoutMs: number;
   /** API_KEYS_FILE's per-minute limits (shared through Redis with REDIS_URL). */
   rates: KeyRates;
   /** Keys' `concurrent` slots over all replicas (with REDIS_URL). */
@@ -39,7 +41,7 @@ export async function respond(
 ): Promise<ImagesResponse | FastifyReply> {
   const context = await generateContext(request, reply, body, options);
   const edit = await decodeEdit?.();
-  if (body.stream) return streamImages(request, reply, prefix, body, (onEvent) => options.service.generate(body, { ...context, onEvent }, edit));
+  if (body.stream) return streamImages(request, reply, { prefix, body, sendTimeoutMs: options.sendTimeoutMs }, (onEvent) => options.service.generate(body, { ...context, onEvent }, edit));
   return answer(reply, await options.service.generate(body, context, edit));
 }
 
@@ -73,6 +75,6 @@ async function generateContext(request: FastifyRequest, reply: FastifyReply, bod
     // Queue fairness is per key (by its label); a key file's `concurrent` limit bounds its running work.
     client: request.apiKey?.label,
     limits: request.apiKey?.limits?.concurrent === undefined ? undefined : { maxConcurrent: request.apiKey.limits.concurrent },
-    ...(slots && { hold: (work) => slots.hold(request.apiKey, request.cancellation, work) }),
+    ...(slots && { hold: (work, onWait) => slots.hold(request.apiKey, request.cancellation, work, onWait) }),
   };
 }

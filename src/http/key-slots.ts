@@ -63,12 +63,12 @@ export class KeySlots {
   }
 
   /** Runs `work` holding one of the key's slots; a key without a `concurrent` limit holds none. */
-  async hold<T>(key: Omit<ApiKey, 'key'> | null, signal: AbortSignal, work: () => Promise<T>): Promise<T> {
+  async hold<T>(key: Omit<ApiKey, 'key'> | null, signal: AbortSignal, work: () => Promise<T>, onWait?: () => void): Promise<T> {
     const limit = key?.limits?.concurrent;
     if (!key || limit === undefined) return work();
     const slots = `${KEY_PREFIX}${key.label}`;
     const id = randomBytes(8).toString('hex');
-    if (!(await this.take(slots, limit, id, signal, key.label))) return work();
+    if (!(await this.take(slots, limit, id, signal, key.label, onWait))) return work();
     const renewal = setInterval(() => {
       this.redis.zadd(slots, 'XX', Date.now() + this.leaseMs, id).catch(() => undefined);
     }, this.leaseMs / 3);
@@ -80,8 +80,8 @@ export class KeySlots {
     }
   }
 
-  /** Waits for a slot: true once taken, false when Redis cannot be asked (the work then runs unshared). */
-  private async take(slots: string, limit: number, id: string, signal: AbortSignal, label: string): Promise<boolean> {
+  /** Waits for a slot (calling `onWait` when it begins to wait): true once taken, false when Redis cannot be asked (the work then runs unshared). */
+  private async take(slots: string, limit: number, id: string, signal: AbortSignal, label: string, onWait?: () => void): Promise<boolean> {
     const started = Date.now();
     for (;;) {
       let taken: number;
@@ -99,6 +99,9 @@ export class KeySlots {
       this.status.answered();
       if (taken === 1) return true;
       const waited = Date.now() - started;
+      // Said once, as the wait begins: a streamed answer opens then (see GenerateContext.hold).
+      onWait?.();
+      onWait = undefined;
       if (this.options.maxWaitMs !== undefined && waited >= this.options.maxWaitMs) {
         const seconds = Math.round(waited / 1000);
         throw new ApiError(503, `API key '${label}' has ${limit} requests running, its 'concurrent' limit over all servers, and this request waited ${seconds}s for one to end. Please try again shortly.`, {

@@ -5,7 +5,7 @@ import type { EnginePool } from '../engine/pool.js';
 import type { NoiseKind } from '../runtime/random.js';
 import type { BatchEvent, GeneratedImage, GenerationBatch } from '../runtime/types.js';
 import { ApiError, quoteList } from '../api/errors.js';
-import type { GenerationRequest, ImageObject, ImagesResponse } from '../api/wire.js';
+import type { GenerationRequest, GptImageResponseFields, ImageObject, ImagesResponse } from '../api/wire.js';
 import type { ModelEntry, ModelRegistry } from '../models/registry.js';
 import { stepsRun } from '../schedulers/index.js';
 import type { ImageStore, StoredImage, StoreReservation } from '../store/image-store.js';
@@ -60,23 +60,49 @@ export interface GenerateContext {
   client?: string;
   /** The client's own queue limits, if it has any. */
   limits?: ClientLimits;
-  /** Runs the making of the images holding what the client may hold at once over all servers (a key's `concurrent` slot). */
-  hold?<T>(work: () => Promise<T>): Promise<T>;
+  /**
+   * Runs the making of the images holding what the client may hold at once over all servers (a key's
+   * `concurrent` slot), calling `onWait` if it has to wait for one first.
+   */
+  hold?<T>(work: () => Promise<T>, onWait: () => void): Promise<T>;
   /** Streaming: hears the request's progress and its images' previews while they are made. */
   onEvent?(event: RequestEvent): void;
 }
 
 /** What a streamed request hears while it runs, its images numbered as in the response. */
 export type RequestEvent =
-  /** Waiting for a worker: other batches waiting in the queue (an upper bound on those ahead: the queue is fair between clients). */
+  /** Waiting for a worker (or the key's `concurrent` slot): other batches waiting in the queue (an upper bound on those ahead: the queue is fair between clients). */
   | { type: 'queued'; ahead: number }
   /** Denoising steps done over all the request's batches. */
   | { type: 'step'; step: number; total: number }
   /** Image `image`'s `index`-th preview, encoded as the image will be, of its size ("WxH"). */
-  | { type: 'preview'; image: number; index: number; file: GeneratedImage; size: string };
+  | { type: 'preview'; image: number; index: number; file: GeneratedImage; size: string }
+  /**
+   * Image `image`, finished, with the settings and usage the answer repeats: a streamed request's images
+   * go out as they are made (in order), so one that another batch's failure ends keeps those made
+   * before; its answer's `data` is then empty.
+   */
+  | { type: 'image'; image: number; file: GeneratedImage; fields: GptImageResponseFields };
 
 /** How often a waiting streamed request hears how many batches wait with it. */
 const QUEUED_EVENT_MS = 1000;
+
+/** The response index of each batch's first image. */
+const firstImages = (batches: GenerationBatch[]) => batches.map((_, b) => batches.slice(0, b).reduce((n, batch) => n + batch.items.length, 0));
+
+/**
+ * Hands on batches' images in the response's order as the batches finish (in any order): image i goes
+ * once every image before it has.
+ */
+function finishedInOrder(batches: GenerationBatch[], onImage: (image: number, file: GeneratedImage) => void) {
+  const first = firstImages(batches);
+  const done: (GeneratedImage[] | undefined)[] = [];
+  let next = 0;
+  return (batch: number, images: GeneratedImage[]) => {
+    done[batch] = images;
+    for (; done[next]; next++) done[next]!.forEach((file, i) => onImage(first[next] + i, file));
+  };
+}
 
 export interface ImageService {
   /** Generates from the prompt alone, or, given `edit`, from its picture (edits and variations). */
@@ -109,17 +135,30 @@ export function createImageService({ registry, engine, store, defaultRng, defaul
    * Runs the batches in parallel (they may land on different workers) as one request of the queue; one
    * failure cancels the rest. `model`: as the request named it, for its errors.
    */
-  async function run(batches: GenerationBatch[], model: string, signal: AbortSignal, ticket: Ticket, onEvent?: (event: RequestEvent) => void): Promise<GeneratedImage[]> {
+  async function run(batches: GenerationBatch[], model: string, signal: AbortSignal, ticket: Ticket, onEvent?: (event: RequestEvent) => void, fields?: GptImageResponseFields): Promise<GeneratedImage[]> {
     const failed = new AbortController();
     const either = AbortSignal.any([signal, failed.signal]);
     const progress = onEvent && requestProgress(batches, onEvent);
+    // After a failure, nothing more goes out: the error ends the stream.
+    const finished =
+      onEvent &&
+      fields &&
+      finishedInOrder(batches, (image, file) => {
+        if (!either.aborted) onEvent({ type: 'image', image, file, fields });
+      });
     try {
       const results = await Promise.all(
         batches.map((batch, b) =>
-          engine.generate(batch, either, ticket, progress?.listener(b)).catch((err) => {
-            failed.abort(err);
-            throw err;
-          }),
+          engine.generate(batch, either, ticket, progress?.listener(b)).then(
+            (images) => {
+              finished?.(b, images);
+              return images;
+            },
+            (err) => {
+              failed.abort(err);
+              throw err;
+            },
+          ),
         ),
       );
       return results.flat();
@@ -135,7 +174,7 @@ export function createImageService({ registry, engine, store, defaultRng, defaul
    * numbered as the response's images, and while nothing has started, the batches waiting with it.
    */
   function requestProgress(batches: GenerationBatch[], onEvent: (event: RequestEvent) => void) {
-    const firstImage = batches.map((_, b) => batches.slice(0, b).reduce((n, batch) => n + batch.items.length, 0));
+    const firstImage = firstImages(batches);
     // Image-to-image runs only the steps its strength leaves; a batch's events then say how many exactly
     // (PNDM's loop takes one more), so a progress bar does not jump back when they begin.
     const steps = batches.map((batch) => ({ step: 0, total: batch.strength === undefined ? batch.steps : stepsRun(batch.steps, batch.strength), begun: false }));
@@ -201,14 +240,19 @@ export function createImageService({ registry, engine, store, defaultRng, defaul
     return stored.map((image, i) => ({ url: context.urlFor(image), seed: images[i].seed }));
   }
 
-  /** Generates the images and delivers them, with their store space reserved from before the work starts until they are stored. */
-  async function produce(batches: GenerationBatch[], request: GenerationRequest, context: GenerateContext) {
+  /**
+   * Generates the images and delivers them, with their store space reserved from before the work
+   * starts until they are stored. A streamed request's images went out as 'image' events already.
+   */
+  async function produce(batches: GenerationBatch[], request: GenerationRequest, context: GenerateContext, fields?: GptImageResponseFields) {
     const reservation = await reserveSpace(request, batches);
     try {
-      const making = () => run(batches, request.model, context.signal, engine.ticket(batches, context.client ?? 'anonymous', context.limits), context.onEvent);
-      const images = await (context.hold ? context.hold(making) : making());
+      const making = () => run(batches, request.model, context.signal, engine.ticket(batches, context.client ?? 'anonymous', context.limits), context.onEvent, fields);
+      // Waiting for the key's slot is waiting in a queue too: a streamed answer opens and keeps alive meanwhile.
+      const waiting = () => context.onEvent?.({ type: 'queued', ahead: engine.load().queued });
+      const images = await (context.hold ? context.hold(making, waiting) : making());
       const generated = performance.now();
-      return { images, generated, data: await deliver(images, request, context, reservation) };
+      return { images, generated, data: request.stream ? [] : await deliver(images, request, context, reservation) };
     } finally {
       reservation?.release();
     }
@@ -240,8 +284,10 @@ export function createImageService({ registry, engine, store, defaultRng, defaul
       // Streamed responses carry usage whatever the dialect: OpenAI's completed event has it.
       const textTokens = request.dialect === 'gpt-image' || request.stream ? await promptTokens.count(model, request.prompt) : undefined;
       await context.admit?.();
-      const { images, data, generated } = await produce(batches, request, context);
       const [{ width, height, steps, strength }] = batches;
+      const drawn = { width, height, count: batches.reduce((n, batch) => n + batch.items.length, 0), inputImages: edit ? 1 : 0, vaeScale: model.layout.vae.scaleFactor };
+      const fields = textTokens === undefined ? undefined : gptImageFields(request, textTokens, drawn);
+      const { data, generated } = await produce(batches, request, context, fields);
       // The request's logger already names the model, size and n it asked for; these are what ran.
       context.log.info(
         {
@@ -255,15 +301,7 @@ export function createImageService({ registry, engine, store, defaultRng, defaul
         },
         'images generated',
       );
-      const response = { created: Math.floor(Date.now() / 1000), data };
-      if (textTokens === undefined) return response;
-      return { ...response, ...gptImageFields(request, textTokens, {
-        width,
-        height,
-        count: images.length,
-        inputImages: edit ? 1 : 0,
-        vaeScale: model.layout.vae.scaleFactor,
-      }) };
+      return { created: Math.floor(Date.now() / 1000), data, ...fields };
     },
   };
 }
