@@ -126,6 +126,9 @@ describe('POST /v1/images/generations', () => {
 describe('request validation', () => {
   const cases: Array<[string, Record<string, unknown>, string | null, string, string?]> = [
     ['empty model', { model: '' }, 'model', 'empty_string'],
+    // Longer than a folder name can be; it would go into every log line of the request.
+    ['model too long', { model: 'm'.repeat(256) }, 'model', 'string_above_max_length'],
+    ['size too long', { size: `${'1'.repeat(40)}x512` }, 'size', 'string_above_max_length'],
     ['missing prompt', { prompt: undefined }, 'prompt', 'missing_required_parameter', "Missing required parameter: 'prompt'."],
     ['null prompt', { prompt: null }, 'prompt', 'missing_required_parameter'],
     ['empty prompt', { prompt: '' }, 'prompt', 'empty_string'],

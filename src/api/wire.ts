@@ -42,13 +42,16 @@ const OUTPUT_FORMATS = Object.keys(IMAGE_FORMATS) as [OutputFormat, ...OutputFor
  * defaults here apply to all of them (a variation has no `style`, yet its request reads as vivid).
  */
 const requestFields = z.strictObject({
-  /** Required unless the parser has a default; its dialect (dialects.ts) sets defaults below. */
-  model: z.string().min(1),
+  /**
+   * Required unless the parser has a default; its dialect (dialects.ts) sets defaults below. As long as
+   * a folder name may be: it goes into every log line of the request.
+   */
+  model: z.string().min(1).max(255),
   /** Variations have none: they run with the empty prompt. Generations and edits require one. */
   prompt: z.string().max(MAX_PROMPT_LENGTH).default(''),
   n: integer(1, MAX_IMAGES).default(1),
-  /** "WxH" or "auto" (the model's default); checked against the model's sizes by the service. */
-  size: z.string().optional(),
+  /** "WxH" or "auto" (the model's default); checked against the model's sizes by the service. Logged, so bounded. */
+  size: z.string().max(32).optional(),
   /** A step tier (dialects.ts qualityTier). */
   quality: z.enum(REQUEST_QUALITIES).optional(),
   style: z.enum(STYLES).default('vivid'),
