@@ -268,6 +268,13 @@ const SETTINGS = {
     schema: seconds(0).default(30),
     description: 'on SIGTERM/SIGINT, how long running requests may finish before they are cancelled with a retryable 503',
   },
+  uploadMemory: {
+    // At least the largest form an edit takes (an image and a mask of 25 MiB, fields): one always fits.
+    schema: bytesAtLeast(64 * 1024 ** 2, '64m').default(256 * 1024 ** 2),
+    shownDefault: '256m',
+    description:
+      'memory the uploaded files of edits and variations may take together, from being read until their request ends (a request waiting for a worker keeps its upload); a form that finds it full gets 429 with Retry-After before the rest of it is read',
+  },
   bodyLimit: {
     schema: byteSize.pipe(z.number().min(1, 'expected at least 1 byte')).default(1024 ** 2),
     shownDefault: '1m',

@@ -223,6 +223,39 @@ describe('multipart bodies', () => {
   });
 });
 
+describe('uploads waiting for a worker', () => {
+  it('hold at most UPLOAD_MEMORY together: a form that finds it full gets 429 unread, and gets in once they ended', async () => {
+    const MiB = 1024 ** 2;
+    const held = await startTestServer({ config: { uploadMemory: 64 * MiB }, stubCanEdit: true });
+    held.engine.hold();
+    try {
+      // An incompressible picture: a PNG of about 24 MiB, so two forms fit in 64 MiB and a third does not.
+      const side = 2900;
+      const noise = await sharp(randomBytes(side * side * 3), { raw: { width: side, height: side, channels: 3 } }).png({ compressionLevel: 0 }).toBuffer();
+      expect(noise.length).toBeGreaterThan(22 * MiB);
+      const edit = () => {
+        const form = new FormData();
+        form.set('prompt', 'a blue square');
+        form.set('model', 'stub');
+        form.set('image', new Blob([noise], { type: 'image/png' }), 'in.png');
+        return fetch(`${held.baseURL}/images/edits`, { method: 'POST', headers: { authorization: `Bearer ${TEST_KEY}` }, body: form });
+      };
+      const waiting = [edit(), edit()];
+      await expect.poll(() => held.engine.signals.length, { timeout: 30_000 }).toBe(2);
+      const refused = await edit();
+      expect([refused.status, refused.headers.get('retry-after'), refused.headers.get('connection')]).toEqual([429, '5', 'close']);
+      expect((await refused.json()).error).toMatchObject({ type: 'requests', code: 'rate_limit_exceeded', message: expect.stringMatching(/UPLOAD_MEMORY, 64(\.0)? MiB/) });
+      held.engine.release();
+      expect((await Promise.all(waiting)).map((res) => res.status)).toEqual([200, 200]);
+      // Their uploads went with them.
+      expect((await edit()).status).toBe(200);
+    } finally {
+      held.engine.release();
+      await held.close();
+    }
+  }, 60_000);
+});
+
 describe('requests the router refuses', () => {
   it('are counted in /metrics as every other request is (no route hook runs for them)', async () => {
     const count = async (status: number) => {

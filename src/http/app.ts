@@ -34,6 +34,7 @@ export type AppConfig = Pick<
   | 'apiKeys'
   | 'apiKeysFile'
   | 'bodyLimit'
+  | 'uploadMemory'
   | 'rng'
   | 'trustProxy'
   | 'publicBaseUrl'
@@ -123,6 +124,6 @@ export function buildApp({ config, registry, engine, store, metrics, logger, tls
     slots,
   };
   app.register(images, imageRoutes);
-  app.register(edits, imageRoutes);
+  app.register(edits, { ...imageRoutes, uploadMemory: config.uploadMemory });
   return app;
 }

@@ -6,6 +6,7 @@ import type { EditInput } from '../service/images.js';
 import { checkMask, decodeInputImage } from '../service/input-images.js';
 import { respond, type ImagesOptions } from './image-context.js';
 import { readUpload, type Upload, type UploadLimits, type UploadRoute } from './uploads.js';
+import { ByteBudget } from '../util/byte-budget.js';
 
 /**
  * POST /v1/images/edits and /v1/images/variations: the generations path (service/images.ts) started
@@ -35,15 +36,21 @@ async function editInput({ images, mask, form }: Upload, route: UploadRoute): Pr
   return { ...source, kind: route };
 }
 
-export async function edits(app: FastifyInstance, options: ImagesOptions): Promise<void> {
+export interface EditsOptions extends ImagesOptions {
+  /** UPLOAD_MEMORY: what the forms of edits and variations may hold together (uploads.ts). */
+  uploadMemory: number;
+}
+
+export async function edits(app: FastifyInstance, options: EditsOptions): Promise<void> {
   // Limits are set per request in uploads.ts; throwing on a too-large file makes it a 413, not a silently cut image.
   await app.register(multipart, { throwFileSizeLimit: true });
+  const memory = new ByteBudget(options.uploadMemory);
   for (const [path, route] of [
     ['/v1/images/edits', 'edit'],
     ['/v1/images/variations', 'variation'],
   ] as const) {
     app.post(path, async (request, reply): Promise<ImagesResponse | FastifyReply> => {
-      const upload = await readUpload(request, route, UPLOAD_LIMITS);
+      const upload = await readUpload(request, reply, route, UPLOAD_LIMITS, memory);
       const body = parseImageRequest(route, upload.fields, { defaultModel: options.defaultModel, form: upload.form });
       return respond(request, reply, 'image_edit', body, options, () => editInput(upload, route));
     });

@@ -1,7 +1,9 @@
-import type { FastifyRequest } from 'fastify';
+import type { FastifyReply, FastifyRequest } from 'fastify';
 import type { Multipart } from '@fastify/multipart';
 import { imageReferenceBytes } from '../api/data-uri.js';
 import { ApiError } from '../api/errors.js';
+import { formatBytes } from '../util/bytes.js';
+import type { ByteBudget } from '../util/byte-budget.js';
 
 /**
  * The body of an edits or variations request as sent, in either of OpenAI's forms: a multipart form
@@ -74,6 +76,9 @@ function readText(part: Extract<Multipart, { type: 'field' }>, fields: Record<st
   fields[part.fieldname] = part.value;
 }
 
+/** When to retry a form refused for UPLOAD_MEMORY: uploads go as their requests end. */
+const FULL_RETRY_SECONDS = 5;
+
 /** Part headers and boundaries: a form's bytes beyond its files and fields. */
 const FORM_OVERHEAD_BYTES = 1024 ** 2;
 
@@ -85,24 +90,40 @@ const FORM_OVERHEAD_BYTES = 1024 ** 2;
  * ends them with a 413 (@fastify/multipart listens for it) and the connection closes, the rest unread;
  * past it after the form's end (junk after its last boundary, while the request runs), the connection is
  * cut. Answers a function to call once the parts are read.
+ *
+ * Every byte read is taken from `memory` (UPLOAD_MEMORY) and given back when the request ends: the files
+ * stay in memory while the request waits for a worker, and nothing else bounds how many requests do.
+ * A form that finds it full is refused the same way, with a 429 to retry, before the rest is read.
  */
-function boundFormBytes(request: FastifyRequest, maxBytes: number): () => void {
+function boundFormBytes(request: FastifyRequest, reply: FastifyReply, maxBytes: number, memory: ByteBudget): () => void {
   const tooLarge = () =>
     // Sent with the body unread, so the connection closes (connections.ts).
     new ApiError(413, `The multipart/form-data body is larger than any form this endpoint takes (at most ${Math.ceil(maxBytes / 1024 ** 2)} MiB).`, { code: 'request_too_large' });
-  if (Number(request.headers['content-length'] ?? 0) > maxBytes) throw tooLarge();
+  const full = () =>
+    new ApiError(429, `Rate limit reached: the server holds as many uploaded images as it may (UPLOAD_MEMORY, ${formatBytes(memory.limit)}), most of them waiting for a worker. Please try again in ${FULL_RETRY_SECONDS}s.`, {
+      type: 'requests',
+      code: 'rate_limit_exceeded',
+      headers: { 'retry-after': String(FULL_RETRY_SECONDS) },
+    });
+  const declared = Number(request.headers['content-length'] ?? 0);
+  if (declared > maxBytes) throw tooLarge();
+  if (declared > memory.limit - memory.inUse) throw full();
   const raw = request.raw;
   let received = 0;
   let partsRead = false;
-  const count = (chunk: Buffer) => {
-    received += chunk.byteLength;
-    if (received <= maxBytes) return;
+  reply.raw.once('close', () => memory.release(received));
+  const refuse = (error: ApiError) => {
     raw.off('data', count);
     if (partsRead) raw.socket.destroy();
     else {
       raw.pause();
-      raw.emit('error', tooLarge());
+      raw.emit('error', error);
     }
+  };
+  const count = (chunk: Buffer) => {
+    if (received + chunk.byteLength > maxBytes) return refuse(tooLarge());
+    if (!memory.take(chunk.byteLength)) return refuse(full());
+    received += chunk.byteLength;
   };
   // A 'data' listener sets the stream flowing, but only from the next tick: readParts pipes it into the
   // form parser before then (its first step runs synchronously), so no chunk reaches this count alone.
@@ -115,9 +136,9 @@ function boundFormBytes(request: FastifyRequest, maxBytes: number): () => void {
   };
 }
 
-async function readForm(request: FastifyRequest, route: UploadRoute, limits: UploadLimits): Promise<Upload> {
+async function readForm(request: FastifyRequest, reply: FastifyReply, route: UploadRoute, limits: UploadLimits, memory: ByteBudget): Promise<Upload> {
   const files = limits.maxImages + (FILE_FIELDS[route].includes('mask') ? 1 : 0);
-  const partsRead = boundFormBytes(request, files * MAX_UPLOAD_BYTES + MAX_FIELDS * MAX_FIELD_BYTES + FORM_OVERHEAD_BYTES);
+  const partsRead = boundFormBytes(request, reply, files * MAX_UPLOAD_BYTES + MAX_FIELDS * MAX_FIELD_BYTES + FORM_OVERHEAD_BYTES, memory);
   try {
     return await readParts(request, route, limits);
   } finally {
@@ -176,9 +197,13 @@ function readJson(body: unknown): Upload {
   };
 }
 
-/** The request's fields and files, in whichever form it came; variations take only OpenAI's multipart form. */
-export async function readUpload(request: FastifyRequest, route: UploadRoute, limits: UploadLimits): Promise<Upload> {
-  if (request.isMultipart()) return readForm(request, route, limits);
+/**
+ * The request's fields and files, in whichever form it came; variations take only OpenAI's multipart
+ * form. A form's bytes are taken from `memory` until the request ends (JSON bodies are bounded by
+ * BODY_LIMIT, and read before any route runs).
+ */
+export async function readUpload(request: FastifyRequest, reply: FastifyReply, route: UploadRoute, limits: UploadLimits, memory: ByteBudget): Promise<Upload> {
+  if (request.isMultipart()) return readForm(request, reply, route, limits, memory);
   if (route === 'variation') {
     throw new ApiError(415, "Unsupported content type: image variations take a multipart/form-data body with the file 'image', as OpenAI's endpoint does.", {
       code: 'unsupported_media_type',

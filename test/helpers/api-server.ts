@@ -20,9 +20,13 @@ import { FileImageStore } from '../../src/store/file-store.js';
 
 export const silentLogger = pino({ level: 'silent' });
 
-/** A folder inspectModel accepts as an SD-Turbo export (the files are never loaded by the fake engine). */
-export async function writeStubModel(dir: string, override?: object): Promise<void> {
+/**
+ * A folder inspectModel accepts as an SD-Turbo export (the files are never loaded by the fake engine);
+ * `canEdit` adds the VAE encoder that edits and variations need.
+ */
+export async function writeStubModel(dir: string, override?: object, { canEdit = false } = {}): Promise<void> {
   const files: Record<string, string> = {
+    ...(canEdit && { 'vae_encoder/model.onnx': '' }),
     'model_index.json': JSON.stringify({ _class_name: 'OnnxStableDiffusionPipeline', _name_or_path: 'stabilityai/sd-turbo' }),
     'unet/model.onnx': '',
     'text_encoder/model.onnx': '',
@@ -144,6 +148,8 @@ export interface TestServerOptions<E extends EnginePool = FakeEngine> {
   logger?: Logger;
   /** An API key file's lines: written to a file the server reads as API_KEYS_FILE (no API_KEYS then). */
   keysFile?: string;
+  /** The stub model can edit (its export has a VAE encoder). */
+  stubCanEdit?: boolean;
 }
 
 export const TEST_KEY = 'sk-test-0123456789abcdef';
@@ -152,7 +158,7 @@ export const TEST_KEY = 'sk-test-0123456789abcdef';
 export async function startTestServer<E extends EnginePool = FakeEngine>(options: TestServerOptions<E> = {}): Promise<TestServer<E>> {
   const root = await mkdtemp(path.join(os.tmpdir(), 'imagegen-api-'));
   const modelsDir = path.join(root, 'models');
-  await writeStubModel(path.join(modelsDir, 'stub'), { sizes: STUB_SIZES, default_size: '64x64' });
+  await writeStubModel(path.join(modelsDir, 'stub'), { sizes: STUB_SIZES, default_size: '64x64' }, { canEdit: options.stubCanEdit });
   const dataDir = options.dataDir ?? path.join(root, 'data');
   const keysFile = options.keysFile === undefined ? undefined : path.join(root, 'keys');
   if (keysFile) await writeFile(keysFile, options.keysFile!);
