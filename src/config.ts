@@ -292,6 +292,12 @@ const SETTINGS = {
     schema: seconds(1).default(60),
     description: 'once an answer is being sent, a client that takes none of it for this long has its connection closed (it would hold the answer in memory)',
   },
+  sendMinRate: {
+    schema: byteSize.default(16 * 1024),
+    shownDefault: '16k',
+    description:
+      'bytes per second a client must at least take of an answer waiting for it, over each SEND_TIMEOUT_SECONDS, or its connection is closed: one taking a little now and then would hold the answer in memory for as long as it likes (0 = no minimum)',
+  },
   keepAliveTimeoutSeconds: {
     schema: seconds(1).default(72),
     description: 'an idle keep-alive connection is closed after this long (keep it above a load balancer\'s idle timeout)',

@@ -4,6 +4,7 @@ import net from 'node:net';
 import sharp from 'sharp';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startTestServer, TEST_KEY, type TestServer } from './helpers/api-server.js';
+import { capturedLogs } from './helpers/logs.js';
 import { MAX_PARAM_LENGTH } from '../src/http/app.js';
 import { parseResponse, rawRequest } from './helpers/raw-http.js';
 
@@ -126,24 +127,58 @@ describe('answers before routing', () => {
   });
 });
 
+/** Image downloads the server closed unfinished (counted as 499, the client's doing). */
+async function abandonedDownloads(): Promise<number> {
+  const text = await (await fetch(`${server.origin}/metrics`, { headers: { authorization: `Bearer ${TEST_KEY}` } })).text();
+  return Number(/^imagegen_http_requests_total\{method="GET",route="\/v1\/images\/files\/:name",status="499"\} (\d+)$/m.exec(text)?.[1] ?? 0);
+}
+
 describe('a client that does not read its answer', () => {
   it('has its connection closed once it took none of it for SEND_TIMEOUT_SECONDS', async () => {
     // An image far larger than the sockets' buffers, asked for by a client that reads nothing.
     const image = await server.store.put(randomBytes(32 * 1024 ** 2), 'image/png');
-    const abandoned = async () => {
-      const text = await (await fetch(`${server.origin}/metrics`, { headers: { authorization: `Bearer ${TEST_KEY}` } })).text();
-      return Number(/^imagegen_http_requests_total\{method="GET",route="\/v1\/images\/files\/:name",status="499"\} (\d+)$/m.exec(text)?.[1] ?? 0);
-    };
-    const before = await abandoned();
+    const before = await abandonedDownloads();
     const socket = net.connect(port, '127.0.0.1');
     socket.pause();
     socket.on('error', () => {});
     socket.write(`GET /v1/images/files/${image.id}.png HTTP/1.1\r\nHost: a\r\n\r\n`);
     try {
       // Closed by the server, the answer unfinished: counted as 499, the client's doing.
-      await expect.poll(abandoned, { timeout: 10_000 }).toBe(before + 1);
+      await expect.poll(abandonedDownloads, { timeout: 10_000 }).toBe(before + 1);
     } finally {
       socket.destroy();
+    }
+  });
+});
+
+describe('a client that trickles', () => {
+  it('has its connection closed once it took less than SEND_MIN_RATE of its waiting answer over SEND_TIMEOUT_SECONDS', async () => {
+    // A minimum far above what the client takes, so a second shows it (the default, 16 KiB/s, would take longer).
+    const logs = capturedLogs<{ msg: string }>();
+    const strict = await startTestServer({ config: { sendTimeoutSeconds: 1, sendMinRate: 16 * 1024 ** 2 }, logger: logs.logger });
+    const image = await strict.store.put(randomBytes(64 * 1024 ** 2), 'image/png');
+    const socket = net.connect(Number(new URL(strict.origin).port), '127.0.0.1');
+    socket.pause();
+    socket.on('error', () => {});
+    socket.write(`GET /v1/images/files/${image.id}.png HTTP/1.1\r\nHost: a\r\n\r\n`);
+    // A client taking what its socket has every 250 ms, far below the minimum. (A real trickler, taking
+    // 256 KiB every 45 s, kept a 60 s inactivity timer from ever running out: on loopback here the
+    // server's socket barely moves for such reads, so only the rate check's own message tells it.)
+    let taken = 0;
+    const trickle = setInterval(() => {
+      for (let got = 0, chunk: Buffer | null; got < 1024 ** 2 && (chunk = socket.read()); got += chunk.byteLength) taken += chunk.byteLength;
+    }, 250);
+    try {
+      // Cut for its rate, not for taking nothing.
+      await expect.poll(() => logs.lines.map((line) => line.msg).find((msg) => msg.startsWith('the client took')), { timeout: 10_000 }).toBe(
+        'the client took less than SEND_MIN_RATE of its answer over SEND_TIMEOUT_SECONDS: connection closed',
+      );
+      expect(taken).toBeGreaterThan(0);
+      expect(taken).toBeLessThan(64 * 1024 ** 2);
+    } finally {
+      clearInterval(trickle);
+      socket.destroy();
+      await strict.close();
     }
   });
 });

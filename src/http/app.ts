@@ -47,6 +47,7 @@ export type AppConfig = Pick<
   | 'requestTimeoutSeconds'
   | 'keepAliveTimeoutSeconds'
   | 'sendTimeoutSeconds'
+  | 'sendMinRate'
   | 'playground'
 >;
 
@@ -93,7 +94,7 @@ export function buildApp({ config, registry, engine, store, metrics, logger, tls
 
   app.register(errors);
   app.register(requestIds);
-  app.register(connections, { sendTimeoutSeconds: config.sendTimeoutSeconds });
+  app.register(connections, { sendTimeoutSeconds: config.sendTimeoutSeconds, sendMinRate: config.sendMinRate });
   app.register(content);
   // Before the plugins whose hooks reject requests, so that those are counted too.
   app.register(metricsRoutes, { metrics, public: config.metricsPublic });

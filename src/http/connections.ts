@@ -16,7 +16,10 @@ import type { Config } from '../config.js';
  * Once an answer is under way, a client that takes none of it for SEND_TIMEOUT_SECONDS is cut off: one
  * that never reads would hold the socket and the answer's buffers for good. The clock starts with the
  * answer, not the request, so a long generation is not cut short (a stream's keep-alive lines reach a
- * client that reads).
+ * client that reads). Nor may a client trickle: one that takes a little now and then resets that
+ * clock, so while part of the answer waits to go, each SEND_TIMEOUT_SECONDS must see at least
+ * SEND_MIN_RATE bytes a second of it taken, or the connection is cut (a 70 MB b64_json answer stayed in memory for as
+ * long as its client took 256 KiB every 45 s). A stream waiting for its next event has nothing waiting.
  */
 
 export type ConnectionSettings = Pick<Config, 'headersTimeoutSeconds' | 'requestTimeoutSeconds' | 'keepAliveTimeoutSeconds'>;
@@ -42,9 +45,11 @@ export function connectionOptions(settings: ConnectionSettings): { keepAliveTime
 
 export interface ConnectionsOptions {
   sendTimeoutSeconds: number;
+  /** SEND_MIN_RATE: bytes per second; 0 for none. */
+  sendMinRate: number;
 }
 
-async function connectionsPlugin(app: FastifyInstance, { sendTimeoutSeconds }: ConnectionsOptions): Promise<void> {
+async function connectionsPlugin(app: FastifyInstance, { sendTimeoutSeconds, sendMinRate }: ConnectionsOptions): Promise<void> {
   app.addHook('onSend', async (request, reply) => {
     if (!request.raw.complete) reply.header('connection', 'close');
     // The socket's inactivity timer: any byte the client takes restarts it. Node replaces it with the
@@ -53,6 +58,18 @@ async function connectionsPlugin(app: FastifyInstance, { sendTimeoutSeconds }: C
       request.log.warn({ sendTimeoutSeconds }, 'the client took none of its answer for SEND_TIMEOUT_SECONDS: connection closed');
       reply.raw.destroy();
     });
+    const socket = reply.raw.socket;
+    if (!socket || sendMinRate === 0) return;
+    let sentBefore = socket.bytesWritten;
+    const check = setInterval(() => {
+      const sent = socket.bytesWritten - sentBefore;
+      sentBefore = socket.bytesWritten;
+      // writableLength: what the answer has queued that the socket has not taken yet.
+      if (reply.raw.writableLength === 0 || sent >= sendMinRate * sendTimeoutSeconds) return;
+      request.log.warn({ sendTimeoutSeconds, sendMinRate, bytesTaken: sent }, 'the client took less than SEND_MIN_RATE of its answer over SEND_TIMEOUT_SECONDS: connection closed');
+      reply.raw.destroy();
+    }, sendTimeoutSeconds * 1000);
+    reply.raw.once('close', () => clearInterval(check));
   });
 }
 
