@@ -71,10 +71,13 @@ if (process.argv[2] === '--bare-server') {
   bare.listen(0, '127.0.0.1', () => process.send!((bare.address() as AddressInfo).port));
 }
 
-/** This file forked with `args`, once it has sent its first message (which the promise resolves with). */
+/** This file forked with `args`, once it has sent its first message (which the promise resolves with); rejects if it exits first. */
 async function forkSelf<T>(args: string[]): Promise<{ child: ChildProcess; first: T }> {
   const child = fork(fileURLToPath(import.meta.url), args, { execArgv: ['--import', 'tsx'] });
-  const [first] = (await once(child, 'message')) as [T];
+  const exited = once(child, 'exit').then(([code]) => {
+    throw new Error(`${args[0]} exited with ${code} before it was ready`);
+  });
+  const [first] = (await Promise.race([once(child, 'message'), exited])) as [T];
   return { child, first };
 }
 
@@ -100,9 +103,12 @@ async function stallsOf({ model, dir, size }: StallCase, env: Record<string, str
   const root = await mkdtemp(path.join(os.tmpdir(), 'imagegen-stall-'));
   await installModels(path.join(root, 'models'), dir ? { [model]: { link: dir } } : {});
   const server = await startServerProcess({ WORKERS: '1', DATA_DIR: path.join(root, 'data'), MODELS_DIR: path.join(root, 'models'), PRELOAD: model, ...env });
-  const bare = await forkSelf<number>(['--bare-server']);
-  const { child: probe } = await forkSelf(['--health-probe', server.origin, `http://127.0.0.1:${bare.first}`]);
-  const fromProbe = <T>() => once(probe, 'message').then(([message]) => message as T);
+  const children: ChildProcess[] = [];
+  const started = async <T>(args: string[]) => {
+    const forked = await forkSelf<T>(args);
+    children.push(forked.child);
+    return forked.first;
+  };
   const lagMax = async () => {
     const text = await (await fetch(`${server.origin}/metrics`)).text();
     const line = /^imagegen_nodejs_eventloop_lag_max_seconds (\S+)$/m.exec(text);
@@ -110,6 +116,10 @@ async function stallsOf({ model, dir, size }: StallCase, env: Record<string, str
     return Number(line[1]) * 1000;
   };
   try {
+    const barePort = await started<number>(['--bare-server']);
+    await started(['--health-probe', server.origin, `http://127.0.0.1:${barePort}`]);
+    const probe = children[1];
+    const fromProbe = <T>() => once(probe, 'message').then(([message]) => message as T);
     const worst = async (format: 'url' | 'b64_json'): Promise<Stall> => {
       const body = { model, prompt: 'a red circle', n: N, size: `${size}x${size}`, steps: 1, guidance_scale: 0, response_format: format, seed: 3 };
       await lagMax();
@@ -128,8 +138,7 @@ async function stallsOf({ model, dir, size }: StallCase, env: Record<string, str
     await worst('b64_json');
     return { url: await worst('url'), b64: await worst('b64_json') };
   } finally {
-    probe.kill();
-    bare.child.kill();
+    for (const child of children) child.kill();
     await server.stop();
     await rm(root, { recursive: true, force: true });
   }

@@ -239,6 +239,8 @@ describe('GET /v1/images/files/:name', () => {
       }
       const beyond = await fetch(url, { headers: { range: `bytes=${size}-` } });
       expect([beyond.status, beyond.headers.get('content-range')]).toEqual([416, `bytes */${size}`]);
+      // Not the image: nothing says a cache may keep it.
+      expect([beyond.headers.get('cache-control'), beyond.headers.get('etag')]).toEqual([null, null]);
       expect((await beyond.json()).error).toMatchObject({ type: 'invalid_request_error', code: 'range_not_satisfiable', param: null });
     } finally {
       await server.close();

@@ -1,5 +1,6 @@
 import type { ServerOptions } from 'node:http';
-import type { FastifyInstance } from 'fastify';
+import { finished } from 'node:stream';
+import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import fp from 'fastify-plugin';
 import type { Config } from '../config.js';
 
@@ -58,19 +59,43 @@ async function connectionsPlugin(app: FastifyInstance, { sendTimeoutSeconds, sen
       request.log.warn({ sendTimeoutSeconds }, 'the client took none of its answer for SEND_TIMEOUT_SECONDS: connection closed');
       reply.raw.destroy();
     });
-    const socket = reply.raw.socket;
-    if (!socket || sendMinRate === 0) return;
-    let sentBefore = socket.bytesWritten;
-    const check = setInterval(() => {
-      const sent = socket.bytesWritten - sentBefore;
-      sentBefore = socket.bytesWritten;
-      // writableLength: what the answer has queued that the socket has not taken yet.
-      if (reply.raw.writableLength === 0 || sent >= sendMinRate * sendTimeoutSeconds) return;
-      request.log.warn({ sendTimeoutSeconds, sendMinRate, bytesTaken: sent }, 'the client took less than SEND_MIN_RATE of its answer over SEND_TIMEOUT_SECONDS: connection closed');
-      reply.raw.destroy();
-    }, sendTimeoutSeconds * 1000);
-    reply.raw.once('close', () => clearInterval(check));
+    watchSendRate(request, reply, sendTimeoutSeconds, sendMinRate);
   });
+}
+
+/**
+ * Answers are written in pieces of at most this many bytes (files, json-pieces.ts, event-stream.ts): a
+ * socket counts a write as taken only once all of it is, so SEND_MIN_RATE sees progress in such steps.
+ */
+export const WRITE_PIECE_BYTES = 64 * 1024;
+
+/**
+ * Closes the connection of a client that takes less than `minRate` bytes a second of an answer waiting
+ * for it, judged over each `windowSeconds` during which part of the answer waited throughout (at the
+ * window's start and at its end). What the client took is what the socket finished writing: the bytes
+ * handed to it (bytesWritten) less those it still holds (writableLength).
+ */
+function watchSendRate(request: FastifyRequest, reply: FastifyReply, windowSeconds: number, minRate: number): void {
+  const res = reply.raw;
+  const socket = res.socket;
+  // An answer to a client that already left still goes through onSend.
+  if (!socket || minRate === 0 || res.destroyed || res.writableFinished) return;
+  const taken = () => socket.bytesWritten - socket.writableLength;
+  let takenBefore = taken();
+  let waitedBefore = false;
+  const check = setInterval(() => {
+    const took = taken() - takenBefore;
+    takenBefore += took;
+    // writableLength: what the answer has queued that the socket has not taken yet.
+    const waiting = res.writableLength > 0;
+    const judged = waiting && waitedBefore;
+    waitedBefore = waiting;
+    if (!judged || took >= minRate * windowSeconds) return;
+    request.log.warn({ sendTimeoutSeconds: windowSeconds, sendMinRate: minRate, bytesTaken: took }, 'the client took less than SEND_MIN_RATE of its answer over SEND_TIMEOUT_SECONDS: connection closed');
+    res.destroy();
+  }, windowSeconds * 1000);
+  check.unref();
+  finished(res, () => clearInterval(check));
 }
 
 export const connections = fp(connectionsPlugin, { name: 'connections' });

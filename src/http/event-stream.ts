@@ -5,6 +5,7 @@ import type { ErrorBody, GenerationRequest, ImagesResponse, ImageStreamEvent, St
 import { echoedSettings } from '../service/gpt-image-fields.js';
 import type { GenerateContext, RequestEvent } from '../service/images.js';
 import { bufferView } from '../util/bytes.js';
+import { WRITE_PIECE_BYTES } from './connections.js';
 import { apiErrorOf } from './errors.js';
 import { failedInStream } from './metrics.js';
 
@@ -18,9 +19,11 @@ import { failedInStream } from './metrics.js';
  * bad field, a full queue) still gets its plain JSON error and status; a failure after that comes as an
  * event with OpenAI's error body (`data: {"error": ...}`), which the SDKs raise as an APIError. Without
  * an event to send then, a comment line opens the stream (SSE clients skip comments), and one is sent
- * every HEARTBEAT_MS (or more often, see StreamOptions.sendTimeoutMs) while nothing else is: a client's timeout to the first byte, or a proxy's idle
- * timeout, does not run out while the request waits for a worker or takes long steps. A client that
- * disconnects cancels the work, as for any request (request.cancellation).
+ * every HEARTBEAT_MS (or more often, see StreamOptions.sendTimeoutMs) while nothing else is: a client's
+ * timeout to the first byte, or a proxy's idle timeout, does not run out while the request waits for a
+ * worker or takes long steps. Each image goes out as a completed event as soon as it is made (see the
+ * service's 'image' event). A client that disconnects cancels the work, as for any request
+ * (request.cancellation).
  */
 
 type Produce = (onEvent: NonNullable<GenerateContext['onEvent']>) => Promise<ImagesResponse>;
@@ -46,7 +49,8 @@ export async function streamImages(request: FastifyRequest, reply: FastifyReply,
   const firstEvent = new Promise<void>((resolve) => (opened = resolve));
   let heartbeat: NodeJS.Timeout | undefined;
   const write = (text: string) => {
-    events.write(text);
+    // An image's event is megabytes: written in pieces (see WRITE_PIECE_BYTES).
+    for (let at = 0; at < text.length; at += WRITE_PIECE_BYTES) events.write(text.slice(at, at + WRITE_PIECE_BYTES));
     opened();
     heartbeat?.refresh();
   };

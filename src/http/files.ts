@@ -66,7 +66,7 @@ function requestedRange(headers: FastifyRequest['headers'], size: number, etag: 
 }
 
 function unsatisfiable(range: string, size: number): ApiError {
-  return new ApiError(416, `The range '${range}' starts beyond the image's ${size} bytes (bytes are counted from 0).`, {
+  return new ApiError(416, `The range '${range}' names no byte of the image's ${size} (bytes are counted from 0).`, {
     code: 'range_not_satisfiable',
     headers: { 'content-range': `bytes */${size}` },
   });
@@ -89,21 +89,24 @@ export async function files(app: FastifyInstance, { store }: FilesOptions): Prom
       };
       const image = await findImage(store, match[1], match[2]).catch(unavailable);
       if (!image) throw notFound(name);
-      const maxAge = Math.max(0, Math.floor((image.expiresAt - store.now()) / 1000));
       const etag = `"${image.id}"`;
-      reply.header('etag', etag).header('cache-control', `public, max-age=${maxAge}, immutable`).header('x-content-type-options', 'nosniff').header('accept-ranges', 'bytes');
+      // Only answers that are the image say it may be cached: a 404, 416 or 503 must not be kept as it.
+      const asImage = () => {
+        const maxAge = Math.max(0, Math.floor((image.expiresAt - store.now()) / 1000));
+        return reply.header('etag', etag).header('cache-control', `public, max-age=${maxAge}, immutable`).header('x-content-type-options', 'nosniff').header('accept-ranges', 'bytes');
+      };
       // A client (a cache, a browser's reload) that has the image already gets no second copy; a HEAD
       // gets the headers. Neither reads the image (with STORE=s3 that would download it to discard it).
       const fresh = matchesEtag(request.headers['if-none-match'], etag);
       if (fresh || request.method === 'HEAD') {
         if (!(await store.has(image).catch(unavailable))) throw notFound(name);
-        return fresh ? reply.code(304).send() : reply.type(image.contentType).header('content-length', image.size).send();
+        return fresh ? asImage().code(304).send() : asImage().type(image.contentType).header('content-length', image.size).send();
       }
       const range = requestedRange(request.headers, image.size, etag);
       if (range === 'unsatisfiable') throw unsatisfiable(request.headers.range!, image.size);
       const data = await store.read(image, range).catch(unavailable);
       if (!data) throw notFound(name);
-      reply.type(image.contentType);
+      asImage().type(image.contentType);
       if (!range) return reply.header('content-length', image.size).send(data);
       // A part: a download that broke off resumes where it stopped, a viewer fetches what it shows.
       return reply

@@ -1,5 +1,6 @@
 import { Readable } from 'node:stream';
 import type { ImagesResponse } from '../api/wire.js';
+import { WRITE_PIECE_BYTES } from './connections.js';
 
 /**
  * An images answer written as a stream of JSON pieces rather than one JSON.stringify: n=10 b64_json
@@ -9,8 +10,8 @@ import type { ImagesResponse } from '../api/wire.js';
  * escaping, which is what makes splicing it in safe.
  */
 
-/** Characters of base64 per piece. */
-const SLICE = 1 << 20;
+/** Characters of base64 per piece: see WRITE_PIECE_BYTES. */
+const SLICE = WRITE_PIECE_BYTES;
 
 export function imagesJson(response: ImagesResponse): Readable {
   return Readable.from(pieces(response), { objectMode: false });

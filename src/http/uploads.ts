@@ -110,8 +110,9 @@ function boundFormBytes(request: FastifyRequest, reply: FastifyReply, maxBytes: 
   if (declared > memory.limit - memory.inUse) throw full();
   const raw = request.raw;
   let received = 0;
+  /** What this form holds of `memory`: the bytes read into its parts (what comes after them is dropped). */
+  let held = 0;
   let partsRead = false;
-  reply.raw.once('close', () => memory.release(received));
   const refuse = (error: ApiError) => {
     raw.off('data', count);
     if (partsRead) raw.socket.destroy();
@@ -122,9 +123,18 @@ function boundFormBytes(request: FastifyRequest, reply: FastifyReply, maxBytes: 
   };
   const count = (chunk: Buffer) => {
     if (received + chunk.byteLength > maxBytes) return refuse(tooLarge());
-    if (!memory.take(chunk.byteLength)) return refuse(full());
     received += chunk.byteLength;
+    if (partsRead) return;
+    if (!memory.take(chunk.byteLength)) return refuse(full());
+    held += chunk.byteLength;
   };
+  // The answer is done (or the client left): a refused form's body may still be arriving, and is no
+  // longer counted; what it held goes back.
+  reply.raw.once('close', () => {
+    raw.off('data', count);
+    memory.release(held);
+    held = 0;
+  });
   // A 'data' listener sets the stream flowing, but only from the next tick: readParts pipes it into the
   // form parser before then (its first step runs synchronously), so no chunk reaches this count alone.
   raw.on('data', count);

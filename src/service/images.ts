@@ -149,16 +149,17 @@ export function createImageService({ registry, engine, store, defaultRng, defaul
     try {
       const results = await Promise.all(
         batches.map((batch, b) =>
-          engine.generate(batch, either, ticket, progress?.listener(b)).then(
-            (images) => {
+          engine
+            .generate(batch, either, ticket, progress?.listener(b))
+            .then((images) => {
               finished?.(b, images);
               return images;
-            },
-            (err) => {
+            })
+            // Handing the images on can fail too: that also ends the other batches.
+            .catch((err) => {
               failed.abort(err);
               throw err;
-            },
-          ),
+            }),
         ),
       );
       return results.flat();
@@ -252,7 +253,7 @@ export function createImageService({ registry, engine, store, defaultRng, defaul
       const waiting = () => context.onEvent?.({ type: 'queued', ahead: engine.load().queued });
       const images = await (context.hold ? context.hold(making, waiting) : making());
       const generated = performance.now();
-      return { images, generated, data: request.stream ? [] : await deliver(images, request, context, reservation) };
+      return { generated, data: request.stream ? [] : await deliver(images, request, context, reservation) };
     } finally {
       reservation?.release();
     }
@@ -286,6 +287,7 @@ export function createImageService({ registry, engine, store, defaultRng, defaul
       await context.admit?.();
       const [{ width, height, steps, strength }] = batches;
       const drawn = { width, height, count: batches.reduce((n, batch) => n + batch.items.length, 0), inputImages: edit ? 1 : 0, vaeScale: model.layout.vae.scaleFactor };
+      // Always there for a streamed request (textTokens is counted for it): its images go out with them.
       const fields = textTokens === undefined ? undefined : gptImageFields(request, textTokens, drawn);
       const { data, generated } = await produce(batches, request, context, fields);
       // The request's logger already names the model, size and n it asked for; these are what ran.
