@@ -92,15 +92,36 @@ const firstImages = (batches: GenerationBatch[]) => batches.map((_, b) => batche
 
 /**
  * Hands on batches' images in the response's order as the batches finish (in any order): image i goes
- * once every image before it has.
+ * once every image before it has, one per turn of the event loop (each is base64-encoded into a
+ * megabytes-long event: a batch's at once would stall every other client). `handedOn` settles once
+ * every image handed to `finished` so far has gone.
  */
 function finishedInOrder(batches: GenerationBatch[], onImage: (image: number, file: GeneratedImage) => void) {
   const first = firstImages(batches);
   const done: (GeneratedImage[] | undefined)[] = [];
   let next = 0;
-  return (batch: number, images: GeneratedImage[]) => {
-    done[batch] = images;
-    for (; done[next]; next++) done[next]!.forEach((file, i) => onImage(first[next] + i, file));
+  let handedOn = Promise.resolve();
+  // Kept, not thrown in the chain: a request that already failed otherwise never awaits it.
+  let failure: { error: unknown } | undefined;
+  return {
+    finished(batch: number, images: GeneratedImage[]): void {
+      done[batch] = images;
+      for (; done[next]; next++) {
+        for (const [i, file] of done[next]!.entries()) {
+          const image = first[next] + i;
+          handedOn = handedOn
+            .then(async () => {
+              await setImmediate();
+              onImage(image, file);
+            })
+            .catch((error: unknown) => void (failure ??= { error }));
+        }
+      }
+    },
+    async handedOn(): Promise<void> {
+      await handedOn;
+      if (failure) throw failure.error;
+    },
   };
 }
 
@@ -139,12 +160,14 @@ export function createImageService({ registry, engine, store, defaultRng, defaul
     const failed = new AbortController();
     const either = AbortSignal.any([signal, failed.signal]);
     const progress = onEvent && requestProgress(batches, onEvent);
-    // After a failure, nothing more goes out: the error ends the stream.
-    const finished =
+    // Images made before another batch failed still go out, before the error that ends the stream
+    // (`over`: a batch that finishes after that is too late); to a client that left, nothing does.
+    let over = false;
+    const inOrder =
       onEvent &&
       fields &&
       finishedInOrder(batches, (image, file) => {
-        if (!either.aborted) onEvent({ type: 'image', image, file, fields });
+        if (!signal.aborted && !over) onEvent({ type: 'image', image, file, fields });
       });
     try {
       const results = await Promise.all(
@@ -152,7 +175,7 @@ export function createImageService({ registry, engine, store, defaultRng, defaul
           engine
             .generate(batch, either, ticket, progress?.listener(b))
             .then((images) => {
-              finished?.(b, images);
+              inOrder?.finished(b, images);
               return images;
             })
             // Handing the images on can fail too: that also ends the other batches.
@@ -162,8 +185,12 @@ export function createImageService({ registry, engine, store, defaultRng, defaul
             }),
         ),
       );
+      // The answer ends once its last image went out.
+      await inOrder?.handedOn();
       return results.flat();
     } catch (err) {
+      await inOrder?.handedOn().catch(() => undefined);
+      over = true;
       throw engineError(err, model);
     } finally {
       progress?.stop();
