@@ -214,10 +214,15 @@ export class JobQueue {
 
   private dispatch(): void {
     while (this.running.size < this.concurrency) {
-      const entry = this.order.next((client) => (this.runningByClient.get(client) ?? 0) < (this.limitsOf(client).maxConcurrent ?? Infinity));
+      const entry = this.order.next((client) => this.mayStart(client, this.limitsOf(client)));
       if (!entry) return;
       entry.start();
     }
+  }
+
+  /** Whether `client` runs fewer jobs than its `maxConcurrent` allows, so one more of its jobs may start. */
+  private mayStart(client: string, limits: ClientLimits): boolean {
+    return (this.runningByClient.get(client) ?? 0) < (limits.maxConcurrent ?? Infinity);
   }
 
   private limitsOf(client: string): ClientLimits {
@@ -242,8 +247,7 @@ export class JobQueue {
   private refusal(ticket: Ticket): QueueFullError | undefined {
     // A worker is free, and this client may use it: it starts at once (the jobs waiting now are held by
     // their own clients' limits, or dispatch would have started them), whatever waits.
-    const mayRun = (this.runningByClient.get(ticket.client) ?? 0) < (ticket.limits.maxConcurrent ?? Infinity);
-    if (this.running.size < this.concurrency && mayRun) return undefined;
+    if (this.running.size < this.concurrency && this.mayStart(ticket.client, ticket.limits)) return undefined;
     const { maxQueuedCost } = ticket.limits;
     const clientQueued = this.sum(this.order.entriesOf(ticket.client));
     if (maxQueuedCost !== undefined && clientQueued > 0 && clientQueued + ticket.cost > maxQueuedCost) {
@@ -283,7 +287,7 @@ export class JobQueue {
     // With no worker to run anything, the work ahead says nothing of when one will be back.
     if (this.concurrency === 0) return new QueueTimeoutError(waited, NO_WORKER_RETRY_SECONDS, true);
     const { maxConcurrent } = ticket.limits;
-    const heldByOwnLimit = maxConcurrent !== undefined && (this.runningByClient.get(ticket.client) ?? 0) >= maxConcurrent;
+    const heldByOwnLimit = !this.mayStart(ticket.client, ticket.limits);
     // Retried, it waits in its client's line again, which the fair order takes in turn with the others:
     // what holds it is the running jobs (its own client's, where its limit held it), not the whole queue
     // (the oldest request, the first to time out, was told to wait longest).

@@ -19,8 +19,9 @@ import type { Config } from '../config.js';
  * answer, not the request, so a long generation is not cut short (a stream's keep-alive lines reach a
  * client that reads). Nor may a client trickle: one that takes a little now and then resets that
  * clock, so while part of the answer waits to go, each SEND_TIMEOUT_SECONDS must see at least
- * SEND_MIN_RATE bytes a second of it taken, or the connection is cut (a 70 MB b64_json answer stayed in memory for as
- * long as its client took 256 KiB every 45 s). A stream waiting for its next event has nothing waiting.
+ * SEND_MIN_RATE bytes a second of it taken, or the connection is cut (a 70 MB b64_json answer stayed
+ * in memory for as long as its client took 256 KiB every 45 s). A stream waiting for its next event
+ * has nothing waiting.
  */
 
 export type ConnectionSettings = Pick<Config, 'headersTimeoutSeconds' | 'requestTimeoutSeconds' | 'keepAliveTimeoutSeconds'>;
@@ -68,6 +69,11 @@ async function connectionsPlugin(app: FastifyInstance, { sendTimeoutSeconds, sen
  * socket counts a write as taken only once all of it is, so SEND_MIN_RATE sees progress in such steps.
  */
 export const WRITE_PIECE_BYTES = 64 * 1024;
+
+/** `text` in pieces of WRITE_PIECE_BYTES characters (answers' text is ASCII: base64 and JSON). */
+export function* inPieces(text: string): Generator<string> {
+  for (let at = 0; at < text.length; at += WRITE_PIECE_BYTES) yield text.slice(at, at + WRITE_PIECE_BYTES);
+}
 
 /**
  * Closes the connection of a client that takes less than `minRate` bytes a second of an answer waiting

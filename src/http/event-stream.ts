@@ -5,7 +5,7 @@ import type { ErrorBody, GenerationRequest, ImagesResponse, ImageStreamEvent, St
 import { echoedSettings } from '../service/gpt-image-fields.js';
 import type { GenerateContext, RequestEvent } from '../service/images.js';
 import { bufferView } from '../util/bytes.js';
-import { WRITE_PIECE_BYTES } from './connections.js';
+import { inPieces } from './connections.js';
 import { apiErrorOf } from './errors.js';
 import { failedInStream } from './metrics.js';
 
@@ -50,7 +50,7 @@ export async function streamImages(request: FastifyRequest, reply: FastifyReply,
   let heartbeat: NodeJS.Timeout | undefined;
   const write = (text: string) => {
     // An image's event is megabytes: written in pieces (see WRITE_PIECE_BYTES).
-    for (let at = 0; at < text.length; at += WRITE_PIECE_BYTES) events.write(text.slice(at, at + WRITE_PIECE_BYTES));
+    for (const piece of inPieces(text)) events.write(piece);
     opened();
     heartbeat?.refresh();
   };
@@ -63,27 +63,24 @@ export async function streamImages(request: FastifyRequest, reply: FastifyReply,
     else if (event.type === 'queued' && !heartbeat) write(': queued\n\n');
   });
   // Nothing said yet: a failure is still an ordinary error response.
-  const first = await Promise.race([firstEvent.then(() => undefined), done]);
+  await Promise.race([firstEvent, done]);
   const end = () => {
     clearInterval(heartbeat);
     events.end();
   };
+  heartbeat = setInterval(() => write(': keep-alive\n\n'), heartbeatMs);
   // The images went out as they were made ('image' events): the answer itself adds nothing.
-  if (first) end();
-  else {
-    heartbeat = setInterval(() => write(': keep-alive\n\n'), heartbeatMs);
-    done.then(end, (err: unknown) => {
-      // The client left (or stopped reading until the send timeout closed the connection): nobody to
-      // tell, and the close was logged and counted (499) as it happened.
-      if (reply.raw.destroyed) return end();
-      const error = apiErrorOf(err, request);
-      send(error.toBody());
-      end();
-      // The log's "request completed" line says 200, what went out before the failure: this one says how it ended.
-      failedInStream(reply, error.status);
-      request.log.warn({ status: error.status, code: error.code }, `stream ended with an error event: ${error.message}`);
-    });
-  }
+  done.then(end, (err: unknown) => {
+    // The client left (or stopped reading until the send timeout closed the connection): nobody to
+    // tell, and the close was logged and counted (499) as it happened.
+    if (reply.raw.destroyed) return end();
+    const error = apiErrorOf(err, request);
+    send(error.toBody());
+    end();
+    // The log's "request completed" line says 200, what went out before the failure: this one says how it ended.
+    failedInStream(reply, error.status);
+    request.log.warn({ status: error.status, code: error.code }, `stream ended with an error event: ${error.message}`);
+  });
   return reply
     .header('content-type', 'text/event-stream; charset=utf-8')
     .header('cache-control', 'no-cache')

@@ -1,6 +1,6 @@
 import { Readable } from 'node:stream';
 import type { ImagesResponse } from '../api/wire.js';
-import { WRITE_PIECE_BYTES } from './connections.js';
+import { inPieces } from './connections.js';
 
 /**
  * An images answer written as a stream of JSON pieces rather than one JSON.stringify: n=10 b64_json
@@ -9,9 +9,6 @@ import { WRITE_PIECE_BYTES } from './connections.js';
  * goes out in slices, one per read of the stream, so the loop turns between them. Base64 needs no JSON
  * escaping, which is what makes splicing it in safe.
  */
-
-/** Characters of base64 per piece: see WRITE_PIECE_BYTES. */
-const SLICE = WRITE_PIECE_BYTES;
 
 export function imagesJson(response: ImagesResponse): Readable {
   return Readable.from(pieces(response), { objectMode: false });
@@ -27,7 +24,7 @@ function* pieces({ data, ...fields }: ImagesResponse): Generator<string> {
       continue;
     }
     yield `${i ? ',' : ''}{"b64_json":"`;
-    for (let at = 0; at < b64_json.length; at += SLICE) yield b64_json.slice(at, at + SLICE);
+    yield* inPieces(b64_json);
     yield others === '}' ? '"}' : `",${others}`;
   }
   yield ']}';

@@ -47,7 +47,8 @@ export class FileImageStore implements ImageStore {
   private readonly writes = new Map<string, Promise<void>>();
   /** Ids being deleted: out of the index, their files not gone yet; a listing meanwhile must not count them again. */
   private readonly deleting = new Set<string>();
-  /** The device of the folder holding the store's folder, when it opened (see check). */
+  /** The folder holding the store's folder, and its device when the store opened (see check). */
+  private readonly parent: string;
   private parentDevice = NaN;
   private timer: NodeJS.Timeout | undefined;
   /** Ids whose files changed on disk after they were stored (see read): never indexed again. */
@@ -58,6 +59,7 @@ export class FileImageStore implements ImageStore {
   readonly now: () => number;
   private constructor(private readonly options: ImageStoreOptions) {
     this.now = options.clock ?? Date.now;
+    this.parent = path.dirname(path.resolve(options.dir));
     // Making room deletes expired images only: listing the folder and deleting a crash's temporary files are the sweeper's.
     this.space = new StoreSpace(options.maxBytes, () => this.deleteExpired(), (bytes) => this.secondsUntilFreed(bytes));
   }
@@ -66,7 +68,7 @@ export class FileImageStore implements ImageStore {
   static async open(options: ImageStoreOptions): Promise<FileImageStore> {
     const store = new FileImageStore(options);
     await makeFolder(options.dir);
-    store.parentDevice = (await stat(path.dirname(path.resolve(options.dir)))).dev;
+    store.parentDevice = (await stat(store.parent)).dev;
     await store.sweep();
     return store;
   }
@@ -228,7 +230,7 @@ export class FileImageStore implements ImageStore {
       if (!folder) {
         // Only the folder itself, under a parent on the disk it was on: a volume that went away (its mount
         // point left empty) must not be replaced by a folder on another disk that the images then fill.
-        const parent = await unlessMissing(stat(path.dirname(path.resolve(dir))));
+        const parent = await unlessMissing(stat(this.parent));
         if (parent?.dev !== this.parentDevice) throw Object.assign(new Error(`${dir} is gone, with the disk it was on`), { code: 'ENOENT' });
         await mkdir(dir);
         this.options.logger.warn({ dir }, 'the image folder was deleted while the server ran: made it again (the images it held are lost)');
