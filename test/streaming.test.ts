@@ -195,14 +195,22 @@ describe('streaming errors and cancellation', () => {
     // Six images run as batches of four and two (the model's max_batch) on the one worker, one after the other.
     const stream = await client.images.generate({ model: 'demo-shapes', prompt: 'a red circle', n: 6, seed: 40, size: '512x512', steps: 150, stream: true } as OpenAI.ImageGenerateParamsStreaming);
     const seeds: number[] = [];
+    // The worker dies once it took the second batch and denoises it (killed before it took it, the
+    // batch would go to its replacement and succeed).
+    const killDuringSecondBatch = async () => {
+      await expect.poll(() => server.engine.workers()[0], { timeout: 30_000, interval: 5 }).toMatchObject({ busy: true, step: expect.toSatisfy((step: number) => step > 0 && step < 150) });
+      process.kill(server.engine.workers()[0].pid!, 'SIGKILL');
+    };
+    let killing: Promise<void> | undefined;
     const reading = (async () => {
       for await (const event of stream) {
         seeds.push((event as unknown as { seed: number }).seed);
-        // The first batch's images came: the second batch runs; its worker dies.
-        if (seeds.length === 1) process.kill(server.engine.workers()[0].pid!, 'SIGKILL');
+        // The first batch's images came: the second batch is next.
+        if (seeds.length === 1) killing = killDuringSecondBatch();
       }
     })();
     await expect(reading).rejects.toMatchObject({ error: { code: 'worker_crashed' } });
+    await killing;
     expect(seeds).toEqual([40, 41, 42, 43]);
     await expect.poll(() => server.engine.readiness().ready, { timeout: 60_000 }).toBe(true);
   });
