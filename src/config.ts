@@ -2,6 +2,7 @@ import { isIP } from 'node:net';
 import { fileURLToPath } from 'node:url';
 import { z } from 'zod';
 import { NOISE_KINDS } from './runtime/random.js';
+import { isSendableKey } from './api/bearer.js';
 import { OPENAI_MODEL_NAMES } from './api/dialects.js';
 
 /**
@@ -143,9 +144,7 @@ const SETTINGS = {
   },
   apiKeys: {
     schema: list
-      // What the Authorization header's parser (http/auth.ts) takes: no space or control character (a key
-      // with one could never be sent, and every client would be refused).
-      .refine((keys) => keys.every((key) => /^[\x21-\x7e\x80-\xff]+$/.test(key)), 'expected keys without spaces or control characters, separated by commas')
+      .refine((keys) => keys.every(isSendableKey), 'expected keys without spaces or control characters, separated by commas')
       .default([]),
     description: 'comma-separated API keys clients send as "Authorization: Bearer <key>" (prefer the env variable: flags show in ps)',
   },

@@ -2,6 +2,8 @@ import { createHash } from 'node:crypto';
 import { rename, writeFile } from 'node:fs/promises';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import OpenAI, { toFile } from 'openai';
+import { isSendableKey } from '../src/api/bearer.js';
+import { loadConfig } from '../src/config.js';
 import { KeyFileError, parseKeyFile } from '../src/http/keys.js';
 import { FakeEngine, startTestServer, type TestServer } from './helpers/api-server.js';
 import { capturedLogs } from './helpers/logs.js';
@@ -38,6 +40,43 @@ describe('the key file format', () => {
     expect(error!.message).toMatch(/line 5: 'concurrent=1=2' is not a limit/);
     expect(error!.message).toMatch(/line 6: concurrent is given twice/);
     expect(error!.message).not.toMatch(/sk-secret/);
+  });
+});
+
+describe('what a key may be', () => {
+  const sendable = ['sk-plain-0001', 'sk-0002!"#$%&\'()*+,-./;<=>?@[\\]^_`{|}~', 'sk-l\u00e4tin-0003', 'sk-0004:colon'];
+  const unsendable = ['sk 0005', 'sk\t0006', 'sk\u00a00007', 'sk\u00850008', 'sk\u00000009', 'sk-\u20ac-0010'];
+  let server: TestServer;
+  beforeAll(async () => {
+    // Every key in one server, set as the configuration would take them: what the rule lets through works.
+    server = await startTestServer({ apiKeys: [...sendable, ...unsendable] });
+  });
+  afterAll(() => server.close());
+
+  /** The status of a request sending `key`, or the client's error when it cannot even send it. */
+  const sent = (key: string) =>
+    fetch(`${server.baseURL}/models`, { headers: { authorization: `Bearer ${key}` } }).then(
+      (res) => res.status,
+      (err: Error) => err.name,
+    );
+
+  it('is one rule for API_KEYS, API_KEYS_FILE and the Authorization header: what is accepted can be sent, what cannot be sent is refused', async () => {
+    for (const key of sendable) {
+      expect(isSendableKey(key), key).toBe(true);
+      expect(await sent(key), key).toBe(200);
+      expect(loadConfig({}, { API_KEYS: key.replaceAll(',', '') }).apiKeys).toEqual([key.replaceAll(',', '')]);
+      expect(parseKeyFile(`label:${key}`, 'keys.txt')).toEqual([{ label: 'label', key }]);
+    }
+    for (const key of unsendable) {
+      expect(isSendableKey(key), JSON.stringify(key)).toBe(false);
+      expect(await sent(key), JSON.stringify(key)).not.toBe(200);
+      expect(() => loadConfig({}, { API_KEYS: key }), JSON.stringify(key)).toThrow(/without spaces or control characters/);
+      if (!/\s/.test(key)) expect(() => parseKeyFile(`label:${key}`, 'keys.txt'), JSON.stringify(key)).toThrow(/line 1: the key must be printable characters without spaces/);
+    }
+  });
+
+  it('reads the first colon of a line as the end of its label', () => {
+    expect(parseKeyFile('sk:colon', 'keys.txt')).toEqual([{ label: 'sk', key: 'colon' }]);
   });
 });
 

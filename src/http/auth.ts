@@ -1,5 +1,6 @@
 import type { FastifyInstance } from 'fastify';
 import fp from 'fastify-plugin';
+import { bearerKey } from '../api/bearer.js';
 import { ApiError } from '../api/errors.js';
 import { KeyRing, type ApiKey } from './keys.js';
 
@@ -59,7 +60,7 @@ async function authPlugin(app: FastifyInstance, options: AuthOptions): Promise<v
     if (request.raw.rawHeaders.filter((name, i) => i % 2 === 0 && name.toLowerCase() === 'authorization').length > 1) {
       throw new ApiError(400, 'The request has more than one Authorization header: send the key in one.', { code: 'invalid_authorization_header' });
     }
-    const sent = /^Bearer\s+(\S+)\s*$/i.exec(request.headers.authorization ?? '')?.[1];
+    const sent = bearerKey(request.headers.authorization);
     if (!sent) {
       throw new ApiError(
         401,

@@ -2,6 +2,7 @@ import { createHash, timingSafeEqual } from 'node:crypto';
 import { unwatchFile, watchFile } from 'node:fs';
 import { readFile } from 'node:fs/promises';
 import type { FastifyBaseLogger } from 'fastify';
+import { isSendableKey } from '../api/bearer.js';
 
 /**
  * The API keys: API_KEYS from the configuration plus API_KEYS_FILE, which is re-read when it changes
@@ -10,7 +11,9 @@ import type { FastifyBaseLogger } from 'fastify';
  * be compared.
  *
  * API_KEYS_FILE has one key a line, `[label:]key [limit=value ...]`; blank lines and lines starting with
- * `#` are skipped. Limits (all optional, whole numbers >= 1, each at most once a line):
+ * `#` are skipped. The first ':' ends the label, so a key with a ':' needs a label before it; what a key
+ * may be is api/bearer.ts's rule, as for API_KEYS. Limits (all optional, whole numbers >= 1, each at most
+ * once a line):
  * requests_per_minute, images_per_minute, concurrent. Example:
  *
  *     # team, key, limits
@@ -49,8 +52,6 @@ export class KeyFileError extends Error {
 
 const LIMIT_NAMES = { requests_per_minute: 'requestsPerMinute', images_per_minute: 'imagesPerMinute', concurrent: 'concurrent' } as const;
 const LABEL = /^[A-Za-z0-9._@/-]{1,64}$/;
-/** RFC 6750's b64token: what may follow "Bearer " in Authorization. */
-const KEY = /^[A-Za-z0-9._~+/-]+=*$/;
 
 /** Comparing fixed-size digests keeps the comparison's time independent of the key and of its length. */
 const digest = (key: string) => createHash('sha256').update(key).digest();
@@ -67,7 +68,7 @@ export function parseKeyFile(text: string, file: string): ApiKey[] {
     const key = colon < 0 ? first : first.slice(colon + 1);
     const label = colon < 0 ? `sha256:${digest(key).toString('hex').slice(0, 12)}` : first.slice(0, colon);
     if (colon >= 0 && !LABEL.test(label)) problems.push(`${where}: the label must be 1 to 64 letters, digits or ._@/-`);
-    if (!KEY.test(key)) problems.push(`${where}: the key must be letters, digits and -._~+/ (one ':' at most, after the label)`);
+    if (!isSendableKey(key)) problems.push(`${where}: the key must be printable characters without spaces`);
     const limits: KeyLimits = {};
     for (const setting of settings) {
       const match = /^([a-z_]+)=([1-9]\d{0,8})$/.exec(setting);
