@@ -1,9 +1,9 @@
 import { PassThrough } from 'node:stream';
 import type { FastifyReply, FastifyRequest } from 'fastify';
 import { isGptImageSize } from '../api/dialects.js';
-import type { ErrorBody, GenerationRequest, ImagesResponse, ImageStreamEvent, StreamedImageFields, StreamPrefix } from '../api/wire.js';
+import type { ErrorBody, GenerationRequest, ImageStreamEvent, StreamedImageFields, StreamPrefix } from '../api/wire.js';
 import { echoedSettings } from '../service/gpt-image-fields.js';
-import type { GenerateContext, RequestEvent } from '../service/images.js';
+import type { RequestEvent, RequestListener } from '../service/images.js';
 import { bufferView } from '../util/bytes.js';
 import { inPieces } from './connections.js';
 import { apiErrorOf } from './errors.js';
@@ -26,7 +26,7 @@ import { failedInStream } from './metrics.js';
  * (request.cancellation).
  */
 
-type Produce = (onEvent: NonNullable<GenerateContext['onEvent']>) => Promise<ImagesResponse>;
+type Produce = (onEvent: RequestListener) => Promise<void>;
 
 /** Below the 60 s idle timeout of common proxies (nginx's proxy_read_timeout, AWS load balancers). */
 const HEARTBEAT_MS = 15_000;

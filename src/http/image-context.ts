@@ -41,7 +41,7 @@ export async function respond(
 ): Promise<ImagesResponse | FastifyReply> {
   const context = await generateContext(request, reply, body, options);
   const edit = await decodeEdit?.();
-  if (body.stream) return streamImages(request, reply, { prefix, body, sendTimeoutMs: options.sendTimeoutMs }, (onEvent) => options.service.generate(body, { ...context, onEvent }, edit));
+  if (body.stream) return streamImages(request, reply, { prefix, body, sendTimeoutMs: options.sendTimeoutMs }, (onEvent) => options.service.stream(body, context, onEvent, edit));
   return answer(reply, await options.service.generate(body, context, edit));
 }
 

@@ -65,9 +65,10 @@ export interface GenerateContext {
    * `concurrent` slot), calling `onWait` if it has to wait for one first.
    */
   hold?<T>(work: () => Promise<T>, onWait: () => void): Promise<T>;
-  /** Streaming: hears the request's progress and its images' previews while they are made. */
-  onEvent?(event: RequestEvent): void;
 }
+
+/** Hears a streamed request's progress, its images' previews and the images themselves as they are made. */
+export type RequestListener = (event: RequestEvent) => void;
 
 /** What a streamed request hears while it runs, its images numbered as in the response. */
 export type RequestEvent =
@@ -80,9 +81,18 @@ export type RequestEvent =
   /**
    * Image `image`, finished, with the settings and usage the answer repeats: a streamed request's images
    * go out as they are made (in order), so one that another batch's failure ends keeps those made
-   * before; its answer's `data` is then empty.
+   * before.
    */
   | { type: 'image'; image: number; file: GeneratedImage; fields: GptImageResponseFields };
+
+/**
+ * How a request's images reach its client: `finish` takes them once made (and answers the response's
+ * `data`); a streamed request's `onEvent` has had each of them already, as it was made.
+ */
+interface HowAnswered<T> {
+  onEvent?: RequestListener;
+  finish(images: GeneratedImage[], reservation: StoreReservation | undefined): Promise<T>;
+}
 
 /** How often a waiting streamed request hears how many batches wait with it. */
 const QUEUED_EVENT_MS = 1000;
@@ -126,8 +136,13 @@ function finishedInOrder(batches: GenerationBatch[], onImage: (image: number, fi
 }
 
 export interface ImageService {
-  /** Generates from the prompt alone, or, given `edit`, from its picture (edits and variations). */
+  /** Generates from the prompt alone, or, given `edit`, from its picture (edits and variations), and answers with the images inline or as URLs. */
   generate(request: GenerationRequest, context: GenerateContext, edit?: EditInput): Promise<ImagesResponse>;
+  /**
+   * The same, streamed (`request.stream`): `onEvent` hears the progress and gets every image as it is
+   * made ('image' events); settles once the last went out, or rejects with what ended the request.
+   */
+  stream(request: GenerationRequest, context: GenerateContext, onEvent: RequestListener, edit?: EditInput): Promise<void>;
 }
 
 function unknownModel(id: string, registry: ModelRegistry, defaultModel: string | undefined): ApiError {
@@ -156,7 +171,7 @@ export function createImageService({ registry, engine, store, defaultRng, defaul
    * Runs the batches in parallel (they may land on different workers) as one request of the queue; one
    * failure cancels the rest. `model`: as the request named it, for its errors.
    */
-  async function run(batches: GenerationBatch[], model: string, signal: AbortSignal, ticket: Ticket, onEvent?: (event: RequestEvent) => void, fields?: GptImageResponseFields): Promise<GeneratedImage[]> {
+  async function run(batches: GenerationBatch[], model: string, signal: AbortSignal, ticket: Ticket, onEvent?: RequestListener, fields?: GptImageResponseFields): Promise<GeneratedImage[]> {
     const failed = new AbortController();
     const either = AbortSignal.any([signal, failed.signal]);
     const progress = onEvent && requestProgress(batches, onEvent);
@@ -201,7 +216,7 @@ export function createImageService({ registry, engine, store, defaultRng, defaul
    * A streamed request's events from its batches' events: steps summed over the batches, previews
    * numbered as the response's images, and while nothing has started, the batches waiting with it.
    */
-  function requestProgress(batches: GenerationBatch[], onEvent: (event: RequestEvent) => void) {
+  function requestProgress(batches: GenerationBatch[], onEvent: RequestListener) {
     const firstImage = firstImages(batches);
     // Image-to-image runs only the steps its strength leaves; a batch's events then say how many exactly
     // (PNDM's loop takes one more), so a progress bar does not jump back when they begin.
@@ -269,18 +284,20 @@ export function createImageService({ registry, engine, store, defaultRng, defaul
   }
 
   /**
-   * Generates the images and delivers them, with their store space reserved from before the work
-   * starts until they are stored. A streamed request's images went out as 'image' events already.
+   * Generates the images and hands them to `finish` (delivered in the answer, or nothing more to do for
+   * a streamed request, whose images went out as 'image' events), with their store space reserved from
+   * before the work starts until `finish` is done.
    */
-  async function produce(batches: GenerationBatch[], request: GenerationRequest, context: GenerateContext, fields?: GptImageResponseFields) {
+  async function produce<T>(batches: GenerationBatch[], request: GenerationRequest, context: GenerateContext, how: HowAnswered<T>, fields?: GptImageResponseFields) {
     const reservation = await reserveSpace(request, batches);
+    const { onEvent, finish } = how;
     try {
-      const making = () => run(batches, request.model, context.signal, engine.ticket(batches, context.client ?? 'anonymous', context.limits), context.onEvent, fields);
+      const making = () => run(batches, request.model, context.signal, engine.ticket(batches, context.client ?? 'anonymous', context.limits), onEvent, fields);
       // Waiting for the key's slot is waiting in a queue too: a streamed answer opens and keeps alive meanwhile.
-      const waiting = () => context.onEvent?.({ type: 'queued', ahead: engine.load().queued });
+      const waiting = () => onEvent?.({ type: 'queued', ahead: engine.load().queued });
       const images = await (context.hold ? context.hold(making, waiting) : making());
       const generated = performance.now();
-      return { generated, data: request.stream ? [] : await deliver(images, request, context, reservation) };
+      return { generated, data: await finish(images, reservation) };
     } finally {
       reservation?.release();
     }
@@ -302,35 +319,41 @@ export function createImageService({ registry, engine, store, defaultRng, defaul
     return { ...(await fitEdit({ image: edit.image, mask }, width, height)), strength };
   }
 
+  /** What generate and stream share: all but how the images reach the client (`how`). */
+  async function handle<T>(request: GenerationRequest, context: GenerateContext, how: HowAnswered<T>, edit?: EditInput) {
+    const started = performance.now();
+    const model = await registry.resolve(request.model);
+    if (!model) throw unknownModel(request.model, registry, defaultModel);
+    const batches = planBatches(request, model, defaultRng, edit && (await fitted(request, model, edit)));
+    // Counted first: a tokenizer that cannot load fails the request before any work is spent on it.
+    // Streamed responses carry usage whatever the dialect: OpenAI's completed event has it.
+    const textTokens = request.dialect === 'gpt-image' || request.stream ? await promptTokens.count(model, request.prompt) : undefined;
+    await context.admit?.();
+    const [{ width, height, steps, strength }] = batches;
+    const drawn = { width, height, count: batches.reduce((n, batch) => n + batch.items.length, 0), inputImages: edit ? 1 : 0, vaeScale: model.layout.vae.scaleFactor };
+    // Always there for a streamed request (textTokens is counted for it): its images go out with them.
+    const fields = textTokens === undefined ? undefined : gptImageFields(request, textTokens, drawn);
+    const { data, generated } = await produce(batches, request, context, how, fields);
+    // The request's logger already names the model, size and n it asked for; these are what ran.
+    context.log.info(
+      {
+        modelId: model.id,
+        resolvedSize: `${width}x${height}`,
+        steps,
+        strength,
+        responseFormat: request.response_format,
+        generateMs: Math.round(generated - started),
+        deliverMs: Math.round(performance.now() - generated),
+      },
+      'images generated',
+    );
+    return { created: Math.floor(Date.now() / 1000), data, ...fields };
+  }
+
   return {
-    async generate(request, context, edit) {
-      const started = performance.now();
-      const model = await registry.resolve(request.model);
-      if (!model) throw unknownModel(request.model, registry, defaultModel);
-      const batches = planBatches(request, model, defaultRng, edit && (await fitted(request, model, edit)));
-      // Counted first: a tokenizer that cannot load fails the request before any work is spent on it.
-      // Streamed responses carry usage whatever the dialect: OpenAI's completed event has it.
-      const textTokens = request.dialect === 'gpt-image' || request.stream ? await promptTokens.count(model, request.prompt) : undefined;
-      await context.admit?.();
-      const [{ width, height, steps, strength }] = batches;
-      const drawn = { width, height, count: batches.reduce((n, batch) => n + batch.items.length, 0), inputImages: edit ? 1 : 0, vaeScale: model.layout.vae.scaleFactor };
-      // Always there for a streamed request (textTokens is counted for it): its images go out with them.
-      const fields = textTokens === undefined ? undefined : gptImageFields(request, textTokens, drawn);
-      const { data, generated } = await produce(batches, request, context, fields);
-      // The request's logger already names the model, size and n it asked for; these are what ran.
-      context.log.info(
-        {
-          modelId: model.id,
-          resolvedSize: `${width}x${height}`,
-          steps,
-          strength,
-          responseFormat: request.response_format,
-          generateMs: Math.round(generated - started),
-          deliverMs: Math.round(performance.now() - generated),
-        },
-        'images generated',
-      );
-      return { created: Math.floor(Date.now() / 1000), data, ...fields };
+    generate: (request, context, edit) => handle(request, context, { finish: (images, reservation) => deliver(images, request, context, reservation) }, edit),
+    async stream(request, context, onEvent, edit) {
+      await handle(request, context, { onEvent, finish: async () => undefined }, edit);
     },
   };
 }
