@@ -175,8 +175,7 @@ const SETTINGS = {
   modelsRescanSeconds: { schema: seconds(0).default(30), description: 'how often model folders are rescanned for added or removed models (0 = only on demand)' },
   imageTtlSeconds: { schema: integer(1).default(86400), description: 'how long image URLs stay valid' },
   maxStoreBytes: {
-    schema: bytesAtLeast(1024 ** 2, '1m').default(2 * 1024 ** 3),
-    shownDefault: '2g',
+    schema: bytesAtLeast(1024 ** 2, '1m').prefault('2g'),
     description: 'space the image store may use, e.g. 2g (with STORE=s3: the prefix\'s total over all replicas, as each replica\'s last listing saw it; see docs/deploy.md)',
   },
   store: {
@@ -269,14 +268,12 @@ const SETTINGS = {
   },
   uploadMemory: {
     // At least the largest form an edit takes (an image and a mask of 25 MiB, fields): one always fits.
-    schema: bytesAtLeast(64 * 1024 ** 2, '64m').default(256 * 1024 ** 2),
-    shownDefault: '256m',
+    schema: bytesAtLeast(64 * 1024 ** 2, '64m').prefault('256m'),
     description:
       'memory the uploaded files of edits and variations may take together, from being read until their request ends (a request waiting for a worker keeps its upload); a form that finds it full gets 429 with Retry-After before the rest of it is read',
   },
   bodyLimit: {
-    schema: byteSize.pipe(z.number().min(1, 'expected at least 1 byte')).default(1024 ** 2),
-    shownDefault: '1m',
+    schema: byteSize.pipe(z.number().min(1, 'expected at least 1 byte')).prefault('1m'),
     description: 'largest accepted request body, e.g. 1m; a compressed body counts decompressed',
   },
   headersTimeoutSeconds: {
@@ -292,8 +289,7 @@ const SETTINGS = {
     description: 'once an answer is being sent, a client that takes none of it for this long has its connection closed (it would hold the answer in memory)',
   },
   sendMinRate: {
-    schema: byteSize.default(16 * 1024),
-    shownDefault: '16k',
+    schema: byteSize.prefault('16k'),
     description:
       'bytes per second a client must at least take of an answer waiting for it, over each SEND_TIMEOUT_SECONDS, or its connection is closed: one taking a little now and then would hold the answer in memory for as long as it likes (0 = no minimum)',
   },
@@ -313,7 +309,7 @@ const SETTINGS = {
     description: 'log level',
   },
   logPrompts: { schema: boolean.default(false), description: 'log the prompts of generation requests (they are private to the user: off by default)' },
-} satisfies Record<string, { schema: z.ZodType; description: string; shownDefault?: string }>;
+} satisfies Record<string, { schema: z.ZodType; description: string }>;
 
 export type SettingName = keyof typeof SETTINGS;
 
@@ -336,12 +332,13 @@ const isBoolean = (schema: z.ZodType): boolean => schema === boolean || (schema 
 
 /**
  * A setting's value when neither its flag nor its variable is set, as help shows it: its schema's
- * default (shownDefault where the parsed number reads worse than what one would write, e.g. 2g);
- * undefined where there is none, or where the description says what it depends on ("(default: ...").
+ * default, as written where the default is text to parse (a prefault: byte sizes read 2g, not
+ * 2147483648); undefined where there is none, or where the description says what it depends on
+ * ("(default: ...").
  */
-function defaultText(setting: { schema: z.ZodType; description: string; shownDefault?: string }): string | undefined {
+function defaultText(setting: { schema: z.ZodType; description: string }): string | undefined {
   if (setting.description.includes('(default:')) return undefined;
-  if (setting.shownDefault !== undefined) return setting.shownDefault;
+  if (setting.schema instanceof z.ZodPrefault) return String(setting.schema.def.defaultValue);
   const parsed = setting.schema.safeParse(undefined);
   const value: unknown = parsed.success ? parsed.data : undefined;
   if (Array.isArray(value)) return value.length > 0 ? value.join(',') : undefined;
