@@ -4,7 +4,7 @@ import { randomBytes } from 'node:crypto';
 import net from 'node:net';
 import sharp from 'sharp';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { startTestServer, TEST_KEY, type TestServer } from './helpers/api-server.js';
+import { FakeEngine, startTestServer, TEST_KEY, type TestServer } from './helpers/api-server.js';
 import { capturedLogs } from './helpers/logs.js';
 import { MAX_PARAM_LENGTH } from '../src/http/app.js';
 import { parseResponse, rawRequest } from './helpers/raw-http.js';
@@ -303,6 +303,54 @@ describe('uploads waiting for a worker', () => {
       await held.close();
     }
   }, 60_000);
+});
+
+describe('an edit while the queue is full', () => {
+  it('gets its 429 with Retry-After before its upload is read, and its connection is closed', async () => {
+    // One worker, one waiting job: a running request and a waiting one fill it.
+    const busy = await startTestServer({ engine: new FakeEngine(1, 1), stubCanEdit: true });
+    busy.engine.hold();
+    // No false alarms on the way: a b64_json edit's answer has more 'close' listeners than Node's default allows.
+    const warnings: string[] = [];
+    const onWarning = (warning: Error) => void warnings.push(`${warning.name}: ${warning.message}`);
+    process.on('warning', onWarning);
+    try {
+      const generate = () => busy.client.images.generate({ model: 'stub', prompt: 'a red circle', response_format: 'b64_json' });
+      const filling = [generate(), generate()];
+      await expect.poll(() => busy.engine.load()).toEqual({ running: 1, queued: 1 });
+      // A form declaring 20 MiB, of which only its head is sent: the answer must not wait for the rest.
+      const boundary = 'b0undary';
+      const start = `--${boundary}\r\nContent-Disposition: form-data; name="image"; filename="in.png"\r\nContent-Type: image/png\r\n\r\n`;
+      const edit = rawRequest(
+        Number(new URL(busy.origin).port),
+        [
+          'POST /v1/images/edits HTTP/1.1',
+          'Host: 127.0.0.1',
+          `Authorization: Bearer ${TEST_KEY}`,
+          `Content-Type: multipart/form-data; boundary=${boundary}`,
+          `Content-Length: ${20 * 1024 ** 2}`,
+          '',
+          start,
+        ].join('\r\n'),
+      );
+      await edit.closed;
+      const { status, headers, body } = parseResponse(edit.text);
+      expect([status, headers['retry-after'], headers.connection]).toEqual(['HTTP/1.1 429 Too Many Requests', expect.stringMatching(/^\d+$/), 'close']);
+      expect(JSON.parse(body).error).toMatchObject({ type: 'requests', code: 'rate_limit_exceeded', message: expect.stringMatching(/the generation queue is full/) });
+      busy.engine.release();
+      expect((await Promise.all(filling)).map((answer) => answer.data)).toHaveLength(2);
+      // With room again, an edit is read and runs.
+      const png = await sharp({ create: { width: 64, height: 64, channels: 3, background: 'red' } }).png().toBuffer();
+      const edited = await busy.client.images.edit({ model: 'stub', prompt: 'a blue square', image: new File([png], 'in.png', { type: 'image/png' }), response_format: 'b64_json' });
+      expect(edited.data).toHaveLength(1);
+      await new Promise((resolve) => setImmediate(resolve));
+      expect(warnings).toEqual([]);
+    } finally {
+      process.off('warning', onWarning);
+      busy.engine.release();
+      await busy.close();
+    }
+  });
 });
 
 describe('requests the router refuses', () => {

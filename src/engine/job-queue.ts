@@ -319,6 +319,15 @@ export class JobQueue {
     return { running: this.running.size, queued: this.order.size };
   }
 
+  /**
+   * Why `client` would be refused now whatever it asked for (the queue is closed, full, or holds too
+   * much work), or undefined: what a request of no cost would hear, checked before reading a large
+   * upload that would only be refused.
+   */
+  wouldRefuse(client: string, limits: ClientLimits = {}): QueueFullError | QueueClosedError | undefined {
+    return this.closed ? new QueueClosedError() : this.refusal(new Ticket(client, 0, limits));
+  }
+
   /** Rejects the waiting jobs with QueueClosedError and refuses new ones; running jobs go on. */
   close(): void {
     this.closed = true;

@@ -135,6 +135,8 @@ export interface EnginePool extends Engine {
   ticket(batches: readonly GenerationBatch[], client: string, limits?: ClientLimits): Ticket;
   /** Jobs running and waiting, for /health. */
   load(): { running: number; queued: number };
+  /** See JobQueue.wouldRefuse. */
+  wouldRefuse(client: string, limits?: ClientLimits): Error | undefined;
   /** For /ready. */
   readiness(): Readiness;
   /** Each model that live workers hold now, by name, and on how many (for /metrics). */
@@ -401,6 +403,7 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
     generate: (batch, signal, ticket, onEvent) => merger.generate(batch, signal, ticket, onEvent),
     ticket: (batches, client, limits) => new Ticket(client, batches.reduce((sum, batch) => sum + estimate(batch), 0), limits),
     load: () => queue.load(),
+    wouldRefuse: (client, limits) => queue.wouldRefuse(client, limits),
     readiness() {
       const { ready, models, full } = preloadState();
       return {

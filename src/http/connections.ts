@@ -51,7 +51,15 @@ export interface ConnectionsOptions {
   sendMinRate: number;
 }
 
+/**
+ * Each concern that must know when an answer ends listens for its response's 'close' (metrics, shutdown,
+ * uploads, the send rate, Fastify's piping of a streamed body): a b64_json edit's answer passes Node's
+ * default of 10 listeners, whose "possible memory leak" warning would be a false alarm in the log.
+ */
+const RESPONSE_LISTENERS = 32;
+
 async function connectionsPlugin(app: FastifyInstance, { sendTimeoutSeconds, sendMinRate }: ConnectionsOptions): Promise<void> {
+  app.addHook('onRequest', async (_request, reply) => void reply.raw.setMaxListeners(RESPONSE_LISTENERS));
   app.addHook('onSend', async (request, reply) => {
     if (!request.raw.complete) reply.header('connection', 'close');
     // The socket's inactivity timer: any byte the client takes restarts it. Node replaces it with the

@@ -4,7 +4,7 @@ import { ApiError } from '../api/errors.js';
 import { parseImageRequest, type ImagesResponse } from '../api/wire.js';
 import type { EditInput } from '../service/images.js';
 import { checkMask, decodeInputImage } from '../service/input-images.js';
-import { respond, type ImagesOptions } from './image-context.js';
+import { queueClient, respond, type ImagesOptions } from './image-context.js';
 import { readUpload, type Upload, type UploadLimits, type UploadRoute } from './uploads.js';
 import { ByteBudget } from '../util/byte-budget.js';
 
@@ -50,6 +50,8 @@ export async function edits(app: FastifyInstance, options: EditsOptions): Promis
     ['/v1/images/variations', 'variation'],
   ] as const) {
     app.post(path, async (request, reply): Promise<ImagesResponse | FastifyReply> => {
+      // A queue that would refuse the request refuses it before its upload (megabytes) is read.
+      options.service.checkRoom(queueClient(request));
       const upload = await readUpload(request, reply, route, UPLOAD_LIMITS, memory);
       const body = parseImageRequest(route, upload.fields, { defaultModel: options.defaultModel, form: upload.form });
       return respond(request, reply, 'image_edit', body, options, () => editInput(upload, route));

@@ -1,6 +1,6 @@
 import type { FastifyReply, FastifyRequest } from 'fastify';
 import type { GenerationRequest, ImagesResponse, StreamPrefix } from '../api/wire.js';
-import type { EditInput, GenerateContext, ImageService } from '../service/images.js';
+import type { EditInput, GenerateContext, ImageService, QueueClient } from '../service/images.js';
 import { streamImages } from './event-stream.js';
 import { imagePath } from './files.js';
 import { imagesJson } from './json-pieces.js';
@@ -51,6 +51,12 @@ function answer(reply: FastifyReply, response: ImagesResponse): ImagesResponse |
   return reply.type('application/json; charset=utf-8').send(imagesJson(response));
 }
 
+/** Who the request is for the queue: fairness is per key (by its label); a key file's `concurrent` limit bounds its running work. */
+export const queueClient = (request: FastifyRequest): QueueClient => ({
+  client: request.apiKey?.label,
+  limits: request.apiKey?.limits?.concurrent === undefined ? undefined : { maxConcurrent: request.apiKey.limits.concurrent },
+});
+
 /**
  * The service context of a parsed request, once its key's per-minute limits would admit it (else a 429;
  * the service counts it once it proved valid); from here on its log lines name what it asked for.
@@ -72,9 +78,7 @@ async function generateContext(request: FastifyRequest, reply: FastifyReply, bod
     log: request.log,
     // OpenAI's x-ratelimit-* headers go on the answer, streamed or not.
     admit: async () => void reply.headers(await rates.admit(request.apiKey, body.n)),
-    // Queue fairness is per key (by its label); a key file's `concurrent` limit bounds its running work.
-    client: request.apiKey?.label,
-    limits: request.apiKey?.limits?.concurrent === undefined ? undefined : { maxConcurrent: request.apiKey.limits.concurrent },
+    ...queueClient(request),
     ...(slots && { hold: (work, onWait) => slots.hold(request.apiKey, request.cancellation, work, onWait) }),
   };
 }

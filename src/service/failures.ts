@@ -9,8 +9,8 @@ import { StoreFullError, StoreUnavailableError } from '../store/image-store.js';
 
 /** The engine's and the store's failures as OpenAI errors, with the status and retry advice each deserves. */
 
-/** The engine's failures as OpenAI errors; `model` names the request's model in them. */
-export function engineError(err: unknown, model: string): unknown {
+/** The queue's refusals of a new request as OpenAI errors (429, or 503 while shutting down); undefined for any other error. */
+export function queueRefusal(err: unknown): ApiError | undefined {
   if (err instanceof QueueFullError && err.clientLimit) {
     return new ApiError(
       429,
@@ -25,6 +25,14 @@ export function engineError(err: unknown, model: string): unknown {
       { type: 'requests', code: 'rate_limit_exceeded', headers: { 'retry-after': String(err.retryAfterSeconds) } },
     );
   }
+  if (err instanceof QueueClosedError) return ApiError.shuttingDown();
+  return undefined;
+}
+
+/** The engine's failures as OpenAI errors; `model` names the request's model in them. */
+export function engineError(err: unknown, model: string): unknown {
+  const refused = queueRefusal(err);
+  if (refused) return refused;
   if (err instanceof QueueTimeoutError) {
     return new ApiError(
       503,
@@ -52,7 +60,6 @@ export function engineError(err: unknown, model: string): unknown {
       : 'Retrying may succeed; if it keeps failing, ask for a smaller size or fewer images.';
     return new ApiError(500, `The worker process generating this image ${err.reason}; it has been replaced. ${advice}`, { code: 'worker_crashed', cause: err });
   }
-  if (err instanceof QueueClosedError) return ApiError.shuttingDown();
   // Installed and usable when the request came; since then removed, or found damaged as it loaded
   // (ModelLayoutError crosses the process boundary by name, with its problem).
   if ((err as Error).name === 'ModelLayoutError') {

@@ -10,7 +10,7 @@ import type { ModelEntry, ModelRegistry } from '../models/registry.js';
 import { stepsRun } from '../schedulers/index.js';
 import type { ImageStore, StoredImage, StoreReservation } from '../store/image-store.js';
 import { bufferView } from '../util/bytes.js';
-import { engineError, storeError } from './failures.js';
+import { engineError, queueRefusal, storeError } from './failures.js';
 import { gptImageFields } from './gpt-image-fields.js';
 import { planBatches, requestSize, type FittedEdit } from './plan.js';
 import { editMarks, fitEdit, type EditSource } from './input-images.js';
@@ -143,7 +143,15 @@ export interface ImageService {
    * made ('image' events); settles once the last went out, or rejects with what ended the request.
    */
   stream(request: GenerationRequest, context: GenerateContext, onEvent: RequestListener, edit?: EditInput): Promise<void>;
+  /**
+   * Throws what the queue would answer any request of this client now (a 429 when it is full or holds
+   * too much work), if it would refuse one: an edit's upload is then not read only to be refused.
+   */
+  checkRoom(who: QueueClient): void;
 }
+
+/** Who a request is for the queue. */
+export type QueueClient = Pick<GenerateContext, 'client' | 'limits'>;
 
 function unknownModel(id: string, registry: ModelRegistry, defaultModel: string | undefined): ApiError {
   const available = registry.list().map((m) => m.id);
@@ -354,6 +362,10 @@ export function createImageService({ registry, engine, store, defaultRng, defaul
     generate: (request, context, edit) => handle(request, context, { finish: (images, reservation) => deliver(images, request, context, reservation) }, edit),
     async stream(request, context, onEvent, edit) {
       await handle(request, context, { onEvent, finish: async () => undefined }, edit);
+    },
+    checkRoom({ client, limits }) {
+      const refusal = engine.wouldRefuse(client ?? 'anonymous', limits);
+      if (refusal) throw queueRefusal(refusal) ?? refusal;
     },
   };
 }

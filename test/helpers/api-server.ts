@@ -93,6 +93,10 @@ export class FakeEngine implements EnginePool {
     return this.queue.load();
   }
 
+  wouldRefuse(client: string, limits?: ClientLimits) {
+    return this.queue.wouldRefuse(client, limits);
+  }
+
   readiness(): Readiness {
     return { ready: true, started: true, workers: { total: 1, ready: 1 }, models: [] };
   }
