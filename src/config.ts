@@ -214,6 +214,11 @@ const SETTINGS = {
     schema: integer(1, 64).optional(),
     description: 'generation worker processes, each with its own copy of the models (default: one per CUDA device, one on the CPU, fewer if the models measured more memory than is free)',
   },
+  workerThreads: {
+    schema: integer(1, 1024).optional(),
+    description:
+      "onnxruntime's CPU threads in each worker (default: the cores shared out among the workers); fewer leave cores to other programs, more than that share out oversubscribes the cores (see docs/performance.md)",
+  },
   executionProvider: { schema: z.enum(['cpu', 'cuda']).default('cpu'), description: 'onnxruntime execution provider: cpu or cuda' },
   ortThreadSpinning: {
     schema: boolean.default(false),

@@ -93,6 +93,7 @@ export async function startServer(config: Config, logger: Logger, { clock }: Ser
     queueTimeoutMs: config.queueTimeoutSeconds * 1000,
     stallTimeoutMs: config.workerStallTimeoutSeconds * 1000,
     executionProvider: config.executionProvider,
+    threadsPerWorker: config.workerThreads,
     threadSpinning: config.ortThreadSpinning,
     workerNice: config.workerNice,
     vaeTiling: config.vaeTiling,

@@ -480,3 +480,21 @@ describe('worker priority', () => {
     }
   });
 });
+
+describe('worker threads', () => {
+  it.skipIf(process.platform !== 'linux')("give each of a worker's onnxruntime sessions WORKER_THREADS intra-op threads, more than the cores if asked (Linux: its threads are listed in /proc)", async () => {
+    const threadsOfWorker = async (threadsPerWorker: number) => {
+      const pool = createEnginePool({ workers: 1, queueMax: 1, executionProvider: 'cpu', threadsPerWorker, preload: [{ dir: DEMO_MODEL_DIR }] });
+      try {
+        await expect.poll(() => pool.readiness().ready, { timeout: 60_000, interval: 20 }).toBe(true);
+        expect(await pool.generate(demoBatch())).toHaveLength(1);
+        return (await readdir(`/proc/${pool.workers()[0].pid!}/task`)).length;
+      } finally {
+        await pool.close();
+      }
+    };
+    const [one, more] = [await threadsOfWorker(1), await threadsOfWorker(os.availableParallelism() + 4)];
+    // Each session's pool has the calling thread and threads - 1 of its own; the demo model has three sessions.
+    expect(more - one).toBe(3 * (os.availableParallelism() + 3));
+  });
+});

@@ -43,6 +43,8 @@ export interface EnginePoolOptions {
   /** Most estimated seconds of work that may wait per worker before new requests get QueueFullError. */
   queueMaxSeconds?: number;
   executionProvider: 'cpu' | 'cuda';
+  /** onnxruntime's intra-op CPU threads in each worker; default: the cores shared out among the workers. */
+  threadsPerWorker?: number;
   /** Whether onnxruntime's CPU threads spin-wait for work (see RuntimeOptions.spinning); default false. */
   threadSpinning?: boolean;
   /** How far below the server's the workers' CPU priority is (see WorkerInit.nice); default 0. */
@@ -178,16 +180,18 @@ const RESTART_BACKOFF_MS = { first: 1000, max: 30_000 };
 const START_STALL_MIN_MS = 300_000;
 const STABLE_MS = 60_000;
 
+/** Each worker's share of the cores, at least one: what the workers' threads take together is then the cores. */
+export const sharedThreads = (workers: number): number => Math.max(1, Math.floor(os.availableParallelism() / workers));
+
 export function createEnginePool(options: EnginePoolOptions): WorkerPool {
   const { logger, metrics } = options;
   const clock = options.clock ?? REAL_CLOCK;
   const preload = options.preload ?? [];
   const cudaDevices = options.cudaDevices ?? [0];
   const engine: Partial<EngineSettings> = {
-    // Workers share the cores: more threads than cores would only contend.
     runtime: {
       provider: options.executionProvider,
-      threads: Math.max(1, Math.floor(os.availableParallelism() / options.workers)),
+      threads: options.threadsPerWorker ?? sharedThreads(options.workers),
       spinning: options.threadSpinning ?? false,
     },
     // Every worker holds its own copy of the models it uses, so the budget is shared out among them.

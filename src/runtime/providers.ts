@@ -6,7 +6,7 @@ export interface RuntimeOptions {
   provider: 'cpu' | 'cuda';
   /** CUDA device for this worker. */
   deviceId?: number;
-  /** Intra-op threads per session; workers x threads should not exceed the cores. */
+  /** Intra-op threads per session: by default each worker's share of the cores (see EnginePoolOptions.threadsPerWorker). */
   threads?: number;
   /**
    * Whether idle intra-op (and inter-op) threads spin-wait for their next task instead of sleeping:
