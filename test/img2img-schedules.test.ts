@@ -6,8 +6,9 @@
  */
 import { describe, expect, it } from 'vitest';
 import { BatchNoise } from '../src/runtime/random.js';
-import { denoise } from '../src/pipelines/denoise.js';
-import { createScheduler, strengthStart } from '../src/schedulers/index.js';
+import { denoise, startingLatents } from '../src/pipelines/denoise.js';
+import type { RgbImage } from '../src/runtime/types.js';
+import { createScheduler, fewestSteps, stepsRun, strengthStart } from '../src/schedulers/index.js';
 import type { SchedulerConfig } from '../src/schedulers/scheduler.js';
 
 const SD15: SchedulerConfig = {
@@ -42,17 +43,94 @@ function expectClose(actual: Float32Array, expected: (i: number) => number, tole
 }
 
 describe('strength', () => {
-  it("starts where diffusers' get_timesteps does", () => {
-    expect(strengthStart(50, 0.75)).toBe(13); // init_timestep = int(37.5) = 37
-    expect(strengthStart(4, 0.5)).toBe(2);
-    expect(strengthStart(10, 1)).toBe(0);
-    expect(strengthStart(3, 0.34)).toBe(2);
+  it("starts where diffusers' Stable Diffusion pipelines' get_timesteps does: floor(N x strength) steps run", () => {
+    expect(strengthStart(50, 0.75, 'vp')).toBe(13); // init_timestep = int(37.5) = 37
+    expect(strengthStart(4, 0.5, 'vp')).toBe(2);
+    expect(strengthStart(10, 1, 'vp')).toBe(0);
+    expect(strengthStart(3, 0.34, 'vp')).toBe(2);
+    expect(strengthStart(4, 0.6, 'vp')).toBe(2);
+  });
+
+  it("starts where diffusers' FLUX pipelines' get_timesteps does: at int(N - N x strength), unrounded products in double precision", () => {
+    // schnell's 4 steps: 0.6 runs 3 from sigma 0.75 (SD's rule would run 2), 0.3 (the variations default) runs 2, 0.2 still runs 1.
+    expect([0.6, 0.3, 0.2, 1].map((strength) => strengthStart(4, strength, 'flow'))).toEqual([1, 2, 3, 0]);
+    // 3 x 0.7 is 2.0999999999999996 in doubles, as in Python: all 3 run (SD's rule runs 2).
+    expect([strengthStart(3, 0.7, 'flow'), strengthStart(3, 0.7, 'vp')]).toEqual([0, 1]);
+    expect(strengthStart(50, 0.75, 'flow')).toBe(12);
+    expect(fewestSteps(0.2, 'flow')).toBe(1);
+    expect(fewestSteps(0.2, 'vp')).toBe(5);
+    expect(stepsRun(4, 0.2, 'flow')).toBe(1);
   });
 
   it('refuses a strength that leaves no step, or one out of range', () => {
-    expect(() => strengthStart(4, 0.2)).toThrow(/leaves no step/);
-    expect(() => strengthStart(4, 0)).toThrow(/\(0, 1\]/);
-    expect(() => strengthStart(4, 1.5)).toThrow(/\(0, 1\]/);
+    expect(() => strengthStart(4, 0.2, 'vp')).toThrow(/leaves no step/);
+    expect(() => strengthStart(4, 0, 'flow')).toThrow(/\(0, 1\]/);
+    expect(() => strengthStart(4, 1.5, 'vp')).toThrow(/\(0, 1\]/);
+  });
+});
+
+describe('where an edit starts (startingLatents)', () => {
+  // One item, 16x16 pixels on a 4x2x2 latent grid (64 values, as x0 and n); the encoder answers x0.
+  const [W, H] = [16, 16];
+  const shape = { channels: 4, height: 2, width: 8 };
+  const picture: RgbImage = { pixels: new Uint8Array(W * H * 3).fill(200), width: W, height: H };
+  const item = (extra: object = {}) => ({ prompt: '', negativePrompt: '', seed: 7, image: picture, initialNoise: n, ...extra });
+  const repaintAll = new Uint8Array(W * H).fill(255);
+  const euler = () => {
+    const s = createScheduler({ ...SD15, _class_name: 'EulerDiscreteScheduler' });
+    s.setTimesteps(30);
+    return s;
+  };
+
+  it("inpainting at strength 1 (a masked edit's default) starts from pure noise times the starting sigma, as diffusers' SD inpainting pipelines do, with no trace of the picture", async () => {
+    const s = euler();
+    const batch = { steps: 30, strength: 1, width: W, height: H, items: [item({ mask: repaintAll })] };
+    const start = await startingLatents(batch, s, BatchNoise.forItems(batch.items), shape, async () => x0.slice(), { kind: 'vp' });
+    expect(start.call).toBe(0);
+    expectClose(start.latents, (i) => n[i] * s.initNoiseSigma, 1e-4);
+    // The kept area is still put back from the picture, noised as the steps go.
+    expect(start.keep?.original).toEqual(x0);
+  });
+
+  it('below strength 1, and without a mask, it starts from the picture noised to its first step', async () => {
+    const s = euler();
+    for (const [strength, mask] of [[0.8, repaintAll], [1, undefined]] as const) {
+      const batch = { steps: 30, strength, width: W, height: H, items: [item(mask && { mask })] };
+      const start = await startingLatents(batch, s, BatchNoise.forItems(batch.items), shape, async () => x0.slice(), { kind: 'vp' });
+      expectClose(start.latents, (i) => s.addNoise(x0, n, start.call)[i]);
+    }
+  });
+
+  it('draws from the generators in diffusers\' order: the picture\'s encoding first, but an inpainting UNet at strength 1 never encodes it, so its noise is the first draw', async () => {
+    // An encoder that samples its posterior draws from the items' generators first (Optimum's latent_parameters).
+    const seeded = { prompt: '', negativePrompt: '', seed: 7, rng: 'torch' as const, image: picture, mask: repaintAll };
+    const draws = (count: number) => {
+      const generators = BatchNoise.forItems([seeded]);
+      return Array.from({ length: count }, () => generators.initial(64));
+    };
+    const [first, second] = draws(2);
+    for (const inpaintingUnet of [false, true]) {
+      const s = euler();
+      const noise = BatchNoise.forItems([seeded]);
+      let encoded = 0;
+      const encode = async () => {
+        encoded++;
+        noise.randn(64);
+        return x0.slice();
+      };
+      const start = await startingLatents({ steps: 30, strength: 1, width: W, height: H, items: [seeded] }, s, noise, shape, encode, { kind: 'vp', inpaintingUnet });
+      expect(encoded).toBe(inpaintingUnet ? 0 : 1);
+      expectClose(start.latents, (i) => (inpaintingUnet ? first : second)[i] * s.initNoiseSigma, 1e-4);
+    }
+  });
+
+  it('a FLUX edit starts where its pipeline does: 4 steps at strength 0.6 run 3', async () => {
+    const s = createScheduler({ _class_name: 'FlowMatchEulerDiscreteScheduler', num_train_timesteps: 1000, shift: 1 });
+    s.setTimesteps(4);
+    const batch = { steps: 4, strength: 0.6, width: W, height: H, items: [item({ mask: repaintAll })] };
+    const start = await startingLatents(batch, s, BatchNoise.forItems(batch.items), shape, async () => x0.slice(), { kind: 'flow' });
+    expect(start.call).toBe(1);
+    expectClose(start.latents, (i) => 0.25 * x0[i] + 0.75 * n[i]);
   });
 });
 
@@ -61,7 +139,7 @@ describe('addNoise at the first step of image-to-image', () => {
     for (const name of ['ddim', 'pndm'] as const) {
       const s = createScheduler({ ...SD15, _class_name: name === 'ddim' ? 'DDIMScheduler' : 'PNDMScheduler' });
       s.setTimesteps(50);
-      const start = strengthStart(50, 0.75);
+      const start = strengthStart(50, 0.75, 'vp');
       // PNDM repeats its second timestep, so its list is shifted by one from there on, as in diffusers.
       expect(s.timesteps[start]).toBe(name === 'ddim' ? 721 : 741);
       const abar = alphaCumprod(s.timesteps[start]);
@@ -72,7 +150,7 @@ describe('addNoise at the first step of image-to-image', () => {
   it('euler: x0 + sigma noise, sigma = sqrt((1 - abar) / abar) at the step', () => {
     const s = createScheduler({ ...SD15, _class_name: 'EulerDiscreteScheduler' });
     s.setTimesteps(20);
-    const start = strengthStart(20, 0.6);
+    const start = strengthStart(20, 0.6, 'vp');
     const abar = alphaCumprod(s.timesteps[start]);
     expectClose(s.addNoise(x0, n, start), (i) => x0[i] + Math.sqrt((1 - abar) / abar) * n[i], 1e-4);
   });
@@ -80,7 +158,7 @@ describe('addNoise at the first step of image-to-image', () => {
   it('dpm++: the same noise level in the VP form it steps in', () => {
     const s = createScheduler({ ...SD15, _class_name: 'DPMSolverMultistepScheduler' });
     s.setTimesteps(20);
-    const start = strengthStart(20, 0.6);
+    const start = strengthStart(20, 0.6, 'vp');
     const abar = alphaCumprod(s.timesteps[start]);
     expectClose(s.addNoise(x0, n, start), (i) => Math.sqrt(abar) * x0[i] + Math.sqrt(1 - abar) * n[i], 1e-4);
   });
@@ -88,7 +166,7 @@ describe('addNoise at the first step of image-to-image', () => {
   it('flow matching: (1 - sigma) x0 + sigma noise, sigma = t / 1000', () => {
     const s = createScheduler({ _class_name: 'FlowMatchEulerDiscreteScheduler', num_train_timesteps: 1000, shift: 1 });
     s.setTimesteps(4);
-    const start = strengthStart(4, 0.5);
+    const start = strengthStart(4, 0.5, 'flow');
     const sigma = s.timesteps[start] / 1000;
     expect(sigma).toBeCloseTo(0.5, 6);
     expectClose(s.addNoise(x0, n, start), (i) => (1 - sigma) * x0[i] + sigma * n[i]);
@@ -151,7 +229,7 @@ describe('denoising from the middle of the schedule', () => {
       const flow = className === 'FlowMatchEulerDiscreteScheduler';
       const s = createScheduler(flow ? { _class_name: className, num_train_timesteps: 1000, shift: 1 } : { ...SD15, _class_name: className });
       s.setTimesteps(steps);
-      const start = strengthStart(steps, strength);
+      const start = strengthStart(steps, strength, flow ? 'flow' : 'vp');
       const steps_seen: number[] = [];
       const out = await denoise(s, { latents: s.addNoise(x0, n, start), call: start }, NO_DRAWS, oracle(flow), { onStep: (step, total) => steps_seen.push(step / total) });
       expectClose(out, (i) => Math.sqrt(finalAbar) * x0[i] + Math.sqrt(1 - finalAbar) * n[i], 2e-3);
@@ -164,7 +242,7 @@ describe('PNDM from the middle of the schedule', () => {
   it("runs its warm-up on the first calls made, not on the schedule's first indices, as diffusers' counter does", async () => {
     const s = createScheduler({ ...SD15, _class_name: 'PNDMScheduler' });
     s.setTimesteps(20);
-    const start = strengthStart(20, 0.6);
+    const start = strengthStart(20, 0.6, 'vp');
     const level = (t: number) => (i: number) => Math.sqrt(alphaCumprod(t)) * x0[i] + Math.sqrt(1 - alphaCumprod(t)) * n[i];
     const predict = oracle(false);
     const t = s.timesteps[start];

@@ -3,7 +3,7 @@ import path from 'node:path';
 import { halvings } from '../families/family.js';
 import { DENOISER_FOLDERS, FAMILIES, recogniseFamily } from '../families/index.js';
 import { createScheduler } from '../schedulers/index.js';
-import type { SchedulerConfig } from '../schedulers/scheduler.js';
+import type { ModelKind, SchedulerConfig } from '../schedulers/scheduler.js';
 import { findTokenizerSource, TokenizerFilesError } from '../tokenizers/files.js';
 import { exists, readJsonIfPresent } from '../util/files.js';
 import { externalDataProblem } from './onnx-external-data.js';
@@ -34,6 +34,8 @@ export interface ModelLayout {
   tokenizer: string;
   tokenizer2?: string;
   scheduler: SchedulerConfig;
+  /** What its schedulers are (its family's): 'flow' pipelines also read image-to-image's strength their own way (schedulers/strength.ts). */
+  schedulerKind: ModelKind;
   /**
    * `scaleFactor`: image pixels per latent pixel along a side (8 for every released VAE).
    * `midBlockAttention`: the decoder attends over every latent pixel (every released VAE does; its
@@ -173,6 +175,7 @@ export async function inspectModel(dir: string): Promise<ModelLayout> {
     tokenizer: tokenizer!,
     tokenizer2,
     scheduler: scheduler as SchedulerConfig,
+    schedulerKind: family.schedulerKind,
     vae: {
       scalingFactor: typeof vaeConfig.scaling_factor === 'number' ? vaeConfig.scaling_factor : family.vae.scalingFactor,
       shiftFactor: typeof vaeConfig.shift_factor === 'number' ? vaeConfig.shift_factor : family.vae.shiftFactor,

@@ -1,6 +1,6 @@
 import type { BatchNoise } from '../runtime/random.js';
 import type { GenerationBatch, RgbImage } from '../runtime/types.js';
-import { strengthStart } from '../schedulers/index.js';
+import { strengthStart, type ModelKind } from '../schedulers/index.js';
 import type { Scheduler } from '../schedulers/scheduler.js';
 import { cleanEstimate, type Prediction } from './clean-estimate.js';
 import { GenerationCancelled, type GenerateHooks } from './pipeline.js';
@@ -88,11 +88,26 @@ export function relayout(start: Start, layout: (latents: Float32Array) => Float3
   return { latents: layout(start.latents), call: start.call, keep };
 }
 
+/** How a pipeline starts from a picture, as its diffusers counterpart does. */
+export interface StartRules {
+  /** Its schedulers' kind, which sets how strength becomes steps (schedulers/strength.ts). */
+  kind: ModelKind;
+  /**
+   * Its UNet takes the mask and the masked picture as input (9 channels): at strength 1 the picture
+   * itself is then never encoded, so the starting noise is each generator's first draw.
+   */
+  inpaintingUnet?: boolean;
+}
+
 /**
  * Where a generation starts: text-to-image at call 0 from each item's own Gaussian noise (or the noise
  * it was given) times the scheduler's starting sigma; image-to-image (`batch.strength`) at the call
  * strength leaves, from the items' encoded pictures noised to that call's level, as diffusers' img2img
- * pipelines do; inpainting (items with a `mask`) the same, keeping the unmasked area.
+ * pipelines do; inpainting (items with a `mask`) the same, keeping the unmasked area, except that at
+ * strength 1 Stable Diffusion's inpainting pipelines start from pure noise (times the starting sigma)
+ * rather than from the picture noised to the first step, where some of it would show through. The
+ * picture is encoded before the noise is drawn (an encoder that samples its posterior draws from the
+ * same generators), as diffusers does.
  */
 export async function startingLatents(
   batch: Pick<GenerationBatch, 'steps' | 'strength' | 'items' | 'width' | 'height'>,
@@ -100,6 +115,7 @@ export async function startingLatents(
   noise: BatchNoise,
   shape: LatentShape,
   encode: (images: RgbImage[]) => Promise<Float32Array>,
+  { kind, inpaintingUnet = false }: StartRules,
 ): Promise<Start> {
   const perItem = shape.channels * shape.height * shape.width;
   if (batch.strength === undefined) return { latents: initialLatents(noise, perItem, scheduler.initNoiseSigma), call: 0 };
@@ -110,11 +126,14 @@ export async function startingLatents(
     }
     return item.image;
   });
-  const call = strengthStart(batch.steps, batch.strength);
+  const call = strengthStart(batch.steps, batch.strength, kind);
+  const masked = batch.items.some((item) => item.mask);
+  const fromNoise = masked && kind === 'vp' && batch.strength === 1;
+  if (fromNoise && inpaintingUnet) return { latents: initialLatents(noise, perItem, scheduler.initNoiseSigma), call };
   const original = await encode(images);
   const drawn = noise.initial(perItem);
-  const latents = scheduler.addNoise(original, drawn, call);
-  if (!batch.items.some((item) => item.mask)) return { latents, call };
+  const latents = fromNoise ? drawn.map((z) => z * scheduler.initNoiseSigma) : scheduler.addNoise(original, drawn, call);
+  if (!masked) return { latents, call };
   const mask = new Float32Array(perItem * batch.items.length);
   batch.items.forEach((item, b) => mask.set(latentMask(item.mask, batch, shape, b), b * perItem));
   return { latents, call, keep: { original, noise: drawn, mask } };

@@ -54,7 +54,7 @@ export class FluxPipeline implements Pipeline {
     const noise = BatchNoise.forItems(batch.items);
     const encode = async (images: RgbImage[]) => (await this.encoder.get()).encode(images, noise);
     const shape = { channels: LATENT_CHANNELS, height: h, width: w };
-    const start = relayout(await startingLatents(batch, scheduler, noise, shape, encode), (x) => pack(x, count, h, w));
+    const start = relayout(await startingLatents(batch, scheduler, noise, shape, encode, { kind: this.layout.schedulerKind }), (x) => pack(x, count, h, w));
 
     const feeds: Record<string, HostTensor> = {
       encoder_hidden_states: last_hidden_state,

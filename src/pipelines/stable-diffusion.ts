@@ -65,7 +65,7 @@ export class StableDiffusionPipeline implements Pipeline {
     const noise = BatchNoise.forItems(batch.items);
     const shape = { channels: c, height: h, width: w };
     const encode = async (images: RgbImage[]) => (await this.encoder.get()).encode(images, noise);
-    const started = await startingLatents(batch, scheduler, noise, shape, encode);
+    const started = await startingLatents(batch, scheduler, noise, shape, encode, { kind: this.layout.schedulerKind, inpaintingUnet: this.inpainting });
     // An inpainting UNet is told what to keep and keeps it; other UNets have it put back after each step.
     const extra = this.inpainting ? await inpaintingChannels(batch, shape, this.layout.vaeEncoder ? encode : undefined) : undefined;
     const start = extra ? { ...started, keep: undefined } : started;

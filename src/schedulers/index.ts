@@ -11,13 +11,10 @@ import { flowMatchEuler } from './flow-match-euler.js';
 import { lcm } from './lcm.js';
 import { withDefaults } from './noise-schedule.js';
 import { pndm } from './pndm.js';
-import type { Scheduler, SchedulerConfig } from './scheduler.js';
+import type { ModelKind, Scheduler, SchedulerConfig } from './scheduler.js';
 
-export type { Scheduler, SchedulerConfig, SetTimestepsOptions } from './scheduler.js';
+export type { ModelKind, Scheduler, SchedulerConfig, SetTimestepsOptions } from './scheduler.js';
 export { fewestSteps, stepsRun, strengthStart } from './strength.js';
-
-/** 'vp': noise-prediction diffusion (SD 1.x/2.x, SDXL, LCM); 'flow': rectified flow (FLUX). */
-export type ModelKind = 'vp' | 'flow';
 
 /** What a scheduler file registers. */
 export interface SchedulerEntry {

@@ -1,5 +1,8 @@
 import type { BatchNoise } from '../runtime/random.js';
 
+/** 'vp': noise-prediction diffusion (SD 1.x/2.x, SDXL, LCM); 'flow': rectified flow (FLUX). */
+export type ModelKind = 'vp' | 'flow';
+
 /** The fields of diffusers' `scheduler/scheduler_config.json` that our schedulers read. */
 export interface SchedulerConfig {
   _class_name?: string;
@@ -45,7 +48,7 @@ export interface SetTimestepsOptions {
  *
  * Usage per generation:
  *   s.setTimesteps(steps); x = noise * s.initNoiseSigma;
- *   (image-to-image: i0 = strengthStart(steps, strength); x = s.addNoise(image latents, noise, i0))
+ *   (image-to-image: i0 = strengthStart(steps, strength, kind); x = s.addNoise(image latents, noise, i0))
  *   for (i = 0 (or i0); i < s.timesteps.length; i++) {
  *     out = model(s.scaleModelInput(x, i), s.timesteps[i]); x = s.step(out, i, x, noise);
  *   }

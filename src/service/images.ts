@@ -7,7 +7,7 @@ import type { BatchEvent, GeneratedImage, GenerationBatch } from '../runtime/typ
 import { ApiError, quoteList } from '../api/errors.js';
 import type { GenerationRequest, GptImageResponseFields, ImageObject, ImagesResponse } from '../api/wire.js';
 import type { ModelEntry, ModelRegistry } from '../models/registry.js';
-import { stepsRun } from '../schedulers/index.js';
+import { stepsRun, type ModelKind } from '../schedulers/index.js';
 import type { ImageStore, StoredImage, StoreReservation } from '../store/image-store.js';
 import { bufferView } from '../util/bytes.js';
 import { engineError, queueRefusal, storeError } from './failures.js';
@@ -94,6 +94,12 @@ interface HowAnswered<T> {
   finish(images: GeneratedImage[], reservation: StoreReservation | undefined): Promise<T>;
 }
 
+/** The model of a request: as the request named it (for its errors), and its schedulers' kind (the steps a strength runs). */
+interface RequestModel {
+  named: string;
+  kind: ModelKind;
+}
+
 /** How often a waiting streamed request hears how many batches wait with it. */
 const QUEUED_EVENT_MS = 1000;
 
@@ -177,12 +183,12 @@ export function createImageService({ registry, engine, store, defaultRng, defaul
 
   /**
    * Runs the batches in parallel (they may land on different workers) as one request of the queue; one
-   * failure cancels the rest. `model`: as the request named it, for its errors.
+   * failure cancels the rest.
    */
-  async function run(batches: GenerationBatch[], model: string, signal: AbortSignal, ticket: Ticket, onEvent?: RequestListener, fields?: GptImageResponseFields): Promise<GeneratedImage[]> {
+  async function run(batches: GenerationBatch[], model: RequestModel, signal: AbortSignal, ticket: Ticket, onEvent?: RequestListener, fields?: GptImageResponseFields): Promise<GeneratedImage[]> {
     const failed = new AbortController();
     const either = AbortSignal.any([signal, failed.signal]);
-    const progress = onEvent && requestProgress(batches, onEvent);
+    const progress = onEvent && requestProgress(batches, model.kind, onEvent);
     // Images made before another batch failed still go out, before the error that ends the stream
     // (`over`: a batch that finishes after that is too late); to a client that left, nothing does.
     let over = false;
@@ -214,7 +220,7 @@ export function createImageService({ registry, engine, store, defaultRng, defaul
     } catch (err) {
       await inOrder?.handedOn().catch(() => undefined);
       over = true;
-      throw engineError(err, model);
+      throw engineError(err, model.named);
     } finally {
       progress?.stop();
     }
@@ -224,11 +230,11 @@ export function createImageService({ registry, engine, store, defaultRng, defaul
    * A streamed request's events from its batches' events: steps summed over the batches, previews
    * numbered as the response's images, and while nothing has started, the batches waiting with it.
    */
-  function requestProgress(batches: GenerationBatch[], onEvent: RequestListener) {
+  function requestProgress(batches: GenerationBatch[], kind: ModelKind, onEvent: RequestListener) {
     const firstImage = firstImages(batches);
     // Image-to-image runs only the steps its strength leaves; a batch's events then say how many exactly
     // (PNDM's loop takes one more), so a progress bar does not jump back when they begin.
-    const steps = batches.map((batch) => ({ step: 0, total: batch.strength === undefined ? batch.steps : stepsRun(batch.steps, batch.strength), begun: false }));
+    const steps = batches.map((batch) => ({ step: 0, total: batch.strength === undefined ? batch.steps : stepsRun(batch.steps, batch.strength, kind), begun: false }));
     const begun = () => steps.filter((s) => s.begun).length;
     const tellQueued = () => onEvent({ type: 'queued', ahead: Math.max(0, engine.load().queued - (batches.length - begun())) });
     let timer: NodeJS.Timeout | undefined;
@@ -296,11 +302,11 @@ export function createImageService({ registry, engine, store, defaultRng, defaul
    * a streamed request, whose images went out as 'image' events), with their store space reserved from
    * before the work starts until `finish` is done.
    */
-  async function produce<T>(batches: GenerationBatch[], request: GenerationRequest, context: GenerateContext, how: HowAnswered<T>, fields?: GptImageResponseFields) {
+  async function produce<T>(batches: GenerationBatch[], model: RequestModel, request: GenerationRequest, context: GenerateContext, how: HowAnswered<T>, fields?: GptImageResponseFields) {
     const reservation = await reserveSpace(request, batches);
     const { onEvent, finish } = how;
     try {
-      const making = () => run(batches, request.model, context.signal, engine.ticket(batches, context.client ?? 'anonymous', context.limits), onEvent, fields);
+      const making = () => run(batches, model, context.signal, engine.ticket(batches, context.client ?? 'anonymous', context.limits), onEvent, fields);
       // Waiting for the key's slot is waiting in a queue too: a streamed answer opens and keeps alive meanwhile.
       const waiting = () => onEvent?.({ type: 'queued', ahead: engine.load().queued });
       const images = await (context.hold ? context.hold(making, waiting) : making());
@@ -341,7 +347,7 @@ export function createImageService({ registry, engine, store, defaultRng, defaul
     const drawn = { width, height, count: batches.reduce((n, batch) => n + batch.items.length, 0), inputImages: edit ? 1 : 0, vaeScale: model.layout.vae.scaleFactor };
     // Always there for a streamed request (textTokens is counted for it): its images go out with them.
     const fields = textTokens === undefined ? undefined : gptImageFields(request, textTokens, drawn);
-    const { data, generated } = await produce(batches, request, context, how, fields);
+    const { data, generated } = await produce(batches, { named: request.model, kind: model.layout.schedulerKind }, request, context, how, fields);
     // The request's logger already names the model, size and n it asked for; these are what ran.
     context.log.info(
       {

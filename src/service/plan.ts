@@ -62,12 +62,13 @@ function checkScheduler(request: GenerationRequest, model: ModelEntry): void {
 function stepsOf(request: GenerationRequest, model: ModelEntry, strength: number | undefined): number {
   const preset = model.preset.steps[request.quality];
   if (strength === undefined) return request.steps ?? preset;
-  if (request.steps === undefined) return Math.max(preset, fewestSteps(strength));
-  if (stepsRun(request.steps, strength) >= 1) return request.steps;
+  const { schedulerKind } = model.layout;
+  if (request.steps === undefined) return Math.max(preset, fewestSteps(strength, schedulerKind));
+  if (stepsRun(request.steps, strength, schedulerKind) >= 1) return request.steps;
   throw ApiError.invalid(
     request.strength === undefined ? 'steps' : 'strength',
     'invalid_value',
-    `Invalid value: strength ${strength} of ${request.steps} steps leaves no step to run. Raise 'steps' to at least ${fewestSteps(strength)}, raise 'strength', or omit 'steps'.`,
+    `Invalid value: strength ${strength} of ${request.steps} steps leaves no step to run. Raise 'steps' to at least ${fewestSteps(strength, schedulerKind)}, raise 'strength', or omit 'steps'.`,
   );
 }
 
