@@ -319,6 +319,14 @@ describe('PNDMScheduler full loop (test_scheduler_pndm.py: PRK warm-up, then PLM
   });
 });
 
+describe('DPMSolverMultistepScheduler, Karras sigmas on the cosine schedule', () => {
+  it('gives the model the timesteps diffusers does: left unrounded, then truncated as its int64 timesteps are', () => {
+    const s = createScheduler({ _class_name: 'DPMSolverMultistepScheduler', beta_schedule: 'squaredcos_cap_v2', use_karras_sigmas: true });
+    s.setTimesteps(10);
+    expect([...s.timesteps]).toEqual([999, 998, 998, 998, 997, 995, 983, 894, 259, 0]);
+  });
+});
+
 describe('DPMSolverMultistepScheduler full loop (test_scheduler_dpm_multi.py, dpmsolver++ 2M midpoint)', () => {
   const config: SchedulerConfig = {
     num_train_timesteps: 1000,

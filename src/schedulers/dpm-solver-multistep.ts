@@ -100,8 +100,9 @@ export class DPMSolverMultistepScheduler implements Scheduler {
     if (c.use_karras_sigmas) {
       sigmas = karrasSigmas(c.sigma_max ?? table[table.length - 1], c.sigma_min ?? table[0], numInferenceSteps);
       timesteps = timestepsForSigmas(sigmas, table);
-      // Integer timesteps, except for the cosine schedule where diffusers keeps them fractional.
-      if (c.beta_schedule !== 'squaredcos_cap_v2') timesteps = timesteps.map(roundHalfEven);
+      // Integer timesteps: rounded, except for the cosine schedule, whose diffusers leaves unrounded
+      // until its timesteps become int64, which truncates (its sigmas stay the Karras ones either way).
+      timesteps = timesteps.map(c.beta_schedule === 'squaredcos_cap_v2' ? Math.trunc : roundHalfEven);
     } else {
       sigmas = timesteps.map((t) => interpolateTable(table, t));
     }
