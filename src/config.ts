@@ -399,7 +399,7 @@ function aliasesOf({ defaultModel, modelAliases }: Pick<Settings, 'defaultModel'
 }
 
 /** What the commands that run models without serving them (generate, models verify) read. */
-const MODEL_SETTINGS = ['modelsDir', 'defaultModel', 'modelAliases', 'rng', 'executionProvider'] as const;
+const MODEL_SETTINGS = ['modelsDir', 'defaultModel', 'modelAliases', 'rng', 'executionProvider', 'workerThreads', 'memoryLimit'] as const;
 export type ModelSettings = Pick<Config, (typeof MODEL_SETTINGS)[number]>;
 
 /**

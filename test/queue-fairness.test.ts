@@ -66,21 +66,6 @@ describe('fair order across clients', () => {
     for (const j of [...jobs, other]) j.release();
     await Promise.all([...runs, b]);
   });
-
-  it("refuses a request past its client's maxQueuedCost, but not another client's", async () => {
-    const queue = new JobQueue(1, 100);
-    const log: string[] = [];
-    const limits = { maxQueuedCost: 30 };
-    const running = controlled(log, 'A0');
-    const first = queue.run(running.job, undefined, { ticket: new Ticket('A', 20, limits), cost: cost(20) });
-    const waiting = queue.run(async () => 'A1', undefined, { ticket: new Ticket('A', 20, limits), cost: cost(20) });
-    const refused = await queue.run(async () => 'A2', undefined, { ticket: new Ticket('A', 20, limits), cost: cost(20) }).catch((e: unknown) => e);
-    expect(refused).toBeInstanceOf(QueueFullError);
-    expect((refused as QueueFullError).clientLimit).toBe('maxQueuedCost');
-    const b = queue.run(async () => 'B0', undefined, { ticket: new Ticket('B', 20), cost: cost(20) });
-    running.release();
-    expect(await Promise.all([first, waiting, b])).toEqual(['A0', 'A1', 'B0']);
-  });
 });
 
 describe("a request's own batches", () => {

@@ -1,6 +1,5 @@
 import { access, writeFile } from 'node:fs/promises';
 import { constants } from 'node:fs';
-import os from 'node:os';
 import path from 'node:path';
 import type { Command } from 'commander';
 import { pino } from 'pino';
@@ -11,7 +10,7 @@ import { ApiError } from '../api/errors.js';
 import { parseGenerationRequest } from '../api/wire.js';
 import { ModelRegistry, modelRoots } from '../models/registry.js';
 import { Progress, STEPS } from '../install/progress.js';
-import { WorkerRuntime } from '../pipelines/run.js';
+import { commandRuntime } from './command-runtime.js';
 import { planBatches } from '../service/plan.js';
 
 /**
@@ -132,7 +131,7 @@ async function generateCommand(prompt: string, flags: GenerateFlags): Promise<st
   const batches = planBatches(request, model, config.rng);
   await prepareOut(flags.out);
 
-  const runtime = new WorkerRuntime({ runtime: { provider: config.executionProvider, threads: os.availableParallelism() } });
+  const runtime = commandRuntime(config);
   const stepsPerBatch = batches[0].steps;
   const progress = new Progress(process.stderr, `${model.id} ${batches[0].width}x${batches[0].height}`, batches.length * stepsPerBatch, 0, Date.now, STEPS);
   const fileStem = slug(prompt);

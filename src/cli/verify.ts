@@ -1,8 +1,7 @@
-import os from 'node:os';
 import { InvalidArgumentError, Option, type Command } from 'commander';
 import { loadModelSettings } from '../config.js';
-import { WorkerRuntime } from '../pipelines/run.js';
-import { DEFAULT_TOLERANCE, verifyGolden } from '../service/golden.js';
+import { commandRuntime } from './command-runtime.js';
+import { DEFAULT_TOLERANCE, FP16_TOLERANCE, verifyGolden } from '../service/golden.js';
 
 /**
  * `imagegen models verify DIR --golden FILE.json`: one line per case, `case N: max_abs=… mean_abs=…
@@ -31,14 +30,14 @@ export function registerVerifyCommand(models: Command): void {
     .argument('<dir>', 'model folder (an ONNX export)')
     .requiredOption('--golden <file>', 'golden file (JSON; see docs/verify.md)')
     .addOption(
-      new Option('--tolerance <max_abs>', 'largest pixel error that passes, on a 0..1 scale (fp16 exports: 0.0098)')
+      new Option('--tolerance <max_abs>', `largest pixel error that passes, on a 0..1 scale (fp16 exports: ${FP16_TOLERANCE.toFixed(4)})`)
         .argParser(parseTolerance)
         .default(DEFAULT_TOLERANCE, `${DEFAULT_TOLERANCE.toFixed(4)}, 1.5/255: the 8-bit rounding of both pictures`),
     )
     .action(async (dir: string, flags: VerifyFlags) => {
       try {
         const config = loadModelSettings({});
-        const runtime = new WorkerRuntime({ runtime: { provider: config.executionProvider, threads: os.availableParallelism() } });
+        const runtime = commandRuntime(config);
         const results = await verifyGolden(runtime, dir, flags.golden, flags.tolerance, (r) =>
           console.log(`case ${r.index}: max_abs=${r.maxAbs.toFixed(6)} mean_abs=${r.meanAbs.toFixed(6)} ${r.pass ? 'PASS' : 'FAIL'}`),
         );

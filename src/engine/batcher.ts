@@ -1,4 +1,4 @@
-import { RequeueError, type JobOptions, type Ticket } from './job-queue.js';
+import { ANONYMOUS_CLIENT, RequeueError, type JobOptions, type Ticket } from './job-queue.js';
 import type { BatchEvent, BatchItem, GeneratedImage, GenerationBatch } from '../runtime/types.js';
 
 /**
@@ -47,7 +47,6 @@ interface Group {
   abandon: AbortController;
 }
 
-const ANONYMOUS = 'anonymous';
 const ownKey = (client: string, key: string) => `${client}\n${key}`;
 
 /** Batches with equal keys can run as one: everything but the items. */
@@ -76,7 +75,7 @@ export class BatchMerger {
     return new Promise<GeneratedImage[]>((resolve, reject) => {
       const key = batchKey(batch);
       const joinable = this.joinableGroup(key, batch, ticket);
-      const group = joinable ?? this.openGroup(key, batch, ticket?.client ?? ANONYMOUS);
+      const group = joinable ?? this.openGroup(key, batch, ticket?.client ?? ANONYMOUS_CLIENT);
       const leave = () => {
         member.left = true;
         member.reject(signal!.reason);
@@ -111,7 +110,7 @@ export class BatchMerger {
   /** The client's own open group of these settings, else another client's next group of them, with room for the batch; none for a client with a concurrency limit. */
   private joinableGroup(key: string, batch: GenerationBatch, ticket?: Ticket): Group | undefined {
     if (ticket?.limits.maxConcurrent !== undefined) return undefined;
-    const client = ticket?.client ?? ANONYMOUS;
+    const client = ticket?.client ?? ANONYMOUS_CLIENT;
     const fits = (group: Group | undefined) => {
       const size = group?.members.reduce((n, m) => n + (m.left ? 0 : m.items.length), 0) ?? Infinity;
       return size + batch.items.length <= Math.min(this.maxItems, batch.maxBatch ?? Infinity);

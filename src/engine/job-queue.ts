@@ -15,13 +15,12 @@ import { FairOrder } from './fair-order.js';
  * are replaced), so waiting jobs start only once there is a worker ready for them.
  */
 
+/** Who a request without a client of its own (no API keys) is, for the queue's fairness. */
+export const ANONYMOUS_CLIENT = 'anonymous';
+
 export class QueueFullError extends Error {
-  constructor(
-    readonly retryAfterSeconds: number,
-    /** Set when the client's own limit (ClientLimits) refused it rather than the server's queue. */
-    readonly clientLimit?: keyof ClientLimits,
-  ) {
-    super(clientLimit ? `the client's ${clientLimit} limit is reached` : 'the job queue is full');
+  constructor(readonly retryAfterSeconds: number) {
+    super('the job queue is full');
     this.name = 'QueueFullError';
   }
 }
@@ -60,8 +59,6 @@ export class RequeueError extends Error {
 
 /** Per-client bounds, e.g. per API key; a client without them is bound only by the queue's. */
 export interface ClientLimits {
-  /** Estimated seconds of this client's work that may wait; a request beyond it gets QueueFullError (one request alone always may). */
-  maxQueuedCost?: number;
   /** Jobs of this client that may run at once; the others wait (other clients' jobs go first). */
   maxConcurrent?: number;
 }
@@ -76,7 +73,7 @@ export class Ticket {
   private readonly onStart = new Set<() => void>();
 
   constructor(
-    readonly client = 'anonymous',
+    readonly client = ANONYMOUS_CLIENT,
     /** Estimated seconds of all the request's jobs, for admission. */
     readonly cost = 0,
     readonly limits: ClientLimits = {},
@@ -248,11 +245,6 @@ export class JobQueue {
     // A worker is free, and this client may use it: it starts at once (the jobs waiting now are held by
     // their own clients' limits, or dispatch would have started them), whatever waits.
     if (this.running.size < this.concurrency && this.mayStart(ticket.client, ticket.limits)) return undefined;
-    const { maxQueuedCost } = ticket.limits;
-    const clientQueued = this.sum(this.order.entriesOf(ticket.client));
-    if (maxQueuedCost !== undefined && clientQueued > 0 && clientQueued + ticket.cost > maxQueuedCost) {
-      return new QueueFullError(this.retryAfterSeconds(), 'maxQueuedCost');
-    }
     const perWorker = this.sum(this.order.entries()) / Math.max(1, this.concurrency);
     const tooMuchWork = this.options.maxQueuedSeconds !== undefined && perWorker > this.options.maxQueuedSeconds;
     const full = this.order.size >= this.maxWaiting && !this.floodedBy(ticket.client);
@@ -324,7 +316,7 @@ export class JobQueue {
    * much work), or undefined: what a request of no cost would hear, checked before reading a large
    * upload that would only be refused.
    */
-  wouldRefuse(client: string, limits: ClientLimits = {}): QueueFullError | QueueClosedError | undefined {
+  wouldRefuse(client = ANONYMOUS_CLIENT, limits: ClientLimits = {}): QueueFullError | QueueClosedError | undefined {
     return this.closed ? new QueueClosedError() : this.refusal(new Ticket(client, 0, limits));
   }
 

@@ -9,7 +9,7 @@ import { CostModel } from './cost-model.js';
 import { MemoryArbiter } from './memory-arbiter.js';
 import { cgroupOomKills } from '../runtime/cgroup-memory.js';
 import { HEADROOM, plannableBytes, residentBytesOf } from '../runtime/memory.js';
-import { JobQueue, RequeueError, Ticket, type ClientLimits } from './job-queue.js';
+import { JobQueue, RequeueError, Ticket, type ClientLimits, type QueueClosedError, type QueueFullError } from './job-queue.js';
 import type { BatchEvent, GeneratedImage, GenerationBatch, ModelRef } from '../runtime/types.js';
 import { WorkerDiedError, WorkerProcess, type WorkerListener } from './worker-process.js';
 
@@ -22,16 +22,6 @@ import { WorkerDiedError, WorkerProcess, type WorkerListener } from './worker-pr
  * finished here) to keep clients fair to each other and to answer 429 with a Retry-After that reflects
  * the work ahead.
  */
-
-/** What the HTTP layer needs from the engine. */
-export interface Engine {
-  /**
-   * `ticket`: the request the batch belongs to (see EnginePool.ticket); without one the batch is a
-   * request of its own. `onEvent` hears the batch's progress and previews, its items numbered as in `batch`.
-   */
-  generate(batch: GenerationBatch, signal?: AbortSignal, ticket?: Ticket, onEvent?: (event: BatchEvent) => void): Promise<GeneratedImage[]>;
-  close(): Promise<void>;
-}
 
 export interface EnginePoolOptions {
   /** Worker processes; each holds its own copy of the models it ran. */
@@ -132,13 +122,21 @@ export interface Readiness {
   startFailure?: string;
 }
 
-export interface EnginePool extends Engine {
+/** What the service and the HTTP layer use of the engine. */
+export interface EnginePool {
+  /**
+   * `ticket`: the request the batch belongs to (see ticket()); without one the batch is a request of its
+   * own. `onEvent` hears the batch's progress and previews, its items numbered as in `batch`.
+   */
+  generate(batch: GenerationBatch, signal?: AbortSignal, ticket?: Ticket, onEvent?: (event: BatchEvent) => void): Promise<GeneratedImage[]>;
+  close(): Promise<void>;
   /** A request's claim on the queue: its batches share it (see Ticket), weighed by their estimated cost. */
-  ticket(batches: readonly GenerationBatch[], client: string, limits?: ClientLimits): Ticket;
+  /** `client`: who sent the request (e.g. its API key's label), for fairness; ANONYMOUS_CLIENT when none. */
+  ticket(batches: readonly GenerationBatch[], client?: string, limits?: ClientLimits): Ticket;
   /** Jobs running and waiting, for /health. */
   load(): { running: number; queued: number };
   /** See JobQueue.wouldRefuse. */
-  wouldRefuse(client: string, limits?: ClientLimits): Error | undefined;
+  wouldRefuse(client?: string, limits?: ClientLimits): QueueFullError | QueueClosedError | undefined;
   /** For /ready. */
   readiness(): Readiness;
   /** Each model that live workers hold now, by name, and on how many (for /metrics). */
@@ -319,7 +317,7 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
   for (let slot = 0; slot < options.workers; slot++) startWorker(slot);
 
   /** Kills `worker` once it goes `limit` ms without progress(), not counting time it waits for memory; `doing` says what it was at, for the kill's reason. */
-  function stallWatchdog(worker: WorkerProcess, limit = options.stallTimeoutMs ?? 0, doing = ''): { progress(): void; stop(): void } {
+  function stallWatchdog(worker: WorkerProcess, limit = stallMs, doing = ''): { progress(): void; stop(): void } {
     let timer: NodeJS.Timeout | undefined;
     const progress = () => {
       clearTimeout(timer);

@@ -90,6 +90,7 @@ export function buildApp({ config, registry, engine, store, metrics, logger, tls
     },
     // An HTTPS server takes Node's HTTP options among its TLS ones.
     ...(tls && { https: { ...http, ...tls } }),
+    // Typed by the logger given, pino's Logger, which Fastify's default instance type (FastifyBaseLogger) does not take as it is.
   }) as unknown as FastifyInstance;
 
   app.register(errors);

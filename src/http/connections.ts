@@ -73,17 +73,6 @@ async function connectionsPlugin(app: FastifyInstance, { sendTimeoutSeconds, sen
 }
 
 /**
- * Answers are written in pieces of at most this many bytes (files, json-pieces.ts, event-stream.ts): a
- * socket counts a write as taken only once all of it is, so SEND_MIN_RATE sees progress in such steps.
- */
-export const WRITE_PIECE_BYTES = 64 * 1024;
-
-/** `text` in pieces of WRITE_PIECE_BYTES characters (answers' text is ASCII: base64 and JSON). */
-export function* inPieces(text: string): Generator<string> {
-  for (let at = 0; at < text.length; at += WRITE_PIECE_BYTES) yield text.slice(at, at + WRITE_PIECE_BYTES);
-}
-
-/**
  * Closes the connection of a client that takes less than `minRate` bytes a second of an answer waiting
  * for it, judged over each `windowSeconds` during which part of the answer waited throughout (at the
  * window's start and at its end). What the client took is what the socket finished writing: the bytes

@@ -5,7 +5,7 @@ import type { ErrorBody, GenerationRequest, ImageStreamEvent, StreamedImageField
 import { echoedSettings } from '../service/gpt-image-fields.js';
 import type { RequestEvent, RequestListener } from '../service/images.js';
 import { bufferView } from '../util/bytes.js';
-import { inPieces } from './connections.js';
+import { inPieces } from './json-pieces.js';
 import { apiErrorOf } from './errors.js';
 import { failedInStream } from './metrics.js';
 
@@ -16,7 +16,9 @@ import { failedInStream } from './metrics.js';
  * With `stream_progress` (extension), `imagegen.progress` events too.
  *
  * The answer begins once the request is admitted to the queue, so a request refused before any work (a
- * bad field, a full queue) still gets its plain JSON error and status; a failure after that comes as an
+ * bad field, a full queue) still gets its plain JSON error and status; or once it waits for its key's
+ * `concurrent` slot over all servers (REDIS_URL), after which even the queue's refusal comes as an
+ * event (the wait must keep the connection alive). A failure after that comes as an
  * event with OpenAI's error body (`data: {"error": ...}`), which the SDKs raise as an APIError. Without
  * an event to send then, a comment line opens the stream (SSE clients skip comments), and one is sent
  * every HEARTBEAT_MS (or more often, see StreamOptions.sendTimeoutMs) while nothing else is: a client's

@@ -1,6 +1,5 @@
 import { Readable } from 'node:stream';
 import type { ImagesResponse } from '../api/wire.js';
-import { inPieces } from './connections.js';
 
 /**
  * An images answer written as a stream of JSON pieces rather than one JSON.stringify: n=10 b64_json
@@ -9,6 +8,18 @@ import { inPieces } from './connections.js';
  * goes out in slices, one per read of the stream, so the loop turns between them. Base64 needs no JSON
  * escaping, which is what makes splicing it in safe.
  */
+
+/**
+ * Answers are written in pieces of at most this many bytes (here and in event-stream.ts; image files
+ * are read 64 KiB at a time, Node's default): a socket counts a write as taken only once all of it is,
+ * so SEND_MIN_RATE (connections.ts) sees progress in such steps.
+ */
+const WRITE_PIECE_BYTES = 64 * 1024;
+
+/** `text` in pieces of WRITE_PIECE_BYTES characters (answers' text is ASCII: base64 and JSON). */
+export function* inPieces(text: string): Generator<string> {
+  for (let at = 0; at < text.length; at += WRITE_PIECE_BYTES) yield text.slice(at, at + WRITE_PIECE_BYTES);
+}
 
 export function imagesJson(response: ImagesResponse): Readable {
   return Readable.from(pieces(response), { objectMode: false });

@@ -27,7 +27,10 @@ export interface KeyLimits {
   requestsPerMinute?: number;
   /** Images per minute (the sum of the requests' n). */
   imagesPerMinute?: number;
-  /** Generation requests waiting or running at once. */
+  /**
+   * Generations running at once: batches on each server (the queue's maxConcurrent) and, with
+   * REDIS_URL, requests over all the servers (http/key-slots.ts). More wait their turn.
+   */
   concurrent?: number;
 }
 

@@ -23,8 +23,6 @@ export interface EngineSettings {
   runtime: RuntimeOptions;
   /** Bytes of model weights this worker keeps loaded; beyond it the least recently used model goes. */
   modelMemoryBudget: number;
-  /** Images x pixels denoised in one model call. */
-  maxBatchPixels: number;
   /** What models measured in earlier workers (by model folder), so the first batch here is planned too. */
   knownMemory: Record<string, ModelMemory>;
   /** Most memory one batch may plan to take on top of the loaded models (undefined: what is free); for a runtime without a memory source of its own. */
@@ -40,10 +38,12 @@ export interface EngineSettings {
  */
 const CALIBRATION_SHARES = [1 / 2, 3 / 4];
 
+/** Images x pixels denoised in one model call at most: a batch with more runs in parts. */
+const MAX_BATCH_PIXELS = 4 * 1024 * 1024;
+
 const defaults = (): EngineSettings => ({
   runtime: defaultRuntime(),
   modelMemoryBudget: Math.floor(os.totalmem() * 0.6),
-  maxBatchPixels: 4 * 1024 * 1024,
   knownMemory: {},
 });
 
@@ -150,8 +150,8 @@ export class WorkerRuntime {
     if (batch.width % m || batch.height % m || batch.width <= 0 || batch.height <= 0) {
       throw new RangeError(`${batch.width}x${batch.height} is not a valid size for this model: both sides must be positive multiples of ${m}`);
     }
-    const byPixels = Math.max(1, Math.floor(this.settings.maxBatchPixels / (batch.width * batch.height)));
-    // The memory plan holds what the largest part takes: parts no larger than maxBatchPixels allows.
+    const byPixels = Math.max(1, Math.floor(MAX_BATCH_PIXELS / (batch.width * batch.height)));
+    // The memory plan holds what the largest part takes: parts no larger than MAX_BATCH_PIXELS allows.
     const samples = pipeline.samplesPerImage(batch);
     const perRun = await this.memory.imagesPerRun(pipeline.layout, { ...batch, items: batch.items.slice(0, byPixels) }, path.basename(batch.modelDir), samples);
     const parts = chunks(batch.items, perRun);

@@ -1,6 +1,6 @@
 import type { NoiseSource } from './random.js';
 
-/** The engine's unit of work and its result; the HTTP layer builds batches, the workers run them. */
+/** The engine's unit of work and its result; the service plans batches (service/plan.ts), the workers run them. */
 
 export type OutputFormat = 'png' | 'jpeg' | 'webp';
 
@@ -50,15 +50,15 @@ export interface BatchItem extends NoiseSource {
 }
 
 /**
- * Requests for the same model, size and settings share one denoising loop; each item keeps its own
- * prompt and seed.
- */
-/**
  * The most denoising steps a run takes: the API's limit, and the bound of what a model's imagegen.json
  * and a golden file may ask (far above any schedule's use; a huge count would only exhaust memory).
  */
 export const MAX_STEPS = 150;
 
+/**
+ * Requests for the same model, size and settings share one denoising loop; each item keeps its own
+ * prompt and seed.
+ */
 export interface GenerationBatch {
   /** Absolute path of the model folder. */
   modelDir: string;
@@ -92,7 +92,7 @@ export interface GeneratedImage {
 /**
  * What a running batch tells whoever asked for it while it runs, in order; its images (or its error)
  * end the stream. The worker sends these, the pool routes them to the requests of a merged batch (item
- * numbers then count within each request), and the HTTP layer, the CLI and the watchdog consume them.
+ * numbers then count within each request), and the service (a streamed request's events), the CLI and the watchdog consume them.
  */
 export type BatchEvent =
   /** Denoising steps done out of the batch's total (a batch split in parts counts all of them). */

@@ -172,6 +172,5 @@ export const dpmSolverMultistep: SchedulerEntry = {
     dpmpp_2m: { algorithm_type: 'dpmsolver++', solver_order: 2, solver_type: 'midpoint', use_karras_sigmas: false },
     dpmpp_2m_karras: { algorithm_type: 'dpmsolver++', solver_order: 2, solver_type: 'midpoint', use_karras_sigmas: true },
   },
-  nameFor: (config) => (config.use_karras_sigmas ? 'dpmpp_2m_karras' : 'dpmpp_2m'),
   create: (config) => new DPMSolverMultistepScheduler(config),
 };

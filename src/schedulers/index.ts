@@ -25,8 +25,6 @@ export interface SchedulerEntry {
   defaults: SchedulerConfig;
   /** Public names, each with the config fields that define it (e.g. Karras sigmas on or off). */
   names: Record<string, SchedulerConfig>;
-  /** The public name matching a config of this class; the only name when absent. */
-  nameFor?(config: SchedulerConfig): string;
   create(config: SchedulerConfig): Scheduler;
 }
 
@@ -53,12 +51,6 @@ function entryForName(name: string): SchedulerEntry {
   const entry = ENTRIES.find((e) => Object.hasOwn(e.names, name));
   if (!entry) throw new Error(`unknown scheduler "${name}"; ${supportedList()}`);
   return entry;
-}
-
-/** The public name of the scheduler a config selects by itself. */
-export function defaultSchedulerName(config: SchedulerConfig): string {
-  const entry = entryForClass(config);
-  return entry.nameFor?.(config) ?? Object.keys(entry.names)[0];
 }
 
 /**

@@ -10,14 +10,9 @@ import { StoreFullError, StoreUnavailableError } from '../store/image-store.js';
 /** The engine's and the store's failures as OpenAI errors, with the status and retry advice each deserves. */
 
 /** The queue's refusals of a new request as OpenAI errors (429, or 503 while shutting down); undefined for any other error. */
+export function queueRefusal(err: QueueFullError | QueueClosedError): ApiError;
+export function queueRefusal(err: unknown): ApiError | undefined;
 export function queueRefusal(err: unknown): ApiError | undefined {
-  if (err instanceof QueueFullError && err.clientLimit) {
-    return new ApiError(
-      429,
-      `Rate limit reached: this API key already has as much work waiting as its ${err.clientLimit} limit allows. Please try again in ${err.retryAfterSeconds}s, or wait for its running requests to finish.`,
-      { type: 'requests', code: 'rate_limit_exceeded', headers: { 'retry-after': String(err.retryAfterSeconds) } },
-    );
-  }
   if (err instanceof QueueFullError) {
     return new ApiError(
       429,

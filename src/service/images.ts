@@ -56,7 +56,7 @@ export interface GenerateContext {
   log: Pick<BaseLogger, 'info'>;
   /** Counts the request against its key's per-minute limits, once it is known to be valid; throws the 429 when over them. */
   admit?(): Promise<void>;
-  /** Who sent the request (an opaque id, e.g. the API key's label): the queue keeps clients fair to each other. Default 'anonymous'. */
+  /** Who sent the request (an opaque id, e.g. the API key's label): the queue keeps clients fair to each other. The queue's ANONYMOUS_CLIENT when absent. */
   client?: string;
   /** The client's own queue limits, if it has any. */
   limits?: ClientLimits;
@@ -239,7 +239,8 @@ export function createImageService({ registry, engine, store, defaultRng, defaul
     const tellQueued = () => onEvent({ type: 'queued', ahead: Math.max(0, engine.load().queued - (batches.length - begun())) });
     let timer: NodeJS.Timeout | undefined;
     // First told once the batches are queued, after their admission settled: a request the queue refuses
-    // gets its 429 as a plain error (no event may come before it), and the count includes its own batches.
+    // gets its 429 as a plain error (no event of this comes before it; a wait for the key's slot, in
+    // produce, may have opened the stream already), and the count includes its own batches.
     const first = globalThis.setImmediate(() => {
       tellQueued();
       timer = setInterval(() => (begun() === 0 ? tellQueued() : clearInterval(timer)), QUEUED_EVENT_MS);
@@ -306,7 +307,7 @@ export function createImageService({ registry, engine, store, defaultRng, defaul
     const reservation = await reserveSpace(request, batches);
     const { onEvent, finish } = how;
     try {
-      const making = () => run(batches, model, context.signal, engine.ticket(batches, context.client ?? 'anonymous', context.limits), onEvent, fields);
+      const making = () => run(batches, model, context.signal, engine.ticket(batches, context.client, context.limits), onEvent, fields);
       // Waiting for the key's slot is waiting in a queue too: a streamed answer opens and keeps alive meanwhile.
       const waiting = () => onEvent?.({ type: 'queued', ahead: engine.load().queued });
       const images = await (context.hold ? context.hold(making, waiting) : making());
@@ -370,8 +371,8 @@ export function createImageService({ registry, engine, store, defaultRng, defaul
       await handle(request, context, { onEvent, finish: async () => undefined }, edit);
     },
     checkRoom({ client, limits }) {
-      const refusal = engine.wouldRefuse(client ?? 'anonymous', limits);
-      if (refusal) throw queueRefusal(refusal) ?? refusal;
+      const refusal = engine.wouldRefuse(client, limits);
+      if (refusal) throw queueRefusal(refusal);
     },
   };
 }

@@ -71,9 +71,10 @@ export class FakeEngine implements EnginePool {
     this.gate = undefined;
   }
 
-  ticket(_batches: readonly GenerationBatch[], client: string, limits?: ClientLimits): Ticket {
-    this.tickets.push({ client, limits });
-    return new Ticket(client, 0, limits);
+  ticket(_batches: readonly GenerationBatch[], client?: string, limits?: ClientLimits): Ticket {
+    const ticket = new Ticket(client, 0, limits);
+    this.tickets.push({ client: ticket.client, limits });
+    return ticket;
   }
 
   generate(batch: GenerationBatch, signal?: AbortSignal, ticket?: Ticket): Promise<GeneratedImage[]> {
@@ -93,7 +94,7 @@ export class FakeEngine implements EnginePool {
     return this.queue.load();
   }
 
-  wouldRefuse(client: string, limits?: ClientLimits) {
+  wouldRefuse(client?: string, limits?: ClientLimits) {
     return this.queue.wouldRefuse(client, limits);
   }
 
