@@ -3,7 +3,7 @@ import type { FastifyReply, FastifyRequest } from 'fastify';
 import { isGptImageSize } from '../api/dialects.js';
 import type { ErrorBody, GenerationRequest, ImageStreamEvent, StreamedImageFields, StreamPrefix } from '../api/wire.js';
 import { echoedSettings } from '../service/gpt-image-fields.js';
-import type { RequestEvent, RequestListener } from '../service/images.js';
+import type { RequestEvent, RequestListener } from '../service/request-events.js';
 import { bufferView } from '../util/bytes.js';
 import { inPieces } from './json-pieces.js';
 import { apiErrorOf } from './errors.js';

@@ -3,11 +3,11 @@ import type { BaseLogger } from 'pino';
 import type { ClientLimits, Ticket } from '../engine/job-queue.js';
 import type { EnginePool } from '../engine/pool.js';
 import type { NoiseKind } from '../runtime/random.js';
-import type { BatchEvent, GeneratedImage, GenerationBatch } from '../runtime/types.js';
+import type { GeneratedImage, GenerationBatch } from '../runtime/types.js';
 import { ApiError, quoteList } from '../api/errors.js';
 import type { GenerationRequest, GptImageResponseFields, ImageObject, ImagesResponse } from '../api/wire.js';
 import type { ModelEntry, ModelRegistry } from '../models/registry.js';
-import { stepsRun, type ModelKind } from '../schedulers/index.js';
+import type { ModelKind } from '../schedulers/index.js';
 import type { ImageStore, StoredImage, StoreReservation } from '../store/image-store.js';
 import { bufferView } from '../util/bytes.js';
 import { engineError, queueRefusal, storeError } from './failures.js';
@@ -15,6 +15,7 @@ import { gptImageFields } from './gpt-image-fields.js';
 import { planBatches, requestSize, type FittedEdit } from './plan.js';
 import { editMarks, fitEdit, type EditSource } from './input-images.js';
 import { PromptTokenCounter } from './prompt-tokens.js';
+import { finishedInOrder, requestProgress, type RequestListener } from './request-events.js';
 import { expectedStoreBytes } from './store-space.js';
 
 /**
@@ -67,24 +68,6 @@ export interface GenerateContext {
   hold?<T>(work: () => Promise<T>, onWait: () => void): Promise<T>;
 }
 
-/** Hears a streamed request's progress, its images' previews and the images themselves as they are made. */
-export type RequestListener = (event: RequestEvent) => void;
-
-/** What a streamed request hears while it runs, its images numbered as in the response. */
-export type RequestEvent =
-  /** Waiting for a worker (or the key's `concurrent` slot): other batches waiting in the queue (an upper bound on those ahead: the queue is fair between clients). */
-  | { type: 'queued'; ahead: number }
-  /** Denoising steps done over all the request's batches. */
-  | { type: 'step'; step: number; total: number }
-  /** Image `image`'s `index`-th preview, encoded as the image will be, of its size ("WxH"). */
-  | { type: 'preview'; image: number; index: number; file: GeneratedImage; size: string }
-  /**
-   * Image `image`, finished, with the settings and usage the answer repeats: a streamed request's images
-   * go out as they are made (in order), so one that another batch's failure ends keeps those made
-   * before.
-   */
-  | { type: 'image'; image: number; file: GeneratedImage; fields: GptImageResponseFields };
-
 /**
  * How a request's images reach its client: `finish` takes them once made (and answers the response's
  * `data`); a streamed request's `onEvent` has had each of them already, as it was made.
@@ -98,47 +81,6 @@ interface HowAnswered<T> {
 interface RequestModel {
   named: string;
   kind: ModelKind;
-}
-
-/** How often a waiting streamed request hears how many batches wait with it. */
-const QUEUED_EVENT_MS = 1000;
-
-/** The response index of each batch's first image. */
-const firstImages = (batches: GenerationBatch[]) => batches.map((_, b) => batches.slice(0, b).reduce((n, batch) => n + batch.items.length, 0));
-
-/**
- * Hands on batches' images in the response's order as the batches finish (in any order): image i goes
- * once every image before it has, one per turn of the event loop (each is base64-encoded into a
- * megabytes-long event: a batch's at once would stall every other client). `handedOn` settles once
- * every image handed to `finished` so far has gone.
- */
-function finishedInOrder(batches: GenerationBatch[], onImage: (image: number, file: GeneratedImage) => void) {
-  const first = firstImages(batches);
-  const done: (GeneratedImage[] | undefined)[] = [];
-  let next = 0;
-  let handedOn = Promise.resolve();
-  // Kept, not thrown in the chain: a request that already failed otherwise never awaits it.
-  let failure: { error: unknown } | undefined;
-  return {
-    finished(batch: number, images: GeneratedImage[]): void {
-      done[batch] = images;
-      for (; done[next]; next++) {
-        for (const [i, file] of done[next]!.entries()) {
-          const image = first[next] + i;
-          handedOn = handedOn
-            .then(async () => {
-              await setImmediate();
-              onImage(image, file);
-            })
-            .catch((error: unknown) => void (failure ??= { error }));
-        }
-      }
-    },
-    async handedOn(): Promise<void> {
-      await handedOn;
-      if (failure) throw failure.error;
-    },
-  };
 }
 
 export interface ImageService {
@@ -188,7 +130,7 @@ export function createImageService({ registry, engine, store, defaultRng, defaul
   async function run(batches: GenerationBatch[], model: RequestModel, signal: AbortSignal, ticket: Ticket, onEvent?: RequestListener, fields?: GptImageResponseFields): Promise<GeneratedImage[]> {
     const failed = new AbortController();
     const either = AbortSignal.any([signal, failed.signal]);
-    const progress = onEvent && requestProgress(batches, model.kind, onEvent);
+    const progress = onEvent && requestProgress(batches, model.kind, () => engine.load().queued, onEvent);
     // Images made before another batch failed still go out, before the error that ends the stream
     // (`over`: a batch that finishes after that is too late); to a client that left, nothing does.
     let over = false;
@@ -224,45 +166,6 @@ export function createImageService({ registry, engine, store, defaultRng, defaul
     } finally {
       progress?.stop();
     }
-  }
-
-  /**
-   * A streamed request's events from its batches' events: steps summed over the batches, previews
-   * numbered as the response's images, and while nothing has started, the batches waiting with it.
-   */
-  function requestProgress(batches: GenerationBatch[], kind: ModelKind, onEvent: RequestListener) {
-    const firstImage = firstImages(batches);
-    // Image-to-image runs only the steps its strength leaves; a batch's events then say how many exactly
-    // (PNDM's loop takes one more), so a progress bar does not jump back when they begin.
-    const steps = batches.map((batch) => ({ step: 0, total: batch.strength === undefined ? batch.steps : stepsRun(batch.steps, batch.strength, kind), begun: false }));
-    const begun = () => steps.filter((s) => s.begun).length;
-    const tellQueued = () => onEvent({ type: 'queued', ahead: Math.max(0, engine.load().queued - (batches.length - begun())) });
-    let timer: NodeJS.Timeout | undefined;
-    // First told once the batches are queued, after their admission settled: a request the queue refuses
-    // gets its 429 as a plain error (no event of this comes before it; a wait for the key's slot, in
-    // produce, may have opened the stream already), and the count includes its own batches.
-    const first = globalThis.setImmediate(() => {
-      tellQueued();
-      timer = setInterval(() => (begun() === 0 ? tellQueued() : clearInterval(timer)), QUEUED_EVENT_MS);
-    });
-    const stop = () => {
-      clearImmediate(first);
-      clearInterval(timer);
-    };
-    return {
-      listener: (b: number) => (event: BatchEvent) => {
-        if (event.type === 'preview') {
-          const { width, height } = batches[b];
-          onEvent({ type: 'preview', image: firstImage[b] + event.item, index: event.index, file: event.image, size: `${width}x${height}` });
-          return;
-        }
-        stop();
-        steps[b] = { step: event.step, total: event.total, begun: true };
-        const sum = (key: 'step' | 'total') => steps.reduce((n, s) => n + s[key], 0);
-        onEvent({ type: 'step', step: sum('step'), total: sum('total') });
-      },
-      stop,
-    };
   }
 
   /** The images as base64, one per turn of the event loop: ten photo-sized ones take tens of milliseconds. */

@@ -2,9 +2,8 @@ import { constants } from 'node:fs';
 import { access, mkdir, open, readdir, rename, stat, statfs, unlink } from 'node:fs/promises';
 import path from 'node:path';
 import type { Readable } from 'node:stream';
-import type { Logger } from 'pino';
 import { makeFolder, unlessMissing } from '../util/files.js';
-import { StoreFullError, StoreUnavailableError, type ByteRange, type ImageStore, type StoredImage, type StoreReservation } from './image-store.js';
+import { StoreFullError, StoreUnavailableError, type ByteRange, type ImageStore, type StoredImage, type StoreLimits, type StoreReservation } from './image-store.js';
 import { extensionOf, imageName, isExpired, newImage, parseImageName } from './image-names.js';
 import { StoreSpace } from './space.js';
 
@@ -27,14 +26,9 @@ const TEMP_FILE = /^\..*\.tmp$/;
 /** A temporary file older than this was left by a crash, not written now by another server. */
 const TEMP_FILE_AGE_MS = 10 * 60_000;
 
-export interface ImageStoreOptions {
+export interface ImageStoreOptions extends StoreLimits {
   /** Folder of the images (created if missing). */
   dir: string;
-  ttlSeconds: number;
-  maxBytes: number;
-  logger: Logger;
-  /** Unix milliseconds now (default Date.now): tests move time on without waiting. */
-  clock?: () => number;
 }
 
 export class FileImageStore implements ImageStore {

@@ -1,4 +1,5 @@
 import type { Readable } from 'node:stream';
+import type { Logger } from 'pino';
 import type { ImageExtension } from '../runtime/types.js';
 
 /**
@@ -111,4 +112,13 @@ export interface ImageStore {
   /** The store's clock, unix milliseconds: expiry is measured on it. */
   now(): number;
   close(): Promise<void>;
+}
+
+/** What every store is opened with, whichever kind: how long images live, how much they may take, where it logs. */
+export interface StoreLimits {
+  ttlSeconds: number;
+  maxBytes: number;
+  logger: Logger;
+  /** The clock expiry is measured on (unix milliseconds); Date.now unless a test passes its own. */
+  clock?: () => number;
 }

@@ -1,6 +1,5 @@
-import type { Logger } from 'pino';
 import { FileImageStore } from './file-store.js';
-import type { ImageStore } from './image-store.js';
+import type { ImageStore, StoreLimits } from './image-store.js';
 import type { S3StoreOptions } from './s3-store.js';
 
 /** STORE's choices: where generated images live (the settings of each are in src/config.ts). */
@@ -12,14 +11,6 @@ export interface StoreChoice {
   dir: string;
   /** The `s3` store's bucket and how to reach it. */
   s3: Pick<S3StoreOptions, 'endpoint' | 'region' | 'forcePathStyle' | 'presignedUrls' | 'prefix'> & { bucket?: string };
-}
-
-export interface StoreLimits {
-  ttlSeconds: number;
-  maxBytes: number;
-  logger: Logger;
-  /** The clock expiry is measured on (unix milliseconds); Date.now unless a test passes its own. */
-  clock?: () => number;
 }
 
 export interface SweptStore extends ImageStore {

@@ -2,8 +2,7 @@ import { createHash } from 'node:crypto';
 import { Readable } from 'node:stream';
 import { DeleteObjectsCommand, GetObjectCommand, ListObjectsV2Command, paginateListObjectsV2, PutObjectCommand, S3Client } from '@aws-sdk/client-s3';
 import { getSignedUrl } from '@aws-sdk/s3-request-presigner';
-import type { Logger } from 'pino';
-import { StoreUnavailableError, type ByteRange, type ImageStore, type StoredImage, type StoreReservation } from './image-store.js';
+import { StoreUnavailableError, type ByteRange, type ImageStore, type StoredImage, type StoreLimits, type StoreReservation } from './image-store.js';
 import { extensionOf, imageName, isExpired, newImage, parseImageName } from './image-names.js';
 import { StoreSpace } from './space.js';
 
@@ -25,7 +24,7 @@ import { StoreSpace } from './space.js';
  * replicas see each other's images within a sweep interval (docs/deploy.md).
  */
 
-export interface S3StoreOptions {
+export interface S3StoreOptions extends StoreLimits {
   bucket: string;
   /** Put before every object key, e.g. `images/`; several deployments may share a bucket under different prefixes. */
   prefix: string;
@@ -37,11 +36,6 @@ export interface S3StoreOptions {
   forcePathStyle: boolean;
   /** Hand out presigned GET URLs (valid until the image expires) instead of the replicas' files route. */
   presignedUrls: boolean;
-  ttlSeconds: number;
-  maxBytes: number;
-  logger: Logger;
-  /** Unix milliseconds now (default Date.now). */
-  clock?: () => number;
   /** Longest an S3 request may go unanswered (or its connection idle) before it fails; default 30 s. */
   requestTimeoutMs?: number;
 }
