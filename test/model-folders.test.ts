@@ -12,6 +12,7 @@ import { inspectModelFolder, type FolderVerdict } from '../src/models/model-fold
 import { externalDataFiles } from '../src/models/onnx-external-data.js';
 import { ModelRegistry } from '../src/models/registry.js';
 import { weightBytes } from '../src/pipelines/pipeline-cache.js';
+import { WorkerRuntime } from '../src/pipelines/run.js';
 import { FakeEngine } from './helpers/api-server.js';
 import { renameExternalData } from './helpers/external-data.js';
 import { capturedLogs } from './helpers/logs.js';
@@ -157,9 +158,9 @@ describe('rescans', () => {
     // A config edited in place: inspected again (here refused), and a new version once usable.
     const scheduler = path.join(dir, 'scheduler', 'scheduler_config.json');
     const config = await readFile(scheduler, 'utf8');
-    await writeFile(scheduler, config.replace(/"_class_name": *"[^"]*"/, '"_class_name": "NoSuchScheduler"'));
+    await writeFile(scheduler, JSON.stringify({ ...JSON.parse(config), beta_schedule: 'no_such_schedule' }));
     await registry.scan();
-    expect(registry.unusable().map((u) => u.reason)).toEqual([expect.stringMatching(/NoSuchScheduler/)]);
+    expect(registry.unusable().map((u) => u.reason)).toEqual([expect.stringMatching(/no_such_schedule/)]);
     await writeFile(scheduler, config);
     await registry.scan();
     expect((await registry.resolve('copying'))!.version).not.toBe(first!.version);
@@ -319,5 +320,51 @@ describe('one verdict for the registry, its log, /ready, "imagegen models list" 
     await app.register(health, { engine: new FakeEngine(), registry });
     expect((await app.inject({ method: 'GET', url: '/ready' })).json()).toEqual({ status: 'ready', workers: { total: 1, ready: 1 }, models: [] });
     await app.close();
+  });
+});
+
+describe('a scheduler class this server does not run', () => {
+  /** A copy of the SD 1.5 reference whose scheduler_config.json names `className` (with `fields`), keeping its training fields. */
+  async function withScheduler(id: string, className: string, fields: object = {}): Promise<string> {
+    const dir = await installedCopy('sd15-optimum', id);
+    const file = path.join(dir, 'scheduler', 'scheduler_config.json');
+    const config = JSON.parse(await readFile(file, 'utf8')) as Record<string, unknown>;
+    await writeFile(file, JSON.stringify({ ...config, ...fields, _class_name: className }));
+    return dir;
+  }
+
+  it('leaves the model usable, with Euler standing in on the same training schedule, said in the log and by `imagegen models list`; the picture is what the same config as Euler makes', async () => {
+    // UniPC as diffusers writes it: its solver fields mean nothing to the stand-in.
+    const unipc = await withScheduler('unipc', 'UniPCMultistepScheduler', { solver_order: 2, solver_type: 'bh2', predict_x0: true, lower_order_final: true, disable_corrector: [] });
+    const euler = await withScheduler('euler', 'EulerDiscreteScheduler');
+    const verdict = await inspectModelFolder(unipc);
+    if (!verdict.usable) throw new Error(verdict.reason);
+    expect(verdict.layout.schedulerStandIn).toEqual({ named: 'UniPCMultistepScheduler', by: 'euler' });
+    expect(verdict.layout.scheduler).toMatchObject({ _class_name: 'EulerDiscreteScheduler', beta_schedule: 'scaled_linear', beta_start: 0.00085 });
+
+    const note = /its scheduler_config\.json names UniPCMultistepScheduler, which this server does not run: euler stands in/;
+    const listed = await listModels(modelsDir);
+    expect(listed.find((m) => m.id === 'unipc')).toMatchObject({ status: 'ok', reason: expect.stringMatching(note) });
+    expect(listed.find((m) => m.id === 'euler')!.reason).toBeUndefined();
+    const logs = capturedLogs<{ model?: string; msg: string }>();
+    const registry = new ModelRegistry({ roots: [{ dir: modelsDir, ownedBy: 'user' }], aliases: {}, logger: logs.logger });
+    await registry.scan();
+    registry.close();
+    expect(logs.lines.filter((line) => line.model === 'unipc').map((line) => line.msg)).toEqual([expect.stringMatching(note)]);
+
+    const runtime = new WorkerRuntime();
+    const draw = (modelDir: string) =>
+      runtime.generateImages({ modelDir, width: 64, height: 64, steps: 4, guidanceScale: 5, items: [{ prompt: 'a red circle', negativePrompt: '', seed: 3 }] });
+    const [[fromStandIn], [fromEuler]] = [await draw(unipc), await draw(euler)];
+    expect(Buffer.from(fromStandIn.pixels).equals(Buffer.from(fromEuler.pixels))).toBe(true);
+  });
+
+  it('on a FLUX model, flow-matching Euler stands in', async () => {
+    const dir = await installedCopy('flux-schnell', 'heun');
+    const file = path.join(dir, 'scheduler', 'scheduler_config.json');
+    await writeFile(file, JSON.stringify({ ...JSON.parse(await readFile(file, 'utf8')), _class_name: 'FlowMatchHeunDiscreteScheduler' }));
+    const verdict = await inspectModelFolder(dir);
+    if (!verdict.usable) throw new Error(verdict.reason);
+    expect(verdict.layout.schedulerStandIn).toEqual({ named: 'FlowMatchHeunDiscreteScheduler', by: 'flow_match_euler' });
   });
 });

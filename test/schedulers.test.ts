@@ -319,6 +319,19 @@ describe('PNDMScheduler full loop (test_scheduler_pndm.py: PRK warm-up, then PLM
   });
 });
 
+describe("DPMSolverMultistepScheduler with DEIS's and UniPC's spellings", () => {
+  it("takes algorithm_type deis and solver_type logrho, bh1 or bh2 as dpmsolver++ and midpoint, as diffusers does", () => {
+    const plain = createScheduler({ _class_name: 'DPMSolverMultistepScheduler' });
+    plain.setTimesteps(20);
+    for (const spelling of [{ algorithm_type: 'deis' }, { solver_type: 'logrho' }, { solver_type: 'bh1' }, { solver_type: 'bh2' }]) {
+      const s = createScheduler({ _class_name: 'DPMSolverMultistepScheduler', ...spelling });
+      s.setTimesteps(20);
+      expect([...s.timesteps]).toEqual([...plain.timesteps]);
+    }
+    expect(() => createScheduler({ _class_name: 'DPMSolverMultistepScheduler', algorithm_type: 'sde-dpmsolver++' })).toThrow(/only algorithm_type dpmsolver\+\+/);
+  });
+});
+
 describe('DPMSolverMultistepScheduler, Karras sigmas on the cosine schedule', () => {
   it('gives the model the timesteps diffusers does: left unrounded, then truncated as its int64 timesteps are', () => {
     const s = createScheduler({ _class_name: 'DPMSolverMultistepScheduler', beta_schedule: 'squaredcos_cap_v2', use_karras_sigmas: true });

@@ -1,5 +1,5 @@
 import path from 'node:path';
-import type { ModelLayout } from '../models/layout.js';
+import { standInNote, type ModelLayout } from '../models/layout.js';
 import { inspectModelFolder } from '../models/model-folder.js';
 import { modelFolderNames } from '../models/registry.js';
 import { listFolder } from './disk.js';
@@ -33,7 +33,7 @@ export async function listModels(modelsDir: string): Promise<ModelStatus[]> {
     const verdict = await inspectModelFolder(dir);
     models.push(
       verdict.usable
-        ? { id, status: 'ok', family: verdict.layout.family, variant: verdict.layout.variant, bytes }
+        ? { id, status: 'ok', family: verdict.layout.family, variant: verdict.layout.variant, bytes, ...(verdict.layout.schedulerStandIn && { reason: standInNote(verdict.layout.schedulerStandIn) }) }
         : { id, status: 'broken', bytes, reason: verdict.reason },
     );
   }

@@ -2,7 +2,7 @@ import { readdir } from 'node:fs/promises';
 import path from 'node:path';
 import { halvings } from '../families/family.js';
 import { DENOISER_FOLDERS, FAMILIES, recogniseFamily } from '../families/index.js';
-import { createScheduler } from '../schedulers/index.js';
+import { createScheduler, standInFor } from '../schedulers/index.js';
 import type { ModelKind, SchedulerConfig } from '../schedulers/scheduler.js';
 import { findTokenizerSource, TokenizerFilesError } from '../tokenizers/files.js';
 import { exists, readJsonIfPresent } from '../util/files.js';
@@ -33,7 +33,10 @@ export interface ModelLayout {
   vaeEncoder?: string;
   tokenizer: string;
   tokenizer2?: string;
+  /** What its schedulers run from: scheduler_config.json, or, for a class this server does not run, its stand-in's (schedulerStandIn). */
   scheduler: SchedulerConfig;
+  /** The class scheduler_config.json names, when this server does not run it, and the scheduler that runs instead (schedulers/index.ts standInFor). */
+  schedulerStandIn?: { named: string; by: string };
   /** What its schedulers are (its family's): 'flow' pipelines also read image-to-image's strength their own way (schedulers/strength.ts). */
   schedulerKind: ModelKind;
   /**
@@ -46,6 +49,11 @@ export interface ModelLayout {
   sizeMultiple: number;
   /** Optional `config.json` of the denoiser (Optimum exports have one). */
   denoiserConfig: Record<string, unknown>;
+}
+
+/** What a model whose scheduler class is not run here is told (models list, the server's log). */
+export function standInNote({ named, by }: NonNullable<ModelLayout['schedulerStandIn']>): string {
+  return `its scheduler_config.json names ${named}, which this server does not run: ${by} stands in, with the same training schedule (a request's 'scheduler' may pick another)`;
 }
 
 /**
@@ -152,12 +160,14 @@ export async function inspectModel(dir: string): Promise<ModelLayout> {
     const problem = file && (await externalDataProblem(file, root));
     if (problem) throw new ModelLayoutError(root, problem);
   }
-  try {
-    createScheduler(scheduler as SchedulerConfig);
-  } catch (err) {
-    throw new ModelLayoutError(root, `scheduler/scheduler_config.json: ${(err as Error).message}`);
-  }
   if (!family) throw new ModelLayoutError(root, unknownFamily(denoiserFolder!, denoiserConfig, modelIndex));
+  const standIn = standInFor(scheduler as SchedulerConfig, family.schedulerKind);
+  const schedulerConfig = standIn?.config ?? (scheduler as SchedulerConfig);
+  try {
+    createScheduler(schedulerConfig);
+  } catch (err) {
+    throw new ModelLayoutError(root, `scheduler/scheduler_config.json${standIn ? ` (as ${standIn.name})` : ''}: ${(err as Error).message}`);
+  }
 
   const vaeConfig = (await readJson(root, path.join(path.dirname(vaeDecoder!), 'config.json'))) ?? {};
   const vaeScale = halvings(vaeConfig.block_out_channels) ?? 8;
@@ -174,7 +184,8 @@ export async function inspectModel(dir: string): Promise<ModelLayout> {
     vaeEncoder,
     tokenizer: tokenizer!,
     tokenizer2,
-    scheduler: scheduler as SchedulerConfig,
+    scheduler: schedulerConfig,
+    ...(standIn && { schedulerStandIn: { named: String((scheduler as SchedulerConfig)._class_name), by: standIn.name } }),
     schedulerKind: family.schedulerKind,
     vae: {
       scalingFactor: typeof vaeConfig.scaling_factor === 'number' ? vaeConfig.scaling_factor : family.vae.scalingFactor,

@@ -4,7 +4,7 @@ import path from 'node:path';
 import type { Logger } from 'pino';
 import type { Capability } from '../families/family.js';
 import { exists } from '../util/files.js';
-import { MODEL_INDEX, type ModelLayout } from './layout.js';
+import { MODEL_INDEX, standInNote, type ModelLayout } from './layout.js';
 import { inspectModelFolder, OVERRIDE_FILE, type UnusableModel } from './model-folder.js';
 import type { ModelPreset } from './presets.js';
 
@@ -274,6 +274,7 @@ export class ModelRegistry {
       result = await inspect(id, dir, ownedBy, Date.now(), signature);
     }
     if (!isUsable(result)) this.options.logger.warn({ model: id, dir }, `skipping model: ${result.reason}`);
+    else if (result.layout.schedulerStandIn) this.options.logger.warn({ model: id, dir }, standInNote(result.layout.schedulerStandIn));
     this.inspections.set(dir, { id, signature, result });
     return result;
   }

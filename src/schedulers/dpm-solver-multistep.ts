@@ -57,7 +57,13 @@ export class DPMSolverMultistepScheduler implements Scheduler {
   private previousX0: Float32Array | null = null;
 
   constructor(config: SchedulerConfig = {}) {
-    this.config = withDefaults(DEFAULTS, config);
+    // diffusers takes DEIS's and UniPC's spellings (a config of theirs switched to this class) as its own.
+    const aliased = {
+      ...config,
+      ...(config.algorithm_type === 'deis' && { algorithm_type: 'dpmsolver++' }),
+      ...(['logrho', 'bh1', 'bh2'].includes(String(config.solver_type)) && { solver_type: 'midpoint' }),
+    };
+    this.config = withDefaults(DEFAULTS, aliased);
     const c = this.config;
     rejectUnsupported(CLASS_NAME, c, {
       thresholding: false,

@@ -69,11 +69,33 @@ export function createScheduler(config: SchedulerConfig, override?: string): Sch
       `scheduler "${override}" does not fit a ${source.kind} model (${source.className}); use one of: ${schedulersFor(source.kind).join(', ')}`,
     );
   }
+  return target.create(switchedConfig(config, source, override));
+}
+
+/** `config` for the scheduler named `name`, as diffusers' from_config makes it: completed with its own class's defaults (`source`, when known), then the fields the name fixes. */
+function switchedConfig(config: SchedulerConfig, source: SchedulerEntry | undefined, name: string): SchedulerConfig {
+  const target = entryForName(name);
   const inherited = withDefaults(source?.defaults ?? {}, config);
   // DDIM's constructor default clips x0 to [-1, 1], which suits pixel-space models only; latent models
   // whose config never mentions clipping (Euler configs do not) must not be clipped by an override.
   const clipSample = config.clip_sample ?? false;
-  return target.create({ ...inherited, clip_sample: clipSample, ...target.names[override], _class_name: target.className });
+  return { ...inherited, clip_sample: clipSample, ...target.names[name], _class_name: target.className };
+}
+
+/** What stands in for a scheduler class this server does not run, by the kind of model. */
+const STAND_INS: Record<ModelKind, string> = { vp: 'euler', flow: 'flow_match_euler' };
+
+/**
+ * For a config whose class this server does not run (UniPC, DEIS, Heun, DDPM ... in a model's own
+ * scheduler_config.json), the config of the scheduler that stands in for it, keeping its training
+ * fields (betas, prediction type, spacing) as a request's `scheduler` override would; undefined when
+ * the class is known. diffusers would run the model with its own class; refusing the whole model for
+ * the sampler it happened to ship with would leave it unusable here.
+ */
+export function standInFor(config: SchedulerConfig, kind: ModelKind): { name: string; config: SchedulerConfig } | undefined {
+  if (ENTRIES.some((e) => e.className === config._class_name)) return undefined;
+  const name = STAND_INS[kind];
+  return { name, config: switchedConfig(config, undefined, name) };
 }
 
 /**
