@@ -3,12 +3,14 @@
  * into exceptions that keep the `param` they name (the form shows them beside that field).
  */
 
-export interface ApiErrorBody {
-  message: string;
-  type?: string;
-  param?: string | null;
-  code?: string | null;
-}
+import type { ErrorBody, ImageObject, ModelObject } from '../src/api/wire.js';
+
+/** The wire types are the server's own (type-only: nothing of the server is bundled into the page). */
+/** The server's error, or one the page makes itself (a network failure) with its message alone. */
+export type ApiErrorBody = Pick<ErrorBody['error'], 'message'> & Partial<ErrorBody['error']>;
+export type Model = ModelObject;
+/** What the image routes answer for each image (url or b64_json, and our `seed` extension). */
+export type ImageData = ImageObject;
 
 /** An answer in OpenAI's error shape (or a network failure, status 0). */
 export class ApiFailure extends Error {
@@ -23,21 +25,6 @@ export class ApiFailure extends Error {
   get isKeyProblem(): boolean {
     return this.status === 401;
   }
-}
-
-export interface Model {
-  id: string;
-  owned_by: string;
-  /** Our extensions to OpenAI's model object: the sizes the model runs and its default. */
-  sizes: string[];
-  default_size: string;
-}
-
-/** What the image routes answer for each image (url or b64_json, and our `seed` extension). */
-export interface ImageData {
-  url?: string;
-  b64_json?: string;
-  seed: number;
 }
 
 const KEY_ITEM = 'imagegen.apiKey';

@@ -1,3 +1,4 @@
+import type { ImageCompletedEvent, ImagePartialEvent, ImageProgressEvent, ImageStreamEvent } from '../src/api/wire.js';
 import { ApiFailure, call, type ApiErrorBody, type ImageData } from './api.js';
 import { bodyOf, EVENT_PREFIX, streams, type ImageRequest } from './request.js';
 import { readEvents } from './sse.js';
@@ -27,23 +28,8 @@ export interface RunListener {
   image(image: FinishedImage): void;
 }
 
-interface StreamedImage {
-  type: string;
-  b64_json: string;
-  seed: number;
-  output_format: string;
-}
-
-interface ProgressEvent {
-  type: 'imagegen.progress';
-  /** While waiting: batches ahead of this request. */
-  queued_ahead?: number;
-  /** While running: denoising steps done of the steps the image takes. */
-  step?: number;
-  steps?: number;
-}
-
-type StreamEvent = StreamedImage | ProgressEvent | { error: ApiErrorBody };
+type StreamedImage = ImagePartialEvent | ImageCompletedEvent;
+type StreamEvent = ImageStreamEvent | { error: ApiErrorBody };
 
 function blobUrl(b64: string, format: string): string {
   const bytes = Uint8Array.from(atob(b64), (c) => c.charCodeAt(0));
@@ -83,7 +69,7 @@ export async function runRequest(request: ImageRequest, delivery: Delivery, sign
     const event = parseEvent(frame.data, res.status);
     if ('error' in event) throw new ApiFailure(res.status, event.error);
     if (event.type === 'imagegen.progress') {
-      const { queued_ahead, step, steps } = event as ProgressEvent;
+      const { queued_ahead, step, steps } = event as ImageProgressEvent;
       if (step !== undefined) on.step(step, steps ?? step);
       else if (queued_ahead !== undefined) on.queued(queued_ahead);
     } else if (event.type === `${prefix}.partial_image`) {
