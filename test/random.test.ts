@@ -3,7 +3,7 @@ import { readFile } from 'node:fs/promises';
 import path from 'node:path';
 import { BatchNoise, NOISE_GENERATORS, Rng } from '../src/runtime/random.js';
 import { TorchGenerator } from '../src/runtime/torch-generator.js';
-import { readGolden } from '../src/service/golden.js';
+import { readGolden } from '../src/cli/golden.js';
 import { goldenFile, GOLDENS, haveRealExports, REAL_EXPORT_NAMES } from './helpers/real-exports.js';
 
 const draws = (seed: number, n: number) => {

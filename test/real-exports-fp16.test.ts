@@ -7,7 +7,7 @@ import * as ort from 'onnxruntime-node';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { float32ToHalf, halfToFloat32 } from '../src/runtime/float16.js';
 import { WorkerRuntime } from '../src/pipelines/run.js';
-import { readGolden, verifyCase, FP16_TOLERANCE } from '../src/service/golden.js';
+import { readGolden, verifyCase, FP16_TOLERANCE } from '../src/cli/golden.js';
 import { convertOnnxBytesToFloat16 } from '../scripts/fp16/convert.js';
 import { convertFolderToFloat16, type ConvertedComponent } from '../scripts/fp16/convert-folder.js';
 import { goldenFile, GOLDENS, haveRealExports, realExport, type RealExportName } from './helpers/real-exports.js';

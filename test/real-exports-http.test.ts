@@ -8,7 +8,7 @@ import { inspectModel } from '../src/models/layout.js';
 import { ModelRegistry } from '../src/models/registry.js';
 import { capturedLogs } from './helpers/logs.js';
 import { goldenFile, GOLDENS, haveRealExports, REAL_EXPORT_NAMES, realExport, startExportsServer, type ExportsServer } from './helpers/real-exports.js';
-import { DEFAULT_TOLERANCE, readGolden } from '../src/service/golden.js';
+import { DEFAULT_TOLERANCE, readGolden } from '../src/cli/golden.js';
 import { referenceModel } from './helpers/reference.js';
 
 /**

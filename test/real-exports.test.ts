@@ -4,7 +4,7 @@ import path from 'node:path';
 import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { beforeAll, describe, expect, it, onTestFinished } from 'vitest';
 import { WorkerRuntime } from '../src/pipelines/run.js';
-import { readGolden, verifyCase, verifyGolden, DEFAULT_TOLERANCE } from '../src/service/golden.js';
+import { readGolden, verifyCase, verifyGolden, DEFAULT_TOLERANCE } from '../src/cli/golden.js';
 import { copyOfExport, goldenFile, GOLDENS, haveRealExports, REAL_EXPORT_NAMES, realExport } from './helpers/real-exports.js';
 
 /**

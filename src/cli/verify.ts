@@ -1,7 +1,7 @@
 import { InvalidArgumentError, Option, type Command } from 'commander';
 import { loadModelSettings } from '../config.js';
 import { commandRuntime } from './command-runtime.js';
-import { DEFAULT_TOLERANCE, FP16_TOLERANCE, verifyGolden } from '../service/golden.js';
+import { DEFAULT_TOLERANCE, FP16_TOLERANCE, verifyGolden } from './golden.js';
 
 /**
  * `imagegen models verify DIR --golden FILE.json`: one line per case, `case N: max_abs=… mean_abs=…

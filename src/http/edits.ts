@@ -4,7 +4,7 @@ import { ApiError } from '../api/errors.js';
 import { parseImageRequest, type ImagesResponse } from '../api/wire.js';
 import type { EditInput } from '../service/images.js';
 import { checkMask, decodeInputImage } from '../service/input-images.js';
-import { queueClient, respond, type ImagesOptions } from './image-context.js';
+import { queueClient, respond, type ImagesOptions } from './image-routes.js';
 import { readUpload, type Upload, type UploadLimits, type UploadRoute } from './uploads.js';
 import { ByteBudget } from '../util/byte-budget.js';
 

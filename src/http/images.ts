@@ -1,6 +1,6 @@
 import type { FastifyInstance, FastifyReply } from 'fastify';
 import { parseImageRequest, type ImagesResponse } from '../api/wire.js';
-import { respond, type ImagesOptions } from './image-context.js';
+import { respond, type ImagesOptions } from './image-routes.js';
 
 /** POST /v1/images/generations. */
 
