@@ -130,8 +130,10 @@ export interface EnginePool {
    */
   generate(batch: GenerationBatch, signal?: AbortSignal, ticket?: Ticket, onEvent?: (event: BatchEvent) => void): Promise<GeneratedImage[]>;
   close(): Promise<void>;
-  /** A request's claim on the queue: its batches share it (see Ticket), weighed by their estimated cost. */
-  /** `client`: who sent the request (e.g. its API key's label), for fairness; ANONYMOUS_CLIENT when none. */
+  /**
+   * A request's claim on the queue: its batches share it (see Ticket), weighed by their estimated cost.
+   * `client`: who sent the request (e.g. its API key's label), for fairness; ANONYMOUS_CLIENT when none.
+   */
   ticket(batches: readonly GenerationBatch[], client?: string, limits?: ClientLimits): Ticket;
   /** Jobs running and waiting, for /health. */
   load(): { running: number; queued: number };

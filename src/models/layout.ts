@@ -35,8 +35,8 @@ export interface ModelLayout {
   tokenizer2?: string;
   /** What its schedulers run from: scheduler_config.json, or, for a class this server does not run, its stand-in's (schedulerStandIn). */
   scheduler: SchedulerConfig;
-  /** The class scheduler_config.json names, when this server does not run it, and the scheduler that runs instead (schedulers/index.ts standInFor). */
-  schedulerStandIn?: { named: string; by: string };
+  /** The class scheduler_config.json names (none: it names none), when this server does not run it, and the scheduler that runs instead (schedulers/index.ts standInFor). */
+  schedulerStandIn?: { named?: string; by: string };
   /** What its schedulers are (its family's): 'flow' pipelines also read image-to-image's strength their own way (schedulers/strength.ts). */
   schedulerKind: ModelKind;
   /**
@@ -53,7 +53,8 @@ export interface ModelLayout {
 
 /** What a model whose scheduler class is not run here is told (models list, the server's log). */
 export function standInNote({ named, by }: NonNullable<ModelLayout['schedulerStandIn']>): string {
-  return `its scheduler_config.json names ${named}, which this server does not run: ${by} stands in, with the same training schedule (a request's 'scheduler' may pick another)`;
+  const what = named === undefined ? 'names no scheduler class (_class_name)' : `names ${named}, which this server does not run`;
+  return `its scheduler_config.json ${what}: ${by} stands in, with the same training schedule (a request's 'scheduler' may pick another)`;
 }
 
 /**
@@ -161,8 +162,9 @@ export async function inspectModel(dir: string): Promise<ModelLayout> {
     if (problem) throw new ModelLayoutError(root, problem);
   }
   if (!family) throw new ModelLayoutError(root, unknownFamily(denoiserFolder!, denoiserConfig, modelIndex));
-  const standIn = standInFor(scheduler as SchedulerConfig, family.schedulerKind);
-  const schedulerConfig = standIn?.config ?? (scheduler as SchedulerConfig);
+  const ownScheduler = scheduler as SchedulerConfig;
+  const standIn = standInFor(ownScheduler, family.schedulerKind);
+  const schedulerConfig = standIn?.config ?? ownScheduler;
   try {
     createScheduler(schedulerConfig);
   } catch (err) {
@@ -175,7 +177,7 @@ export async function inspectModel(dir: string): Promise<ModelLayout> {
   return {
     dir: root,
     family: family.name,
-    variant: family.variantOf({ scheduler: scheduler as SchedulerConfig, denoiserConfig, modelIndex }),
+    variant: family.variantOf({ scheduler: ownScheduler, denoiserConfig, modelIndex }),
     nativeSize: family.nativeSize(vaeScale, denoiserConfig),
     textEncoder: textEncoder!,
     textEncoder2,
@@ -185,7 +187,7 @@ export async function inspectModel(dir: string): Promise<ModelLayout> {
     tokenizer: tokenizer!,
     tokenizer2,
     scheduler: schedulerConfig,
-    ...(standIn && { schedulerStandIn: { named: String((scheduler as SchedulerConfig)._class_name), by: standIn.name } }),
+    ...(standIn && { schedulerStandIn: { named: typeof ownScheduler._class_name === 'string' ? ownScheduler._class_name : undefined, by: standIn.name } }),
     schedulerKind: family.schedulerKind,
     vae: {
       scalingFactor: typeof vaeConfig.scaling_factor === 'number' ? vaeConfig.scaling_factor : family.vae.scalingFactor,

@@ -132,7 +132,7 @@ export async function startingLatents(
   if (fromNoise && inpaintingUnet) return { latents: initialLatents(noise, perItem, scheduler.initNoiseSigma), call };
   const original = await encode(images);
   const drawn = noise.initial(perItem);
-  const latents = fromNoise ? drawn.map((z) => z * scheduler.initNoiseSigma) : scheduler.addNoise(original, drawn, call);
+  const latents = fromNoise ? scaled(drawn.slice(), scheduler.initNoiseSigma) : scheduler.addNoise(original, drawn, call);
   if (!masked) return { latents, call };
   const mask = new Float32Array(perItem * batch.items.length);
   batch.items.forEach((item, b) => mask.set(latentMask(item.mask, batch, shape, b), b * perItem));
@@ -163,7 +163,11 @@ export function latentMask(mask: Uint8Array | undefined, batch: Pick<GenerationB
 
 /** Initial latents: each item's own Gaussian noise (or the noise it was given), times the scheduler's starting sigma. */
 function initialLatents(noise: BatchNoise, perItem: number, initNoiseSigma: number): Float32Array {
-  const x = noise.initial(perItem);
-  for (let i = 0; i < x.length; i++) x[i] *= initNoiseSigma;
+  return scaled(noise.initial(perItem), initNoiseSigma);
+}
+
+/** `x` times `factor`, in place. */
+function scaled(x: Float32Array, factor: number): Float32Array {
+  for (let i = 0; i < x.length; i++) x[i] *= factor;
   return x;
 }

@@ -26,7 +26,7 @@ export function stepsRun(steps: number, strength: number, kind: ModelKind): numb
 /** The fewest steps of which `strength` (in (0, 1]) runs at least one. */
 export function fewestSteps(strength: number, kind: ModelKind): number {
   let steps = 1;
-  // 1 / strength rounds; the floor in stepsRun must see a whole step.
+  // Counted up rather than worked out from 1 / strength: what decides is stepsRun's rounding, which differs by kind.
   while (stepsRun(steps, strength, kind) < 1) steps++;
   return steps;
 }
