@@ -1,5 +1,6 @@
 import { encodeImage } from '../src/pipelines/encode-image.js';
 import { WorkerRuntime } from '../src/pipelines/run.js';
+import { defaultRuntime, type ExecutionProvider } from '../src/runtime/providers.js';
 import type { RgbImage } from '../src/runtime/types.js';
 import { startBenchServer } from './bench-server.js';
 import { ipcTransferMs } from './ipc.js';
@@ -25,12 +26,14 @@ export interface StageCase {
   dir?: string;
   /** Steps actually run in-process; the preset's standard steps when undefined or larger. */
   measuredSteps?: number;
+  /** Where the models run, in-process and in the server's worker; default cpu. */
+  provider?: ExecutionProvider;
 }
 
 const PROMPT = 'a red circle on a blue background';
 
-export async function measureStages({ name, dir, measuredSteps }: StageCase): Promise<Row[]> {
-  const bench = await startBenchServer(dir ? { [name]: dir } : {});
+export async function measureStages({ name, dir, measuredSteps, provider = 'cpu' }: StageCase): Promise<Row[]> {
+  const bench = await startBenchServer(dir ? { [name]: dir } : {}, { EXECUTION_PROVIDER: provider });
   try {
     const { model, batches: [preset] } = await bench.plan({ model: name, prompt: PROMPT, seed: 1 });
     const steps = Math.min(preset.steps, measuredSteps ?? preset.steps);
@@ -39,7 +42,8 @@ export async function measureStages({ name, dir, measuredSteps }: StageCase): Pr
     const timer = StageTimer.get();
     timer.watch({ 'text encoders': [layout.textEncoder, layout.textEncoder2], denoiser: [layout.denoiser], 'VAE decoder': [layout.vaeDecoder], 'VAE encoder': [layout.vaeEncoder] });
 
-    const runtime = new WorkerRuntime();
+    const runtime = new WorkerRuntime({ runtime: { ...defaultRuntime(), provider } });
+    // The first run also compiles the GPU provider's kernels: it is not timed.
     await runtime.generateImages(batch);
     timer.take();
     const reps = steps * batch.width * batch.height <= 4 * 1024 * 1024 ? 5 : 1;
@@ -91,7 +95,7 @@ export async function measureStages({ name, dir, measuredSteps }: StageCase): Pr
     ];
     const total = stages.reduce((sum, [, value]) => sum + value, 0);
     const outside = stages.filter(([, , inOrt]) => !inOrt).reduce((sum, [, value]) => sum + value, 0);
-    const where = `${name} ${batch.width}x${batch.height} ${preset.steps} steps${preset.steps > steps ? ` (timed at ${steps})` : ''}`;
+    const where = `${name} ${batch.width}x${batch.height} ${preset.steps} steps${preset.steps > steps ? ` (timed at ${steps})` : ''}${provider === 'cpu' ? '' : ` on ${provider}`}`;
     const rows: Row[] = stages.map(([stage, value]) => ({ group: 'time per image', case: `${where}: ${stage}`, baseline: `image ${ms(total)}`, measured: ms(value), ratio: value / total }));
     rows.push({ group: 'outside onnxruntime', case: where, baseline: `image ${ms(total)}`, measured: ms(outside), ratio: outside / total, goal: '< 0.05', met: outside / total < 0.05 });
     return rows;

@@ -3,12 +3,15 @@
  * run, in one table with the goals of issue #17 beside them, written to a JSON file as well so runs can
  * be compared. About five minutes on a 2-core machine; docs/performance.md explains each row.
  *
- *   npm run bench -- [--out results.json] [--skip-real]
+ *   npm run bench -- [--out results.json] [--skip-real] [--provider cpu|cuda|webgpu] [--only GROUP,...]
  *
  * --skip-real leaves out the real-architecture exports (../shared/data/real-exports), which take most
- * of the time; without them on disk they are skipped with the reason printed.
+ * of the time; without them on disk they are skipped with the reason printed. --provider runs the
+ * time-per-image measurements on a GPU provider (the other groups measure the server's own work,
+ * which is the same on any provider). --only runs the groups whose names start with one of its words.
  */
 import { parseArgs } from 'node:util';
+import { EXECUTION_PROVIDERS, type ExecutionProvider } from '../src/runtime/providers.js';
 import { REAL_EXPORTS, haveRealExports, realExport, type RealExportName } from '../test/helpers/real-exports.js';
 import { measureColdStart } from './cold-start.js';
 import { measureEncoders } from './encoders.js';
@@ -19,7 +22,12 @@ import { formatRow, formatTable, writeResults, type Row, type Skipped } from './
 import { measureStages } from './stages.js';
 import { measureThroughput } from './throughput.js';
 
-const { values } = parseArgs({ options: { out: { type: 'string' }, 'skip-real': { type: 'boolean', default: false } } });
+const { values } = parseArgs({
+  options: { out: { type: 'string' }, 'skip-real': { type: 'boolean', default: false }, provider: { type: 'string', default: 'cpu' }, only: { type: 'string' } },
+});
+if (!(EXECUTION_PROVIDERS as readonly string[]).includes(values.provider)) throw new Error(`--provider: expected one of ${EXECUTION_PROVIDERS.join(', ')}`);
+const provider = values.provider as ExecutionProvider;
+const only = values.only?.split(',').map((word) => word.trim());
 const real = haveRealExports && !values['skip-real'];
 const noReal = values['skip-real'] ? 'left out (--skip-real)' : `${REAL_EXPORTS} is absent (the shared test data beside the checkout)`;
 
@@ -30,8 +38,8 @@ const measurements: { group: string; run(): Promise<Row[]>; skip?: string }[] = 
   { group: 'cold start', run: measureColdStart },
   { group: 'HTTP vs in-process', run: measureHttpOverhead },
   { group: 'throughput', run: () => measureThroughput(real ? { name: 'sd15', dir: realExport('sd15'), size: 512 } : undefined) },
-  { group: 'time per image: demo-shapes', run: () => measureStages({ name: 'demo-shapes' }) },
-  ...EXPORTS.map((name) => ({ group: `time per image: ${name}`, run: () => measureStages({ name, dir: realExport(name), measuredSteps: 3 }), skip: real ? undefined : noReal })),
+  { group: 'time per image: demo-shapes', run: () => measureStages({ name: 'demo-shapes', provider }) },
+  ...EXPORTS.map((name) => ({ group: `time per image: ${name}`, run: () => measureStages({ name, dir: realExport(name), measuredSteps: 3, provider }), skip: real ? undefined : noReal })),
   {
     group: 'event-loop stall',
     run: () => measureEventLoopStall(real ? { model: 'sd15', dir: realExport('sd15'), size: 512 } : { model: 'demo-shapes', size: 1024 }),
@@ -50,6 +58,7 @@ const rows: Row[] = [];
 const skipped: Skipped[] = [];
 const started = performance.now();
 for (const m of measurements) {
+  if (only && !only.some((word) => m.group.startsWith(word))) continue;
   if (m.skip) {
     skipped.push({ group: m.group, reason: m.skip });
     console.log(`skipped: ${m.group}: ${m.skip}`);
@@ -68,7 +77,7 @@ for (const m of measurements) {
 }
 console.log(`\nimagegen benchmark suite, ${((performance.now() - started) / 1000).toFixed(0)} s; ratio = measured / baseline (time per image: share of the image's time)\n`);
 console.log(formatTable(rows, skipped));
-const file = await writeResults(values.out, rows, skipped, { real });
+const file = await writeResults(values.out, rows, skipped, { real, provider, ...(only && { only }) });
 console.log(`\nresults written to ${file}`);
 const missed = rows.filter((r) => r.met === false).length;
 console.log(`${rows.filter((r) => r.met !== undefined).length - missed} goals met, ${missed} not met (see docs/performance.md for why)`);

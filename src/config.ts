@@ -1,6 +1,7 @@
 import { isIP } from 'node:net';
 import { fileURLToPath } from 'node:url';
 import { z } from 'zod';
+import { EXECUTION_PROVIDERS } from './runtime/providers.js';
 import { NOISE_KINDS } from './runtime/random.js';
 import { isSendableKey } from './api/bearer.js';
 import { OPENAI_MODEL_NAMES } from './api/dialects.js';
@@ -219,7 +220,10 @@ const SETTINGS = {
     description:
       "onnxruntime's CPU threads in each worker (default: the cores shared out among the workers); fewer leave cores to other programs, more than that share out oversubscribes the cores (see docs/performance.md)",
   },
-  executionProvider: { schema: z.enum(['cpu', 'cuda']).default('cpu'), description: 'onnxruntime execution provider: cpu or cuda' },
+  executionProvider: {
+    schema: z.enum(EXECUTION_PROVIDERS).default('cpu'),
+    description: "onnxruntime execution provider: cpu, cuda (NVIDIA, needs 'npm run install:cuda') or webgpu (any GPU with a Vulkan, Direct3D 12 or Metal driver)",
+  },
   ortThreadSpinning: {
     schema: boolean.default(false),
     description: "let onnxruntime's CPU threads spin-wait for work between operators (faster only with cores to spare: on a busy machine the spinning takes the cores from the other threads and workers)",

@@ -5,9 +5,11 @@ const GiB = 2 ** 30;
 const sd15 = { dir: '/models/sd15' };
 
 describe('the default number of workers', () => {
-  it('is one on the CPU and one per CUDA device when nothing was measured', () => {
+  it('is one on the CPU, one per CUDA device and one on WebGPU when nothing was measured', () => {
     expect(defaultWorkerCount({ provider: 'cpu', cudaDevices: [0], preload: [sd15], measured: {}, availableBytes: 64 * GiB }).workers).toBe(1);
     expect(defaultWorkerCount({ provider: 'cuda', cudaDevices: [0, 1, 2], preload: [sd15], measured: {}, availableBytes: 64 * GiB }).workers).toBe(3);
+    // CUDA_DEVICES is CUDA's: WebGPU runs on the one adapter it finds.
+    expect(defaultWorkerCount({ provider: 'webgpu', cudaDevices: [0, 1, 2], preload: [sd15], measured: {}, availableBytes: 64 * GiB })).toMatchObject({ workers: 1, reason: expect.stringMatching(/GPU/) });
   });
 
   it('is no more than the measured memory of the preloaded models lets fit, and never less than one', () => {

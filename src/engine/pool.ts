@@ -10,6 +10,7 @@ import { MemoryArbiter } from './memory-arbiter.js';
 import { cgroupOomKills } from '../runtime/cgroup-memory.js';
 import { HEADROOM, plannableBytes, residentBytesOf } from '../runtime/memory.js';
 import { JobQueue, RequeueError, Ticket, type ClientLimits, type QueueClosedError, type QueueFullError } from './job-queue.js';
+import type { ExecutionProvider } from '../runtime/providers.js';
 import type { BatchEvent, GeneratedImage, GenerationBatch, ModelRef } from '../runtime/types.js';
 import { WorkerDiedError, WorkerProcess, type WorkerListener } from './worker-process.js';
 
@@ -32,7 +33,7 @@ export interface EnginePoolOptions {
   queueTimeoutMs?: number;
   /** Most estimated seconds of work that may wait per worker before new requests get QueueFullError. */
   queueMaxSeconds?: number;
-  executionProvider: 'cpu' | 'cuda';
+  executionProvider: ExecutionProvider;
   /** onnxruntime's intra-op CPU threads in each worker; default: the cores shared out among the workers. */
   threadsPerWorker?: number;
   /** Whether onnxruntime's CPU threads spin-wait for work (see RuntimeOptions.spinning); default false. */

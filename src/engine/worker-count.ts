@@ -1,23 +1,28 @@
 import type { ModelMemory } from '../models/memory-figures.js';
+import type { ExecutionProvider } from '../runtime/providers.js';
 import type { ModelRef } from '../runtime/types.js';
 import { formatBytes } from '../util/bytes.js';
 
 /**
- * How many worker processes to run when WORKERS is not set. On CUDA one per GPU (CUDA_DEVICES). On the
+ * How many worker processes to run when WORKERS is not set. On CUDA one per GPU (CUDA_DEVICES), on WebGPU one. On the
  * CPU one, whose threads take every core: a second worker on the same cores measured no faster
  * (`npm run bench:spinning`: x0.98 to x1.06 on 2 cores) and holds a second copy of every model. Either
  * way no more than the memory the preloaded models measured (weights plus their largest batch; see
  * src/pipelines/memory-plan.ts) lets fit, and at least one.
  */
 export function defaultWorkerCount(options: {
-  provider: 'cpu' | 'cuda';
+  provider: ExecutionProvider;
   cudaDevices: readonly number[];
   preload: readonly ModelRef[];
   measured: Record<string, ModelMemory>;
   availableBytes: number;
 }): { workers: number; reason: string } {
   const wanted = options.provider === 'cuda' ? options.cudaDevices.length : 1;
-  const base = options.provider === 'cuda' ? `one per CUDA device (${wanted})` : 'one on the CPU (its threads use every core)';
+  const base = {
+    cuda: `one per CUDA device (${wanted})`,
+    webgpu: 'one on the GPU (WebGPU runs on one adapter)',
+    cpu: 'one on the CPU (its threads use every core)',
+  }[options.provider];
   const need = Math.max(0, ...options.preload.map(({ dir }) => {
     const m = options.measured[dir];
     return m ? m.weightsBytes + m.peakBytes : 0;

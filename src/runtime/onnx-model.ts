@@ -1,6 +1,7 @@
 import * as ort from 'onnxruntime-node';
 import { float32ToHalf, halfToFloat32 } from './float16.js';
-import { createSession, type RuntimeOptions, type SessionTuning } from './providers.js';
+import { graphSource } from './graph-rewrite.js';
+import { createSession, type ExecutionProvider, type RuntimeOptions, type SessionTuning } from './providers.js';
 
 /**
  * One ONNX component (text encoder, UNet, transformer, VAE) whose declared input types and ranks drive
@@ -56,11 +57,11 @@ export class OnnxModel {
     readonly file: string,
     private readonly session: ort.InferenceSession,
     private readonly inputs: Map<string, InputSpec>,
-    readonly provider: string,
+    readonly provider: ExecutionProvider,
   ) {}
 
   static async load(file: string, runtime: RuntimeOptions, tuning?: SessionTuning): Promise<OnnxModel> {
-    const { session, provider } = await createSession(file, runtime, tuning).catch((err: unknown) => {
+    const { session, provider } = await createSession(await graphSource(file), runtime, tuning).catch((err: unknown) => {
       throw outOfMemoryOr(err, file, 'load');
     });
     const inputs = new Map<string, InputSpec>();

@@ -1,9 +1,19 @@
 import os from 'node:os';
 import * as ort from 'onnxruntime-node';
+import type { GraphSource } from './graph-rewrite.js';
+
+/**
+ * Where a worker's models run. `cuda`: NVIDIA GPUs, with the CUDA provider libraries that
+ * `npm run install:cuda` fetches and the CUDA runtime on the host. `webgpu`: any GPU with a Vulkan
+ * driver (Linux), Direct3D 12 (Windows) or Metal (macOS), through the WebGPU provider built into
+ * onnxruntime-node, so nothing beyond the GPU's driver has to be installed.
+ */
+export const EXECUTION_PROVIDERS = ['cpu', 'cuda', 'webgpu'] as const;
+export type ExecutionProvider = (typeof EXECUTION_PROVIDERS)[number];
 
 /** How this worker runs ONNX sessions. */
 export interface RuntimeOptions {
-  provider: 'cpu' | 'cuda';
+  provider: ExecutionProvider;
   /** CUDA device for this worker. */
   deviceId?: number;
   /** Intra-op threads per session: by default each worker's share of the cores (see EnginePoolOptions.threadsPerWorker). */
@@ -14,14 +24,32 @@ export interface RuntimeOptions {
    * encoding images) the spinning steals the cores the work needs. Default false.
    */
   spinning?: boolean;
-  /** Where to say that CUDA could not be used. */
+  /** Where to say that the GPU provider could not be used. */
   warn?: (message: string) => void;
 }
 
 export const defaultRuntime = (): RuntimeOptions => ({ provider: 'cpu', threads: Math.max(1, os.availableParallelism()) });
 
-/** Once CUDA failed in this worker, later sessions go straight to CPU instead of failing again. */
-let cudaBroken: string | undefined;
+/** Once a GPU provider failed to start in this worker, later sessions go straight to CPU instead of failing again. */
+const brokenProviders = new Map<ExecutionProvider, string>();
+
+/**
+ * Errors that say a GPU provider cannot start on this machine at all, rather than that one model
+ * cannot run on it (a model too large for the card, a corrupt file): CUDA's libraries not loading,
+ * or no WebGPU adapter (no GPU, or no Vulkan driver for it).
+ */
+const UNAVAILABLE: Record<Exclude<ExecutionProvider, 'cpu'>, { name: string; pattern: RegExp; remedy: string }> = {
+  cuda: {
+    name: 'CUDA',
+    pattern: /failed to load (shared )?library|providers_cuda|providers_shared|libcu|cudnn/i,
+    remedy: 'Install the CUDA provider libraries as the README describes, or set EXECUTION_PROVIDER=webgpu or cpu.',
+  },
+  webgpu: {
+    name: 'WebGPU',
+    pattern: /WebGPU adapter|No supported adapters/i,
+    remedy: "Install the GPU's Vulkan driver (on Linux the libvulkan1 loader and the vendor's driver), or set EXECUTION_PROVIDER=cpu.",
+  },
+};
 
 /** What one component's session needs beyond the worker's runtime. */
 export interface SessionTuning {
@@ -34,10 +62,17 @@ export interface SessionTuning {
   memoryArena?: boolean;
 }
 
-function sessionOptions(runtime: RuntimeOptions, provider: 'cpu' | 'cuda', tuning: SessionTuning): ort.InferenceSession.SessionOptions {
+function providerOption(runtime: RuntimeOptions, provider: ExecutionProvider): ort.InferenceSession.ExecutionProviderConfig {
+  if (provider === 'cuda') return { name: 'cuda', deviceId: runtime.deviceId ?? 0 };
+  return provider;
+}
+
+/** `weightsFolder`: where a graph made from memory finds its external weights. */
+function sessionOptions(runtime: RuntimeOptions, provider: ExecutionProvider, tuning: SessionTuning, weightsFolder?: string): ort.InferenceSession.SessionOptions {
   const spin = runtime.spinning ? '1' : '0';
   return {
-    executionProviders: provider === 'cuda' ? [{ name: 'cuda', deviceId: runtime.deviceId ?? 0 }] : ['cpu'],
+    // Operators the GPU provider lacks run on the CPU provider, which onnxruntime always adds last.
+    executionProviders: [providerOption(runtime, provider)],
     graphOptimizationLevel: 'all',
     enableCpuMemArena: tuning.memoryArena ?? true,
     // One request at a time per worker: parallelism comes from intra-op threads and from more workers.
@@ -45,30 +80,37 @@ function sessionOptions(runtime: RuntimeOptions, provider: 'cpu' | 'cuda', tunin
     intraOpNumThreads: runtime.threads,
     interOpNumThreads: 1,
     // Session config entries; onnxruntime-node joins the nested keys into "session.intra_op.allow_spinning".
-    extra: { session: { intra_op: { allow_spinning: spin }, inter_op: { allow_spinning: spin } } },
+    extra: {
+      session: {
+        intra_op: { allow_spinning: spin },
+        inter_op: { allow_spinning: spin },
+        ...(weightsFolder && { model_external_initializers_file_folder_path: weightsFolder }),
+      },
+    },
   };
 }
 
 /**
  * Creates a session on the configured provider. onnxruntime-node throws (rather than falling back) when
- * the CUDA provider libraries cannot load, so a CUDA failure is caught, reported once, and the session
- * is made on CPU.
+ * a GPU provider cannot start (CUDA's libraries missing, no WebGPU adapter), so that failure is caught,
+ * reported once, and the session is made on CPU.
  */
-export async function createSession(file: string, runtime: RuntimeOptions, tuning: SessionTuning = {}): Promise<{ session: ort.InferenceSession; provider: string }> {
-  if (runtime.provider === 'cuda' && !cudaBroken) {
+export async function createSession(graph: GraphSource, runtime: RuntimeOptions, tuning: SessionTuning = {}): Promise<{ session: ort.InferenceSession; provider: ExecutionProvider }> {
+  const create = (provider: ExecutionProvider) =>
+    typeof graph === 'string'
+      ? ort.InferenceSession.create(graph, sessionOptions(runtime, provider, tuning))
+      : ort.InferenceSession.create(graph.bytes, sessionOptions(runtime, provider, tuning, graph.folder));
+  const { provider } = runtime;
+  if (provider !== 'cpu' && !brokenProviders.has(provider)) {
     try {
-      return { session: await ort.InferenceSession.create(file, sessionOptions(runtime, 'cuda', tuning)), provider: 'cuda' };
+      return { session: await create(provider), provider };
     } catch (err) {
       const message = (err as Error).message.split('\n')[0];
-      // Only a provider that cannot load is a reason to give up on CUDA for good; anything else (a
-      // model too large for the card, a corrupt file) is this model's error.
-      if (!/failed to load (shared )?library|providers_cuda|providers_shared|libcu|cudnn/i.test(message)) throw err;
-      cudaBroken = message;
-      (runtime.warn ?? console.warn)(
-        `CUDA execution provider unavailable (${cudaBroken}); running on CPU. ` +
-          'Install the CUDA provider libraries as the README describes, or set EXECUTION_PROVIDER=cpu.',
-      );
+      const { name, pattern, remedy } = UNAVAILABLE[provider];
+      if (!pattern.test(message)) throw err;
+      brokenProviders.set(provider, message);
+      (runtime.warn ?? console.warn)(`${name} execution provider unavailable (${message}); running on CPU. ${remedy}`);
     }
   }
-  return { session: await ort.InferenceSession.create(file, sessionOptions(runtime, 'cpu', tuning)), provider: 'cpu' };
+  return { session: await create('cpu'), provider: 'cpu' };
 }

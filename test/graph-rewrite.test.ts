@@ -1,0 +1,145 @@
+import { cp, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
+import * as ort from 'onnxruntime-node';
+import onnxProto from 'onnx-proto';
+import type { onnx as proto } from 'onnx-proto';
+import { describe, expect, it, onTestFinished } from 'vitest';
+import { dropAttentionZeros, graphSource } from '../src/runtime/graph-rewrite.js';
+import { OnnxModel } from '../src/runtime/onnx-model.js';
+import { haveRealExports, REAL_EXPORT_NAMES, realExport } from './helpers/real-exports.js';
+
+const { onnx } = onnxProto;
+
+/** A node of a hand-made graph: op type, inputs, outputs. */
+const node = (opType: string, input: string[], output: string[], attribute: proto.IAttributeProto[] = []): proto.INodeProto => ({ opType, input, output, attribute });
+const fill = (value: number): proto.IAttributeProto => ({ name: 'value', t: { dataType: onnx.TensorProto.DataType.FLOAT, dims: [1], rawData: new Uint8Array(new Float32Array([value]).buffer) } });
+
+/** Attention scores as torch's baddbmm exports them: alpha x Q·Kᵀ + beta x zeros, into `last` (Softmax, or something else). */
+function baddbmmGraph({ zero = 0, betaIsConstant = true, between = [] as string[], last = 'Softmax' } = {}): proto.IGraphProto {
+  const chain = ['sum', ...between.map((_, i) => `cast${i}`)];
+  return {
+    initializer: [{ name: 'beta', dataType: onnx.TensorProto.DataType.FLOAT, dims: [], rawData: new Uint8Array(4) }],
+    node: [
+      node('Shape', ['scores'], ['shape']),
+      node('ConstantOfShape', ['shape'], ['zeros'], [fill(zero)]),
+      node('Mul', ['zeros', betaIsConstant ? 'beta' : 'scores'], ['scaled']),
+      node('Add', ['scores', 'scaled'], ['sum']),
+      ...between.map((op, i) => node(op, [chain[i]], [chain[i + 1]])),
+      node(last, [chain.at(-1)!], ['probs']),
+    ],
+  };
+}
+
+describe('dropping the zeros of baddbmm attention', () => {
+  it('replaces the zero tensor by a scalar zero, through the Casts VAEs put before their Softmax', () => {
+    for (const between of [[], ['Cast'], ['Cast', 'Cast']]) {
+      const graph = baddbmmGraph({ between });
+      expect(dropAttentionZeros(graph)).toBe(1);
+      const zeros = graph.node!.find((n) => n.output![0] === 'zeros')!;
+      expect(zeros.opType).toBe('Constant');
+      expect(zeros.input).toEqual([]);
+      expect(zeros.attribute![0].t!.dims).toEqual([]);
+      expect([...zeros.attribute![0].t!.rawData!]).toEqual([0, 0, 0, 0]);
+    }
+  });
+
+  it('leaves every other use of ConstantOfShape as exported', () => {
+    // Not zeros; a beta that is not a constant (0 x inf would be NaN); a sum that is not attention scores.
+    for (const graph of [baddbmmGraph({ zero: 1 }), baddbmmGraph({ betaIsConstant: false }), baddbmmGraph({ last: 'Relu' }), baddbmmGraph({ between: ['Relu'] })]) {
+      const before = structuredClone(graph);
+      expect(dropAttentionZeros(graph)).toBe(0);
+      expect(graph).toEqual(before);
+    }
+    // Zeros that something else reads too keep their shape.
+    const shared = baddbmmGraph();
+    shared.node!.push(node('Concat', ['zeros', 'scores'], ['joined']));
+    expect(dropAttentionZeros(shared)).toBe(0);
+  });
+});
+
+const feeds = (side: number) => ({
+  sample: new ort.Tensor('float32', Float32Array.from({ length: 2 * 4 * side * side }, (_, i) => Math.sin(i)), [2, 4, side, side]),
+  timestep: new ort.Tensor('float32', new Float32Array([500]), []),
+  encoder_hidden_states: new ort.Tensor('float32', Float32Array.from({ length: 2 * 77 * 32 }, (_, i) => Math.cos(i) / 10), [2, 77, 32]),
+});
+
+/** The UNet's output from a session made of `graph` (a file, or a graph in memory). */
+async function unetOutput(graph: string | Uint8Array, side: number, options: ort.InferenceSession.SessionOptions = {}): Promise<Float32Array> {
+  const session = typeof graph === 'string' ? await ort.InferenceSession.create(graph, options) : await ort.InferenceSession.create(graph, options);
+  try {
+    const result = await session.run(feeds(side));
+    return result[session.outputNames[0]].data as Float32Array;
+  } finally {
+    await session.release();
+  }
+}
+
+describe.skipIf(!haveRealExports)('the rewrite on the real exports (skipped: ../shared/data/real-exports is absent)', () => {
+  it('rewrites every UNet and VAE graph of the Optimum exports, and nothing else', async () => {
+    const rewritten: string[] = [];
+    for (const name of REAL_EXPORT_NAMES) {
+      for (const part of ['text_encoder', 'text_encoder_2', 'unet', 'transformer', 'vae_decoder', 'vae_encoder']) {
+        const file = path.join(realExport(name), part, 'model.onnx');
+        const source = await graphSource(file).catch(() => undefined);
+        if (source !== undefined && typeof source !== 'string') rewritten.push(`${name}/${part}`);
+      }
+    }
+    // FLUX's transformer and the CLIP and T5 text encoders have no baddbmm attention.
+    const denoiserToo = (name: string) => (name === 'flux' ? ['vae_decoder', 'vae_encoder'] : ['unet', 'vae_decoder', 'vae_encoder']);
+    expect(rewritten).toEqual(REAL_EXPORT_NAMES.flatMap((name) => denoiserToo(name).map((part) => `${name}/${part}`)));
+  });
+
+  it('gives the UNet the same output bit for bit, without a ConstantOfShape of float zero left', async () => {
+    const file = path.join(realExport('sd15'), 'unet', 'model.onnx');
+    const source = await graphSource(file);
+    if (typeof source === 'string') throw new Error('the SD 1.5 UNet was not rewritten');
+    const zeros = onnx.ModelProto.decode(source.bytes).graph!.node!.filter((n) => n.opType === 'ConstantOfShape' && n.attribute![0].t!.dataType === onnx.TensorProto.DataType.FLOAT);
+    expect(zeros).toEqual([]);
+    expect(await unetOutput(source.bytes, 16)).toEqual(await unetOutput(file, 16));
+  });
+
+  it('finds the external weights of a rewritten graph in its folder', async () => {
+    // The UNet with its weights moved out to model.onnx_data, as exports over 2 GB have them.
+    const dir = await mkdtemp(path.join(os.tmpdir(), 'imagegen-rewrite-'));
+    onTestFinished(() => rm(dir, { recursive: true, force: true }));
+    const exported = path.join(realExport('sd15'), 'unet', 'model.onnx');
+    const model = onnx.ModelProto.decode(await readFile(exported));
+    const weights: Uint8Array[] = [];
+    let offset = 0;
+    for (const tensor of model.graph!.initializer!) {
+      if (!tensor.rawData?.length) continue;
+      weights.push(tensor.rawData);
+      tensor.externalData = [
+        { key: 'location', value: 'model.onnx_data' },
+        { key: 'offset', value: String(offset) },
+        { key: 'length', value: String(tensor.rawData.length) },
+      ];
+      tensor.dataLocation = onnx.TensorProto.DataLocation.EXTERNAL;
+      offset += tensor.rawData.length;
+      tensor.rawData = new Uint8Array(0);
+    }
+    const file = path.join(dir, 'model.onnx');
+    await writeFile(file, onnx.ModelProto.encode(model).finish());
+    await writeFile(path.join(dir, 'model.onnx_data'), Buffer.concat(weights));
+    expect(offset).toBeGreaterThan(1024 ** 2);
+
+    expect(typeof (await graphSource(file))).toBe('object');
+    const unet = await OnnxModel.load(file, { provider: 'cpu', threads: 1 });
+    const side = 16;
+    const f = feeds(side);
+    const { out_sample } = await unet.run({ sample: { data: f.sample.data as Float32Array, dims: [2, 4, side, side] }, timestep: { data: new Float32Array([500, 500]), dims: [2] }, encoder_hidden_states: { data: f.encoder_hidden_states.data as Float32Array, dims: [2, 77, 32] } }, ['out_sample']);
+    await unet.release();
+    expect(out_sample.data).toEqual(await unetOutput(exported, side));
+  });
+
+  it('leaves a graph that cannot be decoded to onnxruntime, whose error names it', async () => {
+    const dir = await mkdtemp(path.join(os.tmpdir(), 'imagegen-rewrite-'));
+    onTestFinished(() => rm(dir, { recursive: true, force: true }));
+    const file = path.join(dir, 'model.onnx');
+    await cp(path.join(realExport('sd15'), 'unet', 'model.onnx'), file);
+    const bytes = await readFile(file);
+    await writeFile(file, bytes.subarray(0, bytes.length >> 1));
+    expect(await graphSource(file)).toBe(file);
+  });
+});

@@ -1,0 +1,67 @@
+import { execFile, spawnSync } from 'node:child_process';
+import { mkdtemp, readdir, readFile, rm } from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
+import { promisify } from 'node:util';
+import sharp from 'sharp';
+import { describe, expect, it, onTestFinished } from 'vitest';
+import { referenceModel } from './helpers/reference.js';
+
+/**
+ * EXECUTION_PROVIDER=webgpu, through the real `imagegen generate` in its own process (a provider that
+ * failed stays failed for the rest of its process). With no GPU, Mesa's software Vulkan driver
+ * (lavapipe, Mesa 25 or later: .ci/run installs it) gives WebGPU an adapter; without one, the
+ * generation tests skip and say so, and the fallback test runs either way.
+ */
+
+const run = promisify(execFile);
+const root = path.resolve(import.meta.dirname, '..');
+
+/** Why WebGPU has no adapter here, or undefined when it has one: one session made in a child process. */
+function noAdapter(): string | undefined {
+  const graph = path.join(referenceModel('sd15-optimum'), 'vae_decoder', 'model.onnx');
+  const probe = `const ort = require('onnxruntime-node'); ort.InferenceSession.create(${JSON.stringify(graph)}, { executionProviders: ['webgpu'] }).then(() => process.exit(0), (e) => { console.error(String(e.message).split('\\n')[0]); process.exit(1); });`;
+  const result = spawnSync(process.execPath, ['-e', probe], { cwd: root, encoding: 'utf8', timeout: 60_000 });
+  if (result.status === 0) return undefined;
+  return (result.stderr.trim().split('\n').at(-1) ?? 'no answer').slice(-200);
+}
+
+const missing = noAdapter();
+if (missing) console.warn(`skipping the WebGPU generation tests: no WebGPU adapter here (${missing}); install Mesa 25's mesa-vulkan-drivers or a GPU's Vulkan driver`);
+
+/** One image of the demo model with `env`: its file's bytes, its pixels and what the command wrote to stderr. */
+async function generate(env: Record<string, string>) {
+  const out = await mkdtemp(path.join(os.tmpdir(), 'imagegen-webgpu-'));
+  onTestFinished(() => rm(out, { recursive: true, force: true }));
+  const { stderr } = await run(process.execPath, ['--import', 'tsx', path.join(root, 'src/cli/main.ts'), 'generate', 'a red circle', '--seed', '7', '--steps', '2', '--out', out], {
+    cwd: root,
+    env: { ...process.env, XDG_RUNTIME_DIR: os.tmpdir(), ...env },
+    timeout: 240_000,
+  });
+  const [name] = await readdir(out);
+  const file = await readFile(path.join(out, name));
+  return { file, pixels: await sharp(file).raw().toBuffer(), stderr };
+}
+
+describe('EXECUTION_PROVIDER=webgpu', () => {
+  it('runs on the CPU, saying why and what to do, where WebGPU finds no adapter', { timeout: 300_000 }, async () => {
+    // No Vulkan driver at all: the loader finds none of the files these name.
+    const none = { EXECUTION_PROVIDER: 'webgpu', VK_DRIVER_FILES: '/nonexistent/icd.json', VK_ICD_FILENAMES: '/nonexistent/icd.json' };
+    const [fallback, cpu] = await Promise.all([generate(none), generate({ EXECUTION_PROVIDER: 'cpu' })]);
+    expect(fallback.stderr).toMatch(/WebGPU execution provider unavailable \(.*adapter.*\); running on CPU\. Install the GPU's Vulkan driver/);
+    // Said once, not for each of the model's sessions.
+    expect(fallback.stderr.match(/execution provider unavailable/g)).toHaveLength(1);
+    expect(fallback.file.equals(cpu.file)).toBe(true);
+  });
+
+  it.skipIf(missing)('draws the same picture as the CPU, within one level', { timeout: 300_000 }, async () => {
+    const [gpu, cpu] = await Promise.all([generate({ EXECUTION_PROVIDER: 'webgpu' }), generate({ EXECUTION_PROVIDER: 'cpu' })]);
+    expect(gpu.stderr).not.toMatch(/unavailable/);
+    // Another provider's arithmetic: not the CPU's picture byte for byte (that would mean it never left the CPU).
+    expect(gpu.file.equals(cpu.file)).toBe(false);
+    expect(gpu.pixels.length).toBe(cpu.pixels.length);
+    let largest = 0;
+    for (let i = 0; i < cpu.pixels.length; i++) largest = Math.max(largest, Math.abs(gpu.pixels[i] - cpu.pixels[i]));
+    expect(largest).toBeLessThanOrEqual(1);
+  });
+});
