@@ -7,6 +7,7 @@ import type { onnx as proto } from 'onnx-proto';
 import { describe, expect, it, onTestFinished } from 'vitest';
 import { dropAttentionZeros, graphSource } from '../src/runtime/graph-rewrite.js';
 import { OnnxModel } from '../src/runtime/onnx-model.js';
+import { EXPORT_FEEDS } from './helpers/export-feeds.js';
 import { haveRealExports, REAL_EXPORT_NAMES, realExport } from './helpers/real-exports.js';
 
 const { onnx } = onnxProto;
@@ -58,11 +59,7 @@ describe('dropping the zeros of baddbmm attention', () => {
   });
 });
 
-const feeds = (side: number) => ({
-  sample: new ort.Tensor('float32', Float32Array.from({ length: 2 * 4 * side * side }, (_, i) => Math.sin(i)), [2, 4, side, side]),
-  timestep: new ort.Tensor('float32', new Float32Array([500]), []),
-  encoder_hidden_states: new ort.Tensor('float32', Float32Array.from({ length: 2 * 77 * 32 }, (_, i) => Math.cos(i) / 10), [2, 77, 32]),
-});
+const feeds = EXPORT_FEEDS.unet;
 
 /** The UNet's output from a session made of `graph` (a file, or a graph in memory). */
 async function unetOutput(graph: string | Uint8Array, side: number, options: ort.InferenceSession.SessionOptions = {}): Promise<Float32Array> {
