@@ -80,7 +80,7 @@ export async function startServer(config: Config, logger: Logger, { clock }: Ser
   const metrics = new Metrics();
   const memoryFigures = await MemoryFigures.open(config.dataDir);
   if (memoryFigures.setAside === 'outdated') {
-    logger.info('the memory figures in DATA_DIR/model-memory.json were measured per image by an older version, not per sample: set aside; each model is measured again as it first loads');
+    logger.info('the memory figures in DATA_DIR/model-memory.json were measured by an older version, which counted differently: set aside; each model is measured again as it first loads');
   } else if (memoryFigures.setAside === 'unreadable') {
     logger.warn('DATA_DIR/model-memory.json cannot be read as memory figures (damaged?): set aside; each model is measured again as it first loads, and the file is rewritten');
   }

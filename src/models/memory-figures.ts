@@ -77,13 +77,15 @@ function kept({ exceeded: _lessons, ...measured }: ModelMemory): ModelMemory {
 const FILE = 'model-memory.json';
 
 /**
- * The file is `{ version, models }`. Version 2 counts the denoising per sample. Version 1 (a bare record
- * of models, before the version field) counted it per image, guidance or not: read per sample it would
- * overstate a guided image up to twice (refusing sizes that fit), and halved it would understate an
- * image without guidance (risking the OOM killer). Neither is safe to convert, so an older file is set
- * aside and the workers measure each model again as it loads.
+ * The file is `{ version, models }`. Version 3 measures graphs as src/runtime/graph-rewrite.ts loads
+ * them, without the zero tensors of exported attention. Version 2 measured them with those: up to three
+ * times the attention scores' size more (1 GiB more per 1024x1024 VAE decode), which would refuse sizes
+ * that now fit. Version 1 (a bare record of models, before the version field) counted the denoising per
+ * image, guidance or not: read per sample it would overstate a guided image up to twice, and halved it
+ * would understate an image without guidance (risking the OOM killer). None is safe to convert, so an
+ * older file is set aside and the workers measure each model again as it loads.
  */
-const VERSION = 2;
+const VERSION = 3;
 const figuresFile = z.object({ version: z.literal(VERSION), models: z.record(z.string(), modelMemory) });
 
 function memoryFiguresFile(dataDir: string): string {
