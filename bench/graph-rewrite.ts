@@ -11,8 +11,9 @@
  */
 import { parseArgs } from 'node:util';
 import * as ort from 'onnxruntime-node';
-import { graphSource } from '../src/runtime/graph-rewrite.js';
-import { EXECUTION_PROVIDERS } from '../src/runtime/providers.js';
+import os from 'node:os';
+import { graphSource, type GraphSource } from '../src/runtime/graph-rewrite.js';
+import { createSession, EXECUTION_PROVIDERS, type ExecutionProvider } from '../src/runtime/providers.js';
 import { EXPORT_FEEDS } from '../test/helpers/export-feeds.js';
 import { realExport } from '../test/helpers/real-exports.js';
 import { sideBySide } from './stats.js';
@@ -21,16 +22,14 @@ const { values } = parseArgs({
   options: { model: { type: 'string', default: realExport('sd15') }, providers: { type: 'string', default: 'cpu' }, side: { type: 'string', default: '64' } },
 });
 const side = Number(values.side);
-const providers = values.providers.split(',');
+const providers = values.providers.split(',') as ExecutionProvider[];
 for (const provider of providers) {
-  if (!(EXECUTION_PROVIDERS as readonly string[]).includes(provider)) throw new Error(`--providers: expected some of ${EXECUTION_PROVIDERS.join(', ')}`);
+  if (!EXECUTION_PROVIDERS.includes(provider)) throw new Error(`--providers: expected some of ${EXECUTION_PROVIDERS.join(', ')}`);
 }
 
-
-/** A session of `graph` (a file, or a graph in memory) on `provider`. */
-function sessionOf(graph: string | Uint8Array, provider: string): Promise<ort.InferenceSession> {
-  const options: ort.InferenceSession.SessionOptions = { executionProviders: [provider], graphOptimizationLevel: 'all', logSeverityLevel: 3 };
-  return typeof graph === 'string' ? ort.InferenceSession.create(graph, options) : ort.InferenceSession.create(graph, options);
+/** A session of `graph` on `provider`, with the server's session options. */
+async function sessionOf(graph: GraphSource, provider: ExecutionProvider): Promise<ort.InferenceSession> {
+  return (await createSession(graph, { provider, threads: os.availableParallelism() })).session;
 }
 
 /** The largest difference between the two sessions' outputs for the same feeds. */
@@ -50,7 +49,7 @@ for (const [part, feedsOf] of Object.entries(EXPORT_FEEDS)) {
     continue;
   }
   for (const provider of providers) {
-    const sessions = [await sessionOf(file, provider), await sessionOf(rewritten.bytes, provider)];
+    const sessions = [await sessionOf(file, provider), await sessionOf(rewritten, provider)];
     // The first calls also compile the GPU provider's kernels: not timed.
     const largest = await largestDifference(sessions[0], sessions[1], feeds());
     const [before, after] = await sideBySide(sessions.map((s) => () => s.run(feeds())), 5);

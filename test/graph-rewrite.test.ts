@@ -1,11 +1,11 @@
-import { cp, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
+import { cp, mkdir, mkdtemp, readFile, rm, symlink, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
-import * as ort from 'onnxruntime-node';
 import onnxProto from 'onnx-proto';
 import type { onnx as proto } from 'onnx-proto';
 import { describe, expect, it, onTestFinished } from 'vitest';
-import { dropAttentionZeros, graphSource } from '../src/runtime/graph-rewrite.js';
+import { dropAttentionZeros, graphSource, type GraphSource } from '../src/runtime/graph-rewrite.js';
+import { createSession } from '../src/runtime/providers.js';
 import { OnnxModel } from '../src/runtime/onnx-model.js';
 import { EXPORT_FEEDS } from './helpers/export-feeds.js';
 import { haveRealExports, REAL_EXPORT_NAMES, realExport } from './helpers/real-exports.js';
@@ -17,11 +17,14 @@ const node = (opType: string, input: string[], output: string[], attribute: prot
 const fill = (value: number): proto.IAttributeProto => ({ name: 'value', t: { dataType: onnx.TensorProto.DataType.FLOAT, dims: [1], rawData: new Uint8Array(new Float32Array([value]).buffer) } });
 
 /** Attention scores as torch's baddbmm exports them: alpha x Q·Kᵀ + beta x zeros, into `last` (Softmax, or something else). */
-function baddbmmGraph({ zero = 0, betaIsConstant = true, between = [] as string[], last = 'Softmax' } = {}): proto.IGraphProto {
+function baddbmmGraph({ zero = 0, betaIsConstant = true, scoresOp = 'MatMul', between = [] as string[], last = 'Softmax', outputs = ['probs'] } = {}): proto.IGraphProto {
   const chain = ['sum', ...between.map((_, i) => `cast${i}`)];
   return {
     initializer: [{ name: 'beta', dataType: onnx.TensorProto.DataType.FLOAT, dims: [], rawData: new Uint8Array(4) }],
+    output: outputs.map((name) => ({ name })),
     node: [
+      node(scoresOp, ['q', 'k'], ['qk']),
+      node('Mul', ['qk', 'alpha'], ['scores']),
       node('Shape', ['scores'], ['shape']),
       node('ConstantOfShape', ['shape'], ['zeros'], [fill(zero)]),
       node('Mul', ['zeros', betaIsConstant ? 'beta' : 'scores'], ['scaled']),
@@ -46,8 +49,18 @@ describe('dropping the zeros of baddbmm attention', () => {
   });
 
   it('leaves every other use of ConstantOfShape as exported', () => {
-    // Not zeros; a beta that is not a constant (0 x inf would be NaN); a sum that is not attention scores.
-    for (const graph of [baddbmmGraph({ zero: 1 }), baddbmmGraph({ betaIsConstant: false }), baddbmmGraph({ last: 'Relu' }), baddbmmGraph({ between: ['Relu'] })]) {
+    // Not zeros; not beta x zeros; scores that are no product; a sum that does not go into a Softmax;
+    // the zeros or their product a graph output, whose shape the caller sees.
+    const others = [
+      baddbmmGraph({ zero: 1 }),
+      baddbmmGraph({ betaIsConstant: false }),
+      baddbmmGraph({ scoresOp: 'Add' }),
+      baddbmmGraph({ last: 'Relu' }),
+      baddbmmGraph({ between: ['Relu'] }),
+      baddbmmGraph({ outputs: ['probs', 'zeros'] }),
+      baddbmmGraph({ outputs: ['probs', 'scaled'] }),
+    ];
+    for (const graph of others) {
       const before = structuredClone(graph);
       expect(dropAttentionZeros(graph)).toBe(0);
       expect(graph).toEqual(before);
@@ -56,14 +69,18 @@ describe('dropping the zeros of baddbmm attention', () => {
     const shared = baddbmmGraph();
     shared.node!.push(node('Concat', ['zeros', 'scores'], ['joined']));
     expect(dropAttentionZeros(shared)).toBe(0);
+    // A subgraph (If, Loop) may read any name of the graph: nothing is rewritten.
+    const branching = baddbmmGraph();
+    branching.node!.push(node('If', ['cond'], ['chosen'], [{ name: 'then_branch', g: { node: [node('Identity', ['zeros'], ['out'])] } }]));
+    expect(dropAttentionZeros(branching)).toBe(0);
   });
 });
 
 const feeds = EXPORT_FEEDS.unet;
 
-/** The UNet's output from a session made of `graph` (a file, or a graph in memory). */
-async function unetOutput(graph: string | Uint8Array, side: number, options: ort.InferenceSession.SessionOptions = {}): Promise<Float32Array> {
-  const session = typeof graph === 'string' ? await ort.InferenceSession.create(graph, options) : await ort.InferenceSession.create(graph, options);
+/** The UNet's output from a session made of `graph` (its file, or a rewritten graph in memory). */
+async function unetOutput(graph: GraphSource, side: number): Promise<Float32Array> {
+  const { session } = await createSession(graph, { provider: 'cpu', threads: 1 });
   try {
     const result = await session.run(feeds(side));
     return result[session.outputNames[0]].data as Float32Array;
@@ -93,11 +110,12 @@ describe.skipIf(!haveRealExports)('the rewrite on the real exports (skipped: ../
     if (typeof source === 'string') throw new Error('the SD 1.5 UNet was not rewritten');
     const zeros = onnx.ModelProto.decode(source.bytes).graph!.node!.filter((n) => n.opType === 'ConstantOfShape' && n.attribute![0].t!.dataType === onnx.TensorProto.DataType.FLOAT);
     expect(zeros).toEqual([]);
-    expect(await unetOutput(source.bytes, 16)).toEqual(await unetOutput(file, 16));
+    expect(await unetOutput(source, 16)).toEqual(await unetOutput(file, 16));
   });
 
-  it('finds the external weights of a rewritten graph in its folder', async () => {
-    // The UNet with its weights moved out to model.onnx_data, as exports over 2 GB have them.
+  it("finds the external weights of a rewritten graph in its folder, and through Hugging Face's links to blobs/", async () => {
+    // The UNet with its weights moved out to model.onnx_data, as exports over 2 GB have them, kept as
+    // the Hub's cache keeps them: a link to a file in a blobs/ folder beside the snapshot's.
     const dir = await mkdtemp(path.join(os.tmpdir(), 'imagegen-rewrite-'));
     onTestFinished(() => rm(dir, { recursive: true, force: true }));
     const exported = path.join(realExport('sd15'), 'unet', 'model.onnx');
@@ -116,9 +134,13 @@ describe.skipIf(!haveRealExports)('the rewrite on the real exports (skipped: ../
       offset += tensor.rawData.length;
       tensor.rawData = new Uint8Array(0);
     }
-    const file = path.join(dir, 'model.onnx');
+    const snapshot = path.join(dir, 'snapshot');
+    await mkdir(snapshot);
+    await mkdir(path.join(dir, 'blobs'));
+    const file = path.join(snapshot, 'model.onnx');
     await writeFile(file, onnx.ModelProto.encode(model).finish());
-    await writeFile(path.join(dir, 'model.onnx_data'), Buffer.concat(weights));
+    await writeFile(path.join(dir, 'blobs', '5d41402abc4b2a76'), Buffer.concat(weights));
+    await symlink(path.join('..', 'blobs', '5d41402abc4b2a76'), path.join(snapshot, 'model.onnx_data'));
     expect(offset).toBeGreaterThan(1024 ** 2);
 
     expect(typeof (await graphSource(file))).toBe('object');
@@ -130,7 +152,7 @@ describe.skipIf(!haveRealExports)('the rewrite on the real exports (skipped: ../
     expect(out_sample.data).toEqual(await unetOutput(exported, side));
   });
 
-  it('leaves a graph that cannot be decoded to onnxruntime, whose error names it', async () => {
+  it('leaves a graph it cannot decode as it is, for onnxruntime to report', async () => {
     const dir = await mkdtemp(path.join(os.tmpdir(), 'imagegen-rewrite-'));
     onTestFinished(() => rm(dir, { recursive: true, force: true }));
     const file = path.join(dir, 'model.onnx');

@@ -46,7 +46,8 @@ const UNAVAILABLE: Record<Exclude<ExecutionProvider, 'cpu'>, { name: string; pat
   },
   webgpu: {
     name: 'WebGPU',
-    pattern: /WebGPU adapter|No supported adapters/i,
+    // No adapter; or onnxruntime-node built without WebGPU (its Linux arm64 build): 'backend not found'.
+    pattern: /WebGPU adapter|No supported adapters|webgpu\] backend not found/i,
     remedy: "Install the GPU's Vulkan driver (on Linux the libvulkan1 loader and the vendor's driver), or set EXECUTION_PROVIDER=cpu.",
   },
 };
@@ -105,7 +106,8 @@ export async function createSession(graph: GraphSource, runtime: RuntimeOptions,
     try {
       return { session: await create(provider), provider };
     } catch (err) {
-      const message = (err as Error).message.split('\n')[0];
+      // onnxruntime's first line, less the source location and failed check it starts with.
+      const message = (err as Error).message.split('\n')[0].split(' was false. ').at(-1)!;
       const { name, pattern, remedy } = UNAVAILABLE[provider];
       if (!pattern.test(message)) throw err;
       brokenProviders.set(provider, message);
