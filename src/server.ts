@@ -78,11 +78,12 @@ export async function startServer(config: Config, logger: Logger, { clock }: Ser
   }
 
   const metrics = new Metrics();
-  const memoryFigures = await MemoryFigures.open(config.dataDir);
+  const memoryFigures = await MemoryFigures.open(config.dataDir, config.executionProvider);
+  const figuresFile = `DATA_DIR/${memoryFigures.fileName}`;
   if (memoryFigures.setAside === 'outdated') {
-    logger.info('the memory figures in DATA_DIR/model-memory.json were measured by an older version, which counted differently: set aside; each model is measured again as it first loads');
+    logger.info(`the memory figures in ${figuresFile} were measured by an older version, which counted differently: set aside; each model is measured again as it first loads`);
   } else if (memoryFigures.setAside === 'unreadable') {
-    logger.warn('DATA_DIR/model-memory.json cannot be read as memory figures (damaged?): set aside; each model is measured again as it first loads, and the file is rewritten');
+    logger.warn(`${figuresFile} cannot be read as memory figures (damaged?): set aside; each model is measured again as it first loads, and the file is rewritten`);
   }
   const preload = await preloadDirs(config.preload, registry, logger);
   const workers = config.workers ?? chosenWorkerCount(config, preload, memoryFigures, logger);

@@ -208,6 +208,27 @@ describe('figures kept by an older version', () => {
     }
   });
 
+  it("are kept per execution provider: a GPU's figures (host memory only) are never read on the CPU", async () => {
+    const dir = await mkdtemp(path.join(os.tmpdir(), 'imagegen-figures-'));
+    try {
+      const onGpu = await MemoryFigures.open(dir, 'webgpu');
+      expect(onGpu.fileName).toBe('model-memory.webgpu.json');
+      onGpu.record('/m', { weightsBytes: 1, peakBytes: 2, peakPixels: 3 });
+      await onGpu.flushed();
+      expect(await readMemoryFigures(dir, 'webgpu')).toEqual({ '/m': { weightsBytes: 1, peakBytes: 2, peakPixels: 3 } });
+      expect(await readMemoryFigures(dir, 'cpu')).toEqual({});
+      expect(await readMemoryFigures(dir, 'cuda')).toEqual({});
+      const onCpu = await MemoryFigures.open(dir);
+      expect(onCpu.fileName).toBe('model-memory.json');
+      onCpu.record('/m', { weightsBytes: 10, peakBytes: 20, peakPixels: 30 });
+      await onCpu.flushed();
+      // Back on the GPU, its own figures are there as they were.
+      expect((await MemoryFigures.open(dir, 'webgpu')).all()).toEqual({ '/m': { weightsBytes: 1, peakBytes: 2, peakPixels: 3 } });
+    } finally {
+      await rm(dir, { recursive: true, force: true });
+    }
+  });
+
   it('are set aside, saying so, and the model is measured again', async () => {
     expect(server.log.some((line) => line.includes('model-memory.json were measured by an older version'))).toBe(true);
     const client = new OpenAI({ baseURL: server.baseURL, apiKey: 'unused', maxRetries: 0 });

@@ -17,6 +17,7 @@ import {
   type InstalledModel,
 } from '../install/index.js';
 import { readMemoryFigures, type ModelMemory } from '../models/memory-figures.js';
+import { EXECUTION_PROVIDERS, type ExecutionProvider } from '../runtime/providers.js';
 import { registerVerifyCommand } from './verify.js';
 
 /**
@@ -166,15 +167,18 @@ export function registerModelCommands(program: Command): void {
     .description('list installed models, whether the server can use them, what they measured in memory, and unfinished pulls')
     .addOption(modelsDirOption())
     .addOption(new Option('--data-dir <dir>', "the server's data folder, where it keeps the memory each model measured").env(envName('dataDir')).default('./data'))
+    .addOption(
+      new Option('--execution-provider <provider>', 'the provider whose memory figures to show (each keeps its own)').choices(EXECUTION_PROVIDERS).env(envName('executionProvider')).default('cpu'),
+    )
     .action(
-      reporting(async (flags: CommonFlags & { dataDir: string }) => {
+      reporting(async (flags: CommonFlags & { dataDir: string; executionProvider: ExecutionProvider }) => {
         const modelsDir = modelsDirOf(flags);
         // A mistyped folder is not an empty one: say so, rather than "no models".
         const folder = await stat(modelsDir).catch((err: NodeJS.ErrnoException) => err);
         if (folder instanceof Error || !folder.isDirectory()) {
           throw new ModelInstallError(`${modelsDir} is ${folder instanceof Error ? `not there (${folder.code})` : 'a file, not a folder'}: pass the folder the server reads models from (--models-dir or ${MODELS_DIR})`);
         }
-        const memory = await readMemoryFigures(flags.dataDir);
+        const memory = await readMemoryFigures(flags.dataDir, flags.executionProvider);
         const rows = (await listModels(modelsDir)).map((model) => [
           model.id,
           model.family ? `${model.family}/${model.variant}` : '-',

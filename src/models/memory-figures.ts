@@ -2,6 +2,7 @@ import { mkdir, rename, unlink, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import { isDeepStrictEqual } from 'node:util';
 import { z } from 'zod';
+import type { ExecutionProvider } from '../runtime/providers.js';
 import { readJsonIfPresent } from '../util/files.js';
 import { mergeSamples, type MemorySample } from './memory-curve.js';
 
@@ -88,17 +89,22 @@ const FILE = 'model-memory.json';
 const VERSION = 3;
 const figuresFile = z.object({ version: z.literal(VERSION), models: z.record(z.string(), modelMemory) });
 
-function memoryFiguresFile(dataDir: string): string {
-  return path.join(dataDir, FILE);
+/**
+ * One file per execution provider: on a GPU a model's weights and activations sit in the GPU's memory,
+ * so the figures measured there (host memory) would understate what the same model needs on the CPU.
+ * Each provider keeps its own, and switching back finds them again.
+ */
+function memoryFiguresFile(dataDir: string, provider: ExecutionProvider): string {
+  return path.join(dataDir, provider === 'cpu' ? FILE : FILE.replace(/\.json$/, `.${provider}.json`));
 }
 
 /** Why a file's figures are not used: of an older version, or not readable as figures at all. */
 export type SetAside = 'outdated' | 'unreadable';
 
 /** The figures a file holds, or none and why (`setAside`). */
-async function readFigures(dataDir: string): Promise<{ figures: Record<string, ModelMemory>; setAside?: SetAside }> {
+async function readFigures(dataDir: string, provider: ExecutionProvider): Promise<{ figures: Record<string, ModelMemory>; setAside?: SetAside }> {
   try {
-    const content: unknown = (await readJsonIfPresent(memoryFiguresFile(dataDir))) ?? { version: VERSION, models: {} };
+    const content: unknown = (await readJsonIfPresent(memoryFiguresFile(dataDir, provider))) ?? { version: VERSION, models: {} };
     const parsed = figuresFile.safeParse(content);
     if (parsed.success) return { figures: parsed.data.models };
     const version = typeof content === 'object' && content !== null && 'version' in content ? content.version : 1;
@@ -108,8 +114,9 @@ async function readFigures(dataDir: string): Promise<{ figures: Record<string, M
   }
 }
 
-export async function readMemoryFigures(dataDir: string): Promise<Record<string, ModelMemory>> {
-  return (await readFigures(dataDir)).figures;
+/** The figures measured on `provider` (see memoryFiguresFile). */
+export async function readMemoryFigures(dataDir: string, provider: ExecutionProvider = 'cpu'): Promise<Record<string, ModelMemory>> {
+  return (await readFigures(dataDir, provider)).figures;
 }
 
 /** The figures of one server: the most each model ever took, written through to DATA_DIR. */
@@ -118,14 +125,21 @@ export class MemoryFigures {
 
   private constructor(
     private readonly dataDir: string,
+    private readonly provider: ExecutionProvider,
     private readonly figures: Record<string, ModelMemory>,
     /** Why the file's figures were set aside, if they were (see VERSION); it is rewritten with the first new ones. */
     readonly setAside: SetAside | undefined,
   ) {}
 
-  static async open(dataDir: string): Promise<MemoryFigures> {
-    const { figures, setAside } = await readFigures(dataDir);
-    return new MemoryFigures(dataDir, figures, setAside);
+  /** The figures of models run on `provider`. */
+  static async open(dataDir: string, provider: ExecutionProvider = 'cpu'): Promise<MemoryFigures> {
+    const { figures, setAside } = await readFigures(dataDir, provider);
+    return new MemoryFigures(dataDir, provider, figures, setAside);
+  }
+
+  /** The file's name in DATA_DIR, for messages. */
+  get fileName(): string {
+    return path.basename(memoryFiguresFile(this.dataDir, this.provider));
   }
 
   all(): Record<string, ModelMemory> {
@@ -147,13 +161,13 @@ export class MemoryFigures {
   }
 
   private async write(): Promise<void> {
-    await writeMemoryFigures(this.dataDir, Object.fromEntries(Object.entries(this.figures).map(([dir, figures]) => [dir, kept(figures)])));
+    await writeMemoryFigures(this.dataDir, Object.fromEntries(Object.entries(this.figures).map(([dir, figures]) => [dir, kept(figures)])), this.provider);
   }
 }
 
 /** Writes figures to DATA_DIR in this version's format, aside and renamed so that a crash never leaves half a file. */
-export async function writeMemoryFigures(dataDir: string, models: Record<string, ModelMemory>): Promise<void> {
-  const file = memoryFiguresFile(dataDir);
+export async function writeMemoryFigures(dataDir: string, models: Record<string, ModelMemory>, provider: ExecutionProvider = 'cpu'): Promise<void> {
+  const file = memoryFiguresFile(dataDir, provider);
   await mkdir(dataDir, { recursive: true });
   try {
     await writeFile(`${file}.tmp`, JSON.stringify({ version: VERSION, models }, null, 1));
