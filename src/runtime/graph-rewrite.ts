@@ -13,8 +13,8 @@ const { onnx } = onnxProto;
  * with beta 0, and the export keeps the zeros: ConstantOfShape(0) of the scores' full shape, times
  * beta, added to the scores. That is one [heads, tokens, tokens] tensor per attention layer per call
  * (1 GiB at 512x512 in SD 1.5's first block, 128 MiB in the tiny test exports', 1 GiB in a VAE
- * decoding 1024x1024), filled, multiplied
- * and added for nothing. onnxruntime's CPU provider spent 45% of a small UNet's call on it; the WebGPU
+ * decoding 1024x1024), filled, multiplied and added for nothing. onnxruntime's CPU provider spent
+ * 45% of a small UNet's call on it; the WebGPU
  * provider, which has no ConstantOfShape kernel, builds it on the CPU and copies it to the GPU, 600 ms
  * of an 820 ms call on an H100 (docs/performance.md). A scalar zero in its place gives the same sums
  * bit for bit (x + 0 = x; the Mul stays, so a NaN beta still makes NaN), and the same shape: baddbmm's
