@@ -17,6 +17,7 @@ import { createSession, EXECUTION_PROVIDERS, type ExecutionProvider } from '../s
 import { EXPORT_FEEDS } from '../test/helpers/export-feeds.js';
 import { realExport } from '../test/helpers/real-exports.js';
 import { sideBySide } from './stats.js';
+import { largestDifference } from '../test/helpers/difference.js';
 
 const { values } = parseArgs({
   options: { model: { type: 'string', default: realExport('sd15') }, providers: { type: 'string', default: 'cpu' }, side: { type: 'string', default: '64' } },
@@ -33,11 +34,9 @@ async function sessionOf(graph: GraphSource, provider: ExecutionProvider): Promi
 }
 
 /** The largest difference between the two sessions' outputs for the same feeds. */
-async function largestDifference(a: ort.InferenceSession, b: ort.InferenceSession, feeds: Record<string, ort.Tensor>): Promise<number> {
+async function outputDifference(a: ort.InferenceSession, b: ort.InferenceSession, feeds: Record<string, ort.Tensor>): Promise<number> {
   const [x, y] = await Promise.all([a, b].map(async (s) => (await s.run(feeds))[s.outputNames[0]].data as Float32Array));
-  let largest = 0;
-  for (let i = 0; i < x.length; i++) largest = Math.max(largest, Math.abs(x[i] - y[i]));
-  return largest;
+  return largestDifference(x, y);
 }
 
 for (const [part, feedsOf] of Object.entries(EXPORT_FEEDS)) {
@@ -51,7 +50,7 @@ for (const [part, feedsOf] of Object.entries(EXPORT_FEEDS)) {
   for (const provider of providers) {
     const sessions = [await sessionOf(file, provider), await sessionOf(rewritten, provider)];
     // The first calls also compile the GPU provider's kernels: not timed.
-    const largest = await largestDifference(sessions[0], sessions[1], feeds());
+    const largest = await outputDifference(sessions[0], sessions[1], feeds());
     const [before, after] = await sideBySide(sessions.map((s) => () => s.run(feeds())), 5);
     await Promise.all(sessions.map((s) => s.release()));
     console.log(`${part} ${side * 8}x${side * 8} on ${provider}: as exported ${before.toFixed(1)} ms, rewritten ${after.toFixed(1)} ms, x${(after / before).toFixed(2)}; largest difference ${largest}`);

@@ -6,6 +6,7 @@ import { WorkerRuntime } from '../src/pipelines/run.js';
 import { schedulersFor } from '../src/schedulers/index.js';
 import { readPicture, type Reading } from './helpers/picture.js';
 import { copyOfReference, referenceModel } from './helpers/reference.js';
+import { largestDifference } from './helpers/difference.js';
 
 /** This file's own worker runtime, in this process. */
 const runtime = new WorkerRuntime();
@@ -122,15 +123,9 @@ for (const c of FAMILIES) {
       // Seeds are per image: the same seed alone gives the same picture as inside a batch (up to one
       // level of rounding, since the runtime may sum in another order for another batch size).
       const [alone] = await runtime.generateImages(batchFor(c, [items[3]]));
-      expect(maxDifference(alone.pixels, images[3].pixels)).toBeLessThanOrEqual(1);
+      expect(largestDifference(alone.pixels, images[3].pixels)).toBeLessThanOrEqual(1);
     });
   });
-}
-
-function maxDifference(a: Uint8Array, b: Uint8Array): number {
-  let max = 0;
-  for (let i = 0; i < a.length; i++) max = Math.max(max, Math.abs(a[i] - b[i]));
-  return max;
 }
 
 describe('a broken sampler is caught', () => {

@@ -11,6 +11,7 @@ import { readGolden, verifyCase, FP16_TOLERANCE } from '../src/cli/golden.js';
 import { convertOnnxBytesToFloat16 } from '../scripts/fp16/convert.js';
 import { convertFolderToFloat16, type ConvertedComponent } from '../scripts/fp16/convert-folder.js';
 import { goldenFile, GOLDENS, haveRealExports, realExport, type RealExportName } from './helpers/real-exports.js';
+import { largestDifference } from './helpers/difference.js';
 
 const { onnx } = onnxProto;
 const { FLOAT, FLOAT16 } = onnx.TensorProto.DataType;
@@ -150,9 +151,8 @@ describe.skipIf(!haveRealExports)('float16 conversions of the real exports again
     const reference = await decode(source, latents);
     const blocked = await decode(bytes, halfLatents);
     const plain = await decode(path.join(fp16Dir('sd15'), 'vae_decoder/model.onnx'), halfLatents);
-    const maxDiff = (a: Float32Array, b: Float32Array) => a.reduce((m, x, i) => Math.max(m, Math.abs(x - b[i])), 0);
     const range = reference.reduce((m, x) => Math.max(m, Math.abs(x)), 0);
-    expect(maxDiff(blocked, reference) / range).toBeLessThan(0.01);
-    expect(maxDiff(blocked, plain) / range).toBeLessThan(0.01);
+    expect(largestDifference(blocked, reference) / range).toBeLessThan(0.01);
+    expect(largestDifference(blocked, plain) / range).toBeLessThan(0.01);
   });
 });

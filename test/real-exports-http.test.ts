@@ -10,6 +10,7 @@ import { capturedLogs } from './helpers/logs.js';
 import { goldenFile, GOLDENS, haveRealExports, REAL_EXPORT_NAMES, realExport, startExportsServer, type ExportsServer } from './helpers/real-exports.js';
 import { DEFAULT_TOLERANCE, readGolden } from '../src/cli/golden.js';
 import { referenceModel } from './helpers/reference.js';
+import { largestDifference } from './helpers/difference.js';
 
 /**
  * Sizes come from the model's own configs (VAE scale x UNet down-sampling, or x FLUX's packing): a
@@ -105,9 +106,7 @@ describe.skipIf(!haveRealExports)('real exports in the server: sizes, seeds (nee
       const ours = await sharp(Buffer.from(res.data![0].b64_json!, 'base64')).raw().toBuffer();
       const theirs = await sharp(path.join(GOLDENS, golden.image.file)).removeAlpha().raw().toBuffer();
       expect(ours.length).toBe(theirs.length);
-      let worst = 0;
-      for (let i = 0; i < ours.length; i++) worst = Math.max(worst, Math.abs(ours[i] - theirs[i]));
-      expect(worst / 255).toBeLessThanOrEqual(DEFAULT_TOLERANCE);
+      expect(largestDifference(ours, theirs) / 255).toBeLessThanOrEqual(DEFAULT_TOLERANCE);
       // The server's own generator is another picture for the same seed.
       const native = await generate({ model: 'sd15', prompt: golden.prompt, size: '512x512', steps: golden.steps, guidance_scale: golden.guidance, seed: golden.seed });
       expect(native.data![0].b64_json).not.toBe(res.data![0].b64_json);

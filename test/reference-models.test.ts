@@ -34,6 +34,7 @@ import {
 import { encodeImage } from '../src/reference/latent-code.js';
 import { readPicture } from './helpers/picture.js';
 import { referenceModel } from './helpers/reference.js';
+import { largestDifference } from './helpers/difference.js';
 
 /** This file's own worker runtime, in this process. */
 const runtime = new WorkerRuntime();
@@ -141,12 +142,6 @@ function gaussian(seed: number, n: number): Float32Array {
   };
   return Float32Array.from({ length: n }, () => Math.sqrt(-2 * Math.log(uniform())) * Math.cos(2 * Math.PI * uniform()));
 }
-
-const maxAbsDiff = (a: ArrayLike<number>, b: ArrayLike<number>) => {
-  let max = 0;
-  for (let i = 0; i < a.length; i++) max = Math.max(max, Math.abs(a[i] - b[i]));
-  return max;
-};
 
 const prototypeIndex = (colour: ColourName, shape: ShapeName, placement: number) =>
   PROTOTYPES.findIndex((p) => p.colour === colour && p.shape === shape && p.placement === PLACEMENTS[placement]);
@@ -417,7 +412,7 @@ describe('the prototype bank', () => {
     for (let k = 0; k < PROTOTYPES.length; k += 37) {
       const image = drawPrototype(PROTOTYPES[k]);
       for (const channels of [4, 16]) {
-        expect(maxAbsDiff(encodeImage(image, PROTOTYPE_IMAGE_SIZE, PROTOTYPE_IMAGE_SIZE, channels), prototypeLatent(k, channels)), `prototype ${k}`).toBeLessThan(1e-5);
+        expect(largestDifference(encodeImage(image, PROTOTYPE_IMAGE_SIZE, PROTOTYPE_IMAGE_SIZE, channels), prototypeLatent(k, channels)), `prototype ${k}`).toBeLessThan(1e-5);
       }
     }
   });
@@ -642,7 +637,7 @@ describe('reference denoisers compute the exact posterior', () => {
           expected[j] = family === 'sd2-v' ? Math.sqrt(a) * eps[j] - Math.sqrt(1 - a) * clean[j] : eps[j];
         }
       });
-      expect(maxAbsDiff(out, expected)).toBeLessThan(family === 'sd15-fp16' ? 1e-2 : 1e-3);
+      expect(largestDifference(out, expected)).toBeLessThan(family === 'sd15-fp16' ? 1e-2 : 1e-3);
     });
   }
 
@@ -703,7 +698,7 @@ describe('reference denoisers compute the exact posterior', () => {
       // A blend of many prototypes: every weight and the ordering of k count, not only the best match.
       expect(maxWeight).toBeLessThan(0.5);
       const eps = item.map((v, j) => (v - Math.sqrt(a) * mean[j]) / Math.sqrt(1 - a));
-      expect(maxAbsDiff(out.subarray(i * d, (i + 1) * d), eps)).toBeLessThan(1e-3);
+      expect(largestDifference(out.subarray(i * d, (i + 1) * d), eps)).toBeLessThan(1e-3);
     });
   });
 
@@ -750,7 +745,7 @@ describe('reference denoisers compute the exact posterior', () => {
       const s = 0.4;
       const eps = gaussian(3, packed.length);
       const velocity = await fluxVelocity(family, 'an orange triangle', packed.map((z, j) => (1 - s) * z + s * eps[j]), s);
-      expect(maxAbsDiff(velocity, eps.map((e, j) => e - packed[j]))).toBeLessThan(1e-3);
+      expect(largestDifference(velocity, eps.map((e, j) => e - packed[j]))).toBeLessThan(1e-3);
     });
   }
 
@@ -761,7 +756,7 @@ describe('reference denoisers compute the exact posterior', () => {
     const { mean, maxWeight } = posteriorMean(x, 16, 1 - s, s * s, ['orange', 'triangle']);
     expect(maxWeight).toBeLessThan(0.5);
     const velocity = await fluxVelocity('flux-schnell', 'an orange triangle', pack(x), s);
-    expect(maxAbsDiff(velocity, pack(x.map((v, j) => (v - mean[j]) / s)))).toBeLessThan(1e-3);
+    expect(largestDifference(velocity, pack(x.map((v, j) => (v - mean[j]) / s)))).toBeLessThan(1e-3);
   });
 });
 
@@ -798,19 +793,19 @@ describe('reference VAEs', () => {
       const image = values((await decoder.run({ latent_sample: feed(decoder, 'latent_sample', sent, [1, channels, BANK_SIZE, BANK_SIZE]) })).sample);
       expect(image.length).toBe(3 * size * size);
       const { figure, background } = colours(image);
-      expect(maxAbsDiff(figure, COLOURS.purple)).toBeLessThan(0.06);
-      expect(maxAbsDiff(background, BACKGROUND)).toBeLessThan(0.01);
+      expect(largestDifference(figure, COLOURS.purple)).toBeLessThan(0.06);
+      expect(largestDifference(background, BACKGROUND)).toBeLessThan(0.01);
 
       // Forgetting the scaling factor washes the colours out towards grey.
       const unscaled = values((await decoder.run({ latent_sample: feed(decoder, 'latent_sample', latent.map((z) => z + shift), [1, channels, BANK_SIZE, BANK_SIZE]) })).sample);
-      expect(maxAbsDiff(unscaled, new Float32Array(unscaled.length))).toBeLessThan(0.4);
+      expect(largestDifference(unscaled, new Float32Array(unscaled.length))).toBeLessThan(0.4);
 
       const encoder = await session(family, 'vae_encoder');
       const drawn = drawPrototype(PROTOTYPES[k]).map((v) => 2 * v - 1);
       const encoded = values((await encoder.run({ sample: feed(encoder, 'sample', drawn, [1, 3, size, size]) }))[encoderOutput]);
       const plane = channels * BANK_SIZE * BANK_SIZE;
       const mean = encoded.slice(0, plane).map((u) => (u - shift) * scaling);
-      expect(maxAbsDiff(mean, latent)).toBeLessThan(family === 'sd15-fp16' ? 5e-3 : 1e-5);
+      expect(largestDifference(mean, latent)).toBeLessThan(family === 'sd15-fp16' ? 5e-3 : 1e-5);
       if (encoderOutput === 'latent_parameters') expect(encoded.slice(plane).every((logVariance) => logVariance <= -29)).toBe(true);
     });
   }
@@ -826,7 +821,7 @@ describe('different seeds give different pictures', () => {
     for (const image of images) expect(readPicture(image.pixels, image.width, image.height)).toMatchObject({ colour: 'red', shape: 'circle' });
     // Two runs that land on the same prototype agree to a few levels; two placements differ far more somewhere.
     const distinct: Uint8Array[] = [];
-    for (const { pixels } of images) if (distinct.every((other) => maxAbsDiff(other, pixels) > 64)) distinct.push(pixels);
+    for (const { pixels } of images) if (distinct.every((other) => largestDifference(other, pixels) > 64)) distinct.push(pixels);
     expect(distinct.length).toBeGreaterThanOrEqual(6);
   });
 });
