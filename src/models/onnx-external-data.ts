@@ -1,7 +1,7 @@
 import { open, stat } from 'node:fs/promises';
 import path from 'node:path';
 import { formatBytes } from '../util/bytes.js';
-import { fileSource, WIRE_LENGTH, WireFormatError, WireReader, type WireField } from '../util/protobuf-wire.js';
+import { fileSource, lengthFields, WIRE_LENGTH, WireFormatError, WireReader, type WireField } from '../util/protobuf-wire.js';
 
 /**
  * The external weight files an ONNX graph reads, found without loading it. Exporters save graphs over
@@ -21,11 +21,6 @@ const ENTRY_VALUE = 2;
 
 /** A file name or a decimal number: anything longer means the bytes are not what they seem. */
 const MAX_TEXT_BYTES = 4096;
-
-/** The fields of the message running to `end` that hold bytes (sub-messages, strings), by number. */
-async function* lengthFields(reader: WireReader, end: number, number: number): AsyncGenerator<WireField> {
-  for await (const field of reader.fields(end)) if (field.number === number && field.wire === WIRE_LENGTH) yield field;
-}
 
 async function text(reader: WireReader, field: WireField): Promise<string> {
   if (field.end - field.start > MAX_TEXT_BYTES) throw new WireFormatError('a string too long to be a name or a number');

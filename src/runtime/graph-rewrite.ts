@@ -2,7 +2,7 @@ import { open, readFile, realpath, stat } from 'node:fs/promises';
 import path from 'node:path';
 import onnxProto from 'onnx-proto';
 import type { onnx as proto } from 'onnx-proto';
-import { fileSource, WIRE_LENGTH, WireFormatError, WireReader } from '../util/protobuf-wire.js';
+import { fileSource, lengthFields, WireFormatError, WireReader } from '../util/protobuf-wire.js';
 
 const { onnx } = onnxProto;
 
@@ -37,18 +37,16 @@ const NODE_OP_TYPE = 4;
 /** What a session is made from: the graph's file as it is, or a rewritten graph in memory whose external weights stay in `folder`. */
 export type GraphSource = string | { bytes: Uint8Array; folder: string };
 
-/** Whether any node of the graph is `opType`, read from the field headers: inline weights are skipped, not read. */
-async function hasOp(file: string, opType: string): Promise<boolean> {
+/** Whether any node of the graph (a file of `size` bytes) is `opType`, read from the field headers: inline weights are skipped, not read. */
+async function hasOp(file: string, size: number, opType: string): Promise<boolean> {
   const handle = await open(file);
   try {
     const reader = new WireReader(fileSource(handle));
     const wanted = Buffer.from(opType);
-    for await (const graph of reader.fields((await handle.stat()).size)) {
-      if (graph.number !== MODEL_GRAPH || graph.wire !== WIRE_LENGTH) continue;
-      for await (const node of reader.fields(graph.end)) {
-        if (node.number !== GRAPH_NODE || node.wire !== WIRE_LENGTH) continue;
-        for await (const field of reader.fields(node.end)) {
-          if (field.number === NODE_OP_TYPE && field.wire === WIRE_LENGTH && Buffer.from(await reader.bytes(field)).equals(wanted)) return true;
+    for await (const graph of lengthFields(reader, size, MODEL_GRAPH)) {
+      for await (const node of lengthFields(reader, graph.end, GRAPH_NODE)) {
+        for await (const field of lengthFields(reader, node.end, NODE_OP_TYPE)) {
+          if (Buffer.from(await reader.bytes(field)).equals(wanted)) return true;
         }
       }
     }
@@ -126,7 +124,7 @@ export function dropAttentionZeros(graph: proto.IGraphProto): number {
  */
 export async function graphSource(file: string): Promise<GraphSource> {
   const size = (await stat(file).catch(() => undefined))?.size;
-  if (size === undefined || size > MAX_REWRITTEN_BYTES || !(await hasOp(file, 'ConstantOfShape'))) return file;
+  if (size === undefined || size > MAX_REWRITTEN_BYTES || !(await hasOp(file, size, 'ConstantOfShape'))) return file;
   let model: proto.ModelProto;
   try {
     model = onnx.ModelProto.decode(await readFile(file));

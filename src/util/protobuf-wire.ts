@@ -121,3 +121,8 @@ export class WireReader {
     }
   }
 }
+
+/** The fields of the message running to `end` that hold bytes (sub-messages, strings) and have field number `number`. */
+export async function* lengthFields(reader: WireReader, end: number, number: number): AsyncGenerator<WireField> {
+  for await (const field of reader.fields(end)) if (field.number === number && field.wire === WIRE_LENGTH) yield field;
+}
