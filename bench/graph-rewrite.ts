@@ -13,7 +13,7 @@ import { parseArgs } from 'node:util';
 import * as ort from 'onnxruntime-node';
 import os from 'node:os';
 import { graphSource, type GraphSource } from '../src/runtime/graph-rewrite.js';
-import { createSession, EXECUTION_PROVIDERS, type ExecutionProvider } from '../src/runtime/providers.js';
+import { createSession, EXECUTION_PROVIDERS, isExecutionProvider, type ExecutionProvider } from '../src/runtime/providers.js';
 import { EXPORT_FEEDS } from '../test/helpers/export-feeds.js';
 import { realExport } from '../test/helpers/real-exports.js';
 import { sideBySide } from './stats.js';
@@ -23,10 +23,8 @@ const { values } = parseArgs({
   options: { model: { type: 'string', default: realExport('sd15') }, providers: { type: 'string', default: 'cpu' }, side: { type: 'string', default: '64' } },
 });
 const side = Number(values.side);
-const providers = values.providers.split(',') as ExecutionProvider[];
-for (const provider of providers) {
-  if (!EXECUTION_PROVIDERS.includes(provider)) throw new Error(`--providers: expected some of ${EXECUTION_PROVIDERS.join(', ')}`);
-}
+const providers = values.providers.split(',');
+if (!providers.every(isExecutionProvider)) throw new Error(`--providers: expected some of ${EXECUTION_PROVIDERS.join(', ')}`);
 
 /** A session of `graph` on `provider`, with the server's session options. */
 async function sessionOf(graph: GraphSource, provider: ExecutionProvider): Promise<ort.InferenceSession> {

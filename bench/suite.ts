@@ -11,7 +11,7 @@
  * which is the same on any provider). --only runs the groups whose names start with one of its words.
  */
 import { parseArgs } from 'node:util';
-import { EXECUTION_PROVIDERS, type ExecutionProvider } from '../src/runtime/providers.js';
+import { EXECUTION_PROVIDERS, isExecutionProvider } from '../src/runtime/providers.js';
 import { REAL_EXPORTS, haveRealExports, realExport, type RealExportName } from '../test/helpers/real-exports.js';
 import { measureColdStart } from './cold-start.js';
 import { measureEncoders } from './encoders.js';
@@ -25,8 +25,8 @@ import { measureThroughput } from './throughput.js';
 const { values } = parseArgs({
   options: { out: { type: 'string' }, 'skip-real': { type: 'boolean', default: false }, provider: { type: 'string', default: 'cpu' }, only: { type: 'string' } },
 });
-if (!(EXECUTION_PROVIDERS as readonly string[]).includes(values.provider)) throw new Error(`--provider: expected one of ${EXECUTION_PROVIDERS.join(', ')}`);
-const provider = values.provider as ExecutionProvider;
+const provider = values.provider;
+if (!isExecutionProvider(provider)) throw new Error(`--provider: expected one of ${EXECUTION_PROVIDERS.join(', ')}`);
 const only = values.only?.split(',').map((word) => word.trim());
 const real = haveRealExports && !values['skip-real'];
 const noReal = values['skip-real'] ? 'left out (--skip-real)' : `${REAL_EXPORTS} is absent (the shared test data beside the checkout)`;

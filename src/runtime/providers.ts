@@ -11,6 +11,8 @@ import type { GraphSource } from './graph-rewrite.js';
 export const EXECUTION_PROVIDERS = ['cpu', 'cuda', 'webgpu'] as const;
 export type ExecutionProvider = (typeof EXECUTION_PROVIDERS)[number];
 
+export const isExecutionProvider = (name: string): name is ExecutionProvider => (EXECUTION_PROVIDERS as readonly string[]).includes(name);
+
 /** How this worker runs ONNX sessions. */
 export interface RuntimeOptions {
   provider: ExecutionProvider;
