@@ -1,5 +1,6 @@
 import { createHash } from 'node:crypto';
 import { rename, writeFile } from 'node:fs/promises';
+import http from 'node:http';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import OpenAI, { toFile } from 'openai';
 import { isSendableKey } from '../src/api/bearer.js';
@@ -169,7 +170,7 @@ describe("a key file's per-minute limits", () => {
     for (let i = 0; i < 3; i++) await generate('sk-free-key-0123456789');
   });
 
-  it('counts only valid requests, and refuses one over the limit before any work (an edit before decoding its picture)', async () => {
+  it('counts only valid requests, and refuses one over the limit before any work (an edit before reading or decoding its picture)', async () => {
     const limited = await startTestServer({ keysFile: 'edits:sk-edits-key-0123456789 requests_per_minute=1\n' });
     const as = new OpenAI({ baseURL: limited.baseURL, apiKey: 'sk-edits-key-0123456789', maxRetries: 0 });
     const fails = (call: Promise<unknown>) => call.catch((e: unknown) => e);
@@ -181,6 +182,25 @@ describe("a key file's per-minute limits", () => {
       // Not a picture at all: only a request the limit admits would be decoded, and get the 400 that says so.
       const edit = await fails(as.images.edit({ model: 'stub', prompt: 'x', image: await toFile(Buffer.from('not a picture'), 'in.png') }));
       expect(edit).toMatchObject({ status: 429, code: 'rate_limit_exceeded' });
+      // Refused before its upload is read: a form announced as 20 MB of which nothing comes still gets its 429.
+      const stalled = await new Promise<{ status?: number; body: string }>((resolve, reject) => {
+        const sent = http.request(`${limited.baseURL}/images/edits`, {
+          method: 'POST',
+          headers: { authorization: 'Bearer sk-edits-key-0123456789', 'content-type': 'multipart/form-data; boundary=x', 'content-length': String(20e6) },
+        });
+        sent.on('response', (res) => {
+          let body = '';
+          res.on('data', (chunk: Buffer) => (body += chunk.toString()));
+          res.on('end', () => {
+            resolve({ status: res.statusCode, body });
+            sent.destroy();
+          });
+        });
+        sent.on('error', reject);
+        sent.flushHeaders();
+      });
+      expect(stalled.status).toBe(429);
+      expect(JSON.parse(stalled.body)).toMatchObject({ error: { code: 'rate_limit_exceeded' } });
     } finally {
       await limited.close();
     }

@@ -50,8 +50,10 @@ export async function edits(app: FastifyInstance, options: EditsOptions): Promis
     ['/v1/images/variations', 'variation'],
   ] as const) {
     app.post(path, async (request, reply): Promise<ImagesResponse | FastifyReply> => {
-      // A queue that would refuse the request refuses it before its upload (megabytes) is read.
+      // A queue, or a key's per-minute limits, that would refuse the request refuse it before its upload
+      // (megabytes) is read: its n is in the form, but a key that has no room for one image has none for any.
       options.service.checkRoom(queueClient(request));
+      await options.rates.check(request.apiKey, 1);
       const upload = await readUpload(request, reply, route, UPLOAD_LIMITS, memory);
       const body = parseImageRequest(route, upload.fields, { defaultModel: options.defaultModel, form: upload.form });
       return respond(request, reply, 'image_edit', body, options, () => editInput(upload, route));
