@@ -1,7 +1,9 @@
 /**
  * The scheduler registry: picks a sampler by scheduler_config.json's `_class_name` or by a public name
  * a request asks for. Adding a scheduler = its own file exporting a SchedulerEntry + one line in
- * ENTRIES.
+ * ENTRIES. A list rather than a scan of the folder at load (which would make it one file): the API's
+ * wire types validate `scheduler` against these names, and the browser playground's type-check, tsc and
+ * the layer test all follow this import graph, which a scan would hide from them.
  */
 import { ddim } from './ddim.js';
 import { dpmSolverMultistep } from './dpm-solver-multistep.js';
