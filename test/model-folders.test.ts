@@ -4,7 +4,7 @@ import path from 'node:path';
 import Fastify from 'fastify';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { OnnxModel } from '../src/runtime/onnx-model.js';
-import type { Readiness } from '../src/engine/pool.js';
+import type { Readiness } from '../src/engine/worker-slots.js';
 import { health } from '../src/http/health.js';
 import { importModel, listModels } from '../src/install/index.js';
 import { selectModelFiles } from '../src/install/model-files.js';

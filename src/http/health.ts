@@ -1,5 +1,6 @@
 import type { FastifyInstance } from 'fastify';
-import type { EnginePool, Readiness } from '../engine/pool.js';
+import type { EnginePool } from '../engine/pool.js';
+import type { Readiness } from '../engine/worker-slots.js';
 import { ApiError } from '../api/errors.js';
 import type { ModelRegistry } from '../models/registry.js';
 import type { ImageStore } from '../store/image-store.js';
