@@ -18,8 +18,8 @@ import { startRealServer } from '../test/helpers/real-server.js';
 
 export interface BenchServer {
   server: RunningServer;
-  /** POSTs a generation request, reads the whole answer (unparsed, as a proxy would) and answers the milliseconds it took and the server's own generateMs for it. */
-  overHttp(body: Record<string, unknown>): Promise<{ ms: number; generateMs: number }>;
+  /** POSTs a generation request (postJson) and answers the milliseconds it took, the answer's size and the server's own generateMs for it. */
+  overHttp(body: Record<string, unknown>): Promise<{ ms: number; bytes: number; generateMs: number }>;
   /** The same request's batches, planned as the service plans them, run on the same pool. */
   inProcess(body: Record<string, unknown>): Promise<void>;
   /** The batches the service would plan for a request (its model resolved as the server does). */
@@ -30,6 +30,16 @@ export interface BenchServer {
 interface LogLine {
   msg?: string;
   generateMs?: number;
+}
+
+/** POSTs `body` as JSON and reads the whole answer, unparsed (as a proxy would); throws unless it is a 200. */
+export async function postJson(url: string, body: Record<string, unknown>): Promise<{ ms: number; bytes: number }> {
+  const started = performance.now();
+  const res = await fetch(url, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) });
+  const answer = await res.arrayBuffer();
+  const ms = performance.now() - started;
+  if (res.status !== 200) throw new Error(`${url} answered ${res.status}: ${Buffer.from(answer).toString().slice(0, 300)}`);
+  return { ms, bytes: answer.byteLength };
 }
 
 export async function startBenchServer(models: Record<string, string> = {}, env: Record<string, string> = {}): Promise<BenchServer> {
@@ -64,12 +74,8 @@ export async function startBenchServer(models: Record<string, string> = {}, env:
   return {
     server,
     async overHttp(body) {
-      const started = performance.now();
-      const res = await fetch(`${server.url}/v1/images/generations`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) });
-      const answer = await res.arrayBuffer();
-      const ms = performance.now() - started;
-      if (res.status !== 200) throw new Error(`generation answered ${res.status}: ${Buffer.from(answer).toString().slice(0, 300)}`);
-      return { ms, generateMs: generateMs.at(-1)! };
+      const { ms, bytes } = await postJson(`${server.url}/v1/images/generations`, body);
+      return { ms, bytes, generateMs: generateMs.at(-1)! };
     },
     plan,
     async inProcess(body) {
