@@ -61,6 +61,22 @@ describe('malformed requests', () => {
     expect(error.message).toContain("charset 'utf-16'");
   });
 
+  it('bytes that are no UTF-8 -> 400 invalid_encoding, not a prompt with U+FFFD drawn in it; a BOM and non-ASCII text are fine', async () => {
+    const wrapped = (bytes: number[]) => Buffer.concat([Buffer.from('{"model":"stub","prompt":"a '), Buffer.from(bytes), Buffer.from('"}')]);
+    // Latin-1 'é', a lone continuation byte, and the UTF-16 byte-order mark.
+    for (const bytes of [[0xe9], [0x80], [0xff, 0xfe]]) {
+      const error = await expectError(await post(wrapped(bytes)), 400, 'invalid_encoding');
+      expect(error.message).toMatch(/not valid UTF-8/);
+    }
+    expect((await post(wrapped([...Buffer.from('café 🎨')]))).status).toBe(200);
+    expect((await post(Buffer.concat([Buffer.from([0xef, 0xbb, 0xbf]), Buffer.from('{"model":"stub","prompt":"x"}')]))).status).toBe(200);
+  });
+
+  it('a number too large for a double says so (JSON reads 1e309 as infinity)', async () => {
+    const error = await expectError(await post('{"model":"stub","prompt":"x","n":1e309}'), 400, 'invalid_type', 'n');
+    expect(error.message).toBe("Invalid type for 'n': expected an integer, but got a number too large to represent instead.");
+  });
+
   it('body over the limit -> 413 request_too_large', async () => {
     const huge = JSON.stringify({ model: 'stub', prompt: 'x'.repeat(2 * 1024 * 1024) });
     await expectError(await post(huge), 413, 'request_too_large');

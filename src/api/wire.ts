@@ -260,7 +260,8 @@ function fromForm(fields: Record<string, unknown>): Record<string, unknown> {
 function describeValue(value: unknown): string {
   if (value === null) return 'null';
   if (Array.isArray(value)) return 'an array';
-  if (typeof value === 'number') return Number.isInteger(value) ? 'an integer' : 'a decimal number';
+  // JSON has no infinity: a number too large for a double (1e309) parses as one.
+  if (typeof value === 'number') return !Number.isFinite(value) ? 'a number too large to represent' : Number.isInteger(value) ? 'an integer' : 'a decimal number';
   if (typeof value === 'object') return 'an object';
   return `a ${typeof value}`;
 }

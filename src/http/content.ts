@@ -1,3 +1,4 @@
+import { isUtf8 } from 'node:buffer';
 import { Transform, type Readable } from 'node:stream';
 import { createBrotliDecompress, createGunzip, createInflate } from 'node:zlib';
 import type { FastifyInstance, RequestPayload } from 'fastify';
@@ -51,6 +52,15 @@ function decode(payload: RequestPayload, decoder: Transform, encoding: string, l
 
 async function contentPlugin(app: FastifyInstance): Promise<void> {
   app.removeContentTypeParser('text/plain');
+
+  // JSON read as bytes, then parsed by Fastify's own parser: read as a string, bytes that are no UTF-8
+  // would become U+FFFD in the prompt, drawn without a word to the client.
+  const parseJson = app.getDefaultJsonParser('error', 'error');
+  app.removeContentTypeParser('application/json');
+  app.addContentTypeParser('application/json', { parseAs: 'buffer' }, (request, body: Buffer, done) => {
+    if (!isUtf8(body)) return done(new ApiError(400, 'The request body is not valid UTF-8: JSON must be sent in UTF-8 (RFC 8259). Encode the text as UTF-8 before sending it.', { code: 'invalid_encoding' }));
+    parseJson(request, body.toString('utf8'), done);
+  });
 
   app.addHook('preParsing', async (request, _reply, payload) => {
     // JSON is UTF-8 (RFC 8259); Fastify would read a body of any declared charset as UTF-8.
