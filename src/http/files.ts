@@ -59,6 +59,9 @@ function requestedRange(headers: FastifyRequest['headers'], size: number, etag: 
   if (!header) return undefined;
   const ifRange = headers['if-range'];
   if (ifRange !== undefined && (typeof ifRange !== 'string' || ifRange.trim() !== etag)) return undefined;
+  // A range whose last byte comes before its first makes the header invalid, to be ignored (RFC 9110
+  // 14.1.1); range-parser drops such a range and answers -1 as for one past the end, so it is told apart here.
+  if ([...header.matchAll(/(\d+)\s*-\s*(\d+)/g)].some(([, first, last]) => Number(last) < Number(first))) return undefined;
   const ranges = parseRange(size, header, { combine: true });
   if (ranges === -1) return 'unsatisfiable';
   if (ranges === -2 || ranges.type !== 'bytes' || ranges.length !== 1) return undefined;
