@@ -213,6 +213,9 @@ describe('a worker process that dies', () => {
       const pids = ops.server.engine.workers().map((w) => w.pid);
       expect(pids).not.toContain(victim);
       expect(pids).toHaveLength(2);
+      // Replacements run as the first workers did: with --expose-gc, which settles a model's measured
+      // memory (runtime/memory.ts; test/graph-rewrite.test.ts shows what it is for).
+      for (const pid of pids) expect((await readFile(`/proc/${pid}/cmdline`, 'utf8')).split('\0')).toContain('--expose-gc');
       const text = await scrape(ops.server.url);
       expect(metric(text, 'imagegen_worker_restarts_total')).toBe(1);
       expect(metric(text, `imagegen_generation_duration_seconds_count{model="${MODEL}",outcome="worker_died"}`)).toBe(1);

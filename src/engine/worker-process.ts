@@ -51,11 +51,15 @@ interface Task {
   onEvent?(event: BatchEvent): void;
 }
 
-/** The worker module next to this one, in the same language: worker.ts under tsx/vitest, worker.js when built. */
+/**
+ * The worker module next to this one, in the same language: worker.ts under tsx/vitest, worker.js when
+ * built. Workers run with --expose-gc so that what a model's load leaves as garbage is collected before
+ * its memory is measured (settledResidentBytes in runtime/memory.ts).
+ */
 function workerModule(): { file: string; execArgv: string[] } {
   const ext = path.extname(fileURLToPath(import.meta.url));
   const file = fileURLToPath(new URL(`./worker${ext}`, import.meta.url));
-  return { file, execArgv: ext === '.ts' ? ['--import', 'tsx'] : [] };
+  return { file, execArgv: ['--expose-gc', ...(ext === '.ts' ? ['--import', 'tsx'] : [])] };
 }
 
 function describeExit(code: number | null, signal: NodeJS.Signals | null): string {

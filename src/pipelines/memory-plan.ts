@@ -1,4 +1,4 @@
-import { peakBytes, plannableBytes, resetPeak, residentBytes } from '../runtime/memory.js';
+import { peakBytes, plannableBytes, resetPeak, residentBytes, settledResidentBytes } from '../runtime/memory.js';
 import type { GenerationBatch } from '../runtime/types.js';
 import type { ModelLayout } from '../models/layout.js';
 import { formatBytes } from '../util/bytes.js';
@@ -172,14 +172,15 @@ export class MemoryPlan {
     return this.figures.get(modelDir);
   }
 
-  /** Loads a model, recording how much the worker grew. */
+  /** Loads a model, recording how much the worker grew (garbage collected before and after: see settledResidentBytes). */
   async measureLoad<T>(modelDir: string, load: () => Promise<T>): Promise<T> {
-    const before = residentBytes();
+    const before = await settledResidentBytes();
     const loaded = await load();
+    const after = await settledResidentBytes();
     this.held.set(modelDir, 0);
-    this.loadedAt.set(modelDir, residentBytes());
+    this.loadedAt.set(modelDir, after);
     const known = this.figures.get(modelDir);
-    this.figures.set(modelDir, { peakBytes: 0, peakPixels: 0, ...known, weightsBytes: Math.max(0, residentBytes() - before) });
+    this.figures.set(modelDir, { peakBytes: 0, peakPixels: 0, ...known, weightsBytes: Math.max(0, after - before) });
     return loaded;
   }
 

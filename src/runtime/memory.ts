@@ -20,6 +20,32 @@ export function residentBytes(): number {
 }
 
 /**
+ * Resident memory of this process once its garbage is collected. Loading a model leaves garbage that
+ * V8 frees when it likes: a rewritten graph's bytes (up to its file's size, see graph-rewrite.ts) once
+ * onnxruntime has copied them; counted, they would be taken for the model's. Where the process runs
+ * with --expose-gc, as workers do (worker-process.ts), this collects, then waits for the memory to be
+ * given back: V8 frees large buffers on a background thread after the collection, so memory goes on
+ * falling for tens of milliseconds (a 100 MiB graph measured 226 MiB uncollected, 188 right after the
+ * collection, 126 once settled, as when onnxruntime reads the file itself). Elsewhere (the CLI) it is
+ * residentBytes().
+ */
+export async function settledResidentBytes(): Promise<number> {
+  if (!globalThis.gc) return residentBytes();
+  globalThis.gc();
+  let last = residentBytes();
+  for (let waited = 0; waited < SETTLE.maxMs; waited += SETTLE.pollMs) {
+    await new Promise((resolve) => setTimeout(resolve, SETTLE.pollMs));
+    const now = residentBytes();
+    if (last - now < SETTLE.stillBytes) return now;
+    last = now;
+  }
+  return last;
+}
+
+/** How settledResidentBytes waits: polls until resident memory falls by less than stillBytes between two polls. */
+const SETTLE = { pollMs: 20, maxMs: 400, stillBytes: 1024 ** 2 };
+
+/**
  * Starts a new peak measurement: Linux resets the process's high-water mark (VmHWM) when "5" is written
  * to clear_refs. False where it cannot, and then peakBytes() is the peak since the process started.
  */
