@@ -1,4 +1,25 @@
+import path from 'node:path';
 import { defineConfig } from 'vitest/config';
+import { BaseSequencer, type TestSpecification } from 'vitest/node';
+
+/**
+ * Test files that take minutes on a 2-core machine (the real exports' goldens and size sweeps, the
+ * server processes), longest first. Vitest starts the files that took longest in its last run first,
+ * but a fresh clone (CI) has no last run and it starts the largest files instead, which left the real
+ * exports' HTTP sweep (about 5 minutes) to start late and the whole run waiting on it alone.
+ */
+const LONGEST = ['real-exports-http', 'real-exports', 'real-exports-fp16', 'ops-process', 'ops-engine', 'memory-oom', 'ops-hardening'];
+
+class LongestFirst extends BaseSequencer {
+  override async sort(files: TestSpecification[]): Promise<TestSpecification[]> {
+    const rank = (file: TestSpecification) => {
+      const at = LONGEST.indexOf(path.basename(file.moduleId, '.test.ts'));
+      return at === -1 ? LONGEST.length : at;
+    };
+    // Array.prototype.sort is stable: the rest keep vitest's own order.
+    return (await super.sort(files)).sort((a, b) => rank(a) - rank(b));
+  }
+}
 
 export default defineConfig({
   test: {
@@ -10,5 +31,6 @@ export default defineConfig({
     // what a 2-core machine takes without the timing-sensitive tests starving.
     pool: 'forks',
     maxWorkers: 2,
+    sequence: { sequencer: LongestFirst },
   },
 });
