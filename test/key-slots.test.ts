@@ -4,6 +4,7 @@ import path from 'node:path';
 import type { Redis } from 'ioredis';
 import type OpenAI from 'openai';
 import { describe, expect, it } from 'vitest';
+import type { ApiError } from '../src/api/errors.js';
 import { KeySlots, type KeySlotsOptions } from '../src/http/key-slots.js';
 import { silentLogger } from './helpers/api-server.js';
 import { whenRunning } from './helpers/ops-server.js';
@@ -126,6 +127,64 @@ describe.skipIf(!REDIS_SERVER)(`'concurrent' slots shared through Redis${NO_REDI
     const waiting = slots.hold(key, leaving.signal, async () => undefined);
     leaving.abort(new Error('client left'));
     await expect(waiting).rejects.toThrow('client left');
+    first.state.finish();
+    await held;
+  });
+
+  it("gives freed slots to the key's waiting requests in the order they came, over all replicas", async () => {
+    const [one, two] = [await replica(), await replica()];
+    const key = { label: 'hana', limits: { concurrent: 1 } };
+    const first = pending();
+    const held = [one.slots.hold(key, never, first.work)];
+    await tick();
+    // Four more come in turn, alternating replicas; each then polls on its own timer.
+    const started: number[] = [];
+    const rest = [0, 1, 2, 3].map(() => pending());
+    for (const [i, p] of rest.entries()) {
+      held.push((i % 2 ? two : one).slots.hold(key, never, async () => (started.push(i), p.work())));
+      await tick();
+    }
+    first.state.finish();
+    for (const [i, p] of rest.entries()) {
+      await expect.poll(() => started, { timeout: 5000, interval: 10 }).toEqual([0, 1, 2, 3].slice(0, i + 1));
+      await tick();
+      expect(started).toHaveLength(i + 1);
+      p.state.finish();
+    }
+    await Promise.all(held);
+  });
+
+  it('puts back the lease of a running request that Redis lost (a restart without persistence), so the limit holds again', async () => {
+    const [one, two] = [await replica({ leaseMs: 600 }), await replica({ leaseMs: 600 })];
+    const key = { label: 'ivan', limits: { concurrent: 1 } };
+    const running = pending();
+    const held = one.slots.hold(key, never, running.work);
+    await tick();
+    await one.connection.flushall();
+    // Renewed every leaseMs / 3.
+    await expect.poll(() => one.connection.zcard('imagegen:slots:ivan'), { timeout: 3000, interval: 20 }).toBe(1);
+    const next = pending();
+    const waiting = two.slots.hold(key, never, next.work);
+    await tick();
+    expect(next.state.running).toBe(false);
+    running.state.finish();
+    await held;
+    await expect.poll(() => next.state.running, { timeout: 3000, interval: 20 }).toBe(true);
+    next.state.finish();
+    await waiting;
+  });
+
+  it("answers a timed-out wait with a Retry-After from when the key's running request was estimated to end", async () => {
+    const { slots } = await replica({ maxWaitMs: 200 });
+    const key = { label: 'jude', limits: { concurrent: 1 } };
+    const first = pending();
+    const held = slots.hold(key, never, first.work, undefined, 30);
+    await tick();
+    const refused = await slots.hold(key, never, async () => undefined).catch((e: unknown) => e as ApiError);
+    expect(refused).toMatchObject({ status: 503, code: 'queue_timeout' });
+    expect(Number(refused.headers['retry-after'])).toBeGreaterThanOrEqual(29);
+    expect(Number(refused.headers['retry-after'])).toBeLessThanOrEqual(30);
+    expect(refused.message).toMatch(new RegExp(`try again in ${refused.headers['retry-after']}s`));
     first.state.finish();
     await held;
   });

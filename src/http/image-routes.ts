@@ -79,6 +79,6 @@ async function generateContext(request: FastifyRequest, reply: FastifyReply, bod
     // OpenAI's x-ratelimit-* headers go on the answer, streamed or not.
     admit: async () => void reply.headers(await rates.admit(request.apiKey, body.n)),
     ...queueClient(request),
-    ...(slots && { hold: (work, onWait) => slots.hold(request.apiKey, request.cancellation, work, onWait) }),
+    ...(slots && { hold: (work, onWait, estimatedSeconds) => slots.hold(request.apiKey, request.cancellation, work, onWait, estimatedSeconds) }),
   };
 }

@@ -63,9 +63,10 @@ export interface GenerateContext {
   limits?: ClientLimits;
   /**
    * Runs the making of the images holding what the client may hold at once over all servers (a key's
-   * `concurrent` slot), calling `onWait` if it has to wait for one first.
+   * `concurrent` slot), calling `onWait` if it has to wait for one first; `estimatedSeconds`, how long
+   * the making is expected to take, tells those that wait behind it when to retry.
    */
-  hold?<T>(work: () => Promise<T>, onWait: () => void): Promise<T>;
+  hold?<T>(work: () => Promise<T>, onWait: () => void, estimatedSeconds: number): Promise<T>;
 }
 
 /**
@@ -210,10 +211,11 @@ export function createImageService({ registry, engine, store, defaultRng, defaul
     const reservation = await reserveSpace(request, batches);
     const { onEvent, finish } = how;
     try {
-      const making = () => run(batches, model, context.signal, engine.ticket(batches, context.client, context.limits), onEvent, fields);
+      const ticket = engine.ticket(batches, context.client, context.limits);
+      const making = () => run(batches, model, context.signal, ticket, onEvent, fields);
       // Waiting for the key's slot is waiting in a queue too: a streamed answer opens and keeps alive meanwhile.
       const waiting = () => onEvent?.({ type: 'queued', ahead: engine.load().queued });
-      const images = await (context.hold ? context.hold(making, waiting) : making());
+      const images = await (context.hold ? context.hold(making, waiting, ticket.cost) : making());
       const generated = performance.now();
       return { generated, data: await finish(images, reservation) };
     } finally {
