@@ -165,7 +165,8 @@ describe('S3ImageStore', () => {
       for (const call of [() => store.get(image.id), () => store.read(image), () => store.put(bytes(10), 'image/png'), () => store.check()]) {
         const started = performance.now();
         await expect(call()).rejects.toBeInstanceOf(StoreUnavailableError);
-        expect(performance.now() - started).toBeLessThan(5000);
+        // The limit holds for the request with its retries (the SDK's backoff between tries adds a little).
+        expect(performance.now() - started).toBeLessThan(2500);
       }
     } finally {
       s3.child.kill('SIGCONT');

@@ -36,7 +36,7 @@ export interface S3StoreOptions extends StoreLimits {
   forcePathStyle: boolean;
   /** Hand out presigned GET URLs (valid until the image expires) instead of the replicas' files route. */
   presignedUrls: boolean;
-  /** Longest an S3 request may go unanswered (or its connection idle) before it fails; default 30 s. */
+  /** Longest an S3 request may go unanswered (or its connection idle) before it fails, its retries included; default 30 s. */
   requestTimeoutMs?: number;
 }
 
@@ -45,6 +45,8 @@ const CHECK_CACHE_MS = 2000;
 /** Longest /ready waits for the bucket: a probe is answered before the balancer gives up on it. */
 const CHECK_TIMEOUT_MS = 5000;
 const REQUEST_TIMEOUT_MS = 30_000;
+/** Tries of each S3 request (the SDK's default): each gets its share of the request's time limit. */
+const ATTEMPTS = 3;
 /** DeleteObjects takes at most this many keys. */
 const DELETE_BATCH = 1000;
 
@@ -77,12 +79,15 @@ export class S3ImageStore implements ImageStore {
       responseChecksumValidation: 'WHEN_REQUIRED',
       // A bucket that takes connections and never answers (a stalled store, a half-open network) fails
       // requests after the timeout rather than holding image GETs, url requests and the sweeper for as
-      // long as it stays silent: without throwOnRequestTimeout the SDK only logs a warning.
+      // long as it stays silent: without throwOnRequestTimeout the SDK only logs a warning. The SDK
+      // retries a request that timed out, so each try gets a share of the limit (a 30 s limit per try
+      // made a stalled bucket's requests fail after 90 s).
+      maxAttempts: ATTEMPTS,
       requestHandler: {
         connectionTimeout: 5000,
-        requestTimeout: options.requestTimeoutMs ?? REQUEST_TIMEOUT_MS,
+        requestTimeout: Math.ceil((options.requestTimeoutMs ?? REQUEST_TIMEOUT_MS) / ATTEMPTS),
         throwOnRequestTimeout: true,
-        socketTimeout: options.requestTimeoutMs ?? REQUEST_TIMEOUT_MS,
+        socketTimeout: Math.ceil((options.requestTimeoutMs ?? REQUEST_TIMEOUT_MS) / ATTEMPTS),
       },
     });
   }
