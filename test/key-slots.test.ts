@@ -180,7 +180,10 @@ describe.skipIf(!REDIS_SERVER)(`'concurrent' slots shared through Redis${NO_REDI
     const first = pending();
     const held = slots.hold(key, never, first.work, undefined, 30);
     await tick();
-    const refused = await slots.hold(key, never, async () => undefined).catch((e: unknown) => e as ApiError);
+    const refused = await slots.hold(key, never, async () => undefined).then(
+      () => expect.fail('the wait was not refused'),
+      (e: unknown) => e as ApiError,
+    );
     expect(refused).toMatchObject({ status: 503, code: 'queue_timeout' });
     expect(Number(refused.headers['retry-after'])).toBeGreaterThanOrEqual(29);
     expect(Number(refused.headers['retry-after'])).toBeLessThanOrEqual(30);

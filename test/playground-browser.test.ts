@@ -69,6 +69,14 @@ async function pixels(image: Buffer | string): Promise<Buffer> {
   return sharp(image).removeAlpha().raw().toBuffer();
 }
 
+/** Clicks a button of `page` that sends a request and waits for the page to say that it is done (a fresh status, not the last one). */
+async function runOnPage(page: Page, selector: string): Promise<void> {
+  await page.$eval('#status', (status) => (status.textContent = ''));
+  await page.click(selector);
+  await expect.poll(() => page.textContent('#status'), { timeout: 60_000 }).toMatch(/^(Done|Failed)/);
+  expect(await page.textContent('#status')).toMatch(/^Done: 1 image/);
+}
+
 describe.skipIf(!chromiumPath)(`the playground in headless Chromium${chromiumPath ? '' : NO_CHROMIUM}`, () => {
   let server: OpsServer;
   let origin: string;
@@ -101,13 +109,7 @@ describe.skipIf(!chromiumPath)(`the playground in headless Chromium${chromiumPat
     if (fields.seed) await page.fill('#seed', fields.seed);
   }
 
-  /** Clicks a button that sends a request and waits for the page to say that it is done (a fresh status, not the last one). */
-  async function runAndWait(selector: string): Promise<void> {
-    await page.$eval('#status', (status) => (status.textContent = ''));
-    await page.click(selector);
-    await expect.poll(() => page.textContent('#status'), { timeout: 60_000 }).toMatch(/^(Done|Failed)/);
-    expect(await page.textContent('#status')).toMatch(/^Done: 1 image/);
-  }
+  const runAndWait = (selector: string) => runOnPage(page, selector);
 
   it('asks for the API key, says clearly when it is wrong, and lists the models with the right one', async () => {
     const page404 = await page.goto(`${origin}/`);
@@ -361,5 +363,37 @@ describe.skipIf(!chromiumPath)(`the playground in headless Chromium${chromiumPat
     // Free again: the next request runs at once.
     await settings({ size: '128x128', steps: '4', n: '1' });
     await runAndWait('#generate');
+  });
+});
+
+describe.skipIf(!chromiumPath)(`the playground with PUBLIC_BASE_URL on another origin${chromiumPath ? '' : NO_CHROMIUM}`, () => {
+  it("reads a result's picture, and its time left, through the page's own origin", async () => {
+    // The URLs name an origin this page cannot read (here one that does not even resolve): the files
+    // route is the same server's, reached at the page's own origin.
+    const server = await startOpsServer({ env: { PUBLIC_BASE_URL: 'http://imagegen.invalid' } });
+    const browser = await chromium.launch({ executablePath: chromiumPath, args: ['--no-sandbox'] });
+    try {
+      await untilReady(server.server.url, 60_000);
+      const page = await browser.newPage();
+      const done = (selector: string) => runOnPage(page, selector);
+      await page.goto(`${server.server.url}/`);
+      await expect.poll(() => page.isVisible('#key-dialog'), { timeout: 30_000 }).toBe(true);
+      await page.fill('#key', OPS_KEY);
+      await page.click('#key-save');
+      await expect.poll(() => page.isVisible('#key-dialog'), { timeout: 30_000 }).toBe(false);
+      await page.selectOption('#model', MODEL);
+      await page.fill('#prompt', 'a red circle');
+      await page.selectOption('#size', '128x128');
+      await page.fill('#steps', '4');
+      await done('#generate');
+      // Variations answer with URLs on PUBLIC_BASE_URL's origin; variations of that result read it.
+      await done('#results .result:last-child button:has-text("Variations")');
+      expect(await page.getAttribute('#results .result:last-child .result-image', 'src')).toMatch(/^http:\/\/imagegen\.invalid\/v1\/images\/files\//);
+      await done('#results .result:last-child button:has-text("Variations")');
+      await expect.poll(() => page.textContent('#history li:first-child .expiry'), { timeout: 30_000 }).toMatch(/^URL expires in 23 h 59 min$/);
+    } finally {
+      await browser.close();
+      await server.close();
+    }
   });
 });

@@ -83,6 +83,18 @@ function setBusy(busy: boolean): void {
  * When an image's URL dies: an S3 presigned URL (S3_PRESIGNED_URLS) says so in its query, signed for GET
  * only; the server's files route sends the time left in Cache-Control.
  */
+/**
+ * Where this page reads an image URL the server answered: a URL of the server's own files route through
+ * this page's origin, whatever origin PUBLIC_BASE_URL gave it (the route is the same server's, or
+ * another replica's over the same store), since a script may read another origin's answer only where
+ * it sends CORS headers, which the files route does only with CORS_ORIGINS; any other (an S3 bucket's
+ * presigned URL) as it is.
+ */
+function readableUrl(url: string): string {
+  const parsed = new URL(url, location.href);
+  return /^\/v1\/images\/files\/[^/]+$/.test(parsed.pathname) ? new URL(parsed.pathname, location.href).href : parsed.href;
+}
+
 async function expiryOf(url: string): Promise<number | undefined> {
   const query = new URL(url, location.href).searchParams;
   const signed = /^(\d{4})(\d{2})(\d{2})T(\d{2})(\d{2})(\d{2})Z$/.exec(query.get('X-Amz-Date') ?? '');
@@ -90,7 +102,7 @@ async function expiryOf(url: string): Promise<number | undefined> {
     const [year, month, day, hours, minutes, seconds] = signed.slice(1).map(Number);
     return Date.UTC(year, month - 1, day, hours, minutes, seconds) + Number(query.get('X-Amz-Expires')) * 1000;
   }
-  const res = await fetch(url, { method: 'HEAD' }).catch(() => undefined);
+  const res = await fetch(readableUrl(url), { method: 'HEAD' }).catch(() => undefined);
   const seconds = /max-age=(\d+)/.exec(res?.headers.get('cache-control') ?? '')?.[1];
   return seconds === undefined ? undefined : Date.now() + Number(seconds) * 1000;
 }
@@ -189,10 +201,19 @@ async function setEditSource(take: () => Promise<Blob>): Promise<boolean> {
   return true;
 }
 
-/** A result's picture; a URL that is gone (expired, or the server restarted without its store) is an ApiFailure saying so. */
+/**
+ * A result's picture; one that cannot be read is an ApiFailure saying why: gone (expired, or the server
+ * restarted without its store), or on another origin that does not let this page read it.
+ */
 async function fromResult(result: Result): Promise<Blob> {
-  const res = await fetch(result.src).catch(() => undefined);
-  if (!res?.ok) throw new ApiFailure(res?.status ?? 0, { message: `the server no longer has it (${res ? `HTTP ${res.status}` : 'it could not be reached'}): its URL may have expired` });
+  const src = readableUrl(result.src);
+  const res = await fetch(src).catch(() => undefined);
+  if (!res) {
+    const { origin } = new URL(src);
+    const why = origin === location.origin ? 'the server could not be reached' : `${origin} could not be reached, or does not let this page read its images (a bucket's presigned URLs need a CORS rule allowing ${location.origin}: see docs/playground.md)`;
+    throw new ApiFailure(0, { message: `it could not be read: ${why}` });
+  }
+  if (!res.ok) throw new ApiFailure(res.status, { message: `the server no longer has it (HTTP ${res.status}): its URL may have expired` });
   return res.blob();
 }
 
