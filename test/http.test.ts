@@ -90,6 +90,11 @@ describe('routing', () => {
     expect(error.message).toBe('Invalid URL (GET /v1/images/variations/nope)');
   });
 
+  it('/v1/models/ with no id -> 404 Invalid URL, not a model named ""', async () => {
+    const error = await expectError(await fetch(`${server.baseURL}/models/?x=1`, { headers: auth }), 404, null);
+    expect(error.message).toBe('Invalid URL (GET /v1/models/)');
+  });
+
   it('wrong method -> 405 with Allow', async () => {
     const res = await fetch(`${server.baseURL}/images/generations`, { headers: auth });
     expect(res.headers.get('allow')).toBe('POST');

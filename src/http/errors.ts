@@ -128,7 +128,12 @@ function unroutedError(app: FastifyInstance, request: FastifyRequest): ApiError 
       headers: { allow: allowed.join(', ') },
     });
   }
-  return new ApiError(404, `Invalid URL (${request.method} ${path})`);
+  return invalidUrl(request);
+}
+
+/** OpenAI's answer to a URL it has no route for. */
+export function invalidUrl(request: FastifyRequest): ApiError {
+  return new ApiError(404, `Invalid URL (${request.method} ${request.url.split('?')[0]})`);
 }
 
 async function errorsPlugin(app: FastifyInstance): Promise<void> {

@@ -2,6 +2,7 @@ import type { FastifyInstance } from 'fastify';
 import type { ListedModel, ModelRegistry } from '../models/registry.js';
 import { dialectOf, servedSizes } from '../api/dialects.js';
 import { ApiError } from '../api/errors.js';
+import { invalidUrl } from './errors.js';
 import type { ModelList, ModelObject } from '../api/wire.js';
 
 /**
@@ -38,6 +39,8 @@ export async function models(app: FastifyInstance, { registry }: ModelsOptions):
 
   app.get<{ Params: { id: string } }>('/v1/models/:id', async (request): Promise<ModelObject> => {
     const { id } = request.params;
+    // `/v1/models/` names no model: the URL is wrong, not the model.
+    if (id === '') throw invalidUrl(request);
     const model = await registry.resolve(id);
     if (!model) {
       const unusable = registry.unusableReason(id);
