@@ -28,7 +28,7 @@ import { RedisFallback } from './redis.js';
 /**
  * KEYS: the key's slots, its waiting requests, their places' expiry, the running requests' estimated
  * ends. ARGV: now, limit, the lease's end, its id, the keys' time to live, when the request came, when
- * its place runs out, its estimated end.
+ * its place runs out, how long it is estimated to run (ms).
  */
 const TAKE = `
 local slots, waiting, places, ends = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
@@ -44,7 +44,7 @@ if free > 0 and redis.call('ZRANK', waiting, id) < free then
   redis.call('ZREM', waiting, id)
   redis.call('ZREM', places, id)
   redis.call('ZADD', slots, ARGV[3], id)
-  redis.call('HSET', ends, id, ARGV[8])
+  redis.call('HSET', ends, id, tonumber(now) + tonumber(ARGV[8]))
   taken = 1
 else
   redis.call('ZADD', places, ARGV[7], id)
@@ -68,7 +68,7 @@ declare module 'ioredis' {
       keyTtlMs: number,
       came: number,
       placeUntil: number,
-      end: number,
+      estimatedMs: number,
     ): Result<number, Context>;
   }
 }
@@ -118,8 +118,10 @@ export class KeySlots {
     if (!key || limit === undefined) return work();
     const keys = keysOf(key.label);
     const id = randomBytes(8).toString('hex');
-    const end = Date.now() + estimatedSeconds * 1000;
-    if (!(await this.take(keys, limit, id, signal, key.label, end, onWait))) return work();
+    const estimatedMs = estimatedSeconds * 1000;
+    if (!(await this.take(keys, limit, id, signal, key.label, estimatedMs, onWait))) return work();
+    // As the script wrote it when the slot was taken.
+    const end = Date.now() + estimatedMs;
     const renewal = setInterval(() => {
       // Not XX: a lease Redis lost (a restart) is put back, since the request still runs.
       const renew = this.redis.multi().zadd(keys.slots, Date.now() + this.leaseMs, id).hset(keys.ends, id, end).pexpire(keys.slots, 2 * this.leaseMs).pexpire(keys.ends, 2 * this.leaseMs);
@@ -137,7 +139,7 @@ export class KeySlots {
   }
 
   /** Waits for a slot (calling `onWait` when it begins to wait): true once taken, false when Redis cannot be asked (the work then runs unshared). */
-  private async take(keys: ReturnType<typeof keysOf>, limit: number, id: string, signal: AbortSignal, label: string, end: number, onWait?: () => void): Promise<boolean> {
+  private async take(keys: ReturnType<typeof keysOf>, limit: number, id: string, signal: AbortSignal, label: string, estimatedMs: number, onWait?: () => void): Promise<boolean> {
     const came = Date.now();
     // Whatever ends the wait but a slot leaves no place behind to hold up the requests after it.
     const leave = () => this.redis.multi().zrem(keys.waiting, id).zrem(keys.places, id).zrem(keys.slots, id).exec().catch(() => undefined);
@@ -146,7 +148,7 @@ export class KeySlots {
       try {
         const now = Date.now();
         const placeUntil = now + PLACE_POLLS * this.pollMs;
-        taken = await this.redis.imagegenTakeSlot(keys.slots, keys.waiting, keys.places, keys.ends, now, limit, now + this.leaseMs, id, 2 * this.leaseMs, came, placeUntil, end);
+        taken = await this.redis.imagegenTakeSlot(keys.slots, keys.waiting, keys.places, keys.ends, now, limit, now + this.leaseMs, id, 2 * this.leaseMs, came, placeUntil, estimatedMs);
       } catch (err) {
         this.status.failed(err);
         // A take that timed out here may still run once a stalled Redis resumes, leaving a lease nobody
