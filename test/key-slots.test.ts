@@ -82,7 +82,7 @@ describe.skipIf(!REDIS_SERVER)(`'concurrent' slots shared through Redis${NO_REDI
     stuck.state.finish();
   });
 
-  it('leaves no lease behind when taking a slot timed out on a stalled Redis that later resumes', async () => {
+  it('leaves no lease, nor its estimated end, behind when taking a slot timed out on a stalled Redis that later resumes', async () => {
     const { slots, connection } = await replica();
     const key = { label: 'erin', limits: { concurrent: 1 } };
     redis.signal('SIGSTOP');
@@ -96,6 +96,8 @@ describe.skipIf(!REDIS_SERVER)(`'concurrent' slots shared through Redis${NO_REDI
     await expect.poll(() => connection.zcard('imagegen:slots:erin'), { timeout: 5000, interval: 50 }).toBe(0);
     await tick();
     expect(await connection.zcard('imagegen:slots:erin')).toBe(0);
+    // Nor its estimated end, which would be every later wait's Retry-After.
+    expect(await connection.hlen('imagegen:slots:erin:ends')).toBe(0);
   });
 
   it('says once when a request begins to wait for a slot, and not when it gets one at once', async () => {

@@ -11,8 +11,9 @@ import { RedisFallback } from './redis.js';
  * key's slots while its images are made. The slots are leases in a Redis sorted set (member: a lease
  * id, score: when it runs out), counted and taken in one Lua script so that two replicas never both
  * take the last one, and renewed while the request runs: a replica that dies frees its slots when their
- * leases run out (LEASE_MS) rather than holding them for ever. A renewal puts back a lease Redis lost
- * (a restart without persistence): the request still runs, and the limit counts it again.
+ * leases run out (LEASE_MS) rather than holding them for ever. A renewal (every second) puts back a
+ * lease Redis lost (a restart without persistence): the request still runs, and the limit counts it
+ * again; a request that took the slot in the second before runs beside it.
  *
  * A request that finds no free slot waits, as it would in the queue for its key's running work to end,
  * until one frees, its client leaves, or the queue's time limit passes (503 queue_timeout, with a
@@ -37,6 +38,10 @@ for _, gone in ipairs(redis.call('ZRANGEBYSCORE', slots, '-inf', now)) do redis.
 redis.call('ZREMRANGEBYSCORE', slots, '-inf', now)
 for _, gone in ipairs(redis.call('ZRANGEBYSCORE', places, '-inf', now)) do redis.call('ZREM', waiting, gone) end
 redis.call('ZREMRANGEBYSCORE', places, '-inf', now)
+-- A waiting request with no place (Redis evicted that key alone) would otherwise stay first for good.
+for _, other in ipairs(redis.call('ZRANGE', waiting, 0, -1)) do
+  if other ~= id and not redis.call('ZSCORE', places, other) then redis.call('ZREM', waiting, other) end
+end
 redis.call('ZADD', waiting, 'NX', ARGV[6], id)
 local free = tonumber(ARGV[2]) - redis.call('ZCARD', slots)
 local taken = 0
@@ -90,6 +95,12 @@ export interface KeySlotsOptions {
   maxWaitMs?: number;
 }
 
+/**
+ * How often a running request renews its lease, at most: a lease Redis lost (a restart) is back within
+ * this, so waiting requests that see its slot free meanwhile are few.
+ */
+const RENEW_MS = 1000;
+
 /** How many polls a waiting request's place outlives its last one: a stalled event loop does not lose it, a dead replica's goes. */
 const PLACE_POLLS = 10;
 
@@ -129,7 +140,7 @@ export class KeySlots {
         () => this.status.answered(),
         (err: unknown) => this.status.failed(err),
       );
-    }, this.leaseMs / 3);
+    }, Math.min(this.leaseMs / 3, RENEW_MS));
     try {
       return await work();
     } finally {
@@ -142,7 +153,7 @@ export class KeySlots {
   private async take(keys: ReturnType<typeof keysOf>, limit: number, id: string, signal: AbortSignal, label: string, estimatedMs: number, onWait?: () => void): Promise<boolean> {
     const came = Date.now();
     // Whatever ends the wait but a slot leaves no place behind to hold up the requests after it.
-    const leave = () => this.redis.multi().zrem(keys.waiting, id).zrem(keys.places, id).zrem(keys.slots, id).exec().catch(() => undefined);
+    const leave = () => this.redis.multi().zrem(keys.waiting, id).zrem(keys.places, id).zrem(keys.slots, id).hdel(keys.ends, id).exec().catch(() => undefined);
     for (;;) {
       let taken: number;
       try {
