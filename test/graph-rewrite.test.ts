@@ -4,38 +4,15 @@ import os from 'node:os';
 import path from 'node:path';
 import { promisify } from 'node:util';
 import onnxProto from 'onnx-proto';
-import type { onnx as proto } from 'onnx-proto';
 import { describe, expect, it, onTestFinished } from 'vitest';
 import { dropAttentionZeros, graphSource, type GraphSource } from '../src/runtime/graph-rewrite.js';
 import { createSession } from '../src/runtime/providers.js';
 import { OnnxModel } from '../src/runtime/onnx-model.js';
 import { EXPORT_FEEDS } from './helpers/export-feeds.js';
 import { haveRealExports, REAL_EXPORT_NAMES, realExport } from './helpers/real-exports.js';
+import { baddbmmGraph, node } from './helpers/attention-graph.js';
 
 const { onnx } = onnxProto;
-
-/** A node of a hand-made graph: op type, inputs, outputs. */
-const node = (opType: string, input: string[], output: string[], attribute: proto.IAttributeProto[] = []): proto.INodeProto => ({ opType, input, output, attribute });
-const fill = (value: number): proto.IAttributeProto => ({ name: 'value', t: { dataType: onnx.TensorProto.DataType.FLOAT, dims: [1], rawData: new Uint8Array(new Float32Array([value]).buffer) } });
-
-/** Attention scores as torch's baddbmm exports them: alpha x Q·Kᵀ + beta x zeros, into `last` (Softmax, or something else). */
-function baddbmmGraph({ zero = 0, betaIsConstant = true, scoresOp = 'MatMul', between = [] as string[], last = 'Softmax', outputs = ['probs'] } = {}): proto.IGraphProto {
-  const chain = ['sum', ...between.map((_, i) => `cast${i}`)];
-  return {
-    initializer: [{ name: 'beta', dataType: onnx.TensorProto.DataType.FLOAT, dims: [], rawData: new Uint8Array(4) }],
-    output: outputs.map((name) => ({ name })),
-    node: [
-      node(scoresOp, ['q', 'k'], ['qk']),
-      node('Mul', ['qk', 'alpha'], ['scores']),
-      node('Shape', ['scores'], ['shape']),
-      node('ConstantOfShape', ['shape'], ['zeros'], [fill(zero)]),
-      node('Mul', ['zeros', betaIsConstant ? 'beta' : 'scores'], ['scaled']),
-      node('Add', ['scores', 'scaled'], ['sum']),
-      ...between.map((op, i) => node(op, [chain[i]], [chain[i + 1]])),
-      node(last, [chain.at(-1)!], ['probs']),
-    ],
-  };
-}
 
 describe('dropping the zeros of baddbmm attention', () => {
   it('replaces the zero tensor by a scalar zero, through the Casts VAEs put before their Softmax', () => {

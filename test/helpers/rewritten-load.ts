@@ -5,6 +5,7 @@ import onnxProto from 'onnx-proto';
 import { MemoryPlan } from '../../src/pipelines/memory-plan.js';
 import { graphSource } from '../../src/runtime/graph-rewrite.js';
 import { createSession, defaultRuntime } from '../../src/runtime/providers.js';
+import { baddbmmGraph, node } from './attention-graph.js';
 
 /**
  * Run as a script the way workers run (node --expose-gc --import tsx): writes a graph with
@@ -18,32 +19,19 @@ const { onnx } = onnxProto;
 const FLOAT = onnx.TensorProto.DataType.FLOAT;
 const rows = 64;
 const cols = Math.round((Number(process.argv[2]) * 2 ** 20) / (rows * 4));
-const scalar = (name: string, value: number) => ({ name, dataType: FLOAT, dims: [], rawData: new Uint8Array(new Float32Array([value]).buffer) });
-const node = (opType: string, input: string[], output: string[], attribute: onnxProto.onnx.IAttributeProto[] = []) => ({ opType, input, output, attribute });
-const zeros = { name: 'value', type: onnx.AttributeProto.AttributeType.TENSOR, t: { dataType: FLOAT, dims: [1], rawData: new Uint8Array(4) } };
-const bytes = onnx.ModelProto.encode({
-  irVersion: 8,
-  opsetImport: [{ domain: '', version: 17 }],
-  graph: {
-    name: 'attention',
-    node: [
-      node('MatMul', ['q', 'weights'], ['projected']),
-      node('MatMul', ['projected', 'k'], ['qk']),
-      node('Mul', ['qk', 'alpha'], ['scores']),
-      node('Shape', ['scores'], ['shape']),
-      node('ConstantOfShape', ['shape'], ['zeros'], [zeros]),
-      node('Mul', ['zeros', 'beta'], ['scaled']),
-      node('Add', ['scores', 'scaled'], ['sum']),
-      node('Softmax', ['sum'], ['probs']),
-    ],
-    initializer: [{ name: 'weights', dataType: FLOAT, dims: [rows, cols], rawData: new Uint8Array(rows * cols * 4).fill(1) }, scalar('alpha', 0.1), scalar('beta', 0)],
-    input: [
-      { name: 'q', type: { tensorType: { elemType: FLOAT, shape: { dim: [{ dimValue: 4 }, { dimValue: rows }] } } } },
-      { name: 'k', type: { tensorType: { elemType: FLOAT, shape: { dim: [{ dimValue: cols }, { dimValue: 4 }] } } } },
-    ],
-    output: [{ name: 'probs', type: { tensorType: { elemType: FLOAT } } }],
-  },
-}).finish();
+const graph = baddbmmGraph();
+// q is x projected by the weights: [4, rows] x [rows, cols].
+graph.node!.unshift(node('MatMul', ['x', 'weights'], ['q']));
+graph.initializer!.push(
+  { name: 'weights', dataType: FLOAT, dims: [rows, cols], rawData: new Uint8Array(rows * cols * 4).fill(1) },
+  { name: 'alpha', dataType: FLOAT, dims: [], rawData: new Uint8Array(new Float32Array([0.1]).buffer) },
+);
+graph.input = [
+  { name: 'x', type: { tensorType: { elemType: FLOAT, shape: { dim: [{ dimValue: 4 }, { dimValue: rows }] } } } },
+  { name: 'k', type: { tensorType: { elemType: FLOAT, shape: { dim: [{ dimValue: cols }, { dimValue: 4 }] } } } },
+];
+graph.output = [{ name: 'probs', type: { tensorType: { elemType: FLOAT } } }];
+const bytes = onnx.ModelProto.encode({ irVersion: 8, opsetImport: [{ domain: '', version: 17 }], graph: { name: 'attention', ...graph } }).finish();
 
 const dir = await mkdtemp(path.join(os.tmpdir(), 'imagegen-rewritten-load-'));
 try {
