@@ -32,5 +32,7 @@ export default defineConfig({
     pool: 'forks',
     maxWorkers: 2,
     sequence: { sequencer: LongestFirst },
+    // Tests of what a process keeps (not what it allocated for a moment) collect garbage first.
+    execArgv: ['--expose-gc'],
   },
 });

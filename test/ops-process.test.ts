@@ -178,14 +178,15 @@ describe('worker processes', () => {
 
   it('end with the server: after a graceful shutdown, and when the server itself is killed', async () => {
     for (const signal of ['SIGTERM', 'SIGKILL'] as const) {
-      server = await spawnIn(root, { env: { WORKERS: '2' } });
+      // SIGTERM lets running requests finish for SHUTDOWN_TIMEOUT_SECONDS (tested above): one second here.
+      server = await spawnIn(root, { env: { WORKERS: '2', SHUTDOWN_TIMEOUT_SECONDS: '1' } });
       await untilReady(server.origin);
       // The log arrives through a pipe, possibly after /ready answered.
       await expect.poll(() => workerPids(server!).length).toBe(2);
       const pids = workerPids(server);
       for (const pid of pids) expect(await running(pid)).toBe(true);
 
-      // A worker busy with a long generation stops too, at once rather than when its batch is done.
+      // A worker busy with a long generation stops too, when its batch is cancelled rather than when it is done.
       const busy = generate(server.baseURL, { ...LONG, n: 10 }).catch(() => undefined);
       await whenBusy(server.origin);
       server.child.kill(signal);

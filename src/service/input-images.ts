@@ -61,14 +61,20 @@ export async function decodeInputImage(bytes: Buffer, param: string): Promise<In
     });
   if (!(INPUT_FORMATS as readonly string[]).includes(metadata.format)) throw ApiError.invalid(param, 'invalid_image_format', unsupported);
   if (metadata.width > MAX_INPUT_SIDE || metadata.height > MAX_INPUT_SIDE) throw tooLarge(`${metadata.width}x${metadata.height}`);
-  // Statistics decode every pixel without keeping them: a damaged file fails here, before the request queues.
-  const stats = await sharp(bytes)
-    .stats()
+  // Every pixel is decoded here, so that a damaged file fails before its request queues: one channel of
+  // it, the alpha where there is one, whose zeros are the picture's fully transparent pixels (in 8 bits).
+  // It is held for the few milliseconds this takes, at most 16 MiB. (sharp's stats() decodes without
+  // holding anything, but also works out the entropy and sharpness of the whole picture: 1.8 s of a
+  // core for a 4096x4096 upload, against 0.05 s.)
+  const channel = await sharp(bytes)
+    .extractChannel(metadata.hasAlpha ? ((metadata.channels - 1) as 1 | 2 | 3) : 0)
+    .raw({ depth: 'uchar' })
+    .toBuffer()
     .catch(() => {
       throw damaged(param, metadata.format);
     });
   const { width, height } = metadata.autoOrient;
-  const hasTransparentPixel = metadata.hasAlpha && stats.channels.at(-1)!.min === 0;
+  const hasTransparentPixel = metadata.hasAlpha && channel.includes(0);
   return { bytes, width, height, hasAlpha: metadata.hasAlpha, hasTransparentPixel, format: metadata.format, param };
 }
 
