@@ -2,6 +2,7 @@ import { spawnSync } from 'node:child_process';
 import os from 'node:os';
 import path from 'node:path';
 import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
+import sharp from 'sharp';
 import { beforeAll, describe, expect, it, onTestFinished } from 'vitest';
 import { WorkerRuntime } from '../src/pipelines/run.js';
 import { readGolden, verifyCase, verifyGolden, DEFAULT_TOLERANCE } from '../src/cli/golden.js';
@@ -83,8 +84,9 @@ describe.skipIf(!haveRealExports)('real exports against diffusers (needs ../shar
       const tmp = await mkdtemp(path.join(os.tmpdir(), 'imagegen-golden-'));
       onTestFinished(() => rm(tmp, { recursive: true, force: true }));
       const golden = JSON.parse(await readFile(goldenFile('sd15'), 'utf8')) as { cases: { guidance: number; latents: { file: string }; image: { file: string } }[] };
-      const [first] = golden.cases;
-      const wrong = { ...golden, cases: [{ ...first, guidance: first.guidance - 2, latents: { ...first.latents, file: path.join(GOLDENS, first.latents.file) }, image: { file: path.join(GOLDENS, first.image.file) } }] };
+      // The smaller case (384x256, 3 steps), its files named by absolute paths.
+      const small = golden.cases[1];
+      const wrong = { ...golden, cases: [{ ...small, guidance: small.guidance - 2, latents: { ...small.latents, file: path.join(GOLDENS, small.latents.file) }, image: { file: path.join(GOLDENS, small.image.file) } }] };
       await writeFile(path.join(tmp, 'wrong.json'), JSON.stringify(wrong));
       const failing = verify(realExport('sd15'), '--golden', path.join(tmp, 'wrong.json'));
       expect(failing.stdout).toMatch(/^case 0: max_abs=\S+ mean_abs=\S+ FAIL$/m);
@@ -120,6 +122,12 @@ describe.skipIf(!haveRealExports)('real exports against diffusers (needs ../shar
       const unreadable = verify(realExport('sd15'), '--golden', path.join(tmp, 'image.json'));
       expect(unreadable.status).toBe(2);
       expect(unreadable.stderr).toMatch(/not-a\.png: \(case 0's expected image\) cannot be read/);
+      // So is one of another size than the case asks for.
+      await sharp({ create: { width: 64, height: 64, channels: 3, background: 'grey' } }).png().toFile(path.join(tmp, 'small.png'));
+      await writeFile(path.join(tmp, 'size.json'), JSON.stringify({ ...wrong, cases: [{ ...wrong.cases[0], image: { file: path.join(tmp, 'small.png') } }] }));
+      const otherSize = verify(realExport('sd15'), '--golden', path.join(tmp, 'size.json'));
+      expect(otherSize.status).toBe(2);
+      expect(otherSize.stderr).toMatch(/small\.png: is 64x64; the case asks for 384x256/);
     });
   });
 });

@@ -10,7 +10,6 @@ import { ApiError } from '../api/errors.js';
 import { parseGenerationRequest } from '../api/wire.js';
 import { ModelRegistry, modelRoots } from '../models/registry.js';
 import { Progress, STEPS } from '../install/progress.js';
-import { commandRuntime } from './command-runtime.js';
 import { planBatches } from '../service/plan.js';
 
 /**
@@ -131,6 +130,8 @@ async function generateCommand(prompt: string, flags: GenerateFlags): Promise<st
   const batches = planBatches(request, model, config.rng);
   await prepareOut(flags.out);
 
+  // Loaded once a picture is to be made: a usage error or a refused request answers without onnxruntime's modules.
+  const { commandRuntime } = await import('./command-runtime.js');
   const runtime = commandRuntime(config);
   const stepsPerBatch = batches[0].steps;
   const progress = new Progress(process.stderr, `${model.id} ${batches[0].width}x${batches[0].height}`, batches.length * stepsPerBatch, 0, Date.now, STEPS);

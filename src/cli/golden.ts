@@ -123,7 +123,7 @@ function batchFor(modelDir: string, c: GoldenCase, initialNoise: Float32Array): 
 }
 
 export async function verifyCase(runtime: WorkerRuntime, modelDir: string, goldenDir: string, c: GoldenCase, index: number, tolerance: number): Promise<CaseResult> {
-  const [image] = await runtime.generateImages(batchFor(modelDir, c, await readLatents(goldenDir, c)));
+  // The expected picture is read and checked first: a golden file naming one it cannot use fails before the model runs.
   const expected = await sharp(path.resolve(goldenDir, c.image.file))
     .removeAlpha()
     .raw()
@@ -131,9 +131,10 @@ export async function verifyCase(runtime: WorkerRuntime, modelDir: string, golde
     .catch((err: Error) => {
       throw new GoldenFileError(c.image.file, `(case ${index}'s expected image) cannot be read: ${err.message}`);
     });
-  if (expected.info.width !== image.width || expected.info.height !== image.height) {
+  if (expected.info.width !== c.width || expected.info.height !== c.height) {
     throw new GoldenFileError(c.image.file, `is ${expected.info.width}x${expected.info.height}; the case asks for ${c.width}x${c.height}`);
   }
+  const [image] = await runtime.generateImages(batchFor(modelDir, c, await readLatents(goldenDir, c)));
   let max = 0;
   let sum = 0;
   for (let i = 0; i < image.pixels.length; i++) {

@@ -3,7 +3,6 @@ import { readFileSync } from 'node:fs';
 import { Command } from 'commander';
 import { pino } from 'pino';
 import { ConfigError, loadConfig, settingsHelp, type Config, type SettingName } from '../config.js';
-import { startServer } from '../server.js';
 import { registerGenerateCommand } from './generate.js';
 import { registerModelCommands } from './models.js';
 
@@ -33,6 +32,8 @@ const serve = program
     }
     // Keys are never logged, prompts only with LOG_PROMPTS: request logs carry method, URL, status, ids and timings.
     const logger = pino({ level: config.logLevel });
+    // Loaded here, not at the top: the other commands (and every usage error) start without the server's modules.
+    const { startServer } = await import('../server.js');
     const server = await startServer(config, logger).catch((err: unknown) => {
       const known = startupProblem(err as NodeJS.ErrnoException, config);
       // A problem the message explains needs no stack trace in the log; anything else does.

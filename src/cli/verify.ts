@@ -1,6 +1,5 @@
 import { InvalidArgumentError, Option, type Command } from 'commander';
 import { loadModelSettings } from '../config.js';
-import { commandRuntime } from './command-runtime.js';
 import { DEFAULT_TOLERANCE, FP16_TOLERANCE, verifyGolden } from './golden.js';
 
 /**
@@ -37,6 +36,8 @@ export function registerVerifyCommand(models: Command): void {
     .action(async (dir: string, flags: VerifyFlags) => {
       try {
         const config = loadModelSettings({});
+        // Loaded here, not at the top, as in generate: the other commands start without onnxruntime's modules.
+        const { commandRuntime } = await import('./command-runtime.js');
         const runtime = commandRuntime(config);
         const results = await verifyGolden(runtime, dir, flags.golden, flags.tolerance, (r) =>
           console.log(`case ${r.index}: max_abs=${r.maxAbs.toFixed(6)} mean_abs=${r.meanAbs.toFixed(6)} ${r.pass ? 'PASS' : 'FAIL'}`),
