@@ -244,9 +244,15 @@ const SETTINGS = {
       'memory the running batches of all workers may plan to take together on top of their loaded models, e.g. 8g (default: what the machine has free), of which they plan on 90% (headroom for what a plan cannot see); a batch waits for memory another batch planned on, and one expected to need more than there is gets 507 insufficient_memory instead of running out of memory',
   },
   vaeTiling: {
-    schema: z.enum(['auto', 'always']).default('auto'),
+    schema: z
+      .string()
+      .refine((text) => text === 'auto' || text === 'always' || (/^\d+$/.test(text) && Number(text) >= 256 && Number(text) <= 4096 && Number(text) % 64 === 0), {
+        error: 'expected auto, always, or the side of the tiles in pixels: a multiple of 64 from 256 to 4096',
+      })
+      .transform((text): 'auto' | 'always' | number => (text === 'auto' || text === 'always' ? text : Number(text)))
+      .default('auto'),
     description:
-      "when the VAE decodes in overlapping tiles: 'auto' only where the whole decode would not fit memory (the picture is then diffusers' exactly), 'always' every image with a side over 512 pixels (less memory; faster where the decoder's attention dominates, as in small exports at large sizes)",
+      "when the VAE decodes in overlapping tiles: 'auto' only where the whole decode would not fit memory (the picture is then diffusers' exactly), 'always' every image with a side over 512 pixels (less memory; faster where the decoder's attention dominates, as in small exports at large sizes), or a number of pixels: as always, in tiles of that side",
   },
   cudaDevices: {
     schema: z.string().regex(/^\d+(,\d+)*$/, 'expected device ids separated by commas, e.g. 0,1').transform((t) => t.split(',').map(Number)).default([0]),

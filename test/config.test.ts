@@ -54,6 +54,15 @@ describe('loadConfig', () => {
     expect(found.join('\n')).toMatch(/PUBLIC_BASE_URL \(--public-base-url\)/);
   });
 
+  it('takes VAE_TILING as auto, always or a tile side in pixels that tiles can have', () => {
+    expect(['auto', 'always', '256', '1024'].map((value) => loadConfig({}, { VAE_TILING: value }).vaeTiling)).toEqual(['auto', 'always', 256, 1024]);
+    for (const value of ['100', '300', '8192', 'never']) {
+      expect(problems(() => loadConfig({}, { VAE_TILING: value }))).toEqual([
+        `VAE_TILING (--vae-tiling): expected auto, always, or the side of the tiles in pixels: a multiple of 64 from 256 to 4096 (got '${value}')`,
+      ]);
+    }
+  });
+
   it('needs TLS_CERT and TLS_KEY together', () => {
     expect(problems(() => loadConfig({ tlsCert: 'cert.pem' }, {}))).toEqual(['TLS_CERT and TLS_KEY must be set together']);
   });

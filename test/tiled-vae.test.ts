@@ -161,7 +161,7 @@ describe('the memory plan decides when to tile', () => {
     expect(rest + vaeAttentionBytes(layout, side, side)).toBeLessThanOrEqual(2.5 * GiB * 0.9);
   });
 
-  it("tiles every image with a side over 64 latent pixels with VAE_TILING=always, in tiles of at most 64", async () => {
+  it("tiles every image with a side over 64 latent pixels with VAE_TILING=always, in tiles of at most 64, and in smaller ones when given their side", async () => {
     expect(vaeTiling(layout, 64, 64, Infinity, 64)).toBeUndefined();
     expect(vaeTiling(layout, 96, 64, Infinity, 64)).toEqual({ tile: 64, overlap: 16 });
     // Memory still bounds the tile below 64.
@@ -170,6 +170,11 @@ describe('the memory plan decides when to tile', () => {
     const tiler = plan.vaeTiler(layout);
     expect(await plan.imagesPerRun(layout, { width: 1024, height: 1024, items: [{ prompt: '', negativePrompt: '', seed: 1 }] }, 'sdxl')).toBe(1);
     expect(tiler(128, 128)).toEqual({ tile: 64, overlap: 16 });
+    // A tile side in pixels (VAE_TILING=256): 32 latent pixels with the 8x VAE.
+    const small = new MemoryPlan({}, localMemory(), 256);
+    const smallTiler = small.vaeTiler(layout);
+    expect(await small.imagesPerRun(layout, { width: 1024, height: 1024, items: [{ prompt: '', negativePrompt: '', seed: 1 }] }, 'sdxl')).toBe(1);
+    expect([smallTiler(128, 128), smallTiler(32, 32)]).toEqual([{ tile: 32, overlap: 8 }, undefined]);
   });
 
   it('lets a size run that only tiles fit once the model decodes through its tiler', async () => {

@@ -64,12 +64,13 @@ export function vaeTiling(
 
 /**
  * When the VAE decodes in tiles: 'auto' only where the whole decode would not fit memory (the whole
- * decode is diffusers' picture exactly); 'always' any image with a side over 64 latent pixels (512
- * image pixels with the 8x VAE, diffusers' tile), which bounds the decode's memory and, where its
- * attention dominates (small-width exports, very large sizes), its time.
+ * decode is diffusers' picture exactly); 'always' any image with a side over 512 image pixels
+ * (diffusers' tile, 64 latent pixels with the 8x VAE), which bounds the decode's memory and, where its
+ * attention dominates (small-width exports, very large sizes), its time; a number of image pixels, as
+ * 'always' with tiles of that side (smaller ones hold less, and cost less where attention dominates).
  */
-export type VaeTilingMode = 'auto' | 'always';
-const ALWAYS_TILE = 64;
+export type VaeTilingMode = 'auto' | 'always' | number;
+const ALWAYS_TILE_PIXELS = 512;
 
 /**
  * Who gives a batch its memory. In a worker, the pool's arbiter (engine/memory-arbiter.ts), which
@@ -151,7 +152,8 @@ export class MemoryPlan {
   /** Whether this system measures a run's phases apart (a resettable peak: Linux); calibrate() needs it. */
   readonly measuresPhases = resetPeak();
 
-  private readonly largestTile: number;
+  /** The longest side of a tile, in image pixels (Infinity: as large as memory allows). */
+  private readonly largestTilePixels: number;
 
   constructor(
     known: Record<string, ModelMemory> = {},
@@ -159,7 +161,7 @@ export class MemoryPlan {
     tiling: VaeTilingMode = 'auto',
   ) {
     this.figures = new Map(Object.entries(known));
-    this.largestTile = tiling === 'always' ? ALWAYS_TILE : Infinity;
+    this.largestTilePixels = tiling === 'auto' ? Infinity : tiling === 'always' ? ALWAYS_TILE_PIXELS : tiling;
   }
 
   /** Runs work whose memory is not known in advance with all the memory there is (see MemorySource.exclusive). */
@@ -217,7 +219,9 @@ export class MemoryPlan {
 
   /** How this model's decoder decodes within `budget`: tiles chosen by what a decoder call of theirs takes here (see decodeBytes). */
   private tiling(layout: Pick<ModelLayout, 'dir' | 'vae'>, latentWidth: number, latentHeight: number, budget: number): VaeTiling | undefined {
-    return vaeTiling(layout, latentWidth, latentHeight, budget, this.largestTile, (width, height) => this.decodeBytes(layout, width, height));
+    // In latent pixels, a multiple of 8 as every tile is.
+    const largestTile = Math.floor(this.largestTilePixels / layout.vae.scaleFactor / 8) * 8;
+    return vaeTiling(layout, latentWidth, latentHeight, budget, largestTile, (width, height) => this.decodeBytes(layout, width, height));
   }
 
   /** The decoder's unit (an image, or one tile when its decoder tiles within `budget`; see vaeTiler), in pixels. */
