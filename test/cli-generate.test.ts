@@ -4,6 +4,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { promisify } from 'node:util';
 import { describe, expect, it } from 'vitest';
+import { imagegenArgs } from './helpers/cli.js';
 import { readImageFile } from './helpers/picture.js';
 
 const run = promisify(execFile);
@@ -16,7 +17,7 @@ async function imagegen(...args: string[]) {
 
 /** The same with `env` over this process's environment. */
 async function imagegenWith(env: Record<string, string>, ...args: string[]) {
-  return run(process.execPath, ['--import', 'tsx', path.join(root, 'src/cli/main.ts'), ...args], { cwd: root, env: { ...process.env, ...env } });
+  return run(process.execPath, imagegenArgs(...args), { cwd: root, env: { ...process.env, ...env } });
 }
 
 describe('imagegen generate', () => {

@@ -16,8 +16,9 @@ declare module 'vitest' {
 export default async function setup(project: TestProject): Promise<() => Promise<void>> {
   const dir = await mkdtemp(path.join(os.tmpdir(), 'imagegen-reference-'));
   await buildReferenceModels(dir);
-  // The playground's bundle (dist/playground/), as `npm run build` makes it: the servers under test serve it.
-  await promisify(execFile)('npm', ['run', '--silent', 'build:playground']);
+  // The build (dist/), as `npm start` makes it, when a source changed since the last one: the servers
+  // under test serve its playground bundle, and the processes tests start run its CLI (helpers/cli.ts).
+  await promisify(execFile)(process.execPath, ['scripts/build-if-stale.mjs']);
   project.provide('referenceModelsDir', dir);
   return () => rm(dir, { recursive: true, force: true });
 }

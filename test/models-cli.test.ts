@@ -6,9 +6,9 @@ import { createServer as createHttpServer } from 'node:http';
 import { createServer, type AddressInfo, type Socket } from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
-import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
 import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, inject, it } from 'vitest';
+import { imagegenArgs, PROJECT_ROOT } from './helpers/cli.js';
 import { failureOf } from './helpers/failures.js';
 import { inspectModel } from '../src/models/layout.js';
 import { exists } from '../src/util/files.js';
@@ -437,7 +437,7 @@ describe('the imagegen CLI', () => {
     await importFrom(sourceDir, 'turbo');
     const dataDir = path.join(modelsDir, '..', 'data');
     const list = async () =>
-      (await execFileAsync('npx', ['tsx', 'src/cli/main.ts', 'models', 'list', '--models-dir', modelsDir, '--data-dir', dataDir], { cwd: fileURLToPath(new URL('..', import.meta.url)) })).stdout;
+      (await execFileAsync(process.execPath, imagegenArgs('models', 'list', '--models-dir', modelsDir, '--data-dir', dataDir), { cwd: PROJECT_ROOT })).stdout;
     expect(await list()).toMatch(/^ID\s+MODEL\s+SIZE\s+MEMORY\s+STATUS\nturbo\s+sd\/sd-turbo\s+\d+\.\d [KM]iB\s+not measured\s+ok\n$/);
     // What a server's workers measured for the model, as the server keeps it in its data folder.
     const figures = await MemoryFigures.open(dataDir);
@@ -445,7 +445,7 @@ describe('the imagegen CLI', () => {
     await figures.flushed();
     expect(await list()).toMatch(/\nturbo\s+sd\/sd-turbo\s+\d+\.\d [KM]iB\s+1\.5 GiB \+ 1\.0 GiB at 1\.0 MP\s+ok\n$/);
     // An id that is also an OpenAI model name, or the embedded model's, changes what requests for it run: said so.
-    const cli = (...args: string[]) => execFileAsync('npx', ['tsx', 'src/cli/main.ts', ...args], { cwd: fileURLToPath(new URL('..', import.meta.url)) });
+    const cli = (...args: string[]) => execFileAsync(process.execPath, imagegenArgs(...args), { cwd: PROJECT_ROOT });
     for (const [name, note] of [['dall-e-3', /note: dall-e-3 is also an OpenAI model name: requests naming it now run this model/], ['demo-shapes', /note: demo-shapes is also the id of a model that comes with the server/]] as const) {
       const { stdout } = await cli('models', 'import', sourceDir, '--name', name, '--skip-load', '--models-dir', modelsDir);
       expect(stdout).toMatch(note);
@@ -453,7 +453,7 @@ describe('the imagegen CLI', () => {
     expect((await cli('models', 'import', sourceDir, '--name', 'mine', '--skip-load', '--models-dir', modelsDir)).stdout).not.toMatch(/note:/);
     // A mistyped folder is no empty one.
     const missing = path.join(modelsDir, 'no-such-folder');
-    await expect(execFileAsync('npx', ['tsx', 'src/cli/main.ts', 'models', 'list', '--models-dir', missing], { cwd: fileURLToPath(new URL('..', import.meta.url)) })).rejects.toMatchObject({
+    await expect(cli('models', 'list', '--models-dir', missing)).rejects.toMatchObject({
       code: 1,
       stderr: expect.stringContaining(`error: ${missing} is not there (ENOENT): pass the folder the server reads models from`),
     });

@@ -6,6 +6,7 @@ import sharp from 'sharp';
 import { beforeAll, describe, expect, it, onTestFinished } from 'vitest';
 import { WorkerRuntime } from '../src/pipelines/run.js';
 import { readGolden, verifyCase, verifyGolden, DEFAULT_TOLERANCE } from '../src/cli/golden.js';
+import { imagegenArgs } from './helpers/cli.js';
 import { copyOfExport, goldenFile, GOLDENS, haveRealExports, REAL_EXPORT_NAMES, realExport } from './helpers/real-exports.js';
 
 /**
@@ -74,7 +75,7 @@ describe.skipIf(!haveRealExports)('real exports against diffusers (needs ../shar
 
   describe('imagegen models verify', () => {
     const verify = (...args: string[]) =>
-      spawnSync(process.execPath, ['--import', 'tsx', 'src/cli/main.ts', 'models', 'verify', ...args], { cwd: root, encoding: 'utf8' });
+      spawnSync(process.execPath, imagegenArgs('models', 'verify', ...args), { cwd: root, encoding: 'utf8' });
 
     it('prints one line per case and exits 0 when all pass', () => {
       const run = verify(realExport('sd15'), '--golden', goldenFile('sd15'));

@@ -5,6 +5,7 @@ import path from 'node:path';
 import { promisify } from 'node:util';
 import sharp from 'sharp';
 import { describe, expect, it, onTestFinished } from 'vitest';
+import { imagegenArgs } from './helpers/cli.js';
 import { referenceModel } from './helpers/reference.js';
 import { largestDifference } from './helpers/difference.js';
 
@@ -34,7 +35,7 @@ if (missing) console.warn(`skipping the WebGPU generation tests: no WebGPU adapt
 async function generate(env: Record<string, string>) {
   const out = await mkdtemp(path.join(os.tmpdir(), 'imagegen-webgpu-'));
   onTestFinished(() => rm(out, { recursive: true, force: true }));
-  const { stderr } = await run(process.execPath, ['--import', 'tsx', path.join(root, 'src/cli/main.ts'), 'generate', 'a red circle', '--seed', '7', '--steps', '2', '--out', out], {
+  const { stderr } = await run(process.execPath, imagegenArgs('generate', 'a red circle', '--seed', '7', '--steps', '2', '--out', out), {
     cwd: root,
     // Dawn's Vulkan loader logs an error for each adapter it tries without XDG_RUNTIME_DIR (harmless, but noise).
     env: { ...process.env, XDG_RUNTIME_DIR: os.tmpdir(), ...env },

@@ -1,15 +1,13 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
 import { createInterface } from 'node:readline';
-import { fileURLToPath } from 'node:url';
+import { imagegenArgs, PROJECT_ROOT } from './cli.js';
 
 /**
- * `imagegen serve` as a process of its own (the CLI from source under tsx, as in development), with only
- * the environment it is given, so that settings in the developer's environment cannot change a test.
+ * `imagegen serve` as a process of its own (the built CLI, as `npm start` runs it), with only the
+ * environment it is given, so that settings in the developer's environment cannot change a test.
  * For tests that kill, restart or put several servers behind a balancer.
  */
-
-const REPO = fileURLToPath(new URL('../..', import.meta.url));
 
 export interface ServerProcess {
   child: ChildProcess;
@@ -42,7 +40,7 @@ export interface SpawnOptions {
 
 /** Starts `imagegen serve` with `env` and resolves once it listens; rejects with its stderr when it exits first. */
 export async function spawnServer(env: Record<string, string>, { limitsKb = {}, cgroup, onLine, stderr: stderrMode = 'pipe', group = false, args: flags = [] }: SpawnOptions = {}): Promise<ServerProcess> {
-  const command = [process.execPath, '--import', 'tsx', 'src/cli/main.ts', 'serve', ...flags];
+  const command = [process.execPath, ...imagegenArgs('serve', ...flags)];
   const setUp = [
     limitsKb.fileSize !== undefined && `ulimit -f ${limitsKb.fileSize}`,
     limitsKb.data !== undefined && `ulimit -d ${limitsKb.data}`,
@@ -50,9 +48,8 @@ export async function spawnServer(env: Record<string, string>, { limitsKb = {}, 
   ].filter(Boolean);
   const [file, ...args] = setUp.length === 0 ? command : ['bash', '-c', `${setUp.join(' && ')} && exec "$@"`, 'bash', ...command];
   const child = spawn(file, args, {
-    cwd: REPO,
-    // tsx keeps its compile cache in memory: writing it could hit a file size limit.
-    env: { PATH: process.env.PATH, HOME: process.env.HOME, TSX_DISABLE_CACHE: '1', WORKERS: '1', ...env },
+    cwd: PROJECT_ROOT,
+    env: { PATH: process.env.PATH, HOME: process.env.HOME, WORKERS: '1', ...env },
     stdio: ['ignore', 'pipe', stderrMode],
     detached: group,
   });
