@@ -33,12 +33,16 @@ export interface RunningServer {
 
 const SWEEP_INTERVAL_MS = 60_000;
 
-/** What tests may replace: the image store's clock (expiry without waiting for it). */
+/**
+ * What tests may replace: the image store's clock (expiry without waiting for it), and the workers'
+ * module (see EnginePoolOptions.workerScript).
+ */
 export interface ServerOverrides {
   clock?: () => number;
+  workerScript?: string;
 }
 
-export async function startServer(config: Config, logger: Logger, { clock }: ServerOverrides = {}): Promise<RunningServer> {
+export async function startServer(config: Config, logger: Logger, { clock, workerScript }: ServerOverrides = {}): Promise<RunningServer> {
   // Read and checked first: a file that is missing or no PEM stops the start before any worker process is started.
   const tls = config.tlsCert && config.tlsKey ? { cert: await readFile(config.tlsCert), key: await readFile(config.tlsKey) } : undefined;
   if (tls) createSecureContext(tls);
@@ -103,6 +107,7 @@ export async function startServer(config: Config, logger: Logger, { clock }: Ser
     memoryLimit: config.memoryLimit,
     preload,
     memoryFigures,
+    workerScript,
     logger: logger.child({ component: 'engine' }),
     metrics,
   });

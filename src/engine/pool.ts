@@ -69,6 +69,11 @@ export interface EnginePoolOptions {
   memoryFigures?: MemoryFigureBook;
   /** The clock of the restart backoff; real time unless a test passes its own. */
   clock?: PoolClock;
+  /**
+   * The worker module to run: by default the one next to the pool's own modules, in their language
+   * (the sources under vitest, which each worker then compiles again under tsx); tests pass the built one.
+   */
+  workerScript?: string;
   logger?: Logger;
   metrics?: EngineMetrics;
 }
@@ -175,6 +180,7 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
       nice: options.workerNice ?? 0,
     }),
     preload,
+    workerScript: options.workerScript,
     startStallMs: options.startStallTimeoutMs ?? (stallMs > 0 ? Math.max(stallMs, START_STALL_MIN_MS) : 0),
     clock: options.clock ?? REAL_CLOCK,
     logger,

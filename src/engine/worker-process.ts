@@ -52,14 +52,13 @@ interface Task {
 }
 
 /**
- * The worker module next to this one, in the same language: worker.ts under tsx/vitest, worker.js when
- * built. Workers run with --expose-gc so that what a model's load leaves as garbage is collected before
- * its memory is measured (settledResidentBytes in runtime/memory.ts).
+ * The worker module: `script`, or the one next to this module in the same language (worker.ts under
+ * tsx/vitest, worker.js when built). Workers run with --expose-gc so that what a model's load leaves as
+ * garbage is collected before its memory is measured (settledResidentBytes in runtime/memory.ts).
  */
-function workerModule(): { file: string; execArgv: string[] } {
-  const ext = path.extname(fileURLToPath(import.meta.url));
-  const file = fileURLToPath(new URL(`./worker${ext}`, import.meta.url));
-  return { file, execArgv: ['--expose-gc', ...(ext === '.ts' ? ['--import', 'tsx'] : [])] };
+function workerModule(script?: string): { file: string; execArgv: string[] } {
+  const file = script ?? fileURLToPath(new URL(`./worker${path.extname(fileURLToPath(import.meta.url))}`, import.meta.url));
+  return { file, execArgv: ['--expose-gc', ...(path.extname(file) === '.ts' ? ['--import', 'tsx'] : [])] };
 }
 
 function describeExit(code: number | null, signal: NodeJS.Signals | null): string {
@@ -90,11 +89,13 @@ export class WorkerProcess implements MemoryClaimant {
   /** Why the pool killed it, which then says more than the signal. */
   private killedBecause?: string;
 
+  /** `script`: the worker module to run (see workerModule). */
   constructor(
     init: WorkerInit,
     private readonly listener: WorkerListener,
+    script?: string,
   ) {
-    const { file, execArgv } = workerModule();
+    const { file, execArgv } = workerModule(script);
     // fork() throws for some failures to start (ENOMEM) and reports others as an 'error' event.
     this.child = fork(file, [], { execArgv, serialization: 'advanced' });
     // 'close' rather than 'exit': it comes after the last message, so a result sent just before the

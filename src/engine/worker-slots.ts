@@ -57,6 +57,8 @@ export interface WorkerSlotsOptions {
   init(slot: number): WorkerInit;
   /** Model folders every worker loads before it takes jobs. */
   preload: readonly ModelRef[];
+  /** The worker module to run; default the one next to worker-process.ts (see EnginePoolOptions.workerScript). */
+  workerScript?: string;
   /** A starting worker that goes this long without loading a model or becoming ready is killed; 0 = never. */
   startStallMs: number;
   clock: PoolClock;
@@ -203,7 +205,7 @@ export class WorkerSlots {
 
   private start(slot: number): void {
     try {
-      const worker = new WorkerProcess(this.options.init(slot), this.listener);
+      const worker = new WorkerProcess(this.options.init(slot), this.listener, this.options.workerScript);
       this.slots[slot] = worker;
       this.starting.set(worker, stallWatchdog(worker, this.options.startStallMs, () => this.options.waitingForMemory(worker), ' while starting (loading its models)'));
     } catch (err) {

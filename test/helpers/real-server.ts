@@ -6,6 +6,7 @@ import type { Logger } from 'pino';
 import { loadConfig } from '../../src/config.js';
 import { startServer, type RunningServer } from '../../src/server.js';
 import { silentLogger } from './api-server.js';
+import { WORKER_SCRIPT } from './cli.js';
 
 /**
  * The whole service as `imagegen serve` runs it (config, worker processes, real pipelines) started in
@@ -71,7 +72,7 @@ export async function startRealServer(options: RealServerOptions = {}): Promise<
     ...(options.apiKey && { API_KEYS: options.apiKey }),
     ...options.env,
   };
-  const server = await startServer(loadConfig({}, env), options.logger ?? silentLogger, { clock: options.clock });
+  const server = await startServer(loadConfig({}, env), options.logger ?? silentLogger, { clock: options.clock, workerScript: WORKER_SCRIPT });
   const baseURL = `${server.url}/v1`;
   return {
     server,
