@@ -3,7 +3,7 @@ import os from 'node:os';
 import path from 'node:path';
 import type { Redis } from 'ioredis';
 import type OpenAI from 'openai';
-import { describe, expect, it } from 'vitest';
+import { describe, expect, it, vi } from 'vitest';
 import type { ApiError } from '../src/api/errors.js';
 import { KeySlots, type KeySlotsOptions } from '../src/http/key-slots.js';
 import { silentLogger } from './helpers/api-server.js';
@@ -154,6 +154,36 @@ describe.skipIf(!REDIS_SERVER)(`'concurrent' slots shared through Redis${NO_REDI
       p.state.finish();
     }
     await Promise.all(held);
+  });
+
+  it("keeps leases and order on Redis's clock: replicas whose clocks are off by an hour neither expire a running lease nor jump the queue", async () => {
+    const [one, two, three] = [await replica({ leaseMs: 1000 }), await replica({ leaseMs: 1000 }), await replica({ leaseMs: 1000 })];
+    const key = { label: 'jun', limits: { concurrent: 1 } };
+    const [running, fast, slow] = [pending(), pending(), pending()];
+    const held = [one.slots.hold(key, never, running.work)];
+    await tick();
+    // This process's clock is every replica's: an hour fast while the second request comes, an hour slow for the third.
+    const realNow = Date.now.bind(Date);
+    const clock = vi.spyOn(Date, 'now');
+    try {
+      clock.mockImplementation(() => realNow() + 3_600_000);
+      held.push(two.slots.hold(key, never, fast.work));
+      await tick();
+      clock.mockImplementation(() => realNow() - 3_600_000);
+      held.push(three.slots.hold(key, never, slow.work));
+      await tick();
+      expect([running.state.running, fast.state.running, slow.state.running]).toEqual([true, false, false]);
+      running.state.finish();
+      await expect.poll(() => fast.state.running, { timeout: 3000, interval: 20 }).toBe(true);
+      await tick();
+      expect(slow.state.running).toBe(false);
+      fast.state.finish();
+      await expect.poll(() => slow.state.running, { timeout: 3000, interval: 20 }).toBe(true);
+      slow.state.finish();
+      await Promise.all(held);
+    } finally {
+      clock.mockRestore();
+    }
   });
 
   it('puts back the lease of a running request that Redis lost (a restart without persistence), so the limit holds again', async () => {

@@ -20,20 +20,28 @@ import { RedisFallback } from './redis.js';
  * Retry-After from when the key's running requests were estimated to end). The key's waiting requests
  * take the slots that free in the order they came, over all replicas: they wait in a second sorted set
  * (score: when each came), and only those first in it may take a free slot. Each asks again every
- * POLL_MS, which renews its place; one whose replica died drops out once that runs out. Our own rather
+ * POLL_MS, which renews its place; one whose replica died drops out once that runs out. Every time kept
+ * in Redis (a lease's end, when a request came, its place's expiry, an estimated end) is on Redis's own
+ * clock (TIME, read in the scripts): replicas send durations only, so a replica whose clock is off can
+ * neither expire the others' leases early nor jump the queue. Our own rather
  * than a lock library: what is needed is a fair counting semaphore with expiring leases, and the
  * script is a few lines. While Redis cannot be reached each replica's queue counts the key's running
  * work on its own (job-queue.ts), so the limit then holds per replica.
  */
 
+/** Redis's time in ms, in a script (allowed before writes: scripts replicate their effects). */
+const NOW = `local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+`;
+
 /**
  * KEYS: the key's slots, its waiting requests, their places' expiry, the running requests' estimated
- * ends. ARGV: now, limit, the lease's end, its id, the keys' time to live, when the request came, when
- * its place runs out, how long it is estimated to run (ms).
+ * ends. ARGV (ms but the limit and id): limit, the lease, its id, the keys' time to live, how long its
+ * place lasts, how long it is estimated to run.
  */
-const TAKE = `
+const TAKE = `${NOW}
 local slots, waiting, places, ends = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local now, id = ARGV[1], ARGV[4]
+local id = ARGV[3]
 for _, gone in ipairs(redis.call('ZRANGEBYSCORE', slots, '-inf', now)) do redis.call('HDEL', ends, gone) end
 redis.call('ZREMRANGEBYSCORE', slots, '-inf', now)
 for _, gone in ipairs(redis.call('ZRANGEBYSCORE', places, '-inf', now)) do redis.call('ZREM', waiting, gone) end
@@ -42,20 +50,43 @@ redis.call('ZREMRANGEBYSCORE', places, '-inf', now)
 for _, other in ipairs(redis.call('ZRANGE', waiting, 0, -1)) do
   if other ~= id and not redis.call('ZSCORE', places, other) then redis.call('ZREM', waiting, other) end
 end
-redis.call('ZADD', waiting, 'NX', ARGV[6], id)
-local free = tonumber(ARGV[2]) - redis.call('ZCARD', slots)
+-- Its first ask is when it came.
+redis.call('ZADD', waiting, 'NX', now, id)
+local free = tonumber(ARGV[1]) - redis.call('ZCARD', slots)
 local taken = 0
 if free > 0 and redis.call('ZRANK', waiting, id) < free then
   redis.call('ZREM', waiting, id)
   redis.call('ZREM', places, id)
-  redis.call('ZADD', slots, ARGV[3], id)
-  redis.call('HSET', ends, id, tonumber(now) + tonumber(ARGV[8]))
+  redis.call('ZADD', slots, now + tonumber(ARGV[2]), id)
+  redis.call('HSET', ends, id, now + tonumber(ARGV[6]))
   taken = 1
 else
-  redis.call('ZADD', places, ARGV[7], id)
+  redis.call('ZADD', places, now + tonumber(ARGV[5]), id)
 end
-for _, key in ipairs(KEYS) do redis.call('PEXPIRE', key, ARGV[5]) end
+for _, key in ipairs(KEYS) do redis.call('PEXPIRE', key, ARGV[4]) end
 return taken
+`;
+
+/**
+ * KEYS: the key's slots and estimated ends. ARGV (ms but the id): the lease, its id, how long the
+ * request is still estimated to run, the keys' time to live. Not XX: a lease Redis lost (a restart) is
+ * put back, since the request still runs, and so is its estimated end.
+ */
+const RENEW = `${NOW}
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[1]), ARGV[2])
+redis.call('HSETNX', KEYS[2], ARGV[2], now + tonumber(ARGV[3]))
+for _, key in ipairs(KEYS) do redis.call('PEXPIRE', key, ARGV[4]) end
+`;
+
+/** KEYS: the key's estimated ends. The ms until the first of them, or -1 when there is none. */
+const FIRST_END = `${NOW}
+local first = nil
+for _, value in ipairs(redis.call('HVALS', KEYS[1])) do
+  local at = tonumber(value)
+  if first == nil or at < first then first = at end
+end
+if first == nil then return -1 end
+return first - now
 `;
 
 declare module 'ioredis' {
@@ -66,15 +97,17 @@ declare module 'ioredis' {
       waiting: string,
       places: string,
       ends: string,
-      now: number,
       limit: number,
-      until: number,
+      leaseMs: number,
       id: string,
       keyTtlMs: number,
-      came: number,
-      placeUntil: number,
+      placeMs: number,
       estimatedMs: number,
     ): Result<number, Context>;
+    /** Defined by KeySlots: renews the lease `id` (see RENEW). */
+    imagegenRenewSlot(slots: string, ends: string, leaseMs: number, id: string, remainingMs: number, keyTtlMs: number): Result<null, Context>;
+    /** Defined by KeySlots: ms until the first estimated end of the key's running requests, -1 when none (see FIRST_END). */
+    imagegenFirstEnd(ends: string): Result<number, Context>;
   }
 }
 
@@ -118,6 +151,8 @@ export class KeySlots {
     this.leaseMs = options.leaseMs ?? 30_000;
     this.pollMs = options.pollMs ?? 200;
     redis.defineCommand('imagegenTakeSlot', { numberOfKeys: 4, lua: TAKE });
+    redis.defineCommand('imagegenRenewSlot', { numberOfKeys: 2, lua: RENEW });
+    redis.defineCommand('imagegenFirstEnd', { numberOfKeys: 1, lua: FIRST_END });
   }
 
   /**
@@ -131,12 +166,11 @@ export class KeySlots {
     const id = randomBytes(8).toString('hex');
     const estimatedMs = estimatedSeconds * 1000;
     if (!(await this.take(keys, limit, id, signal, key.label, estimatedMs, onWait))) return work();
-    // As the script wrote it when the slot was taken.
-    const end = Date.now() + estimatedMs;
+    // Durations on this replica's monotonic clock: the times in Redis are on Redis's.
+    const took = performance.now();
     const renewal = setInterval(() => {
-      // Not XX: a lease Redis lost (a restart) is put back, since the request still runs.
-      const renew = this.redis.multi().zadd(keys.slots, Date.now() + this.leaseMs, id).hset(keys.ends, id, end).pexpire(keys.slots, 2 * this.leaseMs).pexpire(keys.ends, 2 * this.leaseMs);
-      renew.exec().then(
+      const remainingMs = Math.max(0, Math.round(estimatedMs - (performance.now() - took)));
+      this.redis.imagegenRenewSlot(keys.slots, keys.ends, this.leaseMs, id, remainingMs, 2 * this.leaseMs).then(
         () => this.status.answered(),
         (err: unknown) => this.status.failed(err),
       );
@@ -151,15 +185,13 @@ export class KeySlots {
 
   /** Waits for a slot (calling `onWait` when it begins to wait): true once taken, false when Redis cannot be asked (the work then runs unshared). */
   private async take(keys: ReturnType<typeof keysOf>, limit: number, id: string, signal: AbortSignal, label: string, estimatedMs: number, onWait?: () => void): Promise<boolean> {
-    const came = Date.now();
+    const came = performance.now();
     // Whatever ends the wait but a slot leaves no place behind to hold up the requests after it.
     const leave = () => this.redis.multi().zrem(keys.waiting, id).zrem(keys.places, id).zrem(keys.slots, id).hdel(keys.ends, id).exec().catch(() => undefined);
     for (;;) {
       let taken: number;
       try {
-        const now = Date.now();
-        const placeUntil = now + PLACE_POLLS * this.pollMs;
-        taken = await this.redis.imagegenTakeSlot(keys.slots, keys.waiting, keys.places, keys.ends, now, limit, now + this.leaseMs, id, 2 * this.leaseMs, came, placeUntil, estimatedMs);
+        taken = await this.redis.imagegenTakeSlot(keys.slots, keys.waiting, keys.places, keys.ends, limit, this.leaseMs, id, 2 * this.leaseMs, PLACE_POLLS * this.pollMs, estimatedMs);
       } catch (err) {
         this.status.failed(err);
         // A take that timed out here may still run once a stalled Redis resumes, leaving a lease nobody
@@ -170,7 +202,7 @@ export class KeySlots {
       }
       this.status.answered();
       if (taken === 1) return true;
-      const waited = Date.now() - came;
+      const waited = performance.now() - came;
       // Said once, as the wait begins: a streamed answer opens then (see GenerateContext.hold).
       onWait?.();
       onWait = undefined;
@@ -192,8 +224,7 @@ export class KeySlots {
 
   /** Seconds until the first of the key's running requests is estimated to end; at least 1 (also when Redis cannot say). */
   private async retryAfter(keys: ReturnType<typeof keysOf>): Promise<number> {
-    const ends = await this.redis.hvals(keys.ends).catch((): string[] => []);
-    const first = Math.min(...ends.map(Number));
-    return Number.isFinite(first) ? Math.max(1, Math.ceil((first - Date.now()) / 1000)) : 1;
+    const firstMs = await this.redis.imagegenFirstEnd(keys.ends).catch(() => -1);
+    return firstMs < 0 ? 1 : Math.max(1, Math.ceil(firstMs / 1000));
   }
 }
