@@ -3,6 +3,7 @@ import { fileURLToPath } from 'node:url';
 import { z } from 'zod';
 import { EXECUTION_PROVIDERS } from './runtime/providers.js';
 import { NOISE_KINDS } from './runtime/random.js';
+import type { VaeTilingMode } from './pipelines/memory-plan.js';
 import { isSendableKey } from './api/bearer.js';
 import { OPENAI_MODEL_NAMES } from './api/dialects.js';
 
@@ -246,10 +247,14 @@ const SETTINGS = {
   vaeTiling: {
     schema: z
       .string()
-      .refine((text) => text === 'auto' || text === 'always' || (/^\d+$/.test(text) && Number(text) >= 256 && Number(text) <= 4096 && Number(text) % 64 === 0), {
-        error: 'expected auto, always, or the side of the tiles in pixels: a multiple of 64 from 256 to 4096',
-      })
-      .transform((text): 'auto' | 'always' | number => (text === 'auto' || text === 'always' ? text : Number(text)))
+      .refine(
+        (text) => {
+          const side = Number(text);
+          return text === 'auto' || text === 'always' || (/^\d+$/.test(text) && side >= 256 && side <= 4096 && side % 64 === 0);
+        },
+        { error: 'expected auto, always, or the side of the tiles in pixels: a multiple of 64 from 256 to 4096' },
+      )
+      .transform((text): VaeTilingMode => (text === 'auto' || text === 'always' ? text : Number(text)))
       .default('auto'),
     description:
       "when the VAE decodes in overlapping tiles: 'auto' only where the whole decode would not fit memory (the picture is then diffusers' exactly), 'always' every image with a side over 512 pixels (less memory; faster where the decoder's attention dominates, as in small exports at large sizes), or a number of pixels: as always, in tiles of that side",

@@ -179,7 +179,7 @@ export class KeySlots {
       return await work();
     } finally {
       clearInterval(renewal);
-      await this.redis.multi().zrem(keys.slots, id).hdel(keys.ends, id).exec().catch(() => undefined);
+      await this.forget(keys, id);
     }
   }
 
@@ -187,7 +187,7 @@ export class KeySlots {
   private async take(keys: ReturnType<typeof keysOf>, limit: number, id: string, signal: AbortSignal, label: string, estimatedMs: number, onWait?: () => void): Promise<boolean> {
     const came = performance.now();
     // Whatever ends the wait but a slot leaves no place behind to hold up the requests after it.
-    const leave = () => this.redis.multi().zrem(keys.waiting, id).zrem(keys.places, id).zrem(keys.slots, id).hdel(keys.ends, id).exec().catch(() => undefined);
+    const leave = () => this.forget(keys, id);
     for (;;) {
       let taken: number;
       try {
@@ -220,6 +220,11 @@ export class KeySlots {
         throw signal.reason;
       });
     }
+  }
+
+  /** Removes all the key's entries of `id`, whichever it has (a place while waiting, a lease and an estimated end while running). */
+  private async forget(keys: ReturnType<typeof keysOf>, id: string): Promise<void> {
+    await this.redis.multi().zrem(keys.waiting, id).zrem(keys.places, id).zrem(keys.slots, id).hdel(keys.ends, id).exec().catch(() => undefined);
   }
 
   /** Seconds until the first of the key's running requests is estimated to end; at least 1 (also when Redis cannot say). */

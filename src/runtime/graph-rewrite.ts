@@ -15,10 +15,11 @@ const { onnx } = onnxProto;
  * (1 GiB at 512x512 in SD 1.5's first block, 128 MiB in the tiny test exports', 1 GiB in a VAE
  * decoding 1024x1024), filled, multiplied and added for nothing. onnxruntime's CPU provider spent
  * 45% of a small UNet's call on it; the WebGPU provider, which has no ConstantOfShape kernel, builds
- * it on the CPU and copies it to the GPU, 600 ms of an 820 ms call on an H100 (docs/performance.md). A scalar zero in its place gives the same sums
- * bit for bit (x + 0 = x; the Mul stays, so a NaN beta still makes NaN), and the same shape: baddbmm's
- * output has the product's shape whatever its input's, so the export builds the zeros in the scores'
- * own shape (an assumption the graph cannot prove, as its shapes are symbolic).
+ * it on the CPU and copies it to the GPU, 600 ms of an 820 ms call on an H100 (docs/performance.md).
+ * A scalar zero in its place gives the same sums bit for bit (x + 0 = x; the Mul stays, so a NaN beta
+ * still makes NaN), and the same shape: baddbmm's output has the product's shape whatever its input's,
+ * so the export builds the zeros in the scores' own shape (an assumption the graph cannot prove, as
+ * its shapes are symbolic).
  *
  * Only that exact chain is rewritten: ConstantOfShape of float 0, times a constant, added to a product
  * of a MatMul, into a Softmax (through Casts), none of it a graph output. Graphs with subgraphs (If,

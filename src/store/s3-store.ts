@@ -69,6 +69,8 @@ export class S3ImageStore implements ImageStore {
   private constructor(private readonly options: S3StoreOptions) {
     this.now = options.clock ?? Date.now;
     this.space = new StoreSpace(options.maxBytes, () => this.sweep());
+    // Each try's share of the request's limit (see maxAttempts below).
+    const tryTimeoutMs = Math.ceil((options.requestTimeoutMs ?? REQUEST_TIMEOUT_MS) / ATTEMPTS);
     this.client = new S3Client({
       ...(options.endpoint && { endpoint: options.endpoint }),
       ...(options.region && { region: options.region }),
@@ -85,9 +87,9 @@ export class S3ImageStore implements ImageStore {
       maxAttempts: ATTEMPTS,
       requestHandler: {
         connectionTimeout: 5000,
-        requestTimeout: Math.ceil((options.requestTimeoutMs ?? REQUEST_TIMEOUT_MS) / ATTEMPTS),
+        requestTimeout: tryTimeoutMs,
         throwOnRequestTimeout: true,
-        socketTimeout: Math.ceil((options.requestTimeoutMs ?? REQUEST_TIMEOUT_MS) / ATTEMPTS),
+        socketTimeout: tryTimeoutMs,
       },
     });
   }
