@@ -2,10 +2,9 @@ import { readdir, readFile } from 'node:fs/promises';
 import os from 'node:os';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { DEMO_MODEL_DIR } from './helpers/demo-model.js';
-import { createEnginePool } from '../src/engine/pool.js';
 import type { GenerationBatch } from '../src/runtime/types.js';
 import { startTestServer } from './helpers/api-server.js';
-import { WORKER_SCRIPT } from './helpers/cli.js';
+import { createBuiltPool } from './helpers/cli.js';
 import { capturedLogs } from './helpers/logs.js';
 import { auth, generate, LONG, metric, MODEL, OPS_KEY, scrape, sleep, startOpsServer, untilReady, whenRunning, type Answer, type OpsServer } from './helpers/ops-server.js';
 
@@ -268,7 +267,7 @@ describe('a worker process that dies', () => {
     // The backoff runs on a fake clock: its delays are checked without being waited for.
     const clock = fakeClock();
     const { logger, lines } = capturedLogs<{ msg?: string; restartInMs?: number; reason?: string }>();
-    const pool = createEnginePool({ workerScript: WORKER_SCRIPT, workers: 1, queueMax: 4, executionProvider: 'cpu', preload: [{ dir: DEMO_MODEL_DIR }], logger, clock });
+    const pool = createBuiltPool({ workers: 1, queueMax: 4, executionProvider: 'cpu', preload: [{ dir: DEMO_MODEL_DIR }], logger, clock });
     const server = await startTestServer({ engine: pool });
     const readyAnswer = async () => {
       const res = await fetch(`${server.origin}/ready`);
@@ -325,7 +324,7 @@ describe('a worker process that dies', () => {
 describe('a worker that hangs while it starts', () => {
   it('is killed once it goes its stall timeout (WORKER_STALL_TIMEOUT_SECONDS, at least five minutes) without loading a model or becoming ready, and /ready says why', async () => {
     const clock = fakeClock();
-    const pool = createEnginePool({ workerScript: WORKER_SCRIPT, workers: 1, queueMax: 4, executionProvider: 'cpu', preload: [{ dir: DEMO_MODEL_DIR }], startStallTimeoutMs: 1000, clock });
+    const pool = createBuiltPool({ workers: 1, queueMax: 4, executionProvider: 'cpu', preload: [{ dir: DEMO_MODEL_DIR }], startStallTimeoutMs: 1000, clock });
     const [{ pid }] = pool.workers();
     // Stopped before it could load anything, as a deadlock in native code would hold it.
     process.kill(pid!, 'SIGSTOP');
@@ -341,7 +340,7 @@ describe('a worker that hangs while it starts', () => {
 describe('a pool whose workers die after it started', () => {
   it('stays ready while one worker is, says it cannot generate (not "starting") when none is, and a request that waited for none is told so', async () => {
     const clock = fakeClock();
-    const pool = createEnginePool({ workerScript: WORKER_SCRIPT, workers: 2, queueMax: 4, queueTimeoutMs: 300, executionProvider: 'cpu', preload: [{ dir: DEMO_MODEL_DIR }], clock });
+    const pool = createBuiltPool({ workers: 2, queueMax: 4, queueTimeoutMs: 300, executionProvider: 'cpu', preload: [{ dir: DEMO_MODEL_DIR }], clock });
     const server = await startTestServer({ engine: pool });
     const readyAnswer = async () => {
       const res = await fetch(`${server.origin}/ready`);
@@ -401,7 +400,7 @@ const demoBatch = (): GenerationBatch => ({
 
 describe('stopping the engine', () => {
   it('kills a worker that does not exit within the grace period', async () => {
-    const pool = createEnginePool({ workerScript: WORKER_SCRIPT, workers: 1, queueMax: 1, executionProvider: 'cpu', stopGraceMs: 200 });
+    const pool = createBuiltPool({ workers: 1, queueMax: 1, executionProvider: 'cpu', stopGraceMs: 200 });
     const [{ pid }] = pool.workers();
     // A stopped process cannot answer, as a worker stuck in a long model load would not.
     process.kill(pid!, 'SIGSTOP');
@@ -470,7 +469,7 @@ async function threadNiceness(pid: number): Promise<number[]> {
 
 describe('worker priority', () => {
   it.skipIf(process.platform !== 'linux')('runs every thread of a worker, onnxruntime\'s included, WORKER_NICE below the server (Linux: a priority per thread)', async () => {
-    const pool = createEnginePool({ workerScript: WORKER_SCRIPT, workers: 1, queueMax: 1, executionProvider: 'cpu', workerNice: 7, preload: [{ dir: DEMO_MODEL_DIR }] });
+    const pool = createBuiltPool({ workers: 1, queueMax: 1, executionProvider: 'cpu', workerNice: 7, preload: [{ dir: DEMO_MODEL_DIR }] });
     try {
       await expect.poll(() => pool.readiness().ready, { timeout: 60_000, interval: 20 }).toBe(true);
       expect(await pool.generate(demoBatch())).toHaveLength(1);
@@ -488,7 +487,7 @@ describe('worker priority', () => {
 describe('worker threads', () => {
   it.skipIf(process.platform !== 'linux')("give each of a worker's onnxruntime sessions WORKER_THREADS intra-op threads, more than the cores if asked (Linux: its threads are listed in /proc)", async () => {
     const threadsOfWorker = async (threadsPerWorker: number) => {
-      const pool = createEnginePool({ workerScript: WORKER_SCRIPT, workers: 1, queueMax: 1, executionProvider: 'cpu', threadsPerWorker, preload: [{ dir: DEMO_MODEL_DIR }] });
+      const pool = createBuiltPool({ workers: 1, queueMax: 1, executionProvider: 'cpu', threadsPerWorker, preload: [{ dir: DEMO_MODEL_DIR }] });
       try {
         await expect.poll(() => pool.readiness().ready, { timeout: 60_000, interval: 20 }).toBe(true);
         expect(await pool.generate(demoBatch())).toHaveLength(1);

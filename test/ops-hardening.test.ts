@@ -1,9 +1,8 @@
 import path from 'node:path';
 import { rm } from 'node:fs/promises';
 import { describe, expect, it } from 'vitest';
-import { createEnginePool } from '../src/engine/pool.js';
 import type { GenerationBatch } from '../src/runtime/types.js';
-import { WORKER_SCRIPT } from './helpers/cli.js';
+import { createBuiltPool } from './helpers/cli.js';
 import { generate, makeRoot, MODEL, sleep, startOpsServer, untilReady } from './helpers/ops-server.js';
 
 /**
@@ -17,7 +16,7 @@ describe('a worker that dies as requests arrive', () => {
   it('fails none of the batches sent to it after it died but before its exit was seen: they run on the replacement', async () => {
     const root = await makeRoot();
     const dir = path.join(root, 'models', MODEL);
-    const pool = createEnginePool({ workerScript: WORKER_SCRIPT, workers: 1, queueMax: 16, queueTimeoutMs: 60_000, executionProvider: 'cpu', preload: [{ dir }] });
+    const pool = createBuiltPool({ workers: 1, queueMax: 16, queueTimeoutMs: 60_000, executionProvider: 'cpu', preload: [{ dir }] });
     const batch = (steps: number): GenerationBatch => ({
       modelDir: dir,
       width: 128,
@@ -76,7 +75,7 @@ describe('fairness between clients on the real engine', () => {
   it("serves a client's cheap requests within about one of another client's expensive batches while that client floods the queue", async () => {
     const root = await makeRoot();
     const dir = path.join(root, 'models', MODEL);
-    const pool = createEnginePool({ workerScript: WORKER_SCRIPT, workers: 1, queueMax: 64, executionProvider: 'cpu', preload: [{ dir }] });
+    const pool = createBuiltPool({ workers: 1, queueMax: 64, executionProvider: 'cpu', preload: [{ dir }] });
     const batch = (size: number, steps: number): GenerationBatch => ({
       modelDir: dir,
       width: size,

@@ -1,4 +1,5 @@
 import { fileURLToPath } from 'node:url';
+import { createEnginePool, type EnginePoolOptions } from '../../src/engine/pool.js';
 
 /**
  * The built `imagegen` command (dist/cli/main.js), as `npm start` and users run it, and its worker
@@ -15,3 +16,6 @@ export const WORKER_SCRIPT = fileURLToPath(new URL('../../dist/engine/worker.js'
 
 /** node's arguments to run `imagegen ...args`. */
 export const imagegenArgs = (...args: string[]): string[] => [IMAGEGEN, ...args];
+
+/** A worker pool in this process whose workers run the built worker module. */
+export const createBuiltPool = (options: EnginePoolOptions) => createEnginePool({ ...options, workerScript: WORKER_SCRIPT });
