@@ -1,56 +1,124 @@
 /**
- * What src/runtime/graph-rewrite.ts buys: one call of each graph as exported and as rewritten (the
- * zeros of baddbmm attention replaced by a scalar), side by side in one run, on each provider asked
- * for, with the same feeds, taking turns (median of 5 calls each after a warm-up), and the largest
- * difference of their outputs (0 expected).
+ * What src/runtime/graph-rewrite.ts buys: one call of each graph as exported, with the exact rewrites
+ * only (GRAPH_REWRITES=exact: baddbmm's zeros dropped) and with all of them (the default: attention also
+ * fused on the CPU), side by side in one run, on each provider asked for, with the same feeds, taking
+ * turns (median of 5 calls each after a warm-up); the largest difference of each rewritten output from
+ * the exported one; and the peak resident memory of a process that loads the graph and makes one call
+ * (each variant in a fresh process of its own, CPU only).
  *
- *   npm run bench:graph-rewrite -- [--model DIR] [--providers cpu,webgpu] [--side 64]
+ *   npm run bench:graph-rewrite -- [--model DIR] [--providers cpu,webgpu] [--side 64] [--head-sizes]
  *
  * --model is an SD-style export (unet/ and vae_decoder/ with 4-channel latents and 32-wide text
  * states, as the real exports in ../shared/data/real-exports); --side the latents' side (64: 512x512).
+ * --head-sizes also times one hand-made attention layer of 4096 tokens (a 512x512 image's first UNet
+ * block) as exported and fused on the CPU, for each head size of the real models: where fusion stops
+ * paying, which sets MAX_HEAD_SIZE in src/runtime/attention-fusion.ts.
  */
+import { execFile } from 'node:child_process';
+import os from 'node:os';
+import { promisify } from 'node:util';
 import { parseArgs } from 'node:util';
 import * as ort from 'onnxruntime-node';
-import os from 'node:os';
-import { graphSource, type GraphSource } from '../src/runtime/graph-rewrite.js';
-import { createSession, EXECUTION_PROVIDERS, isExecutionProvider, type ExecutionProvider } from '../src/runtime/providers.js';
+import onnxProto from 'onnx-proto';
+import { fuseAttention } from '../src/runtime/attention-fusion.js';
+import { graphSource, rewritesOf, type GraphSource } from '../src/runtime/graph-rewrite.js';
+import { createSession, EXECUTION_PROVIDERS, isExecutionProvider, type ExecutionProvider, type GraphRewrites } from '../src/runtime/providers.js';
+import { classicAttentionModel } from '../test/helpers/attention-graph.js';
 import { EXPORT_FEEDS } from '../test/helpers/export-feeds.js';
 import { realExport } from '../test/helpers/real-exports.js';
 import { sideBySide } from './stats.js';
 import { largestDifference } from '../test/helpers/difference.js';
 
 const { values } = parseArgs({
-  options: { model: { type: 'string', default: realExport('sd15') }, providers: { type: 'string', default: 'cpu' }, side: { type: 'string', default: '64' } },
+  options: {
+    model: { type: 'string', default: realExport('sd15') },
+    providers: { type: 'string', default: 'cpu' },
+    side: { type: 'string', default: '64' },
+    'head-sizes': { type: 'boolean', default: false },
+    // Internal: be the child process that measures one variant's peak (part:variant).
+    peak: { type: 'string' },
+  },
 });
 const side = Number(values.side);
 const providers = values.providers.split(',');
 if (!providers.every(isExecutionProvider)) throw new Error(`--providers: expected some of ${EXECUTION_PROVIDERS.join(', ')}`);
+type Part = keyof typeof EXPORT_FEEDS;
+type Variant = 'exported' | GraphRewrites;
+const VARIANTS: readonly Variant[] = ['exported', 'exact', 'all'];
+
+/** How many rewrites a variant makes on `provider`. */
+const rewriteCount = (variant: Variant, provider: ExecutionProvider) => (variant === 'exported' ? 0 : rewritesOf(variant).filter((r) => r.providers.includes(provider)).length);
+
+/** The graph of one variant: the file itself, or what the set of rewrites makes of it on `provider`. */
+const sourceOf = (file: string, variant: Variant, provider: ExecutionProvider): Promise<GraphSource> =>
+  variant === 'exported' ? Promise.resolve(file) : graphSource(file, provider, rewritesOf(variant));
 
 /** A session of `graph` on `provider`, with the server's session options. */
 async function sessionOf(graph: GraphSource, provider: ExecutionProvider): Promise<ort.InferenceSession> {
   return (await createSession(graph, { provider, threads: os.availableParallelism() })).session;
 }
 
-/** The largest difference between the two sessions' outputs for the same feeds. */
-async function outputDifference(a: ort.InferenceSession, b: ort.InferenceSession, feeds: Record<string, ort.Tensor>): Promise<number> {
-  const [x, y] = await Promise.all([a, b].map(async (s) => (await s.run(feeds))[s.outputNames[0]].data as Float32Array));
-  return largestDifference(x, y);
+const outputOf = async (session: ort.InferenceSession, feeds: Record<string, ort.Tensor>) => (await session.run(feeds))[session.outputNames[0]].data as Float32Array;
+
+if (values.peak) {
+  const [part, variant] = values.peak.split(':') as [Part, Variant];
+  const session = await sessionOf(await sourceOf(`${values.model}/${part}/model.onnx`, variant, 'cpu'), 'cpu');
+  await session.run(EXPORT_FEEDS[part](side));
+  console.log(process.resourceUsage().maxRSS * 1024);
+  process.exit(0);
 }
 
-for (const [part, feedsOf] of Object.entries(EXPORT_FEEDS)) {
-  const feeds = () => feedsOf(side);
+/** Peak resident bytes of a fresh process that loads one variant on the CPU and makes one call. */
+async function peakOf(part: Part, variant: Variant): Promise<number> {
+  const args = ['--import', 'tsx', import.meta.filename, '--model', values.model, '--side', String(side), '--peak', `${part}:${variant}`];
+  const { stdout } = await promisify(execFile)(process.execPath, args, { maxBuffer: 1024 ** 2 });
+  return Number(stdout.trim().split('\n').at(-1));
+}
+
+const mib = (bytes: number) => `${(bytes / 1024 ** 2).toFixed(0)} MiB`;
+for (const part of Object.keys(EXPORT_FEEDS) as Part[]) {
+  const feeds = () => EXPORT_FEEDS[part](side);
   const file = `${values.model}/${part}/model.onnx`;
-  const rewritten = await graphSource(file);
-  if (typeof rewritten === 'string') {
-    console.log(`${part}: nothing to rewrite`);
-    continue;
-  }
   for (const provider of providers) {
-    const sessions = [await sessionOf(file, provider), await sessionOf(rewritten, provider)];
+    // A set that makes no more rewrites on the provider than the one before it is not timed again.
+    const distinct = VARIANTS.filter((variant, i) => i === 0 || rewriteCount(variant, provider) > rewriteCount(VARIANTS[i - 1], provider));
+    const sessions = await Promise.all(distinct.map(async (variant) => sessionOf(await sourceOf(file, variant, provider), provider)));
     // The first calls also compile the GPU provider's kernels: not timed.
-    const largest = await outputDifference(sessions[0], sessions[1], feeds());
-    const [before, after] = await sideBySide(sessions.map((s) => () => s.run(feeds())), 5);
+    const outputs = await Promise.all(sessions.map((s) => outputOf(s, feeds())));
+    const times = await sideBySide(sessions.map((s) => () => s.run(feeds())), 5);
     await Promise.all(sessions.map((s) => s.release()));
-    console.log(`${part} ${side * 8}x${side * 8} on ${provider}: as exported ${before.toFixed(1)} ms, rewritten ${after.toFixed(1)} ms, x${(after / before).toFixed(2)}; largest difference ${largest}`);
+    const peaks = provider === 'cpu' ? await Promise.all(distinct.map((variant) => peakOf(part, variant))) : [];
+    const columns = distinct.map((variant, i) => {
+      const ratio = i === 0 ? '' : ` x${(times[i] / times[0]).toFixed(2)}, largest difference ${largestDifference(outputs[i], outputs[0]).toExponential(1)}`;
+      return `${variant} ${times[i].toFixed(1)} ms${ratio}${peaks[i] ? `, peak ${mib(peaks[i])}` : ''}`;
+    });
+    console.log(`${part} ${side * 8}x${side * 8} on ${provider}: ${columns.join('; ')}`);
+  }
+}
+
+/**
+ * Heads of SD 1.5's first block (8 of 40), SDXL's and SD 2's (of 64), wider ones, and the VAEs'
+ * single head of 512 (whose smaller batch keeps the unfused scores within this machine's memory).
+ */
+const HEAD_SHAPES = [
+  { batch: 2, heads: 8, headSize: 40 },
+  { batch: 2, heads: 10, headSize: 64 },
+  { batch: 2, heads: 8, headSize: 128 },
+  { batch: 1, heads: 4, headSize: 256 },
+  { batch: 1, heads: 1, headSize: 512 },
+];
+
+if (values['head-sizes']) {
+  for (const shape of HEAD_SHAPES) {
+    const { model, x, dims } = classicAttentionModel({ ...shape, tokens: 4096 });
+    const fused = structuredClone(model);
+    // Fused whatever the head size, to see what fusing the widest would cost.
+    fuseAttention(fused, Infinity);
+    const sessions = await Promise.all([model, fused].map((m) => sessionOf({ bytes: onnxProto.onnx.ModelProto.encode(m).finish(), folder: os.tmpdir() }, 'cpu')));
+    const feeds = { x: new ort.Tensor('float32', x, dims) };
+    const [exported, rewritten] = await Promise.all(sessions.map((s) => outputOf(s, feeds)));
+    const [before, after] = await sideBySide(sessions.map((s) => () => s.run(feeds)), 3);
+    await Promise.all(sessions.map((s) => s.release()));
+    console.log(`attention layer, batch ${shape.batch}, 4096 tokens, ${shape.heads} heads of ${shape.headSize}: exported ${before.toFixed(1)} ms, fused ${after.toFixed(1)} ms x${(after / before).toFixed(2)}, largest difference ${largestDifference(rewritten, exported).toExponential(1)}`);
   }
 }

@@ -1,7 +1,7 @@
 import { isIP } from 'node:net';
 import { fileURLToPath } from 'node:url';
 import { z } from 'zod';
-import { EXECUTION_PROVIDERS } from './runtime/providers.js';
+import { EXECUTION_PROVIDERS, GRAPH_REWRITE_SETS } from './runtime/providers.js';
 import { NOISE_KINDS } from './runtime/random.js';
 import type { VaeTilingMode } from './pipelines/memory-plan.js';
 import { isSendableKey } from './api/bearer.js';
@@ -229,6 +229,11 @@ const SETTINGS = {
     schema: boolean.default(false),
     description: "let onnxruntime's CPU threads spin-wait for work between operators (faster only with cores to spare: on a busy machine the spinning takes the cores from the other threads and workers)",
   },
+  graphRewrites: {
+    schema: z.enum(GRAPH_REWRITE_SETS).default('all'),
+    description:
+      "how exported graphs are rewritten as they load: all (default: on the CPU, each SD/SDXL attention layer becomes onnxruntime's fused MultiHeadAttention, several times faster at large sizes and without the [tokens x tokens] scores in memory, within 1e-6 of the exported graph) or exact (only the rewrites that keep the exported graph's values bit for bit)",
+  },
   workerNice: {
     schema: integer(0, 19).default(10),
     description:
@@ -414,7 +419,7 @@ function aliasesOf({ defaultModel, modelAliases }: Pick<Settings, 'defaultModel'
 }
 
 /** What the commands that run models without serving them (generate, models verify) read. */
-const MODEL_SETTINGS = ['modelsDir', 'defaultModel', 'modelAliases', 'rng', 'executionProvider', 'workerThreads', 'memoryLimit'] as const;
+const MODEL_SETTINGS = ['modelsDir', 'defaultModel', 'modelAliases', 'rng', 'executionProvider', 'workerThreads', 'memoryLimit', 'graphRewrites'] as const;
 export type ModelSettings = Pick<Config, (typeof MODEL_SETTINGS)[number]>;
 
 /**

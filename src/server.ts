@@ -82,7 +82,7 @@ export async function startServer(config: Config, logger: Logger, { clock, worke
   }
 
   const metrics = new Metrics();
-  const memoryFigures = await MemoryFigures.open(config.dataDir, config.executionProvider);
+  const memoryFigures = await MemoryFigures.open(config.dataDir, config.executionProvider, config.graphRewrites);
   const figuresFile = `DATA_DIR/${memoryFigures.fileName}`;
   if (memoryFigures.setAside === 'outdated') {
     logger.info(`the memory figures in ${figuresFile} were measured by an older version, which counted differently: set aside; each model is measured again as it first loads`);
@@ -100,6 +100,7 @@ export async function startServer(config: Config, logger: Logger, { clock, worke
     executionProvider: config.executionProvider,
     threadsPerWorker: config.workerThreads,
     threadSpinning: config.ortThreadSpinning,
+    graphRewrites: config.graphRewrites,
     workerNice: config.workerNice,
     vaeTiling: config.vaeTiling,
     cudaDevices: config.cudaDevices,

@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { OPENAI_MODEL_NAMES } from '../src/api/dialects.js';
-import { ConfigError, loadConfig, settingsHelp } from '../src/config.js';
+import { ConfigError, loadConfig, loadModelSettings, settingsHelp } from '../src/config.js';
 
 /** Configuration from flags and environment, secure by default. */
 
@@ -52,6 +52,11 @@ describe('loadConfig', () => {
     expect(found[0]).toMatch(/^PORT \(--port\): expected a whole number \(got 'eighty'\)/);
     expect(found.join('\n')).toMatch(/WORKERS \(--workers\)/);
     expect(found.join('\n')).toMatch(/PUBLIC_BASE_URL \(--public-base-url\)/);
+  });
+
+  it('takes GRAPH_REWRITES as all (the default) or exact, for the server and for the commands that run models', () => {
+    expect([loadConfig({}, {}).graphRewrites, loadConfig({}, { GRAPH_REWRITES: 'exact' }).graphRewrites, loadModelSettings({}, { GRAPH_REWRITES: 'exact' }).graphRewrites]).toEqual(['all', 'exact', 'exact']);
+    expect(problems(() => loadConfig({}, { GRAPH_REWRITES: 'none' }))[0]).toMatch(/^GRAPH_REWRITES \(--graph-rewrites\): .*all.*exact/);
   });
 
   it('takes VAE_TILING as auto, always or a tile side in pixels that tiles can have', () => {

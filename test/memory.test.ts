@@ -150,8 +150,10 @@ describe('memory in the server', () => {
   let exports: ExportsServer;
   beforeAll(async () => {
     // 64m (57.6 MiB to plan with): far more than the demo model takes at 256x256 (about 13 MiB), far
-    // less than the sd15 export's calibration runs show it needs at 512x512 (over a GiB).
-    exports = await startExportsServer(haveRealExports ? ['sd15'] : [], { MEMORY_LIMIT: '64m', METRICS_PUBLIC: 'true' });
+    // less than the sdxl export's calibration runs show it needs at 1024x1024 (about 500 MiB; the sd15
+    // export's 512x512, with its attention fused, needs too little beside the 64m MEMORY_LIMIT allows
+    // at least).
+    exports = await startExportsServer(haveRealExports ? ['sdxl'] : [], { MEMORY_LIMIT: '64m', METRICS_PUBLIC: 'true' });
   });
   afterAll(() => exports?.close());
   const generate = (params: Record<string, unknown>) => exports.generate(params);
@@ -165,11 +167,11 @@ describe('memory in the server', () => {
   });
 
   it.skipIf(!haveRealExports)('answers a batch that would not fit with 507 insufficient_memory, and keeps serving (needs ../shared)', async () => {
-    const error = await generate({ model: 'sd15', size: '512x512' }).catch((err: unknown) => err);
+    const error = await generate({ model: 'sdxl', size: '1024x1024' }).catch((err: unknown) => err);
     expect(error).toBeInstanceOf(OpenAI.APIError);
     const { status, error: body } = error as InstanceType<typeof OpenAI.APIError>;
     expect(status).toBe(507);
-    expect(body).toMatchObject({ code: 'insufficient_memory', message: expect.stringMatching(/^Model 'sd15' needs about .* of 512x512 .*MEMORY_LIMIT/) });
+    expect(body).toMatchObject({ code: 'insufficient_memory', message: expect.stringMatching(/^Model 'sdxl' needs about .* of 1024x1024 .*MEMORY_LIMIT/) });
     expect((await generate({ model: 'demo-shapes', size: '256x256' })).data).toHaveLength(1);
   });
 });
@@ -196,19 +198,22 @@ describe('figures kept by an older version', () => {
     const dir = await mkdtemp(path.join(os.tmpdir(), 'imagegen-figures-'));
     try {
       expect((await MemoryFigures.open(dir)).setAside).toBeUndefined();
-      await writeFile(path.join(dir, 'model-memory.json'), '{"version": 3, "models": {"/m": {"weightsBytes": "lots"');
+      await writeFile(path.join(dir, 'model-memory.json'), '{"version": 4, "models": {"/m": {"weightsBytes": "lots"');
       expect((await MemoryFigures.open(dir)).setAside).toBe('unreadable');
       await writeFile(path.join(dir, 'model-memory.json'), '{"/m": {"weightsBytes": 1, "peakBytes": 1, "peakPixels": 1}}');
       expect((await MemoryFigures.open(dir)).setAside).toBe('outdated');
       // Measured with the attention zeros that graphs no longer have (src/runtime/graph-rewrite.ts).
       await writeFile(path.join(dir, 'model-memory.json'), '{"version": 2, "models": {"/m": {"weightsBytes": 1, "peakBytes": 1, "peakPixels": 1}}}');
       expect((await MemoryFigures.open(dir)).setAside).toBe('outdated');
+      // Measured with the attention the CPU now runs fused.
+      await writeFile(path.join(dir, 'model-memory.json'), '{"version": 3, "models": {"/m": {"weightsBytes": 1, "peakBytes": 1, "peakPixels": 1}}}');
+      expect((await MemoryFigures.open(dir)).setAside).toBe('outdated');
     } finally {
       await rm(dir, { recursive: true, force: true });
     }
   });
 
-  it("are kept per execution provider: a GPU's figures (host memory only) are never read on the CPU", async () => {
+  it("are kept per execution provider and set of graph rewrites: a GPU's figures (host memory only) are never read on the CPU", async () => {
     const dir = await mkdtemp(path.join(os.tmpdir(), 'imagegen-figures-'));
     try {
       const onGpu = await MemoryFigures.open(dir, 'webgpu');
@@ -224,6 +229,14 @@ describe('figures kept by an older version', () => {
       await onCpu.flushed();
       // Back on the GPU, its own figures are there as they were.
       expect((await MemoryFigures.open(dir, 'webgpu')).all()).toEqual({ '/m': { weightsBytes: 1, peakBytes: 2, peakPixels: 3 } });
+      // Graphs rewritten only where exact (unfused attention) take more: their figures are their own too.
+      const exact = await MemoryFigures.open(dir, 'cpu', 'exact');
+      expect([exact.fileName, (await MemoryFigures.open(dir, 'webgpu', 'exact')).fileName]).toEqual(['model-memory.exact.json', 'model-memory.webgpu.exact.json']);
+      expect(exact.all()).toEqual({});
+      exact.record('/m', { weightsBytes: 10, peakBytes: 80, peakPixels: 30 });
+      await exact.flushed();
+      expect((await readMemoryFigures(dir, 'cpu'))['/m'].peakBytes).toBe(20);
+      expect((await readMemoryFigures(dir, 'cpu', 'exact'))['/m'].peakBytes).toBe(80);
     } finally {
       await rm(dir, { recursive: true, force: true });
     }

@@ -17,7 +17,7 @@ import {
   type InstalledModel,
 } from '../install/index.js';
 import { readMemoryFigures, type ModelMemory } from '../models/memory-figures.js';
-import { EXECUTION_PROVIDERS, type ExecutionProvider } from '../runtime/providers.js';
+import { EXECUTION_PROVIDERS, GRAPH_REWRITE_SETS, type ExecutionProvider, type GraphRewrites } from '../runtime/providers.js';
 import { registerVerifyCommand } from './verify.js';
 
 /**
@@ -170,15 +170,18 @@ export function registerModelCommands(program: Command): void {
     .addOption(
       new Option('--execution-provider <provider>', 'the provider whose memory figures to show (each keeps its own)').choices(EXECUTION_PROVIDERS).env(envName('executionProvider')).default('cpu'),
     )
+    .addOption(
+      new Option('--graph-rewrites <set>', 'the graph rewrites whose memory figures to show (each set keeps its own)').choices(GRAPH_REWRITE_SETS).env(envName('graphRewrites')).default('all'),
+    )
     .action(
-      reporting(async (flags: CommonFlags & { dataDir: string; executionProvider: ExecutionProvider }) => {
+      reporting(async (flags: CommonFlags & { dataDir: string; executionProvider: ExecutionProvider; graphRewrites: GraphRewrites }) => {
         const modelsDir = modelsDirOf(flags);
         // A mistyped folder is not an empty one: say so, rather than "no models".
         const folder = await stat(modelsDir).catch((err: NodeJS.ErrnoException) => err);
         if (folder instanceof Error || !folder.isDirectory()) {
           throw new ModelInstallError(`${modelsDir} is ${folder instanceof Error ? `not there (${folder.code})` : 'a file, not a folder'}: pass the folder the server reads models from (--models-dir or ${MODELS_DIR})`);
         }
-        const memory = await readMemoryFigures(flags.dataDir, flags.executionProvider);
+        const memory = await readMemoryFigures(flags.dataDir, flags.executionProvider, flags.graphRewrites);
         const rows = (await listModels(modelsDir)).map((model) => [
           model.id,
           model.family ? `${model.family}/${model.variant}` : '-',

@@ -8,7 +8,7 @@ import { MemoryArbiter } from './memory-arbiter.js';
 import { cgroupOomKills } from '../runtime/cgroup-memory.js';
 import { HEADROOM, plannableBytes, residentBytesOf } from '../runtime/memory.js';
 import { JobQueue, RequeueError, Ticket, type ClientLimits, type QueueClosedError, type QueueFullError } from './job-queue.js';
-import type { ExecutionProvider } from '../runtime/providers.js';
+import type { ExecutionProvider, GraphRewrites } from '../runtime/providers.js';
 import type { BatchEvent, GeneratedImage, GenerationBatch, ModelRef } from '../runtime/types.js';
 import { stallWatchdog } from './stall-watchdog.js';
 import { WorkerDiedError, type WorkerProcess } from './worker-process.js';
@@ -38,6 +38,8 @@ export interface EnginePoolOptions {
   threadsPerWorker?: number;
   /** Whether onnxruntime's CPU threads spin-wait for work (see RuntimeOptions.spinning); default false. */
   threadSpinning?: boolean;
+  /** Which graph rewrites the workers' graphs get (see RuntimeOptions.graphRewrites); default all. */
+  graphRewrites?: GraphRewrites;
   /** How far below the server's the workers' CPU priority is (see WorkerInit.nice); default 0. */
   workerNice?: number;
   /** Bytes of model weights all workers together keep loaded (default 60% of RAM). */
@@ -157,6 +159,7 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
       provider: options.executionProvider,
       threads: options.threadsPerWorker ?? sharedThreads(options.workers),
       spinning: options.threadSpinning ?? false,
+      graphRewrites: options.graphRewrites,
     },
     // Every worker holds its own copy of the models it uses, so the budget is shared out among them.
     modelMemoryBudget: Math.floor((options.modelMemoryBudget ?? os.totalmem() * 0.6) / options.workers),

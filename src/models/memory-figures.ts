@@ -2,7 +2,7 @@ import { mkdir, rename, unlink, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import { isDeepStrictEqual } from 'node:util';
 import { z } from 'zod';
-import type { ExecutionProvider } from '../runtime/providers.js';
+import type { ExecutionProvider, GraphRewrites } from '../runtime/providers.js';
 import { readJsonIfPresent } from '../util/files.js';
 import { mergeSamples, type MemorySample } from './memory-curve.js';
 
@@ -78,33 +78,36 @@ function kept({ exceeded: _lessons, ...measured }: ModelMemory): ModelMemory {
 const FILE = 'model-memory.json';
 
 /**
- * The file is `{ version, models }`. Version 3 measures graphs as src/runtime/graph-rewrite.ts loads
- * them, without the zero tensors of exported attention. Version 2 measured them with those: up to three
- * times the attention scores' size more (1 GiB more per 1024x1024 VAE decode), which would refuse sizes
- * that now fit. Version 1 (a bare record of models, before the version field) counted the denoising per
+ * The file is `{ version, models }`. Version 4 measures graphs as src/runtime/graph-rewrite.ts loads
+ * them, attention fused on the CPU: without the [tokens x tokens] scores the SD 1.5 export's UNet
+ * peaked at 241 MiB instead of 1049 at 512x512, so version 3's figures would refuse sizes that now fit.
+ * Version 3 measured them without the zero tensors of exported attention, version 2 with those: up to
+ * three times the attention scores' size more (1 GiB more per 1024x1024 VAE decode). Version 1 (a bare record of models, before the version field) counted the denoising per
  * image, guidance or not: read per sample it would overstate a guided image up to twice, and halved it
  * would understate an image without guidance (risking the OOM killer). None is safe to convert, so an
  * older file is set aside and the workers measure each model again as it loads.
  */
-const VERSION = 3;
+const VERSION = 4;
 const figuresFile = z.object({ version: z.literal(VERSION), models: z.record(z.string(), modelMemory) });
 
 /**
  * One file per execution provider: on a GPU a model's weights and activations sit in the GPU's memory,
  * so the figures measured there (host memory) would understate what the same model needs on the CPU.
- * Each provider keeps its own, and switching back finds them again.
+ * Each provider keeps its own, and switching back finds them again. So does each set of graph
+ * rewrites: graphs rewritten only where exact (GRAPH_REWRITES=exact) take more than fused ones.
  */
-function memoryFiguresFile(dataDir: string, provider: ExecutionProvider): string {
-  return path.join(dataDir, provider === 'cpu' ? FILE : FILE.replace(/\.json$/, `.${provider}.json`));
+function memoryFiguresFile(dataDir: string, provider: ExecutionProvider, graphRewrites: GraphRewrites = 'all'): string {
+  const suffix = [...(provider === 'cpu' ? [] : [provider]), ...(graphRewrites === 'all' ? [] : [graphRewrites])];
+  return path.join(dataDir, FILE.replace(/\.json$/, [...suffix, 'json'].map((part) => `.${part}`).join('')));
 }
 
 /** Why a file's figures are not used: of an older version, or not readable as figures at all. */
 export type SetAside = 'outdated' | 'unreadable';
 
 /** The figures a file holds, or none and why (`setAside`). */
-async function readFigures(dataDir: string, provider: ExecutionProvider): Promise<{ figures: Record<string, ModelMemory>; setAside?: SetAside }> {
+async function readFigures(dataDir: string, provider: ExecutionProvider, graphRewrites?: GraphRewrites): Promise<{ figures: Record<string, ModelMemory>; setAside?: SetAside }> {
   try {
-    const content: unknown = (await readJsonIfPresent(memoryFiguresFile(dataDir, provider))) ?? { version: VERSION, models: {} };
+    const content: unknown = (await readJsonIfPresent(memoryFiguresFile(dataDir, provider, graphRewrites))) ?? { version: VERSION, models: {} };
     const parsed = figuresFile.safeParse(content);
     if (parsed.success) return { figures: parsed.data.models };
     const version = typeof content === 'object' && content !== null && 'version' in content ? content.version : 1;
@@ -114,9 +117,9 @@ async function readFigures(dataDir: string, provider: ExecutionProvider): Promis
   }
 }
 
-/** The figures measured on `provider` (see memoryFiguresFile). */
-export async function readMemoryFigures(dataDir: string, provider: ExecutionProvider = 'cpu'): Promise<Record<string, ModelMemory>> {
-  return (await readFigures(dataDir, provider)).figures;
+/** The figures measured on `provider` with the graphs rewritten by `graphRewrites` (see memoryFiguresFile). */
+export async function readMemoryFigures(dataDir: string, provider: ExecutionProvider = 'cpu', graphRewrites?: GraphRewrites): Promise<Record<string, ModelMemory>> {
+  return (await readFigures(dataDir, provider, graphRewrites)).figures;
 }
 
 /** The figures of one server: the most each model ever took, written through to DATA_DIR. */
@@ -126,20 +129,21 @@ export class MemoryFigures {
   private constructor(
     private readonly dataDir: string,
     private readonly provider: ExecutionProvider,
+    private readonly graphRewrites: GraphRewrites | undefined,
     private readonly figures: Record<string, ModelMemory>,
     /** Why the file's figures were set aside, if they were (see VERSION); it is rewritten with the first new ones. */
     readonly setAside: SetAside | undefined,
   ) {}
 
-  /** The figures of models run on `provider`. */
-  static async open(dataDir: string, provider: ExecutionProvider = 'cpu'): Promise<MemoryFigures> {
-    const { figures, setAside } = await readFigures(dataDir, provider);
-    return new MemoryFigures(dataDir, provider, figures, setAside);
+  /** The figures of models run on `provider`, their graphs rewritten by `graphRewrites`. */
+  static async open(dataDir: string, provider: ExecutionProvider = 'cpu', graphRewrites?: GraphRewrites): Promise<MemoryFigures> {
+    const { figures, setAside } = await readFigures(dataDir, provider, graphRewrites);
+    return new MemoryFigures(dataDir, provider, graphRewrites, figures, setAside);
   }
 
   /** The file's name in DATA_DIR, for messages. */
   get fileName(): string {
-    return path.basename(memoryFiguresFile(this.dataDir, this.provider));
+    return path.basename(memoryFiguresFile(this.dataDir, this.provider, this.graphRewrites));
   }
 
   all(): Record<string, ModelMemory> {
@@ -161,13 +165,13 @@ export class MemoryFigures {
   }
 
   private async write(): Promise<void> {
-    await writeMemoryFigures(this.dataDir, Object.fromEntries(Object.entries(this.figures).map(([dir, figures]) => [dir, kept(figures)])), this.provider);
+    await writeMemoryFigures(this.dataDir, Object.fromEntries(Object.entries(this.figures).map(([dir, figures]) => [dir, kept(figures)])), this.provider, this.graphRewrites);
   }
 }
 
 /** Writes figures to DATA_DIR in this version's format, aside and renamed so that a crash never leaves half a file. */
-export async function writeMemoryFigures(dataDir: string, models: Record<string, ModelMemory>, provider: ExecutionProvider = 'cpu'): Promise<void> {
-  const file = memoryFiguresFile(dataDir, provider);
+export async function writeMemoryFigures(dataDir: string, models: Record<string, ModelMemory>, provider: ExecutionProvider = 'cpu', graphRewrites?: GraphRewrites): Promise<void> {
+  const file = memoryFiguresFile(dataDir, provider, graphRewrites);
   await mkdir(dataDir, { recursive: true });
   try {
     await writeFile(`${file}.tmp`, JSON.stringify({ version: VERSION, models }, null, 1));

@@ -1,6 +1,6 @@
 import * as ort from 'onnxruntime-node';
 import { float32ToHalf, halfToFloat32 } from './float16.js';
-import { graphSource } from './graph-rewrite.js';
+import { graphSource, rewritesOf } from './graph-rewrite.js';
 import { createSession, type ExecutionProvider, type RuntimeOptions, type SessionTuning } from './providers.js';
 
 /**
@@ -61,7 +61,7 @@ export class OnnxModel {
   ) {}
 
   static async load(file: string, runtime: RuntimeOptions, tuning?: SessionTuning): Promise<OnnxModel> {
-    const { session, provider } = await createSession(await graphSource(file), runtime, tuning).catch((err: unknown) => {
+    const { session, provider } = await createSession((provider) => graphSource(file, provider, rewritesOf(runtime.graphRewrites)), runtime, tuning).catch((err: unknown) => {
       throw outOfMemoryOr(err, file, 'load');
     });
     const inputs = new Map<string, InputSpec>();

@@ -13,6 +13,10 @@ export type ExecutionProvider = (typeof EXECUTION_PROVIDERS)[number];
 
 export const isExecutionProvider = (name: string): name is ExecutionProvider => (EXECUTION_PROVIDERS as readonly string[]).includes(name);
 
+/** Which of graph-rewrite.ts's rewrites a worker's graphs get: all, or only those that are exact. */
+export const GRAPH_REWRITE_SETS = ['all', 'exact'] as const;
+export type GraphRewrites = (typeof GRAPH_REWRITE_SETS)[number];
+
 /** How this worker runs ONNX sessions. */
 export interface RuntimeOptions {
   provider: ExecutionProvider;
@@ -26,6 +30,11 @@ export interface RuntimeOptions {
    * encoding images) the spinning steals the cores the work needs. Default false.
    */
   spinning?: boolean;
+  /**
+   * Which of graph-rewrite.ts's rewrites the graphs get as they load: 'all' (default), or 'exact', only
+   * those that keep the exported graph's values bit for bit.
+   */
+  graphRewrites?: GraphRewrites;
   /** Where to say that the GPU provider could not be used. */
   warn?: (message: string) => void;
 }
@@ -93,16 +102,22 @@ function sessionOptions(runtime: RuntimeOptions, provider: ExecutionProvider, tu
   };
 }
 
+/** The graph to make a session from on a given provider (graph-rewrite.ts's rewrites differ by provider). */
+export type GraphFor = (provider: ExecutionProvider) => Promise<GraphSource>;
+
 /**
- * Creates a session on the configured provider. onnxruntime-node throws (rather than falling back) when
- * a GPU provider cannot start (CUDA's libraries missing, no WebGPU adapter), so that failure is caught,
- * reported once, and the session is made on CPU.
+ * Creates a session on the configured provider, of `graph` or of what `graph` gives for the provider
+ * the session is made on. onnxruntime-node throws (rather than falling back) when a GPU provider cannot
+ * start (CUDA's libraries missing, no WebGPU adapter), so that failure is caught, reported once, and
+ * the session is made on CPU.
  */
-export async function createSession(graph: GraphSource, runtime: RuntimeOptions, tuning: SessionTuning = {}): Promise<{ session: ort.InferenceSession; provider: ExecutionProvider }> {
-  const create = (provider: ExecutionProvider) =>
-    typeof graph === 'string'
-      ? ort.InferenceSession.create(graph, sessionOptions(runtime, provider, tuning))
-      : ort.InferenceSession.create(graph.bytes, sessionOptions(runtime, provider, tuning, graph.folder));
+export async function createSession(graph: GraphSource | GraphFor, runtime: RuntimeOptions, tuning: SessionTuning = {}): Promise<{ session: ort.InferenceSession; provider: ExecutionProvider }> {
+  const create = async (provider: ExecutionProvider) => {
+    const source = typeof graph === 'function' ? await graph(provider) : graph;
+    return typeof source === 'string'
+      ? ort.InferenceSession.create(source, sessionOptions(runtime, provider, tuning))
+      : ort.InferenceSession.create(source.bytes, sessionOptions(runtime, provider, tuning, source.folder));
+  };
   const { provider } = runtime;
   if (provider !== 'cpu' && !brokenProviders.has(provider)) {
     try {

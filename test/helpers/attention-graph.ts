@@ -30,3 +30,101 @@ export function baddbmmGraph({ zero = 0, betaIsConstant = true, scoresOp = 'MatM
     ],
   };
 }
+
+/** How classicAttentionModel's graph departs from diffusers' export (each one a reason not to fuse it). */
+export interface ClassicAttentionOptions {
+  batch?: number;
+  tokens?: number;
+  heads?: number;
+  headSize?: number;
+  /** baddbmm's zero term before the Softmax (as exported), or none (as a processor without it writes). */
+  zeros?: boolean;
+  /** Something added to the scores that is not zero (a mask): must not be fused. */
+  mask?: boolean;
+  /** The head count K's fold declares, when not the others'. */
+  keyHeads?: number;
+  /** The permutation of Q's fold. */
+  queryPerm?: number[];
+  softmaxAxis?: number;
+  /** A graph output besides the layer's: a tensor of the chain that something outside it reads. */
+  alsoOutput?: string;
+}
+
+const FLOAT = onnx.TensorProto.DataType.FLOAT;
+const INT64 = onnx.TensorProto.DataType.INT64;
+const ints = (name: string, values: number[]): proto.IAttributeProto => ({ name, type: onnx.AttributeProto.AttributeType.INTS, ints: values });
+const int = (name: string, value: number): proto.IAttributeProto => ({ name, type: onnx.AttributeProto.AttributeType.INT, i: value });
+const int64s = (name: string, values: number[]): proto.ITensorProto => ({ name, dataType: INT64, dims: [values.length], rawData: new Uint8Array(new BigInt64Array(values.map(BigInt)).buffer) });
+const floats = (name: string, dims: number[], values: Float32Array): proto.ITensorProto => ({ name, dataType: FLOAT, dims, rawData: new Uint8Array(values.buffer) });
+
+/**
+ * One self-attention layer as Optimum exports diffusers' classic processor: x [batch, tokens, width]
+ * projected to Q, K and V by weights, heads folded into the batch (the first fold's shape a Concat of
+ * the tensor's own sizes and constants, as torch exports it), Q·Kᵀ scaled, baddbmm's zeros added,
+ * Softmax, times V, heads unfolded: the output `out` is [batch, tokens, width]. Returns the model and
+ * feeds for it.
+ */
+export function classicAttentionModel(options: ClassicAttentionOptions = {}): { model: proto.IModelProto; x: Float32Array; dims: number[] } {
+  const { batch = 2, tokens = 12, heads = 2, headSize = 4, zeros = true, mask = false, keyHeads = heads, queryPerm = [0, 2, 1, 3], softmaxAxis = -1, alsoOutput } = options;
+  const width = heads * headSize;
+  const wave = (length: number, f: (i: number) => number) => Float32Array.from({ length }, (_, i) => f(i));
+  const nodes: proto.INodeProto[] = [];
+  const initializer: proto.ITensorProto[] = [
+    floats('alpha', [], new Float32Array([1 / Math.sqrt(headSize)])),
+    floats('beta', [], new Float32Array([0])),
+    floats('maskValue', [], new Float32Array([0.25])),
+    int64s('zero', [0]),
+    int64s('one', [1]),
+    int64s('axes', [0]),
+    int64s('unfoldShape', [-1, heads, tokens, headSize]),
+    int64s('outShape', [-1, tokens, width]),
+  ];
+  const fold = (input: string, name: string, foldHeads: number, perm: number[]) => {
+    initializer.push(int64s(`${name}Heads`, [foldHeads]), int64s(`${name}Size`, [width / foldHeads]), int64s(`${name}Folded`, [-1, tokens, width / foldHeads]));
+    nodes.push(
+      node('Shape', [input], [`${name}Shape`]),
+      node('Gather', [`${name}Shape`, 'zero'], [`${name}B`], [int('axis', 0)]),
+      node('Gather', [`${name}Shape`, 'one'], [`${name}T`], [int('axis', 0)]),
+      node('Squeeze', [`${name}B`, 'axes'], [`${name}Bs`]),
+      node('Squeeze', [`${name}T`, 'axes'], [`${name}Ts`]),
+      node('Unsqueeze', [`${name}Bs`, 'axes'], [`${name}B1`]),
+      node('Unsqueeze', [`${name}Ts`, 'axes'], [`${name}T1`]),
+      node('Concat', [`${name}B1`, `${name}T1`, `${name}Heads`, `${name}Size`], [`${name}SplitShape`], [int('axis', 0)]),
+      node('Reshape', [input, `${name}SplitShape`], [`${name}4`]),
+      node('Transpose', [`${name}4`], [`${name}T4`], [ints('perm', perm)]),
+      node('Reshape', [`${name}T4`, `${name}Folded`], [`${name}3`]),
+    );
+  };
+  for (const [i, name] of ['q', 'k', 'v'].entries()) {
+    initializer.push(floats(`W${name}`, [width, width], wave(width * width, (j) => (Math.sin(j * (i + 1.3) + i) + 0.3) / Math.sqrt(width))));
+    nodes.push(node('MatMul', ['x', `W${name}`], [name]));
+    fold(name, `${name}f`, name === 'k' ? keyHeads : heads, name === 'q' ? queryPerm : [0, 2, 1, 3]);
+  }
+  nodes.push(node('Transpose', ['kf3'], ['kT'], [ints('perm', [0, 2, 1])]), node('MatMul', ['qf3', 'kT'], ['qk']), node('Mul', ['qk', 'alpha'], ['scores']));
+  let logits = 'scores';
+  if (zeros) {
+    nodes.push(node('Shape', ['scores'], ['scoresShape']), node('ConstantOfShape', ['scoresShape'], ['zeros'], [fill(0)]), node('Mul', ['zeros', 'beta'], ['zeroTerm']), node('Add', ['scores', 'zeroTerm'], ['withZeros']));
+    logits = 'withZeros';
+  }
+  if (mask) {
+    nodes.push(node('Add', [logits, 'maskValue'], ['masked']));
+    logits = 'masked';
+  }
+  nodes.push(
+    node('Softmax', [logits], ['probs'], [int('axis', softmaxAxis)]),
+    node('MatMul', ['probs', 'vf3'], ['weighted']),
+    node('Reshape', ['weighted', 'unfoldShape'], ['unfolded']),
+    node('Transpose', ['unfolded'], ['merged4'], [ints('perm', [0, 2, 1, 3])]),
+    node('Reshape', ['merged4', 'outShape'], ['out']),
+  );
+  const output = [{ name: 'out', type: { tensorType: { elemType: FLOAT } } }, ...(alsoOutput ? [{ name: alsoOutput, type: { tensorType: { elemType: FLOAT } } }] : [])];
+  const dims = [batch, tokens, width];
+  const graph: proto.IGraphProto = {
+    name: 'attention',
+    node: nodes,
+    initializer,
+    input: [{ name: 'x', type: { tensorType: { elemType: FLOAT, shape: { dim: dims.map((d) => ({ dimValue: d })) } } } }],
+    output,
+  };
+  return { model: { irVersion: 8, opsetImport: [{ domain: '', version: 17 }], graph }, x: wave(batch * tokens * width, (i) => Math.cos(i * 0.37) + 0.5), dims };
+}

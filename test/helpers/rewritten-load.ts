@@ -40,7 +40,7 @@ try {
   const plan = new MemoryPlan();
   let rewritten = false;
   await plan.measureLoad(dir, async () => {
-    const source = process.argv[3] === 'plain' ? file : await graphSource(file);
+    const source = process.argv[3] === 'plain' ? file : await graphSource(file, 'cpu');
     rewritten = typeof source !== 'string';
     return createSession(source, { ...defaultRuntime(), provider: 'cpu' });
   });
