@@ -110,7 +110,8 @@ const HEAD_SHAPES = [
 
 if (values['head-sizes']) {
   for (const shape of HEAD_SHAPES) {
-    const { model, x, dims } = classicAttentionModel({ ...shape, tokens: 4096 });
+    // Without baddbmm's zeros, as the exact rewrite leaves the exports' attention before fusing it.
+    const { model, x, dims } = classicAttentionModel({ ...shape, tokens: 4096, zeros: false });
     const fused = structuredClone(model);
     // Fused whatever the head size, to see what fusing the widest would cost.
     fuseAttention(fused, Infinity);
@@ -119,6 +120,6 @@ if (values['head-sizes']) {
     const [exported, rewritten] = await Promise.all(sessions.map((s) => outputOf(s, feeds)));
     const [before, after] = await sideBySide(sessions.map((s) => () => s.run(feeds)), 3);
     await Promise.all(sessions.map((s) => s.release()));
-    console.log(`attention layer, batch ${shape.batch}, 4096 tokens, ${shape.heads} heads of ${shape.headSize}: exported ${before.toFixed(1)} ms, fused ${after.toFixed(1)} ms x${(after / before).toFixed(2)}, largest difference ${largestDifference(rewritten, exported).toExponential(1)}`);
+    console.log(`attention layer, batch ${shape.batch}, 4096 tokens, ${shape.heads} heads of ${shape.headSize}: unfused ${before.toFixed(1)} ms, fused ${after.toFixed(1)} ms x${(after / before).toFixed(2)}, largest difference ${largestDifference(rewritten, exported).toExponential(1)}`);
   }
 }

@@ -9,13 +9,13 @@ import { fillsFloatZero, GraphIndex, hasSubgraphs, removeUnused } from './onnx-g
  * [B·H,T,D]), multiplies Q by Kᵀ into a [B·H,T,S] tensor of scores, scales it, takes its Softmax,
  * multiplies by V and unfolds the heads again: at 512x512 SD 1.5's first blocks hold 1 GiB of scores
  * per call for that. onnxruntime's CPU kernel of MultiHeadAttention computes the same thing in blocks
- * (flash attention) without ever holding the scores: measured on this project's 2-core machine for
- * the shapes of SD 1.5's first block (B 2, T 4096, 8 heads of 40), 2.4x faster and 1.4 GiB less at
- * its peak, with outputs within 1e-7 of the exported chain's (docs/performance.md).
+ * (flash attention) without ever holding the scores: on this project's 2-core machine the SD 1.5 test
+ * export's UNet call at 768x768 took x0.66 the time and peaked at 264 MiB instead of 2965, its output
+ * within 3e-6 of the unfused graph's (docs/performance.md, `npm run bench:graph-rewrite`).
  *
- * Its advantage falls as heads widen: equal at a head size of 256 and 20-30% slower at the 512 of the
- * VAEs' single-headed attention (whose memory the tiled decode bounds instead), so only heads of up to
- * MAX_HEAD_SIZE are fused. Only the CPU provider gets this graph (graph-rewrite.ts): the WebGPU
+ * Fusion pays for heads of 40 to 256 (x0.75 to x0.88 per layer with its projections) but not for the
+ * 512 of the VAEs' single-headed attention (x1.27; the tiled decode bounds its memory instead), so only
+ * heads of up to MAX_HEAD_SIZE are fused. Only the CPU provider gets this graph (graph-rewrite.ts): the WebGPU
  * provider's kernel differed from the exported chain by 1.5e-3 on lavapipe, and the CUDA provider's
  * could not be measured here.
  *

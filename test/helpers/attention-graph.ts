@@ -72,7 +72,6 @@ export function classicAttentionModel(options: ClassicAttentionOptions = {}): { 
   const initializer: proto.ITensorProto[] = [
     floats('alpha', [], new Float32Array([1 / Math.sqrt(headSize)])),
     floats('beta', [], new Float32Array([0])),
-    floats('maskValue', [], new Float32Array([0.25])),
     int64s('zero', [0]),
     int64s('one', [1]),
     int64s('axes', [0]),
@@ -107,6 +106,7 @@ export function classicAttentionModel(options: ClassicAttentionOptions = {}): { 
     logits = 'withZeros';
   }
   if (mask) {
+    initializer.push(floats('maskValue', [], new Float32Array([0.25])));
     nodes.push(node('Add', [logits, 'maskValue'], ['masked']));
     logits = 'masked';
   }
