@@ -120,6 +120,7 @@ export async function startServer(config: Config, logger: Logger, { clock, worke
     await memoryFigures.flushed();
     registry.close();
     await store.close();
+    slots?.close();
     redis?.disconnect();
   };
   try {

@@ -3,7 +3,7 @@ import os from 'node:os';
 import path from 'node:path';
 import type { Redis } from 'ioredis';
 import type OpenAI from 'openai';
-import { describe, expect, it, vi } from 'vitest';
+import { describe, expect, it, onTestFinished, vi } from 'vitest';
 import type { ApiError } from '../src/api/errors.js';
 import { KeySlots, type KeySlotsOptions } from '../src/http/key-slots.js';
 import { silentLogger } from './helpers/api-server.js';
@@ -22,7 +22,10 @@ let redis: TestRedis;
 
 async function replica(options: KeySlotsOptions = {}): Promise<{ slots: KeySlots; connection: Redis }> {
   const connection = await redis.connect();
-  return { slots: new KeySlots(connection, silentLogger, { pollMs: 20, ...options }), connection };
+  const slots = new KeySlots(connection, silentLogger, { pollMs: 20, ...options });
+  // Its wake-ups' own connection, if a request waited.
+  onTestFinished(() => slots.close());
+  return { slots, connection };
 }
 
 /** Work that runs until `finish` is called, recording that it ran. */
@@ -59,6 +62,25 @@ describe.skipIf(!REDIS_SERVER)(`'concurrent' slots shared through Redis${NO_REDI
     expect(waiting.state.running).toBe(true);
     for (const p of [...works, other]) p.state.finish();
     await Promise.all([...held, otherHeld]);
+  });
+
+  it('starts a waiting request as soon as the running one ends on another replica, not at its next poll', async () => {
+    // Polls 5 s apart: only the wake-up the ending replica publishes can start the waiting request sooner.
+    const [one, two] = [await replica({ pollMs: 5000 }), await replica({ pollMs: 5000 })];
+    const key = { label: 'ivan', limits: { concurrent: 1 } };
+    const first = pending();
+    const held = one.slots.hold(key, never, first.work);
+    await tick();
+    const second = pending();
+    const waiting = two.slots.hold(key, never, second.work);
+    await tick();
+    expect(second.state.running).toBe(false);
+    const ended = performance.now();
+    first.state.finish();
+    await expect.poll(() => second.state.running, { timeout: 4000, interval: 10 }).toBe(true);
+    expect(performance.now() - ended).toBeLessThan(1000);
+    second.state.finish();
+    await Promise.all([held, waiting]);
   });
 
   it("frees a dead replica's slots when their leases run out", async () => {

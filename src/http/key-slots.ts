@@ -1,10 +1,10 @@
 import { randomBytes } from 'node:crypto';
-import { setTimeout as sleep } from 'node:timers/promises';
 import type { Redis, Result } from 'ioredis';
 import type { Logger } from 'pino';
 import { ApiError } from '../api/errors.js';
 import type { ApiKey } from './keys.js';
 import { RedisFallback } from './redis.js';
+import { RedisWakeups, Wakeup } from './redis-wakeups.js';
 
 /**
  * A key's `concurrent` limit over every replica (REDIS_URL): a request of such a key holds one of the
@@ -19,8 +19,9 @@ import { RedisFallback } from './redis.js';
  * until one frees, its client leaves, or the queue's time limit passes (503 queue_timeout, with a
  * Retry-After from when the key's running requests were estimated to end). The key's waiting requests
  * take the slots that free in the order they came, over all replicas: they wait in a second sorted set
- * (score: when each came), and only those first in it may take a free slot. Each asks again every
- * POLL_MS, which renews its place; one whose replica died drops out once that runs out. Every time kept
+ * (score: when each came), and only those first in it may take a free slot. Each asks again when a
+ * request of the key ends or leaves on any replica (a Redis pub/sub message, redis-wakeups.ts), and in
+ * any case every POLL_MS, which renews its place; one whose replica died drops out once that runs out. Every time kept
  * in Redis (a lease's end, when a request came, its place's expiry, an estimated end) is on Redis's own
  * clock (TIME, read in the scripts): replicas send durations only, so a replica whose clock is off can
  * neither expire the others' leases early nor jump the queue. Our own rather
@@ -113,16 +114,19 @@ declare module 'ioredis' {
 
 const KEY_PREFIX = 'imagegen:slots:';
 
-/** A key's Redis keys: its slots, and (beside them) its waiting requests, their places' expiry and the running requests' estimated ends. */
+/**
+ * A key's Redis keys: its slots, and (beside them) its waiting requests, their places' expiry and the
+ * running requests' estimated ends; and the channel that says one of its requests ended or left.
+ */
 function keysOf(label: string) {
   const slots = `${KEY_PREFIX}${label}`;
-  return { slots, waiting: `${slots}:waiting`, places: `${slots}:places`, ends: `${slots}:ends` };
+  return { slots, waiting: `${slots}:waiting`, places: `${slots}:places`, ends: `${slots}:ends`, freed: `${slots}:freed` };
 }
 
 export interface KeySlotsOptions {
   /** How long a lease lasts without renewal: how long a dead replica's slots stay taken. */
   leaseMs?: number;
-  /** How often a waiting request asks again. */
+  /** How often a waiting request asks again, besides when a request of its key ends on any replica. */
   pollMs?: number;
   /** Longest a request waits for a slot (QUEUE_TIMEOUT_SECONDS); undefined: until its client leaves. */
   maxWaitMs?: number;
@@ -141,6 +145,7 @@ export class KeySlots {
   private readonly leaseMs: number;
   private readonly pollMs: number;
   private readonly status: RedisFallback;
+  private readonly wakeups: RedisWakeups;
 
   constructor(
     private readonly redis: Redis,
@@ -150,6 +155,7 @@ export class KeySlots {
     this.status = new RedisFallback(logger, "'concurrent' limits hold per server until it can", "'concurrent' limits hold over all servers again");
     this.leaseMs = options.leaseMs ?? 30_000;
     this.pollMs = options.pollMs ?? 200;
+    this.wakeups = new RedisWakeups(redis);
     redis.defineCommand('imagegenTakeSlot', { numberOfKeys: 4, lua: TAKE });
     redis.defineCommand('imagegenRenewSlot', { numberOfKeys: 2, lua: RENEW });
     redis.defineCommand('imagegenFirstEnd', { numberOfKeys: 1, lua: FIRST_END });
@@ -188,43 +194,61 @@ export class KeySlots {
     const came = performance.now();
     // Whatever ends the wait but a slot leaves no place behind to hold up the requests after it.
     const leave = () => this.forget(keys, id);
-    for (;;) {
-      let taken: number;
-      try {
-        taken = await this.redis.imagegenTakeSlot(keys.slots, keys.waiting, keys.places, keys.ends, limit, this.leaseMs, id, 2 * this.leaseMs, PLACE_POLLS * this.pollMs, estimatedMs);
-      } catch (err) {
-        this.status.failed(err);
-        // A take that timed out here may still run once a stalled Redis resumes, leaving a lease nobody
-        // renews or ends that holds the slot until it runs out. Sent after it on the same connection,
-        // this removal runs after it.
-        void leave();
-        return false;
-      }
-      this.status.answered();
-      if (taken === 1) return true;
-      const waited = performance.now() - came;
-      // Said once, as the wait begins: a streamed answer opens then (see GenerateContext.hold).
-      onWait?.();
-      onWait = undefined;
-      if (this.options.maxWaitMs !== undefined && waited >= this.options.maxWaitMs) {
-        void leave();
-        const retry = await this.retryAfter(keys);
-        throw new ApiError(503, `API key '${label}' has ${limit} requests running, its 'concurrent' limit over all servers, and this request waited ${Math.round(waited / 1000)}s for one to end. Please try again in ${retry}s.`, {
-          code: 'queue_timeout',
-          headers: { 'retry-after': String(retry) },
+    const wakeup = new Wakeup();
+    let stopListening: (() => void) | undefined;
+    try {
+      for (;;) {
+        let taken: number;
+        try {
+          taken = await this.redis.imagegenTakeSlot(keys.slots, keys.waiting, keys.places, keys.ends, limit, this.leaseMs, id, 2 * this.leaseMs, PLACE_POLLS * this.pollMs, estimatedMs);
+        } catch (err) {
+          this.status.failed(err);
+          // A take that timed out here may still run once a stalled Redis resumes, leaving a lease nobody
+          // renews or ends that holds the slot until it runs out. Sent after it on the same connection,
+          // this removal runs after it.
+          void leave();
+          return false;
+        }
+        this.status.answered();
+        if (taken === 1) return true;
+        const waited = performance.now() - came;
+        // Said once, as the wait begins: a streamed answer opens then (see GenerateContext.hold).
+        onWait?.();
+        onWait = undefined;
+        if (this.options.maxWaitMs !== undefined && waited >= this.options.maxWaitMs) {
+          void leave();
+          const retry = await this.retryAfter(keys);
+          throw new ApiError(503, `API key '${label}' has ${limit} requests running, its 'concurrent' limit over all servers, and this request waited ${Math.round(waited / 1000)}s for one to end. Please try again in ${retry}s.`, {
+            code: 'queue_timeout',
+            headers: { 'retry-after': String(retry) },
+          });
+        }
+        if (!stopListening) {
+          // Asks again once listening, so that a request that ended meanwhile is not missed.
+          stopListening = await this.wakeups.listen(keys.freed, wakeup.wake, this.pollMs);
+          continue;
+        }
+        // The client left: the request ends with its own reason, as it would in the queue.
+        await wakeup.wait(this.pollMs, signal).catch(() => {
+          void leave();
+          throw signal.reason;
         });
       }
-      // The client left: the request ends with its own reason, as it would in the queue.
-      await sleep(this.pollMs, undefined, { signal }).catch(() => {
-        void leave();
-        throw signal.reason;
-      });
+    } finally {
+      stopListening?.();
     }
+  }
+
+  /** Closes the connection the wake-ups listen on (the shared one is its owner's to close). */
+  close(): void {
+    this.wakeups.close();
   }
 
   /** Removes all the key's entries of `id`, whichever it has (a place while waiting, a lease and an estimated end while running). */
   private async forget(keys: ReturnType<typeof keysOf>, id: string): Promise<void> {
     await this.redis.multi().zrem(keys.waiting, id).zrem(keys.places, id).zrem(keys.slots, id).hdel(keys.ends, id).exec().catch(() => undefined);
+    // A slot freed, or a place in line: the key's waiting requests ask again.
+    this.wakeups.notify(keys.freed);
   }
 
   /** Seconds until the first of the key's running requests is estimated to end; at least 1 (also when Redis cannot say). */
