@@ -74,12 +74,16 @@ class Matcher {
 
   /** `name` past any Casts to float, going back (`up`) or forward through their readers. */
   private throughCasts(name: string, up: boolean): string {
-    for (;;) {
+    // A damaged graph may cast in a loop: onnxruntime reports it, this must not spin on it.
+    const seen = new Set<string>();
+    while (!seen.has(name)) {
+      seen.add(name);
       const cast = up ? this.index.producer(name, 'Cast') : this.reader(name, 'Cast');
       const to = cast?.attribute?.find((a) => a.name === 'to')?.i;
       if (!cast || Number(to) !== onnx.TensorProto.DataType.FLOAT) return name;
       name = (up ? cast.input?.[0] : cast.output?.[0]) ?? '';
     }
+    return name;
   }
 
   /** Heads folded into the batch: [B,T,H·D] -> Reshape [B,T,H,D] -> Transpose(0,2,1,3) -> Reshape [B·H,T,D]. */
@@ -108,7 +112,9 @@ class Matcher {
       const zeroTerm = (input: string) => {
         const mul = this.index.producer(input, 'Mul');
         const zero = mul?.input?.map((i) => this.index.producers.get(i)).find((n) => n && (n.opType === 'Constant' || n.opType === 'ConstantOfShape') && fillsFloatZero(n));
-        return zero !== undefined && (mul?.input ?? []).every((i) => this.index.isConstant(i) || this.index.producers.get(i) === zero);
+        // The other factor one finite number: an infinite or NaN beta makes NaN of the sum, a wider one broadcasts it.
+        const factors = (mul?.input ?? []).filter((i) => this.index.producers.get(i) !== zero).map((i) => this.index.values(i));
+        return zero !== undefined && factors.length === 1 && factors[0]?.length === 1 && Number.isFinite(factors[0][0]);
       };
       const inputs = sum.input ?? [];
       const other = inputs.length === 2 ? inputs.find((input) => !zeroTerm(input)) : undefined;
@@ -171,8 +177,8 @@ export function fuseAttention(model: proto.IModelProto, maxHeadSize = MAX_HEAD_S
   const layers = (graph.node ?? []).filter((node) => node.opType === 'Softmax').flatMap((softmax) => matcher.match(softmax) ?? []);
   for (const { query, key, value, heads, scale, output } of layers) {
     output.opType = 'MultiHeadAttention';
-    // Named for the layer (the exporter's name of its last Reshape), so that profiles say what it is.
-    output.name = `${output.name ?? ''}/MultiHeadAttention`;
+    // Named for the layer's output (unique, as every tensor name is; node names may be missing), so that profiles say what it is.
+    output.name = `${output.output?.[0] ?? ''}/MultiHeadAttention`;
     output.domain = MICROSOFT_DOMAIN;
     output.input = [query, key, value];
     output.attribute = [

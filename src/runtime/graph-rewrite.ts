@@ -88,7 +88,13 @@ export async function graphSource(file: string, provider: ExecutionProvider, rew
   } catch {
     return file;
   }
-  const changed = chosen.reduce((sum, rewrite) => sum + rewrite.apply(model), 0);
+  let changed: number;
+  try {
+    changed = chosen.reduce((sum, rewrite) => sum + rewrite.apply(model), 0);
+  } catch {
+    // A graph a rewrite cannot walk (a damaged one): onnxruntime says what is wrong with its file.
+    return file;
+  }
   if (!model.graph || changed === 0) return file;
   const folder = await weightsFolder(model.graph, path.dirname(file));
   if (!folder) return file;
