@@ -67,7 +67,7 @@ describe.skipIf(!REDIS_SERVER)(`'concurrent' slots shared through Redis${NO_REDI
   it('starts a waiting request as soon as the running one ends on another replica, not at its next poll', async () => {
     // Polls 5 s apart: only the wake-up the ending replica publishes can start the waiting request sooner.
     const [one, two] = [await replica({ pollMs: 5000 }), await replica({ pollMs: 5000 })];
-    const key = { label: 'ivan', limits: { concurrent: 1 } };
+    const key = { label: 'kate', limits: { concurrent: 1 } };
     const first = pending();
     const held = one.slots.hold(key, never, first.work);
     await tick();

@@ -21,12 +21,12 @@ import { RedisWakeups, Wakeup } from './redis-wakeups.js';
  * take the slots that free in the order they came, over all replicas: they wait in a second sorted set
  * (score: when each came), and only those first in it may take a free slot. Each asks again when a
  * request of the key ends or leaves on any replica (a Redis pub/sub message, redis-wakeups.ts), and in
- * any case every POLL_MS, which renews its place; one whose replica died drops out once that runs out. Every time kept
- * in Redis (a lease's end, when a request came, its place's expiry, an estimated end) is on Redis's own
- * clock (TIME, read in the scripts): replicas send durations only, so a replica whose clock is off can
- * neither expire the others' leases early nor jump the queue. Our own rather
- * than a lock library: what is needed is a fair counting semaphore with expiring leases, and the
- * script is a few lines. While Redis cannot be reached each replica's queue counts the key's running
+ * any case every POLL_MS, which renews its place; one whose replica died drops out once that runs out.
+ * Every time kept in Redis (a lease's end, when a request came, its place's expiry, an estimated end)
+ * is on Redis's own clock (TIME, read in the scripts): replicas send durations only, so a replica whose
+ * clock is off can neither expire the others' leases early nor jump the queue. Our own rather than a
+ * lock library: what is needed is a fair counting semaphore with expiring leases, and the script is a
+ * few lines. While Redis cannot be reached each replica's queue counts the key's running
  * work on its own (job-queue.ts), so the limit then holds per replica.
  */
 

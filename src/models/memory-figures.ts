@@ -75,17 +75,19 @@ function kept({ exceeded: _lessons, ...measured }: ModelMemory): ModelMemory {
   return measured;
 }
 
-const FILE = 'model-memory.json';
+/** The figures file's name, less the suffixes of memoryFiguresFile. */
+const FILE_STEM = 'model-memory';
 
 /**
  * The file is `{ version, models }`. Version 4 measures graphs as src/runtime/graph-rewrite.ts loads
  * them, attention fused on the CPU: without the [tokens x tokens] scores the SD 1.5 export's UNet
  * peaked at 241 MiB instead of 1049 at 512x512, so version 3's figures would refuse sizes that now fit.
  * Version 3 measured them without the zero tensors of exported attention, version 2 with those: up to
- * three times the attention scores' size more (1 GiB more per 1024x1024 VAE decode). Version 1 (a bare record of models, before the version field) counted the denoising per
- * image, guidance or not: read per sample it would overstate a guided image up to twice, and halved it
- * would understate an image without guidance (risking the OOM killer). None is safe to convert, so an
- * older file is set aside and the workers measure each model again as it loads.
+ * three times the attention scores' size more (1 GiB more per 1024x1024 VAE decode). Version 1 (a
+ * bare record of models, before the version field) counted the denoising per image, guidance or not:
+ * read per sample it would overstate a guided image up to twice, and halved it would understate an
+ * image without guidance (risking the OOM killer). None is safe to convert, so an older file is set
+ * aside and the workers measure each model again as it loads.
  */
 const VERSION = 4;
 const figuresFile = z.object({ version: z.literal(VERSION), models: z.record(z.string(), modelMemory) });
@@ -97,8 +99,8 @@ const figuresFile = z.object({ version: z.literal(VERSION), models: z.record(z.s
  * rewrites: graphs rewritten only where exact (GRAPH_REWRITES=exact) take more than fused ones.
  */
 function memoryFiguresFile(dataDir: string, provider: ExecutionProvider, graphRewrites: GraphRewrites = 'all'): string {
-  const suffix = [...(provider === 'cpu' ? [] : [provider]), ...(graphRewrites === 'all' ? [] : [graphRewrites])];
-  return path.join(dataDir, FILE.replace(/\.json$/, [...suffix, 'json'].map((part) => `.${part}`).join('')));
+  const parts = [FILE_STEM, ...(provider === 'cpu' ? [] : [provider]), ...(graphRewrites === 'all' ? [] : [graphRewrites]), 'json'];
+  return path.join(dataDir, parts.join('.'));
 }
 
 /** Why a file's figures are not used: of an older version, or not readable as figures at all. */

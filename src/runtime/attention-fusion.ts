@@ -15,9 +15,9 @@ import { fillsFloatZero, GraphIndex, hasSubgraphs, removeUnused } from './onnx-g
  *
  * Fusion pays for heads of 40 to 256 (x0.75 to x0.88 per layer with its projections) but not for the
  * 512 of the VAEs' single-headed attention (x1.27; the tiled decode bounds its memory instead), so only
- * heads of up to MAX_HEAD_SIZE are fused. Only the CPU provider gets this graph (graph-rewrite.ts): the WebGPU
- * provider's kernel differed from the exported chain by 1.5e-3 on lavapipe, and the CUDA provider's
- * could not be measured here.
+ * heads of up to MAX_HEAD_SIZE are fused. Only the CPU provider gets this graph (graph-rewrite.ts):
+ * the WebGPU provider's kernel differed from the exported chain by 1.5e-3 on lavapipe, and the CUDA
+ * provider's could not be measured here.
  *
  * Only the exact chain is fused, every link checked: Q, K and V each folded as above with the same
  * constant head count at the folded shape's entry 2; Q·Kᵀ (Kᵀ a Transpose of the last two axes) scaled
@@ -27,9 +27,8 @@ import { fillsFloatZero, GraphIndex, hasSubgraphs, removeUnused } from './onnx-g
  * output's Reshape becomes the fused node, so every reader of that output reads the same values, and
  * the links then read by nothing are removed; a link that something else also reads (the Shapes that
  * compute the folds' sizes, a graph output) stays, as does all of a chain any link of which fails a
- * check. Q, K and V must be float32 projections (MatMul by a
- * float initializer, plus a bias or not), which also gives the head size. Graphs with subgraphs are
- * left as exported.
+ * check. Q, K and V must be float32 projections (MatMul by a float initializer, plus a bias or not),
+ * which also gives the head size. Graphs with subgraphs are left as exported.
  */
 
 const { onnx } = onnxProto;
@@ -177,7 +176,8 @@ export function fuseAttention(model: proto.IModelProto, maxHeadSize = MAX_HEAD_S
   const layers = (graph.node ?? []).filter((node) => node.opType === 'Softmax').flatMap((softmax) => matcher.match(softmax) ?? []);
   for (const { query, key, value, heads, scale, output } of layers) {
     output.opType = 'MultiHeadAttention';
-    // Named for the layer's output (unique, as every tensor name is; node names may be missing), so that profiles say what it is.
+    // Named for the layer's output (unique, as tensor names are; node names may be missing or
+    // repeated, which onnxruntime refuses), so that profiles say what it is.
     output.name = `${output.output?.[0] ?? ''}/MultiHeadAttention`;
     output.domain = MICROSOFT_DOMAIN;
     output.input = [query, key, value];

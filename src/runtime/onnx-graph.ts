@@ -1,5 +1,6 @@
 import onnxProto from 'onnx-proto';
 import type { onnx as proto } from 'onnx-proto';
+import { bufferView } from '../util/bytes.js';
 
 /** What the graph rewrites (graph-rewrite.ts) share: lookups over one decoded graph, and its clean-up. */
 
@@ -78,7 +79,7 @@ export class GraphIndex {
 
 /** A tensor's numbers (float, int32 or int64), from raw bytes or the typed fields; undefined for other types. */
 export function tensorValues(tensor: proto.ITensorProto): number[] | undefined {
-  const raw = tensor.rawData?.length ? Buffer.from(tensor.rawData.buffer, tensor.rawData.byteOffset, tensor.rawData.byteLength) : undefined;
+  const raw = tensor.rawData?.length ? bufferView(tensor.rawData) : undefined;
   switch (tensor.dataType) {
     case onnx.TensorProto.DataType.FLOAT:
       return raw ? Array.from({ length: raw.length / 4 }, (_, i) => raw.readFloatLE(i * 4)) : [...(tensor.floatData ?? [])];
