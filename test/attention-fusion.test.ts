@@ -63,13 +63,25 @@ describe('fusing exported attention into MultiHeadAttention', () => {
 
   it('leaves every chain that is not exactly the exported attention as it is', async () => {
     // Heads wider than fusion pays for; a mask added to the scores; Q folded another way; K folded into
-    // other heads than Q; a Softmax over another axis.
-    const others: ClassicAttentionOptions[] = [{ heads: 1, headSize: MAX_HEAD_SIZE + 8, tokens: 4 }, { mask: true }, { queryPerm: [0, 1, 2, 3] }, { keyHeads: 1 }, { softmaxAxis: 1 }];
+    // other heads than Q; a Softmax over another axis; folds into half the head size over twice the
+    // tokens, an unfold into twice the head size, an output left 4-D (each of these three runs, meaning
+    // something else than attention over the heads).
+    const others: ClassicAttentionOptions[] = [
+      { heads: 1, headSize: MAX_HEAD_SIZE + 8, tokens: 4 },
+      { mask: true },
+      { queryPerm: [0, 1, 2, 3] },
+      { keyHeads: 1 },
+      { softmaxAxis: 1 },
+      { shapes: { folded: [-1, 24, 2] } },
+      { shapes: { unfolded: [-1, 2, 6, 8] } },
+      { shapes: { out: [-1, 12, 2, 4] } },
+    ];
     for (const options of others) {
-      const { model } = classicAttentionModel(options);
+      const { model, x, dims } = classicAttentionModel(options);
       const before = structuredClone(model);
       expect(fuseAttention(model), JSON.stringify(options)).toBe(0);
       expect(model).toEqual(before);
+      if (options.shapes) expect((await run(model, x, dims)).length).toBe(dims.reduce((a, b) => a * b));
     }
     // The widest heads fused.
     expect((await fused({ heads: 1, headSize: MAX_HEAD_SIZE, tokens: 4 })).count).toBe(1);

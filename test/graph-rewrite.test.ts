@@ -3,15 +3,18 @@ import { cp, mkdir, mkdtemp, readFile, rm, symlink, writeFile } from 'node:fs/pr
 import os from 'node:os';
 import path from 'node:path';
 import { promisify } from 'node:util';
+import * as ort from 'onnxruntime-node';
 import onnxProto from 'onnx-proto';
 import { describe, expect, it, onTestFinished } from 'vitest';
+import { fuseAttention } from '../src/runtime/attention-fusion.js';
 import { dropAttentionZeros } from '../src/runtime/attention-zeros.js';
 import { graphSource, rewritesOf, type GraphSource } from '../src/runtime/graph-rewrite.js';
+import { GraphIndex } from '../src/runtime/onnx-graph.js';
 import { createSession } from '../src/runtime/providers.js';
 import { OnnxModel } from '../src/runtime/onnx-model.js';
 import { EXPORT_FEEDS } from './helpers/export-feeds.js';
 import { haveRealExports, REAL_EXPORT_NAMES, realExport } from './helpers/real-exports.js';
-import { baddbmmGraph, node } from './helpers/attention-graph.js';
+import { baddbmmGraph, classicAttentionModel, node } from './helpers/attention-graph.js';
 
 const { onnx } = onnxProto;
 
@@ -53,6 +56,42 @@ describe('dropping the zeros of baddbmm attention', () => {
     const branching = baddbmmGraph();
     branching.node!.push(node('If', ['cond'], ['chosen'], [{ name: 'then_branch', g: { node: [node('Identity', ['zeros'], ['out'])] } }]));
     expect(dropAttentionZeros(branching)).toBe(0);
+  });
+});
+
+describe("the rewrites' shape lookups", () => {
+  it('read a Concat of constants and Unsqueezes entry by entry, and not numbers kept in an external file', () => {
+    const int64 = (name: string, values: number[]) => ({ name, dataType: onnx.TensorProto.DataType.INT64, dims: [values.length], rawData: new Uint8Array(new BigInt64Array(values.map(BigInt)).buffer) });
+    const graph = {
+      initializer: [int64('heads', [8]), int64('tail', [-1, 64]), { ...int64('far', []), dataLocation: onnx.TensorProto.DataLocation.EXTERNAL, externalData: [{ key: 'location', value: 'weights.bin' }] }],
+      node: [node('Unsqueeze', ['b', 'axes'], ['b1']), node('Concat', ['b1', 'heads', 'tail'], ['shape']), node('Concat', ['b1', 'far'], ['farShape']), node('Shape', ['x'], ['dynamic']), node('Concat', ['dynamic', 'heads'], ['open'])],
+    };
+    const index = new GraphIndex(graph);
+    expect(index.shape('shape')).toEqual([undefined, 8, -1, 64]);
+    expect(index.values('far')).toBeUndefined();
+    expect(index.shape('farShape')).toBeUndefined();
+    // A part of unknown length: no entry can be placed.
+    expect(index.shape('open')).toBeUndefined();
+  });
+});
+
+describe('a rewritten graph that onnxruntime refuses', () => {
+  it('is loaded from its file as exported instead, with a warning naming the file', async () => {
+    const dir = await mkdtemp(path.join(os.tmpdir(), 'imagegen-rewrite-'));
+    onTestFinished(() => rm(dir, { recursive: true, force: true }));
+    const file = path.join(dir, 'model.onnx');
+    const { model, x, dims } = classicAttentionModel();
+    await writeFile(file, onnx.ModelProto.encode(model).finish());
+    // What a rewrite gone wrong could hand over: a node onnxruntime has no kernel for.
+    const broken = structuredClone(model);
+    expect(fuseAttention(broken)).toBe(1);
+    broken.graph!.node!.find((n) => n.opType === 'MultiHeadAttention')!.opType = 'MultiHeadAttentionV9';
+    const warnings: string[] = [];
+    const { session } = await createSession({ bytes: onnx.ModelProto.encode(broken).finish(), folder: dir, file }, { provider: 'cpu', threads: 1, warn: (m) => warnings.push(m) });
+    onTestFinished(() => session.release());
+    expect(warnings).toEqual([expect.stringMatching(new RegExp(`^${file}: its rewritten graph did not load \\(.+\\); loading it as exported\\.$`))]);
+    const { out } = await session.run({ x: new ort.Tensor('float32', x, dims) }, ['out']);
+    expect(out.dims).toEqual(dims);
   });
 });
 

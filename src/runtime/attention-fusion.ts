@@ -28,7 +28,9 @@ import { fillsFloatZero, GraphIndex, hasSubgraphs, removeUnused } from './onnx-g
  * the links then read by nothing are removed; a link that something else also reads (the Shapes that
  * compute the folds' sizes, a graph output) stays, as does all of a chain any link of which fails a
  * check. Q, K and V must be float32 projections (MatMul by a float initializer, plus a bias or not),
- * which also gives the head size. Graphs with subgraphs are left as exported.
+ * which also gives the head size. Every Reshape's shape must have the rank of its place in the chain,
+ * and its constant entries the sizes of their axes (a computed entry is onnxruntime's to check, as it
+ * does when the exported graph runs). Graphs with subgraphs are left as exported.
  */
 
 const { onnx } = onnxProto;
@@ -85,14 +87,32 @@ class Matcher {
     return name;
   }
 
+  /**
+   * Whether a Reshape's target shape has the entries of `expected`, one per axis: a number is that
+   * size ('D', the head size, known once the widths are), 'same' the input's own size at that axis
+   * (0 copies it), 'any' a size of the batch or tokens. An entry computed from sizes at run time can
+   * only be checked by onnxruntime, so it passes, as does -1 (one at most: the size that makes the
+   * count of values right) and a positive constant in place of 'same' or 'any'.
+   */
+  private reshapesTo(reshape: proto.INodeProto, expected: readonly (number | 'same' | 'any')[]): boolean {
+    const shape = this.index.shape(reshape.input?.[1]);
+    if (!shape || shape.length !== expected.length || shape.filter((entry) => entry === -1).length > 1) return false;
+    return shape.every((entry, i) => {
+      const wanted = expected[i];
+      if (entry === undefined || entry === -1) return true;
+      if (typeof wanted === 'number') return entry === wanted;
+      return entry > 0 || (entry === 0 && wanted === 'same');
+    });
+  }
+
   /** Heads folded into the batch: [B,T,H·D] -> Reshape [B,T,H,D] -> Transpose(0,2,1,3) -> Reshape [B·H,T,D]. */
-  private folded(name: string | null | undefined): { source: string; heads: number } | undefined {
+  private folded(name: string | null | undefined): { source: string; heads: number; split: proto.INodeProto; merge: proto.INodeProto } | undefined {
     const merge = this.index.producer(name, 'Reshape');
     const transpose = this.index.producer(merge?.input?.[0], 'Transpose');
     const split = this.index.producer(transpose?.input?.[0], 'Reshape');
-    const heads = this.index.shapeEntry(split?.input?.[1], 2);
-    if (!split?.input?.[0] || !this.perm(transpose, [0, 2, 1, 3]) || !heads || heads < 1) return undefined;
-    return { source: split.input[0], heads };
+    const heads = this.index.shape(split?.input?.[1])?.[2];
+    if (!merge || !split?.input?.[0] || !this.perm(transpose, [0, 2, 1, 3]) || !heads || heads < 1) return undefined;
+    return { source: split.input[0], heads, split, merge };
   }
 
   /** The width of a float32 projection (MatMul by an initializer [in, out], plus a bias or not). */
@@ -157,8 +177,11 @@ class Matcher {
     const heads = query.heads;
     const width = this.width(query.source);
     const widths = [key, value].map((v) => this.width(v.source));
-    if (key.heads !== heads || value.heads !== heads || this.index.shapeEntry(split.input?.[1], 1) !== heads) return undefined;
+    if (key.heads !== heads || value.heads !== heads) return undefined;
     if (!width || width % heads !== 0 || width / heads > this.maxHeadSize || widths.some((w) => w !== width)) return undefined;
+    const size = width / heads;
+    const foldsRight = [query, key, value].every((fold) => this.reshapesTo(fold.split, ['same', 'same', heads, size]) && this.reshapesTo(fold.merge, ['any', 'any', size]));
+    if (!foldsRight || !this.reshapesTo(split, ['any', heads, 'any', size]) || !this.reshapesTo(merge, ['same', 'same', width])) return undefined;
     return { query: query.source, key: key.source, value: value.source, heads, scale: scores.scale, output: merge };
   }
 }

@@ -46,8 +46,12 @@ const MODEL_GRAPH = 7;
 const GRAPH_NODE = 1;
 const NODE_OP_TYPE = 4;
 
-/** What a session is made from: the graph's file as it is, or a rewritten graph in memory whose external weights stay in `folder`. */
-export type GraphSource = string | { bytes: Uint8Array; folder: string };
+/**
+ * What a session is made from: the graph's file as it is, or a graph in memory whose external weights
+ * stay in `folder`, rewritten from `file` where it was read from one (loaded instead should onnxruntime
+ * refuse the rewritten graph).
+ */
+export type GraphSource = string | { bytes: Uint8Array; folder: string; file?: string };
 
 /** Whether any node of the graph (a file of `size` bytes) is one of `opTypes`, read from the field headers: inline weights are skipped, not read. */
 async function hasOp(file: string, size: number, opTypes: readonly string[]): Promise<boolean> {
@@ -98,7 +102,7 @@ export async function graphSource(file: string, provider: ExecutionProvider, rew
   if (!model.graph || changed === 0) return file;
   const folder = await weightsFolder(model.graph, path.dirname(file));
   if (!folder) return file;
-  return { bytes: onnx.ModelProto.encode(model).finish(), folder };
+  return { bytes: onnx.ModelProto.encode(model).finish(), folder, file };
 }
 
 /**

@@ -55,30 +55,27 @@ export class GraphIndex {
   }
 
   /**
-   * Entry `index` of a shape tensor (the second input of a Reshape) where it is a constant: a constant
-   * tensor, or a Concat whose parts up to that entry are constants or Unsqueezes (a part of unknown
-   * length before it, such as a Slice of a Shape, leaves the entry unknown). An Unsqueeze in a shape's
-   * Concat is one entry: the Concat's parts are 1-D, so what it unsqueezed was a scalar.
+   * A shape tensor (the second input of a Reshape) entry by entry, each entry's number where it is a
+   * constant and undefined where it is computed: a constant tensor, or a Concat of constants and
+   * Unsqueezes (an Unsqueeze in a shape's Concat is one entry: the Concat's parts are 1-D, so what it
+   * unsqueezed was a scalar). Undefined where its length is unknown (a Concat part such as a Slice of a
+   * Shape).
    */
-  shapeEntry(name: string | null | undefined, index: number): number | undefined {
+  shape(name: string | null | undefined): (number | undefined)[] | undefined {
     const constant = this.values(name);
-    if (constant) return constant[index];
+    if (constant) return constant;
     const concat = this.producer(name, 'Concat');
-    if (!concat) return undefined;
-    let at = 0;
-    for (const part of concat.input ?? []) {
-      const values = this.values(part);
-      const length = values?.length ?? (this.producer(part, 'Unsqueeze') ? 1 : undefined);
-      if (length === undefined) return undefined;
-      if (index < at + length) return values?.[index - at];
-      at += length;
-    }
-    return undefined;
+    const parts = (concat?.input ?? []).map((part) => this.values(part) ?? (this.producer(part, 'Unsqueeze') ? [undefined] : undefined));
+    return concat && !parts.includes(undefined) ? parts.flatMap((part) => part!) : undefined;
   }
 }
 
-/** A tensor's numbers (float, int32 or int64), from raw bytes or the typed fields; undefined for other types. */
+/**
+ * A tensor's numbers (float, int32 or int64), from raw bytes or the typed fields; undefined for other
+ * types and for a tensor whose numbers lie in an external file.
+ */
 export function tensorValues(tensor: proto.ITensorProto): number[] | undefined {
+  if (tensor.dataLocation === onnx.TensorProto.DataLocation.EXTERNAL) return undefined;
   const raw = tensor.rawData?.length ? bufferView(tensor.rawData) : undefined;
   switch (tensor.dataType) {
     case onnx.TensorProto.DataType.FLOAT:

@@ -63,6 +63,14 @@ const UNAVAILABLE: Record<Exclude<ExecutionProvider, 'cpu'>, { name: string; pat
   },
 };
 
+/** onnxruntime's reason where `err` says `provider` cannot start here (UNAVAILABLE), else undefined. */
+function unavailable(provider: ExecutionProvider, err: unknown): string | undefined {
+  if (provider === 'cpu') return undefined;
+  // onnxruntime's first line, less the source location and failed check it starts with.
+  const message = (err as Error).message.split('\n')[0].split(' was false. ').at(-1)!;
+  return UNAVAILABLE[provider].pattern.test(message) ? message : undefined;
+}
+
 /** What one component's session needs beyond the worker's runtime. */
 export interface SessionTuning {
   /**
@@ -114,19 +122,25 @@ export type GraphFor = (provider: ExecutionProvider) => Promise<GraphSource>;
 export async function createSession(graph: GraphSource | GraphFor, runtime: RuntimeOptions, tuning: SessionTuning = {}): Promise<{ session: ort.InferenceSession; provider: ExecutionProvider }> {
   const create = async (provider: ExecutionProvider) => {
     const source = typeof graph === 'function' ? await graph(provider) : graph;
-    return typeof source === 'string'
-      ? ort.InferenceSession.create(source, sessionOptions(runtime, provider, tuning))
-      : ort.InferenceSession.create(source.bytes, sessionOptions(runtime, provider, tuning, source.folder));
+    if (typeof source === 'string') return ort.InferenceSession.create(source, sessionOptions(runtime, provider, tuning));
+    try {
+      return await ort.InferenceSession.create(source.bytes, sessionOptions(runtime, provider, tuning, source.folder));
+    } catch (err) {
+      // A rewrite's checks cover the graphs exporters write (graph-rewrite.ts); should one still make a
+      // graph onnxruntime refuses, the model loads as exported (and what fails for the file is reported).
+      if (source.file === undefined || unavailable(provider, err)) throw err;
+      (runtime.warn ?? console.warn)(`${source.file}: its rewritten graph did not load (${(err as Error).message.split('\n')[0]}); loading it as exported.`);
+      return ort.InferenceSession.create(source.file, sessionOptions(runtime, provider, tuning));
+    }
   };
   const { provider } = runtime;
   if (provider !== 'cpu' && !brokenProviders.has(provider)) {
     try {
       return { session: await create(provider), provider };
     } catch (err) {
-      // onnxruntime's first line, less the source location and failed check it starts with.
-      const message = (err as Error).message.split('\n')[0].split(' was false. ').at(-1)!;
-      const { name, pattern, remedy } = UNAVAILABLE[provider];
-      if (!pattern.test(message)) throw err;
+      const message = unavailable(provider, err);
+      if (message === undefined) throw err;
+      const { name, remedy } = UNAVAILABLE[provider];
       brokenProviders.set(provider, message);
       (runtime.warn ?? console.warn)(`${name} execution provider unavailable (${message}); running on CPU. ${remedy}`);
     }

@@ -48,6 +48,8 @@ export interface ClassicAttentionOptions {
   softmaxAxis?: number;
   /** A graph output besides the layer's: a tensor of the chain that something outside it reads. */
   alsoOutput?: string;
+  /** Constant shapes in place of the folds' [-1, tokens, headSize], the unfold's [-1, heads, tokens, headSize] or the output's [-1, tokens, width]. */
+  shapes?: { folded?: number[]; unfolded?: number[]; out?: number[] };
 }
 
 const FLOAT = onnx.TensorProto.DataType.FLOAT;
@@ -65,7 +67,7 @@ const floats = (name: string, dims: number[], values: Float32Array): proto.ITens
  * feeds for it.
  */
 export function classicAttentionModel(options: ClassicAttentionOptions = {}): { model: proto.IModelProto; x: Float32Array; dims: number[] } {
-  const { batch = 2, tokens = 12, heads = 2, headSize = 4, zeros = true, mask = false, keyHeads = heads, queryPerm = [0, 2, 1, 3], softmaxAxis = -1, alsoOutput } = options;
+  const { batch = 2, tokens = 12, heads = 2, headSize = 4, zeros = true, mask = false, keyHeads = heads, queryPerm = [0, 2, 1, 3], softmaxAxis = -1, alsoOutput, shapes = {} } = options;
   const width = heads * headSize;
   const wave = (length: number, f: (i: number) => number) => Float32Array.from({ length }, (_, i) => f(i));
   const nodes: proto.INodeProto[] = [];
@@ -75,11 +77,11 @@ export function classicAttentionModel(options: ClassicAttentionOptions = {}): { 
     int64s('zero', [0]),
     int64s('one', [1]),
     int64s('axes', [0]),
-    int64s('unfoldShape', [-1, heads, tokens, headSize]),
-    int64s('outShape', [-1, tokens, width]),
+    int64s('unfoldShape', shapes.unfolded ?? [-1, heads, tokens, headSize]),
+    int64s('outShape', shapes.out ?? [-1, tokens, width]),
   ];
   const fold = (input: string, name: string, foldHeads: number, perm: number[]) => {
-    initializer.push(int64s(`${name}Heads`, [foldHeads]), int64s(`${name}Size`, [width / foldHeads]), int64s(`${name}Folded`, [-1, tokens, width / foldHeads]));
+    initializer.push(int64s(`${name}Heads`, [foldHeads]), int64s(`${name}Size`, [width / foldHeads]), int64s(`${name}Folded`, shapes.folded ?? [-1, tokens, width / foldHeads]));
     nodes.push(
       node('Shape', [input], [`${name}Shape`]),
       node('Gather', [`${name}Shape`, 'zero'], [`${name}B`], [int('axis', 0)]),
