@@ -67,7 +67,7 @@ export async function startServer(config: Config, logger: Logger, { clock, worke
   // With REDIS_URL the replicas share API_KEYS_FILE's per-key limits; without it this server counts alone.
   const redisLog = logger.child({ component: 'redis' });
   const redis = config.redisUrl ? await connectRedis(config.redisUrl, redisLog) : undefined;
-  const rates = redis && new KeyRates(Date.now, new RedisLedger(redis, redisLog));
+  const rates = redis && new KeyRates(new RedisLedger(redis, redisLog));
   const slots = redis && new KeySlots(redis, redisLog, { maxWaitMs: config.queueTimeoutSeconds * 1000 });
 
   const registry = new ModelRegistry({

@@ -1,12 +1,12 @@
 import { describe, expect, it } from 'vitest';
 import { failureOf } from './helpers/failures.js';
 import { ApiError } from '../src/api/errors.js';
-import { KeyRates } from '../src/http/key-rates.js';
+import { KeyRates, MemoryLedger } from '../src/http/key-rates.js';
 
 /** API_KEYS_FILE's per-minute limits, on a clock the test moves. */
 describe('per-key rates', () => {
   let now = 0;
-  const rates = () => new KeyRates(() => now);
+  const rates = () => new KeyRates(new MemoryLedger(() => now));
   const refusal = (f: () => Promise<unknown>) => failureOf<ApiError>(f());
 
   it('admits requests_per_minute requests a minute, then answers 429 with the seconds until the oldest leaves', async () => {

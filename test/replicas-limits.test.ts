@@ -1,4 +1,4 @@
-import { describe, expect, it } from 'vitest';
+import { describe, expect, it, vi } from 'vitest';
 import { failureOf } from './helpers/failures.js';
 import type { ApiError } from '../src/api/errors.js';
 import { KeyRates } from '../src/http/key-rates.js';
@@ -17,7 +17,7 @@ let now = 0;
 
 /** A replica's rates: its own Redis connection, the shared clock of the test. */
 async function replica(): Promise<KeyRates> {
-  return new KeyRates(() => now, new RedisLedger(await redis.connect(), silentLogger));
+  return new KeyRates(new RedisLedger(await redis.connect(), silentLogger, () => now));
 }
 
 const refusal = (admitted: Promise<unknown>) => failureOf<ApiError>(admitted);
@@ -69,6 +69,26 @@ describe.skipIf(!REDIS_SERVER)(`per-key limits shared through Redis${NO_REDIS}`,
     now = 3_000_000;
     const outcomes = await Promise.allSettled(Array.from({ length: 30 }, (_, i) => replicas[i % 3].admit(key, 1)));
     expect(outcomes.filter((o) => o.status === 'fulfilled')).toHaveLength(10);
+  });
+
+  it("times the window by Redis's clock, not by the replicas' own", async () => {
+    const connection = await redis.connect();
+    // As servers make them: no clock of the test's.
+    const [one, two] = [new KeyRates(new RedisLedger(connection, silentLogger)), new KeyRates(new RedisLedger(await redis.connect(), silentLogger))];
+    const key = { label: 'gina', limits: { requestsPerMinute: 1 } };
+    const [seconds, micros] = await connection.time();
+    await one.admit(key, 1);
+    const [member] = await connection.zrange('imagegen:rate:gina', 0, -1);
+    const at = Number(member.split(':')[0]);
+    expect(at - (Number(seconds) * 1000 + Number(micros) / 1000)).toBeGreaterThanOrEqual(-1);
+    expect(at - (Number(seconds) * 1000 + Number(micros) / 1000)).toBeLessThan(5_000);
+    // A replica whose clock runs ten minutes ahead still sees the other's request in its minute.
+    const ahead = Date.now() + 600_000;
+    const clock = vi.spyOn(Date, 'now').mockImplementation(() => ahead);
+    const err = await refusal(two.admit(key, 1)).finally(() => clock.mockRestore());
+    expect(err.status).toBe(429);
+    expect(Number(err.headers['retry-after'])).toBeGreaterThanOrEqual(55);
+    expect(Number(err.headers['retry-after'])).toBeLessThanOrEqual(60);
   });
 
   it('falls back to counting per replica while Redis is down', async () => {

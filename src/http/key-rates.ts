@@ -28,18 +28,23 @@ export interface WindowLimits {
   images?: number;
 }
 
-/** What a ledger found: whether the entry fitted, and the window before it (oldest first, the entry left out). */
+/**
+ * What a ledger found: whether the entry fitted, the window before it (oldest first, the entry left
+ * out), and the time on the ledger's clock that it counted the entry at.
+ */
 export interface Spending {
   fits: boolean;
   recent: Spent[];
+  at: number;
 }
 
 export interface RateLedger {
   /**
-   * In one atomic step: forgets `label`'s entries older than `windowMs` before `entry.at`; then, if the
-   * rest plus `entry` stay within `limits` (fits()), records `entry` (unless `record` is false: a check).
+   * In one atomic step, at the ledger's time now: forgets `label`'s entries older than `windowMs`; then,
+   * if the rest plus an entry of `images` stay within `limits` (fits()), records it (unless `record` is
+   * false: a check). The ledger's clock times the window, so that one clock serves every replica.
    */
-  spend(label: string, entry: Spent, limits: WindowLimits, windowMs: number, record?: boolean): Promise<Spending>;
+  spend(label: string, images: number, limits: WindowLimits, windowMs: number, record?: boolean): Promise<Spending>;
 }
 
 /** Whether `recent` plus `entry` stay within `limits`: the rule every ledger applies (redis-ledger.ts in Lua). */
@@ -48,15 +53,18 @@ function fits(recent: readonly Spent[], entry: Spent, limits: WindowLimits): boo
   return (limits.requests === undefined || recent.length + 1 <= limits.requests) && (limits.images === undefined || images + entry.images <= limits.images);
 }
 
-/** The ledger of one server: a map in this process. */
+/** The ledger of one server: a map in this process, timed by `now` (this machine's clock; tests move their own). */
 export class MemoryLedger implements RateLedger {
   private readonly spent = new Map<string, Spent[]>();
 
-  async spend(label: string, entry: Spent, limits: WindowLimits, windowMs: number, record = true): Promise<Spending> {
+  constructor(private readonly now: () => number = Date.now) {}
+
+  async spend(label: string, images: number, limits: WindowLimits, windowMs: number, record = true): Promise<Spending> {
+    const entry = { at: this.now(), images };
     const recent = (this.spent.get(label) ?? []).filter((s) => s.at > entry.at - windowMs);
     const fit = fits(recent, entry, limits);
     this.spent.set(label, fit && record ? [...recent, entry] : recent);
-    return { fits: fit, recent };
+    return { fits: fit, recent, at: entry.at };
   }
 }
 
@@ -90,10 +98,7 @@ function durationText(ms: number): string {
 }
 
 export class KeyRates {
-  constructor(
-    private readonly now: () => number = Date.now,
-    private readonly ledger: RateLedger = new MemoryLedger(),
-  ) {}
+  constructor(private readonly ledger: RateLedger = new MemoryLedger()) {}
 
   /** Throws the 429 that `admit` would throw now, counting nothing: for a request not yet known to be valid. */
   async check(key: Omit<ApiKey, 'key'> | null, images: number): Promise<void> {
@@ -108,21 +113,19 @@ export class KeyRates {
   private async spend(key: Omit<ApiKey, 'key'> | null, images: number, record: boolean): Promise<Record<string, string>> {
     const limits = key?.limits;
     if (!key || !limits || (limits.requestsPerMinute === undefined && limits.imagesPerMinute === undefined)) return {};
-    const now = this.now();
-    const entry = { at: now, images };
     const windowLimits = { requests: limits.requestsPerMinute, images: limits.imagesPerMinute };
     if (limits.imagesPerMinute !== undefined && images > limits.imagesPerMinute) {
       // The key's window as it stands (nothing counted), for the rate-limit headers every refusal carries.
-      const { recent } = await this.ledger.spend(key.label, entry, windowLimits, MINUTE_MS, false);
+      const { recent, at } = await this.ledger.spend(key.label, images, windowLimits, MINUTE_MS, false);
       throw new ApiError(
         429,
         `Rate limit reached for API key '${key.label}': this request asks for ${images} images, more than the key may have in a minute (${plural(limits.imagesPerMinute, 'image')}). Ask for at most ${limits.imagesPerMinute} at a time.`,
         // Waiting cannot help: the SDKs are told not to retry.
-        { type: 'requests', code: 'rate_limit_exceeded', headers: { 'x-should-retry': 'false', ...rateHeaders(limits, recent, now) } },
+        { type: 'requests', code: 'rate_limit_exceeded', headers: { 'x-should-retry': 'false', ...rateHeaders(limits, recent, at) } },
       );
     }
-    const { fits: admitted, recent } = await this.ledger.spend(key.label, entry, windowLimits, MINUTE_MS, record);
-    if (admitted) return rateHeaders(limits, [...recent, entry], now);
+    const { fits: admitted, recent, at: now } = await this.ledger.spend(key.label, images, windowLimits, MINUTE_MS, record);
+    if (admitted) return rateHeaders(limits, [...recent, { at: now, images }], now);
     const wait = Math.max(
       limits.requestsPerMinute !== undefined && recent.length + 1 > limits.requestsPerMinute ? waitFor(recent, recent.length + 1 - limits.requestsPerMinute, () => 1, now) : 0,
       limits.imagesPerMinute !== undefined ? imageWait(recent, images, limits.imagesPerMinute, now) : 0,
