@@ -78,7 +78,7 @@ describe.skipIf(!REDIS_SERVER)(`per-key limits shared through Redis${NO_REDIS}`,
     const key = { label: 'gina', limits: { requestsPerMinute: 1 } };
     const [seconds, micros] = await connection.time();
     await one.admit(key, 1);
-    const [member] = await connection.zrange('imagegen:rate:gina', 0, -1);
+    const [member] = await connection.zrange('imagegen:rate:gina', '0', '-1');
     const at = Number(member.split(':')[0]);
     expect(at - (Number(seconds) * 1000 + Number(micros) / 1000)).toBeGreaterThanOrEqual(-1);
     expect(at - (Number(seconds) * 1000 + Number(micros) / 1000)).toBeLessThan(5_000);
