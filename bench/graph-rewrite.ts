@@ -11,8 +11,8 @@
  * --model is an SD-style export (unet/ and vae_decoder/ with 4-channel latents and 32-wide text
  * states, as the real exports in ../shared/data/real-exports); --side the latents' side (64: 512x512).
  * --head-sizes also times one hand-made attention layer of 4096 tokens (a 512x512 image's first UNet
- * block) as exported and fused on the CPU, for each head size of the real models: where fusion stops
- * paying, which sets MAX_HEAD_SIZE in src/runtime/attention-fusion.ts.
+ * block) as exported and fused on the CPU, for each head size of the real models and in both layouts
+ * the fusion knows: where fusion stops paying, which sets MAX_HEAD_SIZE in src/runtime/attention-fusion.ts.
  */
 import { execFile } from 'node:child_process';
 import os from 'node:os';
@@ -23,7 +23,7 @@ import onnxProto from 'onnx-proto';
 import { fuseAttention } from '../src/runtime/attention-fusion.js';
 import { graphSource, rewritesOf, type GraphSource } from '../src/runtime/graph-rewrite.js';
 import { createSession, EXECUTION_PROVIDERS, isExecutionProvider, type ExecutionProvider, type GraphRewrites } from '../src/runtime/providers.js';
-import { classicAttentionModel } from '../test/helpers/attention-graph.js';
+import { classicAttentionModel, sdpaAttentionModel } from '../test/helpers/attention-graph.js';
 import { EXPORT_FEEDS } from '../test/helpers/export-feeds.js';
 import { realExport } from '../test/helpers/real-exports.js';
 import { sideBySide } from './stats.js';
@@ -109,17 +109,24 @@ const HEAD_SHAPES = [
 ];
 
 if (values['head-sizes']) {
-  for (const shape of HEAD_SHAPES) {
-    // Without baddbmm's zeros, as the exact rewrite leaves the exports' attention before fusing it.
-    const { model, x, dims } = classicAttentionModel({ ...shape, tokens: 4096, zeros: false });
-    const fused = structuredClone(model);
-    // Fused whatever the head size, to see what fusing the widest would cost.
-    fuseAttention(fused, Infinity);
-    const sessions = await Promise.all([model, fused].map((m) => sessionOf({ bytes: onnxProto.onnx.ModelProto.encode(m).finish(), folder: os.tmpdir() }, 'cpu')));
-    const feeds = { x: new ort.Tensor('float32', x, dims) };
-    const [exported, rewritten] = await Promise.all(sessions.map((s) => outputOf(s, feeds)));
-    const [before, after] = await sideBySide(sessions.map((s) => () => s.run(feeds)), 3);
-    await Promise.all(sessions.map((s) => s.release()));
-    console.log(`attention layer, batch ${shape.batch}, 4096 tokens, ${shape.heads} heads of ${shape.headSize}: unfused ${before.toFixed(1)} ms, fused ${after.toFixed(1)} ms x${(after / before).toFixed(2)}, largest difference ${largestDifference(rewritten, exported).toExponential(1)}`);
+  // The classic layout without baddbmm's zeros, as the exact rewrite leaves the exports' attention
+  // before fusing it; the 4-D layout as torch 2.1 and later export scaled_dot_product_attention.
+  const layouts = [
+    ['classic', (shape: (typeof HEAD_SHAPES)[number]) => classicAttentionModel({ ...shape, tokens: 4096, zeros: false })],
+    ['4-D', (shape: (typeof HEAD_SHAPES)[number]) => sdpaAttentionModel({ ...shape, tokens: 4096 })],
+  ] as const;
+  for (const [layout, modelOf] of layouts) {
+    for (const shape of HEAD_SHAPES) {
+      const { model, x, dims } = modelOf(shape);
+      const fused = structuredClone(model);
+      // Fused whatever the head size, to see what fusing the widest would cost.
+      fuseAttention(fused, Infinity);
+      const sessions = await Promise.all([model, fused].map((m) => sessionOf({ bytes: onnxProto.onnx.ModelProto.encode(m).finish(), folder: os.tmpdir() }, 'cpu')));
+      const feeds = { x: new ort.Tensor('float32', x, dims) };
+      const [exported, rewritten] = await Promise.all(sessions.map((s) => outputOf(s, feeds)));
+      const [before, after] = await sideBySide(sessions.map((s) => () => s.run(feeds)), 3);
+      await Promise.all(sessions.map((s) => s.release()));
+      console.log(`${layout} attention layer, batch ${shape.batch}, 4096 tokens, ${shape.heads} heads of ${shape.headSize}: unfused ${before.toFixed(1)} ms, fused ${after.toFixed(1)} ms x${(after / before).toFixed(2)}, largest difference ${largestDifference(rewritten, exported).toExponential(1)}`);
+    }
   }
 }

@@ -6,7 +6,7 @@ import { describe, expect, it } from 'vitest';
 import { fuseAttention, MAX_HEAD_SIZE } from '../src/runtime/attention-fusion.js';
 import { graphSource, rewritesOf, type GraphSource } from '../src/runtime/graph-rewrite.js';
 import { createSession } from '../src/runtime/providers.js';
-import { classicAttentionModel, type ClassicAttentionOptions } from './helpers/attention-graph.js';
+import { classicAttentionModel, sdpaAttentionModel, type ClassicAttentionOptions, type SdpaAttentionOptions } from './helpers/attention-graph.js';
 import { largestDifference } from './helpers/difference.js';
 import { EXPORT_FEEDS } from './helpers/export-feeds.js';
 import { haveRealExports, REAL_EXPORT_NAMES, realExport } from './helpers/real-exports.js';
@@ -85,6 +85,39 @@ describe('fusing exported attention into MultiHeadAttention', () => {
     }
     // The widest heads fused.
     expect((await fused({ heads: 1, headSize: MAX_HEAD_SIZE, tokens: 4 })).count).toBe(1);
+  });
+});
+
+describe("fusing torch's export of scaled_dot_product_attention", () => {
+  /** Fuses a copy of the model made with `options`; answers what fused, the outputs before and after, and the fused model. */
+  async function fusedSdpa(options: SdpaAttentionOptions) {
+    const { model, x, dims } = sdpaAttentionModel(options);
+    const copy = structuredClone(model);
+    const count = fuseAttention(copy);
+    return { count, model: copy, exported: await run(model, x, dims), rewritten: await run(copy, x, dims) };
+  }
+
+  it('fuses the 4-D layout into one node giving the same output, whether its scale is computed from Q or a constant', async () => {
+    const written: SdpaAttentionOptions[] = [{}, { keyTransposes: 2 }, { scale: 'sqrt' }, { scale: 'folded', heads: 3, headSize: 8 }];
+    for (const options of written) {
+      const { count, model, exported, rewritten } = await fusedSdpa(options);
+      expect(count, JSON.stringify(options)).toBe(1);
+      expect(opTypes(model).sort()).toEqual(['MatMul', 'MatMul', 'MatMul', 'MultiHeadAttention']);
+      const attention = model.graph!.node!.find((n) => n.opType === 'MultiHeadAttention')!;
+      expect(attention.input).toEqual(['q', 'k', 'v']);
+      expect(attention.attribute!.find((a) => a.name === 'scale')!.f).toBeCloseTo(1 / Math.sqrt(options.headSize ?? 4), 6);
+      expect(largestDifference(rewritten, exported)).toBeLessThan(1e-6);
+      expect(Math.max(...exported.map(Math.abs))).toBeGreaterThan(0.1);
+    }
+  });
+
+  it('leaves it as exported where the scale is read from another size, or a mask is added', async () => {
+    for (const options of [{ sliceStart: 0 }, { sliceStart: -2 }, { mask: true }] satisfies SdpaAttentionOptions[]) {
+      const { model } = sdpaAttentionModel(options);
+      const before = structuredClone(model);
+      expect(fuseAttention(model), JSON.stringify(options)).toBe(0);
+      expect(model).toEqual(before);
+    }
   });
 });
 

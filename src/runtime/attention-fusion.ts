@@ -3,13 +3,13 @@ import type { onnx as proto } from 'onnx-proto';
 import { fillsFloatZero, GraphIndex, hasSubgraphs, removeUnused } from './onnx-graph.js';
 
 /**
- * A rewrite of exported graphs (see graph-rewrite.ts): diffusers' classic attention, as Optimum's
- * exports of SD and SDXL UNets carry it, made one com.microsoft.MultiHeadAttention node. As exported,
- * each attention layer folds its heads into the batch (Reshape to [B,T,H,D], Transpose, Reshape to
- * [B·H,T,D]), multiplies Q by Kᵀ into a [B·H,T,S] tensor of scores, scales it, takes its Softmax,
- * multiplies by V and unfolds the heads again: at 512x512 SD 1.5's first blocks hold 1 GiB of scores
- * per call for that. onnxruntime's CPU kernel of MultiHeadAttention computes the same thing in blocks
- * (flash attention) without ever holding the scores: on this project's 2-core machine the SD 1.5 test
+ * A rewrite of exported graphs (see graph-rewrite.ts): diffusers' attention, as Optimum's exports of
+ * SD and SDXL UNets carry it, made one com.microsoft.MultiHeadAttention node. As exported, each
+ * attention layer splits its heads off (Reshape to [B,T,H,D], Transpose), multiplies Q by Kᵀ into a
+ * tensor of scores per head and token pair, scales it, takes its Softmax, multiplies by V and merges
+ * the heads again: at 512x512 SD 1.5's first blocks hold 1 GiB of scores per call for that.
+ * onnxruntime's CPU kernel of MultiHeadAttention computes the same thing in blocks (flash attention)
+ * without ever holding the scores: on this project's 2-core machine the SD 1.5 test
  * export's UNet call at 768x768 took x0.66 the time and peaked at 264 MiB instead of 2965, its output
  * within 3e-6 of the unfused graph's (docs/performance.md, `npm run bench:graph-rewrite`).
  *
@@ -19,15 +19,21 @@ import { fillsFloatZero, GraphIndex, hasSubgraphs, removeUnused } from './onnx-g
  * the WebGPU provider's kernel differed from the exported chain by 1.5e-3 on lavapipe, and the CUDA
  * provider's could not be measured here.
  *
- * Only the exact chain is fused, every link checked: Q, K and V each folded as above with the same
- * constant head count at the folded shape's entry 2; Q·Kᵀ (Kᵀ a Transpose of the last two axes) scaled
- * by a constant (Mul or Div) or not, plus nothing but a constant-zero term (baddbmm's, see
- * attention-zeros.ts), Softmax on the last axis, Casts to float only, times V, unfolded by a Reshape to
- * [B,H,T,D] (the same constant H at entry 1), a Transpose(0,2,1,3) and a Reshape. The unfolded
- * output's Reshape becomes the fused node, so every reader of that output reads the same values, and
- * the links then read by nothing are removed; a link that something else also reads (the Shapes that
- * compute the folds' sizes, a graph output) stays, as does all of a chain any link of which fails a
- * check. Q, K and V must be float32 projections (MatMul by a float initializer, plus a bias or not),
+ * Two layouts of the chain are fused, as exporters write them:
+ * - classic (diffusers' AttnProcessor, which Optimum exports with torch before 2.1, and so the test
+ *   exports): Q, K and V each split as above, with the same constant head count at the split shape's
+ *   entry 2, and their heads folded into the batch (Reshape to [B·H,T,D]); Q·Kᵀ (Kᵀ a Transpose of the last two axes) scaled by a constant (Mul or Div) or not, plus
+ *   nothing but a constant-zero term (baddbmm's, see attention-zeros.ts), Softmax on the last axis,
+ *   Casts to float only, times V, unfolded by a Reshape to [B,H,T,D] (the same H at entry 1), a
+ *   Transpose(0,2,1,3) and a Reshape.
+ * - 4-D (AttnProcessor2_0's scaled_dot_product_attention, which Optimum exports with torch 2.1 and
+ *   later): Q, K and V split into [B,H,T,D] and never folded; torch's exporter multiplies Q and Kᵀ each
+ *   by the square root of the scale, which it computes from Q's shape as 1 / sqrt(D) (or a constant
+ *   once folded); then the Softmax, times V, a Transpose(0,2,1,3) and a Reshape merge the heads.
+ * The last Reshape becomes the fused node, so every reader of the layer's output reads the same values,
+ * and the links then read by nothing are removed; a link that something else also reads (the Shapes
+ * that compute the folds' sizes, a graph output) stays, as does all of a chain any link of which fails
+ * a check. Q, K and V must be float32 projections (MatMul by a float initializer, plus a bias or not),
  * which also gives the head size. Every Reshape's shape must have the rank of its place in the chain,
  * and its constant entries the sizes of their axes (a computed entry is onnxruntime's to check, as it
  * does when the exported graph runs). Graphs with subgraphs are left as exported.
@@ -51,6 +57,29 @@ interface ExportedAttention {
   /** The last Reshape of the chain, whose output is the layer's [B,T,H·D]. */
   output: proto.INodeProto;
 }
+
+/** A Reshape of the chain and the shape it must have, given the head size. */
+type ReshapeCheck = readonly [proto.INodeProto, (size: number) => readonly (number | 'same' | 'any')[]];
+
+/** Q, K or V of a layer: the projection it comes from, its head count, and the Reshapes that split its heads. */
+interface Fold {
+  source: string;
+  heads: number;
+  reshapes: ReshapeCheck[];
+}
+
+/** What a layout of the chain found: its Q, K and V, the rank of its scores, the Reshape that merges the heads again, its other Reshapes, and the factor it scales the scores by besides `scaled`'s, given the head size. */
+interface Layout {
+  query: Fold;
+  key: Fold;
+  value: Fold;
+  rank: number;
+  merge: proto.INodeProto;
+  reshapes: ReshapeCheck[];
+  factor(size: number): number | undefined;
+}
+
+const sameValues = (values: number[] | undefined, wanted: number[]) => values?.length === wanted.length && values.every((v, i) => v === wanted[i]);
 
 const sameInts = (attribute: proto.IAttributeProto | undefined, ints: number[]) =>
   attribute !== undefined && attribute.ints?.length === ints.length && attribute.ints.every((v, i) => Number(v) === ints[i]);
@@ -105,14 +134,26 @@ class Matcher {
     });
   }
 
-  /** Heads folded into the batch: [B,T,H·D] -> Reshape [B,T,H,D] -> Transpose(0,2,1,3) -> Reshape [B·H,T,D]. */
-  private folded(name: string | null | undefined): { source: string; heads: number; split: proto.INodeProto; merge: proto.INodeProto } | undefined {
-    const merge = this.index.producer(name, 'Reshape');
-    const transpose = this.index.producer(merge?.input?.[0], 'Transpose');
+  /** [B,T,H·D] -> Reshape [B,T,H,D] -> Transpose(0,2,1,3): the heads made an axis of their own, as both layouts do. */
+  private split(name: string | null | undefined, perm = [0, 2, 1, 3]): Fold | undefined {
+    const transpose = this.index.producer(name, 'Transpose');
     const split = this.index.producer(transpose?.input?.[0], 'Reshape');
     const heads = this.index.shape(split?.input?.[1])?.[2];
-    if (!merge || !split?.input?.[0] || !this.perm(transpose, [0, 2, 1, 3]) || !heads || heads < 1) return undefined;
-    return { source: split.input[0], heads, split, merge };
+    if (!split?.input?.[0] || !this.perm(transpose, perm) || !heads || heads < 1) return undefined;
+    return { source: split.input[0], heads, reshapes: [[split, (size) => ['same', 'same', heads, size]]] };
+  }
+
+  /** The classic layout's fold, the heads then folded into the batch: a split as above -> Reshape [B·H,T,D]. */
+  private folded(name: string | null | undefined): Fold | undefined {
+    const merge = this.index.producer(name, 'Reshape');
+    const split = this.split(merge?.input?.[0]);
+    return merge && split && { ...split, reshapes: [...split.reshapes, [merge, (size) => ['any', 'any', size]]] };
+  }
+
+  /** The 4-D layout's Kᵀ: a split as above transposed again (0,1,3,2), or both Transposes made one (0,2,3,1) as torch's exporter does. */
+  private keyTransposed(name: string | null | undefined): Fold | undefined {
+    const again = this.index.producer(name, 'Transpose');
+    return this.split(name, [0, 2, 3, 1]) ?? (this.perm(again, [0, 1, 3, 2]) ? this.split(again?.input?.[0]) : undefined);
   }
 
   /** The width of a float32 projection (MatMul by an initializer [in, out], plus a bias or not). */
@@ -152,37 +193,81 @@ class Matcher {
     return { scale: scaling.opType === 'Mul' ? factor[0] : 1 / factor[0], product };
   }
 
+  /**
+   * A factor that torch's export of scaled_dot_product_attention multiplies Q and Kᵀ by: the square root
+   * of its scale, a constant once folded, else Sqrt of a constant or of the scale torch computes from Q
+   * as 1 / sqrt(Q's last size): Div(1, Sqrt(Cast(Slice(Shape(Q), -1)))), maybe Cast again. Its value,
+   * given that Q ([B,H,T,D]) is `query` and D is `size`.
+   */
+  private sdpaFactor(name: string, query: string, size: number): number | undefined {
+    const constant = this.index.values(name);
+    if (constant) return constant.length === 1 ? constant[0] : undefined;
+    const root = this.index.producer(name, 'Sqrt');
+    const scale = this.throughCasts(root?.input?.[0] ?? '', true);
+    const folded = this.index.values(scale);
+    if (folded) return folded.length === 1 && folded[0] > 0 ? Math.sqrt(folded[0]) : undefined;
+    const division = this.index.producer(scale, 'Div');
+    const [one, divisor] = division?.input ?? [];
+    const slice = this.index.producer(this.throughCasts(this.index.producer(divisor, 'Sqrt')?.input?.[0] ?? '', true), 'Slice');
+    const shape = this.index.producer(slice?.input?.[0], 'Shape');
+    const [starts, ends] = [slice?.input?.[1], slice?.input?.[2]].map((input) => this.index.values(input));
+    const lastOnly = starts?.length === 1 && starts[0] === -1 && ends?.length === 1 && ends[0] >= 0 && (slice?.input?.length ?? 0) <= 4;
+    const fromQuery = shape?.input?.[0] === query && !shape.attribute?.length;
+    return sameValues(this.index.values(one), [1]) && lastOnly && fromQuery ? size ** -0.25 : undefined;
+  }
+
+  /** The classic layout: Q and K folded into the batch, Kᵀ a Transpose(0,2,1), V folded, the product unfolded by Reshape [B,H,T,D], Transpose and Reshape. */
+  private classic(queryIn: string, keyIn: string, weighted: proto.INodeProto): Layout | undefined {
+    const transpose = this.index.producer(keyIn, 'Transpose');
+    const unfold = this.reader(weighted.output?.[0], 'Reshape');
+    const transposeBack = this.reader(unfold?.output?.[0], 'Transpose');
+    const merge = this.reader(transposeBack?.output?.[0], 'Reshape');
+    const [query, key, value] = [this.folded(queryIn), this.perm(transpose, [0, 2, 1]) ? this.folded(transpose?.input?.[0]) : undefined, this.folded(weighted.input?.[1])];
+    if (!query || !key || !value || !unfold || !merge || !this.perm(transposeBack, [0, 2, 1, 3])) return undefined;
+    const heads = query.heads;
+    return { query, key, value, rank: 3, merge, reshapes: [[unfold, (size) => ['any', heads, 'any', size]]], factor: () => 1 };
+  }
+
+  /** The 4-D layout of torch's scaled_dot_product_attention export: Q, K and V split into heads, Q and Kᵀ each times a factor (sdpaFactor), the product's heads transposed back and merged. */
+  private sdpa(queryIn: string, keyIn: string, weighted: proto.INodeProto): Layout | undefined {
+    const [queryScaling, keyScaling] = [queryIn, keyIn].map((name) => this.index.producer(name, 'Mul'));
+    const [queryHeads, queryFactor] = queryScaling?.input ?? [];
+    const [keyHeads, keyFactor] = keyScaling?.input ?? [];
+    const transposeBack = this.reader(weighted.output?.[0], 'Transpose');
+    const merge = this.reader(transposeBack?.output?.[0], 'Reshape');
+    const [query, key, value] = [this.split(queryHeads), this.keyTransposed(keyHeads), this.split(weighted.input?.[1])];
+    if (!query || !key || !value || !merge || !this.perm(transposeBack, [0, 2, 1, 3])) return undefined;
+    const factor = (size: number) => {
+      const [q, k] = [queryFactor, keyFactor].map((name) => this.sdpaFactor(name, queryHeads, size));
+      return q !== undefined && k !== undefined ? q * k : undefined;
+    };
+    return { query, key, value, rank: 4, merge, reshapes: [], factor };
+  }
+
   /** The attention layer whose Softmax this is, when every link of its chain passes. */
   match(softmax: proto.INodeProto): ExportedAttention | undefined {
-    const axis = softmax.attribute?.find((a) => a.name === 'axis');
-    // Before opset 13 Softmax flattened its input from the axis on: another operation.
-    const lastAxis = axis ? Number(axis.i) === -1 || Number(axis.i) === 2 : this.opset >= 13;
     const scores = this.scaled(this.throughCasts(softmax.input?.[0] ?? '', true));
-    if (!lastAxis || !scores) return undefined;
-    const [queryFolded, keyTransposed] = scores.product.input ?? [];
-    const transpose = this.index.producer(keyTransposed, 'Transpose');
-    if (!this.perm(transpose, [0, 2, 1])) return undefined;
-    const query = this.folded(queryFolded);
-    const key = this.folded(transpose?.input?.[0]);
-
     const probabilities = this.throughCasts(softmax.output?.[0] ?? '', false);
     const weighted = this.reader(probabilities, 'MatMul');
-    if (!weighted || weighted.input?.[0] !== probabilities) return undefined;
-    const value = this.folded(weighted.input?.[1]);
-    const split = this.reader(weighted.output?.[0], 'Reshape');
-    const transposeBack = this.reader(split?.output?.[0], 'Transpose');
-    const merge = this.reader(transposeBack?.output?.[0], 'Reshape');
-    if (!query || !key || !value || !split || !merge || !this.perm(transposeBack, [0, 2, 1, 3])) return undefined;
+    if (!scores || !weighted || weighted.input?.[0] !== probabilities) return undefined;
+    const [queryIn, keyIn] = scores.product.input ?? [];
+    const layout = this.classic(queryIn, keyIn, weighted) ?? this.sdpa(queryIn, keyIn, weighted);
+    const axis = softmax.attribute?.find((a) => a.name === 'axis');
+    // Before opset 13 Softmax flattened its input from the axis on: another operation.
+    const lastAxis = axis ? Number(axis.i) === -1 || Number(axis.i) === (layout?.rank ?? 0) - 1 : this.opset >= 13;
+    if (!layout || !lastAxis) return undefined;
 
+    const { query, key, value, merge } = layout;
     const heads = query.heads;
     const width = this.width(query.source);
     const widths = [key, value].map((v) => this.width(v.source));
     if (key.heads !== heads || value.heads !== heads) return undefined;
     if (!width || width % heads !== 0 || width / heads > this.maxHeadSize || widths.some((w) => w !== width)) return undefined;
     const size = width / heads;
-    const foldsRight = [query, key, value].every((fold) => this.reshapesTo(fold.split, ['same', 'same', heads, size]) && this.reshapesTo(fold.merge, ['any', 'any', size]));
-    if (!foldsRight || !this.reshapesTo(split, ['any', heads, 'any', size]) || !this.reshapesTo(merge, ['same', 'same', width])) return undefined;
-    return { query: query.source, key: key.source, value: value.source, heads, scale: scores.scale, output: merge };
+    const reshapes: ReshapeCheck[] = [...query.reshapes, ...key.reshapes, ...value.reshapes, ...layout.reshapes, [merge, () => ['same', 'same', width]]];
+    const factor = layout.factor(size);
+    if (!reshapes.every(([reshape, expected]) => this.reshapesTo(reshape, expected(size))) || factor === undefined || !Number.isFinite(factor) || factor === 0) return undefined;
+    return { query: query.source, key: key.source, value: value.source, heads, scale: scores.scale * factor, output: merge };
   }
 }
 

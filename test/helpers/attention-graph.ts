@@ -59,6 +59,46 @@ const int = (name: string, value: number): proto.IAttributeProto => ({ name, typ
 const int64s = (name: string, values: number[]): proto.ITensorProto => ({ name, dataType: INT64, dims: [values.length], rawData: new Uint8Array(new BigInt64Array(values.map(BigInt)).buffer) });
 const floats = (name: string, dims: number[], values: Float32Array): proto.ITensorProto => ({ name, dataType: FLOAT, dims, rawData: new Uint8Array(values.buffer) });
 
+/** What both layouts' graphs share: x [batch, tokens, width] projected to q, k and v by weights, the graph around the nodes, and feeds. */
+function attentionModel(options: { batch: number; tokens: number; width: number; alsoOutput?: string }, initializer: proto.ITensorProto[], layer: proto.INodeProto[]) {
+  const { batch, tokens, width, alsoOutput } = options;
+  const wave = (length: number, f: (i: number) => number) => Float32Array.from({ length }, (_, i) => f(i));
+  const projections = ['q', 'k', 'v'].map((name, i) => {
+    initializer.push(floats(`W${name}`, [width, width], wave(width * width, (j) => (Math.sin(j * (i + 1.3) + i) + 0.3) / Math.sqrt(width))));
+    return node('MatMul', ['x', `W${name}`], [name]);
+  });
+  const output = [{ name: 'out', type: { tensorType: { elemType: FLOAT } } }, ...(alsoOutput ? [{ name: alsoOutput, type: { tensorType: { elemType: FLOAT } } }] : [])];
+  const dims = [batch, tokens, width];
+  const graph: proto.IGraphProto = {
+    name: 'attention',
+    node: [...projections, ...layer],
+    initializer,
+    input: [{ name: 'x', type: { tensorType: { elemType: FLOAT, shape: { dim: dims.map((d) => ({ dimValue: d })) } } } }],
+    output,
+  };
+  const model: proto.IModelProto = { irVersion: 8, opsetImport: [{ domain: '', version: 17 }], graph };
+  return { model, x: wave(batch * tokens * width, (i) => Math.cos(i * 0.37) + 0.5), dims };
+}
+
+/** Nodes splitting `input` [batch, tokens, width] into [batch, tokens, heads, width / heads], its shape a Concat of the tensor's own sizes and constants as torch exports it; then transposed by `perm`. */
+function splitHeads(input: string, name: string, heads: number, width: number, perm: number[], initializer: proto.ITensorProto[]): proto.INodeProto[] {
+  initializer.push(int64s(`${name}Heads`, [heads]), int64s(`${name}Size`, [width / heads]));
+  return [
+    node('Shape', [input], [`${name}Shape`]),
+    node('Gather', [`${name}Shape`, 'zero'], [`${name}B`], [int('axis', 0)]),
+    node('Gather', [`${name}Shape`, 'one'], [`${name}T`], [int('axis', 0)]),
+    node('Squeeze', [`${name}B`, 'axes'], [`${name}Bs`]),
+    node('Squeeze', [`${name}T`, 'axes'], [`${name}Ts`]),
+    node('Unsqueeze', [`${name}Bs`, 'axes'], [`${name}B1`]),
+    node('Unsqueeze', [`${name}Ts`, 'axes'], [`${name}T1`]),
+    node('Concat', [`${name}B1`, `${name}T1`, `${name}Heads`, `${name}Size`], [`${name}SplitShape`], [int('axis', 0)]),
+    node('Reshape', [input, `${name}SplitShape`], [`${name}4`]),
+    node('Transpose', [`${name}4`], [`${name}T4`], [ints('perm', perm)]),
+  ];
+}
+
+const SHAPE_CONSTANTS = () => [int64s('zero', [0]), int64s('one', [1]), int64s('axes', [0])];
+
 /**
  * One self-attention layer as Optimum exports diffusers' classic processor: x [batch, tokens, width]
  * projected to Q, K and V by weights, heads folded into the batch (the first fold's shape a Concat of
@@ -69,37 +109,18 @@ const floats = (name: string, dims: number[], values: Float32Array): proto.ITens
 export function classicAttentionModel(options: ClassicAttentionOptions = {}): { model: proto.IModelProto; x: Float32Array; dims: number[] } {
   const { batch = 2, tokens = 12, heads = 2, headSize = 4, zeros = true, mask = false, keyHeads = heads, queryPerm = [0, 2, 1, 3], softmaxAxis = -1, alsoOutput, shapes = {} } = options;
   const width = heads * headSize;
-  const wave = (length: number, f: (i: number) => number) => Float32Array.from({ length }, (_, i) => f(i));
   const nodes: proto.INodeProto[] = [];
   const initializer: proto.ITensorProto[] = [
+    ...SHAPE_CONSTANTS(),
     floats('alpha', [], new Float32Array([1 / Math.sqrt(headSize)])),
     floats('beta', [], new Float32Array([0])),
-    int64s('zero', [0]),
-    int64s('one', [1]),
-    int64s('axes', [0]),
     int64s('unfoldShape', shapes.unfolded ?? [-1, heads, tokens, headSize]),
     int64s('outShape', shapes.out ?? [-1, tokens, width]),
   ];
-  const fold = (input: string, name: string, foldHeads: number, perm: number[]) => {
-    initializer.push(int64s(`${name}Heads`, [foldHeads]), int64s(`${name}Size`, [width / foldHeads]), int64s(`${name}Folded`, shapes.folded ?? [-1, tokens, width / foldHeads]));
-    nodes.push(
-      node('Shape', [input], [`${name}Shape`]),
-      node('Gather', [`${name}Shape`, 'zero'], [`${name}B`], [int('axis', 0)]),
-      node('Gather', [`${name}Shape`, 'one'], [`${name}T`], [int('axis', 0)]),
-      node('Squeeze', [`${name}B`, 'axes'], [`${name}Bs`]),
-      node('Squeeze', [`${name}T`, 'axes'], [`${name}Ts`]),
-      node('Unsqueeze', [`${name}Bs`, 'axes'], [`${name}B1`]),
-      node('Unsqueeze', [`${name}Ts`, 'axes'], [`${name}T1`]),
-      node('Concat', [`${name}B1`, `${name}T1`, `${name}Heads`, `${name}Size`], [`${name}SplitShape`], [int('axis', 0)]),
-      node('Reshape', [input, `${name}SplitShape`], [`${name}4`]),
-      node('Transpose', [`${name}4`], [`${name}T4`], [ints('perm', perm)]),
-      node('Reshape', [`${name}T4`, `${name}Folded`], [`${name}3`]),
-    );
-  };
-  for (const [i, name] of ['q', 'k', 'v'].entries()) {
-    initializer.push(floats(`W${name}`, [width, width], wave(width * width, (j) => (Math.sin(j * (i + 1.3) + i) + 0.3) / Math.sqrt(width))));
-    nodes.push(node('MatMul', ['x', `W${name}`], [name]));
-    fold(name, `${name}f`, name === 'k' ? keyHeads : heads, name === 'q' ? queryPerm : [0, 2, 1, 3]);
+  for (const name of ['q', 'k', 'v']) {
+    const foldHeads = name === 'k' ? keyHeads : heads;
+    initializer.push(int64s(`${name}fFolded`, shapes.folded ?? [-1, tokens, width / foldHeads]));
+    nodes.push(...splitHeads(name, `${name}f`, foldHeads, width, name === 'q' ? queryPerm : [0, 2, 1, 3], initializer), node('Reshape', [`${name}fT4`, `${name}fFolded`], [`${name}f3`]));
   }
   nodes.push(node('Transpose', ['kf3'], ['kT'], [ints('perm', [0, 2, 1])]), node('MatMul', ['qf3', 'kT'], ['qk']), node('Mul', ['qk', 'alpha'], ['scores']));
   let logits = 'scores';
@@ -119,14 +140,73 @@ export function classicAttentionModel(options: ClassicAttentionOptions = {}): { 
     node('Transpose', ['unfolded'], ['merged4'], [ints('perm', [0, 2, 1, 3])]),
     node('Reshape', ['merged4', 'outShape'], ['out']),
   );
-  const output = [{ name: 'out', type: { tensorType: { elemType: FLOAT } } }, ...(alsoOutput ? [{ name: alsoOutput, type: { tensorType: { elemType: FLOAT } } }] : [])];
-  const dims = [batch, tokens, width];
-  const graph: proto.IGraphProto = {
-    name: 'attention',
-    node: nodes,
-    initializer,
-    input: [{ name: 'x', type: { tensorType: { elemType: FLOAT, shape: { dim: dims.map((d) => ({ dimValue: d })) } } } }],
-    output,
-  };
-  return { model: { irVersion: 8, opsetImport: [{ domain: '', version: 17 }], graph }, x: wave(batch * tokens * width, (i) => Math.cos(i * 0.37) + 0.5), dims };
+  return attentionModel({ batch, tokens, width, alsoOutput }, initializer, nodes);
+}
+
+/** How sdpaAttentionModel's graph is written, and how it departs from torch's export (a reason not to fuse it). */
+export interface SdpaAttentionOptions {
+  batch?: number;
+  tokens?: number;
+  heads?: number;
+  headSize?: number;
+  /** Kᵀ as torch writes it (one Transpose(0,2,3,1), its peephole pass having joined two) or as two Transposes. */
+  keyTransposes?: 1 | 2;
+  /** The factor Q and Kᵀ are multiplied by: torch's computed sqrt(1 / sqrt(Q's last size)), Sqrt of a constant scale, or the constant itself (folded). */
+  scale?: 'computed' | 'sqrt' | 'folded';
+  /** The Slice of Q's shape that the computed scale reads: torch's [-1], or another entry. */
+  sliceStart?: number;
+  /** Something added to the scores that is not zero (a mask). */
+  mask?: boolean;
+}
+
+/**
+ * One self-attention layer as torch's exporter writes diffusers' AttnProcessor2_0 (scaled_dot_product
+ * attention, what Optimum exports with torch 2.1 and later): Q, K and V split into heads [B,H,T,D], Q
+ * and Kᵀ each multiplied by the square root of the scale (computed from Q's shape, as torch does when
+ * no scale is given), Q·Kᵀ, Softmax, times V, heads transposed back and merged: `out` [batch, tokens, width].
+ */
+export function sdpaAttentionModel(options: SdpaAttentionOptions = {}): { model: proto.IModelProto; x: Float32Array; dims: number[] } {
+  const { batch = 2, tokens = 12, heads = 2, headSize = 4, keyTransposes = 1, scale = 'computed', sliceStart = -1, mask = false } = options;
+  const width = heads * headSize;
+  const initializer: proto.ITensorProto[] = [...SHAPE_CONSTANTS(), int64s('outShape', [-1, tokens, width])];
+  const nodes = [
+    ...splitHeads('q', 'qs', heads, width, [0, 2, 1, 3], initializer),
+    ...splitHeads('k', 'ks', heads, width, keyTransposes === 1 ? [0, 2, 3, 1] : [0, 2, 1, 3], initializer),
+    ...splitHeads('v', 'vs', heads, width, [0, 2, 1, 3], initializer),
+  ];
+  let key = 'ksT4';
+  if (keyTransposes === 2) {
+    nodes.push(node('Transpose', ['ksT4'], ['kT'], [ints('perm', [0, 1, 3, 2])]));
+    key = 'kT';
+  }
+  if (scale === 'folded') initializer.push(floats('factor', [], new Float32Array([headSize ** -0.25])));
+  else if (scale === 'sqrt') {
+    initializer.push(floats('scale', [], new Float32Array([headSize ** -0.5])));
+    nodes.push(node('Sqrt', ['scale'], ['factor']));
+  } else {
+    initializer.push(int64s('sliceStart', [sliceStart]), int64s('sliceEnd', [2 ** 53]), floats('unit', [1], new Float32Array([1])));
+    nodes.push(
+      node('Shape', ['qsT4'], ['queryShape']),
+      node('Slice', ['queryShape', 'sliceStart', 'sliceEnd'], ['lastSize']),
+      node('Cast', ['lastSize'], ['lastSizeFloat'], [int('to', FLOAT)]),
+      node('Sqrt', ['lastSizeFloat'], ['rootSize']),
+      node('Div', ['unit', 'rootSize'], ['computedScale']),
+      node('Cast', ['computedScale'], ['scale'], [int('to', FLOAT)]),
+      node('Sqrt', ['scale'], ['factor']),
+    );
+  }
+  nodes.push(node('Mul', ['qsT4', 'factor'], ['qScaled']), node('Mul', [key, 'factor'], ['kScaled']), node('MatMul', ['qScaled', 'kScaled'], ['scores']));
+  let logits = 'scores';
+  if (mask) {
+    initializer.push(floats('maskValue', [], new Float32Array([0.25])));
+    nodes.push(node('Add', [logits, 'maskValue'], ['masked']));
+    logits = 'masked';
+  }
+  nodes.push(
+    node('Softmax', [logits], ['probs'], [int('axis', -1)]),
+    node('MatMul', ['probs', 'vsT4'], ['weighted']),
+    node('Transpose', ['weighted'], ['merged4'], [ints('perm', [0, 2, 1, 3])]),
+    node('Reshape', ['merged4', 'outShape'], ['out']),
+  );
+  return attentionModel({ batch, tokens, width }, initializer, nodes);
 }
