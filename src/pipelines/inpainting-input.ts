@@ -41,7 +41,14 @@ export async function inpaintingChannels(
 function blanked(image: RgbImage | undefined, mask: Uint8Array | undefined, { width, height }: Pick<GenerationBatch, 'width' | 'height'>): RgbImage {
   const pixels = new Uint8Array(width * height * 3).fill(BLANK);
   if (image && mask) {
-    for (let p = 0; p < width * height; p++) if (mask[p] < 128) pixels.set(image.pixels.subarray(p * 3, p * 3 + 3), p * 3);
+    // Byte by byte: a subarray per pixel cost a quarter of a second at 1792x1024.
+    const source = image.pixels;
+    for (let p = 0, i = 0; p < width * height; p++, i += 3) {
+      if (mask[p] >= 128) continue;
+      pixels[i] = source[i];
+      pixels[i + 1] = source[i + 1];
+      pixels[i + 2] = source[i + 2];
+    }
   }
   return { pixels, width, height };
 }

@@ -12,8 +12,8 @@ import type { ImageStore, StoredImage, StoreReservation } from '../store/image-s
 import { bufferView } from '../util/bytes.js';
 import { engineError, queueRefusal, storeError } from './failures.js';
 import { gptImageFields } from './gpt-image-fields.js';
-import { planBatches, requestSize, type FittedEdit } from './plan.js';
-import { editMarks, fitEdit, type EditSource } from './input-images.js';
+import { planBatches, withPicture } from './plan.js';
+import { editMarks, fitEdit, type EditSource, type InputImage } from './input-images.js';
 import { PromptTokenCounter } from './prompt-tokens.js';
 import { finishedInOrder, requestProgress, type RequestListener } from './request-events.js';
 import { expectedStoreBytes } from './store-space.js';
@@ -223,20 +223,18 @@ export function createImageService({ registry, engine, store, defaultRng, defaul
     }
   }
 
-  /** The edit at the request's size, with its strength; a model that cannot do this edit (its capabilities) is a 400 first. */
-  async function fitted(request: GenerationRequest, model: ModelEntry, edit: EditInput): Promise<FittedEdit> {
+  /** An edit's strength and what marks where it repaints; a model that cannot do this edit (its capabilities) is a 400. */
+  function editPlan(request: GenerationRequest, model: ModelEntry, edit: EditInput): { strength: number; marks?: InputImage } {
     // A variation varies the whole picture: transparency marks nothing there.
-    const mask = edit.kind === 'edit' ? editMarks(edit) : undefined;
-    const needs = mask ? 'inpainting' : 'image-to-image';
+    const marks = edit.kind === 'edit' ? editMarks(edit) : undefined;
+    const needs = marks ? 'inpainting' : 'image-to-image';
     if (!model.capabilities.includes(needs)) {
       const why = model.layout.vaeEncoder
         ? `${model.layout.family} models cannot do ${needs} here`
         : `its export (${model.id}) lacks vae_encoder/model.onnx. Export it again with its VAE encoder`;
       throw ApiError.invalid('model', 'unsupported_value', `The model '${request.model}' cannot edit images: ${why}, or name another model.`);
     }
-    const { width, height } = requestSize(request, model);
-    const strength = request.strength ?? DEFAULT_STRENGTH[edit.kind === 'variation' ? 'variation' : mask ? 'inpaint' : 'edit'];
-    return { ...(await fitEdit({ image: edit.image, mask }, width, height)), strength };
+    return { strength: request.strength ?? DEFAULT_STRENGTH[edit.kind === 'variation' ? 'variation' : marks ? 'inpaint' : 'edit'], marks };
   }
 
   /** What generate and stream share: all but how the images reach the client (`how`). */
@@ -244,7 +242,9 @@ export function createImageService({ registry, engine, store, defaultRng, defaul
     const started = performance.now();
     const model = await registry.resolve(request.model);
     if (!model) throw unknownModel(request.model, registry, defaultModel);
-    const batches = planBatches(request, model, defaultRng, edit && (await fitted(request, model, edit)));
+    const plan = edit && editPlan(request, model, edit);
+    const planned = planBatches(request, model, defaultRng, plan);
+    const batches = edit && plan ? withPicture(planned, await fitEdit({ image: edit.image, mask: plan.marks }, planned[0].width, planned[0].height)) : planned;
     // Counted first: a tokenizer that cannot load fails the request before any work is spent on it.
     // Streamed responses carry usage whatever the dialect: OpenAI's completed event has it.
     const textTokens = request.dialect === 'gpt-image' || request.stream ? await promptTokens.count(model, request.prompt) : undefined;

@@ -118,16 +118,28 @@ async function fit(input: InputImage, width: number, height: number): Promise<Bu
     });
 }
 
-/** The edit's picture and mask (where to repaint, see editMarks; none: everywhere) at the size the request runs at. */
-export async function fitEdit({ image, mask: marks }: EditSource, width: number, height: number): Promise<{ image: RgbImage; mask?: Uint8Array }> {
+/** An edit's picture and mask (255 where to repaint; none: everywhere) at the size its request runs at. */
+export interface EditPicture {
+  image: RgbImage;
+  mask?: Uint8Array;
+}
+
+/**
+ * The edit's picture and mask (where to repaint, see editMarks) at the size the request runs at. The
+ * channels are split and the mask thresholded by libvips, off the event loop: a JavaScript loop over
+ * every pixel held the server's one thread for a third of a second at 1792x1024.
+ */
+export async function fitEdit({ image, mask: marks }: EditSource, width: number, height: number): Promise<EditPicture> {
   const rgba = await fit(image, width, height);
-  const pixels = new Uint8Array(width * height * 3);
-  for (let p = 0; p < width * height; p++) pixels.set(rgba.subarray(p * 4, p * 4 + 3), p * 3);
-  const fitted = { pixels, width, height };
+  const raw = (channels: 1 | 4) => ({ raw: { width, height, channels } });
+  const fitted = { pixels: await sharp(rgba, raw(4)).removeAlpha().raw().toBuffer(), width, height };
   if (!marks) return { image: fitted };
-  const alpha = marks === image ? rgba : await fit(marks, width, height);
+  const alpha = await sharp(marks === image ? rgba : await fit(marks, width, height), raw(4))
+    .extractChannel(3)
+    .raw()
+    .toBuffer();
+  // 255 where alpha >= the bound, negated: 255 where it is below.
   const below = transparentBelow(marks.width !== width || marks.height !== height);
-  const repaint = new Uint8Array(width * height);
-  for (let p = 0; p < repaint.length; p++) repaint[p] = alpha[p * 4 + 3] < below ? 255 : 0;
-  return { image: fitted, mask: repaint };
+  const mask = await sharp(alpha, raw(1)).threshold(below, { grayscale: false }).negate().toColourspace('b-w').raw().toBuffer();
+  return { image: fitted, mask };
 }

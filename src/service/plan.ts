@@ -3,9 +3,10 @@ import { dialectOf, servedSizes } from '../api/dialects.js';
 import type { GenerationRequest } from '../api/wire.js';
 import type { ModelEntry } from '../models/registry.js';
 import { MAX_SEED, randomSeed, type NoiseKind } from '../runtime/random.js';
-import type { BatchItem, GenerationBatch, RgbImage } from '../runtime/types.js';
+import type { BatchItem, GenerationBatch } from '../runtime/types.js';
 import { checkSchedule, fewestSteps, stepsRun } from '../schedulers/index.js';
 import { chunks } from '../util/chunks.js';
+import type { EditPicture } from './input-images.js';
 
 /**
  * A request as engine batches: its size, steps, guidance and scheduler from the model's preset unless
@@ -13,12 +14,6 @@ import { chunks } from '../util/chunks.js';
  * max_batch. The checks that depend on the model throw OpenAI errors here.
  */
 
-/** An edit at the size the request runs at. */
-export interface FittedEdit {
-  image: RgbImage;
-  mask?: Uint8Array;
-  strength: number;
-}
 
 /** The 400 for a size the model does not serve under the name the request used, naming those it does. */
 function sizeError(request: GenerationRequest, model: ModelEntry, served: readonly string[]): ApiError {
@@ -80,22 +75,21 @@ function seeds(request: GenerationRequest): number[] {
 
 /**
  * What a request asks the engine for: its size, steps, guidance and scheduler from the model's preset
- * unless the request sets them, one seed per image, split into batches of at most the model's maxBatch.
- * An edit's picture (already at the request's size) goes with every image. Throws the OpenAI errors of
- * the checks that depend on the model.
+ * unless the request sets them, one seed per image, split into batches of at most the model's maxBatch;
+ * an edit's strength. Throws the OpenAI errors of the checks that depend on the model. An edit's
+ * picture is fitted to the size planned only once the plan passed (see withPicture): fitting is the
+ * costliest part of taking an edit, and a request refused here should not pay for it.
  */
-export function planBatches(request: GenerationRequest, model: ModelEntry, defaultRng: NoiseKind = 'native', edit?: FittedEdit): GenerationBatch[] {
+export function planBatches(request: GenerationRequest, model: ModelEntry, defaultRng: NoiseKind = 'native', edit?: { strength: number }): GenerationBatch[] {
   const { width, height } = requestSize(request, model);
   checkScheduler(request, model);
   const { preset } = model;
   const rng = request.rng ?? defaultRng;
-  const picture = edit && { image: edit.image, ...(edit.mask && { mask: edit.mask }) };
   const items: BatchItem[] = seeds(request).map((seed) => ({
     prompt: request.prompt,
     negativePrompt: request.negative_prompt ?? preset.negativePrompt,
     seed,
     rng,
-    ...picture,
     output: { format: request.output_format, ...(request.output_compression !== undefined && { compression: request.output_compression }) },
     ...(request.stream && request.partial_images && { partialImages: request.partial_images }),
   }));
@@ -123,3 +117,7 @@ export function planBatches(request: GenerationRequest, model: ModelEntry, defau
   return chunks(items, preset.maxBatch).map((part) => ({ ...settings, items: part }));
 }
 
+/** The batches with an edit's picture (at their size) going with every image. */
+export function withPicture(batches: GenerationBatch[], { image, mask }: EditPicture): GenerationBatch[] {
+  return batches.map((batch) => ({ ...batch, items: batch.items.map((item) => ({ ...item, image, ...(mask && { mask }) })) }));
+}
