@@ -293,6 +293,9 @@ describe('one verdict for the registry, its log, /ready, "imagegen models list" 
     // /ready needs no key: a peer elsewhere (a load balancer) gets the status, not the folders and reasons.
     const remote = await app.inject({ method: 'GET', url: '/ready', remoteAddress: '203.0.113.5' });
     expect(remote.json()).toEqual({ status: 'ready', workers: { total: 1, ready: 1 }, models: [] });
+    // Nor does one a proxy on the machine brings, which TRUST_PROXY does not name (here: unset).
+    const proxied = await app.inject({ method: 'GET', url: '/ready', headers: { 'x-forwarded-for': '203.0.113.5' } });
+    expect(proxied.json()).toEqual({ status: 'ready', workers: { total: 1, ready: 1 }, models: [] });
     await app.close();
 
     const starting = new FakeEngine();

@@ -106,7 +106,7 @@ export function buildApp({ config, registry, engine, store, metrics, logger, tls
   // Before auth: preflights are answered without a key, and refusals of a key can be read by the page.
   app.register(cors, { origins: config.corsOrigins });
   app.register(unrouted);
-  app.register(auth, { apiKeys: config.apiKeys, apiKeysFile: config.apiKeysFile });
+  app.register(auth, { apiKeys: config.apiKeys, apiKeysFile: config.apiKeysFile, corsOrigins: config.corsOrigins });
   app.register(health, { engine, registry, store });
   app.register(models, { registry });
   app.register(files, { store });

@@ -3,11 +3,13 @@ import fp from 'fastify-plugin';
 import { bearerKey } from '../api/bearer.js';
 import { ApiError } from '../api/errors.js';
 import { KeyRing, type ApiKey } from './keys.js';
+import { localClientsOnly } from './local-only.js';
 
 /**
  * Bearer API keys, as OpenAI checks them. Routes marked `config: { public: true }` (image files, so a
  * plain <img> can load them, and /health) and unknown URLs need no key. Without configured keys the server accepts
- * everyone; config.ts only allows that on loopback.
+ * every program on its own machine and nothing else (config.ts only allows that on loopback; local-only.ts
+ * refuses what reaches a loopback server from elsewhere).
  *
  * The key is checked in onRequest, before a byte of the body is read, and a refusal closes the
  * connection: a client without a key can neither make the server read its body nor hold the connection.
@@ -29,6 +31,8 @@ export interface AuthOptions {
   apiKeys: string[];
   /** API_KEYS_FILE: re-read when it changes and on SIGHUP. */
   apiKeysFile?: string;
+  /** CORS_ORIGINS: the pages a server without keys answers besides its own machine's (local-only.ts). */
+  corsOrigins: readonly string[];
 }
 
 const REFUSAL_HEADERS = { 'www-authenticate': 'Bearer realm="imagegen"', connection: 'close' };
@@ -48,7 +52,10 @@ async function authPlugin(app: FastifyInstance, options: AuthOptions): Promise<v
     process.off('SIGHUP', reload);
     keys.close();
   });
-  if (!keys.enabled) return;
+  if (!keys.enabled) {
+    app.addHook('onRequest', localClientsOnly(options.corsOrigins));
+    return;
+  }
 
   app.addHook('onRequest', async (request, reply) => {
     // Unknown URLs answer 404 to everyone: a wrong base URL is then told apart from a wrong key.

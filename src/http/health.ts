@@ -5,6 +5,7 @@ import { ApiError } from '../api/errors.js';
 import type { ModelRegistry } from '../models/registry.js';
 import type { ImageStore } from '../store/image-store.js';
 import { sendError } from './errors.js';
+import { isLocalClient } from './local-only.js';
 
 /**
  * Probes for load balancers and orchestrators, no key needed, answered while workers are busy.
@@ -72,9 +73,6 @@ async function storeProblem(store: HealthOptions['store']): Promise<ApiError | u
   );
 }
 
-/** A peer on this machine: loopback, IPv4 or IPv6 (or IPv4 mapped into IPv6). */
-const isLocalPeer = (ip: string) => ip === '::1' || /^(::ffff:)?127\./.test(ip);
-
 /** What a peer elsewhere is told instead of `error`'s reasons: the same status, code and headers. */
 function withoutReasons(error: ApiError): ApiError {
   const what = error.code === 'storage_unavailable' ? 'The image store cannot be used' : error.message.slice(0, error.message.indexOf(':'));
@@ -94,7 +92,7 @@ export async function health(app: FastifyInstance, { engine, registry, store }: 
   app.get('/health', PROBE, async () => ({ status: 'ok', queue: engine.load() }));
 
   app.get('/ready', PROBE, async (request, reply) => {
-    const local = isLocalPeer(request.ip);
+    const local = isLocalClient(request);
     const readiness = engine.readiness();
     const error = readiness.ready ? await storeProblem(store) : notReady(readiness);
     if (error) {
