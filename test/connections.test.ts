@@ -1,4 +1,5 @@
-import { spawn, spawnSync } from 'node:child_process';
+import { execFile, spawn, spawnSync } from 'node:child_process';
+import { promisify } from 'node:util';
 import { gzipSync, brotliCompressSync, deflateSync } from 'node:zlib';
 import { randomBytes } from 'node:crypto';
 import net from 'node:net';
@@ -10,9 +11,10 @@ import { MAX_PARAM_LENGTH } from '../src/http/app.js';
 import { parseResponse, rawRequest } from './helpers/raw-http.js';
 
 /**
- * Issue #13's connection hardening, over raw sockets: slow and stalled requests time out, refusals close
- * the connection without reading the body, and every answer, even those Node's parser gives before
- * any route, carries x-request-id and OpenAI's error body.
+ * Issue #13's connection hardening, over raw sockets: slow and stalled requests time out, refusals are
+ * answered before the body (whose rest is then dropped as it comes, so that a client still uploading
+ * reads the answer), and every answer, even those Node's parser gives before any route, carries
+ * x-request-id and OpenAI's error body.
  */
 
 let server: TestServer;
@@ -79,15 +81,33 @@ describe('slow and stalled requests', () => {
 });
 
 describe('refusals before the body', () => {
-  it('answers a missing or wrong key with 401 and closes without reading the body', async () => {
+  it('answers a missing or wrong key with 401 before the body, then drops the body as it comes', async () => {
     for (const authorization of [[], ['Authorization: Bearer sk-wrong-0000000000']]) {
+      const started = Date.now();
       const exchange = rawRequest(port, head(['POST /v1/images/generations HTTP/1.1', 'Host: a', ...authorization, 'Content-Type: application/json', 'Content-Length: 100000']));
-      await exchange.closed;
-      const { headers } = expectOpenAiError(exchange.text, 401, authorization.length ? 'invalid_api_key' : null);
-      expect(headers.connection).toBe('close');
+      await expect.poll(() => exchange.text.includes('\r\n\r\n{')).toBe(true);
       // Well before the 2 s request timeout: nobody waited for the 100000 bytes.
-      expect(exchange.closedAfterMs).toBeLessThan(1500);
+      expect(Date.now() - started).toBeLessThan(1500);
+      const { headers } = expectOpenAiError(exchange.text, 401, authorization.length ? 'invalid_api_key' : null);
+      expect(headers.connection).toBe('keep-alive');
+      // The body, sent after its answer, is read and dropped: the connection takes the next request.
+      exchange.socket.write('x'.repeat(100_000));
+      exchange.socket.write(head(['GET /health HTTP/1.1', 'Host: a']));
+      await expect.poll(() => exchange.text.match(/HTTP\/1\.1 200 OK/g)?.length ?? 0).toBe(1);
+      exchange.socket.destroy();
     }
+    // A body that never comes ends its connection at the request timeout, with no second answer.
+    const stalled = rawRequest(port, head(['POST /v1/images/generations HTTP/1.1', 'Host: a', 'Content-Type: application/json', 'Content-Length: 100000']));
+    await stalled.closed;
+    expect(stalled.text.match(/^HTTP\/1\.1 /gm)).toHaveLength(1);
+    expectOpenAiError(stalled.text, 401, null);
+  });
+
+  it('closes at once after the answer when the declared body is over what it would drop (64 MiB)', async () => {
+    const exchange = rawRequest(port, head(['POST /v1/images/generations HTTP/1.1', 'Host: a', 'Content-Type: application/json', `Content-Length: ${65 * 1024 ** 2}`]));
+    await exchange.closed;
+    expect(exchange.closedAfterMs).toBeLessThan(1500);
+    expect(expectOpenAiError(exchange.text, 401, null).headers.connection).toBe('close');
   });
 
   it('sends 100 Continue only to a request whose key is good', async () => {
@@ -189,14 +209,15 @@ describe.skipIf(!havePython)(`a client that trickles${havePython ? '' : ' (skipp
 });
 
 describe('requests no route takes', () => {
-  it('are answered 404 or 405 as they arrive, key or no key, their body neither read nor parsed', async () => {
+  it('are answered 404 or 405 as they arrive, key or no key, their body neither waited for nor parsed', async () => {
     for (const [path, status] of [['/nope', 404], ['/v1/models', 405]] as const) {
       // A body declared and never sent: the answer cannot wait for it.
       const exchange = rawRequest(port, `POST ${path} HTTP/1.1\r\nHost: a\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n{`);
       await expect.poll(() => exchange.text.includes('\r\n\r\n{'), { timeout: 2000 }).toBe(true);
-      const { headers } = expectOpenAiError(exchange.text, status, status === 404 ? null : 'method_not_allowed');
-      expect(headers.connection).toBe('close');
+      expectOpenAiError(exchange.text, status, status === 404 ? null : 'method_not_allowed');
+      // The request timeout ends the wait for the rest, with no second answer.
       await exchange.closed;
+      expect(exchange.text.match(/^HTTP\/1\.1 /gm)).toHaveLength(1);
     }
   });
 });
@@ -292,7 +313,7 @@ describe('uploads waiting for a worker', () => {
       const waiting = [edit(), edit()];
       await expect.poll(() => held.engine.signals.length, { timeout: 30_000 }).toBe(2);
       const refused = await edit();
-      expect([refused.status, refused.headers.get('retry-after'), refused.headers.get('connection')]).toEqual([429, '5', 'close']);
+      expect([refused.status, refused.headers.get('retry-after')]).toEqual([429, '5']);
       expect((await refused.json()).error).toMatchObject({ type: 'requests', code: 'rate_limit_exceeded', message: expect.stringMatching(/UPLOAD_MEMORY, 64(\.0)? MiB/) });
       held.engine.release();
       expect((await Promise.all(waiting)).map((res) => res.status)).toEqual([200, 200]);
@@ -306,7 +327,7 @@ describe('uploads waiting for a worker', () => {
 });
 
 describe('an edit while the queue is full', () => {
-  it('gets its 429 with Retry-After before its upload is read, and its connection is closed', async () => {
+  it('gets its 429 with Retry-After before its upload is read', async () => {
     // One worker, one waiting job: a running request and a waiting one fill it.
     const busy = await startTestServer({ engine: new FakeEngine(1, 1), stubCanEdit: true });
     busy.engine.hold();
@@ -333,9 +354,10 @@ describe('an edit while the queue is full', () => {
           start,
         ].join('\r\n'),
       );
-      await edit.closed;
+      await expect.poll(() => edit.text.includes('\r\n\r\n{')).toBe(true);
+      edit.socket.destroy();
       const { status, headers, body } = parseResponse(edit.text);
-      expect([status, headers['retry-after'], headers.connection]).toEqual(['HTTP/1.1 429 Too Many Requests', expect.stringMatching(/^\d+$/), 'close']);
+      expect([status, headers['retry-after']]).toEqual(['HTTP/1.1 429 Too Many Requests', expect.stringMatching(/^\d+$/)]);
       expect(JSON.parse(body).error).toMatchObject({ type: 'requests', code: 'rate_limit_exceeded', message: expect.stringMatching(/the generation queue is full/) });
       busy.engine.release();
       expect((await Promise.all(filling)).map((answer) => answer.data)).toHaveLength(2);
@@ -411,4 +433,47 @@ describe('content types and encodings', () => {
       expect((await res.json()).error).toMatchObject({ code: 'unsupported_content_encoding', message: expect.stringContaining('send it uncompressed') });
     }
   });
+});
+
+describe('uploads the OpenAI SDK sends, refused before their body', () => {
+  /**
+   * The errors the OpenAI SDK raises for `count` edits of an incompressible 8 MiB picture made by a
+   * client in a process of its own (in this one, the server's own turns let the client read the answer
+   * before the connection was reset): each error's class name, or 'ok'.
+   */
+  async function editsFromAnotherProcess(baseURL: string, apiKey: string, count: number): Promise<string[]> {
+    const script = `
+      import OpenAI from 'openai';
+      import { randomBytes } from 'node:crypto';
+      import sharp from 'sharp';
+      const side = 1700;
+      const png = await sharp(randomBytes(side * side * 3), { raw: { width: side, height: side, channels: 3 } }).png({ compressionLevel: 0 }).toBuffer();
+      const client = new OpenAI({ baseURL: ${JSON.stringify(baseURL)}, apiKey: ${JSON.stringify(apiKey)}, maxRetries: 0 });
+      const names = [];
+      for (let i = 0; i < ${count}; i++) {
+        names.push(await client.images.edit({ model: 'stub', prompt: 'a blue square', image: new File([png], 'in.png', { type: 'image/png' }) }).then(() => 'ok', (err) => err.constructor.name));
+      }
+      console.log(JSON.stringify(names));`;
+    // Not spawnSync: this process's server must answer meanwhile.
+    const { stdout } = await promisify(execFile)(process.execPath, ['--input-type=module', '-e', script], { cwd: process.cwd(), encoding: 'utf8', timeout: 60_000 });
+    return JSON.parse(stdout.trim().split('\n').at(-1)!) as string[];
+  }
+
+  it('reach the SDK as their status (AuthenticationError, NotFoundError, RateLimitError), not as a reset upload', async () => {
+    const busy = await startTestServer({ engine: new FakeEngine(1, 1), stubCanEdit: true });
+    try {
+      // Before, the connection closed with the upload unread and the SDK saw a reset (APIConnectionError) nearly every time.
+      expect(await editsFromAnotherProcess(busy.baseURL, 'sk-wrong-0000000000', 3)).toEqual(Array(3).fill('AuthenticationError'));
+      expect(await editsFromAnotherProcess(busy.origin, TEST_KEY, 2)).toEqual(Array(2).fill('NotFoundError'));
+      busy.engine.hold();
+      const filling = [busy.client.images.generate({ model: 'stub', prompt: 'a red circle' }), busy.client.images.generate({ model: 'stub', prompt: 'a red circle' })];
+      await expect.poll(() => busy.engine.load()).toEqual({ running: 1, queued: 1 });
+      expect(await editsFromAnotherProcess(busy.baseURL, TEST_KEY, 2)).toEqual(Array(2).fill('RateLimitError'));
+      busy.engine.release();
+      await Promise.all(filling);
+    } finally {
+      busy.engine.release();
+      await busy.close();
+    }
+  }, 120_000);
 });

@@ -11,8 +11,8 @@ import { localClientsOnly } from './local-only.js';
  * every program on its own machine and nothing else (config.ts only allows that on loopback; local-only.ts
  * refuses what reaches a loopback server from elsewhere).
  *
- * The key is checked in onRequest, before a byte of the body is read, and a refusal closes the
- * connection: a client without a key can neither make the server read its body nor hold the connection.
+ * The key is checked in onRequest, before a byte of the body is read: a refusal is answered at once, and
+ * what the client still sends of its body is dropped as it comes, within bounds (connections.ts).
  * The accepted key's label (never the key) goes on every log line of the request.
  */
 
@@ -35,7 +35,7 @@ export interface AuthOptions {
   corsOrigins: readonly string[];
 }
 
-const REFUSAL_HEADERS = { 'www-authenticate': 'Bearer realm="imagegen"', connection: 'close' };
+const REFUSAL_HEADERS = { 'www-authenticate': 'Bearer realm="imagegen"' };
 
 /** OpenAI's way of naming a wrong key without echoing it: its first and last few characters. */
 function mask(key: string): string {

@@ -1,4 +1,5 @@
 import type { ServerOptions } from 'node:http';
+import type { Socket } from 'node:net';
 import { finished } from 'node:stream';
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import fp from 'fastify-plugin';
@@ -12,8 +13,13 @@ import type { Config } from '../config.js';
  * here limits the generation, however long it runs. Idle keep-alive connections close after
  * KEEP_ALIVE_TIMEOUT_SECONDS. Fastify's default requestTimeout of 0 would switch Node's limit off.
  *
- * An answer sent before the request's body was read (a refused key, an unknown URL, a body too large)
- * closes the connection: reading a body nobody wants would let a client hold the connection with it.
+ * An answer sent before the request's body was read (a refused key, an unknown URL, a full queue) goes
+ * out at once, and the rest of the body is then read and dropped (up to LINGER_MAX_BYTES, within
+ * REQUEST_TIMEOUT_SECONDS as any body), as nginx's lingering close does: a client still sending it,
+ * as the OpenAI SDKs do (their fetch reads the answer only once the upload is done), would otherwise
+ * have its upload reset and report a connection error (and retry it) instead of the 401 or 429. A body
+ * declared longer than that, or one an answer closes on purpose (`connection: close`: a form past its
+ * bound, a Host in doubt), is not read: the connection closes after the answer.
  * Once an answer is under way, a client that takes none of it for SEND_TIMEOUT_SECONDS is cut off: one
  * that never reads would hold the socket and the answer's buffers for good. The clock starts with the
  * answer, not the request, so a long generation is not cut short (a stream's keep-alive lines reach a
@@ -61,7 +67,7 @@ const RESPONSE_LISTENERS = 32;
 async function connectionsPlugin(app: FastifyInstance, { sendTimeoutSeconds, sendMinRate }: ConnectionsOptions): Promise<void> {
   app.addHook('onRequest', async (_request, reply) => void reply.raw.setMaxListeners(RESPONSE_LISTENERS));
   app.addHook('onSend', async (request, reply) => {
-    if (!request.raw.complete) reply.header('connection', 'close');
+    if (!request.raw.complete) readRest(request, reply);
     // The socket's inactivity timer: any byte the client takes restarts it. Node replaces it with the
     // keep-alive timeout once the answer is done.
     reply.raw.setTimeout(sendTimeoutSeconds * 1000, () => {
@@ -70,6 +76,38 @@ async function connectionsPlugin(app: FastifyInstance, { sendTimeoutSeconds, sen
     });
     watchSendRate(request, reply, sendTimeoutSeconds, sendMinRate);
   });
+}
+
+/** The most of a body read after its answer (see the module's comment): above the largest form an endpoint takes (59 MiB). */
+const LINGER_MAX_BYTES = 64 * 1024 ** 2;
+
+/**
+ * Connections reading the rest of a body after its request's answer: should the body not arrive within
+ * the request timeout, the connection just closes (errors.ts), with no second answer after the first.
+ */
+export const lingering = new WeakSet<Socket>();
+
+/** Reads and drops the rest of a request's body after its answer, or has the connection closed after it (see the module's comment). */
+function readRest(request: FastifyRequest, reply: FastifyReply): void {
+  const raw = request.raw;
+  const socket = raw.socket;
+  const declared = Number(request.headers['content-length'] ?? 0);
+  if (reply.getHeader('connection') === 'close' || raw.destroyed || declared > LINGER_MAX_BYTES) {
+    reply.header('connection', 'close');
+    return;
+  }
+  let read = 0;
+  const drop = (chunk: Buffer) => {
+    read += chunk.byteLength;
+    if (read > LINGER_MAX_BYTES) socket.destroy();
+  };
+  lingering.add(socket);
+  raw.on('data', drop);
+  raw.once('end', () => {
+    raw.off('data', drop);
+    lingering.delete(socket);
+  });
+  raw.resume();
 }
 
 /**

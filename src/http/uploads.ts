@@ -93,12 +93,17 @@ const FORM_OVERHEAD_BYTES = 1024 ** 2;
  *
  * Every byte read is taken from `memory` (UPLOAD_MEMORY) and given back when the request ends: the files
  * stay in memory while the request waits for a worker, and nothing else bounds how many requests do.
- * A form that finds it full is refused the same way, with a 429 to retry, before the rest is read.
+ * A form that finds it full is answered with a 429 to retry before the rest is read (which is then
+ * dropped as it comes, connections.ts).
  */
 function boundFormBytes(request: FastifyRequest, reply: FastifyReply, maxBytes: number, memory: ByteBudget): () => void {
-  const tooLarge = () =>
-    // Sent with the body unread, so the connection closes (connections.ts).
-    new ApiError(413, `The multipart/form-data body is larger than any form this endpoint takes (at most ${Math.ceil(maxBytes / 1024 ** 2)} MiB).`, { code: 'request_too_large' });
+  // Declared too large, the body is answered before it comes (and the rest read and dropped within
+  // bounds, connections.ts); found too large as it comes, the connection closes after the answer.
+  const tooLarge = (close: boolean) =>
+    new ApiError(413, `The multipart/form-data body is larger than any form this endpoint takes (at most ${Math.ceil(maxBytes / 1024 ** 2)} MiB).`, {
+      code: 'request_too_large',
+      ...(close && { headers: { connection: 'close' } }),
+    });
   const full = () =>
     new ApiError(429, `Rate limit reached: the server holds as many uploaded images as it may (UPLOAD_MEMORY, ${formatBytes(memory.limit)}), most of them waiting for a worker. Please try again in ${FULL_RETRY_SECONDS}s.`, {
       type: 'requests',
@@ -106,7 +111,7 @@ function boundFormBytes(request: FastifyRequest, reply: FastifyReply, maxBytes: 
       headers: { 'retry-after': String(FULL_RETRY_SECONDS) },
     });
   const declared = Number(request.headers['content-length'] ?? 0);
-  if (declared > maxBytes) throw tooLarge();
+  if (declared > maxBytes) throw tooLarge(false);
   if (declared > memory.limit - memory.inUse) throw full();
   const raw = request.raw;
   let received = 0;
@@ -122,7 +127,7 @@ function boundFormBytes(request: FastifyRequest, reply: FastifyReply, maxBytes: 
     }
   };
   const count = (chunk: Buffer) => {
-    if (received + chunk.byteLength > maxBytes) return refuse(tooLarge());
+    if (received + chunk.byteLength > maxBytes) return refuse(tooLarge(true));
     received += chunk.byteLength;
     if (partsRead) return;
     if (!memory.take(chunk.byteLength)) return refuse(full());
