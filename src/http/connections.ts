@@ -102,6 +102,8 @@ function readRest(request: FastifyRequest, reply: FastifyReply): void {
     if (read > LINGER_MAX_BYTES) socket.destroy();
   };
   lingering.add(socket);
+  // The answer is out: nothing else is to take the rest (a form parser still piped would buffer it).
+  raw.unpipe();
   raw.on('data', drop);
   raw.once('end', () => {
     raw.off('data', drop);
