@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { JobQueue, QueueClosedError, QueueFullError } from '../src/engine/job-queue.js';
+import { JobQueue, QueueClosedError, QueueFullError, Ticket } from '../src/engine/job-queue.js';
 
 /** The engine's admission control: bounded waiting, cancellation of waiting jobs only. */
 
@@ -27,6 +27,24 @@ describe('JobQueue', () => {
     g.open();
     expect(await Promise.all(runs)).toEqual([1, 2, 3]);
     expect(queue.load()).toEqual({ running: 0, queued: 0 });
+  });
+
+  it("counts requests waiting outside it (for a key's slot over all servers) as waiting, whatever workers are free", async () => {
+    const queue = new JobQueue(2, 2);
+    const [a, b, c] = ['alice', 'alice', 'alice'].map((client) => new Ticket(client, 1));
+    // Both workers free, yet a place outside is a place in the waiting room: two fill it.
+    const leaves = [queue.waitOutside(a), queue.waitOutside(b)];
+    expect(() => queue.waitOutside(c)).toThrow(QueueFullError);
+    expect(queue.wouldRefuse('alice')).toBeUndefined();
+    // Another client is let in past the flood, as into the queue itself.
+    const leaveBob = queue.waitOutside(new Ticket('bob', 1));
+    // Places given up (their slots came) are free again.
+    leaves[0]();
+    leaveBob();
+    expect(() => queue.waitOutside(c)).not.toThrow();
+    leaves[1]();
+    queue.close();
+    expect(() => queue.waitOutside(new Ticket('carol', 1))).toThrow(QueueClosedError);
   });
 
   it('drops a waiting job when its signal aborts, but lets a running one finish', async () => {

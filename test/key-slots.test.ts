@@ -250,7 +250,7 @@ describe.skipIf(!REDIS_SERVER)(`'concurrent' slots shared through Redis${NO_REDI
     const root = await mkdtemp(path.join(os.tmpdir(), 'imagegen-slots-'));
     const keys = path.join(root, 'keys');
     await writeFile(keys, 'frank:sk-frank-0123456789 concurrent=1\n');
-    const env = { REDIS_URL: redis.url, API_KEYS_FILE: keys, WORKERS: '1' };
+    const env = { REDIS_URL: redis.url, API_KEYS_FILE: keys, WORKERS: '1', QUEUE_MAX: '2' };
     const [one, two] = [await startRealServer({ env, apiKey: 'sk-frank-0123456789' }), await startRealServer({ env, apiKey: 'sk-frank-0123456789' })];
     try {
       await expect.poll(() => one.server.engine.readiness().ready && two.server.engine.readiness().ready, { timeout: 60_000 }).toBe(true);
@@ -273,6 +273,11 @@ describe.skipIf(!REDIS_SERVER)(`'concurrent' slots shared through Redis${NO_REDI
       const reader = streamed.body!.getReader();
       expect(new TextDecoder().decode((await reader.read()).value)).toBe(': queued\n\n');
       expect(order).toEqual([]);
+      // Waiting for the slot is waiting in the queue: the two waiting fill QUEUE_MAX=2, and a third is
+      // refused as a full queue refuses (before, any number waited, each asking Redis every 200 ms).
+      const third = await two.client.images.generate({ model: 'demo-shapes', prompt: 'a red circle', size: '256x256' }).catch((err: unknown) => err);
+      expect(third).toMatchObject({ status: 429, code: 'rate_limit_exceeded' });
+      expect((third as { message: string }).message).toMatch(/generation queue is full/);
       let rest = '';
       for (let chunk = await reader.read(); !chunk.done; chunk = await reader.read()) rest += new TextDecoder().decode(chunk.value);
       expect(rest).toMatch(/^event: image_generation\.completed$/m);

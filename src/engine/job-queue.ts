@@ -122,6 +122,8 @@ const INITIAL_JOB_SECONDS = 5;
 
 export class JobQueue {
   private readonly order = new FairOrder<Entry>();
+  /** Requests waiting outside the queue for what they need before their jobs may queue (see waitOutside). */
+  private readonly outside = new Set<Ticket>();
   /** The running jobs: the cost each was charged to its client when it started, and when that was. */
   private readonly running = new Map<Entry, { charged: number; startedAt: number }>();
   private readonly runningByClient = new Map<string, number>();
@@ -241,13 +243,16 @@ export class JobQueue {
   }
 
   /** Why a new request may not wait, or undefined when it may. */
-  private refusal(ticket: Ticket): QueueFullError | undefined {
+  /** `waiting`: the request waits whatever workers are free (see waitOutside). */
+  private refusal(ticket: Ticket, waiting = false): QueueFullError | undefined {
     // A worker is free, and this client may use it: it starts at once (the jobs waiting now are held by
     // their own clients' limits, or dispatch would have started them), whatever waits.
-    if (this.running.size < this.concurrency && this.mayStart(ticket.client, ticket.limits)) return undefined;
-    const perWorker = this.sum(this.order.entries()) / Math.max(1, this.concurrency);
+    if (!waiting && this.running.size < this.concurrency && this.mayStart(ticket.client, ticket.limits)) return undefined;
+    let outsideCost = 0;
+    for (const other of this.outside) outsideCost += other.cost;
+    const perWorker = (this.sum(this.order.entries()) + outsideCost) / Math.max(1, this.concurrency);
     const tooMuchWork = this.options.maxQueuedSeconds !== undefined && perWorker > this.options.maxQueuedSeconds;
-    const full = this.order.size >= this.maxWaiting && !this.floodedBy(ticket.client);
+    const full = this.order.size + this.outside.size >= this.maxWaiting && !this.floodedBy(ticket.client);
     if (full || tooMuchWork) return new QueueFullError(this.retryAfterSeconds());
     return undefined;
   }
@@ -260,10 +265,12 @@ export class JobQueue {
    * refused. The bound on waiting work (QUEUE_MAX_SECONDS) holds for everyone.
    */
   private floodedBy(client: string): boolean {
-    if (this.order.size >= 2 * this.maxWaiting || this.order.entriesOf(client).length > 0) return false;
+    const size = this.order.size + this.outside.size;
+    const tickets = [...[...this.order.entries()].map((entry) => entry.ticket), ...this.outside];
+    if (size >= 2 * this.maxWaiting || tickets.some((ticket) => ticket.client === client)) return false;
     const waiting = new Map<string, number>();
-    for (const entry of this.order.entries()) waiting.set(entry.ticket.client, (waiting.get(entry.ticket.client) ?? 0) + 1);
-    return Math.max(0, ...waiting.values()) > this.order.size / 2;
+    for (const { client: other } of tickets) waiting.set(other, (waiting.get(other) ?? 0) + 1);
+    return Math.max(0, ...waiting.values()) > size / 2;
   }
 
   private sum(entries: Iterable<Entry>): number {
@@ -318,6 +325,20 @@ export class JobQueue {
    */
   wouldRefuse(client = ANONYMOUS_CLIENT, limits: ClientLimits = {}): QueueFullError | QueueClosedError | undefined {
     return this.closed ? new QueueClosedError() : this.refusal(new Ticket(client, 0, limits));
+  }
+
+  /**
+   * Holds a place for a request that waits outside the queue for what it needs before its jobs may
+   * queue (its API key's `concurrent` slot over all servers, key-slots.ts): it counts as waiting work
+   * of its client (QUEUE_MAX, QUEUE_MAX_SECONDS, the flood rule), so that waiting there loosens no
+   * bound, and is refused (thrown) as it would be were it queued. Returns what gives the place up,
+   * which the request calls once its wait ends, before its jobs queue.
+   */
+  waitOutside(ticket: Ticket): () => void {
+    const refusal = this.closed ? new QueueClosedError() : this.refusal(ticket, true);
+    if (refusal) throw refusal;
+    this.outside.add(ticket);
+    return () => void this.outside.delete(ticket);
   }
 
   /** Rejects the waiting jobs with QueueClosedError and refuses new ones; running jobs go on. */

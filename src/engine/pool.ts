@@ -116,6 +116,8 @@ export interface EnginePool {
   load(): { running: number; queued: number };
   /** See JobQueue.wouldRefuse. */
   wouldRefuse(client?: string, limits?: ClientLimits): QueueFullError | QueueClosedError | undefined;
+  /** See JobQueue.waitOutside. */
+  waitOutside(ticket: Ticket): () => void;
   /** For /ready. */
   readiness(): Readiness;
   /** Each model that live workers hold now, by name, and on how many (for /metrics). */
@@ -281,6 +283,7 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
     ticket: (batches, client, limits) => new Ticket(client, batches.reduce((sum, batch) => sum + estimate(batch), 0), limits),
     load: () => queue.load(),
     wouldRefuse: (client, limits) => queue.wouldRefuse(client, limits),
+    waitOutside: (ticket) => queue.waitOutside(ticket),
     readiness: () => slots.readiness(),
     modelsHeld: () => slots.modelsHeld(),
     workers: () => slots.all().map((w) => ({ pid: w.pid, alive: w.alive, ready: w.ready, busy: w.busy, step: w.step })),

@@ -48,8 +48,17 @@ redis.call('ZREMRANGEBYSCORE', slots, '-inf', now)
 for _, gone in ipairs(redis.call('ZRANGEBYSCORE', places, '-inf', now)) do redis.call('ZREM', waiting, gone) end
 redis.call('ZREMRANGEBYSCORE', places, '-inf', now)
 -- A waiting request with no place (Redis evicted that key alone) would otherwise stay first for good.
-for _, other in ipairs(redis.call('ZRANGE', waiting, 0, -1)) do
-  if other ~= id and not redis.call('ZSCORE', places, other) then redis.call('ZREM', waiting, other) end
+-- Only those that could take a slot now are looked at (the first 'limit'; again while one drops out):
+-- looking at every one on every ask made each ask cost as many lookups as requests waited.
+local dropped = true
+while dropped do
+  dropped = false
+  for _, other in ipairs(redis.call('ZRANGE', waiting, 0, tonumber(ARGV[1]) - 1)) do
+    if other ~= id and not redis.call('ZSCORE', places, other) then
+      redis.call('ZREM', waiting, other)
+      dropped = true
+    end
+  end
 end
 -- Its first ask is when it came.
 redis.call('ZADD', waiting, 'NX', now, id)
@@ -212,8 +221,14 @@ export class KeySlots {
         this.status.answered();
         if (taken === 1) return true;
         const waited = performance.now() - came;
-        // Said once, as the wait begins: a streamed answer opens then (see GenerateContext.hold).
-        onWait?.();
+        // Said once, as the wait begins: a streamed answer opens then (see GenerateContext.hold). A
+        // refusal from it (the queue has no place to wait in) ends the wait.
+        try {
+          onWait?.();
+        } catch (err) {
+          void leave();
+          throw err;
+        }
         onWait = undefined;
         if (this.options.maxWaitMs !== undefined && waited >= this.options.maxWaitMs) {
           void leave();

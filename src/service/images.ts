@@ -63,8 +63,9 @@ export interface GenerateContext {
   limits?: ClientLimits;
   /**
    * Runs the making of the images holding what the client may hold at once over all servers (a key's
-   * `concurrent` slot), calling `onWait` if it has to wait for one first; `estimatedSeconds`, how long
-   * the making is expected to take, tells those that wait behind it when to retry.
+   * `concurrent` slot), calling `onWait` if it has to wait for one first (an error it throws ends the
+   * wait, and is the request's); `estimatedSeconds`, how long the making is expected to take, tells
+   * those that wait behind it when to retry.
    */
   hold?<T>(work: () => Promise<T>, onWait: () => void, estimatedSeconds: number): Promise<T>;
 }
@@ -212,10 +213,22 @@ export function createImageService({ registry, engine, store, defaultRng, defaul
     const { onEvent, finish } = how;
     try {
       const ticket = engine.ticket(batches, context.client, context.limits);
-      const making = () => run(batches, model, context.signal, ticket, onEvent, fields);
-      // Waiting for the key's slot is waiting in a queue too: a streamed answer opens and keeps alive meanwhile.
-      const waiting = () => onEvent?.({ type: 'queued', ahead: engine.load().queued });
-      const images = await (context.hold ? context.hold(making, waiting, ticket.cost) : making());
+      // Waiting for the key's slot is waiting in a queue too: it holds a place in the queue (refused,
+      // a 429, when the queue has none), and a streamed answer opens and keeps alive meanwhile.
+      let place: (() => void) | undefined;
+      const waiting = () => {
+        try {
+          place = engine.waitOutside(ticket);
+        } catch (err) {
+          throw queueRefusal(err) ?? err;
+        }
+        onEvent?.({ type: 'queued', ahead: engine.load().queued });
+      };
+      const making = () => {
+        place?.();
+        return run(batches, model, context.signal, ticket, onEvent, fields);
+      };
+      const images = await (context.hold ? context.hold(making, waiting, ticket.cost).finally(() => place?.()) : making());
       const generated = performance.now();
       return { generated, data: await finish(images, reservation) };
     } finally {

@@ -95,6 +95,10 @@ export class FakeEngine implements EnginePool {
     return this.queue.load();
   }
 
+  waitOutside(ticket: Ticket) {
+    return this.queue.waitOutside(ticket);
+  }
+
   wouldRefuse(client?: string, limits?: ClientLimits) {
     return this.queue.wouldRefuse(client, limits);
   }
