@@ -65,6 +65,8 @@ beforeAll(async () => {
   hub.addRepo('test-org/pytorch-only', { 'model_index.json': Buffer.from('{}'), 'unet/diffusion_pytorch_model.safetensors': Buffer.alloc(64) });
   // As NVIDIA's TensorRT repositories ship them: engines compiled for one GPU, no ONNX graphs.
   hub.addRepo('test-org/tensorrt', { 'model_index.json': Buffer.from('{}'), 'unet/unet.plan': Buffer.alloc(64), 'clip/clip.plan': Buffer.alloc(64) });
+  // A listing no Hub gives: a path that climbs out of the model's folder.
+  hub.addRepo('test-org/escaping', { ...sourceFiles, 'unet/../../../escaped.json': Buffer.from('{}') });
 });
 afterAll(() => hub.close());
 
@@ -141,6 +143,14 @@ describe('models pull', () => {
     await expect(pull('test-org/tensorrt')).rejects.toThrow(/has no diffusers ONNX export.*TensorRT engines \(clip\/clip\.plan, unet\/unet\.plan\).*optimum-cli export onnx/);
     expect(hub.requests.slice(before).some((r) => r.path.includes('/resolve/'))).toBe(false);
     await expectNothingInstalled('mixed');
+  });
+
+  it('refuses a listing with a path that leaves the model, downloading nothing', async () => {
+    const before = hub.requests.length;
+    await expect(pull('test-org/escaping')).rejects.toThrow(/listed "unet\/\.\.\/\.\.\/\.\.\/escaped\.json" in test-org\/escaping: not a file path inside it\. Nothing was downloaded/);
+    expect(hub.requests.slice(before).some((r) => r.path.includes('/resolve/'))).toBe(false);
+    await expectNothingInstalled('escaping');
+    expect(await exists(path.join(work, 'escaped.json'))).toBe(false);
   });
 
   it('explains unknown repositories and revisions, and gated ones without HF_TOKEN', async () => {

@@ -102,13 +102,20 @@ export class HubClient {
     }
   }
 
-  /** Every file under `subfolder` (the whole repository when empty) at `commit`. */
+  /**
+   * Every file under `subfolder` (the whole repository when empty) at `commit`. A listing that names a
+   * path outside it, or one that is not a plain relative path (`..`, empty or `.` parts, a backslash),
+   * is refused whole: files are written where their paths say, under the model's folder.
+   */
   async listFiles(ref: RepoRef, commit: string, subfolder = ''): Promise<HubFile[]> {
     const prefix = subfolder ? `${subfolder}/` : '';
     const files: HubFile[] = [];
+    const strange: string[] = [];
     try {
       for await (const entry of listFiles({ repo: ref.repo, revision: commit, path: subfolder || undefined, recursive: true, hubUrl: this.hubUrl, fetch: this.fetch })) {
         if (entry.type !== 'file') continue;
+        const parts = entry.path.startsWith(prefix) ? entry.path.slice(prefix.length).split('/') : [''];
+        if (parts.some((part) => part === '' || part === '.' || part === '..' || /[\\\0]/.test(part))) strange.push(entry.path);
         files.push({
           path: entry.path.slice(prefix.length),
           repoPath: entry.path,
@@ -123,6 +130,9 @@ export class HubClient {
         throw new ModelInstallError(`${ref.repo}@${ref.revision} has no folder '${subfolder}'; check --subfolder against the repository's files on the Hub`);
       }
       throw this.explain(err, ref);
+    }
+    if (strange.length > 0) {
+      throw new ModelInstallError(`${this.hubUrl} listed ${strange.map((p) => JSON.stringify(p)).join(', ')} in ${ref.repo}${subfolder ? ` under '${subfolder}'` : ''}: not a file path inside it. Nothing was downloaded; a Hub or mirror that lists such paths is not to be pulled from`);
     }
     return files;
   }
