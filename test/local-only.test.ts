@@ -40,7 +40,9 @@ describe('a server without API keys', () => {
 
   it('answers its own machine by the loopback names, and refuses other names (DNS rebinding)', async () => {
     const port = new URL(keyless.origin).port;
-    for (const host of [`127.0.0.1:${port}`, `localhost:${port}`, `[::1]:${port}`, `api.localhost:${port}`, '127.0.0.2']) {
+    // As browsers and curl write them too: upper case, a trailing dot, IPv6's long and IPv4-mapped forms.
+    const loopbackNames = [`127.0.0.1:${port}`, `localhost:${port}`, `[::1]:${port}`, `api.localhost:${port}`, '127.0.0.2', `LOCALHOST.:${port}`, '[0:0:0:0:0:0:0:1]', `[::ffff:7f00:1]:${port}`];
+    for (const host of loopbackNames) {
       expect((await get(keyless, { host })).status, host).toBe(200);
     }
     const rebound = await get(keyless, { host: `rebind.attacker.example:${port}` });
@@ -58,6 +60,8 @@ describe('a server without API keys', () => {
     expect((await get(keyless, { host, origin: 'null' })).status).toBe(403);
     expect((await get(keyless, { host, origin: keyless.origin })).status).toBe(200);
     expect((await get(keyless, { host, origin: 'http://localhost:3000' })).status).toBe(200);
+    expect((await get(keyless, { host, origin: 'http://[::ffff:7f00:1]:3000' })).status).toBe(200);
+    expect((await get(keyless, { host, origin: 'http://localhost.attacker.example' })).status).toBe(403);
     expect((await get(opened, { host, origin: 'https://app.example' })).status).toBe(200);
     expect((await get(opened, { host, origin: 'https://attacker.example' })).status).toBe(403);
   });
@@ -70,6 +74,9 @@ describe('a server without API keys', () => {
     expect((await get(keyless, { host, forwarded: 'for=203.0.113.9' })).status).toBe(403);
     expect((await get(keyless, { host, 'x-real-ip': '203.0.113.9' })).status).toBe(403);
     expect((await get(keyless, { host, 'x-forwarded-for': '127.0.0.1' })).status).toBe(200);
+    // A client elsewhere writing a loopback entry of its own in front of the one its proxy adds.
+    expect((await get(keyless, { host, 'x-forwarded-for': '127.0.0.1, 203.0.113.9' })).status).toBe(403);
+    expect((await get(keyless, { host, 'x-forwarded-for': 'localhost' })).status).toBe(403);
   });
 
   it('leaves a server with keys to its keys', async () => {

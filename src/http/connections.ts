@@ -1,4 +1,4 @@
-import type { ServerOptions } from 'node:http';
+import type { IncomingMessage, ServerOptions } from 'node:http';
 import type { Socket } from 'node:net';
 import { finished } from 'node:stream';
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
@@ -81,11 +81,15 @@ async function connectionsPlugin(app: FastifyInstance, { sendTimeoutSeconds, sen
 /** The most of a body read after its answer (see the module's comment): above the largest form an endpoint takes (59 MiB). */
 const LINGER_MAX_BYTES = 64 * 1024 ** 2;
 
+/** Each connection's request whose body was last read after its answer (see isLingering). */
+const lingering = new WeakMap<Socket, IncomingMessage>();
+
 /**
- * Connections reading the rest of a body after its request's answer: should the body not arrive within
- * the request timeout, the connection just closes (errors.ts), with no second answer after the first.
+ * Whether a connection is reading the rest of a body after its request's answer: should the body not
+ * arrive within the request timeout, the connection just closes (errors.ts), with no second answer
+ * after the first. Once the body is in, a request after it on the connection is answered as any.
  */
-export const lingering = new WeakSet<Socket>();
+export const isLingering = (socket: Socket): boolean => lingering.get(socket)?.complete === false;
 
 /** Reads and drops the rest of a request's body after its answer, or has the connection closed after it (see the module's comment). */
 function readRest(request: FastifyRequest, reply: FastifyReply): void {
@@ -101,14 +105,11 @@ function readRest(request: FastifyRequest, reply: FastifyReply): void {
     read += chunk.byteLength;
     if (read > LINGER_MAX_BYTES) socket.destroy();
   };
-  lingering.add(socket);
+  lingering.set(socket, raw);
   // The answer is out: nothing else is to take the rest (a form parser still piped would buffer it).
   raw.unpipe();
   raw.on('data', drop);
-  raw.once('end', () => {
-    raw.off('data', drop);
-    lingering.delete(socket);
-  });
+  raw.once('end', () => raw.off('data', drop));
   raw.resume();
 }
 

@@ -4,7 +4,7 @@ import type { FastifyError, FastifyInstance, FastifyReply, FastifyRequest } from
 import fp from 'fastify-plugin';
 import { ApiError } from '../api/errors.js';
 import { newRequestId, stampReply } from './request-id.js';
-import { lingering } from './connections.js';
+import { isLingering } from './connections.js';
 
 /**
  * Every error leaves the server as an ApiError in OpenAI's shape: ours as thrown, Fastify's and Node's
@@ -93,7 +93,7 @@ export function answerClientError(this: FastifyInstance, err: NodeJS.ErrnoExcept
   const body = JSON.stringify(error.toBody());
   // An answer already under way on this connection (a response to a request whose body is late), or one
   // given before the body that is still being read (connections.ts), cannot take a second one.
-  if (socket.writable && !lingering.has(socket) && !(socket as { _httpMessage?: ServerResponse })._httpMessage?.headersSent) {
+  if (socket.writable && !isLingering(socket) && !(socket as { _httpMessage?: ServerResponse })._httpMessage?.headersSent) {
     socket.write(
       `HTTP/1.1 ${error.status} ${STATUS_CODES[error.status]}\r\nContent-Type: application/json; charset=utf-8\r\n` +
         `Content-Length: ${Buffer.byteLength(body)}\r\nx-request-id: ${id}\r\nConnection: close\r\n\r\n${body}`,

@@ -1,4 +1,4 @@
-import { isIPv4 } from 'node:net';
+import { BlockList, isIPv4, isIPv6 } from 'node:net';
 import type { FastifyRequest } from 'fastify';
 import { ApiError } from '../api/errors.js';
 
@@ -20,29 +20,39 @@ import { ApiError } from '../api/errors.js';
 /** Proxies' headers for the client behind them that Fastify does not read (X-Forwarded-For it reads where TRUST_PROXY says). */
 const UNREAD_FORWARDING = ['forwarded', 'x-real-ip'];
 
-/** Whether a host name (no port; an IPv6 literal without brackets) names this machine's loopback. */
-function isLoopbackName(name: string): boolean {
-  const host = name.toLowerCase().replace(/\.$/, '');
+/** This machine's loopback addresses: 127.0.0.0/8 and ::1 (BlockList also matches their IPv4-mapped and long IPv6 forms). */
+const LOOPBACK = new BlockList();
+LOOPBACK.addSubnet('127.0.0.0', 8, 'ipv4');
+LOOPBACK.addAddress('::1', 'ipv6');
+
+/** Whether an IP address is a loopback one (anything else, a name included, is not). */
+function isLoopbackAddress(ip: string): boolean {
+  const family = isIPv4(ip) ? 'ipv4' : isIPv6(ip) ? 'ipv6' : undefined;
+  return family !== undefined && LOOPBACK.check(ip, family);
+}
+
+/** Whether a host[:port] (a Host header, an origin's host) names this machine's loopback, read as browsers read it. */
+function namesLoopback(host: string): boolean {
+  if (!URL.canParse(`http://${host}`)) return false;
+  const name = new URL(`http://${host}`).hostname.replace(/\.$/, '');
   // RFC 6761: localhost and its subdomains resolve to loopback, as browsers make sure.
-  if (host === 'localhost' || host.endsWith('.localhost')) return true;
-  if (isIPv4(host)) return host.startsWith('127.');
-  return host === '::1' || /^::ffff:127\./.test(host);
+  if (name === 'localhost' || name.endsWith('.localhost')) return true;
+  return isLoopbackAddress(name.replace(/^\[(.*)\]$/, '$1'));
 }
 
 /**
  * Whether the client is a program on this machine: its address is loopback, and no proxy brought it
- * (a proxy's header for the client behind it is either absent, or X-Forwarded-For from a proxy that
- * TRUST_PROXY names, which Fastify then reads into request.ip: request.ips lists its entries after the
- * proxy's own address). Nothing here reads Forwarded or X-Real-IP.
+ * from elsewhere. Of a proxy's headers for the client behind it, Fastify reads X-Forwarded-For from
+ * the proxies TRUST_PROXY names (request.ips then lists the socket's peer and the entries it took, the
+ * client last): every one of them must be loopback, since a client can write entries of its own in
+ * front of those its proxy adds. Forwarded and X-Real-IP nothing here reads: they are refused.
  */
 export function isLocalClient(request: FastifyRequest): boolean {
-  const unread = UNREAD_FORWARDING.some((name) => request.headers[name] !== undefined);
-  const unreadFor = request.headers['x-forwarded-for'] !== undefined && (request.ips?.length ?? 0) < 2;
-  return !unread && !unreadFor && isLoopbackName(request.ip);
+  if (UNREAD_FORWARDING.some((name) => request.headers[name] !== undefined)) return false;
+  if (request.headers['x-forwarded-for'] === undefined) return isLoopbackAddress(request.ip);
+  const hops = request.ips ?? [];
+  return hops.length >= 2 && hops.every(isLoopbackAddress);
 }
-
-/** The name of a Host header or origin's host[:port] ("[::1]:8080" -> "::1"). */
-const hostName = (host: string) => (host.startsWith('[') ? host.slice(1, host.indexOf(']')) : host.replace(/:\d*$/, ''));
 
 const refused = (message: string) => new ApiError(403, message, { type: 'invalid_request_error', code: 'local_clients_only' });
 
@@ -57,13 +67,13 @@ export function localClientsOnly(corsOrigins: readonly string[]): (request: Fast
       );
     }
     const { host, origin } = request.headers;
-    if (host !== undefined && !isLoopbackName(hostName(host))) {
+    if (host !== undefined && !namesLoopback(host)) {
       throw refused(
         `This server has no API keys, so it answers only programs on its own machine that address it as localhost, 127.0.0.1 or [::1]; this request names '${host}'. ` +
           'Use one of those names, or set API_KEYS to serve other names and machines.',
       );
     }
-    if (origin !== undefined && !anyPage && !corsOrigins.includes(origin) && !(URL.canParse(origin) && isLoopbackName(hostName(new URL(origin).host)))) {
+    if (origin !== undefined && !anyPage && !corsOrigins.includes(origin) && !(URL.canParse(origin) && namesLoopback(new URL(origin).host))) {
       throw refused(
         `This server has no API keys, so web pages of other sites may not use it; this request came from a page of '${origin}'. ` +
           'Add that origin to CORS_ORIGINS if you trust every visitor of it to use this server, or set API_KEYS.',
