@@ -125,12 +125,14 @@ class Matcher {
    */
   private reshapesTo(reshape: proto.INodeProto, expected: readonly (number | 'same' | 'any')[]): boolean {
     const shape = this.index.shape(reshape.input?.[1]);
+    // With allowzero set, a 0 is a size of 0, not a copy.
+    const copies = !Number(reshape.attribute?.find((a) => a.name === 'allowzero')?.i ?? 0);
     if (!shape || shape.length !== expected.length || shape.filter((entry) => entry === -1).length > 1) return false;
     return shape.every((entry, i) => {
       const wanted = expected[i];
       if (entry === undefined || entry === -1) return true;
       if (typeof wanted === 'number') return entry === wanted;
-      return entry > 0 || (entry === 0 && wanted === 'same');
+      return entry > 0 || (entry === 0 && wanted === 'same' && copies);
     });
   }
 
@@ -211,7 +213,8 @@ class Matcher {
     const slice = this.index.producer(this.throughCasts(this.index.producer(divisor, 'Sqrt')?.input?.[0] ?? '', true), 'Slice');
     const shape = this.index.producer(slice?.input?.[0], 'Shape');
     const [starts, ends] = [slice?.input?.[1], slice?.input?.[2]].map((input) => this.index.values(input));
-    const lastOnly = starts?.length === 1 && starts[0] === -1 && ends?.length === 1 && ends[0] >= 0 && (slice?.input?.length ?? 0) <= 4;
+    // Q's shape has 4 entries: the Slice from -1 to 4 or beyond (torch writes INT64_MAX) is its last.
+    const lastOnly = starts?.length === 1 && starts[0] === -1 && ends?.length === 1 && ends[0] >= 4 && (slice?.input?.length ?? 0) <= 4;
     const fromQuery = shape?.input?.[0] === query && !shape.attribute?.length;
     return sameValues(this.index.values(one), [1]) && lastOnly && fromQuery ? size ** -0.25 : undefined;
   }
