@@ -1,6 +1,11 @@
 import sharp from 'sharp';
 import { describe, expect, it } from 'vitest';
+import { parseImageRequest } from '../src/api/wire.js';
+import type { ApiError } from '../src/api/errors.js';
+import { createImageService } from '../src/service/images.js';
 import { decodeInputImage, editMarks, fitEdit } from '../src/service/input-images.js';
+import { startTestServer } from './helpers/api-server.js';
+import { failureOf } from './helpers/failures.js';
 
 /**
  * An uploaded picture is checked at once but held as its file while its request waits: decoded at its
@@ -62,5 +67,23 @@ describe('uploaded pictures', () => {
   it('refuses a damaged file when it is checked, before its request queues', async () => {
     const file = await bigFlatPng();
     await expect(decodeInputImage(file.subarray(0, file.length - 2000), 'image')).rejects.toMatchObject({ status: 400, param: 'image', code: 'invalid_image_format' });
+  });
+
+  it("are fitted only once the request's plan passed: a refused edit costs no fitting", async () => {
+    const server = await startTestServer({ stubCanEdit: true });
+    try {
+      const service = createImageService({ registry: server.registry, engine: server.engine, store: server.store, defaultModel: 'stub' });
+      const image = await decodeInputImage(await bigFlatPng(), 'image');
+      // Bytes that would fail as they are fitted (a 400 naming the file): the plan's own 400 must come first.
+      const unfittable = { ...image, bytes: Buffer.from('not a picture any more') };
+      const context = { signal: new AbortController().signal, urlFor: () => '', log: { info: () => undefined } };
+      const edit = (body: Record<string, unknown>) => service.generate(parseImageRequest('edit', { model: 'stub', prompt: 'a blue square', ...body }), context, { kind: 'edit', image: unfittable });
+      const refused = await failureOf<ApiError>(edit({ steps: 1, strength: 0.5 }));
+      expect(refused).toMatchObject({ status: 400, param: 'strength', message: expect.stringMatching(/leaves no step to run/) });
+      // The same edit with a plan that passes is fitted, and its damaged bytes found then.
+      expect(await failureOf<ApiError>(edit({ steps: 4, strength: 0.5 }))).toMatchObject({ status: 400, code: 'invalid_image_format' });
+    } finally {
+      await server.close();
+    }
   });
 });
