@@ -465,7 +465,7 @@ describe('the imagegen CLI', () => {
     const missing = path.join(modelsDir, 'no-such-folder');
     await expect(cli('models', 'list', '--models-dir', missing)).rejects.toMatchObject({
       code: 1,
-      stderr: expect.stringContaining(`error: ${missing} is not there (ENOENT): pass the folder the server reads models from`),
+      stderr: expect.stringMatching(new RegExp(`error: ${missing} is not there \\(ENOENT\\): pass the folder the server reads models from .*models import\` and \`models pull\` create it`)),
     });
   });
 });

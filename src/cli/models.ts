@@ -179,7 +179,10 @@ export function registerModelCommands(program: Command): void {
         // A mistyped folder is not an empty one: say so, rather than "no models".
         const folder = await stat(modelsDir).catch((err: NodeJS.ErrnoException) => err);
         if (folder instanceof Error || !folder.isDirectory()) {
-          throw new ModelInstallError(`${modelsDir} is ${folder instanceof Error ? `not there (${folder.code})` : 'a file, not a folder'}: pass the folder the server reads models from (--models-dir or ${MODELS_DIR})`);
+          const installs = folder instanceof Error ? '; `models import` and `models pull` create it as they install the first model' : '';
+          throw new ModelInstallError(
+            `${modelsDir} is ${folder instanceof Error ? `not there (${folder.code})` : 'a file, not a folder'}: pass the folder the server reads models from (--models-dir or ${MODELS_DIR})${installs}`,
+          );
         }
         const memory = await readMemoryFigures(flags.dataDir, flags.executionProvider, flags.graphRewrites);
         const rows = (await listModels(modelsDir)).map((model) => [
