@@ -1,7 +1,7 @@
 import { spawnSync } from 'node:child_process';
 import os from 'node:os';
 import path from 'node:path';
-import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
+import { mkdtemp, readFile, rm, symlink, writeFile } from 'node:fs/promises';
 import sharp from 'sharp';
 import { beforeAll, describe, expect, it, onTestFinished } from 'vitest';
 import { WorkerRuntime } from '../src/pipelines/run.js';
@@ -109,6 +109,12 @@ describe.skipIf(!haveRealExports)('real exports against diffusers (needs ../shar
       const bad = verify(realExport('sd15'), '--golden', path.join(tmp, 'empty.json'));
       expect(bad.status).toBe(2);
       expect(bad.stderr).toMatch(/empty\.json: not a golden file: cases/);
+
+      // An installed model's id in place of its folder: the message says where that folder is.
+      await symlink(realExport('sd15'), path.join(tmp, 'sd15'));
+      const byId = spawnSync(process.execPath, imagegenArgs('models', 'verify', 'sd15', '--golden', goldenFile('sd15')), { cwd: root, encoding: 'utf8', env: { ...process.env, MODELS_DIR: tmp } });
+      expect(byId.status).toBe(2);
+      expect(byId.stderr).toContain(`(the installed model 'sd15' is the folder ${path.join(tmp, 'sd15')})`);
 
       // Steps beyond any schedule's use would only exhaust memory: refused, naming the field.
       await writeFile(path.join(tmp, 'steps.json'), JSON.stringify({ ...wrong, cases: [{ ...wrong.cases[0], steps: 1e9 }] }));

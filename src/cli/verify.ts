@@ -1,3 +1,5 @@
+import { existsSync } from 'node:fs';
+import path from 'node:path';
 import { InvalidArgumentError, Option, type Command } from 'commander';
 import { loadModelSettings } from '../config.js';
 import { DEFAULT_TOLERANCE, FP16_TOLERANCE, verifyGolden } from './golden.js';
@@ -7,6 +9,19 @@ import { DEFAULT_TOLERANCE, FP16_TOLERANCE, verifyGolden } from './golden.js';
  * PASS|FAIL` (pixel errors on a 0..1 scale), exit code 1 when any case fails. docs/verify.md says how
  * to write a golden file for a model of one's own.
  */
+
+/** Where an installed model's folder is, when `dir` is no folder here but the id of one in MODELS_DIR. */
+function installedHint(dir: string): string {
+  if (existsSync(dir) || path.isAbsolute(dir)) return '';
+  try {
+    const { modelsDir } = loadModelSettings({});
+    const installed = modelsDir && path.join(modelsDir, dir);
+    return installed && existsSync(installed) ? ` (the installed model '${dir}' is the folder ${installed})` : '';
+  } catch {
+    // Settings that do not load are what the message already reports.
+    return '';
+  }
+}
 
 interface VerifyFlags {
   golden: string;
@@ -46,7 +61,7 @@ export function registerVerifyCommand(models: Command): void {
         console.log(failed ? `${failed} of ${results.length} cases FAIL (tolerance ${flags.tolerance.toFixed(4)})` : `all ${results.length} cases PASS`);
         if (failed) process.exitCode = 1;
       } catch (err) {
-        console.error(`imagegen models verify: ${(err as Error).message}`);
+        console.error(`imagegen models verify: ${(err as Error).message}${installedHint(dir)}`);
         process.exitCode = 2;
       }
     });
