@@ -242,8 +242,7 @@ export class JobQueue {
     else this.runningByClient.delete(entry.ticket.client);
   }
 
-  /** Why a new request may not wait, or undefined when it may. */
-  /** `waiting`: the request waits whatever workers are free (see waitOutside). */
+  /** Why a new request may not wait, or undefined when it may; `waiting`: it waits whatever workers are free (see waitOutside). */
   private refusal(ticket: Ticket, waiting = false): QueueFullError | undefined {
     // A worker is free, and this client may use it: it starts at once (the jobs waiting now are held by
     // their own clients' limits, or dispatch would have started them), whatever waits.

@@ -81,8 +81,7 @@ interface Layout {
 
 const sameValues = (values: number[] | undefined, wanted: number[]) => values?.length === wanted.length && values.every((v, i) => v === wanted[i]);
 
-const sameInts = (attribute: proto.IAttributeProto | undefined, ints: number[]) =>
-  attribute !== undefined && attribute.ints?.length === ints.length && attribute.ints.every((v, i) => Number(v) === ints[i]);
+const sameInts = (attribute: proto.IAttributeProto | undefined, ints: number[]) => sameValues(attribute?.ints?.map(Number), ints);
 
 /** The chain's checks, over one indexed graph. */
 class Matcher {
@@ -118,7 +117,7 @@ class Matcher {
 
   /**
    * Whether a Reshape's target shape has the entries of `expected`, one per axis: a number is that
-   * size ('D', the head size, known once the widths are), 'same' the input's own size at that axis
+   * size (the head count, the head size, the width), 'same' the input's own size at that axis
    * (0 copies it), 'any' a size of the batch or tokens. An entry computed from sizes at run time can
    * only be checked by onnxruntime, so it passes, as does -1 (one at most: the size that makes the
    * count of values right) and a positive constant in place of 'same' or 'any'.

@@ -14,7 +14,6 @@ import type { EditPicture } from './input-images.js';
  * max_batch. The checks that depend on the model throw OpenAI errors here.
  */
 
-
 /** The 400 for a size the model does not serve under the name the request used, naming those it does. */
 function sizeError(request: GenerationRequest, model: ModelEntry, served: readonly string[]): ApiError {
   const { sizes, defaultSize } = model.preset;

@@ -97,6 +97,13 @@ function splitHeads(input: string, name: string, heads: number, width: number, p
   ];
 }
 
+/** Adds a constant that is not zero (a mask) to the scores `logits`; answers the sum's name. */
+function addMask(logits: string, initializer: proto.ITensorProto[], nodes: proto.INodeProto[]): string {
+  initializer.push(floats('maskValue', [], new Float32Array([0.25])));
+  nodes.push(node('Add', [logits, 'maskValue'], ['masked']));
+  return 'masked';
+}
+
 const SHAPE_CONSTANTS = () => [int64s('zero', [0]), int64s('one', [1]), int64s('axes', [0])];
 
 /**
@@ -128,11 +135,7 @@ export function classicAttentionModel(options: ClassicAttentionOptions = {}): { 
     nodes.push(node('Shape', ['scores'], ['scoresShape']), node('ConstantOfShape', ['scoresShape'], ['zeros'], [fill(0)]), node('Mul', ['zeros', 'beta'], ['zeroTerm']), node('Add', ['scores', 'zeroTerm'], ['withZeros']));
     logits = 'withZeros';
   }
-  if (mask) {
-    initializer.push(floats('maskValue', [], new Float32Array([0.25])));
-    nodes.push(node('Add', [logits, 'maskValue'], ['masked']));
-    logits = 'masked';
-  }
+  if (mask) logits = addMask(logits, initializer, nodes);
   nodes.push(
     node('Softmax', [logits], ['probs'], [int('axis', softmaxAxis)]),
     node('MatMul', ['probs', 'vf3'], ['weighted']),
@@ -197,11 +200,7 @@ export function sdpaAttentionModel(options: SdpaAttentionOptions = {}): { model:
   }
   nodes.push(node('Mul', ['qsT4', 'factor'], ['qScaled']), node('Mul', [key, 'factor'], ['kScaled']), node('MatMul', ['qScaled', 'kScaled'], ['scores']));
   let logits = 'scores';
-  if (mask) {
-    initializer.push(floats('maskValue', [], new Float32Array([0.25])));
-    nodes.push(node('Add', [logits, 'maskValue'], ['masked']));
-    logits = 'masked';
-  }
+  if (mask) logits = addMask(logits, initializer, nodes);
   nodes.push(
     node('Softmax', [logits], ['probs'], [int('axis', -1)]),
     node('MatMul', ['probs', 'vsT4'], ['weighted']),
