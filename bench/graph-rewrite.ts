@@ -27,7 +27,7 @@ import { classicAttentionModel, sdpaAttentionModel } from '../test/helpers/atten
 import { EXPORT_FEEDS } from '../test/helpers/export-feeds.js';
 import { realExport } from '../test/helpers/real-exports.js';
 import { sideBySide } from './stats.js';
-import { largestDifference } from '../test/helpers/difference.js';
+import { largestDifference } from '../src/util/difference.js';
 
 const { values } = parseArgs({
   options: {

@@ -7,7 +7,7 @@ import { fuseAttention, MAX_HEAD_SIZE } from '../src/runtime/attention-fusion.js
 import { graphSource, rewritesOf, type GraphSource } from '../src/runtime/graph-rewrite.js';
 import { createSession } from '../src/runtime/providers.js';
 import { classicAttentionModel, sdpaAttentionModel, type ClassicAttentionOptions, type SdpaAttentionOptions } from './helpers/attention-graph.js';
-import { largestDifference } from './helpers/difference.js';
+import { largestDifference } from '../src/util/difference.js';
 import { EXPORT_FEEDS } from './helpers/export-feeds.js';
 import { haveRealExports, REAL_EXPORT_NAMES, realExport } from './helpers/real-exports.js';
 

@@ -5,6 +5,7 @@ import { encodeImage } from '../src/pipelines/encode-image.js';
 import { WorkerRuntime } from '../src/pipelines/run.js';
 import type { OutputFormat, RgbImage } from '../src/runtime/types.js';
 import { bufferView } from '../src/util/bytes.js';
+import { difference } from '../src/util/difference.js';
 
 /**
  * The encoder settings chosen by measurement (docs/performance.md) keep what the pictures were before:
@@ -38,12 +39,6 @@ async function decoded(file: Uint8Array): Promise<{ pixels: Uint8Array; width: n
   return { pixels: new Uint8Array(data), width: info.width, height: info.height };
 }
 
-function meanError(a: Uint8Array, b: Uint8Array): number {
-  let sum = 0;
-  for (let i = 0; i < a.length; i++) sum += Math.abs(a[i] - b[i]);
-  return sum / a.length;
-}
-
 /** sharp's defaults, the settings before the measurement, at the same quality. */
 function before(image: RgbImage, format: OutputFormat, quality: number): Promise<Buffer> {
   const raw = sharp(bufferView(image.pixels), { raw: { width: image.width, height: image.height, channels: 3 } });
@@ -67,8 +62,8 @@ describe('encoder settings', () => {
   it.each(['webp', 'jpeg'] as const)('%s keeps the quality of the default settings at quality 100 and 50', async (format) => {
     for (const { name, image } of pictures) {
       for (const quality of [100, 50]) {
-        const now = meanError((await decoded(await encodeImage(image, format, quality))).pixels, image.pixels);
-        const then = meanError((await decoded(await before(image, format, quality))).pixels, image.pixels);
+        const now = difference((await decoded(await encodeImage(image, format, quality))).pixels, image.pixels).mean;
+        const then = difference((await decoded(await before(image, format, quality))).pixels, image.pixels).mean;
         expect(now, `${format} q${quality} ${name}: ${now.toFixed(3)} vs ${then.toFixed(3)} before`).toBeLessThanOrEqual(then + 0.25);
       }
     }
@@ -79,7 +74,7 @@ describe('encoder settings', () => {
     for (const format of ['webp', 'jpeg'] as const) {
       const [high, low] = await Promise.all([encodeImage(image, format, 100), encodeImage(image, format, 30)]);
       expect(low.length).toBeLessThan(high.length);
-      expect(meanError((await decoded(low)).pixels, image.pixels)).toBeGreaterThan(meanError((await decoded(high)).pixels, image.pixels));
+      expect(difference((await decoded(low)).pixels, image.pixels).mean).toBeGreaterThan(difference((await decoded(high)).pixels, image.pixels).mean);
     }
   });
 

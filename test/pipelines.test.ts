@@ -6,7 +6,7 @@ import { WorkerRuntime } from '../src/pipelines/run.js';
 import { schedulersFor } from '../src/schedulers/index.js';
 import { readPicture, type Reading } from './helpers/picture.js';
 import { copyOfReference, referenceModel } from './helpers/reference.js';
-import { largestDifference } from './helpers/difference.js';
+import { largestDifference } from '../src/util/difference.js';
 
 /** This file's own worker runtime, in this process. */
 const runtime = new WorkerRuntime();

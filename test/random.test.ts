@@ -5,7 +5,7 @@ import { BatchNoise, NOISE_GENERATORS, Rng } from '../src/runtime/random.js';
 import { TorchGenerator } from '../src/runtime/torch-generator.js';
 import { readGolden } from '../src/cli/golden.js';
 import { goldenFile, GOLDENS, haveRealExports, REAL_EXPORT_NAMES } from './helpers/real-exports.js';
-import { largestDifference } from './helpers/difference.js';
+import { largestDifference } from '../src/util/difference.js';
 
 const draws = (seed: number, n: number) => {
   const rng = new Rng(seed);

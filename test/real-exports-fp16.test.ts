@@ -11,7 +11,7 @@ import { readGolden, verifyCase, FP16_TOLERANCE } from '../src/cli/golden.js';
 import { convertOnnxBytesToFloat16 } from '../scripts/fp16/convert.js';
 import { convertFolderToFloat16, type ConvertedComponent } from '../scripts/fp16/convert-folder.js';
 import { goldenFile, GOLDENS, haveRealExports, realExport, type RealExportName } from './helpers/real-exports.js';
-import { largestDifference } from './helpers/difference.js';
+import { largestDifference } from '../src/util/difference.js';
 
 const { onnx } = onnxProto;
 const { FLOAT, FLOAT16 } = onnx.TensorProto.DataType;

@@ -10,7 +10,7 @@ import { capturedLogs } from './helpers/logs.js';
 import { goldenFile, GOLDENS, haveRealExports, REAL_EXPORT_NAMES, realExport, startExportsServer, type ExportsServer } from './helpers/real-exports.js';
 import { DEFAULT_TOLERANCE, readGolden } from '../src/cli/golden.js';
 import { referenceModel } from './helpers/reference.js';
-import { largestDifference } from './helpers/difference.js';
+import { largestDifference } from '../src/util/difference.js';
 
 /**
  * Sizes come from the model's own configs (VAE scale x UNet down-sampling, or x FLUX's packing): a

@@ -34,7 +34,7 @@ import {
 import { encodeImage } from '../src/reference/latent-code.js';
 import { readPicture } from './helpers/picture.js';
 import { referenceModel } from './helpers/reference.js';
-import { largestDifference } from './helpers/difference.js';
+import { largestDifference } from '../src/util/difference.js';
 
 /** This file's own worker runtime, in this process. */
 const runtime = new WorkerRuntime();

@@ -7,7 +7,7 @@ import sharp from 'sharp';
 import { describe, expect, it, onTestFinished } from 'vitest';
 import { imagegenArgs } from './helpers/cli.js';
 import { referenceModel } from './helpers/reference.js';
-import { largestDifference } from './helpers/difference.js';
+import { largestDifference } from '../src/util/difference.js';
 
 /**
  * EXECUTION_PROVIDER=webgpu, through the real `imagegen generate` in its own process (a provider that

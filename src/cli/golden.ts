@@ -5,6 +5,7 @@ import { z } from 'zod';
 import { MAX_STEPS, type GenerationBatch } from '../runtime/types.js';
 import type { WorkerRuntime } from '../pipelines/run.js';
 import { describeIssues, readJsonIfPresent } from '../util/files.js';
+import { difference } from '../util/difference.js';
 
 /**
  * `imagegen models verify`: runs a model on the cases of a golden file (what diffusers' PyTorch
@@ -135,14 +136,8 @@ export async function verifyCase(runtime: WorkerRuntime, modelDir: string, golde
     throw new GoldenFileError(c.image.file, `is ${expected.info.width}x${expected.info.height}; the case asks for ${c.width}x${c.height}`);
   }
   const [image] = await runtime.generateImages(batchFor(modelDir, c, await readLatents(goldenDir, c)));
-  let max = 0;
-  let sum = 0;
-  for (let i = 0; i < image.pixels.length; i++) {
-    const d = Math.abs(image.pixels[i] - expected.data[i]);
-    sum += d;
-    if (d > max) max = d;
-  }
-  const [maxAbs, meanAbs] = [max / 255, sum / image.pixels.length / 255];
+  const { largest, mean } = difference(image.pixels, expected.data);
+  const [maxAbs, meanAbs] = [largest / 255, mean / 255];
   return { index, maxAbs, meanAbs, pass: maxAbs <= tolerance };
 }
 
