@@ -318,6 +318,10 @@ const SETTINGS = {
     description:
       'bytes per second a client must at least take of an answer waiting for it, over each SEND_TIMEOUT_SECONDS, or its connection is closed: one taking a little now and then would hold the answer in memory for as long as it likes (0 = no minimum)',
   },
+  streamKeepAliveSeconds: {
+    schema: seconds(1).default(15),
+    description: "a streamed answer sends a keep-alive comment line after this long without an event (keep it below a proxy's idle timeout, which would otherwise end a stream that waits for a worker)",
+  },
   keepAliveTimeoutSeconds: {
     schema: seconds(1).default(72),
     description: 'an idle keep-alive connection is closed after this long (keep it above a load balancer\'s idle timeout)',

@@ -230,6 +230,8 @@ describe('GET /v1/images/files/:name', () => {
       expect(await get({ range: 'bytes=0-9' })).toEqual({ status: 206, range: `bytes 0-9/${size}`, length: '10', body: bytes.subarray(0, 10) });
       expect(await get({ range: `bytes=${size - 5}-` })).toEqual({ status: 206, range: `bytes ${size - 5}-${size - 1}/${size}`, length: '5', body: bytes.subarray(size - 5) });
       expect(await get({ range: 'bytes=-3' })).toEqual({ status: 206, range: `bytes ${size - 3}-${size - 1}/${size}`, length: '3', body: bytes.subarray(size - 3) });
+      // The last n bytes of an image of fewer: all of it (RFC 9110 14.1.2).
+      expect(await get({ range: `bytes=-${size + 100}` })).toEqual({ status: 206, range: `bytes 0-${size - 1}/${size}`, length: String(size), body: bytes });
       // An end past the file is cut to it; If-Range naming this copy keeps the range.
       expect(await get({ range: `bytes=4-${size + 100}`, 'if-range': etag })).toMatchObject({ status: 206, range: `bytes 4-${size - 1}/${size}`, body: bytes.subarray(4) });
       // Answered whole: another copy in If-Range (a date never matches), several ranges, a malformed header, an invalid one (its last byte before its first).
@@ -239,6 +241,8 @@ describe('GET /v1/images/files/:name', () => {
       }
       const beyond = await fetch(url, { headers: { range: `bytes=${size}-` } });
       expect([beyond.status, beyond.headers.get('content-range')]).toEqual([416, `bytes */${size}`]);
+      // The last 0 bytes name none.
+      expect((await get({ range: 'bytes=-0' })).status).toBe(416);
       // Not the image: nothing says a cache may keep it.
       expect([beyond.headers.get('cache-control'), beyond.headers.get('etag')]).toEqual([null, null]);
       expect((await beyond.json()).error).toMatchObject({ type: 'invalid_request_error', code: 'range_not_satisfiable', param: null });

@@ -234,8 +234,8 @@ describe('streaming errors and cancellation', () => {
 });
 
 describe('streams and a busy queue', () => {
-  it('keeps a waiting stream alive more often than SEND_TIMEOUT_SECONDS, which would otherwise close it', async () => {
-    const quick = await startRealServer({ apiKey: KEY, env: { WORKERS: '1', SEND_TIMEOUT_SECONDS: '1' } });
+  it('keeps a waiting stream alive every STREAM_KEEP_ALIVE_SECONDS, and SEND_TIMEOUT_SECONDS does not close it while nothing waits to be sent', async () => {
+    const quick = await startRealServer({ apiKey: KEY, env: { WORKERS: '1', SEND_TIMEOUT_SECONDS: '1', STREAM_KEEP_ALIVE_SECONDS: '1' } });
     const post = (body: object) =>
       fetch(`${quick.server.url}/v1/images/generations`, {
         method: 'POST',
@@ -244,7 +244,7 @@ describe('streams and a busy queue', () => {
       });
     try {
       // Several seconds of work ahead of the stream.
-      const long = post({ size: '1024x1024', steps: 150, n: 2 }).then((res) => res.arrayBuffer());
+      const long = post({ size: '1792x1024', steps: 150, n: 4 }).then((res) => res.arrayBuffer());
       await whenRunning(quick.server);
       const text = await (await post({ size: '256x256', stream: true })).text();
       expect(text.match(/^: keep-alive$/gm)!.length).toBeGreaterThanOrEqual(2);

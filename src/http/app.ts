@@ -47,6 +47,7 @@ export type AppConfig = Pick<
   | 'requestTimeoutSeconds'
   | 'keepAliveTimeoutSeconds'
   | 'sendTimeoutSeconds'
+  | 'streamKeepAliveSeconds'
   | 'sendMinRate'
   | 'playground'
 >;
@@ -121,7 +122,7 @@ export function buildApp({ config, registry, engine, store, metrics, logger, tls
     publicBaseUrl: config.publicBaseUrl,
     logPrompts: config.logPrompts,
     defaultModel: config.defaultModel,
-    sendTimeoutMs: config.sendTimeoutSeconds * 1000,
+    streamKeepAliveMs: config.streamKeepAliveSeconds * 1000,
     rates,
     slots,
   };

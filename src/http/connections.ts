@@ -23,11 +23,10 @@ import type { Config } from '../config.js';
  * Once an answer is under way, a client that takes none of it for SEND_TIMEOUT_SECONDS is cut off: one
  * that never reads would hold the socket and the answer's buffers for good. The clock starts with the
  * answer, not the request, so a long generation is not cut short (a stream's keep-alive lines reach a
- * client that reads). Nor may a client trickle: one that takes a little now and then resets that
- * clock, so while part of the answer waits to go, each SEND_TIMEOUT_SECONDS must see at least
- * SEND_MIN_RATE bytes a second of it taken, or the connection is cut (a 70 MB b64_json answer stayed
- * in memory for as long as its client took 256 KiB every 45 s). A stream waiting for its next event
- * has nothing waiting.
+ * client that reads). Nor may a client trickle: while part of the answer waits to go, each
+ * SEND_TIMEOUT_SECONDS must see at least SEND_MIN_RATE bytes a second of it taken, or the connection is
+ * cut (a 70 MB b64_json answer stayed in memory for as long as its client took 256 KiB every 45 s). A
+ * stream waiting for its next event has nothing waiting.
  */
 
 export type ConnectionSettings = Pick<Config, 'headersTimeoutSeconds' | 'requestTimeoutSeconds' | 'keepAliveTimeoutSeconds'>;
@@ -68,13 +67,7 @@ async function connectionsPlugin(app: FastifyInstance, { sendTimeoutSeconds, sen
   app.addHook('onRequest', async (_request, reply) => void reply.raw.setMaxListeners(RESPONSE_LISTENERS));
   app.addHook('onSend', async (request, reply) => {
     if (!request.raw.complete) readRest(request, reply);
-    // The socket's inactivity timer: any byte the client takes restarts it. Node replaces it with the
-    // keep-alive timeout once the answer is done.
-    reply.raw.setTimeout(sendTimeoutSeconds * 1000, () => {
-      request.log.warn({ sendTimeoutSeconds }, 'the client took none of its answer for SEND_TIMEOUT_SECONDS: connection closed');
-      reply.raw.destroy();
-    });
-    watchSendRate(request, reply, sendTimeoutSeconds, sendMinRate);
+    watchSending(request, reply, sendTimeoutSeconds, sendMinRate);
   });
 }
 
@@ -113,31 +106,49 @@ function readRest(request: FastifyRequest, reply: FastifyReply): void {
   raw.resume();
 }
 
+/** How often a waiting answer's progress is looked at: a client is cut at most this long after its window ran out. */
+const SEND_CHECK_MS = 1000;
+
 /**
- * Closes the connection of a client that takes less than `minRate` bytes a second of an answer waiting
- * for it, judged over each `windowSeconds` during which part of the answer waited throughout (at the
- * window's start and at its end). What the client took is what the socket finished writing: the bytes
- * handed to it (bytesWritten) less those it still holds (writableLength).
+ * Cuts the connection of a client that, over the last `windowSeconds`, at whose start and end part of
+ * its answer waited for it, took none of it, or less than `minRate` bytes a second. What the client took is
+ * what the socket finished writing: the bytes handed to it (bytesWritten) less those it still holds
+ * (writableLength). Our own clock rather than the socket's inactivity timer: that one counts a write the
+ * kernel finishes as the client's doing and lets such a client stay for about two windows (Node defers
+ * it once whenever the write queue moved since the write).
  */
-function watchSendRate(request: FastifyRequest, reply: FastifyReply, windowSeconds: number, minRate: number): void {
+function watchSending(request: FastifyRequest, reply: FastifyReply, windowSeconds: number, minRate: number): void {
   const res = reply.raw;
   const socket = res.socket;
   // An answer to a client that already left still goes through onSend.
-  if (!socket || minRate === 0 || res.destroyed || res.writableFinished) return;
+  if (!socket || res.destroyed || res.writableFinished) return;
+  const windowMs = windowSeconds * 1000;
   const taken = () => socket.bytesWritten - socket.writableLength;
-  let takenBefore = taken();
-  let waitedBefore = false;
+  // What the client had taken at each look over the last window, and whether part of the answer waited.
+  const looks: { at: number; taken: number; waiting: boolean }[] = [];
   const check = setInterval(() => {
-    const took = taken() - takenBefore;
-    takenBefore += took;
+    const now = performance.now();
     // writableLength: what the answer has queued that the socket has not taken yet.
-    const waiting = res.writableLength > 0;
-    const judged = waiting && waitedBefore;
-    waitedBefore = waiting;
-    if (!judged || took >= minRate * windowSeconds) return;
-    request.log.warn({ sendTimeoutSeconds: windowSeconds, sendMinRate: minRate, bytesTaken: took }, 'the client took less than SEND_MIN_RATE of its answer over SEND_TIMEOUT_SECONDS: connection closed');
-    res.destroy();
-  }, windowSeconds * 1000);
+    looks.push({ at: now, taken: taken(), waiting: res.writableLength > 0 });
+    // The look a window ago stays as the window's start; older ones go.
+    while (looks.length > 1 && looks[1].at <= now - windowMs) looks.shift();
+    const [start, end] = [looks[0], looks.at(-1)!];
+    // Judged over a whole window that began and ended with part of the answer waiting: a stream between
+    // events, or an answer the socket took whole, waits for nobody.
+    if (start.at > now - windowMs || !start.waiting || !end.waiting) return;
+    const took = end.taken - start.taken;
+    if (took >= Math.max(1, minRate * windowSeconds)) return;
+    // Said by the rule that applies: a client that reads slowly can look as if it took nothing for a
+    // while, the kernel taking nothing more from the socket until its buffer has room for a good part.
+    const message =
+      minRate > 0
+        ? 'the client took less than SEND_MIN_RATE of its answer over SEND_TIMEOUT_SECONDS: connection closed'
+        : 'the client took none of its answer for SEND_TIMEOUT_SECONDS: connection closed';
+    request.log.warn({ sendTimeoutSeconds: windowSeconds, sendMinRate: minRate, bytesTaken: took }, message);
+    // A reset, not a close: a FIN would wait behind the unsent answer, and the kernel would keep that
+    // answer (megabytes) for an orphaned socket that nobody reads.
+    socket.resetAndDestroy();
+  }, Math.min(SEND_CHECK_MS, windowMs / 4));
   check.unref();
   finished(res, () => clearInterval(check));
 }

@@ -21,7 +21,8 @@ import { failedInStream } from './metrics.js';
  * event (the wait must keep the connection alive). A failure after that comes as an
  * event with OpenAI's error body (`data: {"error": ...}`), which the SDKs raise as an APIError. Without
  * an event to send then, a comment line opens the stream (SSE clients skip comments), and one is sent
- * every HEARTBEAT_MS (or more often, see StreamOptions.sendTimeoutMs) while nothing else is: a client's
+ * every STREAM_KEEP_ALIVE_SECONDS (15 s, below the 60 s idle timeout of common proxies: nginx's
+ * proxy_read_timeout, AWS load balancers) while nothing else is: a client's
  * timeout to the first byte, or a proxy's idle timeout, does not run out while the request waits for a
  * worker or takes long steps. Each image goes out as a completed event as soon as it is made (see the
  * service's 'image' event). A client that disconnects cancels the work, as for any request
@@ -30,22 +31,15 @@ import { failedInStream } from './metrics.js';
 
 type Produce = (onEvent: RequestListener) => Promise<void>;
 
-/** Below the 60 s idle timeout of common proxies (nginx's proxy_read_timeout, AWS load balancers). */
-const HEARTBEAT_MS = 15_000;
-
 export interface StreamOptions {
   /** The events' name prefix (`image_generation`, `image_edit`). */
   prefix: StreamPrefix;
   body: GenerationRequest;
-  /**
-   * SEND_TIMEOUT_SECONDS in ms. Its timer is the socket's inactivity timer, so a stream quiet for that
-   * long is closed even while its client reads: keep-alive lines come at least twice as often.
-   */
-  sendTimeoutMs: number;
+  /** STREAM_KEEP_ALIVE_SECONDS in ms: a comment line goes out after this long without an event. */
+  keepAliveMs: number;
 }
 
-export async function streamImages(request: FastifyRequest, reply: FastifyReply, { prefix, body, sendTimeoutMs }: StreamOptions, produce: Produce): Promise<FastifyReply> {
-  const heartbeatMs = Math.min(HEARTBEAT_MS, sendTimeoutMs / 2);
+export async function streamImages(request: FastifyRequest, reply: FastifyReply, { prefix, body, keepAliveMs }: StreamOptions, produce: Produce): Promise<FastifyReply> {
   const events = new PassThrough();
   let opened!: () => void;
   const firstEvent = new Promise<void>((resolve) => (opened = resolve));
@@ -70,7 +64,7 @@ export async function streamImages(request: FastifyRequest, reply: FastifyReply,
     clearInterval(heartbeat);
     events.end();
   };
-  heartbeat = setInterval(() => write(': keep-alive\n\n'), heartbeatMs);
+  heartbeat = setInterval(() => write(': keep-alive\n\n'), keepAliveMs);
   // The images went out as they were made ('image' events): the answer itself adds nothing.
   done.then(end, (err: unknown) => {
     // The client left (or stopped reading until the send timeout closed the connection): nobody to

@@ -62,7 +62,12 @@ function requestedRange(headers: FastifyRequest['headers'], size: number, etag: 
   // A range whose last byte comes before its first makes the header invalid, to be ignored (RFC 9110
   // 14.1.1); range-parser drops such a range and answers -1 as for one past the end, so it is told apart here.
   if ([...header.matchAll(/(\d+)\s*-\s*(\d+)/g)].some(([, first, last]) => Number(last) < Number(first))) return undefined;
-  const ranges = parseRange(size, header, { combine: true });
+  // A suffix longer than the image asks for all of it (RFC 9110 14.1.2), which range-parser answers -1,
+  // as for one past the end: such a suffix is cut to the image's size here.
+  const suffixesCut = header.replace(/(^[^=]*=|,)(\s*)-\s*(\d+)/g, (form, before: string, space: string, length: string) =>
+    Number(length) > size ? `${before}${space}-${size}` : form,
+  );
+  const ranges = parseRange(size, suffixesCut, { combine: true });
   if (ranges === -1) return 'unsatisfiable';
   if (ranges === -2 || ranges.type !== 'bytes' || ranges.length !== 1) return undefined;
   return ranges[0];

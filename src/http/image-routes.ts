@@ -18,8 +18,8 @@ export interface ImagesOptions {
   logPrompts: boolean;
   /** The model of requests that name none (DEFAULT_MODEL). */
   defaultModel: string;
-  /** SEND_TIMEOUT_SECONDS in ms: a stream's keep-alive lines come more often (event-stream.ts). */
-  sendTimeoutMs: number;
+  /** STREAM_KEEP_ALIVE_SECONDS in ms (event-stream.ts). */
+  streamKeepAliveMs: number;
   /** API_KEYS_FILE's per-minute limits (shared through Redis with REDIS_URL). */
   rates: KeyRates;
   /** Keys' `concurrent` slots over all replicas (with REDIS_URL). */
@@ -41,7 +41,7 @@ export async function respond(
 ): Promise<ImagesResponse | FastifyReply> {
   const context = await generateContext(request, reply, body, options);
   const edit = await decodeEdit?.();
-  if (body.stream) return streamImages(request, reply, { prefix, body, sendTimeoutMs: options.sendTimeoutMs }, (onEvent) => options.service.stream(body, context, onEvent, edit));
+  if (body.stream) return streamImages(request, reply, { prefix, body, keepAliveMs: options.streamKeepAliveMs }, (onEvent) => options.service.stream(body, context, onEvent, edit));
   return answer(reply, await options.service.generate(body, context, edit));
 }
 
