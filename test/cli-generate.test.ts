@@ -1,4 +1,5 @@
-import { execFile } from 'node:child_process';
+import { execFile, spawnSync } from 'node:child_process';
+import { existsSync, mkdtempSync } from 'node:fs';
 import { mkdtemp, readdir, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
@@ -17,7 +18,16 @@ async function imagegen(...args: string[]) {
 
 /** The same with `env` over this process's environment. */
 async function imagegenWith(env: Record<string, string>, ...args: string[]) {
-  return run(process.execPath, imagegenArgs(...args), { cwd: root, env: { ...process.env, ...env } });
+  // Bounded: a command that hangs fails its test rather than the suite's time limit.
+  return run(process.execPath, imagegenArgs(...args), { cwd: root, env: { ...process.env, ...env }, timeout: 60_000 });
+}
+
+/** A folder on a tmpfs of `size` (mount needs root, as CI has), or why there is none. */
+function smallDisk(size: string): { dir: string; unmount(): void } | { why: string } {
+  const dir = mkdtempSync(path.join(os.tmpdir(), 'imagegen-small-disk-'));
+  const mounted = spawnSync('mount', ['-t', 'tmpfs', '-o', `size=${size}`, 'tmpfs', dir]);
+  if (mounted.status !== 0) return { why: `cannot mount a tmpfs (${mounted.stderr?.toString().trim() || mounted.error?.message})` };
+  return { dir, unmount: () => void spawnSync('umount', [dir]) };
 }
 
 describe('imagegen generate', () => {
@@ -60,10 +70,29 @@ describe('imagegen generate', () => {
     const file = path.join(await mkdtemp(path.join(os.tmpdir(), 'imagegen-cli-')), 'a-file');
     await writeFile(file, 'not a folder');
     await expect(imagegen('generate', 'a red circle', '--out', file)).rejects.toMatchObject({ code: 2, stderr: expect.stringMatching(/--out '.*a-file' is a file, not a folder: name a folder you may write\n$/) });
+    // A folder the file system refuses though its parent exists: Node's recursive mkdir retried it forever.
+    if (existsSync('/proc/self')) {
+      await expect(imagegen('generate', 'a red circle', '--out', '/proc/imagegen-out')).rejects.toMatchObject({ code: 2, stderr: expect.stringContaining("--out '/proc/imagegen-out' cannot be used (ENOENT)") });
+    }
     // Usage errors of any command: an unknown command, a missing argument or option.
     await expect(imagegen('no-such-command')).rejects.toMatchObject({ code: 2 });
     await expect(imagegen('generate')).rejects.toMatchObject({ code: 2, stderr: expect.stringContaining("missing required argument 'prompt'") });
     await expect(imagegen('models', 'verify', root)).rejects.toMatchObject({ code: 2, stderr: expect.stringContaining("required option '--golden <file>' not specified") });
+  });
+
+  const probe = smallDisk('256k');
+  if ('unmount' in probe) probe.unmount();
+  it.skipIf('why' in probe)(`leaves no broken picture on a disk that fills up, and says which file and why${'why' in probe ? ` (skipped: ${probe.why})` : ''}`, async () => {
+    const disk = smallDisk('256k');
+    if ('why' in disk) throw new Error(disk.why);
+    try {
+      const failed = imagegen('generate', 'a red circle', '--n', '10', '--size', '1792x1024', '--steps', '1', '--out', disk.dir);
+      await expect(failed).rejects.toMatchObject({ code: 1, stderr: expect.stringMatching(/cannot write .*a-red-circle-\d+\.png: the disk is full \(ENOSPC\): free some space or name another --out/) });
+      // What is there is whole: every file decodes.
+      for (const name of await readdir(disk.dir)) await readImageFile(path.join(disk.dir, name));
+    } finally {
+      disk.unmount();
+    }
   });
 
   it("reads only the settings it uses: a server's settings in the same environment do not stop it", async () => {

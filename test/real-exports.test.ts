@@ -140,6 +140,11 @@ describe.skipIf(!haveRealExports)('real exports against diffusers (needs ../shar
       const otherSize = verify(realExport('sd15'), '--golden', path.join(tmp, 'size.json'));
       expect(otherSize.status).toBe(2);
       expect(otherSize.stderr).toMatch(/small\.png: is 64x64; the case asks for 384x256/);
+      // A latents file that is not there is named too, with its case, not as a bare ENOENT.
+      await writeFile(path.join(tmp, 'latents.json'), JSON.stringify({ ...wrong, cases: [{ ...wrong.cases[0], latents: { ...wrong.cases[0].latents, file: path.join(tmp, 'missing.f32') } }] }));
+      const noLatents = verify(realExport('sd15'), '--golden', path.join(tmp, 'latents.json'));
+      expect(noLatents.status).toBe(2);
+      expect(noLatents.stderr).toMatch(/missing\.f32: \(case 0's initial latents\) cannot be read: ENOENT/);
     });
   });
 });

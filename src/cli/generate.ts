@@ -1,4 +1,4 @@
-import { access, writeFile } from 'node:fs/promises';
+import { access, rm, writeFile } from 'node:fs/promises';
 import { constants } from 'node:fs';
 import path from 'node:path';
 import type { Command } from 'commander';
@@ -73,7 +73,11 @@ async function writeNew(dir: string, stem: string, extension: string, data: Uint
       await writeFile(file, data, { flag: 'wx' });
       return file;
     } catch (err) {
-      if ((err as NodeJS.ErrnoException).code !== 'EEXIST') throw err;
+      const { code } = err as NodeJS.ErrnoException;
+      if (code === 'EEXIST') continue;
+      // The file is ours ('wx' made it): a picture broken off by a full disk is not left to pass for one.
+      await rm(file, { force: true });
+      throw new Error(`cannot write ${file}: ${code === 'ENOSPC' ? 'the disk is full (ENOSPC): free some space or name another --out' : (err as Error).message}`);
     }
   }
 }
@@ -149,7 +153,12 @@ async function generateCommand(prompt: string, flags: GenerateFlags): Promise<st
         reported = now;
       },
     });
-    for (const image of images) written.push(await writeNew(flags.out, `${fileStem}-${image.seed}`, extension, image.data));
+    for (const image of images) {
+      const file = await writeNew(flags.out, `${fileStem}-${image.seed}`, extension, image.data).catch((err: Error) => {
+        throw new Error(`${err.message}${written.length ? `; written before it: ${written.join(', ')}` : ''}`);
+      });
+      written.push(file);
+    }
     progress.note(`batch ${index + 1}/${batches.length} done`);
   }
   progress.finish();

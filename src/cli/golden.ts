@@ -101,8 +101,10 @@ async function checkPipeline(file: string, golden: GoldenFile, modelDir: string)
 }
 
 /** A case's starting noise, [C, H/8, W/8] float32 as written by numpy's `tofile`. */
-async function readLatents(goldenDir: string, c: GoldenCase): Promise<Float32Array> {
-  const bytes = await readFile(path.resolve(goldenDir, c.latents.file));
+async function readLatents(goldenDir: string, c: GoldenCase, index: number): Promise<Float32Array> {
+  const bytes = await readFile(path.resolve(goldenDir, c.latents.file)).catch((err: Error) => {
+    throw new GoldenFileError(c.latents.file, `(case ${index}'s initial latents) cannot be read: ${err.message}`);
+  });
   const count = c.latents.shape.reduce((a, b) => a * b, 1);
   if (bytes.byteLength !== count * 4) {
     throw new GoldenFileError(c.latents.file, `holds ${bytes.byteLength} bytes; shape [${c.latents.shape.join(', ')}] needs ${count * 4}`);
@@ -135,7 +137,7 @@ export async function verifyCase(runtime: WorkerRuntime, modelDir: string, golde
   if (expected.info.width !== c.width || expected.info.height !== c.height) {
     throw new GoldenFileError(c.image.file, `is ${expected.info.width}x${expected.info.height}; the case asks for ${c.width}x${c.height}`);
   }
-  const [image] = await runtime.generateImages(batchFor(modelDir, c, await readLatents(goldenDir, c)));
+  const [image] = await runtime.generateImages(batchFor(modelDir, c, await readLatents(goldenDir, c, index)));
   const { largest, mean } = difference(image.pixels, expected.data);
   const [maxAbs, meanAbs] = [largest / 255, mean / 255];
   return { index, maxAbs, meanAbs, pass: maxAbs <= tolerance };

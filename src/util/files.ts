@@ -1,4 +1,4 @@
-import { access, mkdir, readFile } from 'node:fs/promises';
+import { access, mkdir, readFile, stat } from 'node:fs/promises';
 import path from 'node:path';
 import type { z } from 'zod';
 
@@ -15,20 +15,21 @@ export async function unlessMissing<T>(operation: Promise<T>): Promise<T | undef
 }
 
 /**
- * Makes a folder and its missing parents. Node's recursive mkdir reports a read-only or forbidden
- * parent as ENOENT ("does not exist"); here the error is the real one, from making the first missing
- * folder under the deepest one that exists.
+ * Makes a folder and its missing parents, one at a time, so that the error is the real one, from the
+ * first folder that cannot be made. Not Node's recursive mkdir: it reports a read-only or forbidden
+ * parent as ENOENT ("does not exist"), and where a file system refuses a folder with ENOENT though its
+ * parent exists (under /proc) it retries forever (Node 20), hanging the command or the server's start.
  */
 export async function makeFolder(dir: string): Promise<void> {
-  try {
-    await mkdir(dir, { recursive: true });
-  } catch (err) {
-    if ((err as NodeJS.ErrnoException).code !== 'ENOENT') throw err;
-    let missing = path.resolve(dir);
-    while (!(await exists(path.dirname(missing))) && path.dirname(missing) !== missing) missing = path.dirname(missing);
-    await mkdir(missing);
-    await mkdir(dir, { recursive: true });
+  const missing: string[] = [];
+  for (let folder = path.resolve(dir); !(await exists(folder)) && path.dirname(folder) !== folder; folder = path.dirname(folder)) missing.unshift(folder);
+  for (const folder of missing) {
+    await mkdir(folder).catch((err: NodeJS.ErrnoException) => {
+      // Made meanwhile by someone else: as good.
+      if (err.code !== 'EEXIST') throw err;
+    });
   }
+  if (!(await stat(dir)).isDirectory()) throw Object.assign(new Error(`EEXIST: a file is in the way, mkdir '${dir}'`), { code: 'EEXIST', path: dir });
 }
 
 /** Whether a file (or folder) is there and reachable. */
