@@ -493,8 +493,8 @@ describe('scheduler registry', () => {
     expect(createScheduler({ _class_name: 'FlowMatchEulerDiscreteScheduler' })).toBeInstanceOf(FlowMatchEulerDiscreteScheduler);
   });
 
-  it('an override keeps the training fields of the config (SD1.5 + euler = leading, offset 1)', () => {
-    const s = createScheduler(SD15, 'euler');
+  it('an override keeps the fields the config names (SD1.5 as saved by diffusers + euler = leading, offset 1)', () => {
+    const s = createScheduler({ ...SD15, timestep_spacing: 'leading' }, 'euler');
     expect(s).toBeInstanceOf(EulerDiscreteScheduler);
     s.setTimesteps(50);
     expect(s.timesteps[0]).toBe(981);
@@ -504,6 +504,21 @@ describe('scheduler registry', () => {
     expect(sigma).toBeGreaterThan(12);
     expect(sigma).toBeLessThan(14.6);
     expect(s.initNoiseSigma).toBeCloseTo(Math.sqrt(sigma ** 2 + 1), 10);
+  });
+
+  it("an override takes its own class's defaults for what the config does not name, as diffusers' from_config does (SD1.5 as published + euler = linspace)", () => {
+    // runwayml's scheduler_config.json names no timestep_spacing: PNDM's default (leading) is not carried over.
+    const s = createScheduler(SD15, 'euler') as EulerDiscreteScheduler;
+    s.setTimesteps(20);
+    expect(s.timesteps[0]).toBeCloseTo(999, 6);
+    expect(s.timesteps[1]).toBeCloseTo(946.42, 2);
+    expect(s.timesteps.at(-1)).toBeCloseTo(0, 6);
+    // sigma(999) of SD 1.5's betas, and the linspace init-noise rule (the largest sigma itself).
+    expect(s.sigmas[0]).toBeCloseTo(14.6146, 3);
+    expect(s.initNoiseSigma).toBe(s.sigmas[0]);
+    const dpm = createScheduler(SD15, 'dpmpp_2m');
+    dpm.setTimesteps(20);
+    expect([dpm.timesteps[0], dpm.timesteps[1], dpm.timesteps.at(-1)]).toEqual([999, 949, 50]);
   });
 
   it('the name fixes what it names (dpmpp_2m_karras turns Karras sigmas on)', () => {

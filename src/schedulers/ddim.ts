@@ -96,7 +96,6 @@ export class DDIMScheduler implements Scheduler {
 export const ddim: SchedulerEntry = {
   className: CLASS_NAME,
   kind: 'vp',
-  defaults: DEFAULTS,
   names: { ddim: {} },
   create: (config) => new DDIMScheduler(config),
 };

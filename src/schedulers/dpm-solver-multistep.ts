@@ -173,7 +173,6 @@ export class DPMSolverMultistepScheduler implements Scheduler {
 export const dpmSolverMultistep: SchedulerEntry = {
   className: CLASS_NAME,
   kind: 'vp',
-  defaults: DEFAULTS,
   names: {
     dpmpp_2m: { algorithm_type: 'dpmsolver++', solver_order: 2, solver_type: 'midpoint', use_karras_sigmas: false },
     dpmpp_2m_karras: { algorithm_type: 'dpmsolver++', solver_order: 2, solver_type: 'midpoint', use_karras_sigmas: true },

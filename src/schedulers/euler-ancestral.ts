@@ -68,7 +68,6 @@ export class EulerAncestralDiscreteScheduler extends SigmaSpaceScheduler {
 export const eulerAncestral: SchedulerEntry = {
   className: CLASS_NAME,
   kind: 'vp',
-  defaults: DEFAULTS,
   names: { euler_a: {} },
   create: (config) => new EulerAncestralDiscreteScheduler(config),
 };

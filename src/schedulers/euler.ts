@@ -98,7 +98,6 @@ export class EulerDiscreteScheduler extends SigmaSpaceScheduler {
 export const euler: SchedulerEntry = {
   className: CLASS_NAME,
   kind: 'vp',
-  defaults: DEFAULTS,
   names: { euler: {} },
   create: (config) => new EulerDiscreteScheduler(config),
 };

@@ -89,7 +89,6 @@ export class FlowMatchEulerDiscreteScheduler implements Scheduler {
 export const flowMatchEuler: SchedulerEntry = {
   className: CLASS_NAME,
   kind: 'flow',
-  defaults: DEFAULTS,
   names: { flow_match_euler: {} },
   create: (config) => new FlowMatchEulerDiscreteScheduler(config),
 };

@@ -23,8 +23,6 @@ export interface SchedulerEntry {
   /** diffusers' class name, as in scheduler_config.json's `_class_name`. */
   className: string;
   kind: ModelKind;
-  /** The diffusers constructor defaults, carried with a config when another scheduler replaces it. */
-  defaults: SchedulerConfig;
   /** Public names, each with the config fields that define it (e.g. Karras sigmas on or off). */
   names: Record<string, SchedulerConfig>;
   create(config: SchedulerConfig): Scheduler;
@@ -57,9 +55,10 @@ function entryForName(name: string): SchedulerEntry {
 
 /**
  * The scheduler for a model's scheduler_config.json, or the one a request names. An override keeps
- * what the config says about training (betas, prediction_type, spacing, steps_offset ...): like
- * diffusers' `from_config`, the new class gets the config completed with its own class's defaults,
- * then the fields the chosen name fixes.
+ * what the config says (betas, prediction_type, spacing, steps_offset ...) and takes its own class's
+ * defaults for what it does not say, as diffusers' `from_config` does since 0.18 (a key the old class
+ * only defaulted is left to the new one: SD 1.5's file names no timestep_spacing, so Euler over it
+ * spaces by `linspace`, its own default, not PNDM's `leading`); then the fields the chosen name fixes.
  */
 export function createScheduler(config: SchedulerConfig, override?: string): Scheduler {
   if (override === undefined) return entryForClass(config).create(config);
@@ -71,13 +70,13 @@ export function createScheduler(config: SchedulerConfig, override?: string): Sch
       `scheduler "${override}" does not fit a ${source.kind} model (${source.className}); use one of: ${schedulersFor(source.kind).join(', ')}`,
     );
   }
-  return target.create(switchedConfig(config, source, override));
+  return target.create(switchedConfig(config, override));
 }
 
-/** `config` for the scheduler named `name`, as diffusers' from_config makes it: completed with its own class's defaults (`source`, when known), then the fields the name fixes. */
-function switchedConfig(config: SchedulerConfig, source: SchedulerEntry | undefined, name: string): SchedulerConfig {
+/** `config` for the scheduler named `name`, as diffusers' from_config makes it: what the file says, then the fields the name fixes (the new class fills in the rest). */
+function switchedConfig(config: SchedulerConfig, name: string): SchedulerConfig {
   const target = entryForName(name);
-  const inherited = withDefaults(source?.defaults ?? {}, config);
+  const inherited = withDefaults({}, config);
   // DDIM's constructor default clips x0 to [-1, 1], which suits pixel-space models only; latent models
   // whose config never mentions clipping (Euler configs do not) must not be clipped by an override.
   const clipSample = config.clip_sample ?? false;
@@ -97,7 +96,7 @@ const STAND_INS: Record<ModelKind, string> = { vp: 'euler', flow: 'flow_match_eu
 export function standInFor(config: SchedulerConfig, kind: ModelKind): { name: string; config: SchedulerConfig } | undefined {
   if (ENTRIES.some((e) => e.className === config._class_name)) return undefined;
   const name = STAND_INS[kind];
-  return { name, config: switchedConfig(config, undefined, name) };
+  return { name, config: switchedConfig(config, name) };
 }
 
 /**

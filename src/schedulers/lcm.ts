@@ -115,7 +115,6 @@ export class LCMScheduler implements Scheduler {
 export const lcm: SchedulerEntry = {
   className: CLASS_NAME,
   kind: 'vp',
-  defaults: DEFAULTS,
   names: { lcm: {} },
   create: (config) => new LCMScheduler(config),
 };

@@ -172,7 +172,6 @@ export class PNDMScheduler implements Scheduler {
 export const pndm: SchedulerEntry = {
   className: CLASS_NAME,
   kind: 'vp',
-  defaults: DEFAULTS,
   names: { pndm: { skip_prk_steps: true } },
   create: (config) => new PNDMScheduler(config),
 };
