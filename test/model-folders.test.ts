@@ -326,6 +326,25 @@ describe('one verdict for the registry, its log, /ready, "imagegen models list" 
   });
 });
 
+describe("a model's scheduler_config.json", () => {
+  it("is read as Python's json module writes it (diffusers saves DPM-Solver's lambda_min_clipped as -Infinity)", async () => {
+    const dir = await installedCopy('sd15-optimum', 'python-json');
+    const file = path.join(dir, 'scheduler', 'scheduler_config.json');
+    const config = JSON.parse(await readFile(file, 'utf8')) as Record<string, unknown>;
+    await writeFile(file, JSON.stringify({ ...config, _class_name: 'DPMSolverMultistepScheduler', lambda_min_clipped: 'NEG_INF' }).replace('"NEG_INF"', '-Infinity'));
+    const verdict = await inspectModelFolder(dir);
+    if (!verdict.usable) throw new Error(verdict.reason);
+    expect(verdict.layout.scheduler.lambda_min_clipped).toBe(-Infinity);
+  });
+
+  it('is refused at load for a value only a schedule reads, rather than failing every request', async () => {
+    const dir = await installedCopy('sd15-optimum', 'bad-spacing');
+    const file = path.join(dir, 'scheduler', 'scheduler_config.json');
+    await writeFile(file, JSON.stringify({ ...JSON.parse(await readFile(file, 'utf8')), timestep_spacing: 'sideways' }));
+    expect(await inspectModelFolder(dir)).toMatchObject({ usable: false, reason: expect.stringMatching(/scheduler_config\.json: timestep_spacing "sideways" is not supported/) });
+  });
+});
+
 describe('a scheduler class this server does not run', () => {
   /** A copy of the SD 1.5 reference whose scheduler_config.json names `className` (with `fields`), keeping its training fields. */
   async function withScheduler(id: string, className: string, fields: object = {}): Promise<string> {
@@ -360,6 +379,12 @@ describe('a scheduler class this server does not run', () => {
       runtime.generateImages({ modelDir, width: 64, height: 64, steps: 4, guidanceScale: 5, items: [{ prompt: 'a red circle', negativePrompt: '', seed: 3 }] });
     const [[fromStandIn], [fromEuler]] = [await draw(unipc), await draw(euler)];
     expect(Buffer.from(fromStandIn.pixels).equals(Buffer.from(fromEuler.pixels))).toBe(true);
+  });
+
+  it("is refused, saying why, when it samples EDM noise levels (Playground v2.5's), which no stand-in can", async () => {
+    const dir = await withScheduler('edm', 'EDMDPMSolverMultistepScheduler', { sigma_min: 0.002, sigma_max: 80, sigma_data: 0.5, sigma_schedule: 'exponential' });
+    const verdict = await inspectModelFolder(dir);
+    expect(verdict).toMatchObject({ usable: false, reason: expect.stringMatching(/EDMDPMSolverMultistepScheduler samples EDM noise levels \(sigma_data 0\.5\), not a DDPM beta schedule/) });
   });
 
   it('on a FLUX model, flow-matching Euler stands in', async () => {

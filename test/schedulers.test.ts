@@ -340,6 +340,25 @@ describe('DPMSolverMultistepScheduler, Karras sigmas on the cosine schedule', ()
   });
 });
 
+describe('DPMSolverMultistepScheduler, lambda_min_clipped', () => {
+  it("leaves out the timesteps whose lambda is below it, as diffusers' last_timestep does (cosine betas, -5.1)", () => {
+    const clipped = (timestep_spacing: string) => {
+      const s = createScheduler({ _class_name: 'DPMSolverMultistepScheduler', beta_schedule: 'squaredcos_cap_v2', lambda_min_clipped: -5.1, timestep_spacing }) as DPMSolverMultistepScheduler;
+      s.setTimesteps(5);
+      return s;
+    };
+    // diffusers' set_timesteps on the same config: the noisiest 4 timesteps are cut.
+    expect([...clipped('linspace').timesteps]).toEqual([995, 796, 597, 398, 199]);
+    expect(clipped('linspace').sigmas[0]).toBeCloseTo(160.41, 2);
+    expect([...clipped('leading').timesteps]).toEqual([830, 664, 498, 332, 166]);
+    expect([...clipped('trailing').timesteps]).toEqual([995, 795, 595, 395, 195]);
+    // On SD's scaled_linear betas it cuts nothing.
+    const sd = createScheduler({ _class_name: 'DPMSolverMultistepScheduler', beta_schedule: 'scaled_linear', beta_start: 0.00085, beta_end: 0.012, lambda_min_clipped: -5.1 });
+    sd.setTimesteps(5);
+    expect(sd.timesteps[0]).toBe(999);
+  });
+});
+
 describe('DPMSolverMultistepScheduler full loop (test_scheduler_dpm_multi.py, dpmsolver++ 2M midpoint)', () => {
   const config: SchedulerConfig = {
     num_train_timesteps: 1000,

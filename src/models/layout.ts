@@ -51,6 +51,9 @@ export interface ModelLayout {
   denoiserConfig: Record<string, unknown>;
 }
 
+/** A step count every scheduler runs (PNDM's Runge-Kutta warm-up needs 4), for checking a config at load. */
+const SCHEDULE_CHECK_STEPS = 4;
+
 /** What a model whose scheduler class is not run here is told (models list, the server's log). */
 export function standInNote({ named, by }: NonNullable<ModelLayout['schedulerStandIn']>): string {
   const what = named === undefined ? 'names no scheduler class (_class_name)' : `names ${named}, which this server does not run`;
@@ -163,10 +166,17 @@ export async function inspectModel(dir: string): Promise<ModelLayout> {
   }
   if (!family) throw new ModelLayoutError(root, unknownFamily(denoiserFolder!, denoiserConfig, modelIndex));
   const ownScheduler = scheduler as SchedulerConfig;
-  const standIn = standInFor(ownScheduler, family.schedulerKind);
+  let standIn: ReturnType<typeof standInFor>;
+  try {
+    standIn = standInFor(ownScheduler, family.schedulerKind);
+  } catch (err) {
+    throw new ModelLayoutError(root, `scheduler/scheduler_config.json: ${(err as Error).message}`);
+  }
   const schedulerConfig = standIn?.config ?? ownScheduler;
   try {
-    createScheduler(schedulerConfig);
+    // Given a schedule too: what only set_timesteps reads (timestep_spacing, final_sigmas_type) would
+    // otherwise load as ready and fail every request, blaming its steps.
+    createScheduler(schedulerConfig).setTimesteps(SCHEDULE_CHECK_STEPS, { mu: 1 });
   } catch (err) {
     throw new ModelLayoutError(root, `scheduler/scheduler_config.json${standIn ? ` (as ${standIn.name})` : ''}: ${(err as Error).message}`);
   }

@@ -37,6 +37,7 @@ const DEFAULTS = {
   final_sigmas_type: 'zero',
   timestep_spacing: 'linspace',
   steps_offset: 0,
+  lambda_min_clipped: -Infinity,
 };
 
 /** Lower-order steps are more stable when few steps remain; diffusers' threshold. */
@@ -97,11 +98,14 @@ export class DPMSolverMultistepScheduler implements Scheduler {
     const c = this.config;
     const table = this.trainSigmas;
     const T = c.num_train_timesteps;
+    // lambda_min_clipped (cosine schedules' -5.1) leaves out the noisiest timesteps, those whose
+    // lambda = log(alpha / sigma) = -log(sigma in the table) is below it.
+    const end = T - table.filter((sigma) => -Math.log(sigma) < c.lambda_min_clipped).length;
     // linspace and leading space N+1 points and drop the last (t = 0 or steps_offset); trailing does not.
     let timesteps =
       c.timestep_spacing === 'trailing'
-        ? spacedTimesteps('trailing', T, numInferenceSteps, c.steps_offset)
-        : spacedTimesteps(c.timestep_spacing, T, numInferenceSteps + 1, c.steps_offset).map(roundHalfEven).slice(0, -1);
+        ? spacedTimesteps('trailing', T, numInferenceSteps, c.steps_offset, end)
+        : spacedTimesteps(c.timestep_spacing, T, numInferenceSteps + 1, c.steps_offset, end).map(roundHalfEven).slice(0, -1);
     let sigmas: number[];
     if (c.use_karras_sigmas) {
       sigmas = karrasSigmas(c.sigma_max ?? table[table.length - 1], c.sigma_min ?? table[0], numInferenceSteps);

@@ -91,10 +91,19 @@ const STAND_INS: Record<ModelKind, string> = { vp: 'euler', flow: 'flow_match_eu
  * scheduler_config.json), the config of the scheduler that stands in for it, keeping its training
  * fields (betas, prediction type, spacing) as a request's `scheduler` override would; undefined when
  * the class is known. diffusers would run the model with its own class; refusing the whole model for
- * the sampler it happened to ship with would leave it unusable here.
+ * the sampler it happened to ship with would leave it unusable here. Throws for a class trained on
+ * other noise levels than DDPM's betas (EDM), which nothing here can stand in for.
  */
 export function standInFor(config: SchedulerConfig, kind: ModelKind): { name: string; config: SchedulerConfig } | undefined {
   if (ENTRIES.some((e) => e.className === config._class_name)) return undefined;
+  // EDM's classes (Playground v2.5's) sample noise levels of their own (sigma_min..sigma_max around
+  // sigma_data) rather than the DDPM betas every scheduler here reads: a stand-in would draw another
+  // picture in silence.
+  if (config.sigma_data !== undefined) {
+    throw new Error(
+      `${String(config._class_name)} samples EDM noise levels (sigma_data ${String(config.sigma_data)}), not a DDPM beta schedule, and no scheduler this server runs can stand in for it: such models (e.g. Playground v2.5) are not supported`,
+    );
+  }
   const name = STAND_INS[kind];
   return { name, config: switchedConfig(config, name) };
 }

@@ -151,20 +151,24 @@ export function linspace(start: number, stop: number, n: number): number[] {
 /**
  * The N inference timesteps, descending, by diffusers' `timestep_spacing` (Table 2 of "Common
  * Diffusion Noise Schedules and Sample Steps are Flawed"). `linspace` values are fractional; the
- * schedulers that index integer timesteps round them.
+ * schedulers that index integer timesteps round them. `end` (DPM-Solver's `last_timestep`, below the
+ * training steps when its lambda_min_clipped cuts the noisiest off) bounds the spacing; with trailing
+ * spacing the steps stay num_train_timesteps / n apart, so fewer than n may fit.
  */
-export function spacedTimesteps(spacing: string, numTrainTimesteps: number, n: number, stepsOffset: number): number[] {
+export function spacedTimesteps(spacing: string, numTrainTimesteps: number, n: number, stepsOffset: number, end = numTrainTimesteps): number[] {
   const T = numTrainTimesteps;
   switch (spacing) {
     case 'linspace':
-      return linspace(0, T - 1, n).reverse();
+      return linspace(0, end - 1, n).reverse();
     case 'leading': {
-      const ratio = Math.floor(T / n);
+      const ratio = Math.floor(end / n);
       return Array.from({ length: n }, (_, i) => (n - 1 - i) * ratio + stepsOffset);
     }
     case 'trailing': {
       const ratio = T / n;
-      return Array.from({ length: n }, (_, i) => roundHalfEven(T - i * ratio) - 1);
+      // numpy's arange(end, 0, -ratio); the small allowance keeps float error from adding a step at 0.
+      const count = Math.min(n, Math.ceil(end / ratio - 1e-9));
+      return Array.from({ length: count }, (_, i) => roundHalfEven(end - i * ratio) - 1);
     }
     default:
       throw new Error(`timestep_spacing "${spacing}" is not supported (linspace, leading, trailing)`);

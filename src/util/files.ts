@@ -47,11 +47,30 @@ export function readTextIfPresent(file: string): Promise<string | undefined> {
   return unlessMissing(readFile(file, 'utf8'));
 }
 
-/** Parses JSON text; the error names `where` (usually the file). */
+/**
+ * The numbers Python's json module writes for float('inf'), float('-inf') and float('nan'), which JSON
+ * has no spelling for (diffusers saves DPM-Solver's lambda_min_clipped as -Infinity), outside strings.
+ */
+const PYTHON_NUMBERS = /"(?:[^"\\]|\\.)*"|(-?Infinity|NaN)/g;
+/** A string no config holds, standing for one of them while JSON.parse reads the rest. */
+const STANDS_FOR = '\u0000python-number:';
+const PYTHON_VALUES: Record<string, number> = { Infinity, '-Infinity': -Infinity, NaN };
+
+/** Parses JSON text, also as Python's json module writes it (see PYTHON_NUMBERS); the error names `where` (usually the file). */
 export function parseJson(text: string, where: string): unknown {
   try {
     return JSON.parse(text);
   } catch (err) {
+    const spelled = text.replace(PYTHON_NUMBERS, (token, number?: string) => (number ? JSON.stringify(STANDS_FOR + number) : token));
+    if (spelled !== text) {
+      try {
+        return JSON.parse(spelled, (_key, value: unknown) =>
+          typeof value === 'string' && value.startsWith(STANDS_FOR) ? PYTHON_VALUES[value.slice(STANDS_FOR.length)] : value,
+        );
+      } catch {
+        // Not valid for another reason: the first error says where.
+      }
+    }
     throw new Error(`${where} is not valid JSON (${(err as Error).message})`);
   }
 }
