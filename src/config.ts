@@ -374,13 +374,18 @@ function defaultText(setting: { schema: z.ZodType; description: string }): strin
   return ['string', 'number', 'boolean'].includes(typeof value) ? String(value) : undefined;
 }
 
+/** A setting's default as text (see defaultText), for a command that takes the setting as its own flag (`models list --data-dir`). */
+export function settingDefault(name: SettingName): string | undefined {
+  return defaultText(SETTINGS[name]);
+}
+
 /** Each setting's flag, variable, description and default, for the CLI's options and help. */
 export const settingsHelp = (Object.keys(SETTINGS) as SettingName[]).map((name) => ({
   name,
   flag: flagName(name),
   env: envName(name),
   description: SETTINGS[name].description,
-  defaultText: defaultText(SETTINGS[name]),
+  defaultText: settingDefault(name),
   /** A true/false setting: its flag alone (`--log-prompts`) means true. */
   isSwitch: isBoolean(SETTINGS[name].schema),
 }));

@@ -82,7 +82,12 @@ export async function startServer(config: Config, logger: Logger, { clock, worke
   }
 
   const metrics = new Metrics();
-  const memoryFigures = await MemoryFigures.open(config.dataDir, config.executionProvider, config.graphRewrites);
+  const memoryFigures = await MemoryFigures.open(config.dataDir, {
+    provider: config.executionProvider,
+    graphRewrites: config.graphRewrites,
+    onWriteError: (err) =>
+      logger.warn({ err }, `the models' memory figures cannot be written to ${figuresFile} (${err.message}): they serve this server, but the next one measures each model again as it first loads; free space in DATA_DIR or make it writable`),
+  });
   const figuresFile = `DATA_DIR/${memoryFigures.fileName}`;
   if (memoryFigures.setAside === 'outdated') {
     logger.info(`the memory figures in ${figuresFile} were measured by an older version, which counted differently: set aside; each model is measured again as it first loads`);

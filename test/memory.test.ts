@@ -216,10 +216,26 @@ describe('figures kept by an older version', () => {
     }
   });
 
+  it('that cannot be written are said so, and still serve the server that measured them', async () => {
+    const dir = await mkdtemp(path.join(os.tmpdir(), 'imagegen-figures-'));
+    try {
+      const failures: Error[] = [];
+      const figures = await MemoryFigures.open(dir, { onWriteError: (err) => failures.push(err) });
+      // A folder where the file would go: every write fails, as on a read-only DATA_DIR.
+      await mkdir(path.join(dir, 'model-memory.json'));
+      figures.record('/m', { weightsBytes: 1, peakBytes: 2, peakPixels: 3 });
+      await figures.flushed();
+      expect(failures.map((err) => (err as NodeJS.ErrnoException).code)).toEqual(['EISDIR']);
+      expect(figures.all()).toEqual({ '/m': { weightsBytes: 1, peakBytes: 2, peakPixels: 3 } });
+    } finally {
+      await rm(dir, { recursive: true, force: true });
+    }
+  });
+
   it("are kept per execution provider and set of graph rewrites: a GPU's figures (host memory only) are never read on the CPU", async () => {
     const dir = await mkdtemp(path.join(os.tmpdir(), 'imagegen-figures-'));
     try {
-      const onGpu = await MemoryFigures.open(dir, 'webgpu');
+      const onGpu = await MemoryFigures.open(dir, { provider: 'webgpu' });
       expect(onGpu.fileName).toBe('model-memory.webgpu.json');
       onGpu.record('/m', { weightsBytes: 1, peakBytes: 2, peakPixels: 3 });
       await onGpu.flushed();
@@ -231,10 +247,10 @@ describe('figures kept by an older version', () => {
       onCpu.record('/m', { weightsBytes: 10, peakBytes: 20, peakPixels: 30 });
       await onCpu.flushed();
       // Back on the GPU, its own figures are there as they were.
-      expect((await MemoryFigures.open(dir, 'webgpu')).all()).toEqual({ '/m': { weightsBytes: 1, peakBytes: 2, peakPixels: 3 } });
+      expect((await MemoryFigures.open(dir, { provider: 'webgpu' })).all()).toEqual({ '/m': { weightsBytes: 1, peakBytes: 2, peakPixels: 3 } });
       // Graphs rewritten only where exact (unfused attention) take more: their figures are their own too.
-      const exact = await MemoryFigures.open(dir, 'cpu', 'exact');
-      expect([exact.fileName, (await MemoryFigures.open(dir, 'webgpu', 'exact')).fileName]).toEqual(['model-memory.exact.json', 'model-memory.webgpu.exact.json']);
+      const exact = await MemoryFigures.open(dir, { provider: 'cpu', graphRewrites: 'exact' });
+      expect([exact.fileName, (await MemoryFigures.open(dir, { provider: 'webgpu', graphRewrites: 'exact' })).fileName]).toEqual(['model-memory.exact.json', 'model-memory.webgpu.exact.json']);
       expect(exact.all()).toEqual({});
       exact.record('/m', { weightsBytes: 10, peakBytes: 80, peakPixels: 30 });
       await exact.flushed();

@@ -3,7 +3,7 @@ import { existsSync } from 'node:fs';
 import { stat } from 'node:fs/promises';
 import path from 'node:path';
 import { Command, Option } from 'commander';
-import { EMBEDDED_MODELS_DIR, envName } from '../config.js';
+import { EMBEDDED_MODELS_DIR, envName, settingDefault } from '../config.js';
 import { OPENAI_MODEL_NAMES } from '../api/dialects.js';
 import {
   DEFAULT_HUB_URL,
@@ -166,12 +166,19 @@ export function registerModelCommands(program: Command): void {
     .command('list')
     .description('list installed models, whether the server can use them, what they measured in memory, and unfinished pulls')
     .addOption(modelsDirOption())
-    .addOption(new Option('--data-dir <dir>', "the server's data folder, where it keeps the memory each model measured").env(envName('dataDir')).default('./data'))
+    // The server's own settings and defaults, so that the figures shown are those the server keeps.
+    .addOption(new Option('--data-dir <dir>', "the server's data folder, where it keeps the memory each model measured").env(envName('dataDir')).default(settingDefault('dataDir')))
     .addOption(
-      new Option('--execution-provider <provider>', 'the provider whose memory figures to show (each keeps its own)').choices(EXECUTION_PROVIDERS).env(envName('executionProvider')).default('cpu'),
+      new Option('--execution-provider <provider>', 'the provider whose memory figures to show (each keeps its own)')
+        .choices(EXECUTION_PROVIDERS)
+        .env(envName('executionProvider'))
+        .default(settingDefault('executionProvider')),
     )
     .addOption(
-      new Option('--graph-rewrites <set>', 'the graph rewrites whose memory figures to show (each set keeps its own)').choices(GRAPH_REWRITE_SETS).env(envName('graphRewrites')).default('all'),
+      new Option('--graph-rewrites <set>', 'the graph rewrites whose memory figures to show (each set keeps its own)')
+        .choices(GRAPH_REWRITE_SETS)
+        .env(envName('graphRewrites'))
+        .default(settingDefault('graphRewrites')),
     )
     .action(
       reporting(async (flags: CommonFlags & { dataDir: string; executionProvider: ExecutionProvider; graphRewrites: GraphRewrites }) => {

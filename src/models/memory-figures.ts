@@ -135,12 +135,18 @@ export class MemoryFigures {
     private readonly figures: Record<string, ModelMemory>,
     /** Why the file's figures were set aside, if they were (see VERSION); it is rewritten with the first new ones. */
     readonly setAside: SetAside | undefined,
+    private readonly onWriteError: (err: Error) => void,
   ) {}
 
-  /** The figures of models run on `provider`, their graphs rewritten by `graphRewrites`. */
-  static async open(dataDir: string, provider: ExecutionProvider = 'cpu', graphRewrites?: GraphRewrites): Promise<MemoryFigures> {
+  /**
+   * The figures of models run on `provider`, their graphs rewritten by `graphRewrites`. `onWriteError`
+   * hears of a write that failed (a full or read-only DATA_DIR): the figures still serve this server,
+   * but the next one measures every model again.
+   */
+  static async open(dataDir: string, options: { provider?: ExecutionProvider; graphRewrites?: GraphRewrites; onWriteError?: (err: Error) => void } = {}): Promise<MemoryFigures> {
+    const { provider = 'cpu', graphRewrites, onWriteError = () => undefined } = options;
     const { figures, setAside } = await readFigures(dataDir, provider, graphRewrites);
-    return new MemoryFigures(dataDir, provider, graphRewrites, figures, setAside);
+    return new MemoryFigures(dataDir, provider, graphRewrites, figures, setAside, onWriteError);
   }
 
   /** The file's name in DATA_DIR, for messages. */
@@ -158,7 +164,7 @@ export class MemoryFigures {
     const next = mergeMemory(known, reported);
     this.figures[modelDir] = next;
     if (known && isDeepStrictEqual(kept(next), kept(known))) return;
-    this.writing = this.writing.then(() => this.write()).catch(() => undefined);
+    this.writing = this.writing.then(() => this.write()).catch((err: Error) => this.onWriteError(err));
   }
 
   /** Waits for the last write (tests, shutdown). */
