@@ -6,6 +6,8 @@ import { describe, expect, it } from 'vitest';
 import { OnnxModel } from '../src/runtime/onnx-model.js';
 import { inspectModel } from '../src/models/layout.js';
 import { loadPipeline } from '../src/pipelines/load.js';
+import { capturedLogs } from './helpers/logs.js';
+import { startRealServer } from './helpers/real-server.js';
 import { copyOfReference, referenceModel } from './helpers/reference.js';
 
 describe('model folders', () => {
@@ -67,4 +69,17 @@ describe.skipIf(cudaInstalled)('execution providers (skipped: the CUDA provider 
     expect(warnings[0]).toMatch(/CUDA execution provider unavailable \(.+\); running on CPU/);
     await model.release();
   });
+
+  it("says so in the server's log, as one of its lines naming the worker, when a worker process falls back", async () => {
+    const logs = capturedLogs<{ msg: string; worker?: number; level: number }>();
+    const server = await startRealServer({ env: { EXECUTION_PROVIDER: 'cuda', WORKERS: '1' }, logger: logs.logger });
+    try {
+      const fallback = () => logs.lines.find((line) => /CUDA execution provider unavailable \(.+\); running on CPU/.test(line.msg));
+      await expect.poll(fallback, { timeout: 60_000 }).toBeDefined();
+      // pino's warn level, from worker 0: not a bare line on the worker's stderr.
+      expect(fallback()).toMatchObject({ worker: 0, level: 40 });
+    } finally {
+      await server.close();
+    }
+  }, 90_000);
 });

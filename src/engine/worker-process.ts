@@ -36,8 +36,8 @@ export class WorkerDiedError extends Error {
 
 /** What the handle tells its owner. */
 export interface WorkerListener {
-  /** Model loads, their memory and readiness, and its batches' memory plans, as the worker reports them. */
-  event(worker: WorkerProcess, message: Extract<FromWorker, { type: 'model-loaded' | 'model-load-failed' | 'model-memory' | 'ready' | `memory-${string}` }>): void;
+  /** Model loads, their memory and readiness, its batches' memory plans and its warnings, as the worker reports them. */
+  event(worker: WorkerProcess, message: Extract<FromWorker, { type: 'model-loaded' | 'model-load-failed' | 'model-memory' | 'ready' | 'warning' | `memory-${string}` }>): void;
   /** The process ended; `reason` says how, for logs; `hadBatch`: it was running one, which failed. Called once, after that batch failed. */
   exit(worker: WorkerProcess, reason: string, hadBatch: boolean): void;
 }

@@ -32,6 +32,8 @@ export type ToWorker =
 export type FromWorker =
   | { type: 'model-loaded'; modelDir: string; seconds: number }
   | { type: 'model-load-failed'; modelDir: string; message: string }
+  /** Something the server's log should say (a GPU provider that could not start, a rewritten graph that did not load). */
+  | { type: 'warning'; message: string }
   /** What a model has cost this worker so far (after its load, and after each batch). */
   | { type: 'model-memory'; modelDir: string; memory: ModelMemory }
   /** Preloading is over; the worker takes batches from now on. */

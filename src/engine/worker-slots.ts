@@ -171,6 +171,9 @@ export class WorkerSlots {
         this.loadErrors.set(message.modelDir, message.message);
         logger?.error({ worker: slot, model: modelName(message.modelDir), error: message.message }, 'model failed to load');
         break;
+      case 'warning':
+        logger?.warn({ worker: slot, pid: worker.pid }, message.message);
+        return;
       default:
         this.options.onMessage(worker, slot, message);
         if (message.type !== 'model-memory') return;

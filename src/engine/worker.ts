@@ -116,7 +116,8 @@ function reportMemory(modelDir: string): void {
 /** A model that fails to preload is reported by ensureLoaded; requests for it retry the load and get its error. */
 async function start({ engine, preload, nice }: WorkerInit): Promise<void> {
   lowerPriority(nice);
-  runtime = new WorkerRuntime(engine, pooledMemory);
+  // Functions do not cross the IPC channel: the runtime's warnings go to the server's log as messages.
+  runtime = new WorkerRuntime({ ...engine, runtime: { ...engine.runtime!, warn: (message) => void send({ type: 'warning', message }) } }, pooledMemory);
   for (const { dir, version } of preload) await ensureLoaded(dir, version).catch(() => undefined);
   void send({ type: 'ready' });
 }

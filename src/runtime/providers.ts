@@ -41,8 +41,12 @@ export interface RuntimeOptions {
 
 export const defaultRuntime = (): RuntimeOptions => ({ provider: 'cpu', threads: Math.max(1, os.availableParallelism()) });
 
-/** Once a GPU provider failed to start in this worker, later sessions go straight to CPU instead of failing again. */
-const brokenProviders = new Map<ExecutionProvider, string>();
+/**
+ * The GPU providers that failed to start, per runtime (its options object): later sessions go straight
+ * to the CPU instead of failing, and warning, again. Kept by runtime rather than for the process, so
+ * that two runtimes in one process (tests) do not share it.
+ */
+const brokenProviders = new WeakMap<RuntimeOptions, Set<ExecutionProvider>>();
 
 /**
  * Errors that say a GPU provider cannot start on this machine at all, rather than that one model
@@ -134,14 +138,15 @@ export async function createSession(graph: GraphSource | GraphFor, runtime: Runt
     }
   };
   const { provider } = runtime;
-  if (provider !== 'cpu' && !brokenProviders.has(provider)) {
+  const broken = brokenProviders.get(runtime) ?? new Set<ExecutionProvider>();
+  if (provider !== 'cpu' && !broken.has(provider)) {
     try {
       return { session: await create(provider), provider };
     } catch (err) {
       const message = unavailable(provider, err);
       if (message === undefined) throw err;
       const { name, remedy } = UNAVAILABLE[provider];
-      brokenProviders.set(provider, message);
+      brokenProviders.set(runtime, broken.add(provider));
       (runtime.warn ?? console.warn)(`${name} execution provider unavailable (${message}); running on CPU. ${remedy}`);
     }
   }
