@@ -9,14 +9,14 @@ import {
   roundHalfEven,
   spacedTimesteps,
   trainingAlphasCumprod,
-  noised,
   vpFromAlphaCumprod,
   weightedSum,
   withDefaults,
   x0Coefficients,
   type PredictionType,
 } from './noise-schedule.js';
-import type { Scheduler, SchedulerConfig } from './scheduler.js';
+import { AlphaSpaceScheduler } from './alpha-space.js';
+import type { SchedulerConfig } from './scheduler.js';
 
 const CLASS_NAME = 'DDIMScheduler';
 
@@ -31,17 +31,16 @@ const DEFAULTS = {
 };
 
 /** DDIMScheduler (Song et al. 2020) with eta = 0: the deterministic implicit sampler. */
-export class DDIMScheduler implements Scheduler {
-  readonly initNoiseSigma = 1;
+export class DDIMScheduler extends AlphaSpaceScheduler {
   private readonly config: typeof DEFAULTS & SchedulerConfig;
   private readonly predictionType: PredictionType;
-  private readonly alphasCumprod: Float32Array;
+  protected readonly alphasCumprod: Float32Array;
   /** abar "after" the last step: 1 lands on a clean x0, abar_0 stops one training step short. */
   private readonly finalAlphaCumprod: number;
   private stepRatio = 0;
-  private schedule: number[] = [];
 
   constructor(config: SchedulerConfig = {}) {
+    super();
     this.config = withDefaults(DEFAULTS, config);
     rejectUnsupported(CLASS_NAME, this.config, { thresholding: false, rescale_betas_zero_snr: false });
     this.predictionType = checkPredictionType(CLASS_NAME, this.config.prediction_type, ['epsilon', 'v_prediction', 'sample']);
@@ -49,23 +48,11 @@ export class DDIMScheduler implements Scheduler {
     this.finalAlphaCumprod = this.config.set_alpha_to_one ? 1 : this.alphasCumprod[0];
   }
 
-  get timesteps(): readonly number[] {
-    return this.schedule;
-  }
-
   setTimesteps(numInferenceSteps: number): void {
     const T = this.config.num_train_timesteps;
     if (numInferenceSteps > T) throw new Error(`${CLASS_NAME}: at most ${T} steps`);
     this.stepRatio = Math.floor(T / numInferenceSteps);
     this.schedule = spacedTimesteps(this.config.timestep_spacing, T, numInferenceSteps, this.config.steps_offset).map(roundHalfEven);
-  }
-
-  scaleModelInput(sample: Float32Array): Float32Array {
-    return sample;
-  }
-
-  addNoise(original: Float32Array, noise: Float32Array, index: number): Float32Array {
-    return noised(original, noise, vpFromAlphaCumprod(this.alphasCumprod[this.schedule[index]]));
   }
 
   step(modelOutput: Float32Array, index: number, sample: Float32Array, _noise: BatchNoise): Float32Array {

@@ -7,14 +7,14 @@ import {
   noiseLike,
   rejectUnsupported,
   trainingAlphasCumprod,
-  noised,
   vpFromAlphaCumprod,
   weightedSum,
   withDefaults,
   x0Coefficients,
   type PredictionType,
 } from './noise-schedule.js';
-import type { Scheduler, SchedulerConfig } from './scheduler.js';
+import { AlphaSpaceScheduler } from './alpha-space.js';
+import type { SchedulerConfig } from './scheduler.js';
 
 const CLASS_NAME = 'LCMScheduler';
 
@@ -41,22 +41,17 @@ const SIGMA_DATA = 0.5;
  * LCMScheduler (Latent Consistency Models, Luo et al. 2023): every call predicts the clean sample
  * directly; between calls the prediction is re-noised to the next timestep with fresh noise.
  */
-export class LCMScheduler implements Scheduler {
-  readonly initNoiseSigma = 1;
+export class LCMScheduler extends AlphaSpaceScheduler {
   private readonly config: typeof DEFAULTS & SchedulerConfig;
   private readonly predictionType: PredictionType;
-  private readonly alphasCumprod: Float32Array;
-  private schedule: number[] = [];
+  protected readonly alphasCumprod: Float32Array;
 
   constructor(config: SchedulerConfig = {}) {
+    super();
     this.config = withDefaults(DEFAULTS, config);
     rejectUnsupported(CLASS_NAME, this.config, { thresholding: false, rescale_betas_zero_snr: false });
     this.predictionType = checkPredictionType(CLASS_NAME, this.config.prediction_type, ['epsilon', 'v_prediction', 'sample']);
     this.alphasCumprod = trainingAlphasCumprod(this.config);
-  }
-
-  get timesteps(): readonly number[] {
-    return this.schedule;
   }
 
   /** Picks N of the `original_inference_steps` timesteps the model was distilled on (k = T // 50: 999, 979, ...). */
@@ -72,14 +67,6 @@ export class LCMScheduler implements Scheduler {
     this.schedule = linspace(0, original, numInferenceSteps + 1)
       .slice(0, -1)
       .map((position) => distilled[Math.floor(position)]);
-  }
-
-  scaleModelInput(sample: Float32Array): Float32Array {
-    return sample;
-  }
-
-  addNoise(original: Float32Array, noise: Float32Array, index: number): Float32Array {
-    return noised(original, noise, vpFromAlphaCumprod(this.alphasCumprod[this.schedule[index]]));
   }
 
   step(modelOutput: Float32Array, index: number, sample: Float32Array, noise: BatchNoise): Float32Array {

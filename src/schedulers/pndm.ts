@@ -7,13 +7,13 @@ import {
   roundHalfEven,
   spacedTimesteps,
   trainingAlphasCumprod,
-  noised,
   vpFromAlphaCumprod,
   weightedSum,
   withDefaults,
   type PredictionType,
 } from './noise-schedule.js';
-import type { Scheduler, SchedulerConfig } from './scheduler.js';
+import { AlphaSpaceScheduler } from './alpha-space.js';
+import type { SchedulerConfig } from './scheduler.js';
 
 const CLASS_NAME = 'PNDMScheduler';
 
@@ -39,15 +39,13 @@ const PLMS_WEIGHTS: readonly (readonly number[])[] = [
  * multistep (PLMS). Stable Diffusion 1.x ships with skip_prk_steps, where the warm-up is replaced by
  * one extra model call at the second timestep (N steps = N+1 calls).
  */
-export class PNDMScheduler implements Scheduler {
-  readonly initNoiseSigma = 1;
+export class PNDMScheduler extends AlphaSpaceScheduler {
   private readonly config: typeof DEFAULTS & SchedulerConfig;
   private readonly predictionType: PredictionType;
-  private readonly alphasCumprod: Float32Array;
+  protected readonly alphasCumprod: Float32Array;
   private readonly finalAlphaCumprod: number;
   private stepRatio = 0;
   private prkTimesteps: number[] = [];
-  private allTimesteps: number[] = [];
   /** Raw model outputs of past steps (newest last), the multistep history. */
   private ets: Float32Array[] = [];
   /** The sample the current multi-call step started from. */
@@ -61,14 +59,11 @@ export class PNDMScheduler implements Scheduler {
   private calls = 0;
 
   constructor(config: SchedulerConfig = {}) {
+    super();
     this.config = withDefaults(DEFAULTS, config);
     this.predictionType = checkPredictionType(CLASS_NAME, this.config.prediction_type, ['epsilon', 'v_prediction']);
     this.alphasCumprod = trainingAlphasCumprod(this.config);
     this.finalAlphaCumprod = this.config.set_alpha_to_one ? 1 : this.alphasCumprod[0];
-  }
-
-  get timesteps(): readonly number[] {
-    return this.allTimesteps;
   }
 
   setTimesteps(numInferenceSteps: number): void {
@@ -79,7 +74,7 @@ export class PNDMScheduler implements Scheduler {
       // The second timestep is visited twice: once as the target of the first step, once to
       // average its eps with the first one (a Heun-like start instead of the PRK warm-up).
       this.prkTimesteps = [];
-      this.allTimesteps = descending.length > 1 ? [descending[0], descending[1], ...descending.slice(1)] : descending;
+      this.schedule = descending.length > 1 ? [descending[0], descending[1], ...descending.slice(1)] : descending;
     } else {
       if (numInferenceSteps < 4) throw new Error(`${CLASS_NAME}: PRK warm-up needs at least 4 steps (or skip_prk_steps)`);
       // Three RK4 steps between the highest four timesteps: calls at the start, twice at the
@@ -89,20 +84,12 @@ export class PNDMScheduler implements Scheduler {
         const end = descending[k + 1];
         return [descending[k], end + half, end + half, end];
       });
-      this.allTimesteps = [...this.prkTimesteps, ...descending.slice(3)];
+      this.schedule = [...this.prkTimesteps, ...descending.slice(3)];
     }
     this.ets = [];
     this.startSample = null;
     this.rkSum = null;
     this.calls = 0;
-  }
-
-  scaleModelInput(sample: Float32Array): Float32Array {
-    return sample;
-  }
-
-  addNoise(original: Float32Array, noise: Float32Array, index: number): Float32Array {
-    return noised(original, noise, vpFromAlphaCumprod(this.alphasCumprod[this.allTimesteps[index]]));
   }
 
   step(modelOutput: Float32Array, index: number, sample: Float32Array, _noise: BatchNoise): Float32Array {
@@ -134,7 +121,7 @@ export class PNDMScheduler implements Scheduler {
   }
 
   private stepPlms(modelOutput: Float32Array, index: number, call: number, sample: Float32Array): Float32Array {
-    let t = this.allTimesteps[index];
+    let t = this.schedule[index];
     let target = t - this.stepRatio;
     let from = sample;
     let eps: Float32Array;
