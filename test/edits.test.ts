@@ -279,10 +279,30 @@ describe('edit errors', () => {
     await expectApiError(edit({ n: 'many' as unknown as number }), OpenAI.BadRequestError, 400, 'n', 'invalid_type');
     await expectApiError(edit({ stream: true, response_format: 'url' } as Record<string, unknown>), OpenAI.BadRequestError, 400, 'response_format', 'unsupported_value');
     await expectApiError(edit({ strength: 0.1, steps: 4 }), OpenAI.BadRequestError, 400, 'strength', 'invalid_value');
-    // A strength so low that the steps it needs are more than the model's scheduler takes: the strength is named.
+    // A strength so low that it leaves the model's scheduler fewer steps than the preset's: the strength is named
+    // (the LCM model's own pipeline picks its steps among the distilled timesteps the strength leaves: none of 50 at 0.01).
     const low = await expectApiError(edit({ model: 'lcm', strength: 0.01 }), OpenAI.BadRequestError, 400, 'strength', 'invalid_value');
-    expect(low.message).toMatch(/runs one step only of 100 or more\)\. Raise 'strength'\.$/);
+    expect(low.message).toMatch(/steps must be between 1 and 0, the distilled timesteps strength 0\.01 leaves of original_inference_steps \(50\)\. Raise 'strength'\.$/);
+    // More steps than those it leaves (int(50 x 0.1) = 5): the steps are named.
+    const many = await expectApiError(edit({ model: 'lcm', steps: 6, strength: 0.1 }), OpenAI.BadRequestError, 400, 'steps', 'invalid_value');
+    expect(many.message).toMatch(/steps must be between 1 and 5/);
+    // LCMScheduler on a model of another pipeline slices its steps as the Stable Diffusion pipelines do: the
+    // steps a strength of 0.01 needs are more than it takes.
+    const sliced = await expectApiError(edit({ model: 'shapes', scheduler: 'lcm', strength: 0.01 }), OpenAI.BadRequestError, 400, 'strength', 'invalid_value');
+    expect(sliced.message).toMatch(/runs one step only of 100 or more\)\. Raise 'strength'\.$/);
     await expectApiError(edit({ prompt: '' }), OpenAI.BadRequestError, 400, 'prompt', 'empty_string');
+  });
+
+  it("runs every step of an LCM model's edit, as its own diffusers pipeline does (LatentConsistencyModelImg2ImgPipeline), not the share of them a strength leaves other pipelines", async () => {
+    const totals = async (scheduler?: string) => {
+      const stream = await client.images.edit({ model: 'lcm', image: await png(redCircle), prompt: 'a blue square', steps: 4, strength: 0.5, stream: true, stream_progress: true, ...(scheduler && { scheduler }) } as unknown as OpenAI.ImageEditParamsStreaming);
+      const steps = new Set<number>();
+      for await (const event of stream as AsyncIterable<{ type: string; steps?: number }>) if (event.type === 'imagegen.progress' && event.steps) steps.add(event.steps);
+      return [...steps];
+    };
+    expect(await totals()).toEqual([4]);
+    // With Euler, the Stable Diffusion pipeline's rule: floor(4 x 0.5) of the 4 steps.
+    expect(await totals('euler')).toEqual([2]);
   });
 
   it('refuses URLs and file ids in the JSON form: the server fetches nothing', async () => {

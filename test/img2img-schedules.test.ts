@@ -62,6 +62,21 @@ describe('strength', () => {
     expect(stepsRun(4, 0.2, 'flow')).toBe(1);
   });
 
+  it("a latent consistency model's own pipeline runs every step, LCMScheduler picking them among the timesteps the strength leaves, as diffusers' LatentConsistencyModelImg2ImgPipeline does", () => {
+    expect([strengthStart(4, 0.5, 'consistency'), stepsRun(4, 0.5, 'consistency'), fewestSteps(0.01, 'consistency')]).toEqual([0, 4, 1]);
+    const picked = (steps: number, strength: number) => {
+      const lcm = createScheduler({ _class_name: 'LCMScheduler' });
+      lcm.setTimesteps(steps, { strength });
+      return [...lcm.timesteps];
+    };
+    // diffusers' LCMScheduler.set_timesteps(N, strength=s) with original_inference_steps 50.
+    expect(picked(4, 0.5)).toEqual([499, 379, 259, 139]);
+    expect(picked(8, 0.3)).toEqual([299, 279, 239, 199, 159, 119, 79, 39]);
+    expect(picked(6, 0.7)).toEqual([699, 599, 479, 359, 239, 119]);
+    // More steps than the strength leaves distilled timesteps: refused (int(50 x 0.1) = 5).
+    expect(() => picked(6, 0.1)).toThrow(/steps must be between 1 and 5, the distilled timesteps strength 0\.1 leaves/);
+  });
+
   it('refuses a strength that leaves no step, or one out of range', () => {
     expect(() => strengthStart(4, 0.2, 'vp')).toThrow(/leaves no step/);
     expect(() => strengthStart(4, 0, 'flow')).toThrow(/\(0, 1\]/);
@@ -85,7 +100,7 @@ describe('where an edit starts (startingLatents)', () => {
   it("inpainting at strength 1 (a masked edit's default) starts from pure noise times the starting sigma, as diffusers' SD inpainting pipelines do, with no trace of the picture", async () => {
     const s = euler();
     const batch = { steps: 30, strength: 1, width: W, height: H, items: [item({ mask: repaintAll })] };
-    const start = await startingLatents(batch, s, BatchNoise.forItems(batch.items), shape, async () => x0.slice(), { kind: 'vp' });
+    const start = await startingLatents(batch, s, BatchNoise.forItems(batch.items), shape, async () => x0.slice(), { rule: 'vp' });
     expect(start.call).toBe(0);
     expectClose(start.latents, (i) => n[i] * s.initNoiseSigma, 1e-4);
     // The kept area is still put back from the picture, noised as the steps go.
@@ -96,7 +111,7 @@ describe('where an edit starts (startingLatents)', () => {
     const s = euler();
     for (const [strength, mask] of [[0.8, repaintAll], [1, undefined]] as const) {
       const batch = { steps: 30, strength, width: W, height: H, items: [item(mask && { mask })] };
-      const start = await startingLatents(batch, s, BatchNoise.forItems(batch.items), shape, async () => x0.slice(), { kind: 'vp' });
+      const start = await startingLatents(batch, s, BatchNoise.forItems(batch.items), shape, async () => x0.slice(), { rule: 'vp' });
       expectClose(start.latents, (i) => s.addNoise(x0, n, start.call)[i]);
     }
   });
@@ -118,7 +133,7 @@ describe('where an edit starts (startingLatents)', () => {
         noise.randn(64);
         return x0.slice();
       };
-      const start = await startingLatents({ steps: 30, strength: 1, width: W, height: H, items: [seeded] }, s, noise, shape, encode, { kind: 'vp', inpaintingUnet });
+      const start = await startingLatents({ steps: 30, strength: 1, width: W, height: H, items: [seeded] }, s, noise, shape, encode, { rule: 'vp', inpaintingUnet });
       expect(encoded).toBe(inpaintingUnet ? 0 : 1);
       expectClose(start.latents, (i) => (inpaintingUnet ? first : second)[i] * s.initNoiseSigma, 1e-4);
     }
@@ -128,7 +143,7 @@ describe('where an edit starts (startingLatents)', () => {
     const s = createScheduler({ _class_name: 'FlowMatchEulerDiscreteScheduler', num_train_timesteps: 1000, shift: 1 });
     s.setTimesteps(4);
     const batch = { steps: 4, strength: 0.6, width: W, height: H, items: [item({ mask: repaintAll })] };
-    const start = await startingLatents(batch, s, BatchNoise.forItems(batch.items), shape, async () => x0.slice(), { kind: 'flow' });
+    const start = await startingLatents(batch, s, BatchNoise.forItems(batch.items), shape, async () => x0.slice(), { rule: 'flow' });
     expect(start.call).toBe(1);
     expectClose(start.latents, (i) => 0.25 * x0[i] + 0.75 * n[i]);
   });

@@ -2,7 +2,7 @@ import { readdir } from 'node:fs/promises';
 import path from 'node:path';
 import { halvings } from '../families/family.js';
 import { DENOISER_FOLDERS, FAMILIES, recogniseFamily } from '../families/index.js';
-import { createScheduler, standInFor } from '../schedulers/index.js';
+import { createScheduler, standInFor, type StrengthRule } from '../schedulers/index.js';
 import type { ModelKind, SchedulerConfig } from '../schedulers/scheduler.js';
 import { findTokenizerSource, TokenizerFilesError } from '../tokenizers/files.js';
 import { exists, readJsonIfPresent } from '../util/files.js';
@@ -49,6 +49,18 @@ export interface ModelLayout {
   sizeMultiple: number;
   /** Optional `config.json` of the denoiser (Optimum exports have one). */
   denoiserConfig: Record<string, unknown>;
+}
+
+/**
+ * How image-to-image with this model reads its strength (schedulers/strength.ts), as diffusers'
+ * AutoPipelineForImage2Image would run it: an SD model distilled as a latent consistency model (its
+ * UNet takes the guidance as an embedding, time_cond_proj_dim) has a pipeline of its own, which reads
+ * the strength through LCMScheduler; with another scheduler, and every other model, the pipeline of its
+ * kind. `scheduler`: the name a request asked for (none: the model's own).
+ */
+export function strengthRule(layout: Pick<ModelLayout, 'family' | 'scheduler' | 'schedulerKind' | 'denoiserConfig'>, scheduler?: string): StrengthRule {
+  const lcm = scheduler === undefined ? layout.scheduler._class_name === 'LCMScheduler' : scheduler === 'lcm';
+  return lcm && layout.family === 'sd' && layout.denoiserConfig.time_cond_proj_dim != null ? 'consistency' : layout.schedulerKind;
 }
 
 /** A step count every scheduler runs (PNDM's Runge-Kutta warm-up needs 4), for checking a config at load. */

@@ -1,6 +1,6 @@
 import type { BatchNoise } from '../runtime/random.js';
 import type { GenerationBatch, RgbImage } from '../runtime/types.js';
-import { strengthStart, type ModelKind } from '../schedulers/index.js';
+import { strengthStart, type StrengthRule } from '../schedulers/index.js';
 import type { Scheduler } from '../schedulers/scheduler.js';
 import { cleanEstimate, type Prediction } from './clean-estimate.js';
 import { GenerationCancelled, type GenerateHooks } from './pipeline.js';
@@ -90,8 +90,8 @@ export function relayout(start: Start, layout: (latents: Float32Array) => Float3
 
 /** How a pipeline starts from a picture, as its diffusers counterpart does. */
 export interface StartRules {
-  /** Its schedulers' kind, which sets how strength becomes steps (schedulers/strength.ts). */
-  kind: ModelKind;
+  /** How it reads strength (schedulers/strength.ts; models/layout.ts strengthRule). */
+  rule: StrengthRule;
   /**
    * Its UNet takes the mask and the masked picture as input (9 channels): at strength 1 the picture
    * itself is then never encoded, so the starting noise is each generator's first draw.
@@ -115,7 +115,7 @@ export async function startingLatents(
   noise: BatchNoise,
   shape: LatentShape,
   encode: (images: RgbImage[]) => Promise<Float32Array>,
-  { kind, inpaintingUnet = false }: StartRules,
+  { rule, inpaintingUnet = false }: StartRules,
 ): Promise<Start> {
   const perItem = shape.channels * shape.height * shape.width;
   if (batch.strength === undefined) return { latents: initialLatents(noise, perItem, scheduler.initNoiseSigma), call: 0 };
@@ -126,9 +126,9 @@ export async function startingLatents(
     }
     return item.image;
   });
-  const call = strengthStart(batch.steps, batch.strength, kind);
+  const call = strengthStart(batch.steps, batch.strength, rule);
   const masked = batch.items.some((item) => item.mask);
-  const fromNoise = masked && kind === 'vp' && batch.strength === 1;
+  const fromNoise = masked && rule !== 'flow' && batch.strength === 1;
   if (fromNoise && inpaintingUnet) return { latents: initialLatents(noise, perItem, scheduler.initNoiseSigma), call };
   const original = await encode(images);
   const drawn = noise.initial(perItem);

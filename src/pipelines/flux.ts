@@ -1,7 +1,7 @@
 import type { HostTensor, OnnxModel } from '../runtime/onnx-model.js';
 import { BatchNoise } from '../runtime/random.js';
 import type { GenerationBatch } from '../runtime/types.js';
-import type { ModelLayout } from '../models/layout.js';
+import { strengthRule, type ModelLayout } from '../models/layout.js';
 import { createScheduler } from '../schedulers/index.js';
 import { denoise, relayout, startingLatents } from './denoise.js';
 import { OnDemand } from './on-demand.js';
@@ -54,7 +54,7 @@ export class FluxPipeline implements Pipeline {
     const noise = BatchNoise.forItems(batch.items);
     const encode = async (images: RgbImage[]) => (await this.encoder.get()).encode(images, noise);
     const shape = { channels: LATENT_CHANNELS, height: h, width: w };
-    const start = relayout(await startingLatents(batch, scheduler, noise, shape, encode, { kind: this.layout.schedulerKind }), (x) => pack(x, count, h, w));
+    const start = relayout(await startingLatents(batch, scheduler, noise, shape, encode, { rule: strengthRule(this.layout, batch.scheduler) }), (x) => pack(x, count, h, w));
 
     const feeds: Record<string, HostTensor> = {
       encoder_hidden_states: last_hidden_state,

@@ -1,7 +1,7 @@
 import type { HostTensor, OnnxModel } from '../runtime/onnx-model.js';
 import { BatchNoise } from '../runtime/random.js';
 import type { GenerationBatch } from '../runtime/types.js';
-import type { ModelLayout } from '../models/layout.js';
+import { strengthRule, type ModelLayout } from '../models/layout.js';
 import { createScheduler } from '../schedulers/index.js';
 import { predictionOf } from './clean-estimate.js';
 import { denoise, startingLatents } from './denoise.js';
@@ -54,7 +54,8 @@ export class StableDiffusionPipeline implements Pipeline {
     const scale = this.layout.vae.scaleFactor;
     const [h, w, c] = [batch.height / scale, batch.width / scale, this.latentChannels];
     const scheduler = createScheduler(this.layout.scheduler, batch.scheduler);
-    scheduler.setTimesteps(batch.steps);
+    const rule = strengthRule(this.layout, batch.scheduler);
+    scheduler.setTimesteps(batch.steps, rule === 'consistency' && batch.strength !== undefined ? { strength: batch.strength } : {});
 
     const timestepCond = this.unet.hasInput('timestep_cond') ? guidanceEmbedding(batch.guidanceScale, count, this.timeCondDim()) : undefined;
     const guided = this.samplesPerImage(batch) === 2;
@@ -65,7 +66,7 @@ export class StableDiffusionPipeline implements Pipeline {
     const noise = BatchNoise.forItems(batch.items);
     const shape = { channels: c, height: h, width: w };
     const encode = async (images: RgbImage[]) => (await this.encoder.get()).encode(images, noise);
-    const started = await startingLatents(batch, scheduler, noise, shape, encode, { kind: this.layout.schedulerKind, inpaintingUnet: this.inpainting });
+    const started = await startingLatents(batch, scheduler, noise, shape, encode, { rule, inpaintingUnet: this.inpainting });
     // An inpainting UNet is told what to keep and keeps it; other UNets have it put back after each step.
     const extra = this.inpainting ? await inpaintingChannels(batch, shape, this.layout.vaeEncoder ? encode : undefined) : undefined;
     const start = extra ? { ...started, keep: undefined } : started;

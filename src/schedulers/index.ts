@@ -16,7 +16,7 @@ import { pndm } from './pndm.js';
 import type { ModelKind, Scheduler, SchedulerConfig } from './scheduler.js';
 
 export type { ModelKind, Scheduler, SchedulerConfig, SetTimestepsOptions } from './scheduler.js';
-export { fewestSteps, stepsRun, strengthStart } from './strength.js';
+export { fewestSteps, stepsRun, strengthStart, type StrengthRule } from './strength.js';
 
 /** What a scheduler file registers. */
 export interface SchedulerEntry {
@@ -110,9 +110,10 @@ export function standInFor(config: SchedulerConfig, kind: ModelKind): { name: st
 
 /**
  * Throws the scheduler's own error when it cannot run `steps` steps for this config (LCM stops at
- * original_inference_steps, PNDM's Runge-Kutta warm-up needs 4), so callers can refuse a request
- * before it reaches a worker. mu does not change which step counts are valid.
+ * original_inference_steps, or what a `strength` it reads leaves of them; PNDM's Runge-Kutta warm-up
+ * needs 4), so callers can refuse a request before it reaches a worker. mu does not change which step
+ * counts are valid.
  */
-export function checkSchedule(config: SchedulerConfig, override: string | undefined, steps: number): void {
-  createScheduler(config, override).setTimesteps(steps, { mu: 1 });
+export function checkSchedule(config: SchedulerConfig, override: string | undefined, steps: number, strength?: number): void {
+  createScheduler(config, override).setTimesteps(steps, { mu: 1, ...(strength !== undefined && { strength }) });
 }

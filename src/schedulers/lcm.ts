@@ -14,7 +14,7 @@ import {
   type PredictionType,
 } from './noise-schedule.js';
 import { AlphaSpaceScheduler } from './alpha-space.js';
-import type { SchedulerConfig } from './scheduler.js';
+import type { SchedulerConfig, SetTimestepsOptions } from './scheduler.js';
 
 const CLASS_NAME = 'LCMScheduler';
 
@@ -54,17 +54,24 @@ export class LCMScheduler extends AlphaSpaceScheduler {
     this.alphasCumprod = trainingAlphasCumprod(this.config);
   }
 
-  /** Picks N of the `original_inference_steps` timesteps the model was distilled on (k = T // 50: 999, 979, ...). */
-  setTimesteps(numInferenceSteps: number): void {
+  /**
+   * Picks N of the `original_inference_steps` timesteps the model was distilled on (k = T // 50: 999,
+   * 979, ...). With a `strength` (LCM's own image-to-image pipeline) only the first
+   * int(original_inference_steps x strength) of them, the least noisy, are picked from.
+   */
+  setTimesteps(numInferenceSteps: number, { strength = 1 }: SetTimestepsOptions = {}): void {
     const { num_train_timesteps: T, original_inference_steps: original } = this.config;
     if (original > T) throw new Error(`${CLASS_NAME}: original_inference_steps ${original} exceeds ${T} training steps`);
-    if (numInferenceSteps < 1 || numInferenceSteps > original) {
-      throw new Error(`${CLASS_NAME}: steps must be between 1 and original_inference_steps (${original})`);
+    // Products in double precision and truncated, as Python's int(original * strength).
+    const usable = Math.trunc(original * strength);
+    if (numInferenceSteps < 1 || numInferenceSteps > usable) {
+      const bound = strength === 1 ? `original_inference_steps (${original})` : `${usable}, the distilled timesteps strength ${strength} leaves of original_inference_steps (${original})`;
+      throw new Error(`${CLASS_NAME}: steps must be between 1 and ${bound}`);
     }
     const k = Math.floor(T / original);
-    const distilled = Array.from({ length: original }, (_, i) => (original - i) * k - 1);
+    const distilled = Array.from({ length: usable }, (_, i) => (usable - i) * k - 1);
     // numpy.linspace(0, len, N, endpoint=False), floored.
-    this.schedule = linspace(0, original, numInferenceSteps + 1)
+    this.schedule = linspace(0, usable, numInferenceSteps + 1)
       .slice(0, -1)
       .map((position) => distilled[Math.floor(position)]);
   }

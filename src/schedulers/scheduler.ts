@@ -40,6 +40,11 @@ export interface SchedulerConfig {
 export interface SetTimestepsOptions {
   /** Flow matching with dynamic shifting: mu computed by the pipeline from the image's sequence length. */
   mu?: number;
+  /**
+   * Image-to-image's strength, for a scheduler that picks its timesteps by it (LCM, as its own
+   * image-to-image pipeline asks: strength.ts's 'consistency' rule); others ignore it.
+   */
+  strength?: number;
 }
 
 /**

@@ -7,7 +7,8 @@ import type { GeneratedImage, GenerationBatch } from '../runtime/types.js';
 import { ApiError, quoteList } from '../api/errors.js';
 import type { GenerationRequest, GptImageResponseFields, ImageObject, ImagesResponse } from '../api/wire.js';
 import type { ModelEntry, ModelRegistry } from '../models/registry.js';
-import type { ModelKind } from '../schedulers/index.js';
+import type { StrengthRule } from '../schedulers/index.js';
+import { strengthRule } from '../models/layout.js';
 import type { ImageStore, StoredImage, StoreReservation } from '../store/image-store.js';
 import { bufferView } from '../util/bytes.js';
 import { engineError, queueRefusal, storeError } from './failures.js';
@@ -79,10 +80,10 @@ interface HowAnswered<T> {
   finish(images: GeneratedImage[], reservation: StoreReservation | undefined): Promise<T>;
 }
 
-/** The model of a request: as the request named it (for its errors), and its schedulers' kind (the steps a strength runs). */
+/** The model of a request: as the request named it (for its errors), and how it reads a strength (the steps an edit runs). */
 interface RequestModel {
   named: string;
-  kind: ModelKind;
+  strengthRule: StrengthRule;
 }
 
 export interface ImageService {
@@ -132,7 +133,7 @@ export function createImageService({ registry, engine, store, defaultRng, defaul
   async function run(batches: GenerationBatch[], model: RequestModel, signal: AbortSignal, ticket: Ticket, onEvent?: RequestListener, fields?: GptImageResponseFields): Promise<GeneratedImage[]> {
     const failed = new AbortController();
     const either = AbortSignal.any([signal, failed.signal]);
-    const progress = onEvent && requestProgress(batches, model.kind, () => engine.load().queued, onEvent);
+    const progress = onEvent && requestProgress(batches, model.strengthRule, () => engine.load().queued, onEvent);
     // Images made before another batch failed still go out, before the error that ends the stream
     // (`over`: a batch that finishes after that is too late); to a client that left, nothing does.
     let over = false;
@@ -266,7 +267,7 @@ export function createImageService({ registry, engine, store, defaultRng, defaul
     const drawn = { width, height, count: batches.reduce((n, batch) => n + batch.items.length, 0), inputImages: edit ? 1 : 0, vaeScale: model.layout.vae.scaleFactor };
     // Always there for a streamed request (textTokens is counted for it): its images go out with them.
     const fields = textTokens === undefined ? undefined : gptImageFields(request, textTokens, drawn);
-    const { data, generated } = await produce(batches, { named: request.model, kind: model.layout.schedulerKind }, request, context, how, fields);
+    const { data, generated } = await produce(batches, { named: request.model, strengthRule: strengthRule(model.layout, batches[0].scheduler) }, request, context, how, fields);
     // The request's logger already names the model, size and n it asked for; these are what ran.
     context.log.info(
       {

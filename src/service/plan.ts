@@ -4,7 +4,8 @@ import type { GenerationRequest } from '../api/wire.js';
 import type { ModelEntry } from '../models/registry.js';
 import { MAX_SEED, randomSeed, type NoiseKind } from '../runtime/random.js';
 import type { BatchItem, GenerationBatch } from '../runtime/types.js';
-import { checkSchedule, fewestSteps, stepsRun } from '../schedulers/index.js';
+import { checkSchedule, fewestSteps, stepsRun, type StrengthRule } from '../schedulers/index.js';
+import { strengthRule } from '../models/layout.js';
 import { chunks } from '../util/chunks.js';
 import type { EditPicture } from './input-images.js';
 
@@ -53,16 +54,15 @@ function checkScheduler(request: GenerationRequest, model: ModelEntry): void {
  * model's single step would otherwise run none below strength 1); steps the request named are kept,
  * and one that leaves none to run is a 400.
  */
-function stepsOf(request: GenerationRequest, model: ModelEntry, strength: number | undefined): number {
+function stepsOf(request: GenerationRequest, model: ModelEntry, strength: number | undefined, rule: StrengthRule): number {
   const preset = model.preset.steps[request.quality];
   if (strength === undefined) return request.steps ?? preset;
-  const { schedulerKind } = model.layout;
-  if (request.steps === undefined) return Math.max(preset, fewestSteps(strength, schedulerKind));
-  if (stepsRun(request.steps, strength, schedulerKind) >= 1) return request.steps;
+  if (request.steps === undefined) return Math.max(preset, fewestSteps(strength, rule));
+  if (stepsRun(request.steps, strength, rule) >= 1) return request.steps;
   throw ApiError.invalid(
     request.strength === undefined ? 'steps' : 'strength',
     'invalid_value',
-    `Invalid value: strength ${strength} of ${request.steps} steps leaves no step to run. Raise 'steps' to at least ${fewestSteps(strength, schedulerKind)}, raise 'strength', or omit 'steps'.`,
+    `Invalid value: strength ${strength} of ${request.steps} steps leaves no step to run. Raise 'steps' to at least ${fewestSteps(strength, rule)}, raise 'strength', or omit 'steps'.`,
   );
 }
 
@@ -92,25 +92,30 @@ export function planBatches(request: GenerationRequest, model: ModelEntry, defau
     output: { format: request.output_format, ...(request.output_compression !== undefined && { compression: request.output_compression }) },
     ...(request.stream && request.partial_images && { partialImages: request.partial_images }),
   }));
+  const scheduler = request.scheduler ?? preset.scheduler;
+  const rule = strengthRule(model.layout, scheduler);
   const settings = {
     modelDir: model.layout.dir,
     modelVersion: model.version,
     width,
     height,
-    steps: stepsOf(request, model, edit?.strength),
+    steps: stepsOf(request, model, edit?.strength, rule),
     ...(edit && { strength: edit.strength }),
     guidanceScale: request.guidance_scale ?? preset.guidanceScale[request.style],
     guidanceRescale: preset.guidanceRescale,
-    scheduler: request.scheduler ?? preset.scheduler,
+    scheduler,
     maxBatch: preset.maxBatch,
   };
+  // A latent consistency model's own pipeline picks its steps among those the strength leaves (strength.ts).
+  const bounding = rule === 'consistency' ? edit?.strength : undefined;
   try {
-    checkSchedule(model.layout.scheduler, settings.scheduler, settings.steps);
+    checkSchedule(model.layout.scheduler, settings.scheduler, settings.steps, bounding);
   } catch (err) {
-    // Steps the request left to the preset but a low strength raised (stepsOf) are the strength's doing.
+    // Steps the request left to the preset but a low strength raised (stepsOf), or fewer steps than the
+    // preset's left by a strength that bounds them, are the strength's doing.
     const raised = request.steps === undefined && settings.steps > preset.steps[request.quality];
-    const param = request.steps !== undefined ? 'steps' : raised ? 'strength' : 'scheduler';
-    const why = raised ? ` (strength ${edit!.strength} runs one step only of ${settings.steps} or more). Raise 'strength'` : '';
+    const param = request.steps !== undefined ? 'steps' : raised || bounding !== undefined ? 'strength' : 'scheduler';
+    const why = raised ? ` (strength ${edit!.strength} runs one step only of ${settings.steps} or more). Raise 'strength'` : param === 'strength' ? ". Raise 'strength'" : '';
     throw ApiError.invalid(param, 'invalid_value', `Invalid value for '${param}' with model '${request.model}': ${(err as Error).message}${why}.`);
   }
   return chunks(items, preset.maxBatch).map((part) => ({ ...settings, items: part }));
