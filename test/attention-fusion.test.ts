@@ -4,11 +4,10 @@ import onnxProto from 'onnx-proto';
 import type { onnx as proto } from 'onnx-proto';
 import { describe, expect, it } from 'vitest';
 import { fuseAttention, MAX_HEAD_SIZE } from '../src/runtime/attention-fusion.js';
-import { graphSource, rewritesOf, type GraphSource } from '../src/runtime/graph-rewrite.js';
-import { createSession } from '../src/runtime/providers.js';
+import { graphSource, rewritesOf } from '../src/runtime/graph-rewrite.js';
 import { classicAttentionModel, sdpaAttentionModel, type ClassicAttentionOptions, type SdpaAttentionOptions } from './helpers/attention-graph.js';
 import { largestDifference } from '../src/util/difference.js';
-import { EXPORT_FEEDS } from './helpers/export-feeds.js';
+import { unetOutput } from './helpers/export-feeds.js';
 import { haveRealExports, REAL_EXPORT_NAMES, realExport } from './helpers/real-exports.js';
 
 const { onnx } = onnxProto;
@@ -120,16 +119,6 @@ describe("fusing torch's export of scaled_dot_product_attention", () => {
     }
   });
 });
-
-/** The UNet's output at `side` from a session of `graph` on the CPU. */
-async function unetOutput(graph: GraphSource, side: number): Promise<Float32Array> {
-  const { session } = await createSession(graph, { provider: 'cpu', threads: 1 });
-  try {
-    return (await session.run(EXPORT_FEEDS.unet(side)))[session.outputNames[0]].data as Float32Array;
-  } finally {
-    await session.release();
-  }
-}
 
 describe.skipIf(!haveRealExports)('attention fusion on the real exports (skipped: ../shared/data/real-exports is absent)', () => {
   it('fuses every attention layer of the SD and SDXL UNets, within 1e-5 of the exported output', { timeout: 120_000 }, async () => {

@@ -8,11 +8,11 @@ import onnxProto from 'onnx-proto';
 import { describe, expect, it, onTestFinished } from 'vitest';
 import { fuseAttention } from '../src/runtime/attention-fusion.js';
 import { dropAttentionZeros } from '../src/runtime/attention-zeros.js';
-import { graphSource, rewritesOf, type GraphSource } from '../src/runtime/graph-rewrite.js';
+import { graphSource, rewritesOf } from '../src/runtime/graph-rewrite.js';
 import { GraphIndex } from '../src/runtime/onnx-graph.js';
 import { createSession } from '../src/runtime/providers.js';
 import { OnnxModel } from '../src/runtime/onnx-model.js';
-import { EXPORT_FEEDS } from './helpers/export-feeds.js';
+import { EXPORT_FEEDS, unetOutput } from './helpers/export-feeds.js';
 import { haveRealExports, REAL_EXPORT_NAMES, realExport } from './helpers/real-exports.js';
 import { baddbmmGraph, classicAttentionModel, node } from './helpers/attention-graph.js';
 
@@ -95,19 +95,6 @@ describe('a rewritten graph that onnxruntime refuses', () => {
   });
 });
 
-const feeds = EXPORT_FEEDS.unet;
-
-/** The UNet's output from a session made of `graph` (its file, or a rewritten graph in memory). */
-async function unetOutput(graph: GraphSource, side: number): Promise<Float32Array> {
-  const { session } = await createSession(graph, { provider: 'cpu', threads: 1 });
-  try {
-    const result = await session.run(feeds(side));
-    return result[session.outputNames[0]].data as Float32Array;
-  } finally {
-    await session.release();
-  }
-}
-
 describe.skipIf(!haveRealExports)('the rewrite on the real exports (skipped: ../shared/data/real-exports is absent)', () => {
   it('rewrites every UNet and VAE graph of the Optimum exports, and nothing else', async () => {
     const rewritten: string[] = [];
@@ -165,7 +152,7 @@ describe.skipIf(!haveRealExports)('the rewrite on the real exports (skipped: ../
     expect(typeof (await graphSource(file, 'cpu'))).toBe('object');
     const unet = await OnnxModel.load(file, { provider: 'cpu', threads: 1, graphRewrites: 'exact' });
     const side = 16;
-    const f = feeds(side);
+    const f = EXPORT_FEEDS.unet(side);
     const { out_sample } = await unet.run({ sample: { data: f.sample.data as Float32Array, dims: [2, 4, side, side] }, timestep: { data: new Float32Array([500, 500]), dims: [2] }, encoder_hidden_states: { data: f.encoder_hidden_states.data as Float32Array, dims: [2, 77, 32] } }, ['out_sample']);
     await unet.release();
     expect(out_sample.data).toEqual(await unetOutput(exported, side));

@@ -1,4 +1,6 @@
 import * as ort from 'onnxruntime-node';
+import type { GraphSource } from '../../src/runtime/graph-rewrite.js';
+import { createSession } from '../../src/runtime/providers.js';
 
 /**
  * Fixed, varied feeds for the SD-style real exports' graphs (4-channel latents of `side` x `side`, text
@@ -15,3 +17,13 @@ export const EXPORT_FEEDS = {
   }),
   vae_decoder: (side: number): Record<string, ort.Tensor> => ({ latent_sample: new ort.Tensor('float32', wave(4 * side * side, Math.sin), [1, 4, side, side]) }),
 };
+
+/** The UNet's output at `side` from a session of `graph` (its file, or a rewritten graph in memory) on the CPU. */
+export async function unetOutput(graph: GraphSource, side: number): Promise<Float32Array> {
+  const { session } = await createSession(graph, { provider: 'cpu', threads: 1 });
+  try {
+    return (await session.run(EXPORT_FEEDS.unet(side)))[session.outputNames[0]].data as Float32Array;
+  } finally {
+    await session.release();
+  }
+}
