@@ -1,10 +1,10 @@
 import { spawn } from 'node:child_process';
 import { once } from 'node:events';
 import { mkdtemp, rm } from 'node:fs/promises';
-import { createServer, type AddressInfo } from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { freePort } from '../test/helpers/services.js';
 import type { Row } from './report.js';
 import { median, ms } from './stats.js';
 
@@ -16,14 +16,6 @@ import { median, ms } from './stats.js';
 
 const REPO = fileURLToPath(new URL('..', import.meta.url));
 const ROUNDS = 3;
-
-async function freePort(): Promise<number> {
-  const server = createServer().listen(0, '127.0.0.1');
-  await once(server, 'listening');
-  const { port } = server.address() as AddressInfo;
-  server.close();
-  return port;
-}
 
 /** Milliseconds from spawning `command` to its first /health 200; then stops it (the whole process group). */
 async function untilHealthy(command: string[], dataDir: string): Promise<number> {
