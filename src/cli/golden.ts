@@ -63,7 +63,7 @@ export interface CaseResult {
   pass: boolean;
 }
 
-export class GoldenFileError extends Error {
+class GoldenFileError extends Error {
   constructor(file: string, problem: string) {
     super(`${file}: ${problem}`);
     this.name = 'GoldenFileError';

@@ -50,7 +50,7 @@ interface Group {
 const ownKey = (client: string, key: string) => `${client}\n${key}`;
 
 /** Batches with equal keys can run as one: everything but the items. */
-export function batchKey(batch: GenerationBatch): string {
+function batchKey(batch: GenerationBatch): string {
   const { items: _items, ...settings } = batch;
   return JSON.stringify(settings, Object.keys(settings).sort());
 }

@@ -16,7 +16,7 @@ export interface ProgressUnit {
   rate(perSecond: number): string;
 }
 
-export const BYTES: ProgressUnit = { amount: formatBytes, rate: (r) => `${formatBytes(r)}/s` };
+const BYTES: ProgressUnit = { amount: formatBytes, rate: (r) => `${formatBytes(r)}/s` };
 export const STEPS: ProgressUnit = { amount: (n) => `${Math.round(n)} steps`, rate: (r) => `${r.toFixed(r < 10 ? 1 : 0)} steps/s` };
 
 const REDRAW_MS = 100;

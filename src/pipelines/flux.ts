@@ -87,7 +87,7 @@ export class FluxPipeline implements Pipeline {
 }
 
 /** Dynamic shifting: mu grows linearly with the packed sequence length (base_shift at 256, max_shift at 4096). */
-export function shiftMu(seqLen: number, config: ModelLayout['scheduler']): number | undefined {
+function shiftMu(seqLen: number, config: ModelLayout['scheduler']): number | undefined {
   if (!config.use_dynamic_shifting) return undefined;
   const [baseLen, maxLen] = [config.base_image_seq_len ?? 256, config.max_image_seq_len ?? 4096];
   const [baseShift, maxShift] = [config.base_shift ?? 0.5, config.max_shift ?? 1.15];

@@ -137,7 +137,7 @@ export class StableDiffusionPipeline implements Pipeline {
 }
 
 /** LCM's guidance input: a sinusoidal embedding of (w - 1) * 1000, as diffusers' get_guidance_scale_embedding. */
-export function guidanceEmbedding(guidanceScale: number, batch: number, dim: number): HostTensor {
+function guidanceEmbedding(guidanceScale: number, batch: number, dim: number): HostTensor {
   const w = (guidanceScale - 1) * 1000;
   const half = dim / 2;
   const step = Math.log(10000) / (half - 1);

@@ -118,7 +118,7 @@ const FLUX_SCHNELL: FamilySpec = {
   },
 };
 
-export const FAMILY_SPECS: readonly FamilySpec[] = [
+const FAMILY_SPECS: readonly FamilySpec[] = [
   {
     ...SD15_OPTIMUM,
     name: 'sd15-legacy',

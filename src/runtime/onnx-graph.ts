@@ -74,7 +74,7 @@ export class GraphIndex {
  * A tensor's numbers (float, int32 or int64), from raw bytes or the typed fields; undefined for other
  * types and for a tensor whose numbers lie in an external file.
  */
-export function tensorValues(tensor: proto.ITensorProto): number[] | undefined {
+function tensorValues(tensor: proto.ITensorProto): number[] | undefined {
   if (tensor.dataLocation === onnx.TensorProto.DataLocation.EXTERNAL) return undefined;
   const raw = tensor.rawData?.length ? bufferView(tensor.rawData) : undefined;
   switch (tensor.dataType) {

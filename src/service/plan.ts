@@ -28,7 +28,7 @@ function sizeError(request: GenerationRequest, model: ModelEntry, served: readon
 }
 
 /** `auto` (or none) is the model's default; any other size must be one the model serves under the name used (servedSizes). */
-export function requestSize(request: GenerationRequest, model: ModelEntry): { width: number; height: number } {
+function requestSize(request: GenerationRequest, model: ModelEntry): { width: number; height: number } {
   const { sizes, defaultSize } = model.preset;
   const asked = request.size === 'auto' ? undefined : request.size;
   const served = servedSizes(request.model, sizes);

@@ -9,7 +9,7 @@ import type { FileHandle } from 'node:fs/promises';
  * only comes in through onnx-proto).
  */
 export const WIRE_VARINT = 0;
-export const WIRE_FIXED64 = 1;
+const WIRE_FIXED64 = 1;
 export const WIRE_LENGTH = 2;
 export const WIRE_FIXED32 = 5;
 

@@ -9,7 +9,7 @@ import { createEnginePool, type EnginePoolOptions } from '../../src/engine/pool.
  * module again (a second of a core per process).
  */
 export const PROJECT_ROOT = fileURLToPath(new URL('../..', import.meta.url));
-export const IMAGEGEN = fileURLToPath(new URL('../../dist/cli/main.js', import.meta.url));
+const IMAGEGEN = fileURLToPath(new URL('../../dist/cli/main.js', import.meta.url));
 
 /** The built worker module, for the worker pools tests start in their own process (EnginePoolOptions.workerScript). */
 export const WORKER_SCRIPT = fileURLToPath(new URL('../../dist/engine/worker.js', import.meta.url));

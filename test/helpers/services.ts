@@ -42,7 +42,7 @@ export async function freePort(): Promise<number> {
 }
 
 /** Resolves once something accepts connections on `port`. */
-export async function untilListening(port: number, timeoutMs = 15_000): Promise<void> {
+async function untilListening(port: number, timeoutMs = 15_000): Promise<void> {
   const deadline = Date.now() + timeoutMs;
   for (;;) {
     const open = await new Promise<boolean>((resolve) => {
