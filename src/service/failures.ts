@@ -3,7 +3,7 @@ import { WorkerOutOfMemoryError } from '../engine/pool.js';
 import { WorkerDiedError } from '../engine/worker-process.js';
 import { formatBytes } from '../util/bytes.js';
 import { ApiError } from '../api/errors.js';
-import { MISSING_FOLDER } from '../models/layout.js';
+import { MISSING_FOLDER, ModelLayoutError } from '../models/layout.js';
 import { InsufficientMemoryError } from '../pipelines/memory-plan.js';
 import { StoreFullError, StoreUnavailableError } from '../store/image-store.js';
 
@@ -57,7 +57,7 @@ export function engineError(err: unknown, model: string): unknown {
   }
   // Installed and usable when the request came; since then removed, or found damaged as it loaded
   // (ModelLayoutError crosses the process boundary by name, with its problem).
-  if ((err as Error).name === 'ModelLayoutError') {
+  if ((err as Error).name === ModelLayoutError.name) {
     const { problem } = err as { problem?: string };
     if (problem === MISSING_FOLDER) {
       return new ApiError(400, `The model '${model}' was removed from the server while this request waited for it.`, { type: 'image_generation_user_error', param: 'model', code: 'invalid_value', cause: err });
