@@ -37,7 +37,10 @@ export class Progress {
   private lastLine = -Infinity;
   private file = '';
 
-  /** `done`: bytes already there (a resumed download); they do not count towards the rate. */
+  /**
+   * `total` and `done` are counted in `unit` (bytes unless told). `done`: what was done before this
+   * progress began (a resumed download's bytes); it does not count towards the rate.
+   */
   constructor(
     private readonly out: ProgressOutput,
     private readonly label: string,
@@ -56,9 +59,9 @@ export class Progress {
     this.render(false);
   }
 
-  /** `bytes` may be negative: a server that ignores a resume request makes a file start over. */
-  add(bytes: number): void {
-    this.done += bytes;
+  /** `amount` more is done; negative when work starts over (a server that ignores a resume request restarts a file). */
+  add(amount: number): void {
+    this.done += amount;
     this.render(false);
   }
 
