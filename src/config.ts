@@ -142,7 +142,7 @@ const SETTINGS = {
   host: {
     // An IPv6 address as URLs write it ([::1]) is what Node's listen() cannot resolve.
     schema: z.string().min(1).default('127.0.0.1').transform((host) => host.replace(/^\[(.*)\]$/, '$1')),
-    description: 'interface to listen on; anything but loopback requires API_KEYS',
+    description: 'interface to listen on; anything but loopback requires API_KEYS or API_KEYS_FILE',
   },
   apiKeys: {
     schema: list
@@ -214,7 +214,7 @@ const SETTINGS = {
   },
   workers: {
     schema: integer(1, 64).optional(),
-    description: 'generation worker processes, each with its own copy of the models (default: one per CUDA device, one on the CPU, fewer if the models measured more memory than is free)',
+    description: 'generation worker processes, each with its own copy of the models (default: one per CUDA device, one on WebGPU, one on the CPU, fewer if the models measured more memory than is free)',
   },
   workerThreads: {
     schema: integer(1, 1024).optional(),
@@ -247,7 +247,7 @@ const SETTINGS = {
   memoryLimit: {
     schema: bytesAtLeast(64 * 1024 ** 2, '64m').optional(),
     description:
-      'memory the running batches of all workers may plan to take together on top of their loaded models, e.g. 8g (default: what the machine has free), of which they plan on 90% (headroom for what a plan cannot see); a batch waits for memory another batch planned on, and one expected to need more than there is gets 507 insufficient_memory instead of running out of memory',
+      'memory the running batches of all workers may plan to take together on top of their loaded models, e.g. 8g (default: what the machine has free), of which they plan on 90% (headroom for what a plan cannot see); a batch waits for memory another batch planned on, one that does not fit runs in parts of as many images as fit, and one whose single image is expected to need more than there is gets 507 insufficient_memory instead of running out of memory',
   },
   vaeTiling: {
     schema: z
@@ -311,7 +311,7 @@ const SETTINGS = {
   },
   sendTimeoutSeconds: {
     schema: seconds(1).default(60),
-    description: 'once an answer is being sent, a client that takes none of it for this long has its connection closed (it would hold the answer in memory)',
+    description: 'once an answer is being sent, a client that takes none of it for this long has its connection reset (it would hold the answer in memory)',
   },
   sendMinRate: {
     schema: byteSize.prefault('16k'),
