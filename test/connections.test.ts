@@ -1,4 +1,9 @@
-import { execFile, spawn, spawnSync } from 'node:child_process';
+import { execFile, execFileSync, spawn, spawnSync } from 'node:child_process';
+import { mkdtemp, rm } from 'node:fs/promises';
+import { get } from 'node:https';
+import os from 'node:os';
+import path from 'node:path';
+import tls from 'node:tls';
 import { promisify } from 'node:util';
 import { gzipSync, brotliCompressSync, deflateSync } from 'node:zlib';
 import { randomBytes } from 'node:crypto';
@@ -163,6 +168,9 @@ async function abandonedDownloads(): Promise<number> {
   return Number(/^imagegen_http_requests_total\{method="GET",route="\/v1\/images\/files\/:name",status="499"\} (\d+)$/m.exec(text)?.[1] ?? 0);
 }
 
+const havePython = spawnSync('python3', ['-c', 'import socket']).status === 0;
+const haveOpenssl = spawnSync('openssl', ['version']).status === 0;
+
 /**
  * The sockets of `port`'s side in FIN-WAIT-1 (closed by the server, waiting for the client to take what
  * was sent before the FIN), read from the kernel's table (Linux's /proc/net/tcp and tcp6).
@@ -199,6 +207,32 @@ describe('a client that does not read its answer', () => {
     } finally {
       socket.destroy();
       await patient.close();
+    }
+  });
+
+  it.skipIf(!haveOpenssl)(`over HTTPS is cut too, and the server goes on${haveOpenssl ? '' : ' (skipped: needs openssl to make a certificate)'}`, async () => {
+    // Node cannot reset a TLS socket (its handle is the TLS layer): it is closed instead, not a crash.
+    const dir = await mkdtemp(path.join(os.tmpdir(), 'imagegen-tls-'));
+    const [cert, key] = [path.join(dir, 'cert.pem'), path.join(dir, 'key.pem')];
+    execFileSync('openssl', ['req', '-x509', '-newkey', 'rsa:2048', '-nodes', '-keyout', key, '-out', cert, '-days', '1', '-subj', '/CN=localhost'], { stdio: 'ignore' });
+    const logs = capturedLogs<{ msg: string }>();
+    const secure = await startTestServer({ config: { sendTimeoutSeconds: 1, sendMinRate: 0 }, logger: logs.logger, tls: { cert: readFileSync(cert), key: readFileSync(key) } });
+    const image = await secure.store.put(randomBytes(32 * 1024 ** 2), 'image/png');
+    const securePort = Number(new URL(secure.origin).port);
+    const socket = tls.connect({ port: securePort, host: '127.0.0.1', rejectUnauthorized: false }, () => {
+      socket.write(`GET /v1/images/files/${image.id}.png HTTP/1.1\r\nHost: a\r\n\r\n`);
+      socket.pause();
+    });
+    socket.on('error', () => {});
+    try {
+      const cut = () => logs.lines.some((line) => line.msg === 'the client took none of its answer for SEND_TIMEOUT_SECONDS: connection closed');
+      await expect.poll(cut, { timeout: 10_000, interval: 100 }).toBe(true);
+      const health = await new Promise<number>((resolve, reject) => get(`${secure.origin}/health`, { rejectUnauthorized: false }, (res) => resolve(res.statusCode!)).on('error', reject));
+      expect(health).toBe(200);
+    } finally {
+      socket.destroy();
+      await secure.close();
+      await rm(dir, { recursive: true, force: true });
     }
   });
 
@@ -258,7 +292,7 @@ s.sendall(('GET %s HTTP/1.1\\r\\nHost: a\\r\\n\\r\\n' % sys.argv[2]).encode())
 while s.recv(4096):
     time.sleep(0.1)
 `;
-const havePython = spawnSync('python3', ['-c', 'import socket']).status === 0;
+
 
 describe.skipIf(!havePython)(`a client that trickles${havePython ? '' : ' (skipped: needs python3 for a socket with a small receive buffer)'}`, () => {
   it('has its connection closed once it took less than SEND_MIN_RATE of its waiting answer over SEND_TIMEOUT_SECONDS', async () => {

@@ -145,12 +145,23 @@ function watchSending(request: FastifyRequest, reply: FastifyReply, windowSecond
         ? 'the client took less than SEND_MIN_RATE of its answer over SEND_TIMEOUT_SECONDS: connection closed'
         : 'the client took none of its answer for SEND_TIMEOUT_SECONDS: connection closed';
     request.log.warn({ sendTimeoutSeconds: windowSeconds, sendMinRate: minRate, bytesTaken: took }, message);
-    // A reset, not a close: a FIN would wait behind the unsent answer, and the kernel would keep that
-    // answer (megabytes) for an orphaned socket that nobody reads.
-    socket.resetAndDestroy();
+    cut(socket);
   }, Math.min(SEND_CHECK_MS, windowMs / 4));
   check.unref();
   finished(res, () => clearInterval(check));
+}
+
+/**
+ * Ends a connection with a reset, not a close: a FIN would wait behind the unsent answer, and the
+ * kernel would keep that answer (megabytes) for an orphaned socket that nobody reads. A TLS socket's
+ * handle is its TLS layer, which Node cannot reset (it throws): that one is closed.
+ */
+function cut(socket: Socket): void {
+  try {
+    socket.resetAndDestroy();
+  } catch {
+    socket.destroy();
+  }
 }
 
 export const connections = fp(connectionsPlugin, { name: 'connections' });

@@ -145,6 +145,8 @@ export interface TestServer<E extends EnginePool = FakeEngine> {
 
 export interface TestServerOptions<E extends EnginePool = FakeEngine> {
   apiKeys?: string[];
+  /** Serve HTTPS with this certificate and key (PEM). */
+  tls?: { cert: Buffer; key: Buffer };
   aliases?: Record<string, string>;
   engine?: E;
   ttlSeconds?: number;
@@ -185,7 +187,7 @@ export async function startTestServer<E extends EnginePool = FakeEngine>(options
   });
   await registry.scan();
   const config: AppConfig = { ...loadConfig({}, {}), apiKeys, apiKeysFile: keysFile, bodyLimit: 1024 * 1024, trustProxy: true, publicBaseUrl: undefined, ...options.config };
-  const app = buildApp({ config, registry, engine, store, metrics: new Metrics(), logger: options.logger ?? silentLogger });
+  const app = buildApp({ config, registry, engine, store, metrics: new Metrics(), logger: options.logger ?? silentLogger, tls: options.tls });
   const origin = await app.listen({ port: 0, host: '127.0.0.1' });
   const baseURL = `${origin}/v1`;
   return {
