@@ -19,12 +19,16 @@ import { largestDifference } from '../src/util/difference.js';
 const run = promisify(execFile);
 const root = path.resolve(import.meta.dirname, '..');
 
+const PROBE_TIMEOUT_MS = 180_000;
+
 /** Why WebGPU has no adapter here, or undefined when it has one: one session made in a child process. */
 function noAdapter(): string | undefined {
   const graph = path.join(referenceModel('sd15-optimum'), 'vae_decoder', 'model.onnx');
   const probe = `const ort = require('onnxruntime-node'); ort.InferenceSession.create(${JSON.stringify(graph)}, { executionProviders: ['webgpu'] }).then(() => process.exit(0), (e) => { console.error(String(e.message).split('\\n')[0]); process.exit(1); });`;
-  const result = spawnSync(process.execPath, ['-e', probe], { cwd: root, encoding: 'utf8', timeout: 60_000 });
+  // Generous: on a busy machine (the rest of the suite runs beside it) lavapipe's first session took over a minute.
+  const result = spawnSync(process.execPath, ['-e', probe], { cwd: root, encoding: 'utf8', timeout: PROBE_TIMEOUT_MS });
   if (result.status === 0) return undefined;
+  if (result.signal) return `the probe was stopped by ${result.signal} after ${PROBE_TIMEOUT_MS / 1000} s without an answer`;
   return (result.stderr.trim().split('\n').at(-1) ?? 'no answer').slice(-200);
 }
 
