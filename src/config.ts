@@ -316,7 +316,7 @@ const SETTINGS = {
   sendMinRate: {
     schema: byteSize.prefault('16k'),
     description:
-      'bytes per second a client must at least take of an answer waiting for it, over each SEND_TIMEOUT_SECONDS, or its connection is closed: one taking a little now and then would hold the answer in memory for as long as it likes (0 = no minimum)',
+      'bytes per second a client must at least take of an answer waiting for it, over each SEND_TIMEOUT_SECONDS, or its connection is reset: one taking a little now and then would hold the answer in memory for as long as it likes (0 = no minimum)',
   },
   streamKeepAliveSeconds: {
     schema: seconds(1).default(15),

@@ -1,4 +1,4 @@
-import { execFile, execFileSync, spawn, spawnSync } from 'node:child_process';
+import { execFile, spawn, spawnSync } from 'node:child_process';
 import { mkdtemp, rm } from 'node:fs/promises';
 import { get } from 'node:https';
 import os from 'node:os';
@@ -13,6 +13,7 @@ import sharp from 'sharp';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { FakeEngine, startTestServer, TEST_KEY, type TestServer } from './helpers/api-server.js';
 import { capturedLogs } from './helpers/logs.js';
+import { haveOpenssl, selfSignedCertificate } from './helpers/certificate.js';
 import { MAX_PARAM_LENGTH } from '../src/http/app.js';
 import { parseResponse, rawRequest } from './helpers/raw-http.js';
 
@@ -169,7 +170,6 @@ async function abandonedDownloads(): Promise<number> {
 }
 
 const havePython = spawnSync('python3', ['-c', 'import socket']).status === 0;
-const haveOpenssl = spawnSync('openssl', ['version']).status === 0;
 
 /**
  * The sockets of `port`'s side in FIN-WAIT-1 (closed by the server, waiting for the client to take what
@@ -213,8 +213,7 @@ describe('a client that does not read its answer', () => {
   it.skipIf(!haveOpenssl)(`over HTTPS is cut too, and the server goes on${haveOpenssl ? '' : ' (skipped: needs openssl to make a certificate)'}`, async () => {
     // Node cannot reset a TLS socket (its handle is the TLS layer): it is closed instead, not a crash.
     const dir = await mkdtemp(path.join(os.tmpdir(), 'imagegen-tls-'));
-    const [cert, key] = [path.join(dir, 'cert.pem'), path.join(dir, 'key.pem')];
-    execFileSync('openssl', ['req', '-x509', '-newkey', 'rsa:2048', '-nodes', '-keyout', key, '-out', cert, '-days', '1', '-subj', '/CN=localhost'], { stdio: 'ignore' });
+    const { cert, key } = selfSignedCertificate(dir);
     const logs = capturedLogs<{ msg: string }>();
     const secure = await startTestServer({ config: { sendTimeoutSeconds: 1, sendMinRate: 0 }, logger: logs.logger, tls: { cert: readFileSync(cert), key: readFileSync(key) } });
     const image = await secure.store.put(randomBytes(32 * 1024 ** 2), 'image/png');
@@ -233,6 +232,20 @@ describe('a client that does not read its answer', () => {
       socket.destroy();
       await secure.close();
       await rm(dir, { recursive: true, force: true });
+    }
+  });
+
+  it('is watched on an answer to a pipelined request too, which gets its socket only once the answers before it are out', async () => {
+    const [small, big] = [await server.store.put(randomBytes(1024), 'image/png'), await server.store.put(randomBytes(32 * 1024 ** 2), 'image/png')];
+    const before = await abandonedDownloads();
+    const socket = net.connect(port, '127.0.0.1');
+    socket.pause();
+    socket.on('error', () => {});
+    socket.write([small, big].map((image) => `GET /v1/images/files/${image.id}.png HTTP/1.1\r\nHost: a\r\n\r\n`).join(''));
+    try {
+      await expect.poll(abandonedDownloads, { timeout: 10_000 }).toBe(before + 1);
+    } finally {
+      socket.destroy();
     }
   });
 

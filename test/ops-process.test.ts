@@ -1,9 +1,9 @@
 import { readdir, readFile, rm, utimes, writeFile } from 'node:fs/promises';
-import { execFileSync } from 'node:child_process';
 import { get } from 'node:https';
 import { connect } from 'node:net';
 import path from 'node:path';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
+import { haveOpenssl, selfSignedCertificate } from './helpers/certificate.js';
 import { generate, LONG, makeRoot, OPS_KEY, rootEnv, sleep, untilReady } from './helpers/ops-server.js';
 import { spawnServer, type ServerProcess, type SpawnOptions } from './helpers/server-process.js';
 
@@ -222,20 +222,9 @@ describe('HOST and SIGHUP', () => {
   });
 });
 
-/** openssl makes the test's certificate; where it is missing, the HTTPS test says so and skips. */
-const haveOpenssl = (() => {
-  try {
-    execFileSync('openssl', ['version'], { stdio: 'ignore' });
-    return true;
-  } catch {
-    return false;
-  }
-})();
-
 describe.skipIf(!haveOpenssl)('HTTPS (needs openssl to make a certificate)', () => {
   it('serves TLS_CERT and TLS_KEY as HTTPS', async () => {
-    const [cert, key] = [path.join(root, 'cert.pem'), path.join(root, 'key.pem')];
-    execFileSync('openssl', ['req', '-x509', '-newkey', 'rsa:2048', '-nodes', '-keyout', key, '-out', cert, '-days', '1', '-subj', '/CN=localhost'], { stdio: 'ignore' });
+    const { cert, key } = selfSignedCertificate(root);
     server = await spawnIn(root, { env: { TLS_CERT: cert, TLS_KEY: key } });
     expect(server.origin).toMatch(/^https:\/\/127\.0\.0\.1:\d+$/);
     const body = await new Promise<string>((resolve, reject) => {

@@ -251,6 +251,18 @@ describe('GET /v1/images/files/:name', () => {
     }
   });
 
+  it('serves an empty file as an empty answer, not a 500', async () => {
+    // Not something the server writes, but the index takes any file of the folder at its size.
+    const server = await startTestServer();
+    try {
+      const image = await server.store.put(new Uint8Array(0), 'image/png');
+      const res = await fetch(`${server.baseURL}/images/files/${image.id}.png`);
+      expect([res.status, res.headers.get('content-length'), (await res.arrayBuffer()).byteLength]).toEqual([200, '0', 0]);
+    } finally {
+      await server.close();
+    }
+  });
+
   it('keeps serving images generated before a restart', async () => {
     const dataDir = path.join(dir, 'data');
     const before = await startTestServer({ dataDir });

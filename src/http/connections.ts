@@ -121,7 +121,9 @@ function watchSending(request: FastifyRequest, reply: FastifyReply, windowSecond
   const res = reply.raw;
   const socket = res.socket;
   // An answer to a client that already left still goes through onSend.
-  if (!socket || res.destroyed || res.writableFinished) return;
+  if (res.destroyed || res.writableFinished) return;
+  // A pipelined request's answer gets its socket once the answers before it are out.
+  if (!socket) return void res.once('socket', () => watchSending(request, reply, windowSeconds, minRate));
   const windowMs = windowSeconds * 1000;
   const taken = () => socket.bytesWritten - socket.writableLength;
   // What the client had taken at each look over the last window, and whether part of the answer waited.

@@ -199,7 +199,7 @@ export class FileImageStore implements ImageStore {
     // Its end given, the stream ends with its last byte rather than after one more read finds the end of
     // the file: a client that closes as soon as it has every byte would otherwise close before the
     // answer ends, and be counted and logged as one that left early (499).
-    return handle.createReadStream(range ?? { start: 0, end: image.size - 1 });
+    return handle.createReadStream(range ?? (image.size > 0 ? { start: 0, end: image.size - 1 } : {}));
   }
 
   /** Whether the image's file is still there as it was stored (a HEAD answers what a GET would). */
