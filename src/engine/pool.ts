@@ -99,8 +99,11 @@ export interface EngineMetrics extends SlotMetrics {
 
 export type BatchOutcome = 'completed' | 'cancelled' | 'failed' | 'worker_died';
 
-/** What the service and the HTTP layer use of the engine. */
-export interface EnginePool {
+/**
+ * The pool of worker processes. Its users declare what they use of it (service/images.ts ImageEngine,
+ * http/health.ts HealthEngine), which it satisfies.
+ */
+export interface WorkerPool {
   /**
    * `ticket`: the request the batch belongs to (see ticket()); without one the batch is a request of its
    * own. `onEvent` hears the batch's progress and previews, its items numbered as in `batch`.
@@ -112,20 +115,16 @@ export interface EnginePool {
    * `client`: who sent the request (e.g. its API key's label), for fairness; ANONYMOUS_CLIENT when none.
    */
   ticket(batches: readonly GenerationBatch[], client?: string, limits?: ClientLimits): Ticket;
-  /** Jobs running and waiting, for /health. */
+  /** Jobs running and waiting. */
   load(): { running: number; queued: number };
   /** See JobQueue.wouldRefuse. */
   wouldRefuse(client?: string, limits?: ClientLimits): QueueFullError | QueueClosedError | undefined;
   /** See JobQueue.waitOutside. */
   waitOutside(ticket: Ticket): () => void;
-  /** For /ready. */
+  /** Whether the workers are ready, and the models they preload. */
   readiness(): Readiness;
   /** Each model that live workers hold now, by name, and on how many (for /metrics). */
   modelsHeld(): Record<string, number>;
-}
-
-/** The pool of worker processes. */
-export interface WorkerPool extends EnginePool {
   /** The worker processes now in the slots (a dead one stays listed until its replacement starts); `step`: see WorkerProcess. */
   workers(): { pid?: number; alive: boolean; ready: boolean; busy: boolean; step: number }[];
 }

@@ -1,10 +1,9 @@
 import Fastify, { type FastifyInstance } from 'fastify';
 import type { Logger } from 'pino';
 import type { Config } from '../config.js';
-import type { EnginePool } from '../engine/pool.js';
 import type { ModelRegistry } from '../models/registry.js';
 import type { Metrics } from '../observability/metrics.js';
-import { createImageService } from '../service/images.js';
+import { createImageService, type ImageEngine } from '../service/images.js';
 import type { ImageStore } from '../store/image-store.js';
 import { auth } from './auth.js';
 import { connectionOptions, connections } from './connections.js';
@@ -14,7 +13,7 @@ import { edits } from './edits.js';
 import { answerClientError, answerFrameworkError, errors, unrouted } from './errors.js';
 import { expectContinue } from './expect.js';
 import { files } from './files.js';
-import { health } from './health.js';
+import { health, type HealthEngine } from './health.js';
 import { hostCheck } from './host.js';
 import { images } from './images.js';
 import { KeyRates } from './key-rates.js';
@@ -55,7 +54,7 @@ export type AppConfig = Pick<
 export interface AppParts {
   config: AppConfig;
   registry: ModelRegistry;
-  engine: EnginePool;
+  engine: ImageEngine & HealthEngine;
   store: ImageStore;
   metrics: Metrics;
   logger: Logger;

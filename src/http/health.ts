@@ -1,5 +1,4 @@
 import type { FastifyInstance } from 'fastify';
-import type { EnginePool } from '../engine/pool.js';
 import type { Readiness } from '../engine/worker-slots.js';
 import { ApiError } from '../api/errors.js';
 import type { ModelRegistry } from '../models/registry.js';
@@ -24,8 +23,16 @@ import { isLocalClient } from './local-only.js';
  * elsewhere needs only the status, and its answers point to the log.
  */
 
+/** What /health and /ready use of the engine (engine/pool.ts's pool, a test's stand-in). */
+export interface HealthEngine {
+  /** Jobs running and waiting. */
+  load(): { running: number; queued: number };
+  /** Whether the workers are ready, and the models they preload. */
+  readiness(): Readiness;
+}
+
 export interface HealthOptions {
-  engine: EnginePool;
+  engine: HealthEngine;
   /** Where /ready learns the skipped model folders; without it /ready lists none. */
   registry?: Pick<ModelRegistry, 'unusable'>;
   /** Whose check() /ready asks; without it the store is taken to work. */

@@ -1,9 +1,8 @@
 import { setImmediate } from 'node:timers/promises';
 import type { BaseLogger } from 'pino';
-import type { ClientLimits, Ticket } from '../engine/job-queue.js';
-import type { EnginePool } from '../engine/pool.js';
+import type { ClientLimits, QueueClosedError, QueueFullError, Ticket } from '../engine/job-queue.js';
 import type { NoiseKind } from '../runtime/random.js';
-import type { GeneratedImage, GenerationBatch } from '../runtime/types.js';
+import type { BatchEvent, GeneratedImage, GenerationBatch } from '../runtime/types.js';
 import { ApiError, quoteList } from '../api/errors.js';
 import type { GenerationRequest, GptImageResponseFields, ImageObject, ImagesResponse } from '../api/wire.js';
 import type { ModelEntry, ModelRegistry } from '../models/registry.js';
@@ -35,6 +34,23 @@ import { expectedStoreBytes } from './store-space.js';
  */
 const DEFAULT_STRENGTH = { edit: 0.8, inpaint: 1, variation: 0.3 } as const;
 
+/** What the service uses of the engine (engine/pool.ts's pool, a test's stand-in). */
+export interface ImageEngine {
+  /**
+   * `ticket`: the request the batch belongs to (see ticket()). `onEvent` hears the batch's progress and
+   * previews, its items numbered as in `batch`.
+   */
+  generate(batch: GenerationBatch, signal?: AbortSignal, ticket?: Ticket, onEvent?: (event: BatchEvent) => void): Promise<GeneratedImage[]>;
+  /** A request's claim on the queue, which its batches share; `client` for fairness between keys. */
+  ticket(batches: readonly GenerationBatch[], client?: string, limits?: ClientLimits): Ticket;
+  /** Jobs running and waiting (a stream's `queued` count). */
+  load(): { running: number; queued: number };
+  /** The refusal the queue would give a request of `client` now (JobQueue.wouldRefuse). */
+  wouldRefuse(client?: string, limits?: ClientLimits): QueueFullError | QueueClosedError | undefined;
+  /** A place in the queue held while the request waits for its key's slot (JobQueue.waitOutside); the function gives it back. */
+  waitOutside(ticket: Ticket): () => void;
+}
+
 /** The pictures of an edits or variations request, decoded and checked (input-images.ts). */
 export interface EditInput extends EditSource {
   kind: 'edit' | 'variation';
@@ -42,7 +58,7 @@ export interface EditInput extends EditSource {
 
 export interface ImageServiceDeps {
   registry: ModelRegistry;
-  engine: EnginePool;
+  engine: ImageEngine;
   store: ImageStore;
   /** The noise generator of requests that name none (the RNG setting). */
   defaultRng?: NoiseKind;

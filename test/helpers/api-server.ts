@@ -6,10 +6,11 @@ import { pino, type Logger } from 'pino';
 import sharp from 'sharp';
 import { loadConfig } from '../../src/config.js';
 import { JobQueue, Ticket, type ClientLimits } from '../../src/engine/job-queue.js';
-import type { EnginePool } from '../../src/engine/pool.js';
 import type { Readiness } from '../../src/engine/worker-slots.js';
 import { IMAGE_FORMATS, outputOf, type BatchItem, type GeneratedImage, type GenerationBatch } from '../../src/runtime/types.js';
 import { buildApp, type AppConfig } from '../../src/http/app.js';
+import type { HealthEngine } from '../../src/http/health.js';
+import type { ImageEngine } from '../../src/service/images.js';
 import { ModelRegistry } from '../../src/models/registry.js';
 import { Metrics } from '../../src/observability/metrics.js';
 import { FileImageStore } from '../../src/store/file-store.js';
@@ -46,11 +47,14 @@ export async function writeStubModel(dir: string, override?: object, { canEdit =
 /** Sizes of the stub model: small ones keep the fake images cheap. */
 export const STUB_SIZES = ['64x64', '128x64', '512x512'];
 
+/** What the app takes as its engine (the service's and the health routes' parts), and the close a test server calls. */
+export type TestEngine = ImageEngine & HealthEngine & { close(): Promise<void> };
+
 /**
  * Draws one flat picture per item, its colour derived from the seed, through the real JobQueue so
  * queueing and cancellation behave as in the pool. `hold()` makes jobs wait until `release()`.
  */
-export class FakeEngine implements EnginePool {
+export class FakeEngine implements TestEngine {
   readonly batches: GenerationBatch[] = [];
   readonly signals: (AbortSignal | undefined)[] = [];
   /** Who each request's ticket was for, and its limits: the queue's view of the API key. */
@@ -107,11 +111,6 @@ export class FakeEngine implements EnginePool {
     return { ready: true, started: true, workers: { total: 1, ready: 1 }, models: [] };
   }
 
-  /** It draws without loading models. */
-  modelsHeld() {
-    return {};
-  }
-
   async close() {
     this.queue.close();
   }
@@ -128,7 +127,7 @@ async function draw(batch: GenerationBatch, item: BatchItem): Promise<GeneratedI
 }
 
 /** `E`: the engine behind the app, the fake one unless a test passes a real pool. */
-export interface TestServer<E extends EnginePool = FakeEngine> {
+export interface TestServer<E extends TestEngine = FakeEngine> {
   /** The API base URL, ending in /v1. */
   baseURL: string;
   origin: string;
@@ -143,7 +142,7 @@ export interface TestServer<E extends EnginePool = FakeEngine> {
   close(): Promise<void>;
 }
 
-export interface TestServerOptions<E extends EnginePool = FakeEngine> {
+export interface TestServerOptions<E extends TestEngine = FakeEngine> {
   apiKeys?: string[];
   /** Serve HTTPS with this certificate and key (PEM). */
   tls?: { cert: Buffer; key: Buffer };
@@ -167,7 +166,7 @@ export interface TestServerOptions<E extends EnginePool = FakeEngine> {
 export const TEST_KEY = 'sk-test-0123456789abcdef';
 
 /** A server with one stub model, `stub`, aliased as dall-e-3. */
-export async function startTestServer<E extends EnginePool = FakeEngine>(options: TestServerOptions<E> = {}): Promise<TestServer<E>> {
+export async function startTestServer<E extends TestEngine = FakeEngine>(options: TestServerOptions<E> = {}): Promise<TestServer<E>> {
   const root = await mkdtemp(path.join(os.tmpdir(), 'imagegen-api-'));
   const modelsDir = path.join(root, 'models');
   await writeStubModel(path.join(modelsDir, 'stub'), { sizes: STUB_SIZES, default_size: '64x64' }, { canEdit: options.stubCanEdit });
