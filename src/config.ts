@@ -3,6 +3,7 @@ import { fileURLToPath } from 'node:url';
 import { z } from 'zod';
 import { EXECUTION_PROVIDERS, GRAPH_REWRITE_SETS } from './runtime/providers.js';
 import { NOISE_KINDS } from './runtime/random.js';
+import { parseUrl } from './util/url.js';
 import type { VaeTilingMode } from './pipelines/memory-plan.js';
 import { isSendableKey } from './api/bearer.js';
 import { OPENAI_MODEL_NAMES } from './api/dialects.js';
@@ -72,8 +73,8 @@ const aliasList = z
 /** An origin as browsers send it in `Origin` (scheme, host, port); "*" for any. */
 function asOrigin(text: string): string | undefined {
   if (text === '*') return text;
-  if (!URL.canParse(text)) return undefined;
-  const url = new URL(text);
+  const url = parseUrl(text);
+  if (!url) return undefined;
   const bare = url.pathname === '/' && !url.search && !url.hash && !url.username;
   return bare && /^https?:$/.test(url.protocol) ? url.origin : undefined;
 }

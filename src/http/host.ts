@@ -3,6 +3,7 @@ import { TLSSocket } from 'node:tls';
 import type { FastifyInstance, FastifyRequest } from 'fastify';
 import fp from 'fastify-plugin';
 import { ApiError } from '../api/errors.js';
+import { parseUrl } from '../util/url.js';
 
 /**
  * The Host header, and the origin image URLs are built from. Node's own check for a missing Host is
@@ -27,7 +28,7 @@ function originOf(protocol: string, host: string | undefined): string | undefine
   if ((ipv6 !== undefined && !isIPv6(ipv6)) || (port !== undefined && (Number(port) < 1 || Number(port) > 65535))) return undefined;
   const url = `${protocol}://${host}`;
   // WHATWG URL parsing still refuses some names the syntax allows (an IPv4 address out of range).
-  return URL.canParse(url) ? new URL(url).origin : undefined;
+  return parseUrl(url)?.origin;
 }
 
 /**

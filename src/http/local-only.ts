@@ -1,6 +1,7 @@
 import { BlockList, isIPv4, isIPv6 } from 'node:net';
 import type { FastifyRequest } from 'fastify';
 import { ApiError } from '../api/errors.js';
+import { parseUrl } from '../util/url.js';
 
 /**
  * What a server without API keys answers: only clients on its own machine (config.ts lets it listen on
@@ -33,8 +34,9 @@ function isLoopbackAddress(ip: string): boolean {
 
 /** Whether a host[:port] (a Host header, an origin's host) names this machine's loopback, read as browsers read it. */
 function namesLoopback(host: string): boolean {
-  if (!URL.canParse(`http://${host}`)) return false;
-  const name = new URL(`http://${host}`).hostname.replace(/\.$/, '');
+  const url = parseUrl(`http://${host}`);
+  if (!url) return false;
+  const name = url.hostname.replace(/\.$/, '');
   // RFC 6761: localhost and its subdomains resolve to loopback, as browsers make sure.
   if (name === 'localhost' || name.endsWith('.localhost')) return true;
   return isLoopbackAddress(name.replace(/^\[(.*)\]$/, '$1'));
@@ -73,7 +75,7 @@ export function localClientsOnly(corsOrigins: readonly string[]): (request: Fast
           'Use one of those names, or set API_KEYS to serve other names and machines.',
       );
     }
-    if (origin !== undefined && !anyPage && !corsOrigins.includes(origin) && !(URL.canParse(origin) && namesLoopback(new URL(origin).host))) {
+    if (origin !== undefined && !anyPage && !corsOrigins.includes(origin) && !namesLoopback(parseUrl(origin)?.host ?? '')) {
       throw refused(
         `This server has no API keys, so web pages of other sites may not use it; this request came from a page of '${origin}'. ` +
           'Add that origin to CORS_ORIGINS if you trust every visitor of it to use this server, or set API_KEYS.',
