@@ -2,7 +2,7 @@ import type { HostTensor, OnnxModel } from '../runtime/onnx-model.js';
 import { BatchNoise } from '../runtime/random.js';
 import type { GenerationBatch } from '../runtime/types.js';
 import { strengthRule, type ModelLayout } from '../models/layout.js';
-import { createScheduler } from '../schedulers/index.js';
+import { createScheduler, scheduleStrength } from '../schedulers/index.js';
 import { predictionOf } from './clean-estimate.js';
 import { denoise, startingLatents } from './denoise.js';
 import { OnDemand } from './on-demand.js';
@@ -55,7 +55,7 @@ export class StableDiffusionPipeline implements Pipeline {
     const [h, w, c] = [batch.height / scale, batch.width / scale, this.latentChannels];
     const scheduler = createScheduler(this.layout.scheduler, batch.scheduler);
     const rule = strengthRule(this.layout, batch.scheduler);
-    scheduler.setTimesteps(batch.steps, rule === 'consistency' && batch.strength !== undefined ? { strength: batch.strength } : {});
+    scheduler.setTimesteps(batch.steps, { strength: scheduleStrength(rule, batch.strength) });
 
     const timestepCond = this.unet.hasInput('timestep_cond') ? guidanceEmbedding(batch.guidanceScale, count, this.timeCondDim()) : undefined;
     const guided = this.samplesPerImage(batch) === 2;

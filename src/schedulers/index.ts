@@ -16,7 +16,7 @@ import { pndm } from './pndm.js';
 import type { ModelKind, Scheduler, SchedulerConfig } from './scheduler.js';
 
 export type { ModelKind, Scheduler, SchedulerConfig, SetTimestepsOptions } from './scheduler.js';
-export { fewestSteps, stepsRun, strengthStart, type StrengthRule } from './strength.js';
+export { fewestSteps, scheduleStrength, stepsRun, strengthStart, type StrengthRule } from './strength.js';
 
 /** What a scheduler file registers. */
 export interface SchedulerEntry {
@@ -115,5 +115,5 @@ export function standInFor(config: SchedulerConfig, kind: ModelKind): { name: st
  * counts are valid.
  */
 export function checkSchedule(config: SchedulerConfig, override: string | undefined, steps: number, strength?: number): void {
-  createScheduler(config, override).setTimesteps(steps, { mu: 1, ...(strength !== undefined && { strength }) });
+  createScheduler(config, override).setTimesteps(steps, { mu: 1, strength });
 }

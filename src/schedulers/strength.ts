@@ -26,6 +26,14 @@ export function strengthStart(steps: number, strength: number, rule: StrengthRul
   return steps - run;
 }
 
+/**
+ * The strength a scheduler picks its timesteps by (SetTimestepsOptions.strength): under 'consistency'
+ * it is the scheduler's to read; under the other rules the pipeline slices the schedule instead.
+ */
+export function scheduleStrength(rule: StrengthRule, strength: number | undefined): number | undefined {
+  return rule === 'consistency' ? strength : undefined;
+}
+
 /** How many of `steps` a strength runs (see strengthStart). Products in double precision, as Python's floats. */
 export function stepsRun(steps: number, strength: number, rule: StrengthRule): number {
   if (rule === 'consistency') return steps;

@@ -4,7 +4,7 @@ import type { GenerationRequest } from '../api/wire.js';
 import type { ModelEntry } from '../models/registry.js';
 import { MAX_SEED, randomSeed, type NoiseKind } from '../runtime/random.js';
 import type { BatchItem, GenerationBatch } from '../runtime/types.js';
-import { checkSchedule, fewestSteps, stepsRun, type StrengthRule } from '../schedulers/index.js';
+import { checkSchedule, fewestSteps, scheduleStrength, stepsRun, type StrengthRule } from '../schedulers/index.js';
 import { strengthRule } from '../models/layout.js';
 import { chunks } from '../util/chunks.js';
 import type { EditPicture } from './input-images.js';
@@ -107,7 +107,7 @@ export function planBatches(request: GenerationRequest, model: ModelEntry, defau
     maxBatch: preset.maxBatch,
   };
   // A latent consistency model's own pipeline picks its steps among those the strength leaves (strength.ts).
-  const bounding = rule === 'consistency' ? edit?.strength : undefined;
+  const bounding = scheduleStrength(rule, edit?.strength);
   try {
     checkSchedule(model.layout.scheduler, settings.scheduler, settings.steps, bounding);
   } catch (err) {
