@@ -70,6 +70,13 @@ class GoldenFileError extends Error {
   }
 }
 
+/** What a file of case `index` that cannot be read is reported as, naming what it was to be (a catch handler). */
+const unreadable =
+  (file: string, index: number, what: string) =>
+  (err: Error): never => {
+    throw new GoldenFileError(file, `(case ${index}'s ${what}) cannot be read: ${err.message}`);
+  };
+
 async function readGoldenFile(file: string): Promise<GoldenFile> {
   let json: unknown;
   try {
@@ -102,9 +109,7 @@ async function checkPipeline(file: string, golden: GoldenFile, modelDir: string)
 
 /** A case's starting noise, [C, H/8, W/8] float32 as written by numpy's `tofile`. */
 async function readLatents(goldenDir: string, c: GoldenCase, index: number): Promise<Float32Array> {
-  const bytes = await readFile(path.resolve(goldenDir, c.latents.file)).catch((err: Error) => {
-    throw new GoldenFileError(c.latents.file, `(case ${index}'s initial latents) cannot be read: ${err.message}`);
-  });
+  const bytes = await readFile(path.resolve(goldenDir, c.latents.file)).catch(unreadable(c.latents.file, index, 'initial latents'));
   const count = c.latents.shape.reduce((a, b) => a * b, 1);
   if (bytes.byteLength !== count * 4) {
     throw new GoldenFileError(c.latents.file, `holds ${bytes.byteLength} bytes; shape [${c.latents.shape.join(', ')}] needs ${count * 4}`);
@@ -131,9 +136,7 @@ export async function verifyCase(runtime: WorkerRuntime, modelDir: string, golde
     .removeAlpha()
     .raw()
     .toBuffer({ resolveWithObject: true })
-    .catch((err: Error) => {
-      throw new GoldenFileError(c.image.file, `(case ${index}'s expected image) cannot be read: ${err.message}`);
-    });
+    .catch(unreadable(c.image.file, index, 'expected image'));
   if (expected.info.width !== c.width || expected.info.height !== c.height) {
     throw new GoldenFileError(c.image.file, `is ${expected.info.width}x${expected.info.height}; the case asks for ${c.width}x${c.height}`);
   }

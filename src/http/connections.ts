@@ -71,6 +71,9 @@ async function connectionsPlugin(app: FastifyInstance, { sendTimeoutSeconds, sen
   });
 }
 
+/** The body length a request declares (Content-Length; 0 when it declares none). */
+export const declaredBodyBytes = (request: FastifyRequest): number => Number(request.headers['content-length'] ?? 0);
+
 /** The most of a body read after its answer (see the module's comment): above the largest form an endpoint takes (59 MiB). */
 const LINGER_MAX_BYTES = 64 * 1024 ** 2;
 
@@ -88,7 +91,7 @@ export const isLingering = (socket: Socket): boolean => lingering.get(socket)?.c
 function readRest(request: FastifyRequest, reply: FastifyReply): void {
   const raw = request.raw;
   const socket = raw.socket;
-  const declared = Number(request.headers['content-length'] ?? 0);
+  const declared = declaredBodyBytes(request);
   if (reply.getHeader('connection') === 'close' || raw.destroyed || declared > LINGER_MAX_BYTES) {
     reply.header('connection', 'close');
     return;

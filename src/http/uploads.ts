@@ -4,6 +4,7 @@ import { imageReferenceBytes } from '../api/data-uri.js';
 import { ApiError } from '../api/errors.js';
 import { formatBytes } from '../util/bytes.js';
 import type { ByteBudget } from '../util/byte-budget.js';
+import { declaredBodyBytes } from './connections.js';
 
 /**
  * The body of an edits or variations request as sent, in either of OpenAI's forms: a multipart form
@@ -110,7 +111,7 @@ function boundFormBytes(request: FastifyRequest, reply: FastifyReply, maxBytes: 
       code: 'rate_limit_exceeded',
       headers: { 'retry-after': String(FULL_RETRY_SECONDS) },
     });
-  const declared = Number(request.headers['content-length'] ?? 0);
+  const declared = declaredBodyBytes(request);
   if (declared > maxBytes) throw tooLarge(false);
   if (declared > memory.limit - memory.inUse) throw full();
   const raw = request.raw;
