@@ -184,6 +184,15 @@ function finWaitSockets(port: number): number {
     .filter(([, address, , state]) => address.endsWith(local) && state === FIN_WAIT1).length;
 }
 
+/** A client on `port` that asks for `images` (pipelined, in one write) and reads nothing of the answers. */
+function nonReadingClient(port: number, images: { id: string }[]): net.Socket {
+  const socket = net.connect(port, '127.0.0.1');
+  socket.pause();
+  socket.on('error', () => {});
+  socket.write(images.map((image) => `GET /v1/images/files/${image.id}.png HTTP/1.1\r\nHost: a\r\n\r\n`).join(''));
+  return socket;
+}
+
 describe('a client that does not read its answer', () => {
   it('has its connection reset once it took none of it for SEND_TIMEOUT_SECONDS, within about one such window', async () => {
     // A 3 s window: Node's socket timer (the way before) cut such a client after about two (6 s).
@@ -192,11 +201,8 @@ describe('a client that does not read its answer', () => {
     // An image far larger than the sockets' buffers, asked for by a client that reads nothing.
     const image = await patient.store.put(randomBytes(32 * 1024 ** 2), 'image/png');
     const patientPort = Number(new URL(patient.origin).port);
-    const socket = net.connect(patientPort, '127.0.0.1');
-    socket.pause();
-    socket.on('error', () => {});
     const asked = performance.now();
-    socket.write(`GET /v1/images/files/${image.id}.png HTTP/1.1\r\nHost: a\r\n\r\n`);
+    const socket = nonReadingClient(patientPort, [image]);
     try {
       const cut = () => logs.lines.some((line) => line.msg === 'the client took none of its answer for SEND_TIMEOUT_SECONDS: connection closed');
       await expect.poll(cut, { timeout: 10_000, interval: 100 }).toBe(true);
@@ -238,10 +244,7 @@ describe('a client that does not read its answer', () => {
   it('is watched on an answer to a pipelined request too, which gets its socket only once the answers before it are out', async () => {
     const [small, big] = [await server.store.put(randomBytes(1024), 'image/png'), await server.store.put(randomBytes(32 * 1024 ** 2), 'image/png')];
     const before = await abandonedDownloads();
-    const socket = net.connect(port, '127.0.0.1');
-    socket.pause();
-    socket.on('error', () => {});
-    socket.write([small, big].map((image) => `GET /v1/images/files/${image.id}.png HTTP/1.1\r\nHost: a\r\n\r\n`).join(''));
+    const socket = nonReadingClient(port, [small, big]);
     try {
       await expect.poll(abandonedDownloads, { timeout: 10_000 }).toBe(before + 1);
     } finally {
@@ -252,10 +255,7 @@ describe('a client that does not read its answer', () => {
   it("is counted as 499, the client's doing", async () => {
     const image = await server.store.put(randomBytes(32 * 1024 ** 2), 'image/png');
     const before = await abandonedDownloads();
-    const socket = net.connect(port, '127.0.0.1');
-    socket.pause();
-    socket.on('error', () => {});
-    socket.write(`GET /v1/images/files/${image.id}.png HTTP/1.1\r\nHost: a\r\n\r\n`);
+    const socket = nonReadingClient(port, [image]);
     try {
       await expect.poll(abandonedDownloads, { timeout: 10_000 }).toBe(before + 1);
     } finally {
