@@ -96,16 +96,20 @@ export class PNDMScheduler extends AlphaSpaceScheduler {
     if (this.stepRatio === 0) throw new Error(`${CLASS_NAME}: call setTimesteps before step`);
     const call = this.calls++;
     // PRK's warm-up runs on its own timesteps from the top, by call, as in diffusers.
-    return call < this.prkTimesteps.length ? this.stepPrk(modelOutput, call, sample) : this.stepPlms(modelOutput, index, call, sample);
+    return call < this.prkTimesteps.length ? this.stepPrk(modelOutput, index, call, sample) : this.stepPlms(modelOutput, index, call, sample);
   }
 
-  private stepPrk(modelOutput: Float32Array, index: number, sample: Float32Array): Float32Array {
-    const stage = index % 4;
-    const t = this.prkTimesteps[index - stage];
+  private stepPrk(modelOutput: Float32Array, index: number, call: number, sample: Float32Array): Float32Array {
+    const stage = call % 4;
+    // As diffusers' step_prk: the step starts from the warm-up's timestep of this call (by the counter)
+    // and goes towards the timestep of the call's index. The two are the same from the first timestep;
+    // image-to-image starting further down thus transfers from the top of the schedule, as diffusers
+    // does (it denoises poorly there, in diffusers as here; `pndm` skips the warm-up).
+    const t = this.prkTimesteps[call - stage];
     // Every stage moves from the step's start sample: stages 0 and 1 to the midpoint, 2 and 3 to the
     // end. As in diffusers, an even stage's target is its call timestep minus r // 2, which for an
     // odd r puts stage 0's midpoint one step away from the one the next call uses.
-    const target = this.prkTimesteps[index] - (index % 2 === 0 ? Math.floor(this.stepRatio / 2) : 0);
+    const target = this.schedule[index] - (call % 2 === 0 ? Math.floor(this.stepRatio / 2) : 0);
     let eps = modelOutput;
     if (stage === 0) {
       this.ets.push(modelOutput);
