@@ -6,7 +6,7 @@
  */
 import { describe, expect, it } from 'vitest';
 import { BatchNoise } from '../src/runtime/random.js';
-import { denoise, startingLatents } from '../src/pipelines/denoise.js';
+import { denoise, startingLatents, type PictureEncoder } from '../src/pipelines/denoise.js';
 import type { RgbImage } from '../src/runtime/types.js';
 import { createScheduler, fewestSteps, stepsRun, strengthStart } from '../src/schedulers/index.js';
 import type { SchedulerConfig } from '../src/schedulers/scheduler.js';
@@ -96,11 +96,13 @@ describe('where an edit starts (startingLatents)', () => {
     s.setTimesteps(30);
     return s;
   };
+  /** An encoder whose pictures encode to x0, and which samples no posterior. */
+  const toX0: PictureEncoder = { encode: async () => x0.slice(), skipDraws: async () => undefined };
 
   it("inpainting at strength 1 (a masked edit's default) starts from pure noise times the starting sigma, as diffusers' SD inpainting pipelines do, with no trace of the picture", async () => {
     const s = euler();
     const batch = { steps: 30, strength: 1, width: W, height: H, items: [item({ mask: repaintAll })] };
-    const start = await startingLatents(batch, s, BatchNoise.forItems(batch.items), shape, async () => x0.slice(), { rule: 'vp' });
+    const start = await startingLatents(batch, s, BatchNoise.forItems(batch.items), shape, toX0, { rule: 'vp' });
     expect(start.call).toBe(0);
     expectClose(start.latents, (i) => n[i] * s.initNoiseSigma, 1e-4);
     // The kept area is still put back from the picture, noised as the steps go.
@@ -111,31 +113,37 @@ describe('where an edit starts (startingLatents)', () => {
     const s = euler();
     for (const [strength, mask] of [[0.8, repaintAll], [1, undefined]] as const) {
       const batch = { steps: 30, strength, width: W, height: H, items: [item(mask && { mask })] };
-      const start = await startingLatents(batch, s, BatchNoise.forItems(batch.items), shape, async () => x0.slice(), { rule: 'vp' });
+      const start = await startingLatents(batch, s, BatchNoise.forItems(batch.items), shape, toX0, { rule: 'vp' });
       expectClose(start.latents, (i) => s.addNoise(x0, n, start.call)[i]);
     }
   });
 
-  it('draws from the generators in diffusers\' order: the picture\'s encoding first, but an inpainting UNet at strength 1 never encodes it, so its noise is the first draw', async () => {
-    // An encoder that samples its posterior draws from the items' generators first (Optimum's latent_parameters).
+  it("draws from the generators in diffusers' order: the picture's posterior, the noise, then the masked picture's posterior, which an inpainting UNet at strength 1 alone draws (its picture is never encoded)", async () => {
+    // An encoder that samples its posterior draws from the items' generators (Optimum's latent_parameters).
     const seeded = { prompt: '', negativePrompt: '', seed: 7, rng: 'torch' as const, image: picture, mask: repaintAll };
-    const draws = (count: number) => {
-      const generators = BatchNoise.forItems([seeded]);
-      return Array.from({ length: count }, () => generators.initial(64));
-    };
-    const [first, second] = draws(2);
+    const fresh = BatchNoise.forItems([seeded]);
+    const draws = Array.from({ length: 4 }, () => fresh.initial(64));
     for (const inpaintingUnet of [false, true]) {
       const s = euler();
       const noise = BatchNoise.forItems([seeded]);
-      let encoded = 0;
-      const encode = async () => {
-        encoded++;
-        noise.randn(64);
-        return x0.slice();
+      let [encoded, skipped] = [0, 0];
+      const sampling: PictureEncoder = {
+        encode: async () => {
+          encoded++;
+          noise.randn(64);
+          return x0.slice();
+        },
+        skipDraws: async (perItem) => {
+          skipped++;
+          noise.randn(perItem);
+        },
       };
-      const start = await startingLatents({ steps: 30, strength: 1, width: W, height: H, items: [seeded] }, s, noise, shape, encode, { rule: 'vp', inpaintingUnet });
-      expect(encoded).toBe(inpaintingUnet ? 0 : 1);
-      expectClose(start.latents, (i) => (inpaintingUnet ? first : second)[i] * s.initNoiseSigma, 1e-4);
+      const start = await startingLatents({ steps: 30, strength: 1, width: W, height: H, items: [seeded] }, s, noise, shape, sampling, { rule: 'vp', inpaintingUnet });
+      expect([encoded, skipped]).toEqual(inpaintingUnet ? [0, 0] : [1, 1]);
+      expectClose(start.latents, (i) => draws[inpaintingUnet ? 0 : 1][i] * s.initNoiseSigma, 1e-4);
+      // The noise of the steps that follow: diffusers' fourth draw after a 4-channel UNet's start (the
+      // inpainting UNet's pipeline encodes the masked picture next, its second).
+      expect(noise.randn(64)).toEqual(draws[inpaintingUnet ? 1 : 3]);
     }
   });
 
@@ -143,7 +151,7 @@ describe('where an edit starts (startingLatents)', () => {
     const s = createScheduler({ _class_name: 'FlowMatchEulerDiscreteScheduler', num_train_timesteps: 1000, shift: 1 });
     s.setTimesteps(4);
     const batch = { steps: 4, strength: 0.6, width: W, height: H, items: [item({ mask: repaintAll })] };
-    const start = await startingLatents(batch, s, BatchNoise.forItems(batch.items), shape, async () => x0.slice(), { rule: 'flow' });
+    const start = await startingLatents(batch, s, BatchNoise.forItems(batch.items), shape, toX0, { rule: 'flow' });
     expect(start.call).toBe(1);
     expectClose(start.latents, (i) => 0.25 * x0[i] + 0.75 * n[i]);
   });

@@ -88,6 +88,14 @@ export function relayout(start: Start, layout: (latents: Float32Array) => Float3
   return { latents: layout(start.latents), call: start.call, keep };
 }
 
+/** What startingLatents needs of the VAE encoder, bound to the batch's generators. */
+export interface PictureEncoder {
+  /** [batch, C, h, w] latents of the pictures, in item order (a sampled posterior draws from the generators). */
+  encode(images: RgbImage[]): Promise<Float32Array>;
+  /** Makes the draws that encoding the batch's pictures into `perItem` latents each would, without encoding them. */
+  skipDraws(perItem: number): Promise<void>;
+}
+
 /** How a pipeline starts from a picture, as its diffusers counterpart does. */
 export interface StartRules {
   /** How it reads strength (schedulers/strength.ts; models/layout.ts strengthRule). */
@@ -107,14 +115,16 @@ export interface StartRules {
  * strength 1 Stable Diffusion's inpainting pipelines start from pure noise (times the starting sigma)
  * rather than from the picture noised to the first step, where some of it would show through. The
  * picture is encoded before the noise is drawn (an encoder that samples its posterior draws from the
- * same generators), as diffusers does.
+ * same generators), as diffusers does; so is, after it, the masked picture that diffusers' inpainting
+ * pipelines encode for every denoiser: one that does not take it (not an inpainting UNet) has only the
+ * draws made, so that the noise of later steps (ancestral and consistency schedulers) is diffusers'.
  */
 export async function startingLatents(
   batch: Pick<GenerationBatch, 'steps' | 'strength' | 'items' | 'width' | 'height'>,
   scheduler: Scheduler,
   noise: BatchNoise,
   shape: LatentShape,
-  encode: (images: RgbImage[]) => Promise<Float32Array>,
+  encoder: PictureEncoder,
   { rule, inpaintingUnet = false }: StartRules,
 ): Promise<Start> {
   const perItem = shape.channels * shape.height * shape.width;
@@ -130,10 +140,11 @@ export async function startingLatents(
   const masked = batch.items.some((item) => item.mask);
   const fromNoise = masked && rule !== 'flow' && batch.strength === 1;
   if (fromNoise && inpaintingUnet) return { latents: initialLatents(noise, perItem, scheduler.initNoiseSigma), call };
-  const original = await encode(images);
+  const original = await encoder.encode(images);
   const drawn = noise.initial(perItem);
   const latents = fromNoise ? scaled(drawn.slice(), scheduler.initNoiseSigma) : scheduler.addNoise(original, drawn, call);
   if (!masked) return { latents, call };
+  if (!inpaintingUnet) await encoder.skipDraws(perItem);
   const mask = new Float32Array(perItem * batch.items.length);
   batch.items.forEach((item, b) => mask.set(latentMask(item.mask, batch, shape, b), b * perItem));
   return { latents, call, keep: { original, noise: drawn, mask } };

@@ -9,7 +9,7 @@ import { LatentPreview, previewLoop } from './preview.js';
 import type { GenerateHooks, Pipeline, RgbImage } from './pipeline.js';
 import { filled } from './tensor.js';
 import type { TextEncoder } from './text-encoder.js';
-import type { VaeDecoder, VaeEncoder } from './vae.js';
+import { pictureEncoder, type VaeDecoder, type VaeEncoder } from './vae.js';
 
 const LATENT_CHANNELS = 16;
 
@@ -52,9 +52,8 @@ export class FluxPipeline implements Pipeline {
     const scheduler = createScheduler(this.layout.scheduler, batch.scheduler);
     scheduler.setTimesteps(batch.steps, { mu: shiftMu(seqLen, this.layout.scheduler) });
     const noise = BatchNoise.forItems(batch.items);
-    const encode = async (images: RgbImage[]) => (await this.encoder.get()).encode(images, noise);
     const shape = { channels: LATENT_CHANNELS, height: h, width: w };
-    const start = relayout(await startingLatents(batch, scheduler, noise, shape, encode, { rule: strengthRule(this.layout, batch.scheduler) }), (x) => pack(x, count, h, w));
+    const start = relayout(await startingLatents(batch, scheduler, noise, shape, pictureEncoder(this.encoder, noise), { rule: strengthRule(this.layout, batch.scheduler) }), (x) => pack(x, count, h, w));
 
     const feeds: Record<string, HostTensor> = {
       encoder_hidden_states: last_hidden_state,

@@ -11,7 +11,7 @@ import { LatentPreview, previewLoop } from './preview.js';
 import type { GenerateHooks, Pipeline, RgbImage } from './pipeline.js';
 import { applyGuidance, concatBatch, concatPerRow, concatRows, filled } from './tensor.js';
 import type { TextEncoder } from './text-encoder.js';
-import type { VaeDecoder, VaeEncoder } from './vae.js';
+import { pictureEncoder, type VaeDecoder, type VaeEncoder } from './vae.js';
 
 /** UNet inputs that carry the text condition, for a batch of prompts. */
 type Conditioning = Record<string, HostTensor>;
@@ -65,10 +65,10 @@ export class StableDiffusionPipeline implements Pipeline {
 
     const noise = BatchNoise.forItems(batch.items);
     const shape = { channels: c, height: h, width: w };
-    const encode = async (images: RgbImage[]) => (await this.encoder.get()).encode(images, noise);
-    const started = await startingLatents(batch, scheduler, noise, shape, encode, { rule, inpaintingUnet: this.inpainting });
+    const encoder = pictureEncoder(this.encoder, noise);
+    const started = await startingLatents(batch, scheduler, noise, shape, encoder, { rule, inpaintingUnet: this.inpainting });
     // An inpainting UNet is told what to keep and keeps it; other UNets have it put back after each step.
-    const extra = this.inpainting ? await inpaintingChannels(batch, shape, this.layout.vaeEncoder ? encode : undefined) : undefined;
+    const extra = this.inpainting ? await inpaintingChannels(batch, shape, this.layout.vaeEncoder ? encoder.encode : undefined) : undefined;
     const start = extra ? { ...started, keep: undefined } : started;
     const fixed = this.unet.prepare(timestepCond ? { ...conditioning, timestep_cond: timestepCond } : conditioning);
     const predict = async (x: Float32Array, t: number): Promise<Float32Array> => {

@@ -1,5 +1,7 @@
 import type { OnnxModel } from '../runtime/onnx-model.js';
 import type { BatchNoise } from '../runtime/random.js';
+import type { PictureEncoder } from './denoise.js';
+import type { OnDemand } from './on-demand.js';
 import type { RgbImage } from './pipeline.js';
 
 /** Tiled decoding: square tiles of `tile` latent pixels a side, each overlapping its neighbours by `overlap`. */
@@ -202,7 +204,7 @@ export class VaeEncoder {
     }
     const per = parts[0].length / (this.output === 'latent_parameters' ? 2 : 1);
     // One draw per item, each from its own generator: diffusers samples every item's posterior first.
-    const eps = this.output === 'latent_parameters' ? noise.randn(per) : undefined;
+    const eps = this.drawsFor(noise, per);
     const latents = new Float32Array(per * images.length);
     parts.forEach((part, b) => {
       for (let i = 0; i < per; i++) {
@@ -214,6 +216,11 @@ export class VaeEncoder {
     this.onEncoded();
     return latents;
   }
+
+  /** The draws sampling the batch's posteriors of `perItem` latents makes (none when the encoder outputs the latent itself). */
+  drawsFor(noise: BatchNoise, perItem: number): Float32Array | undefined {
+    return this.output === 'latent_parameters' ? noise.randn(perItem) : undefined;
+  }
 }
 
 /** Interleaved 8-bit RGB -> [1, 3, H, W] in [-1, 1]. */
@@ -224,4 +231,12 @@ function toSigned({ pixels, width, height }: RgbImage): Float32Array {
     for (let c = 0; c < 3; c++) out[c * plane + i] = pixels[i * 3 + c] / 127.5 - 1;
   }
   return out;
+}
+
+/** The encoder as startingLatents takes it: loaded when first used, drawing from the batch's generators. */
+export function pictureEncoder(encoder: OnDemand<VaeEncoder>, noise: BatchNoise): PictureEncoder {
+  return {
+    encode: async (images) => (await encoder.get()).encode(images, noise),
+    skipDraws: async (perItem) => void (await encoder.get()).drawsFor(noise, perItem),
+  };
 }
