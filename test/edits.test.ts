@@ -286,6 +286,8 @@ describe('edit errors', () => {
     const sliced = await expectApiError(edit({ model: 'shapes', scheduler: 'lcm', strength: 0.01 }), OpenAI.BadRequestError, 400, 'strength', 'invalid_value');
     expect(sliced.message).toMatch(/runs one step only of 100 or more\)\. Raise 'strength'\.$/);
     await expectApiError(edit({ prompt: '' }), OpenAI.BadRequestError, 400, 'prompt', 'empty_string');
+    // dall-e-2's limit, as OpenAI's edits endpoint holds it to (the SDK documents 1000 characters there).
+    await expectApiError(edit({ model: 'dall-e-2', prompt: 'a'.repeat(1001) }), OpenAI.BadRequestError, 400, 'prompt', 'string_above_max_length');
   });
 
   it("runs every step of an LCM model's edit, as its own diffusers pipeline does (LatentConsistencyModelImg2ImgPipeline), not the share of them a strength leaves other pipelines", async () => {

@@ -223,6 +223,29 @@ describe('dall-e names and installed ids', () => {
     expect(server.engine.batches.slice(before).map((b) => [b.steps, b.width])).toEqual([[4, 512]]);
   });
 
+  it("holds dall-e names to OpenAI's prompt limits for them (dall-e-2 1000 characters, dall-e-3 4000), and n to the interface's 1 to 10", async () => {
+    const refused: Array<[Record<string, unknown>, string, string, string]> = [
+      [{ model: 'dall-e-2', prompt: 'a'.repeat(1001) }, 'prompt', 'string_above_max_length', "Invalid 'prompt': string too long. Expected a string with maximum length 1000, but got a string with length 1001 instead."],
+      [{ model: 'dall-e-3', prompt: 'a'.repeat(4001) }, 'prompt', 'string_above_max_length', "Invalid 'prompt': string too long. Expected a string with maximum length 4000, but got a string with length 4001 instead."],
+      [{ model: 'dall-e-3', n: 11 }, 'n', 'integer_above_max_value', "Invalid 'n': integer above maximum value. Expected a value <= 10, but got 11 instead."],
+    ];
+    const before = server.engine.batches.length;
+    for (const [params, param, code, message] of refused) {
+      const err = await apiError(generate(params), OpenAI.BadRequestError);
+      expect({ param: err.param, code: err.code, message: (err.error as { message: string }).message }).toEqual({ param, code, message });
+    }
+    expect(server.engine.batches.length).toBe(before);
+    // At the limits they run; an installed id, a gpt-image name and a request without a model keep the server's own.
+    const accepted: Record<string, unknown>[] = [
+      { model: 'dall-e-2', prompt: 'a'.repeat(1000), n: 10 },
+      { model: 'dall-e-3', prompt: 'a'.repeat(4000), n: 10 },
+      { model: 'wide', prompt: 'a'.repeat(4001), n: 2 },
+      { model: 'gpt-image-1', prompt: 'a'.repeat(4001), n: 2 },
+      { prompt: 'a'.repeat(4001), n: 2 },
+    ];
+    for (const params of accepted) expect((await generate({ response_format: 'b64_json', ...params })).data).toHaveLength((params.n as number | undefined) ?? 1);
+  });
+
   it('names only the model sizes in a size error', async () => {
     const err = await apiError(generate({ model: 'dall-e-3', size: '1024x1792' }), OpenAI.BadRequestError);
     expect({ param: err.param, code: err.code }).toEqual({ param: 'size', code: 'invalid_value' });

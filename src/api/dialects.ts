@@ -71,6 +71,18 @@ export function servedSizes(modelName: string, sizes: readonly string[]): readon
   return dialectOf(modelName) === 'gpt-image' ? sizes.filter((size) => gptImageNameTakes(modelName, size)) : sizes;
 }
 
+/**
+ * The longest prompt OpenAI's dall-e models take, shorter than the server's own 32000 characters, as the
+ * SDKs document them (ImageGenerateParams.prompt): a request naming one of them is held to it, so that
+ * code that works here works against OpenAI too. Installed ids, other aliases and requests without a
+ * model keep the server's limit, as they keep every size. `n` stays 1 to 10 under every name, as the
+ * interface this server implements says (OpenAI's dall-e-3 takes only 1).
+ */
+export const DALL_E_PROMPT_LIMITS: Readonly<Record<string, number>> = {
+  'dall-e-2': 1000,
+  'dall-e-3': 4000,
+};
+
 /** Every `quality` the SDKs send: dall-e's standard|hd, gpt-image's low|medium|high|auto. */
 export const REQUEST_QUALITIES = ['standard', 'hd', 'low', 'medium', 'high', 'auto'] as const;
 export type RequestQuality = (typeof REQUEST_QUALITIES)[number];

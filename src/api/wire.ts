@@ -5,6 +5,7 @@ import { STYLES, type Quality } from '../families/family.js';
 import { SCHEDULER_NAMES } from '../schedulers/index.js';
 import { ApiError, quoteList } from './errors.js';
 import {
+  DALL_E_PROMPT_LIMITS,
   DEFAULT_RESPONSE_FORMAT,
   dialectOf,
   dialectWithoutModel,
@@ -114,6 +115,9 @@ const variationRequestSchema = requestFields.pick({
   rng: true,
   strength: true,
 });
+
+/** Each dall-e name's prompt, checked by the same zod rule (and so in the same words) as every other field. */
+const dallELimitSchemas = new Map(Object.entries(DALL_E_PROMPT_LIMITS).map(([name, limit]) => [name, z.object({ prompt: z.string().max(limit) })]));
 
 /** The schema of each route's fields (the images themselves travel beside them, see src/http/uploads.ts). */
 const REQUEST_SCHEMAS = { generation: generationRequestSchema, edit: editRequestSchema, variation: variationRequestSchema } as const;
@@ -346,6 +350,9 @@ export function parseImageRequest(kind: RequestKind, body: unknown, { defaultMod
   if (!checked.success) throw toApiError([...checked.error.issues].sort((a, b) => rank(a) - rank(b))[0]);
   // Each route's fields passed its own schema; this fills the defaults of those it lacks (a variation's style).
   const { model, quality, response_format, ...fields } = requestFields.parse(checked.data);
+  // By the name the request used: one without a model keeps the server's limits even when DEFAULT_MODEL is a dall-e name.
+  const dallELimits = named ? dallELimitSchemas.get(model)?.safeParse(fields, { reportInput: true }) : undefined;
+  if (dallELimits?.success === false) throw toApiError(dallELimits.error.issues[0]);
   // The fields as sent, not as parsed: the parse fills in defaults (output_format png) the client never sent.
   const dialect = named ? dialectOf(model) : dialectWithoutModel(kind, present);
   const request: GenerationRequest = {
