@@ -6,7 +6,8 @@ import OpenAI, { toFile } from 'openai';
 import { isSendableKey } from '../src/api/bearer.js';
 import { loadConfig } from '../src/config.js';
 import { KeyFileError, parseKeyFile } from '../src/http/keys.js';
-import { FakeEngine, startTestServer, type TestServer } from './helpers/api-server.js';
+import { startTestServer, type TestServer } from './helpers/api-server.js';
+import { createBuiltPool } from './helpers/cli.js';
 import { capturedLogs } from './helpers/logs.js';
 
 /** API_KEYS_FILE: its format, rotation without a restart, and keys kept out of the logs. */
@@ -118,19 +119,21 @@ describe('rotating API_KEYS_FILE', () => {
 describe('credentials in logs', () => {
   it('logs neither a key in the query string nor one in a header, and /ready once per change', async () => {
     const logs = capturedLogs<Record<string, unknown>>();
-    const engine = new FakeEngine();
-    let ready = false;
-    engine.readiness = () => ({ ready, started: ready, workers: { total: 1, ready: ready ? 1 : 0 }, models: [] });
+    const engine = createBuiltPool({ workers: 1, queueMax: 1, executionProvider: 'cpu', threadsPerWorker: 1 });
+    // Its worker held stopped: the server stays starting, however often /ready is polled, until it goes on.
+    const { pid } = engine.workers()[0];
+    process.kill(pid!, 'SIGSTOP');
     const server = await startTestServer({ logger: logs.logger, engine });
     try {
       const secret = 'sk-leaked-in-query-0123456789';
       await fetch(`${server.baseURL}/models?api_key=${secret}`);
       await fetch(`${server.origin}/nothing?${secret}`, { headers: { authorization: `Bearer ${secret}`, 'x-api-key': secret } });
       await fetch(`${server.baseURL}/images/generations?key=${secret}`, { method: 'POST', body: '{', headers: { 'content-type': 'application/json', authorization: `Bearer ${secret}` } });
-      for (let i = 0; i < 10; i++) {
-        ready = i >= 5;
-        expect((await fetch(`${server.origin}/ready?token=${secret}`)).status).toBe(ready ? 200 : 503);
-      }
+      const ready = () => fetch(`${server.origin}/ready?token=${secret}`).then((res) => res.status);
+      for (let i = 0; i < 5; i++) expect(await ready()).toBe(503);
+      process.kill(pid!, 'SIGCONT');
+      await expect.poll(ready, { timeout: 30_000, interval: 20 }).toBe(200);
+      for (let i = 0; i < 5; i++) expect(await ready()).toBe(200);
       const raw = logs.raw.join('');
       expect(raw).toContain('[redacted]');
       expect(raw).not.toContain(secret);

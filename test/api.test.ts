@@ -9,11 +9,13 @@ import { apiError } from './helpers/failures.js';
 import { MAX_SEED } from '../src/runtime/random.js';
 import { MAX_PROMPT_LENGTH } from '../src/api/wire.js';
 import { schedulersFor } from '../src/schedulers/index.js';
-import { FakeEngine, startTestServer, STUB_SIZES, TEST_KEY, type TestServer } from './helpers/api-server.js';
+import { startTestServer, STUB_SIZES, TEST_KEY, type TestServer } from './helpers/api-server.js';
+import { FakeEngine } from './helpers/engines.js';
+import { readImageFile } from './helpers/picture.js';
 
 /**
- * The OpenAI-compatible API through the official SDK against the real HTTP app, store and registry
- * (fake engine): what an unchanged OpenAI app sees, error for error.
+ * The OpenAI-compatible API through the official SDK against the real HTTP app, store, registry and
+ * engine (the demo model at small sizes): what an unchanged OpenAI app sees, error for error.
  */
 
 let server: TestServer;
@@ -41,6 +43,8 @@ describe('POST /v1/images/generations', () => {
       expect(Object.keys(image).sort()).toEqual(['b64_json', 'seed']);
       const meta = await decode(Buffer.from(image.b64_json!, 'base64'));
       expect([meta.format, meta.width, meta.height]).toEqual(['png', 128, 64]);
+      // The prompt's picture: the demo model draws it in the colour asked (its shape is rough this small).
+      expect((await readImageFile(Buffer.from(image.b64_json!, 'base64'))).reading.colour).toBe('red');
     }
     const seeds = res.data!.map((d) => (d as { seed: number }).seed);
     expect(seeds).toEqual([seeds[0], seeds[0] + 1, seeds[0] + 2].map((s) => s % (MAX_SEED + 1)));
@@ -83,8 +87,8 @@ describe('POST /v1/images/generations', () => {
     await generate({ quality: 'hd', style: 'natural' });
     await generate({ steps: 7, guidance_scale: 2.5, negative_prompt: 'blurry', scheduler: 'euler', output_format: 'webp', output_compression: 60 });
     const [hd, custom] = server.engine.batches.slice(before);
-    // The stub is an SD-Turbo: 1 step standard, 4 hd, no guidance.
-    expect({ steps: hd.steps, guidance: hd.guidanceScale, output: hd.items[0].output }).toEqual({ steps: 4, guidance: 0, output: { format: 'png' } });
+    // The demo model is an SD-Turbo export: no guidance; its imagegen.json asks 8 steps for hd.
+    expect({ steps: hd.steps, guidance: hd.guidanceScale, output: hd.items[0].output }).toEqual({ steps: 8, guidance: 0, output: { format: 'png' } });
     expect(custom).toMatchObject({ steps: 7, guidanceScale: 2.5, scheduler: 'euler' });
     expect(custom.items[0]).toMatchObject({ prompt: 'a red circle', negativePrompt: 'blurry', output: { format: 'webp', compression: 60 } });
   });
@@ -93,7 +97,9 @@ describe('POST /v1/images/generations', () => {
     for (const [format, type] of [['jpeg', 'image/jpeg'], ['webp', 'image/webp']]) {
       const res = await generate({ output_format: format, output_compression: 80 });
       expect(res.data![0].url).toMatch(format === 'jpeg' ? /\.jpg$/ : /\.webp$/);
-      expect((await fetch(res.data![0].url!)).headers.get('content-type')).toBe(type);
+      const file = await fetch(res.data![0].url!);
+      expect(file.headers.get('content-type')).toBe(type);
+      expect((await decode(await file.arrayBuffer())).format).toBe(format);
     }
   });
 
@@ -271,6 +277,7 @@ describe('models', () => {
 });
 
 describe('backpressure and cancellation', () => {
+  // A fake engine: these hold a job running (hold()) while others come, which a real generation does not wait for.
   it('answers 429 with Retry-After when the queue is full, and /health meanwhile', async () => {
     const engine = new FakeEngine(1, 0);
     const busy = await startTestServer({ engine });
@@ -354,6 +361,7 @@ describe('image store limits', () => {
 
 describe('shutdown', () => {
   it('lets a running generation finish, then closes promptly despite idle and unused connections', async () => {
+    // A fake engine: the generation is held running until the close has begun.
     const engine = new FakeEngine();
     const closing = await startTestServer({ engine });
     engine.hold();

@@ -11,7 +11,8 @@ import net from 'node:net';
 import { readFileSync } from 'node:fs';
 import sharp from 'sharp';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { FakeEngine, startTestServer, TEST_KEY, type TestServer } from './helpers/api-server.js';
+import { startTestServer, TEST_KEY, type TestServer } from './helpers/api-server.js';
+import { FakeEngine } from './helpers/engines.js';
 import { capturedLogs } from './helpers/logs.js';
 import { haveOpenssl, selfSignedCertificate } from './helpers/certificate.js';
 import { MAX_PARAM_LENGTH } from '../src/http/app.js';
@@ -24,11 +25,13 @@ import { parseResponse, rawRequest } from './helpers/raw-http.js';
  * x-request-id and OpenAI's error body.
  */
 
+/** Short limits, so a stalled request is given up within seconds. */
+const SHORT_LIMITS = { headersTimeoutSeconds: 1, requestTimeoutSeconds: 2, sendTimeoutSeconds: 1 };
+
 let server: TestServer;
 let port: number;
 beforeAll(async () => {
-  // Short limits, so a stalled request is given up within seconds.
-  server = await startTestServer({ config: { headersTimeoutSeconds: 1, requestTimeoutSeconds: 2, sendTimeoutSeconds: 1 } });
+  server = await startTestServer({ config: SHORT_LIMITS });
   port = Number(new URL(server.origin).port);
 });
 afterAll(() => server.close());
@@ -77,13 +80,20 @@ describe('slow and stalled requests', () => {
   });
 
   it('does not cut off a request whose body arrived, however long the answer takes', async () => {
-    server.engine.hold();
-    const exchange = rawRequest(port, head(['POST /v1/images/generations HTTP/1.1', 'Host: a', `Authorization: Bearer ${TEST_KEY}`, 'Content-Type: application/json', `Content-Length: ${BODY.length}`]) + BODY);
-    await new Promise((resolve) => setTimeout(resolve, 3500));
-    expect(exchange.closedAfterMs).toBeUndefined();
-    server.engine.release();
-    await expect.poll(() => parseResponse(exchange.text).status).toMatch(/^HTTP\/1\.1 200/);
-    exchange.socket.destroy();
+    // A fake engine: the answer is held past the request timeout, longer than a real generation takes.
+    const slow = await startTestServer({ engine: new FakeEngine(), config: SHORT_LIMITS });
+    slow.engine.hold();
+    try {
+      const exchange = rawRequest(Number(new URL(slow.origin).port), head(['POST /v1/images/generations HTTP/1.1', 'Host: a', `Authorization: Bearer ${TEST_KEY}`, 'Content-Type: application/json', `Content-Length: ${BODY.length}`]) + BODY);
+      await new Promise((resolve) => setTimeout(resolve, 3500));
+      expect(exchange.closedAfterMs).toBeUndefined();
+      slow.engine.release();
+      await expect.poll(() => parseResponse(exchange.text).status).toMatch(/^HTTP\/1\.1 200/);
+      exchange.socket.destroy();
+    } finally {
+      slow.engine.release();
+      await slow.close();
+    }
   });
 });
 
@@ -134,7 +144,8 @@ describe('refusals before the body', () => {
     const accepted = rawRequest(port, head(['POST /v1/images/generations HTTP/1.1', 'Host: a', `Authorization: Bearer ${TEST_KEY}`, 'Expect: 100-continue', 'Content-Type: application/json', `Content-Length: ${BODY.length}`]));
     await expect.poll(() => accepted.text).toMatch(/^HTTP\/1\.1 100 Continue\r\n/);
     accepted.socket.write(BODY);
-    await expect.poll(() => parseResponse(accepted.text).status).toMatch(/^HTTP\/1\.1 200/);
+    // The file's first generation: it waits for the engine's worker to start.
+    await expect.poll(() => parseResponse(accepted.text).status, { timeout: 30_000 }).toMatch(/^HTTP\/1\.1 200/);
     accepted.socket.destroy();
   });
 });
@@ -404,7 +415,8 @@ describe('multipart bodies', () => {
 describe('uploads waiting for a worker', () => {
   it('hold at most UPLOAD_MEMORY together: a form that finds it full gets 429 unread, and gets in once they ended', async () => {
     const MiB = 1024 ** 2;
-    const held = await startTestServer({ config: { uploadMemory: 64 * MiB }, stubCanEdit: true });
+    // A fake engine: two edits are held waiting, their uploads kept, while a third comes.
+    const held = await startTestServer({ engine: new FakeEngine(), config: { uploadMemory: 64 * MiB }, stubCanEdit: true });
     held.engine.hold();
     try {
       // An incompressible picture: a PNG of about 24 MiB, so two forms fit in 64 MiB and a third does not.
@@ -445,7 +457,7 @@ describe('uploads waiting for a worker', () => {
 
 describe('an edit while the queue is full', () => {
   it('gets its 429 with Retry-After before its upload is read', async () => {
-    // One worker, one waiting job: a running request and a waiting one fill it.
+    // One worker, one waiting job: a running request and a waiting one fill it. A fake engine, to hold them there.
     const busy = await startTestServer({ engine: new FakeEngine(1, 1), stubCanEdit: true });
     busy.engine.hold();
     // No false alarms on the way: a b64_json edit's answer has more 'close' listeners than Node's default allows.
@@ -577,6 +589,7 @@ describe('uploads the OpenAI SDK sends, refused before their body', () => {
   }
 
   it('reach the SDK as their status (AuthenticationError, NotFoundError, RateLimitError), not as a reset upload', async () => {
+    // A fake engine: the queue is held full while the uploads come.
     const busy = await startTestServer({ engine: new FakeEngine(1, 1), stubCanEdit: true });
     try {
       // Before, the connection closed with the upload unread and the SDK saw a reset (APIConnectionError) nearly every time.

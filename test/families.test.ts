@@ -88,7 +88,7 @@ describe('the model-family registry', () => {
   });
 
   it('refuses an edit for a model that lacks the capability with a 400 that says why', async () => {
-    // The stub model's export has no vae_encoder: it can draw, not edit.
+    // The test server's model is the demo model without its vae_encoder: it can draw, not edit.
     const server = await startTestServer();
     try {
       const png = await sharp({ create: { width: 64, height: 64, channels: 3, background: 'red' } }).png().toBuffer();

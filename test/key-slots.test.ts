@@ -6,7 +6,7 @@ import type OpenAI from 'openai';
 import { describe, expect, it, onTestFinished, vi } from 'vitest';
 import type { ApiError } from '../src/api/errors.js';
 import { KeySlots, type KeySlotsOptions } from '../src/http/key-slots.js';
-import { silentLogger } from './helpers/api-server.js';
+import { silentLogger } from './helpers/logs.js';
 import { whenRunning } from './helpers/ops-server.js';
 import { startRealServer } from './helpers/real-server.js';
 import { NO_REDIS, REDIS_SERVER, useRedis, type TestRedis } from './helpers/redis.js';

@@ -4,7 +4,6 @@ import path from 'node:path';
 import Fastify from 'fastify';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { OnnxModel } from '../src/runtime/onnx-model.js';
-import type { Readiness } from '../src/engine/worker-slots.js';
 import { health } from '../src/http/health.js';
 import { importModel, listModels } from '../src/install/index.js';
 import { selectModelFiles } from '../src/install/model-files.js';
@@ -13,7 +12,8 @@ import { externalDataFiles } from '../src/models/onnx-external-data.js';
 import { ModelRegistry } from '../src/models/registry.js';
 import { weightBytes } from '../src/pipelines/pipeline-cache.js';
 import { WorkerRuntime } from '../src/pipelines/run.js';
-import { FakeEngine } from './helpers/api-server.js';
+import { RealEngine } from './helpers/engines.js';
+import { createBuiltPool } from './helpers/cli.js';
 import { renameExternalData } from './helpers/external-data.js';
 import { capturedLogs } from './helpers/logs.js';
 import { haveRealExports, REAL_EXPORT_NAMES, realExport } from './helpers/real-exports.js';
@@ -32,6 +32,13 @@ beforeEach(async () => {
 afterEach(() => rm(modelsDir, { recursive: true, force: true }));
 
 const silentOutput = { write: () => true, isTTY: false as const };
+
+/** The test file's worker pool (its servers' engine), once its worker is ready. */
+async function readyEngine(): Promise<RealEngine> {
+  const engine = new RealEngine();
+  await expect.poll(() => engine.readiness().ready, { timeout: 30_000, interval: 20 }).toBe(true);
+  return engine;
+}
 
 /** The reason of an unusable verdict (fails the test on a usable one). */
 function reasonOf(verdict: FolderVerdict): string {
@@ -281,7 +288,7 @@ describe('one verdict for the registry, its log, /ready, "imagegen models list" 
     expect(unusable.find((u) => u.id === 'misfit')!.reason).toBe('imagegen.json: sizes 500x500 do not fit this model: both sides must be multiples of 64 (from its unet/transformer and vae configs)');
 
     const app = Fastify();
-    await app.register(health, { engine: new FakeEngine(), registry });
+    await app.register(health, { engine: await readyEngine(), registry });
     const ready = await app.inject({ method: 'GET', url: '/ready' });
     expect(ready.statusCode).toBe(200);
     expect(ready.json()).toEqual({
@@ -298,16 +305,23 @@ describe('one verdict for the registry, its log, /ready, "imagegen models list" 
     expect(proxied.json()).toEqual({ status: 'ready', workers: { total: 1, ready: 1 }, models: [] });
     await app.close();
 
-    const starting = new FakeEngine();
-    starting.readiness = (): Readiness => ({ ready: false, started: false, workers: { total: 1, ready: 0 }, models: [{ model: 'good', loadedOn: 0, error: `cannot read ${modelsDir}/good/unet/model.onnx` }] });
+    // A server whose model to preload fails to load (its weights went after the scan): /ready says why, with the path, to a local peer only.
+    const good = path.join(modelsDir, 'good');
+    await rm(path.join(good, 'unet', 'model.onnx'));
+    const starting = createBuiltPool({ workers: 1, queueMax: 1, executionProvider: 'cpu', threadsPerWorker: 1, preload: [{ dir: good }] });
     const notReady = Fastify();
-    await notReady.register(health, { engine: starting, registry });
-    const [here, elsewhere] = await Promise.all(['127.0.0.1', '203.0.113.5'].map((remoteAddress) => notReady.inject({ method: 'GET', url: '/ready', remoteAddress })));
-    expect([here.statusCode, elsewhere.statusCode]).toEqual([503, 503]);
-    expect(here.json().error.message).toContain(`${modelsDir}/good/unet/model.onnx`);
-    expect(elsewhere.json().error).toEqual({ message: expect.stringMatching(/^The server is starting and cannot generate yet; the server's log says why/), type: 'server_error', param: null, code: 'not_ready' });
-    expect(elsewhere.headers['retry-after']).toBe('5');
-    await notReady.close();
+    try {
+      await notReady.register(health, { engine: starting, registry });
+      await expect.poll(() => starting.readiness().models[0]?.error, { timeout: 30_000, interval: 20 }).toBeDefined();
+      const [here, elsewhere] = await Promise.all(['127.0.0.1', '203.0.113.5'].map((remoteAddress) => notReady.inject({ method: 'GET', url: '/ready', remoteAddress })));
+      expect([here.statusCode, elsewhere.statusCode]).toEqual([503, 503]);
+      expect(here.json().error.message).toContain(`model 'good' failed to load: ${good} is not a usable model folder: missing unet/model.onnx`);
+      expect(elsewhere.json().error).toEqual({ message: expect.stringMatching(/^The server is starting and cannot generate yet; the server's log says why/), type: 'server_error', param: null, code: 'not_ready' });
+      expect(elsewhere.headers['retry-after']).toBe('5');
+    } finally {
+      await notReady.close();
+      await starting.close();
+    }
 
     // An install refuses what the server would skip, with the same reason.
     const refused = await importModel({ modelsDir, source: misfit, name: 'misfit-copy', load: false, output: silentOutput }).catch((err: Error) => err);
@@ -320,7 +334,7 @@ describe('one verdict for the registry, its log, /ready, "imagegen models list" 
     const registry = new ModelRegistry({ roots: [{ dir: modelsDir, ownedBy: 'user' }], aliases: {}, logger: capturedLogs().logger });
     await registry.scan();
     const app = Fastify();
-    await app.register(health, { engine: new FakeEngine(), registry });
+    await app.register(health, { engine: await readyEngine(), registry });
     expect((await app.inject({ method: 'GET', url: '/ready' })).json()).toEqual({ status: 'ready', workers: { total: 1, ready: 1 }, models: [] });
     await app.close();
   });

@@ -25,7 +25,7 @@ import {
   type Disk,
   type PullOptions,
 } from '../src/install/index.js';
-import { silentLogger } from './helpers/api-server.js';
+import { silentLogger } from './helpers/logs.js';
 import { FakeHub, readFolderFiles } from './helpers/fake-hub.js';
 
 /**

@@ -1,4 +1,3 @@
-import { copyFile } from 'node:fs/promises';
 import path from 'node:path';
 import OpenAI from 'openai';
 import type { ImageGenerateParamsNonStreaming, ImageModel, ImagesResponse as SdkImagesResponse } from 'openai/resources/images';
@@ -7,8 +6,8 @@ import { afterAll, beforeAll, describe, expect, expectTypeOf, it } from 'vitest'
 import { apiError } from './helpers/failures.js';
 import { GPT_IMAGE_MODEL_NAMES, gptImageNameTakes, OPENAI_MODEL_NAMES } from '../src/api/dialects.js';
 import type { ImagesResponse } from '../src/api/wire.js';
-import { startTestServer, writeStubModel, type TestServer } from './helpers/api-server.js';
-import { DEMO_TOKENIZER, demoPromptTokens } from './helpers/prompt-tokens.js';
+import { startTestServer, writeDemoModel, type TestServer } from './helpers/api-server.js';
+import { demoPromptTokens } from './helpers/prompt-tokens.js';
 
 /**
  * Model names as the official SDK sends them: an omitted model is DEFAULT_MODEL, every name the SDK
@@ -21,10 +20,8 @@ let server: TestServer;
 beforeAll(async () => {
   const aliases = Object.fromEntries(OPENAI_MODEL_NAMES.map((name) => [name, 'wide']));
   server = await startTestServer({ aliases, config: { defaultModel: 'wide' } });
-  // A model that lists two of the three gpt-image sizes, with a real tokenizer (the demo model's) to count prompts.
-  const wide = path.join(server.modelsDir, 'wide');
-  await writeStubModel(wide, { sizes: ['512x512', '1024x1024', '1536x1024'], default_size: '512x512' });
-  for (const file of ['tokenizer.json', 'tokenizer_config.json']) await copyFile(path.join(DEMO_TOKENIZER, file), path.join(wide, 'tokenizer', file));
+  // The demo model, listing two of the three gpt-image sizes; its tokenizer counts the prompts.
+  await writeDemoModel(path.join(server.modelsDir, 'wide'), { sizes: ['512x512', '1024x1024', '1536x1024'], default_size: '512x512' });
   await server.registry.scan();
 });
 afterAll(() => server.close());
@@ -146,8 +143,8 @@ describe('gpt-image names', () => {
       echoed.push((await generate({ model: 'gpt-image-1', quality })).quality);
     }
     expect(echoed).toEqual(['low', 'medium', 'medium', 'high', 'medium']);
-    // The stub is an SD-Turbo: low and standard are both its single step, hd is 4.
-    expect(server.engine.batches.slice(before).map((b) => b.steps)).toEqual([1, 1, 1, 4, 1]);
+    // The demo model is an SD-Turbo export, whose low is one step; its imagegen.json asks 4 standard and 8 hd.
+    expect(server.engine.batches.slice(before).map((b) => b.steps)).toEqual([1, 4, 4, 8, 4]);
   });
 
   it('serves auto as the model default and leaves out a size outside the SDK enum', async () => {
@@ -220,7 +217,7 @@ describe('dall-e names and installed ids', () => {
     const res = await generate({ model, quality: 'hd', style: 'natural', size: '512x512' });
     expect(Object.keys(res).sort()).toEqual(['created', 'data']);
     expect(res.data![0].url).toMatch(/^http:\/\/127\.0\.0\.1:\d+\/v1\/images\/files\/[0-9a-f]{32}\.png$/);
-    expect(server.engine.batches.slice(before).map((b) => [b.steps, b.width])).toEqual([[4, 512]]);
+    expect(server.engine.batches.slice(before).map((b) => [b.steps, b.width])).toEqual([[8, 512]]);
   });
 
   it("holds dall-e names to OpenAI's prompt limits for them (dall-e-2 1000 characters, dall-e-3 4000), and n to the interface's 1 to 10", async () => {

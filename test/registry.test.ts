@@ -4,7 +4,8 @@ import path from 'node:path';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { inject } from 'vitest';
 import { ModelRegistry } from '../src/models/registry.js';
-import { silentLogger, writeStubModel } from './helpers/api-server.js';
+import { writeStubModel } from './helpers/api-server.js';
+import { silentLogger } from './helpers/logs.js';
 
 /** Model discovery: folders become models with presets; aliases; changes seen without restart. */
 

@@ -3,7 +3,7 @@ import { failureOf } from './helpers/failures.js';
 import type { ApiError } from '../src/api/errors.js';
 import { KeyRates } from '../src/http/key-rates.js';
 import { RedisLedger } from '../src/http/redis-ledger.js';
-import { silentLogger } from './helpers/api-server.js';
+import { silentLogger } from './helpers/logs.js';
 import { NO_REDIS, REDIS_SERVER, useRedis, type TestRedis } from './helpers/redis.js';
 
 /**

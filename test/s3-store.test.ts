@@ -9,7 +9,7 @@ import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
 import { ConfigError, loadConfig } from '../src/config.js';
 import { StoreFullError, StoreUnavailableError } from '../src/store/image-store.js';
 import { S3ImageStore, type S3StoreOptions } from '../src/store/s3-store.js';
-import { silentLogger } from './helpers/api-server.js';
+import { silentLogger } from './helpers/logs.js';
 import { apiError } from './helpers/failures.js';
 import { MODEL, startOpsServer, untilReady } from './helpers/ops-server.js';
 import { startS3Server, type S3Service } from './helpers/services.js';

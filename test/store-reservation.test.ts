@@ -5,7 +5,9 @@ import OpenAI from 'openai';
 import { describe, expect, it } from 'vitest';
 import { FileImageStore } from '../src/store/file-store.js';
 import { StoreFullError } from '../src/store/image-store.js';
-import { FakeEngine, silentLogger, startTestServer, TEST_KEY } from './helpers/api-server.js';
+import { startTestServer, TEST_KEY } from './helpers/api-server.js';
+import { FakeEngine } from './helpers/engines.js';
+import { silentLogger } from './helpers/logs.js';
 
 /**
  * A url request reserves its images' store space before any is generated: a store without room answers
@@ -33,20 +35,21 @@ describe('store space reserved before generation', () => {
       const inline = await server.client.images.generate({ model: 'stub', prompt: 'x', size: '512x512' as '1024x1024', response_format: 'b64_json' });
       expect(inline.data).toHaveLength(1);
 
-      // Each of these reserves about 13 KiB and stores far less: five in a row fit only if every
-      // request hands back what it did not use.
+      // Each of these reserves about 13 KiB and stores far less (a 64x64 picture of the demo model is a
+      // few KiB): five in a row fit only if every request hands back what it did not use.
       for (let i = 0; i < 5; i++) {
         const small = await server.client.images.generate({ model: 'stub', prompt: 'x', size: '64x64' as '1024x1024', response_format: 'url' });
         expect(small.data![0].url).toMatch(/^http/);
       }
-      expect(server.store.stats().bytes).toBeLessThan(5 * 2000);
+      expect(server.store.stats().files).toBe(5);
+      expect(server.store.stats().bytes).toBeLessThan(5 * 6000);
     } finally {
       await server.close();
     }
   });
 
   it('releases the reservation of a request the queue turned away', async () => {
-    // One worker, no waiting room: while one request runs, the others get 429.
+    // One worker, no waiting room: while one request runs, the others get 429. A fake engine, to hold it running.
     const engine = new FakeEngine(1, 0);
     const server = await startTestServer({ maxStoreBytes: 70_000, engine });
     const ask = (n: number) => server.client.images.generate({ model: 'stub', prompt: 'x', n, size: '64x64' as '1024x1024', response_format: 'url' });
@@ -70,6 +73,7 @@ describe('store space reserved before generation', () => {
 describe('a store full with the images of running requests', () => {
   it('answers 507 storage_full with Retry-After, to be retried, while space set aside for running requests is what is missing; not to be retried when the images could never fit', async () => {
     // Two workers: one request holds its reservation (about 26 KiB for two 64x64 PNGs) while others come.
+    // A fake engine, to hold it running.
     const engine = new FakeEngine(2, 4);
     const server = await startTestServer({ maxStoreBytes: 30_000, engine });
     const ask = (n: number) => server.client.images.generate({ model: 'stub', prompt: 'x', n, size: '64x64' as '1024x1024', response_format: 'url' });

@@ -4,7 +4,8 @@ import path from 'node:path';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { FileImageStore } from '../src/store/file-store.js';
 import { StoreFullError, StoreUnavailableError } from '../src/store/image-store.js';
-import { silentLogger, startTestServer, TEST_KEY } from './helpers/api-server.js';
+import { startTestServer, TEST_KEY } from './helpers/api-server.js';
+import { silentLogger } from './helpers/logs.js';
 
 /** The image store on disk, and the files route in front of it. */
 

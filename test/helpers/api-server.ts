@@ -1,30 +1,27 @@
-import { mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { cp, mkdir, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import OpenAI from 'openai';
-import { pino, type Logger } from 'pino';
-import sharp from 'sharp';
+import type { Logger } from 'pino';
 import { loadConfig } from '../../src/config.js';
-import { JobQueue, Ticket, type ClientLimits } from '../../src/engine/job-queue.js';
-import type { Readiness } from '../../src/engine/worker-slots.js';
-import { IMAGE_FORMATS, outputOf, type BatchItem, type GeneratedImage, type GenerationBatch } from '../../src/runtime/types.js';
 import { buildApp, type AppConfig } from '../../src/http/app.js';
-import type { HealthEngine } from '../../src/http/health.js';
-import type { ImageEngine } from '../../src/service/images.js';
 import { ModelRegistry } from '../../src/models/registry.js';
 import { Metrics } from '../../src/observability/metrics.js';
 import { FileImageStore } from '../../src/store/file-store.js';
+import { DEMO_MODEL_DIR } from './demo-model.js';
+import { RealEngine, type TestEngine } from './engines.js';
+import { silentLogger } from './logs.js';
 
 /**
- * The real HTTP app, store and model registry on an ephemeral port, with a fake engine: the API's
- * behaviour is tested in milliseconds, without ONNX. Model folders are stubs that pass inspectModel.
+ * The real HTTP app, store, model registry and engine (a worker pool running the embedded demo model at
+ * small sizes: a generation takes milliseconds) on an ephemeral port. A test that must hold jobs at a
+ * precise point passes a FakeEngine (engines.ts), and says why.
  */
 
-export const silentLogger = pino({ level: 'silent' });
-
 /**
- * A folder inspectModel accepts as an SD-Turbo export (the files are never loaded by the fake engine);
- * `canEdit` adds the VAE encoder that edits and variations need.
+ * A folder inspectModel accepts as an SD-Turbo export, its graphs empty files: for tests of what the
+ * registry makes of a folder, which no engine loads (a server's model is writeDemoModel's). `canEdit`
+ * adds the VAE encoder that edits and variations need.
  */
 export async function writeStubModel(dir: string, override?: object, { canEdit = false } = {}): Promise<void> {
   const files: Record<string, string> = {
@@ -44,90 +41,22 @@ export async function writeStubModel(dir: string, override?: object, { canEdit =
   }
 }
 
-/** Sizes of the stub model: small ones keep the fake images cheap. */
+/** Sizes of the test servers' model, `stub`: small ones keep its images cheap. */
 export const STUB_SIZES = ['64x64', '128x64', '512x512'];
 
-/** What the app takes as its engine (the service's and the health routes' parts), and the close a test server calls. */
-export type TestEngine = ImageEngine & HealthEngine & { close(): Promise<void> };
-
 /**
- * Draws one flat picture per item, its colour derived from the seed, through the real JobQueue so
- * queueing and cancellation behave as in the pool. `hold()` makes jobs wait until `release()`.
+ * A copy of the embedded demo model at `dir` whose imagegen.json takes `override` over its own (e.g.
+ * other sizes); `canEdit: false` drops its VAE encoder, as exports that can draw but not edit lack it.
  */
-export class FakeEngine implements TestEngine {
-  readonly batches: GenerationBatch[] = [];
-  readonly signals: (AbortSignal | undefined)[] = [];
-  /** Who each request's ticket was for, and its limits: the queue's view of the API key. */
-  readonly tickets: { client: string; limits?: ClientLimits }[] = [];
-  private readonly queue: JobQueue;
-  private gate: Promise<void> | undefined;
-  private open: (() => void) | undefined;
-
-  constructor(workers = 1, queueMax = 16) {
-    this.queue = new JobQueue(workers, queueMax);
-  }
-
-  hold(): void {
-    this.gate = new Promise((resolve) => (this.open = resolve));
-  }
-
-  release(): void {
-    this.open?.();
-    this.gate = undefined;
-  }
-
-  ticket(_batches: readonly GenerationBatch[], client?: string, limits?: ClientLimits): Ticket {
-    const ticket = new Ticket(client, 0, limits);
-    this.tickets.push({ client: ticket.client, limits });
-    return ticket;
-  }
-
-  generate(batch: GenerationBatch, signal?: AbortSignal, ticket?: Ticket): Promise<GeneratedImage[]> {
-    this.signals.push(signal);
-    return this.queue.run(
-      async () => {
-        this.batches.push(batch);
-        await this.gate;
-        return Promise.all(batch.items.map((item) => draw(batch, item)));
-      },
-      signal,
-      { ticket },
-    );
-  }
-
-  load() {
-    return this.queue.load();
-  }
-
-  waitOutside(ticket: Ticket) {
-    return this.queue.waitOutside(ticket);
-  }
-
-  wouldRefuse(client?: string, limits?: ClientLimits) {
-    return this.queue.wouldRefuse(client, limits);
-  }
-
-  readiness(): Readiness {
-    return { ready: true, started: true, workers: { total: 1, ready: 1 }, models: [] };
-  }
-
-  async close() {
-    this.queue.close();
-  }
+export async function writeDemoModel(dir: string, override: object, { canEdit = true } = {}): Promise<void> {
+  await cp(DEMO_MODEL_DIR, dir, { recursive: true });
+  const preset = JSON.parse(await readFile(path.join(DEMO_MODEL_DIR, 'imagegen.json'), 'utf8')) as object;
+  await writeFile(path.join(dir, 'imagegen.json'), JSON.stringify({ ...preset, ...override }));
+  if (!canEdit) await rm(path.join(dir, 'vae_encoder'), { recursive: true });
 }
 
-
-async function draw(batch: GenerationBatch, item: BatchItem): Promise<GeneratedImage> {
-  const { seed } = item;
-  const { format, compression } = outputOf(item);
-  const background = { r: seed % 256, g: (seed >> 8) % 256, b: (seed >> 16) % 256 };
-  const image = sharp({ create: { width: batch.width, height: batch.height, channels: 3, background } });
-  const data = await image.toFormat(format, compression === undefined ? {} : { quality: compression }).toBuffer();
-  return { data: new Uint8Array(data), contentType: IMAGE_FORMATS[format].contentType, seed };
-}
-
-/** `E`: the engine behind the app, the fake one unless a test passes a real pool. */
-export interface TestServer<E extends TestEngine = FakeEngine> {
+/** `E`: the engine behind the app, the file's worker pool unless a test passes another. */
+export interface TestServer<E extends TestEngine = RealEngine> {
   /** The API base URL, ending in /v1. */
   baseURL: string;
   origin: string;
@@ -142,7 +71,7 @@ export interface TestServer<E extends TestEngine = FakeEngine> {
   close(): Promise<void>;
 }
 
-export interface TestServerOptions<E extends TestEngine = FakeEngine> {
+export interface TestServerOptions<E extends TestEngine = RealEngine> {
   apiKeys?: string[];
   /** Serve HTTPS with this certificate and key (PEM). */
   tls?: { cert: Buffer; key: Buffer };
@@ -159,24 +88,24 @@ export interface TestServerOptions<E extends TestEngine = FakeEngine> {
   logger?: Logger;
   /** An API key file's lines: written to a file the server reads as API_KEYS_FILE (no API_KEYS then). */
   keysFile?: string;
-  /** The stub model can edit (its export has a VAE encoder). */
+  /** The model can edit (its export keeps the VAE encoder). */
   stubCanEdit?: boolean;
 }
 
 export const TEST_KEY = 'sk-test-0123456789abcdef';
 
-/** A server with one stub model, `stub`, aliased as dall-e-3. */
-export async function startTestServer<E extends TestEngine = FakeEngine>(options: TestServerOptions<E> = {}): Promise<TestServer<E>> {
+/** A server with one model, `stub` (the demo model at STUB_SIZES), aliased as dall-e-3. */
+export async function startTestServer<E extends TestEngine = RealEngine>(options: TestServerOptions<E> = {}): Promise<TestServer<E>> {
   const root = await mkdtemp(path.join(os.tmpdir(), 'imagegen-api-'));
   const modelsDir = path.join(root, 'models');
-  await writeStubModel(path.join(modelsDir, 'stub'), { sizes: STUB_SIZES, default_size: '64x64' }, { canEdit: options.stubCanEdit });
+  await writeDemoModel(path.join(modelsDir, 'stub'), { sizes: STUB_SIZES, default_size: '64x64' }, { canEdit: options.stubCanEdit ?? false });
   const dataDir = options.dataDir ?? path.join(root, 'data');
   const keysFile = options.keysFile === undefined ? undefined : path.join(root, 'keys');
   if (keysFile) await writeFile(keysFile, options.keysFile!);
   const apiKeys = options.apiKeys ?? (keysFile ? [] : [TEST_KEY]);
 
-  // Without an engine of the test's, the fake one: E is then FakeEngine, its default.
-  const engine = options.engine ?? (new FakeEngine() as unknown as E);
+  // Without an engine of the test's, the file's pool: E is then RealEngine, its default.
+  const engine = options.engine ?? (new RealEngine() as unknown as E);
   const store = await FileImageStore.open({ dir: dataDir, ttlSeconds: options.ttlSeconds ?? 3600, maxBytes: options.maxStoreBytes ?? 1e9, logger: silentLogger, clock: options.clock });
   const registry = new ModelRegistry({
     roots: [{ dir: modelsDir, ownedBy: 'user' }],

@@ -1,6 +1,9 @@
 import { Writable } from 'node:stream';
 import { pino } from 'pino';
 
+/** A logger that writes nothing, for the parts under test whose logs no test reads. */
+export const silentLogger = pino({ level: 'silent' });
+
 /** A logger at level info whose lines the test reads: parsed, and as written (`raw`). */
 export function capturedLogs<Line>() {
   const lines: Line[] = [];

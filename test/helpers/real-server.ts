@@ -5,7 +5,7 @@ import OpenAI from 'openai';
 import type { Logger } from 'pino';
 import { loadConfig } from '../../src/config.js';
 import { startServer, type RunningServer } from '../../src/server.js';
-import { silentLogger } from './api-server.js';
+import { silentLogger } from './logs.js';
 import { WORKER_SCRIPT } from './cli.js';
 
 /**

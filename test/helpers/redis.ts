@@ -1,7 +1,7 @@
 import type { Redis } from 'ioredis';
 import { afterAll, beforeAll } from 'vitest';
 import { connectRedis } from '../../src/http/redis.js';
-import { silentLogger } from './api-server.js';
+import { silentLogger } from './logs.js';
 import { findCommand, startRedis, type RedisService } from './services.js';
 
 /** redis-server, if installed: the tests that need it skip without it, saying so in their title (NO_REDIS). */
