@@ -20,8 +20,9 @@ let server: TestServer;
 beforeAll(async () => {
   const aliases = Object.fromEntries(OPENAI_MODEL_NAMES.map((name) => [name, 'wide']));
   server = await startTestServer({ aliases, config: { defaultModel: 'wide' } });
-  // The demo model, listing two of the three gpt-image sizes; its tokenizer counts the prompts.
-  await writeDemoModel(path.join(server.modelsDir, 'wide'), { sizes: ['512x512', '1024x1024', '1536x1024'], default_size: '512x512' });
+  // The demo model, listing two of the three gpt-image sizes; its tokenizer counts the prompts. Few
+  // steps (1 low, 2 standard, 3 hd): these are the largest pictures the API tests make.
+  await writeDemoModel(path.join(server.modelsDir, 'wide'), { sizes: ['512x512', '1024x1024', '1536x1024'], default_size: '512x512', steps: { low: 1, standard: 2, hd: 3 } });
   await server.registry.scan();
 });
 afterAll(() => server.close());
@@ -143,8 +144,7 @@ describe('gpt-image names', () => {
       echoed.push((await generate({ model: 'gpt-image-1', quality })).quality);
     }
     expect(echoed).toEqual(['low', 'medium', 'medium', 'high', 'medium']);
-    // The demo model is an SD-Turbo export, whose low is one step; its imagegen.json asks 4 standard and 8 hd.
-    expect(server.engine.batches.slice(before).map((b) => b.steps)).toEqual([1, 4, 4, 8, 4]);
+    expect(server.engine.batches.slice(before).map((b) => b.steps)).toEqual([1, 2, 2, 3, 2]);
   });
 
   it('serves auto as the model default and leaves out a size outside the SDK enum', async () => {
@@ -217,7 +217,7 @@ describe('dall-e names and installed ids', () => {
     const res = await generate({ model, quality: 'hd', style: 'natural', size: '512x512' });
     expect(Object.keys(res).sort()).toEqual(['created', 'data']);
     expect(res.data![0].url).toMatch(/^http:\/\/127\.0\.0\.1:\d+\/v1\/images\/files\/[0-9a-f]{32}\.png$/);
-    expect(server.engine.batches.slice(before).map((b) => [b.steps, b.width])).toEqual([[8, 512]]);
+    expect(server.engine.batches.slice(before).map((b) => [b.steps, b.width])).toEqual([[3, 512]]);
   });
 
   it("holds dall-e names to OpenAI's prompt limits for them (dall-e-2 1000 characters, dall-e-3 4000), and n to the interface's 1 to 10", async () => {
