@@ -59,6 +59,18 @@ const LABEL = /^[A-Za-z0-9._@/-]{1,64}$/;
 /** Comparing fixed-size digests keeps the comparison's time independent of the key and of its length. */
 const digest = (key: string) => createHash('sha256').update(key).digest();
 
+/**
+ * How an error names a word after a line's key that is not a limit: the word itself only when it is
+ * shaped as one (a limit's name with a bad value, or `name=digits`). Anything else may be a key: two
+ * keys on one line, or the rest of a key with a space in it, must not reach the log; it is named by
+ * its place on the line instead.
+ */
+function shownSetting(setting: string, word: number): string {
+  const [, name, value] = /^([^=]*)=(.*)$/.exec(setting) ?? [];
+  const limitShaped = name !== undefined && (Object.hasOwn(LIMIT_NAMES, name) || (/^[a-z_]{1,40}$/.test(name) && /^\d{0,12}$/.test(value)));
+  return limitShaped ? `'${setting}'` : `word ${word} (not shown: it may be a key)`;
+}
+
 /** Reads API_KEYS_FILE's text; throws KeyFileError naming every bad line. */
 export function parseKeyFile(text: string, file: string): ApiKey[] {
   const keys: ApiKey[] = [];
@@ -73,15 +85,15 @@ export function parseKeyFile(text: string, file: string): ApiKey[] {
     if (colon >= 0 && !LABEL.test(label)) problems.push(`${where}: the label must be 1 to 64 letters, digits or ._@/-`);
     if (!isSendableKey(key)) problems.push(`${where}: the key must be printable characters without spaces`);
     const limits: KeyLimits = {};
-    for (const setting of settings) {
+    settings.forEach((setting, i) => {
       const match = /^([a-z_]+)=([1-9]\d{0,8})$/.exec(setting);
       const field = match && LIMIT_NAMES[match[1] as keyof typeof LIMIT_NAMES];
       if (!match || !field) {
-        problems.push(`${where}: '${setting}' is not a limit: expected ${Object.keys(LIMIT_NAMES).join('=N, ')}=N with N a whole number >= 1`);
+        problems.push(`${where}: ${shownSetting(setting, i + 2)} is not a limit: expected ${Object.keys(LIMIT_NAMES).join('=N, ')}=N with N a whole number >= 1 (a key has no spaces)`);
       } else if (limits[field] !== undefined) {
         problems.push(`${where}: ${match[1]} is given twice`);
       } else limits[field] = Number(match[2]);
-    }
+    });
     keys.push({ label, key, ...(Object.keys(limits).length > 0 && { limits }) });
   });
   const seen = new Set<string>();
