@@ -201,7 +201,12 @@ const SETTINGS = {
     description: 'image URLs are presigned S3 URLs that expire with the image (clients fetch from the bucket, which they must reach), instead of URLs any replica serves',
   },
   redisUrl: {
-    schema: z.string().regex(/^rediss?:\/\//, 'expected a redis:// or rediss:// URL, e.g. redis://redis:6379/0').optional(),
+    // Parsed here as the client will parse it: a URL it refuses made it throw at start with the URL, password and all, in the log.
+    schema: z
+      .string()
+      .regex(/^rediss?:\/\//, 'expected a redis:// or rediss:// URL, e.g. redis://redis:6379/0')
+      .refine((url) => URL.canParse(url), 'expected a valid URL (a port 1-65535; characters of a user or password that URLs reserve written as %XX)')
+      .optional(),
     description: 'Redis shared by the replicas for the per-key limits of API_KEYS_FILE (e.g. redis://redis:6379/0; rediss:// for TLS); unset: each server counts alone',
   },
   publicBaseUrl: {
@@ -343,6 +348,9 @@ const SETTINGS = {
 
 export type SettingName = keyof typeof SETTINGS;
 
+/** Settings holding credentials: an error about one never shows its value (it goes to the terminal and the log). */
+const SECRET_SETTINGS: ReadonlySet<SettingName> = new Set(['apiKeys', 'redisUrl']);
+
 /** The settings as their schemas give them. */
 type Settings = z.output<z.ZodObject<{ [K in SettingName]: (typeof SETTINGS)[K]['schema'] }>>;
 
@@ -409,7 +417,8 @@ function parseSettings<K extends SettingName>(names: readonly K[], flags: Partia
     throw new ConfigError(
       result.error.issues.map((issue) => {
         const name = issue.path[0] as K;
-        return `${envName(name)} (${flagName(name)}): ${issue.message}${raw[name] === undefined ? '' : ` (got '${raw[name]}')`}`;
+        const shown = raw[name] === undefined || SECRET_SETTINGS.has(name) ? '' : ` (got '${raw[name]}')`;
+        return `${envName(name)} (${flagName(name)}): ${issue.message}${shown}`;
       }),
     );
   }

@@ -99,6 +99,18 @@ describe('loadConfig', () => {
     expect(loadConfig({}, { API_KEYS: 'abc!def, p@ss:word' }).apiKeys).toEqual(['abc!def', 'p@ss:word']);
   });
 
+  it('never shows the value of a setting that holds credentials (API_KEYS, REDIS_URL) it refuses, and refuses a REDIS_URL the client could not parse', () => {
+    const found = problems(() => loadConfig({}, { API_KEYS: 'sk-good-0001,sk bad-0002', REDIS_URL: 'redis://app:hunter2@redis:99999/0', PORT: 'x' }));
+    expect(found).toEqual([
+      expect.stringMatching(/^PORT .*\(got 'x'\)$/),
+      expect.stringMatching(/^API_KEYS \(--api-keys\): expected keys without spaces or control characters, separated by commas$/),
+      expect.stringMatching(/^REDIS_URL \(--redis-url\): expected a valid URL/),
+    ]);
+    expect(found.join('\n')).not.toMatch(/sk-|hunter2/);
+    expect(problems(() => loadConfig({}, { REDIS_URL: 'http://app:hunter2@redis:6379' })).join('\n')).not.toContain('hunter2');
+    expect(loadConfig({}, { REDIS_URL: 'rediss://app:p%40ss@redis:6380/1' }).redisUrl).toBe('rediss://app:p%40ss@redis:6380/1');
+  });
+
   it('refuses a PUBLIC_BASE_URL that image paths cannot follow: a query, fragment, credentials or spaces', () => {
     for (const url of ['https://x.example.com/imgs?x=1', 'https://x.example.com/imgs#frag', 'https://u:p@x.example.com/imgs', 'https://x.example.com/im gs', 'https://x.example.com/imgs?', 'https://x.example.com/imgs#']) {
       expect([url, problems(() => loadConfig({}, { PUBLIC_BASE_URL: url }))[0]]).toEqual([url, expect.stringMatching(/^PUBLIC_BASE_URL .*without spaces, query/)]);
