@@ -1,4 +1,4 @@
-import { rm, truncate } from 'node:fs/promises';
+import { rm, truncate, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import OpenAI from 'openai';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -18,9 +18,11 @@ const modelDir = (id: string) => path.join(real.root, 'models', id);
 
 beforeAll(async () => {
   const copy = { copy: referenceModel('sd-turbo') };
-  real = await startRealServer({ models: { good: copy, damaged: copy, doomed: copy }, env: { WORKERS: '1', PRELOAD: 'good', DEFAULT_MODEL: 'good' } });
+  real = await startRealServer({ models: { good: copy, damaged: copy, doomed: copy, misconfigured: copy }, env: { WORKERS: '1', PRELOAD: 'good', DEFAULT_MODEL: 'good' } });
   // Cut short after the scan that found it usable, as a copy still being written would be.
   await truncate(path.join(modelDir('damaged'), 'text_encoder', 'model.onnx'), 2000);
+  // Half written by an editor after the scan.
+  await writeFile(path.join(modelDir('misconfigured'), 'scheduler', 'scheduler_config.json'), '{"_class_name": ');
 }, 120_000);
 afterAll(() => real?.close());
 
@@ -37,6 +39,14 @@ describe('a model that cannot be loaded when its request runs', () => {
     expect(err.headers?.get('x-should-retry')).toBe('false');
     // The other models are unaffected.
     expect((await generate('good')).data).toHaveLength(1);
+  });
+
+  it('names the file at fault relative to the model folder, whatever failed to read it', async () => {
+    const err = await apiError(generate('misconfigured'));
+    expect({ status: err.status, code: err.code }).toEqual({ status: 500, code: 'model_unusable' });
+    const { message } = err.error as { message: string };
+    expect(message).toMatch(/^The model 'misconfigured' is installed but could not be loaded: scheduler\/scheduler_config\.json is not valid JSON/);
+    expect(message).not.toContain(real.root);
   });
 
   it('is a 400 saying it was removed when its folder went away while the request waited', async () => {

@@ -87,13 +87,21 @@ export const MODEL_INDEX = 'model_index.json';
 export const MISSING_FOLDER = 'the folder does not exist';
 
 export class ModelLayoutError extends Error {
+  /**
+   * What is wrong, without the folder: the reason `imagegen models list`, /ready, the log and a 500
+   * model_unusable give. The files it names are relative to the folder, whichever reader's message it
+   * carries (a JSON parser's, a tokenizer's name their files by their full paths).
+   */
+  readonly problem: string;
+
   constructor(
     readonly dir: string,
-    /** What is wrong, without the folder: the reason `imagegen models list`, /ready and the log give. */
-    readonly problem: string,
+    problem: string,
   ) {
-    super(`${dir} is not a usable model folder: ${problem}`);
+    const relative = withinFolder(dir, problem);
+    super(`${dir} is not a usable model folder: ${relative}`);
     this.name = 'ModelLayoutError';
+    this.problem = relative;
   }
 }
 

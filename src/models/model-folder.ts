@@ -70,6 +70,6 @@ export async function inspectModelFolder(dir: string): Promise<FolderVerdict> {
     return { usable: true, layout, preset: await presetOf(dir, layout, schedulers), schedulers, capabilities: capabilitiesOf(family, layout) };
   } catch (err) {
     // Any failure, an unreadable file included, makes the folder unusable; the server must go on serving the others.
-    return { usable: false, reason: withinFolder(dir, err instanceof ModelLayoutError ? err.problem : (err as Error).message) };
+    return { usable: false, reason: err instanceof ModelLayoutError ? err.problem : withinFolder(dir, (err as Error).message) };
   }
 }

@@ -2,7 +2,7 @@ import { OnnxModel, OnnxOutOfMemoryError } from '../runtime/onnx-model.js';
 import type { RuntimeOptions, SessionTuning } from '../runtime/providers.js';
 import type { PipelineKind } from '../families/family.js';
 import { familyEntry } from '../families/index.js';
-import { inspectModel, ModelLayoutError, withinFolder, type ModelLayout } from '../models/layout.js';
+import { inspectModel, ModelLayoutError, type ModelLayout } from '../models/layout.js';
 import { loadTokenizer } from '../tokenizers/load.js';
 import { FluxPipeline } from './flux.js';
 import type { Pipeline } from './pipeline.js';
@@ -50,7 +50,7 @@ export async function loadPipeline(dir: string, runtime: RuntimeOptions, memory?
     } catch (err) {
       // Running out of memory says nothing about the folder: the caller reports it as memory.
       if (err instanceof OnnxOutOfMemoryError) throw err;
-      throw new ModelLayoutError(layout.dir, withinFolder(layout.dir, `cannot load ${file}: ${(err as Error).message.split('\n')[0]}`));
+      throw new ModelLayoutError(layout.dir, `cannot load ${file}: ${(err as Error).message.split('\n')[0]}`);
     }
   };
   try {
