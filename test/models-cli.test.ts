@@ -431,6 +431,14 @@ describe('a full disk', () => {
     await expectNothingInstalled('sd-turbo-onnx');
   });
 
+  it('stops a download that sends more than its listing says before it fills the disk, leaving nothing behind', async () => {
+    // A mirror whose copy grew since its listing, by more than the disk has room for.
+    hub.lengthenOnce(REPO, WEIGHTS, sourceTotal);
+    const failure = await failureOf(pull(REPO, { name: 'long', disk: fullAfter(sourceTotal) }));
+    expect(failure.message).toMatch(new RegExp(`^${WEIGHTS} failed verification: ${hub.url} sent more than the ${sourceFiles[WEIGHTS].length} bytes its listing gives\\. The download was discarded`));
+    await expectNothingInstalled('long');
+  });
+
   it('fails an import the same way, and checks free space before starting', async () => {
     await expect(importFrom(sourceDir, 'x').then(() => undefined)).resolves.toBeUndefined();
     await expect(importModel({ modelsDir, source: sourceDir, name: 'y', output, disk: fullAfter(10_000) })).rejects.toThrow(/is full: this needs/);

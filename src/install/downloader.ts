@@ -2,7 +2,7 @@ import { mkdir, rename } from 'node:fs/promises';
 import { setTimeout as sleep } from 'node:timers/promises';
 import path from 'node:path';
 import { readChunks, sizeOf, writeStream, type Disk } from './disk.js';
-import { DownloadInterrupted } from './errors.js';
+import { DownloadInterrupted, ModelInstallError } from './errors.js';
 import { ConnectionLost, type HubClient, type HubFile, type RepoRef } from './hub-client.js';
 import type { FileDigest } from './manifest.js';
 import { Progress, type ProgressOutput } from './progress.js';
@@ -76,6 +76,20 @@ async function downloadWithRetries(plan: DownloadPlan, file: HubFile, progress: 
   }
 }
 
+/**
+ * `body`, failing with `tooLong()` at the first chunk past `bytes`: a server whose copy is longer than
+ * its listing says (or whose body never ends) would otherwise fill the disk before the check of the
+ * whole file refused it. Stopping the loop cancels the download.
+ */
+async function* atMost(body: AsyncIterable<Uint8Array>, bytes: number, tooLong: () => Error): AsyncIterable<Uint8Array> {
+  let left = bytes;
+  for await (const chunk of body) {
+    if (chunk.length > left) throw tooLong();
+    left -= chunk.length;
+    yield chunk;
+  }
+}
+
 async function downloadFile(plan: DownloadPlan, file: HubFile, progress: Progress): Promise<FileDigest> {
   const dest = path.join(plan.dir, file.path);
   const part = partOf(dest);
@@ -107,7 +121,9 @@ async function downloadFile(plan: DownloadPlan, file: HubFile, progress: Progres
       hasher = newHasher();
       offset = 0;
     }
-    await writeStream(plan.disk, part, progress.counting(hashing(download.body, hasher)), offset > 0 ? 'append' : 'create');
+    const tooLong = () => new ModelInstallError(`${file.path} failed verification: ${plan.hub.hubUrl} sent more than the ${file.size} bytes its listing gives. ${advice}`);
+    const body = atMost(download.body, file.size - offset, tooLong);
+    await writeStream(plan.disk, part, progress.counting(hashing(body, hasher)), offset > 0 ? 'append' : 'create');
     if (hasher.size < file.size) throw new ConnectionLost(`the server closed the connection after ${hasher.size} of ${file.size} bytes`);
   }
 

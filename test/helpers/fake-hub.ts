@@ -9,7 +9,7 @@ import path from 'node:path';
  * (`/api/models/<repo>/revision/<rev>`), the recursive file tree with LFS ids
  * (`/api/models/<repo>/tree/<rev>/<path>`), and `/<repo>/resolve/<rev>/<path>` downloads, which for
  * LFS files redirect to a "CDN" path as the real Hub does. Downloads honour Range requests. Faults can
- * be injected: a connection dropped mid-file, a wrong checksum in the listing.
+ * be injected: a connection dropped mid-file, a file longer than listed, a wrong checksum in the listing.
  */
 
 export interface FakeRepoOptions {
@@ -55,6 +55,8 @@ export class FakeHub {
   /** "<repo>:<path>" -> bytes to send before dropping the connection, once. */
   private readonly drops = new Map<string, number>();
   private readonly wrongChecksums = new Set<string>();
+  /** "<repo>:<path>" -> bytes sent after the file's own, once. */
+  private readonly lengthened = new Map<string, number>();
 
   private constructor(
     private readonly server: Server,
@@ -81,6 +83,11 @@ export class FakeHub {
   /** The next download of `file` sends `bytes` bytes, then the connection is destroyed. */
   dropOnce(repo: string, file: string, bytes: number): void {
     this.drops.set(`${repo}:${file}`, bytes);
+  }
+
+  /** The next download of `file` sends `bytes` more than the file holds (and its listing says), as a mirror whose copy changed since would. */
+  lengthenOnce(repo: string, file: string, bytes: number): void {
+    this.lengthened.set(`${repo}:${file}`, bytes);
   }
 
   /** The tree listing reports a wrong checksum (LFS sha256 or git blob id) for `file`. */
@@ -164,12 +171,14 @@ export class FakeHub {
       res.writeHead(416, { 'Content-Range': `bytes */${data.length}` }).end();
       return;
     }
-    const body = data.subarray(start);
+    const key = `${repo}:${file}`;
+    const extra = this.lengthened.get(key) ?? 0;
+    this.lengthened.delete(key);
+    const body = Buffer.concat([data.subarray(start), Buffer.alloc(extra)]);
     const headers = { 'Content-Length': body.length, 'Accept-Ranges': 'bytes', ETag: `"${sha256(data)}"` };
     if (range) res.writeHead(206, { ...headers, 'Content-Range': `bytes ${start}-${data.length - 1}/${data.length}` });
     else res.writeHead(200, headers);
 
-    const key = `${repo}:${file}`;
     const drop = this.drops.get(key);
     if (drop === undefined) return void res.end(body);
     this.drops.delete(key);
