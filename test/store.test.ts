@@ -252,6 +252,27 @@ describe('GET /v1/images/files/:name', () => {
     }
   });
 
+  it('reads a Range header in time linear in its length: a long one keeps no request waiting', async () => {
+    const server = await startTestServer();
+    try {
+      const { data } = await server.client.images.generate({ model: 'stub', prompt: 'x' });
+      const url = data![0].url!;
+      // Near Node's 16 KiB header limit: a scan quadratic in its length took about 0.25 s of the event loop for each.
+      const range = `bytes=${'1'.repeat(16_000)}`;
+      const started = performance.now();
+      for (let i = 0; i < 8; i++) {
+        const res = await fetch(url, { headers: { range } });
+        // Malformed (no '-'): answered whole.
+        expect(res.status).toBe(200);
+        await res.arrayBuffer();
+      }
+      // 8 such requests took 2 s and more; linear, they take milliseconds (a wide margin for a busy machine).
+      expect(performance.now() - started).toBeLessThan(800);
+    } finally {
+      await server.close();
+    }
+  });
+
   it('serves an empty file as an empty answer, not a 500', async () => {
     // Not something the server writes, but the index takes any file of the folder at its size.
     const server = await startTestServer();

@@ -60,8 +60,15 @@ function requestedRange(headers: FastifyRequest['headers'], size: number, etag: 
   const ifRange = headers['if-range'];
   if (ifRange !== undefined && (typeof ifRange !== 'string' || ifRange.trim() !== etag)) return undefined;
   // A range whose last byte comes before its first makes the header invalid, to be ignored (RFC 9110
-  // 14.1.1); range-parser drops such a range and answers -1 as for one past the end, so it is told apart here.
-  if ([...header.matchAll(/(\d+)\s*-\s*(\d+)/g)].some(([, first, last]) => Number(last) < Number(first))) return undefined;
+  // 14.1.1); range-parser drops such a range and answers -1 as for one past the end, so it is told apart
+  // here, range by range as range-parser reads them. Each pattern is anchored at its range's start: one
+  // searched for anywhere in the header took time quadratic in its length (a 16 KiB header of digits
+  // held the server's one thread for a quarter of a second, on a route that needs no key).
+  const backwards = (range: string) => {
+    const [, first, last] = /^\s*(\d+)\s*-\s*(\d+)/.exec(range) ?? [];
+    return last !== undefined && Number(last) < Number(first);
+  };
+  if (header.slice(header.indexOf('=') + 1).split(',').some(backwards)) return undefined;
   // A suffix longer than the image asks for all of it (RFC 9110 14.1.2), which range-parser answers -1,
   // as for one past the end: such a suffix is cut to the image's size here.
   const suffixesCut = header.replace(/(^[^=]*=|,)(\s*)-\s*(\d+)/g, (form, before: string, space: string, length: string) =>
