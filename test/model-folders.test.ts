@@ -106,6 +106,17 @@ describe('folders the server cannot run', () => {
     expect(reasonOf(await inspectModelFolder(optimum))).toMatch(/keeps its weights in unet\/model\.onnx_data, which is missing/);
   });
 
+  it('names external weights a graph keeps outside its own folder, which onnxruntime refuses to read', async () => {
+    const dir = await copyOfReference('sd15-fp16');
+    const unet = path.join(dir, 'unet', 'model.onnx');
+    await renameExternalData(unet, '../weights.bin');
+    expect(reasonOf(await inspectModelFolder(dir))).toBe(
+      "unet/model.onnx keeps its weights in '../weights.bin', outside its own folder, where onnxruntime does not read them: export it again with its weights beside it",
+    );
+    // The folder is refused as it is scanned, not listed and then failing each request with a 500.
+    await expect(OnnxModel.load(unet, { provider: 'cpu', threads: 1 })).rejects.toThrow(/escapes model directory/);
+  });
+
   it('names a graph that is cut short or is no protobuf, rather than calling the folder usable until a request loads it', async () => {
     const dir = await copyOfReference('sd-turbo');
     const unet = path.join(dir, 'unet', 'model.onnx');

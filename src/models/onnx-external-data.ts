@@ -91,6 +91,12 @@ export async function externalDataProblem(onnxFile: string, root: string): Promi
   const problems: string[] = [];
   for (const { location, bytesNeeded } of files) {
     const weights = path.resolve(path.dirname(onnxFile), location);
+    // onnxruntime reads external weights only from the graph's own folder (and below): it would refuse
+    // this graph when a request loads it, its error naming the server's folders.
+    if (path.isAbsolute(location) || path.relative(path.dirname(onnxFile), weights).split(path.sep)[0] === '..') {
+      problems.push(`${graph} keeps its weights in '${location}', outside its own folder, where onnxruntime does not read them: export it again with its weights beside it`);
+      continue;
+    }
     const name = path.relative(root, weights);
     const size = (await stat(weights).catch(() => undefined))?.size;
     if (size === undefined) {
