@@ -5,7 +5,13 @@ import type { onnx as proto } from 'onnx-proto';
 import { describe, expect, it } from 'vitest';
 import { fuseAttention, MAX_HEAD_SIZE } from '../src/runtime/attention-fusion.js';
 import { graphSource, rewritesOf } from '../src/runtime/graph-rewrite.js';
-import { classicAttentionModel, sdpaAttentionModel, type ClassicAttentionOptions, type SdpaAttentionOptions } from './helpers/attention-graph.js';
+import {
+  classicAttentionModel,
+  node,
+  sdpaAttentionModel,
+  type ClassicAttentionOptions,
+  type SdpaAttentionOptions,
+} from './helpers/attention-graph.js';
 import { largestDifference } from '../src/util/difference.js';
 import { unetOutput } from './helpers/export-feeds.js';
 import { haveRealExports, REAL_EXPORT_NAMES, realExport } from './helpers/real-exports.js';
@@ -24,9 +30,9 @@ async function run(model: proto.IModelProto, x: Float32Array, dims: number[]): P
 
 const opTypes = (model: proto.IModelProto) => model.graph!.node!.map((n) => n.opType);
 
-/** Fuses a copy of the model made with `options`; answers what fused, the outputs before and after, and the fused model. */
-async function fused(options: ClassicAttentionOptions) {
-  const { model, x, dims } = classicAttentionModel(options);
+/** Fuses a copy of a hand-made model (after `change`); answers what fused, the outputs before and after, and the fused model. */
+async function fused({ model, x, dims }: ReturnType<typeof classicAttentionModel>, change: (model: proto.IModelProto) => void = () => {}) {
+  change(model);
   const copy = structuredClone(model);
   const count = fuseAttention(copy);
   return { count, model: copy, exported: await run(model, x, dims), rewritten: await run(copy, x, dims) };
@@ -35,7 +41,7 @@ async function fused(options: ClassicAttentionOptions) {
 describe('fusing exported attention into MultiHeadAttention', () => {
   it('fuses the exported chain, with and without baddbmm zeros, into one node giving the same output', async () => {
     for (const zeros of [true, false]) {
-      const { count, model, exported, rewritten } = await fused({ zeros, heads: 3, headSize: 8 });
+      const { count, model, exported, rewritten } = await fused(classicAttentionModel({ zeros, heads: 3, headSize: 8 }));
       expect(count).toBe(1);
       const attention = model.graph!.node!.filter((n) => n.opType === 'MultiHeadAttention');
       expect(attention).toHaveLength(1);
@@ -54,7 +60,22 @@ describe('fusing exported attention into MultiHeadAttention', () => {
   });
 
   it('keeps a link of the chain that something else reads, and still gives the same output', async () => {
-    const { count, model, exported, rewritten } = await fused({ alsoOutput: 'probs' });
+    const { count, model, exported, rewritten } = await fused(classicAttentionModel({ alsoOutput: 'probs' }));
+    expect(count).toBe(1);
+    expect(opTypes(model)).toContain('Softmax');
+    expect(largestDifference(rewritten, exported)).toBeLessThan(1e-6);
+  });
+
+  it('fuses a graph that holds subgraphs, keeping what their bodies read', async () => {
+    // An If whose branches read the probabilities, the chain's Softmax, without naming them as an input.
+    const readsProbabilities = (model: proto.IModelProto) => {
+      const graph = model.graph!;
+      const branch = (name: string): proto.IGraphProto => ({ name, node: [node('Identity', ['probs'], [`${name}Out`])], output: [{ name: `${name}Out`, type: { tensorType: { elemType: onnx.TensorProto.DataType.FLOAT } } }] });
+      graph.initializer!.push({ name: 'yes', dataType: onnx.TensorProto.DataType.BOOL, dims: [], int32Data: [1] });
+      graph.node!.push(node('If', ['yes'], ['chosen'], [{ name: 'then_branch', type: onnx.AttributeProto.AttributeType.GRAPH, g: branch('then') }, { name: 'else_branch', type: onnx.AttributeProto.AttributeType.GRAPH, g: branch('else') }]));
+      graph.output!.push({ name: 'chosen', type: { tensorType: { elemType: onnx.TensorProto.DataType.FLOAT } } });
+    };
+    const { count, model, exported, rewritten } = await fused(classicAttentionModel({ zeros: false }), readsProbabilities);
     expect(count).toBe(1);
     expect(opTypes(model)).toContain('Softmax');
     expect(largestDifference(rewritten, exported)).toBeLessThan(1e-6);
@@ -83,23 +104,15 @@ describe('fusing exported attention into MultiHeadAttention', () => {
       if (options.shapes) expect((await run(model, x, dims)).length).toBe(dims.reduce((a, b) => a * b));
     }
     // The widest heads fused.
-    expect((await fused({ heads: 1, headSize: MAX_HEAD_SIZE, tokens: 4 })).count).toBe(1);
+    expect((await fused(classicAttentionModel({ heads: 1, headSize: MAX_HEAD_SIZE, tokens: 4 }))).count).toBe(1);
   });
 });
 
 describe("fusing torch's export of scaled_dot_product_attention", () => {
-  /** Fuses a copy of the model made with `options`; answers what fused, the outputs before and after, and the fused model. */
-  async function fusedSdpa(options: SdpaAttentionOptions) {
-    const { model, x, dims } = sdpaAttentionModel(options);
-    const copy = structuredClone(model);
-    const count = fuseAttention(copy);
-    return { count, model: copy, exported: await run(model, x, dims), rewritten: await run(copy, x, dims) };
-  }
-
   it('fuses the 4-D layout into one node giving the same output, whether its scale is computed from Q or a constant', async () => {
     const written: SdpaAttentionOptions[] = [{}, { keyTransposes: 2 }, { scale: 'sqrt' }, { scale: 'folded', heads: 3, headSize: 8 }];
     for (const options of written) {
-      const { count, model, exported, rewritten } = await fusedSdpa(options);
+      const { count, model, exported, rewritten } = await fused(sdpaAttentionModel(options));
       expect(count, JSON.stringify(options)).toBe(1);
       expect(opTypes(model).sort()).toEqual(['MatMul', 'MatMul', 'MatMul', 'MultiHeadAttention']);
       const attention = model.graph!.node!.find((n) => n.opType === 'MultiHeadAttention')!;

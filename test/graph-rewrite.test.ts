@@ -52,10 +52,15 @@ describe('dropping the zeros of baddbmm attention', () => {
     const shared = baddbmmGraph();
     shared.node!.push(node('Concat', ['zeros', 'scores'], ['joined']));
     expect(dropAttentionZeros(shared)).toBe(0);
-    // A subgraph (If, Loop) may read any name of the graph: nothing is rewritten.
-    const branching = baddbmmGraph();
-    branching.node!.push(node('If', ['cond'], ['chosen'], [{ name: 'then_branch', g: { node: [node('Identity', ['zeros'], ['out'])] } }]));
-    expect(dropAttentionZeros(branching)).toBe(0);
+    // So do zeros that a subgraph (If, Loop) reads without naming them as an input.
+    const branching = (read: string) => {
+      const graph = baddbmmGraph();
+      graph.node!.push(node('If', ['cond'], ['chosen'], [{ name: 'then_branch', g: { node: [node('Identity', [read], ['out'])] } }]));
+      return graph;
+    };
+    expect(dropAttentionZeros(branching('zeros'))).toBe(0);
+    // A subgraph that reads something else leaves them to rewrite.
+    expect(dropAttentionZeros(branching('q'))).toBe(1);
   });
 });
 

@@ -1,6 +1,6 @@
 import onnxProto from 'onnx-proto';
 import type { onnx as proto } from 'onnx-proto';
-import { fillsFloatZero, GraphIndex, hasSubgraphs, removeUnused } from './onnx-graph.js';
+import { fillsFloatZero, GraphIndex, removeUnused } from './onnx-graph.js';
 
 /**
  * A rewrite of exported graphs (see graph-rewrite.ts): diffusers' attention, as Optimum's exports of
@@ -36,7 +36,8 @@ import { fillsFloatZero, GraphIndex, hasSubgraphs, removeUnused } from './onnx-g
  * a check. Q, K and V must be float32 projections (MatMul by a float initializer, plus a bias or not),
  * which also gives the head size. Every Reshape's shape must have the rank of its place in the chain,
  * and its constant entries the sizes of their axes (a computed entry is onnxruntime's to check, as it
- * does when the exported graph runs). Graphs with subgraphs are left as exported.
+ * does when the exported graph runs). A link that a subgraph (If, Loop) reads stays, as the graph
+ * index counts the node holding the subgraph as its reader.
  */
 
 const { onnx } = onnxProto;
@@ -280,7 +281,7 @@ class Matcher {
  */
 export function fuseAttention(model: proto.IModelProto, maxHeadSize = MAX_HEAD_SIZE): number {
   const graph = model.graph;
-  if (!graph || hasSubgraphs(graph)) return 0;
+  if (!graph) return 0;
   const opset = Number(model.opsetImport?.find((o) => !o.domain)?.version ?? 0);
   const matcher = new Matcher(new GraphIndex(graph), opset, maxHeadSize);
   const layers = (graph.node ?? []).filter((node) => node.opType === 'Softmax').flatMap((softmax) => matcher.match(softmax) ?? []);

@@ -1,6 +1,6 @@
 import onnxProto from 'onnx-proto';
 import type { onnx as proto } from 'onnx-proto';
-import { fillsFloatZero, GraphIndex, hasSubgraphs } from './onnx-graph.js';
+import { fillsFloatZero, GraphIndex } from './onnx-graph.js';
 
 /**
  * A rewrite of exported graphs (see graph-rewrite.ts): the zero term of attention written as torch's
@@ -17,15 +17,14 @@ import { fillsFloatZero, GraphIndex, hasSubgraphs } from './onnx-graph.js';
  * scores' own shape (an assumption the graph cannot prove, as its shapes are symbolic).
  *
  * Only that exact chain is rewritten: ConstantOfShape of float 0, times a constant, added to a product
- * of a MatMul, into a Softmax (through Casts), none of it a graph output. Graphs with subgraphs (If,
- * Loop), whose bodies may read any name, and fp16 graphs are left as exported.
+ * of a MatMul, into a Softmax (through Casts), none of it a graph output nor read by a subgraph (If,
+ * Loop; the graph index counts what their bodies read). fp16 graphs are left as exported.
  */
 
 const { onnx } = onnxProto;
 
 /** Replaces the zero tensors of baddbmm attention with scalar zeros, in place; returns how many it replaced. */
 export function dropAttentionZeros(graph: proto.IGraphProto): number {
-  if (hasSubgraphs(graph)) return 0;
   const index = new GraphIndex(graph);
   // The scores: Q·Kᵀ, scaled by alpha (a Mul or Div) or not.
   const isProduct = (name: string | undefined | null): boolean => {

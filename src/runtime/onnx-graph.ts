@@ -9,6 +9,7 @@ const { onnx } = onnxProto;
 /** Who makes and who reads each tensor of a graph, and which tensors are constants, as the graph is when indexed. */
 export class GraphIndex {
   readonly producers = new Map<string, proto.INodeProto>();
+  /** Who reads each tensor: a node that holds subgraphs (If, Loop, Scan) reads what their bodies read of this graph too. */
   readonly consumers = new Map<string, proto.INodeProto[]>();
   private readonly constants = new Map<string, proto.ITensorProto>();
 
@@ -16,7 +17,7 @@ export class GraphIndex {
     for (const tensor of graph.initializer ?? []) if (tensor.name) this.constants.set(tensor.name, tensor);
     for (const node of graph.node ?? []) {
       for (const output of node.output ?? []) this.producers.set(output, node);
-      for (const input of node.input ?? []) {
+      for (const input of reads(node)) {
         if (!this.consumers.has(input)) this.consumers.set(input, []);
         this.consumers.get(input)!.push(node);
       }
@@ -97,14 +98,24 @@ export function fillsFloatZero(node: proto.INodeProto): boolean {
   return values.length > 0 && values.every((x) => x === 0);
 }
 
-/** Whether any node holds a subgraph (If, Loop, Scan), whose body may read any name of the graph. */
-export function hasSubgraphs(graph: proto.IGraphProto): boolean {
-  return (graph.node ?? []).some((node) => node.attribute?.some((a) => a.g || a.graphs?.length));
+/**
+ * The tensors a node reads: its inputs, and for a node that holds subgraphs (If, Loop, Scan) every name
+ * their bodies (and theirs, at any depth) read from the graph around them, which ONNX lets a body read
+ * without listing it as an input.
+ */
+function reads(node: proto.INodeProto): string[] {
+  const bodies = (node.attribute ?? []).flatMap((a) => [...(a.g ? [a.g] : []), ...(a.graphs ?? [])]);
+  const outer = bodies.flatMap((body) => {
+    const own = new Set([...(body.input ?? []), ...(body.initializer ?? [])].map((t) => t.name));
+    for (const inner of body.node ?? []) for (const output of inner.output ?? []) own.add(output);
+    return (body.node ?? []).flatMap(reads).filter((name) => !own.has(name));
+  });
+  return [...(node.input ?? []), ...outer].filter(Boolean);
 }
 
 /**
  * Removes the nodes none of whose outputs reaches a graph output, and the initializers then read by no
- * node (onnxruntime would warn of each) unless the graph lists them as inputs too (as graphs before IR
+ * node nor subgraph (onnxruntime would warn of each) unless the graph lists them as inputs too (as graphs before IR
  * version 4 do: removing one would make it an input to feed); returns how many nodes.
  */
 export function removeUnused(graph: proto.IGraphProto): number {
@@ -115,11 +126,11 @@ export function removeUnused(graph: proto.IGraphProto): number {
     const node = index.producers.get(name);
     if (!node || live.has(node)) continue;
     live.add(node);
-    pending.push(...(node.input ?? []).filter(Boolean));
+    pending.push(...reads(node));
   }
   const before = graph.node?.length ?? 0;
   graph.node = (graph.node ?? []).filter((node) => live.has(node));
-  const read = new Set([...graph.node.flatMap((node) => node.input ?? []), ...[...(graph.output ?? []), ...(graph.input ?? [])].map((o) => o.name)]);
+  const read = new Set([...graph.node.flatMap(reads), ...[...(graph.output ?? []), ...(graph.input ?? [])].map((o) => o.name)]);
   graph.initializer = (graph.initializer ?? []).filter((tensor) => read.has(tensor.name));
   return before - graph.node.length;
 }
