@@ -7,13 +7,15 @@ import { fuseAttention, MAX_HEAD_SIZE } from '../src/runtime/attention-fusion.js
 import { graphSource, rewritesOf } from '../src/runtime/graph-rewrite.js';
 import {
   classicAttentionModel,
+  headsFirstAttentionModel,
   node,
   sdpaAttentionModel,
   type ClassicAttentionOptions,
+  type HeadsFirstAttentionOptions,
   type SdpaAttentionOptions,
 } from './helpers/attention-graph.js';
 import { largestDifference } from '../src/util/difference.js';
-import { unetOutput } from './helpers/export-feeds.js';
+import { exportOutput } from './helpers/export-feeds.js';
 import { haveRealExports, REAL_EXPORT_NAMES, realExport } from './helpers/real-exports.js';
 
 const { onnx } = onnxProto;
@@ -133,6 +135,32 @@ describe("fusing torch's export of scaled_dot_product_attention", () => {
   });
 });
 
+describe("fusing attention computed on the heads after the split (FLUX's export)", () => {
+  it('fuses joint and single attention after RMSNorm and the rotary embedding, merging the heads of what is not a projection split as it is', async () => {
+    for (const joint of [true, false]) {
+      const { count, model, exported, rewritten } = await fused(headsFirstAttentionModel({ joint, heads: 3, headSize: 8 }));
+      expect(count).toBe(1);
+      const attention = model.graph!.node!.find((n) => n.opType === 'MultiHeadAttention')!;
+      // V of single attention is its projection's split: the projection itself.
+      expect(attention.input).toEqual(['out/MultiHeadAttention/query', 'out/MultiHeadAttention/key', joint ? 'out/MultiHeadAttention/value' : 'v']);
+      expect(attention.attribute!.find((a) => a.name === 'num_heads')!.i).toBe(3);
+      expect(attention.attribute!.find((a) => a.name === 'scale')!.f).toBeCloseTo(1 / Math.sqrt(8), 7);
+      expect(opTypes(model)).not.toContain('Softmax');
+      expect(largestDifference(rewritten, exported)).toBeLessThan(1e-6);
+      expect(Math.max(...exported.map(Math.abs))).toBeGreaterThan(0.1);
+    }
+  });
+
+  it('leaves it as exported where Q and K are joined along another axis, Kᵀ is not the last two axes swapped, or a mask is added', () => {
+    for (const options of [{ concatAxis: 3 }, { keyPerm: [0, 1, 2, 3] }, { mask: true }] satisfies HeadsFirstAttentionOptions[]) {
+      const { model } = headsFirstAttentionModel(options);
+      const before = structuredClone(model);
+      expect(fuseAttention(model), JSON.stringify(options)).toBe(0);
+      expect(model).toEqual(before);
+    }
+  });
+});
+
 describe.skipIf(!haveRealExports)('attention fusion on the real exports (skipped: ../shared/data/real-exports is absent)', () => {
   it('fuses every attention layer of the SD and SDXL UNets, within 1e-5 of the exported output', { timeout: 120_000 }, async () => {
     // SDXL's UNet also takes pooled text and time ids, which these feeds lack: the goldens run it fused.
@@ -144,10 +172,28 @@ describe.skipIf(!haveRealExports)('attention fusion on the real exports (skipped
       expect(nodes.filter((n) => n.opType === 'Softmax'), name).toEqual([]);
       expect(nodes.filter((n) => n.opType === 'MultiHeadAttention').length, name).toBeGreaterThanOrEqual(32);
       if (name === 'sdxl') continue;
-      const [exported, rewritten] = [await unetOutput(file, 16), await unetOutput(source, 16)];
+      const [exported, rewritten] = [await exportOutput(file, 'unet', 16), await exportOutput(source, 'unet', 16)];
       expect(largestDifference(rewritten, exported), name).toBeLessThan(1e-5);
       expect(Math.max(...exported.map(Math.abs)), name).toBeGreaterThan(0.1);
     }
+  });
+
+  it("fuses the three attention layers of FLUX's transformer (one joint, two single), within 1e-5 of the exported output", async () => {
+    const file = path.join(realExport('flux'), 'transformer', 'model.onnx');
+    const source = await graphSource(file, 'cpu');
+    if (typeof source === 'string') throw new Error("FLUX's transformer was not rewritten");
+    const nodes = onnx.ModelProto.decode(source.bytes).graph!.node!;
+    expect(nodes.filter((n) => n.opType === 'Softmax')).toEqual([]);
+    expect(nodes.filter((n) => n.opType === 'MultiHeadAttention').map((n) => n.name)).toEqual([
+      '/transformer_blocks.0/attn/Reshape_10_output_0/MultiHeadAttention',
+      '/single_transformer_blocks.0/attn/Reshape_7_output_0/MultiHeadAttention',
+      '/single_transformer_blocks.1/attn/Reshape_7_output_0/MultiHeadAttention',
+    ]);
+    // Its positions' Loops are kept, with all they read.
+    expect(nodes.filter((n) => n.opType === 'Loop')).toHaveLength(6);
+    const [exported, rewritten] = [await exportOutput(file, 'transformer', 32), await exportOutput(source, 'transformer', 32)];
+    expect(largestDifference(rewritten, exported)).toBeLessThan(1e-5);
+    expect(Math.max(...exported.map(Math.abs))).toBeGreaterThan(0.1);
   });
 
   it('is made for the CPU provider only, and not where only exact rewrites are asked for', async () => {

@@ -12,7 +12,7 @@ import { graphSource, rewritesOf } from '../src/runtime/graph-rewrite.js';
 import { GraphIndex } from '../src/runtime/onnx-graph.js';
 import { createSession } from '../src/runtime/providers.js';
 import { OnnxModel } from '../src/runtime/onnx-model.js';
-import { EXPORT_FEEDS, unetOutput } from './helpers/export-feeds.js';
+import { EXPORT_FEEDS, exportOutput } from './helpers/export-feeds.js';
 import { haveRealExports, REAL_EXPORT_NAMES, realExport } from './helpers/real-exports.js';
 import { baddbmmGraph, classicAttentionModel, node } from './helpers/attention-graph.js';
 
@@ -101,7 +101,7 @@ describe('a rewritten graph that onnxruntime refuses', () => {
 });
 
 describe.skipIf(!haveRealExports)('the rewrite on the real exports (skipped: ../shared/data/real-exports is absent)', () => {
-  it('rewrites every UNet and VAE graph of the Optimum exports, and nothing else', async () => {
+  it('rewrites every denoiser (UNet, FLUX transformer) and VAE graph of the Optimum exports, and nothing else', async () => {
     const rewritten: string[] = [];
     for (const name of REAL_EXPORT_NAMES) {
       for (const part of ['text_encoder', 'text_encoder_2', 'unet', 'transformer', 'vae_decoder', 'vae_encoder']) {
@@ -110,8 +110,9 @@ describe.skipIf(!haveRealExports)('the rewrite on the real exports (skipped: ../
         if (source !== undefined && typeof source !== 'string') rewritten.push(`${name}/${part}`);
       }
     }
-    // FLUX's transformer and the CLIP and T5 text encoders have no baddbmm attention.
-    const denoiserToo = (name: string) => (name === 'flux' ? ['vae_decoder', 'vae_encoder'] : ['unet', 'vae_decoder', 'vae_encoder']);
+    // The denoiser (FLUX's transformer: its attention fused, test/attention-fusion.test.ts) and the VAE; the
+    // CLIP and T5 text encoders add a mask or a position bias to their scores, which is not fused.
+    const denoiserToo = (name: string) => [name === 'flux' ? 'transformer' : 'unet', 'vae_decoder', 'vae_encoder'];
     expect(rewritten).toEqual(REAL_EXPORT_NAMES.flatMap((name) => denoiserToo(name).map((part) => `${name}/${part}`)));
   });
 
@@ -121,7 +122,7 @@ describe.skipIf(!haveRealExports)('the rewrite on the real exports (skipped: ../
     if (typeof source === 'string') throw new Error('the SD 1.5 UNet was not rewritten');
     const zeros = onnx.ModelProto.decode(source.bytes).graph!.node!.filter((n) => n.opType === 'ConstantOfShape' && n.attribute![0].t!.dataType === onnx.TensorProto.DataType.FLOAT);
     expect(zeros).toEqual([]);
-    expect(await unetOutput(source, 16)).toEqual(await unetOutput(file, 16));
+    expect(await exportOutput(source, 'unet', 16)).toEqual(await exportOutput(file, 'unet', 16));
   });
 
   it("finds the external weights of a rewritten graph in its folder, and through Hugging Face's links to blobs/", async () => {
@@ -160,7 +161,7 @@ describe.skipIf(!haveRealExports)('the rewrite on the real exports (skipped: ../
     const f = EXPORT_FEEDS.unet(side);
     const { out_sample } = await unet.run({ sample: { data: f.sample.data as Float32Array, dims: [2, 4, side, side] }, timestep: { data: new Float32Array([500, 500]), dims: [2] }, encoder_hidden_states: { data: f.encoder_hidden_states.data as Float32Array, dims: [2, 77, 32] } }, ['out_sample']);
     await unet.release();
-    expect(out_sample.data).toEqual(await unetOutput(exported, side));
+    expect(out_sample.data).toEqual(await exportOutput(exported, 'unet', side));
   });
 
   it('leaves a graph it cannot decode as it is, for onnxruntime to report', async () => {

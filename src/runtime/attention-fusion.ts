@@ -4,10 +4,10 @@ import { fillsFloatZero, GraphIndex, removeUnused } from './onnx-graph.js';
 
 /**
  * A rewrite of exported graphs (see graph-rewrite.ts): diffusers' attention, as Optimum's exports of
- * SD and SDXL UNets carry it, made one com.microsoft.MultiHeadAttention node. As exported, each
- * attention layer splits its heads off (Reshape to [B,T,H,D], Transpose), multiplies Q by Kᵀ into a
- * tensor of scores per head and token pair, scales it, takes its Softmax, multiplies by V and merges
- * the heads again: at 512x512 SD 1.5's first blocks hold 1 GiB of scores per call for that.
+ * SD and SDXL UNets and FLUX transformers carry it, made one com.microsoft.MultiHeadAttention node. As
+ * exported, each attention layer splits its heads off (Reshape to [B,T,H,D], Transpose), multiplies Q
+ * by Kᵀ into a tensor of scores per head and token pair, scales it, takes its Softmax, multiplies by V
+ * and merges the heads again: at 512x512 SD 1.5's first blocks hold 1 GiB of scores per call for that.
  * onnxruntime's CPU kernel of MultiHeadAttention computes the same thing in blocks (flash attention)
  * without ever holding the scores: on this project's 2-core machine the SD 1.5 test
  * export's UNet call at 768x768 took x0.66 the time and peaked at 264 MiB instead of 2965, its output
@@ -19,7 +19,7 @@ import { fillsFloatZero, GraphIndex, removeUnused } from './onnx-graph.js';
  * the WebGPU provider's kernel differed from the exported chain by 1.5e-3 on lavapipe, and the CUDA
  * provider's could not be measured here.
  *
- * Two layouts of the chain are fused, as exporters write them:
+ * Three layouts of the chain are fused, as exporters write them:
  * - classic (diffusers' AttnProcessor, which Optimum exports with torch before 2.1, and so the test
  *   exports): Q, K and V each split as above, with the same constant head count at the split shape's
  *   entry 2, and their heads folded into the batch (Reshape to [B·H,T,D]); Q·Kᵀ (Kᵀ a Transpose of the last two axes) scaled by a constant (Mul or Div) or not, plus
@@ -30,14 +30,22 @@ import { fillsFloatZero, GraphIndex, removeUnused } from './onnx-graph.js';
  *   later): Q, K and V split into [B,H,T,D] and never folded; torch's exporter multiplies Q and Kᵀ each
  *   by the square root of the scale, which it computes from Q's shape as 1 / sqrt(D) (or a constant
  *   once folded); then the Softmax, times V, a Transpose(0,2,1,3) and a Reshape merge the heads.
+ * - heads-first (FLUX's attention processor, exported with torch before 2.1): Q, K and V split into
+ *   [B,H,T,D] and then computed on further: RMSNorm and the rotary embedding on Q and K, the text's
+ *   tokens joined before the image's (see `computed`); Q·Kᵀ (Kᵀ a Transpose(0,1,3,2)) scaled as in
+ *   the classic layout, the Softmax, times V, a Transpose(0,2,1,3) and a Reshape merge the heads. The
+ *   fused node reads each of Q, K and V that is only a projection's split as that projection, and the
+ *   others merged into [B,T,H·D] by a Transpose and a Reshape put before it: the kernel takes K and V as
+ *   [B,H,T,D] too, but then computes the scores whole, which was slower than the exported chain (x1.4
+ *   to x1.7 per layer of heads of 64 and 128, docs/performance.md).
  * The last Reshape becomes the fused node, so every reader of the layer's output reads the same values,
  * and the links then read by nothing are removed; a link that something else also reads (the Shapes
  * that compute the folds' sizes, a graph output) stays, as does all of a chain any link of which fails
  * a check. Q, K and V must be float32 projections (MatMul by a float initializer, plus a bias or not),
  * which also gives the head size. Every Reshape's shape must have the rank of its place in the chain,
  * and its constant entries the sizes of their axes (a computed entry is onnxruntime's to check, as it
- * does when the exported graph runs). A link that a subgraph (If, Loop) reads stays, as the graph
- * index counts the node holding the subgraph as its reader.
+ * does when the exported graph runs). A link that a subgraph (If, Loop: FLUX computes its positions
+ * in Loops) reads stays, as the graph index counts the node holding the subgraph as its reader.
  */
 
 const { onnx } = onnxProto;
@@ -48,11 +56,16 @@ export const MAX_HEAD_SIZE = 256;
 /** The opset that holds MultiHeadAttention. */
 const MICROSOFT_DOMAIN = 'com.microsoft';
 
-/** One attention layer found as exported: its inputs, head count and scale, and the node that gives its unfolded output. */
+/** Q, K or V as the fused node is to read it: a [B,T,H·D] tensor, or a [B,H,T,D] one (`perHead`) to merge into that first. */
+interface Input {
+  name: string;
+  perHead: boolean;
+}
+
+/** One attention layer found as exported: its Q, K and V, width, head count and scale, and the node that gives its unfolded output. */
 interface ExportedAttention {
-  query: string;
-  key: string;
-  value: string;
+  inputs: readonly Input[];
+  width: number;
   heads: number;
   scale: number;
   /** The last Reshape of the chain, whose output is the layer's [B,T,H·D]. */
@@ -69,11 +82,12 @@ interface Fold {
   reshapes: ReshapeCheck[];
 }
 
-/** What a layout of the chain found: its Q, K and V, the rank of its scores, the Reshape that merges the heads again, its other Reshapes, and the factor it scales the scores by besides `scaled`'s, given the head size. */
+/** What a layout of the chain found: its Q, K and V, the inputs of the fused node where they are not the Folds' sources, the rank of its scores, the Reshape that merges the heads again, its other Reshapes, and the factor it scales the scores by besides `scaled`'s, given the head size. */
 interface Layout {
   query: Fold;
   key: Fold;
   value: Fold;
+  inputs?: readonly Input[];
   rank: number;
   merge: proto.INodeProto;
   reshapes: ReshapeCheck[];
@@ -156,6 +170,36 @@ class Matcher {
   private keyTransposed(name: string | null | undefined): Fold | undefined {
     const again = this.index.producer(name, 'Transpose');
     return this.split(name, [0, 2, 3, 1]) ?? (this.perm(again, [0, 1, 3, 2]) ? this.split(again?.input?.[0]) : undefined);
+  }
+
+  /**
+   * A [B,H,T,D] tensor computed from splits as above by operations that keep that layout, as FLUX's
+   * attention computes its Q, K and V: Casts to float, elementwise arithmetic (RMSNorm, the rotary
+   * embedding: what of it does not come from a split only scales or shifts the split's values) and
+   * Concats along the tokens (joint attention over the text's and the image's). The head count and
+   * head size of every split it comes from must agree, and so must their projections' widths; the Fold
+   * takes the first split's projection as its source.
+   */
+  private computed(name: string, known = new Map<string, Fold | undefined>()): Fold | undefined {
+    const split = this.split(name);
+    const node = this.index.producers.get(name);
+    // A tensor reached again answers as before; one reached again while still being walked (a damaged graph's loop) answers none.
+    if (split || !node || known.has(name)) return split ?? known.get(name);
+    known.set(name, undefined);
+    const inputs = node.input ?? [];
+    const to = node.attribute?.find((a) => a.name === 'to')?.i;
+    const axis = Number(node.attribute?.find((a) => a.name === 'axis')?.i);
+    let folds: (Fold | undefined)[];
+    if (node.opType === 'Cast' && Number(to) === onnx.TensorProto.DataType.FLOAT) folds = [this.computed(inputs[0], known)];
+    else if (node.opType === 'Concat' && (axis === 2 || axis === -2)) folds = inputs.map((input) => this.computed(input, known));
+    // Of arithmetic, the operands that come from splits (the others are what the split is scaled by, shifted by or divided by).
+    else if (['Add', 'Sub', 'Mul', 'Div'].includes(node.opType ?? '')) folds = inputs.map((input) => this.computed(input, known)).filter(Boolean);
+    else return undefined;
+    const [first] = folds;
+    const agree = (fold: Fold | undefined) => fold && first && fold.heads === first.heads && this.width(fold.source) === this.width(first.source);
+    const fold = first && folds.every(agree) ? { ...first, reshapes: folds.flatMap((f) => f!.reshapes) } : undefined;
+    known.set(name, fold);
+    return fold;
   }
 
   /** The width of a float32 projection (MatMul by an initializer [in, out], plus a bias or not). */
@@ -247,6 +291,24 @@ class Matcher {
     return { query, key, value, rank: 4, merge, reshapes: [], factor };
   }
 
+  /**
+   * The 4-D layout of attention computed on [B,H,T,D] tensors after the split (FLUX's: RMSNorm and the
+   * rotary embedding on Q and K, text and image tokens joined; see computed): Q·Kᵀ, Kᵀ a
+   * Transpose(0,1,3,2), the product scaled (`scaled`), times V, the heads transposed back and merged.
+   * The fused node reads the projection of each that is a split as it is, the others merged into
+   * [B,T,H·D] (fuseAttention).
+   */
+  private headsFirst(queryIn: string, keyIn: string, weighted: proto.INodeProto): Layout | undefined {
+    const transpose = this.index.producer(keyIn, 'Transpose');
+    const transposeBack = this.reader(weighted.output?.[0], 'Transpose');
+    const merge = this.reader(transposeBack?.output?.[0], 'Reshape');
+    const [keyHeads, valueHeads] = [transpose?.input?.[0] ?? '', weighted.input?.[1] ?? ''];
+    const [query, key, value] = [this.computed(queryIn), this.perm(transpose, [0, 1, 3, 2]) ? this.computed(keyHeads) : undefined, this.computed(valueHeads)];
+    if (!query || !key || !value || !merge || !this.perm(transposeBack, [0, 2, 1, 3])) return undefined;
+    const inputs = [queryIn, keyHeads, valueHeads].map((name) => ({ name: this.split(name)?.source ?? name, perHead: !this.split(name) }));
+    return { query, key, value, inputs, rank: 4, merge, reshapes: [], factor: () => 1 };
+  }
+
   /** The attention layer whose Softmax this is, when every link of its chain passes. */
   match(softmax: proto.INodeProto): ExportedAttention | undefined {
     const scores = this.scaled(this.throughCasts(softmax.input?.[0] ?? '', true));
@@ -254,7 +316,7 @@ class Matcher {
     const weighted = this.reader(probabilities, 'MatMul');
     if (!scores || !weighted || weighted.input?.[0] !== probabilities) return undefined;
     const [queryIn, keyIn] = scores.product.input ?? [];
-    const layout = this.classic(queryIn, keyIn, weighted) ?? this.sdpa(queryIn, keyIn, weighted);
+    const layout = this.classic(queryIn, keyIn, weighted) ?? this.sdpa(queryIn, keyIn, weighted) ?? this.headsFirst(queryIn, keyIn, weighted);
     const axis = softmax.attribute?.find((a) => a.name === 'axis');
     // Before opset 13 Softmax flattened its input from the axis on: another operation.
     const lastAxis = axis ? Number(axis.i) === -1 || Number(axis.i) === (layout?.rank ?? 0) - 1 : this.opset >= 13;
@@ -270,7 +332,8 @@ class Matcher {
     const reshapes: ReshapeCheck[] = [...query.reshapes, ...key.reshapes, ...value.reshapes, ...layout.reshapes, [merge, () => ['same', 'same', width]]];
     const factor = layout.factor(size);
     if (!reshapes.every(([reshape, expected]) => this.reshapesTo(reshape, expected(size))) || factor === undefined || !Number.isFinite(factor) || factor === 0) return undefined;
-    return { query: query.source, key: key.source, value: value.source, heads, scale: scores.scale * factor, output: merge };
+    const inputs = layout.inputs ?? [query, key, value].map((fold) => ({ name: fold.source, perHead: false }));
+    return { inputs, width, heads, scale: scores.scale * factor, output: merge };
   }
 }
 
@@ -285,20 +348,42 @@ export function fuseAttention(model: proto.IModelProto, maxHeadSize = MAX_HEAD_S
   const opset = Number(model.opsetImport?.find((o) => !o.domain)?.version ?? 0);
   const matcher = new Matcher(new GraphIndex(graph), opset, maxHeadSize);
   const layers = (graph.node ?? []).filter((node) => node.opType === 'Softmax').flatMap((softmax) => matcher.match(softmax) ?? []);
-  for (const { query, key, value, heads, scale, output } of layers) {
-    output.opType = 'MultiHeadAttention';
+  const merges = new Map<proto.INodeProto, proto.INodeProto[]>();
+  for (const { inputs, width, heads, scale, output } of layers) {
     // Named for the layer's output (unique, as tensor names are; node names may be missing or
     // repeated, which onnxruntime refuses), so that profiles say what it is.
-    output.name = `${output.output?.[0] ?? ''}/MultiHeadAttention`;
+    const name = `${output.output?.[0] ?? ''}/MultiHeadAttention`;
+    const merged = inputs.map(({ name: input, perHead }, i) => (perHead ? mergeHeads(input, `${name}/${['query', 'key', 'value'][i]}`, width) : []));
+    merges.set(output, merged.flat());
+    output.opType = 'MultiHeadAttention';
+    output.name = name;
     output.domain = MICROSOFT_DOMAIN;
-    output.input = [query, key, value];
+    output.input = inputs.map(({ name: input }, i) => merged[i].at(-1)?.output?.[0] ?? input);
     output.attribute = [
       { name: 'num_heads', type: onnx.AttributeProto.AttributeType.INT, i: heads },
       { name: 'scale', type: onnx.AttributeProto.AttributeType.FLOAT, f: scale },
     ];
   }
   if (layers.length === 0) return 0;
+  // Before the node that reads them, where Q is computed already: the graph's nodes stay in order.
+  graph.node = (graph.node ?? []).flatMap((node) => [...(merges.get(node) ?? []), node]);
   removeUnused(graph);
   if (!model.opsetImport?.some((o) => o.domain === MICROSOFT_DOMAIN)) model.opsetImport = [...(model.opsetImport ?? []), { domain: MICROSOFT_DOMAIN, version: 1 }];
   return layers.length;
+}
+
+/**
+ * Nodes that make `heads` ([B,H,T,D]) the [B,T,H·D] that MultiHeadAttention's CPU kernel computes in
+ * blocks: a Transpose(0,2,1,3), then a Reshape to [B,T,width], named `name` and after it. (The kernel
+ * also takes K and V as [B,H,T,D], but then holds the scores whole.) The width is a constant: a tensor
+ * whose head count is not the one found (a broadcast the graph cannot show) makes onnxruntime fail
+ * the call rather than attend over other heads.
+ */
+function mergeHeads(heads: string, name: string, width: number): proto.INodeProto[] {
+  const shape: proto.ITensorProto = { dataType: onnx.TensorProto.DataType.INT64, dims: [3], int64Data: [0, 0, width] };
+  return [
+    { opType: 'Transpose', name: `${name}/transpose`, input: [heads], output: [`${name}/transposed`], attribute: [{ name: 'perm', type: onnx.AttributeProto.AttributeType.INTS, ints: [0, 2, 1, 3] }] },
+    { opType: 'Constant', name: `${name}/shape`, output: [`${name}/shape`], attribute: [{ name: 'value', type: onnx.AttributeProto.AttributeType.TENSOR, t: shape }] },
+    { opType: 'Reshape', name: `${name}/merge`, input: [`${name}/transposed`, `${name}/shape`], output: [name] },
+  ];
 }

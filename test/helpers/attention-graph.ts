@@ -209,3 +209,83 @@ export function sdpaAttentionModel(options: SdpaAttentionOptions = {}): { model:
   );
   return attentionModel({ batch, tokens, width }, initializer, nodes);
 }
+
+/** How headsFirstAttentionModel's graph is written, and how it departs from FLUX's export (a reason not to fuse it). */
+export interface HeadsFirstAttentionOptions {
+  batch?: number;
+  tokens?: number;
+  heads?: number;
+  headSize?: number;
+  /** Joint attention: a second projection of x (FLUX's text) joined before the image's along the tokens, in Q, K and V: twice the tokens. */
+  joint?: boolean;
+  /** The axis Q's and K's parts are joined along (FLUX's 2: the tokens). */
+  concatAxis?: number;
+  /** The permutation that makes Kᵀ (FLUX's 0,1,3,2). */
+  keyPerm?: number[];
+  /** Something added to the scores that is not zero (a mask). */
+  mask?: boolean;
+}
+
+/**
+ * One attention layer as Optimum exports FLUX's (torch 1.13, so no scaled_dot_product_attention):
+ * x [batch, tokens, width] projected to Q, K and V and split into heads [B,H,T,D]; with `joint`, a
+ * second set of projections joined before them along the tokens; Q and K RMS-normalized and turned by
+ * a rotary embedding (x·cos + rotate(x)·sin, cos and sin per token and channel), each Cast to float as
+ * torch writes it; Q·Kᵀ scaled, Softmax, times V, heads transposed back and merged: `out` [batch,
+ * tokens (twice that with `joint`), width].
+ */
+export function headsFirstAttentionModel(options: HeadsFirstAttentionOptions = {}): { model: proto.IModelProto; x: Float32Array; dims: number[] } {
+  const { batch = 2, tokens = 12, heads = 2, headSize = 4, joint = true, concatAxis = 2, keyPerm = [0, 1, 3, 2], mask = false } = options;
+  const [width, total] = [heads * headSize, joint ? 2 * tokens : tokens];
+  const angles = (f: (a: number) => number) => Float32Array.from({ length: total * headSize }, (_, i) => f(Math.floor(i / headSize) * ((i % headSize) + 1) * 0.1));
+  const initializer: proto.ITensorProto[] = [
+    ...SHAPE_CONSTANTS(),
+    int64s('outShape', [-1, total, width]),
+    floats('alpha', [], new Float32Array([1 / Math.sqrt(headSize)])),
+    floats('unit', [], new Float32Array([1])),
+    floats('cos', [1, 1, total, headSize], angles(Math.cos)),
+    floats('sin', [1, 1, total, headSize], angles(Math.sin)),
+  ];
+  const nodes: proto.INodeProto[] = [];
+  if (joint) {
+    for (const name of ['q', 'k', 'v']) {
+      const weights = Float32Array.from({ length: width * width }, (_, j) => Math.cos(j * 0.7 + name.charCodeAt(0)) / Math.sqrt(width));
+      initializer.push(floats(`Wtext${name}`, [width, width], weights));
+      nodes.push(node('MatMul', ['x', `Wtext${name}`], [`text${name}`]), ...splitHeads(`text${name}`, `text${name}s`, heads, width, [0, 2, 1, 3], initializer));
+    }
+  }
+  // The heads of Q, K or V: the image's split, after the text's where joint.
+  const joined = (name: string, axis: number) => {
+    nodes.push(...splitHeads(name, `${name}s`, heads, width, [0, 2, 1, 3], initializer));
+    if (!joint) return `${name}sT4`;
+    nodes.push(node('Concat', [`text${name}sT4`, `${name}sT4`], [`${name}Joint`], [int('axis', axis)]));
+    return `${name}Joint`;
+  };
+  // RMSNorm (x / sqrt(mean(x²))), then the rotary embedding (x·cos + (-x)·sin standing for its rotated pairs), then a Cast.
+  const turned = (name: string) => {
+    const x = joined(name, concatAxis);
+    nodes.push(
+      node('Mul', [x, x], [`${name}Square`]),
+      node('ReduceMean', [`${name}Square`], [`${name}Mean`], [ints('axes', [-1])]),
+      node('Sqrt', [`${name}Mean`], [`${name}Root`]),
+      node('Div', ['unit', `${name}Root`], [`${name}Inverse`]),
+      node('Mul', [x, `${name}Inverse`], [`${name}Normed`]),
+      node('Mul', [`${name}Normed`, 'cos'], [`${name}Cos`]),
+      node('Neg', [`${name}Normed`], [`${name}Rotated`]),
+      node('Mul', [`${name}Rotated`, 'sin'], [`${name}Sin`]),
+      node('Add', [`${name}Cos`, `${name}Sin`], [`${name}Turned`]),
+      node('Cast', [`${name}Turned`], [`${name}Final`], [int('to', FLOAT)]),
+    );
+    return `${name}Final`;
+  };
+  const [query, key, value] = [turned('q'), turned('k'), joined('v', 2)];
+  nodes.push(node('Transpose', [key], ['kT'], [ints('perm', keyPerm)]), node('MatMul', [query, 'kT'], ['qk']), node('Mul', ['qk', 'alpha'], ['scores']));
+  const logits = mask ? addMask('scores', initializer, nodes) : 'scores';
+  nodes.push(
+    node('Softmax', [logits], ['probs'], [int('axis', -1)]),
+    node('MatMul', ['probs', value], ['weighted']),
+    node('Transpose', ['weighted'], ['merged4'], [ints('perm', [0, 2, 1, 3])]),
+    node('Reshape', ['merged4', 'outShape'], ['out']),
+  );
+  return attentionModel({ batch, tokens, width }, initializer, nodes);
+}
