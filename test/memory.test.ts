@@ -201,7 +201,7 @@ describe('figures kept by an older version', () => {
     const dir = await mkdtemp(path.join(os.tmpdir(), 'imagegen-figures-'));
     try {
       expect((await MemoryFigures.open(dir)).setAside).toBeUndefined();
-      await writeFile(path.join(dir, 'model-memory.json'), '{"version": 4, "models": {"/m": {"weightsBytes": "lots"');
+      await writeFile(path.join(dir, 'model-memory.json'), '{"version": 5, "models": {"/m": {"weightsBytes": "lots"');
       expect((await MemoryFigures.open(dir)).setAside).toBe('unreadable');
       await writeFile(path.join(dir, 'model-memory.json'), '{"/m": {"weightsBytes": 1, "peakBytes": 1, "peakPixels": 1}}');
       expect((await MemoryFigures.open(dir)).setAside).toBe('outdated');
@@ -210,6 +210,9 @@ describe('figures kept by an older version', () => {
       expect((await MemoryFigures.open(dir)).setAside).toBe('outdated');
       // Measured with the attention the CPU now runs fused.
       await writeFile(path.join(dir, 'model-memory.json'), '{"version": 3, "models": {"/m": {"weightsBytes": 1, "peakBytes": 1, "peakPixels": 1}}}');
+      expect((await MemoryFigures.open(dir)).setAside).toBe('outdated');
+      // Measured with FLUX's attention unfused.
+      await writeFile(path.join(dir, 'model-memory.json'), '{"version": 4, "models": {"/m": {"weightsBytes": 1, "peakBytes": 1, "peakPixels": 1}}}');
       expect((await MemoryFigures.open(dir)).setAside).toBe('outdated');
     } finally {
       await rm(dir, { recursive: true, force: true });
