@@ -8,13 +8,15 @@
  *
  *   npm run bench:graph-rewrite -- [--model DIR] [--providers cpu,webgpu] [--side 64] [--head-sizes]
  *
- * --model is an SD-style export (unet/ and vae_decoder/ with 4-channel latents and 32-wide text
- * states, as the real exports in ../shared/data/real-exports); --side the latents' side (64: 512x512).
- * --head-sizes also times one hand-made attention layer of 4096 tokens (a 512x512 image's first UNet
- * block) as exported and fused on the CPU, for each head size of the real models and in both layouts
- * the fusion knows: where fusion stops paying, which sets MAX_HEAD_SIZE in src/runtime/attention-fusion.ts.
+ * --model is an export of ../shared/data/real-exports' widths (32-wide text states): SD-style (unet/
+ * and vae_decoder/) or FLUX (transformer/, one call a denoising step, and vae_decoder/); --side the
+ * latents' side (64: 512x512). --head-sizes also times one hand-made attention layer of 4096 tokens (a
+ * 512x512 image's first UNet block) as exported and fused on the CPU, for each head size of the real
+ * models and in each layout the fusion knows: where fusion stops paying, which sets MAX_HEAD_SIZE in
+ * src/runtime/attention-fusion.ts.
  */
 import { execFile } from 'node:child_process';
+import { existsSync, readFileSync } from 'node:fs';
 import os from 'node:os';
 import { promisify } from 'node:util';
 import { parseArgs } from 'node:util';
@@ -23,7 +25,7 @@ import onnxProto from 'onnx-proto';
 import { fuseAttention } from '../src/runtime/attention-fusion.js';
 import { graphSource, rewritesOf, type GraphSource } from '../src/runtime/graph-rewrite.js';
 import { createSession, EXECUTION_PROVIDERS, isExecutionProvider, type ExecutionProvider, type GraphRewrites } from '../src/runtime/providers.js';
-import { classicAttentionModel, sdpaAttentionModel } from '../test/helpers/attention-graph.js';
+import { classicAttentionModel, headsFirstAttentionModel, sdpaAttentionModel } from '../test/helpers/attention-graph.js';
 import { EXPORT_FEEDS } from '../test/helpers/export-feeds.js';
 import { realExport } from '../test/helpers/real-exports.js';
 import { sideBySide } from './stats.js';
@@ -58,12 +60,19 @@ async function sessionOf(graph: GraphSource, provider: ExecutionProvider): Promi
   return (await createSession(graph, { provider, threads: os.availableParallelism() })).session;
 }
 
+/** The feeds of one part of the model at --side, the VAE's latents as wide as its config says (FLUX's 16). */
+function feedsOf(part: Part): Record<string, ort.Tensor> {
+  if (part !== 'vae_decoder') return EXPORT_FEEDS[part](side);
+  const config = JSON.parse(readFileSync(`${values.model}/vae_decoder/config.json`, 'utf8')) as { latent_channels?: number };
+  return EXPORT_FEEDS.vae_decoder(side, config.latent_channels);
+}
+
 const outputOf = async (session: ort.InferenceSession, feeds: Record<string, ort.Tensor>) => (await session.run(feeds))[session.outputNames[0]].data as Float32Array;
 
 if (values.peak) {
   const [part, variant] = values.peak.split(':') as [Part, Variant];
   const session = await sessionOf(await sourceOf(`${values.model}/${part}/model.onnx`, variant, 'cpu'), 'cpu');
-  await session.run(EXPORT_FEEDS[part](side));
+  await session.run(feedsOf(part));
   console.log(process.resourceUsage().maxRSS * 1024);
   process.exit(0);
 }
@@ -76,8 +85,8 @@ async function peakOf(part: Part, variant: Variant): Promise<number> {
 }
 
 const mib = (bytes: number) => `${(bytes / 1024 ** 2).toFixed(0)} MiB`;
-for (const part of Object.keys(EXPORT_FEEDS) as Part[]) {
-  const feeds = () => EXPORT_FEEDS[part](side);
+for (const part of (Object.keys(EXPORT_FEEDS) as Part[]).filter((p) => existsSync(`${values.model}/${p}/model.onnx`))) {
+  const feeds = () => feedsOf(part);
   const file = `${values.model}/${part}/model.onnx`;
   for (const provider of providers) {
     // A set that makes no more rewrites on the provider than the one before it is not timed again.
@@ -110,10 +119,12 @@ const HEAD_SHAPES = [
 
 if (values['head-sizes']) {
   // The classic layout without baddbmm's zeros, as the exact rewrite leaves the exports' attention
-  // before fusing it; the 4-D layout as torch 2.1 and later export scaled_dot_product_attention.
+  // before fusing it; the 4-D layout as torch 2.1 and later export scaled_dot_product_attention; FLUX's
+  // joint attention of 2048 text and 2048 image tokens, computed on the heads (RMSNorm, rotary).
   const layouts = [
     ['classic', (shape: (typeof HEAD_SHAPES)[number]) => classicAttentionModel({ ...shape, tokens: 4096, zeros: false })],
     ['4-D', (shape: (typeof HEAD_SHAPES)[number]) => sdpaAttentionModel({ ...shape, tokens: 4096 })],
+    ['heads-first (FLUX)', (shape: (typeof HEAD_SHAPES)[number]) => headsFirstAttentionModel({ ...shape, tokens: 2048 })],
   ] as const;
   for (const [layout, modelOf] of layouts) {
     for (const shape of HEAD_SHAPES) {
