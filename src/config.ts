@@ -238,7 +238,7 @@ const SETTINGS = {
   graphRewrites: {
     schema: z.enum(GRAPH_REWRITE_SETS).default('all'),
     description:
-      "how exported graphs are rewritten as they load: all (on the CPU, each SD/SDXL attention layer becomes onnxruntime's fused MultiHeadAttention, several times faster at large sizes and without the [tokens x tokens] scores in memory, within 1e-6 of the exported graph) or exact (only the rewrites that keep the exported graph's values bit for bit)",
+      "how exported graphs are rewritten as they load: all (on the CPU, each SD/SDXL/FLUX attention layer becomes onnxruntime's fused MultiHeadAttention, several times faster at large sizes and without the [tokens x tokens] scores in memory, within 1e-6 of the exported graph) or exact (only the rewrites that keep the exported graph's values bit for bit)",
   },
   workerNice: {
     schema: integer(0, 19).default(10),
