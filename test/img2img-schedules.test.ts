@@ -147,6 +147,40 @@ describe('where an edit starts (startingLatents)', () => {
     }
   });
 
+  it('decides each item on its own: an unmasked edit merged into a batch with a masked one (the batcher merges them) starts and draws as it would alone', async () => {
+    const masked = { prompt: '', negativePrompt: '', seed: 7, rng: 'torch' as const, image: picture, mask: repaintAll };
+    const plain = { prompt: '', negativePrompt: '', seed: 8, rng: 'torch' as const, image: picture };
+    // Each item's own sequence of draws, from a generator of its seed alone.
+    const drawsOf = (seeded: typeof plain) => {
+      const own = BatchNoise.forItems([seeded]);
+      return Array.from({ length: 4 }, () => own.initial(64));
+    };
+    const [a, b] = [drawsOf(masked), drawsOf(plain)];
+    for (const inpaintingUnet of [false, true]) {
+      const s = euler();
+      const noise = BatchNoise.forItems([masked, plain]);
+      // An encoder that samples each picture's posterior from its item's generator, drawing nothing for an item it does not encode.
+      const sampling: PictureEncoder = {
+        encode: async (images) => {
+          noise.randn(64, images.map((image) => image !== undefined));
+          return Float32Array.from({ length: 128 }, (_, i) => (images[i >> 6] ? x0[i & 63] : 0));
+        },
+        skipDraws: async (perItem, drawing) => void noise.randn(perItem, drawing),
+      };
+      const start = await startingLatents({ steps: 30, strength: 1, width: W, height: H, items: [masked, plain] }, s, noise, shape, sampling, { rule: 'vp', inpaintingUnet });
+      // The masked item: pure noise, its first draw on an inpainting UNet (nothing encoded), else its second.
+      expectClose(start.latents.subarray(0, 64), (i) => a[inpaintingUnet ? 0 : 1][i] * s.initNoiseSigma, 1e-4);
+      // The unmasked one: its picture noised to the first step with its second draw (the first sampled its posterior), on any UNet.
+      const alone = s.addNoise(x0, b[1], 0);
+      expectClose(start.latents.subarray(64), (i) => alone[i], 1e-4);
+      // What the items draw next: the masked one after its masked picture's posterior (skipped or, on an
+      // inpainting UNet, still to come); the unmasked one right after its noise, as alone.
+      const next = noise.randn(64);
+      expect(next.subarray(0, 64)).toEqual(a[inpaintingUnet ? 1 : 3]);
+      expect(next.subarray(64)).toEqual(b[2]);
+    }
+  });
+
   it('a FLUX edit starts where its pipeline does: 4 steps at strength 0.6 run 3', async () => {
     const s = createScheduler({ _class_name: 'FlowMatchEulerDiscreteScheduler', num_train_timesteps: 1000, shift: 1 });
     s.setTimesteps(4);

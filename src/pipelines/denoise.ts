@@ -90,10 +90,13 @@ export function relayout(start: Start, layout: (latents: Float32Array) => Float3
 
 /** What startingLatents needs of the VAE encoder, bound to the batch's generators. */
 export interface PictureEncoder {
-  /** [batch, C, h, w] latents of the pictures, in item order (a sampled posterior draws from the generators). */
-  encode(images: RgbImage[]): Promise<Float32Array>;
-  /** Makes the draws that encoding the batch's pictures into `perItem` latents each would, without encoding them. */
-  skipDraws(perItem: number): Promise<void>;
+  /**
+   * [batch, C, h, w] latents of the pictures, in item order (a sampled posterior draws from the item's
+   * generator). An item without a picture is not encoded: its latents are zeros and its generator draws nothing.
+   */
+  encode(images: readonly (RgbImage | undefined)[]): Promise<Float32Array>;
+  /** Makes the draws that encoding the marked items' pictures into `perItem` latents each would, without encoding them. */
+  skipDraws(perItem: number, drawing: readonly boolean[]): Promise<void>;
 }
 
 /** How a pipeline starts from a picture, as its diffusers counterpart does. */
@@ -101,8 +104,8 @@ export interface StartRules {
   /** How it reads strength (schedulers/strength.ts; models/layout.ts strengthRule). */
   rule: StrengthRule;
   /**
-   * Its UNet takes the mask and the masked picture as input (9 channels): at strength 1 the picture
-   * itself is then never encoded, so the starting noise is each generator's first draw.
+   * Its UNet takes the mask and the masked picture as input (9 channels): at strength 1 a masked
+   * item's picture itself is then never encoded, so its starting noise is its generator's first draw.
    */
   inpaintingUnet?: boolean;
 }
@@ -118,6 +121,8 @@ export interface StartRules {
  * same generators), as diffusers does; so is, after it, the masked picture that diffusers' inpainting
  * pipelines encode for every denoiser: one that does not take it (not an inpainting UNet) has only the
  * draws made, so that the noise of later steps (ancestral and consistency schedulers) is diffusers'.
+ * Each item is decided on its own (its mask, its draws): the batcher merges edits with and without a
+ * mask that share the rest, and an item's seed must give the same picture in any batch.
  */
 export async function startingLatents(
   batch: Pick<GenerationBatch, 'steps' | 'strength' | 'items' | 'width' | 'height'>,
@@ -137,14 +142,18 @@ export async function startingLatents(
     return item.image;
   });
   const call = strengthStart(batch.steps, batch.strength, rule);
-  const masked = batch.items.some((item) => item.mask);
-  const fromNoise = masked && rule !== 'flow' && batch.strength === 1;
-  if (fromNoise && inpaintingUnet) return { latents: initialLatents(noise, perItem, scheduler.initNoiseSigma), call };
-  const original = await encoder.encode(images);
+  const masked = batch.items.map((item) => item.mask !== undefined);
+  const fromNoise = masked.map((m) => m && rule !== 'flow' && batch.strength === 1);
+  // An inpainting UNet's pipeline starting from pure noise never encodes the picture (nor draws its posterior).
+  const toEncode = images.map((image, b) => (fromNoise[b] && inpaintingUnet ? undefined : image));
+  const original = toEncode.some(Boolean) ? await encoder.encode(toEncode) : new Float32Array(perItem * images.length);
   const drawn = noise.initial(perItem);
-  const latents = fromNoise ? scaled(drawn.slice(), scheduler.initNoiseSigma) : scheduler.addNoise(original, drawn, call);
-  if (!masked) return { latents, call };
-  if (!inpaintingUnet) await encoder.skipDraws(perItem);
+  const latents = scheduler.addNoise(original, drawn, call);
+  fromNoise.forEach((pure, b) => {
+    if (pure) latents.set(scaled(drawn.slice(b * perItem, (b + 1) * perItem), scheduler.initNoiseSigma), b * perItem);
+  });
+  if (!masked.some(Boolean)) return { latents, call };
+  if (!inpaintingUnet) await encoder.skipDraws(perItem, masked);
   const mask = new Float32Array(perItem * batch.items.length);
   batch.items.forEach((item, b) => mask.set(latentMask(item.mask, batch, shape, b), b * perItem));
   return { latents, call, keep: { original, noise: drawn, mask } };

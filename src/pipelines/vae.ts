@@ -194,19 +194,26 @@ export class VaeEncoder {
     return this.model.release();
   }
 
-  /** [batch, C, h, w] latents of the images, in item order. */
-  async encode(images: readonly RgbImage[], noise: BatchNoise): Promise<Float32Array> {
-    const parts: Float32Array[] = [];
+  /** [batch, C, h, w] latents of the images, in item order; an item without one gets zeros and draws nothing (PictureEncoder.encode). */
+  async encode(images: readonly (RgbImage | undefined)[], noise: BatchNoise): Promise<Float32Array> {
+    const parts: (Float32Array | undefined)[] = [];
     for (const image of images) {
+      if (!image) {
+        parts.push(undefined);
+        continue;
+      }
       const sample = { data: toSigned(image), dims: [1, 3, image.height, image.width] };
       const { [this.output]: out } = await this.model.run({ sample }, [this.output]);
       parts.push(out.data as Float32Array);
     }
-    const per = parts[0].length / (this.output === 'latent_parameters' ? 2 : 1);
+    const encoded = parts.find((part) => part !== undefined);
+    if (!encoded) throw new RangeError('no picture to encode');
+    const per = encoded.length / (this.output === 'latent_parameters' ? 2 : 1);
     // One draw per item, each from its own generator: diffusers samples every item's posterior first.
-    const eps = this.drawsFor(noise, per);
+    const eps = this.drawsFor(noise, per, parts.map((part) => part !== undefined));
     const latents = new Float32Array(per * images.length);
     parts.forEach((part, b) => {
+      if (!part) return;
       for (let i = 0; i < per; i++) {
         let z = part[i];
         if (eps) z += Math.exp(0.5 * Math.min(20, Math.max(-30, part[per + i]))) * eps[b * per + i];
@@ -217,9 +224,9 @@ export class VaeEncoder {
     return latents;
   }
 
-  /** The draws sampling the batch's posteriors of `perItem` latents makes (none when the encoder outputs the latent itself). */
-  drawsFor(noise: BatchNoise, perItem: number): Float32Array | undefined {
-    return this.output === 'latent_parameters' ? noise.randn(perItem) : undefined;
+  /** The draws sampling the marked items' posteriors of `perItem` latents makes (none when the encoder outputs the latent itself). */
+  drawsFor(noise: BatchNoise, perItem: number, drawing: readonly boolean[]): Float32Array | undefined {
+    return this.output === 'latent_parameters' ? noise.randn(perItem, drawing) : undefined;
   }
 }
 
@@ -237,6 +244,6 @@ function toSigned({ pixels, width, height }: RgbImage): Float32Array {
 export function pictureEncoder(encoder: OnDemand<VaeEncoder>, noise: BatchNoise): PictureEncoder {
   return {
     encode: async (images) => (await encoder.get()).encode(images, noise),
-    skipDraws: async (perItem) => void (await encoder.get()).drawsFor(noise, perItem),
+    skipDraws: async (perItem, drawing) => void (await encoder.get()).drawsFor(noise, perItem, drawing),
   };
 }

@@ -172,10 +172,16 @@ export class BatchNoise {
     return out;
   }
 
-  /** A [batch, perItem] tensor of standard normal noise. */
-  randn(perItem: number): Float32Array {
+  /**
+   * A [batch, perItem] tensor of standard normal noise. With `drawing`, only the items it marks draw;
+   * the others' rows stay zero and their generators untouched (a step one item of the batch takes
+   * and another does not: items merged from different requests may differ in what they draw).
+   */
+  randn(perItem: number, drawing?: readonly boolean[]): Float32Array {
     const out = new Float32Array(perItem * this.generators.length);
-    this.generators.forEach((g, b) => g.fillNormal(out.subarray(b * perItem, (b + 1) * perItem)));
+    this.generators.forEach((g, b) => {
+      if (!drawing || drawing[b]) g.fillNormal(out.subarray(b * perItem, (b + 1) * perItem));
+    });
     return out;
   }
 }
