@@ -6,7 +6,7 @@
  */
 import { describe, expect, it } from 'vitest';
 import { BatchNoise } from '../src/runtime/random.js';
-import { denoise, startingLatents, type PictureEncoder } from '../src/pipelines/denoise.js';
+import { denoise, latentMask, startingLatents, type PictureEncoder } from '../src/pipelines/denoise.js';
 import type { RgbImage } from '../src/runtime/types.js';
 import { createScheduler, fewestSteps, stepsRun, strengthStart } from '../src/schedulers/index.js';
 import type { SchedulerConfig } from '../src/schedulers/scheduler.js';
@@ -188,6 +188,21 @@ describe('where an edit starts (startingLatents)', () => {
     const start = await startingLatents(batch, s, BatchNoise.forItems(batch.items), shape, toX0, { rule: 'flow' });
     expect(start.call).toBe(1);
     expectClose(start.latents, (i) => 0.25 * x0[i] + 0.75 * n[i]);
+  });
+});
+
+describe('the mask on the latent grid', () => {
+  it("takes each latent pixel from the first image pixel it covers, as diffusers' inpainting pipelines shrink their mask (torch's interpolate, mode 'nearest')", () => {
+    // 16x16 pixels on a 2x2 grid: rows 0-7 repaint from column 4 on (half of the first block, not its
+    // top-left pixel); rows 8-15 repaint only the pixel (8, 0), the top left of their first block.
+    const mask = Uint8Array.from({ length: 256 }, (_, i) => {
+      const [y, x] = [Math.floor(i / 16), i % 16];
+      return (y < 8 ? x >= 4 : y === 8 && x === 0) ? 255 : 0;
+    });
+    // torch.nn.functional.interpolate(mask, size=(2, 2)) picks pixel (floor(8 y), floor(8 x)).
+    const expected = [0, 1, 1, 0];
+    const latent = latentMask(mask, { width: 16, height: 16 }, { channels: 3, height: 2, width: 2 }, 0);
+    expect([...latent]).toEqual([...expected, ...expected, ...expected]);
   });
 });
 

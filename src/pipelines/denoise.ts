@@ -161,8 +161,9 @@ export async function startingLatents(
 
 /**
  * An item's mask (image pixels, 255 = repaint; none = repaint everything) on the latent grid, the same
- * for every channel: a latent pixel is repainted when at least half of the image pixels it covers are
- * (diffusers binarises the mask at 0.5 and resizes it to the latents).
+ * for every channel. As diffusers' inpainting pipelines shrink their binarised mask to the latents
+ * (torch's interpolate, mode 'nearest'), a latent pixel takes the value of the first image pixel it
+ * covers, the top left of its block.
  */
 export function latentMask(mask: Uint8Array | undefined, batch: Pick<GenerationBatch, 'width' | 'height'>, shape: LatentShape, item: number): Float32Array {
   const out = new Float32Array(shape.channels * shape.height * shape.width).fill(1);
@@ -172,9 +173,8 @@ export function latentMask(mask: Uint8Array | undefined, batch: Pick<GenerationB
   const plane = shape.height * shape.width;
   for (let y = 0; y < shape.height; y++) {
     for (let x = 0; x < shape.width; x++) {
-      let sum = 0;
-      for (let dy = 0; dy < sy; dy++) for (let dx = 0; dx < sx; dx++) sum += mask[(y * sy + dy) * batch.width + x * sx + dx];
-      const repaint = sum / (sx * sy * 255) >= 0.5 ? 1 : 0;
+      // floor(index x scale), as torch's nearest picks its source pixel; 255 or 0 here, so >= 128 is diffusers' >= 0.5.
+      const repaint = mask[Math.floor(y * sy) * batch.width + Math.floor(x * sx)] >= 128 ? 1 : 0;
       for (let c = 0; c < shape.channels; c++) out[c * plane + y * shape.width + x] = repaint;
     }
   }
