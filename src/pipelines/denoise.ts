@@ -88,13 +88,21 @@ export function relayout(start: Start, layout: (latents: Float32Array) => Float3
   return { latents: layout(start.latents), call: start.call, keep };
 }
 
+/**
+ * A picture for the VAE encoder: where `blank` is 255 (pixels to repaint) it reads 0, the middle of
+ * its [-1, 1], as diffusers' inpainting pipelines multiply the masked area of the picture by 0.
+ */
+export interface PictureToEncode extends RgbImage {
+  blank?: Uint8Array;
+}
+
 /** What startingLatents needs of the VAE encoder, bound to the batch's generators. */
 export interface PictureEncoder {
   /**
    * [batch, C, h, w] latents of the pictures, in item order (a sampled posterior draws from the item's
    * generator). An item without a picture is not encoded: its latents are zeros and its generator draws nothing.
    */
-  encode(images: readonly (RgbImage | undefined)[]): Promise<Float32Array>;
+  encode(images: readonly (PictureToEncode | undefined)[]): Promise<Float32Array>;
   /** Makes the draws that encoding the marked items' pictures into `perItem` latents each would, without encoding them. */
   skipDraws(perItem: number, drawing: readonly boolean[]): Promise<void>;
 }

@@ -1,6 +1,6 @@
 import type { OnnxModel } from '../runtime/onnx-model.js';
 import type { BatchNoise } from '../runtime/random.js';
-import type { PictureEncoder } from './denoise.js';
+import type { PictureEncoder, PictureToEncode } from './denoise.js';
 import type { OnDemand } from './on-demand.js';
 import type { RgbImage } from './pipeline.js';
 
@@ -195,7 +195,7 @@ export class VaeEncoder {
   }
 
   /** [batch, C, h, w] latents of the images, in item order; an item without one gets zeros and draws nothing (PictureEncoder.encode). */
-  async encode(images: readonly (RgbImage | undefined)[], noise: BatchNoise): Promise<Float32Array> {
+  async encode(images: readonly (PictureToEncode | undefined)[], noise: BatchNoise): Promise<Float32Array> {
     const parts: (Float32Array | undefined)[] = [];
     for (const image of images) {
       if (!image) {
@@ -230,12 +230,17 @@ export class VaeEncoder {
   }
 }
 
-/** Interleaved 8-bit RGB -> [1, 3, H, W] in [-1, 1]. */
-function toSigned({ pixels, width, height }: RgbImage): Float32Array {
+/**
+ * Interleaved 8-bit RGB -> [1, 3, H, W] in [-1, 1] as diffusers' VaeImageProcessor makes it, each
+ * operation rounded to float32 as torch's are: 2 x (p / 255) - 1 (p / 127.5 - 1 in double precision
+ * differs in the last bit for half the bytes). Pixels `blank` marks (>= 128) are 0.
+ */
+function toSigned({ pixels, width, height, blank }: PictureToEncode): Float32Array {
   const plane = width * height;
   const out = new Float32Array(plane * 3);
   for (let i = 0; i < plane; i++) {
-    for (let c = 0; c < 3; c++) out[c * plane + i] = pixels[i * 3 + c] / 127.5 - 1;
+    if (blank && blank[i] >= 128) continue;
+    for (let c = 0; c < 3; c++) out[c * plane + i] = 2 * Math.fround(pixels[i * 3 + c] / 255) - 1;
   }
   return out;
 }
