@@ -112,6 +112,7 @@ export async function startServer(config: Config, logger: Logger, { clock, worke
     modelMemoryBudget: config.modelMemoryBudget,
     memoryLimit: config.memoryLimit,
     preload,
+    modelVersion: (dir) => registry.versionOf(dir),
     memoryFigures,
     workerScript,
     logger: logger.child({ component: 'engine' }),

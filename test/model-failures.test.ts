@@ -1,4 +1,4 @@
-import { rm, truncate, writeFile } from 'node:fs/promises';
+import { cp, rm, truncate, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import OpenAI from 'openai';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -66,10 +66,23 @@ describe('a preloaded model removed while the server runs', () => {
   it('no longer holds /ready back once a worker started since cannot load it', async () => {
     await rm(modelDir('good'), { recursive: true });
     // The worker restarts (a crash, the OOM killer) and preloads what it can.
-    process.kill(real.server.engine.workers()[0].pid!, 'SIGKILL');
-    await expect.poll(() => real.server.engine.workers()[0]?.ready, { timeout: 30_000, interval: 50 }).toBe(true);
+    const killed = real.server.engine.workers()[0].pid!;
+    process.kill(killed, 'SIGKILL');
+    // Its replacement, not the killed one before its end is seen.
+    await expect.poll(() => real.server.engine.workers().find((w) => w.pid !== killed)?.ready, { timeout: 30_000, interval: 50 }).toBe(true);
     const ready = await fetch(`${real.server.url}/ready`);
     expect(ready.status).toBe(200);
     expect(((await ready.json()) as { models: unknown[] }).models).toEqual([]);
+  });
+
+  it('is loaded again once its folder is back, without a request naming it: /ready says ready with it', async () => {
+    await cp(referenceModel('sd-turbo'), modelDir('good'), { recursive: true });
+    // The next scan finds it (MODELS_RESCAN_SECONDS is 0 here: a request naming an unknown model scans).
+    await apiError(generate('not-installed'));
+    // A load balancer waiting for /ready sends nothing meanwhile; before, /ready stayed 503 with the failed load's old reason.
+    await expect
+      .poll(async () => (await fetch(`${real.server.url}/ready`)).json(), { timeout: 20_000, interval: 100 })
+      .toMatchObject({ status: 'ready', models: [{ model: 'good', loadedOn: 1 }] });
+    expect((await generate('good')).data).toHaveLength(1);
   });
 });

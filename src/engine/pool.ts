@@ -52,6 +52,8 @@ export interface EnginePoolOptions {
   cudaDevices?: number[];
   /** Model folders every worker loads before it takes jobs. */
   preload?: ModelRef[];
+  /** See WorkerSlotsOptions.modelVersion. */
+  modelVersion?(dir: string): string | undefined;
   /** Most images one merged batch of compatible requests may hold. */
   maxMergedImages?: number;
   /**
@@ -145,6 +147,9 @@ export class WorkerOutOfMemoryError extends Error {
   }
 }
 
+/** How often the pool looks for preloaded models to load again (see retryPreloads): a cheap look, no files read. */
+const PRELOAD_RETRY_CHECK_MS = 2000;
+
 /** The least a starting worker gets between signs of progress (see EnginePoolOptions.startStallTimeoutMs). */
 const START_STALL_MIN_MS = 300_000;
 
@@ -184,6 +189,7 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
       nice: options.workerNice ?? 0,
     }),
     preload,
+    modelVersion: options.modelVersion,
     workerScript: options.workerScript,
     startStallMs: options.startStallTimeoutMs ?? (stallMs > 0 ? Math.max(stallMs, START_STALL_MIN_MS) : 0),
     clock: options.clock ?? REAL_CLOCK,
@@ -274,6 +280,40 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
     logger?.debug({ model: modelName(batch.modelDir), size: `${batch.width}x${batch.height}`, items: batch.items.length, steps, runMs: Math.round(seconds * 1000), outcome }, 'batch finished');
   }
 
+  /** Preloads being tried again now, by folder (see WorkerSlots.preloadsToRetry). */
+  const reloading = new Set<string>();
+  /**
+   * Loads on an idle worker each preloaded model that one lacks and may now load, as a job of the queue
+   * (which holds the worker for it). A load that fails again is recorded (and logged) by the slots, and
+   * tried once more only after its folder changes again; one the queue refused is tried at the next look.
+   */
+  function retryPreloads(): void {
+    for (const model of slots.preloadsToRetry()) {
+      if (reloading.has(model.dir)) continue;
+      reloading.add(model.dir);
+      queue
+        .run(() => loadOnWorker(model))
+        .catch(() => undefined)
+        .finally(() => reloading.delete(model.dir));
+    }
+  }
+  const preloadRetries = setInterval(retryPreloads, PRELOAD_RETRY_CHECK_MS);
+  preloadRetries.unref();
+
+  async function loadOnWorker(model: ModelRef): Promise<void> {
+    const idle = slots.ready().filter((w) => !w.busy);
+    const worker = idle.find((w) => !w.loadedOnce.has(model.dir));
+    // The one that lacked it took a batch meanwhile: tried again at the next look.
+    if (!worker) return;
+    const watchdog = stallWatchdog(worker, stallMs, () => memory.isWaiting(worker));
+    try {
+      await worker.load(model, watchdog.progress);
+    } finally {
+      memory.release(worker);
+      watchdog.stop();
+    }
+  }
+
   const estimate = (batch: GenerationBatch) => costs.estimate(batch);
   const merger = new BatchMerger((job, signal, jobOptions) => queue.run(job, signal, jobOptions), runOnWorker, options.maxMergedImages ?? 16, estimate);
 
@@ -287,6 +327,7 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
     modelsHeld: () => slots.modelsHeld(),
     workers: () => slots.all().map((w) => ({ pid: w.pid, alive: w.alive, ready: w.ready, busy: w.busy, step: w.step })),
     async close() {
+      clearInterval(preloadRetries);
       queue.close();
       await slots.close(options.stopGraceMs ?? 5000);
     },

@@ -1,7 +1,7 @@
 import { fork, type ChildProcess } from 'node:child_process';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
-import type { BatchEvent, GeneratedImage, GenerationBatch } from '../runtime/types.js';
+import type { BatchEvent, GeneratedImage, GenerationBatch, ModelRef } from '../runtime/types.js';
 import type { MemoryClaimant, MemoryGrant } from './memory-arbiter.js';
 import type { FromWorker, ToWorker, WorkerInit } from './worker-protocol.js';
 
@@ -45,6 +45,8 @@ export interface WorkerListener {
 interface Task {
   /** The worker said it took the batch. */
   started: boolean;
+  /** A batch, rather than a model's load alone (which proves nothing of the worker: see batchesDone). */
+  batch: boolean;
   resolve(images: GeneratedImage[]): void;
   reject(err: Error): void;
   onProgress(): void;
@@ -128,17 +130,28 @@ export class WorkerProcess implements MemoryClaimant {
    * batch's events (BatchEvent).
    */
   run(batch: GenerationBatch, stop: AbortSignal, onProgress: () => void, onEvent?: (event: BatchEvent) => void): Promise<GeneratedImage[]> {
-    if (!this.alive || !this.ready || this.task) throw new Error('the worker cannot take a batch now');
+    const done = this.assign({ type: 'run', batch }, { batch: true, onProgress, onEvent });
     const cancel = () => this.send({ type: 'cancel' });
     stop.addEventListener('abort', cancel, { once: true });
+    if (stop.aborted) cancel();
+    return done.finally(() => stop.removeEventListener('abort', cancel));
+  }
+
+  /** Loads a model with no batch (see ToWorker 'load'); rejects with why it could not, as a batch would. */
+  async load(model: ModelRef, onProgress: () => void): Promise<void> {
+    await this.assign({ type: 'load', model }, { batch: false, onProgress });
+  }
+
+  /** Hands the worker its one task; it settles with the task's images or error. */
+  private assign(message: Extract<ToWorker, { type: 'run' | 'load' }>, task: Pick<Task, 'batch' | 'onProgress' | 'onEvent'>): Promise<GeneratedImage[]> {
+    if (!this.alive || !this.ready || this.task) throw new Error('the worker cannot take a task now');
     return new Promise<GeneratedImage[]>((resolve, reject) => {
-      this.task = { started: false, resolve, reject, onProgress, onEvent };
+      this.task = { started: false, resolve, reject, ...task };
       this.step = 0;
       this.grant = undefined;
       this.plannedSamples = undefined;
-      this.send({ type: 'run', batch });
-      if (stop.aborted) cancel();
-    }).finally(() => stop.removeEventListener('abort', cancel));
+      this.send(message);
+    });
   }
 
   /** Asks the worker to stop its batch and exit; kills it if it has not within `graceMs` (e.g. busy loading a model). */
@@ -175,7 +188,7 @@ export class WorkerProcess implements MemoryClaimant {
         this.task?.onEvent?.(message.event);
         return;
       case 'done':
-        this.batchesDone++;
+        if (this.task?.batch) this.batchesDone++;
         this.hold(message.held);
         this.finish()?.resolve(message.images);
         return;

@@ -22,6 +22,8 @@ export interface WorkerInit {
 export type ToWorker =
   | WorkerInit
   | { type: 'run'; batch: GenerationBatch }
+  /** Load a model with no batch (a preload that failed, tried again): answered as a batch with no images. */
+  | { type: 'load'; model: ModelRef }
   /** The pool's answer to 'memory-ask' and 'memory-wait': what the running batch may plan on (see memory-arbiter.ts). */
   | { type: 'memory-grant'; grant: MemoryGrant }
   /** Every client of the running batch left: stop at the next denoising step. */

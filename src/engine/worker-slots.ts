@@ -57,6 +57,12 @@ export interface WorkerSlotsOptions {
   init(slot: number): WorkerInit;
   /** Model folders every worker loads before it takes jobs. */
   preload: readonly ModelRef[];
+  /**
+   * The version of the usable model in a folder as the model scan last found it (ModelEntry.version),
+   * undefined while there is none: a preloaded model that failed to load is tried again once it changed
+   * (see preloadsToRetry). Without it, such a model loads again only when a request names it.
+   */
+  modelVersion?(dir: string): string | undefined;
   /** The worker module to run; default the one next to worker-process.ts (see EnginePoolOptions.workerScript). */
   workerScript?: string;
   /** A starting worker that goes this long without loading a model or becoming ready is killed; 0 = never. */
@@ -94,7 +100,8 @@ export class WorkerSlots {
   private readonly restarts = new Set<() => void>();
   /** When each worker became ready, on the clock. */
   private readonly readyAt = new Map<WorkerProcess, number>();
-  private readonly loadErrors = new Map<string, string>();
+  /** Why each model folder's last load failed, and its version (modelVersion) then. */
+  private readonly loadErrors = new Map<string, { message: string; version?: string }>();
   /**
    * The watchdogs of workers not yet ready: one that neither loads a model nor says anything for the
    * stall timeout is hung (a deadlock in native code while loading) and would hold the server "starting" for good.
@@ -168,7 +175,7 @@ export class WorkerSlots {
         logger?.info({ worker: slot, model: modelName(message.modelDir), loadMs: Math.round(message.seconds * 1000) }, 'model loaded');
         break;
       case 'model-load-failed':
-        this.loadErrors.set(message.modelDir, message.message);
+        this.loadErrors.set(message.modelDir, { message: message.message, version: this.options.modelVersion?.(message.modelDir) });
         logger?.error({ worker: slot, model: modelName(message.modelDir), error: message.message }, 'model failed to load');
         break;
       case 'warning':
@@ -230,6 +237,25 @@ export class WorkerSlots {
     this.restarts.add(cancel);
   }
 
+  /**
+   * The preloaded models a ready worker lacks, to be loaded on it now (their version as it is now): one
+   * whose last load failed, once its folder changed since (repaired, or back after it was removed);
+   * or, where none failed since, that another worker loaded since this one failed to. Without this, a
+   * preload that failed would hold /ready at 503 until a request named the model, which a load
+   * balancer that waits for /ready never sends.
+   */
+  preloadsToRetry(): ModelRef[] {
+    const versionOf = this.options.modelVersion;
+    if (!versionOf) return [];
+    return this.options.preload.flatMap(({ dir }) => {
+      const version = versionOf(dir);
+      const failed = this.loadErrors.get(dir);
+      const lacking = this.ready().some((w) => !w.loadedOnce.has(dir));
+      const retry = version !== undefined && lacking && (!failed || failed.version !== version);
+      return retry ? [{ dir, version }] : [];
+    });
+  }
+
   /** The workers ready, each preloaded model and on how many live workers it loaded, and whether that is all of them. */
   private preloadState() {
     const live = this.all().filter((w) => w.alive);
@@ -241,7 +267,7 @@ export class WorkerSlots {
       .map(({ dir }) => ({
         model: modelName(dir),
         loadedOn: live.filter((w) => w.loadedOnce.has(dir)).length,
-        ...(this.loadErrors.has(dir) && { error: this.loadErrors.get(dir) }),
+        ...(this.loadErrors.has(dir) && { error: this.loadErrors.get(dir)!.message }),
       }));
     return { ready, models, full: ready === this.options.slots && models.every((m) => m.loadedOn === this.options.slots) };
   }

@@ -7,7 +7,7 @@ import { GenerationCancelled } from '../pipelines/pipeline.js';
 import { WorkerRuntime } from '../pipelines/run.js';
 import type { MemoryGrant } from './memory-arbiter.js';
 import type { FromWorker, ToWorker, WorkerInit } from './worker-protocol.js';
-import type { BatchEvent, GenerationBatch } from '../runtime/types.js';
+import type { BatchEvent, GeneratedImage, GenerationBatch, ModelRef } from '../runtime/types.js';
 
 /**
  * A worker process (started by worker-process.ts): its own process, so that a native crash or the
@@ -143,18 +143,21 @@ function eventSender(): (event: BatchEvent) => void {
 }
 
 
-function run(batch: GenerationBatch): void {
+/**
+ * Runs `work` as the worker's one task (a batch, or a model's load alone), for `modelDir`: its images, or
+ * its error, end it. A worker runs one task at a time.
+ */
+function perform(modelDir: string, work: (task: { cancelled: boolean }) => Promise<GeneratedImage[]>): void {
   void send({ type: 'started' });
   const task = { cancelled: false, done: Promise.resolve() };
   task.done = (async () => {
     try {
-      await ensureLoaded(batch.modelDir, batch.modelVersion);
-      const images = await current().runBatch(batch, { shouldStop: () => task.cancelled, onEvent: eventSender() });
-      reportMemory(batch.modelDir);
+      const images = await work(task);
+      reportMemory(modelDir);
       await send({ type: 'done', images, held: current().heldModels() });
     } catch (err) {
       // A run that ran out of memory changed the model's figures too (ModelMemory.exceeded).
-      reportMemory(batch.modelDir);
+      reportMemory(modelDir);
       // Only these fields: an error's other properties need not survive serialisation.
       const { name, message, stack } = err instanceof Error ? err : new Error(inspect(err));
       const problem = err instanceof ModelLayoutError ? { problem: err.problem } : {};
@@ -165,6 +168,19 @@ function run(batch: GenerationBatch): void {
   })();
   running = task;
 }
+
+const run = (batch: GenerationBatch) =>
+  perform(batch.modelDir, async (task) => {
+    await ensureLoaded(batch.modelDir, batch.modelVersion);
+    return current().runBatch(batch, { shouldStop: () => task.cancelled, onEvent: eventSender() });
+  });
+
+/** Loads a model with no batch: a preloaded model that could not load when this worker started, tried again. */
+const load = (model: ModelRef) =>
+  perform(model.dir, async () => {
+    await ensureLoaded(model.dir, model.version);
+    return [];
+  });
 
 async function stop(): Promise<void> {
   stopping = true;
@@ -184,6 +200,9 @@ process.on('message', (message: ToWorker) => {
       break;
     case 'run':
       run(message.batch);
+      break;
+    case 'load':
+      load(message.model);
       break;
     case 'memory-grant':
       awaitingGrant?.resolve(message.grant);

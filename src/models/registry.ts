@@ -168,6 +168,12 @@ export class ModelRegistry {
     return named();
   }
 
+  /** The version of the usable model in `dir` as the last scan found it; undefined when there is none. */
+  versionOf(dir: string): string | undefined {
+    for (const model of this.models.values()) if (model.layout.dir === dir) return model.version;
+    return undefined;
+  }
+
   /** Installed models by id, then the aliases whose model is installed. */
   list(): ListedModel[] {
     const installed = [...this.models.values()].sort((a, b) => a.id.localeCompare(b.id)).map((model) => ({ id: model.id, model }));
