@@ -188,8 +188,10 @@ describe('request validation', () => {
     // A model folder with nothing but a broken preset file: the scan skips it, and says why.
     await mkdir(path.join(server.modelsDir, 'broken'));
     await writeFile(path.join(server.modelsDir, 'broken', 'model_index.json'), '{');
+    // The server's to repair, not the request's: a 500 not to be retried, as for a model found broken as it loads (model-failures.test.ts).
     const err = await apiError(generate({ model: 'broken' }));
-    expect({ status: err.status, param: err.param, code: err.code }).toEqual({ status: 400, param: 'model', code: 'invalid_value' });
+    expect({ status: err.status, type: err.type, param: err.param, code: err.code }).toEqual({ status: 500, type: 'server_error', param: null, code: 'model_unusable' });
+    expect(err.headers?.get('x-should-retry')).toBe('false');
     const { message } = err.error as { message: string };
     expect(message).toMatch(/^The model 'broken' is installed but cannot be used \(.+\); the server's operator can repair it\. Available models: 'stub'/);
     expect(message).not.toContain(server.modelsDir);

@@ -62,10 +62,9 @@ export function engineError(err: unknown, model: string): unknown {
     if (problem === MISSING_FOLDER) {
       return new ApiError(400, `The model '${model}' was removed from the server while this request waited for it.`, { type: 'image_generation_user_error', param: 'model', code: 'invalid_value', cause: err });
     }
-    return new ApiError(
-      500,
+    return modelUnusable(
       `The model '${model}' is installed but could not be loaded: ${problem ?? (err as Error).message}. Other models still work; the server's operator should repair or remove it ("imagegen models list" checks it).`,
-      { code: 'model_unusable', headers: { 'x-should-retry': 'false' }, cause: err },
+      err,
     );
   }
   // Raised in the worker: it crosses the process boundary by name.
@@ -73,6 +72,11 @@ export function engineError(err: unknown, model: string): unknown {
     return new ApiError(507, (err as Error).message, { code: 'insufficient_memory', headers: { 'x-should-retry': 'false' }, cause: err });
   }
   return err;
+}
+
+/** An installed model that cannot be used: the server's to repair, so a 500 that retrying cannot help. */
+export function modelUnusable(message: string, cause?: unknown): ApiError {
+  return new ApiError(500, message, { code: 'model_unusable', headers: { 'x-should-retry': 'false' }, cause });
 }
 
 /** When to retry a request the store refused for a passing reason: long enough for a bucket to come back or a running request to end. */

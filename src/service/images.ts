@@ -10,7 +10,7 @@ import type { StrengthRule } from '../schedulers/index.js';
 import { strengthRule } from '../models/layout.js';
 import type { ImageStore, StoredImage, StoreReservation } from '../store/image-store.js';
 import { bufferView } from '../util/bytes.js';
-import { engineError, queueRefusal, storeError } from './failures.js';
+import { engineError, modelUnusable, queueRefusal, storeError } from './failures.js';
 import { gptImageFields } from './gpt-image-fields.js';
 import { planBatches, withPicture } from './plan.js';
 import { editMarks, fitEdit, type EditSource, type InputImage } from './input-images.js';
@@ -131,6 +131,9 @@ function unknownModel(id: string, registry: ModelRegistry, defaultModel: string 
     ? ` is an alias of '${target}'${target === defaultModel ? ", the server's DEFAULT_MODEL," : ''} which ${repair ?? 'is not installed (see MODEL_ALIASES and DEFAULT_MODEL)'}`
     : // A request that named no model got it from DEFAULT_MODEL.
       `${id === defaultModel ? " (the server's DEFAULT_MODEL, which requests without a model run)" : ''} ${repair ?? 'does not exist'}`;
+  // A model installed but broken is the server's fault, not the request's: the 500 of one found broken
+  // as it loaded (service/failures.ts), whether or not the request named it (DEFAULT_MODEL).
+  if (repair) return modelUnusable(`The model '${id}'${what}.${hint}`);
   // OpenAI's images endpoint answers an unknown model with this 400 (other endpoints use 404).
   return new ApiError(400, `The model '${id}'${what}.${hint}`, {
     type: 'image_generation_user_error',
