@@ -1,4 +1,4 @@
-import { describe, expect, it } from 'vitest';
+import { describe, expect, it, vi } from 'vitest';
 import { failureOf } from './helpers/failures.js';
 import { ApiError } from '../src/api/errors.js';
 import { KeyRates, MemoryLedger } from '../src/http/key-rates.js';
@@ -57,6 +57,23 @@ describe('per-key rates', () => {
     for (let i = 0; i < 100; i++) {
       await r.admit({ label: 'free' }, 10);
       await r.admit(null, 10);
+    }
+  });
+});
+
+describe('per-key rates when the wall clock steps', () => {
+  it('admits a key again a minute on, though the wall clock stepped back an hour meanwhile (NTP, a resumed VM)', async () => {
+    vi.useFakeTimers({ toFake: ['Date', 'performance'] });
+    try {
+      const r = new KeyRates();
+      const key = { label: 'dave', limits: { requestsPerMinute: 1 } };
+      await r.admit(key, 1);
+      vi.setSystemTime(Date.now() - 3600_000);
+      vi.advanceTimersByTime(61_000);
+      // On the wall clock the first request lay in the future, and held the key's one slot for the hour.
+      expect(await r.admit(key, 1)).toMatchObject({ 'x-ratelimit-remaining-requests': '0', 'x-ratelimit-reset-requests': '1m0s' });
+    } finally {
+      vi.useRealTimers();
     }
   });
 });

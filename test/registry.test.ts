@@ -1,7 +1,7 @@
 import { mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
-import { afterEach, beforeEach, describe, expect, it } from 'vitest';
+import { afterEach, beforeEach, describe, expect, it, vi } from 'vitest';
 import { inject } from 'vitest';
 import { ModelRegistry } from '../src/models/registry.js';
 import { writeStubModel } from './helpers/api-server.js';
@@ -112,6 +112,22 @@ describe('ModelRegistry', () => {
     await rm(path.join(root, 'late'), { recursive: true });
     await models.refresh();
     expect(models.list()).toEqual([]);
+  });
+
+  it('scans for a model a request names, rate-limited on a clock that a step of the wall clock back does not stop', async () => {
+    const models = new ModelRegistry({ roots: [{ dir: root, ownedBy: 'user' }], aliases: {}, logger: silentLogger, minRescanIntervalMs: 2000 });
+    vi.useFakeTimers({ toFake: ['Date', 'performance'] });
+    try {
+      await models.scan();
+      // NTP steps the clock back an hour; then a model is installed, and a request names it.
+      vi.setSystemTime(Date.now() - 3600_000);
+      vi.advanceTimersByTime(3000);
+      await writeStubModel(path.join(root, 'late'));
+      // On the wall clock the last scan lay an hour ahead: none on request for that hour (with MODELS_RESCAN_SECONDS=0, none at all).
+      expect((await models.resolve('late'))?.id).toBe('late');
+    } finally {
+      vi.useRealTimers();
+    }
   });
 
   it('notices a broken folder once it is repaired', async () => {

@@ -2,7 +2,7 @@ import { mkdir, mkdtemp, rm } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import type { Readable } from 'node:stream';
-import { ListObjectsV2Command, S3Client } from '@aws-sdk/client-s3';
+import { CreateBucketCommand, ListObjectsV2Command, S3Client } from '@aws-sdk/client-s3';
 import OpenAI from 'openai';
 import sharp from 'sharp';
 import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
@@ -154,6 +154,22 @@ describe('S3ImageStore', () => {
     const unreachable = await open({ endpoint: 'http://127.0.0.1:9' });
     await expect(unreachable.check()).rejects.toMatchObject({ reason: 'ECONNREFUSED' });
     await unreachable.close();
+  });
+
+  it('asks the bucket again a few seconds after a failed check, though the wall clock stepped back an hour meanwhile', async () => {
+    const store = await open({ bucket: 'made-later' });
+    vi.useFakeTimers({ toFake: ['Date', 'performance'] });
+    try {
+      await expect(store.check()).rejects.toMatchObject({ reason: 'NoSuchBucket' });
+      await new S3Client({ endpoint: s3.endpoint, forcePathStyle: true }).send(new CreateBucketCommand({ Bucket: 'made-later' }));
+      vi.setSystemTime(Date.now() - 3600_000);
+      vi.advanceTimersByTime(3000);
+      // On the wall clock the cached failure lay an hour ahead, and /ready would have said 503 for that hour.
+      await expect(store.check()).resolves.toBeUndefined();
+    } finally {
+      vi.useRealTimers();
+      await store.close();
+    }
   });
 
   it('fails requests to a bucket that stops answering once they time out, instead of waiting for as long as it is silent', async () => {

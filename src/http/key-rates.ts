@@ -53,11 +53,15 @@ function fits(recent: readonly Spent[], entry: Spent, limits: WindowLimits): boo
   return (limits.requests === undefined || recent.length + 1 <= limits.requests) && (limits.images === undefined || images + entry.images <= limits.images);
 }
 
-/** The ledger of one server: a map in this process, timed by `now` (this machine's clock; tests move their own). */
+/**
+ * The ledger of one server: a map in this process, timed by `now` (tests move their own). By default a
+ * monotonic clock: on the wall clock, a step back (NTP, a VM resumed) would leave the last minute's
+ * entries in the future, counted against their key for as long as the step, an hour's step an hour's refusals.
+ */
 export class MemoryLedger implements RateLedger {
   private readonly spent = new Map<string, Spent[]>();
 
-  constructor(private readonly now: () => number = Date.now) {}
+  constructor(private readonly now: () => number = () => performance.now()) {}
 
   async spend(label: string, images: number, limits: WindowLimits, windowMs: number, record = true): Promise<Spending> {
     const entry = { at: this.now(), images };

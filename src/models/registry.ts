@@ -123,7 +123,8 @@ export class ModelRegistry {
   private readonly missingRoots = new Set<string>();
   private readonly misplacedRoots = new Set<string>();
   private scanning: Promise<void> | undefined;
-  private lastScan = 0;
+  /** When the last scan ended, on the monotonic clock: a wall-clock step back would hold off scans on request for as long as the step. */
+  private lastScan = -Infinity;
   private timer: NodeJS.Timeout | undefined;
   private readonly minRescanIntervalMs: number;
 
@@ -135,7 +136,7 @@ export class ModelRegistry {
   scan(): Promise<void> {
     this.scanning ??= this.scanRoots().finally(() => {
       this.scanning = undefined;
-      this.lastScan = Date.now();
+      this.lastScan = performance.now();
     });
     return this.scanning;
   }
@@ -155,7 +156,7 @@ export class ModelRegistry {
 
   /** Rescans unless the last scan is more recent than minRescanIntervalMs. */
   refresh(): Promise<void> {
-    return Date.now() - this.lastScan >= this.minRescanIntervalMs ? this.scan() : Promise.resolve();
+    return performance.now() - this.lastScan >= this.minRescanIntervalMs ? this.scan() : Promise.resolve();
   }
 
   /**

@@ -281,7 +281,8 @@ export class S3ImageStore implements ImageStore {
 
   /** Throws StoreUnavailableError while the bucket cannot be listed (the permission every operation here needs too). */
   check(): Promise<void> {
-    const now = Date.now();
+    // Monotonic: on the wall clock, a step back would keep a cached answer (a failure) for as long as the step.
+    const now = performance.now();
     if (!this.checked || now - this.checked.at > CHECK_CACHE_MS) {
       const result = this.client
         // A prefix no image name has (ids are hex): the answer is empty, and as cheap as a request gets.
