@@ -1,6 +1,8 @@
-import { mkdtemp, readdir, rm, truncate, utimes, writeFile } from 'node:fs/promises';
+import { spawnSync } from 'node:child_process';
+import { mkdtemp, readdir, readFile, realpath, rm, truncate, utimes, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
+import { fileURLToPath } from 'node:url';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { FileImageStore } from '../src/store/file-store.js';
 import { StoreFullError, StoreUnavailableError } from '../src/store/image-store.js';
@@ -181,6 +183,35 @@ describe('ImageStore', () => {
   it('refuses content it cannot name', async () => {
     const store = await open();
     await expect(store.put(bytes(1), 'text/html')).rejects.toThrow(/cannot store/);
+  });
+});
+
+/** strace, to see the system calls a put makes (a power loss cannot be made in a test). */
+const haveStrace = spawnSync('strace', ['-V']).status === 0;
+
+describe.skipIf(!haveStrace)('ImageStore on a power loss (needs strace to see the system calls)', () => {
+  it("flushes the folder after an image's rename, before put() resolves: the name a URL gives survives a power loss", async () => {
+    // One put in a process of its own under strace, the store from the sources (tsx).
+    const store = fileURLToPath(new URL('../src/store/file-store.ts', import.meta.url));
+    const script = `const { FileImageStore } = await import(${JSON.stringify(store)});
+      const logger = { warn() {}, debug() {} };
+      const s = await FileImageStore.open({ dir: ${JSON.stringify(dir)}, ttlSeconds: 60, maxBytes: 1e6, logger });
+      const image = await s.put(new Uint8Array(10), 'image/png');
+      console.log(image.id);`;
+    const trace = path.join(os.tmpdir(), `imagegen-strace-${path.basename(dir)}.txt`);
+    try {
+      const run = spawnSync('strace', ['-f', '-qq', '-y', '-e', 'trace=rename,renameat,renameat2,fsync', '-o', trace, process.execPath, '--import', 'tsx', '--input-type=module', '-e', script], { encoding: 'utf8' });
+      expect(run.status, run.stderr).toBe(0);
+      const id = run.stdout.trim();
+      const calls = (await readFile(trace, 'utf8')).split('\n');
+      const renamed = calls.findIndex((line) => /rename/.test(line) && line.includes(`/${id}.`));
+      expect(renamed).toBeGreaterThanOrEqual(0);
+      // strace -y writes a descriptor with its path, links resolved: fsync(21</tmp/...>).
+      const folder = `<${await realpath(dir)}>`;
+      expect(calls.slice(renamed + 1).some((line) => line.includes('fsync(') && line.includes(folder))).toBe(true);
+    } finally {
+      await rm(trace, { force: true });
+    }
   });
 });
 

@@ -2,7 +2,7 @@ import { constants } from 'node:fs';
 import { access, mkdir, open, readdir, rename, stat, statfs, unlink } from 'node:fs/promises';
 import path from 'node:path';
 import type { Readable } from 'node:stream';
-import { makeFolder, unlessMissing } from '../util/files.js';
+import { makeFolder, syncFolder, unlessMissing } from '../util/files.js';
 import { StoreFullError, StoreUnavailableError, type ByteRange, type ImageStore, type StoredImage, type StoreLimits, type StoreReservation } from './image-store.js';
 import { extensionOf, imageName, isExpired, newImage, parseImageName } from './image-names.js';
 import { StoreSpace } from './space.js';
@@ -11,7 +11,8 @@ import { StoreSpace } from './space.js';
  * Generated images served by URL for a limited time. One file per image, named as image-names.ts says
  * (`<id>.<expiry unix milliseconds>.<ext>`): a restart rebuilds the index from a directory listing and
  * keeps each image's own expiry. Files are written to a temporary name, flushed to the disk and renamed,
- * so neither a reader nor a restart after a power loss sees half an image; a failed write deletes its
+ * and the rename flushed, before the image's URL is given: neither a reader nor a restart after a power
+ * loss sees half an image, or loses one whose URL went out; a failed write deletes its
  * temporary file, and the sweeper deletes any that a crash left. Ids are 128 random bits in hex.
  *
  * Two servers may share the folder for a while (a restart that starts the new server before stopping
@@ -156,9 +157,13 @@ export class FileImageStore implements ImageStore {
         await handle.close();
       }
       await rename(temp, file);
+      // The name too: until the folder is flushed, a power loss soon after the answer could leave only
+      // the temporary file (which the sweeper deletes) behind a URL the client was given.
+      await syncFolder(path.dirname(file));
     } catch (err) {
-      // A full disk fails a write halfway: no partial file may stay behind.
-      await unlink(temp).catch(() => undefined);
+      // A full disk fails a write halfway: no partial file may stay behind; nor an image whose put failed
+      // after its rename (its name not flushed), which no answer names.
+      for (const left of [temp, file]) await unlink(left).catch(() => undefined);
       const { code } = err as NodeJS.ErrnoException;
       if (code === 'ENOSPC' || code === 'EDQUOT') throw new StoreFullError('disk', this.options.maxBytes, data.byteLength);
       throw err;

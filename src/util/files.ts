@@ -1,4 +1,4 @@
-import { access, mkdir, readFile, stat } from 'node:fs/promises';
+import { access, mkdir, open, readFile, stat } from 'node:fs/promises';
 import path from 'node:path';
 import type { z } from 'zod';
 
@@ -11,6 +11,24 @@ export async function unlessMissing<T>(operation: Promise<T>): Promise<T | undef
   } catch (err) {
     if ((err as NodeJS.ErrnoException).code === 'ENOENT') return undefined;
     throw err;
+  }
+}
+
+/**
+ * Flushes a folder's entries to the disk: a file renamed into it is then there after a power loss too
+ * (its data flushed before the rename). Where a folder cannot be opened to be flushed (Windows), its
+ * renames are left to the file system.
+ */
+export async function syncFolder(dir: string): Promise<void> {
+  const handle = await open(dir, 'r').catch((err: NodeJS.ErrnoException) => {
+    if (err.code === 'EISDIR' || err.code === 'EPERM') return undefined;
+    throw err;
+  });
+  if (!handle) return;
+  try {
+    await handle.sync();
+  } finally {
+    await handle.close();
   }
 }
 
