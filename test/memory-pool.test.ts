@@ -54,18 +54,21 @@ describe('memory shared out among the workers', () => {
 
   it('runs two batches that fit only one at a time one after the other, both to completion', async () => {
     // Different step counts: two batches the pool cannot merge, one per worker.
-    const generate = (steps: number) => {
-      const started = performance.now();
-      return real.client.images
+    const generate = (steps: number) =>
+      real.client.images
         .generate({ model: 'demo-shapes', prompt: 'a red circle', size: '512x512', n: 3, response_format: 'b64_json', steps } as never)
-        .then((res) => ({ images: res.data!.length, started, ended: performance.now() }));
-    };
-    const [first, second] = await Promise.all([generate(150), generate(149)]);
+        .then((res) => ({ images: res.data!.length }));
+    // How many workers were denoising at once, looked at every 10 ms while both requests ran: read off
+    // the pool rather than timed from outside, where a loaded machine's stalls blur the two runs.
+    let mostDenoising = 0;
+    const watch = setInterval(() => {
+      mostDenoising = Math.max(mostDenoising, real.server.engine.workers().filter((w) => w.busy && w.step > 0).length);
+    }, 10);
+    const [first, second] = await Promise.all([generate(150), generate(149)]).finally(() => clearInterval(watch));
     expect([first.images, second.images]).toEqual([3, 3]);
     expect(await memoryWaits(real)).toBeGreaterThanOrEqual(1);
-    // One waited for the other: their runs did not overlap, so the later one ended well after the earlier.
-    const [earlier, later] = [first, second].sort((a, b) => a.ended - b.ended);
-    expect(later.ended - earlier.ended).toBeGreaterThan(0.5 * (earlier.ended - earlier.started));
+    // One waited for the other: one denoised at a time, and both did.
+    expect(mostDenoising).toBe(1);
     // No worker was killed for the wait.
     expect(real.server.engine.workers().every((w) => w.alive)).toBe(true);
   });
