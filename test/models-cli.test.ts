@@ -303,6 +303,21 @@ describe('models import and export', () => {
     await expectNothingInstalled('preset');
   });
 
+  it('says where the exports are in a folder that holds them deeper, or that it holds none, before copying anything', async () => {
+    const parent = path.join(work, 'exports');
+    for (const name of ['sd15', 'sdxl']) await cp(sourceDir, path.join(parent, name), { recursive: true });
+    await expect(importFrom(parent)).rejects.toThrow(
+      `${parent} has no diffusers ONNX export (no unet/model.onnx or transformer/model.onnx); pick the export's folder: imagegen models import ${parent}/sd15 or imagegen models import ${parent}/sdxl`,
+    );
+    const weightsOnly = path.join(work, 'pytorch');
+    await mkdir(path.join(weightsOnly, 'unet'), { recursive: true });
+    await writeFile(path.join(weightsOnly, 'model_index.json'), '{}');
+    await writeFile(path.join(weightsOnly, 'unet', 'diffusion_pytorch_model.safetensors'), Buffer.alloc(64));
+    await expect(importFrom(weightsOnly)).rejects.toThrow(/has no diffusers ONNX export.*give the export's own folder.*optimum-cli export onnx/);
+    expect(output.text).not.toContain('copying');
+    expect(await exists(modelsDir)).toBe(false);
+  });
+
   it('follows symbolic links, and names a link loop or a link to nothing instead of walking it until the path is too long', async () => {
     // As a Hugging Face cache's snapshot is: files that are links to blobs elsewhere.
     const linked = await copyOfSource();

@@ -15,7 +15,7 @@ import {
   type InstalledModel,
 } from './installer.js';
 import { parseManifest, readManifest, writeManifest, type FileDigest, type Manifest } from './manifest.js';
-import { MANIFEST_FILE, selectModelFiles, skippedNote } from './model-files.js';
+import { checkHasExport, MANIFEST_FILE, selectModelFiles, skippedNote } from './model-files.js';
 import { Progress } from './progress.js';
 import { checkCoverage, FileHasher, hashing, verifiedDigest } from './verifier.js';
 
@@ -40,6 +40,8 @@ interface Source {
   manifest?: Manifest;
   files: BundleEntry[];
   skipped: string[];
+  /** Export roots deeper in it are picked by importing that folder; a bundle is one export or none. */
+  isFolder: boolean;
   close(): Promise<void>;
 }
 
@@ -52,6 +54,7 @@ async function openFolder(dir: string): Promise<Source> {
     manifest: await readManifest(dir),
     files: found.filter((file) => wanted.has(file.path)).map((file) => ({ ...file, read: () => readChunks(path.join(dir, file.path)) })),
     skipped,
+    isFolder: true,
     close: async () => undefined,
   };
 }
@@ -69,6 +72,7 @@ async function openBundleFile(file: string): Promise<Source> {
       manifest: manifestEntry ? parseManifest(Buffer.concat(chunks).toString('utf8'), `${file}: ${MANIFEST_FILE}`) : undefined,
       files: bundle.entries.filter((entry) => wanted.has(entry.path)),
       skipped,
+      isFolder: false,
       close: bundle.close,
     };
   } catch (err) {
@@ -91,6 +95,17 @@ export async function importModel(options: ImportOptions): Promise<InstalledMode
     checkModelId(id, 'choose one with --name');
     await refuseExisting(modelsDir, id, options.force ?? false);
     const recopy = 'Nothing was installed: copy the model again from a good source (or delete its imagegen-manifest.json if that is known to be stale)';
+    checkHasExport(
+      {
+        where: options.source,
+        pick: (root) => (source.isFolder ? `imagegen models import ${path.join(options.source, root)}` : `'${root}/' (unpack the bundle and import that folder)`),
+        otherwise: source.isFolder
+          ? 'give the export\'s own folder (it holds model_index.json and unet/ or transformer/); a model with only PyTorch weights must first be exported where they are, with "optimum-cli export onnx" (README, "Which real models")'
+          : 'it is not a model bundle: write one with "imagegen models export"',
+      },
+      source.files.map((file) => file.path),
+      [...source.files.map((file) => file.path), ...source.skipped],
+    );
     if (source.manifest) checkCoverage(source.manifest, source.files.map((file) => file.path), options.source, recopy);
     if (source.skipped.length) output.write(skippedNote(options.source, source.skipped));
 

@@ -1,5 +1,7 @@
 import path from 'node:path';
-import { isTensorRtEngine } from '../models/tensorrt.js';
+import { DENOISER_FOLDERS } from '../families/index.js';
+import { isTensorRtEngine, tensorRtProblem } from '../models/tensorrt.js';
+import { ModelInstallError } from './errors.js';
 
 /**
  * Which files of a repository or folder make up a diffusion ONNX export. Hub repositories often carry
@@ -60,4 +62,30 @@ export function selectModelFiles(paths: string[]): FileSelection {
 export function skippedNote(where: string, skipped: string[]): string {
   const shown = skipped.slice(0, 5).join(', ') + (skipped.length > 5 ? ', ...' : '');
   return `${where}: skipping ${skipped.length} file${skipped.length === 1 ? '' : 's'} an ONNX export does not need: ${shown}\n`;
+}
+
+/** How an install names its source and the other places an export could be picked from. */
+export interface ExportSource {
+  /** The source as the user gave it (a repository and revision, a folder). */
+  where: string;
+  /** How to pick one of the export roots found deeper in the source (a path relative to it). */
+  pick(root: string): string;
+  /** What to do when there is neither an export nor one deeper (nor TensorRT engines). */
+  otherwise: string;
+}
+
+/**
+ * Fails before anything is downloaded or copied when the source's top is not an export's root (no
+ * denoiser graph there), naming the folders deeper in it that are: a pull of the repository instead
+ * of its onnx/ folder, or an import of the folder that holds several exports, would otherwise move
+ * every byte first and then fail with advice to copy the model again.
+ */
+export function checkHasExport(source: ExportSource, selected: readonly string[], listed: readonly string[]): void {
+  const graphs = DENOISER_FOLDERS.map((folder) => `${folder}/model.onnx`);
+  if (graphs.some((graph) => selected.includes(graph))) return;
+  const nested = new RegExp(`^(.+)/(${DENOISER_FOLDERS.join('|')})/model\\.onnx$`);
+  const roots = [...new Set(listed.flatMap((file) => nested.exec(file)?.[1] ?? []))];
+  const engines = listed.filter(isTensorRtEngine);
+  const hint = roots.length ? `pick the export's folder: ${roots.map(source.pick).join(' or ')}` : engines.length ? tensorRtProblem(engines) : source.otherwise;
+  throw new ModelInstallError(`${source.where} has no diffusers ONNX export (no ${graphs.join(' or ')}); ${hint}`);
 }

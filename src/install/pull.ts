@@ -1,14 +1,12 @@
 import { mkdir, readFile, rm, writeFile } from 'node:fs/promises';
 import path from 'node:path';
-import { DENOISER_FOLDERS } from '../families/index.js';
-import { isTensorRtEngine, tensorRtProblem } from '../models/tensorrt.js';
 import { diskFullError, ensureFreeSpace, isDiskFull, listFolder, realDisk } from './disk.js';
 import { bytesPresent, downloadFiles } from './downloader.js';
 import { DownloadInterrupted, ModelInstallError } from './errors.js';
-import { HubClient, parseRepoRef, type HubClientOptions, type HubFile, type RepoRef } from './hub-client.js';
+import { HubClient, parseRepoRef, type HubClientOptions, type HubFile } from './hub-client.js';
 import { checkModelId, installStaged, pullStagingPath, refuseExisting, validateModel, type CommandOptions, type InstalledModel } from './installer.js';
 import { writeManifest } from './manifest.js';
-import { selectModelFiles, skippedNote } from './model-files.js';
+import { checkHasExport, selectModelFiles, skippedNote } from './model-files.js';
 import type { ProgressOutput } from './progress.js';
 
 /** `models pull`: a Hub repository's ONNX export, downloaded, verified and installed. */
@@ -51,7 +49,15 @@ export async function pullModel(options: PullOptions): Promise<InstalledModel> {
   const commit = await hub.resolveCommit(ref);
   const listed = await hub.listFiles(ref, commit, subfolder);
   const { selected, skipped } = selectModelFiles(listed.map((file) => file.path));
-  checkHasExport(ref, subfolder, selected, listed);
+  checkHasExport(
+    {
+      where: `${ref.repo}@${ref.revision}${subfolder ? ` in '${subfolder}'` : ''}`,
+      pick: (root) => `--subfolder ${subfolder ? `${subfolder}/` : ''}${root}`,
+      otherwise: 'it may hold only PyTorch weights: choose a repository with an ONNX export (for example one converted with Optimum), or export one with "optimum-cli export onnx"',
+    },
+    selected,
+    listed.map((file) => file.path),
+  );
   const wanted = new Set(selected);
   const files = listed.filter((file) => wanted.has(file.path));
   const label = `${ref.repo}@${ref.revision}${subfolder ? ` (${subfolder}/)` : ''}`;
@@ -108,25 +114,6 @@ function normaliseSubfolder(subfolder = ''): string {
 
 /** For a resume: LFS files by content hash, the others by git blob id. */
 const contentId = (file: HubFile) => file.sha256 ?? file.gitBlobId ?? `size:${file.size}`;
-
-/**
- * Fails before downloading anything when the chosen folder is not an export's root, naming the
- * folders of the repository that are.
- */
-function checkHasExport(ref: RepoRef, subfolder: string, selected: string[], listed: HubFile[]): void {
-  const graphs = DENOISER_FOLDERS.map((folder) => `${folder}/model.onnx`);
-  if (graphs.some((graph) => selected.includes(graph))) return;
-  const nested = new RegExp(`^(.+)/(${DENOISER_FOLDERS.join('|')})/model\\.onnx$`);
-  const roots = [...new Set(listed.flatMap((file) => nested.exec(file.path)?.[1] ?? []))];
-  const where = `${ref.repo}@${ref.revision}${subfolder ? ` in '${subfolder}'` : ''}`;
-  const engines = listed.map((file) => file.path).filter(isTensorRtEngine);
-  const hint = roots.length
-    ? `pick the export's folder with ${roots.map((root) => `--subfolder ${subfolder ? `${subfolder}/` : ''}${root}`).join(' or ')}`
-    : engines.length
-      ? tensorRtProblem(engines)
-      : 'it may hold only PyTorch weights: choose a repository with an ONNX export (for example one converted with Optimum), or export one with "optimum-cli export onnx"';
-  throw new ModelInstallError(`${where} has no diffusers ONNX export (no ${graphs.join(' or ')}); ${hint}`);
-}
 
 /**
  * Keeps what an earlier run of the same pull downloaded, minus files whose content changed on the Hub
