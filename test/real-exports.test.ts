@@ -78,9 +78,12 @@ describe.skipIf(!haveRealExports)('real exports against diffusers (needs ../shar
     const verify = (...args: string[]) =>
       spawnSync(process.execPath, imagegenArgs('models', 'verify', ...args), { cwd: root, encoding: 'utf8' });
 
-    it('prints one line per case and exits 0 when all pass', () => {
+    it('prints one line per case and exits 0 when all pass, with the progress of the steps on stderr', () => {
       const run = verify(realExport('sd15'), '--golden', goldenFile('sd15'));
-      expect(run.stderr).toBe('');
+      // Not a terminal: plain progress lines, naming the case that runs, and the last one at 100%.
+      const progress = run.stderr.trim().split('\n');
+      expect(progress[0]).toBe(`verifying ${realExport('sd15')}: 0%  0 steps / 7 steps  case 0 (512x512, 4 steps)`);
+      expect(progress.at(-1)).toMatch(/^verifying \S+: 100%  7 steps \/ 7 steps  /);
       expect(run.status).toBe(0);
       const lines = run.stdout.trim().split('\n');
       expect(lines.slice(0, 2)).toEqual([expect.stringMatching(/^case 0: max_abs=0\.\d{6} mean_abs=0\.\d{6} PASS$/), expect.stringMatching(/^case 1: .* PASS$/)]);

@@ -143,16 +143,8 @@ async function generateCommand(prompt: string, flags: GenerateFlags): Promise<st
   const { extension } = IMAGE_FORMATS[request.output_format];
   const written: string[] = [];
   for (const [index, batch] of batches.entries()) {
-    let reported = 0;
-    const images = await runtime.runBatch(batch, {
-      // A batch may report more steps than asked (PNDM repeats one): scale to the batch's share of the bar.
-      onEvent: (event) => {
-        if (event.type !== 'step') return;
-        const now = Math.round((event.step / event.total) * stepsPerBatch);
-        progress.add(now - reported);
-        reported = now;
-      },
-    });
+    const onStep = progress.loop(stepsPerBatch);
+    const images = await runtime.runBatch(batch, { onEvent: (event) => event.type === 'step' && onStep(event.step, event.total) });
     for (const image of images) {
       const file = await writeNew(flags.out, `${fileStem}-${image.seed}`, extension, image.data).catch((err: Error) => {
         throw new Error(`${err.message}${written.length ? `; written before it: ${written.join(', ')}` : ''}`);

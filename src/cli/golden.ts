@@ -130,7 +130,15 @@ function batchFor(modelDir: string, c: GoldenCase, initialNoise: Float32Array): 
   };
 }
 
-export async function verifyCase(runtime: WorkerRuntime, modelDir: string, goldenDir: string, c: GoldenCase, index: number, tolerance: number): Promise<CaseResult> {
+export async function verifyCase(
+  runtime: WorkerRuntime,
+  modelDir: string,
+  goldenDir: string,
+  c: GoldenCase,
+  index: number,
+  tolerance: number,
+  onStep?: (step: number, total: number) => void,
+): Promise<CaseResult> {
   // The expected picture is read and checked first: a golden file naming one it cannot use fails before the model runs.
   const expected = await sharp(path.resolve(goldenDir, c.image.file))
     .removeAlpha()
@@ -140,26 +148,31 @@ export async function verifyCase(runtime: WorkerRuntime, modelDir: string, golde
   if (expected.info.width !== c.width || expected.info.height !== c.height) {
     throw new GoldenFileError(c.image.file, `is ${expected.info.width}x${expected.info.height}; the case asks for ${c.width}x${c.height}`);
   }
-  const [image] = await runtime.generateImages(batchFor(modelDir, c, await readLatents(goldenDir, c, index)));
+  const [image] = await runtime.generateImages(batchFor(modelDir, c, await readLatents(goldenDir, c, index)), { onStep });
   const { largest, mean } = difference(image.pixels, expected.data);
   const [maxAbs, meanAbs] = [largest / 255, mean / 255];
   return { index, maxAbs, meanAbs, pass: maxAbs <= tolerance };
 }
 
-/** Every case of a golden file, one after the other; `onCase` sees each result as it comes. */
-export async function verifyGolden(
-  runtime: WorkerRuntime,
-  modelDir: string,
-  file: string,
-  tolerance = DEFAULT_TOLERANCE,
-  onCase: (result: CaseResult) => void = () => {},
-): Promise<CaseResult[]> {
+/** What the caller of verifyGolden hears as the cases run (a real model's case takes minutes on a CPU). */
+export interface VerifyHooks {
+  /** The file was read and suits the model: these cases run next. */
+  onStart?(cases: readonly GoldenCase[]): void;
+  /** Case `index` begins: the callback for the steps of its denoising, if any. */
+  onCaseStart?(index: number): ((step: number, total: number) => void) | undefined;
+  /** Each case's result as it comes. */
+  onCase?(result: CaseResult): void;
+}
+
+/** Every case of a golden file, one after the other. */
+export async function verifyGolden(runtime: WorkerRuntime, modelDir: string, file: string, tolerance = DEFAULT_TOLERANCE, hooks: VerifyHooks = {}): Promise<CaseResult[]> {
   const golden = await readGoldenFile(file);
   await checkPipeline(file, golden, modelDir);
+  hooks.onStart?.(golden.cases);
   const results: CaseResult[] = [];
   for (const [index, c] of golden.cases.entries()) {
-    const result = await verifyCase(runtime, path.resolve(modelDir), path.dirname(path.resolve(file)), c, index, tolerance);
-    onCase(result);
+    const result = await verifyCase(runtime, path.resolve(modelDir), path.dirname(path.resolve(file)), c, index, tolerance, hooks.onCaseStart?.(index));
+    hooks.onCase?.(result);
     results.push(result);
   }
   return results;

@@ -2,7 +2,8 @@ import { existsSync } from 'node:fs';
 import path from 'node:path';
 import { InvalidArgumentError, Option, type Command } from 'commander';
 import { loadModelSettings } from '../config.js';
-import { DEFAULT_TOLERANCE, FP16_TOLERANCE, verifyGolden } from './golden.js';
+import { Progress, STEPS } from '../install/progress.js';
+import { DEFAULT_TOLERANCE, FP16_TOLERANCE, verifyGolden, type GoldenCase } from './golden.js';
 
 /**
  * `imagegen models verify DIR --golden FILE.json`: one line per case, `case N: max_abs=… mean_abs=…
@@ -49,18 +50,35 @@ export function registerVerifyCommand(models: Command): void {
         .default(DEFAULT_TOLERANCE, `${DEFAULT_TOLERANCE.toFixed(4)}, 1.5/255: the 8-bit rounding of both pictures`),
     )
     .action(async (dir: string, flags: VerifyFlags) => {
+      let progress: Progress | undefined;
+      let cases: readonly GoldenCase[] = [];
       try {
         const config = loadModelSettings({});
         // Loaded here, not at the top, as in generate: the other commands start without onnxruntime's modules.
         const { commandRuntime } = await import('./command-runtime.js');
         const runtime = commandRuntime(config);
-        const results = await verifyGolden(runtime, dir, flags.golden, flags.tolerance, (r) =>
-          console.log(`case ${r.index}: max_abs=${r.maxAbs.toFixed(6)} mean_abs=${r.meanAbs.toFixed(6)} ${r.pass ? 'PASS' : 'FAIL'}`),
-        );
+        const results = await verifyGolden(runtime, dir, flags.golden, flags.tolerance, {
+          // The denoising steps of every case on stderr: loading a real model and running a case at its native size take minutes on a CPU.
+          onStart: (all) => {
+            cases = all;
+            progress = new Progress(process.stderr, `verifying ${dir}`, all.reduce((sum, c) => sum + c.steps, 0), 0, Date.now, STEPS);
+          },
+          onCaseStart: (index) => {
+            const c = cases[index];
+            progress?.startFile(`case ${index} (${c.width}x${c.height}, ${c.steps} steps)`);
+            return progress?.loop(c.steps);
+          },
+          onCase: (r) => {
+            progress?.clear();
+            console.log(`case ${r.index}: max_abs=${r.maxAbs.toFixed(6)} mean_abs=${r.meanAbs.toFixed(6)} ${r.pass ? 'PASS' : 'FAIL'}`);
+          },
+        });
+        progress?.finish();
         const failed = results.filter((r) => !r.pass).length;
         console.log(failed ? `${failed} of ${results.length} cases FAIL (tolerance ${flags.tolerance.toFixed(4)})` : `all ${results.length} cases PASS`);
         if (failed) process.exitCode = 1;
       } catch (err) {
+        progress?.clear();
         console.error(`imagegen models verify: ${(err as Error).message}${installedHint(dir)}`);
         process.exitCode = 2;
       }

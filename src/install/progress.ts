@@ -77,10 +77,29 @@ export class Progress {
     if (!this.out.isTTY) this.render(true);
   }
 
+  /**
+   * A step callback for one denoising loop that takes `steps` of the bar: the loop's own count is scaled
+   * to that share (PNDM reports a step more than asked; a batch run in parts counts as one loop).
+   */
+  loop(steps: number): (step: number, total: number) => void {
+    let reported = 0;
+    return (step, total) => {
+      const now = Math.round((step / total) * steps);
+      this.add(now - reported);
+      reported = now;
+    };
+  }
+
+  /** Takes the bar off a terminal's line before something else is written there; the next update draws it again. */
+  clear(): void {
+    if (this.out.isTTY) this.out.write('\r\x1b[K');
+    this.lastLine = -Infinity;
+  }
+
   /** A message between progress lines. */
   note(text: string): void {
-    this.out.write(`${this.out.isTTY ? '\r\x1b[K' : ''}${text}\n`);
-    this.lastLine = -Infinity;
+    this.clear();
+    this.out.write(`${text}\n`);
   }
 
   finish(): void {
