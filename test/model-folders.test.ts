@@ -240,15 +240,16 @@ describe('a models folder that does not exist', () => {
 });
 
 describe('MODELS_DIR set to a model folder itself', () => {
-  it('is said once, naming what to point it at', async () => {
+  it('is said once, naming what to point it at and how to install it instead; its components are not skipped one by one as models', async () => {
     const model = await installedCopy('sd-turbo', 'only');
     const logs = capturedLogs<{ msg: string }>();
     const registry = new ModelRegistry({ roots: [{ dir: model, ownedBy: 'user' }], aliases: {}, logger: logs.logger });
     await registry.scan();
     await registry.scan();
-    expect(logs.lines.filter((line) => line.msg.includes('looks like a model folder'))).toEqual([
-      expect.objectContaining({ msg: `the models folder ${model} looks like a model folder itself (it has model_index.json): point MODELS_DIR at the folder that holds model folders, one per model` }),
+    expect(logs.lines.map((line) => line.msg)).toEqual([
+      `the models folder ${model} is a model folder itself (it has model_index.json; its sub-folders are that model's parts): point MODELS_DIR at the folder that holds model folders, one per model (such as ${path.dirname(model)}), or install this one into yours with "imagegen models import ${model}"`,
     ]);
+    expect(registry.list()).toEqual([]);
   });
 });
 

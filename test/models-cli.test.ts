@@ -488,5 +488,10 @@ describe('the imagegen CLI', () => {
       code: 1,
       stderr: expect.stringMatching(new RegExp(`error: ${missing} is not there \\(ENOENT\\): pass the folder the server reads models from .*models import\` and \`models pull\` create it`)),
     });
+    // A model's own folder is not a folder of models: said, rather than a broken "model" for each of its components.
+    await expect(cli('models', 'list', '--models-dir', sourceDir)).rejects.toMatchObject({
+      code: 1,
+      stderr: expect.stringContaining(`error: the models folder ${sourceDir} is a model folder itself (it has model_index.json; its sub-folders are that model's parts)`),
+    });
   });
 });

@@ -17,6 +17,7 @@ import {
   type InstalledModel,
 } from '../install/index.js';
 import { readMemoryFigures, type ModelMemory } from '../models/memory-figures.js';
+import { modelFolderAsRoot } from '../models/registry.js';
 import { EXECUTION_PROVIDERS, GRAPH_REWRITE_SETS, type ExecutionProvider, type GraphRewrites } from '../runtime/providers.js';
 import { registerVerifyCommand } from './verify.js';
 
@@ -191,6 +192,8 @@ export function registerModelCommands(program: Command): void {
             `${modelsDir} is ${folder instanceof Error ? `not there (${folder.code})` : 'a file, not a folder'}: pass the folder the server reads models from (--models-dir or ${MODELS_DIR})${installs}`,
           );
         }
+        const misplaced = await modelFolderAsRoot(modelsDir);
+        if (misplaced) throw new ModelInstallError(misplaced);
         const memory = await readMemoryFigures(flags.dataDir, flags.executionProvider, flags.graphRewrites);
         const rows = (await listModels(modelsDir)).map((model) => [
           model.id,

@@ -80,6 +80,19 @@ export async function modelFolderNames(root: string): Promise<string[]> {
     .sort();
 }
 
+/**
+ * Why a models folder is no such folder, when it is a model folder itself (it has model_index.json):
+ * its sub-folders are that model's parts, not models. The server's log and `models list` say this
+ * rather than one broken "model" per component.
+ */
+export async function modelFolderAsRoot(root: string): Promise<string | undefined> {
+  if (!(await exists(path.join(root, MODEL_INDEX)))) return undefined;
+  return (
+    `the models folder ${root} is a model folder itself (it has ${MODEL_INDEX}; its sub-folders are that model's parts): ` +
+    `point MODELS_DIR at the folder that holds model folders, one per model (such as ${path.dirname(path.resolve(root))}), or install this one into yours with "imagegen models import ${root}"`
+  );
+}
+
 /** Deep enough for every layout (component folders, Optimum's onnx/ and tokenizer_2/ within them). */
 const SIGNATURE_DEPTH = 3;
 
@@ -213,10 +226,12 @@ export class ModelRegistry {
       try {
         names = await modelFolderNames(root.dir);
         this.missingRoots.delete(root.dir);
-        if (!this.misplacedRoots.has(root.dir) && (await exists(path.join(root.dir, MODEL_INDEX)))) {
-          this.misplacedRoots.add(root.dir);
-          logger.warn({ dir: root.dir }, `the models folder ${root.dir} looks like a model folder itself (it has ${MODEL_INDEX}): point MODELS_DIR at the folder that holds model folders, one per model`);
-        }
+        const misplaced = await modelFolderAsRoot(root.dir);
+        if (misplaced && !this.misplacedRoots.has(root.dir)) logger.warn({ dir: root.dir }, misplaced);
+        if (misplaced) this.misplacedRoots.add(root.dir);
+        else this.misplacedRoots.delete(root.dir);
+        // Its components are no models: each would only be skipped, with a warning of its own.
+        if (misplaced) continue;
       } catch (err) {
         if ((err as NodeJS.ErrnoException).code !== 'ENOENT') logger.warn({ err, dir: root.dir }, 'cannot read models folder');
         else if (!this.missingRoots.has(root.dir)) {
