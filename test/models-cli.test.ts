@@ -481,7 +481,10 @@ describe('the imagegen CLI', () => {
       const { stdout } = await cli('models', 'import', sourceDir, '--name', name, '--skip-load', '--models-dir', modelsDir);
       expect(stdout).toMatch(note);
     }
-    expect((await cli('models', 'import', sourceDir, '--name', 'mine', '--skip-load', '--models-dir', modelsDir)).stdout).not.toMatch(/note:/);
+    const mine = (await cli('models', 'import', sourceDir, '--name', 'mine', '--skip-load', '--models-dir', modelsDir)).stdout;
+    expect(mine).not.toMatch(/note:/);
+    // Which server sees it, and how to ask for it.
+    expect(mine).toContain(`a server with MODELS_DIR=${modelsDir} picks it up at its next rescan (MODELS_RESCAN_SECONDS) or when a request names it: "model": "mine", or DEFAULT_MODEL=mine`);
     // A mistyped folder is no empty one.
     const missing = path.join(modelsDir, 'no-such-folder');
     await expect(cli('models', 'list', '--models-dir', missing)).rejects.toMatchObject({
