@@ -167,7 +167,9 @@ describe('models pull', () => {
     await new Promise<void>((resolve) => closed.listen(0, '127.0.0.1', resolve));
     const hubUrl = `http://127.0.0.1:${(closed.address() as AddressInfo).port}`;
     await new Promise((resolve) => closed.close(resolve));
-    await expect(pull(REPO, { hubUrl })).rejects.toThrow(new RegExp(`cannot reach the Hub at ${hubUrl} .*ECONNREFUSED.*models import`));
+    await expect(pull(REPO, { hubUrl })).rejects.toThrow(
+      new RegExp(`cannot reach the Hub at ${hubUrl} .*ECONNREFUSED.*on a machine that has it run "imagegen models pull ${REPO}" .*"huggingface-cli download ${REPO} --local-dir <folder>".*"imagegen models import <bundle or folder>"`),
+    );
   });
 
   it('gives up on a server that takes the connection and never answers, and explains one that is not a Hub', async () => {

@@ -184,7 +184,8 @@ export class HubClient {
     if ((err instanceof TypeError && err.message === 'fetch failed') || err instanceof ConnectionLost) {
       return new ModelInstallError(
         `cannot reach the Hub at ${this.hubUrl} (${networkReason(err)}): check the network or proxy, or set HF_ENDPOINT (--hub-url) to a mirror. ` +
-          'Without network access, export the model elsewhere with "imagegen models export" and install it here with "imagegen models import"',
+          // A model never installed anywhere has no bundle to export yet: the download itself can be carried in too.
+          `Without network access here, on a machine that has it run "imagegen models pull ${ref.repo}" then "imagegen models export <id> --out <file>" (or "huggingface-cli download ${ref.repo} --local-dir <folder>"), carry the bundle or folder here and install it with "imagegen models import <bundle or folder>"`,
       );
     }
     // Anything else (a portal's HTML page where JSON should be) says the URL is not a Hub.
