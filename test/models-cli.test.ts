@@ -125,6 +125,8 @@ describe('models pull', () => {
 
     expect(output.text).toContain(`/ ${formatBytes(sourceTotal)}`);
     expect(output.text).toMatch(/100%/);
+    // The load check after the download says that it runs (a big model's takes a minute or more).
+    expect(output.text).toMatch(/100%.*\nchecking that test-org\/sd-turbo-onnx@main loads \(its ONNX sessions; --skip-load skips this\)\n$/s);
     expect(hub.requests.every((r) => r.authorization === undefined)).toBe(true);
   });
 
@@ -266,6 +268,7 @@ describe('models import and export', () => {
   it('round-trips a folder through an export bundle', async () => {
     const imported = await importFrom(sourceDir, 'imported');
     expect(imported.variant).toBe('sd-turbo');
+    expect(output.text).toContain(`checking that ${sourceDir} loads`);
     await expectUsualMode(imported.dir);
     const out = path.join(work, 'out');
     await mkdir(out);

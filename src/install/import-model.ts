@@ -120,6 +120,7 @@ export async function importModel(options: ImportOptions): Promise<InstalledMode
       const layout = await validateModel(staging, {
         load: options.load ?? true,
         label: options.source,
+        output,
         advice: 'Nothing was installed. Copy the complete export folder again (a file that cannot be loaded is damaged or truncated)',
       });
       const dir = await installStaged(staging, modelsDir, id, options.force ?? false);

@@ -105,6 +105,8 @@ export interface ValidateOptions {
   label: string;
   /** What to do when it is unusable. */
   advice: string;
+  /** Told that the load check runs: a big model's sessions take a minute or more to load, after the copy's progress has ended. */
+  output?: ProgressOutput;
 }
 
 /**
@@ -121,6 +123,7 @@ export async function validateModel(dir: string, options: ValidateOptions): Prom
     throw refusal(`${options.label} is not a usable model folder: ${verdict.reason}`, verdict.reason.startsWith(`${OVERRIDE_FILE}:`) ? presetAdvice : options.advice);
   }
   if (options.load) {
+    options.output?.write(`checking that ${options.label} loads (its ONNX sessions; --skip-load skips this)\n`);
     try {
       const pipeline = await loadPipeline(dir, { ...defaultRuntime(), warn: () => undefined });
       await pipeline.release();

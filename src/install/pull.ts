@@ -93,6 +93,7 @@ export async function pullModel(options: PullOptions): Promise<InstalledModel> {
     const layout = await validateModel(dir, {
       load: options.load ?? true,
       label,
+      output,
       advice: `Nothing was installed. Check that the repository holds a complete diffusers ONNX export${subfolder ? '' : ' (or pick its folder with --subfolder)'}`,
     });
     const installed = await installStaged(dir, modelsDir, id, options.force ?? false);
