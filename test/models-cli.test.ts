@@ -496,6 +496,13 @@ describe('the imagegen CLI', () => {
       code: 1,
       stderr: expect.stringMatching(new RegExp(`error: ${missing} is not there \\(ENOENT\\): pass the folder the server reads models from .*models import\` and \`models pull\` create it`)),
     });
+    // Arguments refused before any work are usage errors (exit 2, as README says), as an unknown flag is.
+    await expect(cli('models', 'pull', 'not a repo', '--models-dir', modelsDir)).rejects.toMatchObject({ code: 2, stderr: expect.stringContaining("error: 'not a repo' is not a Hub repository") });
+    await expect(cli('models', 'import', sourceDir, '--name', 'a/b', '--models-dir', modelsDir)).rejects.toMatchObject({ code: 2, stderr: expect.stringContaining("error: 'a/b' is not a valid model id") });
+    await expect(execFileAsync(process.execPath, imagegenArgs('models', 'list'), { cwd: PROJECT_ROOT, env: { ...process.env, MODELS_DIR: '' } })).rejects.toMatchObject({
+      code: 2,
+      stderr: expect.stringContaining('error: no models folder given'),
+    });
     // A model's own folder is not a folder of models: said, rather than a broken "model" for each of its components.
     await expect(cli('models', 'list', '--models-dir', sourceDir)).rejects.toMatchObject({
       code: 1,

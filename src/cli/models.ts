@@ -12,6 +12,7 @@ import {
   listModels,
   MANIFEST_FILE,
   ModelInstallError,
+  ModelUsageError,
   pullModel,
   removeModel,
   type InstalledModel,
@@ -34,7 +35,7 @@ interface CommonFlags {
 }
 
 function modelsDirOf(flags: CommonFlags): string {
-  if (!flags.modelsDir) throw new ModelInstallError(`no models folder given: pass --models-dir <dir> or set ${MODELS_DIR} (the same folder the server reads models from)`);
+  if (!flags.modelsDir) throw new ModelUsageError(`no models folder given: pass --models-dir <dir> or set ${MODELS_DIR} (the same folder the server reads models from)`);
   return flags.modelsDir;
 }
 
@@ -48,7 +49,8 @@ function reporting<A extends unknown[]>(action: (...args: A) => Promise<void>): 
       // Clears a progress bar left half-drawn on a terminal.
       if (process.stderr.isTTY) process.stderr.write('\r\x1b[K');
       console.error(`error: ${(err as Error).message}`);
-      process.exitCode = 1;
+      // As README's promise: 2 for a usage error, 1 for work that failed.
+      process.exitCode = err instanceof ModelUsageError ? 2 : 1;
     }
   };
 }

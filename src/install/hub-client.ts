@@ -1,5 +1,5 @@
 import { HubApiError, listFiles, modelInfo } from '@huggingface/hub';
-import { ModelInstallError } from './errors.js';
+import { ModelInstallError, ModelUsageError } from './errors.js';
 
 /**
  * The Hugging Face Hub (or a mirror speaking its API): resolving a revision to a commit, listing a
@@ -61,7 +61,7 @@ export function parseRepoRef(text: string): RepoRef {
   const repo = at < 0 ? text : text.slice(0, at);
   const revision = at < 0 ? 'main' : text.slice(at + 1);
   if (!REPO_NAME.test(repo) || !revision) {
-    throw new ModelInstallError(`'${text}' is not a Hub repository: expected owner/name or owner/name@revision, e.g. stabilityai/sd-turbo`);
+    throw new ModelUsageError(`'${text}' is not a Hub repository: expected owner/name or owner/name@revision, e.g. stabilityai/sd-turbo`);
   }
   return { repo, revision };
 }

@@ -1,6 +1,6 @@
 /** Installing models into the models folder: `imagegen models pull | import | export | list | remove`. */
 export { realDisk, type Disk, type FileWriter } from './disk.js';
-export { DownloadInterrupted, ModelInstallError } from './errors.js';
+export { DownloadInterrupted, ModelInstallError, ModelUsageError } from './errors.js';
 export { exportModel, type ExportedBundle, type ExportOptions } from './export-model.js';
 export { DEFAULT_HUB_URL } from './hub-client.js';
 export { importModel, type ImportOptions } from './import-model.js';

@@ -7,7 +7,7 @@ import type { ModelLayout } from '../models/layout.js';
 import { exists, makeFolder } from '../util/files.js';
 import { inspectModelFolder, OVERRIDE_FILE } from '../models/model-folder.js';
 import { keepAfterExit, removeIfInterrupted, type Disk } from './disk.js';
-import { ModelInstallError } from './errors.js';
+import { ModelInstallError, ModelUsageError } from './errors.js';
 import type { ProgressOutput } from './progress.js';
 
 /**
@@ -45,7 +45,7 @@ const MAX_MODEL_ID_LENGTH = 128;
 export function checkModelId(id: string, advice = ''): void {
   if (!MODEL_ID.test(id) || id.includes('..') || id.length > MAX_MODEL_ID_LENGTH) {
     const shown = id.length > MAX_MODEL_ID_LENGTH ? `${id.slice(0, 40)}…' (${id.length} characters)` : `${id}'`;
-    throw new ModelInstallError(
+    throw new ModelUsageError(
       `'${shown} is not a valid model id: use up to ${MAX_MODEL_ID_LENGTH} letters, digits, '.', '_' and '-', starting with a letter or digit (no path separators or '..')${advice ? `; ${advice}` : ''}`,
     );
   }

@@ -2,7 +2,7 @@ import { mkdir, readFile, rm, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import { diskFullError, ensureFreeSpace, isDiskFull, listFolder, realDisk } from './disk.js';
 import { bytesPresent, downloadFiles } from './downloader.js';
-import { DownloadInterrupted, ModelInstallError } from './errors.js';
+import { DownloadInterrupted, ModelUsageError } from './errors.js';
 import { HubClient, parseRepoRef, type HubClientOptions, type HubFile } from './hub-client.js';
 import { checkModelId, installStaged, pullStagingPath, refuseExisting, validateModel, type CommandOptions, type InstalledModel } from './installer.js';
 import { writeManifest } from './manifest.js';
@@ -109,7 +109,7 @@ export async function pullModel(options: PullOptions): Promise<InstalledModel> {
 function normaliseSubfolder(subfolder = ''): string {
   const normal = path.posix.normalize(subfolder.replaceAll('\\', '/')).replace(/^\/+|\/+$/g, '');
   if (normal === '.' || normal === '') return '';
-  if (normal === '..' || normal.startsWith('../')) throw new ModelInstallError(`--subfolder '${subfolder}' leaves the repository; give a folder inside it, e.g. onnx`);
+  if (normal === '..' || normal.startsWith('../')) throw new ModelUsageError(`--subfolder '${subfolder}' leaves the repository; give a folder inside it, e.g. onnx`);
   return normal;
 }
 
