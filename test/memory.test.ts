@@ -113,8 +113,9 @@ describe('the memory plan', () => {
     const [denoise] = plan.of('/m')!.denoise!;
     expect(denoise.bytes).toBeGreaterThan(30 * MiB);
     expect(denoise.bytes).toBeLessThan(100 * MiB);
-    // The batch's peak still counts the encoder's.
-    expect(plan.of('/m')!.peakBytes).toBeGreaterThan(230 * MiB);
+    // The batch's peak still counts the encoder's (240 MiB held; without the encoder's 200 it would be
+    // about 40: the margin leaves room for what the collector frees meanwhile on a loaded machine).
+    expect(plan.of('/m')!.peakBytes).toBeGreaterThan(150 * MiB);
     held.length = 0;
   });
 
