@@ -329,16 +329,20 @@ describe('PNDM from the middle of the schedule', () => {
 
 describe('PNDM with its Runge-Kutta warm-up (skip_prk_steps: false) from the middle of the schedule', () => {
   it("steps from the warm-up's timestep of the call towards the timestep of the index, as diffusers' step_prk", () => {
-    const s = createScheduler({ ...SD15, _class_name: 'PNDMScheduler', skip_prk_steps: false });
-    s.setTimesteps(20);
-    const start = strengthStart(20, 0.6, 'vp');
-    expect(start).toBeGreaterThan(0);
-    // diffusers: timestep = prk_timesteps[counter // 4 * 4] (the top on the first call), prev_timestep =
-    // the timestep handed in minus r // 2 on an even counter; PNDM's transfer (eq. 9) between the two.
-    const [from, to] = [s.timesteps[0], s.timesteps[start] - Math.floor(Math.floor(1000 / 20) / 2)];
-    const [a, aPrev] = [alphaCumprod(from), alphaCumprod(to)];
-    const denominator = a * Math.sqrt(1 - aPrev) + Math.sqrt(a * (1 - a) * aPrev);
-    const out = s.step(n, start, x0, NO_DRAWS);
-    expectClose(out, (i) => Math.sqrt(aPrev / a) * x0[i] - ((aPrev - a) * n[i]) / denominator);
+    // 0.6 starts at call 8, among the warm-up's 12 timesteps; 0.3 at call 14, past them (its timestep a
+    // multistep one), where the warm-up still runs first, by the counter.
+    for (const [strength, expected] of [[0.6, 8], [0.3, 14]] as const) {
+      const s = createScheduler({ ...SD15, _class_name: 'PNDMScheduler', skip_prk_steps: false });
+      s.setTimesteps(20);
+      const start = strengthStart(20, strength, 'vp');
+      expect(start).toBe(expected);
+      // diffusers: timestep = prk_timesteps[counter // 4 * 4] (the top on the first call), prev_timestep =
+      // the timestep handed in minus r // 2 on an even counter; PNDM's transfer (eq. 9) between the two.
+      const [from, to] = [s.timesteps[0], s.timesteps[start] - Math.floor(Math.floor(1000 / 20) / 2)];
+      const [a, aPrev] = [alphaCumprod(from), alphaCumprod(to)];
+      const denominator = a * Math.sqrt(1 - aPrev) + Math.sqrt(a * (1 - a) * aPrev);
+      const out = s.step(n, start, x0, NO_DRAWS);
+      expectClose(out, (i) => Math.sqrt(aPrev / a) * x0[i] - ((aPrev - a) * n[i]) / denominator);
+    }
   });
 });
