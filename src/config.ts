@@ -351,6 +351,16 @@ export type SettingName = keyof typeof SETTINGS;
 /** Settings holding credentials: an error about one never shows its value (it goes to the terminal and the log). */
 const SECRET_SETTINGS: ReadonlySet<SettingName> = new Set(['apiKeys', 'redisUrl']);
 
+/**
+ * How an error shows a value it refuses: not at all for a credential setting; a URL without what comes
+ * between its scheme and its last '@', its user and password (PUBLIC_BASE_URL and S3_ENDPOINT refuse
+ * them, and a secret key may hold a '/' that ends the URL's authority early).
+ */
+function shownValue(name: SettingName, value: string | undefined): string {
+  if (value === undefined || SECRET_SETTINGS.has(name)) return '';
+  return ` (got '${value.replace(/^([a-z][a-z\d+.-]*:\/\/).*@/is, '$1[redacted]@')}')`;
+}
+
 /** The settings as their schemas give them. */
 type Settings = z.output<z.ZodObject<{ [K in SettingName]: (typeof SETTINGS)[K]['schema'] }>>;
 
@@ -417,8 +427,7 @@ function parseSettings<K extends SettingName>(names: readonly K[], flags: Partia
     throw new ConfigError(
       result.error.issues.map((issue) => {
         const name = issue.path[0] as K;
-        const shown = raw[name] === undefined || SECRET_SETTINGS.has(name) ? '' : ` (got '${raw[name]}')`;
-        return `${envName(name)} (${flagName(name)}): ${issue.message}${shown}`;
+        return `${envName(name)} (${flagName(name)}): ${issue.message}${shownValue(name, raw[name])}`;
       }),
     );
   }

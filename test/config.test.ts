@@ -111,6 +111,15 @@ describe('loadConfig', () => {
     expect(loadConfig({}, { REDIS_URL: 'rediss://app:p%40ss@redis:6380/1' }).redisUrl).toBe('rediss://app:p%40ss@redis:6380/1');
   });
 
+  it('shows a URL it refuses without its user:password (PUBLIC_BASE_URL and S3_ENDPOINT refuse credentials, and must not print them)', () => {
+    const found = problems(() => loadConfig({}, { PUBLIC_BASE_URL: 'https://u:hunter2@x.example.com/imgs', S3_ENDPOINT: 'http://minio:p@ss/hunter2@minio:9000?x' }));
+    expect(found).toEqual([
+      expect.stringMatching(/^S3_ENDPOINT .*user:password@.* \(got 'http:\/\/\[redacted\]@minio:9000\?x'\)$/),
+      expect.stringMatching(/^PUBLIC_BASE_URL .*user:password@.* \(got 'https:\/\/\[redacted\]@x\.example\.com\/imgs'\)$/),
+    ]);
+    expect(found.join('\n')).not.toContain('hunter2');
+  });
+
   it('refuses a PUBLIC_BASE_URL that image paths cannot follow: a query, fragment, credentials or spaces', () => {
     for (const url of ['https://x.example.com/imgs?x=1', 'https://x.example.com/imgs#frag', 'https://u:p@x.example.com/imgs', 'https://x.example.com/im gs', 'https://x.example.com/imgs?', 'https://x.example.com/imgs#']) {
       expect([url, problems(() => loadConfig({}, { PUBLIC_BASE_URL: url }))[0]]).toEqual([url, expect.stringMatching(/^PUBLIC_BASE_URL .*without spaces, query/)]);
