@@ -134,6 +134,19 @@ const absoluteUrl = z
   // Users often paste the SDK's base URL (ending in /v1); the image paths add /v1 themselves.
   .transform((url) => url.replace(/\/+$/, '').replace(/\/v1$/, ''));
 
+/** Whether the Redis client reads the URL: it parses it as a URL, then decodes its user and password, where a broken %XX escape throws. */
+function redisCanRead(url: string): boolean {
+  if (!URL.canParse(url)) return false;
+  const { username, password } = new URL(url);
+  try {
+    decodeURIComponent(username);
+    decodeURIComponent(password);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
 /**
  * The settings, in the order `--help` lists them. Optional ones without a default stay undefined.
  * The descriptions are the user documentation of each setting.
@@ -205,7 +218,7 @@ const SETTINGS = {
     schema: z
       .string()
       .regex(/^rediss?:\/\//, 'expected a redis:// or rediss:// URL, e.g. redis://redis:6379/0')
-      .refine((url) => URL.canParse(url), 'expected a valid URL (a port 1-65535; characters of a user or password that URLs reserve written as %XX)')
+      .refine(redisCanRead, 'expected a valid URL (a port 1-65535; characters of a user or password that URLs reserve written as %XX)')
       .optional(),
     description: 'Redis shared by the replicas for the per-key limits of API_KEYS_FILE (e.g. redis://redis:6379/0; rediss:// for TLS); unset: each server counts alone',
   },

@@ -109,6 +109,8 @@ describe('loadConfig', () => {
     expect(found.join('\n')).not.toMatch(/sk-|hunter2/);
     expect(problems(() => loadConfig({}, { REDIS_URL: 'http://app:hunter2@redis:6379' })).join('\n')).not.toContain('hunter2');
     expect(loadConfig({}, { REDIS_URL: 'rediss://app:p%40ss@redis:6380/1' }).redisUrl).toBe('rediss://app:p%40ss@redis:6380/1');
+    // A broken %XX escape parses as a URL, but the client decodes the password and throws at start.
+    expect(problems(() => loadConfig({}, { REDIS_URL: 'redis://app:p%zzhunter2@redis:6379' }))).toEqual([expect.stringMatching(/^REDIS_URL \(--redis-url\): expected a valid URL .*%XX\)$/)]);
   });
 
   it('shows a URL it refuses without its user:password (PUBLIC_BASE_URL and S3_ENDPOINT refuse credentials, and must not print them)', () => {
