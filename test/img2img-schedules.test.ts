@@ -97,7 +97,7 @@ describe('where an edit starts (startingLatents)', () => {
     return s;
   };
   /** An encoder whose pictures encode to x0, and which samples no posterior. */
-  const toX0: PictureEncoder = { encode: async () => x0.slice(), skipDraws: async () => undefined };
+  const toX0: PictureEncoder = { encode: async () => x0.slice(), drawWithoutEncoding: async () => undefined };
 
   it("inpainting at strength 1 (a masked edit's default) starts from pure noise times the starting sigma, as diffusers' SD inpainting pipelines do, with no trace of the picture", async () => {
     const s = euler();
@@ -126,20 +126,20 @@ describe('where an edit starts (startingLatents)', () => {
     for (const inpaintingUnet of [false, true]) {
       const s = euler();
       const noise = BatchNoise.forItems([seeded]);
-      let [encoded, skipped] = [0, 0];
+      let [encoded, drawnOnly] = [0, 0];
       const sampling: PictureEncoder = {
         encode: async () => {
           encoded++;
           noise.randn(64);
           return x0.slice();
         },
-        skipDraws: async (perItem) => {
-          skipped++;
+        drawWithoutEncoding: async (perItem) => {
+          drawnOnly++;
           noise.randn(perItem);
         },
       };
       const start = await startingLatents({ steps: 30, strength: 1, width: W, height: H, items: [seeded] }, s, noise, shape, sampling, { rule: 'vp', inpaintingUnet });
-      expect([encoded, skipped]).toEqual(inpaintingUnet ? [0, 0] : [1, 1]);
+      expect([encoded, drawnOnly]).toEqual(inpaintingUnet ? [0, 0] : [1, 1]);
       expectClose(start.latents, (i) => draws[inpaintingUnet ? 0 : 1][i] * s.initNoiseSigma, 1e-4);
       // The noise of the steps that follow: diffusers' fourth draw after a 4-channel UNet's start (the
       // inpainting UNet's pipeline encodes the masked picture next, its second).
@@ -165,7 +165,7 @@ describe('where an edit starts (startingLatents)', () => {
           noise.randn(64, images.map((image) => image !== undefined));
           return Float32Array.from({ length: 128 }, (_, i) => (images[i >> 6] ? x0[i & 63] : 0));
         },
-        skipDraws: async (perItem, drawing) => void noise.randn(perItem, drawing),
+        drawWithoutEncoding: async (perItem, drawing) => void noise.randn(perItem, drawing),
       };
       const start = await startingLatents({ steps: 30, strength: 1, width: W, height: H, items: [masked, plain] }, s, noise, shape, sampling, { rule: 'vp', inpaintingUnet });
       // The masked item: pure noise, its first draw on an inpainting UNet (nothing encoded), else its second.

@@ -104,7 +104,7 @@ export interface PictureEncoder {
    */
   encode(images: readonly (PictureToEncode | undefined)[]): Promise<Float32Array>;
   /** Makes the draws that encoding the marked items' pictures into `perItem` latents each would, without encoding them. */
-  skipDraws(perItem: number, drawing: readonly boolean[]): Promise<void>;
+  drawWithoutEncoding(perItem: number, drawing: readonly boolean[]): Promise<void>;
 }
 
 /** How a pipeline starts from a picture, as its diffusers counterpart does. */
@@ -161,7 +161,7 @@ export async function startingLatents(
     if (pure) latents.set(scaled(drawn.slice(b * perItem, (b + 1) * perItem), scheduler.initNoiseSigma), b * perItem);
   });
   if (!masked.some(Boolean)) return { latents, call };
-  if (!inpaintingUnet) await encoder.skipDraws(perItem, masked);
+  if (!inpaintingUnet) await encoder.drawWithoutEncoding(perItem, masked);
   const mask = new Float32Array(perItem * batch.items.length);
   batch.items.forEach((item, b) => mask.set(latentMask(item.mask, batch, shape, b), b * perItem));
   return { latents, call, keep: { original, noise: drawn, mask } };

@@ -249,6 +249,6 @@ function toSigned({ pixels, width, height, blank }: PictureToEncode): Float32Arr
 export function pictureEncoder(encoder: OnDemand<VaeEncoder>, noise: BatchNoise): PictureEncoder {
   return {
     encode: async (images) => (await encoder.get()).encode(images, noise),
-    skipDraws: async (perItem, drawing) => void (await encoder.get()).drawsFor(noise, perItem, drawing),
+    drawWithoutEncoding: async (perItem, drawing) => void (await encoder.get()).drawsFor(noise, perItem, drawing),
   };
 }
