@@ -243,6 +243,20 @@ describe('dall-e names and installed ids', () => {
     for (const params of accepted) expect((await generate({ response_format: 'b64_json', ...params })).data).toHaveLength((params.n as number | undefined) ?? 1);
   });
 
+  it("keeps the server's prompt limit for a request without a model, even where DEFAULT_MODEL is a dall-e name", async () => {
+    const dallEDefault = await startTestServer({ aliases: { 'dall-e-2': 'stub' }, config: { defaultModel: 'dall-e-2' } });
+    try {
+      const long = 'a'.repeat(1001);
+      expect((await generate({ prompt: long, response_format: 'b64_json' }, dallEDefault.client)).data).toHaveLength(1);
+      expect(dallEDefault.engine.batches.at(-1)!.items[0].prompt).toBe(long);
+      // Named, the same prompt is held to dall-e-2's limit.
+      const err = await apiError(generate({ model: 'dall-e-2', prompt: long }, dallEDefault.client), OpenAI.BadRequestError);
+      expect(err.code).toBe('string_above_max_length');
+    } finally {
+      await dallEDefault.close();
+    }
+  });
+
   it('names only the model sizes in a size error', async () => {
     const err = await apiError(generate({ model: 'dall-e-3', size: '1024x1792' }), OpenAI.BadRequestError);
     expect({ param: err.param, code: err.code }).toEqual({ param: 'size', code: 'invalid_value' });
