@@ -82,8 +82,9 @@ const FILE_STEM = 'model-memory';
  * The file is `{ version, models }`. Version 5 measures FLUX transformers with their attention fused
  * on the CPU too: the test export's call at 1024x1024 peaked at 232 MiB instead of 527, a real one's
  * unfused scores take GiBs (version 4's figures of FLUX would refuse sizes that now fit). Version 4
- * measures graphs as src/runtime/graph-rewrite.ts loads them, attention fused on the CPU: without the [tokens x tokens] scores the SD 1.5 export's UNet
- * peaked at 241 MiB instead of 1049 at 512x512, so version 3's figures would refuse sizes that now fit.
+ * measures graphs as src/runtime/graph-rewrite.ts loads them, attention fused on the CPU: without the
+ * [tokens x tokens] scores the SD 1.5 export's UNet peaked at 241 MiB instead of 1049 at 512x512, so
+ * version 3's figures would refuse sizes that now fit.
  * Version 3 measured them without the zero tensors of exported attention, version 2 with those: up to
  * three times the attention scores' size more (1 GiB more per 1024x1024 VAE decode). Version 1 (a
  * bare record of models, before the version field) counted the denoising per image, guidance or not:

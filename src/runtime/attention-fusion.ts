@@ -196,8 +196,8 @@ class Matcher {
     else if (['Add', 'Sub', 'Mul', 'Div'].includes(node.opType ?? '')) folds = inputs.map((input) => this.computed(input, known)).filter(Boolean);
     else return undefined;
     const [first] = folds;
-    const agree = (fold: Fold | undefined) => fold && first && fold.heads === first.heads && this.width(fold.source) === this.width(first.source);
-    const fold = first && folds.every(agree) ? { ...first, reshapes: folds.flatMap((f) => f!.reshapes) } : undefined;
+    const agree = (fold: Fold | undefined): fold is Fold => fold !== undefined && first !== undefined && fold.heads === first.heads && this.width(fold.source) === this.width(first.source);
+    const fold = first && folds.every(agree) ? { ...first, reshapes: folds.flatMap((f) => f.reshapes) } : undefined;
     known.set(name, fold);
     return fold;
   }
