@@ -17,8 +17,9 @@ import { createBuiltPool } from './cli.js';
 export type TestEngine = ImageEngine & HealthEngine & { close(): Promise<void> };
 
 /**
- * The worker pool of this test file's servers: one worker, started when a server first needs it (a file
- * whose servers generate nothing starts none), stopped when the file ends. Vitest runs each test file in
+ * The worker pool of this test file's servers: one worker, started when a server first asks the engine
+ * anything (a generation, or its load for /health and a request's admission, its readiness for /ready: a
+ * file whose servers are asked none of these starts none), stopped when the file ends. Vitest runs each test file in
  * its own process, so each file has its own; sharing it pays the worker's start (half a second) once.
  * The afterAll below joins the file that imports this module as vitest collects it (so no script run
  * outside vitest may import this module, nor api-server.ts).
