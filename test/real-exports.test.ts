@@ -63,6 +63,31 @@ describe.skipIf(!haveRealExports)('real exports against diffusers (needs ../shar
     expect(result.maxAbs).toBeGreaterThan(2 * DEFAULT_TOLERANCE);
   });
 
+  describe("SDXL's negative prompt: none (zeros, force_zeros_for_empty_prompt) is not the empty prompt (encoded), as in diffusers", () => {
+    /** sdxl's case 0 (made with negative_prompt None, so on zeros) on `dir`, its negative prompt changed as `change` says. */
+    const sdxlCase0 = async (dir: string, change: (c: Awaited<ReturnType<typeof readGolden>>[number]) => void = () => {}) => {
+      const c = (await readGolden(goldenFile('sdxl')))[0];
+      expect(c.negative_prompt).toBeNull();
+      change(c);
+      return verifyCase(runtime, dir, GOLDENS, c, 0, DEFAULT_TOLERANCE);
+    };
+
+    it('fails the case when it names the empty prompt, which is encoded', async () => {
+      const result = await sdxlCase0(realExport('sdxl'), (c) => (c.negative_prompt = ''));
+      expect(result.pass).toBe(false);
+      expect(result.maxAbs).toBeGreaterThan(2 * DEFAULT_TOLERANCE);
+    });
+
+    it("fails the case on a copy whose model_index.json sets force_zeros_for_empty_prompt false: none is the empty prompt's encoding there", async () => {
+      const dir = await copyOfExport('sdxl');
+      const indexFile = path.join(dir, 'model_index.json');
+      await writeFile(indexFile, JSON.stringify({ ...JSON.parse(await readFile(indexFile, 'utf8')), force_zeros_for_empty_prompt: false }));
+      const result = await sdxlCase0(dir);
+      expect(result.pass).toBe(false);
+      expect(result.maxAbs).toBeGreaterThan(2 * DEFAULT_TOLERANCE);
+    });
+  });
+
   it('fails a case when the timestep spacing is wrong', async () => {
     const dir = await copyOfExport('sd15');
     const configFile = path.join(dir, 'scheduler/scheduler_config.json');

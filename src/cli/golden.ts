@@ -126,7 +126,7 @@ function batchFor(modelDir: string, c: GoldenCase, initialNoise: Float32Array): 
     height: c.height,
     steps: c.steps,
     guidanceScale: c.guidance,
-    items: [{ prompt: c.prompt, negativePrompt: c.negative_prompt ?? '', seed: c.seed, rng: 'torch', initialNoise }],
+    items: [{ prompt: c.prompt, negativePrompt: c.negative_prompt ?? undefined, seed: c.seed, rng: 'torch', initialNoise }],
   };
 }
 

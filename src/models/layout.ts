@@ -49,6 +49,11 @@ export interface ModelLayout {
   sizeMultiple: number;
   /** Optional `config.json` of the denoiser (Optimum exports have one). */
   denoiserConfig: Record<string, unknown>;
+  /**
+   * SDXL: a batch item with no negative prompt conditions on zeros rather than on the empty prompt's
+   * encoding (diffusers' force_zeros_for_empty_prompt, read from model_index.json, true unless it says false).
+   */
+  forceZerosForEmptyPrompt: boolean;
 }
 
 /**
@@ -227,5 +232,6 @@ export async function inspectModel(dir: string): Promise<ModelLayout> {
     },
     sizeMultiple: family.sizeMultiple(vaeScale, denoiserConfig),
     denoiserConfig,
+    forceZerosForEmptyPrompt: modelIndex?.force_zeros_for_empty_prompt !== false,
   };
 }

@@ -27,8 +27,8 @@ export interface ModelPreset {
   scheduler?: string;
   /** diffusers' guidance_rescale (0..1) against over-exposure, e.g. 0.7 for zero-terminal-SNR models. */
   guidanceRescale: number;
-  /** Used when a request sends no negative_prompt. */
-  negativePrompt: string;
+  /** Used when a request sends no negative_prompt; none when imagegen.json names none (see BatchItem.negativePrompt). */
+  negativePrompt?: string;
   /** Largest batch given to one worker; a larger n is split into jobs that may run on several workers. */
   maxBatch: number;
 }
@@ -121,6 +121,6 @@ export function presetFor(
     scheduler,
     maxBatch: override.max_batch ?? base.maxBatch,
     guidanceRescale: override.guidance_rescale ?? 0,
-    negativePrompt: override.negative_prompt ?? '',
+    negativePrompt: override.negative_prompt,
   };
 }

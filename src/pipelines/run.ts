@@ -79,7 +79,7 @@ export class WorkerRuntime {
     const run = async () => {
       for (const share of CALIBRATION_SHARES) {
         const size = Math.ceil((nativeSide(pipeline.layout) * share) / sizeMultiple) * sizeMultiple;
-        const batch: GenerationBatch = { modelDir: dir, width: size, height: size, steps: 1, guidanceScale: 2, items: [{ prompt: '', negativePrompt: '', seed: 0 }] };
+        const batch: GenerationBatch = { modelDir: dir, width: size, height: size, steps: 1, guidanceScale: 2, items: [{ prompt: '', seed: 0 }] };
         // A model that cannot run a plain generation is measured on its first batch instead, whose error then says why.
         if (!(await this.memory.measureRun(dir, pipeline.samplesPerImage(batch), size * size, () => pipeline.generate(batch, {})).then(() => true, () => false))) return;
       }

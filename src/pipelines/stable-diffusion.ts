@@ -59,7 +59,7 @@ export class StableDiffusionPipeline implements Pipeline {
 
     const timestepCond = this.unet.hasInput('timestep_cond') ? guidanceEmbedding(batch.guidanceScale, count, this.timeCondDim()) : undefined;
     const guided = this.samplesPerImage(batch) === 2;
-    const positive = await this.condition(batch.items.map((i) => i.prompt), batch, false);
+    const positive = await this.condition(batch.items.map((i) => i.prompt), batch);
     const conditioning = guided ? concatConditioning(await this.negativeCondition(batch, positive), positive) : positive;
     const rows = guided ? 2 * count : count;
 
@@ -90,18 +90,20 @@ export class StableDiffusionPipeline implements Pipeline {
     return typeof dim === 'number' ? dim : 256;
   }
 
-  /** SDXL has two encoders; every other family has one. */
-  private condition(prompts: string[], batch: GenerationBatch, negative: boolean): Promise<Conditioning> {
-    return this.encoders.length === 2 ? this.conditionSdxl(prompts, batch, negative) : this.conditionSd(prompts);
+  /** SDXL has two encoders; every other family has one. `zeroed`: the rows SDXL conditions on zeros. */
+  private condition(prompts: string[], batch: GenerationBatch, zeroed: readonly boolean[] = []): Promise<Conditioning> {
+    return this.encoders.length === 2 ? this.conditionSdxl(prompts, batch, zeroed) : this.conditionSd(prompts);
   }
 
   /**
-   * SDXL conditions on zeros for an empty negative prompt (see conditionSdxl): when every one is empty,
-   * the zeros are made here, shaped like the positive conditioning, without running both encoders.
+   * The items' negative prompts, none read as the empty prompt, except that SDXL conditions an item
+   * that has none on zeros (see conditionSdxl): when every one is zeroed, the zeros are made here,
+   * shaped like the positive conditioning, without running both encoders.
    */
   private negativeCondition(batch: GenerationBatch, positive: Conditioning): Promise<Conditioning> | Conditioning {
-    const prompts = batch.items.map((i) => i.negativePrompt);
-    if (this.encoders.length < 2 || prompts.some((p) => p !== '')) return this.condition(prompts, batch, true);
+    const prompts = batch.items.map((i) => i.negativePrompt ?? '');
+    const zeroed = batch.items.map((i) => this.encoders.length === 2 && this.layout.forceZerosForEmptyPrompt && i.negativePrompt === undefined);
+    if (!zeroed.every(Boolean)) return this.condition(prompts, batch, zeroed);
     const zerosLike = (t: HostTensor): HostTensor => ({ data: new Float32Array(t.data.length), dims: t.dims });
     return { encoder_hidden_states: zerosLike(positive.encoder_hidden_states), text_embeds: zerosLike(positive.text_embeds), time_ids: positive.time_ids };
   }
@@ -113,10 +115,10 @@ export class StableDiffusionPipeline implements Pipeline {
 
   /**
    * Both encoders' penultimate layers side by side, the second encoder's pooled `text_embeds`, and the
-   * size conditioning. An empty negative prompt becomes zeros (`force_zeros_for_empty_prompt`), as
-   * SDXL was trained.
+   * size conditioning. The `zeroed` rows (items with no negative prompt) become zeros
+   * (`force_zeros_for_empty_prompt`), as SDXL was trained.
    */
-  private async conditionSdxl(prompts: string[], batch: GenerationBatch, negative: boolean): Promise<Conditioning> {
+  private async conditionSdxl(prompts: string[], batch: GenerationBatch, zeroed: readonly boolean[]): Promise<Conditioning> {
     const [enc1, enc2] = this.encoders;
     const layer1 = enc1.penultimateHiddenState();
     const layer2 = enc2.penultimateHiddenState();
@@ -124,7 +126,7 @@ export class StableDiffusionPipeline implements Pipeline {
     const out2 = await enc2.encode(prompts, [layer2, 'text_embeds']);
     const hidden = concatLastAxis(out1[layer1], out2[layer2]);
     const pooled = out2.text_embeds;
-    if (negative) zeroEmptyPrompts(prompts, [hidden, pooled]);
+    zeroRows(zeroed, prompts.length, [hidden, pooled]);
     const n = prompts.length;
     const timeIds = new Float32Array(n * 6);
     for (let b = 0; b < n; b++) timeIds.set([batch.height, batch.width, 0, 0, batch.height, batch.width], b * 6);
@@ -167,11 +169,12 @@ function concatLastAxis(a: HostTensor, b: HostTensor): HostTensor {
   return { data: concatPerRow(a.data, b.data, a.data.length / h1), dims: [...a.dims.slice(0, -1), h1 + h2] };
 }
 
-function zeroEmptyPrompts(prompts: string[], tensors: HostTensor[]): void {
+/** Zeroes, in each of `tensors` ([rows, ...]), the rows marked in `zeroed`. */
+function zeroRows(zeroed: readonly boolean[], rows: number, tensors: HostTensor[]): void {
   for (const t of tensors) {
-    const per = t.data.length / prompts.length;
-    prompts.forEach((p, b) => {
-      if (p === '') t.data.fill(0, b * per, (b + 1) * per);
+    const per = t.data.length / rows;
+    zeroed.forEach((zero, b) => {
+      if (zero) t.data.fill(0, b * per, (b + 1) * per);
     });
   }
 }

@@ -29,8 +29,12 @@ export interface ImageOutput {
 
 export interface BatchItem extends NoiseSource {
   prompt: string;
-  /** Empty string when the request has none (the family decides what "none" means, e.g. SDXL zeros). */
-  negativePrompt: string;
+  /**
+   * Undefined when the request (and the model's preset) gives none, which is not the empty prompt: the
+   * family decides what none means (SDXL conditions on zeros, as diffusers does for negative_prompt=None
+   * under force_zeros_for_empty_prompt; the others encode the empty prompt), while '' is encoded.
+   */
+  negativePrompt?: string;
   /** Reproduces this image on its own with the same prompt, settings and `rng`. */
   seed: number;
   /** Image-to-image: the picture to start from, at the batch's size (see GenerationBatch.strength). */
