@@ -341,6 +341,11 @@ const SETTINGS = {
     schema: seconds(1).default(15),
     description: "a streamed answer sends a keep-alive comment line after this long without an event (keep it below a proxy's idle timeout, which would otherwise end a stream that waits for a worker)",
   },
+  maxConnections: {
+    schema: integer(1).default(4096),
+    description:
+      'most client connections open at once (idle keep-alive ones and streams included); one past it is reset as it arrives (clients see a connection error, which the OpenAI SDKs retry), logged and counted in imagegen_connections_dropped_total: bounds what many idle or slow clients can hold',
+  },
   keepAliveTimeoutSeconds: {
     schema: seconds(1).default(72),
     description: 'an idle keep-alive connection is closed after this long (keep it above a load balancer\'s idle timeout)',

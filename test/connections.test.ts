@@ -607,3 +607,43 @@ describe('uploads the OpenAI SDK sends, refused before their body', () => {
     }
   }, 120_000);
 });
+
+describe('MAX_CONNECTIONS', () => {
+  it('resets a connection past it as it arrives (a fetch fails at once, not at its timeout), says so once, counts it, and serves again once one closes', async () => {
+    const logs = capturedLogs<{ msg: string }>();
+    const limited = await startTestServer({ config: { maxConnections: 3 }, logger: logs.logger });
+    const held: net.Socket[] = [];
+    try {
+      const limitedPort = Number(new URL(limited.origin).port);
+      const open = () =>
+        new Promise<net.Socket>((resolve, reject) => {
+          const socket = net.connect(limitedPort, '127.0.0.1', () => resolve(socket));
+          held.push(socket);
+          socket.once('error', reject);
+        });
+      const health = () => fetch(`${limited.origin}/health`, { signal: AbortSignal.timeout(5000) });
+      const idle = [await open(), await open(), await open()];
+      const started = performance.now();
+      const refused = await health().catch((err: unknown) => err);
+      expect(refused).toBeInstanceOf(TypeError);
+      expect(String((refused as TypeError).cause)).toMatch(/ECONNRESET/);
+      expect(performance.now() - started).toBeLessThan(4000);
+      await expect(health()).rejects.toThrow();
+      expect(logs.lines.filter((l) => l.msg.includes('MAX_CONNECTIONS'))).toEqual([
+        expect.objectContaining({ msg: expect.stringMatching(/^1 connection reset as it arrived: MAX_CONNECTIONS \(3\) were open; raise it/) }),
+      ]);
+      // The held ones are still open and served.
+      idle[0].write('GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n');
+      expect(await new Promise((resolve) => idle[0].once('data', (chunk: Buffer) => resolve(chunk.toString().split('\r\n')[0])))).toBe('HTTP/1.1 200 OK');
+      for (const socket of idle) socket.destroy();
+      // Once they are gone, a client is served again, and the drops are counted.
+      await expect.poll(async () => (await health().catch(() => undefined))?.status, { timeout: 5000 }).toBe(200);
+      const metrics = await (await fetch(`${limited.origin}/metrics`, { headers: { authorization: `Bearer ${TEST_KEY}` } })).text();
+      // Two, or more where a retry of the poll came before the server saw the held ones close.
+      expect(Number(/^imagegen_connections_dropped_total (\d+)$/m.exec(metrics)?.[1])).toBeGreaterThanOrEqual(2);
+    } finally {
+      for (const socket of held) socket.destroy();
+      await limited.close();
+    }
+  });
+});

@@ -48,6 +48,7 @@ export type AppConfig = Pick<
   | 'sendTimeoutSeconds'
   | 'streamKeepAliveSeconds'
   | 'sendMinRate'
+  | 'maxConnections'
   | 'playground'
 >;
 
@@ -95,7 +96,12 @@ export function buildApp({ config, registry, engine, store, metrics, logger, tls
 
   app.register(errors);
   app.register(requestIds);
-  app.register(connections, { sendTimeoutSeconds: config.sendTimeoutSeconds, sendMinRate: config.sendMinRate });
+  app.register(connections, {
+    sendTimeoutSeconds: config.sendTimeoutSeconds,
+    sendMinRate: config.sendMinRate,
+    maxConnections: config.maxConnections,
+    onDropped: () => metrics.connectionDropped(),
+  });
   app.register(content);
   // Before the plugins whose hooks reject requests, so that those are counted too.
   app.register(metricsRoutes, { metrics, public: config.metricsPublic });

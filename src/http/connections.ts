@@ -54,7 +54,14 @@ export interface ConnectionsOptions {
   sendTimeoutSeconds: number;
   /** SEND_MIN_RATE: bytes per second; 0 for none. */
   sendMinRate: number;
+  /** MAX_CONNECTIONS: a connection past it is reset as it arrives. */
+  maxConnections: number;
+  /** Told of each connection closed for MAX_CONNECTIONS. */
+  onDropped?(): void;
 }
+
+/** The least time between two log lines about connections dropped for MAX_CONNECTIONS (a flood drops thousands). */
+const DROP_LOG_INTERVAL_MS = 60_000;
 
 /**
  * Each concern that must know when an answer ends listens for its response's 'close' (metrics, shutdown,
@@ -63,11 +70,39 @@ export interface ConnectionsOptions {
  */
 const RESPONSE_LISTENERS = 32;
 
-async function connectionsPlugin(app: FastifyInstance, { sendTimeoutSeconds, sendMinRate }: ConnectionsOptions): Promise<void> {
+async function connectionsPlugin(app: FastifyInstance, { sendTimeoutSeconds, sendMinRate, maxConnections, onDropped }: ConnectionsOptions): Promise<void> {
+  limitConnections(app, maxConnections, onDropped);
   app.addHook('onRequest', async (_request, reply) => void reply.raw.setMaxListeners(RESPONSE_LISTENERS));
   app.addHook('onSend', async (request, reply) => {
     if (!request.raw.complete) readRest(request, reply);
     watchSending(request, reply, sendTimeoutSeconds, sendMinRate);
+  });
+}
+
+/**
+ * Past `max` open connections, a new one is reset as it is accepted, before it costs more than its
+ * socket: without a bound, idle or slow clients could hold memory and file descriptors until accepting
+ * stalls for everyone (/health included). Reset rather than closed: Node's own maxConnections closes
+ * the socket quietly, which fetch-based clients (the OpenAI SDKs' Node transport among them) do not
+ * notice, waiting for their timeout, while a reset fails their request at once and the SDKs retry it.
+ * The first drop is logged, then at most one line a minute with how many were dropped since.
+ */
+function limitConnections(app: FastifyInstance, max: number, onDropped?: () => void): void {
+  let open = 0;
+  let [unlogged, loggedAt] = [0, -Infinity];
+  // Before the HTTP server's own listener, so that a connection reset here is never parsed. An HTTPS
+  // server hands over the TCP socket, before the handshake.
+  app.server.prependListener('connection', (socket: Socket) => {
+    open++;
+    socket.once('close', () => open--);
+    if (open <= max) return;
+    socket.resetAndDestroy();
+    onDropped?.();
+    unlogged++;
+    const now = performance.now();
+    if (now - loggedAt < DROP_LOG_INTERVAL_MS) return;
+    app.log.warn(`${unlogged} connection${unlogged === 1 ? '' : 's'} reset as ${unlogged === 1 ? 'it' : 'they'} arrived: MAX_CONNECTIONS (${max}) were open; raise it, or look for clients holding connections idle`);
+    [unlogged, loggedAt] = [0, now];
   });
 }
 

@@ -86,6 +86,11 @@ export class Metrics implements EngineMetrics {
     help: "Times a batch waited for memory another worker's running batch had planned on",
     registers: [this.registry],
   });
+  private readonly connectionsDropped = new Counter({
+    name: 'imagegen_connections_dropped_total',
+    help: 'Client connections reset as they arrived because MAX_CONNECTIONS were open',
+    registers: [this.registry],
+  });
   private readonly workerRestarts = new Counter({
     name: 'imagegen_worker_restarts_total',
     help: 'Worker processes that died (crash, out of memory, killed) and were replaced',
@@ -162,6 +167,10 @@ export class Metrics implements EngineMetrics {
 
   modelLoaded(model: string, seconds: number): void {
     this.modelLoadSeconds.observe({ model }, seconds);
+  }
+
+  connectionDropped(): void {
+    this.connectionsDropped.inc();
   }
 
   workerReplaced(): void {
