@@ -91,7 +91,7 @@ describe('restarts', () => {
         expect(maxAge).toBeLessThanOrEqual(3600);
 
         const files = await readdir(path.join(root, 'data', 'images'));
-        expect(files).toEqual([expect.stringMatching(new RegExp(`^${path.basename(longLived, '.png')}\\.\\d+\\.png$`))]);
+        expect(files).toEqual([expect.stringMatching(new RegExp(`^${path.basename(longLived, '.png')}\\.\\d+\\.\\d+\\.[0-9a-f]{16}\\.png$`))]);
       } finally {
         await ops.close();
       }

@@ -5,7 +5,8 @@ import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { FileImageStore } from '../src/store/file-store.js';
-import { StoreFullError, StoreUnavailableError } from '../src/store/image-store.js';
+import { imageName } from '../src/store/image-names.js';
+import { ImageDamagedError, StoreFullError, StoreUnavailableError } from '../src/store/image-store.js';
 import { startTestServer, TEST_KEY } from './helpers/api-server.js';
 import { silentLogger } from './helpers/logs.js';
 
@@ -69,7 +70,7 @@ describe('ImageStore', () => {
     const reopened = await open({ ttlSeconds: 1 });
     expect(await reopened.get(kept.id)).toEqual(kept);
     expect(await reopened.get(short.id)).toBeNull();
-    expect((await readdir(dir)).sort()).toEqual([`${kept.id}.${kept.expiresAt}.jpg`, 'README'].sort());
+    expect((await readdir(dir)).sort()).toEqual([imageName(kept), 'README'].sort());
   });
 
   it('makes room by deleting expired images, then refuses with StoreFullError', async () => {
@@ -113,12 +114,12 @@ describe('ImageStore', () => {
     expect(await a.get('c'.repeat(32))).toBeNull();
   });
 
-  it('answers an image whose file was cut short on disk as gone, rather than serving it short of its size', async () => {
+  it('answers an image whose file was cut short on disk as damaged, rather than serving it short of its size', async () => {
     const store = await open();
     const image = await store.put(bytes(100), 'image/png');
     await truncate(path.join(dir, (await readdir(dir))[0]), 10);
-    expect(await store.read(image)).toBeNull();
-    expect(await store.get(image.id)).toBeNull();
+    await expect(store.read(image)).rejects.toBeInstanceOf(ImageDamagedError);
+    await expect(store.get(image.id)).rejects.toBeInstanceOf(ImageDamagedError);
   });
 
   it('refuses to reserve space in a folder that cannot be written, before any work is done for it; makes a deleted folder again', async () => {
@@ -162,11 +163,11 @@ describe('ImageStore', () => {
     // The folder's change seen whatever the filesystem's timestamp granularity.
     await utimes(dir, new Date(), new Date(Date.now() + 5000));
     await store.sweep();
-    expect((await readdir(dir)).sort()).toEqual([`${mine.id}.${mine.expiresAt}.png`, theirs].sort());
+    expect((await readdir(dir)).sort()).toEqual([imageName(mine), theirs].sort());
     expect(store.stats()).toEqual({ files: 2, bytes: 30 });
     wait(2000);
     await store.sweep();
-    expect(await readdir(dir)).toEqual([`${mine.id}.${mine.expiresAt}.png`]);
+    expect(await readdir(dir)).toEqual([imageName(mine)]);
     expect(store.stats()).toEqual({ files: 1, bytes: 10 });
   });
 
@@ -174,7 +175,7 @@ describe('ImageStore', () => {
     const store = await open();
     const image = await store.put(bytes(100), 'image/png');
     expect(await store.has(image)).toBe(true);
-    await rm(path.join(dir, `${image.id}.${image.expiresAt}.png`));
+    await rm(path.join(dir, imageName(image)));
     expect(await store.has(image)).toBe(false);
     expect(await store.read(image)).toBeNull();
     expect(store.stats()).toEqual({ files: 0, bytes: 0 });

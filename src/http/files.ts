@@ -1,7 +1,7 @@
 import type { FastifyInstance, FastifyRequest } from 'fastify';
 import parseRange from 'range-parser';
 import { IMAGE_EXTENSIONS } from '../runtime/types.js';
-import { IMAGE_ID, StoreUnavailableError, type ByteRange, type ImageStore, type StoredImage } from '../store/image-store.js';
+import { IMAGE_ID, ImageDamagedError, StoreUnavailableError, type ByteRange, type ImageStore, type StoredImage } from '../store/image-store.js';
 import { ApiError } from '../api/errors.js';
 import { storeUnavailable } from '../service/failures.js';
 
@@ -25,6 +25,13 @@ export function imagePath(image: StoredImage): string {
 
 function notFound(name: string): ApiError {
   return new ApiError(404, `The image '${name}' does not exist or has expired (images live for a limited time after generation).`, {
+    code: 'image_not_found',
+  });
+}
+
+/** An image whose stored copy is damaged: gone as an expired one is (same code), and the message says why. */
+function damaged(name: string): ApiError {
+  return new ApiError(404, `The image '${name}' can no longer be served: its stored copy was found damaged (not the bytes it was generated with). Please generate it again.`, {
     code: 'image_not_found',
   });
 }
@@ -98,8 +105,10 @@ export async function files(app: FastifyInstance, { store }: FilesOptions): Prom
       const { name } = request.params;
       const match = FILE_NAME.exec(name);
       if (!match) throw notFound(name);
-      // A store that cannot be reached is a retryable 503 in OpenAI's shape, not a 404 that says the image is gone.
+      // A store that cannot be reached is a retryable 503 in OpenAI's shape, not a 404 that says the image
+      // is gone; a damaged image is a 404 that says so, never a 200 with part of it.
       const unavailable = (err: unknown) => {
+        if (err instanceof ImageDamagedError) throw damaged(name);
         throw err instanceof StoreUnavailableError ? storeUnavailable(err, 'Please retry shortly.') : err;
       };
       const image = await findImage(store, match[1], match[2]).catch(unavailable);

@@ -1,19 +1,25 @@
 import { constants } from 'node:fs';
-import { access, mkdir, open, readdir, rename, stat, statfs, unlink } from 'node:fs/promises';
+import { access, mkdir, open, readdir, rename, stat, statfs, unlink, type FileHandle } from 'node:fs/promises';
 import path from 'node:path';
 import type { Readable } from 'node:stream';
 import { makeFolder, syncFolder, unlessMissing } from '../util/files.js';
-import { StoreFullError, StoreUnavailableError, type ByteRange, type ImageStore, type StoredImage, type StoreLimits, type StoreReservation } from './image-store.js';
-import { extensionOf, imageName, isExpired, newImage, parseImageName } from './image-names.js';
+import { ImageDamagedError, StoreFullError, StoreUnavailableError, type ByteRange, type ImageStore, type StoredImage, type StoreLimits, type StoreReservation } from './image-store.js';
+import { digestOf, extensionOf, imageName, isExpired, newImage, parseImageName } from './image-names.js';
 import { StoreSpace } from './space.js';
 
 /**
  * Generated images served by URL for a limited time. One file per image, named as image-names.ts says
- * (`<id>.<expiry unix milliseconds>.<ext>`): a restart rebuilds the index from a directory listing and
+ * (`<id>.<expiry unix milliseconds>.<size>.<digest>.<ext>`): a restart rebuilds the index from a directory listing and
  * keeps each image's own expiry. Files are written to a temporary name, flushed to the disk and renamed,
  * and the rename flushed, before the image's URL is given: neither a reader nor a restart after a power
  * loss sees half an image, or loses one whose URL went out; a failed write deletes its
  * temporary file, and the sweeper deletes any that a crash left. Ids are 128 random bits in hex.
+ *
+ * Each name records its image's size and digest: a restart indexes the folder from its names alone (no
+ * file read, nor even stat'ed), and the first read of each image it found checks the file against them,
+ * so that a file cut short or changed while no server ran (a restore that broke off) is answered as
+ * damaged rather than served in part as if whole. Files named without the record (stored by an older
+ * version, for a day at most) are taken at their size on disk, as they always were.
  *
  * Two servers may share the folder for a while (a restart that starts the new server before stopping
  * the old, blue-green on one host): an id this store has not indexed is looked for in a new listing of
@@ -46,8 +52,10 @@ export class FileImageStore implements ImageStore {
   private readonly parent: string;
   private parentDevice = NaN;
   private timer: NodeJS.Timeout | undefined;
-  /** Ids whose files changed on disk after they were stored (see read): never indexed again. */
-  private readonly damaged = new Set<string>();
+  /** Images whose files changed on disk after they were stored (see read): never indexed again, their files deleted when they expire. */
+  private readonly damaged = new Map<string, StoredImage>();
+  /** Ids indexed from a listing whose files have not been checked against their digests yet (see read). */
+  private readonly unchecked = new Set<string>();
   /** The folder's mtime when it was last listed, and the listing under way. */
   private listedMtime = NaN;
   private listing: Promise<void> | undefined;
@@ -83,11 +91,14 @@ export class FileImageStore implements ImageStore {
     for (const entry of await readdir(this.options.dir, { withFileTypes: true })) {
       const named = entry.isFile() ? parseImageName(entry.name) : undefined;
       if (!named || this.accounted(named.id) || this.damaged.has(named.id)) continue;
-      // Gone meanwhile (the other server's sweeper): skipped.
-      const stats = await unlessMissing(stat(path.join(this.options.dir, entry.name)));
-      if (!stats || this.accounted(named.id)) continue;
-      this.index.set(named.id, { ...named, size: stats.size });
-      this.space.used += stats.size;
+      // The size its name records, checked against the file when it is first read: a restart over many
+      // images lists the folder and reads nothing else. Named without (an older version's), its size on
+      // disk; gone meanwhile (the other server's sweeper), skipped.
+      const size = named.size ?? (await unlessMissing(stat(path.join(this.options.dir, entry.name))))?.size;
+      if (size === undefined || this.accounted(named.id)) continue;
+      if (named.digest !== undefined) this.unchecked.add(named.id);
+      this.index.set(named.id, { ...named, size });
+      this.space.used += size;
     }
   }
 
@@ -130,7 +141,7 @@ export class FileImageStore implements ImageStore {
     const ext = extensionOf(contentType);
     await this.space.claim(data.byteLength, reservation);
 
-    const image = newImage(ext, contentType, data.byteLength, this.now(), this.options.ttlSeconds);
+    const image = { ...newImage(ext, contentType, data.byteLength, this.now(), this.options.ttlSeconds), digest: await digestOf([data]) };
     const write = this.write(path.join(this.options.dir, `.${image.id}.tmp`), this.fileOf(image), data);
     this.writes.set(image.id, write);
     try {
@@ -175,14 +186,16 @@ export class FileImageStore implements ImageStore {
     return { files: this.index.size, bytes: this.space.used };
   }
 
-  /** The image, or null when unknown or expired (even before the sweeper deleted it). */
+  /** The image, or null when unknown or expired (even before the sweeper deleted it); throws ImageDamagedError for one found damaged. */
   async get(id: string): Promise<StoredImage | null> {
+    const damaged = this.damaged.get(id);
+    if (damaged && !isExpired(damaged, this.now())) throw new ImageDamagedError(id);
     if (!this.index.has(id)) await this.listIfChanged().catch(() => undefined);
     const image = this.index.get(id);
     return image && !isExpired(image, this.now()) ? image : null;
   }
 
-  /** The image's bytes as a stream, or null if it expired or vanished meanwhile. */
+  /** The image's bytes as a stream, or null if it expired or vanished meanwhile; throws ImageDamagedError when its file is not as it was stored. */
   async read(image: StoredImage, range?: ByteRange): Promise<Readable | null> {
     if (isExpired(image, this.now())) return null;
     // Opened here, so that a file the sweeper just deleted is a null rather than a stream that fails.
@@ -193,13 +206,18 @@ export class FileImageStore implements ImageStore {
       return null;
     }
     // Changed on disk since it was stored (truncated by something else): served, it would break off
-    // short of its Content-Length; it is forgotten (left on disk to look at) and answered as gone.
-    if ((await handle.stat()).size !== image.size) {
+    // short of its Content-Length, or be whole in length only; it is forgotten (left on disk to look at
+    // until it expires) and answered as damaged.
+    const damage = await this.damageOf(image, handle).catch(async (err: unknown) => {
       await handle.close();
-      this.options.logger.warn({ id: image.id, file: this.fileOf(image) }, 'image file changed on disk since it was stored: no longer served');
-      this.damaged.add(image.id);
+      throw err;
+    });
+    if (damage) {
+      await handle.close();
+      this.options.logger.warn({ id: image.id, file: this.fileOf(image) }, `image file damaged on disk since it was stored (${damage}): no longer served`);
       this.forget(image);
-      return null;
+      this.damaged.set(image.id, image);
+      throw new ImageDamagedError(image.id);
     }
     // Its end given, the stream ends with its last byte rather than after one more read finds the end of
     // the file: a client that closes as soon as it has every byte would otherwise close before the
@@ -207,7 +225,23 @@ export class FileImageStore implements ImageStore {
     return handle.createReadStream(range ?? (image.size > 0 ? { start: 0, end: image.size - 1 } : {}));
   }
 
-  /** Whether the image's file is still there as it was stored (a HEAD answers what a GET would). */
+  /**
+   * What is wrong with the image's open file, or undefined when it is as it was stored: its size, always
+   * (a stat); its digest, once, for an image indexed from a listing (a file of a previous run, or another
+   * server's), whose bytes are read through once more for it.
+   */
+  private async damageOf(image: StoredImage, handle: FileHandle): Promise<string | undefined> {
+    const { size } = await handle.stat();
+    if (size !== image.size) return `${size} bytes, not ${image.size}`;
+    if (!this.unchecked.has(image.id)) return undefined;
+    // Not closed at its end: the handle serves the image next.
+    const digest = await digestOf(handle.createReadStream({ start: 0, autoClose: false }));
+    if (digest !== image.digest) return `its bytes' digest is ${digest}, not ${image.digest ?? 'recorded'}`;
+    this.unchecked.delete(image.id);
+    return undefined;
+  }
+
+  /** Whether the image's file is still there as it was stored (a HEAD answers what a GET would); throws ImageDamagedError when it is not. */
   async has(image: StoredImage): Promise<boolean> {
     const data = await this.read(image);
     data?.destroy();
@@ -218,6 +252,7 @@ export class FileImageStore implements ImageStore {
   private forget(image: StoredImage): void {
     if (this.index.get(image.id) !== image) return;
     this.index.delete(image.id);
+    this.unchecked.delete(image.id);
     this.space.free(image.size);
   }
 
@@ -256,9 +291,10 @@ export class FileImageStore implements ImageStore {
     await this.deleteTempFiles();
   }
 
-  /** Deletes the indexed images that expired: what a put or reservation that finds the store full can free. */
+  /** Deletes the images that expired, damaged ones too: what a put or reservation that finds the store full can free. */
   private async deleteExpired(): Promise<void> {
-    const expired = [...this.index.values()].filter((image) => isExpired(image, this.now()));
+    const expired = [...this.index.values(), ...this.damaged.values()].filter((image) => isExpired(image, this.now()));
+    for (const image of expired) this.damaged.delete(image.id);
     await this.discard(expired);
     if (expired.length) this.options.logger.debug({ deleted: expired.length }, 'expired images deleted');
   }

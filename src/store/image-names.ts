@@ -1,4 +1,4 @@
-import { randomBytes } from 'node:crypto';
+import { createHash, randomBytes } from 'node:crypto';
 import { IMAGE_EXTENSIONS, IMAGE_FORMATS, type ImageExtension } from '../runtime/types.js';
 import { IMAGE_ID, type StoredImage } from './image-store.js';
 
@@ -7,12 +7,23 @@ import { IMAGE_ID, type StoredImage } from './image-store.js';
  * after the prefix. The name is the whole index: a directory or bucket listing gives every image's id,
  * expiry, type and size, so a restart (or another replica) rebuilds the index, and the sweeper finds
  * expired images, without reading any image.
+ *
+ * An image that has a digest (the file store's) carries its record too, `<id>.<expiry>.<size>.<digest>.<ext>`:
+ * the bytes it was stored with, told apart from a file cut short or changed while no server ran (a restore
+ * that broke off), which the file's own size cannot tell. It comes with the name in the same rename, so
+ * no image is ever on disk without it; names without it (images stored before it was added, S3's objects,
+ * whose listing gives their size and which are never half written) are read as before.
  */
 
 const EXTENSIONS = Object.fromEntries(Object.values(IMAGE_FORMATS).map((f) => [f.contentType, f.extension])) as Record<string, ImageExtension>;
 const CONTENT_TYPES = Object.fromEntries(Object.values(IMAGE_FORMATS).map((f) => [f.extension, f.contentType])) as Record<ImageExtension, string>;
 
-const NAME = new RegExp(`^(${IMAGE_ID})\\.(\\d+)\\.(${IMAGE_EXTENSIONS.join('|')})$`);
+/** 64 bits: enough to tell a damaged copy, short enough for a file name. */
+const DIGEST_DIGITS = 16;
+const NAME = new RegExp(`^(${IMAGE_ID})\\.(\\d+)(?:\\.(\\d+)\\.([0-9a-f]{${DIGEST_DIGITS}}))?\\.(${IMAGE_EXTENSIONS.join('|')})$`);
+
+/** An image as its name gives it: with its size where the name records it. */
+export type NamedImage = Omit<StoredImage, 'size'> & { size?: number };
 
 /** The extension of images of `contentType`; throws for a type no image name can carry. */
 export function extensionOf(contentType: string): ImageExtension {
@@ -31,14 +42,23 @@ export function isExpired(image: Pick<StoredImage, 'expiresAt'>, now: number): b
   return image.expiresAt <= now;
 }
 
-export function imageName(image: Pick<StoredImage, 'id' | 'expiresAt' | 'ext'>): string {
-  return `${image.id}.${image.expiresAt}.${image.ext}`;
+export function imageName(image: Pick<StoredImage, 'id' | 'expiresAt' | 'ext' | 'size' | 'digest'>): string {
+  const record = image.digest === undefined ? '' : `.${image.size}.${image.digest}`;
+  return `${image.id}.${image.expiresAt}${record}.${image.ext}`;
+}
+
+/** The digest of an image's bytes (the first DIGEST_DIGITS hex digits of their SHA-256), from its bytes in memory or a file's stream. */
+export async function digestOf(chunks: Iterable<Uint8Array> | AsyncIterable<Uint8Array>): Promise<string> {
+  const hash = createHash('sha256');
+  for await (const chunk of chunks) hash.update(chunk);
+  return hash.digest('hex').slice(0, DIGEST_DIGITS);
 }
 
 /** The image a name stands for, or undefined for a name that is not an image's (temporary files, strangers). */
-export function parseImageName(name: string): Omit<StoredImage, 'size'> | undefined {
+export function parseImageName(name: string): NamedImage | undefined {
   const match = NAME.exec(name);
   if (!match) return undefined;
-  const [, id, expiry, ext] = match;
-  return { id, ext: ext as ImageExtension, contentType: CONTENT_TYPES[ext as ImageExtension], expiresAt: Number(expiry) };
+  const [, id, expiry, size, digest, ext] = match;
+  const named = { id, ext: ext as ImageExtension, contentType: CONTENT_TYPES[ext as ImageExtension], expiresAt: Number(expiry) };
+  return digest === undefined ? named : { ...named, size: Number(size), digest };
 }

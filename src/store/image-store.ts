@@ -16,6 +16,11 @@ export interface StoredImage {
   expiresAt: number;
   size: number;
   /**
+   * The first 64 bits of the image's SHA-256 in hex, where its store records it to tell a damaged copy
+   * (the file store, in the file name with the size: see image-names.ts).
+   */
+  digest?: string;
+  /**
    * Where clients fetch the image instead of the server's files route, when the store hands out
    * addresses of its own (S3 presigned URLs, valid until the image expires).
    */
@@ -67,6 +72,17 @@ export class StoreUnavailableError extends Error {
 }
 
 /**
+ * An image whose stored bytes are not those it was stored with (its file cut short, or changed, while
+ * the server was stopped or by something else): it is gone, and never served in part as if whole.
+ */
+export class ImageDamagedError extends Error {
+  constructor(readonly id: string) {
+    super(`the image ${id} was damaged where it is stored`);
+    this.name = 'ImageDamagedError';
+  }
+}
+
+/**
  * Space set aside before images are generated, so that a full store refuses a request before any work
  * is spent on it. Puts made with it draw on it first; release() returns what they did not use.
  */
@@ -95,9 +111,9 @@ export interface ImageStore {
    * does not fit even after a sweep.
    */
   put(data: Uint8Array, contentType: string, reservation?: StoreReservation): Promise<StoredImage>;
-  /** The image, or null when unknown or expired (even before a sweep deleted it). */
+  /** The image, or null when unknown or expired (even before a sweep deleted it); throws ImageDamagedError for one found damaged. */
   get(id: string): Promise<StoredImage | null>;
-  /** The image's bytes (those of `range` only, when given) as a stream, or null if it expired or vanished meanwhile. */
+  /** The image's bytes (those of `range` only, when given) as a stream, or null if it expired or vanished meanwhile; throws ImageDamagedError when its stored bytes are not those it was stored with. */
   read(image: StoredImage, range?: ByteRange): Promise<Readable | null>;
   /** Whether read() would find the image now, without reading it (a HEAD). */
   has(image: StoredImage): Promise<boolean>;

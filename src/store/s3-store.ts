@@ -121,7 +121,7 @@ export class S3ImageStore implements ImageStore {
     );
   }
 
-  private keyOf(image: Pick<StoredImage, 'id' | 'expiresAt' | 'ext'>): string {
+  private keyOf(image: StoredImage): string {
     return `${this.options.prefix}${imageName(image)}`;
   }
 
