@@ -1,6 +1,6 @@
 import sharp from 'sharp';
 import { beforeAll, describe, expect, it } from 'vitest';
-import { DEMO_MODEL_DIR } from './helpers/demo-model.js';
+import { demoBatch } from './helpers/demo-model.js';
 import { encodeImage } from '../src/pipelines/encode-image.js';
 import { WorkerRuntime } from '../src/pipelines/run.js';
 import type { OutputFormat, RgbImage } from '../src/runtime/types.js';
@@ -18,14 +18,7 @@ let pictures: { name: string; image: RgbImage }[];
 
 beforeAll(async () => {
   const runtime = new WorkerRuntime({ runtime: { provider: 'cpu', threads: 2 } });
-  const [drawn] = await runtime.generateImages({
-    modelDir: DEMO_MODEL_DIR,
-    width: 512,
-    height: 512,
-    steps: 4,
-    guidanceScale: 0,
-    items: [{ prompt: 'a red circle', negativePrompt: '', seed: 5 }],
-  });
+  const [drawn] = await runtime.generateImages(demoBatch({ items: [{ prompt: 'a red circle', negativePrompt: '', seed: 5 }] }));
   let state = 9;
   const noise = Uint8Array.from({ length: 256 * 192 * 3 }, () => (state = (Math.imul(state, 1664525) + 1013904223) >>> 0) >>> 24);
   pictures = [

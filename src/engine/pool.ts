@@ -236,13 +236,15 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
     try {
       const heard = (event: BatchEvent) => {
         if (event.type === 'preview') metrics?.partialImage(modelName(batch.modelDir));
-        if (event.type === 'step' && warm) costs.progress(batch, (performance.now() - started) / 1000, event.step / event.total);
+        // The worker's own time (see WorkerProcess.seconds), not ours: under a flood our event loop hears the
+        // steps seconds late, and a model timed so would look a hundred times slower than it is.
+        if (event.type === 'step' && warm) costs.progress(batch, worker.seconds, event.step / event.total);
         onEvent(event);
       };
       const result = await worker.run(batch, stop, watchdog.progress, heard);
       outcome = 'completed';
       images = result.length;
-      if (warm) costs.record(batch, (performance.now() - started) / 1000);
+      if (warm) costs.record(batch, worker.seconds);
       return result;
     } catch (err) {
       // Sent to a worker already dead (its exit not yet seen): the batch never ran, and waits for another.

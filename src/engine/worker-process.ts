@@ -76,6 +76,11 @@ export class WorkerProcess implements MemoryClaimant {
   batchesDone = 0;
   /** Denoising steps done in the running (or else the last) batch. */
   step = 0;
+  /**
+   * Seconds the running (or else the last) batch had taken at its latest report, by the worker's own
+   * clock: what the batch cost, however late this process's event loop heard of it.
+   */
+  seconds = 0;
   /** The memory the running (or else the last) batch was last granted, and the samples per model call it planned (see memory-arbiter.ts, Pipeline.samplesPerImage). */
   grant?: MemoryGrant;
   plannedSamples?: number;
@@ -148,6 +153,7 @@ export class WorkerProcess implements MemoryClaimant {
     return new Promise<GeneratedImage[]>((resolve, reject) => {
       this.task = { started: false, resolve, reject, ...task };
       this.step = 0;
+      this.seconds = 0;
       this.grant = undefined;
       this.plannedSamples = undefined;
       this.send(message);
@@ -184,11 +190,13 @@ export class WorkerProcess implements MemoryClaimant {
         return;
       case 'event':
         if (message.event.type === 'step') this.step = message.event.step;
+        this.seconds = message.seconds;
         this.task?.onProgress();
         this.task?.onEvent?.(message.event);
         return;
       case 'done':
         if (this.task?.batch) this.batchesDone++;
+        this.seconds = message.seconds;
         this.hold(message.held);
         this.finish()?.resolve(message.images);
         return;

@@ -55,10 +55,13 @@ export type FromWorker =
   | { type: 'memory-wait' }
   /** The work that took memory outside a batch (a calibration, see MemorySource.exclusive) ended: it holds none now. */
   | { type: 'memory-release' }
-  /** The running batch's progress and previews (see BatchEvent). */
-  | { type: 'event'; event: BatchEvent }
-  /** `held`: the model folders the worker holds once the batch is over (a load may have evicted others, running out of memory released its own). */
-  | { type: 'done'; images: GeneratedImage[]; held: string[] }
+  /**
+   * The running batch's progress and previews (see BatchEvent). `seconds`: since the worker took the
+   * batch, by its own clock (see WorkerProcess.seconds).
+   */
+  | { type: 'event'; event: BatchEvent; seconds: number }
+  /** `held`: the model folders the worker holds once the batch is over (a load may have evicted others, running out of memory released its own); `seconds`: the batch's, by the worker's clock. */
+  | { type: 'done'; images: GeneratedImage[]; held: string[]; seconds: number }
   /**
    * The batch failed or was cancelled; the worker is fine and takes the next one. `problem`: what is
    * wrong with a model folder that could not be loaded (ModelLayoutError.problem, which names no path).

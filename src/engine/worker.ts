@@ -129,8 +129,11 @@ async function start({ engine, preload, nice }: WorkerInit): Promise<void> {
  */
 const STEP_EVENT_INTERVAL_MS = 50;
 
-/** Sends a batch's events, thinning its steps to STEP_EVENT_INTERVAL_MS. */
-function eventSender(): (event: BatchEvent) => void {
+/** Seconds since `started` (a performance.now() of this process). */
+const secondsSince = (started: number) => (performance.now() - started) / 1000;
+
+/** Sends the events of a batch taken at `started`, thinning its steps to STEP_EVENT_INTERVAL_MS. */
+function eventSender(started: number): (event: BatchEvent) => void {
   let lastStep = -Infinity;
   return (event) => {
     if (event.type === 'step' && event.step < event.total) {
@@ -138,7 +141,7 @@ function eventSender(): (event: BatchEvent) => void {
       if (now - lastStep < STEP_EVENT_INTERVAL_MS) return;
       lastStep = now;
     }
-    void send({ type: 'event', event });
+    void send({ type: 'event', event, seconds: secondsSince(started) });
   };
 }
 
@@ -147,14 +150,16 @@ function eventSender(): (event: BatchEvent) => void {
  * Runs `work` as the worker's one task (a batch, or a model's load alone), for `modelDir`: its images, or
  * its error, end it. A worker runs one task at a time.
  */
-function perform(modelDir: string, work: (task: { cancelled: boolean }) => Promise<GeneratedImage[]>): void {
+function perform(modelDir: string, work: (task: { cancelled: boolean; started: number }) => Promise<GeneratedImage[]>): void {
   void send({ type: 'started' });
-  const task = { cancelled: false, done: Promise.resolve() };
+  // The batch's time by this process's clock: the pool's, under a flood of requests, hears the
+  // messages late, and would take the time its event loop was busy for generation (see cost-model.ts).
+  const task = { cancelled: false, started: performance.now(), done: Promise.resolve() };
   task.done = (async () => {
     try {
       const images = await work(task);
       reportMemory(modelDir);
-      await send({ type: 'done', images, held: current().heldModels() });
+      await send({ type: 'done', images, held: current().heldModels(), seconds: secondsSince(task.started) });
     } catch (err) {
       // A run that ran out of memory changed the model's figures too (ModelMemory.exceeded).
       reportMemory(modelDir);
@@ -172,7 +177,7 @@ function perform(modelDir: string, work: (task: { cancelled: boolean }) => Promi
 const run = (batch: GenerationBatch) =>
   perform(batch.modelDir, async (task) => {
     await ensureLoaded(batch.modelDir, batch.modelVersion);
-    return current().runBatch(batch, { shouldStop: () => task.cancelled, onEvent: eventSender() });
+    return current().runBatch(batch, { shouldStop: () => task.cancelled, onEvent: eventSender(task.started) });
   });
 
 /** Loads a model with no batch: a preloaded model that could not load when this worker started, tried again. */

@@ -1,0 +1,40 @@
+import { describe, expect, it } from 'vitest';
+import { createBuiltPool } from './helpers/cli.js';
+import { DEMO_MODEL_DIR, demoBatch } from './helpers/demo-model.js';
+
+/**
+ * The pool times each batch for its cost model (admission, Retry-After) by the worker's clock: a server
+ * whose event loop is busy (a flood of requests being read) hears the worker's reports late, and a batch
+ * timed by when they were heard looked a hundred times slower than it ran (429s told to come back in
+ * 888 s on a queue that drained in 12).
+ */
+
+/** How long the test holds the event loop: far more than the demo model's batch takes. */
+const BUSY_MS = 3000;
+
+function holdEventLoop(ms: number): void {
+  const until = performance.now() + ms;
+  while (performance.now() < until);
+}
+
+describe('a batch heard late', () => {
+  it("is timed by the worker's clock, so its model's estimate stays what the batch took rather than how late the server heard of it", async () => {
+    const pool = createBuiltPool({ workers: 1, queueMax: 4, executionProvider: 'cpu', threadsPerWorker: 1, preload: [{ dir: DEMO_MODEL_DIR }] });
+    try {
+      await expect.poll(() => pool.readiness().ready, { timeout: 60_000, interval: 20 }).toBe(true);
+      let held = false;
+      const images = await pool.generate(demoBatch(), undefined, undefined, (event) => {
+        // The first step heard: the worker goes on with the batch while this process is busy.
+        if (event.type !== 'step' || held) return;
+        held = true;
+        holdEventLoop(BUSY_MS);
+      });
+      expect(images).toHaveLength(1);
+      expect(held).toBe(true);
+      // Timed by when the pool heard of it, the batch took BUSY_MS at least.
+      expect(pool.ticket([demoBatch()]).cost).toBeLessThan(BUSY_MS / 1000 / 2);
+    } finally {
+      await pool.close();
+    }
+  });
+});
