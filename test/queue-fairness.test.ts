@@ -1,5 +1,5 @@
 import { describe, expect, it, vi } from 'vitest';
-import { JobQueue, QueueFullError, QueueTimeoutError, RequeueError, Ticket } from '../src/engine/job-queue.js';
+import { JobQueue, QueueFullError, QueueTimeoutError, RequeueError, Ticket, type JobQueueOptions } from '../src/engine/job-queue.js';
 
 /**
  * The queue weighs work, not jobs: clients are served fairly by estimated seconds, a request's own
@@ -113,8 +113,8 @@ describe("a request's own batches", () => {
 });
 
 describe('Retry-After', () => {
-  async function refusedAfter(queuedCost: number): Promise<number> {
-    const queue = new JobQueue(1, 1);
+  async function refusedAfter(queuedCost: number, options: JobQueueOptions = {}): Promise<number> {
+    const queue = new JobQueue(1, 1, options);
     const log: string[] = [];
     const running = controlled(log, 'run');
     const first = queue.run(running.job, undefined, { ticket: new Ticket('A', 10), cost: cost(10) });
@@ -132,6 +132,13 @@ describe('Retry-After', () => {
     const much = await refusedAfter(500);
     expect(little).toBe(15);
     expect(much).toBe(510);
+  });
+
+  it('is never more than maxWaitMs, by when each request waiting now has started or given up, however far off the estimates are', async () => {
+    // A model not timed yet, or timed wrong, may be estimated at 500 s a batch: the queue's own
+    // deadline still says when there is room (a fresh server told a flood 888 s for 12 s of work).
+    expect(await refusedAfter(500, { maxWaitMs: 120_000 })).toBe(120);
+    expect(await refusedAfter(5, { maxWaitMs: 120_000 })).toBe(15);
   });
 
   it('refuses new requests once the queued work passes maxQueuedSeconds per worker', async () => {

@@ -303,14 +303,17 @@ export class JobQueue {
 
   /**
    * When the work ahead of a newcomer (what is left of the running jobs, and the waiting ones, shared
-   * among the workers) should be done. Estimates are asked again: they improve as jobs progress.
+   * among the workers) should be done. Estimates are asked again: they improve as jobs progress. It is
+   * never more than `maxWaitMs`: by then each request waiting now has started or given up, so there is
+   * room whatever the estimates say (a model not timed yet is a guess, off by ten times either way).
    */
   private retryAfterSeconds(): number {
     const now = performance.now();
     let left = 0;
     for (const [entry, { startedAt }] of this.running) left += Math.max(0, entry.cost() - (now - startedAt) / 1000);
     const ahead = (left + this.sum(this.order.entries())) / Math.max(1, this.concurrency);
-    return Math.max(1, Math.ceil(ahead));
+    const longest = this.options.maxWaitMs === undefined ? Infinity : this.options.maxWaitMs / 1000;
+    return Math.max(1, Math.ceil(Math.min(ahead, longest)));
   }
 
   load(): { running: number; queued: number } {
