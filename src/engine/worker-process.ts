@@ -78,7 +78,8 @@ export class WorkerProcess implements MemoryClaimant {
   step = 0;
   /**
    * Seconds the running (or else the last) batch had taken at its latest report, by the worker's own
-   * clock: what the batch cost, however late this process's event loop heard of it.
+   * clock and less its waits for this process's memory grants: what the batch cost, however late this
+   * process's event loop heard of it or answered it.
    */
   seconds = 0;
   /** The memory the running (or else the last) batch was last granted, and the samples per model call it planned (see memory-arbiter.ts, Pipeline.samplesPerImage). */

@@ -57,10 +57,10 @@ export type FromWorker =
   | { type: 'memory-release' }
   /**
    * The running batch's progress and previews (see BatchEvent). `seconds`: since the worker took the
-   * batch, by its own clock (see WorkerProcess.seconds).
+   * batch, by its own clock, less its waits for memory grants (see WorkerProcess.seconds).
    */
   | { type: 'event'; event: BatchEvent; seconds: number }
-  /** `held`: the model folders the worker holds once the batch is over (a load may have evicted others, running out of memory released its own); `seconds`: the batch's, by the worker's clock. */
+  /** `held`: the model folders the worker holds once the batch is over (a load may have evicted others, running out of memory released its own); `seconds`: the batch's, as the events'. */
   | { type: 'done'; images: GeneratedImage[]; held: string[]; seconds: number }
   /**
    * The batch failed or was cancelled; the worker is fine and takes the next one. `problem`: what is

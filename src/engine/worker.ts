@@ -25,6 +25,8 @@ let stopping = false;
 
 /** The grant the running batch's memory plan (or a calibration) waits for, if any (see pooledMemory). */
 let awaitingGrant: { resolve(grant: MemoryGrant): void; reject(err: Error): void; cancellable: boolean } | undefined;
+/** Milliseconds this worker has waited for the pool's answers to its memory asks, all tasks together (see taskClock). */
+let askedMs = 0;
 
 /**
  * Asks the pool's arbiter. A batch cancelled meanwhile (or before) stops here rather than wait for
@@ -33,10 +35,11 @@ let awaitingGrant: { resolve(grant: MemoryGrant): void; reject(err: Error): void
 async function askForMemory(message: Extract<FromWorker, { type: 'memory-ask' | 'memory-wait' }>, cancellable = true): Promise<MemoryGrant> {
   const cancelled = () => cancellable && running?.cancelled;
   if (cancelled()) throw new GenerationCancelled();
+  const asked = performance.now();
   const grant = await new Promise<MemoryGrant>((resolve, reject) => {
     awaitingGrant = { resolve, reject, cancellable };
     void send(message);
-  });
+  }).finally(() => (askedMs += performance.now() - asked));
   if (cancelled()) throw new GenerationCancelled();
   return grant;
 }
@@ -129,11 +132,19 @@ async function start({ engine, preload, nice }: WorkerInit): Promise<void> {
  */
 const STEP_EVENT_INTERVAL_MS = 50;
 
-/** Seconds since `started` (a performance.now() of this process). */
-const secondsSince = (started: number) => (performance.now() - started) / 1000;
+/**
+ * The seconds of a task from now on, for the pool's cost model: by this process's clock, less the
+ * waits for the pool's memory grants. The pool's event loop, under a flood of requests, hears and
+ * answers late; timed by it (or with its late answers), a batch of 60 ms was taken for seconds.
+ */
+function taskClock(): () => number {
+  const started = performance.now();
+  const askedBefore = askedMs;
+  return () => (performance.now() - started - (askedMs - askedBefore)) / 1000;
+}
 
-/** Sends the events of a batch taken at `started`, thinning its steps to STEP_EVENT_INTERVAL_MS. */
-function eventSender(started: number): (event: BatchEvent) => void {
+/** Sends the events of a batch whose seconds `clock` tells, thinning its steps to STEP_EVENT_INTERVAL_MS. */
+function eventSender(clock: () => number): (event: BatchEvent) => void {
   let lastStep = -Infinity;
   return (event) => {
     if (event.type === 'step' && event.step < event.total) {
@@ -141,7 +152,7 @@ function eventSender(started: number): (event: BatchEvent) => void {
       if (now - lastStep < STEP_EVENT_INTERVAL_MS) return;
       lastStep = now;
     }
-    void send({ type: 'event', event, seconds: secondsSince(started) });
+    void send({ type: 'event', event, seconds: clock() });
   };
 }
 
@@ -150,16 +161,14 @@ function eventSender(started: number): (event: BatchEvent) => void {
  * Runs `work` as the worker's one task (a batch, or a model's load alone), for `modelDir`: its images, or
  * its error, end it. A worker runs one task at a time.
  */
-function perform(modelDir: string, work: (task: { cancelled: boolean; started: number }) => Promise<GeneratedImage[]>): void {
+function perform(modelDir: string, work: (task: { cancelled: boolean; clock: () => number }) => Promise<GeneratedImage[]>): void {
   void send({ type: 'started' });
-  // The batch's time by this process's clock: the pool's, under a flood of requests, hears the
-  // messages late, and would take the time its event loop was busy for generation (see cost-model.ts).
-  const task = { cancelled: false, started: performance.now(), done: Promise.resolve() };
+  const task = { cancelled: false, clock: taskClock(), done: Promise.resolve() };
   task.done = (async () => {
     try {
       const images = await work(task);
       reportMemory(modelDir);
-      await send({ type: 'done', images, held: current().heldModels(), seconds: secondsSince(task.started) });
+      await send({ type: 'done', images, held: current().heldModels(), seconds: task.clock() });
     } catch (err) {
       // A run that ran out of memory changed the model's figures too (ModelMemory.exceeded).
       reportMemory(modelDir);
@@ -177,7 +186,7 @@ function perform(modelDir: string, work: (task: { cancelled: boolean; started: n
 const run = (batch: GenerationBatch) =>
   perform(batch.modelDir, async (task) => {
     await ensureLoaded(batch.modelDir, batch.modelVersion);
-    return current().runBatch(batch, { shouldStop: () => task.cancelled, onEvent: eventSender(task.started) });
+    return current().runBatch(batch, { shouldStop: () => task.cancelled, onEvent: eventSender(task.clock) });
   });
 
 /** Loads a model with no batch: a preloaded model that could not load when this worker started, tried again. */
