@@ -107,11 +107,11 @@ export async function files(app: FastifyInstance, { store }: FilesOptions): Prom
       if (!match) throw notFound(name);
       // A store that cannot be reached is a retryable 503 in OpenAI's shape, not a 404 that says the image
       // is gone; a damaged image is a 404 that says so, never a 200 with part of it.
-      const unavailable = (err: unknown) => {
+      const asApiError = (err: unknown): never => {
         if (err instanceof ImageDamagedError) throw damaged(name);
         throw err instanceof StoreUnavailableError ? storeUnavailable(err, 'Please retry shortly.') : err;
       };
-      const image = await findImage(store, match[1], match[2]).catch(unavailable);
+      const image = await findImage(store, match[1], match[2]).catch(asApiError);
       if (!image) throw notFound(name);
       const etag = `"${image.id}"`;
       // Only answers that are the image say it may be cached: a 404, 416 or 503 must not be kept as it.
@@ -123,12 +123,12 @@ export async function files(app: FastifyInstance, { store }: FilesOptions): Prom
       // gets the headers. Neither reads the image (with STORE=s3 that would download it to discard it).
       const fresh = matchesEtag(request.headers['if-none-match'], etag);
       if (fresh || request.method === 'HEAD') {
-        if (!(await store.has(image).catch(unavailable))) throw notFound(name);
+        if (!(await store.has(image).catch(asApiError))) throw notFound(name);
         return fresh ? asImage().code(304).send() : asImage().type(image.contentType).header('content-length', image.size).send();
       }
       const range = requestedRange(request.headers, image.size, etag);
       if (range === 'unsatisfiable') throw unsatisfiable(request.headers.range!, image.size);
-      const data = await store.read(image, range).catch(unavailable);
+      const data = await store.read(image, range).catch(asApiError);
       if (!data) throw notFound(name);
       asImage().type(image.contentType);
       if (!range) return reply.header('content-length', image.size).send(data);
