@@ -125,9 +125,10 @@ const absoluteUrl = z
   .url({ protocol: /^https?$/, error: 'expected an absolute http(s) URL such as https://images.example.com' })
   // Paths are appended to it: a query, fragment or credentials would end up in the middle of every URL.
   .refine((url) => {
+    const parsed = parseUrl(url);
     // Not a URL at all: the check above says so.
-    if (!URL.canParse(url)) return true;
-    const { search, hash, username, password } = new URL(url);
+    if (!parsed) return true;
+    const { search, hash, username, password } = parsed;
     // A bare trailing ? or # parses as no query or fragment, and would still end up before the paths.
     return !/[\s?#]/.test(url) && !search && !hash && !username && !password;
   }, 'expected an address without spaces, query (?), fragment (#) or user:password@, such as https://images.example.com/prefix')
@@ -136,8 +137,9 @@ const absoluteUrl = z
 
 /** Whether the Redis client reads the URL: it parses it as a URL, then decodes its user and password, where a broken %XX escape throws. */
 function redisCanRead(url: string): boolean {
-  if (!URL.canParse(url)) return false;
-  const { username, password } = new URL(url);
+  const parsed = parseUrl(url);
+  if (!parsed) return false;
+  const { username, password } = parsed;
   try {
     decodeURIComponent(username);
     decodeURIComponent(password);
