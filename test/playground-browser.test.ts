@@ -6,7 +6,7 @@ import { promisify } from 'node:util';
 import { chromium, type Browser, type Page } from 'playwright-core';
 import sharp from 'sharp';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { chromiumPath, NO_CHROMIUM } from './helpers/browser.js';
+import { chromiumPath, NO_CHROMIUM, openPlayground } from './helpers/browser.js';
 import { MODEL, OPS_KEY, startOpsServer, untilReady, type OpsServer } from './helpers/ops-server.js';
 import { readImageFile } from './helpers/picture.js';
 
@@ -374,13 +374,8 @@ describe.skipIf(!chromiumPath)(`the playground with PUBLIC_BASE_URL on another o
     const browser = await chromium.launch({ executablePath: chromiumPath, args: ['--no-sandbox'] });
     try {
       await untilReady(server.server.url, 60_000);
-      const page = await browser.newPage();
+      const page = await openPlayground(browser, server.server.url, OPS_KEY);
       const done = (selector: string) => runOnPage(page, selector);
-      await page.goto(`${server.server.url}/`);
-      await expect.poll(() => page.isVisible('#key-dialog'), { timeout: 30_000 }).toBe(true);
-      await page.fill('#key', OPS_KEY);
-      await page.click('#key-save');
-      await expect.poll(() => page.isVisible('#key-dialog'), { timeout: 30_000 }).toBe(false);
       await page.selectOption('#model', MODEL);
       await page.fill('#prompt', 'a red circle');
       await page.selectOption('#size', '128x128');

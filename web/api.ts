@@ -56,11 +56,20 @@ export async function call(path: string, init: RequestInit = {}): Promise<Respon
   try {
     res = await fetch(path, { ...init, headers });
   } catch (err) {
-    if ((err as Error).name === 'AbortError') throw err;
-    throw new ApiFailure(0, { message: `The server could not be reached: ${(err as Error).message}` });
+    throw connectionLost(err, 'The server could not be reached');
   }
   if (!res.ok) throw await failureOf(res);
   return res;
+}
+
+/**
+ * A fetch or the read of its answer that failed in the network (the server stopped or restarted, the
+ * network dropped), as an ApiFailure that says so and what to do; `what` says when it happened. An abort
+ * (Cancel) and an ApiFailure pass through as they are.
+ */
+export function connectionLost(err: unknown, what: string): unknown {
+  if (err instanceof ApiFailure || (err as Error).name === 'AbortError') return err;
+  return new ApiFailure(0, { message: `${what} (${(err as Error).message}): check that the server is running and reachable, then try again.` });
 }
 
 export async function listModels(): Promise<Model[]> {

@@ -1,5 +1,5 @@
 import type { ImageCompletedEvent, ImagePartialEvent, ImageProgressEvent, ImageStreamEvent } from '../src/api/wire.js';
-import { ApiFailure, call, type ApiErrorBody, type ImageData } from './api.js';
+import { ApiFailure, call, connectionLost, type ApiErrorBody, type ImageData } from './api.js';
 import { bodyOf, EVENT_PREFIX, streams, type ImageRequest } from './request.js';
 import { readEvents } from './sse.js';
 
@@ -56,29 +56,35 @@ export async function runRequest(request: ImageRequest, delivery: Delivery, sign
   const extra: Record<string, string | number | boolean> = streamed ? { stream: true, partial_images: delivery.partialImages, stream_progress: true } : { response_format: 'url' };
   const { body, headers } = bodyOf(request, extra);
   const res = await call(`/v1/images/${request.route}`, { method: 'POST', body, headers, signal });
-  if (!streamed) {
-    const { data } = (await res.json()) as { data: ImageData[] };
-    data.forEach(({ url, seed }, index) => on.image({ index, seed, src: url!, url }));
-    return;
-  }
-  const prefix = EVENT_PREFIX[request.route];
   const expected = Number(request.fields.n ?? 1);
   let done = 0;
-  for await (const frame of readEvents(res.body!)) {
-    if (frame.data === '[DONE]') continue;
-    const event = parseEvent(frame.data, res.status);
-    if ('error' in event) throw new ApiFailure(res.status, event.error);
-    if (event.type === 'imagegen.progress') {
-      const { queued_ahead, step, steps } = event as ImageProgressEvent;
-      if (step !== undefined) on.step(step, steps ?? step);
-      else if (queued_ahead !== undefined) on.queued(queued_ahead);
-    } else if (event.type === `${prefix}.partial_image`) {
-      on.partial(blobUrl((event as StreamedImage).b64_json, (event as StreamedImage).output_format));
-    } else if (event.type === `${prefix}.completed`) {
-      const { seed, b64_json, output_format } = event as StreamedImage;
-      on.image({ index: done, seed, src: blobUrl(b64_json, output_format) });
-      done++;
+  // The answer can still be cut off once it has begun (the server killed or restarted, the network
+  // gone): the read then fails with the browser's bare "network error", said here with what came.
+  try {
+    if (!streamed) {
+      const { data } = (await res.json()) as { data: ImageData[] };
+      data.forEach(({ url, seed }, index) => on.image({ index, seed, src: url!, url }));
+      return;
     }
+    const prefix = EVENT_PREFIX[request.route];
+    for await (const frame of readEvents(res.body!)) {
+      if (frame.data === '[DONE]') continue;
+      const event = parseEvent(frame.data, res.status);
+      if ('error' in event) throw new ApiFailure(res.status, event.error);
+      if (event.type === 'imagegen.progress') {
+        const { queued_ahead, step, steps } = event as ImageProgressEvent;
+        if (step !== undefined) on.step(step, steps ?? step);
+        else if (queued_ahead !== undefined) on.queued(queued_ahead);
+      } else if (event.type === `${prefix}.partial_image`) {
+        on.partial(blobUrl((event as StreamedImage).b64_json, (event as StreamedImage).output_format));
+      } else if (event.type === `${prefix}.completed`) {
+        const { seed, b64_json, output_format } = event as StreamedImage;
+        on.image({ index: done, seed, src: blobUrl(b64_json, output_format) });
+        done++;
+      }
+    }
+  } catch (err) {
+    throw connectionLost(err, `The connection to the server was lost after ${done} of ${expected} image${expected === 1 ? '' : 's'}`);
   }
   // Each image ends with its completed event: fewer means the server stopped early.
   if (done < expected) throw new ApiFailure(0, { message: `The stream ended after ${done} of ${expected} images: the server stopped early (see its log).` });

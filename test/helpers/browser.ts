@@ -1,4 +1,5 @@
 import { existsSync } from 'node:fs';
+import type { Browser, BrowserContextOptions, Page } from 'playwright-core';
 
 /**
  * A Chromium for the browser tests: Debian's `chromium` (`apt-get install chromium`, as .ci/run does),
@@ -13,3 +14,17 @@ export const chromiumPath: string | undefined = [process.env.CHROMIUM_PATH, ...C
 export const NO_CHROMIUM = ' (skipped: chromium not found, install it with `apt-get install chromium` or set CHROMIUM_PATH)';
 
 if (!chromiumPath) console.warn(`browser tests${NO_CHROMIUM}`);
+
+/**
+ * A new page (its own context: its own sessionStorage) on the playground at `origin`, given `key` in the
+ * key dialog; resolves once the dialog has closed, the key taken and the models listed.
+ */
+export async function openPlayground(browser: Browser, origin: string, key: string, options: BrowserContextOptions = {}): Promise<Page> {
+  const page = await (await browser.newContext(options)).newPage();
+  await page.goto(`${origin}/`);
+  await page.waitForSelector('#key-dialog[open]', { timeout: 30_000 });
+  await page.fill('#key', key);
+  await page.click('#key-save');
+  await page.waitForSelector('#key-dialog:not([open])', { state: 'attached', timeout: 30_000 });
+  return page;
+}
