@@ -6,7 +6,7 @@ import { promisify } from 'node:util';
 import { chromium, type Browser, type Page } from 'playwright-core';
 import sharp from 'sharp';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { chromiumPath, NO_CHROMIUM, openPlayground } from './helpers/browser.js';
+import { chromiumPath, NO_CHROMIUM, openPlayground, runOnPage } from './helpers/browser.js';
 import { MODEL, OPS_KEY, startOpsServer, untilReady, type OpsServer } from './helpers/ops-server.js';
 import { readImageFile } from './helpers/picture.js';
 
@@ -67,14 +67,6 @@ async function meanColour(image: Buffer, left: number, width: number): Promise<n
 
 async function pixels(image: Buffer | string): Promise<Buffer> {
   return sharp(image).removeAlpha().raw().toBuffer();
-}
-
-/** Clicks a button of `page` that sends a request and waits for the page to say that it is done (a fresh status, not the last one). */
-async function runOnPage(page: Page, selector: string): Promise<void> {
-  await page.$eval('#status', (status) => (status.textContent = ''));
-  await page.click(selector);
-  await expect.poll(() => page.textContent('#status'), { timeout: 60_000 }).toMatch(/^(Done|Failed)/);
-  expect(await page.textContent('#status')).toMatch(/^Done: 1 image/);
 }
 
 describe.skipIf(!chromiumPath)(`the playground in headless Chromium${chromiumPath ? '' : NO_CHROMIUM}`, () => {

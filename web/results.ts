@@ -40,9 +40,16 @@ function button(text: string, label: string, onClick: () => void): HTMLButtonEle
   return node;
 }
 
-/** What the picture is, for screen readers: the prompt it was asked for, or what it varies. */
+/**
+ * How much of a prompt the alt text and the history line show: prompts run to 32000 characters, which a
+ * screen reader would read whole for every image and which would fill the history with one request.
+ */
+const SHOWN_PROMPT = 200;
+
+/** What the picture is, for screen readers: the prompt it was asked for (its start, when long), or what it varies. */
 export function describe({ request, seed }: Result): string {
-  const what = request.route === 'variations' ? 'a variation of the input image' : String(request.fields.prompt);
+  const prompt = String(request.fields.prompt);
+  const what = request.route === 'variations' ? 'a variation of the input image' : prompt.length > SHOWN_PROMPT ? `${prompt.slice(0, SHOWN_PROMPT)}…` : prompt;
   return `${request.route === 'edits' ? 'Edit: ' : ''}${what} (seed ${seed})`;
 }
 
@@ -85,7 +92,8 @@ export function historyLine(result: Result): HTMLLIElement {
   return element(
     'li',
     {},
-    element('img', { src: result.src, alt: describe(result), className: 'thumb' }),
+    // The line's text says what the thumbnail shows: an alt text would have it read twice.
+    element('img', { src: result.src, alt: '', className: 'thumb' }),
     element('span', {}, `${new Date().toLocaleTimeString()} · ${describe(result)} · ${result.size} · ${result.model} `),
     element('span', { className: 'expiry' }),
   );

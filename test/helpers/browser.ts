@@ -1,5 +1,6 @@
 import { existsSync } from 'node:fs';
 import type { Browser, BrowserContextOptions, Page } from 'playwright-core';
+import { expect } from 'vitest';
 
 /**
  * A Chromium for the browser tests: Debian's `chromium` (`apt-get install chromium`, as .ci/run does),
@@ -27,4 +28,15 @@ export async function openPlayground(browser: Browser, origin: string, key: stri
   await page.click('#key-save');
   await page.waitForSelector('#key-dialog:not([open])', { state: 'attached', timeout: 30_000 });
   return page;
+}
+
+/**
+ * Clicks a button of `page` that sends a request and waits for the page to say that it is done (a fresh
+ * status, not the last one), then expects it to have said `done`.
+ */
+export async function runOnPage(page: Page, selector: string, done: RegExp = /^Done: 1 image/): Promise<void> {
+  await page.$eval('#status', (status) => (status.textContent = ''));
+  await page.click(selector);
+  await expect.poll(() => page.textContent('#status'), { timeout: 60_000 }).toMatch(/^(Done|Failed)/);
+  expect(await page.textContent('#status')).toMatch(done);
 }

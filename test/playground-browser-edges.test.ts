@@ -1,0 +1,87 @@
+import { rm } from 'node:fs/promises';
+import { chromium, type Browser, type Page } from 'playwright-core';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { chromiumPath, NO_CHROMIUM, openPlayground, runOnPage } from './helpers/browser.js';
+import { LONG, makeRoot, MODEL, OPS_KEY, rootEnv, untilReady } from './helpers/ops-server.js';
+import { killServer, spawnServer, type ServerProcess } from './helpers/server-process.js';
+
+/**
+ * The playground at its edges, in headless Chromium against `imagegen serve` as a process of its own:
+ * a phone's screen and a very long prompt; and last the server dying under the page as a crash or a
+ * restart kills it.
+ */
+
+/** How far the page reaches right of the screen, in CSS pixels (0: no sideways scrolling). */
+const overflow = (page: Page) => page.evaluate(() => document.documentElement.scrollWidth - document.documentElement.clientWidth);
+
+describe.skipIf(!chromiumPath)(`the playground at its edges${chromiumPath ? '' : NO_CHROMIUM}`, () => {
+  let root: string;
+  let server: ServerProcess;
+  let browser: Browser;
+  let page: Page;
+  /** The page's uncaught errors: each is a failure the page did not show its user. */
+  const uncaught: string[] = [];
+
+  beforeAll(async () => {
+    root = await makeRoot();
+    server = await spawnServer({ ...rootEnv(root), PORT: '0' });
+    await untilReady(server.origin, 60_000);
+    browser = await chromium.launch({ executablePath: chromiumPath, args: ['--no-sandbox'] });
+    page = await openPlayground(browser, server.origin, OPS_KEY);
+    page.on('pageerror', (err) => uncaught.push(err.message));
+    await page.selectOption('#model', MODEL);
+  });
+
+  afterAll(async () => {
+    await browser?.close();
+    if (server) await killServer(server);
+    if (root) await rm(root, { recursive: true, force: true });
+  });
+
+  it("fits a phone's screen, and a very long prompt neither widens the page nor fills the history", async () => {
+    const phone = await openPlayground(browser, server.origin, OPS_KEY, { viewport: { width: 375, height: 740 } });
+    expect(await overflow(phone)).toBe(0);
+    // A long prompt with a word longer than any screen is wide, asked for twice.
+    const prompt = `a red circle ${'x'.repeat(3000)}`;
+    await phone.fill('#prompt', prompt);
+    await phone.selectOption('#model', MODEL);
+    await phone.selectOption('#size', '128x128');
+    await phone.fill('#steps', '2');
+    await phone.fill('#n', '2');
+    await runOnPage(phone, '#generate', /^Done: 2 images/);
+    expect(await overflow(phone)).toBe(0);
+    // Its alt text and its history line give the prompt's start, not all of it for each image.
+    const alt = (await phone.getAttribute('#results .result-image', 'alt'))!;
+    expect(alt.startsWith('a red circle xxx')).toBe(true);
+    expect(alt.length).toBeLessThan(250);
+    expect((await phone.textContent('#history li'))!.length).toBeLessThan(400);
+    // The thumbnail's line says what it is: no alt text to read twice.
+    expect(await phone.getAttribute('#history li img', 'alt')).toBe('');
+    await phone.click('#results button:has-text("Copy as code")');
+    expect(await phone.$eval('#code-dialog', (dialog) => dialog.getBoundingClientRect().right)).toBeLessThanOrEqual(375);
+    await phone.keyboard.press('Escape');
+    // On a wide screen the settings keep their column: the results do not cover them.
+    await phone.setViewportSize({ width: 1280, height: 900 });
+    expect(await overflow(phone)).toBe(0);
+    const right = await phone.$eval('#settings', (form) => form.getBoundingClientRect().right);
+    expect(await phone.$eval('#run', (run) => run.getBoundingClientRect().left)).toBeGreaterThan(right);
+    await phone.context().close();
+  });
+
+  it('says that the connection was lost, and what to do, when the server dies in the middle of a stream', async () => {
+    await page.selectOption('#size', LONG.size);
+    await page.fill('#steps', String(LONG.steps));
+    await page.fill('#n', String(LONG.n));
+    await page.click('#generate');
+    await expect.poll(() => page.textContent('#status'), { timeout: 60_000 }).toMatch(/^Step \d+ of \d+/);
+    await killServer(server);
+    await expect
+      .poll(() => page.textContent('#status'), { timeout: 30_000 })
+      .toBe('Failed: The connection to the server was lost after 0 of 2 images (network error): check that the server is running and reachable, then try again.');
+    expect(uncaught).toEqual([]);
+    expect(await page.isEnabled('#generate')).toBe(true);
+    // Sent again while it is down: not reached at all, said so with the same advice.
+    await page.click('#generate');
+    await expect.poll(() => page.textContent('#form-error'), { timeout: 30_000 }).toMatch(/^The server could not be reached \(.+\): check that the server is running and reachable, then try again\.$/);
+  });
+});
