@@ -68,6 +68,19 @@ describe.skipIf(!chromiumPath)(`the playground at its edges${chromiumPath ? '' :
     await phone.context().close();
   });
 
+  it("brings a result's picture into view with the focus on it when Edit takes it to the edit panel", async () => {
+    await page.selectOption('#size', '128x128');
+    await page.fill('#steps', '2');
+    await runOnPage(page, '#generate');
+    await page.click('#results button:has-text("Edit")');
+    await expect.poll(() => page.evaluate(() => document.activeElement?.id)).toBe('mask');
+    // All of the picture on the screen, to paint on.
+    const { top, bottom } = await page.$eval('#mask', (mask) => mask.getBoundingClientRect().toJSON() as DOMRect);
+    expect(top).toBeGreaterThanOrEqual(0);
+    expect(bottom).toBeLessThanOrEqual(page.viewportSize()!.height);
+    expect(bottom - top).toBe(128);
+  });
+
   it('says that the connection was lost, and what to do, when the server dies in the middle of a stream', async () => {
     await page.selectOption('#size', LONG.size);
     await page.fill('#steps', String(LONG.steps));

@@ -225,9 +225,10 @@ const actions = {
   },
   async edit(result: Result): Promise<void> {
     if (!(await setEditSource(() => fromResult(result)))) return;
-    byId('edit').scrollIntoView();
-    byId('prompt').focus();
-    say('The image is in the edit panel: paint a mask, then Edit image.');
+    // Painting comes next: the focus on the picture brings it into view (the prompt's focus would scroll
+    // back up, past it) and lets the arrow keys and Space paint at once.
+    byId('mask').focus();
+    say('The image is in the edit panel: paint a mask, change the prompt, then Edit image.');
   },
   async variations(result: Result): Promise<void> {
     if (await setEditSource(() => fromResult(result))) await send('variations');

@@ -56,6 +56,8 @@ export class MaskPainter {
     }
     URL.revokeObjectURL(this.source.src);
     this.source.src = decoded.src;
+    // The shown picture sizes the canvas over it (app.css): laid out before anyone paints or scrolls to it.
+    await this.source.decode().catch(() => undefined);
     this.canvas.width = decoded.naturalWidth;
     this.canvas.height = decoded.naturalHeight;
     this.cursor = { x: this.canvas.width / 2, y: this.canvas.height / 2 };
