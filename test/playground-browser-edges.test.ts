@@ -14,6 +14,19 @@ import { killServer, spawnServer, type ServerProcess } from './helpers/server-pr
 /** How far the page reaches right of the screen, in CSS pixels (0: no sideways scrolling). */
 const overflow = (page: Page) => page.evaluate(() => document.documentElement.scrollWidth - document.documentElement.clientWidth);
 
+/** WCAG's contrast ratio of two CSS colours as getComputedStyle gives them (`rgb(r, g, b)`). */
+function contrast(a: string, b: string): number {
+  const luminance = (colour: string) => {
+    const [r, g, b] = colour.match(/\d+/g)!.slice(0, 3).map((v) => {
+      const c = Number(v) / 255;
+      return c <= 0.03928 ? c / 12.92 : ((c + 0.055) / 1.055) ** 2.4;
+    });
+    return 0.2126 * r + 0.7152 * g + 0.0722 * b;
+  };
+  const [light, dark] = [luminance(a), luminance(b)].sort((x, y) => y - x);
+  return (light + 0.05) / (dark + 0.05);
+}
+
 describe.skipIf(!chromiumPath)(`the playground at its edges${chromiumPath ? '' : NO_CHROMIUM}`, () => {
   let root: string;
   let server: ServerProcess;
@@ -66,6 +79,24 @@ describe.skipIf(!chromiumPath)(`the playground at its edges${chromiumPath ? '' :
     const right = await phone.$eval('#settings', (form) => form.getBoundingClientRect().right);
     expect(await phone.$eval('#run', (run) => run.getBoundingClientRect().left)).toBeGreaterThan(right);
     await phone.context().close();
+  });
+
+  it('shows an error in a colour that reads (4.5:1, WCAG AA) on the light and the dark scheme alike', async () => {
+    await page.fill('#steps', '151');
+    await runOnPage(page, '#generate', /^Failed: Invalid 'steps'/);
+    for (const colorScheme of ['light', 'dark'] as const) {
+      await page.emulateMedia({ colorScheme });
+      // The page's background, or where it sets none the browser's own for the scheme (its Canvas colour).
+      const [text, background] = await page.evaluate(() => {
+        const probe = document.body.appendChild(Object.assign(document.createElement('div'), { style: 'background: Canvas' }));
+        const own = getComputedStyle(document.documentElement).backgroundColor;
+        const canvas = getComputedStyle(probe).backgroundColor;
+        probe.remove();
+        return [getComputedStyle(document.getElementById('steps-error')!).color, own === 'rgba(0, 0, 0, 0)' ? canvas : own];
+      });
+      expect(contrast(text, background), `${colorScheme}: ${text} on ${background}`).toBeGreaterThanOrEqual(4.5);
+    }
+    await page.emulateMedia({ colorScheme: 'light' });
   });
 
   it("brings a result's picture into view with the focus on it when Edit takes it to the edit panel", async () => {
