@@ -24,6 +24,8 @@ const historyList = byId<HTMLUListElement>('history');
 const keyDialog = byId<HTMLDialogElement>('key-dialog');
 const keyInput = byId<HTMLInputElement>('key');
 const buttons = { generate: byId<HTMLButtonElement>('generate'), edit: byId<HTMLButtonElement>('edit-run'), variations: byId<HTMLButtonElement>('variations-run'), cancel: byId<HTMLButtonElement>('cancel') };
+/** The button that sends each route's request. */
+const SENDS: Record<Route, HTMLButtonElement> = { generations: buttons.generate, edits: buttons.edit, variations: buttons.variations };
 const painter = new MaskPainter(byId('mask'), byId('source'), byId('brush'), byId('erase'), byId('mask-cursor'));
 
 let models: Model[] = [];
@@ -146,6 +148,7 @@ async function send(route: Route): Promise<void> {
   say('Sending…');
   const started = performance.now();
   let count = 0;
+  let done = false;
   try {
     await runRequest(request, delivery, running.signal, {
       queued: (ahead) => say(ahead === 0 ? 'Queued: next for a worker.' : `Queued: ${ahead} batch${ahead === 1 ? '' : 'es'} ahead.`),
@@ -164,6 +167,7 @@ async function send(route: Route): Promise<void> {
       },
     });
     say(`Done: ${count} image${count === 1 ? '' : 's'} in ${((performance.now() - started) / 1000).toFixed(1)} s.`);
+    done = true;
   } catch (err) {
     if ((err as Error).name === 'AbortError') say('Cancelled: the server stopped the work.');
     else if (err instanceof ApiFailure) {
@@ -177,7 +181,10 @@ async function send(route: Route): Promise<void> {
     for (const preview of previews.querySelectorAll('img')) URL.revokeObjectURL(preview.src);
     previews.replaceChildren();
     setBusy(false);
-    if (document.activeElement === buttons.cancel || document.activeElement === document.body) resultsList.querySelector('a')?.focus();
+    // The focus was on Cancel, now disabled: to the new images when they came; else (a failure that names
+    // no field, a cancel) back to the button that sent the request, so Enter sends it again, rather than
+    // to an earlier request's image, which would pass for this one's.
+    if (document.activeElement === buttons.cancel || document.activeElement === document.body) (done ? resultsList.querySelector('a') : SENDS[route])?.focus();
   }
 }
 
