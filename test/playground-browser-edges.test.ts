@@ -37,7 +37,8 @@ describe.skipIf(!chromiumPath)(`the playground at its edges${chromiumPath ? '' :
 
   beforeAll(async () => {
     root = await makeRoot();
-    server = await spawnServer({ ...rootEnv(root), PORT: '0' });
+    // A store too small for ten 1024x1024 images: answers with URLs of those are refused (507).
+    server = await spawnServer({ ...rootEnv(root), PORT: '0', MAX_STORE_BYTES: '1m' });
     await untilReady(server.origin, 60_000);
     browser = await chromium.launch({ executablePath: chromiumPath, args: ['--no-sandbox'] });
     page = await openPlayground(browser, server.origin, OPS_KEY);
@@ -97,6 +98,17 @@ describe.skipIf(!chromiumPath)(`the playground at its edges${chromiumPath ? '' :
       expect(contrast(text, background), `${colorScheme}: ${text} on ${background}`).toBeGreaterThanOrEqual(4.5);
     }
     await page.emulateMedia({ colorScheme: 'light' });
+  });
+
+  it("says what to do in the page's own terms when the image store refuses an answer with URLs", async () => {
+    await page.selectOption('#size', '1024x1024');
+    await page.fill('#steps', '2');
+    await page.fill('#n', '10');
+    await page.selectOption('#delivery', 'url');
+    await runOnPage(page, '#generate', /^Failed: /);
+    expect(await page.textContent('#form-error')).toMatch(/more than the whole store holds .* In this page: set "Answer as" to stream, which keeps nothing on the server\.$/);
+    await page.selectOption('#delivery', 'stream');
+    await page.fill('#n', '1');
   });
 
   it("brings a result's picture into view with the focus on it when Edit takes it to the edit panel", async () => {

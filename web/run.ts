@@ -51,11 +51,24 @@ function parseEvent(data: string, status: number): StreamEvent {
   }
 }
 
+/**
+ * The image store's refusals (storage_full, storage_unavailable, storage_error) of an answer with URLs
+ * tell an API client to ask for b64_json, a field this page does not show: said in the page's own terms
+ * where the route streams (a stream keeps nothing on the server).
+ */
+function storeAdvice(err: unknown, route: ImageRequest['route']): unknown {
+  if (!(err instanceof ApiFailure) || !err.error.code?.startsWith('storage_') || !streams(route)) return err;
+  const message = `${err.message} In this page: set "Answer as" to stream, which keeps nothing on the server.`;
+  return new ApiFailure(err.status, { ...err.error, message });
+}
+
 export async function runRequest(request: ImageRequest, delivery: Delivery, signal: AbortSignal, on: RunListener): Promise<void> {
   const streamed = delivery.stream && streams(request.route);
   const extra: Record<string, string | number | boolean> = streamed ? { stream: true, partial_images: delivery.partialImages, stream_progress: true } : { response_format: 'url' };
   const { body, headers } = bodyOf(request, extra);
-  const res = await call(`/v1/images/${request.route}`, { method: 'POST', body, headers, signal });
+  const res = await call(`/v1/images/${request.route}`, { method: 'POST', body, headers, signal }).catch((err: unknown) => {
+    throw streamed ? err : storeAdvice(err, request.route);
+  });
   const expected = Number(request.fields.n ?? 1);
   let done = 0;
   // The answer can still be cut off once it has begun (the server killed or restarted, the network
