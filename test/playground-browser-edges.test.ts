@@ -124,6 +124,23 @@ describe.skipIf(!chromiumPath)(`the playground at its edges${chromiumPath ? '' :
     expect(bottom - top).toBe(128);
   });
 
+  it("names an edit's picture by its own format in the form and in the code's files: a WebP result is image.webp", async () => {
+    await page.selectOption('#output_format', 'webp');
+    await runOnPage(page, '#generate');
+    await page.click('#results button:has-text("Edit")');
+    await expect.poll(() => page.evaluate(() => document.activeElement?.id)).toBe('mask');
+    await runOnPage(page, '#edit-run');
+    await page.click('#results button:has-text("Copy as code")');
+    const link = '#code-files a[download="image.webp"]';
+    const head = await page.$eval(link, async (a) => new TextDecoder().decode((await (await fetch((a as HTMLAnchorElement).href)).arrayBuffer()).slice(0, 12)));
+    expect(head).toMatch(/^RIFF....WEBP$/s);
+    for (const [language, reads] of [['curl', '-F image=@image.webp'], ['python', 'image=open("image.webp", "rb")'], ['node', "image: fs.createReadStream('image.webp')"]]) {
+      expect(await page.textContent(`#code-${language}`)).toContain(reads);
+    }
+    await page.keyboard.press('Escape');
+    await page.selectOption('#output_format', 'png');
+  });
+
   it('says that the connection was lost, and what to do, when the server dies in the middle of a stream', async () => {
     await page.selectOption('#size', LONG.size);
     await page.fill('#steps', String(LONG.steps));

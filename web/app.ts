@@ -2,7 +2,7 @@ import { ApiFailure, apiKey, listModels, type Model } from './api.js';
 import { showCode } from './code-dialog.js';
 import { clearError, clearErrors, showError } from './field-errors.js';
 import { MaskPainter } from './mask.js';
-import { requestForImage, type ImageRequest, type Route } from './request.js';
+import { imageFileName, requestForImage, type ImageRequest, type Route } from './request.js';
 import { historyLine, resultCard, timeLeft, type Result } from './results.js';
 import { runRequest, type FinishedImage } from './run.js';
 import { applyFields, readFields, showModels, showSizes } from './settings.js';
@@ -242,7 +242,7 @@ const actions = {
   },
   code(result: Result): void {
     const { image, mask } = result.request;
-    const files = [image && { name: 'image.png', blob: image }, mask && { name: 'mask.png', blob: mask }].filter((file) => file !== undefined);
+    const files = [image && { name: imageFileName(image), blob: image }, mask && { name: 'mask.png', blob: mask }].filter((file) => file !== undefined);
     const save = files.length ? ` Save ${files.map((file) => file.name).join(' and ')} (below) beside it.` : '';
     showCode(byId('code-dialog'), snippetsOf(`${location.origin}/v1`, requestForImage(result.request, result.seed)), `This request makes this image again (seed ${result.seed}); the key comes from OPENAI_API_KEY.${save}`, files);
   },

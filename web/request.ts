@@ -35,6 +35,16 @@ export function extensionOf(fields: Fields): string {
   return format === 'jpeg' ? 'jpg' : format;
 }
 
+/**
+ * The name an edit's picture has in the form and in the code's files: its own type's extension (a WebP
+ * result is image.webp), so that a saved file is what its name says and a client that types the upload
+ * by its name (openai-python does) sends the right one.
+ */
+export function imageFileName(image: Blob): string {
+  const type = /^image\/(png|jpeg|webp)$/.exec(image.type)?.[1] ?? 'png';
+  return `image.${type === 'jpeg' ? 'jpg' : type}`;
+}
+
 /** The request that makes one of its images again: that image's seed (image i used seed + i), n = 1. */
 export function requestForImage(request: ImageRequest, seed: number): ImageRequest {
   return { ...request, fields: { ...request.fields, n: 1, seed } };
@@ -48,7 +58,7 @@ export function bodyOf({ route, fields, image, mask }: ImageRequest, extra: Reco
   const all = { ...fields, ...extra };
   if (route === 'generations') return { body: JSON.stringify(all), headers: { 'content-type': 'application/json' } };
   const form = new FormData();
-  if (image) form.append('image', image, 'image.png');
+  if (image) form.append('image', image, imageFileName(image));
   if (mask) form.append('mask', mask, 'mask.png');
   for (const [name, value] of Object.entries(all)) form.append(name, String(value));
   return { body: form, headers: {} };

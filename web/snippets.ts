@@ -1,4 +1,4 @@
-import { extensionOf, type Fields, type ImageRequest } from './request.js';
+import { extensionOf, imageFileName, type Fields, type ImageRequest } from './request.js';
 
 /**
  * "Copy as code": the request that made an image, as curl, Python (openai-python) and Node (openai-node)
@@ -39,7 +39,7 @@ function curl(base: string, { route, fields, image, mask }: ImageRequest, file: 
     route === 'generations'
       ? ['-H "Content-Type: application/json"', `-d ${shellQuote(JSON.stringify(fields))}`]
       : [
-          ...[image && '-F image=@image.png', mask && '-F mask=@mask.png'].filter((f): f is string => Boolean(f)),
+          ...[image && `-F image=@${imageFileName(image)}`, mask && '-F mask=@mask.png'].filter((f): f is string => Boolean(f)),
           // --form-string: a value starting with @ or < is sent as it is, never read from a file.
           ...Object.entries(fields).map(([name, value]) => `--form-string ${shellQuote(`${name}=${value}`)}`),
         ];
@@ -50,7 +50,7 @@ function python(base: string, { route, fields, image, mask }: ImageRequest, file
   const known = Object.entries(fields).filter(([name]) => PYTHON_PARAMS[route].has(name));
   const extra = Object.entries(fields).filter(([name]) => !PYTHON_PARAMS[route].has(name));
   const args = [
-    ...(image ? ['image=open("image.png", "rb")'] : []),
+    ...(image ? [`image=open(${literal(imageFileName(image))}, "rb")`] : []),
     ...(mask ? ['mask=open("mask.png", "rb")'] : []),
     ...known.map(([name, value]) => `${name}=${literal(value)}`),
     // This server's extensions (seed, steps, ...) travel as extra body fields, as openai-python sends them.
@@ -74,7 +74,7 @@ function python(base: string, { route, fields, image, mask }: ImageRequest, file
 
 function node(base: string, { route, fields, image, mask }: ImageRequest, file: string): string {
   const params = [
-    ...(image ? ["image: fs.createReadStream('image.png')"] : []),
+    ...(image ? [`image: fs.createReadStream('${imageFileName(image)}')`] : []),
     ...(mask ? ["mask: fs.createReadStream('mask.png')"] : []),
     // openai-node sends every key of the params, this server's extensions (seed, steps, ...) included.
     ...Object.entries(fields).map(([name, value]) => `${name}: ${literal(value)}`),
