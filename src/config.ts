@@ -3,7 +3,7 @@ import { fileURLToPath } from 'node:url';
 import { z } from 'zod';
 import { EXECUTION_PROVIDERS, GRAPH_REWRITE_SETS } from './runtime/providers.js';
 import { NOISE_KINDS } from './runtime/random.js';
-import { parseUrl } from './util/url.js';
+import { parseUrl, withoutCredentials } from './util/url.js';
 import type { VaeTilingMode } from './pipelines/memory-plan.js';
 import { isSendableKey } from './api/bearer.js';
 import { OPENAI_MODEL_NAMES } from './api/dialects.js';
@@ -372,13 +372,12 @@ export type SettingName = keyof typeof SETTINGS;
 const SECRET_SETTINGS: ReadonlySet<SettingName> = new Set(['apiKeys', 'redisUrl']);
 
 /**
- * How an error shows a value it refuses: not at all for a credential setting; a URL without what comes
- * between its scheme and its last '@', its user and password (PUBLIC_BASE_URL and S3_ENDPOINT refuse
- * them, and a secret key may hold a '/' that ends the URL's authority early).
+ * How an error shows a value it refuses: not at all for a credential setting; a URL without its user
+ * and password (PUBLIC_BASE_URL and S3_ENDPOINT refuse them, and the error must not show them either).
  */
 function shownValue(name: SettingName, value: string | undefined): string {
   if (value === undefined || SECRET_SETTINGS.has(name)) return '';
-  return ` (got '${value.replace(/^([a-z][a-z\d+.-]*:\/\/).*@/is, '$1[redacted]@')}')`;
+  return ` (got '${withoutCredentials(value)}')`;
 }
 
 /** The settings as their schemas give them. */

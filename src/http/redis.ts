@@ -1,18 +1,12 @@
 import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
+import { withoutCredentials } from '../util/url.js';
 
 /**
  * The Redis connection that replicas share limits through (REDIS_URL). A command fails fast while Redis
  * is unreachable (no offline queue, one retry, a 1 s timeout) so that a request never waits on it; the
  * client reconnects by itself, and its users fall back meanwhile (redis-ledger.ts).
  */
-
-/** REDIS_URL without its password, for the log. */
-function redacted(url: string): string {
-  const parsed = new URL(url);
-  if (parsed.password) parsed.password = '***';
-  return parsed.toString();
-}
 
 export async function connectRedis(url: string, logger: Logger): Promise<Redis> {
   // Loaded only with REDIS_URL: a single server has no use for the client, and it costs start-up time.
@@ -21,8 +15,8 @@ export async function connectRedis(url: string, logger: Logger): Promise<Redis> 
   // Without a listener ioredis prints every failed reconnection attempt; the users of the connection log what it costs them.
   redis.on('error', () => undefined);
   await redis.connect().then(
-    () => logger.info(`shared limits in Redis at ${redacted(url)}`),
-    (err: unknown) => logger.error({ err }, `Redis at ${redacted(url)} cannot be reached (${(err as Error).message}): each server counts its own limits until it can`),
+    () => logger.info(`shared limits in Redis at ${withoutCredentials(url)}`),
+    (err: unknown) => logger.error({ err }, `Redis at ${withoutCredentials(url)} cannot be reached (${(err as Error).message}): each server counts its own limits until it can`),
   );
   return redis;
 }

@@ -9,3 +9,12 @@ export function parseUrl(text: string): URL | undefined {
     return undefined;
   }
 }
+
+/**
+ * `text` with what a URL holds between its scheme and its last '@' (its user and password) shown as
+ * '[redacted]', for errors and the log. Read as text, not parsed: it serves values a URL parser refuses,
+ * and a password may hold a '/' that would end a parsed URL's authority early.
+ */
+export function withoutCredentials(text: string): string {
+  return text.replace(/^([a-z][a-z\d+.-]*:\/\/).*@/is, '$1[redacted]@');
+}
