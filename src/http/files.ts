@@ -7,8 +7,9 @@ import { storeUnavailable } from '../service/failures.js';
 
 /**
  * Serves stored images without an API key, so a plain <img src> works, for as long as they live,
- * streamed from the store (with STORE=s3 any replica serves any replica's images). The file name is checked against a strict pattern before it reaches the store: nothing else names
- * a file, so no path can escape the store's folder.
+ * streamed from the store (with STORE=s3 any replica serves any replica's images). The file name is
+ * checked against a strict pattern before it reaches the store: nothing else names a file, so no path
+ * can escape the store's folder.
  */
 
 export interface FilesOptions {
@@ -23,17 +24,12 @@ export function imagePath(image: StoredImage): string {
   return `${PREFIX}${image.id}.${image.ext}`;
 }
 
-function notFound(name: string): ApiError {
-  return new ApiError(404, `The image '${name}' does not exist or has expired (images live for a limited time after generation).`, {
-    code: 'image_not_found',
-  });
-}
+/** Why an image file is a 404: `EXPIRED` (or never made), or `DAMAGED`, which is gone as an expired one is (same code). */
+const EXPIRED = 'does not exist or has expired (images live for a limited time after generation).';
+const DAMAGED = 'can no longer be served: its stored copy was found damaged (not the bytes it was generated with). Please generate it again.';
 
-/** An image whose stored copy is damaged: gone as an expired one is (same code), and the message says why. */
-function damaged(name: string): ApiError {
-  return new ApiError(404, `The image '${name}' can no longer be served: its stored copy was found damaged (not the bytes it was generated with). Please generate it again.`, {
-    code: 'image_not_found',
-  });
+function notFound(name: string, why = EXPIRED): ApiError {
+  return new ApiError(404, `The image '${name}' ${why}`, { code: 'image_not_found' });
 }
 
 /** The unexpired image `id`, if it has extension `ext`. */
@@ -108,7 +104,7 @@ export async function files(app: FastifyInstance, { store }: FilesOptions): Prom
       // A store that cannot be reached is a retryable 503 in OpenAI's shape, not a 404 that says the image
       // is gone; a damaged image is a 404 that says so, never a 200 with part of it.
       const asApiError = (err: unknown): never => {
-        if (err instanceof ImageDamagedError) throw damaged(name);
+        if (err instanceof ImageDamagedError) throw notFound(name, DAMAGED);
         throw err instanceof StoreUnavailableError ? storeUnavailable(err, 'Please retry shortly.') : err;
       };
       const image = await findImage(store, match[1], match[2]).catch(asApiError);
