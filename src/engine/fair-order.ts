@@ -65,10 +65,6 @@ export class FairOrder<T> {
     this.served.set(client, this.servedOf(client) + work);
   }
 
-  entriesOf(client: string): readonly T[] {
-    return this.lines.get(client) ?? [];
-  }
-
   *entries(): Iterable<T> {
     for (const line of this.lines.values()) yield* line;
   }
