@@ -47,7 +47,7 @@ function expectOpenAiError(text: string, status: number, code: string | null) {
   expect(line, text).toMatch(new RegExp(`^HTTP/1\\.1 ${status} `));
   expect(headers['x-request-id'], text).toMatch(/^req_[0-9a-f]{32}$/);
   expect(headers['content-type'], text).toMatch(/^application\/json/);
-  const { error } = JSON.parse(body) as { error: Record<string, unknown> };
+  const { error } = JSON.parse(body) as ErrorBody;
   expect(Object.keys(error).sort()).toEqual(['code', 'message', 'param', 'type']);
   expect(error.code, text).toBe(code);
   return { headers, error };
@@ -316,6 +316,7 @@ s.sendall(('GET %s HTTP/1.1\\r\\nHost: a\\r\\n\\r\\n' % sys.argv[2]).encode())
 while s.recv(4096):
     time.sleep(0.1)
 `;
+import type { ErrorBody } from '../src/api/wire.js';
 
 
 describe.skipIf(!havePython)(`a client that trickles${havePython ? '' : ' (skipped: needs python3 for a socket with a small receive buffer)'}`, () => {

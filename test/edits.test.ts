@@ -11,6 +11,7 @@ import { regionOf } from './helpers/pixel-region.js';
 import { readImageFile } from './helpers/picture.js';
 import { startRealServer, type RealServer } from './helpers/real-server.js';
 import { referenceModel } from './helpers/reference.js';
+import type { ErrorBody } from '../src/api/wire.js';
 
 /**
  * Edits and variations end to end: a real server with real workers and the reference SD-Turbo model,
@@ -69,9 +70,9 @@ async function expectApiError(call: Promise<unknown>, kind: ErrorClass, status: 
 }
 
 /** A raw form post, for what the SDK will not send. */
-async function postForm(route: string, form: FormData): Promise<{ status: number; error: { param: string | null; code: string | null; message: string } }> {
+async function postForm(route: string, form: FormData): Promise<{ status: number; error: ErrorBody['error'] }> {
   const res = await fetch(`${real.baseURL}/images/${route}`, { method: 'POST', headers: { authorization: `Bearer ${KEY}` }, body: form });
-  return { status: res.status, error: ((await res.json()) as { error: { param: string | null; code: string | null; message: string } }).error };
+  return { status: res.status, error: ((await res.json()) as ErrorBody).error };
 }
 
 describe('POST /v1/images/edits', () => {
@@ -249,7 +250,7 @@ describe('edit errors', () => {
     const body = `--${boundary}\r\nContent-Disposition: form-data; name="prompt"\r\n\r\nx\r\n--${boundary}\r\nContent-Disposition: form-data\r\n\r\nnameless\r\n--${boundary}--\r\n`;
     const res = await fetch(`${real.baseURL}/images/edits`, { method: 'POST', headers: { authorization: `Bearer ${KEY}`, 'content-type': `multipart/form-data; boundary=${boundary}` }, body });
     expect(res.status).toBe(400);
-    expect(((await res.json()) as { error: object }).error).toMatchObject({ code: 'invalid_multipart', param: null, message: expect.stringContaining('has no name') });
+    expect(((await res.json()) as ErrorBody).error).toMatchObject({ code: 'invalid_multipart', param: null, message: expect.stringContaining('has no name') });
   });
 
   it('refuses a request without an image', async () => {

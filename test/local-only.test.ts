@@ -1,6 +1,7 @@
 import http from 'node:http';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startTestServer, TEST_KEY, type TestServer } from './helpers/api-server.js';
+import type { ErrorBody } from '../src/api/wire.js';
 
 /**
  * A server without API keys answers the programs of its own machine only: not a web page of another
@@ -9,14 +10,14 @@ import { startTestServer, TEST_KEY, type TestServer } from './helpers/api-server
  */
 
 /** GET /v1/models with `headers` (Host included: fetch may not set it), answering the status and the error's code. */
-function get(server: TestServer, headers: Record<string, string>): Promise<{ status: number; code?: string; message?: string }> {
+function get(server: TestServer, headers: Record<string, string>): Promise<{ status: number; code?: string | null; message?: string }> {
   const { port } = new URL(server.origin);
   return new Promise((resolve, reject) => {
     const request = http.get({ host: '127.0.0.1', port, path: '/v1/models', headers, agent: false }, (res) => {
       let body = '';
       res.setEncoding('utf8').on('data', (chunk: string) => (body += chunk));
       res.on('end', () => {
-        const error = res.statusCode === 200 ? undefined : (JSON.parse(body) as { error: { code: string; message: string } }).error;
+        const error = res.statusCode === 200 ? undefined : (JSON.parse(body) as ErrorBody).error;
         resolve({ status: res.statusCode!, code: error?.code, message: error?.message });
       });
     });

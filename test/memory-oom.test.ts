@@ -12,6 +12,7 @@ import { apiError } from './helpers/failures.js';
 import { haveRealExports, realExport } from './helpers/real-exports.js';
 import { installModels } from './helpers/real-server.js';
 import { killServer, spawnServer, type ServerProcess, type SpawnOptions } from './helpers/server-process.js';
+import type { ErrorBody } from '../src/api/wire.js';
 
 /**
  * Models and batches that run out of memory though the plan let them run (another process took the memory, or a
@@ -194,7 +195,7 @@ describe('a model whose sessions onnxruntime cannot allocate as they load', () =
     // /ready says why the preloaded model is missing in the same words.
     const ready = await fetch(`${server.origin}/ready`);
     expect(ready.status).toBe(503);
-    expect(((await ready.json()) as { error: { message: string } }).error.message).toMatch(/model 'heavy' failed to load: Model 'heavy' ran out of memory loading vae_decoder\/model\.onnx/);
+    expect(((await ready.json()) as ErrorBody).error.message).toMatch(/model 'heavy' failed to load: Model 'heavy' ran out of memory loading vae_decoder\/model\.onnx/);
     expect((await client.images.generate({ model: 'demo-shapes', prompt: 'a cat', size: '256x256', response_format: 'b64_json' })).data).toHaveLength(1);
     expect(server.log.some((line) => line.includes('starting a replacement'))).toBe(false);
   });

@@ -7,6 +7,7 @@ import { startTestServer } from './helpers/api-server.js';
 import { createBuiltPool } from './helpers/cli.js';
 import { capturedLogs } from './helpers/logs.js';
 import { auth, generate, LONG, metric, MODEL, OPS_KEY, scrape, sleep, startOpsServer, untilReady, whenRunning, type Answer, type OpsServer } from './helpers/ops-server.js';
+import type { ErrorBody } from '../src/api/wire.js';
 
 /**
  * Operations with the real engine: readiness while models load, the queue's time limit, cancellation
@@ -271,7 +272,7 @@ describe('a worker process that dies', () => {
     const server = await startTestServer({ engine: pool });
     const readyAnswer = async () => {
       const res = await fetch(`${server.origin}/ready`);
-      return { status: res.status, message: ((await res.json()) as { error?: { message: string } }).error?.message };
+      return { status: res.status, message: ((await res.json()) as Partial<ErrorBody>).error?.message };
     };
     const delays = () => lines.filter((l) => l.restartInMs !== undefined).map((l) => l.restartInMs);
     const pid = () => pool.workers()[0]?.pid;
@@ -344,7 +345,7 @@ describe('a pool whose workers die after it started', () => {
     const server = await startTestServer({ engine: pool });
     const readyAnswer = async () => {
       const res = await fetch(`${server.origin}/ready`);
-      return { status: res.status, message: ((await res.json()) as { error?: { message: string } }).error?.message };
+      return { status: res.status, message: ((await res.json()) as Partial<ErrorBody>).error?.message };
     };
     const kill = async (index: number) => {
       const { pid } = pool.workers()[index];

@@ -4,6 +4,7 @@ import { gzipSync } from 'node:zlib';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { MAX_PARAM_LENGTH } from '../src/http/app.js';
 import { auth, generate, metric, MODEL, OPS_KEY, scrape, startOpsServer, untilReady, type OpsServer } from './helpers/ops-server.js';
+import type { ErrorBody } from '../src/api/wire.js';
 
 /**
  * Thousands of malformed requests against the real server, over keep-alive connections in parallel:
@@ -182,7 +183,7 @@ function expectOpenAiError(answer: Awaited<ReturnType<typeof send>>) {
   expect(answer.status, context).toBeLessThan(500);
   if (answer.case.method === 'HEAD') return; // no body by definition
   expect(answer.contentType, context).toMatch(/^application\/json/);
-  const { error } = JSON.parse(answer.body) as { error: Record<string, unknown> };
+  const { error } = JSON.parse(answer.body) as ErrorBody;
   expect(Object.keys(error).sort(), context).toEqual(['code', 'message', 'param', 'type']);
   expect([typeof error.message, typeof error.type], context).toEqual(['string', 'string']);
   expect((error.message as string).length, context).toBeGreaterThan(0);

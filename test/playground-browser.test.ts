@@ -50,6 +50,7 @@ class OpenAI:
         self.base_url, self.api_key = base_url.rstrip("/"), api_key
         self.images = _Images(self)
 `;
+import type { ImagesResponse } from '../src/api/wire.js';
 
 /** The bytes behind an <img> of the page (a blob: or the server's URL), fetched inside the page. */
 async function imageBytes(page: Page, selector: string): Promise<Buffer> {
@@ -168,8 +169,8 @@ describe.skipIf(!chromiumPath)(`the playground in headless Chromium${chromiumPat
     // zsh (the macOS shell) takes no comment after a line continuation: none is there, and each command has lines of its own.
     expect(curl).not.toMatch(/\\\n\s*#/);
     await run('bash', ['-c', curl], { cwd: work, env: { ...process.env, OPENAI_API_KEY: OPS_KEY } });
-    const answer = JSON.parse(await readFile(path.join(work, 'response.json'), 'utf8')) as { data: { b64_json: string }[] };
-    expect(await pixels(Buffer.from(answer.data[0].b64_json, 'base64'))).toEqual(shown);
+    const answer = JSON.parse(await readFile(path.join(work, 'response.json'), 'utf8')) as ImagesResponse;
+    expect(await pixels(Buffer.from(answer.data[0].b64_json!, 'base64'))).toEqual(shown);
     // Its second command writes the picture, as the dialog says.
     expect(await pixels(path.join(work, 'image-7.png'))).toEqual(shown);
 

@@ -6,6 +6,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { errors } from '../src/http/errors.js';
 import { PLAYGROUND_DIR, playground } from '../src/http/playground.js';
 import { startTestServer, type TestServer } from './helpers/api-server.js';
+import type { ErrorBody } from '../src/api/wire.js';
 
 /**
  * The playground page as HTTP serves it (the global setup builds the bundle as `npm run build` does):
@@ -75,7 +76,7 @@ describe('the playground page', () => {
     for (const name of ['missing.js', '..%2Fpackage.json', '%2E%2E%2F%2E%2E%2Fpackage.json']) {
       const res = await fetch(`${server.origin}/playground/${name}`);
       expect(res.status).toBe(404);
-      expect(((await res.json()) as { error: { message: string } }).error.message).toMatch(/no file|not found|does not exist/i);
+      expect(((await res.json()) as ErrorBody).error.message).toMatch(/no file|not found|does not exist/i);
     }
   });
 

@@ -8,6 +8,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { MODEL, makeRoot, OPS_KEY, rootEnv, sleep, untilReady } from './helpers/ops-server.js';
 import { killServer, spawnServer, type ServerProcess } from './helpers/server-process.js';
 import { findCommand, freePort, startHaproxy, startRedis, startS3Server, type HaproxyService, type RedisService, type S3Service } from './helpers/services.js';
+import type { ErrorBody, ImagesResponse } from '../src/api/wire.js';
 
 /**
  * Two `imagegen serve` processes on loopback, sharing an S3-compatible bucket (s3rver) and a real Redis,
@@ -165,7 +166,7 @@ describe.skipIf(missing)(`replicas behind HAProxy sharing S3 and Redis${missing 
         headers: { authorization: `Bearer ${OPS_KEY}`, 'content-type': 'application/json' },
         body: JSON.stringify({ model: MODEL, prompt: 'a green triangle', size: '1024x1024', steps: 60 + i, response_format: 'url' }),
       }).then(
-        async (res) => ({ status: res.status, url: res.status === 200 ? ((await res.json()) as { data: { url: string }[] }).data[0].url : undefined }),
+        async (res) => ({ status: res.status, url: res.status === 200 ? ((await res.json()) as ImagesResponse).data[0].url : undefined }),
         (err: Error) => ({ status: 0, url: String(err.cause ?? err) }),
       ),
     );
@@ -212,7 +213,7 @@ describe.skipIf(missing)(`replicas behind HAProxy sharing S3 and Redis${missing 
     for (const origin of [b, balancer]) {
       const res = await fetch(`${origin}${imagePath}`);
       expect(res.status).toBe(404);
-      expect(((await res.json()) as { error: { code: string } }).error.code).toBe('image_not_found');
+      expect(((await res.json()) as ErrorBody).error.code).toBe('image_not_found');
     }
     // Still in the bucket: it is the expiry in its name that every GET checks.
     const bucket = new S3Client({ endpoint: s3.endpoint, region: 'us-east-1', forcePathStyle: true, credentials: { accessKeyId: 'S3RVER', secretAccessKey: 'S3RVER' } });

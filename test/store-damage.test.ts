@@ -6,6 +6,7 @@ import { FileImageStore } from '../src/store/file-store.js';
 import { ImageDamagedError } from '../src/store/image-store.js';
 import { startTestServer } from './helpers/api-server.js';
 import { capturedLogs, silentLogger } from './helpers/logs.js';
+import type { ErrorBody } from '../src/api/wire.js';
 
 /**
  * Image files damaged while the server was stopped (a restore that broke off, a truncation by
@@ -58,7 +59,7 @@ describe('images damaged while the server was stopped', () => {
           const res = await fetch(`${after.baseURL}/images/files/${name}`, { method });
           expect([method, res.status]).toEqual([method, 404]);
           if (method === 'HEAD') continue;
-          const { error } = (await res.json()) as { error: { message: string } };
+          const { error } = (await res.json()) as ErrorBody;
           expect(error).toMatchObject({ type: 'invalid_request_error', param: null, code: 'image_not_found' });
           expect(error.message).toMatch(/damaged/);
         }

@@ -8,6 +8,7 @@ import { StoreFullError } from '../src/store/image-store.js';
 import { startTestServer, TEST_KEY } from './helpers/api-server.js';
 import { FakeEngine } from './helpers/engines.js';
 import { silentLogger } from './helpers/logs.js';
+import type { ErrorBody } from '../src/api/wire.js';
 
 /**
  * A url request reserves its images' store space before any is generated: a store without room answers
@@ -83,7 +84,7 @@ describe('a store full with the images of running requests', () => {
         headers: { 'content-type': 'application/json', authorization: `Bearer ${TEST_KEY}` },
         body: JSON.stringify({ model: 'stub', prompt: 'x', n, size: '64x64' }),
       });
-      const body = (await res.json()) as { error: { code: string; message: string } };
+      const body = (await res.json()) as ErrorBody;
       return { status: res.status, code: body.error.code, message: body.error.message, retryAfter: res.headers.get('retry-after'), shouldRetry: res.headers.get('x-should-retry') };
     };
     try {

@@ -1,7 +1,7 @@
 import OpenAI, { toFile } from 'openai';
 import sharp from 'sharp';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import type { ImageStreamEvent } from '../src/api/wire.js';
+import type { ErrorBody, ImageStreamEvent } from '../src/api/wire.js';
 import type { RunningServer } from '../src/server.js';
 import { capturedLogs } from './helpers/logs.js';
 import { whenRunning } from './helpers/ops-server.js';
@@ -165,7 +165,7 @@ describe('streaming errors and cancellation', () => {
     ];
     for (const [fields, param, code] of cases) {
       const { status, events } = await rawEvents({ model: 'demo-shapes', prompt: 'a red circle', ...fields });
-      expect([status, (events[0] as unknown as { error: { param: string; code: string } }).error]).toMatchObject([400, { param, code }]);
+      expect([status, (events[0] as unknown as ErrorBody).error]).toMatchObject([400, { param, code }]);
     }
   });
 
@@ -283,7 +283,7 @@ describe('streams and a busy queue', () => {
       expect(refused.status).toBe(429);
       expect(refused.headers.get('content-type')).toMatch(/^application\/json/);
       expect(Number(refused.headers.get('retry-after'))).toBeGreaterThan(0);
-      expect(((await refused.json()) as { error: { code: string } }).error.code).toBe('rate_limit_exceeded');
+      expect(((await refused.json()) as ErrorBody).error.code).toBe('rate_limit_exceeded');
       leave.abort();
       await Promise.all([running, waiting]);
 
