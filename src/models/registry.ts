@@ -2,11 +2,9 @@ import { createHash } from 'node:crypto';
 import { lstat, readdir, stat } from 'node:fs/promises';
 import path from 'node:path';
 import type { Logger } from 'pino';
-import type { Capability } from '../families/family.js';
 import { exists } from '../util/files.js';
-import { MODEL_INDEX, standInNote, type ModelLayout } from './layout.js';
-import { inspectModelFolder, OVERRIDE_FILE, type UnusableModel } from './model-folder.js';
-import type { ModelPreset } from './presets.js';
+import { MODEL_INDEX, standInNote } from './layout.js';
+import { inspectModelFolder, OVERRIDE_FILE, type UnusableModel, type UsableModel } from './model-folder.js';
 
 /**
  * The installed models: one sub-folder per model under each models folder, its id the folder name.
@@ -15,14 +13,9 @@ import type { ModelPreset } from './presets.js';
  * with their reason for /ready.
  */
 
-export interface ModelEntry {
+/** An installed model: what inspectModelFolder found its folder usable as, and where it comes from. */
+export interface ModelEntry extends Omit<UsableModel, 'usable'> {
   id: string;
-  layout: ModelLayout;
-  preset: ModelPreset;
-  /** Scheduler names a request may choose for this model. */
-  schedulers: string[];
-  /** What it can do (text-to-image, image-to-image, ...): see inspectModelFolder. */
-  capabilities: Capability[];
   /** Unix seconds: when the folder was last changed. */
   created: number;
   /** Changes whenever a file of the folder other than imagegen.json changes, so workers reload rather than keep old sessions. */
