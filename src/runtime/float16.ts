@@ -2,9 +2,12 @@
  * IEEE 754 half precision conversion. onnxruntime-node moves float16 tensors as raw Uint16Array bits,
  * and Node 20 has no Float16Array.
  */
+
+/** One float32 seen as its bits, for toHalfBits. */
 const f32 = new Float32Array(1);
 const u32 = new Uint32Array(f32.buffer);
 
+/** A number as the bits of the nearest half (ties to even): overflow is infinity, underflow a signed zero. */
 export function toHalfBits(value: number): number {
   f32[0] = value;
   const x = u32[0];

@@ -8,6 +8,8 @@ import type { FileHandle } from 'node:fs/promises';
  * a protobuf library would decode; the project has no protobuf library of its own either (protobufjs
  * only comes in through onnx-proto).
  */
+
+/** The wire types a field's tag names (its low three bits) that this reader walks. */
 export const WIRE_VARINT = 0;
 const WIRE_FIXED64 = 1;
 export const WIRE_LENGTH = 2;
