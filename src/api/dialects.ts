@@ -121,7 +121,7 @@ export const GPT_IMAGE_QUALITY_OF: Record<Quality, GptImageQuality> = { low: 'lo
 
 /**
  * The step tier of a request's quality. gpt-image names take only gpt-image's values, as OpenAI's
- * gpt-image models do; the other names (and requests without a model) take all six, as before.
+ * gpt-image models do; the other names (and requests without a model) take all six.
  */
 export function qualityTier(quality: RequestQuality | undefined, modelName: string): Quality {
   if (quality === undefined) return 'standard';

@@ -57,7 +57,7 @@ function notReady({ workers, models, startFailure, started }: Readiness): ApiErr
   });
 }
 
-/** The skipped folders as /ready lists them, or nothing when there are none (the body stays as it was). */
+/** The skipped folders as /ready lists them, or nothing when there are none (the body then has no `unusable`). */
 function unusableModels(registry: HealthOptions['registry']): { unusable?: { model: string; reason: string }[] } {
   const unusable = registry?.unusable().map(({ id, reason }) => ({ model: id, reason })) ?? [];
   return unusable.length ? { unusable } : {};

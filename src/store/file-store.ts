@@ -9,17 +9,17 @@ import { StoreSpace } from './space.js';
 
 /**
  * Generated images served by URL for a limited time. One file per image, named as image-names.ts says
- * (`<id>.<expiry unix milliseconds>.<size>.<digest>.<ext>`): a restart rebuilds the index from a directory listing and
- * keeps each image's own expiry. Files are written to a temporary name, flushed to the disk and renamed,
- * and the rename flushed, before the image's URL is given: neither a reader nor a restart after a power
- * loss sees half an image, or loses one whose URL went out; a failed write deletes its
- * temporary file, and the sweeper deletes any that a crash left. Ids are 128 random bits in hex.
+ * (`<id>.<expiry unix milliseconds>.<size>.<digest>.<ext>`): a restart rebuilds the index from a
+ * directory listing and keeps each image's own expiry. Files are written to a temporary name, flushed to
+ * the disk and renamed, and the rename flushed, before the image's URL is given: neither a reader nor a
+ * restart after a power loss sees half an image, or loses one whose URL went out; a failed write deletes
+ * its temporary file, and the sweeper deletes any that a crash left. Ids are 128 random bits in hex.
  *
  * Each name records its image's size and digest: a restart indexes the folder from its names alone (no
  * file read, nor even stat'ed), and the first read of each image it found checks the file against them,
  * so that a file cut short or changed while no server ran (a restore that broke off) is answered as
- * damaged rather than served in part as if whole. Files named without the record (stored by an older
- * version, for a day at most) are taken at their size on disk, as they always were.
+ * damaged rather than served in part as if whole. Files named without the record (stored by a version
+ * before it, until they expire) are taken at their size on disk, unchecked.
  *
  * Two servers may share the folder for a while (a restart that starts the new server before stopping
  * the old, blue-green on one host): an id this store has not indexed is looked for in a new listing of

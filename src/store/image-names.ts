@@ -12,7 +12,8 @@ import { IMAGE_ID, type StoredImage } from './image-store.js';
  * the bytes it was stored with, told apart from a file cut short or changed while no server ran (a restore
  * that broke off), which the file's own size cannot tell. It comes with the name in the same rename, so
  * no image is ever on disk without it; names without it (images stored before it was added, S3's objects,
- * whose listing gives their size and which are never half written) are read as before.
+ * whose listing gives their size and which are never half written) are read without a size, which the
+ * listing or the file then gives.
  */
 
 const EXTENSIONS = Object.fromEntries(Object.values(IMAGE_FORMATS).map((f) => [f.contentType, f.extension])) as Record<string, ImageExtension>;
