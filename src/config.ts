@@ -34,10 +34,14 @@ const byteSize = z
     return Number(digits) * BYTE_UNITS[unit.toLowerCase()];
   });
 
+/** How a true/false setting (and TRUST_PROXY's true or false) may be written. */
+const TRUE_TEXT = /^(true|1|yes)$/i;
+const FALSE_TEXT = /^(false|0|no)$/i;
+
 const boolean = z
   .string()
-  .regex(/^(true|false|1|0|yes|no)$/i, 'expected true or false')
-  .transform((text) => /^(true|1|yes)$/i.test(text));
+  .refine((text) => TRUE_TEXT.test(text) || FALSE_TEXT.test(text), 'expected true or false')
+  .transform((text) => TRUE_TEXT.test(text));
 
 const integer = (min: number, max = Number.MAX_SAFE_INTEGER) =>
   z.string().regex(/^\d+$/, 'expected a whole number').transform(Number).pipe(z.number().min(min).max(max));
@@ -57,12 +61,14 @@ const seconds = (min: number) =>
 const bytesAtLeast = (min: number, unit: string) =>
   byteSize.pipe(z.number().min(min, `expected at least ${unit} (a number without a unit is bytes: write 8g for 8 GiB)`));
 
-const list = z.string().transform((text) =>
+/** "a, b,,c" -> ['a', 'b', 'c']. */
+const commaItems = (text: string): string[] =>
   text
     .split(',')
     .map((item) => item.trim())
-    .filter(Boolean),
-);
+    .filter(Boolean);
+
+const list = z.string().transform(commaItems);
 
 /** "dall-e-3=sdxl,gpt-image-1=flux" -> { 'dall-e-3': 'sdxl', ... }; an empty target removes an alias. */
 const aliasList = z
@@ -107,9 +113,9 @@ function isProxyAddress(text: string): boolean {
 
 /** TRUST_PROXY: true/false, or the addresses and CIDR ranges of the proxies to trust. */
 const proxyTrust = z.string().transform((text, ctx): boolean | string[] => {
-  if (/^(true|1|yes)$/i.test(text)) return true;
-  if (/^(false|0|no)$/i.test(text)) return false;
-  const entries = text.split(',').map((item) => item.trim()).filter(Boolean);
+  if (TRUE_TEXT.test(text)) return true;
+  if (FALSE_TEXT.test(text)) return false;
+  const entries = commaItems(text);
   const wrong = entries.filter((entry) => !isProxyAddress(entry));
   if (wrong.length > 0) {
     ctx.addIssue({
