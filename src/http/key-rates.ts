@@ -73,9 +73,10 @@ export class MemoryLedger implements RateLedger {
 }
 
 /**
- * OpenAI's rate-limit headers for a key's limits, as they stand with `spent` counted (or, for a refusal,
- * without it): `x-ratelimit-limit-requests`, `-remaining-requests`, `-reset-requests` (when the window
- * frees again, as OpenAI writes it: "1s", "6m0s"), and the same with `-images` for images_per_minute.
+ * OpenAI's rate-limit headers for a key's limits over `window`, the minute's entries as of `now` (the
+ * request's own among them where it was admitted, not for a refusal): `x-ratelimit-limit-requests`,
+ * `-remaining-requests`, `-reset-requests` (when the window frees again, as OpenAI writes it: "1s",
+ * "6m0s"), and the same with `-images` for images_per_minute.
  */
 function rateHeaders(limits: NonNullable<ApiKey['limits']>, window: readonly Spent[], now: number): Record<string, string> {
   const headers: Record<string, string> = {};
