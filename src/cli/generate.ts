@@ -9,7 +9,7 @@ import { IMAGE_FORMATS } from '../runtime/types.js';
 import { ApiError } from '../api/errors.js';
 import { parseGenerationRequest } from '../api/wire.js';
 import { ModelRegistry, modelRoots } from '../models/registry.js';
-import { Progress, STEPS } from '../install/progress.js';
+import { Progress, STEPS } from '../util/progress.js';
 import { planBatches } from '../service/plan.js';
 
 /**

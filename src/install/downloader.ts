@@ -5,7 +5,7 @@ import { readChunks, sizeOf, writeStream, type Disk } from './disk.js';
 import { DownloadInterrupted, ModelInstallError } from './errors.js';
 import { ConnectionLost, type HubClient, type HubFile, type RepoRef } from './hub-client.js';
 import type { FileDigest } from './manifest.js';
-import { Progress, type ProgressOutput } from './progress.js';
+import { Progress, type ProgressOutput } from '../util/progress.js';
 import { FileHasher, hashing, verifiedDigest } from './verifier.js';
 
 /**

@@ -7,7 +7,7 @@ import { exists } from '../util/files.js';
 import { checkModelId, modelPath, validateModel, type CommandOptions } from './installer.js';
 import { manifestText, readManifest, type Manifest } from './manifest.js';
 import { MANIFEST_FILE, selectModelFiles } from './model-files.js';
-import { Progress } from './progress.js';
+import { Progress } from '../util/progress.js';
 import { checkCoverage, FileHasher, hashing, verifiedDigest } from './verifier.js';
 
 /**

@@ -16,7 +16,7 @@ import {
 } from './installer.js';
 import { parseManifest, readManifest, writeManifest, type FileDigest, type Manifest } from './manifest.js';
 import { checkHasExport, MANIFEST_FILE, selectModelFiles, skippedNote } from './model-files.js';
-import { Progress } from './progress.js';
+import { Progress } from '../util/progress.js';
 import { checkCoverage, FileHasher, hashing, verifiedDigest } from './verifier.js';
 
 /**

@@ -8,4 +8,4 @@ export { removeModel, type CommandOptions, type InstalledModel, type Removed } f
 export { listModels, type ModelStatus } from './list.js';
 export { MANIFEST_FILE } from './model-files.js';
 export { pullModel, type PullOptions } from './pull.js';
-export type { ProgressOutput } from './progress.js';
+export type { ProgressOutput } from '../util/progress.js';

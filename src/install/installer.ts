@@ -8,7 +8,7 @@ import { exists, makeFolder } from '../util/files.js';
 import { inspectModelFolder, OVERRIDE_FILE } from '../models/model-folder.js';
 import { keepAfterExit, removeIfInterrupted, type Disk } from './disk.js';
 import { ModelInstallError, ModelUsageError } from './errors.js';
-import type { ProgressOutput } from './progress.js';
+import type { ProgressOutput } from '../util/progress.js';
 
 /**
  * The models folder: model ids, the staging area, and putting models in place. Models are assembled in

@@ -7,7 +7,7 @@ import { HubClient, parseRepoRef, type HubClientOptions, type HubFile } from './
 import { checkModelId, installStaged, pullStagingPath, refuseExisting, validateModel, type CommandOptions, type InstalledModel } from './installer.js';
 import { writeManifest } from './manifest.js';
 import { checkHasExport, selectModelFiles, skippedNote } from './model-files.js';
-import type { ProgressOutput } from './progress.js';
+import type { ProgressOutput } from '../util/progress.js';
 
 /** `models pull`: a Hub repository's ONNX export, downloaded, verified and installed. */
 

@@ -1,8 +1,9 @@
-import { formatBytes } from '../util/bytes.js';
+import { formatBytes } from './bytes.js';
 
 /**
- * Progress of long work (a download in bytes, a generation in denoising steps), for humans on stderr: a bar redrawn in place on a
- * terminal, plain lines (one per finished file, and one every few seconds during big ones) in logs.
+ * Progress of long work (a download in bytes, a generation in denoising steps), for humans on stderr: a
+ * bar redrawn in place on a terminal, plain lines (one per finished file, and one every few seconds
+ * during big ones) in logs.
  */
 
 export interface ProgressOutput {
