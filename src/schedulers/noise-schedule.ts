@@ -87,7 +87,8 @@ function cosineBetas(n: number, maxBeta = 0.999): Float32Array {
   return Float32Array.from({ length: n }, (_, i) => Math.min(1 - alphaBar((i + 1) / n) / alphaBar(i / n), maxBeta));
 }
 
-export function betaSchedule(config: BetaConfig): Float32Array {
+/** The betas a config names: its trained_betas, or its beta_schedule between beta_start and beta_end. */
+function betaSchedule(config: BetaConfig): Float32Array {
   const { num_train_timesteps: n, beta_start: start, beta_end: end } = config;
   if (config.trained_betas) return Float32Array.from(config.trained_betas);
   switch (config.beta_schedule) {
