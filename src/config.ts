@@ -3,6 +3,7 @@ import { fileURLToPath } from 'node:url';
 import { z } from 'zod';
 import { EXECUTION_PROVIDERS, GRAPH_REWRITE_SETS } from './runtime/providers.js';
 import { NOISE_KINDS } from './runtime/random.js';
+import { isLoopbackAddress } from './util/loopback.js';
 import { parseUrl, withoutCredentials } from './util/url.js';
 import type { VaeTilingMode } from './pipelines/memory-plan.js';
 import { isSendableKey } from './api/bearer.js';
@@ -17,11 +18,8 @@ import { OPENAI_MODEL_NAMES } from './api/dialects.js';
 /** The `models/` folder shipped with the package (holds the demo model); always searched. */
 export const EMBEDDED_MODELS_DIR = fileURLToPath(new URL('../models/', import.meta.url));
 
-const LOOPBACK_HOSTS = new Set(['localhost', '::1', '[::1]']);
-
-function isLoopback(host: string): boolean {
-  return LOOPBACK_HOSTS.has(host) || /^127(\.\d{1,3}){3}$/.test(host);
-}
+/** Whether HOST (its brackets already stripped) listens on loopback only: localhost, or a loopback address. */
+const isLoopback = (host: string): boolean => host === 'localhost' || isLoopbackAddress(host);
 
 const BYTE_UNITS: Record<string, number> = { '': 1, k: 1024, m: 1024 ** 2, g: 1024 ** 3 };
 

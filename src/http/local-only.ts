@@ -1,6 +1,6 @@
-import { BlockList, isIPv4, isIPv6 } from 'node:net';
 import type { FastifyRequest } from 'fastify';
 import { ApiError } from '../api/errors.js';
+import { isLoopbackAddress } from '../util/loopback.js';
 import { parseUrl } from '../util/url.js';
 
 /**
@@ -20,17 +20,6 @@ import { parseUrl } from '../util/url.js';
 
 /** Proxies' headers for the client behind them that Fastify does not read (X-Forwarded-For it reads where TRUST_PROXY says). */
 const UNREAD_FORWARDING = ['forwarded', 'x-real-ip'];
-
-/** This machine's loopback addresses: 127.0.0.0/8 and ::1 (BlockList also matches their IPv4-mapped and long IPv6 forms). */
-const LOOPBACK = new BlockList();
-LOOPBACK.addSubnet('127.0.0.0', 8, 'ipv4');
-LOOPBACK.addAddress('::1', 'ipv6');
-
-/** Whether an IP address is a loopback one (anything else, a name included, is not). */
-function isLoopbackAddress(ip: string): boolean {
-  const family = isIPv4(ip) ? 'ipv4' : isIPv6(ip) ? 'ipv6' : undefined;
-  return family !== undefined && LOOPBACK.check(ip, family);
-}
 
 /** Whether a host[:port] (a Host header, an origin's host) names this machine's loopback, read as browsers read it. */
 function namesLoopback(host: string): boolean {
