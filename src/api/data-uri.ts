@@ -1,4 +1,4 @@
-import { ApiError } from './errors.js';
+import { ApiError, describeValue } from './errors.js';
 
 /**
  * The image references of a JSON edits body (`{"image_url": ...}`), as bytes. Only data: URIs: the
@@ -24,7 +24,7 @@ export function imageReferenceBytes(reference: unknown, param: string): Buffer {
     throw ApiError.invalid(`${param}.image_url`, 'missing_required_parameter', `Missing required parameter: '${param}.image_url' (a data: URI such as "data:image/png;base64,...").`);
   }
   if (typeof url !== 'string') {
-    throw ApiError.invalid(`${param}.image_url`, 'invalid_type', `Invalid type for '${param}.image_url': expected a string (a data: URI such as "data:image/png;base64,..."), but got ${Array.isArray(url) ? 'an array' : `a ${typeof url}`} instead.`);
+    throw ApiError.invalid(`${param}.image_url`, 'invalid_type', `Invalid type for '${param}.image_url': expected a string (a data: URI such as "data:image/png;base64,..."), but got ${describeValue(url)} instead.`);
   }
   if (/^https?:/i.test(url)) {
     throw ApiError.invalid(

@@ -59,3 +59,13 @@ export function quoteList(values: readonly unknown[], conjunction: 'and' | 'or' 
   if (quoted.length <= 2) return quoted.join(` ${conjunction} `);
   return `${quoted.slice(0, -1).join(', ')}, ${conjunction} ${quoted.at(-1)}`;
 }
+
+/** What a JSON value is, as OpenAI's type errors say it ("but got an array instead"). */
+export function describeValue(value: unknown): string {
+  if (value === null) return 'null';
+  if (Array.isArray(value)) return 'an array';
+  // JSON has no infinity: a number too large for a double (1e309) parses as one.
+  if (typeof value === 'number') return !Number.isFinite(value) ? 'a number too large to represent' : Number.isInteger(value) ? 'an integer' : 'a decimal number';
+  if (typeof value === 'object') return 'an object';
+  return `a ${typeof value}`;
+}

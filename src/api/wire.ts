@@ -3,7 +3,7 @@ import { MAX_SEED, NOISE_KINDS } from '../runtime/random.js';
 import { IMAGE_FORMATS, MAX_STEPS, type OutputFormat } from '../runtime/types.js';
 import { STYLES, type Quality } from '../families/family.js';
 import { SCHEDULER_NAMES } from '../schedulers/index.js';
-import { ApiError, quoteList } from './errors.js';
+import { ApiError, describeValue, quoteList } from './errors.js';
 import {
   DALL_E_PROMPT_LIMITS,
   DEFAULT_RESPONSE_FORMAT,
@@ -259,15 +259,6 @@ function fromForm(fields: Record<string, unknown>): Record<string, unknown> {
       return [key, value];
     }),
   );
-}
-
-function describeValue(value: unknown): string {
-  if (value === null) return 'null';
-  if (Array.isArray(value)) return 'an array';
-  // JSON has no infinity: a number too large for a double (1e309) parses as one.
-  if (typeof value === 'number') return !Number.isFinite(value) ? 'a number too large to represent' : Number.isInteger(value) ? 'an integer' : 'a decimal number';
-  if (typeof value === 'object') return 'an object';
-  return `a ${typeof value}`;
 }
 
 const EXPECTED: Record<string, string> = { string: 'a string', number: 'a number', boolean: 'a boolean', object: 'an object' };

@@ -1,7 +1,7 @@
 import type { FastifyReply, FastifyRequest } from 'fastify';
 import type { Multipart } from '@fastify/multipart';
 import { imageReferenceBytes } from '../api/data-uri.js';
-import { ApiError } from '../api/errors.js';
+import { ApiError, describeValue } from '../api/errors.js';
 import { formatBytes } from '../util/bytes.js';
 import type { ByteBudget } from '../util/byte-budget.js';
 import { declaredBodyBytes } from './connections.js';
@@ -203,7 +203,7 @@ function readJson(body: unknown): Upload {
   if (typeof body !== 'object' || body === null || Array.isArray(body)) return { fields: body as Record<string, unknown>, form: false, images: [] };
   const { images, mask, ...fields } = body as Record<string, unknown>;
   if (images !== undefined && images !== null && !Array.isArray(images)) {
-    throw ApiError.invalid('images', 'invalid_type', `Invalid type for 'images': expected an array of {"image_url": "data:..."} objects, but got ${typeof images} instead.`);
+    throw ApiError.invalid('images', 'invalid_type', `Invalid type for 'images': expected an array of {"image_url": "data:..."} objects, but got ${describeValue(images)} instead.`);
   }
   return {
     fields,
