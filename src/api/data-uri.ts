@@ -16,7 +16,7 @@ export function imageReferenceBytes(reference: unknown, param: string): Buffer {
   }
   const { image_url: url, file_id: fileId, ...rest } = reference as Record<string, unknown>;
   const unknown = Object.keys(rest)[0];
-  if (unknown !== undefined) throw ApiError.invalid(`${param}.${unknown}`, 'unknown_parameter', `Unknown parameter: '${param}.${unknown}'.`);
+  if (unknown !== undefined) throw ApiError.unknownParameter(`${param}.${unknown}`);
   if (fileId !== undefined && fileId !== null) {
     throw ApiError.invalid(`${param}.file_id`, 'unsupported_value', `Unsupported value: '${param}.file_id': this server has no file store. Send the image inline as a data: URI in 'image_url', or as a multipart upload.`);
   }

@@ -40,6 +40,16 @@ export class ApiError extends Error {
     return new ApiError(400, message, { param, code });
   }
 
+  /** The usual 400 for a required field that is absent. */
+  static missing(param: string): ApiError {
+    return ApiError.invalid(param, 'missing_required_parameter', `Missing required parameter: '${param}'.`);
+  }
+
+  /** The usual 400 for a field the request may not have. */
+  static unknownParameter(param: string): ApiError {
+    return ApiError.invalid(param, 'unknown_parameter', `Unknown parameter: '${param}'.`);
+  }
+
   /** While the server drains for shutdown: retryable, and the SDKs do retry 503. */
   static shuttingDown(): ApiError {
     return new ApiError(503, 'The server is shutting down. Please retry shortly.', {

@@ -269,10 +269,10 @@ function toApiError(issue: z.core.$ZodIssue): ApiError {
   const kind = isIntegerField(param) ? 'integer' : 'decimal';
   switch (issue.code) {
     case 'unrecognized_keys':
-      return ApiError.invalid(issue.keys[0], 'unknown_parameter', `Unknown parameter: '${issue.keys[0]}'.`);
+      return ApiError.unknownParameter(issue.keys[0]);
     case 'invalid_type': {
       if (issue.input === undefined) {
-        return ApiError.invalid(param, 'missing_required_parameter', `Missing required parameter: '${param}'.`);
+        return ApiError.missing(param);
       }
       const expected = kind === 'integer' ? 'an integer' : (EXPECTED[issue.expected] ?? issue.expected);
       return ApiError.invalid(param, 'invalid_type', `Invalid type for '${param}': expected ${expected}, but got ${describeValue(issue.input)} instead.`);

@@ -29,7 +29,7 @@ const UPLOAD_LIMITS: UploadLimits = {
 async function editInput({ images, mask, form }: Upload, route: UploadRoute): Promise<EditInput> {
   const param = form ? 'image' : 'images';
   const [first] = images;
-  if (!first) throw ApiError.invalid(param, 'missing_required_parameter', `Missing required parameter: '${param}'.`);
+  if (!first) throw ApiError.missing(param);
   if (images.length > UPLOAD_LIMITS.maxImages) throw UPLOAD_LIMITS.tooMany(param);
   const source = { image: await decodeInputImage(first.bytes, first.param), ...(mask && { mask: await decodeInputImage(mask.bytes, mask.param) }) };
   checkMask(source);
