@@ -50,6 +50,11 @@ export class ApiError extends Error {
     return ApiError.invalid(param, 'unknown_parameter', `Unknown parameter: '${param}'.`);
   }
 
+  /** A 429 in OpenAI's rate-limit shape; its `headers` say when to retry (retry-after), or not to (x-should-retry). */
+  static rateLimited(message: string, headers: Record<string, string>): ApiError {
+    return new ApiError(429, message, { type: 'requests', code: 'rate_limit_exceeded', headers });
+  }
+
   /** While the server drains for shutdown: retryable, and the SDKs do retry 503. */
   static shuttingDown(): ApiError {
     return new ApiError(503, 'The server is shutting down. Please retry shortly.', {

@@ -122,11 +122,10 @@ export class KeyRates {
     if (limits.imagesPerMinute !== undefined && images > limits.imagesPerMinute) {
       // The key's window as it stands (nothing counted), for the rate-limit headers every refusal carries.
       const { recent, at } = await this.ledger.spend(key.label, images, windowLimits, MINUTE_MS, false);
-      throw new ApiError(
-        429,
+      throw ApiError.rateLimited(
         `Rate limit reached for API key '${key.label}': this request asks for ${images} images, more than the key may have in a minute (${plural(limits.imagesPerMinute, 'image')}). Ask for at most ${limits.imagesPerMinute} at a time.`,
         // Waiting cannot help: the SDKs are told not to retry.
-        { type: 'requests', code: 'rate_limit_exceeded', headers: { 'x-should-retry': 'false', ...rateHeaders(limits, recent, at) } },
+        { 'x-should-retry': 'false', ...rateHeaders(limits, recent, at) },
       );
     }
     const { fits: admitted, recent, at: now } = await this.ledger.spend(key.label, images, windowLimits, MINUTE_MS, record);
@@ -136,10 +135,9 @@ export class KeyRates {
       limits.imagesPerMinute !== undefined ? imageWait(recent, images, limits.imagesPerMinute, now) : 0,
     );
     const seconds = Math.max(1, Math.ceil(wait / 1000));
-    throw new ApiError(429, `Rate limit reached for API key '${key.label}': ${describe(limits)}. Please try again in ${seconds}s.`, {
-      type: 'requests',
-      code: 'rate_limit_exceeded',
-      headers: { 'retry-after': String(seconds), ...rateHeaders(limits, recent, now) },
+    throw ApiError.rateLimited(`Rate limit reached for API key '${key.label}': ${describe(limits)}. Please try again in ${seconds}s.`, {
+      'retry-after': String(seconds),
+      ...rateHeaders(limits, recent, now),
     });
   }
 }

@@ -106,11 +106,7 @@ function boundFormBytes(request: FastifyRequest, reply: FastifyReply, maxBytes: 
       ...(close && { headers: { connection: 'close' } }),
     });
   const full = () =>
-    new ApiError(429, `Rate limit reached: the server holds as many uploaded images as it may (UPLOAD_MEMORY, ${formatBytes(memory.limit)}), most of them waiting for a worker. Please try again in ${FULL_RETRY_SECONDS}s.`, {
-      type: 'requests',
-      code: 'rate_limit_exceeded',
-      headers: { 'retry-after': String(FULL_RETRY_SECONDS) },
-    });
+    ApiError.rateLimited(`Rate limit reached: the server holds as many uploaded images as it may (UPLOAD_MEMORY, ${formatBytes(memory.limit)}), most of them waiting for a worker. Please try again in ${FULL_RETRY_SECONDS}s.`, { 'retry-after': String(FULL_RETRY_SECONDS) });
   const declared = declaredBodyBytes(request);
   if (declared > maxBytes) throw tooLarge(false);
   if (declared > memory.limit - memory.inUse) throw full();

@@ -14,11 +14,9 @@ export function queueRefusal(err: QueueFullError | QueueClosedError): ApiError;
 export function queueRefusal(err: unknown): ApiError | undefined;
 export function queueRefusal(err: unknown): ApiError | undefined {
   if (err instanceof QueueFullError) {
-    return new ApiError(
-      429,
-      `Rate limit reached: all workers are busy and the generation queue is full. Please try again in ${err.retryAfterSeconds}s.`,
-      { type: 'requests', code: 'rate_limit_exceeded', headers: { 'retry-after': String(err.retryAfterSeconds) } },
-    );
+    return ApiError.rateLimited(`Rate limit reached: all workers are busy and the generation queue is full. Please try again in ${err.retryAfterSeconds}s.`, {
+      'retry-after': String(err.retryAfterSeconds),
+    });
   }
   if (err instanceof QueueClosedError) return ApiError.shuttingDown();
   return undefined;
