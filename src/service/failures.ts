@@ -9,6 +9,12 @@ import { StoreFullError, StoreUnavailableError } from '../store/image-store.js';
 
 /** The engine's and the store's failures as OpenAI errors, with the status and retry advice each deserves. */
 
+/** Retrying at once cannot help (memory that will not be there, a model to repair, a full store): tell the SDKs not to. */
+const NO_RETRY = { 'x-should-retry': 'false' };
+
+/** A request refused for memory it would need and cannot have now: a 507 the SDKs do not retry. */
+const insufficientMemory = (message: string, cause: unknown) => new ApiError(507, message, { code: 'insufficient_memory', headers: NO_RETRY, cause });
+
 /** The queue's refusals of a new request as OpenAI errors (429, or 503 while shutting down); undefined for any other error. */
 export function queueRefusal(err: QueueFullError | QueueClosedError): ApiError;
 export function queueRefusal(err: unknown): ApiError | undefined;
@@ -38,11 +44,10 @@ export function engineError(err: unknown, model: string): unknown {
     );
   }
   if (err instanceof WorkerOutOfMemoryError) {
-    return new ApiError(
-      507,
+    return insufficientMemory(
       `The worker process generating this image was killed by the system for running out of memory: model '${err.model}' at ${err.size} needed more than the ${formatBytes(err.plannedBytes)} it was planned with. ` +
         'It has been replaced, and the server now expects this to need more, so it is refused at once until more memory is free. Ask for a smaller size or fewer images, or free memory: fewer WORKERS, a lower MODEL_MEMORY_BUDGET.',
-      { code: 'insufficient_memory', headers: { 'x-should-retry': 'false' }, cause: err },
+      err,
     );
   }
   if (err instanceof WorkerDiedError) {
@@ -67,14 +72,14 @@ export function engineError(err: unknown, model: string): unknown {
   }
   // Raised in the worker: it crosses the process boundary by name.
   if ((err as Error).name === InsufficientMemoryError.name) {
-    return new ApiError(507, (err as Error).message, { code: 'insufficient_memory', headers: { 'x-should-retry': 'false' }, cause: err });
+    return insufficientMemory((err as Error).message, err);
   }
   return err;
 }
 
 /** An installed model that cannot be used: the server's to repair, so a 500 that retrying cannot help. */
 export function modelUnusable(message: string, cause?: unknown): ApiError {
-  return new ApiError(500, message, { code: 'model_unusable', headers: { 'x-should-retry': 'false' }, cause });
+  return new ApiError(500, message, { code: 'model_unusable', headers: NO_RETRY, cause });
 }
 
 /** When to retry a request the store refused for a passing reason: long enough for a bucket to come back or a running request to end. */
@@ -88,9 +93,6 @@ export function storeUnavailable(err: StoreUnavailableError, advice: string): Ap
     cause: err,
   });
 }
-
-/** Retrying at once cannot help a full store: tell the SDKs not to. */
-const NO_RETRY = { 'x-should-retry': 'false' };
 
 function storeFull(err: StoreFullError): ApiError {
   const { message, headers } = storeFullAnswer(err);
