@@ -63,7 +63,7 @@ export function engineError(err: unknown, model: string): unknown {
   if ((err as Error).name === ModelLayoutError.name) {
     const { problem } = err as { problem?: string };
     if (problem === MISSING_FOLDER) {
-      return new ApiError(400, `The model '${model}' was removed from the server while this request waited for it.`, { type: 'image_generation_user_error', param: 'model', code: 'invalid_value', cause: err });
+      return modelMissing(`The model '${model}' was removed from the server while this request waited for it.`, err);
     }
     return modelUnusable(
       `The model '${model}' is installed but could not be loaded: ${problem ?? (err as Error).message}. Other models still work; the server's operator should repair or remove it ("imagegen models list" checks it).`,
@@ -75,6 +75,11 @@ export function engineError(err: unknown, model: string): unknown {
     return insufficientMemory((err as Error).message, err);
   }
   return err;
+}
+
+/** A model the request names that is not installed (or no longer): the 400 OpenAI's images endpoint answers an unknown model with. */
+export function modelMissing(message: string, cause?: unknown): ApiError {
+  return new ApiError(400, message, { type: 'image_generation_user_error', param: 'model', code: 'invalid_value', cause });
 }
 
 /** An installed model that cannot be used: the server's to repair, so a 500 that retrying cannot help. */

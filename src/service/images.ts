@@ -10,7 +10,7 @@ import type { StrengthRule } from '../schedulers/index.js';
 import { strengthRule } from '../models/layout.js';
 import type { ImageStore, StoredImage, StoreReservation } from '../store/image-store.js';
 import { bufferView } from '../util/bytes.js';
-import { engineError, modelUnusable, queueRefusal, storeError } from './failures.js';
+import { engineError, modelMissing, modelUnusable, queueRefusal, storeError } from './failures.js';
 import { gptImageFields } from './gpt-image-fields.js';
 import { planBatches, withPicture } from './plan.js';
 import { editMarks, fitEdit, type EditSource, type InputImage } from './input-images.js';
@@ -134,12 +134,8 @@ function unknownModel(id: string, registry: ModelRegistry, defaultModel: string 
   // A model installed but broken is the server's fault, not the request's: the 500 of one found broken
   // as it loaded (service/failures.ts), whether or not the request named it (DEFAULT_MODEL).
   if (repair) return modelUnusable(`The model '${id}'${what}.${hint}`);
-  // OpenAI's images endpoint answers an unknown model with this 400 (other endpoints use 404).
-  return new ApiError(400, `The model '${id}'${what}.${hint}`, {
-    type: 'image_generation_user_error',
-    param: 'model',
-    code: 'invalid_value',
-  });
+  // OpenAI's images endpoint answers an unknown model with a 400 (other endpoints use 404).
+  return modelMissing(`The model '${id}'${what}.${hint}`);
 }
 
 export function createImageService({ registry, engine, store, defaultRng, defaultModel }: ImageServiceDeps): ImageService {
