@@ -20,7 +20,7 @@ import { vaeDecoder, vaeEncoder, type VaeOptions } from './vae.js';
 import { VAE_SCALE } from './latent-code.js';
 
 /** The family the server ships as its embedded default model. */
-export const DEFAULT_MODEL_FAMILY = 'sd-turbo';
+const DEFAULT_MODEL_FAMILY = 'sd-turbo';
 export const DEFAULT_MODEL_DIR = fileURLToPath(new URL('../../models/demo-shapes', import.meta.url));
 
 const DIFFUSERS_VERSION = '0.30.0';

@@ -15,7 +15,7 @@ import { withDefaults } from './noise-schedule.js';
 import { pndm } from './pndm.js';
 import type { ModelKind, Scheduler, SchedulerConfig } from './scheduler.js';
 
-export type { ModelKind, Scheduler, SchedulerConfig, SetTimestepsOptions } from './scheduler.js';
+export type { ModelKind, Scheduler, SchedulerConfig } from './scheduler.js';
 export { fewestSteps, scheduleStrength, stepsRun, strengthStart, type StrengthRule } from './strength.js';
 
 /** What a scheduler file registers. */
