@@ -6,6 +6,7 @@ import { MAX_STEPS, type GenerationBatch } from '../runtime/types.js';
 import type { WorkerRuntime } from '../pipelines/run.js';
 import { describeIssues, readJsonIfPresent } from '../util/files.js';
 import { difference } from '../util/difference.js';
+import { MODEL_INDEX } from '../models/layout.js';
 
 /**
  * `imagegen models verify`: runs a model on the cases of a golden file (what diffusers' PyTorch
@@ -101,7 +102,7 @@ const pipelineName = (className: string) => className.replace(/^(ORT|Onnx)/, '')
  * its cases would only FAIL, or fail to run, and say nothing of the model. Either side unnamed: no check.
  */
 async function checkPipeline(file: string, golden: GoldenFile, modelDir: string): Promise<void> {
-  const modelIndex = (await readJsonIfPresent(path.join(modelDir, 'model_index.json')).catch(() => undefined)) as { _class_name?: unknown } | undefined;
+  const modelIndex = (await readJsonIfPresent(path.join(modelDir, MODEL_INDEX)).catch(() => undefined)) as { _class_name?: unknown } | undefined;
   const modelClass = typeof modelIndex?._class_name === 'string' ? modelIndex._class_name : undefined;
   if (!golden.pipeline || !modelClass || pipelineName(golden.pipeline) === pipelineName(modelClass)) return;
   throw new GoldenFileError(file, `was made by diffusers' ${golden.pipeline}, and ${modelDir} is a ${modelClass} (its model_index.json): use this model's own golden file`);

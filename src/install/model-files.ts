@@ -1,6 +1,9 @@
 import path from 'node:path';
 import { DENOISER_FOLDERS } from '../families/index.js';
+import { MODEL_INDEX } from '../models/layout.js';
+import { OVERRIDE_FILE } from '../models/model-folder.js';
 import { isTensorRtEngine, tensorRtProblem } from '../models/tensorrt.js';
+import { TOKENIZER_FILES } from '../tokenizers/files.js';
 import { ModelInstallError } from './errors.js';
 
 /**
@@ -13,18 +16,12 @@ export const MANIFEST_FILE = 'imagegen-manifest.json';
 
 /** Configuration, tokenizer and scheduler files, wherever they are. */
 const SETTINGS_FILES = new Set([
-  'model_index.json',
+  MODEL_INDEX,
   'config.json',
   'scheduler_config.json',
-  'tokenizer.json',
-  'tokenizer_config.json',
-  'vocab.json',
-  'merges.txt',
-  'special_tokens_map.json',
-  'added_tokens.json',
-  'spiece.model',
-  // The server's per-model preset overrides (see registry.ts).
-  'imagegen.json',
+  ...TOKENIZER_FILES,
+  // The server's per-model preset overrides (see model-folder.ts).
+  OVERRIDE_FILE,
 ]);
 
 /** Model licences and cards travel with the weights: some licences require it. */

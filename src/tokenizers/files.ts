@@ -10,6 +10,13 @@ export const TOKENIZER_JSON = 'tokenizer.json';
 export const VOCAB_JSON = 'vocab.json';
 export const MERGES_TXT = 'merges.txt';
 export const SPIECE_MODEL = 'spiece.model';
+/** What the loader also reads where a folder has them: special token names, added tokens, model_max_length (load.ts). */
+export const TOKENIZER_CONFIG = 'tokenizer_config.json';
+export const SPECIAL_TOKENS_MAP = 'special_tokens_map.json';
+export const ADDED_TOKENS_JSON = 'added_tokens.json';
+
+/** Every file a tokenizer folder is read from: installs keep each of them. */
+export const TOKENIZER_FILES: readonly string[] = [TOKENIZER_JSON, VOCAB_JSON, MERGES_TXT, SPIECE_MODEL, TOKENIZER_CONFIG, SPECIAL_TOKENS_MAP, ADDED_TOKENS_JSON];
 
 /** tokenizer.json (any model); CLIP's vocab.json + merges.txt; T5's SentencePiece model. */
 export type TokenizerSource = typeof TOKENIZER_JSON | typeof VOCAB_JSON | typeof SPIECE_MODEL;

@@ -2,7 +2,7 @@ import { readFile } from 'node:fs/promises';
 import path from 'node:path';
 import { readJsonIfPresent } from '../util/files.js';
 import { ClipBpeTokenizer } from './clip-bpe.js';
-import { findTokenizerSource, MERGES_TXT, SPIECE_MODEL, TOKENIZER_JSON, VOCAB_JSON } from './files.js';
+import { ADDED_TOKENS_JSON, findTokenizerSource, MERGES_TXT, SPECIAL_TOKENS_MAP, SPIECE_MODEL, TOKENIZER_CONFIG, TOKENIZER_JSON, VOCAB_JSON } from './files.js';
 import { parseSentencePieceModel } from './sentencepiece-model.js';
 import { type AddedTokenSpec, sentencePieceToTokenizerJson } from './spiece-to-json.js';
 import { T5Tokenizer } from './t5.js';
@@ -45,10 +45,6 @@ interface TokenizerJson {
   added_tokens?: Array<{ id: number; content: string }>;
   padding?: { pad_token?: string } | null;
 }
-
-const TOKENIZER_CONFIG = 'tokenizer_config.json';
-const SPECIAL_TOKENS_MAP = 'special_tokens_map.json';
-const ADDED_TOKENS_JSON = 'added_tokens.json';
 
 // transformers writes int(1e30) as `model_max_length` when a tokenizer has no limit of its own.
 const MAX_SENSIBLE_LENGTH = 100_000;
