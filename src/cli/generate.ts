@@ -138,7 +138,7 @@ async function generateCommand(prompt: string, flags: GenerateFlags): Promise<st
   const { commandRuntime } = await import('./command-runtime.js');
   const runtime = commandRuntime(config);
   const stepsPerBatch = batches[0].steps;
-  const progress = new Progress(process.stderr, `${model.id} ${batches[0].width}x${batches[0].height}`, batches.length * stepsPerBatch, 0, Date.now, STEPS);
+  const progress = new Progress(process.stderr, `${model.id} ${batches[0].width}x${batches[0].height}`, batches.length * stepsPerBatch, 0, STEPS);
   const fileStem = slug(prompt);
   const { extension } = IMAGE_FORMATS[request.output_format];
   const written: string[] = [];

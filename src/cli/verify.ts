@@ -61,7 +61,7 @@ export function registerVerifyCommand(models: Command): void {
           // The denoising steps of every case on stderr: loading a real model and running a case at its native size take minutes on a CPU.
           onStart: (all) => {
             cases = all;
-            progress = new Progress(process.stderr, `verifying ${dir}`, all.reduce((sum, c) => sum + c.steps, 0), 0, Date.now, STEPS);
+            progress = new Progress(process.stderr, `verifying ${dir}`, all.reduce((sum, c) => sum + c.steps, 0), 0, STEPS);
           },
           onCaseStart: (index) => {
             const c = cases[index];

@@ -47,10 +47,9 @@ export class Progress {
     private readonly label: string,
     private readonly total: number,
     private done = 0,
-    private readonly clock: () => number = Date.now,
     private readonly unit: ProgressUnit = BYTES,
   ) {
-    this.startedAt = clock();
+    this.startedAt = Date.now();
     this.doneAtStart = done;
   }
 
@@ -110,7 +109,7 @@ export class Progress {
   }
 
   private render(force: boolean): void {
-    const now = this.clock();
+    const now = Date.now();
     if (!force && now - this.lastLine < (this.out.isTTY ? REDRAW_MS : PLAIN_LINE_MS)) return;
     this.lastLine = now;
     const fraction = this.total > 0 ? Math.min(1, this.done / this.total) : 1;
