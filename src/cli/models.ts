@@ -25,7 +25,8 @@ import { registerVerifyCommand } from './verify.js';
 /**
  * `imagegen models ...`: manage the models folder the server reads (MODELS_DIR). The work is done by
  * src/install/; this file maps flags to it and prints results. Failures print their message
- * (which says what to do) and set exit code 1.
+ * (which says what to do) and set exit code 2 for an argument refused before any work, 1 for work
+ * that failed.
  */
 
 const MODELS_DIR = envName('modelsDir');
