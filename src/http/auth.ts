@@ -4,6 +4,7 @@ import { bearerKey } from '../api/bearer.js';
 import { ApiError } from '../api/errors.js';
 import { KeyRing, type ApiKey } from './keys.js';
 import { localClientsOnly } from './local-only.js';
+import { sentMoreThanOnce } from './raw-headers.js';
 
 /**
  * Bearer API keys, as OpenAI checks them. Routes marked `config: { public: true }` (image files, so a
@@ -63,8 +64,7 @@ async function authPlugin(app: FastifyInstance, options: AuthOptions): Promise<v
     // Browsers send CORS preflights without the key. OPTIONS reaches no resource: cors.ts answers the
     // preflights of allowed origins, every other OPTIONS gets a 405.
     if (request.method === 'OPTIONS') return;
-    // Node keeps the first of two Authorization headers; a proxy in front may have read the other.
-    if (request.raw.rawHeaders.filter((name, i) => i % 2 === 0 && name.toLowerCase() === 'authorization').length > 1) {
+    if (sentMoreThanOnce(request, 'authorization')) {
       throw new ApiError(400, 'The request has more than one Authorization header: send the key in one.', { code: 'invalid_authorization_header' });
     }
     const sent = bearerKey(request.headers.authorization);

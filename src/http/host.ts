@@ -4,6 +4,7 @@ import type { FastifyInstance, FastifyRequest } from 'fastify';
 import fp from 'fastify-plugin';
 import { ApiError } from '../api/errors.js';
 import { parseUrl } from '../util/url.js';
+import { sentMoreThanOnce } from './raw-headers.js';
 
 /**
  * The Host header, and the origin image URLs are built from. Node's own check for a missing Host is
@@ -64,8 +65,8 @@ async function hostPlugin(app: FastifyInstance): Promise<void> {
     if (host !== undefined && originOf('http', host) === undefined) {
       throw refused('The Host header is not a valid host[:port].');
     }
-    // Node keeps the first of several; RFC 9112 asks for a 400, since a proxy may have read another.
-    if (request.raw.rawHeaders.filter((name, i) => i % 2 === 0 && name.toLowerCase() === 'host').length > 1) {
+    // RFC 9112 asks for a 400.
+    if (sentMoreThanOnce(request, 'host')) {
       throw refused('The request has more than one Host header; send one.');
     }
   });
