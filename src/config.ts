@@ -301,7 +301,7 @@ const SETTINGS = {
   },
   queueTimeoutSeconds: {
     schema: seconds(1).default(120),
-    description: 'longest a request may wait for its first batch to get a worker (including while workers load models) before it gets 503 queue_timeout; its later batches never time out',
+    description: 'longest a request may wait for its first batch to get a worker (including while workers load models) before it gets 503 queue_timeout; its later batches never time out, unless one handed to a worker that died before running it has to wait again',
   },
   workerStallTimeoutSeconds: {
     schema: seconds(0).default(600),

@@ -1,7 +1,7 @@
 import { spawnSync } from 'node:child_process';
 import os from 'node:os';
 import path from 'node:path';
-import { mkdtemp, readFile, rm, symlink, writeFile } from 'node:fs/promises';
+import { mkdir, mkdtemp, readFile, rm, symlink, writeFile } from 'node:fs/promises';
 import sharp from 'sharp';
 import { beforeAll, describe, expect, it, onTestFinished } from 'vitest';
 import { WorkerRuntime } from '../src/pipelines/run.js';
@@ -143,6 +143,11 @@ describe.skipIf(!haveRealExports)('real exports against diffusers (needs ../shar
       const byId = spawnSync(process.execPath, imagegenArgs('models', 'verify', 'sd15', '--golden', goldenFile('sd15')), { cwd: root, encoding: 'utf8', env: { ...process.env, MODELS_DIR: tmp } });
       expect(byId.status).toBe(2);
       expect(byId.stderr).toContain(`(the installed model 'sd15' is the folder ${path.join(tmp, 'sd15')})`);
+      // A folder that is there but holds no model that runs is work that failed (exit 1), not a usage error.
+      await mkdir(path.join(tmp, 'not-a-model'));
+      const noModel = verify(path.join(tmp, 'not-a-model'), '--golden', path.join(tmp, 'wrong.json'));
+      expect([noModel.status, noModel.stdout]).toEqual([1, '']);
+      expect(noModel.stderr).toMatch(/^imagegen models verify: .*not-a-model is not a usable model folder/m);
 
       // Steps beyond any schedule's use would only exhaust memory: refused, naming the field.
       await writeFile(path.join(tmp, 'steps.json'), JSON.stringify({ ...wrong, cases: [{ ...wrong.cases[0], steps: 1e9 }] }));

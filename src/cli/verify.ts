@@ -3,7 +3,7 @@ import path from 'node:path';
 import { InvalidArgumentError, Option, type Command } from 'commander';
 import { loadModelSettings } from '../config.js';
 import { Progress, STEPS } from '../util/progress.js';
-import { DEFAULT_TOLERANCE, FP16_TOLERANCE, verifyGolden, type GoldenCase } from './golden.js';
+import { DEFAULT_TOLERANCE, FP16_TOLERANCE, GoldenFileError, verifyGolden, type GoldenCase } from './golden.js';
 
 /**
  * `imagegen models verify DIR --golden FILE.json`: one line per case, `case N: max_abs=… mean_abs=…
@@ -80,7 +80,9 @@ export function registerVerifyCommand(models: Command): void {
       } catch (err) {
         progress?.clear();
         console.error(`imagegen models verify: ${(err as Error).message}${installedHint(dir)}`);
-        process.exitCode = 2;
+        // 2 for what the command was given (a golden file it cannot use, a folder that is not there), as
+        // every usage error; 1 for work that failed (a model that does not load or run), as the README says.
+        process.exitCode = err instanceof GoldenFileError || !existsSync(dir) ? 2 : 1;
       }
     });
 }
