@@ -1,3 +1,4 @@
+import { defaultMaxListeners, setMaxListeners } from 'node:events';
 import { setImmediate } from 'node:timers/promises';
 import type { BaseLogger } from 'pino';
 import type { ClientLimits, QueueClosedError, QueueFullError, Ticket } from '../engine/job-queue.js';
@@ -33,6 +34,15 @@ import { expectedStoreBytes } from './store-space.js';
  * higher strengths jump to other pictures in their one or two steps; ask for more with `strength`).
  */
 const DEFAULT_STRENGTH = { edit: 0.8, inpaint: 1, variation: 0.3 } as const;
+
+/**
+ * Abort listeners the engine puts on a request's signal for each of its batches at once (the batch
+ * merger's for the member, and while the batch runs, the one that stops it). Every batch of a request
+ * shares the one signal, so n = 10 on a model whose max_batch is 1 (FLUX's) passes Node's default of
+ * 10, whose "possible memory leak" warning would be a false alarm on stderr: each is removed as its
+ * batch settles (test/abort-listeners.test.ts).
+ */
+const ABORT_LISTENERS_PER_BATCH = 2;
 
 /** What the service uses of the engine (engine/pool.ts's pool, a test's stand-in). */
 export interface ImageEngine {
@@ -148,6 +158,7 @@ export function createImageService({ registry, engine, store, defaultRng, defaul
   async function run(batches: GenerationBatch[], model: RequestModel, signal: AbortSignal, ticket: Ticket, onEvent?: RequestListener, fields?: GptImageResponseFields): Promise<GeneratedImage[]> {
     const failed = new AbortController();
     const either = AbortSignal.any([signal, failed.signal]);
+    setMaxListeners(Math.max(defaultMaxListeners, ABORT_LISTENERS_PER_BATCH * batches.length), either);
     const progress = onEvent && requestProgress(batches, model.strengthRule, () => engine.load().queued, onEvent);
     // Images made before another batch failed still go out, before the error that ends the stream
     // (`over`: a batch that finishes after that is too late); to a client that left, nothing does.
