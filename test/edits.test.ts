@@ -9,6 +9,7 @@ import { difference } from '../src/util/difference.js';
 import { apiError } from './helpers/failures.js';
 import { regionOf } from './helpers/pixel-region.js';
 import { readImageFile } from './helpers/picture.js';
+import { parseResponse, rawRequest } from './helpers/raw-http.js';
 import { startRealServer, type RealServer } from './helpers/real-server.js';
 import { referenceModel } from './helpers/reference.js';
 import type { ErrorBody } from '../src/api/wire.js';
@@ -333,6 +334,34 @@ describe('edit errors', () => {
     expect(await postForm('edits', form)).toMatchObject({ status: 413, error: { code: 'request_too_large', param: 'image' } });
     const big = `data:image/png;base64,${Buffer.alloc(2 * 1024 ** 2).toString('base64')}`;
     await expectApiError(client.post('/images/edits', { body: { prompt: 'x', images: [{ image_url: big }] } }), OpenAI.APIError, 413, null, 'request_too_large');
+  });
+
+  it("names the file over the upload limit also when the bytes read so far end exactly at the limit", async () => {
+    // The file's first 25 MiB arrive and are read; the next chunk, past the limit, adds none of its
+    // bytes to the file: the parser's reading of the file ended without an error, and the form's
+    // error came later, naming no file (param null).
+    const limit = 25 * 1024 ** 2;
+    const boundary = 'b0undary';
+    const head = `--${boundary}\r\nContent-Disposition: form-data; name="prompt"\r\n\r\na blue square\r\n--${boundary}\r\nContent-Disposition: form-data; name="image"; filename="big.png"\r\nContent-Type: image/png\r\n\r\n`;
+    const rest = Buffer.concat([Buffer.alloc(16), Buffer.from(`\r\n--${boundary}\r\nContent-Disposition: form-data; name="n"\r\n\r\n1\r\n--${boundary}--\r\n`)]);
+    const request = [
+      'POST /v1/images/edits HTTP/1.1',
+      'Host: 127.0.0.1',
+      `Authorization: Bearer ${KEY}`,
+      `Content-Type: multipart/form-data; boundary=${boundary}`,
+      `Content-Length: ${Buffer.byteLength(head) + limit + rest.length}`,
+      '',
+      head,
+    ].join('\r\n');
+    const exchange = rawRequest(Number(new URL(real.server.url).port), Buffer.concat([Buffer.from(request), Buffer.alloc(limit)]));
+    // Until the server has read all of the limit, and is waiting for more.
+    await new Promise((resolve) => setTimeout(resolve, 500));
+    exchange.socket.write(rest);
+    await expect.poll(() => exchange.text.includes('\r\n\r\n{'), { timeout: 10_000 }).toBe(true);
+    exchange.socket.destroy();
+    const { status, body } = parseResponse(exchange.text);
+    expect(status).toBe('HTTP/1.1 413 Payload Too Large');
+    expect(JSON.parse(body).error).toMatchObject({ code: 'request_too_large', param: 'image' });
   });
 });
 

@@ -51,9 +51,14 @@ const fileTooLarge = (param: string | null) =>
 
 /** A file part's bytes; one over the limit is a 413 naming it. */
 async function fileBytes(part: Extract<Multipart, { type: 'file' }>, param: string): Promise<Buffer> {
-  return part.toBuffer().catch((err: unknown) => {
+  const bytes = await part.toBuffer().catch((err: unknown) => {
     throw isFileTooLarge(err) ? fileTooLarge(param) : err;
   });
+  // toBuffer sees the limit only in a chunk read after the parser cut the file: when the bytes read so
+  // far end exactly at the limit, it resolves with them, and the error comes from the form's end,
+  // where it can no longer say which file it was.
+  if (part.file.truncated) throw fileTooLarge(param);
+  return bytes;
 }
 
 /** @fastify/multipart's and busboy's errors in OpenAI's terms: its limits are 413s, a broken form a 400. */
