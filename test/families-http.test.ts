@@ -83,6 +83,21 @@ describe('every reference family streams previews of its picture', () => {
   }
 });
 
+describe('guidance_scale on a model distilled to run without guidance', () => {
+  const generate = (model: string, guidance_scale: number) =>
+    client.images.generate({ model, prompt: 'a red circle', response_format: 'b64_json', steps: 1, guidance_scale } as unknown as OpenAI.ImageGenerateParamsNonStreaming);
+
+  it('is a 400 naming the model and the param on FLUX schnell above 1 (it would be ignored); 0 and 1 ask for none and run', async () => {
+    const err = await generate('flux-schnell', 7.5).catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(OpenAI.BadRequestError);
+    expect(err).toMatchObject({ status: 400, param: 'guidance_scale', code: 'unsupported_value' });
+    expect((err as Error).message).toMatch(/'guidance_scale' 7\.5 with model 'flux-schnell': it is a flux-schnell model, distilled to run without guidance/);
+    for (const scale of [0, 1]) expect((await generate('flux-schnell', scale)).data).toHaveLength(1);
+    // FLUX dev takes its guidance as an input; SD-Turbo runs a classifier-free batch for it.
+    for (const model of ['flux-dev', 'sd-turbo']) expect((await generate(model, 7.5)).data).toHaveLength(1);
+  });
+});
+
 function area(size: string): number {
   const [w, h] = size.split('x').map(Number);
   return w * h;

@@ -47,6 +47,12 @@ export interface VariantPreset {
   guidanceScale: Record<Style, number>;
   /** Largest batch given to one worker. */
   maxBatch: number;
+  /**
+   * false: the variant runs no guidance at all, neither a classifier-free batch nor a guidance input
+   * (FLUX schnell, distilled to run without it), so a request's guidance_scale above 1 would change
+   * nothing and is refused rather than ignored. Omitted: it takes guidance.
+   */
+  takesGuidance?: false;
 }
 
 export interface FamilyEntry<Variant extends string = string> {

@@ -17,7 +17,7 @@ export const flux = defineFamily({
   variantOf: ({ scheduler, denoiserConfig }) =>
     denoiserConfig.guidance_embeds === true || scheduler.use_dynamic_shifting === true ? 'flux-dev' : 'flux-schnell',
   variants: {
-    'flux-schnell': { nativeSize: 1024, steps: { low: 2, standard: 4, hd: 8 }, guidanceScale: { vivid: 0, natural: 0 }, maxBatch: 1 },
+    'flux-schnell': { nativeSize: 1024, steps: { low: 2, standard: 4, hd: 8 }, guidanceScale: { vivid: 0, natural: 0 }, maxBatch: 1, takesGuidance: false },
     // FLUX-dev's guidance is an embedded distilled value; 3.5 is its reference setting.
     'flux-dev': { nativeSize: 1024, steps: { low: 20, standard: 28, hd: 50 }, guidanceScale: { vivid: 3.5, natural: 2.5 }, maxBatch: 1 },
   },

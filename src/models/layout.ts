@@ -1,7 +1,7 @@
 import { readdir } from 'node:fs/promises';
 import path from 'node:path';
 import { halvings } from '../families/family.js';
-import { DENOISER_FOLDERS, FAMILIES, recogniseFamily } from '../families/index.js';
+import { DENOISER_FOLDERS, FAMILIES, familyEntry, recogniseFamily } from '../families/index.js';
 import { createScheduler, standInFor, type StrengthRule } from '../schedulers/index.js';
 import type { ModelKind, SchedulerConfig } from '../schedulers/scheduler.js';
 import { findTokenizerSource, TokenizerFilesError } from '../tokenizers/files.js';
@@ -66,6 +66,11 @@ export interface ModelLayout {
 export function strengthRule(layout: Pick<ModelLayout, 'family' | 'scheduler' | 'schedulerKind' | 'denoiserConfig'>, scheduler?: string): StrengthRule {
   const lcm = scheduler === undefined ? layout.scheduler._class_name === 'LCMScheduler' : scheduler === 'lcm';
   return lcm && layout.family === 'sd' && layout.denoiserConfig.time_cond_proj_dim != null ? 'consistency' : layout.schedulerKind;
+}
+
+/** Whether the model's variant runs any guidance (see VariantPreset.takesGuidance). */
+export function takesGuidance(layout: Pick<ModelLayout, 'family' | 'variant'>): boolean {
+  return familyEntry(layout.family).variants[layout.variant].takesGuidance !== false;
 }
 
 /** A step count every scheduler runs (PNDM's Runge-Kutta warm-up needs 4), for checking a config at load. */

@@ -5,7 +5,7 @@ import type { ModelEntry } from '../models/registry.js';
 import { MAX_SEED, randomSeed, type NoiseKind } from '../runtime/random.js';
 import type { BatchItem, GenerationBatch } from '../runtime/types.js';
 import { checkSchedule, fewestSteps, scheduleStrength, stepsRun, type StrengthRule } from '../schedulers/index.js';
-import { strengthRule } from '../models/layout.js';
+import { strengthRule, takesGuidance } from '../models/layout.js';
 import { chunks } from '../util/chunks.js';
 import type { EditPicture } from './input-images.js';
 
@@ -49,6 +49,20 @@ function checkScheduler(request: GenerationRequest, model: ModelEntry): void {
 }
 
 /**
+ * diffusers runs no guidance at a scale of 1 or less: above that a request asks for some, and a model
+ * that takes none would ignore it without a word.
+ */
+function checkGuidance(request: GenerationRequest, model: ModelEntry): void {
+  if (request.guidance_scale === undefined || request.guidance_scale <= 1 || takesGuidance(model.layout)) return;
+  const installed = model.id === request.model ? '' : ` (the installed model '${model.id}')`;
+  throw ApiError.invalid(
+    'guidance_scale',
+    'unsupported_value',
+    `Unsupported value: 'guidance_scale' ${request.guidance_scale} with model '${request.model}'${installed}: it is a ${model.layout.variant} model, distilled to run without guidance (it has no classifier-free batch and no guidance input). Omit 'guidance_scale' or set it to 0.`,
+  );
+}
+
+/**
  * The steps of a request. For an edit, a strength runs only that share of them (diffusers'
  * img2img): when the request left the steps to the preset they are raised until one runs (a turbo
  * model's single step would otherwise run none below strength 1); steps the request named are kept,
@@ -82,6 +96,7 @@ function seeds(request: GenerationRequest): number[] {
 export function planBatches(request: GenerationRequest, model: ModelEntry, defaultRng: NoiseKind = 'native', edit?: { strength: number }): GenerationBatch[] {
   const { width, height } = requestSize(request, model);
   checkScheduler(request, model);
+  checkGuidance(request, model);
   const { preset } = model;
   const rng = request.rng ?? defaultRng;
   const items: BatchItem[] = seeds(request).map((seed) => ({
