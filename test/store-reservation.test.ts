@@ -100,7 +100,8 @@ describe('a store full with the images of running requests', () => {
       expect((await ask(1)).data).toHaveLength(1);
       // Full of unexpired images (their lifetime is the test server's hour): not to be retried now, and
       // Retry-After says when enough of them will have expired.
-      await server.store.put(new Uint8Array(25_000), 'image/png');
+      // (The three small images stored count a 4 KiB block each.)
+      await server.store.put(new Uint8Array(15_000), 'image/png');
       const full = await refusal(1);
       expect(full).toMatchObject({ status: 507, code: 'storage_full', shouldRetry: 'false', message: expect.stringMatching(/store is full \(MAX_STORE_BYTES, 29\.3 KiB\).*retry in \d+s, when enough older images will have expired/) });
       expect(Number(full.retryAfter)).toBeGreaterThan(3500);
@@ -113,23 +114,24 @@ describe('a store full with the images of running requests', () => {
 describe('FileImageStore reservations', () => {
   it('count against the limit until used or released; a put beyond its reservation is checked against what is left', async () => {
     const dir = await mkdtemp(path.join(os.tmpdir(), 'imagegen-reserve-'));
-    const store = await FileImageStore.open({ dir, ttlSeconds: 60, maxBytes: 1000, logger: silentLogger });
+    // Sizes of at least a block (4 KiB), which count as they are.
+    const store = await FileImageStore.open({ dir, ttlSeconds: 60, maxBytes: 20_000, logger: silentLogger });
     try {
-      const first = await store.reserve(600);
-      await expect(store.reserve(600)).rejects.toBeInstanceOf(StoreFullError);
-      // 300 bytes drawn from the reservation, 300 left in it.
-      await store.put(new Uint8Array(300), 'image/png', first);
-      expect(first.bytes).toBe(300);
-      await expect(store.reserve(500)).rejects.toBeInstanceOf(StoreFullError);
-      // 300 covered by the reservation, 200 more fit in what is free; a further 600 would not.
-      await store.put(new Uint8Array(500), 'image/png', first);
-      await expect(store.put(new Uint8Array(600), 'image/png', first)).rejects.toBeInstanceOf(StoreFullError);
+      const first = await store.reserve(12_000);
+      await expect(store.reserve(12_000)).rejects.toBeInstanceOf(StoreFullError);
+      // 6000 bytes drawn from the reservation, 6000 left in it.
+      await store.put(new Uint8Array(6000), 'image/png', first);
+      expect(first.bytes).toBe(6000);
+      await expect(store.reserve(10_000)).rejects.toBeInstanceOf(StoreFullError);
+      // 6000 covered by the reservation, 4000 more fit in what is free; a further 12000 would not.
+      await store.put(new Uint8Array(10_000), 'image/png', first);
+      await expect(store.put(new Uint8Array(12_000), 'image/png', first)).rejects.toBeInstanceOf(StoreFullError);
       first.release();
-      expect(store.stats().bytes).toBe(800);
-      const second = await store.reserve(200);
+      expect(store.stats().bytes).toBe(16_000);
+      const second = await store.reserve(4000);
       second.release();
       second.release();
-      expect((await store.reserve(200)).bytes).toBe(200);
+      expect((await store.reserve(4000)).bytes).toBe(4000);
     } finally {
       await store.close();
       await rm(dir, { recursive: true, force: true });

@@ -4,7 +4,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
-import { FileImageStore } from '../src/store/file-store.js';
+import { FileImageStore, MIN_FILE_BYTES } from '../src/store/file-store.js';
 import { imageName } from '../src/store/image-names.js';
 import { ImageDamagedError, StoreFullError, StoreUnavailableError } from '../src/store/image-store.js';
 import { startTestServer, TEST_KEY } from './helpers/api-server.js';
@@ -29,6 +29,8 @@ const open = (options: { ttlSeconds?: number; maxBytes?: number } = {}) =>
   FileImageStore.open({ dir, ttlSeconds: options.ttlSeconds ?? 60, maxBytes: options.maxBytes ?? 1e6, logger: silentLogger, clock });
 
 const bytes = (n: number, fill = 1) => new Uint8Array(n).fill(fill);
+/** The least an image counts against the limit: one block (file-store.ts). The tests of the limit size their images in blocks. */
+const BLOCK = MIN_FILE_BYTES;
 
 describe('ImageStore', () => {
   it('writes each image under a 128-bit id, atomically, leaving no temporary files', async () => {
@@ -74,25 +76,37 @@ describe('ImageStore', () => {
   });
 
   it('makes room by deleting expired images, then refuses with StoreFullError', async () => {
-    const store = await open({ ttlSeconds: 0.05, maxBytes: 250 });
-    await store.put(bytes(100), 'image/png');
-    await store.put(bytes(100), 'image/png');
+    const store = await open({ ttlSeconds: 0.05, maxBytes: 2.5 * BLOCK });
+    await store.put(bytes(BLOCK), 'image/png');
+    await store.put(bytes(BLOCK), 'image/png');
     wait(100);
     // Both expired: deleted to make room.
-    await store.put(bytes(200), 'image/png');
+    await store.put(bytes(2 * BLOCK), 'image/png');
     expect(await readdir(dir)).toHaveLength(1);
     wait(100);
-    const full = await open({ ttlSeconds: 60, maxBytes: 250 });
-    await full.put(bytes(200), 'image/png');
-    await expect(full.put(bytes(100), 'image/png')).rejects.toBeInstanceOf(StoreFullError);
+    const full = await open({ ttlSeconds: 60, maxBytes: 2.5 * BLOCK });
+    await full.put(bytes(2 * BLOCK), 'image/png');
+    await expect(full.put(bytes(BLOCK), 'image/png')).rejects.toBeInstanceOf(StoreFullError);
+  });
+
+  it('counts an image smaller than a block as a block, here and after a restart: tiny images cannot fill the disk (and the index, the heap) past the limit', async () => {
+    // A flat 256x256 webp is about 400 bytes: counted at that, ten blocks' limit let a hundred in.
+    const store = await open({ maxBytes: 10 * BLOCK });
+    for (let i = 0; i < 10; i++) await store.put(bytes(400), 'image/webp');
+    await expect(store.put(bytes(400), 'image/webp')).rejects.toBeInstanceOf(StoreFullError);
+    expect(store.stats()).toEqual({ files: 10, bytes: 10 * BLOCK });
+    await store.close();
+    const reopened = await open({ maxBytes: 10 * BLOCK });
+    expect(reopened.stats()).toEqual({ files: 10, bytes: 10 * BLOCK });
+    await expect(reopened.put(bytes(400), 'image/webp')).rejects.toBeInstanceOf(StoreFullError);
   });
 
   it('counts each expired image once when puts that find the store full sweep at the same time', async () => {
-    const store = await open({ ttlSeconds: 0.05, maxBytes: 1000 });
-    for (let i = 0; i < 10; i++) await store.put(bytes(100), 'image/png');
+    const store = await open({ ttlSeconds: 0.05, maxBytes: 10 * BLOCK });
+    for (let i = 0; i < 10; i++) await store.put(bytes(BLOCK), 'image/png');
     wait(100);
-    await Promise.all(Array.from({ length: 10 }, () => store.put(bytes(100), 'image/png')));
-    expect(store.stats()).toEqual({ files: 10, bytes: 1000 });
+    await Promise.all(Array.from({ length: 10 }, () => store.put(bytes(BLOCK), 'image/png')));
+    expect(store.stats()).toEqual({ files: 10, bytes: 10 * BLOCK });
     expect(await readdir(dir)).toHaveLength(10);
   });
 
@@ -104,7 +118,8 @@ describe('ImageStore', () => {
     expect(await b.get(fromA.id)).toEqual(fromA);
     expect(await a.get(fromB.id)).toEqual(fromB);
     expect(Buffer.concat(await (await b.read(fromA))!.toArray())).toEqual(Buffer.from(bytes(10, 7)));
-    expect(b.stats()).toEqual({ files: 2, bytes: 20 });
+    // Images smaller than a block count a block each.
+    expect(b.stats()).toEqual({ files: 2, bytes: 2 * BLOCK });
     // A third server starting (or one stopping) while a write is under way leaves its temporary file alone.
     const writing = path.join(dir, `.${'b'.repeat(32)}.tmp`);
     await writeFile(writing, 'half an image, being written');
@@ -134,16 +149,16 @@ describe('ImageStore', () => {
   });
 
   it('says why it is full: images that expire (and when enough will have), space set aside now, more than it can ever hold, or the disk', async () => {
-    const store = await open({ ttlSeconds: 60, maxBytes: 250 });
+    const store = await open({ ttlSeconds: 60, maxBytes: 2.5 * BLOCK });
     const reason = (promise: Promise<unknown>) => promise.then(() => 'fits', (err: StoreFullError) => ({ reason: err.reason, retryAfterSeconds: err.retryAfterSeconds }));
-    await store.put(bytes(100), 'image/png');
+    await store.put(bytes(BLOCK), 'image/png');
     wait(30_000);
-    await store.put(bytes(100), 'image/png');
-    // 50 bytes free; 100 more need the first image gone, in 30 s; 200 more need both, in 60 s.
-    expect(await reason(store.put(bytes(100), 'image/png'))).toEqual({ reason: 'images', retryAfterSeconds: 30 });
-    expect(await reason(store.reserve(200))).toEqual({ reason: 'images', retryAfterSeconds: 60 });
-    expect(await reason(store.reserve(251))).toEqual({ reason: 'too-large', retryAfterSeconds: undefined });
-    const held = await store.reserve(50);
+    await store.put(bytes(BLOCK), 'image/png');
+    // Half a block free; a block more needs the first image gone, in 30 s; two more need both, in 60 s.
+    expect(await reason(store.put(bytes(BLOCK), 'image/png'))).toEqual({ reason: 'images', retryAfterSeconds: 30 });
+    expect(await reason(store.reserve(2 * BLOCK))).toEqual({ reason: 'images', retryAfterSeconds: 60 });
+    expect(await reason(store.reserve(2.5 * BLOCK + 1))).toEqual({ reason: 'too-large', retryAfterSeconds: undefined });
+    const held = await store.reserve(0.5 * BLOCK);
     expect(await reason(store.reserve(10))).toEqual({ reason: 'running', retryAfterSeconds: undefined });
     held.release();
     // The disk under it has less room than this, whatever the store's own limit.
@@ -164,11 +179,11 @@ describe('ImageStore', () => {
     await utimes(dir, new Date(), new Date(Date.now() + 5000));
     await store.sweep();
     expect((await readdir(dir)).sort()).toEqual([imageName(mine), theirs].sort());
-    expect(store.stats()).toEqual({ files: 2, bytes: 30 });
+    expect(store.stats()).toEqual({ files: 2, bytes: 2 * BLOCK });
     wait(2000);
     await store.sweep();
     expect(await readdir(dir)).toEqual([imageName(mine)]);
-    expect(store.stats()).toEqual({ files: 1, bytes: 10 });
+    expect(store.stats()).toEqual({ files: 1, bytes: BLOCK });
   });
 
   it('forgets an image whose file something else deleted: its space is free, and has() says so as read() does', async () => {

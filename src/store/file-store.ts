@@ -33,6 +33,17 @@ const TEMP_FILE = /^\..*\.tmp$/;
 /** A temporary file older than this was left by a crash, not written now by another server. */
 const TEMP_FILE_AGE_MS = 10 * 60_000;
 
+/** The least a file takes on disk: one block of the common filesystems (ext4, XFS, btrfs, tmpfs). */
+export const MIN_FILE_BYTES = 4096;
+
+/**
+ * What an image of `size` bytes counts against MAX_STORE_BYTES: at least a block. Counted at its length,
+ * a flat 256x256 webp (400 bytes) took ten times its share of the disk, and the limit let so many in
+ * (5 million under the default 2g, one client's afternoon) that their index (about 600 bytes of heap
+ * each) outgrew the server's heap. Now the limit bounds the count too: 2g holds at most 524288 images.
+ */
+const spaceOf = (size: number): number => Math.max(size, MIN_FILE_BYTES);
+
 export interface ImageStoreOptions extends StoreLimits {
   /** Folder of the images (created if missing). */
   dir: string;
@@ -98,7 +109,7 @@ export class FileImageStore implements ImageStore {
       if (size === undefined || this.accounted(named.id)) continue;
       if (named.digest !== undefined) this.unchecked.add(named.id);
       this.index.set(named.id, { ...named, size });
-      this.space.used += size;
+      this.space.used += spaceOf(size);
     }
   }
 
@@ -130,7 +141,7 @@ export class FileImageStore implements ImageStore {
     const byExpiry = [...this.index.values()].sort((a, b) => a.expiresAt - b.expiresAt);
     let freed = 0;
     for (const image of byExpiry) {
-      freed += image.size;
+      freed += spaceOf(image.size);
       if (freed >= bytes) return Math.max(1, Math.ceil((image.expiresAt - this.now()) / 1000));
     }
     return undefined;
@@ -139,7 +150,8 @@ export class FileImageStore implements ImageStore {
   /** Stores an image, drawing on `reservation` first; throws StoreFullError when the rest does not fit even after deleting expired ones. */
   async put(data: Uint8Array, contentType: string, reservation?: StoreReservation): Promise<StoredImage> {
     const ext = extensionOf(contentType);
-    await this.space.claim(data.byteLength, reservation);
+    const space = spaceOf(data.byteLength);
+    await this.space.claim(space, reservation);
 
     const image = { ...newImage(ext, contentType, data.byteLength, this.now(), this.options.ttlSeconds), digest: await digestOf([data]) };
     const write = this.write(path.join(this.options.dir, `.${image.id}.tmp`), this.fileOf(image), data);
@@ -147,7 +159,7 @@ export class FileImageStore implements ImageStore {
     try {
       await write;
     } catch (err) {
-      this.space.free(data.byteLength);
+      this.space.free(space);
       throw err;
     } finally {
       this.writes.delete(image.id);
@@ -181,7 +193,7 @@ export class FileImageStore implements ImageStore {
     }
   }
 
-  /** Images and bytes on disk (including writes in progress), for metrics. */
+  /** Images and the bytes they count against the limit (including writes in progress; see spaceOf), for metrics. */
   stats(): { files: number; bytes: number } {
     return { files: this.index.size, bytes: this.space.used };
   }
@@ -253,7 +265,7 @@ export class FileImageStore implements ImageStore {
     if (this.index.get(image.id) !== image) return;
     this.index.delete(image.id);
     this.unchecked.delete(image.id);
-    this.space.free(image.size);
+    this.space.free(spaceOf(image.size));
   }
 
   /**
