@@ -198,7 +198,7 @@ const SETTINGS = {
   imageTtlSeconds: { schema: integer(1).default(86400), description: 'how long image URLs stay valid' },
   maxStoreBytes: {
     schema: bytesAtLeast(1024 ** 2, '1m').prefault('2g'),
-    description: 'space the image store may use, e.g. 2g (on disk each image counts at least 4 KiB, the least a file takes; with STORE=s3: the prefix\'s total over all replicas, as each replica\'s last listing saw it; see docs/deploy.md)',
+    description: 'space the image store may use, e.g. 2g (each image counts at least 4 KiB, the least a file takes on disk; with STORE=s3: the prefix\'s total over all replicas, as each replica\'s last listing saw it; see docs/deploy.md)',
   },
   store: {
     schema: z.enum(['fs', 's3']).default('fs'),

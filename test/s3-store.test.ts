@@ -9,6 +9,7 @@ import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
 import { ConfigError, loadConfig } from '../src/config.js';
 import { StoreFullError, StoreUnavailableError } from '../src/store/image-store.js';
 import { S3ImageStore, type S3StoreOptions } from '../src/store/s3-store.js';
+import { MIN_IMAGE_BYTES } from '../src/store/space.js';
 import { silentLogger } from './helpers/logs.js';
 import { apiError } from './helpers/failures.js';
 import { MODEL, startOpsServer, untilReady } from './helpers/ops-server.js';
@@ -53,6 +54,8 @@ const open = (options: Partial<S3StoreOptions> = {}) =>
   });
 
 const bytes = (n: number, fill = 1) => new Uint8Array(n).fill(fill);
+/** The least an image counts against the limit (space.ts): the small images here count a block each. */
+const BLOCK = MIN_IMAGE_BYTES;
 const readAll = async (stream: Readable | null) => stream && Buffer.concat(await stream.toArray());
 
 async function keys(prefix: string): Promise<string[]> {
@@ -76,7 +79,7 @@ describe('S3ImageStore', () => {
     // A byte range (an HTTP Range request's) reads only those bytes from the bucket.
     expect(await readAll(await store.read(image, { start: 10, end: 19 }))).toEqual(Buffer.from(data.subarray(10, 20)));
     expect(await store.get('0'.repeat(32))).toBeNull();
-    expect(store.stats()).toEqual({ files: 1, bytes: 100 });
+    expect(store.stats()).toEqual({ files: 1, bytes: BLOCK });
     await store.close();
   });
 
@@ -94,20 +97,20 @@ describe('S3ImageStore', () => {
   });
 
   it("shares images between replicas: one serves another's, a restart counts what the bucket holds, and the byte limit spans them", async () => {
-    const [one, two] = [await open({ prefix: 'shared/', maxBytes: 250 }), await open({ prefix: 'shared/', maxBytes: 250 })];
+    const [one, two] = [await open({ prefix: 'shared/', maxBytes: 2.5 * BLOCK }), await open({ prefix: 'shared/', maxBytes: 2.5 * BLOCK })];
     const image = await one.put(bytes(100, 3), 'image/png');
     expect(await readAll(await two.read((await two.get(image.id))!))).toEqual(Buffer.from(bytes(100, 3)));
     await two.put(bytes(100), 'image/png');
-    // `one` has not listed since `two` wrote: 150 more bytes look as if they fit, until a sweep lists the
+    // `one` has not listed since `two` wrote: a block and a half more look as if they fit, until a sweep lists the
     // bucket (every minute, and whenever a put finds the store full).
     await one.sweep();
-    expect(one.stats()).toEqual({ files: 2, bytes: 200 });
+    expect(one.stats()).toEqual({ files: 2, bytes: 2 * BLOCK });
     await expect(one.put(bytes(100), 'image/png')).rejects.toBeInstanceOf(StoreFullError);
-    await expect(one.reserve(60)).rejects.toBeInstanceOf(StoreFullError);
+    await expect(one.reserve(0.6 * BLOCK)).rejects.toBeInstanceOf(StoreFullError);
 
     // Another replica starting later (or this one restarted) sees them all.
-    const three = await open({ prefix: 'shared/', maxBytes: 250 });
-    expect(three.stats()).toEqual({ files: 2, bytes: 200 });
+    const three = await open({ prefix: 'shared/', maxBytes: 2.5 * BLOCK });
+    expect(three.stats()).toEqual({ files: 2, bytes: 2 * BLOCK });
     // Once they expire, the sweep a full store runs deletes them and makes room.
     now += 61_000;
     await three.put(bytes(200), 'image/png');

@@ -2,7 +2,8 @@ import { mkdtemp, open as openFile, readdir, rm, truncate, writeFile } from 'nod
 import os from 'node:os';
 import path from 'node:path';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
-import { FileImageStore, MIN_FILE_BYTES } from '../src/store/file-store.js';
+import { FileImageStore } from '../src/store/file-store.js';
+import { MIN_IMAGE_BYTES } from '../src/store/space.js';
 import { ImageDamagedError } from '../src/store/image-store.js';
 import { startTestServer } from './helpers/api-server.js';
 import { capturedLogs, silentLogger } from './helpers/logs.js';
@@ -84,8 +85,8 @@ describe('images damaged while the server was stopped', () => {
     expect(lines).toEqual([expect.objectContaining({ level: 40, id: image.id, msg: expect.stringMatching(/damaged/) })]);
     // Still damaged, not unknown, until it expires; then deleted with the expired images.
     await expect(store.get(image.id)).rejects.toBeInstanceOf(ImageDamagedError);
-    // Its 50 bytes count a block (file-store.ts).
-    expect(store.stats()).toEqual({ files: 1, bytes: MIN_FILE_BYTES });
+    // Its 50 bytes count a block (space.ts).
+    expect(store.stats()).toEqual({ files: 1, bytes: MIN_IMAGE_BYTES });
     // The undamaged one is served whole.
     expect(Buffer.concat(await (await store.read((await store.get(kept.id))!))!.toArray())).toEqual(Buffer.alloc(50, 4));
     now += 61_000;

@@ -4,7 +4,8 @@ import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
-import { FileImageStore, MIN_FILE_BYTES } from '../src/store/file-store.js';
+import { FileImageStore } from '../src/store/file-store.js';
+import { MIN_IMAGE_BYTES } from '../src/store/space.js';
 import { imageName } from '../src/store/image-names.js';
 import { ImageDamagedError, StoreFullError, StoreUnavailableError } from '../src/store/image-store.js';
 import { startTestServer, TEST_KEY } from './helpers/api-server.js';
@@ -29,8 +30,8 @@ const open = (options: { ttlSeconds?: number; maxBytes?: number } = {}) =>
   FileImageStore.open({ dir, ttlSeconds: options.ttlSeconds ?? 60, maxBytes: options.maxBytes ?? 1e6, logger: silentLogger, clock });
 
 const bytes = (n: number, fill = 1) => new Uint8Array(n).fill(fill);
-/** The least an image counts against the limit: one block (file-store.ts). The tests of the limit size their images in blocks. */
-const BLOCK = MIN_FILE_BYTES;
+/** The least an image counts against the limit: one block (space.ts). The tests of the limit size their images in blocks. */
+const BLOCK = MIN_IMAGE_BYTES;
 
 describe('ImageStore', () => {
   it('writes each image under a 128-bit id, atomically, leaving no temporary files', async () => {

@@ -5,7 +5,7 @@ import type { Readable } from 'node:stream';
 import { makeFolder, syncFolder, unlessMissing } from '../util/files.js';
 import { ImageDamagedError, StoreFullError, StoreUnavailableError, type ByteRange, type ImageStore, type StoredImage, type StoreLimits, type StoreReservation } from './image-store.js';
 import { digestOf, extensionOf, imageName, isExpired, newImage, parseImageName } from './image-names.js';
-import { StoreSpace } from './space.js';
+import { spaceOf, StoreSpace } from './space.js';
 
 /**
  * Generated images served by URL for a limited time. One file per image, named as image-names.ts says
@@ -32,17 +32,6 @@ import { StoreSpace } from './space.js';
 const TEMP_FILE = /^\..*\.tmp$/;
 /** A temporary file older than this was left by a crash, not written now by another server. */
 const TEMP_FILE_AGE_MS = 10 * 60_000;
-
-/** The least a file takes on disk: one block of the common filesystems (ext4, XFS, btrfs, tmpfs). */
-export const MIN_FILE_BYTES = 4096;
-
-/**
- * What an image of `size` bytes counts against MAX_STORE_BYTES: at least a block. Counted at its length,
- * a flat 256x256 webp (400 bytes) took ten times its share of the disk, and the limit let so many in
- * (5 million under the default 2g, one client's afternoon) that their index (about 600 bytes of heap
- * each) outgrew the server's heap. Now the limit bounds the count too: 2g holds at most 524288 images.
- */
-const spaceOf = (size: number): number => Math.max(size, MIN_FILE_BYTES);
 
 export interface ImageStoreOptions extends StoreLimits {
   /** Folder of the images (created if missing). */

@@ -4,7 +4,7 @@ import { DeleteObjectsCommand, GetObjectCommand, ListObjectsV2Command, paginateL
 import { getSignedUrl } from '@aws-sdk/s3-request-presigner';
 import { StoreUnavailableError, type ByteRange, type ImageStore, type StoredImage, type StoreLimits, type StoreReservation } from './image-store.js';
 import { extensionOf, imageName, isExpired, newImage, parseImageName } from './image-names.js';
-import { StoreSpace } from './space.js';
+import { spaceOf, StoreSpace } from './space.js';
 
 /**
  * Generated images in an S3-compatible bucket (AWS S3, MinIO, Ceph RGW, Cloudflare R2, Garage), shared
@@ -57,7 +57,7 @@ export class S3ImageStore implements ImageStore {
   private files = 0;
   /** Bytes of puts in progress (counted in `space.used`, in no listing yet). */
   private writing = 0;
-  /** Puts finished since the current (or last) listing began: the listing may not have seen them. */
+  /** Puts finished since the current (or last) listing began, and what each counts (spaceOf): the listing may not have seen them. */
   private recent = new Map<string, number>();
   private readonly writes = new Set<Promise<unknown>>();
   private sweeping: Promise<void> | undefined;
@@ -141,8 +141,9 @@ export class S3ImageStore implements ImageStore {
 
   async put(data: Uint8Array, contentType: string, reservation?: StoreReservation): Promise<StoredImage> {
     const ext = extensionOf(contentType);
-    await this.space.claim(data.byteLength, reservation);
-    this.writing += data.byteLength;
+    const space = spaceOf(data.byteLength);
+    await this.space.claim(space, reservation);
+    this.writing += space;
     const image = newImage(ext, contentType, data.byteLength, this.now(), this.options.ttlSeconds);
     const write = this.client.send(
       new PutObjectCommand({
@@ -162,13 +163,13 @@ export class S3ImageStore implements ImageStore {
     try {
       await write;
     } catch (err) {
-      this.space.free(data.byteLength);
+      this.space.free(space);
       throw this.unavailable('store an image', err);
     } finally {
       this.writes.delete(write);
-      this.writing -= data.byteLength;
+      this.writing -= space;
     }
-    this.recent.set(image.id, data.byteLength);
+    this.recent.set(image.id, space);
     this.files += 1;
     if (!this.options.presignedUrls) return image;
     // Signing is local (no request): the URL dies with the image (a whole second early at most).
@@ -220,7 +221,7 @@ export class S3ImageStore implements ImageStore {
     for (const image of images) {
       this.recent.delete(image.id);
       this.files -= 1;
-      this.space.free(image.size);
+      this.space.free(spaceOf(image.size));
     }
   }
 
@@ -245,7 +246,7 @@ export class S3ImageStore implements ImageStore {
           if (isExpired(image, this.now())) expired.push(object.Key!);
           else {
             seen.add(image.id);
-            bytes += image.size;
+            bytes += spaceOf(image.size);
           }
         }
       }

@@ -1,6 +1,18 @@
 import { StoreFullError, type StoreReservation } from './image-store.js';
 import { SpaceReservation } from './reservation.js';
 
+/** The least an image counts against the limit: one block of the common filesystems (ext4, XFS, btrfs, tmpfs), the least a file takes. */
+export const MIN_IMAGE_BYTES = 4096;
+
+/**
+ * What an image of `size` bytes counts against MAX_STORE_BYTES, in either store: at least a block.
+ * Counted at its length, a flat 256x256 webp (400 bytes) took ten times its share of the disk, and the
+ * limit let so many in (5 million under the default 2g, a few hours of one client's requests) that the
+ * file store's index (about 600 bytes of heap each) outgrew the server's heap, and each S3 sweep listed
+ * and held them all. Now the limit bounds the count too: 2g holds at most 524288 images.
+ */
+export const spaceOf = (size: number): number => Math.max(size, MIN_IMAGE_BYTES);
+
 /**
  * A store's byte limit: the bytes its images take (plus writes in progress) and the bytes reservations
  * set aside, against `maxBytes`. Both stores count the same way; each tells it what it holds. Every
