@@ -1,4 +1,5 @@
 import { spawnSync } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
 import { mkdtemp, readdir, readFile, realpath, rm, truncate, utimes, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
@@ -9,7 +10,7 @@ import { MIN_IMAGE_BYTES } from '../src/store/space.js';
 import { imageName } from '../src/store/image-names.js';
 import { ImageDamagedError, StoreFullError, StoreUnavailableError } from '../src/store/image-store.js';
 import { startTestServer, TEST_KEY } from './helpers/api-server.js';
-import { silentLogger } from './helpers/logs.js';
+import { capturedLogs, silentLogger } from './helpers/logs.js';
 
 /** The image store on disk, and the files route in front of it. */
 
@@ -128,6 +129,31 @@ describe('ImageStore', () => {
     expect(await readdir(dir)).toContain(`.${'b'.repeat(32)}.tmp`);
     // An id no store has is a miss, after one listing.
     expect(await a.get('c'.repeat(32))).toBeNull();
+  });
+
+  it("lists the folder for ids it has not indexed at most a tenth of the time, however many lookups come while images are stored, and still finds another server's image", async () => {
+    // Some thousands of images, so that a listing takes measurable time (100k took half a second).
+    const expiresAt = now + 60_000;
+    const newId = () => randomBytes(16).toString('hex');
+    for (let i = 0; i < 2000; i++) await writeFile(path.join(dir, `${newId()}.${expiresAt}.10.${'0'.repeat(16)}.png`), bytes(10));
+    const { logger, lines } = capturedLogs<{ msg: string; ms?: number }>();
+    logger.level = 'debug';
+    const store = await FileImageStore.open({ dir, ttlSeconds: 60, maxBytes: 1e9, logger, clock });
+    const started = performance.now();
+    // Each put changes the folder, and each lookup of an unknown id (a scanner's, needing no key) after
+    // it would list the folder again: the server's thread spent most of its time listing.
+    while (performance.now() - started < 1000) {
+      await store.put(bytes(10), 'image/png');
+      expect(await Promise.all([1, 2, 3].map(() => store.get(newId())))).toEqual([null, null, null]);
+    }
+    const elapsed = performance.now() - started;
+    const listings = lines.filter((line) => line.msg === 'image folder listed').slice(1);
+    expect(listings.length).toBeGreaterThan(0);
+    expect(listings.reduce((sum, line) => sum + line.ms!, 0)).toBeLessThan(elapsed / 5);
+    // A file another server wrote is found: its lookup waits for the next listing rather than miss it.
+    const theirs = newId();
+    await writeFile(path.join(dir, `${theirs}.${expiresAt}.10.${'0'.repeat(16)}.png`), bytes(10));
+    expect(await store.get(theirs)).toMatchObject({ id: theirs, size: 10 });
   });
 
   it('answers an image whose file was cut short on disk as damaged, rather than serving it short of its size', async () => {
