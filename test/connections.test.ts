@@ -456,6 +456,39 @@ describe('uploads waiting for a worker', () => {
   }, 60_000);
 });
 
+describe('JSON bodies arriving or waiting', () => {
+  it('hold at most UPLOAD_MEMORY together with the forms: connections holding large bodies unfinished fill it, the next gets 429, and room comes back as they end', async () => {
+    const MiB = 1024 ** 2;
+    const server = await startTestServer({ engine: new FakeEngine(), config: { uploadMemory: 64 * MiB } });
+    const port = Number(new URL(server.origin).port);
+    // Bodies just under BODY_LIMIT (1 MiB), each sent but for its last byte: seventy would hold 70 MiB.
+    // Before, each connection held its body for REQUEST_TIMEOUT_SECONDS, MAX_CONNECTIONS of them 4 GiB.
+    const body = Buffer.from(JSON.stringify({ model: 'stub', prompt: 'x'.repeat(MiB - 100) }));
+    const request = head(['POST /v1/images/generations HTTP/1.1', 'Host: 127.0.0.1', `Authorization: Bearer ${TEST_KEY}`, 'Content-Type: application/json', `Content-Length: ${body.length}`]);
+    const holding = Array.from({ length: 70 }, () => rawRequest(port, Buffer.concat([Buffer.from(request), body.subarray(0, -1)])));
+    const generate = () =>
+      fetch(`${server.baseURL}/images/generations`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json', authorization: `Bearer ${TEST_KEY}` },
+        // Padded (JSON allows whitespace) past what the held bodies leave free, some KiB.
+        body: JSON.stringify({ model: 'stub', prompt: 'a red circle', response_format: 'b64_json' }) + ' '.repeat(64 * 1024),
+      });
+    try {
+      await expect.poll(async () => (await generate()).status, { timeout: 20_000 }).toBe(429);
+      const refused = await generate();
+      expect(refused.headers.get('retry-after')).toBe('5');
+      expect((await refused.json()).error).toMatchObject({ type: 'requests', code: 'rate_limit_exceeded', message: expect.stringMatching(/UPLOAD_MEMORY, 64(\.0)? MiB/) });
+      // Those past it got the same 429 as their bodies came.
+      await expect.poll(() => holding.filter((exchange) => exchange.text.startsWith('HTTP/1.1 429')).length).toBeGreaterThan(0);
+      for (const exchange of holding) exchange.socket.destroy();
+      await expect.poll(async () => (await generate()).status, { timeout: 20_000 }).toBe(200);
+    } finally {
+      for (const exchange of holding) exchange.socket.destroy();
+      await server.close();
+    }
+  }, 60_000);
+});
+
 describe('an edit while the queue is full', () => {
   it('gets its 429 with Retry-After before its upload is read', async () => {
     // One worker, one waiting job: a running request and a waiting one fill it. A fake engine, to hold them there.

@@ -24,6 +24,7 @@ import { models } from './models.js';
 import { playground } from './playground.js';
 import { requestId, requestIds } from './request-id.js';
 import { shutdown } from './shutdown.js';
+import { ByteBudget } from '../util/byte-budget.js';
 
 /** The HTTP app, assembled from one plugin per concern; the caller owns the parts it is given. */
 
@@ -102,7 +103,9 @@ export function buildApp({ config, registry, engine, store, metrics, logger, tls
     maxConnections: config.maxConnections,
     onDropped: () => metrics.connectionDropped(),
   });
-  app.register(content);
+  // UPLOAD_MEMORY: request bodies held in memory, JSON (content.ts) and forms (edits.ts) together.
+  const bodyMemory = new ByteBudget(config.uploadMemory);
+  app.register(content, { memory: bodyMemory });
   // Before the plugins whose hooks reject requests, so that those are counted too.
   app.register(metricsRoutes, { metrics, public: config.metricsPublic });
   app.register(shutdown, { timeoutMs: config.shutdownTimeoutSeconds * 1000 });
@@ -132,6 +135,6 @@ export function buildApp({ config, registry, engine, store, metrics, logger, tls
     slots,
   };
   app.register(images, imageRoutes);
-  app.register(edits, { ...imageRoutes, uploadMemory: config.uploadMemory });
+  app.register(edits, { ...imageRoutes, memory: bodyMemory });
   return app;
 }

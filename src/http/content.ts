@@ -4,13 +4,21 @@ import { createBrotliDecompress, createGunzip, createInflate } from 'node:zlib';
 import type { FastifyInstance, RequestPayload } from 'fastify';
 import fp from 'fastify-plugin';
 import { ApiError } from '../api/errors.js';
+import type { ByteBudget } from '../util/byte-budget.js';
+import { bodyMemoryFull, holdBodyMemory } from './body-memory.js';
 
 /**
  * What a request body may be: JSON only (Fastify would also take text/plain, which made a JSON body
  * sent as text/plain a confusing 400 instead of a 415), and compressed with gzip, deflate or br if the
  * client says so in Content-Encoding (a multipart form must come uncompressed). A compressed body counts against BODY_LIMIT as decompressed, and
  * decompression stops as soon as it passes the limit, so a small zip bomb costs only BODY_LIMIT of work.
+ * A JSON body's bytes (decompressed) count against UPLOAD_MEMORY until its request ends (body-memory.ts).
  */
+
+export interface ContentOptions {
+  /** UPLOAD_MEMORY, shared with the forms of edits and variations. */
+  memory: ByteBudget;
+}
 
 /** Charsets a body may declare: UTF-8, and ASCII, which is UTF-8 too. */
 const TEXT_CHARSETS = new Set(['utf-8', 'utf8', 'us-ascii', 'ascii']);
@@ -50,7 +58,27 @@ function decode(payload: RequestPayload, decoder: Transform, encoding: string, l
   return body;
 }
 
-async function contentPlugin(app: FastifyInstance): Promise<void> {
+/**
+ * The body as it is read, each chunk taken by `take` first: one that does not fit fails the body with
+ * UPLOAD_MEMORY's 429 (an error of the stream Fastify reads, as decode's 413 is).
+ */
+function held(payload: RequestPayload, take: (bytes: number) => boolean, memory: ByteBudget): RequestPayload {
+  const body: Transform & { receivedEncodedLength?: number } = new Transform({
+    transform(chunk: Buffer, _encoding, done) {
+      if (!take(chunk.length)) return done(bodyMemoryFull(memory));
+      done(null, chunk);
+    },
+  });
+  // Fastify checks Content-Length against the encoded bytes a decoding stream counts, else against what it read.
+  Object.defineProperty(body, 'receivedEncodedLength', { get: () => payload.receivedEncodedLength });
+  payload.pipe(body);
+  payload.on('error', (err) => body.destroy(err));
+  body.on('error', () => {});
+  body.on('close', () => (payload as Readable).unpipe(body));
+  return body;
+}
+
+async function contentPlugin(app: FastifyInstance, { memory }: ContentOptions): Promise<void> {
   app.removeContentTypeParser('text/plain');
 
   // JSON read as bytes, then parsed by Fastify's own parser: read as a string, bytes that are no UTF-8
@@ -62,16 +90,20 @@ async function contentPlugin(app: FastifyInstance): Promise<void> {
     parseJson(request, body.toString('utf8'), done);
   });
 
-  app.addHook('preParsing', async (request, _reply, payload) => {
+  app.addHook('preParsing', async (request, reply, payload) => {
     // JSON is UTF-8 (RFC 8259); Fastify would read a body of any declared charset as UTF-8.
     const charset = /;\s*charset\s*=\s*"?([^";\s]+)/i.exec(request.headers['content-type'] ?? '')?.[1].toLowerCase();
     if (charset && !TEXT_CHARSETS.has(charset)) {
       throw new ApiError(415, `Unsupported charset '${charset}': send the body in UTF-8.`, { code: 'unsupported_media_type' });
     }
     const encoding = request.headers['content-encoding']?.trim().toLowerCase();
-    if (!encoding || encoding === 'identity') return payload;
-    // @fastify/multipart reads the request itself, not this hook's decoded stream.
-    if (/^multipart\//i.test(request.headers['content-type'] ?? '')) {
+    // @fastify/multipart reads the request itself, not this hook's streams (uploads.ts counts a form).
+    const form = /^multipart\//i.test(request.headers['content-type'] ?? '');
+    const hasBody = request.headers['content-length'] !== undefined || request.headers['transfer-encoding'] !== undefined;
+    const take = hasBody && !form ? holdBodyMemory(request, reply, memory) : undefined;
+    const counted = (body: RequestPayload) => (take ? held(body, take, memory) : body);
+    if (!encoding || encoding === 'identity') return counted(payload);
+    if (form) {
       throw new ApiError(415, `Unsupported Content-Encoding '${encoding}' for a multipart/form-data body: send it uncompressed (its pictures are compressed already).`, {
         code: 'unsupported_content_encoding',
       });
@@ -82,7 +114,7 @@ async function contentPlugin(app: FastifyInstance): Promise<void> {
         code: 'unsupported_content_encoding',
       });
     }
-    return decode(payload, decoder(), encoding, request.routeOptions.bodyLimit);
+    return counted(decode(payload, decoder(), encoding, request.routeOptions.bodyLimit));
   });
 }
 

@@ -6,7 +6,7 @@ import type { EditInput } from '../service/images.js';
 import { checkMask, decodeInputImage } from '../service/input-images.js';
 import { queueClient, respond, type ImagesOptions } from './image-routes.js';
 import { readUpload, type Upload, type UploadLimits, type UploadRoute } from './uploads.js';
-import { ByteBudget } from '../util/byte-budget.js';
+import type { ByteBudget } from '../util/byte-budget.js';
 
 /**
  * POST /v1/images/edits and /v1/images/variations: the generations path (service/images.ts) started
@@ -37,14 +37,13 @@ async function editInput({ images, mask, form }: Upload, route: UploadRoute): Pr
 }
 
 export interface EditsOptions extends ImagesOptions {
-  /** UPLOAD_MEMORY: what the forms of edits and variations may hold together (uploads.ts). */
-  uploadMemory: number;
+  /** UPLOAD_MEMORY: what request bodies may hold together (body-memory.ts); the forms of edits and variations take from it (uploads.ts). */
+  memory: ByteBudget;
 }
 
 export async function edits(app: FastifyInstance, options: EditsOptions): Promise<void> {
   // Limits are set per request in uploads.ts; throwing on a too-large file makes it a 413, not a silently cut image.
   await app.register(multipart, { throwFileSizeLimit: true });
-  const memory = new ByteBudget(options.uploadMemory);
   for (const [path, route] of [
     ['/v1/images/edits', 'edit'],
     ['/v1/images/variations', 'variation'],
@@ -54,7 +53,7 @@ export async function edits(app: FastifyInstance, options: EditsOptions): Promis
       // (megabytes) is read: its n is in the form, but a key that has no room for one image has none for any.
       options.service.checkRoom(queueClient(request));
       await options.rates.check(request.apiKey, 1);
-      const upload = await readUpload(request, reply, route, UPLOAD_LIMITS, memory);
+      const upload = await readUpload(request, reply, route, UPLOAD_LIMITS, options.memory);
       const body = parseImageRequest(route, upload.fields, { defaultModel: options.defaultModel, form: upload.form });
       return respond(request, reply, 'image_edit', body, options, () => editInput(upload, route));
     });

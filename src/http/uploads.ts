@@ -2,8 +2,8 @@ import type { FastifyReply, FastifyRequest } from 'fastify';
 import type { Multipart } from '@fastify/multipart';
 import { imageReferenceBytes } from '../api/data-uri.js';
 import { ApiError, describeValue } from '../api/errors.js';
-import { formatBytes } from '../util/bytes.js';
 import type { ByteBudget } from '../util/byte-budget.js';
+import { bodyMemoryFull, holdBodyMemory } from './body-memory.js';
 import { declaredBodyBytes } from './connections.js';
 
 /**
@@ -82,9 +82,6 @@ function readText(part: Extract<Multipart, { type: 'field' }>, fields: Record<st
   fields[part.fieldname] = part.value;
 }
 
-/** When to retry a form refused for UPLOAD_MEMORY: uploads go as their requests end. */
-const FULL_RETRY_SECONDS = 5;
-
 /** Part headers and boundaries: a form's bytes beyond its files and fields. */
 const FORM_OVERHEAD_BYTES = 1024 ** 2;
 
@@ -97,10 +94,10 @@ const FORM_OVERHEAD_BYTES = 1024 ** 2;
  * past it after the form's end (junk after its last boundary, while the request runs), the connection is
  * cut. Answers a function to call once the parts are read.
  *
- * Every byte read is taken from `memory` (UPLOAD_MEMORY) and given back when the request ends: the files
- * stay in memory while the request waits for a worker, and nothing else bounds how many requests do.
- * A form that finds it full is answered with a 429 to retry before the rest is read (which is then
- * dropped as it comes, connections.ts).
+ * Every byte of its parts is taken from `memory` (UPLOAD_MEMORY, body-memory.ts) and given back when the
+ * request ends: the files stay in memory while the request waits for a worker, and nothing else bounds
+ * how many requests do. A form that finds it full is answered with a 429 to retry before the rest is
+ * read (which is then dropped as it comes, connections.ts).
  */
 function boundFormBytes(request: FastifyRequest, reply: FastifyReply, maxBytes: number, memory: ByteBudget): () => void {
   // Declared too large, the body is answered before it comes (and the rest read and dropped within
@@ -110,15 +107,11 @@ function boundFormBytes(request: FastifyRequest, reply: FastifyReply, maxBytes: 
       code: 'request_too_large',
       ...(close && { headers: { connection: 'close' } }),
     });
-  const full = () =>
-    ApiError.rateLimited(`Rate limit reached: the server holds as many uploaded images as it may (UPLOAD_MEMORY, ${formatBytes(memory.limit)}), most of them waiting for a worker. Please try again in ${FULL_RETRY_SECONDS}s.`, { 'retry-after': String(FULL_RETRY_SECONDS) });
-  const declared = declaredBodyBytes(request);
-  if (declared > maxBytes) throw tooLarge(false);
-  if (declared > memory.limit - memory.inUse) throw full();
+  if (declaredBodyBytes(request) > maxBytes) throw tooLarge(false);
+  /** Takes the bytes read into its parts from `memory` (what comes after them is dropped). */
+  const take = holdBodyMemory(request, reply, memory);
   const raw = request.raw;
   let received = 0;
-  /** What this form holds of `memory`: the bytes read into its parts (what comes after them is dropped). */
-  let held = 0;
   let partsRead = false;
   const refuse = (error: ApiError) => {
     raw.off('data', count);
@@ -132,16 +125,11 @@ function boundFormBytes(request: FastifyRequest, reply: FastifyReply, maxBytes: 
     if (received + chunk.byteLength > maxBytes) return refuse(tooLarge(true));
     received += chunk.byteLength;
     if (partsRead) return;
-    if (!memory.take(chunk.byteLength)) return refuse(full());
-    held += chunk.byteLength;
+    if (!take(chunk.byteLength)) return refuse(bodyMemoryFull(memory));
   };
   // The answer is done (or the client left): a refused form's body may still be arriving, and is no
-  // longer counted; what it held goes back.
-  reply.raw.once('close', () => {
-    raw.off('data', count);
-    memory.release(held);
-    held = 0;
-  });
+  // longer counted (what it held goes back: holdBodyMemory).
+  reply.raw.once('close', () => raw.off('data', count));
   // A 'data' listener sets the stream flowing, but only from the next tick: readParts pipes it into the
   // form parser before then (its first step runs synchronously), so no chunk reaches this count alone.
   raw.on('data', count);
