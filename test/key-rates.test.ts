@@ -25,6 +25,21 @@ describe('per-key rates', () => {
     expect(await r.admit(key, 1)).toMatchObject({ 'x-ratelimit-remaining-requests': '0', 'x-ratelimit-reset-requests': '1ms' });
   });
 
+  it('forgets the keys that spent nothing for a minute: keys rotated out of API_KEYS_FILE leave nothing behind', async () => {
+    now = 0;
+    const ledger = new MemoryLedger(() => now);
+    const r = new KeyRates(ledger);
+    // Ten thousand keys (a keys file rotated day after day), each at its limit.
+    for (let i = 0; i < 10_000; i++) for (let n = 0; n < 3; n++) await r.admit({ label: `sha256:${i}`, limits: { requestsPerMinute: 3 } }, 1);
+    expect(ledger.keys).toBe(10_000);
+    now = 60_001;
+    await r.admit({ label: 'alice', limits: { requestsPerMinute: 3 } }, 1);
+    expect(ledger.keys).toBe(1);
+    // A refused or checked request of a key with nothing in its window leaves no entry either.
+    await r.check({ label: 'dave', limits: { requestsPerMinute: 3 } }, 1);
+    expect(ledger.keys).toBe(1);
+  });
+
   it('counts images_per_minute by n, and refuses a request larger than the limit outright', async () => {
     now = 0;
     const r = rates();

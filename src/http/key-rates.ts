@@ -59,16 +59,38 @@ function fits(recent: readonly Spent[], entry: Spent, limits: WindowLimits): boo
  * entries in the future, counted against their key for as long as the step, an hour's step an hour's refusals.
  */
 export class MemoryLedger implements RateLedger {
+  /** Each key's entries in the window, oldest first; a key with none has no entry. */
   private readonly spent = new Map<string, Spent[]>();
+  /** When keys idle for a window were last dropped (see dropIdle). */
+  private droppedAt = -Infinity;
 
   constructor(private readonly now: () => number = () => performance.now()) {}
 
+  /** How many keys it holds entries of: those that spent within the last window, at most. */
+  get keys(): number {
+    return this.spent.size;
+  }
+
   async spend(label: string, images: number, limits: WindowLimits, windowMs: number, record = true): Promise<Spending> {
     const entry = { at: this.now(), images };
+    this.dropIdle(entry.at, windowMs);
     const recent = (this.spent.get(label) ?? []).filter((s) => s.at > entry.at - windowMs);
     const fit = fits(recent, entry, limits);
-    this.spent.set(label, fit && record ? [...recent, entry] : recent);
+    const kept = fit && record ? [...recent, entry] : recent;
+    if (kept.length > 0) this.spent.set(label, kept);
+    else this.spent.delete(label);
     return { fits: fit, recent, at: entry.at };
+  }
+
+  /**
+   * Forgets the keys that spent nothing within the window, once a window: a key's entries were filtered
+   * only when it spent again, so a key gone from API_KEYS_FILE (rotated, revoked) kept its last
+   * minute's entries, up to its limit, for as long as the server ran, and every key ever seen its place.
+   */
+  private dropIdle(now: number, windowMs: number): void {
+    if (now - this.droppedAt < windowMs) return;
+    this.droppedAt = now;
+    for (const [label, entries] of this.spent) if (entries.at(-1)!.at <= now - windowMs) this.spent.delete(label);
   }
 }
 
