@@ -141,6 +141,17 @@ describe.skipIf(!chromiumPath)(`the playground at its edges${chromiumPath ? '' :
     await page.selectOption('#output_format', 'png');
   });
 
+  it('sends nothing on Ctrl+Enter in the code dialog', async () => {
+    await page.click('#results button:has-text("Copy as code")');
+    // send() says "Sending…" before its first await: had the shortcut sent, the status would say so now.
+    await page.$eval('#status', (status) => (status.textContent = 'before'));
+    await page.focus('#code-node');
+    await page.keyboard.press('Control+Enter');
+    expect(await page.textContent('#status')).toBe('before');
+    expect(await page.isVisible('#code-dialog')).toBe(true);
+    await page.keyboard.press('Escape');
+  });
+
   it('says that the connection was lost, and what to do, when the server dies in the middle of a stream', async () => {
     await page.selectOption('#size', LONG.size);
     await page.fill('#steps', String(LONG.steps));

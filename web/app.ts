@@ -253,7 +253,9 @@ form.addEventListener('submit', (event) => {
   void send('generations');
 });
 document.addEventListener('keydown', (event) => {
-  if (event.key === 'Enter' && (event.ctrlKey || event.metaKey) && !keyDialog.open) {
+  // Not while a modal dialog (the key, the code) is open: the page behind it is inert, and a request
+  // sent from there would run unseen.
+  if (event.key === 'Enter' && (event.ctrlKey || event.metaKey) && !document.querySelector('dialog:modal')) {
     event.preventDefault();
     void send('generations');
   }
