@@ -141,8 +141,10 @@ describe.skipIf(!chromiumPath)(`the playground at its edges${chromiumPath ? '' :
     await page.selectOption('#output_format', 'png');
   });
 
-  it('sends nothing on Ctrl+Enter in the code dialog', async () => {
+  it('says how to run the Node snippet, and Ctrl+Enter in the code dialog sends nothing behind it', async () => {
     await page.click('#results button:has-text("Copy as code")');
+    // ES-module JavaScript (import, top-level await): node runs it only as .mjs or under "type": "module".
+    expect((await page.textContent('#code-node'))!.split('\n')[0]).toMatch(/^\/\/ .*\.mjs/);
     // send() says "Sending…" before its first await: had the shortcut sent, the status would say so now.
     await page.$eval('#status', (status) => (status.textContent = 'before'));
     await page.focus('#code-node');

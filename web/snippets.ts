@@ -80,6 +80,8 @@ function node(base: string, { route, fields, image, mask }: ImageRequest, file: 
     ...Object.entries(fields).map(([name, value]) => `${name}: ${literal(value)}`),
   ];
   return [
+    // An ES module (import, top-level await): node reads a .js file as CommonJS and fails on both.
+    '// ES module: save as snippet.mjs (or set "type": "module" in package.json), npm install openai, run node snippet.mjs',
     "import fs from 'node:fs';",
     "import OpenAI from 'openai';",
     '',
