@@ -27,6 +27,17 @@ function contrast(a: string, b: string): number {
   return (light + 0.05) / (dark + 0.05);
 }
 
+/**
+ * How many of the page's live regions a screen reader would read `text` from, as the accessibility tree
+ * has them (aria-hidden parts left out): each is one announcement.
+ */
+async function timesAnnounced(page: Page, text: string): Promise<number> {
+  const regions = await page.locator('[role=status], [role=alert], [aria-live=polite], [aria-live=assertive]').all();
+  let times = 0;
+  for (const region of regions) if ((await region.isVisible()) && (await region.ariaSnapshot()).includes(text)) times++;
+  return times;
+}
+
 describe.skipIf(!chromiumPath)(`the playground at its edges${chromiumPath ? '' : NO_CHROMIUM}`, () => {
   let root: string;
   let server: ServerProcess;
@@ -85,6 +96,8 @@ describe.skipIf(!chromiumPath)(`the playground at its edges${chromiumPath ? '' :
   it('shows an error in a colour that reads (4.5:1, WCAG AA) on the light and the dark scheme alike', async () => {
     await page.fill('#steps', '151');
     await runOnPage(page, '#generate', /^Failed: Invalid 'steps'/);
+    // Shown in the status line and beside the field, read out once.
+    expect(await timesAnnounced(page, "Invalid 'steps'")).toBe(1);
     for (const colorScheme of ['light', 'dark'] as const) {
       await page.emulateMedia({ colorScheme });
       // The page's background, or where it sets none the browser's own for the scheme (its Canvas colour).
@@ -107,6 +120,7 @@ describe.skipIf(!chromiumPath)(`the playground at its edges${chromiumPath ? '' :
     await page.selectOption('#delivery', 'url');
     await runOnPage(page, '#generate', /^Failed: /);
     expect(await page.textContent('#form-error')).toMatch(/more than the whole store holds .* In this page: set "Answer as" to stream, which keeps nothing on the server\.$/);
+    expect(await timesAnnounced(page, 'more than the whole store holds')).toBe(1);
     await page.selectOption('#delivery', 'stream');
     await page.fill('#n', '1');
   });

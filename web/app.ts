@@ -40,6 +40,17 @@ function say(text: string): void {
   status.textContent = text;
 }
 
+/**
+ * A failure in the status line, where the eye looks while a request runs. Its message is also shown, and
+ * announced, where it belongs (beside the field it names, above the form, in the key dialog: alerts), so
+ * the status line's copy is hidden from screen readers: they hear "Failed" and the message once.
+ */
+function sayFailed(message: string): void {
+  const detail = Object.assign(document.createElement('span'), { textContent: `: ${message}` });
+  detail.setAttribute('aria-hidden', 'true');
+  status.replaceChildren('Failed', detail);
+}
+
 /** Loads the models; a 401 means the server has keys and this tab has none, or a wrong one. */
 async function connect(): Promise<void> {
   try {
@@ -171,7 +182,7 @@ async function send(route: Route): Promise<void> {
   } catch (err) {
     if ((err as Error).name === 'AbortError') say('Cancelled: the server stopped the work.');
     else if (err instanceof ApiFailure) {
-      say(`Failed: ${err.message}`);
+      sayFailed(err.message);
       if (err.isKeyProblem) askKey(`The server refused this key: ${err.message}`);
       else showError(form, err);
     } else throw err;
