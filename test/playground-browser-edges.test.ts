@@ -1,5 +1,7 @@
-import { rm } from 'node:fs/promises';
+import { rm, writeFile } from 'node:fs/promises';
+import path from 'node:path';
 import { chromium, type Browser, type Page } from 'playwright-core';
+import sharp from 'sharp';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { chromiumPath, NO_CHROMIUM, openPlayground, runOnPage } from './helpers/browser.js';
 import { LONG, makeRoot, MODEL, OPS_KEY, rootEnv, untilReady } from './helpers/ops-server.js';
@@ -48,6 +50,9 @@ describe.skipIf(!chromiumPath)(`the playground at its edges${chromiumPath ? '' :
 
   beforeAll(async () => {
     root = await makeRoot();
+    // Sizes of three shapes, for an edit's picture to match or be cropped to.
+    const sizes = ['128x128', '192x128', '128x192', '256x256', '512x512', '1024x1024'];
+    await writeFile(path.join(root, 'models', MODEL, 'imagegen.json'), JSON.stringify({ sizes, default_size: '128x128' }));
     // A store too small for ten 1024x1024 images: answers with URLs of those are refused (507).
     server = await spawnServer({ ...rootEnv(root), PORT: '0', MAX_STORE_BYTES: '1m' });
     await untilReady(server.origin, 60_000);
@@ -136,6 +141,29 @@ describe.skipIf(!chromiumPath)(`the playground at its edges${chromiumPath ? '' :
     expect(top).toBeGreaterThanOrEqual(0);
     expect(bottom).toBeLessThanOrEqual(page.viewportSize()!.height);
     expect(bottom - top).toBe(128);
+  });
+
+  it("sets the size to the shape of a picture chosen to edit, and says and shades what a size of another shape crops", async () => {
+    await page.selectOption('#size', '128x128');
+    const wide = await sharp({ create: { width: 384, height: 256, channels: 3, background: '#808080' } }).png().toBuffer();
+    await page.setInputFiles('#image', { name: 'wide.png', mimeType: 'image/png', buffer: wide });
+    await expect.poll(() => page.inputValue('#size')).toBe('192x128');
+    expect(await page.textContent('#status')).toBe("Size set to 192x128 to match the picture's shape (384x256).");
+    expect(await page.isVisible('.crop-cut >> nth=0')).toBe(false);
+    // Square: the server keeps the middle 256x256 of it (docs/api.md), a sixth of its width cut off each side.
+    await page.selectOption('#size', '128x128');
+    const said = /^The picture to edit \(384x256\) is of another shape: it will be cropped to 128x128, losing its shaded left and right edges, mask included\.$/;
+    expect(await page.textContent('#status')).toMatch(said);
+    expect(await page.textContent('#size-help')).toMatch(said);
+    const mask = (await page.locator('#mask').boundingBox())!;
+    const [left, right] = await page.$$eval('.crop-cut', (bands) => bands.map((band) => band.getBoundingClientRect().toJSON() as DOMRect));
+    for (const [band, x] of [[left, mask.x], [right, mask.x + (mask.width * 5) / 6]] as const) {
+      expect([band.x, band.y, band.width, band.height].map(Math.round)).toEqual([x, mask.y, mask.width / 6, mask.height].map(Math.round));
+    }
+    // Its shape again: nothing cut, nothing shaded.
+    await page.selectOption('#size', '192x128');
+    expect(await page.textContent('#size-help')).toBe('');
+    expect(await page.isVisible('.crop-cut >> nth=1')).toBe(false);
   });
 
   it("names an edit's picture by its own format in the form and in the code's files: a WebP result is image.webp", async () => {

@@ -2,10 +2,11 @@ import { ApiFailure, apiKey, listModels, type Model } from './api.js';
 import { showCode } from './code-dialog.js';
 import { clearError, clearErrors, showError } from './field-errors.js';
 import { MaskPainter } from './mask.js';
+import { PictureSize } from './picture-size.js';
 import { imageFileName, requestForImage, type ImageRequest, type Route } from './request.js';
 import { historyLine, resultCard, timeLeft, type Result } from './results.js';
 import { runRequest, type FinishedImage } from './run.js';
-import { applyFields, readFields, showModels, showSizes } from './settings.js';
+import { applyFields, chosenModel, readFields, showModels, showSizes } from './settings.js';
 import { snippetsOf } from './snippets.js';
 
 /**
@@ -27,6 +28,7 @@ const buttons = { generate: byId<HTMLButtonElement>('generate'), edit: byId<HTML
 /** The button that sends each route's request. */
 const SENDS: Record<Route, HTMLButtonElement> = { generations: buttons.generate, edits: buttons.edit, variations: buttons.variations };
 const painter = new MaskPainter(byId('mask'), byId('source'), byId('brush'), byId('erase'), byId('mask-cursor'));
+const pictureSize = new PictureSize(byId('size'), byId('size-help'), [...document.querySelectorAll<HTMLElement>('.crop-cut')]);
 
 let models: Model[] = [];
 /** The picture in the edit panel. */
@@ -200,10 +202,11 @@ async function send(route: Route): Promise<void> {
 }
 
 /**
- * Puts a picture in the edit panel; true when it is there. One that cannot be read (not an image, an
- * expired URL) is reported beside the image field, and the panel keeps the picture it had.
+ * Puts a picture in the edit panel; true when it is there, and the status line says `loaded` and what
+ * the size does for its shape. One that cannot be read (not an image, an expired URL) is reported
+ * beside the image field, and the panel keeps the picture it had.
  */
-async function setEditSource(take: () => Promise<Blob>): Promise<boolean> {
+async function setEditSource(take: () => Promise<Blob>, loaded = ''): Promise<boolean> {
   try {
     const image = await take();
     await painter.load(image);
@@ -215,6 +218,8 @@ async function setEditSource(take: () => Promise<Blob>): Promise<boolean> {
   }
   clearError(form, 'image');
   byId('canvas-box').hidden = false;
+  const shape = pictureSize.fit(chosenModel(form, models), painter.extent);
+  if (loaded || shape) say(`${loaded}${loaded && shape && ' '}${shape}`);
   buttons.edit.disabled = buttons.variations.disabled = Boolean(running);
   return true;
 }
@@ -238,15 +243,15 @@ async function fromResult(result: Result): Promise<Blob> {
 const actions = {
   reuse(result: Result): void {
     applyFields(form, result.request.fields, result.seed, models);
-    say(`The settings of seed ${result.seed} are back in the form.`);
+    const cut = pictureSize.show(chosenModel(form, models));
+    say(`The settings of seed ${result.seed} are back in the form.${cut && ` ${cut}`}`);
     byId('prompt').focus();
   },
   async edit(result: Result): Promise<void> {
-    if (!(await setEditSource(() => fromResult(result)))) return;
+    if (!(await setEditSource(() => fromResult(result), 'The image is in the edit panel: paint a mask, change the prompt, then Edit image.'))) return;
     // Painting comes next: the focus on the picture brings it into view (the prompt's focus would scroll
     // back up, past it) and lets the arrow keys and Space paint at once.
     byId('mask').focus();
-    say('The image is in the edit panel: paint a mask, change the prompt, then Edit image.');
   },
   async variations(result: Result): Promise<void> {
     if (await setEditSource(() => fromResult(result))) await send('variations');
@@ -274,7 +279,16 @@ document.addEventListener('keydown', (event) => {
 buttons.edit.addEventListener('click', () => void send('edits'));
 buttons.variations.addEventListener('click', () => void send('variations'));
 buttons.cancel.addEventListener('click', () => running?.abort());
-byId('model').addEventListener('change', () => showSizes(form, models));
+/** A size chosen (or a model, with its sizes): said when it crops the picture to edit. */
+function sizeChosen(): void {
+  const cut = pictureSize.show(chosenModel(form, models));
+  if (cut) say(cut);
+}
+byId('model').addEventListener('change', () => {
+  showSizes(form, models);
+  sizeChosen();
+});
+byId('size').addEventListener('change', sizeChosen);
 byId('seed').addEventListener('input', () => ((form.elements.namedItem('seed_mode') as RadioNodeList).value = 'fixed'));
 byId<HTMLInputElement>('image').addEventListener('change', (event) => {
   const file = (event.target as HTMLInputElement).files?.[0];

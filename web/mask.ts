@@ -64,6 +64,11 @@ export class MaskPainter {
     this.clear();
   }
 
+  /** The picture's pixel size (the mask's). */
+  get extent(): { width: number; height: number } {
+    return { width: this.canvas.width, height: this.canvas.height };
+  }
+
   clear(): void {
     this.context().clearRect(0, 0, this.canvas.width, this.canvas.height);
     this.painted = false;

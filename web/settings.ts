@@ -65,8 +65,13 @@ export function showModels(form: HTMLFormElement, models: Model[]): void {
   showSizes(form, models);
 }
 
+/** The model chosen in the form. */
+export function chosenModel(form: HTMLFormElement, models: readonly Model[]): Model | undefined {
+  return models.find((m) => m.id === control(form, 'model')?.value);
+}
+
 export function showSizes(form: HTMLFormElement, models: Model[]): void {
-  const model = models.find((m) => m.id === control(form, 'model')?.value);
+  const model = chosenModel(form, models);
   const select = control(form, 'size') as HTMLSelectElement;
   const chosen = select.value;
   select.replaceChildren(...(model?.sizes ?? []).map((size) => new Option(size, size)));
