@@ -5,6 +5,7 @@ import { diskFullError, ensureFreeSpace, isDiskFull, listFolder, readChunks, rea
 import { ModelInstallError } from './errors.js';
 import { makeFolder } from '../util/files.js';
 import {
+  checkLayout,
   checkModelId,
   installStaged,
   makeTemporary,
@@ -107,6 +108,8 @@ export async function importModel(options: ImportOptions): Promise<InstalledMode
       [...source.files.map((file) => file.path), ...source.skipped],
     );
     if (source.manifest) checkCoverage(source.manifest, source.files.map((file) => file.path), options.source, recopy);
+    const unusable = 'Nothing was installed. Copy the complete export folder again (a file that cannot be loaded is damaged or truncated)';
+    if (source.isFolder) await checkLayout(options.source, { label: options.source, advice: unusable });
     if (source.skipped.length) output.write(skippedNote(options.source, source.skipped));
 
     const total = source.files.reduce((sum, file) => sum + file.size, 0);
@@ -121,7 +124,7 @@ export async function importModel(options: ImportOptions): Promise<InstalledMode
         load: options.load ?? true,
         label: options.source,
         output,
-        advice: 'Nothing was installed. Copy the complete export folder again (a file that cannot be loaded is damaged or truncated)',
+        advice: unusable,
       });
       const dir = await installStaged(staging, modelsDir, id, options.force ?? false);
       await removeTemporary(staging); // nothing left to remove; forgets it for the exit hook

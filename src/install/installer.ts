@@ -109,19 +109,28 @@ export interface ValidateOptions {
   output?: ProgressOutput;
 }
 
+/** Messages about `dir` name the model as the user knows it (`label`), not by its staging path. */
+function refusal(dir: string, label: string, message: string, advice: string): ModelInstallError {
+  return new ModelInstallError(`${message.replaceAll(path.resolve(dir), label).replace(/\.+$/, '')}. ${advice}`);
+}
+
 /**
- * Checks that the server will use the model in `dir`, by the verdict the server itself gives
- * (inspectModelFolder), and (`load`) that its ONNX files load.
+ * Refuses a folder the server would not use, by the verdict the server itself gives
+ * (inspectModelFolder), with `advice`; its layout otherwise. Reads no weights: an import runs it on the
+ * source folder before copying, so an incomplete export is refused in a moment rather than after a
+ * copy of gigabytes.
  */
-export async function validateModel(dir: string, options: ValidateOptions): Promise<ModelLayout> {
-  // Messages name the model as the user knows it, not by its staging path.
-  const refusal = (message: string, advice = options.advice) => new ModelInstallError(`${message.replaceAll(path.resolve(dir), options.label).replace(/\.+$/, '')}. ${advice}`);
+export async function checkLayout(dir: string, options: Pick<ValidateOptions, 'label' | 'advice'>): Promise<ModelLayout> {
   const verdict = await inspectModelFolder(dir);
-  if (!verdict.usable) {
-    // Our own preset file is a text the user wrote, not a damaged export: copying again would not help.
-    const presetAdvice = `Nothing was installed. Correct ${OVERRIDE_FILE} in ${options.label} (its fields: docs/api.md, "What quality and style do"), or remove it to use the family's defaults, then try again`;
-    throw refusal(`${options.label} is not a usable model folder: ${verdict.reason}`, verdict.reason.startsWith(`${OVERRIDE_FILE}:`) ? presetAdvice : options.advice);
-  }
+  if (verdict.usable) return verdict.layout;
+  // Our own preset file is a text the user wrote, not a damaged export: copying again would not help.
+  const presetAdvice = `Nothing was installed. Correct ${OVERRIDE_FILE} in ${options.label} (its fields: docs/api.md, "What quality and style do"), or remove it to use the family's defaults, then try again`;
+  throw refusal(dir, options.label, `${options.label} is not a usable model folder: ${verdict.reason}`, verdict.reason.startsWith(`${OVERRIDE_FILE}:`) ? presetAdvice : options.advice);
+}
+
+/** Checks that the server will use the model in `dir` (checkLayout), and (`load`) that its ONNX files load. */
+export async function validateModel(dir: string, options: ValidateOptions): Promise<ModelLayout> {
+  const layout = await checkLayout(dir, options);
   if (options.load) {
     options.output?.write(`checking that ${options.label} loads (its ONNX sessions; --skip-load skips this)\n`);
     try {
@@ -129,10 +138,10 @@ export async function validateModel(dir: string, options: ValidateOptions): Prom
       await pipeline.release();
     } catch (err) {
       // Whatever fails here (ONNX parsing, tokenizer files) is a problem of the model's files.
-      throw refusal((err as Error).message);
+      throw refusal(dir, options.label, (err as Error).message, options.advice);
     }
   }
-  return verdict.layout;
+  return layout;
 }
 
 /**
