@@ -75,7 +75,7 @@ export function registerVerifyCommand(models: Command): void {
         });
         progress?.finish();
         const failed = results.filter((r) => !r.pass).length;
-        console.log(failed ? `${failed} of ${results.length} cases FAIL (tolerance ${flags.tolerance.toFixed(4)})` : `all ${results.length} cases PASS`);
+        console.log(failed ? `${failed} of ${results.length} cases FAIL (tolerance ${flags.tolerance.toFixed(4)})` : `${results.length} of ${results.length} cases PASS`);
         if (failed) process.exitCode = 1;
       } catch (err) {
         progress?.clear();
