@@ -122,6 +122,23 @@ describe.skipIf(!REDIS_SERVER)(`'concurrent' slots shared through Redis${NO_REDI
     expect(await connection.hlen('imagegen:slots:erin:ends')).toBe(0);
   });
 
+  it('frees the slot of a finished request while Redis refuses writes for want of memory (maxmemory reached, noeviction)', async () => {
+    const { slots, connection } = await replica();
+    const key = { label: 'kate', limits: { concurrent: 1 } };
+    await connection.config('SET', 'maxmemory-policy', 'noeviction');
+    await connection.config('SET', 'maxmemory', '1');
+    try {
+      expect(await slots.hold(key, never, async () => 'first')).toBe('first');
+      // Deletions still run: the slot is free for the next request at once, not when its lease (30 s) runs out.
+      expect(await connection.zcard('imagegen:slots:kate')).toBe(0);
+      const started = performance.now();
+      expect(await slots.hold(key, never, async () => 'second')).toBe('second');
+      expect(performance.now() - started).toBeLessThan(1000);
+    } finally {
+      await connection.config('SET', 'maxmemory', '0');
+    }
+  });
+
   it('says once when a request begins to wait for a slot, and not when it gets one at once', async () => {
     const { slots } = await replica();
     const key = { label: 'gina', limits: { concurrent: 1 } };

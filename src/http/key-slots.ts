@@ -88,6 +88,20 @@ redis.call('HSETNX', KEYS[2], ARGV[2], now + tonumber(ARGV[3]))
 for _, key in ipairs(KEYS) do redis.call('PEXPIRE', key, ARGV[4]) end
 `;
 
+/**
+ * KEYS: the key's waiting requests, their places, its slots, the estimated ends. ARGV: the id. Removes
+ * whatever the id has there. A script and not a MULTI of the same commands: Redis that refuses writes
+ * for want of memory (maxmemory reached, noeviction) still runs deletions, but refuses every command
+ * queued in a MULTI, which left the lease of a finished request taken until it ran out (30 s in which
+ * a key with concurrent=1 ran nothing).
+ */
+const FORGET = `
+redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('ZREM', KEYS[3], ARGV[1])
+redis.call('HDEL', KEYS[4], ARGV[1])
+`;
+
 /** KEYS: the key's estimated ends. The ms until the first of them, or -1 when there is none. */
 const FIRST_END = `${NOW}
 local first = nil
@@ -116,6 +130,8 @@ declare module 'ioredis' {
     ): Result<number, Context>;
     /** Defined by KeySlots: renews the lease `id` (see RENEW). */
     imagegenRenewSlot(slots: string, ends: string, leaseMs: number, id: string, remainingMs: number, keyTtlMs: number): Result<null, Context>;
+    /** Defined by KeySlots: removes every entry of the lease `id` (see FORGET). */
+    imagegenForgetSlot(waiting: string, places: string, slots: string, ends: string, id: string): Result<null, Context>;
     /** Defined by KeySlots: ms until the first estimated end of the key's running requests, -1 when none (see FIRST_END). */
     imagegenFirstEnd(ends: string): Result<number, Context>;
   }
@@ -168,6 +184,7 @@ export class KeySlots {
     redis.defineCommand('imagegenTakeSlot', { numberOfKeys: 4, lua: TAKE });
     redis.defineCommand('imagegenRenewSlot', { numberOfKeys: 2, lua: RENEW });
     redis.defineCommand('imagegenFirstEnd', { numberOfKeys: 1, lua: FIRST_END });
+    redis.defineCommand('imagegenForgetSlot', { numberOfKeys: 4, lua: FORGET });
   }
 
   /**
@@ -261,7 +278,9 @@ export class KeySlots {
 
   /** Removes all the key's entries of `id`, whichever it has (a place while waiting, a lease and an estimated end while running). */
   private async forget(keys: ReturnType<typeof keysOf>, id: string): Promise<void> {
-    await this.redis.multi().zrem(keys.waiting, id).zrem(keys.places, id).zrem(keys.slots, id).hdel(keys.ends, id).exec().catch(() => undefined);
+    // A failure is said (once, as any): the slot then stays taken until its lease runs out. A success
+    // says nothing, as it follows a failed take that Redis may still fail.
+    await this.redis.imagegenForgetSlot(keys.waiting, keys.places, keys.slots, keys.ends, id).catch((err: unknown) => this.status.failed(err));
     // A slot freed, or a place in line: the key's waiting requests ask again.
     this.wakeups.notify(keys.freed);
   }
