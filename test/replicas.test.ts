@@ -166,8 +166,11 @@ describe.skipIf(missing)(`replicas behind HAProxy sharing S3 and Redis${missing 
         headers: { authorization: `Bearer ${OPS_KEY}`, 'content-type': 'application/json' },
         body: JSON.stringify({ model: MODEL, prompt: 'a green triangle', size: '1024x1024', steps: 60 + i, response_format: 'url' }),
       }).then(
-        async (res) => ({ status: res.status, url: res.status === 200 ? ((await res.json()) as ImagesResponse).data[0].url : undefined }),
-        (err: Error) => ({ status: 0, url: String(err.cause ?? err) }),
+        async (res) => {
+          const body = (await res.json()) as Partial<ImagesResponse> & Partial<ErrorBody>;
+          return { status: res.status, url: body.data?.[0].url, code: body.error?.code };
+        },
+        (err: Error) => ({ status: 0, url: String(err.cause ?? err), code: undefined }),
       ),
     );
     // Every request has reached a replica (running or queued there), and each replica has some.
@@ -182,6 +185,8 @@ describe.skipIf(missing)(`replicas behind HAProxy sharing S3 and Redis${missing 
     // connection that had carried others, closes that connection as a server ending a keep-alive
     // connection would (the OpenAI SDKs retry both).
     for (const answer of failed) expect([502, 0]).toContain(answer.status);
+    // HAProxy's own answer in OpenAI's shape (deploy/haproxy.cfg's http-error), not its HTML page.
+    for (const answer of failed.filter((x) => x.status === 502)) expect(answer.code).toBe('replica_failed');
     for (const answer of answers.filter((x) => x.status === 200)) stored.push({ path: new URL(answer.url!).pathname, madeOn: 'a' });
 
     // New requests go to the replica left, none is lost to the dead one.
@@ -222,5 +227,41 @@ describe.skipIf(missing)(`replicas behind HAProxy sharing S3 and Redis${missing 
     expect(listed.Contents?.length).toBe(1);
     // The long-lived images made before stay.
     expect((await load(a, stored[0].path)).status).toBe(200);
+  });
+
+  it('answers through the balancer while the shared bucket fails and no replica is ready: b64_json images, and the replicas\' 503 storage_unavailable for url requests and image GETs', async () => {
+    const port = Number(new URL(s3.endpoint).port);
+    await s3.stop();
+    try {
+      // The bucket is every replica's: each /ready fails, and HAProxy has none ready.
+      await expect.poll(async () => Object.values(await haproxy.servers()).every((status) => status.startsWith('DOWN')), { timeout: 20_000, interval: 100 }).toBe(true);
+      // The replicas still take the requests (deploy/haproxy.cfg's backups), rather than HAProxy's HTML 503.
+      const { data } = await client(haproxy.origin).images.generate({ model: MODEL, prompt: 'a red circle', response_format: 'b64_json', size: '128x128' as '256x256', steps: 1 } as OpenAI.ImageGenerateParamsNonStreaming);
+      expect((await sharp(Buffer.from(data![0].b64_json!, 'base64')).metadata()).width).toBe(128);
+      const refused = await makeImage(haproxy.origin).then(
+        () => expect.fail('a url request was answered without a bucket'),
+        (err: InstanceType<typeof OpenAI.APIError>) => err,
+      );
+      expect({ status: refused.status, code: refused.code }).toEqual({ status: 503, code: 'storage_unavailable' });
+      const res = await fetch(`${haproxy.origin}${stored[0].path}`);
+      expect([res.status, ((await res.json()) as ErrorBody).error.code]).toEqual([503, 'storage_unavailable']);
+    } finally {
+      s3 = await startS3Server(path.join(dir, 's3'), BUCKET, port);
+    }
+    // Back by itself once the bucket is, with every image made before.
+    await untilBalanced();
+    for (const image of stored) expect([image.path, (await load(haproxy.origin, image.path)).status]).toEqual([image.path, 200]);
+  });
+
+  it("answers in OpenAI's shape, with Retry-After, when no replica can be reached at all", async () => {
+    for (const server of Object.values(replicas)) await killServer(server!);
+    const res = await fetch(`${haproxy.origin}/v1/images/generations`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${OPS_KEY}`, 'content-type': 'application/json' },
+      body: JSON.stringify({ model: MODEL, prompt: 'a red circle' }),
+    });
+    expect(res.status).toBe(503);
+    expect(res.headers.get('retry-after')).toBe('5');
+    expect(((await res.json()) as ErrorBody).error).toMatchObject({ type: 'server_error', code: 'no_replica_available' });
   });
 });

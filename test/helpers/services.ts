@@ -130,7 +130,7 @@ export async function startS3Server(dir: string, bucket: string, port = 0): Prom
 export interface HaproxyService extends Service {
   /** The balancer's origin. */
   origin: string;
-  /** Each server's status as HAProxy's stats page says it (UP, DOWN, ...), by name. */
+  /** Each server's status as HAProxy's stats page says it (UP, DOWN, ...), by name; the backups used when none is ready are left out. */
   servers(): Promise<Record<string, string>>;
 }
 
@@ -153,8 +153,8 @@ export async function startHaproxy(binary: string, replicas: [string, string], e
     async servers() {
       const csv = await (await fetch(`http://127.0.0.1:${statsPort}/stats;csv`)).text();
       const [header, ...rows] = csv.replace(/^# /, '').trim().split('\n').map((line) => line.split(','));
-      const [name, status] = [header.indexOf('svname'), header.indexOf('status')];
-      return Object.fromEntries(rows.filter((row) => row[0] === 'replicas' && !['BACKEND', 'FRONTEND'].includes(row[name])).map((row) => [row[name], row[status]]));
+      const [name, status, backup] = [header.indexOf('svname'), header.indexOf('status'), header.indexOf('bck')];
+      return Object.fromEntries(rows.filter((row) => row[0] === 'replicas' && !['BACKEND', 'FRONTEND'].includes(row[name]) && row[backup] !== '1').map((row) => [row[name], row[status]]));
     },
   };
 }
