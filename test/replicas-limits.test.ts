@@ -91,6 +91,29 @@ describe.skipIf(!REDIS_SERVER)(`per-key limits shared through Redis${NO_REDIS}`,
     expect(Number(err.headers['retry-after'])).toBeLessThanOrEqual(60);
   });
 
+  it('counts in memory at once while Redis is stalled, after the first request waited out its timeout, and shares again once it answers', async () => {
+    const rates = await replica();
+    const key = { label: 'hal', limits: { requestsPerMinute: 100 } };
+    now = 6_000_000;
+    redis.signal('SIGSTOP');
+    const times: number[] = [];
+    try {
+      for (let i = 0; i < 5; i++) {
+        const started = performance.now();
+        await rates.admit(key, 1);
+        times.push(performance.now() - started);
+      }
+    } finally {
+      redis.signal('SIGCONT');
+    }
+    // The first waits out the command timeout (1 s); the others do not wait for Redis (each waited 1 s, two a request with check).
+    expect(times[0]).toBeGreaterThan(900);
+    expect(Math.max(...times.slice(1))).toBeLessThan(200);
+    // Asked again a second later, Redis counts the key's requests again (the one the stalled Redis ran at last among them).
+    await new Promise((resolve) => setTimeout(resolve, 1100));
+    expect(await rates.admit(key, 1)).toMatchObject({ 'x-ratelimit-remaining-requests': '98' });
+  });
+
   it('falls back to counting per replica while Redis is down', async () => {
     const [one, two] = [await replica(), await replica()];
     const key = { label: 'erin', limits: { requestsPerMinute: 1 } };

@@ -222,8 +222,15 @@ export class KeySlots {
     const leave = () => this.forget(keys, id);
     const wakeup = new Wakeup();
     let stopListening: (() => void) | undefined;
+    /** Whether Redis took the request's place: only then is there a place to leave. */
+    let placed = false;
     try {
       for (;;) {
+        // Redis failing a moment ago: the work runs unshared at once, as below.
+        if (!this.status.shouldAsk()) {
+          if (placed) void leave();
+          return false;
+        }
         let taken: number;
         try {
           taken = await this.redis.imagegenTakeSlot(keys.slots, keys.waiting, keys.places, keys.ends, limit, this.leaseMs, id, 2 * this.leaseMs, PLACE_POLLS * this.pollMs, estimatedMs);
@@ -236,6 +243,7 @@ export class KeySlots {
           return false;
         }
         this.status.answered();
+        placed = true;
         if (taken === 1) return true;
         const waited = performance.now() - came;
         // Said once, as the wait begins: a streamed answer opens then (see GenerateContext.hold). A

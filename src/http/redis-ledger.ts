@@ -73,6 +73,7 @@ export class RedisLedger implements RateLedger {
   }
 
   async spend(label: string, images: number, limits: WindowLimits, windowMs: number, record = true): Promise<Spending> {
+    if (!this.status.shouldAsk()) return this.fallback.spend(label, images, limits, windowMs, record);
     let answer: [number, string, ...string[]];
     try {
       const at = this.now?.() ?? -1;

@@ -21,6 +21,9 @@ export async function connectRedis(url: string, logger: Logger): Promise<Redis> 
   return redis;
 }
 
+/** While Redis fails, how often a user of the connection asks it again (see RedisFallback.shouldAsk). */
+const RETRY_MS = 1000;
+
 /**
  * A user of the connection falling back while Redis cannot be asked: it says so once when that starts
  * and once when Redis answers again, rather than on every request. `falling` and `back` finish the two
@@ -28,6 +31,8 @@ export async function connectRedis(url: string, logger: Logger): Promise<Redis> 
  */
 export class RedisFallback {
   private failing = false;
+  /** When Redis last failed, or shouldAsk last let a request ask it while it failed (performance.now()). */
+  private askedAt = -Infinity;
 
   constructor(
     private readonly logger: Logger,
@@ -35,9 +40,26 @@ export class RedisFallback {
     private readonly back: string,
   ) {}
 
+  /**
+   * Whether to ask Redis now, rather than fall back at once: always while it answers; while it fails,
+   * once every RETRY_MS, so that one request finds out whether it is back and the others do not wait.
+   * A Redis that takes connections and answers nothing (stalled, paused, a half-open network) made every
+   * request wait out the command timeout (1 s) for each command, two for a key's per-minute limits, and
+   * left every one of those commands queued on the connection until Redis answered.
+   */
+  shouldAsk(): boolean {
+    if (!this.failing) return true;
+    const now = performance.now();
+    if (now - this.askedAt < RETRY_MS) return false;
+    this.askedAt = now;
+    return true;
+  }
+
   failed(err: unknown): void {
     if (!this.failing) this.logger.warn({ err }, `Redis cannot be reached (${(err as Error).message}): ${this.falling}`);
     this.failing = true;
+    // The next ask a whole RETRY_MS after this failure, not after the ask that failed (it waited the timeout).
+    this.askedAt = performance.now();
   }
 
   answered(): void {
