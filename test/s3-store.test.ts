@@ -118,6 +118,24 @@ describe('S3ImageStore', () => {
     await Promise.all([one.close(), two.close(), three.close()]);
   });
 
+  it("times expiry by the bucket's clock: a replica whose clock runs ten minutes ahead neither deletes nor refuses another's image early, nor makes its own live longer", async () => {
+    // The replicas' own clocks (Date.now), not a test's, as servers run.
+    const maker = await open({ prefix: 'skew/', clock: undefined });
+    const image = await maker.put(bytes(10), 'image/png');
+    const real = Date.now;
+    const ahead = vi.spyOn(Date, 'now').mockImplementation(() => real() + 600_000);
+    try {
+      // Its start-up sweep lists the prefix, and deleted the image: expired by its clock.
+      const skewed = await open({ prefix: 'skew/', clock: undefined });
+      expect(await skewed.get(image.id)).toEqual(image);
+      const own = await skewed.put(bytes(10), 'image/png');
+      expect(Math.abs(own.expiresAt - (real() + 60_000))).toBeLessThan(3000);
+    } finally {
+      ahead.mockRestore();
+    }
+    expect(await keys('skew/')).toContain(`skew/${image.id}.${image.expiresAt}.png`);
+  });
+
   it('deletes the images of a response that failed, so none of its n images stays visible', async () => {
     const store = await open({ prefix: 'remove/' });
     const images = await Promise.all([1, 2, 3].map((fill) => store.put(bytes(10, fill), 'image/jpeg')));

@@ -63,11 +63,17 @@ export class S3ImageStore implements ImageStore {
   private sweeping: Promise<void> | undefined;
   private checked: { at: number; result: Promise<void> } | undefined;
   private timer: NodeJS.Timeout | undefined;
+  /** The bucket's clock less this machine's, as the last answer's Date header said (see bucketClock). */
+  private bucketOffset = 0;
   readonly now: () => number;
   urlOrigin: string | undefined;
 
   private constructor(private readonly options: S3StoreOptions) {
-    this.now = options.clock ?? Date.now;
+    // Expiry is on the bucket's clock, as rate limits are on Redis's: a replica whose clock ran ahead
+    // found every image expired that much early, and its sweeps deleted them from the bucket for every
+    // replica (a URL lost before its time); one behind made images outlive their time. A test's clock is
+    // its own.
+    this.now = options.clock ?? (() => Date.now() + this.bucketOffset);
     this.space = new StoreSpace(options.maxBytes, () => this.sweep());
     // Each try's share of the request's limit (see maxAttempts below).
     const tryTimeoutMs = Math.ceil((options.requestTimeoutMs ?? REQUEST_TIMEOUT_MS) / ATTEMPTS);
@@ -92,6 +98,18 @@ export class S3ImageStore implements ImageStore {
         socketTimeout: tryTimeoutMs,
       },
     });
+    if (!options.clock) this.client.middlewareStack.add((next) => async (args) => this.bucketClock(await next(args)), { step: 'deserialize', name: 'imagegenBucketClock' });
+  }
+
+  /**
+   * Learns the bucket's clock from an answer's Date header (every S3 answer has one): whole seconds, so
+   * the bucket's time was within the second after it, taken as its middle. Replicas then agree on an
+   * image's expiry to about a second, whatever their own clocks say.
+   */
+  private bucketClock<T extends { response: unknown }>(result: T): T {
+    const date = Date.parse((result.response as { headers?: Record<string, string> }).headers?.date ?? '');
+    if (Number.isFinite(date)) this.bucketOffset = date + 500 - Date.now();
+    return result;
   }
 
   /**
