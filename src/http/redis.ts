@@ -56,7 +56,7 @@ export class RedisFallback {
   }
 
   failed(err: unknown): void {
-    if (!this.failing) this.logger.warn({ err }, `Redis cannot be reached (${(err as Error).message}): ${this.falling}`);
+    if (!this.failing) this.logger.warn({ err }, `Redis failed a command (${(err as Error).message}): ${this.falling}`);
     this.failing = true;
     // The next ask a whole RETRY_MS after this failure, not after the ask that failed (it waited the timeout).
     this.askedAt = performance.now();
