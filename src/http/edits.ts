@@ -1,5 +1,5 @@
 import multipart from '@fastify/multipart';
-import type { FastifyInstance, FastifyReply } from 'fastify';
+import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import { ApiError } from '../api/errors.js';
 import { parseImageRequest, type ImagesResponse } from '../api/wire.js';
 import type { EditInput } from '../service/images.js';
@@ -36,6 +36,25 @@ async function editInput({ images, mask, form }: Upload, route: UploadRoute): Pr
   return { ...source, kind: route };
 }
 
+/**
+ * openai-node 4.x on Node sends a form as a stream made once per call (its node-fetch shim wraps the
+ * form's encoder in one Readable), so a retry sends the headers, Content-Length included, and no body:
+ * the server waits for it until REQUEST_TIMEOUT_SECONDS and answers 408, which the SDK retries the same
+ * way, so an edit refused with a 429 it would have got through a second later failed after two minutes.
+ * Its headers say which SDK it is (every openai-node release sends X-Stainless-*). Its browser and Deno
+ * builds send a FormData, which a retry resends whole, and report another runtime; under Bun (or with
+ * openai/shims/web) it sends a FormData too but reports Node, and loses a retry that would have worked:
+ * the headers tell no more, and a retry it cannot make is worse than none.
+ */
+function cannotResendForm(request: FastifyRequest): boolean {
+  const header = (name: string) => request.headers[name];
+  const version = header('x-stainless-package-version');
+  return header('x-stainless-lang') === 'js' && header('x-stainless-runtime') === 'node' && typeof version === 'string' && version.startsWith('4.');
+}
+
+/** The statuses openai-node retries unless told otherwise (its shouldRetry, the same in every major). */
+const sdkRetries = (status: number) => status === 408 || status === 409 || status === 429 || status >= 500;
+
 export interface EditsOptions extends ImagesOptions {
   /** UPLOAD_MEMORY: what request bodies may hold together (body-memory.ts); the forms of edits and variations take from it (uploads.ts). */
   memory: ByteBudget;
@@ -44,6 +63,11 @@ export interface EditsOptions extends ImagesOptions {
 export async function edits(app: FastifyInstance, options: EditsOptions): Promise<void> {
   // Limits are set per request in uploads.ts; throwing on a too-large file makes it a 413, not a silently cut image.
   await app.register(multipart, { throwFileSizeLimit: true });
+  // Such an SDK is told not to retry its form (x-should-retry, which every openai-node major obeys): it then
+  // raises the answer at once, with its Retry-After for the caller, instead of a 408 minutes later.
+  app.addHook('onSend', async (request, reply) => {
+    if (sdkRetries(reply.statusCode) && request.isMultipart() && cannotResendForm(request)) reply.header('x-should-retry', 'false');
+  });
   for (const [path, route] of [
     ['/v1/images/edits', 'edit'],
     ['/v1/images/variations', 'variation'],
