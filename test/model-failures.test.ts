@@ -77,11 +77,11 @@ describe('a preloaded model removed while the server runs', () => {
 
   it('is loaded again once its folder is back, without a request naming it: /ready says ready with it', async () => {
     await cp(referenceModel('sd-turbo'), modelDir('good'), { recursive: true });
-    // The next scan finds it (MODELS_RESCAN_SECONDS is 0 here: a request naming an unknown model scans).
-    await apiError(generate('not-installed'));
+    // The next scan finds it (MODELS_RESCAN_SECONDS is 0 here: a request naming an unknown model scans, at
+    // most every 2 s, so one sent within 2 s of the last scan, on a quick machine, would scan nothing).
     // A load balancer waiting for /ready sends nothing meanwhile; before, /ready stayed 503 with the failed load's old reason.
     await expect
-      .poll(async () => (await fetch(`${real.server.url}/ready`)).json(), { timeout: 20_000, interval: 100 })
+      .poll(async () => (await apiError(generate('not-installed')), await fetch(`${real.server.url}/ready`)).json(), { timeout: 20_000, interval: 100 })
       .toMatchObject({ status: 'ready', models: [{ model: 'good', loadedOn: 1 }] });
     expect((await generate('good')).data).toHaveLength(1);
   });
