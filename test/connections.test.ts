@@ -489,6 +489,71 @@ describe('JSON bodies arriving or waiting', () => {
   }, 60_000);
 });
 
+describe('pipelined requests whose connection closes before their turn', () => {
+  const MiB = 1024 ** 2;
+  const post = (body: object) => {
+    const text = JSON.stringify(body);
+    return head(['POST /v1/images/generations HTTP/1.1', 'Host: 127.0.0.1', `Authorization: Bearer ${TEST_KEY}`, 'Content-Type: application/json', `Content-Length: ${Buffer.byteLength(text)}`]) + text;
+  };
+  /** A generation the engine holds: the answers pipelined behind it wait for its own, with no socket of theirs. */
+  const slow = post({ model: 'stub', prompt: 'a red circle', response_format: 'b64_json' });
+
+  it('give back their bodies\' UPLOAD_MEMORY', async () => {
+    const engine = new FakeEngine(1, 100);
+    engine.hold();
+    const server = await startTestServer({ engine, config: { uploadMemory: 64 * MiB } });
+    const port = Number(new URL(server.origin).port);
+    // Bodies of about 1 MiB behind the held one, 80 MiB over eight connections (Node stops reading one
+    // once its waiting answers pass 16 KiB): past UPLOAD_MEMORY, held while their answers wait.
+    const queued = post({ model: 'stub', prompt: 'x'.repeat(MiB - 100), response_format: 'b64_json' });
+    const exchanges = Array.from({ length: 8 }, () => rawRequest(port, slow + queued.repeat(10)));
+    // Full once a body of their size is refused as it is announced: the headers alone, so that the look
+    // takes no memory (one that took some while bodies arrived would leave room behind).
+    const full = async () => {
+      const look = rawRequest(port, queued.slice(0, queued.indexOf('\r\n\r\n') + 4));
+      await new Promise((resolve) => setTimeout(resolve, 200));
+      look.socket.destroy();
+      return look.text.startsWith('HTTP/1.1 429');
+    };
+    try {
+      await expect.poll(full, { timeout: 20_000 }).toBe(true);
+      for (const exchange of exchanges) exchange.socket.destroy();
+      // Before, only the first request of each connection ended with it: the others kept their memory,
+      // and every JSON body and form got 429 until the server restarted. A model that is not there: 400.
+      const probe = async () =>
+        (
+          await fetch(`${server.baseURL}/images/generations`, {
+            method: 'POST',
+            headers: { 'content-type': 'application/json', authorization: `Bearer ${TEST_KEY}` },
+            body: JSON.stringify({ model: 'not-installed', prompt: 'x'.repeat(MiB - 100) }),
+          })
+        ).status;
+      await expect.poll(probe, { timeout: 20_000 }).toBe(400);
+    } finally {
+      for (const exchange of exchanges) exchange.socket.destroy();
+      engine.release();
+      await server.close();
+    }
+  }, 60_000);
+
+  it('are cancelled, as a request whose client left', async () => {
+    const engine = new FakeEngine(1, 100);
+    engine.hold();
+    const server = await startTestServer({ engine });
+    const port = Number(new URL(server.origin).port);
+    const exchange = rawRequest(port, slow + post({ model: 'stub', prompt: 'a blue square', response_format: 'b64_json' }).repeat(2));
+    try {
+      await expect.poll(() => engine.signals.length).toBe(3);
+      exchange.socket.destroy();
+      // Before, the two behind the first kept their places in the queue, and ran once it moved.
+      await expect.poll(() => engine.signals.filter((signal) => signal?.aborted).length).toBe(3);
+    } finally {
+      engine.release();
+      await server.close();
+    }
+  });
+});
+
 describe('an edit while the queue is full', () => {
   it('gets its 429 with Retry-After before its upload is read', async () => {
     // One worker, one waiting job: a running request and a waiting one fill it. A fake engine, to hold them there.

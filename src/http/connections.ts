@@ -1,4 +1,4 @@
-import type { IncomingMessage, ServerOptions } from 'node:http';
+import type { IncomingMessage, ServerOptions, ServerResponse } from 'node:http';
 import type { Socket } from 'node:net';
 import { finished } from 'node:stream';
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
@@ -72,7 +72,10 @@ const RESPONSE_LISTENERS = 32;
 
 async function connectionsPlugin(app: FastifyInstance, { sendTimeoutSeconds, sendMinRate, maxConnections, onDropped }: ConnectionsOptions): Promise<void> {
   limitConnections(app, maxConnections, onDropped);
-  app.addHook('onRequest', async (_request, reply) => void reply.raw.setMaxListeners(RESPONSE_LISTENERS));
+  app.addHook('onRequest', async (request, reply) => {
+    reply.raw.setMaxListeners(RESPONSE_LISTENERS);
+    closeWithConnection(request, reply);
+  });
   app.addHook('onSend', async (request, reply) => {
     if (!request.raw.complete) readRest(request, reply);
     watchSending(request, reply, sendTimeoutSeconds, sendMinRate);
@@ -104,6 +107,41 @@ function limitConnections(app: FastifyInstance, max: number, onDropped?: () => v
     app.log.warn(`${unlogged} connection${unlogged === 1 ? '' : 's'} reset as ${unlogged === 1 ? 'it' : 'they'} arrived: MAX_CONNECTIONS (${max}) were open; raise it, or look for clients holding connections idle`);
     [unlogged, loggedAt] = [0, now];
   });
+}
+
+/** Each connection's responses still waiting for the answers before them (see closeWithConnection). */
+const pipelined = new WeakMap<Socket, Set<ServerResponse>>();
+
+/**
+ * Has a pipelined request's response (one that waits for the answers before it on its connection, with
+ * no socket yet) close when its connection does. Node emits a response's 'close' from its socket, so
+ * such a response never closed: what waits for it kept waiting for good, the request's UPLOAD_MEMORY
+ * share (body-memory.ts: a key could fill the budget for every client with bodies pipelined behind a
+ * slow request, then hang up), its cancellation (shutdown.ts: its generation still ran), shutdown's
+ * count of requests in flight and the request metrics. It now closes as an answered one would. One
+ * listener a connection, however many requests are pipelined on it.
+ */
+function closeWithConnection(request: FastifyRequest, reply: FastifyReply): void {
+  const res = reply.raw;
+  if (res.socket) return;
+  const socket = request.raw.socket;
+  let waiting = pipelined.get(socket);
+  if (!waiting) {
+    const responses = new Set<ServerResponse>();
+    pipelined.set(socket, responses);
+    socket.once('close', () => {
+      for (const response of responses) {
+        // Marked as Node marks a response whose socket closed, so that writes to it are dropped.
+        response.destroy();
+        response.emit('close');
+      }
+      responses.clear();
+    });
+    waiting = responses;
+  }
+  waiting.add(res);
+  // Given its socket, the response closes with it as any does.
+  res.once('socket', () => waiting.delete(res));
 }
 
 /** The body length a request declares (Content-Length; 0 when it declares none). */
