@@ -78,6 +78,11 @@ describe('imagegen generate', () => {
     await expect(imagegen('no-such-command')).rejects.toMatchObject({ code: 2 });
     await expect(imagegen('generate')).rejects.toMatchObject({ code: 2, stderr: expect.stringContaining("missing required argument 'prompt'") });
     await expect(imagegen('models', 'verify', root)).rejects.toMatchObject({ code: 2, stderr: expect.stringContaining("required option '--golden <file>' not specified") });
+    // A setting the command reads that is wrong, as generate's --rng above: it exited 1, as a model that fails does.
+    await expect(imagegenWith({ RNG: 'foo' }, 'models', 'verify', root, '--golden', path.join(root, 'package.json'))).rejects.toMatchObject({
+      code: 2,
+      stderr: expect.stringContaining("RNG (--rng): Invalid option: expected one of \"native\"|\"torch\" (got 'foo')"),
+    });
   });
 
   const probe = smallDisk('256k');

@@ -1,7 +1,7 @@
 import { existsSync } from 'node:fs';
 import path from 'node:path';
 import { InvalidArgumentError, Option, type Command } from 'commander';
-import { loadModelSettings } from '../config.js';
+import { ConfigError, loadModelSettings } from '../config.js';
 import { Progress, STEPS } from '../util/progress.js';
 import { DEFAULT_TOLERANCE, FP16_TOLERANCE, GoldenFileError, verifyGolden, type GoldenCase } from './golden.js';
 
@@ -80,9 +80,10 @@ export function registerVerifyCommand(models: Command): void {
       } catch (err) {
         progress?.clear();
         console.error(`imagegen models verify: ${(err as Error).message}${installedHint(dir)}`);
-        // 2 for what the command was given (a golden file it cannot use, a folder that is not there), as
-        // every usage error; 1 for work that failed (a model that does not load or run), as the README says.
-        process.exitCode = err instanceof GoldenFileError || !existsSync(dir) ? 2 : 1;
+        // 2 for what the command was given (a golden file it cannot use, a folder that is not there, a
+        // setting it reads that is wrong), as every usage error; 1 for work that failed (a model that does
+        // not load or run), as the README says.
+        process.exitCode = err instanceof GoldenFileError || err instanceof ConfigError || !existsSync(dir) ? 2 : 1;
       }
     });
 }
