@@ -480,6 +480,11 @@ describe('JSON bodies arriving or waiting', () => {
       expect((await refused.json()).error).toMatchObject({ type: 'requests', code: 'rate_limit_exceeded', message: expect.stringMatching(/UPLOAD_MEMORY, 64(\.0)? MiB/) });
       // Those past it got the same 429 as their bodies came.
       await expect.poll(() => holding.filter((exchange) => exchange.text.startsWith('HTTP/1.1 429')).length).toBeGreaterThan(0);
+      // A body declared over BODY_LIMIT gets its 413 however full the memory is: a 429 would have the
+      // SDKs retry what can never pass.
+      const tooLarge = rawRequest(port, request.replace(`Content-Length: ${body.length}`, `Content-Length: ${2 * MiB}`));
+      await expect.poll(() => parseResponse(tooLarge.text).status).toBe('HTTP/1.1 413 Payload Too Large');
+      tooLarge.socket.destroy();
       for (const exchange of holding) exchange.socket.destroy();
       await expect.poll(async () => (await generate()).status, { timeout: 20_000 }).toBe(200);
     } finally {

@@ -6,6 +6,7 @@ import fp from 'fastify-plugin';
 import { ApiError } from '../api/errors.js';
 import type { ByteBudget } from '../util/byte-budget.js';
 import { bodyMemoryFull, holdBodyMemory } from './body-memory.js';
+import { declaredBodyBytes } from './connections.js';
 
 /**
  * What a request body may be: JSON only (Fastify would also take text/plain, which made a JSON body
@@ -100,7 +101,9 @@ async function contentPlugin(app: FastifyInstance, { memory }: ContentOptions): 
     // @fastify/multipart reads the request itself, not this hook's streams (uploads.ts counts a form).
     const form = /^multipart\//i.test(request.headers['content-type'] ?? '');
     const hasBody = request.headers['content-length'] !== undefined || request.headers['transfer-encoding'] !== undefined;
-    const take = hasBody && !form ? holdBodyMemory(request, reply, memory) : undefined;
+    // A body declared over BODY_LIMIT gets Fastify's 413 before any of it is read: held, it would get
+    // UPLOAD_MEMORY's 429 while the memory is busy, which the SDKs retry though it can never pass.
+    const take = hasBody && !form && declaredBodyBytes(request) <= request.routeOptions.bodyLimit ? holdBodyMemory(request, reply, memory) : undefined;
     const counted = (body: RequestPayload) => (take ? held(body, take, memory) : body);
     if (!encoding || encoding === 'identity') return counted(payload);
     if (form) {
