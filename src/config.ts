@@ -324,7 +324,7 @@ const SETTINGS = {
   },
   bodyLimit: {
     schema: byteSize.pipe(z.number().min(1, 'expected at least 1 byte')).prefault('1m'),
-    description: 'largest accepted request body, e.g. 1m; a compressed body counts decompressed',
+    description: 'largest accepted request body, e.g. 1m; a compressed body counts decompressed; at most UPLOAD_MEMORY',
   },
   headersTimeoutSeconds: {
     schema: seconds(1).default(30),
@@ -498,6 +498,11 @@ export function loadConfig(flags: Partial<Record<SettingName, string>> = {}, env
   }
   if (parsed.headersTimeoutSeconds > parsed.requestTimeoutSeconds) {
     problems.push('HEADERS_TIMEOUT_SECONDS must not exceed REQUEST_TIMEOUT_SECONDS: the headers are part of the request');
+  }
+  // A JSON body is held in UPLOAD_MEMORY as it arrives (http/body-memory.ts): one larger than all of it
+  // would get 429 with Retry-After for good, however long its client waited.
+  if (parsed.bodyLimit > parsed.uploadMemory) {
+    problems.push('BODY_LIMIT must not exceed UPLOAD_MEMORY: a JSON body is held in UPLOAD_MEMORY as it arrives, so a larger one could never be read; raise UPLOAD_MEMORY too');
   }
   if (Boolean(parsed.tlsCert) !== Boolean(parsed.tlsKey)) problems.push('TLS_CERT and TLS_KEY must be set together');
   if (parsed.store === 's3' && !parsed.s3Bucket) problems.push('STORE=s3 needs S3_BUCKET (and credentials from the AWS environment variables or files)');

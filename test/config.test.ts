@@ -68,6 +68,13 @@ describe('loadConfig', () => {
     }
   });
 
+  it('refuses a BODY_LIMIT over UPLOAD_MEMORY, which holds JSON bodies as they arrive: a larger one would get 429 for good', () => {
+    expect(problems(() => loadConfig({}, { BODY_LIMIT: '300m' }))).toEqual([
+      'BODY_LIMIT must not exceed UPLOAD_MEMORY: a JSON body is held in UPLOAD_MEMORY as it arrives, so a larger one could never be read; raise UPLOAD_MEMORY too',
+    ]);
+    expect(loadConfig({}, { BODY_LIMIT: '300m', UPLOAD_MEMORY: '300m' }).bodyLimit).toBe(300 * 1024 ** 2);
+  });
+
   it('needs TLS_CERT and TLS_KEY together', () => {
     expect(problems(() => loadConfig({ tlsCert: 'cert.pem' }, {}))).toEqual(['TLS_CERT and TLS_KEY must be set together']);
   });
