@@ -3,7 +3,9 @@ import os from 'node:os';
 import path from 'node:path';
 import OpenAI from 'openai';
 import { describe, expect, it } from 'vitest';
+import { expectedStoreBytes } from '../src/service/store-space.js';
 import { FileImageStore } from '../src/store/file-store.js';
+import { spaceOf } from '../src/store/space.js';
 import { StoreFullError } from '../src/store/image-store.js';
 import { startTestServer, TEST_KEY } from './helpers/api-server.js';
 import { FakeEngine } from './helpers/engines.js';
@@ -136,5 +138,14 @@ describe('FileImageStore reservations', () => {
       await store.close();
       await rm(dir, { recursive: true, force: true });
     }
+  });
+});
+
+describe('expectedStoreBytes', () => {
+  it('reserves at least what the store counts each image (a disk block), so a put of a tiny image never claims more than was reserved', () => {
+    const item = { prompt: 'x', seed: 1, output: { format: 'jpeg' as const } };
+    const tiny = { modelDir: '/m', width: 16, height: 16, steps: 1, guidanceScale: 0, items: [item, item] };
+    // 16x16 JPEG: 256 bytes a pixel's worth plus headers, under a block; the store counts each as spaceOf(its size).
+    expect(expectedStoreBytes([tiny])).toBe(2 * spaceOf(1));
   });
 });

@@ -1,4 +1,5 @@
 import { outputOf, type GenerationBatch, type OutputFormat } from '../runtime/types.js';
+import { spaceOf } from '../store/space.js';
 
 /**
  * What a url request's images are expected to take in the image store, reserved before they are
@@ -10,9 +11,10 @@ const BYTES_PER_PIXEL: Record<OutputFormat, number> = { png: 3, jpeg: 1, webp: 1
 /** Headers and metadata of one file. */
 const FILE_OVERHEAD = 1024;
 
+/** Each image as the store counts it (spaceOf: at least a disk block), so that a put never claims more than was reserved. */
 export function expectedStoreBytes(batches: readonly GenerationBatch[]): number {
   return batches.reduce(
-    (sum, b) => sum + b.items.reduce((bytes, item) => bytes + b.width * b.height * BYTES_PER_PIXEL[outputOf(item).format] + FILE_OVERHEAD, 0),
+    (sum, b) => sum + b.items.reduce((bytes, item) => bytes + spaceOf(b.width * b.height * BYTES_PER_PIXEL[outputOf(item).format] + FILE_OVERHEAD), 0),
     0,
   );
 }
