@@ -136,6 +136,24 @@ describe('S3ImageStore', () => {
     expect(await keys('skew/')).toContain(`skew/${image.id}.${image.expiresAt}.png`);
   });
 
+  it("signs presigned URLs on the bucket's clock: a replica whose clock runs ten minutes behind hands out URLs that live as long as the image", async () => {
+    // Date itself (new Date() too, which the SDK's signer reads), not just Date.now; timers stay real.
+    vi.useFakeTimers({ toFake: ['Date'], now: Date.now() - 600_000 });
+    try {
+      const store = await open({ prefix: 'skew-presigned/', presignedUrls: true, clock: undefined });
+      const image = await store.put(bytes(10, 7), 'image/png');
+      const url = new URL(image.url!);
+      // Signed at the bucket's time (the store learnt it from the start-up sweep's listing), not this machine's.
+      expect(Math.abs(Date.parse(url.searchParams.get('X-Amz-Date')!.replace(/^(\d{4})(\d\d)(\d\d)T(\d\d)(\d\d)(\d\d)Z$/, '$1-$2-$3T$4:$5:$6Z')) - (Date.now() + 600_000))).toBeLessThan(3000);
+      const res = await fetch(url);
+      expect(res.status).toBe(200);
+      expect(Buffer.from(await res.arrayBuffer())).toEqual(Buffer.from(bytes(10, 7)));
+      await store.close();
+    } finally {
+      vi.useRealTimers();
+    }
+  });
+
   it('deletes the images of a response that failed, so none of its n images stays visible', async () => {
     const store = await open({ prefix: 'remove/' });
     const images = await Promise.all([1, 2, 3].map((fill) => store.put(bytes(10, fill), 'image/jpeg')));

@@ -73,7 +73,7 @@ export class S3ImageStore implements ImageStore {
     // found every image expired that much early, and its sweeps deleted them from the bucket for every
     // replica (a URL lost before its time); one behind made images outlive their time. A test's clock is
     // its own.
-    this.now = options.clock ?? (() => Date.now() + this.bucketOffset);
+    this.now = options.clock ?? (() => this.bucketNow());
     this.space = new StoreSpace(options.maxBytes, () => this.sweep());
     // Each try's share of the request's limit (see maxAttempts below).
     const tryTimeoutMs = Math.ceil((options.requestTimeoutMs ?? REQUEST_TIMEOUT_MS) / ATTEMPTS);
@@ -99,6 +99,11 @@ export class S3ImageStore implements ImageStore {
       },
     });
     if (!options.clock) this.client.middlewareStack.add((next) => async (args) => this.bucketClock(await next(args)), { step: 'deserialize', name: 'imagegenBucketClock' });
+  }
+
+  /** The bucket's time as its last answer said (this machine's until one did, and with a test's clock). */
+  private bucketNow(): number {
+    return Date.now() + this.bucketOffset;
   }
 
   /**
@@ -190,9 +195,13 @@ export class S3ImageStore implements ImageStore {
     this.recent.set(image.id, space);
     this.files += 1;
     if (!this.options.presignedUrls) return image;
-    // Signing is local (no request): the URL dies with the image (a whole second early at most).
+    // Signing is local (no request): the URL dies with the image (a whole second early at most). The
+    // bucket times it from the date it was signed at, which is on the bucket's clock too: signed at this
+    // machine's time (the signer's default), a replica whose clock was behind handed out URLs that died
+    // that much early (dead on arrival 10 minutes behind with a 5-minute lifetime), one ahead, too late.
     const expiresIn = Math.max(1, Math.floor((image.expiresAt - this.now()) / 1000));
-    return { ...image, url: await getSignedUrl(this.client, new GetObjectCommand({ Bucket: this.options.bucket, Key: this.keyOf(image) }), { expiresIn }) };
+    const get = new GetObjectCommand({ Bucket: this.options.bucket, Key: this.keyOf(image) });
+    return { ...image, url: await getSignedUrl(this.client, get, { expiresIn, signingDate: new Date(this.bucketNow()) }) };
   }
 
   async get(id: string): Promise<StoredImage | null> {
