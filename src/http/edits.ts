@@ -66,7 +66,10 @@ export async function edits(app: FastifyInstance, options: EditsOptions): Promis
   // Such an SDK is told not to retry its form (x-should-retry, which every openai-node major obeys): it then
   // raises the answer at once, with its Retry-After for the caller, instead of a 408 minutes later.
   app.addHook('onSend', async (request, reply) => {
-    if (sdkRetries(reply.statusCode) && request.isMultipart() && cannotResendForm(request)) reply.header('x-should-retry', 'false');
+    // A form by its Content-Type, not isMultipart(): that is known only once Fastify has picked the
+    // body's parser, and an answer before then (shutdown's 503, from onRequest) went without the header,
+    // so the SDK resent the form empty (through a balancer, to another replica that waited for it).
+    if (sdkRetries(reply.statusCode) && /^multipart\/form-data\b/i.test(request.headers['content-type'] ?? '') && cannotResendForm(request)) reply.header('x-should-retry', 'false');
   });
   for (const [path, route] of [
     ['/v1/images/edits', 'edit'],
