@@ -65,15 +65,21 @@ export class S3ImageStore implements ImageStore {
   private timer: NodeJS.Timeout | undefined;
   /** The bucket's clock less this machine's, as the last answer's Date header said (see bucketClock). */
   private bucketOffset = 0;
+  /** When an image is judged expired (GETs, sweeps, max-age): the earlier of this machine's clock and the bucket's. */
   readonly now: () => number;
+  /** When a new image's lifetime starts (its name's expiry): the later of the two. */
+  private readonly madeAt: () => number;
   urlOrigin: string | undefined;
 
   private constructor(private readonly options: S3StoreOptions) {
-    // Expiry is on the bucket's clock, as rate limits are on Redis's: a replica whose clock ran ahead
-    // found every image expired that much early, and its sweeps deleted them from the bucket for every
-    // replica (a URL lost before its time); one behind made images outlive their time. A test's clock is
-    // its own.
-    this.now = options.clock ?? (() => this.bucketNow());
+    // Replicas' clocks differ, and a sweep deletes an image for every replica: one whose clock ran ahead
+    // deleted others' images that much early (a URL lost before its time). The bucket's clock (its
+    // answers' Date headers) is common to all, but one answer's Date may be wrong too (a gateway node or
+    // a proxy's error page with a clock of its own). So an image is made at the later of the two clocks
+    // and judged expired only when both say so: it dies early only if both clocks ran ahead, and may
+    // outlive its time by as much as they disagree. A test's clock is its own.
+    this.now = options.clock ?? (() => Math.min(Date.now(), this.bucketNow()));
+    this.madeAt = options.clock ?? (() => Math.max(Date.now(), this.bucketNow()));
     this.space = new StoreSpace(options.maxBytes, () => this.sweep());
     // Each try's share of the request's limit (see maxAttempts below).
     const tryTimeoutMs = Math.ceil((options.requestTimeoutMs ?? REQUEST_TIMEOUT_MS) / ATTEMPTS);
@@ -167,7 +173,7 @@ export class S3ImageStore implements ImageStore {
     const space = spaceOf(data.byteLength);
     await this.space.claim(space, reservation);
     this.writing += space;
-    const image = newImage(ext, contentType, data.byteLength, this.now(), this.options.ttlSeconds);
+    const image = newImage(ext, contentType, data.byteLength, this.madeAt(), this.options.ttlSeconds);
     const write = this.client.send(
       new PutObjectCommand({
         Bucket: this.options.bucket,
@@ -195,7 +201,7 @@ export class S3ImageStore implements ImageStore {
     this.recent.set(image.id, space);
     this.files += 1;
     if (!this.options.presignedUrls) return image;
-    // Signing is local (no request): the URL dies with the image (a whole second early at most). The
+    // Signing is local (no request): the URL lives no shorter than the image (see now). The
     // bucket times it from the date it was signed at, which is on the bucket's clock too: signed at this
     // machine's time (the signer's default), a replica whose clock was behind handed out URLs that died
     // that much early (dead on arrival 10 minutes behind with a 5-minute lifetime), one ahead, too late.
