@@ -98,6 +98,23 @@ describe('guidance_scale on a model distilled to run without guidance', () => {
   });
 });
 
+describe('negative_prompt on a model that has no classifier-free batch', () => {
+  const generate = (model: string, negative_prompt: string) =>
+    client.images.generate({ model, prompt: 'a red circle', response_format: 'b64_json', steps: 1, negative_prompt } as unknown as OpenAI.ImageGenerateParamsNonStreaming);
+
+  it('is a 400 naming the model and the param on FLUX and LCM (it would be ignored); empty, it runs; SD models take one', async () => {
+    for (const model of ['flux-schnell', 'flux-dev', 'lcm']) {
+      const err = await generate(model, 'blurry').catch((e: unknown) => e);
+      expect(err, model).toBeInstanceOf(OpenAI.BadRequestError);
+      expect(err).toMatchObject({ status: 400, param: 'negative_prompt', code: 'unsupported_value' });
+      expect((err as Error).message).toContain(`'negative_prompt' with model '${model}': it is a`);
+      expect((await generate(model, '')).data).toHaveLength(1);
+    }
+    // At a guidance of 1 or less SD-Turbo ignores it, as diffusers does: its guidance_scale decides.
+    for (const model of ['sd15-optimum', 'sd-turbo']) expect((await generate(model, 'blurry')).data).toHaveLength(1);
+  });
+});
+
 function area(size: string): number {
   const [w, h] = size.split('x').map(Number);
   return w * h;

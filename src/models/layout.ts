@@ -73,6 +73,17 @@ export function takesGuidance(layout: Pick<ModelLayout, 'family' | 'variant'>): 
   return familyEntry(layout.family).variants[layout.variant].takesGuidance !== false;
 }
 
+/**
+ * Whether the model can use a negative prompt: only a classifier-free batch (an unconditional copy,
+ * conditioned on it, which guidance above 1 adds) reads one. SD and SDXL UNets run one, but those
+ * distilled as latent consistency models, which take the guidance as an embedding (time_cond_proj_dim);
+ * FLUX never does (dev takes its guidance as an input). The pipeline itself asks its graph for
+ * `timestep_cond` (StableDiffusionPipeline.samplesPerImage): an LCM export without a config.json is let through here.
+ */
+export function takesNegativePrompt(layout: Pick<ModelLayout, 'family' | 'denoiserConfig'>): boolean {
+  return familyEntry(layout.family).pipeline === 'stable-diffusion' && layout.denoiserConfig.time_cond_proj_dim == null;
+}
+
 /** A step count every scheduler runs (PNDM's Runge-Kutta warm-up needs 4), for checking a config at load. */
 const SCHEDULE_CHECK_STEPS = 4;
 

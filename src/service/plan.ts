@@ -5,7 +5,7 @@ import type { ModelEntry } from '../models/registry.js';
 import { MAX_SEED, randomSeed, type NoiseKind } from '../runtime/random.js';
 import type { BatchItem, GenerationBatch } from '../runtime/types.js';
 import { checkSchedule, fewestSteps, scheduleStrength, stepsRun, type StrengthRule } from '../schedulers/index.js';
-import { strengthRule, takesGuidance } from '../models/layout.js';
+import { strengthRule, takesGuidance, takesNegativePrompt } from '../models/layout.js';
 import { chunks } from '../util/chunks.js';
 import type { EditPicture } from './input-images.js';
 
@@ -48,18 +48,33 @@ function checkScheduler(request: GenerationRequest, model: ModelEntry): void {
   }
 }
 
+/** " (the installed model 'x')" where the request named the model by another name (an alias, a dall-e name). */
+function installedAs(request: GenerationRequest, model: ModelEntry): string {
+  return model.id === request.model ? '' : ` (the installed model '${model.id}')`;
+}
+
 /**
- * diffusers runs no guidance at a scale of 1 or less: above that a request asks for some, and a model
- * that takes none would ignore it without a word.
+ * A request may not ask for what its model would ignore without a word. diffusers runs no guidance at
+ * a scale of 1 or less: above that a request asks for some, which a model that takes none would ignore;
+ * a negative prompt, which a model without a classifier-free batch never reads (see takesNegativePrompt).
+ * A negative prompt on a model that could read one, at a guidance of 1 or less, is ignored as diffusers
+ * ignores it: the request's guidance_scale (or its style's preset) decides, and docs/api.md says so.
  */
 function checkGuidance(request: GenerationRequest, model: ModelEntry): void {
-  if (request.guidance_scale === undefined || request.guidance_scale <= 1 || takesGuidance(model.layout)) return;
-  const installed = model.id === request.model ? '' : ` (the installed model '${model.id}')`;
-  throw ApiError.invalid(
-    'guidance_scale',
-    'unsupported_value',
-    `Unsupported value: 'guidance_scale' ${request.guidance_scale} with model '${request.model}'${installed}: it is a ${model.layout.variant} model, distilled to run without guidance (it has no classifier-free batch and no guidance input). Omit 'guidance_scale' or set it to 0.`,
-  );
+  if (request.guidance_scale !== undefined && request.guidance_scale > 1 && !takesGuidance(model.layout)) {
+    throw ApiError.invalid(
+      'guidance_scale',
+      'unsupported_value',
+      `Unsupported value: 'guidance_scale' ${request.guidance_scale} with model '${request.model}'${installedAs(request, model)}: it is a ${model.layout.variant} model, distilled to run without guidance (it has no classifier-free batch and no guidance input). Omit 'guidance_scale' or set it to 0.`,
+    );
+  }
+  if (request.negative_prompt && !takesNegativePrompt(model.layout)) {
+    throw ApiError.invalid(
+      'negative_prompt',
+      'unsupported_value',
+      `Unsupported value: 'negative_prompt' with model '${request.model}'${installedAs(request, model)}: it is a ${model.layout.variant} model, which runs no classifier-free batch, the only part of a generation that reads a negative prompt. Omit 'negative_prompt' (or send it empty).`,
+    );
+  }
 }
 
 /**
