@@ -7,6 +7,7 @@ import { ApiError } from '../api/errors.js';
 import type { ByteBudget } from '../util/byte-budget.js';
 import { bodyMemoryFull, holdBodyMemory } from './body-memory.js';
 import { declaredBodyBytes } from './connections.js';
+import { sendsForm } from './raw-headers.js';
 
 /**
  * What a request body may be: JSON only (Fastify would also take text/plain, which made a JSON body
@@ -99,7 +100,7 @@ async function contentPlugin(app: FastifyInstance, { memory }: ContentOptions): 
     }
     const encoding = request.headers['content-encoding']?.trim().toLowerCase();
     // @fastify/multipart reads the request itself, not this hook's streams (uploads.ts counts a form).
-    const form = /^multipart\//i.test(request.headers['content-type'] ?? '');
+    const form = sendsForm(request);
     const hasBody = request.headers['content-length'] !== undefined || request.headers['transfer-encoding'] !== undefined;
     // A body declared over BODY_LIMIT gets Fastify's 413 before any of it is read: held, it would get
     // UPLOAD_MEMORY's 429 while the memory is busy, which the SDKs retry though it can never pass.

@@ -6,6 +6,7 @@ import type { EditInput } from '../service/images.js';
 import { checkMask, decodeInputImage } from '../service/input-images.js';
 import { queueClient, respond, type ImagesOptions } from './image-routes.js';
 import { readUpload, type Upload, type UploadLimits, type UploadRoute } from './uploads.js';
+import { sendsForm } from './raw-headers.js';
 import type { ByteBudget } from '../util/byte-budget.js';
 
 /**
@@ -66,10 +67,10 @@ export async function edits(app: FastifyInstance, options: EditsOptions): Promis
   // Such an SDK is told not to retry its form (x-should-retry, which every openai-node major obeys): it then
   // raises the answer at once, with its Retry-After for the caller, instead of a 408 minutes later.
   app.addHook('onSend', async (request, reply) => {
-    // A form by its Content-Type, not isMultipart(): that is known only once Fastify has picked the
-    // body's parser, and an answer before then (shutdown's 503, from onRequest) went without the header,
-    // so the SDK resent the form empty (through a balancer, to another replica that waited for it).
-    if (sdkRetries(reply.statusCode) && /^multipart\/form-data\b/i.test(request.headers['content-type'] ?? '') && cannotResendForm(request)) reply.header('x-should-retry', 'false');
+    // A form by its Content-Type (sendsForm): an answer before the body's parser is picked (shutdown's
+    // 503, from onRequest) went without the header when isMultipart() told it, so the SDK resent the
+    // form empty (through a balancer, to another replica that waited for it).
+    if (sdkRetries(reply.statusCode) && sendsForm(request) && cannotResendForm(request)) reply.header('x-should-retry', 'false');
   });
   for (const [path, route] of [
     ['/v1/images/edits', 'edit'],
