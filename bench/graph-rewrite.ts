@@ -20,7 +20,7 @@ import { existsSync, readFileSync } from 'node:fs';
 import os from 'node:os';
 import { promisify } from 'node:util';
 import { parseArgs } from 'node:util';
-import * as ort from 'onnxruntime-node';
+import { ort } from '../src/runtime/onnxruntime.js';
 import onnxProto from 'onnx-proto';
 import { fuseAttention } from '../src/runtime/attention-fusion.js';
 import { graphSource, rewritesOf, type GraphSource } from '../src/runtime/graph-rewrite.js';

@@ -1,4 +1,4 @@
-import * as ort from 'onnxruntime-node';
+import { ort } from '../src/runtime/onnxruntime.js';
 import { OnnxModel } from '../src/runtime/onnx-model.js';
 import { TextEncoder } from '../src/pipelines/text-encoder.js';
 import { VaeDecoder } from '../src/pipelines/vae.js';

@@ -1,5 +1,5 @@
 import path from 'node:path';
-import * as ort from 'onnxruntime-node';
+import { ort } from '../src/runtime/onnxruntime.js';
 import onnxProto from 'onnx-proto';
 import type { onnx as proto } from 'onnx-proto';
 import { describe, expect, it } from 'vitest';

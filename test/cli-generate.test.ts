@@ -100,6 +100,23 @@ describe('imagegen generate', () => {
     }
   });
 
+  it('sends nothing anywhere: onnxruntime keeps no device id and no event store for its telemetry, which is off', async () => {
+    const home = await mkdtemp(path.join(os.tmpdir(), 'imagegen-home-'));
+    const out = await mkdtemp(path.join(os.tmpdir(), 'imagegen-cli-'));
+    // As on a user's machine: onnxruntime turns its telemetry off by itself where a CI variable is set,
+    // and here the opt-out is the command's own to set.
+    const quiet = ['ORT_DISABLE_TELEMETRY', 'ORT_TELEMETRY_DISABLED', 'ORT_RUNNING_UNIT_TESTS', 'CI', 'TF_BUILD', 'GITHUB_ACTIONS', 'GITLAB_CI', 'CIRCLECI', 'TRAVIS', 'JENKINS_URL', 'CODEBUILD_BUILD_ID', 'BUILDKITE', 'TEAMCITY_VERSION', 'APPVEYOR', 'BITBUCKET_BUILD_NUMBER', 'SYSTEM_TEAMFOUNDATIONCOLLECTIONURI'];
+    const env = Object.fromEntries(Object.entries(process.env).filter(([name]) => !quiet.includes(name)));
+    await run(process.execPath, imagegenArgs('generate', 'a red circle', '--size', '256x256', '--steps', '1', '--out', out), {
+      cwd: root,
+      env: { ...env, HOME: home, XDG_CACHE_HOME: path.join(home, '.cache') },
+      timeout: 60_000,
+    });
+    expect(await readdir(out)).toHaveLength(1);
+    // Where onnxruntime 1.30 keeps them when its telemetry is on.
+    expect(existsSync(path.join(home, '.cache', 'Microsoft'))).toBe(false);
+  });
+
   it("reads only the settings it uses: a server's settings in the same environment do not stop it", async () => {
     const out = await mkdtemp(path.join(os.tmpdir(), 'imagegen-cli-'));
     // A server would refuse these (a public address without keys, a port that is no number).

@@ -1,7 +1,7 @@
 import { readFile, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import onnxProto from 'onnx-proto';
-import * as ort from 'onnxruntime-node';
+import { ort } from '../src/runtime/onnxruntime.js';
 import { describe, expect, it } from 'vitest';
 import type { GenerationBatch } from '../src/runtime/types.js';
 import { WorkerRuntime } from '../src/pipelines/run.js';

@@ -5,6 +5,8 @@ import path from 'node:path';
 import { promisify } from 'node:util';
 import type { TestProject } from 'vitest/node';
 import { buildReferenceModels } from '../src/reference/index.js';
+// onnxruntime's telemetry off for every process of the run, as the server and the CLI turn it off for theirs.
+import '../src/runtime/telemetry-off.js';
 
 declare module 'vitest' {
   export interface ProvidedContext {

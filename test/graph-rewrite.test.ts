@@ -3,7 +3,7 @@ import { cp, mkdir, mkdtemp, readFile, rm, symlink, writeFile } from 'node:fs/pr
 import os from 'node:os';
 import path from 'node:path';
 import { promisify } from 'node:util';
-import * as ort from 'onnxruntime-node';
+import { ort } from '../src/runtime/onnxruntime.js';
 import onnxProto from 'onnx-proto';
 import { describe, expect, it, onTestFinished } from 'vitest';
 import { fuseAttention } from '../src/runtime/attention-fusion.js';

@@ -3,7 +3,7 @@ import os from 'node:os';
 import path from 'node:path';
 import onnxProto from 'onnx-proto';
 import type { onnx as proto } from 'onnx-proto';
-import * as ort from 'onnxruntime-node';
+import { ort } from '../src/runtime/onnxruntime.js';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { float32ToHalf, halfToFloat32 } from '../src/runtime/float16.js';
 import { WorkerRuntime } from '../src/pipelines/run.js';

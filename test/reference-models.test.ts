@@ -1,7 +1,7 @@
 import { mkdtemp, readdir, readFile, rm } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
-import * as ort from 'onnxruntime-node';
+import { ort } from '../src/runtime/onnxruntime.js';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { presetOverrideSchema } from '../src/models/presets.js';
 import { WorkerRuntime } from '../src/pipelines/run.js';

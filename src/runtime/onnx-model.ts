@@ -1,4 +1,4 @@
-import * as ort from 'onnxruntime-node';
+import { ort } from './onnxruntime.js';
 import { float32ToHalf, halfToFloat32 } from './float16.js';
 import { graphSource, rewritesOf } from './graph-rewrite.js';
 import { createSession, type ExecutionProvider, type RuntimeOptions, type SessionTuning } from './providers.js';

@@ -1,5 +1,5 @@
 import os from 'node:os';
-import * as ort from 'onnxruntime-node';
+import { ort } from './onnxruntime.js';
 import type { GraphSource } from './graph-rewrite.js';
 
 /**

@@ -1,4 +1,4 @@
-import * as ort from 'onnxruntime-node';
+import { ort } from '../../src/runtime/onnxruntime.js';
 import type { GraphSource } from '../../src/runtime/graph-rewrite.js';
 import { createSession } from '../../src/runtime/providers.js';
 
