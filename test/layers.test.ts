@@ -64,6 +64,16 @@ describe('layers', () => {
     expect(upward).toEqual([]);
   });
 
+  it('loads onnxruntime-node only through runtime/onnxruntime.ts, which turns its telemetry off first', () => {
+    // Module imports; a child process's script (webgpu.test.ts's probe) gets the opt-out in its environment.
+    const ROOT = path.dirname(SRC);
+    const direct = [SRC, path.join(ROOT, 'bench'), path.join(ROOT, 'test')]
+      .flatMap(sourceFiles)
+      .filter((file) => /(?:from|import\()\s*'onnxruntime-node'/.test(readFileSync(file, 'utf8')))
+      .map((file) => path.relative(ROOT, file));
+    expect(direct).toEqual([path.join('src', 'runtime', 'onnxruntime.ts')]);
+  });
+
   it('reads the imports it checks (so that an empty list above means something)', () => {
     const imports = importsOf(path.join(SRC, 'server.ts')).map((target) => path.relative(SRC, target));
     expect(imports).toContain(path.join('http', 'app.ts'));
