@@ -3,6 +3,7 @@ import path from 'node:path';
 import OpenAI from 'openai';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { apiError } from './helpers/failures.js';
+import { capturedLogs } from './helpers/logs.js';
 import { whenRunning } from './helpers/ops-server.js';
 import { startRealServer, type RealServer } from './helpers/real-server.js';
 import { referenceModel } from './helpers/reference.js';
@@ -14,11 +15,12 @@ import { referenceModel } from './helpers/reference.js';
  */
 
 let real: RealServer;
+const logs = capturedLogs<{ level: number; msg: string; model?: string; code?: string; err?: { code?: string } }>();
 const modelDir = (id: string) => path.join(real.root, 'models', id);
 
 beforeAll(async () => {
   const copy = { copy: referenceModel('sd-turbo') };
-  real = await startRealServer({ models: { good: copy, damaged: copy, doomed: copy, misconfigured: copy }, env: { WORKERS: '1', PRELOAD: 'good', DEFAULT_MODEL: 'good' } });
+  real = await startRealServer({ models: { good: copy, damaged: copy, doomed: copy, misconfigured: copy }, env: { WORKERS: '1', PRELOAD: 'good', DEFAULT_MODEL: 'good' }, logger: logs.logger });
   // Cut short after the scan that found it usable, as a copy still being written would be.
   await truncate(path.join(modelDir('damaged'), 'text_encoder', 'model.onnx'), 2000);
   // Half written by an editor after the scan.
@@ -39,6 +41,17 @@ describe('a model that cannot be loaded when its request runs', () => {
     expect(err.headers?.get('x-should-retry')).toBe('false');
     // The other models are unaffected.
     expect((await generate('good')).data).toHaveLength(1);
+  });
+
+  it('is logged at error level once, not once per request: each request retries the load and has an info line', async () => {
+    for (let i = 0; i < 4; i++) expect((await apiError(generate('damaged'))).code).toBe('model_unusable');
+    const damaged = logs.lines.filter((line) => line.model === 'damaged');
+    expect(damaged.filter((line) => line.msg === 'model failed to load')).toHaveLength(1);
+    expect(damaged.filter((line) => line.level >= 50 && line.msg === 'request failed' && line.err?.code === 'model_unusable')).toHaveLength(1);
+    // Before, every request added an error line with a stack (2.5 KB here) and the worker's own error line.
+    expect(damaged.filter((line) => line.level === 30 && line.code === 'model_unusable' && line.msg.startsWith('request failed'))).toHaveLength(
+      damaged.filter((line) => line.msg === 'request completed').length - 1,
+    );
   });
 
   it('names the file at fault relative to the model folder, whatever failed to read it', async () => {

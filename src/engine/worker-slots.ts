@@ -174,10 +174,17 @@ export class WorkerSlots {
         metrics?.modelLoaded(modelName(message.modelDir), message.seconds);
         logger?.info({ worker: slot, model: modelName(message.modelDir), loadMs: Math.round(message.seconds * 1000) }, 'model loaded');
         break;
-      case 'model-load-failed':
-        this.loadErrors.set(message.modelDir, { message: message.message, version: this.options.modelVersion?.(message.modelDir) });
-        logger?.error({ worker: slot, model: modelName(message.modelDir), error: message.message }, 'model failed to load');
+      case 'model-load-failed': {
+        const failed = { message: message.message, version: this.options.modelVersion?.(message.modelDir) };
+        const known = this.loadErrors.get(message.modelDir);
+        this.loadErrors.set(message.modelDir, failed);
+        // Each request for the model tries its load again (its folder may have been repaired), and each
+        // worker does: the same failure of the same folder is said once, not once per request.
+        if (known?.message !== failed.message || known.version !== failed.version) {
+          logger?.error({ worker: slot, model: modelName(message.modelDir), error: message.message }, 'model failed to load');
+        }
         break;
+      }
       case 'warning':
         logger?.warn({ worker: slot, pid: worker.pid }, message.message);
         return;

@@ -47,6 +47,34 @@ function fromFastifyError(err: FastifyError, request: FastifyRequest): ApiError 
   return undefined;
 }
 
+declare module 'fastify' {
+  interface FastifyInstance {
+    /** When each code of the server's own 5xx answers was last logged at error level (see logFailure). */
+    failuresSaid: Map<string, number>;
+  }
+}
+
+/** How long the log says a 5xx of the same code at info level after saying it at error level. */
+const REPEATED_FAILURE_MS = 60_000;
+
+/**
+ * Logs a 5xx of the server's own (a damaged model, a full store, a queue timeout, a key's `concurrent`
+ * limit): such a cause persists and every request meets it, so only the first of each code in a minute
+ * goes out at error level with its cause; the others at info, each still saying what its request got. A
+ * flood of requests (or one client over its own limit) cannot fill the log with the same error and stack.
+ */
+function logFailure(request: FastifyRequest, error: ApiError): void {
+  const code = error.code ?? String(error.status);
+  const said = request.server.failuresSaid;
+  const now = performance.now();
+  if (now - (said.get(code) ?? -Infinity) < REPEATED_FAILURE_MS) {
+    request.log.info({ status: error.status, code }, `request failed (said at error level less than a minute ago): ${error.message}`);
+    return;
+  }
+  said.set(code, now);
+  request.log.error({ err: error }, 'request failed');
+}
+
 /**
  * What a failure is answered with, as a response or as a streamed error event: an ApiError as it is,
  * Fastify's own errors translated, anything else logged and answered with the generic 500.
@@ -54,8 +82,13 @@ function fromFastifyError(err: FastifyError, request: FastifyRequest): ApiError 
 export function apiErrorOf(err: unknown, request: FastifyRequest): ApiError {
   const error = err instanceof ApiError ? err : err instanceof Error ? fromFastifyError(err as FastifyError, request) : undefined;
   if (error && error.status < 500) return error;
+  if (error) {
+    logFailure(request, error);
+    return error;
+  }
+  // Not one the server chose to give: a bug, logged every time.
   request.log.error({ err }, 'request failed');
-  return error ?? new ApiError(500, INTERNAL_ERROR_MESSAGE);
+  return new ApiError(500, INTERNAL_ERROR_MESSAGE);
 }
 
 /** Sends an error in OpenAI's shape; the one way every route and hook answers with an error. */
@@ -139,6 +172,7 @@ export function invalidUrl(request: FastifyRequest): ApiError {
 }
 
 async function errorsPlugin(app: FastifyInstance): Promise<void> {
+  app.decorate('failuresSaid', new Map<string, number>());
   app.setErrorHandler((err: FastifyError, request, reply) => sendError(reply, apiErrorOf(err, request)));
   app.setNotFoundHandler((request, reply) => sendError(reply, unroutedError(app, request)));
 }
