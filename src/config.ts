@@ -89,7 +89,8 @@ const originList = list.pipe(
     z.string().transform((text, ctx) => {
       const origin = asOrigin(text);
       if (origin === undefined) {
-        ctx.addIssue({ code: 'custom', message: `'${text}' is not an origin: expected * or origins such as https://app.example.com or http://localhost:5173 (scheme, host, port; no path)` });
+        // Shown as shownValue shows a URL: an origin with a user:password@ is refused, and must not print them.
+        ctx.addIssue({ code: 'custom', message: `'${withoutCredentials(text)}' is not an origin: expected * or origins such as https://app.example.com or http://localhost:5173 (scheme, host, port; no path)` });
         return z.NEVER;
       }
       return origin;

@@ -129,6 +129,12 @@ describe('loadConfig', () => {
     expect(found.join('\n')).not.toContain('hunter2');
   });
 
+  it('names an origin it refuses in CORS_ORIGINS without its user:password', () => {
+    const found = problems(() => loadConfig({}, { CORS_ORIGINS: 'https://app.example.com,https://u:hunter2@x.example.com' }));
+    expect(found).toEqual([expect.stringMatching(/^CORS_ORIGINS .*'https:\/\/\[redacted\]@x\.example\.com' is not an origin/)]);
+    expect(found.join('\n')).not.toContain('hunter2');
+  });
+
   it('refuses a PUBLIC_BASE_URL that image paths cannot follow: a query, fragment, credentials or spaces', () => {
     for (const url of ['https://x.example.com/imgs?x=1', 'https://x.example.com/imgs#frag', 'https://u:p@x.example.com/imgs', 'https://x.example.com/im gs', 'https://x.example.com/imgs?', 'https://x.example.com/imgs#']) {
       expect([url, problems(() => loadConfig({}, { PUBLIC_BASE_URL: url }))[0]]).toEqual([url, expect.stringMatching(/^PUBLIC_BASE_URL .*without spaces, query/)]);
