@@ -21,7 +21,7 @@ export interface ServerProcess {
 
 interface LogLine {
   worker?: number;
-  pid?: number;
+  workerPid?: number;
 }
 
 /** Starts the server on a free loopback port with `env` as its only settings and waits until /ready says ready. */
@@ -37,7 +37,7 @@ export async function startServerProcess(env: Record<string, string>): Promise<S
         if (!line.includes('"worker ready"')) return;
         const entry = JSON.parse(line) as LogLine;
         if (pids[entry.worker!] !== undefined) replacements++;
-        pids[entry.worker!] = entry.pid!;
+        pids[entry.worker!] = entry.workerPid!;
       },
     },
   );

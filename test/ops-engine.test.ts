@@ -439,6 +439,18 @@ describe('logs', () => {
     expect(raw).not.toContain(OPS_KEY);
   });
 
+  it("name a worker's process workerPid: a second pid key hid the server's own (pino's) and made lines JSON that strict readers refuse", async () => {
+    const { raw } = await logsOf({});
+    const workerLines = raw.split('\n').filter((line) => line.includes('"worker ready"'));
+    expect(workerLines).not.toEqual([]);
+    for (const line of workerLines) {
+      expect(line.match(/"pid":/g)).toHaveLength(1);
+      const entry = JSON.parse(line) as { pid: number; workerPid: number };
+      expect(entry.pid).toBe(process.pid);
+      expect(entry.workerPid).not.toBe(process.pid);
+    }
+  });
+
   it('include the prompt with LOG_PROMPTS=true', async () => {
     const { lines } = await logsOf({ LOG_PROMPTS: 'true' });
     expect(lines.find((l) => l.msg === 'images generated')).toMatchObject({ prompt: 'a secret purple triangle' });

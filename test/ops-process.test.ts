@@ -160,7 +160,7 @@ describe('a failing disk', () => {
 describe('worker processes', () => {
   /** The pids the server logged for its ready workers. */
   const workerPids = (server: ServerProcess) =>
-    server.log.map((line) => JSON.parse(line) as { msg?: string; pid?: number }).filter((entry) => entry.msg === 'worker ready').map((entry) => entry.pid!);
+    server.log.map((line) => JSON.parse(line) as { msg?: string; workerPid?: number }).filter((entry) => entry.msg === 'worker ready').map((entry) => entry.workerPid!);
 
   /** Whether a process runs (from /proc: an exited orphan may linger as a zombie where nothing reaps it). */
   async function running(pid: number): Promise<boolean> {

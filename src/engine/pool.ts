@@ -260,7 +260,7 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
     } finally {
       memory.release(worker);
       watchdog.stop();
-      if (outcome === 'not_started') logger?.warn({ model: modelName(batch.modelDir), pid: worker.pid }, 'batch sent to a worker that had died; it waits for another');
+      if (outcome === 'not_started') logger?.warn({ model: modelName(batch.modelDir), workerPid: worker.pid }, 'batch sent to a worker that had died; it waits for another');
       else report(batch, worker, outcome, images, started);
     }
   }

@@ -167,7 +167,7 @@ export class WorkerSlots {
         this.starting.delete(worker);
         this.startFailure = undefined;
         this.readyAt.set(worker, this.options.clock.now());
-        logger?.info({ worker: slot, pid: worker.pid }, 'worker ready');
+        logger?.info({ worker: slot, workerPid: worker.pid }, 'worker ready');
         break;
       case 'model-loaded':
         this.loadErrors.delete(message.modelDir);
@@ -186,7 +186,7 @@ export class WorkerSlots {
         break;
       }
       case 'warning':
-        logger?.warn({ worker: slot, pid: worker.pid }, message.message);
+        logger?.warn({ worker: slot, workerPid: worker.pid }, message.message);
         return;
       default:
         this.options.onMessage(worker, slot, message);
@@ -235,7 +235,7 @@ export class WorkerSlots {
   private restartLater(slot: number, wasProven: boolean, reason: string, pid?: number, hadBatch = false): void {
     if (wasProven) this.failedStarts[slot] = 0;
     const delay = wasProven ? 0 : Math.min(RESTART_BACKOFF_MS.max, RESTART_BACKOFF_MS.first * 2 ** this.failedStarts[slot]++);
-    this.options.logger?.error({ worker: slot, pid, reason, restartInMs: delay }, `${reason}; starting a replacement${hadBatch ? ' (the requests of its batch fail with 500)' : ''}`);
+    this.options.logger?.error({ worker: slot, workerPid: pid, reason, restartInMs: delay }, `${reason}; starting a replacement${hadBatch ? ' (the requests of its batch fail with 500)' : ''}`);
     this.options.metrics?.workerReplaced();
     const cancel = this.options.clock.after(delay, () => {
       this.restarts.delete(cancel);
