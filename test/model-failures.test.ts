@@ -54,6 +54,17 @@ describe('a model that cannot be loaded when its request runs', () => {
     );
   });
 
+  it('is not logged again as a warning for each streamed request that meets it', async () => {
+    for (let i = 0; i < 3; i++) {
+      const stream = await real.client.images.generate({ model: 'damaged', prompt: 'a red circle', stream: true });
+      await expect((async () => { for await (const _event of stream); })()).rejects.toThrow(/could not be loaded/);
+    }
+    const streamed = logs.lines.filter((line) => line.model === 'damaged' && line.msg.startsWith('stream ended with an error event'));
+    expect(streamed.length).toBeGreaterThan(0);
+    // Said at error level once a minute by the failure's own line (see above), not once per stream.
+    expect(streamed.filter((line) => line.level >= 40)).toEqual([]);
+  });
+
   it('names the file at fault relative to the model folder, whatever failed to read it', async () => {
     const err = await apiError(generate('misconfigured'));
     expect({ status: err.status, code: err.code }).toEqual({ status: 500, code: 'model_unusable' });

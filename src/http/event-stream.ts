@@ -73,9 +73,11 @@ export async function streamImages(request: FastifyRequest, reply: FastifyReply,
     const error = apiErrorOf(err, request);
     send(error.toBody());
     end();
-    // The log's "request completed" line says 200, what went out before the failure: this one says how it ended.
+    // The log's "request completed" line says 200, what went out before the failure: this one says how it
+    // ended. At info, as that line is: apiErrorOf logged the failure itself at the level it deserves (a
+    // cause every request meets, such as a damaged model, once a minute), which a warning per stream undid.
     failedInStream(reply, error.status);
-    request.log.warn({ status: error.status, code: error.code }, `stream ended with an error event: ${error.message}`);
+    request.log.info({ status: error.status, code: error.code }, `stream ended with an error event: ${error.message}`);
   });
   return reply
     .header('content-type', 'text/event-stream; charset=utf-8')
