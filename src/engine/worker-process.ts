@@ -237,7 +237,8 @@ export class WorkerProcess implements MemoryClaimant {
     this.ready = false;
     const task = this.finish();
     task?.reject(new WorkerDiedError(reason, task.started, killedBySystem, signal));
-    this.listener.exit(this, reason, task !== undefined);
+    // A batch it never took waits for another worker (pool.ts): only one it had started fails.
+    this.listener.exit(this, reason, task?.batch === true && task.started);
   }
 
   /** A message the dead process cannot take is dropped: its exit is handled by died(). */
