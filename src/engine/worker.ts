@@ -177,7 +177,9 @@ function perform(modelDir: string, work: (task: { cancelled: boolean; clock: () 
       const problem = err instanceof ModelLayoutError ? { problem: err.problem } : {};
       await send({ type: 'failed', error: { name, message, stack, ...problem }, held: current().heldModels() });
     } finally {
-      running = undefined;
+      // The pool may have heard the answer, and sent the next batch, before its write was done here: that
+      // batch is the running one now, and its cancel and the worker's stop must still reach it.
+      if (running === task) running = undefined;
     }
   })();
   running = task;
