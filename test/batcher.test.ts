@@ -63,6 +63,35 @@ describe('merging compatible requests', () => {
     expect(runs.map((r) => r.seeds).sort()).toEqual([[1, 2], [100], [3], [4]]);
   });
 
+  it("does not put a request in a group that waits for its owner's concurrency limit while a worker is free", async () => {
+    const queue = new JobQueue(2, 10);
+    const started: number[][] = [];
+    const finish = new Map<number, () => void>();
+    const merger = new BatchMerger(
+      (job, signal, options) => queue.run(job, signal, options),
+      async (batch) => {
+        const seeds = batch.items.map((i) => i.seed);
+        started.push(seeds);
+        await new Promise<void>((resolve) => finish.set(seeds[0], resolve));
+        return batch.items.map((i) => ({ data: new Uint8Array(), contentType: 'image/png', seed: i.seed }));
+      },
+      4,
+    );
+    const from = (client: string, seed: number, limits = {}) => merger.generate(request([item('a red circle', seed)]), undefined, new Ticket(client, 0, limits));
+    // 'a' may run one batch at a time: its second waits for its first, while the other worker is idle.
+    const running = from('a', 1, { maxConcurrent: 1 });
+    const held = from('a', 2, { maxConcurrent: 1 });
+    const other = from('b', 3);
+    await expect.poll(() => started).toEqual([[1], [3]]);
+    finish.get(3)!();
+    await other;
+    finish.get(1)!();
+    await running;
+    await expect.poll(() => started).toEqual([[1], [3], [2]]);
+    finish.get(2)!();
+    await held;
+  });
+
   it('runs requests that waited together as one batch, each getting its own images', async () => {
     const { runs, merger } = harness();
     const first = merger.generate(request([item('a red circle', 1)]));

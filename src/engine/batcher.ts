@@ -15,7 +15,9 @@ import type { BatchEvent, BatchItem, GeneratedImage, GenerationBatch } from '../
  * Fairness: a group waits in its owner's line of the fair queue (fair-order.ts), so a request joins
  * another client's group only when that group is the owner's next to start (about where the joiner's
  * own request would wait), never one at the back of a flood. A client with a concurrency limit
- * (maxConcurrent, counted in batches) merges nothing, so that its requests count one by one.
+ * (maxConcurrent, counted in batches) merges nothing, so that its requests count one by one: its
+ * requests join no group, and its groups take no one else's request, which would wait on its limit
+ * (behind its running batches) while a worker is free.
  */
 
 /** Runs one batch on a worker; `stop` aborting asks the worker to stop at its next step. */
@@ -49,6 +51,12 @@ interface Group {
 
 const ownKey = (client: string, key: string) => `${client}\n${key}`;
 
+/**
+ * A request of a client with a concurrency limit runs as its own batch: its batches count one by one
+ * against the limit, and a request of another client in its group would wait on that limit.
+ */
+const mergesNothing = (ticket?: Ticket) => ticket?.limits.maxConcurrent !== undefined;
+
 /** Batches with equal keys can run as one: everything but the items. */
 function batchKey(batch: GenerationBatch): string {
   const { items: _items, ...settings } = batch;
@@ -75,7 +83,7 @@ export class BatchMerger {
     return new Promise<GeneratedImage[]>((resolve, reject) => {
       const key = batchKey(batch);
       const joinable = this.joinableGroup(key, batch, ticket);
-      const group = joinable ?? this.openGroup(key, batch, ticket?.client ?? ANONYMOUS_CLIENT);
+      const group = joinable ?? this.openGroup(key, batch, ticket);
       const leave = () => {
         member.left = true;
         member.reject(signal!.reason);
@@ -109,7 +117,7 @@ export class BatchMerger {
 
   /** The client's own open group of these settings, else another client's next group of them, with room for the batch; none for a client with a concurrency limit. */
   private joinableGroup(key: string, batch: GenerationBatch, ticket?: Ticket): Group | undefined {
-    if (ticket?.limits.maxConcurrent !== undefined) return undefined;
+    if (mergesNothing(ticket)) return undefined;
     const client = ticket?.client ?? ANONYMOUS_CLIENT;
     const fits = (group: Group | undefined) => {
       const size = group?.members.reduce((n, m) => n + (m.left ? 0 : m.items.length), 0) ?? Infinity;
@@ -123,9 +131,12 @@ export class BatchMerger {
     return undefined;
   }
 
-  private openGroup(key: string, batch: GenerationBatch, owner: string): Group {
+  /** A group for the request's batch; one that others may join unless its owner has a concurrency limit (see mergesNothing). */
+  private openGroup(key: string, batch: GenerationBatch, ticket?: Ticket): Group {
     const { items: _items, ...settings } = batch;
+    const owner = ticket?.client ?? ANONYMOUS_CLIENT;
     const group: Group = { key, owner, settings, members: [], abandon: new AbortController() };
+    if (mergesNothing(ticket)) return group;
     this.open.set(ownKey(owner, key), group);
     this.waiting.set(owner, [...(this.waiting.get(owner) ?? []), group]);
     return group;
