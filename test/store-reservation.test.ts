@@ -149,3 +149,42 @@ describe('expectedStoreBytes', () => {
     expect(expectedStoreBytes([tiny])).toBe(2 * spaceOf(1));
   });
 });
+
+describe('a url request whose client leaves while its images are stored', () => {
+  it('keeps none of them: nobody will be given their URLs', async () => {
+    const server = await startTestServer({ engine: new FakeEngine() });
+    try {
+      const { store } = server;
+      const put = store.put.bind(store);
+      let storing!: () => void;
+      const reached = new Promise<void>((resolve) => (storing = resolve));
+      let open!: () => void;
+      const gate = new Promise<void>((resolve) => (open = resolve));
+      let stored = 0;
+      store.put = async (...args) => {
+        storing();
+        await gate;
+        const image = await put(...args);
+        stored++;
+        return image;
+      };
+      const leave = new AbortController();
+      const answer = fetch(`${server.baseURL}/images/generations`, {
+        method: 'POST',
+        headers: { authorization: `Bearer ${TEST_KEY}`, 'content-type': 'application/json' },
+        body: JSON.stringify({ model: 'stub', prompt: 'x', n: 2, response_format: 'url' }),
+        signal: leave.signal,
+      }).catch(() => undefined);
+      await reached;
+      leave.abort();
+      await answer;
+      // The server heard the client leave.
+      await expect.poll(() => server.engine.signals[0]?.aborted).toBe(true);
+      open();
+      await expect.poll(() => stored).toBe(2);
+      await expect.poll(() => store.stats().files).toBe(0);
+    } finally {
+      await server.close();
+    }
+  });
+});

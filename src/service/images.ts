@@ -222,10 +222,11 @@ export function createImageService({ registry, engine, store, defaultRng, defaul
     const results = await Promise.allSettled(images.map((image) => store.put(image.data, image.contentType, reservation)));
     const stored = results.flatMap((result) => (result.status === 'fulfilled' ? [result.value] : []));
     const failed = results.find((result) => result.status === 'rejected');
-    if (failed) {
-      // The response names all its images or none: the ones stored would only take space until they expire.
+    // The response names all its images or none, and a client that left while they were stored is given
+    // none: the ones stored would only take space (MAX_STORE_BYTES) until they expire.
+    if (failed || context.signal.aborted) {
       await store.remove(stored);
-      throw storeError(failed.reason);
+      throw failed ? storeError(failed.reason) : context.signal.reason;
     }
     return stored.map((image, i) => ({ url: context.urlFor(image), seed: images[i].seed }));
   }
