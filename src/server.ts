@@ -33,6 +33,25 @@ export interface RunningServer {
 
 const SWEEP_INTERVAL_MS = 60_000;
 
+/** A TLS_CERT or TLS_KEY that cannot be read; the message names the setting. */
+export class TlsFileError extends Error {
+  constructor(message: string) {
+    super(message);
+    this.name = 'TlsFileError';
+  }
+}
+
+/**
+ * Reads TLS_CERT or TLS_KEY, naming the setting in what goes wrong: the system's error names only the
+ * path, and for a folder (EISDIR) not even that.
+ */
+async function readTlsFile(setting: 'TLS_CERT' | 'TLS_KEY', file: string): Promise<Buffer> {
+  return readFile(file).catch((err: NodeJS.ErrnoException) => {
+    const why = err.code === 'ENOENT' ? 'does not exist' : err.code === 'EISDIR' ? 'is a folder' : `cannot be read (${err.code ?? err.message})`;
+    throw new TlsFileError(`${setting} ${file} ${why}: set ${setting} to the PEM ${setting === 'TLS_CERT' ? 'certificate (chain)' : 'private key'} file`);
+  });
+}
+
 /**
  * What tests may replace: the image store's clock (expiry without waiting for it), and the workers'
  * module (see EnginePoolOptions.workerScript).
@@ -44,7 +63,7 @@ export interface ServerOverrides {
 
 export async function startServer(config: Config, logger: Logger, { clock, workerScript }: ServerOverrides = {}): Promise<RunningServer> {
   // Read and checked first: a file that is missing or no PEM stops the start before any worker process is started.
-  const tls = config.tlsCert && config.tlsKey ? { cert: await readFile(config.tlsCert), key: await readFile(config.tlsKey) } : undefined;
+  const tls = config.tlsCert && config.tlsKey ? { cert: await readTlsFile('TLS_CERT', config.tlsCert), key: await readTlsFile('TLS_KEY', config.tlsKey) } : undefined;
   if (tls) createSecureContext(tls);
   // The same for the keys (the auth plugin reads them again as the app starts, and then on every change).
   if (config.apiKeysFile) await readKeyFile(config.apiKeysFile);

@@ -119,7 +119,11 @@ describe('a server that cannot start', () => {
     const taken = await failure({ PORT: port });
     expect(taken).toMatch(new RegExp(`exited with 1 before listening:\\nimagegen serve cannot start: port ${port} on 127\\.0\\.0\\.1 is already in use.*set PORT to a free port`));
     expect(taken).not.toMatch(/\n\s+at /);
-    expect(await failure({ TLS_CERT: '/nonexistent/cert.pem', TLS_KEY: '/nonexistent/key.pem' })).toMatch(/cannot start: \/nonexistent\/cert\.pem does not exist: check the setting naming it \(TLS_CERT/);
+    expect(await failure({ TLS_CERT: '/nonexistent/cert.pem', TLS_KEY: '/nonexistent/key.pem' })).toMatch(/cannot start: TLS_CERT \/nonexistent\/cert\.pem does not exist: set TLS_CERT to the PEM certificate/);
+    // A folder: the system's error (EISDIR) names no path at all, and was logged with its stack trace.
+    const folder = await failure({ TLS_CERT: root, TLS_KEY: root });
+    expect(folder).toMatch(/exited with 1 before listening:\nimagegen serve cannot start: TLS_CERT .* is a folder: set TLS_CERT to the PEM certificate/);
+    expect(folder).not.toMatch(/\n\s+at /);
     const notPem = path.join(root, 'not-a-certificate.txt');
     await writeFile(notPem, 'hello');
     expect(await failure({ TLS_CERT: notPem, TLS_KEY: notPem })).toMatch(/cannot start: TLS_CERT \(.*not-a-certificate\.txt\) and TLS_KEY \(.*\) cannot be used: .*PEM.*They must be the PEM certificate/);

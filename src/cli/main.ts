@@ -86,8 +86,8 @@ function startupProblem(err: NodeJS.ErrnoException, config: Config): string | un
       if (err.code?.startsWith('ERR_OSSL')) {
         return `TLS_CERT (${config.tlsCert}) and TLS_KEY (${config.tlsKey}) cannot be used: ${err.message}. They must be the PEM certificate (chain) and its private key.`;
       }
-      // Errors of ours that already say what to do (a bad API_KEYS_FILE, an unusable store).
-      if (err.name === 'KeyFileError' || err.name === 'StoreUnavailableError') return err.message;
+      // Errors of ours that already say what to do (a bad API_KEYS_FILE, TLS_CERT or TLS_KEY, an unusable store).
+      if (['KeyFileError', 'TlsFileError', 'StoreUnavailableError'].includes(err.name)) return err.message;
       return undefined;
   }
 }
