@@ -505,6 +505,12 @@ describe('the imagegen CLI', () => {
       code: 2,
       stderr: expect.stringContaining('error: no models folder given'),
     });
+    // A file where the models folder would be: a message, not a stack trace.
+    const file = path.join(work, 'a-file');
+    await writeFile(file, 'not a folder');
+    for (const command of [['import', sourceDir, '--skip-load'], ['pull', REPO, '--hub-url', hub.url]]) {
+      await expect(cli('models', ...command, '--models-dir', file)).rejects.toMatchObject({ code: 1, stderr: expect.stringMatching(new RegExp(`^error: E(EXIST|NOTDIR): [^\n]*'${file}[^\n]*'\n$`)) });
+    }
     // A model's own folder is not a folder of models: said, rather than a broken "model" for each of its components.
     await expect(cli('models', 'list', '--models-dir', sourceDir)).rejects.toMatchObject({
       code: 1,

@@ -47,7 +47,8 @@ export async function makeFolder(dir: string): Promise<void> {
       if (err.code !== 'EEXIST') throw err;
     });
   }
-  if (!(await stat(dir)).isDirectory()) throw Object.assign(new Error(`EEXIST: a file is in the way, mkdir '${dir}'`), { code: 'EEXIST', path: dir });
+  // Shaped as mkdir's own error (syscall included), which the commands report as a message, not a stack trace.
+  if (!(await stat(dir)).isDirectory()) throw Object.assign(new Error(`EEXIST: a file is in the way, mkdir '${dir}'`), { code: 'EEXIST', syscall: 'mkdir', path: dir });
 }
 
 /** Whether a file (or folder) is there and reachable. */
