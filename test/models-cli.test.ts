@@ -501,6 +501,12 @@ describe('the imagegen CLI', () => {
     // Arguments refused before any work are usage errors (exit 2, as README says), as an unknown flag is.
     await expect(cli('models', 'pull', 'not a repo', '--models-dir', modelsDir)).rejects.toMatchObject({ code: 2, stderr: expect.stringContaining("error: 'not a repo' is not a Hub repository") });
     await expect(cli('models', 'import', sourceDir, '--name', 'a/b', '--models-dir', modelsDir)).rejects.toMatchObject({ code: 2, stderr: expect.stringContaining("error: 'a/b' is not a valid model id") });
+    for (const hubUrl of ['huggingface.co', 'ftp://mirror.example.com']) {
+      await expect(cli('models', 'pull', REPO, '--hub-url', hubUrl, '--models-dir', modelsDir)).rejects.toMatchObject({
+        code: 2,
+        stderr: `error: '${hubUrl}' is not an http(s) address of a Hub: set HF_ENDPOINT (--hub-url) to one such as https://huggingface.co, or unset it\n`,
+      });
+    }
     await expect(execFileAsync(process.execPath, imagegenArgs('models', 'list'), { cwd: PROJECT_ROOT, env: { ...process.env, MODELS_DIR: '' } })).rejects.toMatchObject({
       code: 2,
       stderr: expect.stringContaining('error: no models folder given'),

@@ -1,5 +1,6 @@
 import { HubApiError, listFiles, modelInfo } from '@huggingface/hub';
 import { ModelInstallError, ModelUsageError } from './errors.js';
+import { parseUrl, withoutCredentials } from '../util/url.js';
 
 /**
  * The Hugging Face Hub (or a mirror speaking its API): resolving a revision to a commit, listing a
@@ -77,6 +78,10 @@ export class HubClient {
 
   constructor(private readonly options: HubClientOptions = {}) {
     this.hubUrl = (options.hubUrl ?? DEFAULT_HUB_URL).replace(/\/+$/, '');
+    // A value that is no address at all is the user's to fix (exit 2), not a Hub that answered wrongly.
+    if (!/^https?:$/.test(parseUrl(this.hubUrl)?.protocol ?? '')) {
+      throw new ModelUsageError(`'${withoutCredentials(this.hubUrl)}' is not an http(s) address of a Hub: set HF_ENDPOINT (--hub-url) to one such as ${DEFAULT_HUB_URL}, or unset it`);
+    }
     const base = stallGuarded(options.fetch ?? fetch, options.stallMs ?? STALL_MS);
     const token = options.token;
     // Our own header rather than the library's accessToken, which rejects tokens not starting with hf_
