@@ -67,6 +67,8 @@ describe('imagegen generate', () => {
   it('names the flag the request refuses and exits 2, as for every usage error; an --out it cannot write is refused before any picture is made', async () => {
     await expect(imagegen('generate', 'a red circle', '--rng', 'foo')).rejects.toMatchObject({ code: 2, stderr: expect.stringMatching(/^imagegen generate: --rng: Invalid value: 'foo'/) });
     await expect(imagegen('generate', 'a red circle', '--format', 'gif')).rejects.toMatchObject({ code: 2, stderr: expect.stringMatching(/^imagegen generate: --format: /) });
+    // The prompt is the command's argument: there is no --prompt flag to name.
+    await expect(imagegen('generate', '')).rejects.toMatchObject({ code: 2, stderr: expect.stringMatching(/^imagegen generate: <prompt>: Invalid 'prompt': empty string/) });
     const file = path.join(await mkdtemp(path.join(os.tmpdir(), 'imagegen-cli-')), 'a-file');
     await writeFile(file, 'not a folder');
     await expect(imagegen('generate', 'a red circle', '--out', file)).rejects.toMatchObject({ code: 2, stderr: expect.stringMatching(/--out '.*a-file' is a file, not a folder: name a folder you may write\n$/) });

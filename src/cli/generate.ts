@@ -48,8 +48,8 @@ function numberFlag(flag: string, value: string | undefined): number | undefined
   return Number(value);
 }
 
-/** The flag of each request field (where the names differ), for the request's errors. */
-const FLAG_OF_FIELD: Record<string, string> = { output_format: '--format', guidance_scale: '--guidance-scale', negative_prompt: '--negative-prompt' };
+/** The flag of each request field (where the names differ), for the request's errors; the prompt is the argument, as usage names it. */
+const FLAG_OF_FIELD: Record<string, string> = { prompt: '<prompt>', output_format: '--format', guidance_scale: '--guidance-scale', negative_prompt: '--negative-prompt' };
 const flagOf = (field: string) => FLAG_OF_FIELD[field] ?? `--${field}`;
 
 /** The output folder, made if need be and checked writable before any work is spent on pictures it could not hold. */
