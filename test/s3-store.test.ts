@@ -311,6 +311,21 @@ describe('a server with STORE=s3 whose bucket fails', () => {
 });
 
 describe('STORE=s3 settings', () => {
+  it('refuses to open without a region: every request would fail to be signed for as long as the server ran', async () => {
+    vi.stubEnv('AWS_REGION', '');
+    // No profile's region either (the machine's own ~/.aws files, if any).
+    vi.stubEnv('AWS_CONFIG_FILE', path.join(dir, 'no-such-config'));
+    try {
+      const refused = await open().then(() => undefined, (err: unknown) => err);
+      expect(refused).toBeInstanceOf(ConfigError);
+      expect((refused as ConfigError).problems).toEqual([expect.stringMatching(/^S3_REGION \(--s3-region\): STORE=s3 needs a region, .*set S3_REGION/)]);
+      await (await open({ region: 'us-east-1' })).close();
+    } finally {
+      vi.unstubAllEnvs();
+      for (const [name, value] of Object.entries(s3.credentials)) vi.stubEnv(name, value);
+    }
+  });
+
   const problems = (env: Record<string, string>) => {
     try {
       loadConfig({}, env);

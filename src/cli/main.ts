@@ -35,6 +35,11 @@ const serve = program
     // Loaded here, not at the top: the other commands (and every usage error) start without the server's modules.
     const { startServer } = await import('../server.js');
     const server = await startServer(config, logger).catch((err: unknown) => {
+      // A setting found wrong only as the server starts (the S3 store's region): refused as the others are.
+      if (err instanceof ConfigError) {
+        console.error(err.message);
+        process.exit(2);
+      }
       const known = startupProblem(err as NodeJS.ErrnoException, config);
       // A problem the message explains needs no stack trace in the log; anything else does.
       if (!known) logger.fatal({ err }, 'cannot start');

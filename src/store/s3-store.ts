@@ -2,6 +2,7 @@ import { createHash } from 'node:crypto';
 import { Readable } from 'node:stream';
 import { DeleteObjectsCommand, GetObjectCommand, ListObjectsV2Command, paginateListObjectsV2, PutObjectCommand, S3Client } from '@aws-sdk/client-s3';
 import { getSignedUrl } from '@aws-sdk/s3-request-presigner';
+import { ConfigError } from '../config.js';
 import { StoreUnavailableError, type ByteRange, type ImageStore, type StoredImage, type StoreLimits, type StoreReservation } from './image-store.js';
 import { extensionOf, imageName, isExpired, newImage, parseImageName } from './image-names.js';
 import { spaceOf, StoreSpace } from './space.js';
@@ -130,9 +131,25 @@ export class S3ImageStore implements ImageStore {
    */
   static async open(options: S3StoreOptions): Promise<S3ImageStore> {
     const store = new S3ImageStore(options);
+    await store.checkRegion();
     if (options.presignedUrls) store.urlOrigin = await store.presignedOrigin();
     await store.sweep().catch((err: unknown) => options.logger.error({ err }, `image store: ${(err as Error).message}; /ready answers 503 until it answers`));
     return store;
+  }
+
+  /**
+   * Refuses to start without a region (S3_REGION, AWS_REGION or the profile's, read from the environment
+   * and files, not the network): every request is signed for one, so each would fail ("Region is
+   * missing") for as long as the server ran, a setting to fix rather than a bucket failing for a while.
+   */
+  private async checkRegion(): Promise<void> {
+    try {
+      await this.client.config.region();
+    } catch {
+      throw new ConfigError([
+        'S3_REGION (--s3-region): STORE=s3 needs a region, and neither S3_REGION, AWS_REGION nor the AWS profile gives one: set S3_REGION to the bucket\'s (us-east-1 for MinIO and most self-hosted stores, auto for R2)',
+      ]);
+    }
   }
 
   /**
