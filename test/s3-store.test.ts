@@ -338,6 +338,12 @@ describe('STORE=s3 settings', () => {
   it('needs a bucket, and presigned URLs only with STORE=s3 and lifetimes a presigned URL can have', () => {
     expect(problems({ STORE: 's3' })).toEqual([expect.stringMatching(/STORE=s3 needs S3_BUCKET/)]);
     expect(problems({ S3_PRESIGNED_URLS: 'true' })).toEqual([expect.stringMatching(/S3_PRESIGNED_URLS needs STORE=s3/)]);
+    // A STORE forgotten: the images would stay on this machine's disk, where the other replicas cannot serve them.
+    expect(problems({ S3_BUCKET: 'b', S3_ENDPOINT: 'http://minio:9000', S3_FORCE_PATH_STYLE: 'true' })).toEqual([
+      'S3_BUCKET, S3_ENDPOINT, S3_FORCE_PATH_STYLE need STORE=s3: set it, or unset them to keep images in DATA_DIR/images (STORE=fs)',
+    ]);
+    expect(problems({ STORE: 'fs', S3_REGION: 'us-east-1' })).toEqual(['S3_REGION needs STORE=s3: set it, or unset it to keep images in DATA_DIR/images (STORE=fs)']);
+    expect(problems({ S3_FORCE_PATH_STYLE: 'false' })).toEqual([]);
     expect(problems({ STORE: 's3', S3_BUCKET: 'b', S3_PRESIGNED_URLS: 'true', IMAGE_TTL_SECONDS: '604801' })).toEqual([expect.stringMatching(/at most 604800/)]);
     expect(problems({ STORE: 'gcs' })[0]).toMatch(/^STORE \(--store\)/);
     expect(problems({ REDIS_URL: 'localhost:6379' })[0]).toMatch(/REDIS_URL.*redis:\/\//);
