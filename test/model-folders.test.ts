@@ -239,6 +239,16 @@ describe('a models folder that does not exist', () => {
   });
 });
 
+describe('a models folder that is a file', () => {
+  it('says why it cannot be read, in the message (imagegen generate shows only that)', async () => {
+    const file = path.join(modelsDir, 'a-file');
+    await writeFile(file, 'not a folder');
+    const logs = capturedLogs<{ msg: string }>();
+    await new ModelRegistry({ roots: [{ dir: file, ownedBy: 'user' }], aliases: {}, logger: logs.logger }).scan();
+    expect(logs.lines.map((line) => line.msg)).toEqual([expect.stringMatching(/^the models folder .*a-file cannot be read \(ENOTDIR: not a directory.*\): none of its models are served until it can; check MODELS_DIR$/)]);
+  });
+});
+
 describe('MODELS_DIR set to a model folder itself', () => {
   it('is said once, naming what to point it at and how to install it instead; its components are not skipped one by one as models', async () => {
     const model = await installedCopy('sd-turbo', 'only');

@@ -226,7 +226,10 @@ export class ModelRegistry {
         // Its components are no models: each would only be skipped, with a warning of its own.
         if (misplaced) continue;
       } catch (err) {
-        if ((err as NodeJS.ErrnoException).code !== 'ENOENT') logger.warn({ err, dir: root.dir }, 'cannot read models folder');
+        // The reason in the message too: \`imagegen generate\` shows only the message (a file named as the folder: ENOTDIR).
+        if ((err as NodeJS.ErrnoException).code !== 'ENOENT') {
+          logger.warn({ err, dir: root.dir }, `the models folder ${root.dir} cannot be read (${(err as Error).message}): none of its models are served until it can; check MODELS_DIR`);
+        }
         else if (!this.missingRoots.has(root.dir)) {
           // Said once, not at every rescan; a pull or import creates it.
           this.missingRoots.add(root.dir);
