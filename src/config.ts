@@ -8,6 +8,7 @@ import { parseUrl, withoutCredentials } from './util/url.js';
 import type { VaeTilingMode } from './pipelines/memory-plan.js';
 import { isSendableKey } from './api/bearer.js';
 import { OPENAI_MODEL_NAMES } from './api/dialects.js';
+import { ConfigError } from './util/config-error.js';
 
 /**
  * Server configuration. Every setting has one name from which its environment variable (UPPER_SNAKE)
@@ -432,13 +433,6 @@ export const settingsHelp = (Object.keys(SETTINGS) as SettingName[]).map((name) 
   /** A true/false setting: its flag alone (`--log-prompts`) means true. */
   isSwitch: isBoolean(SETTINGS[name].schema),
 }));
-
-export class ConfigError extends Error {
-  constructor(readonly problems: string[]) {
-    super(`Invalid configuration:\n${problems.map((p) => `  - ${p}`).join('\n')}`);
-    this.name = 'ConfigError';
-  }
-}
 
 /**
  * Parses the named settings from CLI flag values (commander's camelCase keys, strings) over environment

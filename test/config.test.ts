@@ -1,6 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import { OPENAI_MODEL_NAMES } from '../src/api/dialects.js';
-import { ConfigError, loadConfig, loadModelSettings, settingsHelp } from '../src/config.js';
+import { loadConfig, loadModelSettings, settingsHelp } from '../src/config.js';
+import { ConfigError } from '../src/util/config-error.js';
 
 /** Configuration from flags and environment, secure by default. */
 

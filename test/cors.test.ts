@@ -1,5 +1,6 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { ConfigError, loadConfig } from '../src/config.js';
+import { loadConfig } from '../src/config.js';
+import { ConfigError } from '../src/util/config-error.js';
 import { startTestServer, TEST_KEY, type TestServer } from './helpers/api-server.js';
 
 /**

@@ -8,7 +8,8 @@ import { CreateBucketCommand, ListObjectsV2Command, S3Client } from '@aws-sdk/cl
 import OpenAI from 'openai';
 import sharp from 'sharp';
 import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
-import { ConfigError, loadConfig } from '../src/config.js';
+import { loadConfig } from '../src/config.js';
+import { ConfigError } from '../src/util/config-error.js';
 import { StoreFullError, StoreUnavailableError } from '../src/store/image-store.js';
 import { S3ImageStore, type S3StoreOptions } from '../src/store/s3-store.js';
 import { MIN_IMAGE_BYTES } from '../src/store/space.js';

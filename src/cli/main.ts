@@ -2,7 +2,8 @@
 import { readFileSync } from 'node:fs';
 import { Command } from 'commander';
 import { pino } from 'pino';
-import { ConfigError, loadConfig, settingsHelp, type Config, type SettingName } from '../config.js';
+import { loadConfig, settingsHelp, type Config, type SettingName } from '../config.js';
+import { ConfigError } from '../util/config-error.js';
 import { registerGenerateCommand } from './generate.js';
 import { registerModelCommands } from './models.js';
 

@@ -1,7 +1,8 @@
 import { existsSync } from 'node:fs';
 import path from 'node:path';
 import { InvalidArgumentError, Option, type Command } from 'commander';
-import { ConfigError, loadModelSettings } from '../config.js';
+import { loadModelSettings } from '../config.js';
+import { ConfigError } from '../util/config-error.js';
 import { Progress, STEPS } from '../util/progress.js';
 import { DEFAULT_TOLERANCE, FP16_TOLERANCE, GoldenFileError, verifyGolden, type GoldenCase } from './golden.js';
 

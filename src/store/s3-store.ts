@@ -2,7 +2,7 @@ import { createHash } from 'node:crypto';
 import { Readable } from 'node:stream';
 import { DeleteObjectsCommand, GetObjectCommand, ListObjectsV2Command, paginateListObjectsV2, PutObjectCommand, S3Client } from '@aws-sdk/client-s3';
 import { getSignedUrl } from '@aws-sdk/s3-request-presigner';
-import { ConfigError } from '../config.js';
+import { ConfigError } from '../util/config-error.js';
 import { StoreUnavailableError, type ByteRange, type ImageStore, type StoredImage, type StoreLimits, type StoreReservation } from './image-store.js';
 import { extensionOf, imageName, isExpired, newImage, parseImageName } from './image-names.js';
 import { spaceOf, StoreSpace } from './space.js';
