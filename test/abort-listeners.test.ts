@@ -36,7 +36,7 @@ const listeners = (signals: AbortSignal[]) => signals.map((s) => getEventListene
 /** `count` requests on a one-worker queue, so most wait and merge, as under load. */
 async function settleAll(runner: BatchRunner, count: number, queueMax = 100, cancelled = new Set<number>()) {
   const queue = new JobQueue(1, queueMax);
-  const merger = new BatchMerger((job, signal) => queue.run(job, signal), runner, 4);
+  const merger = new BatchMerger(queue, runner, 4);
   const requests = Array.from({ length: count }, requestSignal);
   const outcomes = Promise.allSettled(requests.map(({ signal }, i) => merger.generate(batch(i, 1 + (i % 3)), signal)));
   for (const i of cancelled) requests[i].cancel();
@@ -65,7 +65,7 @@ describe('abort listeners on request signals', () => {
   it('are all removed when the queue turns requests away', async () => {
     // Each batch of 4 fills a group of its own, so the second group waits and the third is refused.
     const queue = new JobQueue(1, 1);
-    const merger = new BatchMerger((job, signal) => queue.run(job, signal), drawn, 4);
+    const merger = new BatchMerger(queue, drawn, 4);
     const requests = Array.from({ length: 3 }, requestSignal);
     const results = await Promise.allSettled(requests.map(({ signal }, i) => merger.generate(batch(10 * i, 4), signal)));
     expect(results.map((r) => (r.status === 'rejected' ? r.reason : 'ok'))).toEqual(['ok', 'ok', expect.any(QueueFullError)]);

@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { BatchMerger } from '../src/engine/batcher.js';
-import { JobQueue, Ticket } from '../src/engine/job-queue.js';
+import { JobQueue, QueueTimeoutError, Ticket } from '../src/engine/job-queue.js';
 import type { BatchItem, GeneratedImage, GenerationBatch } from '../src/runtime/types.js';
 import { WorkerRuntime } from '../src/pipelines/run.js';
 import { referenceModel } from './helpers/reference.js';
@@ -23,7 +23,7 @@ function harness(maxItems = 8) {
   const runs: { items: number; seeds: number[]; stoppedEarly: boolean }[] = [];
   const queue = new JobQueue(1, 10);
   const merger = new BatchMerger(
-    (job, signal, options) => queue.run(job, signal, options),
+    queue,
     async (batch, stop) => {
       const run = { items: batch.items.length, seeds: batch.items.map((i) => i.seed), stoppedEarly: false };
       runs.push(run);
@@ -68,7 +68,7 @@ describe('merging compatible requests', () => {
     const started: number[][] = [];
     const finish = new Map<number, () => void>();
     const merger = new BatchMerger(
-      (job, signal, options) => queue.run(job, signal, options),
+      queue,
       async (batch) => {
         const seeds = batch.items.map((i) => i.seed);
         started.push(seeds);
@@ -90,6 +90,31 @@ describe('merging compatible requests', () => {
     await expect.poll(() => started).toEqual([[1], [3], [2]]);
     finish.get(2)!();
     await held;
+  });
+
+  it("bounds the wait of a request in another request's group by the queue's time limit, though that request had started", async () => {
+    // The group's place in the queue is its owner's request, whose wait is unbounded once it started
+    // (its first batch runs): the request that joined it must still give up at the limit.
+    const queue = new JobQueue(1, 10, { maxWaitMs: 200 });
+    let release!: () => void;
+    const held = new Promise<void>((resolve) => (release = resolve));
+    const merger = new BatchMerger(
+      queue,
+      async (batch) => {
+        await held;
+        return batch.items.map((i) => ({ data: new Uint8Array(), contentType: 'image/png', seed: i.seed }));
+      },
+      4,
+    );
+    const owner = new Ticket('a');
+    const first = merger.generate(request([item('a red circle', 1)]), undefined, owner);
+    await expect.poll(() => owner.started).toBe(true);
+    const second = merger.generate(request([item('a red circle', 2)]), undefined, owner);
+    const joiner = merger.generate(request([item('a red circle', 3)]), undefined, new Ticket('b'));
+    await expect(joiner).rejects.toBeInstanceOf(QueueTimeoutError);
+    release();
+    expect((await second).map((image) => image.seed)).toEqual([2]);
+    expect((await first).map((image) => image.seed)).toEqual([1]);
   });
 
   it('runs requests that waited together as one batch, each getting its own images', async () => {

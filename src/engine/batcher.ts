@@ -10,7 +10,8 @@ import type { BatchEvent, BatchItem, GeneratedImage, GenerationBatch } from '../
  * runs, the worker is told to stop at its next denoising step only when every member has left.
  *
  * A group waits in the queue as its first member's request (ticket), weighed by the estimated cost of
- * all its members; when it starts, every member's request counts as started (see Ticket.begin).
+ * all its members; when it starts, every member's request counts as started (see Ticket.begin). Each
+ * other request in it keeps its own time limit (JobScheduler.boundWait).
  *
  * Fairness: a group waits in its owner's line of the fair queue (fair-order.ts), so a request joins
  * another client's group only when that group is the owner's next to start (about where the joiner's
@@ -23,8 +24,16 @@ import type { BatchEvent, BatchItem, GeneratedImage, GenerationBatch } from '../
 /** Runs one batch on a worker; `stop` aborting asks the worker to stop at its next step. */
 export type BatchRunner = (batch: GenerationBatch, stop: AbortSignal, onEvent: (event: BatchEvent) => void) => Promise<GeneratedImage[]>;
 
-/** Where groups wait for a worker (the bounded job queue). */
-export type JobScheduler = (job: () => Promise<void>, signal: AbortSignal, options: JobOptions) => Promise<void>;
+/** Where groups wait for a worker (the bounded job queue, JobQueue). */
+export interface JobScheduler {
+  run(job: () => Promise<void>, signal: AbortSignal, options: JobOptions): Promise<void>;
+  /**
+   * Bounds the wait of a request that joined another request's group as its own would be bounded
+   * (QUEUE_TIMEOUT): the group's place in the queue is its first request's, unbounded once that one
+   * started anything. `expire` gets the error; what it returns cancels the bound.
+   */
+  boundWait(ticket: Ticket, expire: (err: Error) => void): () => void;
+}
 
 /** Estimated seconds a batch takes (see cost-model.ts). */
 export type CostEstimate = (batch: GenerationBatch) => number;
@@ -43,6 +52,8 @@ interface Group {
   key: string;
   /** The client whose line the group waits in (its first member's). */
   owner: string;
+  /** The request the group waits in the queue as (its first member's), whose wait the queue bounds. */
+  ticket?: Ticket;
   settings: Omit<GenerationBatch, 'items'>;
   members: Member[];
   /** Aborts the group's place in the queue once every member has left. */
@@ -84,15 +95,21 @@ export class BatchMerger {
       const key = batchKey(batch);
       const joinable = this.joinableGroup(key, batch, ticket);
       const group = joinable ?? this.openGroup(key, batch, ticket);
-      const leave = () => {
+      const leaveWith = (reason: unknown) => {
         member.left = true;
-        member.reject(signal!.reason);
-        if (group.members.every((m) => m.left)) group.abandon.abort(signal!.reason);
+        member.reject(reason);
+        if (group.members.every((m) => m.left)) group.abandon.abort(reason);
       };
+      const leave = () => leaveWith(signal!.reason);
+      // A request in another request's group waits no longer than its own would (see JobScheduler.boundWait).
+      const unbound = joinable && ticket && ticket !== joinable.ticket ? this.enqueue.boundWait(ticket, leaveWith) : undefined;
       // The listener goes as soon as the member settles, however it does: an AbortSignal.any() signal
       // with an abort listener is kept alive by Node, and this closure would keep the member's images
       // (its resolved promise) reachable for as long as the request's signal lives, i.e. for ever.
-      const settled = () => signal?.removeEventListener('abort', leave);
+      const settled = () => {
+        signal?.removeEventListener('abort', leave);
+        unbound?.();
+      };
       const member: Member = {
         items: batch.items,
         signal,
@@ -135,7 +152,7 @@ export class BatchMerger {
   private openGroup(key: string, batch: GenerationBatch, ticket?: Ticket): Group {
     const { items: _items, ...settings } = batch;
     const owner = ticket?.client ?? ANONYMOUS_CLIENT;
-    const group: Group = { key, owner, settings, members: [], abandon: new AbortController() };
+    const group: Group = { key, owner, ticket, settings, members: [], abandon: new AbortController() };
     if (mergesNothing(ticket)) return group;
     this.open.set(ownKey(owner, key), group);
     this.waiting.set(owner, [...(this.waiting.get(owner) ?? []), group]);
@@ -145,7 +162,7 @@ export class BatchMerger {
   private schedule(group: Group, ticket?: Ticket): void {
     const { estimate } = this;
     const cost = estimate && (() => estimate({ ...group.settings, items: group.members.flatMap((m) => (m.left ? [] : m.items)) }));
-    this.enqueue(() => this.run(group), group.abandon.signal, { ticket, cost }).catch((err) => {
+    this.enqueue.run(() => this.run(group), group.abandon.signal, { ticket, cost }).catch((err) => {
       this.close(group);
       for (const m of group.members) m.reject(err);
     });

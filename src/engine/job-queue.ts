@@ -157,12 +157,7 @@ export class JobQueue {
       const wait = (again: boolean) => {
         queued = performance.now();
         signal?.addEventListener('abort', onAbort, { once: true });
-        const limit = this.options.maxWaitMs;
-        if (limit !== undefined && (again || !ticket.started)) {
-          const timer = setTimeout(() => entry.cancel(this.timedOut(queued, ticket)), limit);
-          const forget = again ? () => undefined : ticket.whenStarted(() => clearTimeout(timer));
-          disarm = () => (clearTimeout(timer), forget());
-        }
+        disarm = this.limitWait(ticket, (err) => entry.cancel(err), !again);
         if (again) this.order.pushFront(ticket.client, entry);
         else this.order.push(ticket.client, entry);
       };
@@ -203,6 +198,30 @@ export class JobQueue {
       wait(false);
       this.dispatch();
     });
+  }
+
+  /**
+   * Bounds the wait of a request that rides on another request's job (a batch it joined), as its own
+   * job's wait is bounded: `expire` gets its QueueTimeoutError once maxWaitMs passed and the request
+   * has not started. The job's own bound is its first request's, gone once that request started
+   * anything, so without this a request that joined it would wait as long as the job does. Returns
+   * what cancels it.
+   */
+  boundWait(ticket: Ticket, expire: (err: QueueTimeoutError) => void): () => void {
+    return this.limitWait(ticket, expire, true);
+  }
+
+  /**
+   * Calls `expire` with a QueueTimeoutError once maxWaitMs passed, unless cancelled (by what this
+   * returns) first, or the ticket started while `untilStarted`: nothing at all when it has already.
+   */
+  private limitWait(ticket: Ticket, expire: (err: QueueTimeoutError) => void, untilStarted: boolean): () => void {
+    const limit = this.options.maxWaitMs;
+    if (limit === undefined || (untilStarted && ticket.started)) return () => undefined;
+    const queued = performance.now();
+    const timer = setTimeout(() => expire(this.timedOut(queued, ticket)), limit);
+    const forget = untilStarted ? ticket.whenStarted(() => clearTimeout(timer)) : () => undefined;
+    return () => (clearTimeout(timer), forget());
   }
 
   /** How many jobs may run at once from now on; more waiting jobs start at once if it grew. */

@@ -317,7 +317,7 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
   }
 
   const estimate = (batch: GenerationBatch) => costs.estimate(batch);
-  const merger = new BatchMerger((job, signal, jobOptions) => queue.run(job, signal, jobOptions), runOnWorker, options.maxMergedImages ?? 16, estimate);
+  const merger = new BatchMerger(queue, runOnWorker, options.maxMergedImages ?? 16, estimate);
 
   return {
     generate: (batch, signal, ticket, onEvent) => merger.generate(batch, signal, ticket, onEvent),
