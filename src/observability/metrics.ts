@@ -17,8 +17,12 @@ export interface MetricSources {
   store(): { files: number; bytes: number };
 }
 
-/** Seconds, from a fast request to a long queue wait or a large generation on a CPU. */
-const DURATION_BUCKETS = [0.005, 0.025, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300];
+/**
+ * Seconds, from a fast request to a long queue wait or a large generation on a CPU: a full-size SDXL
+ * batch of four at 30 steps takes tens of minutes there, and FLUX's more, so the buckets go to an hour
+ * (beyond 300 s every such batch fell in +Inf alone).
+ */
+const DURATION_BUCKETS = [0.005, 0.025, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600];
 
 export class Metrics implements EngineMetrics {
   readonly registry = new Registry();
@@ -72,7 +76,8 @@ export class Metrics implements EngineMetrics {
     name: 'imagegen_model_load_duration_seconds',
     help: 'Time a worker took to load a model',
     labelNames: ['model'],
-    buckets: [0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300],
+    // A FLUX.1 export's 68 GB read from a disk at 100 MB/s takes over ten minutes.
+    buckets: [0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800],
     registers: [this.registry],
   });
   private readonly modelMemoryBytes = new Gauge({
