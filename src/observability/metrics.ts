@@ -107,7 +107,7 @@ export class Metrics implements EngineMetrics {
     this.gaugeAtScrape('imagegen_workers', 'Worker processes configured and ready (started and done preloading)', (sources) => sources.workers());
     this.gaugeAtScrape('imagegen_model_workers', 'Worker processes holding each model loaded now (a model none holds is absent: the next request for it loads it)', (sources) => sources.modelsHeld(), 'model');
     this.gaugeAtScrape('imagegen_store_images', 'Images in the image store', (sources) => sources.store().files);
-    this.gaugeAtScrape('imagegen_store_bytes', 'Bytes used by the image store', (sources) => sources.store().bytes);
+    this.gaugeAtScrape('imagegen_store_bytes', 'Bytes the image store counts against MAX_STORE_BYTES: each image as at least 4 KiB (a disk block), writes in progress included', (sources) => sources.store().bytes);
     collectDefaultMetrics({ register: this.registry, prefix: 'imagegen_' });
   }
 
