@@ -4,7 +4,6 @@ import path from 'node:path';
 import type { Command } from 'commander';
 import { pino } from 'pino';
 import { EMBEDDED_MODELS_DIR, loadModelSettings } from '../config.js';
-import { ConfigError } from '../util/config-error.js';
 import { makeFolder } from '../util/files.js';
 import { IMAGE_FORMATS } from '../runtime/types.js';
 import { ApiError } from '../api/errors.js';
@@ -12,6 +11,7 @@ import { parseGenerationRequest } from '../api/wire.js';
 import { ModelRegistry, modelRoots } from '../models/registry.js';
 import { Progress, STEPS } from '../util/progress.js';
 import { planBatches } from '../service/plan.js';
+import { exitStatusOf, UsageError } from './exit-status.js';
 
 /**
  * `imagegen generate`: the same request the HTTP route takes, run in this process without a server,
@@ -38,9 +38,6 @@ interface GenerateFlags {
 
 /** A decimal number as typed, such as 7, -1.5 or 1e3; Number() alone would take '' for 0 and 'abc' for NaN. */
 const NUMBER = /^[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:e[+-]?\d+)?$/i;
-
-/** A flag the user got wrong: the command exits 2, as for flags commander refuses. */
-class UsageError extends Error {}
 
 /** A numeric flag's value, for the request schema to check the range of. */
 function numberFlag(flag: string, value: string | undefined): number | undefined {
@@ -185,8 +182,7 @@ export function registerGenerateCommand(program: Command): void {
         // A flag the request schema refuses names the flag; what failed later (a model, a file) exits 1.
         const message = err instanceof ApiError && err.param ? `${flagOf(err.param)}: ${err.message}` : (err as Error).message;
         console.error(`imagegen generate: ${message}`);
-        const refused = err instanceof UsageError || err instanceof ConfigError || (err instanceof ApiError && err.status < 500);
-        process.exitCode = refused ? 2 : 1;
+        process.exitCode = exitStatusOf(err);
       }
     });
 }

@@ -21,6 +21,7 @@ import { readMemoryFigures, type ModelMemory } from '../models/memory-figures.js
 import { modelFolderAsRoot } from '../models/registry.js';
 import { EXECUTION_PROVIDERS, GRAPH_REWRITE_SETS, type ExecutionProvider, type GraphRewrites } from '../runtime/providers.js';
 import { registerVerifyCommand } from './verify.js';
+import { exitStatusOf } from './exit-status.js';
 
 /**
  * `imagegen models ...`: manage the models folder the server reads (MODELS_DIR). The work is done by
@@ -50,8 +51,7 @@ function reporting<A extends unknown[]>(action: (...args: A) => Promise<void>): 
       // Clears a progress bar left half-drawn on a terminal.
       if (process.stderr.isTTY) process.stderr.write('\r\x1b[K');
       console.error(`error: ${(err as Error).message}`);
-      // As README's promise: 2 for a usage error, 1 for work that failed.
-      process.exitCode = err instanceof ModelUsageError ? 2 : 1;
+      process.exitCode = exitStatusOf(err);
     }
   };
 }

@@ -2,9 +2,9 @@ import { existsSync } from 'node:fs';
 import path from 'node:path';
 import { InvalidArgumentError, Option, type Command } from 'commander';
 import { loadModelSettings } from '../config.js';
-import { ConfigError } from '../util/config-error.js';
 import { Progress, STEPS } from '../util/progress.js';
-import { DEFAULT_TOLERANCE, FP16_TOLERANCE, GoldenFileError, verifyGolden, type GoldenCase } from './golden.js';
+import { DEFAULT_TOLERANCE, FP16_TOLERANCE, verifyGolden, type GoldenCase } from './golden.js';
+import { exitStatusOf } from './exit-status.js';
 
 /**
  * `imagegen models verify DIR --golden FILE.json`: one line per case, `case N: max_abs=… mean_abs=…
@@ -81,10 +81,8 @@ export function registerVerifyCommand(models: Command): void {
       } catch (err) {
         progress?.clear();
         console.error(`imagegen models verify: ${(err as Error).message}${installedHint(dir)}`);
-        // 2 for what the command was given (a golden file it cannot use, a folder that is not there, a
-        // setting it reads that is wrong), as every usage error; 1 for work that failed (a model that does
-        // not load or run), as the README says.
-        process.exitCode = err instanceof GoldenFileError || err instanceof ConfigError || !existsSync(dir) ? 2 : 1;
+        // A folder that is not there is an argument refused, whatever failed first on the way.
+        process.exitCode = existsSync(dir) ? exitStatusOf(err) : 2;
       }
     });
 }
