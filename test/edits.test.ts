@@ -292,6 +292,18 @@ describe('edit errors', () => {
     await expectApiError(edit({ model: 'dall-e-2', prompt: 'a'.repeat(1001) }), OpenAI.BadRequestError, 400, 'prompt', 'string_above_max_length');
   });
 
+  it("refuses openai-node 7's markup overlay by name, as a file and as a JSON field, saying to use a mask", async () => {
+    const asFile = await expectApiError(edit({ markup: await png(redCircle, 'markup.png') }), OpenAI.BadRequestError, 400, 'markup', 'unsupported_parameter');
+    expect(asFile.message).toContain("Make the area to redraw fully transparent in 'mask' instead.");
+    const json = await fetch(`${real.baseURL}/images/edits`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${KEY}`, 'content-type': 'application/json' },
+      body: JSON.stringify({ model: 'shapes', prompt: 'a blue square', images: [{ image_url: `data:image/png;base64,${redCircle.toString('base64')}` }], markup: { image_url: 'data:image/png;base64,' } }),
+    });
+    expect(json.status).toBe(400);
+    expect(((await json.json()) as ErrorBody).error).toMatchObject({ param: 'markup', code: 'unsupported_parameter' });
+  });
+
   it("runs every step of an LCM model's edit, as its own diffusers pipeline does (LatentConsistencyModelImg2ImgPipeline), not the share of them a strength leaves other pipelines", async () => {
     const totals = async (scheduler?: string) => {
       const stream = await client.images.edit({ model: 'lcm', image: await png(redCircle), prompt: 'a blue square', steps: 4, strength: 0.5, stream: true, stream_progress: true, ...(scheduler && { scheduler }) } as unknown as OpenAI.ImageEditParamsStreaming);

@@ -147,12 +147,11 @@ describe('gpt-image names', () => {
     expect(server.engine.batches.slice(before).map((b) => b.steps)).toEqual([1, 2, 2, 3, 2]);
   });
 
-  it('serves auto as the model default and leaves out a size outside the SDK enum', async () => {
+  it('serves auto as the model default, and says the size drawn (openai-node 7 types it as any WxH)', async () => {
     const res = await generate({ model: 'gpt-image-1', size: 'auto', output_format: 'webp', output_compression: 50 });
     const meta = await sharp(Buffer.from(res.data![0].b64_json!, 'base64')).metadata();
     expect([meta.format, meta.width, meta.height]).toEqual(['webp', 512, 512]);
-    expect(res).toMatchObject({ output_format: 'webp', background: 'opaque' });
-    expect(res).not.toHaveProperty('size');
+    expect(res).toMatchObject({ output_format: 'webp', background: 'opaque', size: '512x512' });
   });
 
   it('returns a URL only when asked for one (an extension)', async () => {
@@ -178,6 +177,12 @@ describe('gpt-image names', () => {
     ['compression of a PNG', { output_compression: 80 }, 'output_compression', 'unsupported_value', "needs output_format 'jpeg' or 'webp'"],
     ['unknown moderation', { moderation: 'strict' }, 'moderation', 'invalid_value', "Invalid value: 'strict'. Supported values are: 'auto' and 'low'."],
     ['streamed urls', { stream: true, response_format: 'url' }, 'response_format', 'unsupported_value', "Unsupported value: 'response_format' 'url' cannot be streamed"],
+    ["GPT Image 2.5's quality", { quality: 'xhigh' }, 'quality', 'invalid_value', "Invalid value: 'xhigh'. Supported values for model 'gpt-image-1' are: 'low', 'medium', 'high', and 'auto'."],
+    ['GIF output', { output_format: 'gif', frame_count: 4 }, 'output_format', 'invalid_value', "Invalid value: 'gif'. Supported values are: 'png', 'jpeg', and 'webp'."],
+    ["GIF frames", { frame_count: 4 }, 'frame_count', 'unsupported_parameter', "Unsupported parameter: 'frame_count' goes with output_format 'gif', and this server makes still pictures only"],
+    ["GIF frames' delay", { frame_duration_ms: 100 }, 'frame_duration_ms', 'unsupported_parameter', "Unsupported parameter: 'frame_duration_ms' goes with output_format 'gif'"],
+    ['SVG authoring', { svg: { model: 'x' } }, 'svg', 'unsupported_parameter', "Unsupported parameter: 'svg' goes with output_format 'svg', and this server draws pixels only"],
+    ['a long safety identifier', { safety_identifier: 'x'.repeat(129) }, 'safety_identifier', 'string_above_max_length', 'Expected a string with maximum length 128'],
   ];
 
   it.each(cases)('%s -> 400 BadRequestError', async (_, params, param, code, message) => {
@@ -189,14 +194,44 @@ describe('gpt-image names', () => {
   });
 });
 
+describe('openai-node 7 (GPT Image 2.5 and 2.6)', () => {
+  it("takes 2.5's xhigh and max as the most steps (hd), answering high", async () => {
+    for (const quality of ['xhigh', 'max'] as const) {
+      const before = server.engine.batches.length;
+      const res = await server.client.images.generate({ model: 'gpt-image-2.5-flare', prompt: 'a red circle', quality });
+      expect(res.quality).toBe('high');
+      expect(server.engine.batches.slice(before).map((b) => b.steps)).toEqual([3]);
+    }
+  });
+
+  it('echoes the effective safety identifier (safety_identifier, else user), and keeps nothing else of it', async () => {
+    const params = { model: 'gpt-image-2.6-sunburst', prompt: 'a red circle' } as const;
+    expect((await server.client.images.generate({ ...params, safety_identifier: 'hashed-1', user: 'u' })).safety_identifier).toBe('hashed-1');
+    expect((await server.client.images.generate({ ...params, safety_identifier: '', user: 'u' })).safety_identifier).toBe('u');
+    expect(await server.client.images.generate(params)).not.toHaveProperty('safety_identifier');
+    const stream = await server.client.images.generate({ ...params, safety_identifier: 'hashed-2', stream: true });
+    const events = [];
+    for await (const event of stream) events.push(event);
+    expect(events.at(-1)).toMatchObject({ type: 'image_generation.completed', safety_identifier: 'hashed-2' });
+  });
+
+  it('accepts complexity, which the diffusion models have no use for', async () => {
+    const res = await server.client.images.generate({ model: 'gpt-image-2.5-sunburst', prompt: 'a red circle', complexity: 'high' });
+    expect(res.data).toHaveLength(1);
+  });
+});
+
 describe('gpt-image-2 sizes', () => {
-  it('takes a model size beyond the three gpt-image sizes under a gpt-image-2 name only', async () => {
-    for (const model of ['gpt-image-2', 'gpt-image-2-2026-04-21']) {
+  it('takes a model size beyond the three gpt-image sizes under a gpt-image-2 or 2.5 name only', async () => {
+    for (const model of ['gpt-image-2', 'gpt-image-2-2026-04-21', 'gpt-image-2.5-sunburst', 'gpt-image-2.5-flare-2026-09-08']) {
       const res = await generate({ model, size: '512x512' });
       const meta = await sharp(Buffer.from(res.data![0].b64_json!, 'base64')).metadata();
       expect([meta.width, meta.height]).toEqual([512, 512]);
-      // Outside the SDK's size enum: left out of the answer.
-      expect(res).not.toHaveProperty('size');
+      expect(res.size).toBe('512x512');
+    }
+    for (const model of ['gpt-image-1.5', 'gpt-image-2.6-flare']) {
+      const err = await apiError(generate({ model, size: '512x512' }), OpenAI.BadRequestError);
+      expect(err).toMatchObject({ param: 'size', code: 'invalid_value' });
     }
     const err = await apiError(generate({ model: 'gpt-image-2', size: '640x640' }), OpenAI.BadRequestError);
     expect((err.error as { message: string }).message).toContain("Supported values for model 'gpt-image-2' are: 'auto', '512x512', '1024x1024', and '1536x1024'");

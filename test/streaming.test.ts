@@ -99,8 +99,8 @@ describe('streamed generations', () => {
     expect(completed.map((e) => e.b64_json)).toEqual(plain.data!.map((d) => d.b64_json));
     expect(completed.map((e) => (e as unknown as { seed: number }).seed)).toEqual([7, 8]);
     for (const event of partials) expect((await sharp(Buffer.from(event.b64_json, 'base64')).metadata()).format).toBe('webp');
-    // The size is outside the SDKs' enum, and the field is required there: 'auto'.
-    expect(completed[0].size).toBe('auto');
+    // The size drawn, any WxH (openai-node 7 types it as a string).
+    expect([...partials, ...completed].map((e) => e.size)).toEqual(['256x256', '256x256', '256x256', '256x256']);
   });
 
   it('counts the previews it sent in /metrics', async () => {

@@ -2,13 +2,17 @@ import type { Quality } from '../families/family.js';
 import { ApiError, quoteList } from './errors.js';
 
 /**
- * OpenAI's image model names, as the current SDKs enumerate them (openai-node's `ImageModel`), and what
+ * OpenAI's image model names, as the current SDKs enumerate them (openai-node 7's `ImageModel`), and what
  * each means on the wire. Apps hard-code the names, so each is an alias of an installed model (config.ts
  * maps them to DEFAULT_MODEL unless MODEL_ALIASES says otherwise), and a request that uses one is read
- * and answered as that OpenAI model would: its dialect.
+ * and answered as that OpenAI model would: its dialect. OpenAI retired dall-e-2 and dall-e-3 (May 2026)
+ * and shut gpt-image-1 down (October 2026); code written for them still runs here.
  */
 
 const DALL_E_MODEL_NAMES = ['dall-e-2', 'dall-e-3'] as const;
+
+/** GPT Image 2.5's names: sizes as gpt-image-2's, and quality also `xhigh` and `max`. */
+const GPT_IMAGE_2_5_NAMES: readonly string[] = ['gpt-image-2.5-sunburst', 'gpt-image-2.5-sunburst-2026-09-08', 'gpt-image-2.5-flare', 'gpt-image-2.5-flare-2026-09-08'];
 
 export const GPT_IMAGE_MODEL_NAMES = [
   'gpt-image-1',
@@ -16,6 +20,12 @@ export const GPT_IMAGE_MODEL_NAMES = [
   'gpt-image-1.5',
   'gpt-image-2',
   'gpt-image-2-2026-04-21',
+  'gpt-image-2.5-sunburst',
+  'gpt-image-2.5-sunburst-2026-09-08',
+  'gpt-image-2.5-flare',
+  'gpt-image-2.5-flare-2026-09-08',
+  'gpt-image-2.6-sunburst',
+  'gpt-image-2.6-flare',
   'chatgpt-image-latest',
 ] as const;
 
@@ -39,22 +49,19 @@ export type ResponseFormat = (typeof RESPONSE_FORMATS)[number];
 /** gpt-image models answer inline; `url` stays available to them when asked for (our extension). */
 export const DEFAULT_RESPONSE_FORMAT: Record<Dialect, ResponseFormat> = { 'gpt-image': 'b64_json', 'dall-e': 'url' };
 
-/** The sizes of OpenAI's gpt-image models, and the only ones the SDKs' response types allow echoing. */
-const GPT_IMAGE_SIZES = ['1024x1024', '1536x1024', '1024x1536'] as const;
-export type GptImageSize = (typeof GPT_IMAGE_SIZES)[number];
-
-export const isGptImageSize = (size: string): size is GptImageSize => (GPT_IMAGE_SIZES as readonly string[]).includes(size);
+/** The sizes every one of OpenAI's gpt-image models takes. */
+const GPT_IMAGE_SIZES: readonly string[] = ['1024x1024', '1536x1024', '1024x1536'];
 
 /** The gpt-image names that take sizes beyond the three (openai-node's `ImageGenerateParams.size`). */
-const FREE_SIZE_MODEL_NAMES: readonly string[] = ['gpt-image-2', 'gpt-image-2-2026-04-21'];
+const FREE_SIZE_MODEL_NAMES: readonly string[] = ['gpt-image-2', 'gpt-image-2-2026-04-21', ...GPT_IMAGE_2_5_NAMES];
 
 /**
  * Whether OpenAI's model of this gpt-image name takes a size: the three gpt-image sizes, and for
- * gpt-image-2 any WxH whose sides are multiples of 16, whose aspect ratio is within 1:3 to 3:1 and
- * which is at most 3840x2160 (long side 3840, short side 2160).
+ * gpt-image-2 and 2.5 any WxH whose sides are multiples of 16, whose aspect ratio is within 1:3 to 3:1
+ * and which is at most 3840x2160 (long side 3840, short side 2160).
  */
 export function gptImageNameTakes(modelName: string, size: string): boolean {
-  if (isGptImageSize(size)) return true;
+  if (GPT_IMAGE_SIZES.includes(size)) return true;
   if (!FREE_SIZE_MODEL_NAMES.includes(modelName)) return false;
   const [width, height] = size.split('x').map(Number);
   const [long, short] = width >= height ? [width, height] : [height, width];
@@ -83,14 +90,15 @@ export const DALL_E_PROMPT_LIMITS: Readonly<Record<string, number>> = {
   'dall-e-3': 4000,
 };
 
-/** Every `quality` the SDKs send: dall-e's standard|hd, gpt-image's low|medium|high|auto. */
-export const REQUEST_QUALITIES = ['standard', 'hd', 'low', 'medium', 'high', 'auto'] as const;
+/** Every `quality` the SDKs send: dall-e's standard|hd, gpt-image's low|medium|high|auto, GPT Image 2.5's xhigh|max. */
+export const REQUEST_QUALITIES = ['standard', 'hd', 'low', 'medium', 'high', 'xhigh', 'max', 'auto'] as const;
 export type RequestQuality = (typeof REQUEST_QUALITIES)[number];
 
 const GPT_IMAGE_QUALITIES: readonly RequestQuality[] = ['low', 'medium', 'high', 'auto'];
+const GPT_IMAGE_2_5_QUALITIES: readonly RequestQuality[] = ['low', 'medium', 'high', 'xhigh', 'max', 'auto'];
 
 /** The request fields only OpenAI's gpt-image models take (the SDKs document each as "GPT image models only"). */
-const GPT_IMAGE_ONLY_FIELDS = ['output_format', 'output_compression', 'background', 'moderation', 'partial_images'] as const;
+const GPT_IMAGE_ONLY_FIELDS = ['output_format', 'output_compression', 'background', 'moderation', 'partial_images', 'complexity'] as const;
 
 /**
  * The dialect of a request that names no model, as OpenAI reads one: a generation is dall-e-2's unless
@@ -102,7 +110,7 @@ export function dialectWithoutModel(kind: 'generation' | 'edit' | 'variation', f
   const quality = fields.quality as RequestQuality | undefined;
   switch (kind) {
     case 'generation': {
-      const gptImageOnly = GPT_IMAGE_ONLY_FIELDS.some((field) => fields[field] !== undefined) || fields.stream === true || (quality !== undefined && GPT_IMAGE_QUALITIES.includes(quality));
+      const gptImageOnly = GPT_IMAGE_ONLY_FIELDS.some((field) => fields[field] !== undefined) || fields.stream === true || (quality !== undefined && GPT_IMAGE_2_5_QUALITIES.includes(quality));
       return gptImageOnly ? 'gpt-image' : 'dall-e';
     }
     case 'edit':
@@ -112,21 +120,25 @@ export function dialectWithoutModel(kind: 'generation' | 'edit' | 'variation', f
   }
 }
 
-/** The step tier each quality picks: medium and auto (gpt-image's default) are standard, high is hd. */
-const TIERS: Record<RequestQuality, Quality> = { low: 'low', standard: 'standard', medium: 'standard', auto: 'standard', hd: 'hd', high: 'hd' };
+/**
+ * The step tier each quality picks: medium and auto (gpt-image's default) are standard; high, and GPT
+ * Image 2.5's xhigh and max, are hd, the most steps a model's preset has.
+ */
+const TIERS: Record<RequestQuality, Quality> = { low: 'low', standard: 'standard', medium: 'standard', auto: 'standard', hd: 'hd', high: 'hd', xhigh: 'hd', max: 'hd' };
 
 /** The quality a gpt-image response echoes for a tier (the SDKs type it as low|medium|high). */
 export type GptImageQuality = 'low' | 'medium' | 'high';
 export const GPT_IMAGE_QUALITY_OF: Record<Quality, GptImageQuality> = { low: 'low', standard: 'medium', hd: 'high' };
 
 /**
- * The step tier of a request's quality. gpt-image names take only gpt-image's values, as OpenAI's
- * gpt-image models do; the other names (and requests without a model) take all six.
+ * The step tier of a request's quality. gpt-image names take only the values OpenAI's model of the name
+ * takes (xhigh and max only GPT Image 2.5's); the other names (and requests without a model) take all.
  */
 export function qualityTier(quality: RequestQuality | undefined, modelName: string): Quality {
   if (quality === undefined) return 'standard';
-  if (dialectOf(modelName) === 'gpt-image' && !GPT_IMAGE_QUALITIES.includes(quality)) {
-    throw ApiError.invalid('quality', 'invalid_value', `Invalid value: '${quality}'. Supported values for model '${modelName}' are: ${quoteList(GPT_IMAGE_QUALITIES)}.`);
+  const taken = GPT_IMAGE_2_5_NAMES.includes(modelName) ? GPT_IMAGE_2_5_QUALITIES : GPT_IMAGE_QUALITIES;
+  if (dialectOf(modelName) === 'gpt-image' && !taken.includes(quality)) {
+    throw ApiError.invalid('quality', 'invalid_value', `Invalid value: '${quality}'. Supported values for model '${modelName}' are: ${quoteList(taken)}.`);
   }
   return TIERS[quality];
 }

@@ -14,7 +14,6 @@ import {
   RESPONSE_FORMATS,
   type Dialect,
   type GptImageQuality,
-  type GptImageSize,
   type ResponseFormat,
 } from './dialects.js';
 
@@ -39,6 +38,25 @@ const nonEmptyText = z.string().min(1).max(MAX_PROMPT_LENGTH);
 const OUTPUT_FORMATS = Object.keys(IMAGE_FORMATS) as [OutputFormat, ...OutputFormat[]];
 
 /**
+ * OpenAI's fields for what this server cannot make, each refused by name with what to do instead (as an
+ * unknown field it would read as a typo): GIF frames and SVG authoring (output_format 'gif' and 'svg',
+ * which its enum refuses), and an edit's markup overlay, a file in a form (http/uploads.ts).
+ */
+export const UNSUPPORTED_FIELDS = {
+  frame_count: "Unsupported parameter: 'frame_count' goes with output_format 'gif', and this server makes still pictures only (png, jpeg or webp).",
+  frame_duration_ms: "Unsupported parameter: 'frame_duration_ms' goes with output_format 'gif', and this server makes still pictures only (png, jpeg or webp).",
+  svg: "Unsupported parameter: 'svg' goes with output_format 'svg', and this server draws pixels only (png, jpeg or webp).",
+  markup: "Unsupported parameter: 'markup': this server's models read no overlay that guides an edit. Make the area to redraw fully transparent in 'mask' instead.",
+} as const;
+
+/** A field of UNSUPPORTED_FIELDS: any value is refused with its message. */
+const unsupported = (field: keyof typeof UNSUPPORTED_FIELDS) =>
+  z
+    .unknown()
+    .refine(() => false, { message: UNSUPPORTED_FIELDS[field], params: { code: 'unsupported_parameter' } })
+    .optional();
+
+/**
  * Every field of the three image requests, declared once; each route's schema picks its own below. The
  * defaults here apply to all of them (a variation has no `style`, yet its request reads as vivid).
  */
@@ -60,7 +78,18 @@ const requestFields = z.strictObject({
   response_format: z.enum(RESPONSE_FORMATS).optional(),
   /** Accepted for compatibility; never stored or logged. */
   user: z.string().optional(),
+  /**
+   * OpenAI's successor of `user` (openai-node 7), at most 128 characters there: never stored or logged,
+   * and echoed in gpt-image answers as OpenAI's are (the effective one: this, else `user`).
+   */
+  safety_identifier: z.string().max(128).optional(),
   output_format: z.enum(OUTPUT_FORMATS).default('png'),
+  frame_count: unsupported('frame_count'),
+  frame_duration_ms: unsupported('frame_duration_ms'),
+  svg: unsupported('svg'),
+  markup: unsupported('markup'),
+  /** gpt-image's planning effort beside quality: a diffusion model plans nothing apart from its steps, so accepted and ignored. */
+  complexity: z.enum(['low', 'medium', 'high']).optional(),
   output_compression: integer(0, 100).optional(),
   background: z
     .enum(['auto', 'opaque', 'transparent'])
@@ -96,7 +125,7 @@ const requestFields = z.strictObject({
   strength: z.number().min(MIN_STRENGTH).max(1).optional(),
 });
 
-const generationRequestSchema = requestFields.omit({ input_fidelity: true, strength: true }).extend({ prompt: nonEmptyText });
+const generationRequestSchema = requestFields.omit({ input_fidelity: true, strength: true, markup: true }).extend({ prompt: nonEmptyText });
 
 /** OpenAI's edit fields (no `moderation`), `style` kept as the extension it is for gpt-image names. */
 const editRequestSchema = requestFields.omit({ moderation: true }).extend({ prompt: nonEmptyText });
@@ -154,13 +183,16 @@ export interface ImageUsage {
   total_tokens: number;
 }
 
-/** What a gpt-image response adds: the settings used, each only where the SDKs' types allow its value. */
+/** What a gpt-image response adds: the settings used. */
 export interface GptImageResponseFields {
   background: 'opaque';
   output_format: OutputFormat;
   quality: GptImageQuality;
-  size?: GptImageSize;
+  /** WxH, any (openai-node 7 types it as any string, as gpt-image-2 draws any size). */
+  size: string;
   usage: ImageUsage;
+  /** The request's safety_identifier, else its user, when either is given (not empty). */
+  safety_identifier?: string;
 }
 
 export interface ImagesResponse extends Partial<GptImageResponseFields> {
@@ -175,8 +207,7 @@ export type StreamPrefix = 'image_generation' | 'image_edit';
 export interface StreamedImageFields {
   b64_json: string;
   created_at: number;
-  /** The image's size where the SDKs' enum has it, else 'auto' (the field is required there). */
-  size: GptImageSize | 'auto';
+  size: string;
   quality: GptImageQuality;
   background: 'opaque';
   output_format: OutputFormat;
@@ -194,6 +225,7 @@ export interface ImagePartialEvent extends StreamedImageFields {
 export interface ImageCompletedEvent extends StreamedImageFields {
   type: `${StreamPrefix}.completed`;
   usage: ImageUsage;
+  safety_identifier?: string;
 }
 
 /**

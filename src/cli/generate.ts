@@ -170,7 +170,7 @@ export function registerGenerateCommand(program: Command): void {
     .option('--negative-prompt <text>', 'what not to draw')
     .option('--scheduler <name>', "sampler, e.g. euler, euler_a, dpmpp_2m_karras [default: the model's]")
     .option('--rng <generator>', 'noise generator: native, or torch for the pictures diffusers makes from a seed [RNG]')
-    .option('--quality <quality>', 'the steps of the model preset: low; standard, medium or auto; hd or high [default: standard]')
+    .option('--quality <quality>', 'the steps of the model preset: low; standard, medium or auto; hd, high, xhigh or max [default: standard]')
     .option('--style <style>', 'vivid or natural')
     .option('--format <format>', 'png, jpeg or webp', 'png')
     .option('--out <dir>', 'folder to write the images to', '.')

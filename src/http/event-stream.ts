@@ -1,7 +1,6 @@
 import { PassThrough } from 'node:stream';
 import type { FastifyReply, FastifyRequest } from 'fastify';
-import { isGptImageSize } from '../api/dialects.js';
-import type { ErrorBody, GenerationRequest, ImageStreamEvent, StreamedImageFields, StreamPrefix } from '../api/wire.js';
+import type { ErrorBody, GenerationRequest, ImageStreamEvent, StreamPrefix } from '../api/wire.js';
 import { echoedSettings } from '../service/gpt-image-fields.js';
 import type { RequestEvent, RequestListener } from '../service/request-events.js';
 import { bufferView } from '../util/bytes.js';
@@ -87,9 +86,6 @@ export async function streamImages(request: FastifyRequest, reply: FastifyReply,
     .send(events);
 }
 
-/** The size as the SDKs' enum has it: the streamed events require one. */
-const sizeField = (size: string): StreamedImageFields['size'] => (isGptImageSize(size) ? size : 'auto');
-
 function toStreamEvent(event: RequestEvent, prefix: StreamPrefix, request: GenerationRequest, settings: ReturnType<typeof echoedSettings>): ImageStreamEvent | undefined {
   switch (event.type) {
     case 'preview':
@@ -98,7 +94,7 @@ function toStreamEvent(event: RequestEvent, prefix: StreamPrefix, request: Gener
         b64_json: bufferView(event.file.data).toString('base64'),
         partial_image_index: event.index,
         created_at: Math.floor(Date.now() / 1000),
-        size: sizeField(event.size),
+        size: event.size,
         ...settings,
         seed: event.file.seed,
       };
@@ -111,10 +107,11 @@ function toStreamEvent(event: RequestEvent, prefix: StreamPrefix, request: Gener
         type: `${prefix}.completed`,
         b64_json: bufferView(event.file.data).toString('base64'),
         created_at: Math.floor(Date.now() / 1000),
-        size: event.fields.size ?? 'auto',
+        size: event.fields.size,
         ...settings,
         seed: event.file.seed,
         usage: event.fields.usage,
+        ...(event.fields.safety_identifier && { safety_identifier: event.fields.safety_identifier }),
       };
   }
 }

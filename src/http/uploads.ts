@@ -2,6 +2,7 @@ import type { FastifyReply, FastifyRequest } from 'fastify';
 import type { Multipart } from '@fastify/multipart';
 import { imageReferenceBytes } from '../api/data-uri.js';
 import { ApiError, describeValue } from '../api/errors.js';
+import { UNSUPPORTED_FIELDS } from '../api/wire.js';
 import type { ByteBudget } from '../util/byte-budget.js';
 import { bodyMemoryFull, holdBodyMemory } from './body-memory.js';
 import { declaredBodyBytes } from './connections.js';
@@ -167,6 +168,10 @@ async function readParts(request: FastifyRequest, route: UploadRoute, limits: Up
         }
         readText(part, upload.fields);
         continue;
+      }
+      // OpenAI's files this server has no use for say why (an edit's markup), as their text fields do.
+      if (Object.hasOwn(UNSUPPORTED_FIELDS, part.fieldname)) {
+        throw ApiError.invalid(part.fieldname, 'unsupported_parameter', UNSUPPORTED_FIELDS[part.fieldname as keyof typeof UNSUPPORTED_FIELDS]);
       }
       if (!FILE_FIELDS[route].includes(part.fieldname)) {
         throw ApiError.invalid(part.fieldname, 'unknown_parameter', `Unknown parameter: '${part.fieldname}' (a file). The files this endpoint takes are: ${FILE_FIELDS[route].map((f) => `'${f}'`).join(', ')}.`);

@@ -1,4 +1,4 @@
-import { GPT_IMAGE_QUALITY_OF, isGptImageSize } from '../api/dialects.js';
+import { GPT_IMAGE_QUALITY_OF } from '../api/dialects.js';
 import type { GenerationRequest, GptImageResponseFields, ImageUsage } from '../api/wire.js';
 
 /**
@@ -47,14 +47,20 @@ export function echoedSettings(request: GenerationRequest): Pick<GptImageRespons
 }
 
 /**
- * The echoed settings and usage; a size outside the SDKs' enum (e.g. a 512x512 model's `auto`) is left
- * out, as strict clients would reject it.
+ * The safety identifier a gpt-image answer repeats, as OpenAI's do: the request's `safety_identifier`,
+ * else its `user`, when either is given (not empty). Nothing else of it is kept.
  */
+export function safetyIdentifierOf(request: Pick<GenerationRequest, 'safety_identifier' | 'user'>): Pick<GptImageResponseFields, 'safety_identifier'> {
+  const identifier = request.safety_identifier || request.user;
+  return identifier ? { safety_identifier: identifier } : {};
+}
+
+/** The echoed settings, the size drawn (any WxH: openai-node 7 types it as a string), usage and the safety identifier. */
 export function gptImageFields(request: GenerationRequest, textTokens: number, drawn: DrawnImages): GptImageResponseFields {
-  const size = `${drawn.width}x${drawn.height}`;
   return {
     ...echoedSettings(request),
-    ...(isGptImageSize(size) && { size }),
+    size: `${drawn.width}x${drawn.height}`,
     usage: imageUsage(textTokens, drawn),
+    ...safetyIdentifierOf(request),
   };
 }
