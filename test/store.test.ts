@@ -10,6 +10,7 @@ import { MIN_IMAGE_BYTES } from '../src/store/space.js';
 import { imageName } from '../src/store/image-names.js';
 import { ImageDamagedError, StoreFullError, StoreUnavailableError } from '../src/store/image-store.js';
 import { startTestServer, TEST_KEY } from './helpers/api-server.js';
+import { FakeEngine } from './helpers/engines.js';
 import { capturedLogs, silentLogger } from './helpers/logs.js';
 
 /** The image store on disk, and the files route in front of it. */
@@ -398,6 +399,42 @@ describe('GET /v1/images/files/:name', () => {
       expect(Buffer.from(await res.arrayBuffer()).subarray(1, 4).toString()).toBe('PNG');
     } finally {
       await after.close();
+    }
+  });
+
+  it('answers a url request whose image folder went away or was replaced while its images were made with 503 storage_unavailable, as one that came after, not a 500', async () => {
+    const engine = new FakeEngine();
+    const dataDir = path.join(dir, 'data');
+    const server = await startTestServer({ engine, dataDir });
+    const generate = () =>
+      fetch(`${server.baseURL}/images/generations`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json', authorization: `Bearer ${TEST_KEY}` },
+        body: JSON.stringify({ model: 'stub', prompt: 'x', n: 2, response_format: 'url' }),
+      });
+    /** A request held while its space is reserved and its images are made, the folder changed under it meanwhile. */
+    const answerAfter = async (change: () => Promise<void>) => {
+      engine.hold();
+      const running = generate();
+      await expect.poll(() => engine.load().running).toBe(1);
+      await change();
+      engine.release();
+      const res = await running;
+      return { status: res.status, error: ((await res.json()) as { error?: { code: string } }).error?.code };
+    };
+    try {
+      // Deleted (an operator cleaning up): the folder is made again, and the next request's images are kept.
+      expect(await answerAfter(() => rm(dataDir, { recursive: true }))).toEqual({ status: 503, error: 'storage_unavailable' });
+      expect((await generate()).status).toBe(200);
+      expect(await readdir(dataDir)).toHaveLength(2);
+      // Replaced by a file (what a volume gone read-only is to root, who may write anywhere else).
+      expect(await answerAfter(async () => {
+        await rm(dataDir, { recursive: true });
+        await writeFile(dataDir, 'not a folder');
+      })).toEqual({ status: 503, error: 'storage_unavailable' });
+    } finally {
+      await rm(dataDir, { force: true });
+      await server.close();
     }
   });
 

@@ -194,12 +194,29 @@ export class FileImageStore implements ImageStore {
       await write;
     } catch (err) {
       this.space.free(space);
-      throw err;
+      throw err instanceof StoreFullError ? err : await this.whyWriteFailed(err);
     } finally {
       this.writes.delete(image.id);
     }
     this.index.set(image.id, image);
     return image;
+  }
+
+  /**
+   * What a failed write is to the request: the folder gone read-only, deleted or replaced since reserve()
+   * checked it is the 503 (StoreUnavailableError) a request after it gets, not a 500 for one that was
+   * generating meanwhile; a deleted folder is made again by check(), so a retry keeps its images. Any
+   * other error (EIO, EFBIG) stays what it is.
+   */
+  private async whyWriteFailed(err: unknown): Promise<unknown> {
+    try {
+      await this.check();
+    } catch (unusable) {
+      return unusable;
+    }
+    const { code } = err as NodeJS.ErrnoException;
+    if (code !== 'ENOENT') return err;
+    return new StoreUnavailableError(`the image folder ${this.options.dir} was deleted while an image was written to it (made again)`, { cause: err, reason: code });
   }
 
   private async write(temp: string, file: string, data: Uint8Array): Promise<void> {
