@@ -224,6 +224,25 @@ describe('ImageStore', () => {
     expect(store.stats()).toEqual({ files: 0, bytes: 0 });
   });
 
+  it('lives through a folder it cannot list: the sweeper logs why and tries again, and close() still resolves', async () => {
+    const { logger, lines } = capturedLogs<{ msg: string }>();
+    const store = await FileImageStore.open({ dir, ttlSeconds: 60, maxBytes: 1e6, logger, clock });
+    // A sweep's rejection nobody handles ends a server (Node's default), and every image it serves with it.
+    const unhandled: unknown[] = [];
+    const onUnhandled = (reason: unknown) => unhandled.push(reason);
+    process.on('unhandledRejection', onUnhandled);
+    try {
+      await rm(dir, { recursive: true });
+      await writeFile(dir, 'a file where the folder was');
+      store.startSweeper(10);
+      await expect.poll(() => lines.filter((line) => /cannot sweep the image folder.*ENOTDIR/.test(line.msg)).length).toBeGreaterThan(1);
+      await store.close();
+      expect(unhandled).toEqual([]);
+    } finally {
+      process.off('unhandledRejection', onUnhandled);
+    }
+  });
+
   it('refuses content it cannot name', async () => {
     const store = await open();
     await expect(store.put(bytes(1), 'text/html')).rejects.toThrow(/cannot store/);

@@ -382,17 +382,26 @@ export class FileImageStore implements ImageStore {
     }
   }
 
-  /** Sweeps every `intervalMs` until close(). */
+  /**
+   * Sweeps every `intervalMs` until close(). A folder that cannot be listed now (replaced by a file, its
+   * permissions changed, a failing disk) is logged and swept again next time: the sweep's rejection,
+   * unhandled, ended the server, and every image it served with it (/ready says why the store fails).
+   */
   startSweeper(intervalMs: number): void {
-    this.timer = setInterval(() => void this.sweep(), intervalMs);
+    this.timer = setInterval(() => void this.sweep().catch((err: unknown) => this.cannotSweep(err)), intervalMs);
     this.timer.unref();
   }
 
-  /** Stops the sweeper, lets writes in progress end, and deletes temporary files a crash may have left. */
+  private cannotSweep(err: unknown): void {
+    const { code, message } = err as NodeJS.ErrnoException;
+    this.options.logger.warn({ err, dir: this.options.dir }, `cannot sweep the image folder (${code ?? message}): expired images and stale temporary files stay until it can be listed again`);
+  }
+
+  /** Stops the sweeper, lets writes in progress end, and deletes temporary files a crash may have left (a folder that cannot be listed is logged: the shutdown goes on). */
   async close(): Promise<void> {
     clearInterval(this.timer);
     await Promise.allSettled(this.writes.values());
-    await this.deleteTempFiles();
+    await this.deleteTempFiles().catch((err: unknown) => this.cannotSweep(err));
   }
 
   private async deleteTempFiles(): Promise<void> {
