@@ -1,6 +1,6 @@
 import { spawnSync } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import { mkdtemp, readdir, readFile, realpath, rm, truncate, utimes, writeFile } from 'node:fs/promises';
+import { mkdtemp, readdir, readFile, realpath, rename, rm, truncate, utimes, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -453,6 +453,29 @@ describe('GET /v1/images/files/:name', () => {
       })).toEqual({ status: 503, error: 'storage_unavailable' });
     } finally {
       await rm(dataDir, { force: true });
+      await server.close();
+    }
+  });
+
+  it('answers GET and HEAD of an image whose folder cannot be read with 503 storage_unavailable, not a 500, and serves it again once it can', async () => {
+    const dataDir = path.join(dir, 'data');
+    const server = await startTestServer({ dataDir });
+    const aside = path.join(dir, 'aside');
+    try {
+      const { data } = await server.client.images.generate({ model: 'stub', prompt: 'x' });
+      const url = data![0].url!;
+      // The folder moved away and a file put in its place (what a volume gone unreadable is to root, who may read anything).
+      await rename(dataDir, aside);
+      await writeFile(dataDir, 'not a folder');
+      for (const method of ['GET', 'HEAD']) {
+        const res = await fetch(url, { method });
+        expect([method, res.status, res.headers.get('retry-after')]).toEqual([method, 503, expect.any(String)]);
+        if (method === 'GET') expect(((await res.json()) as { error: { code: string } }).error.code).toBe('storage_unavailable');
+      }
+      await rm(dataDir);
+      await rename(aside, dataDir);
+      expect((await fetch(url)).status).toBe(200);
+    } finally {
       await server.close();
     }
   });

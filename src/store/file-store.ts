@@ -262,7 +262,7 @@ export class FileImageStore implements ImageStore {
   async read(image: StoredImage, range?: ByteRange): Promise<Readable | null> {
     if (isExpired(image, this.now())) return null;
     // Opened here, so that a file the sweeper just deleted is a null rather than a stream that fails.
-    const handle = await unlessMissing(open(this.fileOf(image)));
+    const handle = await unlessMissing(open(this.fileOf(image))).catch((err: unknown) => this.unreadable(err));
     if (!handle) {
       // Deleted by something else than the sweeper: its space is free, and HEAD no longer finds it either.
       if (!isExpired(image, this.now())) this.forget(image);
@@ -273,7 +273,7 @@ export class FileImageStore implements ImageStore {
     // until it expires) and answered as damaged.
     const damage = await this.damageOf(image, handle).catch(async (err: unknown) => {
       await handle.close();
-      throw err;
+      return this.unreadable(err);
     });
     if (damage) {
       await handle.close();
@@ -286,6 +286,16 @@ export class FileImageStore implements ImageStore {
     // the file: a client that closes as soon as it has every byte would otherwise close before the
     // answer ends, and be counted and logged as one that left early (499).
     return handle.createReadStream(range ?? (image.size > 0 ? { start: 0, end: image.size - 1 } : {}));
+  }
+
+  /**
+   * A file that is there but cannot be read now (its folder replaced by a file, made unreadable, a failing
+   * disk): the store is what fails, a retryable 503 as for a bucket that does not answer, not a 500 nor a
+   * 404 that says the image is gone.
+   */
+  private unreadable(err: unknown): never {
+    const { code, message } = err as NodeJS.ErrnoException;
+    throw new StoreUnavailableError(`the image folder ${this.options.dir} cannot be read (${code ?? message})`, { cause: err, reason: code ?? 'unreadable' });
   }
 
   /**
