@@ -1,3 +1,5 @@
+import { spawnSync } from 'node:child_process';
+import { mkdirSync } from 'node:fs';
 import { readdir, readFile, rm, utimes, writeFile } from 'node:fs/promises';
 import { get } from 'node:https';
 import { connect } from 'node:net';
@@ -128,6 +130,29 @@ describe('a server that cannot start', () => {
     await writeFile(notPem, 'hello');
     expect(await failure({ TLS_CERT: notPem, TLS_KEY: notPem })).toMatch(/cannot start: TLS_CERT \(.*not-a-certificate\.txt\) and TLS_KEY \(.*\) cannot be used: .*PEM.*They must be the PEM certificate/);
     expect(await failure({ BODY_LIMIT: '0' })).toMatch(/exited with 2 before listening:[^]*BODY_LIMIT \(--body-limit\): expected at least 1 byte/);
+  });
+
+  /** A tmpfs with no inode left for a folder (mount needs root, as CI has), or why there is none. */
+  function fullDisk(): { dir: string; unmount(): void } | { why: string } {
+    const dir = path.join(root, 'full-disk');
+    mkdirSync(dir);
+    const mounted = spawnSync('mount', ['-t', 'tmpfs', '-o', 'size=64k,nr_inodes=1', 'tmpfs', dir]);
+    if (mounted.status !== 0) return { why: `cannot mount a tmpfs (${mounted.stderr?.toString().trim() || mounted.error?.message})` };
+    return { dir, unmount: () => void spawnSync('umount', [dir]) };
+  }
+
+  it('says what to do about a DATA_DIR on a full disk (skipped where no tmpfs can be mounted)', async (context) => {
+    const disk = fullDisk();
+    if ('why' in disk) return context.skip(disk.why);
+    try {
+      const refused = await spawnIn(root, { env: { DATA_DIR: disk.dir } }).then(
+        () => expect.fail('it started'),
+        (err: Error) => err.message,
+      );
+      expect(refused).toMatch(/imagegen serve cannot start: .*full-disk\/images cannot be made: its disk is full \(ENOSPC\): free space on it, or set DATA_DIR to a folder on a disk with room\./);
+    } finally {
+      disk.unmount();
+    }
   });
 
   it('refuses a bad API_KEYS_FILE before it scans models or starts a worker', async () => {

@@ -87,6 +87,10 @@ function startupProblem(err: NodeJS.ErrnoException, config: Config): string | un
     case 'EEXIST':
     case 'EPERM':
       return `${file} cannot be used as a writable folder (${err.code}): set DATA_DIR to a folder the server may write.`;
+    // The image store's folder is what a server makes as it starts: Node's own words named no setting.
+    case 'ENOSPC':
+    case 'EDQUOT':
+      return `${file} cannot be made: its disk is full (${err.code}): free space on it, or set DATA_DIR to a folder on a disk with room.`;
     default:
       // OpenSSL's errors (a file that is no PEM, a key that does not match the certificate) name neither file.
       if (err.code?.startsWith('ERR_OSSL')) {
