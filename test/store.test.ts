@@ -224,6 +224,18 @@ describe('ImageStore', () => {
     expect(store.stats()).toEqual({ files: 0, bytes: 0 });
   });
 
+  it('frees the space of images something else deleted (an operator freeing the disk) at its next sweep, rather than refusing until they would have expired', async () => {
+    const store = await open({ ttlSeconds: 86_400, maxBytes: 2 * BLOCK });
+    const images = await Promise.all([1, 2].map((fill) => store.put(bytes(BLOCK, fill), 'image/png')));
+    await expect(store.reserve(BLOCK)).rejects.toMatchObject({ reason: 'images' });
+    for (const image of images) await rm(path.join(dir, imageName(image)));
+    // The folder's change seen whatever the filesystem's timestamp granularity.
+    await utimes(dir, new Date(), new Date(Date.now() + 5000));
+    await store.sweep();
+    expect(store.stats()).toEqual({ files: 0, bytes: 0 });
+    (await store.reserve(2 * BLOCK)).release();
+  });
+
   it('lives through a folder it cannot list: the sweeper logs why and tries again, and close() still resolves', async () => {
     const { logger, lines } = capturedLogs<{ msg: string }>();
     const store = await FileImageStore.open({ dir, ttlSeconds: 60, maxBytes: 1e6, logger, clock });

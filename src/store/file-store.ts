@@ -132,8 +132,12 @@ export class FileImageStore implements ImageStore {
   }
 
   private async list(): Promise<void> {
+    // Indexed before the folder is read: an image whose put ends meanwhile was renamed after, and may be missing from it.
+    const indexed = [...this.index.values()];
+    const listed = new Set<string>();
     for (const entry of await readdir(this.options.dir, { withFileTypes: true })) {
       const named = entry.isFile() ? parseImageName(entry.name) : undefined;
+      if (named) listed.add(named.id);
       if (!named || this.accounted(named.id) || this.damaged.has(named.id)) continue;
       // The size its name records, checked against the file when it is first read: a restart over many
       // images lists the folder and reads nothing else. Named without (an older version's), its size on
@@ -145,6 +149,9 @@ export class FileImageStore implements ImageStore {
       this.index.set(image.id, image);
       this.space.used += spaceOf(size);
     }
+    // Deleted by something else (an operator freeing the disk, another server): their space is free again.
+    // Counted until they would have expired, they kept a store they had filled refusing images for a day.
+    for (const image of indexed) if (!listed.has(image.id)) this.forget(image);
   }
 
   /** Whether this store counts the id's file already: indexed, being written, or being deleted. */
