@@ -170,6 +170,9 @@ describe('ImageStore', () => {
     await rm(dir, { recursive: true });
     (await store.reserve(100)).release();
     expect((await store.put(bytes(10), 'image/png')).size).toBe(10);
+    // Requests that come together after it was deleted each find it missing: one makes it, none is refused for it.
+    await rm(dir, { recursive: true });
+    for (const reservation of await Promise.all(Array.from({ length: 8 }, () => store.reserve(100)))) reservation.release();
     await rm(dir, { recursive: true });
     await writeFile(dir, 'a file where the folder was');
     await expect(store.reserve(100)).rejects.toBeInstanceOf(StoreUnavailableError);

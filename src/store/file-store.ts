@@ -349,8 +349,15 @@ export class FileImageStore implements ImageStore {
         // point left empty) must not be replaced by a folder on another disk that the images then fill.
         const parent = await unlessMissing(stat(this.parent));
         if (parent?.dev !== this.parentDevice) throw Object.assign(new Error(`${dir} is gone, with the disk it was on`), { code: 'ENOENT' });
-        await mkdir(dir);
-        this.options.logger.warn({ dir }, 'the image folder was deleted while the server ran: made it again (the images it held are lost)');
+        // Requests that found it missing together each make it: made by another of them is as good.
+        const made = await mkdir(dir).then(
+          () => true,
+          (err: NodeJS.ErrnoException) => {
+            if (err.code !== 'EEXIST') throw err;
+            return false;
+          },
+        );
+        if (made) this.options.logger.warn({ dir }, 'the image folder was deleted while the server ran: made it again (the images it held are lost)');
       } else if (!folder.isDirectory()) {
         throw Object.assign(new Error(`${dir} is not a folder`), { code: 'ENOTDIR' });
       }
