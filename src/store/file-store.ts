@@ -7,6 +7,7 @@ import { makeFolder, syncFolder, unlessMissing } from '../util/files.js';
 import { ImageDamagedError, StoreFullError, StoreUnavailableError, type ByteRange, type ImageStore, type StoredImage, type StoreLimits, type StoreReservation } from './image-store.js';
 import { digestOf, extensionOf, imageName, isExpired, newImage, parseImageName } from './image-names.js';
 import { spaceOf, StoreSpace } from './space.js';
+import { ExpiryOrder } from './expiry-order.js';
 
 /**
  * Generated images served by URL for a limited time. One file per image, named as image-names.ts says
@@ -69,6 +70,8 @@ export class FileImageStore implements ImageStore {
   /** Its images are served by the server's files route. */
   readonly urlOrigin = undefined;
   private readonly index = new Map<string, StoredImage>();
+  /** The indexed images by expiry, for a full store's Retry-After (see ExpiryOrder). */
+  private readonly byExpiry = new ExpiryOrder<StoredImage>();
   /** Bytes of indexed files plus writes in progress, and reservations, against maxBytes. */
   private readonly space: StoreSpace;
   /** Writes in progress by image id: a listing meanwhile must not count their files a second time. */
@@ -146,7 +149,7 @@ export class FileImageStore implements ImageStore {
       if (size === undefined || this.accounted(named.id)) continue;
       const image = indexRecord({ ...named, size });
       if (image.digest !== undefined) this.unchecked.add(image.id);
-      this.index.set(image.id, image);
+      this.indexImage(image);
       this.space.used += spaceOf(size);
     }
     // Deleted by something else (an operator freeing the disk, another server): their space is free again.
@@ -179,9 +182,8 @@ export class FileImageStore implements ImageStore {
 
   /** Seconds until enough of the stored images expire to free `bytes`; undefined when they never would. */
   private secondsUntilFreed(bytes: number): number | undefined {
-    const byExpiry = [...this.index.values()].sort((a, b) => a.expiresAt - b.expiresAt);
     let freed = 0;
-    for (const image of byExpiry) {
+    for (const image of this.byExpiry.inOrder((image) => this.index.get(image.id) === image)) {
       freed += spaceOf(image.size);
       if (freed >= bytes) return Math.max(1, Math.ceil((image.expiresAt - this.now()) / 1000));
     }
@@ -205,7 +207,7 @@ export class FileImageStore implements ImageStore {
     } finally {
       this.writes.delete(image.id);
     }
-    this.index.set(image.id, image);
+    this.indexImage(image);
     return image;
   }
 
@@ -329,9 +331,15 @@ export class FileImageStore implements ImageStore {
   }
 
   /** Drops an image from the index (and its bytes from the count) without touching its file. */
+  private indexImage(image: StoredImage): void {
+    this.index.set(image.id, image);
+    this.byExpiry.add(image);
+  }
+
   private forget(image: StoredImage): void {
     if (this.index.get(image.id) !== image) return;
     this.index.delete(image.id);
+    this.byExpiry.remove();
     this.unchecked.delete(image.id);
     this.space.free(spaceOf(image.size));
   }

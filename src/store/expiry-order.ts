@@ -1,0 +1,37 @@
+/**
+ * A store's images in the order they expire, for "when will this much space be free" (the Retry-After
+ * of a full store's 507). Sorting the whole index for every refusal took 125 ms of the server's one
+ * thread per 507 with 524,288 images (MAX_STORE_BYTES=2g full of tiny ones), so a flood of url requests
+ * against a full store stalled every other client. Here a put appends (an image expires at its put's
+ * time plus the TTL, so puts come in order), the order is sorted again only after something came out of
+ * it (a listing's images, a clock set back), and images no longer stored are dropped in one pass once
+ * they are half of it: a refusal reads only the images that expire first.
+ */
+export class ExpiryOrder<T extends { expiresAt: number }> {
+  private items: T[] = [];
+  private sorted = true;
+  /** Items removed from the store but still in `items`. */
+  private removed = 0;
+
+  add(item: T): void {
+    const last = this.items.at(-1);
+    if (last && item.expiresAt < last.expiresAt) this.sorted = false;
+    this.items.push(item);
+  }
+
+  /** `item` is no longer stored: it is skipped, and dropped with the others once they are half. */
+  remove(): void {
+    this.removed += 1;
+  }
+
+  /** The items `isStored` still says are stored, earliest expiry first, read for as long as the caller takes them. */
+  *inOrder(isStored: (item: T) => boolean): Generator<T> {
+    if (!this.sorted || this.removed > this.items.length / 2) {
+      this.items = this.items.filter(isStored);
+      if (!this.sorted) this.items.sort((a, b) => a.expiresAt - b.expiresAt);
+      this.sorted = true;
+      this.removed = 0;
+    }
+    for (const item of this.items) if (isStored(item)) yield item;
+  }
+}
