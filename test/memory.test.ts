@@ -1,10 +1,10 @@
-import { mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { mkdir, mkdtemp, readdir, rm, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import OpenAI from 'openai';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { bytesPerImage, leastPerImage, mergeSamples } from '../src/models/memory-curve.js';
-import { MemoryFigures, readMemoryFigures } from '../src/models/memory-figures.js';
+import { MemoryFigures, readMemoryFigures, writeMemoryFigures } from '../src/models/memory-figures.js';
 import { localMemory, MemoryPlan, vaeAttentionBytes } from '../src/pipelines/memory-plan.js';
 import { WorkerRuntime } from '../src/pipelines/run.js';
 import { DEMO_MODEL_DIR } from './helpers/demo-model.js';
@@ -231,6 +231,19 @@ describe('figures kept by an older version', () => {
       await figures.flushed();
       expect(failures.map((err) => (err as NodeJS.ErrnoException).code)).toEqual(['EISDIR']);
       expect(figures.all()).toEqual({ '/m': { weightsBytes: 1, peakBytes: 2, peakPixels: 3 } });
+    } finally {
+      await rm(dir, { recursive: true, force: true });
+    }
+  });
+
+  it('are written whole by writers that share DATA_DIR at once (two servers, a server and the CLI): the last one wins', async () => {
+    const dir = await mkdtemp(path.join(os.tmpdir(), 'imagegen-figures-'));
+    try {
+      const figures = (peakBytes: number) => ({ '/m': { weightsBytes: 1, peakBytes, peakPixels: 3 } });
+      // Written aside under one name, eight at once failed their renames and could leave a garbled file.
+      await Promise.all(Array.from({ length: 8 }, (_, i) => writeMemoryFigures(dir, figures(i + 1))));
+      expect((await readMemoryFigures(dir))['/m'].peakBytes).toBeGreaterThan(0);
+      expect((await readdir(dir)).filter((name) => name.endsWith('.tmp'))).toEqual([]);
     } finally {
       await rm(dir, { recursive: true, force: true });
     }

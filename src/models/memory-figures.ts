@@ -180,16 +180,25 @@ export class MemoryFigures {
   }
 }
 
-/** Writes figures to DATA_DIR in this version's format, aside and renamed so that a crash never leaves half a file. */
+/** Numbers this process's writes of figures files apart (see writeMemoryFigures). */
+let writes = 0;
+
+/**
+ * Writes figures to DATA_DIR in this version's format, aside and renamed so that a crash never leaves
+ * half a file. Aside under a name of its own: processes that share DATA_DIR (two servers, a server and
+ * `imagegen generate`) wrote the same temporary file at once, which left one of them a garbled file or
+ * a failed rename. The last rename wins, a whole file either way.
+ */
 export async function writeMemoryFigures(dataDir: string, models: Record<string, ModelMemory>, provider: ExecutionProvider = 'cpu', graphRewrites?: GraphRewrites): Promise<void> {
   const file = memoryFiguresFile(dataDir, provider, graphRewrites);
+  const aside = `${file}.${process.pid}-${writes++}.tmp`;
   await mkdir(dataDir, { recursive: true });
   try {
-    await writeFile(`${file}.tmp`, JSON.stringify({ version: VERSION, models }, null, 1));
-    await rename(`${file}.tmp`, file);
+    await writeFile(aside, JSON.stringify({ version: VERSION, models }, null, 1));
+    await rename(aside, file);
   } catch (err) {
     // A full disk: no empty file left behind.
-    await unlink(`${file}.tmp`).catch(() => undefined);
+    await unlink(aside).catch(() => undefined);
     throw err;
   }
 }
