@@ -125,8 +125,8 @@ const isUsable = (result: ModelEntry | UnusableModel): result is ModelEntry => !
 export class ModelRegistry {
   private models = new Map<string, ModelEntry>();
   private readonly inspections = new Map<string, Inspection>();
-  /** Roots found missing (and said so) at the last scan, and roots that are a model folder (said once). */
-  private readonly missingRoots = new Set<string>();
+  /** Roots that could not be read at the last scan, with why (said once per why), and roots that are a model folder (said once). */
+  private readonly rootProblems = new Map<string, string>();
   private readonly misplacedRoots = new Set<string>();
   private scanning: Promise<void> | undefined;
   /** When the last scan ended, on the monotonic clock: a wall-clock step back would hold off scans on request for as long as the step. */
@@ -218,7 +218,7 @@ export class ModelRegistry {
       let names: string[];
       try {
         names = await modelFolderNames(root.dir);
-        this.missingRoots.delete(root.dir);
+        this.rootProblems.delete(root.dir);
         const misplaced = await modelFolderAsRoot(root.dir);
         if (misplaced && !this.misplacedRoots.has(root.dir)) logger.warn({ dir: root.dir }, misplaced);
         if (misplaced) this.misplacedRoots.add(root.dir);
@@ -226,14 +226,16 @@ export class ModelRegistry {
         // Its components are no models: each would only be skipped, with a warning of its own.
         if (misplaced) continue;
       } catch (err) {
-        // The reason in the message too: \`imagegen generate\` shows only the message (a file named as the folder: ENOTDIR).
-        if ((err as NodeJS.ErrnoException).code !== 'ENOENT') {
-          logger.warn({ err, dir: root.dir }, `the models folder ${root.dir} cannot be read (${(err as Error).message}): none of its models are served until it can; check MODELS_DIR`);
-        }
-        else if (!this.missingRoots.has(root.dir)) {
-          // Said once, not at every rescan; a pull or import creates it.
-          this.missingRoots.add(root.dir);
-          logger.warn({ dir: root.dir }, `the models folder ${root.dir} does not exist: none of its models are served until it does ("imagegen models pull" or "import" creates it; check MODELS_DIR)`);
+        const { code = 'unknown', message } = err as NodeJS.ErrnoException;
+        // Said once, not at every rescan (every 30 s), until the folder is read or fails another way.
+        if (this.rootProblems.get(root.dir) !== code) {
+          this.rootProblems.set(root.dir, code);
+          // The reason in the message itself: `imagegen generate` shows only the message (a file named as the folder: ENOTDIR).
+          const problem =
+            code === 'ENOENT'
+              ? `does not exist: none of its models are served until it does ("imagegen models pull" or "import" creates it; check MODELS_DIR)`
+              : `cannot be read (${message}): none of its models are served until it can; check MODELS_DIR`;
+          logger.warn({ ...(code !== 'ENOENT' && { err }), dir: root.dir }, `the models folder ${root.dir} ${problem}`);
         }
         continue;
       }
