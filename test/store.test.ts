@@ -176,6 +176,8 @@ describe('ImageStore', () => {
     await rm(dir, { recursive: true });
     await writeFile(dir, 'a file where the folder was');
     await expect(store.reserve(100)).rejects.toBeInstanceOf(StoreUnavailableError);
+    // What /ready and the log say: why, and what to do.
+    await expect(store.check()).rejects.toThrow(/cannot be written \(ENOTDIR\): make it a folder the server's user may write, or set DATA_DIR to one$/);
     await rm(dir);
   });
 

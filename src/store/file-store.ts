@@ -372,7 +372,11 @@ export class FileImageStore implements ImageStore {
       await access(dir, constants.W_OK);
     } catch (err) {
       const { code, message } = err as NodeJS.ErrnoException;
-      throw new StoreUnavailableError(`the image folder ${dir} cannot be written (${code ?? message})`, { cause: err, reason: code ?? 'unwritable' });
+      // What to do, for /ready and the log (an answer to a request gives the reason alone).
+      throw new StoreUnavailableError(`the image folder ${dir} cannot be written (${code ?? message}): make it a folder the server's user may write, or set DATA_DIR to one`, {
+        cause: err,
+        reason: code ?? 'unwritable',
+      });
     }
   }
 
