@@ -73,7 +73,16 @@ const list = z.string().transform(commaItems);
 const aliasList = z
   .string()
   .regex(/^\s*([^=,\s]+\s*=\s*[^=,\s]*\s*)(,\s*[^=,\s]+\s*=\s*[^=,\s]*\s*)*$/, 'expected alias=model pairs separated by commas')
-  .transform((text) => Object.fromEntries(text.split(',').map((pair) => pair.split('=').map((part) => part.trim()))) as Record<string, string>);
+  .transform((text, ctx) => {
+    const pairs = text.split(',').map((pair) => pair.split('=').map((part) => part.trim()) as [string, string]);
+    // Named twice, one of the two would win without a word.
+    const twice = pairs.map(([alias]) => alias).find((alias, i, aliases) => aliases.indexOf(alias) !== i);
+    if (twice !== undefined) {
+      ctx.addIssue({ code: 'custom', message: `'${twice}' is given more than one model: name each alias once` });
+      return z.NEVER;
+    }
+    return Object.fromEntries(pairs) as Record<string, string>;
+  });
 
 /** An origin as browsers send it in `Origin` (scheme, host, port); "*" for any. */
 function asOrigin(text: string): string | undefined {

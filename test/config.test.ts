@@ -85,6 +85,8 @@ describe('loadConfig', () => {
     const defaults = Object.fromEntries(OPENAI_MODEL_NAMES.filter((name) => name !== 'dall-e-2').map((name) => [name, 'sdxl']));
     expect(config.modelAliases).toEqual({ ...defaults, 'dall-e-3': 'flux', 'my-model': 'sd15' });
     expect(problems(() => loadConfig({}, { MODEL_ALIASES: 'nonsense' }))[0]).toMatch(/^MODEL_ALIASES/);
+    // An alias named twice: one of the two would win without a word.
+    expect(problems(() => loadConfig({}, { MODEL_ALIASES: 'dall-e-3=sdxl,dall-e-3=flux' }))[0]).toMatch(/^MODEL_ALIASES.*'dall-e-3' is given more than one model: name each alias once/);
   });
 
   it('takes PUBLIC_BASE_URL with or without the /v1 the SDK base URL has', () => {
