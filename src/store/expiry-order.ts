@@ -5,7 +5,8 @@
  * against a full store stalled every other client. Here a put appends (an image expires at its put's
  * time plus the TTL, so puts come in order), the order is sorted again only after something came out of
  * it (a listing's images, a clock set back), and images no longer stored are dropped in one pass once
- * they are half of it: a refusal reads only the images that expire first.
+ * they are half of it, as they are removed: read or not (a store that never fills never reads it), it
+ * holds at most twice the images stored. A refusal reads only the images that expire first.
  */
 export class ExpiryOrder<T extends { expiresAt: number }> {
   private items: T[] = [];
@@ -13,25 +14,33 @@ export class ExpiryOrder<T extends { expiresAt: number }> {
   /** Items removed from the store but still in `items`. */
   private removed = 0;
 
+  /** `isStored`: whether the store still holds the item (those it no longer does are skipped and dropped). */
+  constructor(private readonly isStored: (item: T) => boolean) {}
+
   add(item: T): void {
     const last = this.items.at(-1);
     if (last && item.expiresAt < last.expiresAt) this.sorted = false;
     this.items.push(item);
   }
 
-  /** `item` is no longer stored: it is skipped, and dropped with the others once they are half. */
+  /** An item is no longer stored: it is skipped, and dropped with the others once they are half. */
   remove(): void {
     this.removed += 1;
+    if (this.removed > this.items.length / 2) this.dropRemoved();
   }
 
-  /** The items `isStored` still says are stored, earliest expiry first, read for as long as the caller takes them. */
-  *inOrder(isStored: (item: T) => boolean): Generator<T> {
-    if (!this.sorted || this.removed > this.items.length / 2) {
-      this.items = this.items.filter(isStored);
-      if (!this.sorted) this.items.sort((a, b) => a.expiresAt - b.expiresAt);
+  /** The items still stored, earliest expiry first, read for as long as the caller takes them. */
+  *inOrder(): Generator<T> {
+    if (!this.sorted) {
+      this.dropRemoved();
+      this.items.sort((a, b) => a.expiresAt - b.expiresAt);
       this.sorted = true;
-      this.removed = 0;
     }
-    for (const item of this.items) if (isStored(item)) yield item;
+    for (const item of this.items) if (this.isStored(item)) yield item;
+  }
+
+  private dropRemoved(): void {
+    this.items = this.items.filter(this.isStored);
+    this.removed = 0;
   }
 }

@@ -71,7 +71,7 @@ export class FileImageStore implements ImageStore {
   readonly urlOrigin = undefined;
   private readonly index = new Map<string, StoredImage>();
   /** The indexed images by expiry, for a full store's Retry-After (see ExpiryOrder). */
-  private readonly byExpiry = new ExpiryOrder<StoredImage>();
+  private readonly byExpiry = new ExpiryOrder<StoredImage>((image) => this.index.get(image.id) === image);
   /** Bytes of indexed files plus writes in progress, and reservations, against maxBytes. */
   private readonly space: StoreSpace;
   /** Writes in progress by image id: a listing meanwhile must not count their files a second time. */
@@ -183,7 +183,7 @@ export class FileImageStore implements ImageStore {
   /** Seconds until enough of the stored images expire to free `bytes`; undefined when they never would. */
   private secondsUntilFreed(bytes: number): number | undefined {
     let freed = 0;
-    for (const image of this.byExpiry.inOrder((image) => this.index.get(image.id) === image)) {
+    for (const image of this.byExpiry.inOrder()) {
       freed += spaceOf(image.size);
       if (freed >= bytes) return Math.max(1, Math.ceil((image.expiresAt - this.now()) / 1000));
     }
@@ -330,12 +330,13 @@ export class FileImageStore implements ImageStore {
     return data !== null;
   }
 
-  /** Drops an image from the index (and its bytes from the count) without touching its file. */
+  /** Adds an image to the index (its bytes are counted by the caller). */
   private indexImage(image: StoredImage): void {
     this.index.set(image.id, image);
     this.byExpiry.add(image);
   }
 
+  /** Drops an image from the index (and its bytes from the count) without touching its file. */
   private forget(image: StoredImage): void {
     if (this.index.get(image.id) !== image) return;
     this.index.delete(image.id);
