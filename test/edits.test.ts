@@ -304,6 +304,11 @@ describe('edit errors', () => {
     expect(((await json.json()) as ErrorBody).error).toMatchObject({ param: 'markup', code: 'unsupported_parameter' });
   });
 
+  it("refuses openai-node 7's SVG settings in an edit's form by name, as the SDK nests them (svg[model])", async () => {
+    const err = await expectApiError(edit({ svg: { model: 'x', reasoning: { effort: 'low' } } }), OpenAI.BadRequestError, 400, 'svg', 'unsupported_parameter');
+    expect(err.message).toContain("Unsupported parameter: 'svg' goes with output_format 'svg'");
+  });
+
   it("runs every step of an LCM model's edit, as its own diffusers pipeline does (LatentConsistencyModelImg2ImgPipeline), not the share of them a strength leaves other pipelines", async () => {
     const totals = async (scheduler?: string) => {
       const stream = await client.images.edit({ model: 'lcm', image: await png(redCircle), prompt: 'a blue square', steps: 4, strength: 0.5, stream: true, stream_progress: true, ...(scheduler && { scheduler }) } as unknown as OpenAI.ImageEditParamsStreaming);

@@ -161,6 +161,12 @@ async function readParts(request: FastifyRequest, route: UploadRoute, limits: Up
       if (!part.fieldname) {
         throw new ApiError(400, 'A part of the multipart/form-data body has no name (its Content-Disposition lacks name="..."): name every field and file.', { code: 'invalid_multipart' });
       }
+      // OpenAI's fields this server has no use for say why: as a file (an edit's markup), and as the nested
+      // fields the SDKs make of an object (svg[model]), which would read as unknown ones.
+      const root = part.fieldname.replace(/\[.*/s, '');
+      if (Object.hasOwn(UNSUPPORTED_FIELDS, root)) {
+        throw ApiError.invalid(root, 'unsupported_parameter', UNSUPPORTED_FIELDS[root as keyof typeof UNSUPPORTED_FIELDS]);
+      }
       if (part.type === 'field') {
         // An image sent as text (a URL, a path) must not read as an unknown field.
         if (FILE_FIELDS[route].includes(part.fieldname)) {
@@ -168,10 +174,6 @@ async function readParts(request: FastifyRequest, route: UploadRoute, limits: Up
         }
         readText(part, upload.fields);
         continue;
-      }
-      // OpenAI's files this server has no use for say why (an edit's markup), as their text fields do.
-      if (Object.hasOwn(UNSUPPORTED_FIELDS, part.fieldname)) {
-        throw ApiError.invalid(part.fieldname, 'unsupported_parameter', UNSUPPORTED_FIELDS[part.fieldname as keyof typeof UNSUPPORTED_FIELDS]);
       }
       if (!FILE_FIELDS[route].includes(part.fieldname)) {
         throw ApiError.invalid(part.fieldname, 'unknown_parameter', `Unknown parameter: '${part.fieldname}' (a file). The files this endpoint takes are: ${FILE_FIELDS[route].map((f) => `'${f}'`).join(', ')}.`);
