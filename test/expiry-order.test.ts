@@ -50,6 +50,17 @@ describe('images in the order they expire', () => {
     expect(counted.asked).toBeLessThanOrEqual(30);
   });
 
+  it('passes over the images that left from the front (expired) once, not at every read', () => {
+    const { order, counted, add, remove } = storedOrder();
+    const items = Array.from({ length: 1000 }, (_, i) => image(i));
+    for (const item of items) add(item);
+    for (const gone of items.slice(0, 400)) remove(gone);
+    expect(order.inOrder().next().value).toBe(items[400]);
+    counted.asked = 0;
+    expect(order.inOrder().next().value).toBe(items[400]);
+    expect(counted.asked).toBe(1);
+  });
+
   it('reads only as far as its reader takes', () => {
     const { order, counted, add } = storedOrder();
     for (let i = 0; i < 1000; i++) add(image(i));
