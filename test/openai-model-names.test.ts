@@ -195,13 +195,22 @@ describe('gpt-image names', () => {
 });
 
 describe('openai-node 7 (GPT Image 2.5 and 2.6)', () => {
-  it("takes 2.5's xhigh and max as the most steps (hd), answering high", async () => {
+  it("takes 2.5's xhigh and max as the most steps (hd), echoing them as asked in the answer and in each streamed image", async () => {
     for (const quality of ['xhigh', 'max'] as const) {
       const before = server.engine.batches.length;
       const res = await server.client.images.generate({ model: 'gpt-image-2.5-flare', prompt: 'a red circle', quality });
-      expect(res.quality).toBe('high');
+      expect(res.quality).toBe(quality);
       expect(server.engine.batches.slice(before).map((b) => b.steps)).toEqual([3]);
+      const stream = await server.client.images.generate({ model: 'gpt-image-2.5-sunburst-2026-09-08', prompt: 'a red circle', quality, stream: true, partial_images: 1 });
+      const events = [];
+      for await (const event of stream) events.push(event);
+      expect(events.map((event) => [event.type, event.quality])).toEqual([
+        ['image_generation.partial_image', quality],
+        ['image_generation.completed', quality],
+      ]);
     }
+    // auto is answered with the quality it ran as, as OpenAI answers it with the one it picked.
+    expect((await server.client.images.generate({ model: 'gpt-image-2.5-flare', prompt: 'a red circle', quality: 'auto' })).quality).toBe('medium');
   });
 
   it('echoes the effective safety identifier (safety_identifier, else user), and keeps nothing else of it', async () => {

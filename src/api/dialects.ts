@@ -126,9 +126,20 @@ export function dialectWithoutModel(kind: 'generation' | 'edit' | 'variation', f
  */
 const TIERS: Record<RequestQuality, Quality> = { low: 'low', standard: 'standard', medium: 'standard', auto: 'standard', hd: 'hd', high: 'hd', xhigh: 'hd', max: 'hd' };
 
-/** The quality a gpt-image response echoes for a tier (the SDKs type it as low|medium|high). */
-export type GptImageQuality = 'low' | 'medium' | 'high';
-export const GPT_IMAGE_QUALITY_OF: Record<Quality, GptImageQuality> = { low: 'low', standard: 'medium', hd: 'high' };
+/** The quality a gpt-image response echoes (openai-node 7 types it as low|medium|high|xhigh|max). */
+export type GptImageQuality = 'low' | 'medium' | 'high' | 'xhigh' | 'max';
+const GPT_IMAGE_QUALITY_OF: Record<Quality, GptImageQuality> = { low: 'low', standard: 'medium', hd: 'high' };
+
+/**
+ * The quality a gpt-image answer (and each streamed image) echoes: the tier that ran, as OpenAI answers
+ * `auto` with the quality it picked (and dall-e's standard and hd, sent without a model, as medium and
+ * high). GPT Image 2.5's xhigh and max are echoed as asked, though they run the hd steps as high does:
+ * they are settings of their own, not a choice the model made, and code ported from OpenAI that checks
+ * the answer's quality against what it asked for finds it.
+ */
+export function echoedQuality(quality: RequestQuality | undefined, tier: Quality): GptImageQuality {
+  return quality === 'xhigh' || quality === 'max' ? quality : GPT_IMAGE_QUALITY_OF[tier];
+}
 
 /**
  * The step tier of a request's quality. gpt-image names take only the values OpenAI's model of the name

@@ -9,6 +9,7 @@ import {
   DEFAULT_RESPONSE_FORMAT,
   dialectOf,
   dialectWithoutModel,
+  echoedQuality,
   qualityTier,
   REQUEST_QUALITIES,
   RESPONSE_FORMATS,
@@ -161,6 +162,8 @@ type RequestFields = z.output<typeof requestFields>;
 export type GenerationRequest = Omit<RequestFields, 'quality' | 'response_format'> & {
   dialect: Dialect;
   quality: Quality;
+  /** What a gpt-image answer says of the quality (dialects.ts echoedQuality). */
+  echoed_quality: GptImageQuality;
   response_format: ResponseFormat;
 };
 
@@ -378,12 +381,14 @@ export function parseImageRequest(kind: RequestKind, body: unknown, { defaultMod
   if (dallELimits?.success === false) throw toApiError(dallELimits.error.issues[0]);
   // The fields as sent, not as parsed: the parse fills in defaults (output_format png) the client never sent.
   const dialect = named ? dialectOf(model) : dialectWithoutModel(kind, present);
+  const tier = qualityTier(quality, model);
   const request: GenerationRequest = {
     ...fields,
     seed: fields.seed === -1 ? undefined : fields.seed,
     model,
     dialect,
-    quality: qualityTier(quality, model),
+    quality: tier,
+    echoed_quality: echoedQuality(quality, tier),
     response_format: response_format ?? DEFAULT_RESPONSE_FORMAT[dialect],
   };
   if (request.stream) {

@@ -1,4 +1,3 @@
-import { GPT_IMAGE_QUALITY_OF } from '../api/dialects.js';
 import type { GenerationRequest, GptImageResponseFields, ImageUsage } from '../api/wire.js';
 
 /**
@@ -43,7 +42,7 @@ function imageUsage(textTokens: number, { width, height, count, inputImages, vae
  * transparency, so the background is always opaque.
  */
 export function echoedSettings(request: GenerationRequest): Pick<GptImageResponseFields, 'background' | 'output_format' | 'quality'> {
-  return { background: 'opaque', output_format: request.output_format, quality: GPT_IMAGE_QUALITY_OF[request.quality] };
+  return { background: 'opaque', output_format: request.output_format, quality: request.echoed_quality };
 }
 
 /**
