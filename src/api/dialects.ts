@@ -101,10 +101,12 @@ const GPT_IMAGE_2_5_QUALITIES: readonly RequestQuality[] = ['low', 'medium', 'hi
 const GPT_IMAGE_ONLY_FIELDS = ['output_format', 'output_compression', 'background', 'moderation', 'partial_images', 'complexity'] as const;
 
 /**
- * The dialect of a request that names no model, as OpenAI reads one: a generation is dall-e-2's unless
- * it uses a parameter specific to the gpt-image models (openai-node's `ImageGenerateParams.model`), an
- * edit is a gpt-image model's (`ImageEditParams.model` defaults to one) unless it asks for dall-e's
- * quality `standard` or `hd`, and variations exist only for dall-e-2. Whichever it is, DEFAULT_MODEL runs.
+ * The dialect of a request that names no model, as OpenAI read one until it retired dall-e-2 (openai-node
+ * 6's `model` docs; 7 names no default and asks for a model): a generation is dall-e-2's (so `url` by
+ * default, as the interface this server implements says) unless it uses a parameter specific to the
+ * gpt-image models, an edit is a gpt-image model's (6 named gpt-image-1.5 its default) unless it asks for
+ * dall-e's quality `standard` or `hd`, and variations exist only for dall-e-2. Whichever it is,
+ * DEFAULT_MODEL runs.
  */
 export function dialectWithoutModel(kind: 'generation' | 'edit' | 'variation', fields: Readonly<Record<string, unknown>>): Dialect {
   const quality = fields.quality as RequestQuality | undefined;
