@@ -10,6 +10,7 @@
 import { spawnSync } from 'node:child_process';
 import { existsSync, lstatSync, mkdirSync, readdirSync, readFileSync, renameSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
+import { npmRun } from './npm-run.mjs';
 
 const STAMP = path.join('dist', '.build-stamp');
 const BEGUN = path.join('dist', '.build-begun');
@@ -41,7 +42,9 @@ if (process.argv.includes('--begin')) {
 } else {
   const stamped = existsSync(STAMP) ? readFileSync(STAMP, 'utf8') : undefined;
   if (stamped !== current() || !existsSync(ENTRY)) {
-    const build = spawnSync('npm', ['run', 'build'], { stdio: 'inherit' });
+    const { command, args, shell } = npmRun('build');
+    const build = spawnSync(command, args, { stdio: 'inherit', shell });
+    if (build.error) console.error(`cannot run "npm run build": ${build.error.message}`);
     process.exit(build.status ?? 1);
   }
 }

@@ -72,4 +72,13 @@ describe('build-if-stale (prestart)', () => {
     await prestart();
     expect(await builds()).toBe(2);
   });
+
+  it('runs the build with the npm that started it (npm_execpath), by node, as on Windows where `npm` alone cannot be spawned', async () => {
+    // A stand-in npm that notes how it was called and builds nothing.
+    const npm = path.join(root, 'fake-npm.cjs');
+    await writeFile(npm, "require('fs').writeFileSync('npm-args', JSON.stringify(process.argv.slice(2)));\n");
+    await run(process.execPath, [SCRIPT], { cwd: root, env: { ...process.env, npm_execpath: npm } });
+    expect(JSON.parse(await readFile(path.join(root, 'npm-args'), 'utf8'))).toEqual(['run', 'build']);
+    expect(await builds()).toBe(0);
+  });
 });

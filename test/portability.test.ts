@@ -2,6 +2,7 @@ import { mkdtemp, rm } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
+import { npmRun } from '../scripts/npm-run.mjs';
 import { syncFolder } from '../src/util/files.js';
 
 /**
@@ -25,5 +26,22 @@ describe('syncFolder', () => {
   it('leaves the folder alone on Windows, whose FlushFileBuffers refuses a folder (EPERM) and failed every image put', async () => {
     // Not even opened: a folder that is not there passes too.
     await expect(syncFolder(path.join(dir, 'missing'), 'win32')).resolves.toBeUndefined();
+  });
+});
+
+describe("the prestart's npm run build", () => {
+  const npmCli = '/usr/lib/node_modules/npm/bin/npm-cli.js';
+
+  it('runs the npm that started it, by node, on every system', () => {
+    for (const platform of ['linux', 'darwin', 'win32'] as const) {
+      expect(npmRun('build', platform, { npm_execpath: npmCli })).toEqual({ command: process.execPath, args: [npmCli, 'run', 'build'], shell: false });
+    }
+  });
+
+  it('started by another means, runs npm from PATH: on Windows through the shell, where npm is npm.cmd', () => {
+    expect(npmRun('build', 'linux', {})).toEqual({ command: 'npm', args: ['run', 'build'], shell: false });
+    expect(npmRun('build', 'win32', {})).toEqual({ command: 'npm run build', args: [], shell: true });
+    // npm_execpath of a package manager that is no JavaScript file (a native binary) is not run by node.
+    expect(npmRun('build', 'win32', { npm_execpath: 'C:\\tools\\bun.exe' })).toEqual({ command: 'npm run build', args: [], shell: true });
   });
 });
