@@ -3,6 +3,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { npmRun } from '../scripts/npm-run.mjs';
+import { unavailable } from '../src/runtime/providers.js';
 import { syncFolder } from '../src/util/files.js';
 
 /**
@@ -43,5 +44,16 @@ describe("the prestart's npm run build", () => {
     expect(npmRun('build', 'win32', {})).toEqual({ command: 'npm run build', args: [], shell: true });
     // npm_execpath of a package manager that is no JavaScript file (a native binary) is not run by node.
     expect(npmRun('build', 'win32', { npm_execpath: 'C:\\tools\\bun.exe' })).toEqual({ command: 'npm run build', args: [], shell: true });
+  });
+});
+
+describe('a GPU provider that this build of onnxruntime-node lacks', () => {
+  it('is unavailable, so the worker runs on the CPU: CUDA on Windows and macOS, whose builds register no cuda backend', () => {
+    // onnxruntime-common's words when no registered backend has the name (onnxruntime-node registers what its build has).
+    const missing = (name: string) => new Error(`no available backend found. ERR: [${name}] backend not found.`);
+    expect(unavailable('cuda', missing('cuda'))).toBe('no available backend found. ERR: [cuda] backend not found.');
+    expect(unavailable('webgpu', missing('webgpu'))).toBe('no available backend found. ERR: [webgpu] backend not found.');
+    // A model's own failure stays the model's.
+    expect(unavailable('cuda', new Error('Load model from x.onnx failed: Protobuf parsing failed.'))).toBeUndefined();
   });
 });

@@ -56,8 +56,10 @@ const brokenProviders = new WeakMap<RuntimeOptions, Set<ExecutionProvider>>();
 const UNAVAILABLE: Record<Exclude<ExecutionProvider, 'cpu'>, { name: string; pattern: RegExp; remedy: string }> = {
   cuda: {
     name: 'CUDA',
-    pattern: /failed to load (shared )?library|providers_cuda|providers_shared|libcu|cudnn/i,
-    remedy: 'Install the CUDA provider libraries as the README describes, or set EXECUTION_PROVIDER=webgpu or cpu.',
+    // Or onnxruntime-node built without CUDA (every build but Linux x64's: Windows, macOS, Linux arm64),
+    // where its backend is not registered: 'backend not found', which failed every model instead.
+    pattern: /failed to load (shared )?library|providers_cuda|providers_shared|libcu|cudnn|cuda\] backend not found/i,
+    remedy: 'Install the CUDA provider libraries as the README describes (onnxruntime-node has them for Linux x64 only), or set EXECUTION_PROVIDER=webgpu or cpu.',
   },
   webgpu: {
     name: 'WebGPU',
@@ -67,8 +69,8 @@ const UNAVAILABLE: Record<Exclude<ExecutionProvider, 'cpu'>, { name: string; pat
   },
 };
 
-/** onnxruntime's reason where `err` says `provider` cannot start here (UNAVAILABLE), else undefined. */
-function unavailable(provider: ExecutionProvider, err: unknown): string | undefined {
+/** onnxruntime's reason where `err` says `provider` cannot start here (UNAVAILABLE), else undefined. Exported for the tests. */
+export function unavailable(provider: ExecutionProvider, err: unknown): string | undefined {
   if (provider === 'cpu') return undefined;
   // onnxruntime's first line, less the source location and failed check it starts with.
   const message = (err as Error).message.split('\n')[0].split(' was false. ').at(-1)!;
