@@ -55,7 +55,7 @@ describe('EXECUTION_PROVIDER=webgpu', () => {
     // No Vulkan driver at all: the loader finds none of the files these name.
     const none = { EXECUTION_PROVIDER: 'webgpu', VK_DRIVER_FILES: '/nonexistent/icd.json', VK_ICD_FILENAMES: '/nonexistent/icd.json' };
     const [fallback, cpu] = await Promise.all([generate(none), generate({ EXECUTION_PROVIDER: 'cpu' })]);
-    expect(fallback.stderr).toMatch(/WebGPU execution provider unavailable \(.*adapter.*\); running on CPU\. Install the GPU's Vulkan driver/);
+    expect(fallback.stderr).toMatch(/WebGPU execution provider unavailable \(.*adapter.*\); running on CPU\. Install the GPU's driver \(on Linux its Vulkan driver/);
     // Said once, not for each of the model's sessions.
     expect(fallback.stderr.match(/execution provider unavailable/g)).toHaveLength(1);
     expect(fallback.file.equals(cpu.file)).toBe(true);

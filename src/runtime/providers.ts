@@ -65,7 +65,8 @@ const UNAVAILABLE: Record<Exclude<ExecutionProvider, 'cpu'>, { name: string; pat
     name: 'WebGPU',
     // No adapter; or onnxruntime-node built without WebGPU (its Linux arm64 build): 'backend not found'.
     pattern: /WebGPU adapter|No supported adapters|webgpu\] backend not found/i,
-    remedy: "Install the GPU's Vulkan driver (on Linux the libvulkan1 loader and the vendor's driver), or set EXECUTION_PROVIDER=cpu.",
+    // Dawn runs over Vulkan on Linux, Direct3D 12 on Windows and Metal on macOS (whose drivers come with the system).
+    remedy: "Install the GPU's driver (on Linux its Vulkan driver and the libvulkan1 loader; on Windows one with Direct3D 12), or set EXECUTION_PROVIDER=cpu.",
   },
 };
 
