@@ -91,6 +91,23 @@ describe.skipIf(!REDIS_SERVER)(`per-key limits shared through Redis${NO_REDIS}`,
     expect(Number(err.headers['retry-after'])).toBeLessThanOrEqual(60);
   });
 
+  it("holds a key to its limit for a minute, not for as long as the step, when Redis's clock steps back (NTP, a resumed VM)", async () => {
+    const [one, two] = [await replica(), await replica()];
+    const key = { label: 'ivan', limits: { requestsPerMinute: 2 } };
+    now = 700_000_000;
+    await one.admit(key, 1);
+    await two.admit(key, 1);
+    // Redis's clock steps back a day: its minute's two requests now lie a day in the future.
+    now -= 86_400_000;
+    const err = await refusal(one.admit(key, 1));
+    // Still counted (the step frees no room), but told to wait a minute at most, not a day.
+    expect(err.status).toBe(429);
+    expect(Number(err.headers['retry-after'])).toBeLessThanOrEqual(60);
+    expect(err.headers['x-ratelimit-reset-requests']).toBe('1m0s');
+    now += 60_001;
+    expect(await two.admit(key, 1)).toMatchObject({ 'x-ratelimit-remaining-requests': '1' });
+  });
+
   it('counts in memory at once while Redis is stalled, after the first request waited out its timeout, and shares again once it answers', async () => {
     const rates = await replica();
     const key = { label: 'hal', limits: { requestsPerMinute: 100 } };

@@ -26,6 +26,13 @@ if at < 0 then
 end
 -- Every digit of a time in milliseconds (Lua's own conversion keeps 14).
 local stamp = string.format('%.17g', at)
+-- Entries after now were counted before Redis's clock stepped back (NTP, a VM resumed): left there, they
+-- held their key to its limit for as long as the step (a day's step, a day of 429s with a Retry-After of a
+-- day). Counted again as of now, they still count, and leave the window a minute on.
+for _, member in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. stamp, '+inf')) do
+  redis.call('ZREM', KEYS[1], member)
+  redis.call('ZADD', KEYS[1], at, stamp .. string.match(member, '^[^:]+(:.*)$'))
+end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', at - tonumber(ARGV[2]))
 local recent = redis.call('ZRANGE', KEYS[1], 0, -1)
 local images = 0
