@@ -6,6 +6,7 @@ import type OpenAI from 'openai';
 import { describe, expect, it, onTestFinished, vi } from 'vitest';
 import type { ApiError } from '../src/api/errors.js';
 import { KeySlots, type KeySlotsOptions } from '../src/http/key-slots.js';
+import { failureOf } from './helpers/failures.js';
 import { silentLogger } from './helpers/logs.js';
 import { whenRunning } from './helpers/ops-server.js';
 import { startRealServer } from './helpers/real-server.js';
@@ -38,6 +39,21 @@ function pending() {
 
 const never = new AbortController().signal;
 const tick = () => new Promise((resolve) => setTimeout(resolve, 100));
+
+const DAY_MS = 86_400_000;
+
+/**
+ * Leaves a key's times in Redis as a step back of Redis's clock by `ms` would (NTP, a VM resumed): each
+ * lease's end, place's expiry, arrival and estimated end that far ahead of Redis's time.
+ */
+async function redisClockStepsBack(connection: Redis, label: string, ms: number): Promise<void> {
+  const slots = `imagegen:slots:${label}`;
+  for (const set of [slots, `${slots}:waiting`, `${slots}:places`]) {
+    const scored = await connection.zrange(set, '0', '-1', 'WITHSCORES');
+    for (let i = 0; i < scored.length; i += 2) await connection.zadd(set, Number(scored[i + 1]) + ms, scored[i]);
+  }
+  for (const [id, end] of Object.entries(await connection.hgetall(`${slots}:ends`))) await connection.hset(`${slots}:ends`, id, String(Number(end) + ms));
+}
 
 describe.skipIf(!REDIS_SERVER)(`'concurrent' slots shared through Redis${NO_REDIS}`, () => {
   redis = useRedis();
@@ -259,6 +275,21 @@ describe.skipIf(!REDIS_SERVER)(`'concurrent' slots shared through Redis${NO_REDI
     expect(Number(refused.headers['retry-after'])).toBeGreaterThanOrEqual(29);
     expect(Number(refused.headers['retry-after'])).toBeLessThanOrEqual(30);
     expect(refused.message).toMatch(new RegExp(`try again in ${refused.headers['retry-after']}s`));
+    first.state.finish();
+    await held;
+  });
+
+  it("answers a timed-out wait with a Retry-After from the running request's estimate, not from a step back of Redis's clock", async () => {
+    const { slots, connection } = await replica({ maxWaitMs: 1500 });
+    const key = { label: 'kim', limits: { concurrent: 1 } };
+    const first = pending();
+    const held = slots.hold(key, never, first.work, undefined, 30);
+    await tick();
+    await redisClockStepsBack(connection, 'kim', DAY_MS);
+    // Past a renewal (every second) of the running request's lease.
+    const refused = await failureOf<ApiError>(slots.hold(key, never, async () => undefined));
+    expect(refused).toMatchObject({ status: 503, code: 'queue_timeout' });
+    expect(Number(refused.headers['retry-after'])).toBeLessThanOrEqual(30);
     first.state.finish();
     await held;
   });

@@ -80,11 +80,13 @@ return taken
 /**
  * KEYS: the key's slots and estimated ends. ARGV (ms but the id): the lease, its id, how long the
  * request is still estimated to run, the keys' time to live. Not XX: a lease Redis lost (a restart) is
- * put back, since the request still runs, and so is its estimated end.
+ * put back, since the request still runs, and so is its estimated end. The estimated end is set anew
+ * each time, from what this replica's monotonic clock says is left: set once, a step back of Redis's
+ * clock left it that far ahead, and the key's timed-out waits were told to retry a day later.
  */
 const RENEW = `${NOW}
 redis.call('ZADD', KEYS[1], now + tonumber(ARGV[1]), ARGV[2])
-redis.call('HSETNX', KEYS[2], ARGV[2], now + tonumber(ARGV[3]))
+redis.call('HSET', KEYS[2], ARGV[2], now + tonumber(ARGV[3]))
 for _, key in ipairs(KEYS) do redis.call('PEXPIRE', key, ARGV[4]) end
 `;
 
