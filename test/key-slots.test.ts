@@ -294,6 +294,23 @@ describe.skipIf(!REDIS_SERVER)(`'concurrent' slots shared through Redis${NO_REDI
     await held;
   });
 
+  it("frees a dead replica's slot when its lease runs out, though Redis's clock stepped back a day after its last renewal", async () => {
+    const dying = await replica({ leaseMs: 1000 });
+    const survivor = await replica({ leaseMs: 1000 });
+    const key = { label: 'lena', limits: { concurrent: 1 } };
+    const stuck = pending();
+    void dying.slots.hold(key, never, stuck.work);
+    await tick();
+    dying.connection.disconnect();
+    await redisClockStepsBack(survivor.connection, 'lena', DAY_MS);
+    const next = pending();
+    const waiting = survivor.slots.hold(key, never, next.work);
+    await expect.poll(() => next.state.running, { timeout: 5000, interval: 20 }).toBe(true);
+    next.state.finish();
+    await waiting;
+    stuck.state.finish();
+  });
+
   it('holds over HTTP: a key with concurrent=1 waits on one server while it runs on another', async () => {
     const root = await mkdtemp(path.join(os.tmpdir(), 'imagegen-slots-'));
     const keys = path.join(root, 'keys');

@@ -43,6 +43,17 @@ local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 const TAKE = `${NOW}
 local slots, waiting, places, ends = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local id = ARGV[3]
+-- No lease ends later than a lease from now, no place expires later than a place from now, nobody came
+-- after now: a time past its bound was set before Redis's clock stepped back (NTP, a VM resumed). Left
+-- there, a dead replica's slot stayed taken for as long as the step, and the requests waiting then
+-- stood behind every one that came after it (those among them now tie, in no particular order).
+local function clamp(key, bound)
+  local at = string.format('%.17g', bound)
+  for _, member in ipairs(redis.call('ZRANGEBYSCORE', key, '(' .. at, '+inf')) do redis.call('ZADD', key, at, member) end
+end
+clamp(slots, now + tonumber(ARGV[2]))
+clamp(places, now + tonumber(ARGV[5]))
+clamp(waiting, now)
 for _, gone in ipairs(redis.call('ZRANGEBYSCORE', slots, '-inf', now)) do redis.call('HDEL', ends, gone) end
 redis.call('ZREMRANGEBYSCORE', slots, '-inf', now)
 for _, gone in ipairs(redis.call('ZRANGEBYSCORE', places, '-inf', now)) do redis.call('ZREM', waiting, gone) end
