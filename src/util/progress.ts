@@ -33,6 +33,10 @@ function formatDuration(seconds: number): string {
 }
 
 export class Progress {
+  /**
+   * Times on the monotonic clock: on the wall clock, a step back (NTP, a VM resumed) held off every line
+   * for as long as the step and showed no rate; a step ahead showed the rate as if the step were spent working.
+   */
   private readonly startedAt: number;
   private readonly doneAtStart: number;
   private lastLine = -Infinity;
@@ -49,7 +53,7 @@ export class Progress {
     private done = 0,
     private readonly unit: ProgressUnit = BYTES,
   ) {
-    this.startedAt = Date.now();
+    this.startedAt = performance.now();
     this.doneAtStart = done;
   }
 
@@ -109,7 +113,7 @@ export class Progress {
   }
 
   private render(force: boolean): void {
-    const now = Date.now();
+    const now = performance.now();
     if (!force && now - this.lastLine < (this.out.isTTY ? REDRAW_MS : PLAIN_LINE_MS)) return;
     this.lastLine = now;
     const fraction = this.total > 0 ? Math.min(1, this.done / this.total) : 1;
