@@ -25,6 +25,15 @@ describe('per-key rates', () => {
     expect(await r.admit(key, 1)).toMatchObject({ 'x-ratelimit-remaining-requests': '0', 'x-ratelimit-reset-requests': '1ms' });
   });
 
+  it('says a whole minute as 60 s, not 61, at any time of the monotonic clock (a difference of two of its readings is off by a fraction of a nanosecond)', async () => {
+    // 1_000_000.1 + 60_000 - 1_000_000.1 is 60_000.00000000012 in floating point.
+    now = 1_000_000.1;
+    const r = rates();
+    const key = { label: 'kai', limits: { requestsPerMinute: 1 } };
+    expect(await r.admit(key, 1)).toMatchObject({ 'x-ratelimit-reset-requests': '1m0s' });
+    expect(await refusal(() => r.admit(key, 1))).toMatchObject({ headers: { 'retry-after': '60', 'x-ratelimit-reset-requests': '1m0s' } });
+  });
+
   it('forgets the keys that spent nothing for a minute: keys rotated out of API_KEYS_FILE leave nothing behind', async () => {
     now = 0;
     const ledger = new MemoryLedger(() => now);

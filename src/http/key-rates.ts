@@ -117,10 +117,19 @@ function rateHeaders(limits: NonNullable<ApiKey['limits']>, window: readonly Spe
   return headers;
 }
 
+/**
+ * A wait in ms to the microsecond: a difference of two times of the monotonic clock (fractions of a ms)
+ * is off by a fraction of a nanosecond, and a whole minute, rounded up, was said as 61 s about one time in a hundred.
+ */
+const exactMs = (ms: number) => Math.round(ms * 1000) / 1000;
+
+/** Whole seconds, rounded up, of a wait in ms. */
+const waitSeconds = (ms: number) => Math.ceil(exactMs(ms) / 1000);
+
 /** Milliseconds as OpenAI's headers write a duration: "350ms", "12s", "1m5s". */
 function durationText(ms: number): string {
-  if (ms < 1000) return `${Math.ceil(ms)}ms`;
-  const seconds = Math.ceil(ms / 1000);
+  if (ms < 1000) return `${Math.ceil(exactMs(ms))}ms`;
+  const seconds = waitSeconds(ms);
   return seconds < 60 ? `${seconds}s` : `${Math.floor(seconds / 60)}m${seconds % 60}s`;
 }
 
@@ -156,7 +165,7 @@ export class KeyRates {
       limits.requestsPerMinute !== undefined && recent.length + 1 > limits.requestsPerMinute ? waitFor(recent, recent.length + 1 - limits.requestsPerMinute, () => 1, now) : 0,
       limits.imagesPerMinute !== undefined ? imageWait(recent, images, limits.imagesPerMinute, now) : 0,
     );
-    const seconds = Math.max(1, Math.ceil(wait / 1000));
+    const seconds = Math.max(1, waitSeconds(wait));
     throw ApiError.rateLimited(`Rate limit reached for API key '${key.label}': ${describe(limits)}. Please try again in ${seconds}s.`, {
       'retry-after': String(seconds),
       ...rateHeaders(limits, recent, now),
