@@ -155,6 +155,24 @@ describe('models pull', () => {
     expect(await exists(path.join(work, 'escaped.json'))).toBe(false);
   });
 
+  it("sends HF_TOKEN only to the Hub, not to another host that a listing's next page names", async () => {
+    const other = hub.url.replace('127.0.0.1', 'localhost');
+    const sent: { url: string; authorization: string | null }[] = [];
+    const recording: typeof fetch = async (input, init) => {
+      const url = input instanceof Request ? input.url : String(input);
+      sent.push({ url, authorization: new Headers(init?.headers).get('authorization') });
+      const response = await fetch(input, init);
+      if (!url.includes('/tree/') || url.startsWith(other)) return response;
+      // As a hostile mirror could: the listing's next page on a host of its choosing.
+      const headers = new Headers(response.headers);
+      headers.set('Link', `<${other}${new URL(url).pathname}?cursor=2>; rel="next"`);
+      return new Response(response.body, { status: response.status, headers });
+    };
+    await pull(REPO, { token: 'hf_secret', fetch: recording, name: 'paged', load: false }).catch(() => undefined);
+    expect(sent.filter((r) => r.url.startsWith(other)).map((r) => r.authorization)).toEqual([null]);
+    expect(sent.filter((r) => r.url.startsWith(hub.url)).every((r) => r.authorization === 'Bearer hf_secret')).toBe(true);
+  });
+
   it('explains unknown repositories and revisions, and gated ones without HF_TOKEN', async () => {
     await expect(pull('test-org/no-such-model')).rejects.toThrow('repository not found; check the name or set HF_TOKEN for gated/private repos');
     await expect(pull(`${REPO}@no-such-branch`)).rejects.toThrow(`${REPO} has no revision 'no-such-branch'`);

@@ -67,6 +67,11 @@ export function parseRepoRef(text: string): RepoRef {
   return { repo, revision };
 }
 
+/** The address a fetch call asks for, whichever form it was given in. */
+function requestUrl(input: Parameters<typeof fetch>[0]): string {
+  return typeof input === 'string' ? input : input instanceof URL ? input.href : input.url;
+}
+
 /** Why a fetch failed: undici's own message is "fetch failed"; the system's reason is in `cause`. */
 function networkReason(err: unknown): string {
   return (err as { cause?: Error }).cause?.message ?? (err as Error).message;
@@ -84,10 +89,14 @@ export class HubClient {
     }
     const base = stallGuarded(options.fetch ?? fetch, options.stallMs ?? STALL_MS);
     const token = options.token;
+    const hubOrigin = new URL(this.hubUrl).origin;
     // Our own header rather than the library's accessToken, which rejects tokens not starting with hf_
-    // (mirrors issue their own). fetch drops it on redirects to another origin (the Hub's CDN).
+    // (mirrors issue their own). fetch drops it on redirects to another origin (the Hub's CDN); the
+    // library also fetches the URLs the Hub's answers name (a listing's `Link: next` page), so the
+    // token goes only to the Hub's own origin, never to a host an answer points to.
     this.fetch = token
       ? (input, init) => {
+          if (parseUrl(requestUrl(input))?.origin !== hubOrigin) return base(input, init);
           const headers = new Headers(init?.headers);
           headers.set('Authorization', `Bearer ${token}`);
           return base(input, { ...init, headers });
