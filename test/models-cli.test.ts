@@ -273,6 +273,25 @@ describe('models pull', () => {
     await expectNothingInstalled('bad');
   });
 
+  it('lets one pull of a model run at a time, takes over the lock of a killed one, and refuses to remove a model being pulled', async () => {
+    const twice = await Promise.allSettled([pull(REPO, { load: false }), pull(REPO, { load: false })]);
+    expect(twice.map((result) => result.status).sort()).toEqual(['fulfilled', 'rejected']);
+    const refused = twice.find((result) => result.status === 'rejected')!;
+    expect(String(refused.reason)).toMatch(/another "imagegen models pull" of 'sd-turbo-onnx' is running \(process \d+@.+\); wait for it to finish/);
+    expect(await readFolderFiles(path.join(modelsDir, 'sd-turbo-onnx'))).toMatchObject(sourceFiles);
+    await expectNoStaging();
+
+    // A pull killed with -9 leaves its lock; the next one takes it over.
+    const { stdout } = await execFileAsync(process.execPath, ['-p', 'process.pid']);
+    await writeFile(path.join(modelsDir, '.staging', 'lock-again'), `${stdout.trim()}@${os.hostname()}`);
+    expect((await pull(REPO, { load: false, name: 'again' })).id).toBe('again');
+    await expectNoStaging();
+
+    await writeFile(path.join(modelsDir, '.staging', 'lock-again'), `${process.pid}@${os.hostname()}`);
+    await expect(removeModel(modelsDir, 'again')).rejects.toThrow(/another "imagegen models pull" of 'again' is running .*; stop it first, then remove 'again'/);
+    expect(await exists(path.join(modelsDir, 'again'))).toBe(true);
+  });
+
   it('refuses to replace a model without --force, and replaces it with', async () => {
     await pull(REPO, { name: 'turbo' });
     await expect(pull(REPO, { name: 'turbo' })).rejects.toThrow("a model 'turbo' already exists");

@@ -8,6 +8,7 @@ import { exists, makeFolder } from '../util/files.js';
 import { inspectModelFolder, OVERRIDE_FILE } from '../models/model-folder.js';
 import { keepAfterExit, removeIfInterrupted, type Disk } from './disk.js';
 import { ModelInstallError, ModelUsageError } from './errors.js';
+import { lockHolder, takeLock, type Lock } from './owner.js';
 import type { ProgressOutput } from '../util/progress.js';
 
 /**
@@ -55,6 +56,23 @@ export const modelPath = (modelsDir: string, id: string) => path.join(modelsDir,
 
 /** Where a pull keeps its files until complete; a stable name, so a later pull can resume. */
 export const pullStagingPath = (modelsDir: string, id: string) => path.join(modelsDir, STAGING, `${PULL_PREFIX}${id}`);
+
+/** The lock a running pull of `id` holds; not named `pull-...`, which unfinishedPulls would list. */
+const pullLockPath = (modelsDir: string, id: string) => path.join(modelsDir, STAGING, `lock-${id}`);
+
+const pullRunning = (id: string, owner: string) => `another "imagegen models pull" of '${id}' is running (process ${owner})`;
+
+/**
+ * Claims the pull of `id` for this process: two pulls of one id would write the same partial files (one
+ * appending to a file the other is still writing) and delete each other's downloads. A lock left by a
+ * pull that was killed is taken over, so the next run resumes its download.
+ */
+export async function lockPull(modelsDir: string, id: string): Promise<Lock> {
+  await stagingRoot(modelsDir);
+  const taken = await takeLock(pullLockPath(modelsDir, id));
+  if ('heldBy' in taken) throw new ModelInstallError(`${pullRunning(id, taken.heldBy)}; wait for it to finish, or stop it and run this command again to resume its download`);
+  return taken;
+}
 
 /** Ids of pulls that stopped before finishing (their files wait in the staging area). */
 export async function unfinishedPulls(modelsDir: string): Promise<string[]> {
@@ -180,6 +198,9 @@ export async function removeModel(modelsDir: string, id: string): Promise<Remove
   checkModelId(id);
   const target = modelPath(modelsDir, id);
   const partial = pullStagingPath(modelsDir, id);
+  // Its download would be deleted under it, and the pull would install the model again anyway.
+  const puller = await lockHolder(pullLockPath(modelsDir, id));
+  if (puller) throw new ModelInstallError(`${pullRunning(id, puller)}; stop it first, then remove '${id}'`);
   const removed = { model: await exists(target), unfinishedPull: await exists(partial) };
   if (!removed.model && !removed.unfinishedPull) {
     throw new ModelInstallError(`there is no model '${id}' in ${modelsDir}; "imagegen models list" shows the installed ones`);

@@ -4,7 +4,7 @@ import { diskFullError, ensureFreeSpace, isDiskFull, listFolder, realDisk } from
 import { bytesPresent, downloadFiles } from './downloader.js';
 import { DownloadInterrupted, ModelUsageError } from './errors.js';
 import { HubClient, parseRepoRef, type HubClientOptions, type HubFile } from './hub-client.js';
-import { checkModelId, installStaged, pullStagingPath, refuseExisting, validateModel, type CommandOptions, type InstalledModel } from './installer.js';
+import { checkModelId, installStaged, lockPull, pullStagingPath, refuseExisting, validateModel, type CommandOptions, type InstalledModel } from './installer.js';
 import { writeManifest } from './manifest.js';
 import { checkHasExport, selectModelFiles, skippedNote } from './model-files.js';
 import type { ProgressOutput } from '../util/progress.js';
@@ -63,46 +63,51 @@ export async function pullModel(options: PullOptions): Promise<InstalledModel> {
   const label = `${ref.repo}@${ref.revision}${subfolder ? ` (${subfolder}/)` : ''}`;
   if (skipped.length) output.write(skippedNote(label, skipped));
 
-  const staging = pullStagingPath(modelsDir, id);
-  const dir = path.join(staging, 'model');
-  await prepareStaging(staging, { repo: ref.repo, subfolder, files: Object.fromEntries(files.map((file) => [file.path, contentId(file)])) }, output);
-  const total = files.reduce((sum, file) => sum + file.size, 0);
-  const spaceAdvice = 'Free up space, or use a --models-dir on a bigger disk, then pull again';
-  const present = await bytesPresent(dir, files);
-  await ensureFreeSpace(disk, modelsDir, total - present, spaceAdvice).catch(async (err) => {
-    // What an earlier run downloaded stays for the pull after space was freed; an empty start does not.
-    if (present === 0) await rm(staging, { recursive: true, force: true });
-    throw err;
-  });
-
+  const lock = await lockPull(modelsDir, id);
   try {
-    const digests = await downloadFiles({
-      hub,
-      ref,
-      commit,
-      files,
-      dir,
-      present,
-      disk,
-      output,
-      retries: options.retries ?? 3,
-      retryDelayMs: options.retryDelayMs ?? 1000,
-      resumeAdvice: `Run the same command again to resume, or "imagegen models remove ${id}" to discard it`,
+    const staging = pullStagingPath(modelsDir, id);
+    const dir = path.join(staging, 'model');
+    await prepareStaging(staging, { repo: ref.repo, subfolder, files: Object.fromEntries(files.map((file) => [file.path, contentId(file)])) }, output);
+    const total = files.reduce((sum, file) => sum + file.size, 0);
+    const spaceAdvice = 'Free up space, or use a --models-dir on a bigger disk, then pull again';
+    const present = await bytesPresent(dir, files);
+    await ensureFreeSpace(disk, modelsDir, total - present, spaceAdvice).catch(async (err) => {
+      // What an earlier run downloaded stays for the pull after space was freed; an empty start does not.
+      if (present === 0) await rm(staging, { recursive: true, force: true });
+      throw err;
     });
-    await writeManifest(dir, { files: digests, source: { repo: ref.repo, revision: ref.revision, commit, subfolder: subfolder || undefined } });
-    const layout = await validateModel(dir, {
-      load: options.load ?? true,
-      label,
-      output,
-      advice: `Nothing was installed. Check that the repository holds a complete diffusers ONNX export${subfolder ? '' : ' (or pick its folder with --subfolder)'}`,
-    });
-    const installed = await installStaged(dir, modelsDir, id, options.force ?? false);
-    await rm(staging, { recursive: true, force: true });
-    return { id, dir: installed, family: layout.family, variant: layout.variant, bytes: total };
-  } catch (err) {
-    if (err instanceof DownloadInterrupted) throw err;
-    await rm(staging, { recursive: true, force: true });
-    throw isDiskFull(err) ? await diskFullError(disk, modelsDir, total, spaceAdvice) : err;
+
+    try {
+      const digests = await downloadFiles({
+        hub,
+        ref,
+        commit,
+        files,
+        dir,
+        present,
+        disk,
+        output,
+        retries: options.retries ?? 3,
+        retryDelayMs: options.retryDelayMs ?? 1000,
+        resumeAdvice: `Run the same command again to resume, or "imagegen models remove ${id}" to discard it`,
+      });
+      await writeManifest(dir, { files: digests, source: { repo: ref.repo, revision: ref.revision, commit, subfolder: subfolder || undefined } });
+      const layout = await validateModel(dir, {
+        load: options.load ?? true,
+        label,
+        output,
+        advice: `Nothing was installed. Check that the repository holds a complete diffusers ONNX export${subfolder ? '' : ' (or pick its folder with --subfolder)'}`,
+      });
+      const installed = await installStaged(dir, modelsDir, id, options.force ?? false);
+      await rm(staging, { recursive: true, force: true });
+      return { id, dir: installed, family: layout.family, variant: layout.variant, bytes: total };
+    } catch (err) {
+      if (err instanceof DownloadInterrupted) throw err;
+      await rm(staging, { recursive: true, force: true });
+      throw isDiskFull(err) ? await diskFullError(disk, modelsDir, total, spaceAdvice) : err;
+    }
+  } finally {
+    await lock.release();
   }
 }
 

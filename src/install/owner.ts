@@ -1,0 +1,65 @@
+import { randomUUID } from 'node:crypto';
+import { link, readFile, rm, writeFile } from 'node:fs/promises';
+import os from 'node:os';
+import { keepAfterExit, removeIfInterrupted } from './disk.js';
+
+/**
+ * Which process owns a thing in the staging area, and whether that process still runs, so that what a
+ * killed install (kill -9, a crash, a power cut) left behind can be told from what a running one uses.
+ * An owner is "<pid>@<host>": a process of another host (or container) sharing the models folder cannot
+ * be checked from here, so it always counts as running.
+ */
+
+export const ownerHere = (): string => `${process.pid}@${os.hostname()}`;
+
+/** Whether `owner` (ownerHere() of some process) names a process that still runs, or one that cannot be checked from here. */
+export function ownerRuns(owner: string): boolean {
+  const at = owner.indexOf('@');
+  const pid = Number(owner.slice(0, at));
+  if (at < 0 || !Number.isSafeInteger(pid) || pid <= 0) return false;
+  if (owner.slice(at + 1) !== os.hostname()) return true;
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch (err) {
+    // EPERM: it runs, as another user.
+    return (err as NodeJS.ErrnoException).code === 'EPERM';
+  }
+}
+
+/** A lock file held by this process; `release` deletes it (the exit hook does too, on Ctrl-C). */
+export interface Lock {
+  release(): Promise<void>;
+}
+
+/**
+ * Takes the lock file `file`, or returns the owner that holds it. The owner is written to a file of its
+ * own and linked to `file`, so that the lock never exists without its owner (link fails when `file`
+ * exists). A lock whose owner no longer runs is taken over.
+ */
+export async function takeLock(file: string): Promise<Lock | { heldBy: string }> {
+  const draft = `${file}.${randomUUID()}`;
+  await writeFile(draft, ownerHere());
+  try {
+    for (;;) {
+      try {
+        await link(draft, file);
+        removeIfInterrupted(file);
+        return { release: () => rm(file, { force: true }).then(() => keepAfterExit(file)) };
+      } catch (err) {
+        if ((err as NodeJS.ErrnoException).code !== 'EEXIST') throw err;
+      }
+      const owner = await readFile(file, 'utf8').catch(() => undefined);
+      if (owner !== undefined && ownerRuns(owner)) return { heldBy: owner };
+      await rm(file, { force: true });
+    }
+  } finally {
+    await rm(draft, { force: true });
+  }
+}
+
+/** Who holds the lock file `file`, if a running process does. */
+export async function lockHolder(file: string): Promise<string | undefined> {
+  const owner = await readFile(file, 'utf8').catch(() => undefined);
+  return owner !== undefined && ownerRuns(owner) ? owner : undefined;
+}
