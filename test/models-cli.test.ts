@@ -1,6 +1,7 @@
 import { formatBytes } from '../src/util/bytes.js';
 import { MemoryFigures } from '../src/models/memory-figures.js';
 import { execFile } from 'node:child_process';
+import { randomUUID } from 'node:crypto';
 import { cp, mkdir, mkdtemp, readdir, readFile, rm, stat, symlink, truncate, writeFile } from 'node:fs/promises';
 import { createServer as createHttpServer } from 'node:http';
 import { createServer, type AddressInfo, type Socket } from 'node:net';
@@ -323,6 +324,19 @@ describe('models import and export', () => {
     const manifest = JSON.parse(await readFile(path.join(again.dir, MANIFEST_FILE), 'utf8'));
     expect(Object.keys(manifest.files)).toContain(WEIGHTS);
     await expectNoStaging();
+  });
+
+  it('removes the staging folders that a killed import left, and not those of one still running', async () => {
+    const { stdout } = await execFileAsync(process.execPath, ['-p', 'process.pid']);
+    const staging = path.join(modelsDir, '.staging');
+    const killed = path.join(staging, `import-other+${stdout.trim()}@${os.hostname()}+${randomUUID()}`);
+    const running = path.join(staging, `import-other+${process.pid}@${os.hostname()}+${randomUUID()}`);
+    const elsewhere = path.join(staging, `replaced-other+${stdout.trim()}@another-host+${randomUUID()}`);
+    for (const dir of [killed, running, elsewhere]) await mkdir(path.join(dir, 'unet'), { recursive: true });
+    await writeFile(path.join(killed, 'unet', 'model.onnx'), Buffer.alloc(1024));
+
+    await importFrom(sourceDir, 'fresh');
+    expect((await readdir(staging)).sort()).toEqual([path.basename(elsewhere), path.basename(running)].sort());
   });
 
   it('refuses a folder with a damaged ONNX file', async () => {

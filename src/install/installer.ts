@@ -8,7 +8,7 @@ import { exists, makeFolder } from '../util/files.js';
 import { inspectModelFolder, OVERRIDE_FILE } from '../models/model-folder.js';
 import { keepAfterExit, removeIfInterrupted, type Disk } from './disk.js';
 import { ModelInstallError, ModelUsageError } from './errors.js';
-import { lockHolder, takeLock, type Lock } from './owner.js';
+import { lockHolder, ownerHere, ownerRuns, takeLock, type Lock } from './owner.js';
 import type { ProgressOutput } from '../util/progress.js';
 
 /**
@@ -39,7 +39,7 @@ export interface InstalledModel {
 const STAGING = '.staging';
 const PULL_PREFIX = 'pull-';
 const MODEL_ID = /^[A-Za-z0-9][A-Za-z0-9._-]*$/;
-/** Far below a file name's 255 bytes, which the staging folder's name (the id with a prefix and a UUID) must also fit in. */
+/** Far below a file name's 255 bytes, which the staging folder's name (the id with a prefix, its owning process and host, and a UUID) must also fit in. */
 const MAX_MODEL_ID_LENGTH = 128;
 
 /** An id is a folder name in the models folder and the model name in API requests. */
@@ -88,9 +88,26 @@ export async function refuseExisting(modelsDir: string, id: string, force: boole
   if (!force && (await exists(modelPath(modelsDir, id)))) throw alreadyExists(modelsDir, id);
 }
 
+/**
+ * A staging folder's name: `label`, the process that owns it, and a UUID. The owner lets a later
+ * install remove what a killed one (kill -9, a crash) left: its exit hook never ran, and an import's
+ * half copy or a replaced model moved aside may be gigabytes that nothing else would ever delete.
+ */
+const temporaryName = (label: string) => `${label}+${ownerHere()}+${randomUUID()}`;
+const TEMPORARY_OWNER = /\+([^+]+)\+[0-9a-f-]{36}$/;
+
+/** Removes the staging folders whose owner no longer runs; a pull's download (kept to resume) has no owner in its name. */
+async function removeAbandoned(root: string): Promise<void> {
+  for (const name of await readdir(root)) {
+    const owner = TEMPORARY_OWNER.exec(name)?.[1];
+    if (owner !== undefined && !ownerRuns(owner)) await rm(path.join(root, name), { recursive: true, force: true });
+  }
+}
+
 async function stagingRoot(modelsDir: string): Promise<string> {
   const root = path.join(modelsDir, STAGING);
   await makeFolder(root);
+  await removeAbandoned(root);
   return root;
 }
 
@@ -100,7 +117,7 @@ async function stagingRoot(modelsDir: string): Promise<string> {
  * into place from one could not be read by a server running as another user than the installer.
  */
 export async function makeTemporary(modelsDir: string, prefix: string): Promise<string> {
-  const dir = path.join(await stagingRoot(modelsDir), `${prefix}-${randomUUID()}`);
+  const dir = path.join(await stagingRoot(modelsDir), temporaryName(prefix));
   await mkdir(dir);
   removeIfInterrupted(dir);
   return dir;
@@ -108,7 +125,7 @@ export async function makeTemporary(modelsDir: string, prefix: string): Promise<
 
 /** A free path in the staging area to move a model folder aside to. */
 async function asidePath(modelsDir: string, label: string): Promise<string> {
-  return path.join(await stagingRoot(modelsDir), `${label}-${randomUUID()}`);
+  return path.join(await stagingRoot(modelsDir), temporaryName(label));
 }
 
 export async function removeTemporary(dir: string): Promise<void> {
