@@ -68,6 +68,7 @@ beforeAll(async () => {
   hub.addRepo('test-org/tensorrt', { 'model_index.json': Buffer.from('{}'), 'unet/unet.plan': Buffer.alloc(64), 'clip/clip.plan': Buffer.alloc(64) });
   // A listing no Hub gives: a path that climbs out of the model's folder.
   hub.addRepo('test-org/escaping', { ...sourceFiles, 'unet/../../../escaped.json': Buffer.from('{}') });
+  hub.addRepo('test-org/escaping-many', { ...sourceFiles, ...Object.fromEntries(Array.from({ length: 2000 }, (_, i) => [`../escaped-${i}.json`, Buffer.from('{}')])) });
 });
 afterAll(() => hub.close());
 
@@ -172,6 +173,13 @@ describe('models pull', () => {
     await pull(REPO, { token: 'hf_secret', fetch: recording, name: 'paged', load: false }).catch(() => undefined);
     expect(sent.filter((r) => r.url.startsWith(other)).map((r) => r.authorization)).toEqual([null]);
     expect(sent.filter((r) => r.url.startsWith(hub.url)).every((r) => r.authorization === 'Bearer hf_secret')).toBe(true);
+  });
+
+  it('names a few of the paths of a listing that holds thousands that leave the model, in a short message', async () => {
+    const refusal = await pull('test-org/escaping-many').catch((err: Error) => err);
+    expect(String(refusal)).toMatch(/listed "\.\.\/escaped-0\.json", .*"\.\.\/escaped-4\.json" and 1995 more in test-org\/escaping-many: not a file path inside it/);
+    expect(String(refusal).length).toBeLessThan(600);
+    await expectNothingInstalled('escaping-many');
   });
 
   it('explains unknown repositories and revisions, and gated ones without HF_TOKEN', async () => {

@@ -54,6 +54,9 @@ export interface Download {
   restarted: boolean;
 }
 
+/** How many of a listing's refused paths its error names. */
+const SHOWN_PATHS = 5;
+
 const REPO_NAME = /^([\w.-]+\/)?[\w.-]+$/;
 
 /** "owner/name" or "owner/name@revision". */
@@ -146,7 +149,10 @@ export class HubClient {
       throw this.explain(err, ref);
     }
     if (strange.length > 0) {
-      throw new ModelInstallError(`${this.hubUrl} listed ${strange.map((p) => JSON.stringify(p)).join(', ')} in ${ref.repo}${subfolder ? ` under '${subfolder}'` : ''}: not a file path inside it. Nothing was downloaded; a Hub or mirror that lists such paths is not to be pulled from`);
+      // A hostile listing may hold thousands: a few name the problem, the count says how big it is.
+      const shown = strange.slice(0, SHOWN_PATHS).map((p) => JSON.stringify(p.length > 200 ? `${p.slice(0, 200)}…` : p));
+      const more = strange.length > SHOWN_PATHS ? ` and ${strange.length - SHOWN_PATHS} more` : '';
+      throw new ModelInstallError(`${this.hubUrl} listed ${shown.join(', ')}${more} in ${ref.repo}${subfolder ? ` under '${subfolder}'` : ''}: not a file path inside it. Nothing was downloaded; a Hub or mirror that lists such paths is not to be pulled from`);
     }
     return files;
   }
