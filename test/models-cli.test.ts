@@ -68,6 +68,7 @@ beforeAll(async () => {
   hub.addRepo('test-org/tensorrt', { 'model_index.json': Buffer.from('{}'), 'unet/unet.plan': Buffer.alloc(64), 'clip/clip.plan': Buffer.alloc(64) });
   // A listing no Hub gives: a path that climbs out of the model's folder.
   hub.addRepo('test-org/escaping', { ...sourceFiles, 'unet/../../../escaped.json': Buffer.from('{}') });
+  hub.addRepo('test-org/long-name', { ...sourceFiles, [`unet/${'w'.repeat(300)}`]: Buffer.from('{}') });
   hub.addRepo('test-org/escaping-many', { ...sourceFiles, ...Object.fromEntries(Array.from({ length: 2000 }, (_, i) => [`../escaped-${i}.json`, Buffer.from('{}')])) });
 });
 afterAll(() => hub.close());
@@ -151,7 +152,7 @@ describe('models pull', () => {
 
   it('refuses a listing with a path that leaves the model, downloading nothing', async () => {
     const before = hub.requests.length;
-    await expect(pull('test-org/escaping')).rejects.toThrow(/listed "unet\/\.\.\/\.\.\/\.\.\/escaped\.json" in test-org\/escaping: not a file path inside it\. Nothing was downloaded/);
+    await expect(pull('test-org/escaping')).rejects.toThrow(/listed "unet\/\.\.\/\.\.\/\.\.\/escaped\.json" in test-org\/escaping: not a file path inside it \(or a name too long for a file\)\. Nothing was downloaded/);
     expect(hub.requests.slice(before).some((r) => r.path.includes('/resolve/'))).toBe(false);
     await expectNothingInstalled('escaping');
     expect(await exists(path.join(work, 'escaped.json'))).toBe(false);
@@ -173,6 +174,13 @@ describe('models pull', () => {
     await pull(REPO, { token: 'hf_secret', fetch: recording, name: 'paged', load: false }).catch(() => undefined);
     expect(sent.filter((r) => r.url.startsWith(other)).map((r) => r.authorization)).toEqual([null]);
     expect(sent.filter((r) => r.url.startsWith(hub.url)).every((r) => r.authorization === 'Bearer hf_secret')).toBe(true);
+  });
+
+  it('refuses a listing with a name too long for a file before downloading anything', async () => {
+    const before = hub.requests.length;
+    await expect(pull('test-org/long-name')).rejects.toThrow(/listed "unet\/w{195}…" in test-org\/long-name: not a file path inside it \(or a name too long for a file\)\. Nothing was downloaded/);
+    expect(hub.requests.slice(before).some((r) => r.path.includes('/resolve/'))).toBe(false);
+    await expectNothingInstalled('long-name');
   });
 
   it('names a few of the paths of a listing that holds thousands that leave the model, in a short message', async () => {

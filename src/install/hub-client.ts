@@ -54,6 +54,9 @@ export interface Download {
   restarted: boolean;
 }
 
+/** A file name's 255 bytes, less the `.part` its download is written to: a longer name could not be written. */
+const MAX_NAME_BYTES = 255 - '.part'.length;
+
 /** How many of a listing's refused paths its error names. */
 const SHOWN_PATHS = 5;
 
@@ -121,8 +124,8 @@ export class HubClient {
 
   /**
    * Every file under `subfolder` (the whole repository when empty) at `commit`. A listing that names a
-   * path outside it, or one that is not a plain relative path (`..`, empty or `.` parts, a backslash),
-   * is refused whole: files are written where their paths say, under the model's folder.
+   * path outside it, or one that is not a plain relative path (`..`, empty or `.` parts, a backslash, a
+   * name too long for a file), is refused whole: files are written where their paths say, under the model's folder.
    */
   async listFiles(ref: RepoRef, commit: string, subfolder = ''): Promise<HubFile[]> {
     const prefix = subfolder ? `${subfolder}/` : '';
@@ -132,7 +135,7 @@ export class HubClient {
       for await (const entry of listFiles({ repo: ref.repo, revision: commit, path: subfolder || undefined, recursive: true, hubUrl: this.hubUrl, fetch: this.fetch })) {
         if (entry.type !== 'file') continue;
         const parts = entry.path.startsWith(prefix) ? entry.path.slice(prefix.length).split('/') : [''];
-        if (parts.some((part) => part === '' || part === '.' || part === '..' || /[\\\0]/.test(part))) strange.push(entry.path);
+        if (parts.some((part) => part === '' || part === '.' || part === '..' || /[\\\0]/.test(part) || Buffer.byteLength(part) > MAX_NAME_BYTES)) strange.push(entry.path);
         files.push({
           path: entry.path.slice(prefix.length),
           repoPath: entry.path,
@@ -152,7 +155,7 @@ export class HubClient {
       // A hostile listing may hold thousands: a few name the problem, the count says how big it is.
       const shown = strange.slice(0, SHOWN_PATHS).map((p) => JSON.stringify(p.length > 200 ? `${p.slice(0, 200)}…` : p));
       const more = strange.length > SHOWN_PATHS ? ` and ${strange.length - SHOWN_PATHS} more` : '';
-      throw new ModelInstallError(`${this.hubUrl} listed ${shown.join(', ')}${more} in ${ref.repo}${subfolder ? ` under '${subfolder}'` : ''}: not a file path inside it. Nothing was downloaded; a Hub or mirror that lists such paths is not to be pulled from`);
+      throw new ModelInstallError(`${this.hubUrl} listed ${shown.join(', ')}${more} in ${ref.repo}${subfolder ? ` under '${subfolder}'` : ''}: not a file path inside it (or a name too long for a file). Nothing was downloaded; a Hub or mirror that lists such paths is not to be pulled from`);
     }
     return files;
   }
