@@ -39,8 +39,9 @@ export interface Lock {
  */
 export async function takeLock(file: string): Promise<Lock | { heldBy: string }> {
   const draft = `${file}.${randomUUID()}`;
-  await writeFile(draft, ownerHere());
   try {
+    // Inside the try: on a full disk the draft is created and its write fails.
+    await writeFile(draft, ownerHere());
     for (;;) {
       try {
         await link(draft, file);

@@ -2,7 +2,7 @@ import { mkdir, readFile, rm, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import { diskFullError, ensureFreeSpace, isDiskFull, listFolder, realDisk } from './disk.js';
 import { bytesPresent, downloadFiles } from './downloader.js';
-import { DownloadInterrupted, ModelUsageError } from './errors.js';
+import { DownloadInterrupted, ModelInstallError, ModelUsageError } from './errors.js';
 import { HubClient, parseRepoRef, type HubClientOptions, type HubFile } from './hub-client.js';
 import { checkModelId, installStaged, lockPull, pullStagingPath, refuseExisting, validateModel, type CommandOptions, type InstalledModel } from './installer.js';
 import { writeManifest } from './manifest.js';
@@ -63,13 +63,14 @@ export async function pullModel(options: PullOptions): Promise<InstalledModel> {
   const label = `${ref.repo}@${ref.revision}${subfolder ? ` (${subfolder}/)` : ''}`;
   if (skipped.length) output.write(skippedNote(label, skipped));
 
-  const lock = await lockPull(modelsDir, id);
+  const total = files.reduce((sum, file) => sum + file.size, 0);
+  const spaceAdvice = 'Free up space, or use a --models-dir on a bigger disk, then pull again';
+  const lock = await lockPull(modelsDir, id).catch((err) => startFailed(err, modelsDir, spaceAdvice));
   try {
     const staging = pullStagingPath(modelsDir, id);
     const dir = path.join(staging, 'model');
-    await prepareStaging(staging, { repo: ref.repo, subfolder, files: Object.fromEntries(files.map((file) => [file.path, contentId(file)])) }, output);
-    const total = files.reduce((sum, file) => sum + file.size, 0);
-    const spaceAdvice = 'Free up space, or use a --models-dir on a bigger disk, then pull again';
+    const state = { repo: ref.repo, subfolder, files: Object.fromEntries(files.map((file) => [file.path, contentId(file)])) };
+    await prepareStaging(staging, state, output).catch((err) => startFailed(err, modelsDir, spaceAdvice));
     const present = await bytesPresent(dir, files);
     await ensureFreeSpace(disk, modelsDir, total - present, spaceAdvice).catch(async (err) => {
       // What an earlier run downloaded stays for the pull after space was freed; an empty start does not.
@@ -109,6 +110,12 @@ export async function pullModel(options: PullOptions): Promise<InstalledModel> {
   } finally {
     await lock.release();
   }
+}
+
+/** A disk too full for even the lock and the pull's state file: said as such, not as a bare ENOSPC. */
+function startFailed(err: unknown, modelsDir: string, advice: string): never {
+  if (!isDiskFull(err)) throw err;
+  throw new ModelInstallError(`the disk holding ${modelsDir} is full: the pull could not even start. ${advice}`);
 }
 
 function normaliseSubfolder(subfolder = ''): string {
