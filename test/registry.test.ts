@@ -1,4 +1,4 @@
-import { mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { mkdir, mkdtemp, rename, rm, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { afterEach, beforeEach, describe, expect, it, vi } from 'vitest';
@@ -112,6 +112,16 @@ describe('ModelRegistry', () => {
     await rm(path.join(root, 'late'), { recursive: true });
     await models.refresh();
     expect(models.list()).toEqual([]);
+  });
+
+  it('finds a model installed right after a scan (models pull, import): its root changed, which the rate limit does not hold back', async () => {
+    const models = new ModelRegistry({ roots: [{ dir: root, ownedBy: 'user' }], aliases: {}, logger: silentLogger, minRescanIntervalMs: 60_000 });
+    await models.scan();
+    expect(await models.resolve('nope')).toBeUndefined();
+    // Installed as the installer does: made aside, renamed into the models folder.
+    await writeStubModel(path.join(root, '.staging-late'));
+    await rename(path.join(root, '.staging-late'), path.join(root, 'late'));
+    expect((await models.resolve('late'))?.id).toBe('late');
   });
 
   it('scans for a model a request names, rate-limited on a clock that a step of the wall clock back does not stop', async () => {

@@ -39,6 +39,14 @@ export interface RegistryOptions {
   minRescanIntervalMs?: number;
 }
 
+/** A models folder's modification time, undefined when it cannot be read (missing, or not a folder). */
+async function rootTime(dir: string): Promise<number | undefined> {
+  return stat(dir).then(
+    (folder) => folder.mtimeMs,
+    () => undefined,
+  );
+}
+
 /** One listed model: an installed one, or an alias (then `id` is the alias). */
 export interface ListedModel {
   id: string;
@@ -131,6 +139,8 @@ export class ModelRegistry {
   private scanning: Promise<void> | undefined;
   /** When the last scan ended, on the monotonic clock: a wall-clock step back would hold off scans on request for as long as the step. */
   private lastScan = -Infinity;
+  /** Each root's modification time as the last scan began (undefined: missing): a folder installed since changes it. */
+  private scannedRoots = new Map<string, number | undefined>();
   private timer: NodeJS.Timeout | undefined;
   private readonly minRescanIntervalMs: number;
 
@@ -160,9 +170,18 @@ export class ModelRegistry {
     clearInterval(this.timer);
   }
 
-  /** Rescans unless the last scan is more recent than minRescanIntervalMs. */
-  refresh(): Promise<void> {
-    return performance.now() - this.lastScan >= this.minRescanIntervalMs ? this.scan() : Promise.resolve();
+  /**
+   * Rescans unless the last scan is more recent than minRescanIntervalMs and no root changed since it
+   * (a model installed or removed renames a folder in its root): a request right after `models pull` or
+   * `import` finds the model, while a flood of unknown names costs a stat of each root, not a listing.
+   */
+  async refresh(): Promise<void> {
+    if (performance.now() - this.lastScan >= this.minRescanIntervalMs || (await this.rootsChanged())) await this.scan();
+  }
+
+  private async rootsChanged(): Promise<boolean> {
+    const now = await Promise.all(this.options.roots.map((root) => rootTime(root.dir)));
+    return this.options.roots.some((root, i) => now[i] !== this.scannedRoots.get(root.dir));
   }
 
   /**
@@ -210,6 +229,9 @@ export class ModelRegistry {
 
   private async scanRoots(): Promise<void> {
     const { logger } = this.options;
+    // Read before the listings: a folder installed while they run changes the time again, and is seen at the next request.
+    const times = await Promise.all(this.options.roots.map((root) => rootTime(root.dir)));
+    this.scannedRoots = new Map(this.options.roots.map((root, i) => [root.dir, times[i]]));
     const found = new Map<string, ModelEntry>();
     const seen = new Set<string>();
     /** Ids an earlier root has, usable or not: a user's broken copy of the demo model hides the embedded one rather than fall back to it unsaid. */
