@@ -69,6 +69,19 @@ describe('uploaded pictures', () => {
     await expect(decodeInputImage(file.subarray(0, file.length - 2000), 'image')).rejects.toMatchObject({ status: 400, param: 'image', code: 'invalid_image_format' });
   });
 
+  it("takes a photo the JPEG decoder only warns about (a Samsung phone's scan header), and still refuses one cut short", async () => {
+    const jpeg = await sharp({ create: { width: 64, height: 32, channels: 3, background: { r: 200, g: 100, b: 50 } } }).jpeg().toBuffer();
+    // Samsung's firmware writes a baseline JPEG's scan header with a spectral end (Se) of 0 instead of
+    // 63: libjpeg warns "Invalid SOS parameters for sequential JPEG" and decodes it as every viewer does.
+    const sos = jpeg.indexOf(Buffer.from([0xff, 0xda]));
+    const samsung = Buffer.from(jpeg);
+    samsung[sos + 5 + 2 * jpeg[sos + 4] + 1] = 0;
+    const image = await decodeInputImage(samsung, 'image');
+    const { image: fitted } = await fitEdit({ image }, 64, 32);
+    for (const [got, want] of [...fitted.pixels.subarray(0, 3)].map((v, i) => [v, [200, 100, 50][i]])) expect(Math.abs(got - want)).toBeLessThanOrEqual(2);
+    await expect(decodeInputImage(jpeg.subarray(0, jpeg.length - 40), 'image')).rejects.toMatchObject({ status: 400, param: 'image', code: 'invalid_image_format' });
+  });
+
   it("are fitted only once the request's plan passed: a refused edit costs no fitting", async () => {
     const server = await startTestServer({ stubCanEdit: true });
     try {

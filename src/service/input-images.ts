@@ -1,4 +1,4 @@
-import sharp from 'sharp';
+import sharp, { type SharpOptions } from 'sharp';
 import { ApiError, quoteList } from '../api/errors.js';
 import type { RgbImage } from '../runtime/types.js';
 
@@ -18,6 +18,13 @@ const MAX_INPUT_SIDE = 4096;
  * a fully transparent area's border would otherwise shrink by a pixel or two).
  */
 const transparentBelow = (scaled: boolean) => (scaled ? 128 : 1);
+/**
+ * How an upload is decoded: refused on a decoder's error (a file cut short, corrupt compressed data), not
+ * on its warnings. sharp's default also fails on warnings, and so refused photos every viewer shows:
+ * Samsung phones write JPEGs whose scan header libjpeg warns about ("Invalid SOS parameters for
+ * sequential JPEG"), other cameras stray bytes before a marker.
+ */
+const DECODE: SharpOptions = { failOn: 'error' };
 
 /**
  * An uploaded picture, checked: decoded once to be sure it can be (and to find fully transparent
@@ -53,7 +60,7 @@ export async function decodeInputImage(bytes: Buffer, param: string): Promise<In
   if (bytes.length === 0) throw ApiError.invalid(param, 'invalid_image_format', `Invalid file '${param}': the file is empty. Send a ${quoteList(INPUT_FORMATS, 'or')} picture.`);
   const tooLarge = (size: string) =>
     ApiError.invalid(param, 'image_too_large', `Invalid file '${param}': the image is ${size}; its sides may be at most ${MAX_INPUT_SIDE} pixels. Scale it down first.`);
-  const metadata = await sharp(bytes)
+  const metadata = await sharp(bytes, DECODE)
     .metadata()
     .catch((err: Error) => {
       // sharp refuses to read the header of a picture beyond its own pixel limit (about 16384 x 16384).
@@ -66,7 +73,7 @@ export async function decodeInputImage(bytes: Buffer, param: string): Promise<In
   // It is held for the few milliseconds this takes, at most 16 MiB. (sharp's stats() decodes without
   // holding anything, but also works out the entropy and sharpness of the whole picture: 1.8 s of a
   // core for a 4096x4096 upload, against 0.05 s.)
-  const channel = await sharp(bytes)
+  const channel = await sharp(bytes, DECODE)
     .extractChannel(metadata.hasAlpha ? ((metadata.channels - 1) as 1 | 2 | 3) : 0)
     .raw({ depth: 'uchar' })
     .toBuffer()
@@ -107,7 +114,7 @@ export function editMarks({ image, mask }: EditSource): InputImage | undefined {
 
 /** The picture upright, resized to cover width x height and centre-cropped, as RGBA: decoded and resized in one pass. */
 async function fit(input: InputImage, width: number, height: number): Promise<Buffer> {
-  return sharp(input.bytes)
+  return sharp(input.bytes, DECODE)
     .rotate()
     .ensureAlpha()
     .resize(width, height, { fit: 'cover', position: 'centre' })
