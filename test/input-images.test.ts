@@ -82,6 +82,24 @@ describe('uploaded pictures', () => {
     await expect(decodeInputImage(jpeg.subarray(0, jpeg.length - 40), 'image')).rejects.toMatchObject({ status: 400, param: 'image', code: 'invalid_image_format' });
   });
 
+  it('says a WebP cut short, or a JPEG damaged in its header, is damaged, not of a format it does not take', async () => {
+    const flat = sharp({ create: { width: 64, height: 64, channels: 3, background: 'red' } });
+    const webp = await flat.clone().webp().toBuffer();
+    const jpeg = await flat.clone().jpeg().toBuffer();
+    const cases: [Buffer, string][] = [
+      [webp.subarray(0, webp.length - 10), 'webp'],
+      [jpeg.subarray(0, jpeg.indexOf(Buffer.from([0xff, 0xda])) - 20), 'jpeg'],
+    ];
+    for (const [bytes, format] of cases) {
+      const err = await failureOf<ApiError>(decodeInputImage(bytes, 'image'));
+      expect(err).toMatchObject({ status: 400, param: 'image', code: 'invalid_image_format' });
+      expect(err.message).toMatch(new RegExp(`the ${format} file is damaged .*Send the original file again`));
+    }
+    // Bytes of no format taken still say which formats are.
+    const gif = await flat.clone().gif().toBuffer();
+    expect((await failureOf<ApiError>(decodeInputImage(gif, 'image'))).message).toMatch(/unsupported image format/);
+  });
+
   it("are fitted only once the request's plan passed: a refused edit costs no fitting", async () => {
     const server = await startTestServer({ stubCanEdit: true });
     try {

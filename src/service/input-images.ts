@@ -10,6 +10,7 @@ import type { RgbImage } from '../runtime/types.js';
  */
 
 const INPUT_FORMATS = ['png', 'jpeg', 'webp'] as const;
+type InputFormat = (typeof INPUT_FORMATS)[number];
 /** Largest side of an input picture: bounds the work and memory of one decode (4096 x 4096 RGBA is 64 MiB). */
 const MAX_INPUT_SIDE = 4096;
 /**
@@ -52,7 +53,25 @@ export interface EditSource {
 }
 
 const damaged = (param: string, format: string) =>
-  ApiError.invalid(param, 'invalid_image_format', `Invalid file '${param}': the ${format} file is damaged and could not be decoded.`);
+  ApiError.invalid(
+    param,
+    'invalid_image_format',
+    `Invalid file '${param}': the ${format} file is damaged and could not be decoded (cut short or corrupt). Send the original file again, or save it anew from an image editor.`,
+  );
+
+const PNG_SIGNATURE = Buffer.from([0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a]);
+
+/**
+ * The format a file's first bytes announce. sharp cannot read the header of a WebP cut short (its RIFF
+ * header gives the whole file's length) nor of a JPEG damaged before its pixels: such a file is damaged,
+ * and an answer naming the formats taken, its own among them, would not say what is wrong.
+ */
+function announcedFormat(bytes: Buffer): InputFormat | undefined {
+  if (bytes.subarray(0, 8).equals(PNG_SIGNATURE)) return 'png';
+  if (bytes[0] === 0xff && bytes[1] === 0xd8 && bytes[2] === 0xff) return 'jpeg';
+  if (bytes.toString('latin1', 0, 4) === 'RIFF' && bytes.toString('latin1', 8, 12) === 'WEBP') return 'webp';
+  return undefined;
+}
 
 /** Checks one uploaded picture; `param` names it in the 400s (`image`, `mask`, `images[0].image_url`). */
 export async function decodeInputImage(bytes: Buffer, param: string): Promise<InputImage> {
@@ -64,7 +83,9 @@ export async function decodeInputImage(bytes: Buffer, param: string): Promise<In
     .metadata()
     .catch((err: Error) => {
       // sharp refuses to read the header of a picture beyond its own pixel limit (about 16384 x 16384).
-      throw /pixel limit/i.test(err.message) ? tooLarge('larger than sharp will decode') : ApiError.invalid(param, 'invalid_image_format', unsupported);
+      if (/pixel limit/i.test(err.message)) throw tooLarge('larger than sharp will decode');
+      const announced = announcedFormat(bytes);
+      throw announced ? damaged(param, announced) : ApiError.invalid(param, 'invalid_image_format', unsupported);
     });
   if (!(INPUT_FORMATS as readonly string[]).includes(metadata.format)) throw ApiError.invalid(param, 'invalid_image_format', unsupported);
   if (metadata.width > MAX_INPUT_SIDE || metadata.height > MAX_INPUT_SIDE) throw tooLarge(`${metadata.width}x${metadata.height}`);
