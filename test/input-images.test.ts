@@ -100,6 +100,26 @@ describe('uploaded pictures', () => {
     expect((await failureOf<ApiError>(decodeInputImage(gif, 'image'))).message).toMatch(/unsupported image format/);
   });
 
+  it('refuses a mask that marks nothing to repaint, rather than answering the picture unchanged', async () => {
+    const image = await decodeInputImage(await sharp({ create: { width: 64, height: 64, channels: 3, background: 'red' } }).png().toBuffer(), 'image');
+    const rgba = (alphaAt: (p: number) => number) => {
+      const pixels = Buffer.alloc(64 * 64 * 4);
+      for (let p = 0; p < 64 * 64; p++) pixels.set([255, 255, 255, alphaAt(p)], p * 4);
+      return sharp(pixels, { raw: { width: 64, height: 64, channels: 4 } }).png().toBuffer();
+    };
+    // Painted opaque, with an alpha channel (an editor's export of a white canvas).
+    const opaque = await decodeInputImage(await rgba(() => 255), 'mask');
+    const err = await failureOf<ApiError>(fitEdit({ image, mask: opaque }, 64, 64));
+    expect(err).toMatchObject({ status: 400, param: 'mask', code: 'invalid_mask', message: expect.stringMatching(/no fully transparent pixel.*send no mask/) });
+    // One transparent pixel marks it at its own size, and nothing once scaled down: said so.
+    const speck = await decodeInputImage(await rgba((p) => (p === 32 * 64 + 32 ? 0 : 255)), 'mask');
+    expect((await fitEdit({ image, mask: speck }, 64, 64)).mask!.filter((v) => v === 255)).toHaveLength(1);
+    expect(await failureOf<ApiError>(fitEdit({ image, mask: speck }, 16, 16))).toMatchObject({ param: 'mask', message: expect.stringMatching(/scaled to 16x16/) });
+    // So does a picture whose transparent pixels are its mask.
+    const own = await decodeInputImage(await rgba((p) => (p === 32 * 64 + 32 ? 0 : 255)), 'image');
+    expect(await failureOf<ApiError>(fitEdit({ image: own, mask: editMarks({ image: own }) }, 16, 16))).toMatchObject({ param: 'image', code: 'invalid_mask' });
+  });
+
   it("are fitted only once the request's plan passed: a refused edit costs no fitting", async () => {
     const server = await startTestServer({ stubCanEdit: true });
     try {

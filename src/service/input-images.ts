@@ -167,7 +167,23 @@ export async function fitEdit({ image, mask: marks }: EditSource, width: number,
     .raw()
     .toBuffer();
   // 255 where alpha >= the bound, negated: 255 where it is below.
-  const below = transparentBelow(marks.width !== width || marks.height !== height);
-  const mask = await sharp(alpha, raw(1)).threshold(below, { grayscale: false }).negate().toColourspace('b-w').raw().toBuffer();
+  const scaled = marks.width !== width || marks.height !== height;
+  const mask = await sharp(alpha, raw(1)).threshold(transparentBelow(scaled), { grayscale: false }).negate().toColourspace('b-w').raw().toBuffer();
+  if (!mask.includes(255)) throw marksNothing(marks, scaled, width, height);
   return { image: fitted, mask };
+}
+
+/**
+ * A mask that marks no pixel to repaint: the edit would run in full and answer the picture unchanged
+ * (a mask painted opaque, or exported with an alpha channel but no transparency; or transparent pixels
+ * too few to outlast scaling), which reads as the server ignoring the request.
+ */
+function marksNothing(marks: InputImage, scaled: boolean, width: number, height: number): ApiError {
+  const what = marks.param === 'mask' ? 'the mask' : 'the image (its transparent pixels are its mask)';
+  const why = scaled ? `scaled to ${width}x${height}, it has no pixel with alpha below 128` : 'it has no fully transparent pixel';
+  return ApiError.invalid(
+    marks.param,
+    'invalid_mask',
+    `Invalid file '${marks.param}': ${what} marks nothing to edit: ${why}, so the picture would come back unchanged. Erase the area to redraw to full transparency${marks.param === 'mask' ? ', or send no mask to redraw the whole picture' : ''}.`,
+  );
 }
