@@ -3,7 +3,7 @@ import { describe, expect, it } from 'vitest';
 import { parseImageRequest } from '../src/api/wire.js';
 import type { ApiError } from '../src/api/errors.js';
 import { createImageService } from '../src/service/images.js';
-import { decodeInputImage, editMarks, fitEdit } from '../src/service/input-images.js';
+import { checkMask, decodeInputImage, editMarks, fitEdit } from '../src/service/input-images.js';
 import { startTestServer } from './helpers/api-server.js';
 import { failureOf } from './helpers/failures.js';
 
@@ -118,6 +118,21 @@ describe('uploaded pictures', () => {
     // So does a picture whose transparent pixels are its mask.
     const own = await decodeInputImage(await rgba((p) => (p === 32 * 64 + 32 ? 0 : 255)), 'image');
     expect(await failureOf<ApiError>(fitEdit({ image: own, mask: editMarks({ image: own }) }, 16, 16))).toMatchObject({ param: 'image', code: 'invalid_mask' });
+  });
+
+  it("takes a mask for a phone photo's upright picture, and says so to one made from its sideways stored pixels", async () => {
+    // Stored 64x32 with EXIF orientation 6 (turned a quarter clockwise to show): upright it is 32x64.
+    const photo = await sharp({ create: { width: 64, height: 32, channels: 3, background: 'red' } }).jpeg().withMetadata({ orientation: 6 }).toBuffer();
+    const image = await decodeInputImage(photo, 'image');
+    expect([image.width, image.height, image.turned]).toEqual([32, 64, true]);
+    const mask = async (width: number, height: number) =>
+      decodeInputImage(await sharp({ create: { width, height, channels: 4, background: { r: 0, g: 0, b: 0, alpha: 0 } } }).png().toBuffer(), 'mask');
+    expect(() => checkMask({ image, mask: undefined })).not.toThrow();
+    checkMask({ image, mask: await mask(32, 64) });
+    const sideways = await mask(64, 32);
+    expect(() => checkMask({ image, mask: sideways })).toThrow(/mask is 64x32 but the image is 32x64; .*EXIF orientation turns it upright to 32x64.*draw the mask on the upright picture/);
+    // Where the image is not turned, the same sizes get no word about orientation.
+    expect(() => checkMask({ image: { ...image, turned: false }, mask: sideways })).toThrow(/they must be the same size\.$/);
   });
 
   it("are fitted only once the request's plan passed: a refused edit costs no fitting", async () => {

@@ -37,6 +37,8 @@ export interface InputImage {
   /** Its size upright (EXIF orientation applied). */
   width: number;
   height: number;
+  /** Whether its EXIF orientation turns it a quarter: its stored pixels are height x width. */
+  turned: boolean;
   /** Whether the file has an alpha channel (a mask must). */
   hasAlpha: boolean;
   /** Whether some pixel is fully transparent (see editMarks). */
@@ -103,7 +105,8 @@ export async function decodeInputImage(bytes: Buffer, param: string): Promise<In
     });
   const { width, height } = metadata.autoOrient;
   const hasTransparentPixel = metadata.hasAlpha && channel.includes(0);
-  return { bytes, width, height, hasAlpha: metadata.hasAlpha, hasTransparentPixel, format: metadata.format, param };
+  const turned = width !== metadata.width;
+  return { bytes, width, height, turned, hasAlpha: metadata.hasAlpha, hasTransparentPixel, format: metadata.format, param };
 }
 
 /** Checks a mask against its picture, as OpenAI does: the same size, with an alpha channel. */
@@ -113,7 +116,7 @@ export function checkMask({ image, mask }: EditSource): void {
     throw ApiError.invalid(
       'mask',
       'invalid_mask',
-      `Invalid file 'mask': the mask is ${mask.width}x${mask.height} but the image is ${image.width}x${image.height}; they must be the same size.`,
+      `Invalid file 'mask': the mask is ${mask.width}x${mask.height} but the image is ${image.width}x${image.height}; they must be the same size.${turnedHint({ image, mask })}`,
     );
   }
   if (!mask.hasAlpha) {
@@ -123,6 +126,16 @@ export function checkMask({ image, mask }: EditSource): void {
       "Invalid file 'mask': the mask has no alpha channel. Send a PNG (or WebP) with transparency: its fully transparent pixels mark where the image is edited.",
     );
   }
+}
+
+/**
+ * Why a mask may have the image's sides swapped: a phone photo's pixels are stored sideways with an
+ * EXIF orientation, which the edit applies (as viewers do), while a mask made from the stored pixels
+ * (PIL's Image.open gives them so) is sideways. Empty where that is not the case.
+ */
+function turnedHint({ image, mask }: Required<EditSource>): string {
+  if (!image.turned || mask.width !== image.height || mask.height !== image.width) return '';
+  return ` The image's EXIF orientation turns it upright to ${image.width}x${image.height}, and the edit uses it upright: draw the mask on the upright picture (in PIL, after ImageOps.exif_transpose).`;
 }
 
 /**
