@@ -1,5 +1,5 @@
 import { randomUUID } from 'node:crypto';
-import { link, readFile, rm, writeFile } from 'node:fs/promises';
+import { link, open, readFile, rm, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import { keepAfterExit, removeIfInterrupted } from './disk.js';
 
@@ -32,10 +32,35 @@ export interface Lock {
   release(): Promise<void>;
 }
 
+/** What link fails with on a file system without hard links (FAT and exFAT, some network shares and FUSE file systems). */
+const NO_HARD_LINKS = new Set(['EPERM', 'ENOTSUP', 'EOPNOTSUPP', 'ENOSYS']);
+
+/**
+ * Makes `file`, failing with EEXIST when it exists: a link to `draft`, which holds the owner already.
+ * Where the file system has no hard links (a models folder on an exFAT drive, where every pull failed
+ * with a bare EPERM), `file` is created exclusively and then written: in the moment between, another
+ * process would read it empty and take it for a killed pull's.
+ */
+async function place(draft: string, file: string): Promise<void> {
+  try {
+    await link(draft, file);
+  } catch (err) {
+    if (!NO_HARD_LINKS.has((err as NodeJS.ErrnoException).code ?? '')) throw err;
+    const handle = await open(file, 'wx');
+    await handle
+      .writeFile(ownerHere())
+      .finally(() => handle.close())
+      .catch(async (failed: unknown) => {
+        await rm(file, { force: true });
+        throw failed;
+      });
+  }
+}
+
 /**
  * Takes the lock file `file`, or returns the owner that holds it. The owner is written to a file of its
  * own and linked to `file`, so that the lock never exists without its owner (link fails when `file`
- * exists). A lock whose owner no longer runs is taken over.
+ * exists; see place for file systems without links). A lock whose owner no longer runs is taken over.
  */
 export async function takeLock(file: string): Promise<Lock | { heldBy: string }> {
   const draft = `${file}.${randomUUID()}`;
@@ -44,7 +69,7 @@ export async function takeLock(file: string): Promise<Lock | { heldBy: string }>
     await writeFile(draft, ownerHere());
     for (;;) {
       try {
-        await link(draft, file);
+        await place(draft, file);
         removeIfInterrupted(file);
         return { release: () => rm(file, { force: true }).then(() => keepAfterExit(file)) };
       } catch (err) {
