@@ -1,7 +1,8 @@
-import { mkdtemp, readdir, readFile, rm } from 'node:fs/promises';
+import { mkdir, mkdtemp, readdir, readFile, rm, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
+import { lockPull, removeModel } from '../src/install/installer.js';
 import { ownerHere, takeLock } from '../src/install/owner.js';
 
 /** A models folder on a file system without hard links (exFAT, FAT): link fails as Linux's vfat and exfat make it. */
@@ -31,5 +32,20 @@ describe('a lock file where hard links cannot be made', () => {
     const again = await takeLock(file);
     expect('release' in again).toBe(true);
     if ('release' in again) await again.release();
+  });
+});
+
+describe("a pull's lock held by a process of another host or container", () => {
+  it('is refused naming the lock file, which can be deleted where that pull is gone (it always counts as running)', async () => {
+    const modelsDir = path.join(dir, 'models');
+    const lock = path.join(modelsDir, '.staging', 'lock-model');
+    await mkdir(path.dirname(lock), { recursive: true });
+    await mkdir(path.join(modelsDir, 'model'));
+    await writeFile(lock, '1@a-container-long-gone');
+    const named = `(process 1@a-container-long-gone; if it no longer runs there, delete ${lock})`;
+    await expect(lockPull(modelsDir, 'model')).rejects.toThrow(named);
+    await expect(removeModel(modelsDir, 'model')).rejects.toThrow(named);
+    await rm(lock);
+    await (await lockPull(modelsDir, 'model')).release();
   });
 });

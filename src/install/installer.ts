@@ -60,7 +60,12 @@ export const pullStagingPath = (modelsDir: string, id: string) => path.join(mode
 /** The lock a running pull of `id` holds; not named `pull-...`, which unfinishedPulls would list. */
 const pullLockPath = (modelsDir: string, id: string) => path.join(modelsDir, STAGING, `lock-${id}`);
 
-const pullRunning = (id: string, owner: string) => `another "imagegen models pull" of '${id}' is running (process ${owner})`;
+/**
+ * A process of another host or container always counts as running (owner.ts), as may one whose pid a new
+ * process got: the lock's file is named, so that a lock whose pull is gone is not in the way forever.
+ */
+const pullRunning = (modelsDir: string, id: string, owner: string) =>
+  `another "imagegen models pull" of '${id}' is running (process ${owner}; if it no longer runs there, delete ${pullLockPath(modelsDir, id)})`;
 
 /**
  * Claims the pull of `id` for this process: two pulls of one id would write the same partial files (one
@@ -70,7 +75,7 @@ const pullRunning = (id: string, owner: string) => `another "imagegen models pul
 export async function lockPull(modelsDir: string, id: string): Promise<Lock> {
   await stagingRoot(modelsDir);
   const taken = await takeLock(pullLockPath(modelsDir, id));
-  if ('heldBy' in taken) throw new ModelInstallError(`${pullRunning(id, taken.heldBy)}; wait for it to finish, or stop it and run this command again to resume its download`);
+  if ('heldBy' in taken) throw new ModelInstallError(`${pullRunning(modelsDir, id, taken.heldBy)}; wait for it to finish, or stop it and run this command again to resume its download`);
   return taken;
 }
 
@@ -217,7 +222,7 @@ export async function removeModel(modelsDir: string, id: string): Promise<Remove
   const partial = pullStagingPath(modelsDir, id);
   // Its download would be deleted under it, and the pull would install the model again anyway.
   const puller = await lockHolder(pullLockPath(modelsDir, id));
-  if (puller) throw new ModelInstallError(`${pullRunning(id, puller)}; stop it first, then remove '${id}'`);
+  if (puller) throw new ModelInstallError(`${pullRunning(modelsDir, id, puller)}; stop it first, then remove '${id}'`);
   const removed = { model: await exists(target), unfinishedPull: await exists(partial) };
   if (!removed.model && !removed.unfinishedPull) {
     throw new ModelInstallError(`there is no model '${id}' in ${modelsDir}; "imagegen models list" shows the installed ones`);
