@@ -71,7 +71,13 @@ export async function takeLock(file: string): Promise<Lock | { heldBy: string }>
       try {
         await place(draft, file);
         removeIfInterrupted(file);
-        return { release: () => rm(file, { force: true }).then(() => keepAfterExit(file)) };
+        // Out of the exit hook before it is deleted: deleted first, a Ctrl-C in between would delete the lock another pull took meanwhile.
+        return {
+          release: () => {
+            keepAfterExit(file);
+            return rm(file, { force: true });
+          },
+        };
       } catch (err) {
         if ((err as NodeJS.ErrnoException).code !== 'EEXIST') throw err;
       }
