@@ -1,12 +1,14 @@
 /**
  * A store's images in the order they expire, for which have expired and "when will this much space be
- * free" (the Retry-After of a full store's 507), both read at every refusal. Sorting the whole index for every refusal took 125 ms of the server's one
- * thread per 507 with 524,288 images (MAX_STORE_BYTES=2g full of tiny ones), so a flood of url requests
- * against a full store stalled every other client. Here a put appends (an image expires at its put's
- * time plus the TTL, so puts come in order), the order is sorted again only after something came out of
- * it (a listing's images, a clock set back), and images no longer stored are dropped in one pass once
- * they are half of it, as they are removed: read or not (a store that never fills never reads it), it
- * holds at most twice the images stored. A refusal reads only the images that expire first.
+ * free" (the Retry-After of a full store's 507), both read at every refusal. Sorting the whole index for
+ * every refusal took 125 ms of the server's one thread per 507 with 524,288 images (MAX_STORE_BYTES=2g
+ * full of tiny ones), so a flood of url requests against a full store stalled every other client. Here
+ * a put appends (an image expires at its put's time plus the TTL, so puts come in order), the order is
+ * sorted again only after something came out of it (a listing's images, a clock set back), and images
+ * no longer stored are dropped in one pass once they are half of what follows the front, as they are
+ * removed, read or not (a store that never fills never reads it); the front a read passed over is shed
+ * at the next read once it is half. So it holds a bounded multiple of the images stored (about four
+ * times at most). A refusal reads only the images that expire first.
  */
 export class ExpiryOrder<T extends { expiresAt: number }> {
   private items: T[] = [];
