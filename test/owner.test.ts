@@ -3,7 +3,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
 import { lockPull, removeModel } from '../src/install/installer.js';
-import { ownerHere, takeLock } from '../src/install/owner.js';
+import { ownerHere, ownerRuns, takeLock } from '../src/install/owner.js';
 
 /** A models folder on a file system without hard links (exFAT, FAT): link fails as Linux's vfat and exfat make it. */
 vi.mock('node:fs/promises', async (importOriginal) => {
@@ -48,4 +48,20 @@ describe("a pull's lock held by a process of another host or container", () => {
     await rm(lock);
     await (await lockPull(modelsDir, 'model')).release();
   });
+});
+
+describe('owners', () => {
+  it.runIf(process.platform === 'linux')(
+    "take a pid of this host name in another PID namespace (a host-network container's) for a running process, and a dead pid of this machine for a gone one",
+    () => {
+      const here = ownerHere();
+      const machine = here.slice(here.indexOf('@') + 1);
+      expect(machine).toMatch(/-pidns\d+$/);
+      // Above Linux's largest pid_max (2^22): no process has it.
+      const dead = 2 ** 22 + 1;
+      expect(ownerRuns(`${dead}@${machine}`)).toBe(false);
+      expect(ownerRuns(`${dead}@${machine.replace(/pidns\d+$/, 'pidns1')}`)).toBe(true);
+      expect(ownerRuns(here)).toBe(true);
+    },
+  );
 });

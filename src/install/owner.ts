@@ -1,4 +1,5 @@
 import { randomUUID } from 'node:crypto';
+import { readlinkSync } from 'node:fs';
 import { link, open, readFile, rm, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import { keepAfterExit, removeIfInterrupted } from './disk.js';
@@ -6,18 +7,41 @@ import { keepAfterExit, removeIfInterrupted } from './disk.js';
 /**
  * Which process owns a thing in the staging area, and whether that process still runs, so that what a
  * killed install (kill -9, a crash, a power cut) left behind can be told from what a running one uses.
- * An owner is "<pid>@<host>": a process of another host (or container) sharing the models folder cannot
- * be checked from here, so it always counts as running.
+ * An owner is "<pid>@<machine>": a process of another machine (host, or container) sharing the models
+ * folder cannot be checked from here, so it always counts as running.
  */
 
-export const ownerHere = (): string => `${process.pid}@${os.hostname()}`;
+/**
+ * Where a pid means one process: the host name (made safe for a file name: owners are part of staging
+ * folders' names) and, on Linux, the PID namespace. Containers that share the host's name (host
+ * networking, a Kubernetes hostNetwork pod beside the host) do not share their pids: by the name alone,
+ * one would take the other's running install for a killed one, and delete its files.
+ */
+function machineName(): string {
+  const host = os.hostname().replace(/[^A-Za-z0-9.-]/g, '_');
+  const namespace = pidNamespace();
+  return namespace ? `${host}-pidns${namespace}` : host;
+}
+
+/** The PID namespace's inode number (Linux: /proc/self/ns/pid is "pid:[4026531836]"), or undefined elsewhere. */
+function pidNamespace(): string | undefined {
+  try {
+    return /\[(\d+)\]/.exec(readlinkSync('/proc/self/ns/pid'))?.[1];
+  } catch {
+    return undefined;
+  }
+}
+
+const MACHINE = machineName();
+
+export const ownerHere = (): string => `${process.pid}@${MACHINE}`;
 
 /** Whether `owner` (ownerHere() of some process) names a process that still runs, or one that cannot be checked from here. */
 export function ownerRuns(owner: string): boolean {
   const at = owner.indexOf('@');
   const pid = Number(owner.slice(0, at));
   if (at < 0 || !Number.isSafeInteger(pid) || pid <= 0) return false;
-  if (owner.slice(at + 1) !== os.hostname()) return true;
+  if (owner.slice(at + 1) !== MACHINE) return true;
   try {
     process.kill(pid, 0);
     return true;
