@@ -27,7 +27,11 @@ import {
   type PullOptions,
 } from '../src/install/index.js';
 import { silentLogger } from './helpers/logs.js';
+import { ownerHere } from '../src/install/owner.js';
 import { FakeHub, readFolderFiles } from './helpers/fake-hub.js';
+
+/** This machine as install owners name it (owner.ts: host name and PID namespace), for owners of processes that ran here. */
+const machineHere = () => ownerHere().slice(ownerHere().indexOf('@') + 1);
 
 /**
  * `imagegen models`: pulls from a fake Hub (resume, checksums, Hub errors), imports and exports
@@ -300,11 +304,11 @@ describe('models pull', () => {
 
     // A pull killed with -9 leaves its lock; the next one takes it over.
     const { stdout } = await execFileAsync(process.execPath, ['-p', 'process.pid']);
-    await writeFile(path.join(modelsDir, '.staging', 'lock-again'), `${stdout.trim()}@${os.hostname()}`);
+    await writeFile(path.join(modelsDir, '.staging', 'lock-again'), `${stdout.trim()}@${machineHere()}`);
     expect((await pull(REPO, { load: false, name: 'again' })).id).toBe('again');
     await expectNoStaging();
 
-    await writeFile(path.join(modelsDir, '.staging', 'lock-again'), `${process.pid}@${os.hostname()}`);
+    await writeFile(path.join(modelsDir, '.staging', 'lock-again'), `${process.pid}@${machineHere()}`);
     await expect(removeModel(modelsDir, 'again')).rejects.toThrow(/another "imagegen models pull" of 'again' is running .*; stop it first, then remove 'again'/);
     expect(await exists(path.join(modelsDir, 'again'))).toBe(true);
   });
@@ -345,8 +349,8 @@ describe('models import and export', () => {
   it('removes the staging folders that a killed import left, and not those of one still running', async () => {
     const { stdout } = await execFileAsync(process.execPath, ['-p', 'process.pid']);
     const staging = path.join(modelsDir, '.staging');
-    const killed = path.join(staging, `import-other+${stdout.trim()}@${os.hostname()}+${randomUUID()}`);
-    const running = path.join(staging, `import-other+${process.pid}@${os.hostname()}+${randomUUID()}`);
+    const killed = path.join(staging, `import-other+${stdout.trim()}@${machineHere()}+${randomUUID()}`);
+    const running = path.join(staging, `import-other+${process.pid}@${machineHere()}+${randomUUID()}`);
     const elsewhere = path.join(staging, `replaced-other+${stdout.trim()}@another-host+${randomUUID()}`);
     for (const dir of [killed, running, elsewhere]) await mkdir(path.join(dir, 'unet'), { recursive: true });
     await writeFile(path.join(killed, 'unet', 'model.onnx'), Buffer.alloc(1024));
