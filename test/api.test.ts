@@ -11,6 +11,7 @@ import { MAX_PROMPT_LENGTH } from '../src/api/wire.js';
 import { schedulersFor } from '../src/schedulers/index.js';
 import { startTestServer, STUB_SIZES, TEST_KEY, type TestServer } from './helpers/api-server.js';
 import { FakeEngine } from './helpers/engines.js';
+import { capturedLogs } from './helpers/logs.js';
 import { readImageFile } from './helpers/picture.js';
 
 /**
@@ -380,6 +381,26 @@ describe('shutdown', () => {
     await closed;
     expect(performance.now() - started).toBeLessThan(1000);
     spare.destroy();
+  });
+
+  it('says the 503s of a shutdown (requests cancelled at its deadline, requests arriving during it) at info, not as errors', async () => {
+    const engine = new FakeEngine();
+    const logs = capturedLogs<{ level: number; msg: string; code?: string }>();
+    const closing = await startTestServer({ engine, logger: logs.logger, config: { shutdownTimeoutSeconds: 0 } });
+    engine.hold();
+    // The engine's job holds the only worker (a running job is not interrupted); the second waits for it.
+    const running = generate({}, closing.client).catch((err: unknown) => err);
+    await expect.poll(() => engine.load().running).toBe(1);
+    const waiting = generate({}, closing.client).catch((err: unknown) => err);
+    await expect.poll(() => engine.load().queued).toBe(1);
+    const closed = closing.close();
+    expect(await waiting).toMatchObject({ status: 503, code: 'server_shutting_down' });
+    engine.release();
+    await running;
+    await closed;
+    // The shutdown's own warning says that it cancelled requests; each one's 503 is no failure of the server's.
+    expect(logs.lines.filter((line) => line.level >= 50)).toEqual([]);
+    expect(logs.lines.some((line) => line.level === 40 && line.msg.startsWith('shutdown deadline passed'))).toBe(true);
   });
 });
 

@@ -76,12 +76,20 @@ function logFailure(request: FastifyRequest, error: ApiError): void {
 }
 
 /**
+ * A shutdown's 503 (a request cancelled at its deadline, or arriving during it) is the server doing what
+ * it was told, not a failure: shutdown.ts warns once for all it cancels, and each request's own line
+ * ('request completed', or a stream's 'stream ended with an error event') says its 503 at info. At error
+ * level, every deploy whose requests outlast SHUTDOWN_TIMEOUT_SECONDS raised an alert with a stack trace.
+ */
+const isShutdownRefusal = (error: ApiError): boolean => error.code === 'server_shutting_down';
+
+/**
  * What a failure is answered with, as a response or as a streamed error event: an ApiError as it is,
  * Fastify's own errors translated, anything else logged and answered with the generic 500.
  */
 export function apiErrorOf(err: unknown, request: FastifyRequest): ApiError {
   const error = err instanceof ApiError ? err : err instanceof Error ? fromFastifyError(err as FastifyError, request) : undefined;
-  if (error && error.status < 500) return error;
+  if (error && (error.status < 500 || isShutdownRefusal(error))) return error;
   if (error) {
     logFailure(request, error);
     return error;
