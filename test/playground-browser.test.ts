@@ -357,6 +357,18 @@ describe.skipIf(!chromiumPath)(`the playground in headless Chromium${chromiumPat
     await settings({ size: '128x128', steps: '4', n: '1' });
     await runAndWait('#generate');
   });
+
+  it("offers GPT Image 2.5's qualities xhigh and max, and generates with them under its names", async () => {
+    await page.selectOption('#model', 'gpt-image-2.5-flare');
+    expect(await page.$$eval('#quality option', (options) => options.map((o) => (o as HTMLOptionElement).value))).toEqual(expect.arrayContaining(['xhigh', 'max']));
+    for (const quality of ['xhigh', 'max']) {
+      await page.selectOption('#quality', quality);
+      await settings({ size: '128x128', steps: '4' });
+      await runAndWait('#generate');
+    }
+    await page.selectOption('#quality', '');
+    await page.selectOption('#model', MODEL);
+  });
 });
 
 describe.skipIf(!chromiumPath)(`the playground with PUBLIC_BASE_URL on another origin${chromiumPath ? '' : NO_CHROMIUM}`, () => {
