@@ -369,6 +369,20 @@ describe.skipIf(!chromiumPath)(`the playground in headless Chromium${chromiumPat
     await page.selectOption('#quality', '');
     await page.selectOption('#model', MODEL);
   });
+
+  it('shows the size an image was made at, streamed or with URLs, where the request asked for auto', async () => {
+    await page.selectOption('#model', 'gpt-image-2');
+    await settings({ size: 'auto', steps: '4' });
+    for (const delivery of ['stream', 'url']) {
+      await page.selectOption('#delivery', delivery);
+      await runAndWait('#generate');
+      // auto is the model's default size, 128x128.
+      expect(await page.textContent('#results figcaption')).toMatch(/ · 128x128 · gpt-image-2 · /);
+      expect(await page.textContent('#history li:first-child')).toContain(' · 128x128 · gpt-image-2 ');
+    }
+    await page.selectOption('#delivery', 'stream');
+    await page.selectOption('#model', MODEL);
+  });
 });
 
 describe.skipIf(!chromiumPath)(`the playground with PUBLIC_BASE_URL on another origin${chromiumPath ? '' : NO_CHROMIUM}`, () => {

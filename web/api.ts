@@ -3,14 +3,12 @@
  * into exceptions that keep the `param` they name (the form shows them beside that field).
  */
 
-import type { ErrorBody, ImageObject, ModelObject } from '../src/api/wire.js';
+import type { ErrorBody, ModelObject } from '../src/api/wire.js';
 
 /** The wire types are the server's own (type-only: nothing of the server is bundled into the page). */
 /** The server's error, or one the page makes itself (a network failure) with its message alone. */
 export type ApiErrorBody = Pick<ErrorBody['error'], 'message'> & Partial<ErrorBody['error']>;
 export type Model = ModelObject;
-/** What the image routes answer for each image (url or b64_json, and our `seed` extension). */
-export type ImageData = ImageObject;
 
 /** An answer in OpenAI's error shape (or a network failure, status 0). */
 export class ApiFailure extends Error {

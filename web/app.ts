@@ -131,7 +131,8 @@ function showExpiry(): void {
 setInterval(showExpiry, 30_000);
 
 async function addResult(request: ImageRequest, image: FinishedImage, ms: number): Promise<void> {
-  const result: Result = { request, ...image, model: String(request.fields.model), size: String(request.fields.size), ms };
+  // The size the answer says it was made at: a request's `auto` is shown as the size it meant.
+  const result: Result = { request, ...image, model: String(request.fields.model), size: image.size ?? String(request.fields.size), ms };
   resultsList.append(resultCard(result, actions));
   const line = historyLine(result);
   historyList.prepend(line);

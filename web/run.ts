@@ -1,5 +1,5 @@
-import type { ImageCompletedEvent, ImagePartialEvent, ImageProgressEvent, ImageStreamEvent } from '../src/api/wire.js';
-import { ApiFailure, call, connectionLost, type ApiErrorBody, type ImageData } from './api.js';
+import type { ImageCompletedEvent, ImagePartialEvent, ImageProgressEvent, ImagesResponse, ImageStreamEvent } from '../src/api/wire.js';
+import { ApiFailure, call, connectionLost, type ApiErrorBody } from './api.js';
 import { bodyOf, EVENT_PREFIX, streams, type ImageRequest } from './request.js';
 import { readEvents } from './sse.js';
 
@@ -18,6 +18,8 @@ export interface FinishedImage {
   src: string;
   /** The server's URL of it (answers with URLs only; they expire). */
   url?: string;
+  /** The size it was made at, where the answer says it (gpt-image names: their `auto` is the model's default size). */
+  size?: string;
 }
 
 export interface RunListener {
@@ -75,8 +77,8 @@ export async function runRequest(request: ImageRequest, delivery: Delivery, sign
   // gone): the read then fails with the browser's bare "network error", said here with what came.
   try {
     if (!streamed) {
-      const { data } = (await res.json()) as { data: ImageData[] };
-      data.forEach(({ url, seed }, index) => on.image({ index, seed, src: url!, url }));
+      const { data, size } = (await res.json()) as ImagesResponse;
+      data.forEach(({ url, seed }, index) => on.image({ index, seed, src: url!, url, size }));
       return;
     }
     const prefix = EVENT_PREFIX[request.route];
@@ -91,8 +93,8 @@ export async function runRequest(request: ImageRequest, delivery: Delivery, sign
       } else if (event.type === `${prefix}.partial_image`) {
         on.partial(blobUrl((event as StreamedImage).b64_json, (event as StreamedImage).output_format));
       } else if (event.type === `${prefix}.completed`) {
-        const { seed, b64_json, output_format } = event as StreamedImage;
-        on.image({ index: done, seed, src: blobUrl(b64_json, output_format) });
+        const { seed, b64_json, output_format, size } = event as StreamedImage;
+        on.image({ index: done, seed, src: blobUrl(b64_json, output_format), size });
         done++;
       }
     }
