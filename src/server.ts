@@ -34,7 +34,7 @@ export interface RunningServer {
 const SWEEP_INTERVAL_MS = 60_000;
 
 /** A TLS_CERT or TLS_KEY that cannot be read; the message names the setting. */
-export class TlsFileError extends Error {
+class TlsFileError extends Error {
   constructor(message: string) {
     super(message);
     this.name = 'TlsFileError';

@@ -28,8 +28,7 @@ const serve = program
       config = loadConfig(Object.fromEntries(Object.entries(flags).map(([name, value]) => [name, value === true ? 'true' : value])));
     } catch (err) {
       if (!(err instanceof ConfigError)) throw err;
-      console.error(err.message);
-      process.exit(2);
+      refuseSettings(err);
     }
     // Keys are never logged, prompts only with LOG_PROMPTS: request logs carry method, URL, status, ids and timings.
     const logger = pino({ level: config.logLevel });
@@ -37,10 +36,7 @@ const serve = program
     const { startServer } = await import('../server.js');
     const server = await startServer(config, logger).catch((err: unknown) => {
       // A setting found wrong only as the server starts (the S3 store's region): refused as the others are.
-      if (err instanceof ConfigError) {
-        console.error(err.message);
-        process.exit(2);
-      }
+      if (err instanceof ConfigError) refuseSettings(err);
       const known = startupProblem(err as NodeJS.ErrnoException, config);
       // A problem the message explains needs no stack trace in the log; anything else does.
       if (!known) logger.fatal({ err }, 'cannot start');
@@ -67,6 +63,12 @@ const serve = program
     process.on('SIGTERM', stop);
     process.on('SIGINT', stop);
   });
+
+/** Settings refused, as they are read or as the server starts: their problems, and exit 2 as for any usage error. */
+function refuseSettings(err: ConfigError): never {
+  console.error(err.message);
+  process.exit(2);
+}
 
 /** What stopped the server from starting, in words that name the setting to change; undefined for what it cannot explain. */
 function startupProblem(err: NodeJS.ErrnoException, config: Config): string | undefined {
