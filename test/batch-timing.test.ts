@@ -1,7 +1,6 @@
 import { describe, expect, it } from 'vitest';
-import type { WorkerPool } from '../src/engine/pool.js';
-import { createBuiltPool } from './helpers/cli.js';
-import { DEMO_MODEL_DIR, demoBatch } from './helpers/demo-model.js';
+import { demoBatch } from './helpers/demo-model.js';
+import { withDemoPool } from './helpers/demo-pool.js';
 
 /**
  * The pool times each batch for its cost model (admission, Retry-After) by the worker's clock: a server
@@ -18,20 +17,9 @@ function holdEventLoop(ms: number): void {
   while (performance.now() < until);
 }
 
-/** A pool of one worker with the demo model loaded, for `use`; closed after. */
-async function withPool(use: (pool: WorkerPool) => Promise<void>): Promise<void> {
-  const pool = createBuiltPool({ workers: 1, queueMax: 4, executionProvider: 'cpu', threadsPerWorker: 1, preload: [{ dir: DEMO_MODEL_DIR }] });
-  try {
-    await expect.poll(() => pool.readiness().ready, { timeout: 60_000, interval: 20 }).toBe(true);
-    await use(pool);
-  } finally {
-    await pool.close();
-  }
-}
-
 describe('a batch heard late', () => {
   it("is timed by the worker's clock, so its model's estimate stays what the batch took rather than how late the server heard of it", async () => {
-    await withPool(async (pool) => {
+    await withDemoPool(async (pool) => {
       let held = false;
       const images = await pool.generate(demoBatch(), undefined, undefined, (event) => {
         // The first step heard: the worker goes on with the batch while this process is busy.
@@ -47,7 +35,7 @@ describe('a batch heard late', () => {
   });
 
   it('is timed without its wait for the memory grant that the busy server answered late', async () => {
-    await withPool(async (pool) => {
+    await withDemoPool(async (pool) => {
       const images = pool.generate(demoBatch());
       // The batch went to the worker, which asks this process for memory before its first step:
       // the answer waits until the event loop is free.

@@ -55,6 +55,25 @@ async function redisClockStepsBack(connection: Redis, label: string, ms: number)
   for (const [id, end] of Object.entries(await connection.hgetall(`${slots}:ends`))) await connection.hset(`${slots}:ends`, id, String(Number(end) + ms));
 }
 
+/**
+ * A replica takes `label`'s one slot and dies (no renewal, no release), `meanwhile` runs, then another
+ * asks for the key: its request, which waits for the slot, the hold it waits in, and the dead one's work.
+ * Leases long enough that the survivor's first try, 100 ms after the death, comes well within the last
+ * one the dying replica renewed, even on a busy machine (300 ms failed there).
+ */
+async function afterReplicaDied(label: string, meanwhile: (survivor: Redis) => Promise<void> = async () => undefined) {
+  const dying = await replica({ leaseMs: 1000 });
+  const survivor = await replica({ leaseMs: 1000 });
+  const key = { label, limits: { concurrent: 1 } };
+  const stuck = pending();
+  void dying.slots.hold(key, never, stuck.work);
+  await tick();
+  dying.connection.disconnect();
+  await meanwhile(survivor.connection);
+  const next = pending();
+  return { next, waiting: survivor.slots.hold(key, never, next.work), stuck };
+}
+
 describe.skipIf(!REDIS_SERVER)(`'concurrent' slots shared through Redis${NO_REDIS}`, () => {
   redis = useRedis();
 
@@ -100,18 +119,7 @@ describe.skipIf(!REDIS_SERVER)(`'concurrent' slots shared through Redis${NO_REDI
   });
 
   it("frees a dead replica's slots when their leases run out", async () => {
-    // Leases long enough that the survivor's first try, 100 ms after the death, comes well within the
-    // last one the dying replica renewed, even on a busy machine (300 ms failed there).
-    const dying = await replica({ leaseMs: 1000 });
-    const survivor = await replica({ leaseMs: 1000 });
-    const key = { label: 'carol', limits: { concurrent: 1 } };
-    const stuck = pending();
-    void dying.slots.hold(key, never, stuck.work);
-    await tick();
-    // The replica dies: no renewal, no release.
-    dying.connection.disconnect();
-    const next = pending();
-    const waiting = survivor.slots.hold(key, never, next.work);
+    const { next, waiting, stuck } = await afterReplicaDied('carol');
     await tick();
     expect(next.state.running).toBe(false);
     await expect.poll(() => next.state.running, { timeout: 5000, interval: 20 }).toBe(true);
@@ -295,16 +303,7 @@ describe.skipIf(!REDIS_SERVER)(`'concurrent' slots shared through Redis${NO_REDI
   });
 
   it("frees a dead replica's slot when its lease runs out, though Redis's clock stepped back a day after its last renewal", async () => {
-    const dying = await replica({ leaseMs: 1000 });
-    const survivor = await replica({ leaseMs: 1000 });
-    const key = { label: 'lena', limits: { concurrent: 1 } };
-    const stuck = pending();
-    void dying.slots.hold(key, never, stuck.work);
-    await tick();
-    dying.connection.disconnect();
-    await redisClockStepsBack(survivor.connection, 'lena', DAY_MS);
-    const next = pending();
-    const waiting = survivor.slots.hold(key, never, next.work);
+    const { next, waiting, stuck } = await afterReplicaDied('lena', (survivor) => redisClockStepsBack(survivor, 'lena', DAY_MS));
     await expect.poll(() => next.state.running, { timeout: 5000, interval: 20 }).toBe(true);
     next.state.finish();
     await waiting;

@@ -3,9 +3,10 @@ import os from 'node:os';
 import path from 'node:path';
 import { pathToFileURL } from 'node:url';
 import { describe, expect, it } from 'vitest';
-import { createEnginePool, type BatchOutcome, type EngineMetrics, type WorkerPool } from '../src/engine/pool.js';
+import type { BatchOutcome, EngineMetrics } from '../src/engine/pool.js';
 import { WORKER_SCRIPT } from './helpers/cli.js';
-import { DEMO_MODEL_DIR, demoBatch } from './helpers/demo-model.js';
+import { demoBatch } from './helpers/demo-model.js';
+import { withDemoPool } from './helpers/demo-pool.js';
 
 /**
  * A worker's batches back to back, when the worker hears that its last answer ('done', 'failed') was
@@ -47,20 +48,10 @@ function outcomes(): { outcomes: BatchOutcome[]; metrics: EngineMetrics } {
   return { outcomes, metrics };
 }
 
-async function withPool(metrics: EngineMetrics, use: (pool: WorkerPool) => Promise<void>): Promise<void> {
-  const pool = createEnginePool({ workers: 1, queueMax: 4, executionProvider: 'cpu', threadsPerWorker: 1, preload: [{ dir: DEMO_MODEL_DIR }], metrics, workerScript: await lateWriteWorker() });
-  try {
-    await expect.poll(() => pool.readiness().ready, { timeout: 60_000, interval: 20 }).toBe(true);
-    await use(pool);
-  } finally {
-    await pool.close();
-  }
-}
-
 describe('a batch handed to a worker before it heard its last answer was written', () => {
   it('stops at its next step when its clients leave', async () => {
     const { outcomes: ended, metrics } = outcomes();
-    await withPool(metrics, async (pool) => {
+    await withDemoPool(async (pool) => {
       // Two batches that do not merge (their steps differ): the second goes to the worker as the first's images arrive.
       const first = pool.generate(demoBatch({ width: 256, height: 256, steps: 1 }));
       const leave = new AbortController();
@@ -76,6 +67,6 @@ describe('a batch handed to a worker before it heard its last answer was written
       await expect.poll(() => ended.length, { timeout: 60_000 }).toBe(2);
       expect(ended).toEqual(['completed', 'cancelled']);
       expect(pool.workers()[0].step).toBeLessThan(100_000);
-    });
+    }, { metrics, workerScript: await lateWriteWorker() });
   });
 });
