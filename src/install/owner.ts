@@ -105,8 +105,8 @@ export async function takeLock(file: string): Promise<Lock | { heldBy: string }>
       } catch (err) {
         if ((err as NodeJS.ErrnoException).code !== 'EEXIST') throw err;
       }
-      const owner = await readFile(file, 'utf8').catch(() => undefined);
-      if (owner !== undefined && ownerRuns(owner)) return { heldBy: owner };
+      const holder = await lockHolder(file);
+      if (holder !== undefined) return { heldBy: holder };
       await rm(file, { force: true });
     }
   } finally {
