@@ -1,12 +1,14 @@
 import { writeFileSync } from 'node:fs';
 import os from 'node:os';
 import { cgroupAvailableBytes } from './cgroup-memory.js';
+import { darwinAvailableBytes } from './darwin-memory.js';
 import { kernelText } from './kernel-files.js';
 
 /**
  * What this process holds in memory and what the machine can still give, as the kernel counts them:
  * onnxruntime allocates natively, so Node's heap statistics see none of it. Linux /proc and cgroup
- * files where present (a container's limit is what the OOM killer enforces), portable figures elsewhere.
+ * files where present (a container's limit is what the OOM killer enforces), `vm_stat` on macOS,
+ * portable figures elsewhere.
  */
 
 function procValue(file: string, key: string): number | undefined {
@@ -78,6 +80,6 @@ export function residentBytesOf(pid: number): number | undefined {
 
 /** Memory the machine (or this process's container, see cgroup-memory.ts) can still give before something is killed. */
 export function availableBytes(): number {
-  const machine = procValue('/proc/meminfo', 'MemAvailable') ?? os.freemem();
+  const machine = procValue('/proc/meminfo', 'MemAvailable') ?? (process.platform === 'darwin' ? darwinAvailableBytes() : undefined) ?? os.freemem();
   return Math.min(machine, cgroupAvailableBytes() ?? Infinity);
 }
