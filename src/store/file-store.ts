@@ -6,7 +6,7 @@ import type { Readable } from 'node:stream';
 import { makeFolder, syncFolder, unlessMissing } from '../util/files.js';
 import { ImageDamagedError, StoreFullError, StoreUnavailableError, type ByteRange, type ImageStore, type StoredImage, type StoreLimits, type StoreReservation } from './image-store.js';
 import { digestOf, extensionOf, imageName, isExpired, newImage, parseImageName } from './image-names.js';
-import { spaceOf, StoreSpace } from './space.js';
+import { StoreSpace } from './space.js';
 import { ExpiryOrder } from './expiry-order.js';
 
 /**
@@ -96,7 +96,7 @@ export class FileImageStore implements ImageStore {
     this.now = options.clock ?? Date.now;
     this.parent = path.dirname(path.resolve(options.dir));
     // Making room deletes expired images only: listing the folder and deleting a crash's temporary files are the sweeper's.
-    this.space = new StoreSpace(options.maxBytes, () => this.deleteExpired(), (bytes) => this.secondsUntilFreed(bytes));
+    this.space = new StoreSpace(options.maxBytes, () => this.deleteExpired(), { inOrder: () => this.byExpiry.inOrder(), now: this.now });
   }
 
   /** Opens the store: indexes the images left by a previous run, deleting expired and half-written ones. */
@@ -150,7 +150,7 @@ export class FileImageStore implements ImageStore {
       const image = indexRecord({ ...named, size });
       if (image.digest !== undefined) this.unchecked.add(image.id);
       this.indexImage(image);
-      this.space.used += spaceOf(size);
+      this.space.add(size);
     }
     // Deleted by something else (an operator freeing the disk, another server): their space is free again.
     // Counted until they would have expired, they kept a store they had filled refusing images for a day.
@@ -180,21 +180,10 @@ export class FileImageStore implements ImageStore {
     return this.space.reserve(bytes);
   }
 
-  /** Seconds until enough of the stored images expire to free `bytes`; undefined when they never would. */
-  private secondsUntilFreed(bytes: number): number | undefined {
-    let freed = 0;
-    for (const image of this.byExpiry.inOrder()) {
-      freed += spaceOf(image.size);
-      if (freed >= bytes) return Math.max(1, Math.ceil((image.expiresAt - this.now()) / 1000));
-    }
-    return undefined;
-  }
-
   /** Stores an image, drawing on `reservation` first; throws StoreFullError when the rest does not fit even after deleting expired ones. */
   async put(data: Uint8Array, contentType: string, reservation?: StoreReservation): Promise<StoredImage> {
     const ext = extensionOf(contentType);
-    const space = spaceOf(data.byteLength);
-    await this.space.claim(space, reservation);
+    await this.space.claim(data.byteLength, reservation);
 
     const image = indexRecord({ ...newImage(ext, contentType, data.byteLength, this.now(), this.options.ttlSeconds), digest: await digestOf([data]) });
     const write = this.write(path.join(this.options.dir, `.${image.id}.tmp`), this.fileOf(image), data);
@@ -202,7 +191,7 @@ export class FileImageStore implements ImageStore {
     try {
       await write;
     } catch (err) {
-      this.space.free(space);
+      this.space.free(data.byteLength);
       throw err instanceof StoreFullError ? err : await this.whyWriteFailed(err);
     } finally {
       this.writes.delete(image.id);
@@ -342,7 +331,7 @@ export class FileImageStore implements ImageStore {
     this.index.delete(image.id);
     this.byExpiry.remove();
     this.unchecked.delete(image.id);
-    this.space.free(spaceOf(image.size));
+    this.space.free(image.size);
   }
 
   /**

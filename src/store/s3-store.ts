@@ -5,7 +5,7 @@ import { getSignedUrl } from '@aws-sdk/s3-request-presigner';
 import { ConfigError } from '../util/config-error.js';
 import { StoreUnavailableError, type ByteRange, type ImageStore, type StoredImage, type StoreLimits, type StoreReservation } from './image-store.js';
 import { extensionOf, imageName, isExpired, newImage, parseImageName } from './image-names.js';
-import { spaceOf, StoreSpace } from './space.js';
+import { StoreSpace } from './space.js';
 
 /**
  * Generated images in an S3-compatible bucket (AWS S3, MinIO, Ceph RGW, Cloudflare R2, Garage), shared
@@ -56,11 +56,10 @@ export class S3ImageStore implements ImageStore {
   private readonly space: StoreSpace;
   /** Images under the prefix as the last listing counted them, plus this replica's puts since. */
   private files = 0;
-  /** Bytes of puts in progress (counted in `space.used`, in no listing yet). */
-  private writing = 0;
-  /** Puts finished since the current (or last) listing began, and what each counts (spaceOf): the listing may not have seen them. */
+  /** Puts finished since the current (or last) listing began, and their images' sizes: the listing may not have seen them. */
   private recent = new Map<string, number>();
-  private readonly writes = new Set<Promise<unknown>>();
+  /** Puts in progress and their images' sizes (counted in `space.used`, in no listing yet). */
+  private readonly writes = new Map<Promise<unknown>, number>();
   private sweeping: Promise<void> | undefined;
   private checked: { at: number; result: Promise<void> } | undefined;
   private timer: NodeJS.Timeout | undefined;
@@ -187,9 +186,7 @@ export class S3ImageStore implements ImageStore {
 
   async put(data: Uint8Array, contentType: string, reservation?: StoreReservation): Promise<StoredImage> {
     const ext = extensionOf(contentType);
-    const space = spaceOf(data.byteLength);
-    await this.space.claim(space, reservation);
-    this.writing += space;
+    await this.space.claim(data.byteLength, reservation);
     const image = newImage(ext, contentType, data.byteLength, this.madeAt(), this.options.ttlSeconds);
     const write = this.client.send(
       new PutObjectCommand({
@@ -205,17 +202,16 @@ export class S3ImageStore implements ImageStore {
         Expires: new Date(image.expiresAt),
       }),
     );
-    this.writes.add(write);
+    this.writes.set(write, data.byteLength);
     try {
       await write;
     } catch (err) {
-      this.space.free(space);
+      this.space.free(data.byteLength);
       throw this.unavailable('store an image', err);
     } finally {
       this.writes.delete(write);
-      this.writing -= space;
     }
-    this.recent.set(image.id, space);
+    this.recent.set(image.id, data.byteLength);
     this.files += 1;
     if (!this.options.presignedUrls) return image;
     // Signing is local (no request): the URL lives no shorter than the image (see now). The
@@ -271,7 +267,7 @@ export class S3ImageStore implements ImageStore {
     for (const image of images) {
       this.recent.delete(image.id);
       this.files -= 1;
-      this.space.free(spaceOf(image.size));
+      this.space.free(image.size);
     }
   }
 
@@ -285,28 +281,25 @@ export class S3ImageStore implements ImageStore {
   private async relist(): Promise<void> {
     const recent = new Map<string, number>();
     this.recent = recent;
-    const seen = new Set<string>();
+    /** The listing's unexpired images and their sizes. */
+    const seen = new Map<string, number>();
     const expired: string[] = [];
-    let bytes = 0;
     try {
       for await (const page of paginateListObjectsV2({ client: this.client }, { Bucket: this.options.bucket, Prefix: this.options.prefix })) {
         for (const object of page.Contents ?? []) {
           const image = this.imageOf(object.Key, object.Size);
           if (!image) continue;
           if (isExpired(image, this.now())) expired.push(object.Key!);
-          else {
-            seen.add(image.id);
-            bytes += spaceOf(image.size);
-          }
+          else seen.set(image.id, image.size);
         }
       }
     } catch (err) {
       throw this.unavailable('list its images', err);
     }
     await this.deleteKeys(expired);
-    const missed = [...recent].filter(([id]) => !seen.has(id));
+    const missed = [...recent].filter(([id]) => !seen.has(id)).map(([, size]) => size);
     this.files = seen.size + missed.length;
-    this.space.used = bytes + missed.reduce((sum, [, size]) => sum + size, 0) + this.writing;
+    this.space.recount(seen.values(), missed, this.writes.values());
     if (expired.length) this.options.logger.debug({ deleted: expired.length }, 'expired images deleted');
   }
 
@@ -367,7 +360,7 @@ export class S3ImageStore implements ImageStore {
 
   async close(): Promise<void> {
     clearInterval(this.timer);
-    await Promise.allSettled(this.writes);
+    await Promise.allSettled(this.writes.keys());
     await this.sweeping?.catch(() => undefined);
     this.client.destroy();
   }

@@ -13,14 +13,23 @@ export const MIN_IMAGE_BYTES = 4096;
  */
 export const spaceOf = (size: number): number => Math.max(size, MIN_IMAGE_BYTES);
 
+/** Images in the order they expire, and the clock they expire by: what a full store's Retry-After is worked out from. */
+export interface ExpiringImages {
+  /** The stored images, earliest expiry first, read for as long as the caller takes them. */
+  inOrder(): Iterable<{ size: number; expiresAt: number }>;
+  now(): number;
+}
+
 /**
  * A store's byte limit: the bytes its images take (plus writes in progress) and the bytes reservations
- * set aside, against `maxBytes`. Both stores count the same way; each tells it what it holds. Every
- * count changes before the first await, so parallel reservations and puts cannot overfill.
+ * set aside, against `maxBytes`. Both stores count the same way; each tells it the sizes of the images
+ * it holds, and it alone counts each as spaceOf says (a store that counted an image at its length in one
+ * place and at spaceOf in another would drift until its count meant nothing). Every count changes
+ * before the first await, so parallel reservations and puts cannot overfill.
  */
 export class StoreSpace {
-  /** Bytes of stored images plus writes in progress. */
-  used = 0;
+  /** Bytes of stored images plus writes in progress, each counted as spaceOf says. */
+  private counted = 0;
   /** Bytes set aside by reservations and not yet written. */
   private reserved = 0;
 
@@ -28,37 +37,66 @@ export class StoreSpace {
     readonly maxBytes: number,
     /** Frees what it can (deletes expired images) when something does not fit. */
     private readonly sweep: () => Promise<void>,
-    /** Seconds until images expiring free `bytes`, where the store knows its images' expiry. */
-    private readonly secondsUntilFreed?: (bytes: number) => number | undefined,
+    /** The store's images by expiry, where it knows them: a full store then says when enough will have expired. */
+    private readonly expiring?: ExpiringImages,
   ) {}
 
-  /** Sets space aside for images to come; throws StoreFullError when it does not fit even after a sweep. */
+  /** Bytes the store's images (and writes in progress) count against the limit. */
+  get used(): number {
+    return this.counted;
+  }
+
+  /** Sets `bytes` aside for images to come; throws StoreFullError when it does not fit even after a sweep. */
   async reserve(bytes: number): Promise<StoreReservation> {
     await this.makeRoom(bytes);
     this.reserved += bytes;
     return new SpaceReservation(bytes, (unused) => (this.reserved -= unused));
   }
 
-  /** Counts a write of `bytes`, drawing on `reservation` first; throws StoreFullError when the rest does not fit even after a sweep. */
-  async claim(bytes: number, reservation?: StoreReservation): Promise<void> {
+  /** Counts the write of an image of `size` bytes, drawing on `reservation` first; throws StoreFullError when the rest does not fit even after a sweep. */
+  async claim(size: number, reservation?: StoreReservation): Promise<void> {
+    const bytes = spaceOf(size);
     const covered = reservation instanceof SpaceReservation ? reservation.draw(bytes) : 0;
     // The covered part leaves the reservation whatever happens next: a put that fails has no use for it.
     this.reserved -= covered;
     await this.makeRoom(bytes - covered);
-    this.used += bytes;
+    this.counted += bytes;
   }
 
-  /** Bytes no longer held: an image deleted, or a write that failed. */
-  free(bytes: number): void {
-    this.used -= bytes;
+  /** Counts an image of `size` bytes that a listing found (another server's, a previous run's). */
+  add(size: number): void {
+    this.counted += spaceOf(size);
+  }
+
+  /** An image of `size` bytes no longer held: deleted, or its write failed. */
+  free(size: number): void {
+    this.counted -= spaceOf(size);
+  }
+
+  /** Counts exactly the images of these sizes (a listing's, puts it may have missed, writes in progress), and nothing else. */
+  recount(...groups: Iterable<number>[]): void {
+    let bytes = 0;
+    for (const sizes of groups) for (const size of sizes) bytes += spaceOf(size);
+    this.counted = bytes;
   }
 
   private async makeRoom(bytes: number): Promise<void> {
     if (bytes > this.maxBytes) throw new StoreFullError('too-large', this.maxBytes, bytes);
-    const fits = () => this.used + this.reserved + bytes <= this.maxBytes;
+    const fits = () => this.counted + this.reserved + bytes <= this.maxBytes;
     if (!fits()) await this.sweep();
     if (fits()) return;
-    if (this.used + bytes <= this.maxBytes) throw new StoreFullError('running', this.maxBytes, bytes);
-    throw new StoreFullError('images', this.maxBytes, bytes, this.secondsUntilFreed?.(this.used + bytes - this.maxBytes));
+    if (this.counted + bytes <= this.maxBytes) throw new StoreFullError('running', this.maxBytes, bytes);
+    throw new StoreFullError('images', this.maxBytes, bytes, this.secondsUntilFreed(this.counted + bytes - this.maxBytes));
+  }
+
+  /** Seconds until enough of the stored images expire to free `bytes`; undefined when they never would, or the store does not know. */
+  private secondsUntilFreed(bytes: number): number | undefined {
+    if (!this.expiring) return undefined;
+    let freed = 0;
+    for (const image of this.expiring.inOrder()) {
+      freed += spaceOf(image.size);
+      if (freed >= bytes) return Math.max(1, Math.ceil((image.expiresAt - this.expiring.now()) / 1000));
+    }
+    return undefined;
   }
 }
