@@ -3,7 +3,7 @@ import path from 'node:path';
 import { diskFullError, ensureFreeSpace, isDiskFull, listFolder, realDisk } from './disk.js';
 import { bytesPresent, downloadFiles } from './downloader.js';
 import { DownloadInterrupted, ModelInstallError, ModelUsageError } from './errors.js';
-import { HubClient, parseRepoRef, type HubClientOptions, type HubFile } from './hub-client.js';
+import { HubClient, parseRepoRef, type HubClientOptions, type HubFile, type RepoRef } from './hub-client.js';
 import { checkModelId, installStaged, lockPull, pullStagingPath, refuseExisting, validateModel, type CommandOptions, type InstalledModel } from './installer.js';
 import { writeManifest } from './manifest.js';
 import { checkHasExport, selectModelFiles, skippedNote } from './model-files.js';
@@ -37,15 +37,54 @@ interface PullState {
 
 const STATE_FILE = 'pull.json';
 
-export async function pullModel(options: PullOptions): Promise<InstalledModel> {
-  const { modelsDir, disk = realDisk, output = process.stderr } = options;
-  const ref = parseRepoRef(options.repo);
-  const subfolder = normaliseSubfolder(options.subfolder);
-  const id = options.name ?? ref.repo.split('/').pop()!;
-  checkModelId(id, 'choose one with --name');
-  await refuseExisting(modelsDir, id, options.force ?? false);
+/** What one pull fetches: the export's files at the commit its revision names, installed as `id`. */
+interface PullPlan {
+  id: string;
+  ref: RepoRef;
+  subfolder: string;
+  hub: HubClient;
+  commit: string;
+  files: HubFile[];
+  /** The repository, revision and folder, as progress and messages name them. */
+  label: string;
+  /** Bytes of all the files. */
+  total: number;
+}
 
-  const hub = new HubClient(options);
+/** The staging folder of a pull, and the bytes an earlier run of it left there (resumed). */
+interface Staged {
+  staging: string;
+  /** Where the model's files are downloaded: what gets installed. */
+  dir: string;
+  present: number;
+}
+
+/** PullOptions with their defaults filled in. */
+type Pull = PullOptions & Required<Pick<PullOptions, 'disk' | 'output'>>;
+
+const SPACE_ADVICE = 'Free up space, or use a --models-dir on a bigger disk, then pull again';
+
+export async function pullModel(options: PullOptions): Promise<InstalledModel> {
+  const pull: Pull = { ...options, disk: options.disk ?? realDisk, output: options.output ?? process.stderr };
+  const plan = await planPull(pull);
+  const lock = await lockPull(pull.modelsDir, plan.id).catch((err) => startFailed(err, pull.modelsDir));
+  try {
+    const staged = await stage(plan, pull);
+    return await downloadAndInstall(plan, staged, pull);
+  } finally {
+    await lock.release();
+  }
+}
+
+/** Checks the id is free and finds the export's files at the revision's commit, saying which files it leaves out. */
+async function planPull(pull: Pull): Promise<PullPlan> {
+  const ref = parseRepoRef(pull.repo);
+  const subfolder = normaliseSubfolder(pull.subfolder);
+  const id = pull.name ?? ref.repo.split('/').pop()!;
+  checkModelId(id, 'choose one with --name');
+  await refuseExisting(pull.modelsDir, id, pull.force ?? false);
+
+  const hub = new HubClient(pull);
   const commit = await hub.resolveCommit(ref);
   const listed = await hub.listFiles(ref, commit, subfolder);
   const { selected, skipped } = selectModelFiles(listed.map((file) => file.path));
@@ -61,61 +100,67 @@ export async function pullModel(options: PullOptions): Promise<InstalledModel> {
   const wanted = new Set(selected);
   const files = listed.filter((file) => wanted.has(file.path));
   const label = `${ref.repo}@${ref.revision}${subfolder ? ` (${subfolder}/)` : ''}`;
-  if (skipped.length) output.write(skippedNote(label, skipped));
+  if (skipped.length) pull.output.write(skippedNote(label, skipped));
+  return { id, ref, subfolder, hub, commit, files, label, total: files.reduce((sum, file) => sum + file.size, 0) };
+}
 
-  const total = files.reduce((sum, file) => sum + file.size, 0);
-  const spaceAdvice = 'Free up space, or use a --models-dir on a bigger disk, then pull again';
-  const lock = await lockPull(modelsDir, id).catch((err) => startFailed(err, modelsDir, spaceAdvice));
+/** Readies the pull's staging folder (keeping what an earlier run of it downloaded) and checks the rest fits on the disk. */
+async function stage(plan: PullPlan, pull: Pull): Promise<Staged> {
+  const staging = pullStagingPath(pull.modelsDir, plan.id);
+  const dir = path.join(staging, 'model');
+  const state = { repo: plan.ref.repo, subfolder: plan.subfolder, files: Object.fromEntries(plan.files.map((file) => [file.path, contentId(file)])) };
+  await prepareStaging(staging, state, pull.output).catch((err) => startFailed(err, pull.modelsDir));
+  const present = await bytesPresent(dir, plan.files);
+  await ensureFreeSpace(pull.disk, pull.modelsDir, plan.total - present, SPACE_ADVICE).catch(async (err) => {
+    // What an earlier run downloaded stays for the pull after space was freed; an empty start does not.
+    if (present === 0) await rm(staging, { recursive: true, force: true });
+    throw err;
+  });
+  return { staging, dir, present };
+}
+
+/**
+ * Downloads the files, records their digests, checks (and by default loads) the model and installs it.
+ * An interrupted download keeps its staging folder for the next run to resume; any other failure
+ * discards it.
+ */
+async function downloadAndInstall(plan: PullPlan, { staging, dir, present }: Staged, pull: Pull): Promise<InstalledModel> {
+  const { id, ref, subfolder, commit, label, total } = plan;
   try {
-    const staging = pullStagingPath(modelsDir, id);
-    const dir = path.join(staging, 'model');
-    const state = { repo: ref.repo, subfolder, files: Object.fromEntries(files.map((file) => [file.path, contentId(file)])) };
-    await prepareStaging(staging, state, output).catch((err) => startFailed(err, modelsDir, spaceAdvice));
-    const present = await bytesPresent(dir, files);
-    await ensureFreeSpace(disk, modelsDir, total - present, spaceAdvice).catch(async (err) => {
-      // What an earlier run downloaded stays for the pull after space was freed; an empty start does not.
-      if (present === 0) await rm(staging, { recursive: true, force: true });
-      throw err;
+    const digests = await downloadFiles({
+      hub: plan.hub,
+      ref,
+      commit,
+      files: plan.files,
+      dir,
+      present,
+      disk: pull.disk,
+      output: pull.output,
+      retries: pull.retries ?? 3,
+      retryDelayMs: pull.retryDelayMs ?? 1000,
+      resumeAdvice: `Run the same command again to resume, or "imagegen models remove ${id}" to discard it`,
     });
-
-    try {
-      const digests = await downloadFiles({
-        hub,
-        ref,
-        commit,
-        files,
-        dir,
-        present,
-        disk,
-        output,
-        retries: options.retries ?? 3,
-        retryDelayMs: options.retryDelayMs ?? 1000,
-        resumeAdvice: `Run the same command again to resume, or "imagegen models remove ${id}" to discard it`,
-      });
-      await writeManifest(dir, { files: digests, source: { repo: ref.repo, revision: ref.revision, commit, subfolder: subfolder || undefined } });
-      const layout = await validateModel(dir, {
-        load: options.load ?? true,
-        label,
-        output,
-        advice: `Nothing was installed. Check that the repository holds a complete diffusers ONNX export${subfolder ? '' : ' (or pick its folder with --subfolder)'}`,
-      });
-      const installed = await installStaged(dir, modelsDir, id, options.force ?? false);
-      await rm(staging, { recursive: true, force: true });
-      return { id, dir: installed, family: layout.family, variant: layout.variant, bytes: total };
-    } catch (err) {
-      if (err instanceof DownloadInterrupted) throw err;
-      await rm(staging, { recursive: true, force: true });
-      throw isDiskFull(err) ? await diskFullError(disk, modelsDir, total, spaceAdvice) : err;
-    }
-  } finally {
-    await lock.release();
+    await writeManifest(dir, { files: digests, source: { repo: ref.repo, revision: ref.revision, commit, subfolder: subfolder || undefined } });
+    const layout = await validateModel(dir, {
+      load: pull.load ?? true,
+      label,
+      output: pull.output,
+      advice: `Nothing was installed. Check that the repository holds a complete diffusers ONNX export${subfolder ? '' : ' (or pick its folder with --subfolder)'}`,
+    });
+    const installed = await installStaged(dir, pull.modelsDir, id, pull.force ?? false);
+    await rm(staging, { recursive: true, force: true });
+    return { id, dir: installed, family: layout.family, variant: layout.variant, bytes: total };
+  } catch (err) {
+    if (err instanceof DownloadInterrupted) throw err;
+    await rm(staging, { recursive: true, force: true });
+    throw isDiskFull(err) ? await diskFullError(pull.disk, pull.modelsDir, total, SPACE_ADVICE) : err;
   }
 }
 
 /** A disk too full for even the lock and the pull's state file: said as such, not as a bare ENOSPC. */
-function startFailed(err: unknown, modelsDir: string, advice: string): never {
+function startFailed(err: unknown, modelsDir: string): never {
   if (!isDiskFull(err)) throw err;
-  throw new ModelInstallError(`the disk holding ${modelsDir} is full: the pull could not even start. ${advice}`);
+  throw new ModelInstallError(`the disk holding ${modelsDir} is full: the pull could not even start. ${SPACE_ADVICE}`);
 }
 
 function normaliseSubfolder(subfolder = ''): string {
