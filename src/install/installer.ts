@@ -73,7 +73,7 @@ const pullRunning = (modelsDir: string, id: string, owner: string) =>
  * pull that was killed is taken over, so the next run resumes its download.
  */
 export async function lockPull(modelsDir: string, id: string): Promise<Lock> {
-  await stagingRoot(modelsDir);
+  await cleanStagingRoot(modelsDir);
   const taken = await takeLock(pullLockPath(modelsDir, id));
   if ('heldBy' in taken) throw new ModelInstallError(`${pullRunning(modelsDir, id, taken.heldBy)}; wait for it to finish, or stop it and run this command again to resume its download`);
   return taken;
@@ -109,9 +109,20 @@ async function removeAbandoned(root: string): Promise<void> {
   }
 }
 
+/** The staging area, made if missing. */
 async function stagingRoot(modelsDir: string): Promise<string> {
   const root = path.join(modelsDir, STAGING);
   await makeFolder(root);
+  return root;
+}
+
+/**
+ * The staging area, made if missing and rid of what killed installs left. Each command does this once,
+ * as it starts (lockPull, makeTemporary, removeModel): listing it again for a model moved aside later
+ * in the same install would find nothing new to remove.
+ */
+async function cleanStagingRoot(modelsDir: string): Promise<string> {
+  const root = await stagingRoot(modelsDir);
   await removeAbandoned(root);
   return root;
 }
@@ -122,16 +133,14 @@ async function stagingRoot(modelsDir: string): Promise<string> {
  * into place from one could not be read by a server running as another user than the installer.
  */
 export async function makeTemporary(modelsDir: string, prefix: string): Promise<string> {
-  const dir = path.join(await stagingRoot(modelsDir), temporaryName(prefix));
+  const dir = path.join(await cleanStagingRoot(modelsDir), temporaryName(prefix));
   await mkdir(dir);
   removeIfInterrupted(dir);
   return dir;
 }
 
-/** A free path in the staging area to move a model folder aside to. */
-async function asidePath(modelsDir: string, label: string): Promise<string> {
-  return path.join(await stagingRoot(modelsDir), temporaryName(label));
-}
+/** A free path in the staging area `root` to move a model folder aside to. */
+const asidePath = (root: string, label: string) => path.join(root, temporaryName(label));
 
 export async function removeTemporary(dir: string): Promise<void> {
   await rm(dir, { recursive: true, force: true });
@@ -198,7 +207,8 @@ export async function installStaged(staged: string, modelsDir: string, id: strin
     return target;
   }
   if (!force) throw alreadyExists(modelsDir, id);
-  const old = await asidePath(modelsDir, `replaced-${id}`);
+  // The install that staged the model cleaned the staging area as it started (lockPull, makeTemporary).
+  const old = asidePath(await stagingRoot(modelsDir), `replaced-${id}`);
   await rename(target, old);
   try {
     await rename(staged, target);
@@ -229,7 +239,7 @@ export async function removeModel(modelsDir: string, id: string): Promise<Remove
   }
   if (removed.model) {
     // A symbolic link is moved and deleted itself, not what it points to.
-    const trash = await asidePath(modelsDir, `removing-${id}`);
+    const trash = asidePath(await cleanStagingRoot(modelsDir), `removing-${id}`);
     await rename(target, trash);
     await rm(trash, { recursive: true, force: true });
   }
