@@ -4,7 +4,7 @@ import type { ImageGenerateParamsNonStreaming, ImageModel, ImagesResponse as Sdk
 import sharp from 'sharp';
 import { afterAll, beforeAll, describe, expect, expectTypeOf, it } from 'vitest';
 import { apiError } from './helpers/failures.js';
-import { GPT_IMAGE_MODEL_NAMES, gptImageNameTakes, OPENAI_MODEL_NAMES } from '../src/api/dialects.js';
+import { GPT_IMAGE_MODEL_NAMES, gptImageNameTakes, OPENAI_MODEL_NAMES, REQUEST_QUALITIES } from '../src/api/dialects.js';
 import type { ImagesResponse } from '../src/api/wire.js';
 import { startTestServer, writeDemoModel, type TestServer } from './helpers/api-server.js';
 import { demoPromptTokens } from './helpers/prompt-tokens.js';
@@ -53,6 +53,22 @@ describe('model names', () => {
     expect(await listed('gpt-image-2')).toMatchObject({ sizes: ['auto', '512x512', '1024x1024', '1536x1024'], default_size: 'auto' });
     for (const model of ['gpt-image-1', 'gpt-image-2']) {
       for (const size of (await listed(model)).sizes) expect((await generate({ model, size })).data).toHaveLength(1);
+    }
+  });
+
+  it('lists under each name the qualities a request may name by it: each listed one generates, each other is refused', async () => {
+    const qualities = async (id: string) => ((await server.client.models.retrieve(id)) as unknown as { qualities: string[] }).qualities;
+    expect(await qualities('wide')).toEqual([...REQUEST_QUALITIES]);
+    expect(await qualities('dall-e-3')).toEqual([...REQUEST_QUALITIES]);
+    expect(await qualities('gpt-image-1')).toEqual(['low', 'medium', 'high', 'auto']);
+    expect(await qualities('gpt-image-2.5-flare')).toEqual(['low', 'medium', 'high', 'xhigh', 'max', 'auto']);
+    for (const model of ['gpt-image-1', 'gpt-image-2.5-flare']) {
+      const listed = await qualities(model);
+      for (const quality of REQUEST_QUALITIES) {
+        const asked = generate({ model, quality, size: '1024x1024' });
+        if (listed.includes(quality)) expect((await asked).data).toHaveLength(1);
+        else expect(await apiError(asked)).toMatchObject({ status: 400, param: 'quality', code: 'invalid_value' });
+      }
     }
   });
 

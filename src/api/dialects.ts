@@ -144,13 +144,20 @@ export function echoedQuality(quality: RequestQuality | undefined, tier: Quality
 }
 
 /**
- * The step tier of a request's quality. gpt-image names take only the values OpenAI's model of the name
- * takes (xhigh and max only GPT Image 2.5's); the other names (and requests without a model) take all.
+ * The qualities a request may name under `modelName` (listed by /v1/models, so a client offers no other):
+ * gpt-image names take only the values OpenAI's model of the name takes (xhigh and max only GPT Image
+ * 2.5's); the other names (and requests without a model) take all.
  */
+export function qualitiesOf(modelName: string): readonly RequestQuality[] {
+  if (dialectOf(modelName) === 'dall-e') return REQUEST_QUALITIES;
+  return GPT_IMAGE_2_5_NAMES.includes(modelName) ? GPT_IMAGE_2_5_QUALITIES : GPT_IMAGE_QUALITIES;
+}
+
+/** The step tier of a request's quality, refused where the model name does not take it (qualitiesOf). */
 export function qualityTier(quality: RequestQuality | undefined, modelName: string): Quality {
   if (quality === undefined) return 'standard';
-  const taken = GPT_IMAGE_2_5_NAMES.includes(modelName) ? GPT_IMAGE_2_5_QUALITIES : GPT_IMAGE_QUALITIES;
-  if (dialectOf(modelName) === 'gpt-image' && !taken.includes(quality)) {
+  const taken = qualitiesOf(modelName);
+  if (!taken.includes(quality)) {
     throw ApiError.invalid('quality', 'invalid_value', `Invalid value: '${quality}'. Supported values for model '${modelName}' are: ${quoteList(taken)}.`);
   }
   return TIERS[quality];

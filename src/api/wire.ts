@@ -256,6 +256,8 @@ export interface ModelObject {
   /** Extensions: the sizes a request may name under this id (`auto` first under gpt-image names) and the one it gets when it names none. */
   sizes: string[];
   default_size: string;
+  /** Extension: the values `quality` takes under this id (the gpt-image names take only their OpenAI model's). */
+  qualities: string[];
   /** Extensions: what the model can do here (`text-to-image`, `image-to-image` and `inpainting` where it can edit, `previews` for streamed partial images), and the samplers `scheduler` takes. */
   capabilities: string[];
   schedulers: string[];

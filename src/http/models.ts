@@ -1,6 +1,6 @@
 import type { FastifyInstance } from 'fastify';
 import type { ListedModel, ModelRegistry } from '../models/registry.js';
-import { dialectOf, servedSizes } from '../api/dialects.js';
+import { dialectOf, qualitiesOf, servedSizes } from '../api/dialects.js';
 import { ApiError } from '../api/errors.js';
 import { invalidUrl } from './errors.js';
 import type { ModelList, ModelObject } from '../api/wire.js';
@@ -9,7 +9,8 @@ import type { ModelList, ModelObject } from '../api/wire.js';
  * GET /v1/models and /v1/models/:id in OpenAI's shape, plus the sizes a request may name under each id
  * and the one it gets without: under a gpt-image name those are `auto` and the sizes of the model that
  * OpenAI's model of that name takes (dialects.ts servedSizes), so a client offering them offers none
- * that would be refused; and what it can do (edits need image-to-image or inpainting) with which samplers.
+ * that would be refused; the qualities it takes under that id (qualitiesOf); and what it can do
+ * (edits need image-to-image or inpainting) with which samplers.
  */
 
 export interface ModelsOptions {
@@ -25,6 +26,7 @@ function toModelObject({ id, model }: ListedModel): ModelObject {
     owned_by: model.ownedBy,
     sizes: gptImage ? ['auto', ...servedSizes(id, model.preset.sizes)] : model.preset.sizes,
     default_size: gptImage ? 'auto' : model.preset.defaultSize,
+    qualities: [...qualitiesOf(id)],
     // A client can tell before it tries whether edits and variations work here (an export without its VAE encoder cannot).
     capabilities: model.capabilities,
     schedulers: model.schedulers,
