@@ -50,7 +50,7 @@ class OpenAI:
         self.base_url, self.api_key = base_url.rstrip("/"), api_key
         self.images = _Images(self)
 `;
-import type { ImagesResponse } from '../src/api/wire.js';
+import type { ImagesResponse, ModelObject } from '../src/api/wire.js';
 
 /** The bytes behind an <img> of the page (a blob: or the server's URL), fetched inside the page. */
 async function imageBytes(page: Page, selector: string): Promise<Buffer> {
@@ -356,6 +356,30 @@ describe.skipIf(!chromiumPath)(`the playground in headless Chromium${chromiumPat
     // Free again: the next request runs at once.
     await settings({ size: '128x128', steps: '4', n: '1' });
     await runAndWait('#generate');
+  });
+
+  it('offers only the qualities and schedulers the chosen model takes under its name, as /v1/models lists them', async () => {
+    const values = (select: string) => page.$$eval(`${select} option`, (options) => options.map((o) => (o as HTMLOptionElement).value));
+    const listed = async (id: string) => (await (await fetch(`${origin}/v1/models/${id}`, { headers: { authorization: `Bearer ${OPS_KEY}` } })).json()) as ModelObject;
+    const shapes = await listed(MODEL);
+    await page.selectOption('#model', MODEL);
+    expect(await values('#quality')).toEqual(['', ...shapes.qualities]);
+    expect(await values('#scheduler')).toEqual(['', ...shapes.schedulers]);
+    expect(shapes.qualities).toEqual(expect.arrayContaining(['standard', 'hd']));
+    // FLUX's sampler is not one an SD model takes: it was offered, and refused once sent.
+    expect(shapes.schedulers).not.toContain('flow_match_euler');
+    await page.selectOption('#quality', 'hd');
+    await page.selectOption('#scheduler', shapes.schedulers[0]);
+    // A gpt-image name takes neither dall-e's standard nor hd: the choice falls back to the model's default.
+    await page.selectOption('#model', 'gpt-image-1');
+    expect(await values('#quality')).toEqual(['', 'low', 'medium', 'high', 'auto']);
+    expect(await page.inputValue('#quality')).toBe('');
+    expect(await page.inputValue('#scheduler')).toBe(shapes.schedulers[0]);
+    await page.selectOption('#quality', 'high');
+    await page.selectOption('#model', MODEL);
+    expect(await page.inputValue('#quality')).toBe('high');
+    await page.selectOption('#quality', '');
+    await page.selectOption('#scheduler', '');
   });
 
   it("offers GPT Image 2.5's qualities xhigh and max, and generates with them under its names", async () => {

@@ -6,7 +6,7 @@ import { PictureSize } from './picture-size.js';
 import { imageFileName, requestForImage, type ImageRequest, type Route } from './request.js';
 import { historyLine, resultCard, timeLeft, type Result } from './results.js';
 import { runRequest, type FinishedImage } from './run.js';
-import { applyFields, chosenModel, readFields, showModels, showSizes } from './settings.js';
+import { applyFields, chosenModel, readFields, showModelChoices, showModels } from './settings.js';
 import { snippetsOf } from './snippets.js';
 
 /**
@@ -286,7 +286,7 @@ function sizeChosen(): void {
   if (cut) say(cut);
 }
 byId('model').addEventListener('change', () => {
-  showSizes(form, models);
+  showModelChoices(form, models);
   sizeChosen();
 });
 byId('size').addEventListener('change', sizeChosen);

@@ -48,21 +48,21 @@ export function applyFields(form: HTMLFormElement, fields: Fields, seed: number,
   for (const name of ROUTE_FIELDS.edits) {
     const element = control(form, name);
     if (!element || name === 'seed') continue;
-    // The size list is the model's: fill it for the model just set.
-    if (name === 'size') showSizes(form, models);
     setControl(element, fields[name] === undefined ? undefined : String(fields[name]));
+    // The size, quality and scheduler lists are the model's: filled for the model just set, before they are.
+    if (name === 'model') showModelChoices(form, models);
   }
   (form.elements.namedItem('seed_mode') as RadioNodeList).value = 'fixed';
   control(form, 'seed')!.value = String(seed);
 }
 
-/** Fills the model list; the sizes follow the chosen model. */
+/** Fills the model list; the sizes, qualities and schedulers follow the chosen model. */
 export function showModels(form: HTMLFormElement, models: Model[]): void {
   const select = control(form, 'model') as HTMLSelectElement;
   const chosen = select.value;
   select.replaceChildren(...models.map((m) => new Option(m.id, m.id)));
   if (models.some((m) => m.id === chosen)) select.value = chosen;
-  showSizes(form, models);
+  showModelChoices(form, models);
 }
 
 /** The model chosen in the form. */
@@ -70,10 +70,27 @@ export function chosenModel(form: HTMLFormElement, models: readonly Model[]): Mo
   return models.find((m) => m.id === control(form, 'model')?.value);
 }
 
-export function showSizes(form: HTMLFormElement, models: Model[]): void {
+/**
+ * Offers only what the chosen model takes under its name, as /v1/models lists it: its sizes (at its
+ * default size unless the one chosen is among them), and its qualities and schedulers after "model
+ * default" (chosen unless the model takes the one chosen). One list of every value for all models
+ * offered what the server then refused (standard and hd under a gpt-image name, FLUX's sampler for SD).
+ */
+export function showModelChoices(form: HTMLFormElement, models: Model[]): void {
   const model = chosenModel(form, models);
-  const select = control(form, 'size') as HTMLSelectElement;
+  offer(control(form, 'size') as HTMLSelectElement, model?.sizes ?? [], model?.default_size ?? '');
+  for (const [name, values] of [
+    ['quality', model?.qualities],
+    ['scheduler', model?.schedulers],
+  ] as const) {
+    const select = control(form, name) as HTMLSelectElement;
+    offer(select, values ?? [], '', [...select.options].filter((o) => o.value === ''));
+  }
+}
+
+/** Fills `select` with `values` after the options `kept`, keeping its choice where `values` has it, else choosing `fallback`. */
+function offer(select: HTMLSelectElement, values: readonly string[], fallback: string, kept: HTMLOptionElement[] = []): void {
   const chosen = select.value;
-  select.replaceChildren(...(model?.sizes ?? []).map((size) => new Option(size, size)));
-  select.value = model?.sizes.includes(chosen) ? chosen : (model?.default_size ?? '');
+  select.replaceChildren(...kept, ...values.map((value) => new Option(value, value)));
+  select.value = values.includes(chosen) ? chosen : fallback;
 }
