@@ -5,7 +5,7 @@ import OpenAI from 'openai';
 import { describe, expect, it } from 'vitest';
 import { expectedStoreBytes } from '../src/service/store-space.js';
 import { FileImageStore } from '../src/store/file-store.js';
-import { spaceOf } from '../src/store/space.js';
+import { spaceOf, StoreSpace } from '../src/store/space.js';
 import { StoreFullError } from '../src/store/image-store.js';
 import { startTestServer, TEST_KEY } from './helpers/api-server.js';
 import { FakeEngine } from './helpers/engines.js';
@@ -138,6 +138,39 @@ describe('FileImageStore reservations', () => {
       await store.close();
       await rm(dir, { recursive: true, force: true });
     }
+  });
+});
+
+describe('StoreSpace under requests that ask at once', () => {
+  // Each request's reservation or put reached the limit's check and was counted a turn later, so two
+  // that asked in the same turn, or resumed from the same sweep, both found the room and both took it.
+  const settled = (asks: Promise<unknown>[]) => Promise.allSettled(asks).then((results) => results.map((r) => r.status));
+
+  // Sizes of several disk blocks, which the space counts as they are (spaceOf).
+  it('lets only as many reservations in as fit', async () => {
+    const space = new StoreSpace(10_000, async () => undefined);
+    expect(await settled([space.reserve(6000), space.reserve(6000)])).toEqual(['fulfilled', 'rejected']);
+  });
+
+  it('lets only as many in as fit once a sweep they all waited for freed the space', async () => {
+    // 9000 bytes of images that a sweep under way deletes (expired): both find no room and wait for it.
+    let sweep!: () => void;
+    const swept = new Promise<void>((resolve) => (sweep = resolve)).then(() => space.free(9000));
+    const space = new StoreSpace(10_000, () => swept);
+    space.add(9000);
+    setImmediate(sweep);
+    expect(await settled([space.reserve(6000), space.claim(6000)])).toEqual(['fulfilled', 'rejected']);
+    expect(space.used).toBe(0);
+  });
+
+  it('counts the part of a put its reservation covers while the rest is checked (a put larger than its reservation went over the limit by that part), and frees it when the put is refused', async () => {
+    const space = new StoreSpace(10_000, async () => undefined);
+    const reservation = await space.reserve(5000);
+    // 5000 covered, 6000 more do not fit: refused; the reservation's 5000 went with it.
+    const [put, other] = await settled([space.claim(11_000, reservation), space.reserve(5000)]);
+    expect([put, other]).toEqual(['rejected', 'fulfilled']);
+    expect(reservation.bytes).toBe(0);
+    expect(space.used).toBe(0);
   });
 });
 

@@ -24,8 +24,9 @@ export interface ExpiringImages {
  * A store's byte limit: the bytes its images take (plus writes in progress) and the bytes reservations
  * set aside, against `maxBytes`. Both stores count the same way; each tells it the sizes of the images
  * it holds, and it alone counts each as spaceOf says (a store that counted an image at its length in one
- * place and at spaceOf in another would drift until its count meant nothing). Every count changes
- * before the first await, so parallel reservations and puts cannot overfill.
+ * place and at spaceOf in another would drift until its count meant nothing). Every count changes in
+ * the same turn as the check that lets it in, so parallel reservations and puts cannot overfill
+ * (counted a turn later, two that found room at once both took it).
  */
 export class StoreSpace {
   /** Bytes of stored images plus writes in progress, each counted as spaceOf says. */
@@ -48,8 +49,7 @@ export class StoreSpace {
 
   /** Sets `bytes` aside for images to come; throws StoreFullError when it does not fit even after a sweep. */
   async reserve(bytes: number): Promise<StoreReservation> {
-    await this.makeRoom(bytes);
-    this.reserved += bytes;
+    await this.makeRoom(bytes, () => (this.reserved += bytes));
     return new SpaceReservation(bytes, (unused) => (this.reserved -= unused));
   }
 
@@ -57,10 +57,16 @@ export class StoreSpace {
   async claim(size: number, reservation?: StoreReservation): Promise<void> {
     const bytes = spaceOf(size);
     const covered = reservation instanceof SpaceReservation ? reservation.draw(bytes) : 0;
-    // The covered part leaves the reservation whatever happens next: a put that fails has no use for it.
+    // The covered part goes from the reservation to the write at once (nobody else may take it while the
+    // rest waits for a sweep), and leaves it whatever happens next: a put that fails has no use for it.
     this.reserved -= covered;
-    await this.makeRoom(bytes - covered);
-    this.counted += bytes;
+    this.counted += covered;
+    try {
+      await this.makeRoom(bytes - covered, () => (this.counted += bytes - covered));
+    } catch (err) {
+      this.counted -= covered;
+      throw err;
+    }
   }
 
   /** Counts an image of `size` bytes that a listing found (another server's, a previous run's). */
@@ -80,11 +86,12 @@ export class StoreSpace {
     this.counted = bytes;
   }
 
-  private async makeRoom(bytes: number): Promise<void> {
+  /** Counts `bytes` (`count`) once they fit, after a sweep if need be; throws StoreFullError when they do not. */
+  private async makeRoom(bytes: number, count: () => void): Promise<void> {
     if (bytes > this.maxBytes) throw new StoreFullError('too-large', this.maxBytes, bytes);
     const fits = () => this.counted + this.reserved + bytes <= this.maxBytes;
     if (!fits()) await this.sweep();
-    if (fits()) return;
+    if (fits()) return void count();
     if (this.counted + bytes <= this.maxBytes) throw new StoreFullError('running', this.maxBytes, bytes);
     throw new StoreFullError('images', this.maxBytes, bytes, this.secondsUntilFreed(this.counted + bytes - this.maxBytes));
   }
