@@ -1,11 +1,10 @@
-import { existsSync } from 'node:fs';
-import { createRequire } from 'node:module';
 import { rm, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { OnnxModel } from '../src/runtime/onnx-model.js';
 import { inspectModel } from '../src/models/layout.js';
 import { loadPipeline } from '../src/pipelines/load.js';
+import { cudaInstalled } from './helpers/cuda.js';
 import { capturedLogs } from './helpers/logs.js';
 import { startRealServer } from './helpers/real-server.js';
 import { copyOfReference, referenceModel } from './helpers/reference.js';
@@ -54,9 +53,6 @@ describe('model folders', () => {
     }
   });
 });
-
-/** npm ci skips the CUDA provider libraries; after `npm run install:cuda` this machine may have them. */
-const cudaInstalled = existsSync(path.join(path.dirname(createRequire(import.meta.url).resolve('onnxruntime-node')), '..', 'bin', 'napi-v6', process.platform, process.arch, 'libonnxruntime_providers_cuda.so'));
 
 describe.skipIf(cudaInstalled)('execution providers (skipped: the CUDA provider is installed here)', () => {
   it('falls back to the CPU with a message saying why when CUDA cannot load', async () => {

@@ -51,8 +51,8 @@ describe('a GPU provider that this build of onnxruntime-node lacks', () => {
   it('is unavailable, so the worker runs on the CPU: CUDA on Windows and macOS, whose builds register no cuda backend', () => {
     // onnxruntime-common's words when no registered backend has the name (onnxruntime-node registers what its build has).
     const missing = (name: string) => new Error(`no available backend found. ERR: [${name}] backend not found.`);
-    expect(unavailable('cuda', missing('cuda'))).toBe('no available backend found. ERR: [cuda] backend not found.');
-    expect(unavailable('webgpu', missing('webgpu'))).toBe('no available backend found. ERR: [webgpu] backend not found.');
+    expect(unavailable('cuda', missing('cuda'))).toEqual({ reason: 'no available backend found. ERR: [cuda] backend not found.', remedy: expect.stringMatching(/Linux x64 only/) });
+    expect(unavailable('webgpu', missing('webgpu'))?.reason).toBe('no available backend found. ERR: [webgpu] backend not found.');
     // A model's own failure stays the model's.
     expect(unavailable('cuda', new Error('Load model from x.onnx failed: Protobuf parsing failed.'))).toBeUndefined();
   });

@@ -48,34 +48,81 @@ export const defaultRuntime = (): RuntimeOptions => ({ provider: 'cpu', threads:
  */
 const brokenProviders = new WeakMap<RuntimeOptions, Set<ExecutionProvider>>();
 
+/** One way a GPU provider fails to start on a machine, and what to do about it. */
+interface Unavailable {
+  pattern: RegExp;
+  /** What to do; `deviceId`, the CUDA device the worker was given. */
+  remedy: string | ((deviceId: number) => string);
+}
+
 /**
  * Errors that say a GPU provider cannot start on this machine at all, rather than that one model
- * cannot run on it (a model too large for the card, a corrupt file): CUDA's libraries not loading,
- * or no WebGPU adapter (no GPU, or no Vulkan driver for it).
+ * cannot run on it (a model too large for the card, a corrupt file): CUDA's libraries not loading, no
+ * GPU that CUDA can use, or no WebGPU adapter (no GPU, or no Vulkan driver for it). The first cause
+ * whose pattern matches onnxruntime's message names the remedy.
  */
-const UNAVAILABLE: Record<Exclude<ExecutionProvider, 'cpu'>, { name: string; pattern: RegExp; remedy: string }> = {
+const UNAVAILABLE: Record<Exclude<ExecutionProvider, 'cpu'>, { name: string; causes: readonly Unavailable[] }> = {
   cuda: {
     name: 'CUDA',
-    // Or onnxruntime-node built without CUDA (every build but Linux x64's: Windows, macOS, Linux arm64),
-    // where its backend is not registered: 'backend not found', which failed every model instead.
-    pattern: /failed to load (shared )?library|providers_cuda|providers_shared|libcu|cudnn|cuda\] backend not found/i,
-    remedy: 'Install the CUDA provider libraries as the README describes (onnxruntime-node has them for Linux x64 only), or set EXECUTION_PROVIDER=webgpu or cpu.',
+    causes: [
+      // CUDA's own errors from the provider's first calls as a session is made (cudaSetDevice), in
+      // onnxruntime's words: "CUDA failure <code>: <cudaGetErrorString> ; GPU=... ; hostname=... ; ...
+      // expr=cudaSetDevice(info_.device_id);" (onnxruntime/core/providers/cuda/cuda_call.cc, CudaCall's
+      // snprintf). 101, cudaErrorInvalidDevice: "invalid device ordinal", a device id beyond the machine's.
+      {
+        pattern: /CUDA failure 101: /,
+        remedy: (deviceId) =>
+          `CUDA_DEVICES gives this worker device ${deviceId}, which the CUDA runtime does not see: \`nvidia-smi -L\` lists the devices, numbered from 0 (within CUDA_VISIBLE_DEVICES where that is set).`,
+      },
+      // No GPU the runtime can use: 100 cudaErrorNoDevice "no CUDA-capable device is detected" (a
+      // container not given the GPU), 35 cudaErrorInsufficientDriver and 804 cudaErrorCompatNotSupportedOnDevice
+      // (a driver older than the CUDA runtime the provider links), 803 cudaErrorSystemDriverMismatch,
+      // 34 cudaErrorStubLibrary (libcuda.so is the toolkit's stub), 46 cudaErrorDevicesUnavailable (held
+      // by another process in exclusive-process mode).
+      {
+        pattern: /CUDA failure (34|35|46|100|803|804): /,
+        remedy:
+          "Check that `nvidia-smi` lists the GPU (in a container, that it was given the GPU: docker run --gpus, Kubernetes' nvidia.com/gpu), that its driver is as new as the CUDA runtime onnxruntime's provider links needs (README), and that no other process holds it in exclusive mode; or set EXECUTION_PROVIDER=webgpu or cpu.",
+      },
+      // The provider's libraries, or the CUDA and cuDNN ones they link, not loading. onnxruntime-node 1.30
+      // throws only "OrtSessionOptionsAppendExecutionProvider_Cuda: Failed to load shared library"
+      // (onnxruntime/core/session/provider_bridge_ort.cc, SessionOptionsAppendExecutionProvider_CUDA_V2);
+      // the library and dlopen's reason are in its own error line on stderr (test/cuda-provider.test.ts).
+      // Not any message naming cuDNN: its CUDNN_STATUS_..._ALLOCATION_FAILED is the GPU's memory.
+      {
+        pattern: /failed to load (shared )?library|providers_cuda|providers_shared|libcu/i,
+        remedy:
+          "onnxruntime's own error line on stderr (\"Failed to load library ... with error: ...\") names the library that did not load and why. Install the CUDA provider libraries (npm run install:cuda) and the CUDA runtime, cuBLAS and cuDNN they link, as the README's GPU (CUDA) section says; or set EXECUTION_PROVIDER=webgpu or cpu.",
+      },
+      // onnxruntime-node built without CUDA (every build but Linux x64's: Windows, macOS, Linux arm64),
+      // where its backend is not registered: 'backend not found', which failed every model instead.
+      { pattern: /\[cuda\] backend not found/i, remedy: 'onnxruntime-node has the CUDA provider on Linux x64 only: set EXECUTION_PROVIDER=webgpu or cpu.' },
+    ],
   },
   webgpu: {
     name: 'WebGPU',
-    // No adapter; or onnxruntime-node built without WebGPU (its Linux arm64 build): 'backend not found'.
-    pattern: /WebGPU adapter|No supported adapters|webgpu\] backend not found/i,
-    // Dawn runs over Vulkan on Linux, Direct3D 12 on Windows and Metal on macOS (whose drivers come with the system).
-    remedy: "Install the GPU's driver (on Linux its Vulkan driver and the libvulkan1 loader; on Windows one with Direct3D 12), or set EXECUTION_PROVIDER=cpu.",
+    causes: [
+      {
+        // No adapter; or onnxruntime-node built without WebGPU (its Linux arm64 build): 'backend not found'.
+        pattern: /WebGPU adapter|No supported adapters|webgpu\] backend not found/i,
+        // Dawn runs over Vulkan on Linux, Direct3D 12 on Windows and Metal on macOS (whose drivers come with the system).
+        remedy: "Install the GPU's driver (on Linux its Vulkan driver and the libvulkan1 loader; on Windows one with Direct3D 12), or set EXECUTION_PROVIDER=cpu.",
+      },
+    ],
   },
 };
 
-/** onnxruntime's reason where `err` says `provider` cannot start here (UNAVAILABLE), else undefined. Exported for the tests. */
-export function unavailable(provider: ExecutionProvider, err: unknown): string | undefined {
+/**
+ * Where `err` says `provider` cannot start here (UNAVAILABLE): onnxruntime's reason and what to do,
+ * else undefined. `deviceId`: the worker's CUDA device. Exported for the tests.
+ */
+export function unavailable(provider: ExecutionProvider, err: unknown, deviceId = 0): { reason: string; remedy: string } | undefined {
   if (provider === 'cpu') return undefined;
   // onnxruntime's first line, less the source location and failed check it starts with.
-  const message = (err as Error).message.split('\n')[0].split(' was false. ').at(-1)!;
-  return UNAVAILABLE[provider].pattern.test(message) ? message : undefined;
+  const reason = (err as Error).message.split('\n')[0].split(' was false. ').at(-1)!;
+  const cause = UNAVAILABLE[provider].causes.find(({ pattern }) => pattern.test(reason));
+  if (!cause) return undefined;
+  return { reason, remedy: typeof cause.remedy === 'string' ? cause.remedy : cause.remedy(deviceId) };
 }
 
 /** What one component's session needs beyond the worker's runtime. */
@@ -135,7 +182,7 @@ export async function createSession(graph: GraphSource | GraphFor, runtime: Runt
     } catch (err) {
       // A rewrite's checks cover the graphs exporters write (graph-rewrite.ts); should one still make a
       // graph onnxruntime refuses, the model loads as exported (and what fails for the file is reported).
-      if (source.file === undefined || unavailable(provider, err)) throw err;
+      if (source.file === undefined || unavailable(provider, err, runtime.deviceId)) throw err;
       (runtime.warn ?? console.warn)(`${source.file}: its rewritten graph did not load (${(err as Error).message.split('\n')[0]}); loading it as exported.`);
       return ort.InferenceSession.create(source.file, sessionOptions(runtime, provider, tuning));
     }
@@ -146,11 +193,10 @@ export async function createSession(graph: GraphSource | GraphFor, runtime: Runt
     try {
       return { session: await create(provider), provider };
     } catch (err) {
-      const message = unavailable(provider, err);
-      if (message === undefined) throw err;
-      const { name, remedy } = UNAVAILABLE[provider];
+      const cause = unavailable(provider, err, runtime.deviceId);
+      if (cause === undefined) throw err;
       brokenProviders.set(runtime, broken.add(provider));
-      (runtime.warn ?? console.warn)(`${name} execution provider unavailable (${message}); running on CPU. ${remedy}`);
+      (runtime.warn ?? console.warn)(`${UNAVAILABLE[provider].name} execution provider unavailable (${cause.reason}); running on CPU. ${cause.remedy}`);
     }
   }
   return { session: await create('cpu'), provider: 'cpu' };
