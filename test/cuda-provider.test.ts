@@ -2,13 +2,14 @@ import { spawnSync } from 'node:child_process';
 import path from 'node:path';
 import { pathToFileURL } from 'node:url';
 import { describe, expect, inject, it } from 'vitest';
+import { OnnxOutOfMemoryError, outOfMemoryOr } from '../src/runtime/onnx-model.js';
 import { unavailable } from '../src/runtime/providers.js';
 import { cudaInstalled, ortBinFolder } from './helpers/cuda.js';
 
 /**
  * The CUDA path, which no machine here can run (no GPU with CUDA's libraries): what onnxruntime-node 1.30
- * says when the provider cannot start, as its binary and sources word it, read by the function that
- * decides between falling back to the CPU and failing the model.
+ * says when the provider cannot start, and when the GPU runs out of memory, as its binary and sources
+ * word it, read by the functions that decide between falling back to the CPU, a 507, and a plain failure.
  */
 
 /**
@@ -67,5 +68,22 @@ describe('which CUDA errors mean the provider cannot start here (the worker then
     expect(unavailable('cuda', cudaFailure(2, 'out of memory', 'cudaMalloc((void**)&p, size)'))).toBeUndefined();
     expect(unavailable('cuda', new Error('CUDNN failure 4002: CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED ; GPU=0 ; hostname=gpu-host'))).toBeUndefined();
     expect(unavailable('cuda', new Error("Load model from /models/x/unet/model.onnx failed:Protobuf parsing failed."))).toBeUndefined();
+  });
+});
+
+describe("the GPU's out-of-memory errors are a 507 (OnnxOutOfMemoryError), like the CPU's", () => {
+  const classified = (message: string) => outOfMemoryOr(new Error(message), 'unet/model.onnx', 'run') instanceof OnnxOutOfMemoryError;
+
+  it("recognises CUDA's, the arena's at its limit, cuBLAS's and cuDNN's", () => {
+    expect(classified(cudaFailure(2, 'out of memory', 'cudaMalloc((void**)&p, size)').message)).toBe(true);
+    // bfc_arena.cc, AllocateRawInternal, at the arena's limit (gpu_mem_limit).
+    expect(classified('/onnxruntime_src/onnxruntime/core/framework/bfc_arena.cc:359 void* onnxruntime::BFCArena::AllocateRawInternal(size_t, bool, onnxruntime::Stream*, bool, onnxruntime::WaitNotificationFn) Available memory of 34699008 is smaller than requested bytes of 945041920')).toBe(true);
+    expect(classified('Non-zero status code returned while running MatMul node. Status Message: CUBLAS failure 3: CUBLAS_STATUS_ALLOC_FAILED ; GPU=0 ; hostname=gpu-host')).toBe(true);
+    expect(classified('Non-zero status code returned while running Conv node. Status Message: CUDNN failure 4002: CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED ; GPU=0')).toBe(true);
+  });
+
+  it('leaves the errors that are not about memory as they are', () => {
+    expect(classified(cudaFailure(209, 'no kernel image is available for execution on the device', 'cudaGetLastError()').message)).toBe(false);
+    expect(classified('CUBLAS failure 13: CUBLAS_STATUS_EXECUTION_FAILED ; GPU=0')).toBe(false);
   });
 });

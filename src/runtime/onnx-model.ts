@@ -16,10 +16,14 @@ export interface HostTensor {
 
 /**
  * How onnxruntime says an allocation failed: `std::bad_alloc` from the CPU allocator without an arena,
- * "Failed to allocate memory for requested buffer" from an arena (CPU or CUDA), and CUDA's own "out of
- * memory" (cudaErrorMemoryAllocation).
+ * "Failed to allocate memory for requested buffer" from an arena (CPU or CUDA) that could not grow,
+ * "Available memory of <n> is smaller than requested bytes of <m>" from one at its limit (both in
+ * onnxruntime/core/framework/bfc_arena.cc), CUDA's own "out of memory" (cudaErrorMemoryAllocation, as
+ * cuda_call.cc writes it: "CUDA failure 2: out of memory ; GPU=..."), and cuBLAS's and cuDNN's failed
+ * workspaces on the GPU ("CUBLAS failure 3: CUBLAS_STATUS_ALLOC_FAILED", cuDNN 9's
+ * CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED): test/cuda-provider.test.ts.
  */
-const OUT_OF_MEMORY = /std::bad_alloc|Failed to allocate memory|out of memory|cudaErrorMemoryAllocation/i;
+const OUT_OF_MEMORY = /std::bad_alloc|Failed to allocate memory|Available memory of \d+ is smaller than requested bytes|out of memory|cudaErrorMemoryAllocation|_ALLOC_FAILED|_ALLOCATION_FAILED/i;
 
 /**
  * onnxruntime could not allocate what a session needed, while creating it (its weights, prepacked
@@ -36,8 +40,8 @@ export class OnnxOutOfMemoryError extends Error {
   }
 }
 
-/** `err` as an OnnxOutOfMemoryError when onnxruntime says an allocation failed, else as it is. */
-function outOfMemoryOr(err: unknown, file: string, during: OnnxOutOfMemoryError['during']): unknown {
+/** `err` as an OnnxOutOfMemoryError when onnxruntime says an allocation failed, else as it is. Exported for the tests. */
+export function outOfMemoryOr(err: unknown, file: string, during: OnnxOutOfMemoryError['during']): unknown {
   const message = (err as Error).message;
   return OUT_OF_MEMORY.test(message) ? new OnnxOutOfMemoryError(file, message, during) : err;
 }
