@@ -47,9 +47,11 @@ export class VaeDecoder {
     const images: RgbImage[] = [];
     for (let b = 0; b < batch; b++) {
       const z = latents.slice(b * per, (b + 1) * per);
+      if (!allFinite(z)) throw new NonFiniteOutputError('denoiser');
       for (let i = 0; i < z.length; i++) z[i] = z[i] / this.scalingFactor + this.shiftFactor;
       const whole = !tiling || (latentHeight <= tiling.tile && latentWidth <= tiling.tile);
       const { data, height, width } = whole ? await this.run(z, channels, latentHeight, latentWidth) : await this.decodeTiled(z, channels, latentHeight, latentWidth, tiling);
+      if (!allFinite(data)) throw new NonFiniteOutputError('vae_decoder');
       images.push(toRgb(data, height, width));
     }
     return images;
@@ -101,6 +103,38 @@ export class VaeDecoder {
     for (let c = 0; c < 3; c++) for (let i = 0; i < plane; i++) sum[c * plane + i] /= weights[i];
     return { data: sum, height: latentHeight * scale, width: latentWidth * scale };
   }
+}
+
+/**
+ * A model's output held NaN or infinite values, which toRgb would have drawn as a black (or blank)
+ * picture without a word: an overflow, almost always of fp16 arithmetic (SDXL's VAE is known to
+ * overflow in fp16; onnxruntime's GPU providers compute fp16 graphs in fp16, where the CPU one
+ * computes many operators in fp32). `stage`: whose output it was; the final latents are checked before
+ * the decoder runs, so a decoder is blamed only for what it made of finite latents. Crosses the worker's
+ * process boundary by name (service/failures.ts).
+ */
+export class NonFiniteOutputError extends Error {
+  constructor(readonly stage: 'denoiser' | 'vae_decoder') {
+    super(
+      stage === 'denoiser'
+        ? "its denoiser's latents held NaN or infinite values after the last step, so the picture would have been black. " +
+            "This is an overflow: most often an fp16 export computing in fp16 on a GPU, or a guidance_scale far above the model's own. " +
+            'Try a lower guidance_scale, or an fp32 export of the model.'
+        : "its VAE decoder turned finite latents into NaN or infinite values, so the picture would have been black. " +
+            "This is an fp16 overflow in the VAE decoder (SDXL's is known to overflow in fp16): install the model with an fp32 VAE decoder, " +
+            "or with an fp16 one made not to overflow (madebyollin/sdxl-vae-fp16-fix for SDXL).",
+    );
+    this.name = 'NonFiniteOutputError';
+  }
+}
+
+/** Whether every value is finite: x - x is 0 for every finite x and NaN for NaN and the infinities (about 4 ms for a 1024x1024 image's 3M values). */
+function allFinite(values: Float32Array): boolean {
+  for (let i = 0; i < values.length; i++) {
+    const x = values[i];
+    if (x - x !== 0) return false;
+  }
+  return true;
 }
 
 /**

@@ -5,6 +5,7 @@ import { formatBytes } from '../util/bytes.js';
 import { ApiError } from '../api/errors.js';
 import { MISSING_FOLDER, ModelLayoutError } from '../models/layout.js';
 import { InsufficientMemoryError } from '../pipelines/memory-plan.js';
+import { NonFiniteOutputError } from '../pipelines/vae.js';
 import { StoreFullError, StoreUnavailableError } from '../store/image-store.js';
 
 /** The engine's and the store's failures as OpenAI errors, with the status and retry advice each deserves. */
@@ -73,6 +74,11 @@ export function engineError(err: unknown, model: string): unknown {
   // Raised in the worker: it crosses the process boundary by name.
   if ((err as Error).name === InsufficientMemoryError.name) {
     return insufficientMemory((err as Error).message, err);
+  }
+  // Raised in the worker: it crosses the process boundary by name. The same request overflows the same
+  // way again, so the SDKs are told not to retry.
+  if ((err as Error).name === NonFiniteOutputError.name) {
+    return new ApiError(500, `Model '${model}' failed to make this image: ${(err as Error).message}`, { code: 'non_finite_output', headers: NO_RETRY, cause: err });
   }
   return err;
 }
