@@ -122,13 +122,13 @@ function forEachPatchElement(batch: number, h: number, w: number, fn: (packed: n
   }
 }
 
-export function pack(latents: Float32Array, batch: number, h: number, w: number): Float32Array {
+function pack(latents: Float32Array, batch: number, h: number, w: number): Float32Array {
   const out = new Float32Array(latents.length);
   forEachPatchElement(batch, h, w, (p, u) => (out[p] = latents[u]));
   return out;
 }
 
-export function unpack(packed: Float32Array, batch: number, h: number, w: number): Float32Array {
+function unpack(packed: Float32Array, batch: number, h: number, w: number): Float32Array {
   const out = new Float32Array(packed.length);
   forEachPatchElement(batch, h, w, (p, u) => (out[u] = packed[p]));
   return out;

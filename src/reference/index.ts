@@ -5,8 +5,8 @@
 export { buildDefaultModel, buildFamily, buildReferenceModels, DEFAULT_MODEL_DIR, type BuildSummary } from './build.js';
 export { REFERENCE_FAMILIES } from './families.js';
 export { BACKGROUND, COLOUR_NAMES, COLOURS, CONCEPTS, SHAPES, SYNONYMS, type ColourName, type ShapeName } from './concepts.js';
-export { BANK_SIZE, drawPrototype, MASK_COUNT, PLACEMENTS, PROTOTYPE_IMAGE_SIZE, PROTOTYPES, prototypeBank, type Prototype, type PrototypeBank } from './prototypes.js';
+export { BANK_SIZE, drawPrototype, MASK_COUNT, PLACEMENTS, PROTOTYPE_IMAGE_SIZE, PROTOTYPES, prototypeBank } from './prototypes.js';
 export { latentCode } from './latent-code.js';
-export { ClipVocabulary, referenceClipVocabulary } from './clip-vocabulary.js';
-export { referenceT5Vocabulary, T5Vocabulary } from './t5-vocabulary.js';
+export { referenceClipVocabulary } from './clip-vocabulary.js';
+export { referenceT5Vocabulary } from './t5-vocabulary.js';
 export { sdSigmas } from './unet.js';

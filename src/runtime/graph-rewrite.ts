@@ -29,7 +29,7 @@ export interface GraphRewrite {
 }
 
 /** In the order they are applied: attention fusion reads the zeros' chain as the first leaves it, or as exported. */
-export const GRAPH_REWRITES: readonly GraphRewrite[] = [
+const GRAPH_REWRITES: readonly GraphRewrite[] = [
   { name: 'attention zeros', exact: true, needs: 'ConstantOfShape', providers: EXECUTION_PROVIDERS, apply: (model) => (model.graph ? dropAttentionZeros(model.graph) : 0) },
   // Within 1e-6 of the exported UNets' outputs (test/graph-rewrite.test.ts).
   { name: 'attention fusion', exact: false, needs: 'Softmax', providers: ['cpu'], apply: (model) => fuseAttention(model) },

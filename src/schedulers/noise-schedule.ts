@@ -107,7 +107,7 @@ function betaSchedule(config: BetaConfig): Float32Array {
 }
 
 /** abar_t = prod_{s<=t} (1 - beta_s); torch accumulates the product in double and stores float32. */
-export function alphasCumprod(betas: Float32Array): Float32Array {
+function alphasCumprod(betas: Float32Array): Float32Array {
   const out = new Float32Array(betas.length);
   let product = 1;
   for (let t = 0; t < betas.length; t++) {

@@ -49,7 +49,7 @@ export function echoedSettings(request: GenerationRequest): Pick<GptImageRespons
  * The safety identifier a gpt-image answer repeats, as OpenAI's do: the request's `safety_identifier`,
  * else its `user`, when either is given (not empty). Nothing else of it is kept.
  */
-export function safetyIdentifierOf(request: Pick<GenerationRequest, 'safety_identifier' | 'user'>): Pick<GptImageResponseFields, 'safety_identifier'> {
+function safetyIdentifierOf(request: Pick<GenerationRequest, 'safety_identifier' | 'user'>): Pick<GptImageResponseFields, 'safety_identifier'> {
   const identifier = request.safety_identifier || request.user;
   return identifier ? { safety_identifier: identifier } : {};
 }
