@@ -105,7 +105,8 @@ export class CostModel {
 
   /** The average of the models timed so far, or the initial guess. */
   private fallback(): Rates {
-    const rates = [...new Set([...this.finished.keys(), ...this.provisional.keys()])].map((model) => this.ratesOf(model)!);
+    // A model has provisional rates only until it has finished ones: each model counts once.
+    const rates = [...this.finished.values(), ...this.provisional.values()];
     if (rates.length === 0) return { first: INITIAL_SECONDS_PER_WORK, step: INITIAL_SECONDS_PER_WORK };
     const steps = rates.flatMap((r) => (r.step === undefined ? [] : [r.step]));
     const mean = (values: number[]) => values.reduce((a, b) => a + b, 0) / values.length;

@@ -149,7 +149,7 @@ export class JobQueue {
     return new Promise<T>((resolve, reject) => {
       let queued = 0;
       const onAbort = () => entry.cancel(signal!.reason);
-      let disarm = () => undefined as unknown;
+      let disarm: () => void = () => {};
       /**
        * Waits in line. The wait is bounded until the request starts; a requeued job (`again`) is bounded
        * once more, since its request may have nothing else running for it.

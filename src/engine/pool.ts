@@ -12,6 +12,7 @@ import type { ExecutionProvider, GraphRewrites } from '../runtime/providers.js';
 import type { BatchEvent, GeneratedImage, GenerationBatch, ModelRef } from '../runtime/types.js';
 import { stallWatchdog } from './stall-watchdog.js';
 import { WorkerDiedError, type WorkerProcess } from './worker-process.js';
+import type { WorkerInit } from './worker-protocol.js';
 import { modelName, REAL_CLOCK, WorkerSlots, type PoolClock, type PoolMessage, type Readiness, type SlotMetrics } from './worker-slots.js';
 
 /**
@@ -160,7 +161,7 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
   const { logger, metrics } = options;
   const preload = options.preload ?? [];
   const cudaDevices = options.cudaDevices ?? [0];
-  const engine: Partial<EngineSettings> = {
+  const engine: WorkerInit['engine'] = {
     runtime: {
       provider: options.executionProvider,
       threads: options.threadsPerWorker ?? sharedThreads(options.workers),
@@ -184,7 +185,7 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
     slots: options.workers,
     init: (slot) => ({
       type: 'init',
-      engine: { ...engine, runtime: { ...engine.runtime!, deviceId: cudaDevices[slot % cudaDevices.length] }, knownMemory: options.memoryFigures?.all() ?? {} },
+      engine: { ...engine, runtime: { ...engine.runtime, deviceId: cudaDevices[slot % cudaDevices.length] }, knownMemory: options.memoryFigures?.all() ?? {} },
       preload,
       nice: options.workerNice ?? 0,
     }),

@@ -12,7 +12,8 @@ import type { BatchEvent, GeneratedImage, GenerationBatch, ModelRef } from '../r
 /** What a worker is started with (its first message). */
 export interface WorkerInit {
   type: 'init';
-  engine: Partial<EngineSettings>;
+  /** The runtime's options always: the worker adds its own `warn` to them. */
+  engine: Partial<EngineSettings> & Pick<EngineSettings, 'runtime'>;
   /** Model folders to load before the worker says it is ready. */
   preload: ModelRef[];
   /** A Unix nice increment: the worker runs this far below the server's CPU priority, so the server's event loop is never starved of a core. */

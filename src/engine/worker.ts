@@ -120,7 +120,7 @@ function reportMemory(modelDir: string): void {
 async function start({ engine, preload, nice }: WorkerInit): Promise<void> {
   lowerPriority(nice);
   // Functions do not cross the IPC channel: the runtime's warnings go to the server's log as messages.
-  runtime = new WorkerRuntime({ ...engine, runtime: { ...engine.runtime!, warn: (message) => void send({ type: 'warning', message }) } }, pooledMemory);
+  runtime = new WorkerRuntime({ ...engine, runtime: { ...engine.runtime, warn: (message) => void send({ type: 'warning', message }) } }, pooledMemory);
   for (const { dir, version } of preload) await ensureLoaded(dir, version).catch(() => undefined);
   void send({ type: 'ready' });
 }

@@ -35,15 +35,17 @@ const DECODERS: Record<string, () => Transform> = {
 /** The decoded body, counting the encoded bytes where Fastify checks them against Content-Length. */
 function decode(payload: RequestPayload, decoder: Transform, encoding: string, limit: number): RequestPayload {
   let decoded = 0;
-  const body: Transform & { receivedEncodedLength?: number } = new Transform({
-    transform(chunk: Buffer, _encoding, done) {
-      decoded += chunk.length;
-      if (decoded <= limit) return done(null, chunk);
-      done(new ApiError(413, `The request body is too large: the limit is ${limit} bytes, counted after decompression.`, { code: 'request_too_large' }));
-    },
-  });
-  body.receivedEncodedLength = 0;
-  payload.on('data', (chunk: Buffer) => (body.receivedEncodedLength! += chunk.length));
+  const body = Object.assign(
+    new Transform({
+      transform(chunk: Buffer, _encoding, done) {
+        decoded += chunk.length;
+        if (decoded <= limit) return done(null, chunk);
+        done(new ApiError(413, `The request body is too large: the limit is ${limit} bytes, counted after decompression.`, { code: 'request_too_large' }));
+      },
+    }),
+    { receivedEncodedLength: 0 },
+  );
+  payload.on('data', (chunk: Buffer) => (body.receivedEncodedLength += chunk.length));
   // pipe(), not pipeline(): an error must not destroy the request, whose socket still carries the answer.
   payload.pipe(decoder).pipe(body);
   payload.on('error', (err) => body.destroy(err));

@@ -75,12 +75,13 @@ function statValue(file: string, key: string): number | undefined {
 /** Bytes this process's groups still let it take (the least over the group and its ancestors); undefined where none limits it. */
 export function cgroupAvailableBytes(): number | undefined {
   const h = hierarchy();
+  if (!h) return undefined;
   let least: number | undefined;
-  for (const dir of h?.dirs ?? []) {
-    const limit = numberIn(path.join(dir, h!.limitFile));
-    const usage = numberIn(path.join(dir, h!.usageFile));
+  for (const dir of h.dirs) {
+    const limit = numberIn(path.join(dir, h.limitFile));
+    const usage = numberIn(path.join(dir, h.usageFile));
     if (limit === undefined || usage === undefined) continue;
-    const used = Math.max(0, usage - (statValue(path.join(dir, 'memory.stat'), h!.inactiveKey) ?? 0));
+    const used = Math.max(0, usage - (statValue(path.join(dir, 'memory.stat'), h.inactiveKey) ?? 0));
     least = Math.min(least ?? Infinity, Math.max(0, limit - used));
   }
   return least;
