@@ -60,7 +60,8 @@ export class BundleWriter {
   }
 
   /** Adds a file of `size` bytes; `content` must yield exactly that many. */
-  async add(name: string, size: number, content: AsyncIterable<Uint8Array> | Iterable<Uint8Array>, mtime = Math.floor(Date.now() / 1000)): Promise<void> {
+  async add(name: string, size: number, content: AsyncIterable<Uint8Array> | Iterable<Uint8Array>): Promise<void> {
+    const mtime = Math.floor(Date.now() / 1000);
     const nameBytes = Buffer.byteLength(name);
     if (nameBytes > 100 || size > USTAR_MAX_SIZE) {
       const pax = Buffer.from((nameBytes > 100 ? paxRecord('path', name) : '') + (size > USTAR_MAX_SIZE ? paxRecord('size', String(size)) : ''));

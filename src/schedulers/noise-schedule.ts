@@ -81,10 +81,13 @@ function linspaceFloat32(start: number, end: number, n: number): Float32Array {
   return out;
 }
 
+/** Betas of the cosine schedule are capped below 1 (diffusers' max_beta), where alpha_bar reaches 0. */
+const MAX_COSINE_BETA = 0.999;
+
 /** Glide's cosine schedule ("squaredcos_cap_v2"): betas that discretise alpha_bar(t) = cos^2. */
-function cosineBetas(n: number, maxBeta = 0.999): Float32Array {
+function cosineBetas(n: number): Float32Array {
   const alphaBar = (t: number) => Math.cos(((t + 0.008) / 1.008) * (Math.PI / 2)) ** 2;
-  return Float32Array.from({ length: n }, (_, i) => Math.min(1 - alphaBar((i + 1) / n) / alphaBar(i / n), maxBeta));
+  return Float32Array.from({ length: n }, (_, i) => Math.min(1 - alphaBar((i + 1) / n) / alphaBar(i / n), MAX_COSINE_BETA));
 }
 
 /** The betas a config names: its trained_betas, or its beta_schedule between beta_start and beta_end. */
@@ -186,7 +189,8 @@ export function interpolateTable(table: ArrayLike<number>, t: number): number {
 }
 
 /** Karras et al. 2022 (EDM) noise levels: evenly spaced in sigma^(1/rho), rho = 7, from max down to min. */
-export function karrasSigmas(sigmaMax: number, sigmaMin: number, n: number, rho = 7): number[] {
+export function karrasSigmas(sigmaMax: number, sigmaMin: number, n: number): number[] {
+  const rho = 7;
   const maxInv = sigmaMax ** (1 / rho);
   const minInv = sigmaMin ** (1 / rho);
   return linspace(0, 1, n).map((ramp) => (maxInv + ramp * (minInv - maxInv)) ** rho);
