@@ -4,7 +4,7 @@ import path from 'node:path';
 import type { FastifyInstance } from 'fastify';
 import type { Logger } from 'pino';
 import { EMBEDDED_MODELS_DIR, type Config } from './config.js';
-import { createEnginePool, type WorkerPool } from './engine/pool.js';
+import { createEnginePool, type EnginePoolOptions, type WorkerPool } from './engine/pool.js';
 import { buildApp } from './http/app.js';
 import type { ModelRef } from './runtime/types.js';
 import { defaultWorkerCount } from './engine/worker-count.js';
@@ -12,7 +12,7 @@ import { availableBytes } from './runtime/memory.js';
 import { MemoryFigures } from './models/memory-figures.js';
 import { ModelRegistry, modelRoots } from './models/registry.js';
 import { Metrics } from './observability/metrics.js';
-import { openImageStore } from './store/open-store.js';
+import { openImageStore, type SweptStore } from './store/open-store.js';
 import { KeyRates } from './http/key-rates.js';
 import { KeySlots } from './http/key-slots.js';
 import { connectRedis } from './http/redis.js';
@@ -67,21 +67,7 @@ export async function startServer(config: Config, logger: Logger, { clock, worke
   if (tls) createSecureContext(tls);
   // The same for the keys (the auth plugin reads them again as the app starts, and then on every change).
   if (config.apiKeysFile) await readKeyFile(config.apiKeysFile);
-  const store = await openImageStore(
-    {
-      kind: config.store,
-      dir: path.resolve(config.dataDir, 'images'),
-      s3: {
-        bucket: config.s3Bucket,
-        prefix: config.s3Prefix,
-        endpoint: config.s3Endpoint,
-        region: config.s3Region,
-        forcePathStyle: config.s3ForcePathStyle,
-        presignedUrls: config.s3PresignedUrls,
-      },
-    },
-    { ttlSeconds: config.imageTtlSeconds, maxBytes: config.maxStoreBytes, logger: logger.child({ component: 'store' }), clock },
-  );
+  const store = await openStore(config, logger, clock);
   store.startSweeper(SWEEP_INTERVAL_MS);
   // With REDIS_URL the replicas share API_KEYS_FILE's per-key limits; without it this server counts alone.
   const redisLog = logger.child({ component: 'redis' });
@@ -101,35 +87,12 @@ export async function startServer(config: Config, logger: Logger, { clock, worke
   }
 
   const metrics = new Metrics();
-  const memoryFigures = await MemoryFigures.open(config.dataDir, {
-    provider: config.executionProvider,
-    graphRewrites: config.graphRewrites,
-    onWriteError: (err) =>
-      logger.warn({ err }, `the models' memory figures cannot be written to ${figuresFile} (${err.message}): they serve this server, but the next one measures each model again as it first loads; free space in DATA_DIR or make it writable`),
-  });
-  const figuresFile = `DATA_DIR/${memoryFigures.fileName}`;
-  if (memoryFigures.setAside === 'outdated') {
-    logger.info(`the memory figures in ${figuresFile} were measured by an older version, which counted differently: set aside; each model is measured again as it first loads`);
-  } else if (memoryFigures.setAside === 'unreadable') {
-    logger.warn(`${figuresFile} cannot be read as memory figures (damaged?): set aside; each model is measured again as it first loads, and the file is rewritten`);
-  }
+  const memoryFigures = await openMemoryFigures(config, logger);
   const preload = await preloadDirs(config.preload, registry, logger);
   const workers = config.workers ?? chosenWorkerCount(config, preload, memoryFigures, logger);
   const engine = createEnginePool({
+    ...engineSettings(config),
     workers,
-    queueMax: config.queueMax,
-    queueMaxSeconds: config.queueMaxSeconds || undefined,
-    queueTimeoutMs: config.queueTimeoutSeconds * 1000,
-    stallTimeoutMs: config.workerStallTimeoutSeconds * 1000,
-    executionProvider: config.executionProvider,
-    threadsPerWorker: config.workerThreads,
-    threadSpinning: config.ortThreadSpinning,
-    graphRewrites: config.graphRewrites,
-    workerNice: config.workerNice,
-    vaeTiling: config.vaeTiling,
-    cudaDevices: config.cudaDevices,
-    modelMemoryBudget: config.modelMemoryBudget,
-    memoryLimit: config.memoryLimit,
     preload,
     modelVersion: (dir) => registry.versionOf(dir),
     memoryFigures,
@@ -167,6 +130,61 @@ export async function startServer(config: Config, logger: Logger, { clock, worke
   const clientUrl = `${config.publicBaseUrl ?? url}/v1`;
   logger.info({ url: clientUrl, models: registry.list().map((m) => m.id), workers }, 'imagegen listening');
   return { app, url, engine, close };
+}
+
+/** The image store that STORE and its settings name (DATA_DIR/images or the bucket), open. */
+function openStore(config: Config, logger: Logger, clock: ServerOverrides['clock']): Promise<SweptStore> {
+  return openImageStore(
+    {
+      kind: config.store,
+      dir: path.resolve(config.dataDir, 'images'),
+      s3: {
+        bucket: config.s3Bucket,
+        prefix: config.s3Prefix,
+        endpoint: config.s3Endpoint,
+        region: config.s3Region,
+        forcePathStyle: config.s3ForcePathStyle,
+        presignedUrls: config.s3PresignedUrls,
+      },
+    },
+    { ttlSeconds: config.imageTtlSeconds, maxBytes: config.maxStoreBytes, logger: logger.child({ component: 'store' }), clock },
+  );
+}
+
+/** The models' measured memory kept in DATA_DIR; a file set aside (older or damaged) and a write that fails are logged. */
+async function openMemoryFigures(config: Config, logger: Logger): Promise<MemoryFigures> {
+  const memoryFigures = await MemoryFigures.open(config.dataDir, {
+    provider: config.executionProvider,
+    graphRewrites: config.graphRewrites,
+    onWriteError: (err) =>
+      logger.warn({ err }, `the models' memory figures cannot be written to ${figuresFile} (${err.message}): they serve this server, but the next one measures each model again as it first loads; free space in DATA_DIR or make it writable`),
+  });
+  const figuresFile = `DATA_DIR/${memoryFigures.fileName}`;
+  if (memoryFigures.setAside === 'outdated') {
+    logger.info(`the memory figures in ${figuresFile} were measured by an older version, which counted differently: set aside; each model is measured again as it first loads`);
+  } else if (memoryFigures.setAside === 'unreadable') {
+    logger.warn(`${figuresFile} cannot be read as memory figures (damaged?): set aside; each model is measured again as it first loads, and the file is rewritten`);
+  }
+  return memoryFigures;
+}
+
+/** The engine pool's options that come from the settings alone. */
+function engineSettings(config: Config) {
+  return {
+    queueMax: config.queueMax,
+    queueMaxSeconds: config.queueMaxSeconds || undefined,
+    queueTimeoutMs: config.queueTimeoutSeconds * 1000,
+    stallTimeoutMs: config.workerStallTimeoutSeconds * 1000,
+    executionProvider: config.executionProvider,
+    threadsPerWorker: config.workerThreads,
+    threadSpinning: config.ortThreadSpinning,
+    graphRewrites: config.graphRewrites,
+    workerNice: config.workerNice,
+    vaeTiling: config.vaeTiling,
+    cudaDevices: config.cudaDevices,
+    modelMemoryBudget: config.modelMemoryBudget,
+    memoryLimit: config.memoryLimit,
+  } satisfies Partial<EnginePoolOptions>;
 }
 
 /** The default WORKERS for the models to preload and the memory measured (worker-count.ts), logged with its reason. */
