@@ -165,6 +165,28 @@ function unknownFamily(denoiserFolder: string, denoiserConfig: Record<string, un
   return `no model family here recognises it (${shown}); this server runs ${FAMILIES.map((f) => f.name).join(', ')} models (docs/adding-a-model-family.md says how to add one)`;
 }
 
+/**
+ * What the model's schedulers run from: its scheduler_config.json, or its stand-in's where this server
+ * does not run its class (standInFor); a config that cannot make a schedule is the folder's problem.
+ */
+function runnableScheduler(root: string, own: SchedulerConfig, kind: ModelKind): { standIn: ReturnType<typeof standInFor>; schedulerConfig: SchedulerConfig } {
+  let standIn: ReturnType<typeof standInFor>;
+  try {
+    standIn = standInFor(own, kind);
+  } catch (err) {
+    throw new ModelLayoutError(root, `scheduler/scheduler_config.json: ${(err as Error).message}`);
+  }
+  const schedulerConfig = standIn?.config ?? own;
+  try {
+    // Given a schedule too: what only set_timesteps reads (timestep_spacing, final_sigmas_type) would
+    // otherwise load as ready and fail every request, blaming its steps.
+    createScheduler(schedulerConfig).setTimesteps(SCHEDULE_CHECK_STEPS, { mu: 1 });
+  } catch (err) {
+    throw new ModelLayoutError(root, `scheduler/scheduler_config.json${standIn ? ` (as ${standIn.name})` : ''}: ${(err as Error).message}`);
+  }
+  return { standIn, schedulerConfig };
+}
+
 export async function inspectModel(dir: string): Promise<ModelLayout> {
   const root = path.resolve(dir);
   if (!(await exists(root))) throw new ModelLayoutError(root, MISSING_FOLDER);
@@ -207,20 +229,7 @@ export async function inspectModel(dir: string): Promise<ModelLayout> {
   }
   if (!family) throw new ModelLayoutError(root, unknownFamily(denoiserFolder!, denoiserConfig, modelIndex));
   const ownScheduler = scheduler as SchedulerConfig;
-  let standIn: ReturnType<typeof standInFor>;
-  try {
-    standIn = standInFor(ownScheduler, family.schedulerKind);
-  } catch (err) {
-    throw new ModelLayoutError(root, `scheduler/scheduler_config.json: ${(err as Error).message}`);
-  }
-  const schedulerConfig = standIn?.config ?? ownScheduler;
-  try {
-    // Given a schedule too: what only set_timesteps reads (timestep_spacing, final_sigmas_type) would
-    // otherwise load as ready and fail every request, blaming its steps.
-    createScheduler(schedulerConfig).setTimesteps(SCHEDULE_CHECK_STEPS, { mu: 1 });
-  } catch (err) {
-    throw new ModelLayoutError(root, `scheduler/scheduler_config.json${standIn ? ` (as ${standIn.name})` : ''}: ${(err as Error).message}`);
-  }
+  const { standIn, schedulerConfig } = runnableScheduler(root, ownScheduler, family.schedulerKind);
 
   const vaeConfig = (await readJson(root, path.join(path.dirname(vaeDecoder!), 'config.json'))) ?? {};
   const vaeScale = halvings(vaeConfig.block_out_channels) ?? 8;
