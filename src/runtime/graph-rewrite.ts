@@ -115,8 +115,9 @@ async function weightsFolder(graph: proto.IGraphProto, graphFolder: string): Pro
   const entries = (graph.initializer ?? []).flatMap((tensor) => (tensor.externalData ?? []).filter((entry) => entry.key === 'location'));
   if (entries.length === 0) return graphFolder;
   const real = await Promise.all(entries.map((entry) => realpath(path.join(graphFolder, entry.value ?? '')).catch(() => undefined)));
-  const folders = new Set(real.map((file) => file && path.dirname(file)));
-  if (folders.size !== 1 || real.includes(undefined)) return undefined;
-  entries.forEach((entry, i) => (entry.value = path.basename(real[i]!)));
-  return path.dirname(real[0]!);
+  const found = real.filter((file) => file !== undefined);
+  const folders = new Set(found.map((file) => path.dirname(file)));
+  if (folders.size !== 1 || found.length < real.length) return undefined;
+  entries.forEach((entry, i) => (entry.value = path.basename(found[i])));
+  return [...folders][0];
 }
