@@ -130,12 +130,14 @@ export class WorkerRuntime {
       onStep: onEvent && part.step((step, total) => onEvent({ type: 'step', step, total })),
       // Numbered within the part, as its loop sees them.
       previewsAt: (step, total) => part.items.flatMap((item, i) => (wants(item, step, total) ? [i] : [])),
-      onPreview: async (previews) => {
-        for (const { item: i, image } of previews) {
-          const item = part.items[i];
-          onEvent!({ type: 'preview', item, index: sent[item]++, image: await encode(image, batch.items[item]) });
-        }
-      },
+      onPreview:
+        onEvent &&
+        (async (previews) => {
+          for (const { item: i, image } of previews) {
+            const item = part.items[i];
+            onEvent({ type: 'preview', item, index: sent[item]++, image: await encode(image, batch.items[item]) });
+          }
+        }),
     }));
     return Promise.all(images.map((image, i) => encode(image, batch.items[i])));
   }

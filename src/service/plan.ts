@@ -143,9 +143,9 @@ export function planBatches(request: GenerationRequest, model: ModelEntry, defau
   } catch (err) {
     // Steps the request left to the preset but a low strength raised (stepsOf), or fewer steps than the
     // preset's left by a strength that bounds them, are the strength's doing.
-    const raised = request.steps === undefined && settings.steps > preset.steps[request.quality];
+    const raised = edit !== undefined && request.steps === undefined && settings.steps > preset.steps[request.quality];
     const param = request.steps !== undefined ? 'steps' : raised || bounding !== undefined ? 'strength' : 'scheduler';
-    const why = raised ? ` (strength ${edit!.strength} runs one step only of ${settings.steps} or more). Raise 'strength'` : param === 'strength' ? ". Raise 'strength'" : '';
+    const why = raised ? ` (strength ${edit.strength} runs one step only of ${settings.steps} or more). Raise 'strength'` : param === 'strength' ? ". Raise 'strength'" : '';
     throw ApiError.invalid(param, 'invalid_value', `Invalid value for '${param}' with model '${request.model}': ${(err as Error).message}${why}.`);
   }
   return chunks(items, preset.maxBatch).map((part) => ({ ...settings, items: part }));
