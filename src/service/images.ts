@@ -148,6 +148,30 @@ function unknownModel(id: string, registry: ModelRegistry, defaultModel: string 
   return modelMissing(`The model '${id}'${what}.${hint}`);
 }
 
+/** The images as base64, one per turn of the event loop: ten photo-sized ones take tens of milliseconds. */
+async function inlined(images: GeneratedImage[]): Promise<ImageObject[]> {
+  const objects: ImageObject[] = [];
+  for (const image of images) {
+    objects.push({ b64_json: bufferView(image.data).toString('base64'), seed: image.seed });
+    await setImmediate();
+  }
+  return objects;
+}
+
+/** An edit's strength and what marks where it repaints; a model that cannot do this edit (its capabilities) is a 400. */
+function editPlan(request: GenerationRequest, model: ModelEntry, edit: EditInput): { strength: number; marks?: InputImage } {
+  // A variation varies the whole picture: transparency marks nothing there.
+  const marks = edit.kind === 'edit' ? editMarks(edit) : undefined;
+  const needs = marks ? 'inpainting' : 'image-to-image';
+  if (!model.capabilities.includes(needs)) {
+    const why = model.layout.vaeEncoder
+      ? `${model.layout.family} models cannot do ${needs} here`
+      : `its export (${model.id}) lacks vae_encoder/model.onnx. Export it again with its VAE encoder`;
+    throw ApiError.invalid('model', 'unsupported_value', `The model '${request.model}' cannot edit images: ${why}, or name another model.`);
+  }
+  return { strength: request.strength ?? DEFAULT_STRENGTH[edit.kind === 'variation' ? 'variation' : marks ? 'inpaint' : 'edit'], marks };
+}
+
 export function createImageService({ registry, engine, store, defaultRng, defaultModel }: ImageServiceDeps): ImageService {
   const promptTokens = new PromptTokenCounter();
 
@@ -195,16 +219,6 @@ export function createImageService({ registry, engine, store, defaultRng, defaul
     } finally {
       progress?.stop();
     }
-  }
-
-  /** The images as base64, one per turn of the event loop: ten photo-sized ones take tens of milliseconds. */
-  async function inlined(images: GeneratedImage[]): Promise<ImageObject[]> {
-    const objects: ImageObject[] = [];
-    for (const image of images) {
-      objects.push({ b64_json: bufferView(image.data).toString('base64'), seed: image.seed });
-      await setImmediate();
-    }
-    return objects;
   }
 
   /** For url requests, the store space their images will take, set aside before any is generated. */
@@ -262,20 +276,6 @@ export function createImageService({ registry, engine, store, defaultRng, defaul
     } finally {
       reservation?.release();
     }
-  }
-
-  /** An edit's strength and what marks where it repaints; a model that cannot do this edit (its capabilities) is a 400. */
-  function editPlan(request: GenerationRequest, model: ModelEntry, edit: EditInput): { strength: number; marks?: InputImage } {
-    // A variation varies the whole picture: transparency marks nothing there.
-    const marks = edit.kind === 'edit' ? editMarks(edit) : undefined;
-    const needs = marks ? 'inpainting' : 'image-to-image';
-    if (!model.capabilities.includes(needs)) {
-      const why = model.layout.vaeEncoder
-        ? `${model.layout.family} models cannot do ${needs} here`
-        : `its export (${model.id}) lacks vae_encoder/model.onnx. Export it again with its VAE encoder`;
-      throw ApiError.invalid('model', 'unsupported_value', `The model '${request.model}' cannot edit images: ${why}, or name another model.`);
-    }
-    return { strength: request.strength ?? DEFAULT_STRENGTH[edit.kind === 'variation' ? 'variation' : marks ? 'inpaint' : 'edit'], marks };
   }
 
   /** What generate and stream share: all but how the images reach the client (`how`). */
