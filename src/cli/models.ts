@@ -88,6 +88,36 @@ function describeMemory(memory: ModelMemory | undefined): string {
   return `${formatBytes(memory.weightsBytes)}${peak}`;
 }
 
+/** `models list`: a table of the folder's models, their status and measured memory. */
+async function printModelList(flags: CommonFlags & { dataDir: string; executionProvider: ExecutionProvider; graphRewrites: GraphRewrites }): Promise<void> {
+  const modelsDir = modelsDirOf(flags);
+  // A mistyped folder is not an empty one: say so, rather than "no models".
+  const folder = await stat(modelsDir).catch((err: NodeJS.ErrnoException) => err);
+  if (folder instanceof Error || !folder.isDirectory()) {
+    const installs = folder instanceof Error ? '; `models import` and `models pull` create it as they install the first model' : '';
+    throw new ModelInstallError(
+      `${modelsDir} is ${folder instanceof Error ? `not there (${folder.code})` : 'a file, not a folder'}: pass the folder the server reads models from (--models-dir or ${MODELS_DIR})${installs}`,
+    );
+  }
+  const misplaced = await modelFolderAsRoot(modelsDir);
+  if (misplaced) throw new ModelInstallError(misplaced);
+  const memory = await readMemoryFigures(flags.dataDir, flags.executionProvider, flags.graphRewrites);
+  const rows = (await listModels(modelsDir)).map((model) => [
+    model.id,
+    model.family ? `${model.family}/${model.variant}` : '-',
+    formatBytes(model.bytes),
+    describeMemory(memory[path.resolve(modelsDir, model.id)]),
+    model.reason ? `${model.status}: ${model.reason}` : model.status,
+  ]);
+  if (!rows.length) {
+    console.log(`no models in ${modelsDir}; install one with "imagegen models pull <repo>" or "imagegen models import <folder|bundle>"`);
+    return;
+  }
+  const table = [['ID', 'MODEL', 'SIZE', 'MEMORY', 'STATUS'], ...rows];
+  const widths = table[0].map((_, column) => Math.max(...table.map((row) => row[column].length)));
+  for (const row of table) console.log(row.map((cell, column) => (column < row.length - 1 ? cell.padEnd(widths[column]) : cell)).join('  '));
+}
+
 const modelsDirOption = () => new Option('--models-dir <dir>', 'folder of installed models, one sub-folder per model').env(MODELS_DIR);
 const forceOption = () => new Option('--force', 'replace an installed model of the same id (the old one stays until the new one is in place)');
 const skipLoadOption = () =>
@@ -187,36 +217,7 @@ export function registerModelCommands(program: Command): void {
         .env(envName('graphRewrites'))
         .default(settingDefault('graphRewrites')),
     )
-    .action(
-      reporting(async (flags: CommonFlags & { dataDir: string; executionProvider: ExecutionProvider; graphRewrites: GraphRewrites }) => {
-        const modelsDir = modelsDirOf(flags);
-        // A mistyped folder is not an empty one: say so, rather than "no models".
-        const folder = await stat(modelsDir).catch((err: NodeJS.ErrnoException) => err);
-        if (folder instanceof Error || !folder.isDirectory()) {
-          const installs = folder instanceof Error ? '; `models import` and `models pull` create it as they install the first model' : '';
-          throw new ModelInstallError(
-            `${modelsDir} is ${folder instanceof Error ? `not there (${folder.code})` : 'a file, not a folder'}: pass the folder the server reads models from (--models-dir or ${MODELS_DIR})${installs}`,
-          );
-        }
-        const misplaced = await modelFolderAsRoot(modelsDir);
-        if (misplaced) throw new ModelInstallError(misplaced);
-        const memory = await readMemoryFigures(flags.dataDir, flags.executionProvider, flags.graphRewrites);
-        const rows = (await listModels(modelsDir)).map((model) => [
-          model.id,
-          model.family ? `${model.family}/${model.variant}` : '-',
-          formatBytes(model.bytes),
-          describeMemory(memory[path.resolve(modelsDir, model.id)]),
-          model.reason ? `${model.status}: ${model.reason}` : model.status,
-        ]);
-        if (!rows.length) {
-          console.log(`no models in ${modelsDir}; install one with "imagegen models pull <repo>" or "imagegen models import <folder|bundle>"`);
-          return;
-        }
-        const table = [['ID', 'MODEL', 'SIZE', 'MEMORY', 'STATUS'], ...rows];
-        const widths = table[0].map((_, column) => Math.max(...table.map((row) => row[column].length)));
-        for (const row of table) console.log(row.map((cell, column) => (column < row.length - 1 ? cell.padEnd(widths[column]) : cell)).join('  '));
-      }),
-    );
+    .action(reporting(printModelList));
 
   registerVerifyCommand(models);
 
