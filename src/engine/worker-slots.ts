@@ -5,6 +5,7 @@ import type { ModelRef } from '../runtime/types.js';
 import { stallWatchdog, type StallWatchdog } from './stall-watchdog.js';
 import type { WorkerInit } from './worker-protocol.js';
 import { WorkerProcess, type WorkerListener } from './worker-process.js';
+import { plural } from '../util/plural.js';
 
 /**
  * The pool's worker processes, one per slot, and their lives: starting each, killing one that hangs
@@ -206,7 +207,7 @@ export class WorkerSlots {
     const slot = this.slots.indexOf(worker);
     this.restartLater(slot, wasProven, `worker process ${reason}${hadBatch ? '' : ' while idle'}`, worker.pid, hadBatch);
     const times = this.failedStarts[slot];
-    if (!wasReady) this.startFailure = `a worker process ${reason} before it was ready (${times} time${times === 1 ? '' : 's'} in a row; the server log says more)`;
+    if (!wasReady) this.startFailure = `a worker process ${reason} before it was ready (${plural(times, 'time')} in a row; the server log says more)`;
     else if (!wasProven) this.startFailure = `a worker process ${reason} soon after it was ready (the server log says more)`;
   }
 

@@ -4,6 +4,7 @@ import { finished } from 'node:stream';
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import fp from 'fastify-plugin';
 import type { Config } from '../config.js';
+import { plural } from '../util/plural.js';
 
 /**
  * How long a connection may take, and when it ends. Node's limits count only while a request is
@@ -104,7 +105,7 @@ function limitConnections(app: FastifyInstance, max: number, onDropped?: () => v
     unlogged++;
     const now = performance.now();
     if (now - loggedAt < DROP_LOG_INTERVAL_MS) return;
-    app.log.warn(`${unlogged} connection${unlogged === 1 ? '' : 's'} reset as ${unlogged === 1 ? 'it' : 'they'} arrived: MAX_CONNECTIONS (${max}) were open; raise it, or look for clients holding connections idle`);
+    app.log.warn(`${plural(unlogged, 'connection')} reset as ${unlogged === 1 ? 'it' : 'they'} arrived: MAX_CONNECTIONS (${max}) were open; raise it, or look for clients holding connections idle`);
     [unlogged, loggedAt] = [0, now];
   });
 }

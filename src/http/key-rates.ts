@@ -1,5 +1,6 @@
 import { ApiError } from '../api/errors.js';
 import type { ApiKey } from './keys.js';
+import { plural } from '../util/plural.js';
 
 /**
  * API_KEYS_FILE's per-minute limits of a key: requests_per_minute and images_per_minute (the sum of its
@@ -195,5 +196,3 @@ function describe(limits: NonNullable<ApiKey['limits']>): string {
   ].filter(Boolean);
   return `at most ${parts.join(' and ')} a minute`;
 }
-
-const plural = (n: number, noun: string) => `${n} ${noun}${n === 1 ? '' : 's'}`;

@@ -5,6 +5,7 @@ import { OVERRIDE_FILE } from '../models/model-folder.js';
 import { isTensorRtEngine, tensorRtProblem } from '../models/tensorrt.js';
 import { TOKENIZER_FILES } from '../tokenizers/files.js';
 import { ModelInstallError } from './errors.js';
+import { plural } from '../util/plural.js';
 
 /**
  * Which files of a repository or folder make up a diffusion ONNX export. Hub repositories often carry
@@ -58,7 +59,7 @@ export function selectModelFiles(paths: string[]): FileSelection {
 /** The note saying which files an install leaves out. */
 export function skippedNote(where: string, skipped: string[]): string {
   const shown = skipped.slice(0, 5).join(', ') + (skipped.length > 5 ? ', ...' : '');
-  return `${where}: skipping ${skipped.length} file${skipped.length === 1 ? '' : 's'} an ONNX export does not need: ${shown}\n`;
+  return `${where}: skipping ${plural(skipped.length, 'file')} an ONNX export does not need: ${shown}\n`;
 }
 
 /** How an install names its source and the other places an export could be picked from. */
