@@ -120,6 +120,16 @@ interface Entry {
 /** Seconds a job without an estimate is assumed to take, until jobs have been timed. */
 const INITIAL_JOB_SECONDS = 5;
 
+/** Estimated seconds a job that started at `startedAt` has left at `now`: none once past its estimate. */
+const secondsLeft = (entry: Entry, startedAt: number, now: number): number => Math.max(0, entry.cost() - (now - startedAt) / 1000);
+
+/** Seconds (at least 1) until the first of these running jobs should end: a worker, or a slot of its client's, is free then. */
+function firstToEnd(running: [Entry, { startedAt: number }][]): number {
+  if (running.length === 0) return 1;
+  const now = performance.now();
+  return Math.max(1, Math.ceil(Math.min(...running.map(([entry, { startedAt }]) => secondsLeft(entry, startedAt, now)))));
+}
+
 export class JobQueue {
   private readonly order = new FairOrder<Entry>();
   /** Requests waiting outside the queue for what they need before their jobs may queue (see waitOutside). */
@@ -308,16 +318,8 @@ export class JobQueue {
     // Retried, it waits in its client's line again, which the fair order takes in turn with the others:
     // what holds it is the running jobs (its own client's, where its limit held it), not the whole queue
     // (the oldest request, the first to time out, was told to wait longest).
-    const holding = [...this.running.keys()].filter((entry) => !heldByOwnLimit || entry.ticket.client === ticket.client);
-    return new QueueTimeoutError(waited, this.firstToEnd(holding), false, heldByOwnLimit ? maxConcurrent : undefined);
-  }
-
-  /** Seconds (at least 1) until the first of the running `entries` should end: a worker, or a slot of its client's, is free then. */
-  private firstToEnd(entries: Entry[]): number {
-    if (entries.length === 0) return 1;
-    const now = performance.now();
-    const left = entries.map((entry) => Math.max(0, entry.cost() - (now - this.running.get(entry)!.startedAt) / 1000));
-    return Math.max(1, Math.ceil(Math.min(...left)));
+    const holding = [...this.running].filter(([entry]) => !heldByOwnLimit || entry.ticket.client === ticket.client);
+    return new QueueTimeoutError(waited, firstToEnd(holding), false, heldByOwnLimit ? maxConcurrent : undefined);
   }
 
   /**
@@ -329,7 +331,7 @@ export class JobQueue {
   private retryAfterSeconds(): number {
     const now = performance.now();
     let left = 0;
-    for (const [entry, { startedAt }] of this.running) left += Math.max(0, entry.cost() - (now - startedAt) / 1000);
+    for (const [entry, { startedAt }] of this.running) left += secondsLeft(entry, startedAt, now);
     const ahead = (left + this.sum(this.order.entries())) / Math.max(1, this.concurrency);
     const longest = this.options.maxWaitMs === undefined ? Infinity : this.options.maxWaitMs / 1000;
     return Math.max(1, Math.ceil(Math.min(ahead, longest)));
