@@ -59,6 +59,30 @@ describe('loaded models within a memory budget', () => {
     await expect.poll(() => tryGenerate(old)).toBe('released');
   });
 
+  it('never releases a model that a run uses, over the budget or to make room', async () => {
+    const oneModel = await weightBytes(await inspectModel(a));
+    const { cache: c } = cache(oneModel * 1.5);
+    await c.use(a, undefined, async (inUse) => {
+      await c.get(b);
+      expect(c.loadedModels()).toEqual([a, b]);
+      // Making room for a third model: 'b' is idle, 'a' in use.
+      expect(await c.releaseIdle('elsewhere')).toEqual([b]);
+      expect(await tryGenerate(inUse)).toBe('ran');
+    });
+    expect(c.loadedModels()).toEqual([a]);
+  });
+
+  it('makes room with the loaded models only: not the one kept, nor one still loading', async () => {
+    const { cache: c } = cache(Number.MAX_SAFE_INTEGER);
+    const idle = await c.get(a);
+    const loading = c.get(b);
+    expect(await c.releaseIdle(a)).toEqual([]);
+    expect(await c.releaseIdle('elsewhere')).toEqual([a]);
+    await expect.poll(() => tryGenerate(idle)).toBe('released');
+    expect(await tryGenerate(await loading)).toBe('ran');
+    expect(c.loadedModels()).toEqual([b]);
+  });
+
   it('still runs a model larger than the whole budget', async () => {
     const { cache: c } = cache(1);
     const pipeline = await c.get(a);

@@ -6,8 +6,8 @@ import type { Pipeline } from './pipeline.js';
 /**
  * The loaded pipelines of one worker, within a memory budget: a model's weight files on disk are what
  * its sessions hold in memory (or on the GPU), so once the loaded models' files add up to more than
- * the budget the least recently used ones are released. The model in use is never released, so one
- * model larger than the budget still runs.
+ * the budget the least recently used ones are released. A model loading or in use (see use()) is never
+ * released that way, so one model larger than the budget still runs.
  */
 
 interface Entry {
@@ -15,6 +15,8 @@ interface Entry {
   version: string | undefined;
   /** 0 until loaded: a model still loading is not counted and cannot be evicted. */
   bytes: number;
+  /** Runs using it now (see use()): a worker runs one batch at a time, but a runtime in one process may run several. */
+  users: number;
 }
 
 /** Bytes of the folders holding the model's ONNX graphs and their external weights. */
@@ -37,7 +39,7 @@ export class PipelineCache {
   private readonly entries = new Map<string, Entry>();
 
   constructor(
-    private readonly load: (modelDir: string) => Promise<Pipeline>,
+    private readonly load: (modelDir: string, version?: string) => Promise<Pipeline>,
     private readonly budgetBytes: number,
   ) {}
 
@@ -52,7 +54,7 @@ export class PipelineCache {
       }
       void releaseSessions(hit);
     }
-    const entry: Entry = { bytes: 0, version, pipeline: this.load(modelDir) };
+    const entry: Entry = { bytes: 0, users: 0, version, pipeline: this.load(modelDir, version) };
     this.entries.set(modelDir, entry);
     entry.pipeline = entry.pipeline.then(
       async (pipeline) => {
@@ -66,6 +68,19 @@ export class PipelineCache {
       },
     );
     return entry.pipeline;
+  }
+
+  /** Runs `work` with the model's pipeline (loaded as get() loads it), which is not released as idle meanwhile. */
+  async use<T>(modelDir: string, version: string | undefined, work: (pipeline: Pipeline) => Promise<T>): Promise<T> {
+    const pipeline = this.get(modelDir, version);
+    // get() has set the entry by now (loaded or loading): counted from here, it is in use as it loads too.
+    const entry = this.entries.get(modelDir)!;
+    entry.users++;
+    try {
+      return await work(await pipeline);
+    } finally {
+      entry.users--;
+    }
   }
 
   /** Model folders loaded or loading, least recently used first. */
@@ -86,14 +101,30 @@ export class PipelineCache {
     await releaseSessions(entry);
   }
 
+  /**
+   * Releases every model but `keep` that has loaded and that no run uses, and resolves with their folders
+   * once their sessions are gone (for a load of `keep` that ran out of memory: see WorkerRuntime.withRoom).
+   */
+  async releaseIdle(keep: string): Promise<string[]> {
+    const idle = [...this.entries].filter(([dir, entry]) => isIdle(dir, entry, keep));
+    for (const [dir] of idle) this.entries.delete(dir);
+    await Promise.all(idle.map(([, entry]) => releaseSessions(entry)));
+    return idle.map(([dir]) => dir);
+  }
+
   private evictBeyondBudget(keep: string): void {
     let total = [...this.entries.values()].reduce((sum, e) => sum + e.bytes, 0);
     for (const [dir, entry] of this.entries) {
       if (total <= this.budgetBytes) break;
-      if (dir === keep || entry.bytes === 0) continue;
+      if (!isIdle(dir, entry, keep)) continue;
       this.entries.delete(dir);
       total -= entry.bytes;
       void releaseSessions(entry);
     }
   }
+}
+
+/** Whether an entry other than `keep` may be released: loaded, and used by no run. */
+function isIdle(dir: string, entry: Entry, keep: string): boolean {
+  return dir !== keep && entry.bytes > 0 && entry.users === 0;
 }

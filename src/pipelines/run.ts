@@ -51,15 +51,24 @@ export class WorkerRuntime {
   private readonly settings: EngineSettings;
   private readonly memory: MemoryPlan;
   private readonly pipelines: PipelineCache;
+  /**
+   * Models (folder: version) that ran out of memory loading while this runtime held no other model (see
+   * withRoom). Releasing the other models cannot help them, so a request for one no longer costs the
+   * models held beside it (reloaded by the next request for each: with a client retrying, on every
+   * request). Kept for the runtime's life, a worker's: memory that others free later (another process, a
+   * GPU's other users) is seen by a restarted worker, and a folder replaced in place is a new version.
+   */
+  private readonly failedAlone = new Map<string, string | undefined>();
 
   /** `memory`: who grants batches their memory (a worker's pool); by default what this process sees free. */
   constructor(settings: Partial<EngineSettings> = {}, memory?: MemorySource) {
     this.settings = { ...defaults(), ...settings };
     this.memory = new MemoryPlan(this.settings.knownMemory, memory ?? localMemory(this.settings.memoryLimit), this.settings.vaeTiling);
     const runtime = this.settings.runtime;
-    this.pipelines = new PipelineCache(async (dir) => {
-      const pipeline = await this.memory.measureLoad(dir, () => loadPipeline(dir, runtime, this.memory)).catch((err: unknown) => {
-        throw err instanceof OnnxOutOfMemoryError ? ranOutOfMemory(path.basename(dir), err) : err;
+    this.pipelines = new PipelineCache(async (dir, version) => {
+      // Measured anew if it loads again after others were released: their memory is not its own.
+      const pipeline = await this.withRoom(dir, version, () => this.memory.measureLoad(dir, () => loadPipeline(dir, runtime, this.memory))).catch((err: unknown) => {
+        throw err instanceof OnnxOutOfMemoryError ? ranOutOfMemory(path.basename(dir), err, undefined, this.failsAlone(dir, version)) : err;
       });
       await this.calibrate(pipeline);
       return pipeline;
@@ -90,6 +99,43 @@ export class WorkerRuntime {
     await this.memory.exclusive(run).catch((err: unknown) => {
       if (!(err instanceof GenerationCancelled)) throw err;
     });
+  }
+
+  /**
+   * Runs `attempt`, which loads a model (or one of its components, on demand, in a run); when onnxruntime
+   * runs out of memory loading it while this runtime holds other models that no run uses, releases them
+   * and runs `attempt` once more. The budget (MODEL_MEMORY_BUDGET) releases models only by their weights'
+   * bytes and after a load; a limit it cannot see (a GPU's memory, a container's) makes a load fail first.
+   * Here rather than in PipelineCache: the retry has to be measured on its own (MemoryPlan.measureLoad, or
+   * measureRun for a component loaded on demand, which the cache never sees load), and it is the out-of-
+   * memory error that decides, which this module turns into the client's 507. The cache says which models
+   * are idle (PipelineCache.releaseIdle): never the one loading, nor one a run uses.
+   */
+  private async withRoom<T>(modelDir: string, version: string | undefined, attempt: () => Promise<T>): Promise<T> {
+    try {
+      return await attempt();
+    } catch (err) {
+      if (!loadRanOutOfMemory(err) || this.failsAlone(modelDir, version)) throw err;
+      const released = await this.pipelines.releaseIdle(modelDir);
+      if (released.length === 0) throw this.noteAlone(modelDir, version, err);
+      const names = released.map((dir) => `'${path.basename(dir)}'`).join(', ');
+      (this.settings.runtime.warn ?? console.warn)(
+        `Model '${path.basename(modelDir)}' ran out of memory loading ${componentOf(err)}; released the idle model(s) ${names} to make room for it, and loading it once more.`,
+      );
+      return await attempt().catch((again: unknown) => {
+        throw loadRanOutOfMemory(again) ? this.noteAlone(modelDir, version, again) : again;
+      });
+    }
+  }
+
+  /** `err`, once noted in failedAlone when this runtime holds no model but `modelDir` (a load fails with nothing else to release). */
+  private noteAlone(modelDir: string, version: string | undefined, err: unknown): unknown {
+    if (this.pipelines.loadedModels().every((dir) => dir === modelDir)) this.failedAlone.set(modelDir, version);
+    return err;
+  }
+
+  private failsAlone(modelDir: string, version: string | undefined): boolean {
+    return this.failedAlone.has(modelDir) && this.failedAlone.get(modelDir) === version;
   }
 
   /** What a model folder has cost here, once loaded (and once it ran). */
@@ -146,8 +192,12 @@ export class WorkerRuntime {
    * Runs the batch in parts that fit the memory plan, one after the other, each with the hooks
    * `hooksFor` gives it (see Part).
    */
-  private async runInParts(batch: GenerationBatch, hooksFor: (part: Part) => GenerateHooks): Promise<RgbImage[]> {
-    const pipeline = await this.getPipeline(batch.modelDir, batch.modelVersion);
+  private runInParts(batch: GenerationBatch, hooksFor: (part: Part) => GenerateHooks): Promise<RgbImage[]> {
+    // In use while it runs: a load that runs out of memory meanwhile (another run's, in this process) leaves it be.
+    return this.pipelines.use(batch.modelDir, batch.modelVersion, (pipeline) => this.runPartsWith(pipeline, batch, hooksFor));
+  }
+
+  private async runPartsWith(pipeline: Pipeline, batch: GenerationBatch, hooksFor: (part: Part) => GenerateHooks): Promise<RgbImage[]> {
     const m = pipeline.layout.sizeMultiple;
     if (batch.width % m || batch.height % m || batch.width <= 0 || batch.height <= 0) {
       throw new RangeError(`${batch.width}x${batch.height} is not a valid size for this model: both sides must be positive multiples of ${m}`);
@@ -164,8 +214,11 @@ export class WorkerRuntime {
         step: (onStep) => (step, total) => onStep(index * total + step, parts.length * total),
       };
       const run = () => pipeline.generate({ ...batch, items }, hooksFor(part));
+      // A component loaded on demand (the VAE encoder) loads before the part's first step: run again after
+      // making room for it, the part has told its hooks nothing yet.
+      const measured = () => this.memory.measureRun(batch.modelDir, items.length * samples, batch.width * batch.height, run);
       images.push(
-        ...(await this.memory.measureRun(batch.modelDir, items.length * samples, batch.width * batch.height, run).catch(async (err: unknown) => {
+        ...(await this.withRoom(batch.modelDir, batch.modelVersion, measured).catch(async (err: unknown) => {
           if (!(err instanceof OnnxOutOfMemoryError)) throw err;
           // A component loaded on demand (the VAE encoder) failing to load taught nothing about the size.
           if (err.during === 'run') {
@@ -174,7 +227,7 @@ export class WorkerRuntime {
             // use: the model's sessions go, and the next batch loads them again with the memory back.
             await this.pipelines.release(batch.modelDir);
           }
-          throw ranOutOfMemory(path.basename(batch.modelDir), err, { batch, images: items.length });
+          throw ranOutOfMemory(path.basename(batch.modelDir), err, { batch, images: items.length }, this.failsAlone(batch.modelDir, batch.modelVersion));
         })),
       );
     }
@@ -196,18 +249,25 @@ export interface BatchHooks {
   onEvent?(event: BatchEvent): void;
 }
 
+const loadRanOutOfMemory = (err: unknown): err is OnnxOutOfMemoryError => err instanceof OnnxOutOfMemoryError && err.during === 'load';
+
+/** The component's file, as `vae_decoder/model.onnx`. */
+const componentOf = (err: OnnxOutOfMemoryError) => `${path.basename(path.dirname(err.file))}/${path.basename(err.file)}`;
+
 /**
  * onnxruntime could not allocate what a model needed, though the plan expected it to fit (another process
  * took the memory, a limit the plan cannot see such as a container's or the GPU's): a 507 like the
- * plan's own. `making`: the images of the run, when it failed running rather than loading.
+ * plan's own. `making`: the images of the run, when it failed running rather than loading. `alone`: it
+ * failed to load with no other model held (see WorkerRuntime.withRoom), which a lower
+ * MODEL_MEMORY_BUDGET cannot help.
  */
-function ranOutOfMemory(modelName: string, err: OnnxOutOfMemoryError, making?: { batch: GenerationBatch; images: number }): InsufficientMemoryError {
+function ranOutOfMemory(modelName: string, err: OnnxOutOfMemoryError, making?: { batch: GenerationBatch; images: number }, alone = false): InsufficientMemoryError {
   const component = path.basename(path.dirname(err.file));
   const cause = `(onnxruntime: ${err.detail.split('\n')[0]})`;
-  const freeMemory = 'fewer WORKERS (each holds its own models), a lower MODEL_MEMORY_BUDGET, or on CUDA a GPU with more memory';
+  const freeMemory = `fewer WORKERS (each holds its own models), ${alone ? '' : 'a lower MODEL_MEMORY_BUDGET, '}or on CUDA a GPU with more memory`;
   if (err.during === 'load' || !making) {
     return new InsufficientMemoryError(
-      `Model '${modelName}' ran out of memory loading ${component}/${path.basename(err.file)} ${cause}: its weights need more memory than this worker could get.` +
+      `Model '${modelName}' ran out of memory loading ${componentOf(err)} ${cause}: its weights need more memory than this worker could get${alone ? ', even holding no other model' : ''}.` +
         ` Free memory for it: ${freeMemory}; or install a smaller export of it (fp16).`,
     );
   }
