@@ -111,8 +111,9 @@ export class WorkerRuntime {
    * memory error that decides, which this module turns into the client's 507. The cache says which models
    * are idle (PipelineCache.releaseIdle): never the one loading, nor one a run uses. In a worker, which
    * loads its preloads one by one before it is ready, then runs one task at a time (worker.ts's perform,
-   * which the pool sends only to a ready, idle worker) and calibrates a model inside its own load, the one model in use as another loads is the one whose component loads on
-   * demand; a runtime in one process (the CLI, tests) may run several batches at once, which use() counts.
+   * which the pool sends only to a ready, idle worker) and calibrates a model inside its own load, the
+   * one model in use as another loads is the one whose component loads on demand; a runtime in one
+   * process (the CLI, tests) may run several batches at once, which use() counts.
    */
   private async withRoom<T>(modelDir: string, version: string | undefined, attempt: () => Promise<T>): Promise<T> {
     try {
