@@ -27,6 +27,10 @@ export default defineConfig({
     globalSetup: ['test/global-setup.ts'],
     testTimeout: 120_000,
     hookTimeout: 120_000,
+    // expect.poll waits for something to happen (a job running, a log line, a socket's answer); vitest's
+    // own default gives up after 1 s, which a machine under load (CI's, shared) can take for a single
+    // turn of a server's event loop. A poll that must see its event sooner says so in its own timeout.
+    expect: { poll: { timeout: 30_000 } },
     // Each test file runs ONNX sessions and sometimes a server with worker threads: two at a time is
     // what a 2-core machine takes without the timing-sensitive tests starving.
     pool: 'forks',
