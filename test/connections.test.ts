@@ -1,4 +1,5 @@
 import { execFile, spawn, spawnSync } from 'node:child_process';
+import { once } from 'node:events';
 import { mkdtemp, rm } from 'node:fs/promises';
 import { get } from 'node:https';
 import os from 'node:os';
@@ -30,11 +31,19 @@ const SHORT_LIMITS = { headersTimeoutSeconds: 1, requestTimeoutSeconds: 2, sendT
 
 let server: TestServer;
 let port: number;
+/**
+ * SHORT_LIMITS but a request timeout of 30 s, far above what a step of a test takes on a loaded machine:
+ * what must happen before it (an answer, the rest of a body sent after it) has room to, and what waits
+ * for it (a refusal that waited for the body) takes long enough to show.
+ */
+let patient: TestServer;
+let patientPort: number;
 beforeAll(async () => {
-  server = await startTestServer({ config: SHORT_LIMITS });
+  [server, patient] = await Promise.all([startTestServer({ config: SHORT_LIMITS }), startTestServer({ config: { ...SHORT_LIMITS, requestTimeoutSeconds: 30 } })]);
   port = Number(new URL(server.origin).port);
+  patientPort = Number(new URL(patient.origin).port);
 });
-afterAll(() => server.close());
+afterAll(() => Promise.all([server.close(), patient.close()]));
 
 const BODY = JSON.stringify({ model: 'stub', prompt: 'a red circle' });
 
@@ -66,8 +75,10 @@ describe('slow and stalled requests', () => {
     } finally {
       clearInterval(trickle);
     }
-    // REQUEST_TIMEOUT_SECONDS=2, checked every second: all gone well before the trickle could finish (50 s).
-    expect(Date.now() - started).toBeLessThan(6000);
+    // REQUEST_TIMEOUT_SECONDS=2, checked every second: all gone in about 3 s, long before the trickle
+    // could finish (2000 s) or Node's own request timeout (300 s) would end it; 20 s tells those apart
+    // and leaves a loaded machine room (6 s was near it).
+    expect(Date.now() - started).toBeLessThan(20_000);
     for (const exchange of exchanges) expectOpenAiError(exchange.text, 408, 'request_timeout');
   });
 
@@ -75,7 +86,9 @@ describe('slow and stalled requests', () => {
     const silent = rawRequest(port);
     const partial = rawRequest(port, 'GET /health HTTP/1.1\r\nHost: a\r\n');
     await Promise.all([silent.closed, partial.closed]);
-    expect(silent.closedAfterMs).toBeLessThan(4000);
+    // HEADERS_TIMEOUT_SECONDS=1, checked every second: about 2 s; Node's own headers timeout is 60 s and
+    // ours by default 30 s, which 15 s still tells apart on a loaded machine (4 s was near it).
+    expect(silent.closedAfterMs).toBeLessThan(15_000);
     expectOpenAiError(partial.text, 408, 'request_timeout');
   });
 
@@ -100,11 +113,12 @@ describe('slow and stalled requests', () => {
 describe('refusals before the body', () => {
   it('answers a missing or wrong key with 401 before the body, then drops the body as it comes', async () => {
     for (const authorization of [[], ['Authorization: Bearer sk-wrong-0000000000']]) {
-      const started = Date.now();
-      const exchange = rawRequest(port, head(['POST /v1/images/generations HTTP/1.1', 'Host: a', ...authorization, 'Content-Type: application/json', 'Content-Length: 100000']));
+      // The patient server: its request timeout leaves time to send the body after the answer, however slow the machine.
+      const exchange = rawRequest(patientPort, head(['POST /v1/images/generations HTTP/1.1', 'Host: a', ...authorization, 'Content-Type: application/json', 'Content-Length: 100000']));
       await expect.poll(() => exchange.text.includes('\r\n\r\n{')).toBe(true);
-      // Well before the 2 s request timeout: nobody waited for the 100000 bytes.
-      expect(Date.now() - started).toBeLessThan(1500);
+      // Before the request timeout: nobody waited for the 100000 bytes, none of which was sent (a 401
+      // that waited for them would have been the timeout's 408, on a connection it closed).
+      expect(exchange.closedAfterMs).toBeUndefined();
       const { headers } = expectOpenAiError(exchange.text, 401, authorization.length ? 'invalid_api_key' : null);
       expect(headers.connection).toBe('keep-alive');
       // The body, sent after its answer, is read and dropped: the connection takes the next request.
@@ -129,9 +143,11 @@ describe('refusals before the body', () => {
   });
 
   it('closes at once after the answer when the declared body is over what it would drop (64 MiB)', async () => {
-    const exchange = rawRequest(port, head(['POST /v1/images/generations HTTP/1.1', 'Host: a', 'Content-Type: application/json', `Content-Length: ${65 * 1024 ** 2}`]));
+    const exchange = rawRequest(patientPort, head(['POST /v1/images/generations HTTP/1.1', 'Host: a', 'Content-Type: application/json', `Content-Length: ${65 * 1024 ** 2}`]));
     await exchange.closed;
-    expect(exchange.closedAfterMs).toBeLessThan(1500);
+    // Not at the patient server's 30 s request timeout, as a connection left to read the body closes;
+    // 10 s leaves a loaded machine room (1.5 s against a 2 s timeout was near it).
+    expect(exchange.closedAfterMs).toBeLessThan(10_000);
     expect(expectOpenAiError(exchange.text, 401, null).headers.connection).toBe('close');
   });
 
@@ -516,7 +532,9 @@ describe('pipelined requests whose connection closes before their turn', () => {
     // takes no memory (one that took some while bodies arrived would leave room behind).
     const full = async () => {
       const look = rawRequest(port, queued.slice(0, queued.indexOf('\r\n\r\n') + 4));
-      await new Promise((resolve) => setTimeout(resolve, 200));
+      // A refusal comes as the headers arrive; a look let in waits for a body that never comes, so a
+      // second (not a fixed 200 ms, which a loaded machine's answer could miss) ends that wait.
+      await Promise.race([once(look.socket, 'data'), look.closed, new Promise((resolve) => setTimeout(resolve, 1000))]);
       look.socket.destroy();
       return look.text.startsWith('HTTP/1.1 429');
     };
