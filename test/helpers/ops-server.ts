@@ -83,9 +83,9 @@ export async function untilReady(origin: string, timeoutMs = 20_000): Promise<vo
   }
 }
 
-/** Waits until the engine runs a job (the long one just sent). */
+/** Waits until the engine runs a job (the long one just sent), its worker started first if need be (a loaded machine takes its time). */
 export async function whenRunning(server: RunningServer): Promise<void> {
-  await expect.poll(() => server.engine.load().running, { timeout: 10_000, interval: 5 }).toBe(1);
+  await expect.poll(() => server.engine.load().running, { timeout: 60_000, interval: 5 }).toBe(1);
 }
 
 /** One series' value in Prometheus text, e.g. `imagegen_denoising_steps_total{model="shapes"}`; undefined when absent. */
