@@ -29,8 +29,10 @@ describe('a batch heard late', () => {
       });
       expect(images).toHaveLength(1);
       expect(held).toBe(true);
-      // Timed by when the pool heard of it, the batch took BUSY_MS at least.
-      expect(pool.ticket([demoBatch()]).cost).toBeLessThan(BUSY_MS / 1000 / 2);
+      // Timed by when the pool heard of it, the batch took BUSY_MS at least: any estimate short of that
+      // was timed by the worker's clock. (Half of BUSY_MS left less room for the batch itself, which a
+      // loaded machine slows: 0.25 s of the 1 s with the test pinned to a core shared with three busy loops.)
+      expect(pool.ticket([demoBatch()]).cost).toBeLessThan((0.9 * BUSY_MS) / 1000);
     });
   });
 
