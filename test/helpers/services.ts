@@ -100,12 +100,22 @@ export interface RedisService extends Service {
   url: string;
 }
 
-/** A throw-away redis-server on loopback, keeping nothing on disk. */
+/**
+ * A throw-away redis-server on loopback, keeping nothing on disk. It cannot report a port it picked, so
+ * it gets one free a moment before: should another process (a connection's local port, on a busy
+ * machine) take it meanwhile, it tries another.
+ */
 export async function startRedis(binary: string): Promise<RedisService> {
-  const port = await freePort();
-  const service = startProcess(binary, ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no']);
-  await untilLine(service, /Ready to accept connections/, 'redis-server');
-  return { ...service, url: `redis://127.0.0.1:${port}/0` };
+  for (let tries = 1; ; tries++) {
+    const port = await freePort();
+    const service = startProcess(binary, ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no']);
+    try {
+      await untilLine(service, /Ready to accept connections/, 'redis-server');
+      return { ...service, url: `redis://127.0.0.1:${port}/0` };
+    } catch (err) {
+      if (tries === 3 || !service.output.some((line) => line.includes('Address already in use'))) throw err;
+    }
+  }
 }
 
 export interface S3Service extends Service {
