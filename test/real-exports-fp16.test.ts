@@ -10,7 +10,7 @@ import { WorkerRuntime } from '../src/pipelines/run.js';
 import { readGolden, verifyCase, FP16_TOLERANCE } from '../src/cli/golden.js';
 import { convertOnnxBytesToFloat16 } from '../scripts/fp16/convert.js';
 import { convertFolderToFloat16, type ConvertedComponent } from '../scripts/fp16/convert-folder.js';
-import { goldenFile, GOLDENS, haveRealExports, realExport, type RealExportName } from './helpers/real-exports.js';
+import { goldenFile, GOLDENS, haveRealExports, realExport, REAL_EXPORT_TIMEOUT_MS, type RealExportName } from './helpers/real-exports.js';
 import { largestDifference } from '../src/util/difference.js';
 
 const { onnx } = onnxProto;
@@ -70,7 +70,7 @@ async function sessionTypes(file: string): Promise<Pick<GraphTypes, 'inputs' | '
 
 const asFloat16 = (types: Record<string, string>) => Object.fromEntries(Object.entries(types).map(([k, v]) => [k, v === 'float32' ? 'float16' : v]));
 
-describe.skipIf(!haveRealExports)('float16 conversions of the real exports against diffusers (needs ../shared/data/real-exports)', () => {
+describe.skipIf(!haveRealExports)('float16 conversions of the real exports against diffusers (needs ../shared/data/real-exports)', { timeout: REAL_EXPORT_TIMEOUT_MS }, () => {
   let root: string;
   const converted = new Map<RealExportName, ConvertedComponent[]>();
   const fp16Dir = (name: RealExportName) => path.join(root, name);

@@ -7,7 +7,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { inspectModel } from '../src/models/layout.js';
 import { ModelRegistry } from '../src/models/registry.js';
 import { capturedLogs } from './helpers/logs.js';
-import { goldenFile, GOLDENS, haveRealExports, REAL_EXPORT_NAMES, realExport, startExportsServer, type ExportsServer } from './helpers/real-exports.js';
+import { goldenFile, GOLDENS, haveRealExports, REAL_EXPORT_NAMES, REAL_EXPORT_TIMEOUT_MS, realExport, startExportsServer, type ExportsServer } from './helpers/real-exports.js';
 import { DEFAULT_TOLERANCE, readGolden } from '../src/cli/golden.js';
 import { referenceModel } from './helpers/reference.js';
 import { largestDifference } from '../src/util/difference.js';
@@ -69,7 +69,7 @@ describe.skipIf(!haveRealExports)('real exports in the server: sizes, seeds (nee
     }
   });
 
-  describe('through POST /v1/images/generations', () => {
+  describe('through POST /v1/images/generations', { timeout: REAL_EXPORT_TIMEOUT_MS }, () => {
     let exports: ExportsServer;
     let client: OpenAI;
     // One model loaded at a time (a one-byte budget): the big sizes' activations are the test's memory.

@@ -7,7 +7,7 @@ import { beforeAll, describe, expect, it, onTestFinished } from 'vitest';
 import { WorkerRuntime } from '../src/pipelines/run.js';
 import { readGolden, verifyCase, verifyGolden, DEFAULT_TOLERANCE } from '../src/cli/golden.js';
 import { imagegenArgs } from './helpers/cli.js';
-import { copyOfExport, goldenFile, GOLDENS, haveRealExports, REAL_EXPORT_NAMES, realExport } from './helpers/real-exports.js';
+import { copyOfExport, goldenFile, GOLDENS, haveRealExports, REAL_EXPORT_NAMES, REAL_EXPORT_TIMEOUT_MS, realExport } from './helpers/real-exports.js';
 
 /**
  * The engine against diffusers' own pictures on real-architecture exports (Optimum's exporter, real
@@ -24,7 +24,7 @@ beforeAll(() => {
   runtime = new WorkerRuntime({ runtime: { provider: 'cpu', threads: Math.min(2, os.availableParallelism()) }, modelMemoryBudget: 1 });
 });
 
-describe.skipIf(!haveRealExports)('real exports against diffusers (needs ../shared/data/real-exports)', () => {
+describe.skipIf(!haveRealExports)('real exports against diffusers (needs ../shared/data/real-exports)', { timeout: REAL_EXPORT_TIMEOUT_MS }, () => {
   /**
    * A case of sd15 on a changed copy of the export, or with a changed case: by default the smaller one
    * (384x256 in 3 steps; case 0 is 512x512 in 4).

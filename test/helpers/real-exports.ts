@@ -20,6 +20,13 @@ export const haveRealExports = existsSync(path.join(REAL_EXPORTS, 'exports'));
 export const REAL_EXPORT_NAMES = ['sd15', 'sd2v', 'sdxl', 'flux'] as const;
 export type RealExportName = (typeof REAL_EXPORT_NAMES)[number];
 
+/**
+ * The limit of a test that runs the real exports (SD, SDXL, FLUX on CPU), which only ends a hang: their
+ * longest take a minute on an idle 2-core machine, and with its load at 15 SDXL's float16 goldens took
+ * 101 s of the default 120 and the default sizes through the server ran past it.
+ */
+export const REAL_EXPORT_TIMEOUT_MS = 600_000;
+
 if (!haveRealExports) console.warn(`skipping the real-export tests: ${REAL_EXPORTS} (the shared test data) is absent`);
 
 export function realExport(name: RealExportName): string {
