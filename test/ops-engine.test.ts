@@ -6,7 +6,7 @@ import type { GenerationBatch } from '../src/runtime/types.js';
 import { startTestServer } from './helpers/api-server.js';
 import { createBuiltPool } from './helpers/cli.js';
 import { capturedLogs } from './helpers/logs.js';
-import { auth, generate, LONG, metric, MODEL, OPS_KEY, scrape, sleep, startOpsServer, untilReady, whenRunning, type Answer, type OpsServer } from './helpers/ops-server.js';
+import { auth, generate, LONG, metric, MODEL, OPS_KEY, scrape, startOpsServer, untilReady, whenRunning, type Answer, type OpsServer } from './helpers/ops-server.js';
 import type { ErrorBody } from '../src/api/wire.js';
 
 /**
@@ -62,13 +62,16 @@ describe('one busy worker', () => {
   });
   afterAll(() => ops?.close());
 
+  /** Until the running batch has taken `steps` steps. */
+  const untilStep = (steps: number) => expect.poll(() => ops.server.engine.workers().find((w) => w.busy)?.step ?? 0, { timeout: 30_000, interval: 5 }).toBeGreaterThanOrEqual(steps);
+
   it('answers a request that waited longer than QUEUE_TIMEOUT_SECONDS with 503 queue_timeout and Retry-After; the running one is unaffected', async () => {
     const started = performance.now();
     const long = generate(ops.baseURL, LONG);
     await whenRunning(ops.server);
     // Past its first steps (the first also holds the text encoders and first allocations, the next few
     // run slower than the later ones on a loaded machine), so that its progress has a rate to tell.
-    await expect.poll(() => ops.server.engine.workers().find((w) => w.busy)?.step ?? 0, { timeout: 30_000, interval: 5 }).toBeGreaterThanOrEqual(5);
+    await untilStep(5);
     const waitsBefore = await scrape(ops.server.url);
     const waiting = performance.now();
     const late = await generate(ops.baseURL, { size: '256x256' });
@@ -105,7 +108,9 @@ describe('one busy worker', () => {
     const client = new AbortController();
     const long = generate(ops.baseURL, LONG, { signal: client.signal }).catch((err: Error) => err.name);
     await whenRunning(ops.server);
-    await sleep(longMs / 5);
+    // Some steps in, not a fifth of the first test's time: with the machine's load at 15 that first LONG
+    // took 33 s and this one, the load gone, ended before 6.6 s had passed.
+    await untilStep(5);
     client.abort();
     expect(await long).toBe('AbortError');
 
