@@ -19,7 +19,7 @@ import { startRealServer, type RealServer, type RealServerOptions } from './help
 const MiB = 2 ** 20;
 // What the demo model is said to need (the file of figures a server keeps in DATA_DIR): 600 MiB to
 // denoise one 512x512 image. MEMORY_LIMIT 1g gives 921.6 MiB to plan with: room for one such image
-// at a time, not two (a batch of three runs one image after the other, holding its 600 MiB throughout).
+// at a time, not two (a batch of ten runs one image after the other, holding its 600 MiB throughout).
 const FIGURES: Record<string, ModelMemory> = {
   [DEMO_MODEL_DIR]: { weightsBytes: MiB, peakBytes: 600 * MiB, peakPixels: 512 * 512, denoise: [{ pixels: 512 * 512, bytes: 600 * MiB }] },
 };
@@ -47,8 +47,10 @@ const memoryWaits = async (real: RealServer) => metric(await (await fetch(`${rea
 describe('memory shared out among the workers', () => {
   let real: RealServer;
   beforeAll(async () => {
-    // A stall timeout shorter than the first batch: the waiting worker makes no progress meanwhile.
-    real = await startWithFigures(FIGURES, { env: { MEMORY_LIMIT: '1g', WORKER_STALL_TIMEOUT_SECONDS: '1' } });
+    // A stall timeout shorter than the first batch (ten images of 150 steps one after the other, 3.5 s
+    // on this machine idle): the waiting worker makes no progress meanwhile. Not 1 s: with the machine's
+    // load at 13 on 2 cores a running worker went a second without a step and was killed.
+    real = await startWithFigures(FIGURES, { env: { MEMORY_LIMIT: '1g', WORKER_STALL_TIMEOUT_SECONDS: '2' } });
   });
   afterAll(() => real?.close());
 
@@ -56,7 +58,7 @@ describe('memory shared out among the workers', () => {
     // Different step counts: two batches the pool cannot merge, one per worker.
     const generate = (steps: number) =>
       real.client.images
-        .generate({ model: 'demo-shapes', prompt: 'a red circle', size: '512x512', n: 3, response_format: 'b64_json', steps } as never)
+        .generate({ model: 'demo-shapes', prompt: 'a red circle', size: '512x512', n: 10, response_format: 'b64_json', steps } as never)
         .then((res) => ({ images: res.data!.length }));
     // How many workers were denoising at once, looked at every 10 ms while both requests ran: read off
     // the pool rather than timed from outside, where a loaded machine's stalls blur the two runs.
@@ -65,7 +67,7 @@ describe('memory shared out among the workers', () => {
       mostDenoising = Math.max(mostDenoising, real.server.engine.workers().filter((w) => w.busy && w.step > 0).length);
     }, 10);
     const [first, second] = await Promise.all([generate(150), generate(149)]).finally(() => clearInterval(watch));
-    expect([first.images, second.images]).toEqual([3, 3]);
+    expect([first.images, second.images]).toEqual([10, 10]);
     expect(await memoryWaits(real)).toBeGreaterThanOrEqual(1);
     // One waited for the other: one denoised at a time, and both did.
     expect(mostDenoising).toBe(1);
