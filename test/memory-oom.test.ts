@@ -217,7 +217,16 @@ describe('models that load one at a time but not side by side', () => {
   let started: Awaited<ReturnType<typeof serveDemoCopies>>;
   beforeAll(async () => {
     started = await serveDemoCopies(
-      { first: heavyDecoder, second: heavyDecoder, editor: (dir) => makeHeavyVae(dir, 'vae_encoder', 512 * MiB, 3 * 256 * 256) },
+      {
+        first: heavyDecoder,
+        second: heavyDecoder,
+        editor: (dir) => makeHeavyVae(dir, 'vae_encoder', 512 * MiB, 3 * 256 * 256),
+        // Loads alone (as 'first' does), but its 2 GiB VAE encoder never does.
+        'no-edits': async (dir) => {
+          await heavyDecoder(dir);
+          await makeHeavy(dir, 'vae_encoder');
+        },
+      },
       { PRELOAD: 'demo-shapes,first', WORKER_THREADS: '2' },
       1500 * 1024,
     );
@@ -242,5 +251,16 @@ describe('models that load one at a time but not side by side', () => {
     expect((await generate('demo-shapes')).data![0].b64_json).toBe(first.data![0].b64_json);
     expect((await edit('demo-shapes')).data![0].b64_json).toBe(edited.data![0].b64_json);
     expect(started.server.log.some((line) => line.includes('starting a replacement'))).toBe(false);
+  });
+
+  it('remembers a component that fails alone apart from its model, which still gets room to load', async () => {
+    await generate('no-edits');
+    const error = await apiError(edit('no-edits'));
+    expect(error.error).toMatchObject({ code: 'insufficient_memory', message: expect.stringMatching(/^Model 'no-edits' ran out of memory loading vae_encoder\/model\.onnx .*, even holding no other model\./) });
+    await generate('first');
+    expect(releases(started.server).at(-1)).toBe("Model 'first' ran out of memory loading vae_decoder/model.onnx; released the idle model(s) 'no-edits' to make room for it, and loading it once more.");
+    // Its encoder failed alone, not the model: 'first' is released for it as for any other.
+    expect((await generate('no-edits')).data).toHaveLength(1);
+    expect(releases(started.server).at(-1)).toBe("Model 'no-edits' ran out of memory loading vae_decoder/model.onnx; released the idle model(s) 'first' to make room for it, and loading it once more.");
   });
 });

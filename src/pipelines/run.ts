@@ -52,11 +52,13 @@ export class WorkerRuntime {
   private readonly memory: MemoryPlan;
   private readonly pipelines: PipelineCache;
   /**
-   * Models (folder: version) that ran out of memory loading while this runtime held no other model (see
-   * withRoom). Releasing the other models cannot help them, so a request for one no longer costs the
-   * models held beside it (reloaded by the next request for each: with a client retrying, on every
-   * request). Kept for the runtime's life, a worker's: memory that others free later (another process, a
-   * GPU's other users) is seen by a restarted worker, and a folder replaced in place is a new version.
+   * Loads (the model's folder for the model, a component's file for one loaded on demand in a run: the
+   * model that loads alone may still fail to load its VAE encoder beside it) that ran out of memory
+   * while this runtime held no other model (see withRoom), with the model's version. Releasing the other
+   * models cannot help them, so a request for one no longer costs the models held beside it (reloaded by
+   * the next request for each: with a client retrying, on every request). Kept for the runtime's life, a
+   * worker's: memory that others free later (another process, a GPU's other users) is seen by a
+   * restarted worker, and a folder replaced in place is a new version.
    */
   private readonly failedAlone = new Map<string, string | undefined>();
 
@@ -67,7 +69,8 @@ export class WorkerRuntime {
     const runtime = this.settings.runtime;
     this.pipelines = new PipelineCache(async (dir, version) => {
       // Measured anew if it loads again after others were released: their memory is not its own.
-      const pipeline = await this.withRoom(dir, version, () => this.memory.measureLoad(dir, () => loadPipeline(dir, runtime, this.memory))).catch((err: unknown) => {
+      const load = () => this.memory.measureLoad(dir, () => loadPipeline(dir, runtime, this.memory));
+      const pipeline = await this.withRoom(dir, version, load, () => dir).catch((err: unknown) => {
         throw err instanceof OnnxOutOfMemoryError ? ranOutOfMemory(path.basename(dir), err, undefined, this.failsAlone(dir, version)) : err;
       });
       await this.calibrate(pipeline);
@@ -113,33 +116,35 @@ export class WorkerRuntime {
    * loads its preloads one by one before it is ready, then runs one task at a time (worker.ts's perform,
    * which the pool sends only to a ready, idle worker) and calibrates a model inside its own load, the
    * one model in use as another loads is the one whose component loads on demand; a runtime in one
-   * process (the CLI, tests) may run several batches at once, which use() counts.
+   * process (the CLI, tests) may run several batches at once, which use() counts. `loading`: what
+   * failedAlone notes the failed load as (the model's folder, or the component's file).
    */
-  private async withRoom<T>(modelDir: string, version: string | undefined, attempt: () => Promise<T>): Promise<T> {
+  private async withRoom<T>(modelDir: string, version: string | undefined, attempt: () => Promise<T>, loading: (err: OnnxOutOfMemoryError) => string): Promise<T> {
     try {
       return await attempt();
     } catch (err) {
-      if (!loadRanOutOfMemory(err) || this.failsAlone(modelDir, version)) throw err;
+      if (!loadRanOutOfMemory(err) || this.failsAlone(loading(err), version)) throw err;
       const released = await this.pipelines.releaseIdle(modelDir);
-      if (released.length === 0) throw this.noteAlone(modelDir, version, err);
+      if (released.length === 0) throw this.noteAlone(modelDir, loading(err), version, err);
       const names = released.map((dir) => `'${path.basename(dir)}'`).join(', ');
       (this.settings.runtime.warn ?? console.warn)(
         `Model '${path.basename(modelDir)}' ran out of memory loading ${componentOf(err)}; released the idle model(s) ${names} to make room for it, and loading it once more.`,
       );
       return await attempt().catch((again: unknown) => {
-        throw loadRanOutOfMemory(again) ? this.noteAlone(modelDir, version, again) : again;
+        throw loadRanOutOfMemory(again) ? this.noteAlone(modelDir, loading(again), version, again) : again;
       });
     }
   }
 
-  /** `err`, once noted in failedAlone when this runtime holds no model but `modelDir` (a load fails with nothing else to release). */
-  private noteAlone(modelDir: string, version: string | undefined, err: unknown): unknown {
-    if (this.pipelines.loadedModels().every((dir) => dir === modelDir)) this.failedAlone.set(modelDir, version);
+  /** `err`, once `loading` is noted in failedAlone when this runtime holds no model but `modelDir` (a load fails with nothing else to release). */
+  private noteAlone(modelDir: string, loading: string, version: string | undefined, err: unknown): unknown {
+    if (this.pipelines.loadedModels().every((dir) => dir === modelDir)) this.failedAlone.set(loading, version);
     return err;
   }
 
-  private failsAlone(modelDir: string, version: string | undefined): boolean {
-    return this.failedAlone.has(modelDir) && this.failedAlone.get(modelDir) === version;
+  /** Whether this version's `loading` (see failedAlone) failed with no other model held. */
+  private failsAlone(loading: string, version: string | undefined): boolean {
+    return this.failedAlone.has(loading) && this.failedAlone.get(loading) === version;
   }
 
   /** What a model folder has cost here, once loaded (and once it ran). */
@@ -222,7 +227,7 @@ export class WorkerRuntime {
       // making room for it, the part has told its hooks nothing yet.
       const measured = () => this.memory.measureRun(batch.modelDir, items.length * samples, batch.width * batch.height, run);
       images.push(
-        ...(await this.withRoom(batch.modelDir, batch.modelVersion, measured).catch(async (err: unknown) => {
+        ...(await this.withRoom(batch.modelDir, batch.modelVersion, measured, (err) => err.file).catch(async (err: unknown) => {
           if (!(err instanceof OnnxOutOfMemoryError)) throw err;
           // A component loaded on demand (the VAE encoder) failing to load taught nothing about the size.
           if (err.during === 'run') {
@@ -231,7 +236,7 @@ export class WorkerRuntime {
             // use: the model's sessions go, and the next batch loads them again with the memory back.
             await this.pipelines.release(batch.modelDir);
           }
-          throw ranOutOfMemory(path.basename(batch.modelDir), err, { batch, images: items.length }, this.failsAlone(batch.modelDir, batch.modelVersion));
+          throw ranOutOfMemory(path.basename(batch.modelDir), err, { batch, images: items.length }, err.during === 'load' && this.failsAlone(err.file, batch.modelVersion));
         })),
       );
     }
