@@ -1,6 +1,8 @@
+import { spawnSync } from 'node:child_process';
 import { mkdtemp, rm } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
+import { pathToFileURL } from 'node:url';
 import OpenAI, { toFile } from 'openai';
 import sharp from 'sharp';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -262,5 +264,43 @@ describe('models that load one at a time but not side by side', () => {
     // Its encoder failed alone, not the model: 'first' is released for it as for any other.
     expect((await generate('no-edits')).data).toHaveLength(1);
     expect(releases(started.server).at(-1)).toBe("Model 'no-edits' ran out of memory loading vae_decoder/model.onnx; released the idle model(s) 'first' to make room for it, and loading it once more.");
+  });
+});
+
+describe('a model that failed to load alone while memory was taken elsewhere, then loaded', () => {
+  // WorkerRuntime in a process of its own under a data-size limit of 1,500 MiB, with copies of the
+  // embedded model whose VAE decoder carries a 512 MiB weight (as above: one loads, two do not). Another
+  // session outside the runtime's models ('elsewhere', another process or a GPU's other user in life)
+  // holds what makes the first load fail though the runtime holds no other model; then it lets go.
+  it('still has the other models released for it once it has loaded: its failure alone is no longer what it does', async () => {
+    const root = await mkdtemp(path.join(os.tmpdir(), 'imagegen-alone-'));
+    try {
+      const demo = path.join(EMBEDDED_MODELS_DIR, 'demo-shapes');
+      await installModels(root, { first: { copy: demo }, second: { copy: demo }, elsewhere: { copy: demo } });
+      for (const id of ['first', 'second', 'elsewhere']) await makeHeavyVae(path.join(root, id), 'vae_decoder', 512 * 2 ** 20, 4 * 32 * 32);
+      const url = (file: string) => JSON.stringify(pathToFileURL(path.join(import.meta.dirname, '..', 'src', file)).href);
+      const script = `import { WorkerRuntime } from ${url('pipelines/run.ts')};
+        import { OnnxModel } from ${url('runtime/onnx-model.ts')};
+        const dir = (id) => ${JSON.stringify(root)} + '/' + id;
+        const warnings = [];
+        const runtime = new WorkerRuntime({ runtime: { provider: 'cpu', threads: 2, warn: (m) => warnings.push(m) }, modelMemoryBudget: Number.MAX_SAFE_INTEGER });
+        const load = (id) => runtime.getPipeline(dir(id)).then(() => 'loaded', (err) => err.message);
+        const elsewhere = await OnnxModel.load(dir('elsewhere') + '/vae_decoder/model.onnx', { provider: 'cpu', threads: 2 }, { memoryArena: false });
+        const outcomes = [await load('first')];
+        await elsewhere.release();
+        outcomes.push(await load('first'), await load('second'), await load('first'));
+        console.log(JSON.stringify({ outcomes, warnings }));`;
+      const run = spawnSync('bash', ['-c', `ulimit -d ${1500 * 1024} && exec "$@"`, 'bash', process.execPath, '--import', 'tsx', '--input-type=module', '-e', script], { encoding: 'utf8', timeout: 120_000 });
+      expect(run.status, run.stderr).toBe(0);
+      const { outcomes, warnings } = JSON.parse(run.stdout.trim().split('\n').at(-1)!) as { outcomes: string[]; warnings: string[] };
+      expect(outcomes[0]).toMatch(/^Model 'first' ran out of memory loading vae_decoder\/model\.onnx .*, even holding no other model\./);
+      expect(outcomes.slice(1)).toEqual(['loaded', 'loaded', 'loaded']);
+      expect(warnings.filter((w) => w.includes('to make room'))).toEqual([
+        "Model 'second' ran out of memory loading vae_decoder/model.onnx; released the idle model(s) 'first' to make room for it, and loading it once more.",
+        "Model 'first' ran out of memory loading vae_decoder/model.onnx; released the idle model(s) 'second' to make room for it, and loading it once more.",
+      ]);
+    } finally {
+      await rm(root, { recursive: true, force: true });
+    }
   });
 });

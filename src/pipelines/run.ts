@@ -56,9 +56,9 @@ export class WorkerRuntime {
    * model that loads alone may still fail to load its VAE encoder beside it) that ran out of memory
    * while this runtime held no other model (see withRoom), with the model's version. Releasing the other
    * models cannot help them, so a request for one no longer costs the models held beside it (reloaded by
-   * the next request for each: with a client retrying, on every request). Kept for the runtime's life, a
-   * worker's: memory that others free later (another process, a GPU's other users) is seen by a
-   * restarted worker, and a folder replaced in place is a new version.
+   * the next request for each: with a client retrying, on every request). A model's note goes once it
+   * loads after all (memory that others held, another process or a GPU's other users, was freed); a
+   * component's stays for the runtime's life, a worker's. A folder replaced in place is a new version.
    */
   private readonly failedAlone = new Map<string, string | undefined>();
 
@@ -73,6 +73,8 @@ export class WorkerRuntime {
       const pipeline = await this.withRoom(dir, version, load, () => dir).catch((err: unknown) => {
         throw err instanceof OnnxOutOfMemoryError ? ranOutOfMemory(path.basename(dir), err, undefined, this.failsAlone(dir, version)) : err;
       });
+      // Loaded after all (what held the memory let go): its failure alone no longer says what it needs.
+      this.failedAlone.delete(dir);
       await this.calibrate(pipeline);
       return pipeline;
     }, this.settings.modelMemoryBudget);
