@@ -174,6 +174,19 @@ describe('StoreSpace under requests that ask at once', () => {
   });
 });
 
+describe('a put its reservation covers', () => {
+  it('is let in even when a recount since found the store over its limit (the images were made on the promise)', async () => {
+    const space = new StoreSpace(10_000, async () => undefined);
+    const reservation = await space.reserve(5000);
+    // Another replica's images, found by a listing after the reservation was made.
+    space.add(8000);
+    await expect(space.claim(5000, reservation)).resolves.toBeUndefined();
+    expect(space.used).toBe(13_000);
+    // A put without a reservation is still checked.
+    await expect(space.claim(5000)).rejects.toMatchObject({ name: 'StoreFullError' });
+  });
+});
+
 describe('expectedStoreBytes', () => {
   it('reserves at least what the store counts each image (a disk block), so a put of a tiny image never claims more than was reserved', () => {
     const item = { prompt: 'x', seed: 1, output: { format: 'jpeg' as const } };

@@ -61,6 +61,10 @@ export class StoreSpace {
     // rest waits for a sweep), and leaves it whatever happens next: a put that fails has no use for it.
     this.reserved -= covered;
     this.counted += covered;
+    // A put its reservation covers whole is let in whatever the count says now: the space was promised
+    // before its images were made, and a recount since (an S3 listing that found other replicas' images)
+    // must not turn the generation the client waited for into a 507.
+    if (covered === bytes) return;
     try {
       await this.makeRoom(bytes - covered, () => (this.counted += bytes - covered));
     } catch (err) {
