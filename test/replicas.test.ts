@@ -7,7 +7,7 @@ import sharp from 'sharp';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { MODEL, makeRoot, OPS_KEY, rootEnv, sleep, untilReady } from './helpers/ops-server.js';
 import { killServer, spawnServer, type ServerProcess } from './helpers/server-process.js';
-import { findCommand, freePort, startHaproxy, startRedis, startS3Server, type HaproxyService, type RedisService, type S3Service } from './helpers/services.js';
+import { findCommand, startHaproxy, startRedis, startS3Server, type HaproxyService, type RedisService, type S3Service } from './helpers/services.js';
 import type { ErrorBody, ImagesResponse } from '../src/api/wire.js';
 
 /**
@@ -31,6 +31,7 @@ let s3: S3Service;
 let redis: RedisService;
 let haproxy: HaproxyService;
 const replicas: { a?: ServerProcess; b?: ServerProcess } = {};
+/** Each replica's port: 0 (it picks one and says which) until it first starts; a restart takes it again, where HAProxy looks. */
 const ports = { a: 0, b: 0 };
 /** Image URLs made so far, and the replica that made each: none may be lost. */
 const stored: { path: string; madeOn: 'a' | 'b' }[] = [];
@@ -57,6 +58,7 @@ function replicaEnv(name: 'a' | 'b', extra: Record<string, string> = {}): Record
 async function startReplica(name: 'a' | 'b', extra?: Record<string, string>): Promise<ServerProcess> {
   const server = await spawnServer(replicaEnv(name, extra));
   replicas[name] = server;
+  ports[name] = Number(new URL(server.origin).port);
   await untilReady(server.origin, 60_000).catch(async (err: Error) => {
     throw new Error(`${err.message}: /ready says ${await (await fetch(`${server.origin}/ready`)).text()}`);
   });
@@ -103,7 +105,6 @@ describe.skipIf(missing)(`replicas behind HAProxy sharing S3 and Redis${missing 
     await mkdir(path.join(dir, 's3'));
     await writeFile(path.join(dir, 'keys'), `${LIMITED.label}:${LIMITED.key} requests_per_minute=${LIMITED.requestsPerMinute}\n`);
     [s3, redis] = await Promise.all([startS3Server(path.join(dir, 's3'), BUCKET), startRedis(REDIS!)]);
-    [ports.a, ports.b] = [await freePort(), await freePort()];
     await Promise.all([startReplica('a'), startReplica('b')]);
     haproxy = await startHaproxy(HAPROXY!, [`127.0.0.1:${ports.a}`, `127.0.0.1:${ports.b}`], { CHECK_INTERVAL: '250ms' });
     await untilBalanced();

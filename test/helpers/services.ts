@@ -1,7 +1,7 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
 import { accessSync, constants } from 'node:fs';
-import { createServer, connect } from 'node:net';
+import { createServer, type AddressInfo } from 'node:net';
 import path from 'node:path';
 import { createInterface } from 'node:readline';
 import { fileURLToPath } from 'node:url';
@@ -30,29 +30,31 @@ export function findCommand(name: string): string | undefined {
   return undefined;
 }
 
-/** A TCP port free on loopback right now (for processes that cannot report the one they picked). */
-export async function freePort(): Promise<number> {
-  const server = createServer();
-  server.listen(0, '127.0.0.1');
-  await once(server, 'listening');
-  const address = server.address();
-  server.close();
-  if (typeof address !== 'object' || !address) throw new Error('no port');
-  return address.port;
+/** `count` distinct TCP ports free on loopback right now (each held until all are found, so none repeats). */
+async function freePorts(count: number): Promise<number[]> {
+  const servers = Array.from({ length: count }, () => createServer().listen(0, '127.0.0.1'));
+  try {
+    await Promise.all(servers.map((server) => once(server, 'listening')));
+    return servers.map((server) => (server.address() as AddressInfo).port);
+  } finally {
+    for (const server of servers) server.close();
+  }
 }
 
-/** Resolves once something accepts connections on `port`. */
-async function untilListening(port: number, timeoutMs = 15_000): Promise<void> {
-  const deadline = Date.now() + timeoutMs;
-  for (;;) {
-    const open = await new Promise<boolean>((resolve) => {
-      const socket = connect(port, '127.0.0.1', () => resolve(true)).on('error', () => resolve(false));
-      socket.unref();
-      setTimeout(() => socket.destroy(), 200).unref();
-    });
-    if (open) return;
-    if (Date.now() > deadline) throw new Error(`nothing listens on port ${port} after ${timeoutMs} ms`);
-    await new Promise((resolve) => setTimeout(resolve, 50));
+/**
+ * Starts a process that must be told its ports (it cannot bind port 0 and say which one it got, as
+ * `imagegen serve` can) on `count` ports found free a moment before. Should another process take one
+ * meanwhile (a connection's local port, another test file's listener, on a busy machine), the process
+ * says 'Address already in use' (redis-server and haproxy both do) and exits, and `start`'s error,
+ * holding its output, says so: then it tries again on new ports. Three tries, then that error.
+ */
+async function onFreePorts<T>(count: number, start: (ports: number[]) => Promise<T>): Promise<T> {
+  for (let tries = 1; ; tries++) {
+    try {
+      return await start(await freePorts(count));
+    } catch (err) {
+      if (tries === 3 || !(err as Error).message.includes('Address already in use')) throw err;
+    }
   }
 }
 
@@ -60,6 +62,8 @@ export interface Service {
   child: ChildProcess;
   /** Everything it printed. */
   output: string[];
+  /** Whether it has exited and everything it printed has been read. */
+  ended(): boolean;
   /** Ends it (SIGTERM, SIGKILL after 5 s) and waits for its exit. */
   stop(): Promise<void>;
 }
@@ -69,9 +73,13 @@ function startProcess(command: string, args: string[], env: Record<string, strin
   const output: string[] = [];
   for (const stream of [child.stdout!, child.stderr!]) createInterface({ input: stream }).on('line', (line) => output.push(line));
   const exited = once(child, 'exit');
+  // 'close' comes once its output is read too: the lines saying why it exited are then in `output`.
+  let ended = false;
+  child.on('close', () => (ended = true));
   return {
     child,
     output,
+    ended: () => ended,
     async stop() {
       if (child.exitCode !== null || child.signalCode !== null) return;
       child.kill('SIGTERM');
@@ -82,40 +90,46 @@ function startProcess(command: string, args: string[], env: Record<string, strin
   };
 }
 
-/** Waits for a line matching `pattern`; rejects with the output when the process exits first. */
-async function untilLine(service: Service, pattern: RegExp, what: string): Promise<RegExpExecArray> {
+/**
+ * Waits until `ready` finds the process serving (it answers what it found); rejects with its output when
+ * it exits first, or stops it and rejects when 15 s pass.
+ */
+async function until<T>(service: Service, what: string, ready: () => Promise<T | undefined>): Promise<T> {
   const deadline = Date.now() + 15_000;
   for (;;) {
+    const found = await ready();
+    if (found !== undefined) return found;
+    if (service.ended()) throw new Error(`${what} exited with ${service.child.exitCode}:\n${service.output.join('\n')}`);
+    if (Date.now() > deadline) {
+      await service.stop();
+      throw new Error(`${what} did not start:\n${service.output.join('\n')}`);
+    }
+    await new Promise((resolve) => setTimeout(resolve, 20));
+  }
+}
+
+/** Waits for a line matching `pattern` (see until). */
+function untilLine(service: Service, pattern: RegExp, what: string): Promise<RegExpExecArray> {
+  return until(service, what, async () => {
     for (const line of service.output) {
       const match = pattern.exec(line);
       if (match) return match;
     }
-    if (service.child.exitCode !== null) throw new Error(`${what} exited with ${service.child.exitCode}:\n${service.output.join('\n')}`);
-    if (Date.now() > deadline) throw new Error(`${what} did not start:\n${service.output.join('\n')}`);
-    await new Promise((resolve) => setTimeout(resolve, 20));
-  }
+    return undefined;
+  });
 }
 
 export interface RedisService extends Service {
   url: string;
 }
 
-/**
- * A throw-away redis-server on loopback, keeping nothing on disk. It cannot report a port it picked, so
- * it gets one free a moment before: should another process (a connection's local port, on a busy
- * machine) take it meanwhile, it tries another.
- */
-export async function startRedis(binary: string): Promise<RedisService> {
-  for (let tries = 1; ; tries++) {
-    const port = await freePort();
+/** A throw-away redis-server on loopback, keeping nothing on disk (on ports found free: see onFreePorts). */
+export function startRedis(binary: string): Promise<RedisService> {
+  return onFreePorts(1, async ([port]) => {
     const service = startProcess(binary, ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no']);
-    try {
-      await untilLine(service, /Ready to accept connections/, 'redis-server');
-      return { ...service, url: `redis://127.0.0.1:${port}/0` };
-    } catch (err) {
-      if (tries === 3 || !service.output.some((line) => line.includes('Address already in use'))) throw err;
-    }
-  }
+    await untilLine(service, /Ready to accept connections/, 'redis-server');
+    return { ...service, url: `redis://127.0.0.1:${port}/0` };
+  });
 }
 
 export interface S3Service extends Service {
@@ -144,27 +158,35 @@ export interface HaproxyService extends Service {
   servers(): Promise<Record<string, string>>;
 }
 
-/** HAProxy with deploy/haproxy.cfg, the documented configuration, in front of `replicas` (host:port each). */
-export async function startHaproxy(binary: string, replicas: [string, string], env: Record<string, string> = {}): Promise<HaproxyService> {
-  const [port, statsPort] = [await freePort(), await freePort()];
-  const service = startProcess(binary, ['-db', '-f', 'deploy/haproxy.cfg'], {
-    HAPROXY_BIND: `127.0.0.1:${port}`,
-    HAPROXY_STATS_BIND: `127.0.0.1:${statsPort}`,
-    REPLICA1: replicas[0],
-    REPLICA2: replicas[1],
-    ...env,
+/** HAProxy's stats page as CSV, from its stats listener on `statsPort`. */
+async function statsCsv(statsPort: number, signal?: AbortSignal): Promise<string> {
+  return (await fetch(`http://127.0.0.1:${statsPort}/stats;csv`, { signal })).text();
+}
+
+/**
+ * HAProxy with deploy/haproxy.cfg, the documented configuration, in front of `replicas` (host:port each),
+ * on ports found free (see onFreePorts: HAProxy refuses port 0).
+ */
+export function startHaproxy(binary: string, replicas: [string, string], env: Record<string, string> = {}): Promise<HaproxyService> {
+  return onFreePorts(2, async ([port, statsPort]) => {
+    const service = startProcess(binary, ['-db', '-f', 'deploy/haproxy.cfg'], {
+      HAPROXY_BIND: `127.0.0.1:${port}`,
+      HAPROXY_STATS_BIND: `127.0.0.1:${statsPort}`,
+      REPLICA1: replicas[0],
+      REPLICA2: replicas[1],
+      ...env,
+    });
+    // Its own stats page, not merely something accepting connections on the port (which another process
+    // that took it would): HAProxy binds every listener before it serves any, and exits if one fails.
+    await until(service, 'haproxy', () => statsCsv(statsPort, AbortSignal.timeout(5000)).then((csv) => (csv.startsWith('# pxname') ? csv : undefined), () => undefined));
+    return {
+      ...service,
+      origin: `http://127.0.0.1:${port}`,
+      async servers() {
+        const [header, ...rows] = (await statsCsv(statsPort)).replace(/^# /, '').trim().split('\n').map((line) => line.split(','));
+        const [name, status, backup] = [header.indexOf('svname'), header.indexOf('status'), header.indexOf('bck')];
+        return Object.fromEntries(rows.filter((row) => row[0] === 'replicas' && !['BACKEND', 'FRONTEND'].includes(row[name]) && row[backup] !== '1').map((row) => [row[name], row[status]]));
+      },
+    };
   });
-  await untilListening(port).catch((err: Error) => {
-    throw new Error(`${err.message}; haproxy said:\n${service.output.join('\n')}`);
-  });
-  return {
-    ...service,
-    origin: `http://127.0.0.1:${port}`,
-    async servers() {
-      const csv = await (await fetch(`http://127.0.0.1:${statsPort}/stats;csv`)).text();
-      const [header, ...rows] = csv.replace(/^# /, '').trim().split('\n').map((line) => line.split(','));
-      const [name, status, backup] = [header.indexOf('svname'), header.indexOf('status'), header.indexOf('bck')];
-      return Object.fromEntries(rows.filter((row) => row[0] === 'replicas' && !['BACKEND', 'FRONTEND'].includes(row[name]) && row[backup] !== '1').map((row) => [row[name], row[status]]));
-    },
-  };
 }
