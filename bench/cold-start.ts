@@ -4,7 +4,7 @@ import { mkdtemp, rm } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { freePort } from '../test/helpers/services.js';
+import { listeningUrl } from '../test/helpers/server-process.js';
 import type { Row } from './report.js';
 import { median, ms } from './stats.js';
 
@@ -19,15 +19,25 @@ const ROUNDS = 3;
 
 /** Milliseconds from spawning `command` to its first /health 200; then stops it (the whole process group). */
 async function untilHealthy(command: string[], dataDir: string): Promise<number> {
-  const port = await freePort();
   const started = performance.now();
-  const child = spawn(command[0], command.slice(1), { cwd: REPO, env: { ...process.env, PORT: String(port), DATA_DIR: dataDir, PRELOAD: 'none' }, stdio: 'ignore', detached: true });
+  // PORT 0: it binds a port free then and says which (no other process can take it in between), as
+  // the address it listens on unless PUBLIC_BASE_URL names another, so none is passed on.
+  const env = { ...process.env, PORT: '0', PUBLIC_BASE_URL: undefined, DATA_DIR: dataDir, PRELOAD: 'none' };
+  const child = spawn(command[0], command.slice(1), { cwd: REPO, env, stdio: ['ignore', 'pipe', 'ignore'], detached: true });
   const exited = once(child, 'exit');
+  const failed = () => new Error(`${command.join(' ')} exited with ${child.exitCode} before answering /health`);
   try {
+    const api = await Promise.race([
+      listeningUrl(child.stdout!),
+      exited.then(() => {
+        throw failed();
+      }),
+    ]);
+    const health = new URL('/health', api);
     for (;;) {
-      const ok = await fetch(`http://127.0.0.1:${port}/health`).then((res) => res.ok, () => false);
+      const ok = await fetch(health).then((res) => res.ok, () => false);
       if (ok) return performance.now() - started;
-      if (child.exitCode !== null) throw new Error(`${command.join(' ')} exited with ${child.exitCode} before answering /health`);
+      if (child.exitCode !== null) throw failed();
       await new Promise((resolve) => setTimeout(resolve, 10));
     }
   } finally {

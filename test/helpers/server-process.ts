@@ -1,6 +1,7 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
 import { createInterface } from 'node:readline';
+import type { Readable } from 'node:stream';
 import { imagegenArgs, PROJECT_ROOT } from './cli.js';
 
 /**
@@ -58,17 +59,30 @@ export async function spawnServer(env: Record<string, string>, { limitsKb = {}, 
   const hear = onLine ?? ((line: string) => log.push(line));
   let stderr = '';
   child.stderr?.on('data', (chunk: Buffer) => (stderr += chunk.toString()));
-  const url = await new Promise<string>((resolve, reject) => {
+  const url = await Promise.race([
+    listeningUrl(child.stdout!, hear),
+    exited.then((code) => {
+      throw new Error(`imagegen serve exited with ${code} before listening:\n${stderr}`);
+    }),
+  ]);
+  return { child, baseURL: url, origin: url.replace(/\/v1$/, ''), exited, log };
+}
+
+/**
+ * The API base URL `imagegen serve` says it listens on (its log's "imagegen listening" line, which names
+ * the port it got when PORT is 0), read from its `stdout`; each line goes to `hear`. Settles never when
+ * the server exits first: wait for its exit beside it.
+ */
+export function listeningUrl(stdout: Readable, hear: (line: string) => void = () => undefined): Promise<string> {
+  return new Promise((resolve) => {
     // Every line is read, or the pipe would fill and block the server; only the one it waits for is parsed.
-    createInterface({ input: child.stdout! }).on('line', (line) => {
+    createInterface({ input: stdout }).on('line', (line) => {
       hear(line);
       if (!line.includes('"imagegen listening"')) return;
       const entry = JSON.parse(line) as { msg?: string; url?: string };
       if (entry.msg === 'imagegen listening') resolve(entry.url!);
     });
-    void exited.then((code) => reject(new Error(`imagegen serve exited with ${code} before listening:\n${stderr}`)));
   });
-  return { child, baseURL: url, origin: url.replace(/\/v1$/, ''), exited, log };
 }
 
 /** Kills the server at once (SIGKILL: no graceful shutdown, as a crash or an OOM kill) and waits for its exit. */
