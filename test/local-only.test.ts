@@ -78,6 +78,16 @@ describe('a server without API keys', () => {
     // A client elsewhere writing a loopback entry of its own in front of the one its proxy adds.
     expect((await get(keyless, { host, 'x-forwarded-for': '127.0.0.1, 203.0.113.9' })).status).toBe(403);
     expect((await get(keyless, { host, 'x-forwarded-for': 'localhost' })).status).toBe(403);
+    // A proxy that names no client, only the address the client used (nginx with X-Forwarded-Host and
+    // -Proto but no X-Forwarded-For, as the README's block was): the client may be anywhere, and it chose
+    // the Host the proxy passes on.
+    const unnamed = await get(keyless, { host, 'x-forwarded-host': host, 'x-forwarded-proto': 'http' });
+    expect(unnamed).toMatchObject({ status: 403, code: 'local_clients_only' });
+    expect(unnamed.message).toMatch(/came through a proxy/);
+    expect((await get(keyless, { host, 'x-forwarded-proto': 'https' })).status).toBe(403);
+    expect((await get(keyless, { host, 'x-forwarded-host': 'localhost' })).status).toBe(403);
+    // The same proxy naming a client on the machine in X-Forwarded-For is answered.
+    expect((await get(keyless, { host, 'x-forwarded-for': '127.0.0.1', 'x-forwarded-host': host, 'x-forwarded-proto': 'http' })).status).toBe(200);
   });
 
   it('leaves a server with keys to its keys', async () => {

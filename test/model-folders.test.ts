@@ -328,6 +328,9 @@ describe('one verdict for the registry, its log, /ready, "imagegen models list" 
     // Nor does one a proxy on the machine brings, which TRUST_PROXY does not name (here: unset).
     const proxied = await app.inject({ method: 'GET', url: '/ready', headers: { 'x-forwarded-for': '203.0.113.5' } });
     expect(proxied.json()).toEqual({ status: 'ready', workers: { total: 1, ready: 1 }, models: [] });
+    // Nor one a proxy brings that names no client, only the address it used (X-Forwarded-Host and -Proto alone).
+    const unnamed = await app.inject({ method: 'GET', url: '/ready', headers: { 'x-forwarded-host': 'localhost', 'x-forwarded-proto': 'https' } });
+    expect(unnamed.json()).toEqual({ status: 'ready', workers: { total: 1, ready: 1 }, models: [] });
     await app.close();
 
     // A server whose model to preload fails to load (its weights went after the scan): /ready says why, with the path, to a local peer only.

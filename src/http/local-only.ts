@@ -14,12 +14,17 @@ import { parseUrl } from '../util/url.js';
  *   Origin must be one too, or one CORS_ORIGINS opens the server to;
  * - a reverse proxy on the machine, which brings every client it serves: its X-Forwarded-For or
  *   Forwarded header gives it away, and unless TRUST_PROXY says who the client behind it is (then that
- *   client must be on the machine), such a request is refused.
+ *   client must be on the machine), such a request is refused. So is one that carries only a proxy's
+ *   X-Forwarded-Host or -Proto (an nginx block setting those alone): it names no client, and the Host it
+ *   passes on is the client's own choice, so a loopback Host proves nothing there.
  * Each refusal is a 403 that says what to do instead.
  */
 
 /** Proxies' headers for the client behind them that Fastify does not read (X-Forwarded-For it reads where TRUST_PROXY says). */
 const UNREAD_FORWARDING = ['forwarded', 'x-real-ip'];
+
+/** What a proxy says of the address its client used, without naming the client: with no X-Forwarded-For beside it, the client is unknown. */
+const UNNAMED_CLIENT = ['x-forwarded-host', 'x-forwarded-proto'];
 
 /** Whether a host[:port] (a Host header, an origin's host) names this machine's loopback, read as browsers read it. */
 function namesLoopback(host: string): boolean {
@@ -36,11 +41,14 @@ function namesLoopback(host: string): boolean {
  * from elsewhere. Of a proxy's headers for the client behind it, Fastify reads X-Forwarded-For from
  * the proxies TRUST_PROXY names (request.ips then lists the socket's peer and the entries it took, the
  * client last): every one of them must be loopback, since a client can write entries of its own in
- * front of those its proxy adds. Forwarded and X-Real-IP nothing here reads: they are refused.
+ * front of those its proxy adds. Forwarded and X-Real-IP nothing here reads: they are refused, as is
+ * X-Forwarded-Host or -Proto without an X-Forwarded-For naming the client.
  */
 export function isLocalClient(request: FastifyRequest): boolean {
   if (UNREAD_FORWARDING.some((name) => request.headers[name] !== undefined)) return false;
-  if (request.headers['x-forwarded-for'] === undefined) return isLoopbackAddress(request.ip);
+  if (request.headers['x-forwarded-for'] === undefined) {
+    return isLoopbackAddress(request.ip) && !UNNAMED_CLIENT.some((name) => request.headers[name] !== undefined);
+  }
   const hops = request.ips ?? [];
   return hops.length >= 2 && hops.every(isLoopbackAddress);
 }
