@@ -143,11 +143,14 @@ describe.skipIf(!haveRealExports)('real exports against diffusers (needs ../shar
       const byId = spawnSync(process.execPath, imagegenArgs('models', 'verify', 'sd15', '--golden', goldenFile('sd15')), { cwd: root, encoding: 'utf8', env: { ...process.env, MODELS_DIR: tmp } });
       expect(byId.status).toBe(2);
       expect(byId.stderr).toContain(`(the installed model 'sd15' is the folder ${path.join(tmp, 'sd15')})`);
+      // Said before any progress: no 'verifying sd15: 0%' line ahead of the error.
+      expect(byId.stderr).not.toContain('verifying');
       // A folder that is there but holds no model that runs is work that failed (exit 1), not a usage error.
       await mkdir(path.join(tmp, 'not-a-model'));
       const noModel = verify(path.join(tmp, 'not-a-model'), '--golden', path.join(tmp, 'wrong.json'));
       expect([noModel.status, noModel.stdout]).toEqual([1, '']);
       expect(noModel.stderr).toMatch(/^imagegen models verify: .*not-a-model is not a usable model folder/m);
+      expect(noModel.stderr).not.toContain('verifying');
 
       // Steps beyond any schedule's use would only exhaust memory: refused, naming the field.
       await writeFile(path.join(tmp, 'steps.json'), JSON.stringify({ ...wrong, cases: [{ ...wrong.cases[0], steps: 1e9 }] }));

@@ -6,7 +6,7 @@ import { MAX_STEPS, type GenerationBatch } from '../runtime/types.js';
 import type { WorkerRuntime } from '../pipelines/run.js';
 import { describeIssues, readJsonIfPresent } from '../util/files.js';
 import { difference } from '../util/difference.js';
-import { MODEL_INDEX } from '../models/layout.js';
+import { inspectModel, MODEL_INDEX } from '../models/layout.js';
 
 /**
  * `imagegen models verify`: runs a model on the cases of a golden file (what diffusers' PyTorch
@@ -170,6 +170,8 @@ export interface VerifyHooks {
 export async function verifyGolden(runtime: WorkerRuntime, modelDir: string, file: string, tolerance = DEFAULT_TOLERANCE, hooks: VerifyHooks = {}): Promise<CaseResult[]> {
   const golden = await readGoldenFile(file);
   await checkPipeline(file, golden, modelDir);
+  // A folder that holds no usable model is said before any progress is shown (loading it says so too, but only once the first case starts).
+  await inspectModel(modelDir);
   hooks.onStart?.(golden.cases);
   const results: CaseResult[] = [];
   for (const [index, c] of golden.cases.entries()) {
