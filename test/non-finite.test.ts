@@ -1,30 +1,22 @@
 import { describe, expect, it } from 'vitest';
 import type { ApiError } from '../src/api/errors.js';
-import { inspectModel } from '../src/models/layout.js';
-import { VaeDecoder } from '../src/pipelines/vae.js';
-import { OnnxModel } from '../src/runtime/onnx-model.js';
 import { engineError } from '../src/service/failures.js';
 import { demoBatch } from './helpers/demo-model.js';
 import { withDemoPool } from './helpers/demo-pool.js';
 import { referenceModel } from './helpers/reference.js';
+import { decoder } from './helpers/vae-decoder.js';
 
 /**
  * A model whose arithmetic overflows (fp16, most often) makes NaN, which the conversion to 8-bit drew as
  * a black picture with a 200. It is an error that says whose output it was and what to install instead.
  */
 
-async function decoder(family: string): Promise<VaeDecoder> {
-  const layout = await inspectModel(referenceModel(family));
-  const model = await OnnxModel.load(layout.vaeDecoder, { provider: 'cpu', threads: 1 }, { memoryArena: false });
-  return new VaeDecoder(model, layout.vae.scalingFactor, layout.vae.shiftFactor);
-}
-
 describe('non-finite model output', () => {
   it("blames an fp16 VAE decoder that overflows on latents beyond fp16's range, not the latents, which the fp32 decoder decodes", async () => {
     const [c, h, w] = [4, 16, 16];
     // 20000 / 0.18215 (SD's scaling factor) is past fp16's largest value, 65504: the fp16 decoder's input is infinite.
     const large = new Float32Array(c * h * w).fill(20_000);
-    const [fp16, fp32] = [await decoder('sd15-fp16'), await decoder('sd15-optimum')];
+    const [{ vae: fp16 }, { vae: fp32 }] = [await decoder(referenceModel('sd15-fp16')), await decoder(referenceModel('sd15-optimum'))];
     try {
       await expect(fp16.decode(new Float32Array(c * h * w).fill(10_000), 1, c, h, w)).resolves.toHaveLength(1);
       await expect(fp16.decode(large, 1, c, h, w)).rejects.toMatchObject({ name: 'NonFiniteOutputError', stage: 'vae_decoder', message: /VAE decoder turned finite latents into NaN/ });

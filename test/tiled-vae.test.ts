@@ -2,7 +2,8 @@ import { readFile } from 'node:fs/promises';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { DEMO_MODEL_DIR } from './helpers/demo-model.js';
-import { inspectModel, type ModelLayout } from '../src/models/layout.js';
+import { decoder } from './helpers/vae-decoder.js';
+import type { ModelLayout } from '../src/models/layout.js';
 import { localMemory, MemoryPlan, vaeAttentionBytes, vaeTiling } from '../src/pipelines/memory-plan.js';
 import { tileSpans, toRgb, VaeDecoder, type VaeTiling } from '../src/pipelines/vae.js';
 import { OnnxModel } from '../src/runtime/onnx-model.js';
@@ -16,12 +17,6 @@ import { GOLDENS, haveRealExports, realExport } from './helpers/real-exports.js'
  * picture (within a stated tolerance where the decoder is not local), and the memory plan picks tiles
  * exactly when the whole decode would not fit.
  */
-
-async function decoder(dir: string): Promise<{ layout: ModelLayout; vae: VaeDecoder }> {
-  const layout = await inspectModel(dir);
-  const model = await OnnxModel.load(layout.vaeDecoder, { provider: 'cpu', threads: 2 }, { memoryArena: false });
-  return { layout, vae: new VaeDecoder(model, layout.vae.scalingFactor, layout.vae.shiftFactor) };
-}
 
 /** Seeded standard-normal-ish latents (sum of uniforms): enough texture to show a seam. */
 function latents(length: number, seed: number): Float32Array {
