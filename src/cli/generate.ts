@@ -12,6 +12,7 @@ import { ModelRegistry, modelRoots } from '../models/registry.js';
 import { Progress, STEPS } from '../util/progress.js';
 import { planBatches } from '../service/plan.js';
 import { exitStatusOf, UsageError } from './exit-status.js';
+import { messageOf } from '../util/error-message.js';
 
 /**
  * `imagegen generate`: the same request the HTTP route takes, run in this process without a server,
@@ -58,7 +59,7 @@ async function prepareOut(dir: string): Promise<void> {
     await access(dir, constants.W_OK);
   } catch (err) {
     const { code } = err as NodeJS.ErrnoException;
-    const why = code === 'EEXIST' || code === 'ENOTDIR' ? 'is a file, not a folder' : code === 'EACCES' || code === 'EPERM' || code === 'EROFS' ? `cannot be written (${code})` : `cannot be used (${code ?? (err as Error).message})`;
+    const why = code === 'EEXIST' || code === 'ENOTDIR' ? 'is a file, not a folder' : code === 'EACCES' || code === 'EPERM' || code === 'EROFS' ? `cannot be written (${code})` : `cannot be used (${code ?? messageOf(err)})`;
     throw new UsageError(`--out '${dir}' ${why}: name a folder you may write`);
   }
 }
@@ -75,7 +76,7 @@ async function writeNew(dir: string, stem: string, extension: string, data: Uint
       if (code === 'EEXIST') continue;
       // The file is ours ('wx' made it): a picture broken off by a full disk is not left to pass for one.
       await rm(file, { force: true });
-      throw new Error(`cannot write ${file}: ${code === 'ENOSPC' ? 'the disk is full (ENOSPC): free some space or name another --out' : (err as Error).message}`);
+      throw new Error(`cannot write ${file}: ${code === 'ENOSPC' ? 'the disk is full (ENOSPC): free some space or name another --out' : messageOf(err)}`);
     }
   }
 }
@@ -180,7 +181,7 @@ export function registerGenerateCommand(program: Command): void {
         for (const file of await generateCommand(prompt, flags)) console.log(file);
       } catch (err) {
         // A flag the request schema refuses names the flag; what failed later (a model, a file) exits 1.
-        const message = err instanceof ApiError && err.param ? `${flagOf(err.param)}: ${err.message}` : (err as Error).message;
+        const message = err instanceof ApiError && err.param ? `${flagOf(err.param)}: ${err.message}` : messageOf(err);
         console.error(`imagegen generate: ${message}`);
         process.exitCode = exitStatusOf(err);
       }

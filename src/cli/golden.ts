@@ -7,6 +7,7 @@ import type { WorkerRuntime } from '../pipelines/run.js';
 import { describeIssues, readJsonIfPresent } from '../util/files.js';
 import { difference } from '../util/difference.js';
 import { inspectModel, MODEL_INDEX } from '../models/layout.js';
+import { messageOf } from '../util/error-message.js';
 
 /**
  * `imagegen models verify`: runs a model on the cases of a golden file (what diffusers' PyTorch
@@ -84,7 +85,7 @@ async function readGoldenFile(file: string): Promise<GoldenFile> {
   try {
     json = JSON.parse(await readFile(file, 'utf8'));
   } catch (err) {
-    throw new GoldenFileError(file, `cannot read it as JSON: ${(err as Error).message}`);
+    throw new GoldenFileError(file, `cannot read it as JSON: ${messageOf(err)}`);
   }
   const parsed = goldenFile.safeParse(json);
   if (!parsed.success) throw new GoldenFileError(file, `not a golden file: ${describeIssues(parsed.error)}`);

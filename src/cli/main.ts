@@ -6,6 +6,7 @@ import { loadConfig, settingsHelp, type Config, type SettingName } from '../conf
 import { ConfigError } from '../util/config-error.js';
 import { registerGenerateCommand } from './generate.js';
 import { registerModelCommands } from './models.js';
+import { messageOf } from '../util/error-message.js';
 
 /** The `imagegen` command. `serve` is what `npm start` runs. */
 
@@ -40,7 +41,7 @@ const serve = program
       const known = startupProblem(err as NodeJS.ErrnoException, config);
       // A problem the message explains needs no stack trace in the log; anything else does.
       if (!known) logger.fatal({ err }, 'cannot start');
-      console.error(`imagegen serve cannot start: ${known ?? (err as Error).message}`);
+      console.error(`imagegen serve cannot start: ${known ?? messageOf(err)}`);
       process.exit(1);
     });
 

@@ -22,6 +22,7 @@ import { modelFolderAsRoot } from '../models/registry.js';
 import { EXECUTION_PROVIDERS, GRAPH_REWRITE_SETS, type ExecutionProvider, type GraphRewrites } from '../runtime/providers.js';
 import { registerVerifyCommand } from './verify.js';
 import { exitStatusOf } from './exit-status.js';
+import { messageOf } from '../util/error-message.js';
 
 /**
  * `imagegen models ...`: manage the models folder the server reads (MODELS_DIR). The work is done by
@@ -50,7 +51,7 @@ function reporting<A extends unknown[]>(action: (...args: A) => Promise<void>): 
       if (!(err instanceof ModelInstallError) && !(err as NodeJS.ErrnoException).syscall) throw err;
       // Clears a progress bar left half-drawn on a terminal.
       if (process.stderr.isTTY) process.stderr.write('\r\x1b[K');
-      console.error(`error: ${(err as Error).message}`);
+      console.error(`error: ${messageOf(err)}`);
       process.exitCode = exitStatusOf(err);
     }
   };

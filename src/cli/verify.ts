@@ -5,6 +5,7 @@ import { loadModelSettings } from '../config.js';
 import { Progress, STEPS } from '../util/progress.js';
 import { DEFAULT_TOLERANCE, FP16_TOLERANCE, verifyGolden, type GoldenCase } from './golden.js';
 import { exitStatusOf } from './exit-status.js';
+import { messageOf } from '../util/error-message.js';
 
 /**
  * `imagegen models verify DIR --golden FILE.json`: one line per case, `case N: max_abs=… mean_abs=…
@@ -80,7 +81,7 @@ export function registerVerifyCommand(models: Command): void {
         if (failed) process.exitCode = 1;
       } catch (err) {
         progress?.clear();
-        console.error(`imagegen models verify: ${(err as Error).message}${installedHint(dir)}`);
+        console.error(`imagegen models verify: ${messageOf(err)}${installedHint(dir)}`);
         // A folder that is not there is an argument refused, whatever failed first on the way.
         process.exitCode = existsSync(dir) ? exitStatusOf(err) : 2;
       }

@@ -6,6 +6,7 @@ import { stallWatchdog, type StallWatchdog } from './stall-watchdog.js';
 import type { WorkerInit } from './worker-protocol.js';
 import { WorkerProcess, type WorkerListener } from './worker-process.js';
 import { plural } from '../util/plural.js';
+import { messageOf } from '../util/error-message.js';
 
 /**
  * The pool's worker processes, one per slot, and their lives: starting each, killing one that hangs
@@ -227,7 +228,7 @@ export class WorkerSlots {
       this.slots[slot] = worker;
       this.starting.set(worker, stallWatchdog(worker, this.options.startStallMs, () => this.options.waitingForMemory(worker), ' while starting (loading its models)'));
     } catch (err) {
-      const reason = `worker process could not be started (${(err as Error).message})`;
+      const reason = `worker process could not be started (${messageOf(err)})`;
       this.restartLater(slot, false, reason);
       this.startFailure = `a ${reason}`;
     }

@@ -8,6 +8,7 @@ import { WorkerRuntime } from '../pipelines/run.js';
 import type { MemoryGrant } from './memory-arbiter.js';
 import type { FromWorker, ToWorker, WorkerInit } from './worker-protocol.js';
 import type { BatchEvent, GeneratedImage, GenerationBatch, ModelRef } from '../runtime/types.js';
+import { messageOf } from '../util/error-message.js';
 
 /**
  * A worker process (started by worker-process.ts): its own process, so that a native crash or the
@@ -104,7 +105,7 @@ async function ensureLoaded(modelDir: string, version?: string): Promise<void> {
   try {
     await current().getPipeline(modelDir, version);
   } catch (err) {
-    void send({ type: 'model-load-failed', modelDir, message: (err as Error).message });
+    void send({ type: 'model-load-failed', modelDir, message: messageOf(err) });
     throw err;
   }
   void send({ type: 'model-loaded', modelDir, seconds: (performance.now() - started) / 1000 });

@@ -3,6 +3,7 @@ import { unwatchFile, watchFile } from 'node:fs';
 import { readFile } from 'node:fs/promises';
 import type { FastifyBaseLogger } from 'fastify';
 import { isSendableKey } from '../api/bearer.js';
+import { messageOf } from '../util/error-message.js';
 
 /**
  * The API keys: API_KEYS from the configuration plus API_KEYS_FILE, which is re-read when it changes
@@ -159,7 +160,7 @@ export class KeyRing {
         this.use(await this.readFile());
         this.options.logger.info({ keys: this.entries.map((e) => e.key.label) }, 'API keys reloaded');
       } catch (err) {
-        this.options.logger.error(`${(err as Error).message}; keeping the ${this.entries.length} keys in use`);
+        this.options.logger.error(`${messageOf(err)}; keeping the ${this.entries.length} keys in use`);
       }
     });
     return this.reloading;

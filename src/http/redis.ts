@@ -1,6 +1,7 @@
 import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
 import { withoutCredentials } from '../util/url.js';
+import { messageOf } from '../util/error-message.js';
 
 /**
  * The Redis connection that replicas share limits through (REDIS_URL). A command fails fast while Redis
@@ -16,7 +17,7 @@ export async function connectRedis(url: string, logger: Logger): Promise<Redis> 
   redis.on('error', () => undefined);
   await redis.connect().then(
     () => logger.info(`shared limits in Redis at ${withoutCredentials(url)}`),
-    (err: unknown) => logger.error({ err }, `Redis at ${withoutCredentials(url)} cannot be reached (${(err as Error).message}): each server counts its own limits until it can`),
+    (err: unknown) => logger.error({ err }, `Redis at ${withoutCredentials(url)} cannot be reached (${messageOf(err)}): each server counts its own limits until it can`),
   );
   return redis;
 }
@@ -56,7 +57,7 @@ export class RedisFallback {
   }
 
   failed(err: unknown): void {
-    if (!this.failing) this.logger.warn({ err }, `Redis failed a command (${(err as Error).message}): ${this.falling}`);
+    if (!this.failing) this.logger.warn({ err }, `Redis failed a command (${messageOf(err)}): ${this.falling}`);
     this.failing = true;
     // The next ask a whole RETRY_MS after this failure, not after the ask that failed (it waited the timeout).
     this.askedAt = performance.now();

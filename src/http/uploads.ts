@@ -6,6 +6,7 @@ import { UNSUPPORTED_FIELDS } from '../api/wire.js';
 import type { ByteBudget } from '../util/byte-budget.js';
 import { bodyMemoryFull, holdBodyMemory } from './body-memory.js';
 import { declaredBodyBytes } from './connections.js';
+import { messageOf } from '../util/error-message.js';
 
 /**
  * The body of an edits or variations request as sent, in either of OpenAI's forms: a multipart form
@@ -70,7 +71,7 @@ function formError(err: unknown): unknown {
   if (code === 'FST_PARTS_LIMIT' || code === 'FST_FIELDS_LIMIT') {
     return new ApiError(413, `The form has too many parts: at most ${MAX_FIELDS} text fields are read.`, { code: 'request_too_large' });
   }
-  return new ApiError(400, `The multipart/form-data body could not be read: ${(err as Error).message}.`, { code: 'invalid_multipart' });
+  return new ApiError(400, `The multipart/form-data body could not be read: ${messageOf(err)}.`, { code: 'invalid_multipart' });
 }
 
 function readText(part: Extract<Multipart, { type: 'field' }>, fields: Record<string, unknown>): void {

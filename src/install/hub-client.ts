@@ -1,6 +1,7 @@
 import { HubApiError, listFiles, modelInfo } from '@huggingface/hub';
 import { ModelInstallError, ModelUsageError } from './errors.js';
 import { parseUrl, withoutCredentials } from '../util/url.js';
+import { messageOf } from '../util/error-message.js';
 
 /**
  * The Hugging Face Hub (or a mirror speaking its API): resolving a revision to a commit, listing a
@@ -80,7 +81,7 @@ function requestUrl(input: Parameters<typeof fetch>[0]): string {
 
 /** Why a fetch failed: undici's own message is "fetch failed"; the system's reason is in `cause`. */
 function networkReason(err: unknown): string {
-  return (err as { cause?: Error }).cause?.message ?? (err as Error).message;
+  return (err as { cause?: Error }).cause?.message ?? messageOf(err);
 }
 
 export class HubClient {
@@ -212,7 +213,7 @@ export class HubClient {
       );
     }
     // Anything else (a portal's HTML page where JSON should be) says the URL is not a Hub.
-    return new ModelInstallError(`the server at ${this.hubUrl} did not answer as a Hugging Face Hub does (${(err as Error).message.split('\n')[0]}); check HF_ENDPOINT / --hub-url`);
+    return new ModelInstallError(`the server at ${this.hubUrl} did not answer as a Hugging Face Hub does (${messageOf(err).split('\n')[0]}); check HF_ENDPOINT / --hub-url`);
   }
 }
 

@@ -10,6 +10,7 @@ import { keepAfterExit, removeIfInterrupted, type Disk } from './disk.js';
 import { ModelInstallError, ModelUsageError } from './errors.js';
 import { lockHolder, ownerHere, ownerRuns, takeLock, type Lock } from './owner.js';
 import type { ProgressOutput } from '../util/progress.js';
+import { messageOf } from '../util/error-message.js';
 
 /**
  * The models folder: model ids, the staging area, and putting models in place. Models are assembled in
@@ -187,7 +188,7 @@ export async function validateModel(dir: string, options: ValidateOptions): Prom
       await pipeline.release();
     } catch (err) {
       // Whatever fails here (ONNX parsing, tokenizer files) is a problem of the model's files.
-      throw refusal(dir, options.label, (err as Error).message, options.advice);
+      throw refusal(dir, options.label, messageOf(err), options.advice);
     }
   }
   return layout;

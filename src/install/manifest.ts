@@ -4,6 +4,7 @@ import { z } from 'zod';
 import { describeIssues, parseJson, readTextIfPresent } from '../util/files.js';
 import { ModelInstallError } from './errors.js';
 import { MANIFEST_FILE } from './model-files.js';
+import { messageOf } from '../util/error-message.js';
 
 /**
  * `imagegen-manifest.json`: the size and sha256 of every file of a model. Every install writes one into
@@ -39,7 +40,7 @@ export function parseManifest(text: string, where: string): Manifest {
   try {
     json = parseJson(text, where);
   } catch (err) {
-    throw new ModelInstallError(`${(err as Error).message}; ${whatToDo}`);
+    throw new ModelInstallError(`${messageOf(err)}; ${whatToDo}`);
   }
   const parsed = manifestSchema.safeParse(json);
   if (!parsed.success) throw new ModelInstallError(`${where} is not a valid manifest (${describeIssues(parsed.error)}); ${whatToDo}`);

@@ -8,6 +8,7 @@ import { findTokenizerSource, TokenizerFilesError } from '../tokenizers/files.js
 import { exists, readJsonIfPresent } from '../util/files.js';
 import { externalDataProblem } from './onnx-external-data.js';
 import { isTensorRtEngine, tensorRtProblem } from './tensorrt.js';
+import { messageOf } from '../util/error-message.js';
 
 /**
  * Recognises a model folder in any of the export conventions (legacy diffusers script, Optimum) by
@@ -131,7 +132,7 @@ async function readJson(root: string, file: string): Promise<Record<string, unkn
   try {
     return (await readJsonIfPresent(file)) as Record<string, unknown> | undefined;
   } catch (err) {
-    throw new ModelLayoutError(root, (err as Error).message);
+    throw new ModelLayoutError(root, messageOf(err));
   }
 }
 
@@ -174,7 +175,7 @@ function runnableScheduler(root: string, own: SchedulerConfig, kind: ModelKind):
   try {
     standIn = standInFor(own, kind);
   } catch (err) {
-    throw new ModelLayoutError(root, `scheduler/scheduler_config.json: ${(err as Error).message}`);
+    throw new ModelLayoutError(root, `scheduler/scheduler_config.json: ${messageOf(err)}`);
   }
   const schedulerConfig = standIn?.config ?? own;
   try {
@@ -182,7 +183,7 @@ function runnableScheduler(root: string, own: SchedulerConfig, kind: ModelKind):
     // otherwise load as ready and fail every request, blaming its steps.
     createScheduler(schedulerConfig).setTimesteps(SCHEDULE_CHECK_STEPS, { mu: 1 });
   } catch (err) {
-    throw new ModelLayoutError(root, `scheduler/scheduler_config.json${standIn ? ` (as ${standIn.name})` : ''}: ${(err as Error).message}`);
+    throw new ModelLayoutError(root, `scheduler/scheduler_config.json${standIn ? ` (as ${standIn.name})` : ''}: ${messageOf(err)}`);
   }
   return { standIn, schedulerConfig };
 }

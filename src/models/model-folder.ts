@@ -6,6 +6,7 @@ import { schedulersFor } from '../schedulers/index.js';
 import { describeIssues, readJsonIfPresent } from '../util/files.js';
 import { inspectModel, ModelLayoutError, withinFolder, type ModelLayout } from './layout.js';
 import { presetFor, presetOverrideSchema, type ModelPreset } from './presets.js';
+import { messageOf } from '../util/error-message.js';
 
 /**
  * The one verdict on a model folder: can the server run it, and if not, why. The registry (and with
@@ -40,7 +41,7 @@ async function presetOf(dir: string, layout: ModelLayout, schedulers: readonly s
   try {
     return presetFor(layout, parsed.data, schedulers);
   } catch (err) {
-    throw new Error(`${OVERRIDE_FILE}: ${(err as Error).message}`);
+    throw new Error(`${OVERRIDE_FILE}: ${messageOf(err)}`);
   }
 }
 
@@ -70,6 +71,6 @@ export async function inspectModelFolder(dir: string): Promise<FolderVerdict> {
     return { usable: true, layout, preset: await presetOf(dir, layout, schedulers), schedulers, capabilities: capabilitiesOf(family, layout) };
   } catch (err) {
     // Any failure, an unreadable file included, makes the folder unusable; the server must go on serving the others.
-    return { usable: false, reason: err instanceof ModelLayoutError ? err.problem : withinFolder(dir, (err as Error).message) };
+    return { usable: false, reason: err instanceof ModelLayoutError ? err.problem : withinFolder(dir, messageOf(err)) };
   }
 }

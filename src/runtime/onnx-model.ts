@@ -2,6 +2,7 @@ import { ort } from './onnxruntime.js';
 import { float32ToHalf, halfToFloat32 } from './float16.js';
 import { graphSource, rewritesOf } from './graph-rewrite.js';
 import { createSession, type ExecutionProvider, type RuntimeOptions, type SessionTuning } from './providers.js';
+import { messageOf } from '../util/error-message.js';
 
 /**
  * One ONNX component (text encoder, UNet, transformer, VAE) whose declared input types and ranks drive
@@ -42,7 +43,7 @@ export class OnnxOutOfMemoryError extends Error {
 
 /** `err` as an OnnxOutOfMemoryError when onnxruntime says an allocation failed, else as it is. Exported for the tests. */
 export function outOfMemoryOr(err: unknown, file: string, during: OnnxOutOfMemoryError['during']): unknown {
-  const message = (err as Error).message;
+  const message = messageOf(err);
   return OUT_OF_MEMORY.test(message) ? new OnnxOutOfMemoryError(file, message, during) : err;
 }
 

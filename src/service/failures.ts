@@ -7,6 +7,7 @@ import { MISSING_FOLDER, ModelLayoutError } from '../models/layout.js';
 import { InsufficientMemoryError } from '../pipelines/memory-plan.js';
 import { NonFiniteOutputError } from '../pipelines/vae.js';
 import { StoreFullError, StoreUnavailableError } from '../store/image-store.js';
+import { messageOf } from '../util/error-message.js';
 
 /** The engine's and the store's failures as OpenAI errors, with the status and retry advice each deserves. */
 
@@ -59,26 +60,28 @@ export function engineError(err: unknown, model: string): unknown {
       : 'Retrying may succeed; if it keeps failing, ask for a smaller size or fewer images.';
     return new ApiError(500, `The worker process generating this image ${err.reason}; it has been replaced. ${advice}`, { code: 'worker_crashed', cause: err });
   }
+  // The worker's errors cross the process boundary as Errors bearing their class's name.
+  const name = err instanceof Error ? err.name : undefined;
   // Installed and usable when the request came; since then removed, or found damaged as it loaded
   // (ModelLayoutError crosses the process boundary by name, with its problem).
-  if ((err as Error).name === ModelLayoutError.name) {
+  if (name === ModelLayoutError.name) {
     const { problem } = err as { problem?: string };
     if (problem === MISSING_FOLDER) {
       return modelMissing(`The model '${model}' was removed from the server while this request waited for it.`, err);
     }
     return modelUnusable(
-      `The model '${model}' is installed but could not be loaded: ${problem ?? (err as Error).message}. Other models still work; the server's operator should repair or remove it ("imagegen models list" checks it).`,
+      `The model '${model}' is installed but could not be loaded: ${problem ?? messageOf(err)}. Other models still work; the server's operator should repair or remove it ("imagegen models list" checks it).`,
       err,
     );
   }
   // Raised in the worker: it crosses the process boundary by name.
-  if ((err as Error).name === InsufficientMemoryError.name) {
-    return insufficientMemory((err as Error).message, err);
+  if (name === InsufficientMemoryError.name) {
+    return insufficientMemory(messageOf(err), err);
   }
   // Raised in the worker: it crosses the process boundary by name. The same request overflows the same
   // way again, so the SDKs are told not to retry.
-  if ((err as Error).name === NonFiniteOutputError.name) {
-    return new ApiError(500, `Model '${model}' failed to make this image: ${(err as Error).message}`, { code: 'non_finite_output', headers: NO_RETRY, cause: err });
+  if (name === NonFiniteOutputError.name) {
+    return new ApiError(500, `Model '${model}' failed to make this image: ${messageOf(err)}`, { code: 'non_finite_output', headers: NO_RETRY, cause: err });
   }
   return err;
 }

@@ -8,6 +8,7 @@ import { checkSchedule, fewestSteps, scheduleStrength, stepsRun, type StrengthRu
 import { strengthRule, takesGuidance, takesNegativePrompt } from '../models/layout.js';
 import { chunks } from '../util/chunks.js';
 import type { EditPicture } from './input-images.js';
+import { messageOf } from '../util/error-message.js';
 
 /**
  * A request as engine batches: its size, steps, guidance and scheduler from the model's preset unless
@@ -146,7 +147,7 @@ export function planBatches(request: GenerationRequest, model: ModelEntry, defau
     const raised = edit !== undefined && request.steps === undefined && settings.steps > preset.steps[request.quality];
     const param = request.steps !== undefined ? 'steps' : raised || bounding !== undefined ? 'strength' : 'scheduler';
     const why = raised ? ` (strength ${edit.strength} runs one step only of ${settings.steps} or more). Raise 'strength'` : param === 'strength' ? ". Raise 'strength'" : '';
-    throw ApiError.invalid(param, 'invalid_value', `Invalid value for '${param}' with model '${request.model}': ${(err as Error).message}${why}.`);
+    throw ApiError.invalid(param, 'invalid_value', `Invalid value for '${param}' with model '${request.model}': ${messageOf(err)}${why}.`);
   }
   return chunks(items, preset.maxBatch).map((part) => ({ ...settings, items: part }));
 }

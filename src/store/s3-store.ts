@@ -6,6 +6,7 @@ import { ConfigError } from '../util/config-error.js';
 import { StoreUnavailableError, type ByteRange, type ImageStore, type StoredImage, type StoreLimits, type StoreReservation } from './image-store.js';
 import { extensionOf, imageName, isExpired, newImage, parseImageName } from './image-names.js';
 import { StoreSpace } from './space.js';
+import { messageOf } from '../util/error-message.js';
 
 /**
  * Generated images in an S3-compatible bucket (AWS S3, MinIO, Ceph RGW, Cloudflare R2, Garage), shared
@@ -132,7 +133,7 @@ export class S3ImageStore implements ImageStore {
     const store = new S3ImageStore(options);
     await store.checkRegion();
     if (options.presignedUrls) store.urlOrigin = await store.presignedOrigin();
-    await store.sweep().catch((err: unknown) => options.logger.error({ err }, `image store: ${(err as Error).message}; /ready answers 503 until it answers`));
+    await store.sweep().catch((err: unknown) => options.logger.error({ err }, `image store: ${messageOf(err)}; /ready answers 503 until it answers`));
     return store;
   }
 
@@ -160,7 +161,7 @@ export class S3ImageStore implements ImageStore {
     return getSignedUrl(this.client, probe, { expiresIn: 60 }).then(
       (url) => new URL(url).origin,
       (err: unknown) => {
-        this.options.logger.warn({ err }, `image store: presigned URLs cannot be signed (${(err as Error).message}); the playground will not show the bucket's images`);
+        this.options.logger.warn({ err }, `image store: presigned URLs cannot be signed (${messageOf(err)}); the playground will not show the bucket's images`);
         return undefined;
       },
     );
@@ -261,7 +262,7 @@ export class S3ImageStore implements ImageStore {
     try {
       await this.deleteKeys(images.map((image) => this.keyOf(image)));
     } catch (err) {
-      this.options.logger.warn({ err }, `${(err as Error).message}: ${images.length} unused images stay until they expire`);
+      this.options.logger.warn({ err }, `${messageOf(err)}: ${images.length} unused images stay until they expire`);
       return;
     }
     for (const image of images) {
@@ -353,7 +354,7 @@ export class S3ImageStore implements ImageStore {
   /** Sweeps every `intervalMs` until close(); a failing bucket is logged (and /ready says so), the next sweep tries again. */
   startSweeper(intervalMs: number): void {
     this.timer = setInterval(() => {
-      this.sweep().catch((err: unknown) => this.options.logger.warn({ err }, `image sweep failed: ${(err as Error).message}`));
+      this.sweep().catch((err: unknown) => this.options.logger.warn({ err }, `image sweep failed: ${messageOf(err)}`));
     }, intervalMs);
     this.timer.unref();
   }

@@ -1,6 +1,7 @@
 import { access, mkdir, open, readFile, stat } from 'node:fs/promises';
 import path from 'node:path';
 import type { z } from 'zod';
+import { messageOf } from './error-message.js';
 
 /** Files that may be absent, and the optional JSON files of model folders and bundles (configs, tokenizers, manifests). */
 
@@ -94,7 +95,7 @@ export function parseJson(text: string, where: string): unknown {
         // Not valid for another reason: the first error says where.
       }
     }
-    throw new Error(`${where} is not valid JSON (${(err as Error).message})`);
+    throw new Error(`${where} is not valid JSON (${messageOf(err)})`);
   }
 }
 
