@@ -59,6 +59,29 @@ describe('loaded models within a memory budget', () => {
     await expect.poll(() => tryGenerate(old)).toBe('released');
   });
 
+  it('keeps the sessions runs use when their model is released or replaced, releasing them as the last such run ends', async () => {
+    const { cache: c, loads } = cache(Number.MAX_SAFE_INTEGER);
+    // Released (as a run that ran out of memory releases its model's) while two runs use it.
+    const released = await c.use(a, 'v1', async (inUse) => {
+      await c.use(a, 'v1', async () => {
+        await c.release(a);
+        expect(await tryGenerate(inUse)).toBe('ran');
+      });
+      expect(await tryGenerate(inUse)).toBe('ran');
+      return inUse;
+    });
+    expect(await tryGenerate(released)).toBe('released');
+    // Its folder replaced in place while a run uses it.
+    const replaced = await c.use(a, 'v1', async (inUse) => {
+      expect(await tryGenerate(await c.get(a, 'v2'))).toBe('ran');
+      expect(await tryGenerate(inUse)).toBe('ran');
+      return inUse;
+    });
+    expect(await tryGenerate(replaced)).toBe('released');
+    expect(loads).toEqual([a, a, a]);
+    expect(c.holds(a, 'v2')).toBe(true);
+  });
+
   it('never releases a model that a run uses, over the budget or to make room', async () => {
     const oneModel = await weightBytes(await inspectModel(a));
     const { cache: c } = cache(oneModel * 1.5);

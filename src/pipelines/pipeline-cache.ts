@@ -17,6 +17,8 @@ interface Entry {
   bytes: number;
   /** Runs using it now (see use()): a worker runs one batch at a time, but a runtime in one process may run several. */
   users: number;
+  /** Out of the cache (replaced or released) while runs used it: its sessions go as the last of them ends. */
+  dropped?: boolean;
 }
 
 /** Bytes of the folders holding the model's ONNX graphs and their external weights. */
@@ -52,7 +54,7 @@ export class PipelineCache {
         this.entries.set(modelDir, hit);
         return hit.pipeline;
       }
-      void releaseSessions(hit);
+      void this.drop(modelDir, hit);
     }
     const entry: Entry = { bytes: 0, users: 0, version, pipeline: this.load(modelDir, version) };
     this.entries.set(modelDir, entry);
@@ -80,6 +82,7 @@ export class PipelineCache {
       return await work(await pipeline);
     } finally {
       entry.users--;
+      if (entry.dropped && entry.users === 0) await releaseSessions(entry);
     }
   }
 
@@ -93,12 +96,20 @@ export class PipelineCache {
     return entry !== undefined && entry.version === version;
   }
 
-  /** Releases a model's sessions now (their arenas with them); the next get() loads it again. */
+  /**
+   * Releases a model's sessions (their arenas with them): now, or, while runs use them, as the last of
+   * those ends. The next get() loads it again.
+   */
   async release(modelDir: string): Promise<void> {
     const entry = this.entries.get(modelDir);
-    if (!entry) return;
+    if (entry) await this.drop(modelDir, entry);
+  }
+
+  /** Takes an entry out of the cache, its sessions released now or by the last run using them (see use()). */
+  private async drop(modelDir: string, entry: Entry): Promise<void> {
     this.entries.delete(modelDir);
-    await releaseSessions(entry);
+    if (entry.users > 0) entry.dropped = true;
+    else await releaseSessions(entry);
   }
 
   /**
