@@ -2,6 +2,7 @@ import { spawnSync } from 'node:child_process';
 import path from 'node:path';
 import { pathToFileURL } from 'node:url';
 import { describe, expect, inject, it } from 'vitest';
+import { GpuFaultError, gpuFaultOr } from '../src/runtime/gpu-faults.js';
 import { OnnxOutOfMemoryError, outOfMemoryOr } from '../src/runtime/onnx-model.js';
 import { unavailable } from '../src/runtime/providers.js';
 import { cudaInstalled, ortBinFolder } from './helpers/cuda.js';
@@ -85,5 +86,25 @@ describe("the GPU's out-of-memory errors are a 507 (OnnxOutOfMemoryError), like 
   it('leaves the errors that are not about memory as they are', () => {
     expect(classified(cudaFailure(209, 'no kernel image is available for execution on the device', 'cudaGetLastError()').message)).toBe(false);
     expect(classified('CUBLAS failure 13: CUBLAS_STATUS_EXECUTION_FAILED ; GPU=0')).toBe(false);
+  });
+});
+
+describe('the CUDA errors after which a process cannot use the GPU end the worker (GpuFaultError)', () => {
+  const fault = (err: Error) => gpuFaultOr(err, '/models/sd15/unet/model.onnx');
+
+  it("recognises them inside a node's failed run, naming the component and CUDA's words alone", () => {
+    const illegal = cudaFailure(700, 'an illegal memory access was encountered', 'cudaStreamSynchronize(static_cast<cudaStream_t>(stream_))');
+    const during = new Error(`Non-zero status code returned while running Conv node. Name:'/conv_in/Conv' Status Message: ${illegal.message}`);
+    expect(fault(during)).toBeInstanceOf(GpuFaultError);
+    expect(fault(during)).toMatchObject({ detail: 'CUDA failure 700: an illegal memory access was encountered', message: 'unet/model.onnx: CUDA failure 700: an illegal memory access was encountered' });
+    expect(fault(cudaFailure(719, 'unspecified launch failure', 'cudaStreamSynchronize(stream)'))).toMatchObject({ detail: 'CUDA failure 719: unspecified launch failure' });
+    expect(fault(cudaFailure(214, 'uncorrectable ECC error encountered', 'cudaMemcpyAsync(dst, src, bytes)'))).toBeInstanceOf(GpuFaultError);
+  });
+
+  it('not the errors a process goes on from: out of memory, an invalid argument, a missing kernel, an unknown device', () => {
+    for (const [code, text] of [[2, 'out of memory'], [1, 'invalid argument'], [209, 'no kernel image is available for execution on the device'], [101, 'invalid device ordinal']] as const) {
+      const err = cudaFailure(code, text, 'cudaGetLastError()');
+      expect(fault(err)).toBe(err);
+    }
   });
 });

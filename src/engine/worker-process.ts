@@ -96,6 +96,8 @@ export class WorkerProcess implements MemoryClaimant {
   private task?: Task;
   /** Why the pool killed it, which then says more than the signal. */
   private killedBecause?: string;
+  /** Why the worker said it was ending (FromWorker 'failed' `ending`), which then says more than its exit code. */
+  private endingBecause?: string;
 
   /** `script`: the worker module to run (see workerModule). */
   constructor(
@@ -110,7 +112,7 @@ export class WorkerProcess implements MemoryClaimant {
     // process ended is not taken for a crash.
     this.exited = new Promise((resolve) =>
       this.child.once('close', (code: number | null, signal: NodeJS.Signals | null) => {
-        this.died(this.killedBecause ?? describeExit(code, signal), signal === 'SIGKILL' && this.killedBecause === undefined, signal ?? undefined);
+        this.died(this.killedBecause ?? this.endingBecause ?? describeExit(code, signal), signal === 'SIGKILL' && this.killedBecause === undefined, signal ?? undefined);
         resolve();
       }),
     );
@@ -128,6 +130,11 @@ export class WorkerProcess implements MemoryClaimant {
 
   get busy(): boolean {
     return this.task !== undefined;
+  }
+
+  /** It said it was ending (after the batch it failed), rather than dying unasked. */
+  get endedItself(): boolean {
+    return this.endingBecause !== undefined;
   }
 
   /**
@@ -203,6 +210,11 @@ export class WorkerProcess implements MemoryClaimant {
         return;
       case 'failed':
         this.hold(message.held);
+        // Given nothing more: it exits, and its slot's replacement takes the next batch.
+        if (message.ending !== undefined) {
+          this.endingBecause = message.ending;
+          this.ready = false;
+        }
         this.finish()?.reject(Object.assign(new Error(message.error.message), message.error));
         return;
       case 'ready':

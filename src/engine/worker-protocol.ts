@@ -64,7 +64,9 @@ export type FromWorker =
   /** `held`: the model folders the worker holds once the batch is over (a load may have evicted others, running out of memory released its own); `seconds`: the batch's, as the events'. */
   | { type: 'done'; images: GeneratedImage[]; held: string[]; seconds: number }
   /**
-   * The batch failed or was cancelled; the worker is fine and takes the next one. `problem`: what is
-   * wrong with a model folder that could not be loaded (ModelLayoutError.problem, which names no path).
+   * The batch failed or was cancelled; the worker is fine and takes the next one, unless `ending` says
+   * why it exits now instead (a GPU fault that leaves its process unable to use the GPU: see
+   * GpuFaultError), to be replaced. `problem`: what is wrong with a model folder that could not be
+   * loaded (ModelLayoutError.problem, which names no path).
    */
-  | { type: 'failed'; error: { name: string; message: string; stack?: string; problem?: string }; held: string[] };
+  | { type: 'failed'; error: { name: string; message: string; stack?: string; problem?: string }; held: string[]; ending?: string };

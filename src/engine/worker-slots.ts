@@ -206,7 +206,7 @@ export class WorkerSlots {
     const wasReady = this.readyAt.delete(worker);
     if (this.closing) return;
     const slot = this.slots.indexOf(worker);
-    this.restartLater(slot, wasProven, `worker process ${reason}${hadBatch ? '' : ' while idle'}`, worker.pid, hadBatch);
+    this.restartLater(slot, wasProven, `worker process ${reason}${hadBatch || worker.endedItself ? '' : ' while idle'}`, worker.pid, hadBatch);
     const times = this.failedStarts[slot];
     if (!wasReady) this.startFailure = `a worker process ${reason} before it was ready (${plural(times, 'time')} in a row; the server log says more)`;
     else if (!wasProven) this.startFailure = `a worker process ${reason} soon after it was ready (the server log says more)`;

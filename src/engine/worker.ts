@@ -7,6 +7,7 @@ import { GenerationCancelled } from '../pipelines/pipeline.js';
 import { WorkerRuntime } from '../pipelines/run.js';
 import type { MemoryGrant } from './memory-arbiter.js';
 import type { FromWorker, ToWorker, WorkerInit } from './worker-protocol.js';
+import { GpuFaultError } from '../runtime/gpu-faults.js';
 import type { BatchEvent, GeneratedImage, GenerationBatch, ModelRef } from '../runtime/types.js';
 import { messageOf } from '../util/error-message.js';
 
@@ -176,7 +177,10 @@ function perform(modelDir: string, work: (task: { cancelled: boolean; clock: () 
       // Only these fields: an error's other properties need not survive serialisation.
       const { name, message, stack } = err instanceof Error ? err : new Error(inspect(err));
       const problem = err instanceof ModelLayoutError ? { problem: err.problem } : {};
-      await send({ type: 'failed', error: { name, message, stack, ...problem }, held: current().heldModels() });
+      // CUDA refuses this process any further work after such a fault: a new process is the only way on.
+      const ending = err instanceof GpuFaultError ? `ended itself after a GPU fault (${err.detail}), after which CUDA cannot be used by the process that met it` : undefined;
+      await send({ type: 'failed', error: { name, message, stack, ...problem }, held: current().heldModels(), ...(ending && { ending }) });
+      if (ending) process.exit(1);
     } finally {
       // The pool may have heard the answer, and sent the next batch, before its write was done here: that
       // batch is the running one now, and its cancel and the worker's stop must still reach it.

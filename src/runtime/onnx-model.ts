@@ -2,6 +2,7 @@ import { ort } from './onnxruntime.js';
 import { float32ToHalf, halfToFloat32 } from './float16.js';
 import { graphSource, rewritesOf } from './graph-rewrite.js';
 import { createSession, type ExecutionProvider, type RuntimeOptions, type SessionTuning } from './providers.js';
+import { gpuFaultOr } from './gpu-faults.js';
 import { messageOf } from '../util/error-message.js';
 
 /**
@@ -106,7 +107,7 @@ export class OnnxModel {
       if (!(name in ortFeeds)) throw new Error(`${this.file} needs input '${name}', which this pipeline does not provide`);
     }
     const result = await this.session.run(ortFeeds, outputs as string[]).catch((err: unknown) => {
-      throw outOfMemoryOr(err, this.file, 'run');
+      throw gpuFaultOr(outOfMemoryOr(err, this.file, 'run'), this.file);
     });
     const out: Record<string, HostTensor> = {};
     for (const name of outputs) out[name] = fromOrtTensor(this.file, name, result[name]);

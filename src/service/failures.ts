@@ -6,6 +6,7 @@ import { ApiError } from '../api/errors.js';
 import { MISSING_FOLDER, ModelLayoutError } from '../models/layout.js';
 import { InsufficientMemoryError } from '../pipelines/memory-plan.js';
 import { NonFiniteOutputError } from '../pipelines/vae.js';
+import { GpuFaultError } from '../runtime/gpu-faults.js';
 import { StoreFullError, StoreUnavailableError } from '../store/image-store.js';
 import { messageOf } from '../util/error-message.js';
 
@@ -80,6 +81,15 @@ export function engineError(err: unknown, model: string): unknown {
   }
   // Raised in the worker: it crosses the process boundary by name. The same request overflows the same
   // way again, so the SDKs are told not to retry.
+  // Raised in the worker, which then ends: its replacement has a working CUDA context, so a retry may
+  // succeed (the SDKs retry a 500 on their own).
+  if (name === GpuFaultError.name) {
+    return new ApiError(
+      500,
+      `The GPU failed while model '${model}' made this image: ${messageOf(err)}. CUDA cannot be used again by the process that met this error, so the worker process has been replaced; retrying may succeed. If it happens again, the server's operator should check the GPU (\`nvidia-smi\`, and the kernel log for NVIDIA Xid errors) or run on the CPU (EXECUTION_PROVIDER=cpu).`,
+      { code: 'gpu_fault', cause: err },
+    );
+  }
   if (name === NonFiniteOutputError.name) {
     return new ApiError(500, `Model '${model}' failed to make this image: ${messageOf(err)}`, { code: 'non_finite_output', headers: NO_RETRY, cause: err });
   }

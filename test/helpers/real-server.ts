@@ -45,6 +45,8 @@ export interface RealServerOptions {
   root?: string;
   /** The image store's clock (default Date.now): tests move time on instead of waiting. */
   clock?: () => number;
+  /** The worker module (default the built one, WORKER_SCRIPT). */
+  workerScript?: string;
 }
 
 export interface RealServer {
@@ -72,7 +74,7 @@ export async function startRealServer(options: RealServerOptions = {}): Promise<
     ...(options.apiKey && { API_KEYS: options.apiKey }),
     ...options.env,
   };
-  const server = await startServer(loadConfig({}, env), options.logger ?? silentLogger, { clock: options.clock, workerScript: WORKER_SCRIPT });
+  const server = await startServer(loadConfig({}, env), options.logger ?? silentLogger, { clock: options.clock, workerScript: options.workerScript ?? WORKER_SCRIPT });
   const baseURL = `${server.url}/v1`;
   return {
     server,

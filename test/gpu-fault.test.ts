@@ -1,0 +1,92 @@
+import { existsSync } from 'node:fs';
+import { mkdtemp, rm, writeFile } from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
+import { pathToFileURL } from 'node:url';
+import OpenAI from 'openai';
+import sharp from 'sharp';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { PROJECT_ROOT, WORKER_SCRIPT } from './helpers/cli.js';
+import { capturedLogs } from './helpers/logs.js';
+import { untilReady } from './helpers/ops-server.js';
+import { startRealServer, type RealServer } from './helpers/real-server.js';
+
+/**
+ * A CUDA error after which a process cannot use the GPU again (an illegal memory access, a launch
+ * failure): no machine here has CUDA, so the built worker runs with onnxruntime's session runs made to
+ * fail as the CUDA provider fails then, in onnxruntime's words (cuda_call.cc): the first run to find
+ * `fault` (which it removes) and, as CUDA does, every later run of that process. Everything else is
+ * the real server, worker and model.
+ */
+async function faultingWorker(dir: string, fault: string): Promise<string> {
+  const file = path.join(dir, 'worker.mjs');
+  const ortModule = pathToFileURL(path.join(PROJECT_ROOT, 'dist', 'runtime', 'onnxruntime.js')).href;
+  await writeFile(
+    file,
+    `import { existsSync, rmSync } from 'node:fs';
+const { ort } = await import(${JSON.stringify(ortModule)});
+const run = ort.InferenceSession.prototype.run;
+let lost = false;
+ort.InferenceSession.prototype.run = function (...args) {
+  if (existsSync(${JSON.stringify(fault)})) {
+    rmSync(${JSON.stringify(fault)});
+    lost = true;
+  }
+  if (!lost) return run.apply(this, args);
+  return Promise.reject(new Error("Non-zero status code returned while running Conv node. Name:'/conv_in/Conv' Status Message: CUDA failure 700: an illegal memory access was encountered ; GPU=0 ; hostname=gpu-host ; file=/onnxruntime_src/onnxruntime/core/providers/cuda/cuda_execution_provider.cc ; line=448 ; expr=cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)); "));
+};
+await import(${JSON.stringify(pathToFileURL(WORKER_SCRIPT).href)});
+`,
+  );
+  return file;
+}
+
+describe('a GPU fault that leaves the worker unable to use CUDA', () => {
+  let dir: string;
+  let fault: string;
+  let server: RealServer;
+  const logs = capturedLogs<{ msg: string; workerPid?: number }>();
+
+  beforeAll(async () => {
+    dir = await mkdtemp(path.join(os.tmpdir(), 'gpu-fault-'));
+    fault = path.join(dir, 'fault');
+    server = await startRealServer({ workerScript: await faultingWorker(dir, fault), logger: logs.logger });
+    await untilReady(server.server.url, 60_000);
+  });
+
+  afterAll(async () => {
+    await server?.close();
+    await rm(dir, { recursive: true, force: true });
+  });
+
+  const generate = (client: OpenAI) => client.images.generate({ prompt: 'a red circle', size: '256x256', response_format: 'b64_json' });
+  const ready = () => logs.lines.filter((line) => line.msg === 'worker ready');
+
+  it('fails its batch with a 500 saying what happened and what to do, and the worker is replaced', async () => {
+    await writeFile(fault, '');
+    const err = await generate(server.client).catch((e: unknown) => e);
+    expect(existsSync(fault)).toBe(false);
+    expect(err).toBeInstanceOf(OpenAI.InternalServerError);
+    const { status, code, message } = err as InstanceType<typeof OpenAI.InternalServerError>;
+    expect([status, code]).toEqual([500, 'gpu_fault']);
+    // The component within its model's folder, CUDA's own words without onnxruntime's host and source lines.
+    expect(message).toMatch(/^500 The GPU failed while model '[^']+' made this image: [\w-]+\/model\.onnx: CUDA failure 700: an illegal memory access was encountered\. CUDA cannot be used again by the process that met this error, so the worker process has been replaced; retrying may succeed\. .*nvidia-smi/);
+    expect(message).not.toMatch(/hostname|\/onnxruntime_src|\/tmp\//);
+    // A new process, which says why the old one went, without 'while idle'.
+    await expect.poll(() => ready().length, { timeout: 60_000 }).toBe(2);
+    const [first, second] = ready();
+    expect(second.workerPid).not.toBe(first.workerPid);
+    expect(logs.lines.map((line) => line.msg)).toContain(
+      'worker process ended itself after a GPU fault (CUDA failure 700: an illegal memory access was encountered), after which CUDA cannot be used by the process that met it; starting a replacement',
+    );
+  });
+
+  it("is behind a client whose SDK retries the 500 on its own, as the official ones do: the replacement draws the picture", async () => {
+    await writeFile(fault, '');
+    const res = await generate(new OpenAI({ baseURL: server.baseURL, apiKey: 'unused', maxRetries: 2 }));
+    expect(existsSync(fault)).toBe(false);
+    const meta = await sharp(Buffer.from(res.data![0].b64_json!, 'base64')).metadata();
+    expect([meta.width, meta.height]).toEqual([256, 256]);
+    await expect.poll(() => ready().length, { timeout: 60_000 }).toBe(3);
+  });
+});
