@@ -18,6 +18,10 @@ import { KeySlots } from './http/key-slots.js';
 import { connectRedis } from './http/redis.js';
 import { RedisLedger } from './http/redis-ledger.js';
 import { readKeyFile } from './http/keys.js';
+import { MODEL_BUDGET_SHARE } from './pipelines/run.js';
+import { nvidiaGpus } from './runtime/nvidia-gpus.js';
+import { formatBytes } from './util/bytes.js';
+import { plural } from './util/plural.js';
 
 /** Puts the service together (store, models, engine, HTTP app) and starts listening. */
 
@@ -92,6 +96,7 @@ export async function startServer(config: Config, logger: Logger, { clock, worke
   const workers = config.workers ?? chosenWorkerCount(config, preload, memoryFigures, logger);
   const engine = createEnginePool({
     ...engineSettings(config),
+    modelMemoryBudget: await modelMemoryBudget(config, workers, logger),
     workers,
     preload,
     modelVersion: (dir) => registry.versionOf(dir),
@@ -182,7 +187,6 @@ function engineSettings(config: Config) {
     workerNice: config.workerNice,
     vaeTiling: config.vaeTiling,
     cudaDevices: config.cudaDevices,
-    modelMemoryBudget: config.modelMemoryBudget,
     memoryLimit: config.memoryLimit,
   } satisfies Partial<EnginePoolOptions>;
 }
@@ -198,6 +202,28 @@ function chosenWorkerCount(config: Config, preload: ModelRef[], figures: MemoryF
   });
   logger.info({ workers }, `WORKERS not set: ${workers} worker process${workers > 1 ? 'es' : ''}, ${reason}`);
   return workers;
+}
+
+/**
+ * MODEL_MEMORY_BUDGET, all workers together, or undefined for the pool's default (a share of RAM). On
+ * CUDA, where the weights are on the GPU, unset it is that share of the smallest GPU's memory for each
+ * device, split among the workers on it: RAM's share let a 64 GB host load 38 GB of models into a
+ * 24 GB card. The smallest GPU, because CUDA numbers its devices in an order nvidia-smi may not share.
+ */
+async function modelMemoryBudget(config: Config, workers: number, logger: Logger): Promise<number | undefined> {
+  if (config.modelMemoryBudget !== undefined || config.executionProvider !== 'cuda') return config.modelMemoryBudget;
+  const gpus = await nvidiaGpus();
+  if ('problem' in gpus) {
+    logger.warn(`MODEL_MEMORY_BUDGET is not set and ${gpus.problem}: the loaded models are kept within ${MODEL_BUDGET_SHARE * 100}% of RAM, not of the GPU's memory. Set MODEL_MEMORY_BUDGET to about the GPUs' memory together, less room for the batches' activations.`);
+    return undefined;
+  }
+  const sharing = Math.ceil(workers / config.cudaDevices.length);
+  const perWorker = Math.floor((gpus.smallestBytes * MODEL_BUDGET_SHARE) / sharing);
+  logger.info(
+    { modelMemoryBudget: perWorker * workers },
+    `MODEL_MEMORY_BUDGET not set: each worker keeps up to ${formatBytes(perWorker)} of model weights loaded, ${MODEL_BUDGET_SHARE * 100}% of the smallest GPU's ${formatBytes(gpus.smallestBytes)} (nvidia-smi lists ${plural(gpus.count, 'GPU')})${sharing > 1 ? ` shared by the ${sharing} workers on each device` : ''}`,
+  );
+  return perWorker * workers;
 }
 
 /** The models to preload; one that is not installed is skipped with a warning. */

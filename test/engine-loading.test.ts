@@ -1,4 +1,5 @@
-import { rm, writeFile } from 'node:fs/promises';
+import { mkdtemp, rm, writeFile } from 'node:fs/promises';
+import os from 'node:os';
 import path from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { OnnxModel } from '../src/runtime/onnx-model.js';
@@ -74,8 +75,34 @@ describe.skipIf(cudaInstalled)('execution providers (skipped: the CUDA provider 
       await expect.poll(fallback, { timeout: 60_000 }).toBeDefined();
       // pino's warn level, from worker 0: not a bare line on the worker's stderr.
       expect(fallback()).toMatchObject({ worker: 0, level: 40 });
+      // No nvidia-smi here either: the loaded models' budget stays RAM's share, and the log says to set it.
+      expect(logs.lines.find((line) => line.msg.startsWith('MODEL_MEMORY_BUDGET'))).toMatchObject({
+        level: 40,
+        msg: expect.stringMatching(/^MODEL_MEMORY_BUDGET is not set and nvidia-smi could not be run \(.*ENOENT.*\): the loaded models are kept within 60% of RAM, not of the GPU's memory\. Set MODEL_MEMORY_BUDGET/),
+      });
     } finally {
       await server.close();
+    }
+  }, 90_000);
+
+  it("keeps the loaded models' weights within 60% of the smallest GPU's memory, as nvidia-smi lists it, not of RAM", async () => {
+    // nvidia-smi as the driver's answers it, for two GPUs of 2 MiB and 3 MiB: the budget (1.2 MiB) holds
+    // one reference model's weights (0.9 MB) and not two. RAM's share would hold them all.
+    const bin = await mkdtemp(path.join(os.tmpdir(), 'nvidia-smi-'));
+    await writeFile(path.join(bin, 'nvidia-smi'), '#!/bin/sh\nprintf "0, 3\\n1, 2\\n"\n', { mode: 0o755 });
+    const PATH = process.env.PATH;
+    process.env.PATH = `${bin}${path.delimiter}${PATH}`;
+    const logs = capturedLogs<{ msg: string }>();
+    const models = { a: { link: referenceModel('sd-turbo') }, b: { link: referenceModel('sd15-optimum') } };
+    const server = await startRealServer({ env: { EXECUTION_PROVIDER: 'cuda', WORKERS: '1' }, models, logger: logs.logger }).finally(() => (process.env.PATH = PATH));
+    try {
+      expect(logs.lines.map((line) => line.msg)).toContain("MODEL_MEMORY_BUDGET not set: each worker keeps up to 1.2 MiB of model weights loaded, 60% of the smallest GPU's 2.0 MiB (nvidia-smi lists 2 GPUs)");
+      for (const model of ['a', 'b']) await server.client.images.generate({ model, prompt: 'a red circle', response_format: 'b64_json' });
+      // The one it ran last, the others (the preloaded default model too) let go as each next one loaded.
+      expect(server.server.engine.modelsHeld()).toEqual({ b: 1 });
+    } finally {
+      await server.close();
+      await rm(bin, { recursive: true, force: true });
     }
   }, 90_000);
 });

@@ -1,6 +1,6 @@
 import os from 'node:os';
 import type { Logger } from 'pino';
-import type { EngineSettings } from '../pipelines/run.js';
+import { MODEL_BUDGET_SHARE, type EngineSettings } from '../pipelines/run.js';
 import { exceededFigures, type ModelMemory } from '../models/memory-figures.js';
 import { BatchMerger } from './batcher.js';
 import { CostModel } from './cost-model.js';
@@ -169,7 +169,7 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
       graphRewrites: options.graphRewrites,
     },
     // Every worker holds its own copy of the models it uses, so the budget is shared out among them.
-    modelMemoryBudget: Math.floor((options.modelMemoryBudget ?? os.totalmem() * 0.6) / options.workers),
+    modelMemoryBudget: Math.floor((options.modelMemoryBudget ?? os.totalmem() * MODEL_BUDGET_SHARE) / options.workers),
     vaeTiling: options.vaeTiling,
   };
   const memory = new MemoryArbiter({ plannable: () => plannableBytes(), resident: residentBytesOf }, (options.memoryLimit ?? Infinity) * HEADROOM);

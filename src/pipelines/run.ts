@@ -41,9 +41,15 @@ const CALIBRATION_SHARES = [1 / 2, 3 / 4];
 /** Images x pixels denoised in one model call at most: a batch with more runs in parts. */
 const MAX_BATCH_PIXELS = 4 * 1024 * 1024;
 
+/**
+ * The share of the memory that holds the loaded models' weights (RAM, or on CUDA the GPU's) that they
+ * may take when MODEL_MEMORY_BUDGET is not set: the rest is for the batches' activations and arenas.
+ */
+export const MODEL_BUDGET_SHARE = 0.6;
+
 const defaults = (): EngineSettings => ({
   runtime: defaultRuntime(),
-  modelMemoryBudget: Math.floor(os.totalmem() * 0.6),
+  modelMemoryBudget: Math.floor(os.totalmem() * MODEL_BUDGET_SHARE),
   knownMemory: {},
 });
 
