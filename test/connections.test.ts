@@ -135,7 +135,9 @@ describe('refusals before the body', () => {
   });
 
   it('answers a malformed request that follows a dropped body, as on any connection', async () => {
-    const exchange = rawRequest(port, head(['POST /v1/images/generations HTTP/1.1', 'Host: a', 'Content-Type: application/json', 'Content-Length: 10']));
+    // The patient server: the rest of the body goes once the test has seen the answer, which a loaded
+    // machine can take past a 2 s request timeout (the connection then closes with the 401 alone).
+    const exchange = rawRequest(patientPort, head(['POST /v1/images/generations HTTP/1.1', 'Host: a', 'Content-Type: application/json', 'Content-Length: 10']));
     await expect.poll(() => exchange.text.includes('\r\n\r\n{')).toBe(true);
     exchange.socket.write('x'.repeat(10) + 'GARBAGE LINE\x01\r\n\r\n');
     await exchange.closed;
@@ -157,7 +159,9 @@ describe('refusals before the body', () => {
     expect(refused.text).not.toContain('100 Continue');
     expectOpenAiError(refused.text, 401, null);
 
-    const accepted = rawRequest(port, head(['POST /v1/images/generations HTTP/1.1', 'Host: a', `Authorization: Bearer ${TEST_KEY}`, 'Expect: 100-continue', 'Content-Type: application/json', `Content-Length: ${BODY.length}`]));
+    // The patient server: the body goes once the test has seen the 100 Continue, which a loaded machine
+    // can take past a 2 s request timeout (a 408 then).
+    const accepted = rawRequest(patientPort, head(['POST /v1/images/generations HTTP/1.1', 'Host: a', `Authorization: Bearer ${TEST_KEY}`, 'Expect: 100-continue', 'Content-Type: application/json', `Content-Length: ${BODY.length}`]));
     await expect.poll(() => accepted.text).toMatch(/^HTTP\/1\.1 100 Continue\r\n/);
     accepted.socket.write(BODY);
     // The file's first generation: it waits for the engine's worker to start.
