@@ -109,7 +109,10 @@ describe('rotating API_KEYS_FILE', () => {
   });
 
   it('keeps the keys in use when the file turns bad, and says so', async () => {
-    await writeFile(keys, 'new:sk-new-key-9876543210 speed=9\n');
+    // Renamed over, as above: written in place, the file is empty between its truncation and its write,
+    // and a look at it then reads a valid empty key file (nobody gets in): 'keeping the 0 keys' after.
+    await writeFile(`${keys}.tmp`, 'new:sk-new-key-9876543210 speed=9\n');
+    await rename(`${keys}.tmp`, keys);
     await expect.poll(() => logs.raw.some((line) => line.includes('keeping the 1 keys in use')), { timeout: 5000, interval: 100 }).toBe(true);
     expect(await status('sk-new-key-9876543210')).toBe(200);
   });
