@@ -1,11 +1,13 @@
 import { createHash } from 'node:crypto';
-import { rename, writeFile } from 'node:fs/promises';
+import { mkdtemp, rename, rm, writeFile } from 'node:fs/promises';
 import http from 'node:http';
+import os from 'node:os';
+import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import OpenAI, { toFile } from 'openai';
 import { isSendableKey } from '../src/api/bearer.js';
 import { loadConfig } from '../src/config.js';
-import { KeyFileError, parseKeyFile } from '../src/http/keys.js';
+import { KeyFileError, KeyRing, parseKeyFile } from '../src/http/keys.js';
 import { startTestServer, type TestServer } from './helpers/api-server.js';
 import { createBuiltPool } from './helpers/cli.js';
 import { capturedLogs } from './helpers/logs.js';
@@ -120,6 +122,52 @@ describe('rotating API_KEYS_FILE', () => {
   it('names keys by label in the log, never by value', async () => {
     expect(logs.lines.some((line) => line.apiKey === 'new')).toBe(true);
     expect(logs.raw.join('')).not.toMatch(/sk-(old|new)-key/);
+  });
+});
+
+describe('API_KEYS_FILE written in place', () => {
+  const [first, second] = ['sk-first-key-0123456789', 'sk-second-key-0123456789'];
+
+  /** A key ring on a file of `text`, whose changes must stay the same `settleMs` to be used. */
+  async function ring(text: string, settleMs: number) {
+    const dir = await mkdtemp(path.join(os.tmpdir(), 'key-file-'));
+    const file = path.join(dir, 'keys.txt');
+    await writeFile(file, text);
+    const logs = capturedLogs<{ msg: string; keys?: string[] }>();
+    const keys = await KeyRing.open({ apiKeys: [], apiKeysFile: file, logger: logs.logger, settleMs });
+    const reloads = () => logs.lines.filter((line) => line.msg === 'API keys reloaded').map((line) => line.keys);
+    return { file, keys, reloads, close: () => (keys.close(), rm(dir, { recursive: true, force: true })) };
+  }
+
+  it('is used once it stays the same: read empty between its truncation and its write, its keys stay', async () => {
+    const { file, keys, reloads, close } = await ring(`a:${first}\n`, 1500);
+    try {
+      // A shell's `>` or an editor saving in place: the file empty, and read so (as the poll would on
+      // seeing it change), before the rest of the write lands.
+      await writeFile(file, '');
+      const reloaded = keys.reload();
+      await new Promise((resolve) => setTimeout(resolve, 200));
+      await writeFile(file, `a:${first}\nb:${second}\n`);
+      expect(keys.find(first)?.label).toBe('a');
+      await reloaded;
+      expect([keys.find(first)?.label, keys.find(second)?.label]).toEqual(['a', 'b']);
+      // Never a list of no keys, which refused every client until the next poll.
+      expect(reloads()).not.toContainEqual([]);
+      expect(reloads()).toContainEqual(['a', 'b']);
+    } finally {
+      await close();
+    }
+  });
+
+  it('emptied for good, locks everyone out once it stays empty, as an empty key file says', async () => {
+    const { file, keys, close } = await ring(`a:${first}\n`, 50);
+    try {
+      await writeFile(file, '');
+      await keys.reload();
+      expect(keys.find(first)).toBeUndefined();
+    } finally {
+      await close();
+    }
   });
 });
 

@@ -107,21 +107,32 @@ export function parseKeyFile(text: string, file: string): ApiKey[] {
   return keys;
 }
 
-/** Reads and parses API_KEYS_FILE; throws KeyFileError when it cannot be read or has bad lines. */
-export async function readKeyFile(file: string): Promise<ApiKey[]> {
-  const text = await readFile(file, 'utf8').catch((err: NodeJS.ErrnoException) => {
+/** API_KEYS_FILE's text; throws KeyFileError when it cannot be read. */
+function readKeyText(file: string): Promise<string> {
+  return readFile(file, 'utf8').catch((err: NodeJS.ErrnoException) => {
     throw new KeyFileError(file, [`cannot be read (${err.code ?? err.message})`]);
   });
-  return parseKeyFile(text, file);
+}
+
+/** Reads and parses API_KEYS_FILE; throws KeyFileError when it cannot be read or has bad lines. */
+export async function readKeyFile(file: string): Promise<ApiKey[]> {
+  return parseKeyFile(await readKeyText(file), file);
 }
 
 /** How often API_KEYS_FILE is checked for changes: polling sees editors' renames and Kubernetes' symlink swaps alike. */
 const POLL_INTERVAL_MS = 1000;
 
+/** How long a changed API_KEYS_FILE must stay the same before it is used (see KeyRing.readSettled). */
+const SETTLE_MS = 250;
+/** Reads of a changing file before its last is used all the same (a file rewritten without end). */
+const SETTLE_READS = 8;
+
 export interface KeyRingOptions {
   apiKeys: string[];
   apiKeysFile?: string;
   logger: FastifyBaseLogger;
+  /** See SETTLE_MS; the tests' own. */
+  settleMs?: number;
 }
 
 export class KeyRing {
@@ -153,11 +164,14 @@ export class KeyRing {
     return this.entries.reduce<ApiKey | undefined>((found, entry) => (timingSafeEqual(entry.digest, sentDigest) ? entry.key : found), undefined);
   }
 
-  /** Re-reads API_KEYS_FILE; when it cannot be read or parsed, the keys in use stay and the log says why. */
+  /**
+   * Re-reads API_KEYS_FILE once it stays the same (see readSettled); when it cannot be read or parsed,
+   * the keys in use stay and the log says why.
+   */
   reload(): Promise<void> {
     this.reloading = this.reloading.then(async () => {
       try {
-        this.use(await this.readFile());
+        this.use(await this.readSettled());
         this.options.logger.info({ keys: this.entries.map((e) => e.key.label) }, 'API keys reloaded');
       } catch (err) {
         this.options.logger.error(`${messageOf(err)}; keeping the ${this.entries.length} keys in use`);
@@ -172,6 +186,25 @@ export class KeyRing {
 
   private async readFile(): Promise<ApiKey[]> {
     return this.options.apiKeysFile ? readKeyFile(this.options.apiKeysFile) : [];
+  }
+
+  /**
+   * API_KEYS_FILE once two reads SETTLE_MS apart agree. A file written in place (an editor that saves
+   * so, `echo ... > keys.txt`) is empty, or cut short, from its truncation until its write ends; read
+   * then, it was a valid key file with no keys, or fewer, and their clients were refused until the next
+   * poll. The keys in use serve meanwhile.
+   */
+  private async readSettled(): Promise<ApiKey[]> {
+    const file = this.options.apiKeysFile;
+    if (!file) return [];
+    let text = await readKeyText(file);
+    for (let read = 1; read < SETTLE_READS; read++) {
+      await new Promise((resolve) => setTimeout(resolve, this.options.settleMs ?? SETTLE_MS));
+      const again = await readKeyText(file);
+      if (again === text) break;
+      text = again;
+    }
+    return parseKeyFile(text, file);
   }
 
   private use(fromFile: ApiKey[]): void {
