@@ -4,6 +4,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { DEMO_MODEL_DIR } from './helpers/demo-model.js';
 import type { GenerationBatch } from '../src/runtime/types.js';
 import { startTestServer } from './helpers/api-server.js';
+import { signalBusyWorker } from './helpers/busy-worker.js';
 import { createBuiltPool } from './helpers/cli.js';
 import { capturedLogs } from './helpers/logs.js';
 import { auth, generate, LONG, metric, MODEL, OPS_KEY, scrape, startOpsServer, untilReady, whenRunning, type Answer, type OpsServer } from './helpers/ops-server.js';
@@ -187,24 +188,13 @@ describe('the models a worker holds', () => {
 });
 
 describe('a worker process that dies', () => {
-  /** Sends `signal`, as the kernel or a native fault would, to a worker in the middle of its denoising loop, once `busy` workers run. */
-  async function signalBusyWorker(ops: OpsServer, signal: NodeJS.Signals, busy: number): Promise<number> {
-    await expect.poll(() => ops.server.engine.workers().filter((w) => w.busy).length, { timeout: 10_000, interval: 5 }).toBe(busy);
-    const midway = () => ops.server.engine.workers().find((w) => w.busy && w.step > 0);
-    // Its first step holds the text encoders and the first run at this size: seconds on a busy machine.
-    await expect.poll(midway, { timeout: 30_000, interval: 1 }).toBeTruthy();
-    const victim = midway()!.pid!;
-    process.kill(victim, signal);
-    return victim;
-  }
-
   it('killed mid-generation (SIGKILL, as by the OOM killer) fails only the requests it ran, with 500 worker_crashed, and is replaced', async () => {
     const ops = await startOpsServer({ env: { WORKERS: '2' } });
     try {
       await untilReady(ops.server.url);
       // Different sizes: two batches, one on each worker.
       const both = [generate(ops.baseURL, LONG), generate(ops.baseURL, { ...LONG, size: '256x256', n: 4 })];
-      const victim = await signalBusyWorker(ops, 'SIGKILL', 2);
+      const victim = await signalBusyWorker(ops.server.engine, 'SIGKILL', 2);
       const answers = await Promise.all(both);
 
       const crashed = answers.filter((a) => a.status === 500);
@@ -240,7 +230,7 @@ describe('a worker process that dies', () => {
       // Two compatible requests merge into one batch waiting behind the first.
       const merged = [generate(ops.baseURL, { size: '256x256', steps: 150 }), generate(ops.baseURL, { size: '256x256', steps: 150, prompt: 'a blue square' })];
       await expect.poll(() => ops.server.engine.load().queued, { timeout: 10_000, interval: 5 }).toBe(1);
-      await signalBusyWorker(ops, 'SIGSEGV', 1);
+      await signalBusyWorker(ops.server.engine, 'SIGSEGV');
       const crashed = await first;
       expectError(crashed, 500, 'server_error', 'worker_crashed');
       expect(crashed.body.error!.message).toMatch(/generating this image crashed \(SIGSEGV\)/);
@@ -258,7 +248,7 @@ describe('a worker process that dies', () => {
       await untilReady(ops.server.url);
       const stuck = generate(ops.baseURL, LONG);
       // A stopped process makes no progress, as one deadlocked in native code would not.
-      const victim = await signalBusyWorker(ops, 'SIGSTOP', 1);
+      const victim = await signalBusyWorker(ops.server.engine, 'SIGSTOP');
       const queued = generate(ops.baseURL);
       const answer = await stuck;
       expectError(answer, 500, 'server_error', 'worker_crashed');
