@@ -20,3 +20,16 @@ export async function signalBusyWorker(engine: Pick<WorkerPool, 'workers'>, sign
   process.kill(victim, signal);
   return victim;
 }
+
+/**
+ * Runs `meanwhile` (given the worker's pid) with the batch a worker of `engine` is denoising held
+ * (SIGSTOP), then lets the batch go on (SIGCONT), also when `meanwhile` fails; answers what it does.
+ */
+export async function whileBatchHeld<T>(engine: Pick<WorkerPool, 'workers'>, meanwhile: (pid: number) => Promise<T>): Promise<T> {
+  const held = await signalBusyWorker(engine, 'SIGSTOP');
+  try {
+    return await meanwhile(held);
+  } finally {
+    process.kill(held, 'SIGCONT');
+  }
+}
