@@ -5,6 +5,7 @@ import { pino } from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { DEMO_MODEL_DIR } from './helpers/demo-model.js';
 import { writeMemoryFigures, type ModelMemory } from '../src/models/memory-figures.js';
+import { whileBatchHeld } from './helpers/busy-worker.js';
 import { metric } from './helpers/ops-server.js';
 import { haveRealExports, realExport } from './helpers/real-exports.js';
 import { startRealServer, type RealServer, type RealServerOptions } from './helpers/real-server.js';
@@ -78,8 +79,9 @@ describe('memory shared out among the workers', () => {
 
 describe.skipIf(!haveRealExports)("a model's calibration beside another worker's batch (needs ../shared/data/real-exports)", () => {
   let real: RealServer;
-  /** When each model's 'model loaded' line was logged, on performance.now()'s clock; and the waits logged. */
+  /** When each model's 'model loaded' line and its last 'batch finished' line were logged, on performance.now()'s clock; and the waits logged. */
   const loadedAt = new Map<string, number>();
+  const finishedAt = new Map<string, number>();
   const waits: string[] = [];
   beforeAll(async () => {
     // The demo model's batch of three 1024x1024 images (long enough for the other model to load
@@ -88,10 +90,12 @@ describe.skipIf(!haveRealExports)("a model's calibration beside another worker's
     // first calibrates it (one step at 256x256 and 384x384).
     const GiB = 2 ** 30;
     const figures = { [DEMO_MODEL_DIR]: { ...FIGURES[DEMO_MODEL_DIR], peakBytes: 0.5 * GiB, peakPixels: 1024 * 1024, denoise: [{ pixels: 1024 * 1024, bytes: 0.5 * GiB }] } };
-    const logger = pino({ level: 'info' }, {
+    // At debug level: the pool says 'batch finished' as it releases what the batch planned on.
+    const logger = pino({ level: 'debug' }, {
       write(line: string) {
         const entry = JSON.parse(line) as { msg?: string; model?: string };
         if (entry.msg === 'model loaded' && entry.model) loadedAt.set(entry.model, performance.now());
+        if (entry.msg === 'batch finished' && entry.model) finishedAt.set(entry.model, performance.now());
         if (entry.msg?.endsWith('waits for memory other batches planned on')) waits.push(entry.msg);
       },
     });
@@ -100,17 +104,23 @@ describe.skipIf(!haveRealExports)("a model's calibration beside another worker's
   afterAll(() => real?.close());
 
   it('waits for the batch that planned on the memory to end before it runs', async () => {
-    const long = real.client.images
-      .generate({ model: 'demo-shapes', prompt: 'a red circle', size: '1024x1024', n: 3, response_format: 'b64_json', steps: 150 } as never)
-      .then(() => performance.now());
-    // The long batch is denoising (it has its grant) before the other request comes.
-    await expect.poll(() => real.server.engine.workers().some((w) => w.busy && w.step > 0), { interval: 20, timeout: 10_000 }).toBe(true);
-    const short = real.client.images.generate({ model: 'sd15', prompt: 'a cat', size: '512x512', response_format: 'b64_json', steps: 1, guidance_scale: 0 } as never);
-    const [longEnded, answer] = await Promise.all([long, short]);
+    const long = real.client.images.generate({ model: 'demo-shapes', prompt: 'a red circle', size: '1024x1024', n: 3, response_format: 'b64_json', steps: 150 } as never);
+    // The long batch is denoising (it has its grant) before the other request comes, and is held there
+    // (SIGSTOP) until the calibration waits for it: a machine that ran it in less time than the SD 1.5
+    // export takes to load (more cores: the long batch has more threads, the load gains none) had
+    // nothing left to wait for.
+    const { short } = await whileBatchHeld(real.server.engine, async () => {
+      const sent = real.client.images.generate({ model: 'sd15', prompt: 'a cat', size: '512x512', response_format: 'b64_json', steps: 1, guidance_scale: 0 } as never);
+      await expect.poll(() => waits).toContain("a model's calibration waits for memory other batches planned on");
+      // Not awaited here: it is answered once the long batch goes on.
+      return { short: sent };
+    });
+    const [, answer] = await Promise.all([long, short]);
     expect(answer.data).toHaveLength(1);
     // Calibrated only once the long batch released what it planned on: its load (with the calibration)
-    // finished after the long batch's answer arrived, not while it ran.
-    expect(loadedAt.get('sd15')).toBeGreaterThan(longEnded);
+    // finished after the long batch ended, not while it ran. (Its answer, three PNGs to encode and send,
+    // could arrive after the calibration.)
+    expect(loadedAt.get('sd15')).toBeGreaterThan(finishedAt.get('demo-shapes')!);
     // The calibration waited. (The SD 1.5 batch itself fits beside the long one: without the
     // calibration's wait, nothing waits here.)
     expect(await memoryWaits(real)).toBeGreaterThanOrEqual(1);
