@@ -27,6 +27,14 @@ import type { ErrorBody } from '../src/api/wire.js';
  * makes it fail while the 512x512 one fits.
  */
 
+/**
+ * WORKER_THREADS of the servers under a data-size limit (ulimit -d), which counts each thread's stack:
+ * each session of a worker has an intra-op thread per core by default. The demo model's sessions took
+ * 0.23 GiB of data with 2 threads and 1.7 GiB with 64, so the limits below, set on 2 cores, failed where
+ * there are many (with 48 threads the 1 GB test ran into its time limit).
+ */
+const DATA_LIMITED_THREADS = '2';
+
 const cgroupSkip = await cgroupUnavailable();
 if (cgroupSkip) console.warn(`skipping the OOM-killer test: ${cgroupSkip}`);
 
@@ -68,10 +76,11 @@ async function expectLearnt({ generate, dataDir }: { generate: (size: string, gu
 describe.skipIf(!haveRealExports)('a run that onnxruntime cannot allocate (needs ../shared/data/real-exports)', () => {
   // A data-size limit on the server and its workers (ulimit -d, 2 GB) makes onnxruntime's allocations
   // fail, while the machine's free memory still tells the plan that the 768x512 image fits.
-  // MEMORY_LIMIT holds what the plan has to give steady while other tests come and go.
+  // MEMORY_LIMIT holds what the plan has to give steady while other tests come and go. WORKER_THREADS
+  // as on 2 cores (see DATA_LIMITED_THREADS).
   let sd15: Awaited<ReturnType<typeof startSd15>>;
   beforeAll(async () => {
-    sd15 = await startSd15({ limitsKb: { data: 2_000_000 } }, { env: { MEMORY_LIMIT: '10g' } });
+    sd15 = await startSd15({ limitsKb: { data: 2_000_000 } }, { env: { MEMORY_LIMIT: '10g', WORKER_THREADS: DATA_LIMITED_THREADS } });
   });
   afterAll(() => sd15?.close());
 
@@ -155,7 +164,7 @@ describe('a model whose sessions onnxruntime cannot allocate as they load', () =
   beforeAll(async () => {
     started = await serveDemoCopies(
       { heavy: (dir) => makeHeavy(dir, 'vae_decoder'), 'heavy-encoder': (dir) => makeHeavy(dir, 'vae_encoder') },
-      { PRELOAD: 'demo-shapes,heavy' },
+      { PRELOAD: 'demo-shapes,heavy', WORKER_THREADS: DATA_LIMITED_THREADS },
       1_000_000,
     );
   });
@@ -229,7 +238,7 @@ describe('models that load one at a time but not side by side', () => {
           await makeHeavy(dir, 'vae_encoder');
         },
       },
-      { PRELOAD: 'demo-shapes,first', WORKER_THREADS: '2' },
+      { PRELOAD: 'demo-shapes,first', WORKER_THREADS: DATA_LIMITED_THREADS },
       1500 * 1024,
     );
   });
