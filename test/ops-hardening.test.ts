@@ -87,33 +87,30 @@ describe('fairness between clients on the real engine', () => {
     const send = (client: string, b: GenerationBatch) => pool.generate(b, undefined, pool.ticket([b], client));
     try {
       await expect.poll(() => pool.readiness().ready, { timeout: 60_000, interval: 20 }).toBe(true);
-      // Timed alone first (which also teaches the pool what the model costs): one expensive batch, the
-      // fastest of two, so that a first run's one-off allocations at this size do not inflate it.
+      // Run alone first, which teaches the pool what the model costs (a first run's one-off allocations at
+      // this size included).
       await send('warm-up', batch(128, 2));
-      let expensiveMs = Infinity;
-      for (const steps of [19, 20]) {
-        const timed = performance.now();
-        await send('A', batch(1024, steps));
-        expensiveMs = Math.min(expensiveMs, performance.now() - timed);
-      }
+      for (const steps of [19, 20]) await send('A', batch(1024, steps));
 
-      // Distinct step counts: the flood cannot merge into fewer batches.
-      const floodStarted = performance.now();
-      const flood = Promise.all(Array.from({ length: 6 }, (_, i) => send('A', batch(1024, 20 + i))));
+      // Distinct step counts: the flood cannot merge into fewer batches. When each of its batches ended.
+      const floodEnds: number[] = [];
+      const flood = Promise.all(Array.from({ length: 6 }, (_, i) => send('A', batch(1024, 20 + i)).then(() => floodEnds.push(performance.now()))));
       // B comes once the flood's first batch runs (not before: B, served less, would then go first).
       await expect.poll(() => pool.load(), { timeout: 10_000, interval: 1 }).toEqual({ running: 1, queued: 5 });
-      const cheapMs: number[] = [];
+      const cheap: { started: number; ended: number }[] = [];
       for (let i = 0; i < 3; i++) {
         const started = performance.now();
         await send('B', batch(128, 2 + i));
-        cheapMs.push(performance.now() - started);
+        cheap.push({ started, ended: performance.now() });
       }
       await flood;
-      const floodMs = performance.now() - floodStarted;
       // Each waited for at most the expensive batch running when it came (plus its own short run), never
-      // for the flood, which took six such batches (measured: otherwise this proved nothing).
-      for (const ms of cheapMs) expect(ms).toBeLessThan(3 * expensiveMs);
-      expect(floodMs).toBeGreaterThan(4 * expensiveMs);
+      // for the flood: counted in the flood's own batches, as they ran beside it, not timed against a
+      // batch run earlier (on a machine whose load grows meanwhile, another test file starting its
+      // models, the flood's batches run several times slower than that one). All three were served
+      // while the flood still ran: otherwise this proved nothing.
+      for (const { started, ended } of cheap) expect(floodEnds.filter((end) => end > started && end < ended).length).toBeLessThanOrEqual(1);
+      expect(Math.max(...floodEnds)).toBeGreaterThan(cheap.at(-1)!.ended);
     } finally {
       await pool.close();
       await rm(root, { recursive: true, force: true });
