@@ -2,6 +2,7 @@ import { cp, rm, truncate, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import OpenAI from 'openai';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { whileBatchHeld } from './helpers/busy-worker.js';
 import { apiError } from './helpers/failures.js';
 import { capturedLogs } from './helpers/logs.js';
 import { whenRunning } from './helpers/ops-server.js';
@@ -76,9 +77,14 @@ describe('a model that cannot be loaded when its request runs', () => {
   it('is a 400 saying it was removed when its folder went away while the request waited', async () => {
     const long = generate('good', { n: 4, steps: 150 });
     await whenRunning(real.server);
-    const waiting = apiError(generate('doomed'));
-    await expect.poll(() => real.server.engine.load().queued).toBe(1);
-    await rm(modelDir('doomed'), { recursive: true });
+    // The long batch held (SIGSTOP) until the folder is gone: a machine that finished it first ran the
+    // waiting request with its model still there.
+    const { waiting } = await whileBatchHeld(real.server.engine, async () => {
+      const failed = apiError(generate('doomed'));
+      await expect.poll(() => real.server.engine.load().queued).toBe(1);
+      await rm(modelDir('doomed'), { recursive: true });
+      return { waiting: failed };
+    });
     const err = await waiting;
     expect({ status: err.status, param: err.param, code: err.code }).toEqual({ status: 400, param: 'model', code: 'invalid_value' });
     expect((err.error as { message: string }).message).toBe("The model 'doomed' was removed from the server while this request waited for it.");
