@@ -273,6 +273,10 @@ describe('a worker process that dies', () => {
     const clock = fakeClock();
     const { logger, lines } = capturedLogs<{ msg?: string; restartInMs?: number; reason?: string }>();
     const pool = createBuiltPool({ workers: 1, queueMax: 4, executionProvider: 'cpu', preload: [{ dir: DEMO_MODEL_DIR }], logger, clock });
+    // The first worker held (SIGSTOP) as it starts, to be killed before it is ready as its replacements
+    // are: it took 0.4 s to be ready here, the server below 0.05, and a stall of the test process
+    // between the two had it ready first.
+    process.kill(pool.workers()[0].pid!, 'SIGSTOP');
     const server = await startTestServer({ engine: pool });
     const readyAnswer = async () => {
       const res = await fetch(`${server.origin}/ready`);
