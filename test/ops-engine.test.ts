@@ -251,7 +251,10 @@ describe('a worker process that dies', () => {
   });
 
   it('is killed and replaced when its batch stops making progress (WORKER_STALL_TIMEOUT_SECONDS), failing only that batch', async () => {
-    const ops = await startOpsServer({ env: { WORKER_STALL_TIMEOUT_SECONDS: '1' } });
+    // Workers at the test's own priority (WORKER_NICE=0, not 10): with the cores busy beside them (the
+    // other test file's sessions) a worker ten below got a tenth of a core, and the batches that should
+    // run went a second without a step, killed as stalled.
+    const ops = await startOpsServer({ env: { WORKER_STALL_TIMEOUT_SECONDS: '1', WORKER_NICE: '0' } });
     try {
       await untilReady(ops.server.url);
       const stuck = generate(ops.baseURL, LONG);
