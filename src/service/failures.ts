@@ -79,8 +79,6 @@ export function engineError(err: unknown, model: string): unknown {
   if (name === InsufficientMemoryError.name) {
     return insufficientMemory(messageOf(err), err);
   }
-  // Raised in the worker: it crosses the process boundary by name. The same request overflows the same
-  // way again, so the SDKs are told not to retry.
   // Raised in the worker, which then ends: its replacement has a working CUDA context, so a retry may
   // succeed (the SDKs retry a 500 on their own).
   if (name === GpuFaultError.name) {
@@ -90,6 +88,8 @@ export function engineError(err: unknown, model: string): unknown {
       { code: 'gpu_fault', cause: err },
     );
   }
+  // Raised in the worker: it crosses the process boundary by name. The same request overflows the same
+  // way again, so the SDKs are told not to retry.
   if (name === NonFiniteOutputError.name) {
     return new ApiError(500, `Model '${model}' failed to make this image: ${messageOf(err)}`, { code: 'non_finite_output', headers: NO_RETRY, cause: err });
   }
