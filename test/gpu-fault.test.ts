@@ -15,10 +15,11 @@ import { startRealServer, type RealServer } from './helpers/real-server.js';
  * A CUDA error after which a process cannot use the GPU again (an illegal memory access, a launch
  * failure): no machine here has CUDA, so the built worker runs with onnxruntime's session runs made to
  * fail as the CUDA provider fails then, in onnxruntime's words (cuda_call.cc): the first run to find
- * `fault` (which it removes) and, as CUDA does, every later run of that process. Everything else is
- * the real server, worker and model.
+ * `fault` (which it removes) and, as CUDA does, every later run of that process. A process that finds
+ * `hang` (which it removes) as it exits after the fault does not exit, as one whose teardown hangs in a
+ * driver that lost the GPU. Everything else is the real server, worker and model.
  */
-async function faultingWorker(dir: string, fault: string): Promise<string> {
+async function faultingWorker(dir: string, fault: string, hang: string): Promise<string> {
   const file = path.join(dir, 'worker.mjs');
   const ortModule = pathToFileURL(path.join(PROJECT_ROOT, 'dist', 'runtime', 'onnxruntime.js')).href;
   await writeFile(
@@ -35,6 +36,11 @@ ort.InferenceSession.prototype.run = function (...args) {
   if (!lost) return run.apply(this, args);
   return Promise.reject(new Error("Non-zero status code returned while running Conv node. Name:'/conv_in/Conv' Status Message: CUDA failure 700: an illegal memory access was encountered ; GPU=0 ; hostname=gpu-host ; file=/onnxruntime_src/onnxruntime/core/providers/cuda/cuda_execution_provider.cc ; line=448 ; expr=cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)); "));
 };
+const exit = process.exit;
+process.exit = (code) => {
+  if (code !== 1 || !existsSync(${JSON.stringify(hang)})) return exit(code);
+  rmSync(${JSON.stringify(hang)});
+};
 await import(${JSON.stringify(pathToFileURL(WORKER_SCRIPT).href)});
 `,
   );
@@ -44,13 +50,15 @@ await import(${JSON.stringify(pathToFileURL(WORKER_SCRIPT).href)});
 describe('a GPU fault that leaves the worker unable to use CUDA', () => {
   let dir: string;
   let fault: string;
+  let hang: string;
   let server: RealServer;
   const logs = capturedLogs<{ msg: string; workerPid?: number }>();
 
   beforeAll(async () => {
     dir = await mkdtemp(path.join(os.tmpdir(), 'gpu-fault-'));
     fault = path.join(dir, 'fault');
-    server = await startRealServer({ workerScript: await faultingWorker(dir, fault), logger: logs.logger });
+    hang = path.join(dir, 'hang');
+    server = await startRealServer({ workerScript: await faultingWorker(dir, fault, hang), logger: logs.logger });
     await untilReady(server.server.url, 60_000);
   });
 
@@ -88,5 +96,19 @@ describe('a GPU fault that leaves the worker unable to use CUDA', () => {
     const meta = await sharp(Buffer.from(res.data![0].b64_json!, 'base64')).metadata();
     expect([meta.width, meta.height]).toEqual([256, 256]);
     await expect.poll(() => ready().length, { timeout: 60_000 }).toBe(3);
+  });
+
+  it('is replaced even when it does not exit after saying it ends: killed, as a stop that hangs is', async () => {
+    const before = ready().length;
+    await writeFile(hang, '');
+    await writeFile(fault, '');
+    const err = await generate(server.client).catch((e: unknown) => e);
+    expect(err).toMatchObject({ status: 500, code: 'gpu_fault' });
+    // Before, it stayed up and unready for good, and its slot served nothing again.
+    await expect.poll(() => ready().length, { timeout: 60_000 }).toBe(before + 1);
+    expect(existsSync(hang)).toBe(false);
+    expect(logs.lines.map((line) => line.msg)).toContainEqual(expect.stringMatching(/^worker process ended itself after a GPU fault \(CUDA failure 700: [^)]*\), after which CUDA cannot be used by the process that met it, and was killed: it had not exited 5 s after saying so; starting a replacement$/));
+    const res = await generate(server.client);
+    expect(res.data).toHaveLength(1);
   });
 });

@@ -63,6 +63,13 @@ function workerModule(script?: string): { file: string; execArgv: string[] } {
   return { file, execArgv: ['--expose-gc', ...(path.extname(file) === '.ts' ? ['--import', 'tsx'] : [])] };
 }
 
+/**
+ * How long a worker that said it ends (FromWorker 'failed' `ending`) has to exit before it is killed. Its
+ * exit runs onnxruntime's and CUDA's teardown, which a driver that lost the GPU can hang in; alive and
+ * given nothing, it would hold its slot for good, and the slot would never start its replacement.
+ */
+const ENDING_GRACE_MS = 5000;
+
 function describeExit(code: number | null, signal: NodeJS.Signals | null): string {
   if (signal === 'SIGKILL') return 'was killed (SIGKILL; the system may have run out of memory)';
   if (signal) return `crashed (${signal})`;
@@ -214,6 +221,8 @@ export class WorkerProcess implements MemoryClaimant {
         if (message.ending !== undefined) {
           this.endingBecause = message.ending;
           this.ready = false;
+          const timer = setTimeout(() => this.kill(`${message.ending}, and was killed: it had not exited ${ENDING_GRACE_MS / 1000} s after saying so`), ENDING_GRACE_MS);
+          void this.exited.then(() => clearTimeout(timer));
         }
         this.finish()?.reject(Object.assign(new Error(message.error.message), message.error));
         return;
