@@ -1,4 +1,4 @@
-import { mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { describe, expect, it } from 'vitest';
@@ -31,4 +31,20 @@ describe("the GPUs' memory from nvidia-smi", () => {
       await rm(dir, { recursive: true, force: true });
     }
   });
+
+  it('gives up on an nvidia-smi that does not answer, as one held by a driver that lost its GPU', async () => {
+    const dir = await mkdtemp(path.join(os.tmpdir(), 'nvidia-smi-'));
+    const pidFile = path.join(dir, 'pid');
+    try {
+      // Deaf to SIGTERM, and its output held open by a child, as no kill can end one the driver holds:
+      // before, the server's start waited the minute out (execFile's timeout answers when the output closes).
+      const hung = path.join(dir, 'nvidia-smi');
+      await writeFile(hung, `#!/bin/sh\ntrap '' TERM\nsleep 60 &\necho $! > '${pidFile}'\nwait\n`, { mode: 0o755 });
+      expect(await nvidiaGpus(hung, 1000)).toEqual({ problem: expect.stringMatching(/^nvidia-smi did not answer within 1 s \(.*Xid/) });
+    } finally {
+      // Its child, which outlives it and ignores SIGTERM as it does (no file if the script was killed before it started one).
+      await readFile(pidFile, 'utf8').then((pid) => process.kill(Number(pid), 'SIGKILL'), () => undefined);
+      await rm(dir, { recursive: true, force: true });
+    }
+  }, 120_000);
 });

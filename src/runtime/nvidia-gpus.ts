@@ -1,5 +1,4 @@
 import { execFile } from 'node:child_process';
-import { promisify } from 'node:util';
 import { messageOf } from '../util/error-message.js';
 
 /**
@@ -26,15 +25,38 @@ export function parseGpuMemory(text: string): NvidiaGpus | undefined {
   return { count: mib.length, smallestBytes: Math.min(...mib.map(Number)) * 1024 ** 2 };
 }
 
-/** The GPUs nvidia-smi lists, or why it could not say (not installed, no driver loaded, output not understood). */
-export async function nvidiaGpus(command = 'nvidia-smi'): Promise<NvidiaGpus | { problem: string }> {
-  try {
-    const { stdout } = await promisify(execFile)(command, ['--query-gpu=index,memory.total', '--format=csv,noheader,nounits'], { timeout: 10_000 });
-    return parseGpuMemory(stdout) ?? { problem: `nvidia-smi listed no GPU memory it could be read from (${JSON.stringify(stdout.trim().slice(0, 200))})` };
-  } catch (err) {
-    // Failing, it says why on its output (no driver loaded, say), where the error's message only repeats the command.
-    const { stdout = '', stderr = '' } = err as { stdout?: string; stderr?: string };
-    const said = `${stderr}\n${stdout}`.trim().split('\n')[0];
-    return { problem: `nvidia-smi could not be run (${said || messageOf(err).split('\n')[0]})` };
-  }
+/** How long nvidia-smi may take to answer: it does within a few seconds (slower without persistence mode), unless its driver lost a GPU (it then hangs). */
+const ANSWER_MS = 10_000;
+
+/** The GPUs nvidia-smi lists, or why it could not say (not installed, no driver loaded, no answer, output not understood). */
+export async function nvidiaGpus(command = 'nvidia-smi', answerMs = ANSWER_MS): Promise<NvidiaGpus | { problem: string }> {
+  const answer = await query(command, answerMs);
+  if ('problem' in answer) return answer;
+  return parseGpuMemory(answer.stdout) ?? { problem: `nvidia-smi listed no GPU memory it could be read from (${JSON.stringify(answer.stdout.trim().slice(0, 200))})` };
+}
+
+/**
+ * nvidia-smi's output, or why there is none, within `answerMs` by a timer of its own: execFile's
+ * `timeout` kills the process but answers only once its output closes, which one that a driver holds
+ * (a GPU fallen off the bus: even SIGKILL waits on the driver) or a wrapper script's child never does,
+ * and the server's start waited with it.
+ */
+function query(command: string, answerMs: number): Promise<{ stdout: string } | { problem: string }> {
+  return new Promise((resolve) => {
+    const child = execFile(command, ['--query-gpu=index,memory.total', '--format=csv,noheader,nounits'], (err, stdout, stderr) => {
+      clearTimeout(timer);
+      if (!err) return resolve({ stdout });
+      // Failing, it says why on its output (no driver loaded, say), where the error's message only repeats the command.
+      const said = `${stderr}\n${stdout}`.trim().split('\n')[0];
+      resolve({ problem: `nvidia-smi could not be run (${said || messageOf(err).split('\n')[0]})` });
+    });
+    const timer = setTimeout(() => {
+      // Left to end when it can, holding nothing of the server's.
+      child.kill('SIGKILL');
+      child.stdout?.destroy();
+      child.stderr?.destroy();
+      child.unref();
+      resolve({ problem: `nvidia-smi did not answer within ${answerMs / 1000} s (its driver may have lost a GPU: the kernel log's NVIDIA Xid errors say)` });
+    }, answerMs);
+  });
 }
