@@ -7,7 +7,7 @@ import { inspectModel } from '../src/models/layout.js';
 import { loadPipeline } from '../src/pipelines/load.js';
 import { cudaInstalled } from './helpers/cuda.js';
 import { capturedLogs } from './helpers/logs.js';
-import { startRealServer } from './helpers/real-server.js';
+import { startRealServer, type RealServer } from './helpers/real-server.js';
 import { copyOfReference, referenceModel } from './helpers/reference.js';
 
 describe('model folders', () => {
@@ -55,6 +55,24 @@ describe('model folders', () => {
   });
 });
 
+/**
+ * Starts a server with `script` as the nvidia-smi its PATH finds first (it runs once, as the server
+ * starts), whatever nvidia-smi this machine has: a machine with a driver but without the CUDA
+ * provider's libraries runs these tests too.
+ */
+async function withNvidiaSmi(script: string, start: () => Promise<RealServer>): Promise<RealServer> {
+  const bin = await mkdtemp(path.join(os.tmpdir(), 'nvidia-smi-'));
+  const PATH = process.env.PATH;
+  try {
+    await writeFile(path.join(bin, 'nvidia-smi'), script, { mode: 0o755 });
+    process.env.PATH = `${bin}${path.delimiter}${PATH}`;
+    return await start();
+  } finally {
+    process.env.PATH = PATH;
+    await rm(bin, { recursive: true, force: true });
+  }
+}
+
 describe.skipIf(cudaInstalled)('execution providers (skipped: the CUDA provider is installed here)', () => {
   it('falls back to the CPU with a message saying why when CUDA cannot load', async () => {
     // This machine has no CUDA provider libraries (npm ci skips them), so onnxruntime-node throws.
@@ -69,16 +87,18 @@ describe.skipIf(cudaInstalled)('execution providers (skipped: the CUDA provider 
 
   it("says so in the server's log, as one of its lines naming the worker, when a worker process falls back", async () => {
     const logs = capturedLogs<{ msg: string; worker?: number; level: number }>();
-    const server = await startRealServer({ env: { EXECUTION_PROVIDER: 'cuda', WORKERS: '1' }, logger: logs.logger });
+    // As nvidia-smi fails where no driver is loaded.
+    const noDriver = '#!/bin/sh\necho "NVIDIA-SMI has failed because it couldn\'t communicate with the NVIDIA driver."\nexit 9\n';
+    const server = await withNvidiaSmi(noDriver, () => startRealServer({ env: { EXECUTION_PROVIDER: 'cuda', WORKERS: '1' }, logger: logs.logger }));
     try {
       const fallback = () => logs.lines.find((line) => /CUDA execution provider unavailable \(.+\); running on CPU/.test(line.msg));
       await expect.poll(fallback, { timeout: 60_000 }).toBeDefined();
       // pino's warn level, from worker 0: not a bare line on the worker's stderr.
       expect(fallback()).toMatchObject({ worker: 0, level: 40 });
-      // No nvidia-smi here either: the loaded models' budget stays RAM's share, and the log says to set it.
+      // Nor can nvidia-smi say: the loaded models' budget stays RAM's share, and the log says to set it.
       expect(logs.lines.find((line) => line.msg.startsWith('MODEL_MEMORY_BUDGET'))).toMatchObject({
         level: 40,
-        msg: expect.stringMatching(/^MODEL_MEMORY_BUDGET is not set and nvidia-smi could not be run \(.*ENOENT.*\): the loaded models are kept within 60% of RAM, not of the GPU's memory\. Set MODEL_MEMORY_BUDGET/),
+        msg: expect.stringMatching(/^MODEL_MEMORY_BUDGET is not set and nvidia-smi could not be run \(NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver\.\): the loaded models are kept within 60% of RAM, not of the GPU's memory\. Set MODEL_MEMORY_BUDGET/),
       });
     } finally {
       await server.close();
@@ -88,13 +108,10 @@ describe.skipIf(cudaInstalled)('execution providers (skipped: the CUDA provider 
   it("keeps the loaded models' weights within 60% of the smallest GPU's memory, as nvidia-smi lists it, not of RAM", async () => {
     // nvidia-smi as the driver's answers it, for two GPUs of 2 MiB and 3 MiB: the budget (1.2 MiB) holds
     // one reference model's weights (0.9 MB) and not two. RAM's share would hold them all.
-    const bin = await mkdtemp(path.join(os.tmpdir(), 'nvidia-smi-'));
-    await writeFile(path.join(bin, 'nvidia-smi'), '#!/bin/sh\nprintf "0, 3\\n1, 2\\n"\n', { mode: 0o755 });
-    const PATH = process.env.PATH;
-    process.env.PATH = `${bin}${path.delimiter}${PATH}`;
     const logs = capturedLogs<{ msg: string }>();
     const models = { a: { link: referenceModel('sd-turbo') }, b: { link: referenceModel('sd15-optimum') } };
-    const server = await startRealServer({ env: { EXECUTION_PROVIDER: 'cuda', WORKERS: '1' }, models, logger: logs.logger }).finally(() => (process.env.PATH = PATH));
+    const twoGpus = '#!/bin/sh\nprintf "0, 3\\n1, 2\\n"\n';
+    const server = await withNvidiaSmi(twoGpus, () => startRealServer({ env: { EXECUTION_PROVIDER: 'cuda', WORKERS: '1' }, models, logger: logs.logger }));
     try {
       expect(logs.lines.map((line) => line.msg)).toContain("MODEL_MEMORY_BUDGET not set: each worker keeps up to 1.2 MiB of model weights loaded, 60% of the smallest GPU's 2.0 MiB (nvidia-smi lists 2 GPUs)");
       for (const model of ['a', 'b']) await server.client.images.generate({ model, prompt: 'a red circle', response_format: 'b64_json' });
@@ -102,7 +119,6 @@ describe.skipIf(cudaInstalled)('execution providers (skipped: the CUDA provider 
       expect(server.server.engine.modelsHeld()).toEqual({ b: 1 });
     } finally {
       await server.close();
-      await rm(bin, { recursive: true, force: true });
     }
   }, 90_000);
 });
