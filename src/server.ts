@@ -7,7 +7,7 @@ import { EMBEDDED_MODELS_DIR, type Config } from './config.js';
 import { createEnginePool, type EnginePoolOptions, type WorkerPool } from './engine/pool.js';
 import { buildApp } from './http/app.js';
 import type { ModelRef } from './runtime/types.js';
-import { defaultWorkerCount } from './engine/worker-count.js';
+import { defaultWorkerCount, workersSharingADevice } from './engine/worker-count.js';
 import { availableBytes } from './runtime/memory.js';
 import { MemoryFigures } from './models/memory-figures.js';
 import { ModelRegistry, modelRoots } from './models/registry.js';
@@ -217,11 +217,11 @@ async function modelMemoryBudget(config: Config, workers: number, logger: Logger
     logger.warn(`MODEL_MEMORY_BUDGET is not set and ${gpus.problem}: the loaded models are kept within ${MODEL_BUDGET_SHARE * 100}% of RAM, not of the GPU's memory. Set MODEL_MEMORY_BUDGET to about the GPUs' memory together, less room for the batches' activations.`);
     return undefined;
   }
-  const sharing = Math.ceil(workers / config.cudaDevices.length);
+  const sharing = workersSharingADevice(workers, config.cudaDevices);
   const perWorker = Math.floor((gpus.smallestBytes * MODEL_BUDGET_SHARE) / sharing);
   logger.info(
     { modelMemoryBudget: perWorker * workers },
-    `MODEL_MEMORY_BUDGET not set: each worker keeps up to ${formatBytes(perWorker)} of model weights loaded, ${MODEL_BUDGET_SHARE * 100}% of the smallest GPU's ${formatBytes(gpus.smallestBytes)} (nvidia-smi lists ${plural(gpus.count, 'GPU')})${sharing > 1 ? ` shared by the ${sharing} workers on each device` : ''}`,
+    `MODEL_MEMORY_BUDGET not set: each worker keeps up to ${formatBytes(perWorker)} of model weights loaded, ${MODEL_BUDGET_SHARE * 100}% of the smallest GPU's ${formatBytes(gpus.smallestBytes)} (nvidia-smi lists ${plural(gpus.count, 'GPU')})${sharing > 1 ? `, split among the ${sharing} workers that share a device` : ''}`,
   );
   return perWorker * workers;
 }

@@ -121,4 +121,14 @@ describe.skipIf(cudaInstalled)('execution providers (skipped: the CUDA provider 
       await server.close();
     }
   }, 90_000);
+
+  it('splits the share of a device among the workers CUDA_DEVICES puts on it, a device it names twice included', async () => {
+    const logs = capturedLogs<{ msg: string }>();
+    const oneGpu = '#!/bin/sh\necho "0, 2"\n';
+    // Workers 0 and 1 on device 0, worker 2 on device 1: two share device 0 (not 3 workers over 3 names, one each).
+    const env = { EXECUTION_PROVIDER: 'cuda', CUDA_DEVICES: '0,0,1', WORKERS: '3', PRELOAD: 'none' };
+    const server = await withNvidiaSmi(oneGpu, () => startRealServer({ env, logger: logs.logger }));
+    await server.close();
+    expect(logs.lines.map((line) => line.msg)).toContain("MODEL_MEMORY_BUDGET not set: each worker keeps up to 614.4 KiB of model weights loaded, 60% of the smallest GPU's 2.0 MiB (nvidia-smi lists 1 GPU), split among the 2 workers that share a device");
+  }, 90_000);
 });

@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { defaultWorkerCount } from '../src/engine/worker-count.js';
+import { defaultWorkerCount, workersSharingADevice } from '../src/engine/worker-count.js';
 
 const GiB = 2 ** 30;
 const sd15 = { dir: '/models/sd15' };
@@ -18,5 +18,16 @@ describe('the default number of workers', () => {
     expect(fits(100 * GiB).workers).toBe(4);
     expect(fits(30 * GiB)).toMatchObject({ workers: 2, reason: expect.stringMatching(/measured 12\.0 GiB a worker and 30\.0 GiB is free/) });
     expect(fits(5 * GiB).workers).toBe(1);
+  });
+});
+
+describe('the workers that share a CUDA device', () => {
+  it('are counted on the device that has the most, worker i on device i mod their count', () => {
+    expect(workersSharingADevice(1, [0])).toBe(1);
+    expect(workersSharingADevice(2, [0, 1, 2])).toBe(1);
+    expect(workersSharingADevice(3, [0, 1])).toBe(2);
+    // A device named twice takes two workers of three, where dividing workers by names said one.
+    expect(workersSharingADevice(3, [0, 0, 1])).toBe(2);
+    expect(workersSharingADevice(4, [1, 1])).toBe(4);
   });
 });

@@ -13,6 +13,7 @@ import type { BatchEvent, GeneratedImage, GenerationBatch, ModelRef } from '../r
 import { stallWatchdog } from './stall-watchdog.js';
 import { WorkerDiedError, type WorkerProcess } from './worker-process.js';
 import type { WorkerInit } from './worker-protocol.js';
+import { cudaDeviceOf } from './worker-count.js';
 import { modelName, REAL_CLOCK, WorkerSlots, type PoolClock, type PoolMessage, type Readiness, type SlotMetrics } from './worker-slots.js';
 
 /**
@@ -185,7 +186,7 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
     slots: options.workers,
     init: (slot) => ({
       type: 'init',
-      engine: { ...engine, runtime: { ...engine.runtime, deviceId: cudaDevices[slot % cudaDevices.length] }, knownMemory: options.memoryFigures?.all() ?? {} },
+      engine: { ...engine, runtime: { ...engine.runtime, deviceId: cudaDeviceOf(slot, cudaDevices) }, knownMemory: options.memoryFigures?.all() ?? {} },
       preload,
       nice: options.workerNice ?? 0,
     }),

@@ -32,3 +32,16 @@ export function defaultWorkerCount(options: {
   if (fit >= wanted) return { workers: wanted, reason: base };
   return { workers: fit, reason: `${base}, but the preloaded models measured ${formatBytes(need)} a worker and ${formatBytes(options.availableBytes)} is free` };
 }
+
+/** The CUDA device of worker `slot`: worker i runs on device i mod their count (CUDA_DEVICES, which may name a device more than once). */
+export const cudaDeviceOf = (slot: number, cudaDevices: readonly number[]): number => cudaDevices[slot % cudaDevices.length];
+
+/** The most of `workers` that run on one CUDA device (see cudaDeviceOf), each holding its own models there. */
+export function workersSharingADevice(workers: number, cudaDevices: readonly number[]): number {
+  const onDevice = new Map<number, number>();
+  for (let slot = 0; slot < workers; slot++) {
+    const device = cudaDeviceOf(slot, cudaDevices);
+    onDevice.set(device, (onDevice.get(device) ?? 0) + 1);
+  }
+  return Math.max(1, ...onDevice.values());
+}
