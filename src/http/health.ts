@@ -5,6 +5,7 @@ import type { ModelRegistry } from '../models/registry.js';
 import type { ImageStore } from '../store/image-store.js';
 import { sendError } from './errors.js';
 import { isLocalClient } from './local-only.js';
+import { messageOf } from '../util/error-message.js';
 
 /**
  * Probes for load balancers and orchestrators, no key needed, answered while workers are busy.
@@ -67,13 +68,14 @@ const PROBE = { config: { public: true }, logLevel: 'warn' } as const;
 
 /** The store's reason not to be ready, or undefined when it works. */
 async function storeProblem(store: HealthOptions['store']): Promise<ApiError | undefined> {
+  // What it rejected with need be no Error (a thrown undefined read as a working store).
   const failure = await store?.check().then(
     () => undefined,
-    (err: unknown) => err as Error,
+    (err: unknown) => ({ reason: messageOf(err) }),
   );
   return (
     failure &&
-    new ApiError(503, `The image store cannot be used: ${failure.message}.`, {
+    new ApiError(503, `The image store cannot be used: ${failure.reason}.`, {
       code: 'storage_unavailable',
       headers: { 'retry-after': String(RETRY_AFTER_SECONDS) },
     })
