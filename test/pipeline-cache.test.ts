@@ -1,9 +1,11 @@
+import { writeFile } from 'node:fs/promises';
+import path from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { inspectModel } from '../src/models/layout.js';
 import { loadPipeline } from '../src/pipelines/load.js';
 import type { Pipeline } from '../src/pipelines/pipeline.js';
 import { PipelineCache, weightBytes } from '../src/pipelines/pipeline-cache.js';
-import { referenceModel } from './helpers/reference.js';
+import { copyOfReference, referenceModel } from './helpers/reference.js';
 
 /** Real pipelines, loaded through a loader that counts how often each model was loaded. */
 function cache(budget: number) {
@@ -80,6 +82,25 @@ describe('loaded models within a memory budget', () => {
     expect(await tryGenerate(replaced)).toBe('released');
     expect(loads).toEqual([a, a, a]);
     expect(c.holds(a, 'v2')).toBe(true);
+  });
+
+  it('keeps the version that replaced one still loading when that load fails after all', async () => {
+    // Version v1 loads from a folder cut short (as a folder replaced under its load reads), v2 from the model.
+    const damaged = await copyOfReference('sd-turbo');
+    await writeFile(path.join(damaged, 'unet', 'model.onnx'), 'not an onnx file');
+    const loads: string[] = [];
+    const c = new PipelineCache((dir, version) => {
+      loads.push(`${version}`);
+      return loadPipeline(version === 'v1' ? damaged : dir, { provider: 'cpu', threads: 1 });
+    }, Number.MAX_SAFE_INTEGER);
+    const replaced = c.get(a, 'v1');
+    const current = c.get(a, 'v2');
+    await expect(replaced).rejects.toThrow(/unet/);
+    expect(await tryGenerate(await current)).toBe('ran');
+    // Before, v1's failure took v2 out of the cache: its sessions held and uncounted, and loaded once more.
+    expect(c.holds(a, 'v2')).toBe(true);
+    await c.get(a, 'v2');
+    expect(loads).toEqual(['v1', 'v2']);
   });
 
   it('never releases a model that a run uses, over the budget or to make room', async () => {

@@ -65,7 +65,8 @@ export class PipelineCache {
         return pipeline;
       },
       (err) => {
-        this.entries.delete(modelDir);
+        // Only its own entry: a version that replaced it meanwhile (see drop()) stays.
+        if (this.entries.get(modelDir) === entry) this.entries.delete(modelDir);
         throw err;
       },
     );
