@@ -81,7 +81,8 @@ function requestUrl(input: Parameters<typeof fetch>[0]): string {
 
 /** Why a fetch failed: undici's own message is "fetch failed"; the system's reason is in `cause`. */
 function networkReason(err: unknown): string {
-  return (err as { cause?: Error }).cause?.message ?? messageOf(err);
+  const cause = err instanceof Error ? err.cause : undefined;
+  return messageOf(cause ?? err);
 }
 
 export class HubClient {

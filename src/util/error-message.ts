@@ -3,9 +3,12 @@ import { inspect } from 'node:util';
 /**
  * What a caught value says, for a message built around it. `(err as Error).message` is undefined when
  * what was thrown is no Error (a string, a rejected promise's plain object), and the user then read
- * "(undefined)" where the reason belonged.
+ * "(undefined)" where the reason belonged. Node fails a connection to a name with several addresses
+ * (localhost: 127.0.0.1 and ::1) with an AggregateError whose own message is empty: its reasons are
+ * its errors', one per address.
  */
 export function messageOf(err: unknown): string {
+  if (err instanceof AggregateError && err.message === '' && err.errors.length > 0) return err.errors.map(messageOf).join('; ');
   if (err instanceof Error) return err.message;
   return typeof err === 'string' ? err : inspect(err);
 }
