@@ -4,6 +4,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { ErrorBody, ImageStreamEvent } from '../src/api/wire.js';
 import type { RunningServer } from '../src/server.js';
 import { capturedLogs } from './helpers/logs.js';
+import { holdBusyWorker } from './helpers/hold-worker.js';
 import { whenRunning } from './helpers/ops-server.js';
 import { readImageFile } from './helpers/picture.js';
 import { startRealServer, type RealServer } from './helpers/real-server.js';
@@ -245,22 +246,30 @@ describe('streams and a busy queue', () => {
         signal,
       });
     // Work ahead of the stream that lasts until its client leaves: until the stream had two keep-alives,
-    // however fast the machine. (Work of a fixed size, minutes on a loaded machine, outlasted the test's time.)
+    // however fast the machine, its worker held meanwhile. (Work of a fixed size, minutes on a loaded
+    // machine, outlasted the test's time; at a seventh of its pixels, as a machine seven times as fast
+    // runs it, it ended before the second keep-alive.)
     const leave = new AbortController();
+    let resume = () => {};
     try {
       const long = post({ size: '1792x1024', steps: 150, n: 4 }, leave.signal).catch(() => undefined);
       await whenRunning(quick.server);
+      resume = await holdBusyWorker(quick.server.engine);
       const stream = (await post({ size: '256x256', stream: true })).body!.pipeThrough(new TextDecoderStream());
       let text = '';
       for await (const chunk of stream) {
         text += chunk;
-        if (text.match(/^: keep-alive$/gm)?.length === 2) leave.abort();
+        if (text.match(/^: keep-alive$/gm)?.length === 2) {
+          leave.abort();
+          resume();
+        }
       }
       expect(text.match(/^: keep-alive$/gm)!.length).toBeGreaterThanOrEqual(2);
       expect(text).toMatch(/^event: image_generation\.completed$/m);
       await long;
     } finally {
       leave.abort();
+      resume();
       await quick.close();
     }
   });
@@ -277,11 +286,15 @@ describe('streams and a busy queue', () => {
       });
     const streamed = { stream: true, stream_progress: true };
     const leave = new AbortController();
+    // The running batch is held while the queue behind it is asked about: at 256x256, a sixteenth of its
+    // pixels, as a machine sixteen times as fast runs it, it had ended and the queue moved on before then.
+    let resume = () => {};
     try {
       await expect.poll(() => busy.server.engine.readiness().ready, { timeout: 60_000 }).toBe(true);
       // Steps told apart, so that the queue does not merge the waiting requests into one batch.
       const running = post({ size: '1024x1024', steps: 150 }, leave.signal).catch(() => undefined);
       await expect.poll(() => busy.server.engine.load().running).toBe(1);
+      resume = await holdBusyWorker(busy.server.engine);
       const waiting = post({ steps: 2 }, leave.signal).catch(() => undefined);
       await expect.poll(() => busy.server.engine.load().queued).toBe(1);
       const third = await post({ steps: 3, ...streamed }, leave.signal);
@@ -295,6 +308,7 @@ describe('streams and a busy queue', () => {
       expect(Number(refused.headers.get('retry-after'))).toBeGreaterThan(0);
       expect(((await refused.json()) as ErrorBody).error.code).toBe('rate_limit_exceeded');
       leave.abort();
+      resume();
       await Promise.all([running, waiting]);
 
       // Without stream_progress there is no event to send while it waits: a comment opens the stream as
@@ -304,14 +318,17 @@ describe('streams and a busy queue', () => {
       await expect.poll(() => busy.server.engine.load(), { timeout: 30_000 }).toMatchObject({ running: 0, queued: 0 });
       const long = post({ size: '1024x1024', steps: 150 }, busyAgain.signal).catch(() => undefined);
       await expect.poll(() => busy.server.engine.load().running).toBe(1);
+      resume = await holdBusyWorker(busy.server.engine);
       const plain = await post({ steps: 2, stream: true }, busyAgain.signal);
       expect(plain.headers.get('content-type')).toMatch(/^text\/event-stream/);
       expect(new TextDecoder().decode((await plain.body!.getReader().read()).value)).toBe(': queued\n\n');
       expect(busy.server.engine.load()).toMatchObject({ running: 1, queued: 1 });
       busyAgain.abort();
+      resume();
       await long;
     } finally {
       leave.abort();
+      resume();
       await busy.close();
     }
   });
