@@ -104,6 +104,14 @@ describe.skipIf(!chromiumPath)(`the playground in headless Chromium${chromiumPat
 
   const runAndWait = (selector: string) => runOnPage(page, selector);
 
+  /** Copies a snippet from the open code dialog, and reads it back from the clipboard once the page says it is there. */
+  async function copied(language: 'curl' | 'python' | 'node'): Promise<string> {
+    await page.click(`button[data-copy="${language}"]`);
+    // The page writes the clipboard asynchronously: read at once, it may still hold what it held before.
+    await expect.poll(() => page.textContent(`button[data-copy="${language}"] + [role=status]`), { timeout: 30_000 }).toBe('Copied.');
+    return page.evaluate(() => navigator.clipboard.readText());
+  }
+
   it('asks for the API key, says clearly when it is wrong, and lists the models with the right one', async () => {
     const page404 = await page.goto(`${origin}/`);
     expect(page404?.status()).toBe(200);
@@ -163,8 +171,7 @@ describe.skipIf(!chromiumPath)(`the playground in headless Chromium${chromiumPat
   it('copies the curl and Node snippets, whose requests give the same image for the same seed', async () => {
     const shown = await pixels(await imageBytes(page, '#results .result-image'));
     await page.click('#results button:has-text("Copy as code")');
-    await page.click('button[data-copy="curl"]');
-    const curl = await page.evaluate(() => navigator.clipboard.readText());
+    const curl = await copied('curl');
     expect(curl).toContain('"seed":7');
     // zsh (the macOS shell) takes no comment after a line continuation: none is there, and each command has lines of its own.
     expect(curl).not.toMatch(/\\\n\s*#/);
@@ -174,8 +181,7 @@ describe.skipIf(!chromiumPath)(`the playground in headless Chromium${chromiumPat
     // Its second command writes the picture, as the dialog says.
     expect(await pixels(path.join(work, 'image-7.png'))).toEqual(shown);
 
-    await page.click('button[data-copy="node"]');
-    const node = await page.evaluate(() => navigator.clipboard.readText());
+    const node = await copied('node');
     // The real openai-node client, from the project's node_modules.
     await mkdir(path.join(work, 'node'), { recursive: true });
     await symlink(path.resolve('node_modules'), path.join(work, 'node', 'node_modules'));
@@ -192,9 +198,7 @@ describe.skipIf(!chromiumPath)(`the playground in headless Chromium${chromiumPat
     async () => {
       const shown = await pixels(await imageBytes(page, '#results .result-image'));
       await page.click('#results button:has-text("Copy as code")');
-      await page.click('button[data-copy="python"]');
-      await expect.poll(() => page.textContent('button[data-copy="python"] + [role=status]'), { timeout: 30_000 }).toBe('Copied.');
-      const python = await page.evaluate(() => navigator.clipboard.readText());
+      const python = await copied('python');
       await page.keyboard.press('Escape');
       expect(python).toContain('extra_body={"steps": 12, "seed": 7}');
       const dir = path.join(work, 'python');
