@@ -7,6 +7,7 @@ import { chromium, type Browser, type Page } from 'playwright-core';
 import sharp from 'sharp';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { chromiumPath, NO_CHROMIUM, openPlayground, runOnPage } from './helpers/browser.js';
+import { holdBusyWorker } from './helpers/hold-worker.js';
 import { MODEL, OPS_KEY, startOpsServer, untilReady, type OpsServer } from './helpers/ops-server.js';
 import { readImageFile } from './helpers/picture.js';
 
@@ -351,11 +352,18 @@ describe.skipIf(!chromiumPath)(`the playground in headless Chromium${chromiumPat
   it('cancels a long request, and the server is free again', async () => {
     await settings({ size: '1024x1024', steps: '150', n: '2' });
     await page.click('#generate');
-    await expect.poll(() => page.textContent('#status'), { timeout: 60_000 }).toMatch(/^Step \d+ of \d+/);
-    expect(server.server.engine.load().running).toBe(1);
-    expect(await page.evaluate(() => document.activeElement?.id)).toBe('cancel');
-    await page.keyboard.press('Enter');
-    await expect.poll(() => page.textContent('#status'), { timeout: 30_000 }).toContain('Cancelled');
+    // Its worker held from its first step until the page has cancelled: the request's fixed size alone (at
+    // 128x128, as a machine 64 times as fast runs it) was done before the Enter, and the page said 'Done'.
+    const resume = await holdBusyWorker(server.server.engine);
+    try {
+      await expect.poll(() => page.textContent('#status'), { timeout: 60_000 }).toMatch(/^Step \d+ of \d+/);
+      expect(server.server.engine.load().running).toBe(1);
+      expect(await page.evaluate(() => document.activeElement?.id)).toBe('cancel');
+      await page.keyboard.press('Enter');
+      await expect.poll(() => page.textContent('#status'), { timeout: 30_000 }).toContain('Cancelled');
+    } finally {
+      resume();
+    }
     await expect.poll(() => server.server.engine.load(), { timeout: 30_000 }).toMatchObject({ running: 0, queued: 0 });
     // Free again: the next request runs at once.
     await settings({ size: '128x128', steps: '4', n: '1' });
