@@ -7,7 +7,7 @@ import { chromium, type Browser, type Page } from 'playwright-core';
 import sharp from 'sharp';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { chromiumPath, NO_CHROMIUM, openPlayground, runOnPage } from './helpers/browser.js';
-import { holdBusyWorker } from './helpers/hold-worker.js';
+import { holdBusyWorker } from './helpers/busy-worker.js';
 import { MODEL, OPS_KEY, startOpsServer, untilReady, type OpsServer } from './helpers/ops-server.js';
 import { readImageFile } from './helpers/picture.js';
 

@@ -4,7 +4,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { ErrorBody, ImageStreamEvent } from '../src/api/wire.js';
 import type { RunningServer } from '../src/server.js';
 import { capturedLogs } from './helpers/logs.js';
-import { holdBusyWorker } from './helpers/hold-worker.js';
+import { holdBusyWorker } from './helpers/busy-worker.js';
 import { whenRunning } from './helpers/ops-server.js';
 import { readImageFile } from './helpers/picture.js';
 import { startRealServer, type RealServer } from './helpers/real-server.js';
