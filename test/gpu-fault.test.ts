@@ -112,3 +112,30 @@ describe('a GPU fault that leaves the worker unable to use CUDA', () => {
     expect(res.data).toHaveLength(1);
   });
 });
+
+describe('a GPU fault while a starting worker calibrates the model it preloads', () => {
+  it('ends that worker before it is ready, saying why; its replacement serves, and no request meets the fault', async () => {
+    const dir = await mkdtemp(path.join(os.tmpdir(), 'gpu-fault-'));
+    const fault = path.join(dir, 'fault');
+    // There before the worker starts: the first session run is the calibration of the preloaded model, on a fresh DATA_DIR.
+    await writeFile(fault, '');
+    const logs = capturedLogs<{ msg: string; workerPid?: number }>();
+    const server = await startRealServer({ workerScript: await faultingWorker(dir, fault, path.join(dir, 'hang')), logger: logs.logger });
+    try {
+      await untilReady(server.server.url, 60_000);
+      expect(existsSync(fault)).toBe(false);
+      const ending = logs.lines.find((line) => line.msg.includes('ends before it is ready'));
+      expect(ending?.msg).toMatch(/^[\w-]+\/model\.onnx: CUDA failure 700: an illegal memory access was encountered: after this GPU fault CUDA cannot be used by this worker process, which ends before it is ready; a new one replaces it$/);
+      const ready = logs.lines.filter((line) => line.msg === 'worker ready');
+      expect(ready).toHaveLength(1);
+      expect(ready[0].workerPid).not.toBe(ending!.workerPid);
+      // Before, the worker swallowed the calibration's fault and said it was ready: this got gpu_fault.
+      const res = await server.client.images.generate({ prompt: 'a red circle', size: '256x256', response_format: 'b64_json' });
+      const meta = await sharp(Buffer.from(res.data![0].b64_json!, 'base64')).metadata();
+      expect([meta.width, meta.height]).toEqual([256, 256]);
+    } finally {
+      await server.close();
+      await rm(dir, { recursive: true, force: true });
+    }
+  });
+});

@@ -123,7 +123,14 @@ async function start({ engine, preload, nice }: WorkerInit): Promise<void> {
   lowerPriority(nice);
   // Functions do not cross the IPC channel: the runtime's warnings go to the server's log as messages.
   runtime = new WorkerRuntime({ ...engine, runtime: { ...engine.runtime, warn: (message) => void send({ type: 'warning', message }) } }, pooledMemory);
-  for (const { dir, version } of preload) await ensureLoaded(dir, version).catch(() => undefined);
+  for (const { dir, version } of preload) {
+    await ensureLoaded(dir, version).catch(async (err: unknown) => {
+      if (!(err instanceof GpuFaultError)) return;
+      // Ready with a GPU that CUDA refuses this process, it would fail the batches it takes: a new process instead.
+      await send({ type: 'warning', message: `${err.message}: after this GPU fault CUDA cannot be used by this worker process, which ends before it is ready; a new one replaces it` });
+      process.exit(1);
+    });
+  }
   void send({ type: 'ready' });
 }
 

@@ -1,5 +1,6 @@
 import os from 'node:os';
 import path from 'node:path';
+import { GpuFaultError } from '../runtime/gpu-faults.js';
 import { OnnxOutOfMemoryError } from '../runtime/onnx-model.js';
 import { defaultRuntime, type RuntimeOptions } from '../runtime/providers.js';
 import { IMAGE_FORMATS, outputOf, previewSteps, type BatchEvent, type BatchItem, type GeneratedImage, type GenerationBatch } from '../runtime/types.js';
@@ -100,8 +101,16 @@ export class WorkerRuntime {
       for (const share of CALIBRATION_SHARES) {
         const size = Math.ceil((nativeSide(pipeline.layout) * share) / sizeMultiple) * sizeMultiple;
         const batch: GenerationBatch = { modelDir: dir, width: size, height: size, steps: 1, guidanceScale: 2, items: [{ prompt: '', seed: 0 }] };
-        // A model that cannot run a plain generation is measured on its first batch instead, whose error then says why.
-        if (!(await this.memory.measureRun(dir, pipeline.samplesPerImage(batch), size * size, () => pipeline.generate(batch, {})).then(() => true, () => false))) return;
+        // A model that cannot run a plain generation is measured on its first batch instead, whose error
+        // then says why; but a GPU fault ends the process's use of the GPU (GpuFaultError), whatever runs next.
+        const measured = await this.memory.measureRun(dir, pipeline.samplesPerImage(batch), size * size, () => pipeline.generate(batch, {})).then(
+          () => true,
+          (err: unknown) => {
+            if (err instanceof GpuFaultError) throw err;
+            return false;
+          },
+        );
+        if (!measured) return;
       }
     };
     // What the runs will take is what they are to find out: they wait for other workers' batches to
