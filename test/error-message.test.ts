@@ -1,6 +1,6 @@
 import net from 'node:net';
 import { describe, expect, it } from 'vitest';
-import { messageOf } from '../src/util/error-message.js';
+import { firstLineOf, messageOf } from '../src/util/error-message.js';
 
 /** The error of a connection refused at each of two addresses of one name (Redis at localhost, down, where it is 127.0.0.1 and ::1). */
 function refusedAtTwoAddresses(): Promise<unknown> {
@@ -20,6 +20,8 @@ describe('messageOf', () => {
     expect(messageOf('the session is closed')).toBe('the session is closed');
     expect(messageOf({ code: 7 })).toBe('{ code: 7 }');
     expect(messageOf(undefined)).toBe('undefined');
+    // onnxruntime's messages go on with source locations after their first line.
+    expect(firstLineOf(new Error('Load model failed\n/onnxruntime_src/core/graph.cc:12 Graph()'))).toBe('Load model failed');
   });
 
   it("says each address's reason when a connection to a name with several failed (Node's AggregateError, whose message is empty)", async () => {

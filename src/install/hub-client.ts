@@ -1,7 +1,7 @@
 import { HubApiError, listFiles, modelInfo } from '@huggingface/hub';
 import { ModelInstallError, ModelUsageError } from './errors.js';
 import { parseUrl, withoutCredentials } from '../util/url.js';
-import { messageOf } from '../util/error-message.js';
+import { firstLineOf, messageOf } from '../util/error-message.js';
 
 /**
  * The Hugging Face Hub (or a mirror speaking its API): resolving a revision to a commit, listing a
@@ -214,7 +214,7 @@ export class HubClient {
       );
     }
     // Anything else (a portal's HTML page where JSON should be) says the URL is not a Hub.
-    return new ModelInstallError(`the server at ${this.hubUrl} did not answer as a Hugging Face Hub does (${messageOf(err).split('\n')[0]}); check HF_ENDPOINT / --hub-url`);
+    return new ModelInstallError(`the server at ${this.hubUrl} did not answer as a Hugging Face Hub does (${firstLineOf(err)}); check HF_ENDPOINT / --hub-url`);
   }
 }
 

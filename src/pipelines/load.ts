@@ -10,7 +10,7 @@ import { StableDiffusionPipeline } from './stable-diffusion.js';
 import { TextEncoder } from './text-encoder.js';
 import { OnDemand } from './on-demand.js';
 import { VaeDecoder, VaeEncoder, type VaeTiler } from './vae.js';
-import { messageOf } from '../util/error-message.js';
+import { firstLineOf } from '../util/error-message.js';
 
 /**
  * The worker's MemoryPlan as the pipelines see it: it decides whether a model's VAE decodes whole or in
@@ -51,7 +51,7 @@ export async function loadPipeline(dir: string, runtime: RuntimeOptions, memory?
     } catch (err) {
       // Running out of memory says nothing about the folder: the caller reports it as memory.
       if (err instanceof OnnxOutOfMemoryError) throw err;
-      throw new ModelLayoutError(layout.dir, `cannot load ${file}: ${messageOf(err).split('\n')[0]}`);
+      throw new ModelLayoutError(layout.dir, `cannot load ${file}: ${firstLineOf(err)}`);
     }
   };
   try {

@@ -1,10 +1,12 @@
 import os from 'node:os';
 import path from 'node:path';
+import { componentFile } from '../runtime/component-file.js';
 import { GpuFaultError } from '../runtime/gpu-faults.js';
 import { OnnxOutOfMemoryError } from '../runtime/onnx-model.js';
 import { defaultRuntime, type RuntimeOptions } from '../runtime/providers.js';
 import { IMAGE_FORMATS, outputOf, previewSteps, type BatchEvent, type BatchItem, type GeneratedImage, type GenerationBatch } from '../runtime/types.js';
 import { chunks } from '../util/chunks.js';
+import { firstLineOf } from '../util/error-message.js';
 import { encodeImage } from './encode-image.js';
 import { loadPipeline } from './load.js';
 import { nativeSide } from '../models/presets.js';
@@ -145,7 +147,7 @@ export class WorkerRuntime {
       if (released.length === 0) throw this.noteAlone(modelDir, loading(err), version, err);
       const names = released.map((dir) => `'${path.basename(dir)}'`).join(', ');
       (this.settings.runtime.warn ?? console.warn)(
-        `Model '${path.basename(modelDir)}' ran out of memory loading ${componentOf(err)}; released the idle model(s) ${names} to make room for it, and loading it once more.`,
+        `Model '${path.basename(modelDir)}' ran out of memory loading ${componentFile(err.file)}; released the idle model(s) ${names} to make room for it, and loading it once more.`,
       );
       return await attempt().catch((again: unknown) => {
         throw loadRanOutOfMemory(again) ? this.noteAlone(modelDir, loading(again), version, again) : again;
@@ -277,9 +279,6 @@ export interface BatchHooks {
 
 const loadRanOutOfMemory = (err: unknown): err is OnnxOutOfMemoryError => err instanceof OnnxOutOfMemoryError && err.during === 'load';
 
-/** The component's file, as `vae_decoder/model.onnx`. */
-const componentOf = (err: OnnxOutOfMemoryError) => `${path.basename(path.dirname(err.file))}/${path.basename(err.file)}`;
-
 /**
  * onnxruntime could not allocate what a model needed, though the plan expected it to fit (another process
  * took the memory, a limit the plan cannot see such as a container's or the GPU's): a 507 like the
@@ -289,11 +288,11 @@ const componentOf = (err: OnnxOutOfMemoryError) => `${path.basename(path.dirname
  */
 function ranOutOfMemory(modelName: string, err: OnnxOutOfMemoryError, making?: { batch: GenerationBatch; images: number }, alone = false): InsufficientMemoryError {
   const component = path.basename(path.dirname(err.file));
-  const cause = `(onnxruntime: ${err.detail.split('\n')[0]})`;
+  const cause = `(onnxruntime: ${firstLineOf(err.detail)})`;
   const freeMemory = `fewer WORKERS (each holds its own models), ${alone ? '' : 'a lower MODEL_MEMORY_BUDGET, '}or on CUDA a GPU with more memory`;
   if (err.during === 'load' || !making) {
     return new InsufficientMemoryError(
-      `Model '${modelName}' ran out of memory loading ${componentOf(err)} ${cause}: its weights need more memory than this worker could get${alone ? ', even holding no other model' : ''}.` +
+      `Model '${modelName}' ran out of memory loading ${componentFile(err.file)} ${cause}: its weights need more memory than this worker could get${alone ? ', even holding no other model' : ''}.` +
         ` Free memory for it: ${freeMemory}; or install a smaller export of it (fp16).`,
     );
   }

@@ -1,4 +1,4 @@
-import path from 'node:path';
+import { componentFile } from './component-file.js';
 import { messageOf } from '../util/error-message.js';
 
 /**
@@ -24,8 +24,8 @@ export class GpuFaultError extends Error {
     /** CUDA's error as onnxruntime gave it: "CUDA failure 700: an illegal memory access was encountered". */
     readonly detail: string,
   ) {
-    // The component within its model's folder (unet/model.onnx): the message reaches clients, who are not told server paths.
-    super(`${path.basename(path.dirname(file))}/${path.basename(file)}: ${detail}`);
+    // The message reaches clients.
+    super(`${componentFile(file)}: ${detail}`);
     this.name = 'GpuFaultError';
   }
 }

@@ -1,5 +1,5 @@
 import { execFile } from 'node:child_process';
-import { messageOf } from '../util/error-message.js';
+import { firstLineOf } from '../util/error-message.js';
 
 /**
  * The NVIDIA GPUs' memory, from `nvidia-smi`, which comes with every NVIDIA driver: onnxruntime-node
@@ -48,7 +48,7 @@ function query(command: string, answerMs: number): Promise<{ stdout: string } | 
       if (!err) return resolve({ stdout });
       // Failing, it says why on its output (no driver loaded, say), where the error's message only repeats the command.
       const said = `${stderr}\n${stdout}`.trim().split('\n')[0];
-      resolve({ problem: `nvidia-smi could not be run (${said || messageOf(err).split('\n')[0]})` });
+      resolve({ problem: `nvidia-smi could not be run (${said || firstLineOf(err)})` });
     });
     const timer = setTimeout(() => {
       // Left to end when it can, holding nothing of the server's.

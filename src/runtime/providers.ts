@@ -1,7 +1,7 @@
 import os from 'node:os';
 import { ort } from './onnxruntime.js';
 import type { GraphSource } from './graph-rewrite.js';
-import { messageOf } from '../util/error-message.js';
+import { firstLineOf } from '../util/error-message.js';
 
 /**
  * Where a worker's models run. `cuda`: NVIDIA GPUs, with the CUDA provider libraries that
@@ -120,7 +120,7 @@ const UNAVAILABLE: Record<Exclude<ExecutionProvider, 'cpu'>, { name: string; cau
 export function unavailable(provider: ExecutionProvider, err: unknown, deviceId = 0): { reason: string; remedy: string } | undefined {
   if (provider === 'cpu') return undefined;
   // onnxruntime's first line, less the source location and failed check it starts with.
-  const reason = messageOf(err).split('\n')[0].split(' was false. ').at(-1)!;
+  const reason = firstLineOf(err).split(' was false. ').at(-1)!;
   const cause = UNAVAILABLE[provider].causes.find(({ pattern }) => pattern.test(reason));
   if (!cause) return undefined;
   return { reason, remedy: typeof cause.remedy === 'string' ? cause.remedy : cause.remedy(deviceId) };
@@ -184,7 +184,7 @@ export async function createSession(graph: GraphSource | GraphFor, runtime: Runt
       // A rewrite's checks cover the graphs exporters write (graph-rewrite.ts); should one still make a
       // graph onnxruntime refuses, the model loads as exported (and what fails for the file is reported).
       if (source.file === undefined || unavailable(provider, err, runtime.deviceId)) throw err;
-      (runtime.warn ?? console.warn)(`${source.file}: its rewritten graph did not load (${messageOf(err).split('\n')[0]}); loading it as exported.`);
+      (runtime.warn ?? console.warn)(`${source.file}: its rewritten graph did not load (${firstLineOf(err)}); loading it as exported.`);
       return ort.InferenceSession.create(source.file, sessionOptions(runtime, provider, tuning));
     }
   };

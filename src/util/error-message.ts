@@ -12,3 +12,6 @@ export function messageOf(err: unknown): string {
   if (err instanceof Error) return err.message;
   return typeof err === 'string' ? err : inspect(err);
 }
+
+/** The first line of what a caught value says: onnxruntime's and the system's messages go on with source locations and stacks. */
+export const firstLineOf = (err: unknown): string => messageOf(err).split('\n')[0];
