@@ -22,7 +22,8 @@ async function untilHealthy(command: string[], dataDir: string): Promise<number>
   const started = performance.now();
   // PORT 0: it binds a port free then and says which (no other process can take it in between), as
   // the address it listens on unless PUBLIC_BASE_URL names another, so none is passed on.
-  const env = { ...process.env, PORT: '0', PUBLIC_BASE_URL: undefined, DATA_DIR: dataDir, PRELOAD: 'none' };
+  // LOG_LEVEL info: the port comes from the info line "imagegen listening", which a developer's LOG_LEVEL=warn would silence.
+  const env = { ...process.env, PORT: '0', PUBLIC_BASE_URL: undefined, DATA_DIR: dataDir, PRELOAD: 'none', LOG_LEVEL: 'info' };
   const child = spawn(command[0], command.slice(1), { cwd: REPO, env, stdio: ['ignore', 'pipe', 'ignore'], detached: true });
   const exited = once(child, 'exit');
   const failed = () => new Error(`${command.join(' ')} exited with ${child.exitCode} before answering /health`);

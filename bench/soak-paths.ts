@@ -17,6 +17,8 @@ export interface SoakTarget {
   /** A 256x256 noisy PNG (about 200 KB, so that uploads weigh on UPLOAD_MEMORY) and a mask of its size, its left half transparent. */
   image: Blob;
   mask: Blob;
+  /** `image` as a data URI, for the JSON form of an edit. */
+  imageUri: string;
   /** The URL of an image stored lately (the `files` path's subject), and when it was made. */
   recent?: { url: string; at: number };
 }
@@ -37,13 +39,17 @@ const prompt = (i: number) => `${PROMPTS[i % PROMPTS.length]}, ${[...i.toString(
 /** A URL's stored image serves the `files` path until it is this old (images live IMAGE_TTL_SECONDS, 60 in the soak). */
 const RECENT_MS = 20_000;
 
-export async function soakPictures(): Promise<Pick<SoakTarget, 'image' | 'mask'>> {
+export async function soakPictures(): Promise<Pick<SoakTarget, 'image' | 'mask' | 'imageUri'>> {
   const noise = Buffer.from(Array.from({ length: 256 * 256 * 3 }, (_, i) => (i * 2654435761) >>> 24));
   const image = await sharp(noise, { raw: { width: 256, height: 256, channels: 3 } }).png().toBuffer();
   const alpha = Buffer.alloc(256 * 256 * 4, 255);
   for (let p = 0; p < 256 * 256; p++) if (p % 256 < 128) alpha[p * 4 + 3] = 0;
   const mask = await sharp(alpha, { raw: { width: 256, height: 256, channels: 4 } }).png().toBuffer();
-  return { image: new Blob([new Uint8Array(image)], { type: 'image/png' }), mask: new Blob([new Uint8Array(mask)], { type: 'image/png' }) };
+  return {
+    image: new Blob([new Uint8Array(image)], { type: 'image/png' }),
+    mask: new Blob([new Uint8Array(mask)], { type: 'image/png' }),
+    imageUri: `data:image/png;base64,${image.toString('base64')}`,
+  };
 }
 
 type Body = Record<string, unknown>;
@@ -54,10 +60,12 @@ interface Answer {
 
 const auth = (key: string) => ({ authorization: `Bearer ${key}` });
 
+/** A response's status and JSON body, read whole. */
+const answer = async (res: Response): Promise<Answer> => ({ status: res.status, json: (await res.json()) as Answer['json'] });
+
 /** POSTs a JSON body (or raw text) to an API path and reads the whole answer. */
 async function post(target: SoakTarget, route: string, body: Body | string, { key = target.key, signal, type = 'application/json' }: { key?: string; signal?: AbortSignal; type?: string } = {}): Promise<Answer> {
-  const res = await fetch(`${target.baseURL}${route}`, { method: 'POST', headers: { 'content-type': type, ...auth(key) }, body: typeof body === 'string' ? body : JSON.stringify(body), signal });
-  return { status: res.status, json: (await res.json()) as Answer['json'] };
+  return answer(await fetch(`${target.baseURL}${route}`, { method: 'POST', headers: { 'content-type': type, ...auth(key) }, body: typeof body === 'string' ? body : JSON.stringify(body), signal }));
 }
 
 /** A multipart form: `files` as parts named by their keys (repeated for `image[]`), the rest as text. */
@@ -70,8 +78,7 @@ function form(fields: Body, files: [string, Blob][]): FormData {
 
 /** POSTs a multipart form (see form()) and reads the whole answer. */
 async function postForm(target: SoakTarget, route: string, fields: Body, files: [string, Blob][], { key = target.key, signal }: { key?: string; signal?: AbortSignal } = {}): Promise<Answer> {
-  const res = await fetch(`${target.baseURL}${route}`, { method: 'POST', headers: auth(key), body: form(fields, files), signal });
-  return { status: res.status, json: (await res.json()) as Answer['json'] };
+  return answer(await fetch(`${target.baseURL}${route}`, { method: 'POST', headers: auth(key), body: form(fields, files), signal }));
 }
 
 function expect(answer: Answer, ...statuses: number[]): string {
@@ -104,6 +111,12 @@ const generation = (i: number, size: string, steps: number, fields: Body = {}) =
   ...fields,
 });
 
+/** A generation answered in `format`, its images checked (see images()). */
+async function generated(i: number, target: SoakTarget, size: string, steps: number, format: 'url' | 'b64_json', signal?: AbortSignal): Promise<string> {
+  const body = generation(i, size, steps, { response_format: format });
+  return images(target, await post(target, '/images/generations', body, { signal }), body.n);
+}
+
 /** Runs `send` with a signal aborted `delayMs` later: a request the client leaves while it waits or runs. */
 async function abandoned(delayMs: number, send: (signal: AbortSignal) => Promise<string>): Promise<string> {
   const controller = new AbortController();
@@ -124,7 +137,7 @@ async function abandoned(delayMs: number, send: (signal: AbortSignal) => Promise
  * the client hangs up.
  */
 async function streamed(res: Response, n: number, leaveAfter: number | undefined, controller: AbortController): Promise<string> {
-  if (res.status !== 200) return expect({ status: res.status, json: (await res.json()) as Answer['json'] }, 200);
+  if (res.status !== 200) return expect(await answer(res), 200);
   const reader = res.body!.pipeThrough(new TextDecoderStream()).getReader();
   let text = '';
   for (;;) {
@@ -175,10 +188,8 @@ async function edit(i: number, target: SoakTarget, size: string, steps: number, 
       const { prompt: _, ...variation } = fields;
       return images(target, await postForm(target, '/images/variations', { ...variation, strength: 0.6 }, [['image', target.image]], { signal }), n);
     }
-    default: {
-      const uri = `data:image/png;base64,${Buffer.from(await target.image.arrayBuffer()).toString('base64')}`;
-      return images(target, await post(target, '/images/edits', { ...fields, images: [{ image_url: uri }] }, { signal }), n);
-    }
+    default:
+      return images(target, await post(target, '/images/edits', { ...fields, images: [{ image_url: target.imageUri }] }, { signal }), n);
   }
 }
 
@@ -249,14 +260,14 @@ const PROBES: [string, number, boolean][] = [
 ];
 
 export const SOAK_PATHS: Record<string, SoakPath> = {
-  url: { run: async (i, t, size, steps) => images(t, await post(t, '/images/generations', generation(i, size, steps, { response_format: 'url' })), 1 + (i % 4)) },
-  b64: { run: async (i, t, size, steps) => images(t, await post(t, '/images/generations', generation(i, size, steps, { response_format: 'b64_json' })), 1 + (i % 4)) },
+  url: { run: (i, t, size, steps) => generated(i, t, size, steps, 'url') },
+  b64: { run: (i, t, size, steps) => generated(i, t, size, steps, 'b64_json') },
   stream: { run: (i, t, size, steps) => stream(i, t, size, steps) },
   // Leaves after the first bytes (`: queued`), the first event, or the third (a preview or an image).
   'stream-abort': { run: (i, t, size, steps) => stream(i, t, size, steps, [0, 1, 3][i % 3]) },
   edit: { run: (i, t, size, steps) => edit(i, t, size, steps) },
-  'abort-url': { run: (i, t, size, steps) => abandoned((i * 7) % 200, async (signal) => images(t, await post(t, '/images/generations', generation(i, size, steps, { response_format: 'url' }), { signal }), 1 + (i % 4))) },
-  'abort-b64': { run: (i, t, size, steps) => abandoned((i * 7) % 200, async (signal) => images(t, await post(t, '/images/generations', generation(i, size, steps, { response_format: 'b64_json' }), { signal }), 1 + (i % 4))) },
+  'abort-url': { run: (i, t, size, steps) => abandoned((i * 7) % 200, (signal) => generated(i, t, size, steps, 'url', signal)) },
+  'abort-b64': { run: (i, t, size, steps) => abandoned((i * 7) % 200, (signal) => generated(i, t, size, steps, 'b64_json', signal)) },
   'abort-edit': { run: (i, t, size, steps) => abandoned((i * 7) % 200, (signal) => edit(i, t, size, steps, signal)) },
   bad: { run: (i, t, size) => BAD[i % BAD.length](t, size) },
   unauthorized: {

@@ -62,7 +62,7 @@ const unknown = paths.filter((name) => !SOAK_PATHS[name]);
 if (unknown.length) throw new Error(`unknown --paths ${unknown.join(', ')}: the paths are ${Object.keys(SOAK_PATHS).join(', ')}, or all`);
 const size = `${values.size}x${values.size}`;
 
-/** A number from /proc/PID/status (in MiB for kB figures); undefined once the process is gone. */
+/** The process's resident memory (VmRSS in /proc/PID/status), in MiB; undefined once the process is gone. */
 async function rssMib(pid: number): Promise<number | undefined> {
   const status = await readFile(`/proc/${pid}/status`, 'utf8').catch(() => undefined);
   const kib = status && /^VmRSS:\s+(\d+) kB/m.exec(status)?.[1];
@@ -100,10 +100,10 @@ const server = await startServerProcess({
 });
 const target: SoakTarget = { baseURL: server.baseURL, origin: server.origin, key: KEY, limitedKey: LIMITED_KEY, ...(await soakPictures()) };
 
-/** The sum of a metric's samples in Prometheus text (all its labels, or those matching `labels`). */
-function metric(text: string, name: string, labels = ''): number {
+/** The sum of a metric's samples in Prometheus text, over all its labels (imagegen_queue_jobs has one per state). */
+function metric(text: string, name: string): number {
   const lines = text.split('\n').filter((line) => line.startsWith(`${name}{`) || line.startsWith(`${name} `));
-  return lines.filter((line) => line.includes(labels)).reduce((sum, line) => sum + Number(line.slice(line.lastIndexOf(' ') + 1)), 0);
+  return lines.reduce((sum, line) => sum + Number(line.slice(line.lastIndexOf(' ') + 1)), 0);
 }
 
 /** Processes by name: the server, then its workers by slot. */
@@ -122,7 +122,7 @@ async function sample(done: number): Promise<void> {
   const scrape = await (await fetch(`${server.origin}/metrics`, { headers: { authorization: `Bearer ${KEY}` } })).text();
   const files = await disk(dataDir);
   const row: [string, number][] = [
-    ...perProcess.flat(),
+    ...(perProcess.flat() as [string, number][]),
     ['server heap MiB', metric(scrape, 'imagegen_nodejs_heap_size_used_bytes') / 2 ** 20],
     // Buffers live outside the heap: uploads, images, answers.
     ['server external MiB', metric(scrape, 'imagegen_nodejs_external_memory_bytes') / 2 ** 20],
@@ -132,7 +132,7 @@ async function sample(done: number): Promise<void> {
     ['store images', metric(scrape, 'imagegen_store_images')],
     ['disk files', files.files],
     ['disk MiB', files.bytes / 2 ** 20],
-  ] as [string, number][];
+  ];
   for (const [name, value] of row) readings.set(name, [...(readings.get(name) ?? []), value]);
   const shown = (value: number) => (Number.isInteger(value) ? String(value) : value.toFixed(1));
   console.log(`${done < 0 ? 'settled' : String(done).padStart(7)}  ${row.map(([name, value]) => `${name} ${shown(value)}`).join('  ')}`);
