@@ -99,22 +99,23 @@ describe('rotating API_KEYS_FILE', () => {
   afterAll(() => server.close());
 
   const status = (key: string) => fetch(`${server.baseURL}/models`, { headers: { authorization: `Bearer ${key}` } }).then((res) => res.status);
+  /** As editors and secret managers do: write elsewhere, rename over. */
+  const replaceKeys = async (text: string) => {
+    await writeFile(`${keys}.tmp`, text);
+    await rename(`${keys}.tmp`, keys);
+  };
 
   it('takes a new key and drops the old one without a restart', async () => {
     expect(await status('sk-old-key-0123456789')).toBe(200);
     expect(await status('sk-new-key-9876543210')).toBe(401);
-    // As editors and secret managers do: write elsewhere, rename over.
-    await writeFile(`${keys}.tmp`, 'new:sk-new-key-9876543210 concurrent=1\n');
-    await rename(`${keys}.tmp`, keys);
+    await replaceKeys('new:sk-new-key-9876543210 concurrent=1\n');
     await expect.poll(() => status('sk-new-key-9876543210'), { timeout: 5000, interval: 100 }).toBe(200);
     expect(await status('sk-old-key-0123456789')).toBe(401);
   });
 
   it('keeps the keys in use when the file turns bad, and says so', async () => {
-    // Renamed over, as above: written in place, the file is empty between its truncation and its write,
-    // and a look at it then reads a valid empty key file (nobody gets in): 'keeping the 0 keys' after.
-    await writeFile(`${keys}.tmp`, 'new:sk-new-key-9876543210 speed=9\n');
-    await rename(`${keys}.tmp`, keys);
+    // Renamed over, as above: the bad text is all the server reads of it.
+    await replaceKeys('new:sk-new-key-9876543210 speed=9\n');
     await expect.poll(() => logs.raw.some((line) => line.includes('keeping the 1 keys in use')), { timeout: 5000, interval: 100 }).toBe(true);
     expect(await status('sk-new-key-9876543210')).toBe(200);
   });

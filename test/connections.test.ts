@@ -230,22 +230,22 @@ describe('a client that does not read its answer', () => {
     // bound leaves 3 s for the rest (the answer's start, the poll): with a 3 s window and a 5 s bound,
     // a run with the machine's load at 15 took 3.85 s of it.
     const logs = capturedLogs<{ msg: string }>();
-    const patient = await startTestServer({ config: { sendTimeoutSeconds: 5, sendMinRate: 0 }, logger: logs.logger });
+    const windowed = await startTestServer({ config: { sendTimeoutSeconds: 5, sendMinRate: 0 }, logger: logs.logger });
     // An image far larger than the sockets' buffers, asked for by a client that reads nothing.
-    const image = await patient.store.put(randomBytes(32 * 1024 ** 2), 'image/png');
-    const patientPort = Number(new URL(patient.origin).port);
+    const image = await windowed.store.put(randomBytes(32 * 1024 ** 2), 'image/png');
+    const windowedPort = Number(new URL(windowed.origin).port);
     const asked = performance.now();
-    const socket = nonReadingClient(patientPort, [image]);
+    const socket = nonReadingClient(windowedPort, [image]);
     try {
       const cut = () => logs.lines.some((line) => line.msg === 'the client took none of its answer for SEND_TIMEOUT_SECONDS: connection closed');
       await expect.poll(cut, { timeout: 15_000, interval: 100 }).toBe(true);
       expect(performance.now() - asked).toBeLessThan(8_000);
       // Reset, so the kernel drops the unsent answer: a FIN would queue behind it, and the server's side
       // would stay in FIN-WAIT-1 holding megabytes for as long as the client does not read.
-      expect(finWaitSockets(patientPort)).toBe(0);
+      expect(finWaitSockets(windowedPort)).toBe(0);
     } finally {
       socket.destroy();
-      await patient.close();
+      await windowed.close();
     }
   });
 

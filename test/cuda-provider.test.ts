@@ -5,6 +5,7 @@ import { describe, expect, inject, it } from 'vitest';
 import { GpuFaultError, gpuFaultOr } from '../src/runtime/gpu-faults.js';
 import { OnnxOutOfMemoryError, outOfMemoryOr } from '../src/runtime/onnx-model.js';
 import { unavailable } from '../src/runtime/providers.js';
+import { PROJECT_ROOT } from './helpers/cli.js';
 import { cudaInstalled, ortBinFolder } from './helpers/cuda.js';
 
 /**
@@ -29,12 +30,12 @@ const cudaFailure = (code: number, text: string, expr: string) =>
 describe.skipIf(cudaInstalled)('onnxruntime-node 1.30 without the CUDA provider libraries (skipped: they are installed here)', () => {
   it('throws "Failed to load shared library" and names the missing library only on stderr, as the fallback warning says', () => {
     // A process of its own, to read onnxruntime's stderr (its logger writes there, not into the error),
-    // with onnxruntime-node loaded as the server loads it (src/runtime/onnxruntime.ts: telemetry off).
+    // with onnxruntime-node loaded as the server loads it (src/runtime/onnxruntime.ts, built: telemetry off).
     const model = path.join(inject('referenceModelsDir'), 'sd15-optimum', 'vae_decoder', 'model.onnx');
-    const script = `import { ort } from ${JSON.stringify(pathToFileURL(path.join(import.meta.dirname, '..', 'src', 'runtime', 'onnxruntime.ts')).href)};
+    const script = `import { ort } from ${JSON.stringify(pathToFileURL(path.join(PROJECT_ROOT, 'dist', 'runtime', 'onnxruntime.js')).href)};
       try { await ort.InferenceSession.create(${JSON.stringify(model)}, { executionProviders: [{ name: 'cuda', deviceId: 0 }] }); console.log('"created"'); }
       catch (err) { console.log(JSON.stringify(err.message)); }`;
-    const run = spawnSync(process.execPath, ['--import', 'tsx', '--input-type=module', '-e', script], { encoding: 'utf8', timeout: 60_000 });
+    const run = spawnSync(process.execPath, ['--input-type=module', '-e', script], { encoding: 'utf8', timeout: 60_000 });
     const message = JSON.parse(run.stdout) as string;
     // onnxruntime/core/session/provider_bridge_ort.cc, SessionOptionsAppendExecutionProvider_CUDA_V2: the whole message.
     expect(message).toBe('OrtSessionOptionsAppendExecutionProvider_Cuda: Failed to load shared library');

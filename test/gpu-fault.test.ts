@@ -7,6 +7,7 @@ import OpenAI from 'openai';
 import sharp from 'sharp';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { PROJECT_ROOT, WORKER_SCRIPT } from './helpers/cli.js';
+import { apiError, failureOf } from './helpers/failures.js';
 import { capturedLogs } from './helpers/logs.js';
 import { untilReady } from './helpers/ops-server.js';
 import { startRealServer, type RealServer } from './helpers/real-server.js';
@@ -47,6 +48,14 @@ await import(${JSON.stringify(pathToFileURL(WORKER_SCRIPT).href)});
   return file;
 }
 
+const generate = (client: OpenAI) => client.images.generate({ prompt: 'a red circle', size: '256x256', response_format: 'b64_json' });
+
+/** The size of the answer's first picture, decoded. */
+async function sizeOf(res: OpenAI.ImagesResponse): Promise<(number | undefined)[]> {
+  const meta = await sharp(Buffer.from(res.data![0].b64_json!, 'base64')).metadata();
+  return [meta.width, meta.height];
+}
+
 describe('a GPU fault that leaves the worker unable to use CUDA', () => {
   let dir: string;
   let fault: string;
@@ -67,15 +76,12 @@ describe('a GPU fault that leaves the worker unable to use CUDA', () => {
     await rm(dir, { recursive: true, force: true });
   });
 
-  const generate = (client: OpenAI) => client.images.generate({ prompt: 'a red circle', size: '256x256', response_format: 'b64_json' });
   const ready = () => logs.lines.filter((line) => line.msg === 'worker ready');
 
   it('fails its batch with a 500 saying what happened and what to do, and the worker is replaced', async () => {
     await writeFile(fault, '');
-    const err = await generate(server.client).catch((e: unknown) => e);
+    const { status, code, message } = await apiError(generate(server.client), OpenAI.InternalServerError);
     expect(existsSync(fault)).toBe(false);
-    expect(err).toBeInstanceOf(OpenAI.InternalServerError);
-    const { status, code, message } = err as InstanceType<typeof OpenAI.InternalServerError>;
     expect([status, code]).toEqual([500, 'gpu_fault']);
     // The component within its model's folder, CUDA's own words without onnxruntime's host and source lines.
     expect(message).toMatch(/^500 The GPU failed while model '[^']+' made this image: [\w-]+\/model\.onnx: CUDA failure 700: an illegal memory access was encountered\. CUDA cannot be used again by the process that met this error, so the worker process has been replaced; retrying may succeed\. .*nvidia-smi/);
@@ -93,8 +99,7 @@ describe('a GPU fault that leaves the worker unable to use CUDA', () => {
     await writeFile(fault, '');
     const res = await generate(new OpenAI({ baseURL: server.baseURL, apiKey: 'unused', maxRetries: 2 }));
     expect(existsSync(fault)).toBe(false);
-    const meta = await sharp(Buffer.from(res.data![0].b64_json!, 'base64')).metadata();
-    expect([meta.width, meta.height]).toEqual([256, 256]);
+    expect(await sizeOf(res)).toEqual([256, 256]);
     await expect.poll(() => ready().length, { timeout: 60_000 }).toBe(3);
   });
 
@@ -102,8 +107,7 @@ describe('a GPU fault that leaves the worker unable to use CUDA', () => {
     const before = ready().length;
     await writeFile(hang, '');
     await writeFile(fault, '');
-    const err = await generate(server.client).catch((e: unknown) => e);
-    expect(err).toMatchObject({ status: 500, code: 'gpu_fault' });
+    expect(await failureOf(generate(server.client))).toMatchObject({ status: 500, code: 'gpu_fault' });
     // Before, it stayed up and unready for good, and its slot served nothing again.
     await expect.poll(() => ready().length, { timeout: 60_000 }).toBe(before + 1);
     expect(existsSync(hang)).toBe(false);
@@ -130,9 +134,7 @@ describe('a GPU fault while a starting worker calibrates the model it preloads',
       expect(ready).toHaveLength(1);
       expect(ready[0].workerPid).not.toBe(ending!.workerPid);
       // Before, the worker swallowed the calibration's fault and said it was ready: this got gpu_fault.
-      const res = await server.client.images.generate({ prompt: 'a red circle', size: '256x256', response_format: 'b64_json' });
-      const meta = await sharp(Buffer.from(res.data![0].b64_json!, 'base64')).metadata();
-      expect([meta.width, meta.height]).toEqual([256, 256]);
+      expect(await sizeOf(await generate(server.client))).toEqual([256, 256]);
     } finally {
       await server.close();
       await rm(dir, { recursive: true, force: true });

@@ -51,7 +51,7 @@ const tick = () => new Promise((resolve) => setTimeout(resolve, 100));
  */
 
 /** Until `work` runs: its replica's take went through Redis, however long that took. */
-const untilRunning = (state: { running: boolean }) => expect.poll(() => state.running).toBe(true);
+const untilRunning = (state: { running: boolean }) => expect.poll(() => state.running, { interval: 20 }).toBe(true);
 
 /** Until `count` requests wait in Redis for `label`'s slots: each asked (in the order awaited) and found none free. */
 const untilWaiting = (connection: Redis, label: string, count: number) => expect.poll(() => connection.zcard(`imagegen:slots:${label}:waiting`)).toBe(count);
@@ -150,7 +150,7 @@ describe.skipIf(!REDIS_SERVER)(`'concurrent' slots shared through Redis${NO_REDI
     const { next, waiting, stuck } = await afterReplicaDied('carol');
     await tick();
     expect(next.state.running).toBe(false);
-    await expect.poll(() => next.state.running, { interval: 20 }).toBe(true);
+    await untilRunning(next.state);
     next.state.finish();
     await waiting;
     stuck.state.finish();
@@ -276,11 +276,11 @@ describe.skipIf(!REDIS_SERVER)(`'concurrent' slots shared through Redis${NO_REDI
       await untilWaiting(one.connection, 'jun', 2);
       expect([running.state.running, fast.state.running, slow.state.running]).toEqual([true, false, false]);
       running.state.finish();
-      await expect.poll(() => fast.state.running, { interval: 20 }).toBe(true);
+      await untilRunning(fast.state);
       await tick();
       expect(slow.state.running).toBe(false);
       fast.state.finish();
-      await expect.poll(() => slow.state.running, { interval: 20 }).toBe(true);
+      await untilRunning(slow.state);
       slow.state.finish();
       await Promise.all(held);
     } finally {
@@ -304,7 +304,7 @@ describe.skipIf(!REDIS_SERVER)(`'concurrent' slots shared through Redis${NO_REDI
     expect(next.state.running).toBe(false);
     running.state.finish();
     await held;
-    await expect.poll(() => next.state.running, { interval: 20 }).toBe(true);
+    await untilRunning(next.state);
     next.state.finish();
     await waiting;
   });
@@ -351,7 +351,7 @@ describe.skipIf(!REDIS_SERVER)(`'concurrent' slots shared through Redis${NO_REDI
 
   it("frees a dead replica's slot when its lease runs out, though Redis's clock stepped back a day after its last renewal", async () => {
     const { next, waiting, stuck } = await afterReplicaDied('lena', (survivor) => redisClockStepsBack(survivor, 'lena', DAY_MS));
-    await expect.poll(() => next.state.running, { interval: 20 }).toBe(true);
+    await untilRunning(next.state);
     next.state.finish();
     await waiting;
     stuck.state.finish();

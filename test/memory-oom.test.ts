@@ -162,6 +162,12 @@ async function serveDemoCopies(models: Record<string, (dir: string) => Promise<v
   };
 }
 
+
+/** An edit of a plain red 256x256 picture by `model` (its VAE encoder loaded on demand), with `fields` over the rest. */
+async function editRed(client: OpenAI, model: string, fields: object = {}) {
+  const picture = await sharp({ create: { width: 256, height: 256, channels: 3, background: '#c03020' } }).png().toBuffer();
+  return client.images.edit({ model, image: await toFile(picture, 'in.png', { type: 'image/png' }), prompt: 'a cat', size: '256x256', response_format: 'b64_json', ...fields } as OpenAI.ImageEditParamsNonStreaming);
+}
 describe('a model whose sessions onnxruntime cannot allocate as they load', () => {
   // Copies of the embedded model whose VAE decoder ('heavy') or VAE encoder ('heavy-encoder') weighs
   // 2 GiB, under a data-size limit of 1 GB: onnxruntime's allocation fails as the session is created.
@@ -202,9 +208,7 @@ describe('a model whose sessions onnxruntime cannot allocate as they load', () =
 
   it('answers 507 for a component loaded on demand (the VAE encoder of an edit), and the model still generates', async () => {
     await generate('demo-shapes');
-    const picture = await sharp({ create: { width: 256, height: 256, channels: 3, background: '#c03020' } }).png().toBuffer();
-    const edit = started.client.images.edit({ model: 'heavy-encoder', image: await toFile(picture, 'in.png', { type: 'image/png' }), prompt: 'a cat', size: '256x256', response_format: 'b64_json' });
-    const error = await apiError(edit);
+    const error = await apiError(editRed(started.client, 'heavy-encoder'));
     expect(error.status).toBe(507);
     expect(error.error).toMatchObject({ code: 'insufficient_memory', message: expect.stringMatching(/^Model 'heavy-encoder' ran out of memory loading vae_encoder\/model\.onnx \(onnxruntime: .*bad_alloc.*, even holding no other model\./) });
     // Tried once more without demo-shapes, which is not in use while heavy-encoder's edit runs.
@@ -250,10 +254,7 @@ describe('models that load one at a time but not side by side', () => {
   afterAll(() => started?.close());
   const generate = (model: string) =>
     started.client.images.generate({ model, prompt: 'a red circle', size: '256x256', response_format: 'b64_json', seed: 1 } as OpenAI.ImageGenerateParamsNonStreaming);
-  const edit = async (model: string) => {
-    const picture = await sharp({ create: { width: 256, height: 256, channels: 3, background: '#c03020' } }).png().toBuffer();
-    return started.client.images.edit({ model, image: await toFile(picture, 'in.png', { type: 'image/png' }), prompt: 'a cat', size: '256x256', response_format: 'b64_json', seed: 2 } as OpenAI.ImageEditParamsNonStreaming);
-  };
+  const edit = (model: string) => editRed(started.client, model, { seed: 2 });
 
   it('releases the idle models to load one more, which then makes the pictures it should', async () => {
     const first = await generate('first');

@@ -8,7 +8,7 @@ import sharp from 'sharp';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { chromiumPath, NO_CHROMIUM, openPlayground, runOnPage } from './helpers/browser.js';
 import { holdBusyWorker } from './helpers/busy-worker.js';
-import { MODEL, OPS_KEY, startOpsServer, untilReady, type OpsServer } from './helpers/ops-server.js';
+import { auth, MODEL, OPS_KEY, startOpsServer, untilReady, type OpsServer } from './helpers/ops-server.js';
 import { readImageFile } from './helpers/picture.js';
 
 /**
@@ -370,9 +370,11 @@ describe.skipIf(!chromiumPath)(`the playground in headless Chromium${chromiumPat
     await runAndWait('#generate');
   });
 
+  /** The values a select of the page offers. */
+  const values = (select: string) => page.$$eval(`${select} option`, (options) => options.map((o) => (o as HTMLOptionElement).value));
+
   it('offers only the qualities and schedulers the chosen model takes under its name, as /v1/models lists them', async () => {
-    const values = (select: string) => page.$$eval(`${select} option`, (options) => options.map((o) => (o as HTMLOptionElement).value));
-    const listed = async (id: string) => (await (await fetch(`${origin}/v1/models/${id}`, { headers: { authorization: `Bearer ${OPS_KEY}` } })).json()) as ModelObject;
+    const listed = async (id: string) => (await (await fetch(`${origin}/v1/models/${id}`, { headers: auth })).json()) as ModelObject;
     const shapes = await listed(MODEL);
     await page.selectOption('#model', MODEL);
     expect(await values('#quality')).toEqual(['', ...shapes.qualities]);
@@ -396,7 +398,7 @@ describe.skipIf(!chromiumPath)(`the playground in headless Chromium${chromiumPat
 
   it("offers GPT Image 2.5's qualities xhigh and max, and generates with them under its names", async () => {
     await page.selectOption('#model', 'gpt-image-2.5-flare');
-    expect(await page.$$eval('#quality option', (options) => options.map((o) => (o as HTMLOptionElement).value))).toEqual(expect.arrayContaining(['xhigh', 'max']));
+    expect(await values('#quality')).toEqual(expect.arrayContaining(['xhigh', 'max']));
     for (const quality of ['xhigh', 'max']) {
       await page.selectOption('#quality', quality);
       await settings({ size: '128x128', steps: '4' });
