@@ -5,7 +5,7 @@ import path from 'node:path';
 import { promisify } from 'node:util';
 import { ort } from '../src/runtime/onnxruntime.js';
 import onnxProto from 'onnx-proto';
-import { describe, expect, it, onTestFinished } from 'vitest';
+import { describe, expect, it, onTestFinished, vi } from 'vitest';
 import { fuseAttention } from '../src/runtime/attention-fusion.js';
 import { dropAttentionZeros } from '../src/runtime/attention-zeros.js';
 import { graphSource, rewritesOf } from '../src/runtime/graph-rewrite.js';
@@ -97,6 +97,22 @@ describe('a rewritten graph that onnxruntime refuses', () => {
     expect(warnings).toEqual([expect.stringMatching(new RegExp(`^${file}: its rewritten graph did not load \\(.+\\); loading it as exported\\.$`))]);
     const { out } = await session.run({ x: new ort.Tensor('float32', x, dims) }, ['out']);
     expect(out.dims).toEqual(dims);
+  });
+
+  it('is not loaded again after a GPU fault, which the load from its file would meet too: the fault is thrown, with no warning', async () => {
+    const dir = await mkdtemp(path.join(os.tmpdir(), 'imagegen-rewrite-'));
+    onTestFinished(() => rm(dir, { recursive: true, force: true }));
+    const file = path.join(dir, 'model.onnx');
+    const { model } = classicAttentionModel();
+    await writeFile(file, onnx.ModelProto.encode(model).finish());
+    // No machine here has CUDA: onnxruntime fails as its CUDA provider does after an illegal memory access (cuda_call.cc).
+    const create = vi.spyOn(ort.InferenceSession, 'create').mockRejectedValue(new Error('CUDA failure 700: an illegal memory access was encountered ; GPU=0 ; hostname=gpu-host'));
+    onTestFinished(() => create.mockRestore());
+    const warnings: string[] = [];
+    await expect(createSession({ bytes: onnx.ModelProto.encode(model).finish(), folder: dir, file }, { provider: 'cpu', threads: 1, warn: (m) => warnings.push(m) })).rejects.toThrow(/CUDA failure 700/);
+    // Before, it warned that the rewritten graph did not load, and loaded the file only to meet the fault again.
+    expect(warnings).toEqual([]);
+    expect(create).toHaveBeenCalledTimes(1);
   });
 });
 

@@ -106,7 +106,8 @@ async function ensureLoaded(modelDir: string, version?: string): Promise<void> {
   try {
     await current().getPipeline(modelDir, version);
   } catch (err) {
-    void send({ type: 'model-load-failed', modelDir, message: messageOf(err) });
+    // A GPU fault is not the model's: the worker ends, saying so, and its replacement loads the model anew.
+    if (!(err instanceof GpuFaultError)) void send({ type: 'model-load-failed', modelDir, message: messageOf(err) });
     throw err;
   }
   void send({ type: 'model-loaded', modelDir, seconds: (performance.now() - started) / 1000 });

@@ -1,4 +1,5 @@
 import { OnnxModel, OnnxOutOfMemoryError } from '../runtime/onnx-model.js';
+import { GpuFaultError } from '../runtime/gpu-faults.js';
 import type { RuntimeOptions, SessionTuning } from '../runtime/providers.js';
 import type { PipelineKind } from '../families/family.js';
 import { familyEntry } from '../families/index.js';
@@ -49,8 +50,8 @@ export async function loadPipeline(dir: string, runtime: RuntimeOptions, memory?
       opened.push(model);
       return model;
     } catch (err) {
-      // Running out of memory says nothing about the folder: the caller reports it as memory.
-      if (err instanceof OnnxOutOfMemoryError) throw err;
+      // Running out of memory, or a GPU fault, says nothing about the folder: the caller reports it as what it is.
+      if (err instanceof OnnxOutOfMemoryError || err instanceof GpuFaultError) throw err;
       throw new ModelLayoutError(layout.dir, `cannot load ${file}: ${firstLineOf(err)}`);
     }
   };

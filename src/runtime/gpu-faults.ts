@@ -30,6 +30,9 @@ export class GpuFaultError extends Error {
   }
 }
 
+/** Whether `err` is a CUDA error the process cannot go on from (see CONTEXT_LOST). */
+export const isGpuFault = (err: unknown): boolean => CONTEXT_LOST.test(messageOf(err));
+
 /** `err` as a GpuFaultError when it is a CUDA error the process cannot go on from, else as it is. */
 export function gpuFaultOr(err: unknown, file: string): unknown {
   const match = CONTEXT_LOST.exec(messageOf(err));

@@ -68,7 +68,8 @@ export class OnnxModel {
 
   static async load(file: string, runtime: RuntimeOptions, tuning?: SessionTuning): Promise<OnnxModel> {
     const { session, provider } = await createSession((provider) => graphSource(file, provider, rewritesOf(runtime.graphRewrites)), runtime, tuning).catch((err: unknown) => {
-      throw outOfMemoryOr(err, file, 'load');
+      // Copying the weights to the GPU can meet a fault as a run can (see gpu-faults.ts).
+      throw gpuFaultOr(outOfMemoryOr(err, file, 'load'), file);
     });
     const inputs = new Map<string, InputSpec>();
     for (const meta of session.inputMetadata) {

@@ -2,6 +2,7 @@ import os from 'node:os';
 import { ort } from './onnxruntime.js';
 import type { GraphSource } from './graph-rewrite.js';
 import { firstLineOf } from '../util/error-message.js';
+import { isGpuFault } from './gpu-faults.js';
 
 /**
  * Where a worker's models run. `cuda`: NVIDIA GPUs, with the CUDA provider libraries that
@@ -183,7 +184,8 @@ export async function createSession(graph: GraphSource | GraphFor, runtime: Runt
     } catch (err) {
       // A rewrite's checks cover the graphs exporters write (graph-rewrite.ts); should one still make a
       // graph onnxruntime refuses, the model loads as exported (and what fails for the file is reported).
-      if (source.file === undefined || unavailable(provider, err, runtime.deviceId)) throw err;
+      // Not after a GPU fault, which every later call of this process meets too: it is no graph's doing.
+      if (source.file === undefined || unavailable(provider, err, runtime.deviceId) || isGpuFault(err)) throw err;
       (runtime.warn ?? console.warn)(`${source.file}: its rewritten graph did not load (${firstLineOf(err)}); loading it as exported.`);
       return ort.InferenceSession.create(source.file, sessionOptions(runtime, provider, tuning));
     }
