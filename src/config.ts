@@ -278,7 +278,7 @@ const SETTINGS = {
   modelMemoryBudget: {
     // 0 keeps only the model in use; a small number is a unit forgotten (16 meaning 16g).
     schema: byteSize.pipe(z.number().refine((bytes) => bytes === 0 || bytes >= 64 * 1024 ** 2, 'expected 0 or at least 64m (a number without a unit is bytes: write 16g for 16 GiB)')).optional(),
-    description: "model weights all workers together keep loaded, e.g. 16g; beyond it the least recently used model is unloaded (default: 60% of RAM; on CUDA 60% of the smallest GPU's memory, from nvidia-smi, per device)",
+    description: "model weights all workers together keep loaded, e.g. 16g; beyond it the least recently used model is unloaded (default: 60% of RAM; on CUDA 60% of the memory of the GPUs the workers use, from nvidia-smi, per device)",
   },
   memoryLimit: {
     schema: bytesAtLeast(64 * 1024 ** 2, '64m').optional(),

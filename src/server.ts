@@ -19,7 +19,7 @@ import { connectRedis } from './http/redis.js';
 import { RedisLedger } from './http/redis-ledger.js';
 import { readKeyFile } from './http/keys.js';
 import { MODEL_BUDGET_SHARE } from './pipelines/run.js';
-import { nvidiaGpus } from './runtime/nvidia-gpus.js';
+import { gpusInUse, nvidiaGpus } from './runtime/nvidia-gpus.js';
 import { formatBytes } from './util/bytes.js';
 import { plural } from './util/plural.js';
 
@@ -206,22 +206,36 @@ function chosenWorkerCount(config: Config, preload: ModelRef[], figures: MemoryF
 
 /**
  * MODEL_MEMORY_BUDGET, all workers together, or undefined for the pool's default (a share of RAM). On
- * CUDA, where the weights are on the GPU, unset it is that share of the smallest GPU's memory for each
- * device, split among the workers on it: RAM's share let a 64 GB host load 38 GB of models into a
- * 24 GB card. The smallest GPU, because CUDA numbers its devices in an order nvidia-smi may not share.
+ * CUDA, where the weights are on the GPU, unset it is that share of the memory of the GPUs the workers
+ * run on (the smallest of them), for each device, split among the workers on it: RAM's share let a
+ * 64 GB host load 38 GB of models into a 24 GB card. Where nvidia-smi cannot tell which GPUs those are
+ * (see gpusInUse), the smallest GPU's.
  */
 async function modelMemoryBudget(config: Config, workers: number, logger: Logger): Promise<number | undefined> {
   if (config.modelMemoryBudget !== undefined || config.executionProvider !== 'cuda') return config.modelMemoryBudget;
-  const gpus = await nvidiaGpus();
-  if ('problem' in gpus) {
-    logger.warn(`MODEL_MEMORY_BUDGET is not set and ${gpus.problem}: the loaded models are kept within ${MODEL_BUDGET_SHARE * 100}% of RAM, not of the GPU's memory. Set MODEL_MEMORY_BUDGET to about the GPUs' memory together, less room for the batches' activations.`);
+  const ramInstead = (why: string) => {
+    logger.warn(`MODEL_MEMORY_BUDGET is not set and ${why}: the loaded models are kept within ${MODEL_BUDGET_SHARE * 100}% of RAM, not of the GPU's memory. Set MODEL_MEMORY_BUDGET to about the GPUs' memory together, less room for the batches' activations.`);
     return undefined;
+  };
+  const listed = await nvidiaGpus();
+  if ('problem' in listed) return ramInstead(listed.problem);
+  const inUse = gpusInUse(listed, config.cudaDevices, process.env);
+  if (!inUse) {
+    const visible = process.env.CUDA_VISIBLE_DEVICES === undefined ? '' : ` within CUDA_VISIBLE_DEVICES=${process.env.CUDA_VISIBLE_DEVICES}`;
+    return ramInstead(`CUDA_DEVICES (${config.cudaDevices.join(',')}) names none of the ${plural(listed.length, 'GPU')} nvidia-smi lists${visible}`);
   }
+  const split = inUse.gpus.find((gpu) => gpu.mig);
+  if (split) return ramInstead(`GPU ${split.index} is split into MIG instances, whose memory nvidia-smi does not give (only the whole GPU's)`);
+  const smallest = inUse.gpus[0];
   const sharing = workersSharingADevice(workers, config.cudaDevices);
-  const perWorker = Math.floor((gpus.smallestBytes * MODEL_BUDGET_SHARE) / sharing);
+  const perWorker = Math.floor((smallest.memoryBytes * MODEL_BUDGET_SHARE) / sharing);
+  const unequal = listed.some((gpu) => gpu.memoryBytes !== smallest.memoryBytes);
+  const which = inUse.exact
+    ? `GPU ${smallest.index}'s ${formatBytes(smallest.memoryBytes)}${inUse.gpus.length > 1 ? `, the smallest of the ${inUse.gpus.length} CUDA_DEVICES gives the workers` : ''}`
+    : `the smallest GPU's ${formatBytes(smallest.memoryBytes)} (nvidia-smi lists ${plural(listed.length, 'GPU')}${unequal ? '; CUDA numbers them fastest first, which nvidia-smi cannot tell: set CUDA_DEVICE_ORDER=PCI_BUS_ID, or name the GPUs by UUID in CUDA_VISIBLE_DEVICES, to count only those the workers use' : ''})`;
   logger.info(
     { modelMemoryBudget: perWorker * workers },
-    `MODEL_MEMORY_BUDGET not set: each worker keeps up to ${formatBytes(perWorker)} of model weights loaded, ${MODEL_BUDGET_SHARE * 100}% of the smallest GPU's ${formatBytes(gpus.smallestBytes)} (nvidia-smi lists ${plural(gpus.count, 'GPU')})${sharing > 1 ? `, split among the ${sharing} workers that share a device` : ''}`,
+    `MODEL_MEMORY_BUDGET not set: each worker keeps up to ${formatBytes(perWorker)} of model weights loaded, ${MODEL_BUDGET_SHARE * 100}% of ${which}${sharing > 1 ? `, split among the ${sharing} workers that share a device` : ''}`,
   );
   return perWorker * workers;
 }

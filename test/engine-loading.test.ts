@@ -7,6 +7,7 @@ import { inspectModel } from '../src/models/layout.js';
 import { loadPipeline } from '../src/pipelines/load.js';
 import { cudaInstalled } from './helpers/cuda.js';
 import { capturedLogs } from './helpers/logs.js';
+import type { CudaEnvironment } from '../src/runtime/nvidia-gpus.js';
 import { startRealServer, type RealServer } from './helpers/real-server.js';
 import { copyOfReference, referenceModel } from './helpers/reference.js';
 
@@ -58,20 +59,31 @@ describe('model folders', () => {
 /**
  * Starts a server with `script` as the nvidia-smi its PATH finds first (it runs once, as the server
  * starts), whatever nvidia-smi this machine has: a machine with a driver but without the CUDA
- * provider's libraries runs these tests too.
+ * provider's libraries runs these tests too. CUDA's own variables are as `cuda` gives them (by default
+ * unset, whatever this machine's are), for the server to read as it starts.
  */
-async function withNvidiaSmi(script: string, start: () => Promise<RealServer>): Promise<RealServer> {
+async function withNvidiaSmi(script: string, start: () => Promise<RealServer>, cuda: CudaEnvironment = {}): Promise<RealServer> {
   const bin = await mkdtemp(path.join(os.tmpdir(), 'nvidia-smi-'));
-  const PATH = process.env.PATH;
+  const saved = { PATH: process.env.PATH, CUDA_VISIBLE_DEVICES: process.env.CUDA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER: process.env.CUDA_DEVICE_ORDER };
+  const restore = (values: Record<string, string | undefined>) => {
+    for (const [name, value] of Object.entries(values)) {
+      if (value === undefined) delete process.env[name];
+      else process.env[name] = value;
+    }
+  };
   try {
     await writeFile(path.join(bin, 'nvidia-smi'), script, { mode: 0o755 });
-    process.env.PATH = `${bin}${path.delimiter}${PATH}`;
+    restore({ PATH: `${bin}${path.delimiter}${saved.PATH}`, CUDA_VISIBLE_DEVICES: cuda.CUDA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER: cuda.CUDA_DEVICE_ORDER });
     return await start();
   } finally {
-    process.env.PATH = PATH;
+    restore(saved);
     await rm(bin, { recursive: true, force: true });
   }
 }
+
+/** An nvidia-smi that lists GPUs of these MiB, as the driver's answers the server's query ("index, uuid, MiB, MIG mode"). */
+const nvidiaSmiListing = (mib: readonly number[], mig = '[N/A]') =>
+  `#!/bin/sh\nprintf "${mib.map((m, index) => `${index}, GPU-0000000${index}-aaaa-bbbb-cccc-ddddeeeeffff, ${m}, ${mig}\\n`).join('')}"\n`;
 
 describe.skipIf(cudaInstalled)('execution providers (skipped: the CUDA provider is installed here)', () => {
   it('falls back to the CPU with a message saying why when CUDA cannot load', async () => {
@@ -106,14 +118,15 @@ describe.skipIf(cudaInstalled)('execution providers (skipped: the CUDA provider 
   }, 90_000);
 
   it("keeps the loaded models' weights within 60% of the smallest GPU's memory, as nvidia-smi lists it, not of RAM", async () => {
-    // nvidia-smi as the driver's answers it, for two GPUs of 2 MiB and 3 MiB: the budget (1.2 MiB) holds
-    // one reference model's weights (0.9 MB) and not two. RAM's share would hold them all.
+    // Two GPUs of 3 MiB and 2 MiB, in CUDA's default numbering (fastest first), which nvidia-smi cannot
+    // tell: the budget (1.2 MiB) holds one reference model's weights (0.9 MB) and not two. RAM's share would hold them all.
     const logs = capturedLogs<{ msg: string }>();
     const models = { a: { link: referenceModel('sd-turbo') }, b: { link: referenceModel('sd15-optimum') } };
-    const twoGpus = '#!/bin/sh\nprintf "0, 3\\n1, 2\\n"\n';
-    const server = await withNvidiaSmi(twoGpus, () => startRealServer({ env: { EXECUTION_PROVIDER: 'cuda', WORKERS: '1' }, models, logger: logs.logger }));
+    const server = await withNvidiaSmi(nvidiaSmiListing([3, 2]), () => startRealServer({ env: { EXECUTION_PROVIDER: 'cuda', WORKERS: '1' }, models, logger: logs.logger }));
     try {
-      expect(logs.lines.map((line) => line.msg)).toContain("MODEL_MEMORY_BUDGET not set: each worker keeps up to 1.2 MiB of model weights loaded, 60% of the smallest GPU's 2.0 MiB (nvidia-smi lists 2 GPUs)");
+      expect(logs.lines.map((line) => line.msg)).toContain(
+        "MODEL_MEMORY_BUDGET not set: each worker keeps up to 1.2 MiB of model weights loaded, 60% of the smallest GPU's 2.0 MiB (nvidia-smi lists 2 GPUs; CUDA numbers them fastest first, which nvidia-smi cannot tell: set CUDA_DEVICE_ORDER=PCI_BUS_ID, or name the GPUs by UUID in CUDA_VISIBLE_DEVICES, to count only those the workers use)",
+      );
       for (const model of ['a', 'b']) await server.client.images.generate({ model, prompt: 'a red circle', response_format: 'b64_json' });
       // The one it ran last, the others (the preloaded default model too) let go as each next one loaded.
       expect(server.server.engine.modelsHeld()).toEqual({ b: 1 });
@@ -122,13 +135,47 @@ describe.skipIf(cudaInstalled)('execution providers (skipped: the CUDA provider 
     }
   }, 90_000);
 
+  it('counts only the GPU the workers run on where CUDA numbers the GPUs as nvidia-smi does (CUDA_DEVICE_ORDER=PCI_BUS_ID)', async () => {
+    // A 2 MiB display card on the first bus, and the 64 MiB GPU CUDA_DEVICES gives the worker: its budget
+    // (38.4 MiB) holds every model. Before, the smallest GPU's 1.2 MiB held one.
+    const logs = capturedLogs<{ msg: string }>();
+    const models = { a: { link: referenceModel('sd-turbo') }, b: { link: referenceModel('sd15-optimum') } };
+    const env = { EXECUTION_PROVIDER: 'cuda', WORKERS: '1', CUDA_DEVICES: '1', PRELOAD: 'none' };
+    const server = await withNvidiaSmi(nvidiaSmiListing([2, 64]), () => startRealServer({ env, models, logger: logs.logger }), { CUDA_DEVICE_ORDER: 'PCI_BUS_ID' });
+    try {
+      expect(logs.lines.map((line) => line.msg)).toContain("MODEL_MEMORY_BUDGET not set: each worker keeps up to 38.4 MiB of model weights loaded, 60% of GPU 1's 64.0 MiB");
+      for (const model of ['a', 'b']) await server.client.images.generate({ model, prompt: 'a red circle', response_format: 'b64_json' });
+      expect(server.server.engine.modelsHeld()).toEqual({ a: 1, b: 1 });
+    } finally {
+      await server.close();
+    }
+  }, 90_000);
+
+  it("keeps RAM's share, saying why and what to set, where the GPU is split into MIG instances or CUDA_DEVICES names no GPU", async () => {
+    const budgetLine = async (script: string, env: Record<string, string>, cuda?: CudaEnvironment) => {
+      const logs = capturedLogs<{ msg: string; level: number }>();
+      const server = await withNvidiaSmi(script, () => startRealServer({ env: { EXECUTION_PROVIDER: 'cuda', WORKERS: '1', PRELOAD: 'none', ...env }, logger: logs.logger }), cuda);
+      await server.close();
+      return logs.lines.find((line) => line.msg.startsWith('MODEL_MEMORY_BUDGET'));
+    };
+    // memory.total is the whole GPU's, not the instance's the worker gets.
+    expect(await budgetLine(nvidiaSmiListing([81559], 'Enabled'), {})).toMatchObject({
+      level: 40,
+      msg: expect.stringMatching(/^MODEL_MEMORY_BUDGET is not set and GPU 0 is split into MIG instances, whose memory nvidia-smi does not give \(only the whole GPU's\): the loaded models are kept within 60% of RAM, not of the GPU's memory\. Set MODEL_MEMORY_BUDGET/),
+    });
+    expect(await budgetLine(nvidiaSmiListing([2]), { CUDA_DEVICES: '1' }, { CUDA_VISIBLE_DEVICES: '0' })).toMatchObject({
+      level: 40,
+      msg: expect.stringMatching(/^MODEL_MEMORY_BUDGET is not set and CUDA_DEVICES \(1\) names none of the 1 GPU nvidia-smi lists within CUDA_VISIBLE_DEVICES=0: the loaded models are kept within 60% of RAM/),
+    });
+  }, 90_000);
+
   it('splits the share of a device among the workers CUDA_DEVICES puts on it, a device it names twice included', async () => {
     const logs = capturedLogs<{ msg: string }>();
-    const oneGpu = '#!/bin/sh\necho "0, 2"\n';
+    const oneGpu = nvidiaSmiListing([2]);
     // Workers 0 and 1 on device 0, worker 2 on device 1: two share device 0 (not 3 workers over 3 names, one each).
     const env = { EXECUTION_PROVIDER: 'cuda', CUDA_DEVICES: '0,0,1', WORKERS: '3', PRELOAD: 'none' };
     const server = await withNvidiaSmi(oneGpu, () => startRealServer({ env, logger: logs.logger }));
     await server.close();
-    expect(logs.lines.map((line) => line.msg)).toContain("MODEL_MEMORY_BUDGET not set: each worker keeps up to 614.4 KiB of model weights loaded, 60% of the smallest GPU's 2.0 MiB (nvidia-smi lists 1 GPU), split among the 2 workers that share a device");
+    expect(logs.lines.map((line) => line.msg)).toContain("MODEL_MEMORY_BUDGET not set: each worker keeps up to 614.4 KiB of model weights loaded, 60% of GPU 0's 2.0 MiB, split among the 2 workers that share a device");
   }, 90_000);
 });

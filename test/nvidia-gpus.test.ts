@@ -2,18 +2,54 @@ import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { describe, expect, it } from 'vitest';
-import { nvidiaGpus, parseGpuMemory } from '../src/runtime/nvidia-gpus.js';
+import { gpusInUse, nvidiaGpus, parseGpus } from '../src/runtime/nvidia-gpus.js';
+
+const MIB = 1024 ** 2;
+const A = 'GPU-8e5c0b7a-1111-2222-3333-444455556666';
+const B = 'GPU-0f3d9c21-aaaa-bbbb-cccc-ddddeeeeffff';
+/** A workstation as nvidia-smi lists it: an 80 GiB GPU on the first bus, an 8 GiB display card on the second. */
+const workstation = parseGpus(`0, ${A}, 81559, Disabled\n1, ${B}, 8192, [N/A]\n`)!;
 
 describe("the GPUs' memory from nvidia-smi", () => {
-  it('reads one "index, MiB" line per GPU and keeps the smallest', () => {
-    expect(parseGpuMemory('0, 81559\n1, 24564\n')).toEqual({ count: 2, smallestBytes: 24564 * 1024 ** 2 });
-    expect(parseGpuMemory('0, 16376\r\n')).toEqual({ count: 1, smallestBytes: 16376 * 1024 ** 2 });
+  it('reads one "index, uuid, MiB, MIG mode" line per GPU', () => {
+    expect(workstation).toEqual([
+      { index: 0, uuid: A, memoryBytes: 81559 * MIB, mig: false },
+      { index: 1, uuid: B, memoryBytes: 8192 * MIB, mig: false },
+    ]);
+    expect(parseGpus(`0, ${A}, 16376, Enabled\r\n`)).toEqual([{ index: 0, uuid: A, memoryBytes: 16376 * MIB, mig: true }]);
   });
 
   it('reads nothing from output that is not that (no GPU, a driver error, a field it cannot read)', () => {
-    expect(parseGpuMemory('')).toBeUndefined();
-    expect(parseGpuMemory('No devices were found\n')).toBeUndefined();
-    expect(parseGpuMemory('0, [N/A]\n')).toBeUndefined();
+    expect(parseGpus('')).toBeUndefined();
+    expect(parseGpus('No devices were found\n')).toBeUndefined();
+    expect(parseGpus(`0, ${A}, [N/A], Disabled\n`)).toBeUndefined();
+    expect(parseGpus(`0, ${A}, 81559, Disabled\n1, [Unknown Error]\n`)).toBeUndefined();
+  });
+
+  it("counts the GPUs CUDA_DEVICES gives the workers where CUDA's numbering can be told: by UUID, or in the PCI bus's order", () => {
+    const [big, small] = workstation;
+    expect(gpusInUse(workstation, [0], { CUDA_VISIBLE_DEVICES: B })).toEqual({ gpus: [small], exact: true });
+    // A prefix of the UUID is enough for CUDA; the order is CUDA_VISIBLE_DEVICES's.
+    expect(gpusInUse(workstation, [1], { CUDA_VISIBLE_DEVICES: `${B}, ${A.slice(0, 12)}` })).toEqual({ gpus: [big], exact: true });
+    expect(gpusInUse(workstation, [0], { CUDA_DEVICE_ORDER: 'PCI_BUS_ID' })).toEqual({ gpus: [big], exact: true });
+    expect(gpusInUse(workstation, [0], { CUDA_DEVICE_ORDER: 'PCI_BUS_ID', CUDA_VISIBLE_DEVICES: '1' })).toEqual({ gpus: [small], exact: true });
+    expect(gpusInUse(workstation, [1, 0], { CUDA_DEVICE_ORDER: 'PCI_BUS_ID' })).toEqual({ gpus: [small, big], exact: true });
+  });
+
+  it('counts every GPU a device could be where CUDA numbers them fastest first, which nvidia-smi cannot tell', () => {
+    const [big, small] = workstation;
+    expect(gpusInUse(workstation, [0], {})).toEqual({ gpus: [small, big], exact: false });
+    expect(gpusInUse(workstation, [0], { CUDA_VISIBLE_DEVICES: '0' })).toEqual({ gpus: [small, big], exact: false });
+    // One GPU has one numbering.
+    expect(gpusInUse([big], [0], {})).toEqual({ gpus: [big], exact: true });
+  });
+
+  it('stops at the first CUDA_VISIBLE_DEVICES entry CUDA cannot use, as CUDA does, and says when the devices name no GPU', () => {
+    const [big] = workstation;
+    expect(gpusInUse(workstation, [0, 1], { CUDA_VISIBLE_DEVICES: `${A},7,${B}` })).toEqual({ gpus: [big], exact: true });
+    expect(gpusInUse(workstation, [0], { CUDA_VISIBLE_DEVICES: 'MIG-5a1b2c3d-0000-1111-2222-333344445555' })).toBeUndefined();
+    expect(gpusInUse(workstation, [0], { CUDA_VISIBLE_DEVICES: '' })).toBeUndefined();
+    expect(gpusInUse(workstation, [2], {})).toBeUndefined();
   });
 
   it('says why when it cannot be run, or answers what it cannot read', async () => {
@@ -27,6 +63,10 @@ describe("the GPUs' memory from nvidia-smi", () => {
       const unreadable = path.join(dir, 'unreadable');
       await writeFile(unreadable, '#!/bin/sh\necho "0, [N/A]"\n', { mode: 0o755 });
       expect(await nvidiaGpus(unreadable)).toEqual({ problem: 'nvidia-smi listed no GPU memory it could be read from ("0, [N/A]")' });
+      // What it is asked: the command line the fake answers is the one the real nvidia-smi is given.
+      const echoing = path.join(dir, 'echoing');
+      await writeFile(echoing, `#!/bin/sh\n[ "$*" = "--query-gpu=index,uuid,memory.total,mig.mode.current --format=csv,noheader,nounits" ] && echo "0, ${A}, 24564, [N/A]"\n`, { mode: 0o755 });
+      expect(await nvidiaGpus(echoing)).toEqual([{ index: 0, uuid: A, memoryBytes: 24564 * MIB, mig: false }]);
     } finally {
       await rm(dir, { recursive: true, force: true });
     }

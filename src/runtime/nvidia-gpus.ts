@@ -4,35 +4,87 @@ import { firstLineOf } from '../util/error-message.js';
 /**
  * The NVIDIA GPUs' memory, from `nvidia-smi`, which comes with every NVIDIA driver: onnxruntime-node
  * gives JavaScript no way to ask CUDA (and NVML would take a native addon). Kept to the figure the
- * loaded models' budget needs (MODEL_MEMORY_BUDGET's default on CUDA, server.ts).
+ * loaded models' budget needs (MODEL_MEMORY_BUDGET's default on CUDA, server.ts): the memory of the
+ * GPUs the workers run on, where that can be told.
  */
 
-export interface NvidiaGpus {
-  /** How many GPUs nvidia-smi lists: those of the machine, or those given to its container. */
-  count: number;
-  /** The memory of the smallest of them, in bytes. */
-  smallestBytes: number;
+/** One GPU as nvidia-smi lists it, in its order (the PCI bus's). */
+export interface NvidiaGpu {
+  /** nvidia-smi's number for it. */
+  index: number;
+  /** "GPU-8e5c…", as CUDA_VISIBLE_DEVICES may name it. */
+  uuid: string;
+  memoryBytes: number;
+  /** Whether it is split into MIG instances, whose memory nvidia-smi's memory.total does not give (it gives the whole GPU's). */
+  mig: boolean;
 }
 
 /**
- * The GPUs in `nvidia-smi --query-gpu=index,memory.total --format=csv,noheader,nounits` output, one
- * "index, MiB" line each; undefined when it lists none or a line is not that.
+ * The GPUs in `nvidia-smi --query-gpu=index,uuid,memory.total,mig.mode.current --format=csv,noheader,nounits`
+ * output, one "index, uuid, MiB, MIG mode" line each (the mode "Enabled", "Disabled", or "[N/A]" on a
+ * GPU without MIG); undefined when it lists none or a line is not that.
  */
-export function parseGpuMemory(text: string): NvidiaGpus | undefined {
+export function parseGpus(text: string): NvidiaGpu[] | undefined {
   const lines = text.split('\n').map((line) => line.trim()).filter((line) => line !== '');
-  const mib = lines.map((line) => /^\d+,\s*(\d+)$/.exec(line)?.[1]);
-  if (mib.length === 0 || mib.some((m) => m === undefined)) return undefined;
-  return { count: mib.length, smallestBytes: Math.min(...mib.map(Number)) * 1024 ** 2 };
+  const gpus: NvidiaGpu[] = [];
+  for (const line of lines) {
+    const fields = /^(\d+),\s*(GPU-[\w-]+),\s*(\d+),\s*(.*)$/.exec(line);
+    if (!fields) return undefined;
+    gpus.push({ index: Number(fields[1]), uuid: fields[2], memoryBytes: Number(fields[3]) * 1024 ** 2, mig: fields[4] === 'Enabled' });
+  }
+  return gpus.length > 0 ? gpus : undefined;
+}
+
+/** What the CUDA runtime reads of the environment to number its devices (the workers inherit it). */
+export interface CudaEnvironment {
+  CUDA_VISIBLE_DEVICES?: string;
+  CUDA_DEVICE_ORDER?: string;
+}
+
+/** The GPUs a budget is to be taken from, and how they were told. */
+export interface GpusInUse {
+  /** The GPUs, smallest first. */
+  gpus: NvidiaGpu[];
+  /** Whether they are the ones the workers run on (false: every GPU the workers could be on, CUDA's numbering being unknown). */
+  exact: boolean;
+}
+
+/**
+ * The GPUs that CUDA devices `devices` (CUDA_DEVICES) are, as far as nvidia-smi can tell. CUDA numbers
+ * the devices it sees fastest first unless CUDA_DEVICE_ORDER=PCI_BUS_ID (nvidia-smi's order), and only
+ * those CUDA_VISIBLE_DEVICES lists, in its order, where it is set: by number (in CUDA's order of all
+ * the devices) or by UUID (or its prefix), up to the first entry it cannot use. Where a device cannot be
+ * told so (fastest first, which nvidia-smi cannot say), every GPU it could be counts, and the budget is
+ * the smallest's. undefined when `devices` name none of the GPUs (the workers will not get CUDA then).
+ */
+export function gpusInUse(gpus: readonly NvidiaGpu[], devices: readonly number[], env: CudaEnvironment): GpusInUse | undefined {
+  const pciOrder = env.CUDA_DEVICE_ORDER === 'PCI_BUS_ID';
+  // Each device CUDA sees, in its numbering: a GPU, or null where which GPU it is cannot be told.
+  const visible: (NvidiaGpu | null)[] = [];
+  for (const entry of env.CUDA_VISIBLE_DEVICES?.split(',') ?? gpus.map((gpu) => String(gpu.index))) {
+    const name = entry.trim();
+    const byNumber = /^\d+$/.test(name) ? Number(name) : undefined;
+    const gpu = byNumber !== undefined ? gpus.find((g) => g.index === byNumber) : name.startsWith('GPU-') ? gpus.find((g) => g.uuid.startsWith(name)) : undefined;
+    // CUDA stops at an entry it cannot use: a number beyond its devices, an unknown UUID, a MIG instance's "MIG-…".
+    if (!gpu) break;
+    visible.push(byNumber === undefined || pciOrder || gpus.length === 1 ? gpu : null);
+  }
+  const used = devices.filter((device) => device < visible.length).map((device) => visible[device]);
+  if (used.length === 0) return undefined;
+  const known = used.filter((gpu): gpu is NvidiaGpu => gpu !== null);
+  const exact = known.length === used.length;
+  // Not exact: a device CUDA numbered fastest first could be any of the machine's GPUs.
+  return { gpus: [...new Set(exact ? known : gpus)].sort((a, b) => a.memoryBytes - b.memoryBytes), exact };
 }
 
 /** How long nvidia-smi may take to answer: it does within a few seconds (slower without persistence mode), unless its driver lost a GPU (it then hangs). */
 const ANSWER_MS = 10_000;
 
 /** The GPUs nvidia-smi lists, or why it could not say (not installed, no driver loaded, no answer, output not understood). */
-export async function nvidiaGpus(command = 'nvidia-smi', answerMs = ANSWER_MS): Promise<NvidiaGpus | { problem: string }> {
+export async function nvidiaGpus(command = 'nvidia-smi', answerMs = ANSWER_MS): Promise<NvidiaGpu[] | { problem: string }> {
   const answer = await query(command, answerMs);
   if ('problem' in answer) return answer;
-  return parseGpuMemory(answer.stdout) ?? { problem: `nvidia-smi listed no GPU memory it could be read from (${JSON.stringify(answer.stdout.trim().slice(0, 200))})` };
+  return parseGpus(answer.stdout) ?? { problem: `nvidia-smi listed no GPU memory it could be read from (${JSON.stringify(answer.stdout.trim().slice(0, 200))})` };
 }
 
 /**
@@ -43,7 +95,7 @@ export async function nvidiaGpus(command = 'nvidia-smi', answerMs = ANSWER_MS): 
  */
 function query(command: string, answerMs: number): Promise<{ stdout: string } | { problem: string }> {
   return new Promise((resolve) => {
-    const child = execFile(command, ['--query-gpu=index,memory.total', '--format=csv,noheader,nounits'], (err, stdout, stderr) => {
+    const child = execFile(command, ['--query-gpu=index,uuid,memory.total,mig.mode.current', '--format=csv,noheader,nounits'], (err, stdout, stderr) => {
       clearTimeout(timer);
       if (!err) return resolve({ stdout });
       // Failing, it says why on its output (no driver loaded, say), where the error's message only repeats the command.
