@@ -28,12 +28,7 @@ async function untilHealthy(command: string[], dataDir: string): Promise<number>
   const exited = once(child, 'exit');
   const failed = () => new Error(`${command.join(' ')} exited with ${child.exitCode} before answering /health`);
   try {
-    const api = await Promise.race([
-      listeningUrl(child.stdout!),
-      exited.then(() => {
-        throw failed();
-      }),
-    ]);
+    const api = await listeningUrl(child.stdout!, exited, failed);
     const health = new URL('/health', api);
     for (;;) {
       const ok = await fetch(health).then((res) => res.ok, () => false);

@@ -59,22 +59,17 @@ export async function spawnServer(env: Record<string, string>, { limitsKb = {}, 
   const hear = onLine ?? ((line: string) => log.push(line));
   let stderr = '';
   child.stderr?.on('data', (chunk: Buffer) => (stderr += chunk.toString()));
-  const url = await Promise.race([
-    listeningUrl(child.stdout!, hear),
-    exited.then((code) => {
-      throw new Error(`imagegen serve exited with ${code} before listening:\n${stderr}`);
-    }),
-  ]);
+  const url = await listeningUrl(child.stdout!, exited, () => new Error(`imagegen serve exited with ${child.exitCode ?? child.signalCode} before listening:\n${stderr}`), hear);
   return { child, baseURL: url, origin: url.replace(/\/v1$/, ''), exited, log };
 }
 
 /**
  * The API base URL `imagegen serve` says it listens on (its log's "imagegen listening" line, which names
- * the port it got when PORT is 0), read from its `stdout`; each line goes to `hear`. Settles never when
- * the server exits first: wait for its exit beside it.
+ * the port it got when PORT is 0), read from its `stdout`; each line goes to `hear`. Rejects with
+ * `failure()` when the server exits (`exited` settles) first.
  */
-export function listeningUrl(stdout: Readable, hear: (line: string) => void = () => undefined): Promise<string> {
-  return new Promise((resolve) => {
+export function listeningUrl(stdout: Readable, exited: Promise<unknown>, failure: () => Error, hear: (line: string) => void = () => undefined): Promise<string> {
+  const heard = new Promise<string>((resolve) => {
     // Every line is read, or the pipe would fill and block the server; only the one it waits for is parsed.
     createInterface({ input: stdout }).on('line', (line) => {
       hear(line);
@@ -83,6 +78,12 @@ export function listeningUrl(stdout: Readable, hear: (line: string) => void = ()
       if (entry.msg === 'imagegen listening') resolve(entry.url!);
     });
   });
+  return Promise.race([
+    heard,
+    exited.then(() => {
+      throw failure();
+    }),
+  ]);
 }
 
 /** Kills the server at once (SIGKILL: no graceful shutdown, as a crash or an OOM kill) and waits for its exit. */
