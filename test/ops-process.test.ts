@@ -90,6 +90,51 @@ describe('a signal to the whole process group (Ctrl-C in a terminal, systemd sto
     expect(await server.exited).toBe(0);
     expect(server.log.join('\n')).not.toMatch(/starting a replacement/);
   });
+
+  it('is taken once when it comes twice at once, as GNU timeout sends it (to the server, then to its group): the generation finishes, and it exits 0', async () => {
+    server = await spawnIn(root, { group: true });
+    await untilReady(server.origin);
+    const running = generate(server.baseURL, FINISHING);
+    await whenBusy(server.origin);
+    server.child.kill('SIGTERM');
+    // Apart enough for the server to have taken the first (sent back to back, the kernel may merge them).
+    await sleep(50);
+    process.kill(-server.child.pid!, 'SIGTERM');
+
+    // Before, the second was 'SIGTERM again': the server exited at once, and the generation was lost.
+    const answer = await running;
+    expect([answer.status, answer.body.error?.message]).toEqual([200, undefined]);
+    expect(await server.exited).toBe(0);
+    expect(server.log.join('\n')).not.toMatch(/again: exiting/);
+  });
+
+  it('sent again later, as a person sends it, exits at once without waiting for the running generation', async () => {
+    server = await spawnIn(root);
+    await untilReady(server.origin);
+    // The connection goes with the process.
+    const running = generate(server.baseURL, LONG).then(
+      () => 'answered',
+      (err: unknown) => err,
+    );
+    await whenBusy(server.origin);
+    // Its worker held, so that the generation outlasts the second's wait on any machine (the pool notices nothing).
+    const workers = (await readFile(`/proc/${server.child.pid}/task/${server.child.pid}/children`, 'utf8')).trim().split(/\s+/).map(Number);
+    for (const pid of workers) process.kill(pid, 'SIGSTOP');
+    server.child.kill('SIGTERM');
+    await sleep(1200);
+    server.child.kill('SIGTERM');
+    expect(await server.exited).toBe(1);
+    expect(server.log.join('\n')).toMatch(/SIGTERM again: exiting without waiting for running requests/);
+    expect(await running).toBeInstanceOf(TypeError);
+    // The workers, left stopped, end with it once they run.
+    for (const pid of workers) {
+      try {
+        process.kill(pid, 'SIGCONT');
+      } catch {
+        // Gone with the server already.
+      }
+    }
+  });
 });
 
 describe('SIGTERM with a client that stopped reading', () => {

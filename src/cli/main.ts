@@ -45,13 +45,16 @@ const serve = program
       process.exit(1);
     });
 
-    let stopping = false;
+    let stoppingSince: number | undefined;
     const stop = (signal: NodeJS.Signals) => {
-      if (stopping) {
+      if (stoppingSince !== undefined) {
+        // One signal delivered twice: GNU timeout, and kill of the process group, send it to the server
+        // and then to its group, the server included; a person sends it again later than this.
+        if (performance.now() - stoppingSince < REPEATED_SIGNAL_MS) return;
         logger.warn(`${signal} again: exiting without waiting for running requests`);
         process.exit(1);
       }
-      stopping = true;
+      stoppingSince = performance.now();
       logger.info(`${signal}: finishing running requests, then exiting (send it again to exit at once)`);
       server.close().then(
         () => process.exit(0),
@@ -64,6 +67,9 @@ const serve = program
     process.on('SIGTERM', stop);
     process.on('SIGINT', stop);
   });
+
+/** A second stop signal sooner than this after the first is the same one delivered twice (see serve's stop), not a request to exit at once. */
+const REPEATED_SIGNAL_MS = 1000;
 
 /** Settings refused, as they are read or as the server starts: their problems, and exit 2 as for any usage error. */
 function refuseSettings(err: ConfigError): never {
