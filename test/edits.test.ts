@@ -85,6 +85,21 @@ describe('POST /v1/images/edits', () => {
     expect(reading).toMatchObject({ colour: 'blue', shape: 'square' });
   });
 
+  it("without a size (or with 'auto'), runs at the model's size nearest the picture's shape: a landscape picture stays landscape", async () => {
+    const shaped = async (width: number, height: number, size?: 'auto') => {
+      const picture = await sharp(redCircle).resize(width, height, { fit: 'fill' }).png().toBuffer();
+      const res = await client.images.edit({ model: 'shapes', image: await png(picture), prompt: 'a blue square', response_format: 'b64_json', seed: 5, ...(size && { size }) } as OpenAI.ImageEditParamsNonStreaming);
+      const { width: w, height: h } = await sharp(decoded(res)[0]).metadata();
+      return `${w}x${h}`;
+    };
+    // Before, every one was the default 128x128: a landscape photo lost its sides to the crop.
+    expect(await shaped(512, 256)).toBe('256x128');
+    expect(await shaped(300, 160, 'auto')).toBe('256x128');
+    // The default where the picture is as near to it, or nearer: a square, a portrait (the model serves no portrait size).
+    expect(await shaped(200, 200)).toBe('128x128');
+    expect(await shaped(128, 256)).toBe('128x128');
+  });
+
   it('at a low strength keeps the red circle', async () => {
     const res = await client.images.edit({ model: 'shapes', image: await png(redCircle), prompt: 'a blue square', response_format: 'b64_json', quality: 'high', strength: 0.25, seed: 2 } as OpenAI.ImageEditParamsNonStreaming);
     expect((await readImageFile(decoded(res)[0])).reading).toMatchObject({ colour: 'red' });

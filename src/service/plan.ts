@@ -28,15 +28,49 @@ function sizeError(request: GenerationRequest, model: ModelEntry, served: readon
   return ApiError.invalid('size', 'invalid_value', message);
 }
 
-/** `auto` (or none) is the model's default; any other size must be one the model serves under the name used (servedSizes). */
-function requestSize(request: GenerationRequest, model: ModelEntry): { width: number; height: number } {
+/**
+ * `auto` (or none) is the model's default, or for an edit the size of the picture's shape (pictureSize);
+ * any other size must be one the model serves under the name used (servedSizes).
+ */
+function requestSize(request: GenerationRequest, model: ModelEntry, picture?: Shape): Shape {
   const { sizes, defaultSize } = model.preset;
   const asked = request.size === 'auto' ? undefined : request.size;
   const served = servedSizes(request.model, sizes);
   if (asked !== undefined && !served.includes(asked)) throw sizeError(request, model, served);
-  const [width, height] = (asked ?? defaultSize).split('x').map(Number);
-  return { width, height };
+  return parseSize(asked ?? (picture ? pictureSize(picture, served, defaultSize) : defaultSize));
 }
+
+interface Shape {
+  width: number;
+  height: number;
+}
+
+const parseSize = (size: string): Shape => {
+  const [width, height] = size.split('x').map(Number);
+  return { width, height };
+};
+
+/**
+ * The size an edit without one runs at: of those served, the one nearest the picture's aspect ratio (a
+ * landscape photo stays landscape, as OpenAI's `auto` and diffusers' image-to-image, which runs at the
+ * picture's size, keep it), so that fitting the picture to it crops least; among those as near, the one
+ * nearest the default size's area, the default itself first. A model that serves squares only edits
+ * every picture square, centre-cropped.
+ */
+function pictureSize(picture: Shape, served: readonly string[], defaultSize: string): string {
+  const aspect = (shape: Shape) => Math.abs(Math.log(shape.width / shape.height / (picture.width / picture.height)));
+  const area = (shape: Shape) => Math.abs(Math.log((shape.width * shape.height) / (fallback.width * fallback.height)));
+  const fallback = parseSize(defaultSize);
+  // Ratios that differ by rounding alone (sides that are multiples of 8 or 64) count as the same.
+  const key = (size: string) => {
+    const shape = parseSize(size);
+    return [Math.round(aspect(shape) * 100), area(shape)];
+  };
+  // The default first: a size only as near does not replace it.
+  return served.reduce((best, size) => (compareKeys(key(size), key(best)) < 0 ? size : best), defaultSize);
+}
+
+const compareKeys = (a: readonly number[], b: readonly number[]) => a.map((value, i) => value - b[i]).find((d) => d !== 0) ?? 0;
 
 function checkScheduler(request: GenerationRequest, model: ModelEntry): void {
   const allowed = model.schedulers;
@@ -105,12 +139,12 @@ function seeds(request: GenerationRequest): number[] {
 /**
  * What a request asks the engine for: its size, steps, guidance and scheduler from the model's preset
  * unless the request sets them, one seed per image, split into batches of at most the model's maxBatch;
- * an edit's strength. Throws the OpenAI errors of the checks that depend on the model. An edit's
+ * an edit's strength, and its size from its picture's shape unless the request sets one. Throws the OpenAI errors of the checks that depend on the model. An edit's
  * picture is fitted to the size planned only once the plan passed (see withPicture): fitting is the
  * costliest part of taking an edit, and a request refused here should not pay for it.
  */
-export function planBatches(request: GenerationRequest, model: ModelEntry, defaultRng: NoiseKind = 'native', edit?: { strength: number }): GenerationBatch[] {
-  const { width, height } = requestSize(request, model);
+export function planBatches(request: GenerationRequest, model: ModelEntry, defaultRng: NoiseKind = 'native', edit?: { strength: number; picture: Shape }): GenerationBatch[] {
+  const { width, height } = requestSize(request, model, edit?.picture);
   checkScheduler(request, model);
   checkGuidance(request, model);
   const { preset } = model;
