@@ -1,6 +1,6 @@
 import { once } from 'node:events';
 import http from 'node:http';
-import { crc32 } from 'node:zlib';
+import { crc32, gzipSync } from 'node:zlib';
 import OpenAI, { toFile } from 'openai';
 import sharp from 'sharp';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -365,7 +365,20 @@ describe('edit errors', () => {
     form.set('image', new Blob([new Uint8Array(26 * 1024 ** 2)]), 'big.png');
     expect(await postForm('edits', form)).toMatchObject({ status: 413, error: { code: 'request_too_large', param: 'image' } });
     const big = `data:image/png;base64,${Buffer.alloc(2 * 1024 ** 2).toString('base64')}`;
-    await expectApiError(client.post('/images/edits', { body: { prompt: 'x', images: [{ image_url: big }] } }), OpenAI.APIError, 413, null, 'request_too_large');
+    const overLimit = await expectApiError(client.post('/images/edits', { body: { prompt: 'x', images: [{ image_url: big }] } }), OpenAI.APIError, 413, null, 'request_too_large');
+    // A JSON edit that large is a picture as a data: URI: the answer says how to send it instead.
+    expect(overLimit.message).toMatch(/multipart\/form-data upload .* 25 MiB .* BODY_LIMIT/);
+    // The same when it is counted as it is decompressed (a gzip body small on the wire).
+    const gzipped = await fetch(`${real.baseURL}/images/edits`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${KEY}`, 'content-type': 'application/json', 'content-encoding': 'gzip' },
+      body: gzipSync(JSON.stringify({ prompt: 'x', images: [{ image_url: big }] })),
+    });
+    expect(gzipped.status).toBe(413);
+    expect(((await gzipped.json()) as ErrorBody).error.message).toMatch(/after decompression\. .*multipart\/form-data upload .* BODY_LIMIT/);
+    // A generation takes no form and no picture: its answer offers neither.
+    const generation = await expectApiError(client.post('/images/generations', { body: { prompt: 'x'.repeat(2 * 1024 ** 2) } }), OpenAI.APIError, 413, null, 'request_too_large');
+    expect(generation.message).toMatch(/The request body is too large: the limit is 1048576 bytes\.$/);
   });
 
   it("names the file over the upload limit also when the bytes read so far end exactly at the limit", async () => {

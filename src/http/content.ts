@@ -1,12 +1,13 @@
 import { isUtf8 } from 'node:buffer';
 import { Transform, type Readable } from 'node:stream';
 import { createBrotliDecompress, createGunzip, createInflate } from 'node:zlib';
-import type { FastifyInstance, RequestPayload } from 'fastify';
+import type { FastifyInstance, FastifyRequest, RequestPayload } from 'fastify';
 import fp from 'fastify-plugin';
 import { ApiError } from '../api/errors.js';
 import type { ByteBudget } from '../util/byte-budget.js';
 import { bodyMemoryFull, holdBodyMemory } from './body-memory.js';
 import { declaredBodyBytes } from './connections.js';
+import { bodyTooLarge } from './errors.js';
 import { sendsForm } from './raw-headers.js';
 
 /**
@@ -33,14 +34,15 @@ const DECODERS: Record<string, () => Transform> = {
 };
 
 /** The decoded body, counting the encoded bytes where Fastify checks them against Content-Length. */
-function decode(payload: RequestPayload, decoder: Transform, encoding: string, limit: number): RequestPayload {
+function decode(request: FastifyRequest, payload: RequestPayload, decoder: Transform, encoding: string): RequestPayload {
+  const limit = request.routeOptions.bodyLimit;
   let decoded = 0;
   const body = Object.assign(
     new Transform({
       transform(chunk: Buffer, _encoding, done) {
         decoded += chunk.length;
         if (decoded <= limit) return done(null, chunk);
-        done(new ApiError(413, `The request body is too large: the limit is ${limit} bytes, counted after decompression.`, { code: 'request_too_large' }));
+        done(bodyTooLarge(request, true));
       },
     }),
     { receivedEncodedLength: 0 },
@@ -120,7 +122,7 @@ async function contentPlugin(app: FastifyInstance, { memory }: ContentOptions): 
         code: 'unsupported_content_encoding',
       });
     }
-    return counted(decode(payload, decoder(), encoding, request.routeOptions.bodyLimit));
+    return counted(decode(request, payload, decoder(), encoding));
   });
 }
 

@@ -5,6 +5,7 @@ import fp from 'fastify-plugin';
 import { ApiError } from '../api/errors.js';
 import { newRequestId, stampReply } from './request-id.js';
 import { isLingering } from './connections.js';
+import { MAX_UPLOAD_BYTES } from './uploads.js';
 
 /**
  * Every error leaves the server as an ApiError in OpenAI's shape: ours as thrown, Fastify's and Node's
@@ -20,6 +21,23 @@ const INTERNAL_ERROR_MESSAGE =
  */
 const METHODS = ['GET', 'HEAD', 'POST', 'PUT', 'DELETE', 'PATCH'] as const;
 
+/** Whether the request's route also takes a multipart form: the edit routes' context parses forms (edits.ts). */
+const takesForms = (request: FastifyRequest) => request.server.hasContentTypeParser('multipart/form-data');
+
+/**
+ * A body over BODY_LIMIT (as declared, as read, or as decompressed: `decompressed`). On the routes that
+ * take forms, such a body is a picture sent as a data: URI in JSON (base64, a third larger than its
+ * file), which a phone photo passes at the default limit: the answer says how to send it instead.
+ */
+export function bodyTooLarge(request: FastifyRequest, decompressed = false): ApiError {
+  const advice = takesForms(request)
+    ? ` Send the image as a multipart/form-data upload (what the SDKs send; up to ${MAX_UPLOAD_BYTES / 1024 ** 2} MiB a file) rather than as a data: URI in JSON, or raise the server's BODY_LIMIT.`
+    : '';
+  return new ApiError(413, `The request body is too large: the limit is ${request.routeOptions.bodyLimit} bytes${decompressed ? ', counted after decompression' : ''}.${advice}`, {
+    code: 'request_too_large',
+  });
+}
+
 /** Fastify's own errors (body parsing, routing) in OpenAI's terms. */
 function fromFastifyError(err: FastifyError, request: FastifyRequest): ApiError | undefined {
   switch (err.code) {
@@ -32,12 +50,9 @@ function fromFastifyError(err: FastifyError, request: FastifyRequest): ApiError 
         "We could not parse the JSON body of your request. The API expects a JSON object, but what was sent was not valid JSON, or had a '__proto__' or 'constructor' key, which this server refuses.",
       );
     case 'FST_ERR_CTP_BODY_TOO_LARGE':
-      return new ApiError(413, `The request body is too large: the limit is ${request.routeOptions.bodyLimit} bytes.`, {
-        code: 'request_too_large',
-      });
+      return bodyTooLarge(request);
     case 'FST_ERR_CTP_INVALID_MEDIA_TYPE': {
-      // The edit routes' context also parses forms (edits.ts).
-      const accepted = request.server.hasContentTypeParser('multipart/form-data') ? "'application/json' and 'multipart/form-data'" : "only 'application/json'";
+      const accepted = takesForms(request) ? "'application/json' and 'multipart/form-data'" : "only 'application/json'";
       return new ApiError(415, `Unsupported content type: '${request.headers['content-type'] ?? '(none)'}'. This endpoint accepts ${accepted} requests.`, {
         code: 'unsupported_media_type',
       });

@@ -16,7 +16,7 @@ import { messageOf } from '../util/error-message.js';
  */
 
 /** Largest uploaded file: gpt-image's input limit is 50 MB, dall-e-2's 4 MB; 25 MiB holds any 4096-pixel PNG worth sending. */
-const MAX_UPLOAD_BYTES = 25 * 1024 ** 2;
+export const MAX_UPLOAD_BYTES = 25 * 1024 ** 2;
 /** A prompt is at most 32000 characters, up to 4 bytes each in UTF-8. */
 const MAX_FIELD_BYTES = 128 * 1024;
 const MAX_FIELDS = 64;
