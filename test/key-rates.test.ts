@@ -20,7 +20,7 @@ describe('per-key rates', () => {
     now = 20_000;
     const err = await refusal(() => r.admit(key, 1));
     expect(err).toMatchObject({ status: 429, type: 'requests', code: 'rate_limit_exceeded', headers: { 'retry-after': '40', 'x-ratelimit-remaining-requests': '0', 'x-ratelimit-reset-requests': '40s' } });
-    expect(err.message).toMatch(/API key 'alice': at most 2 requests a minute/);
+    expect(err.message).toMatch(/API key 'alice': at most 2 requests a minute\. Please try again in 40s\.$/);
     now = 69_999.5;
     expect(await r.admit(key, 1)).toMatchObject({ 'x-ratelimit-remaining-requests': '0', 'x-ratelimit-reset-requests': '1ms' });
   });
@@ -54,8 +54,13 @@ describe('per-key rates', () => {
     const r = rates();
     const key = { label: 'bob', limits: { imagesPerMinute: 4 } };
     expect(await r.admit(key, 3)).toEqual({ 'x-ratelimit-limit-images': '4', 'x-ratelimit-remaining-images': '1', 'x-ratelimit-reset-images': '1m0s' });
-    expect((await refusal(() => r.admit(key, 2))).headers['retry-after']).toBe('60');
+    const tooMany = await refusal(() => r.admit(key, 2));
+    expect(tooMany.headers['retry-after']).toBe('60');
+    // Only its n keeps it out: one image would pass now, and the message says so rather than only to wait.
+    expect(tooMany.message).toMatch(/at most 4 images a minute\. This request asks for 2 images, and 1 is left this minute: ask for at most 1 now, or try again in 60s\.$/);
     expect(await r.admit(key, 1)).toMatchObject({ 'x-ratelimit-remaining-images': '0' });
+    // Nothing left: waiting is all there is.
+    expect((await refusal(() => r.admit(key, 1))).message).toMatch(/at most 4 images a minute\. Please try again in 60s\.$/);
     // More than the limit can never fit: a 429 the SDKs are told not to retry, with no time to wait for.
     const never = await refusal(() => r.admit({ label: 'carol', limits: { imagesPerMinute: 4 } }, 5));
     expect(never).toMatchObject({ status: 429, code: 'rate_limit_exceeded', headers: { 'x-should-retry': 'false' } });

@@ -48,9 +48,12 @@ export interface RateLedger {
   spend(label: string, images: number, limits: WindowLimits, windowMs: number, record?: boolean): Promise<Spending>;
 }
 
+/** The images the entries asked for. */
+const imagesIn = (entries: readonly Spent[]) => entries.reduce((sum, s) => sum + s.images, 0);
+
 /** Whether `recent` plus `entry` stay within `limits`: the rule every ledger applies (redis-ledger.ts in Lua). */
 function fits(recent: readonly Spent[], entry: Spent, limits: WindowLimits): boolean {
-  const images = recent.reduce((sum, s) => sum + s.images, 0);
+  const images = imagesIn(recent);
   return (limits.requests === undefined || recent.length + 1 <= limits.requests) && (limits.images === undefined || images + entry.images <= limits.images);
 }
 
@@ -162,12 +165,20 @@ export class KeyRates {
     }
     const { fits: admitted, recent, at: now } = await this.ledger.spend(key.label, images, windowLimits, MINUTE_MS, record);
     if (admitted) return rateHeaders(limits, [...recent, { at: now, images }], now);
+    const requestLimit = limits.requestsPerMinute;
+    const requestsFull = requestLimit !== undefined && recent.length + 1 > requestLimit;
     const wait = Math.max(
-      limits.requestsPerMinute !== undefined && recent.length + 1 > limits.requestsPerMinute ? waitFor(recent, recent.length + 1 - limits.requestsPerMinute, () => 1, now) : 0,
+      requestsFull ? waitFor(recent, recent.length + 1 - requestLimit, () => 1, now) : 0,
       limits.imagesPerMinute !== undefined ? imageWait(recent, images, limits.imagesPerMinute, now) : 0,
     );
     const seconds = Math.max(1, waitSeconds(wait));
-    throw ApiError.rateLimited(`Rate limit reached for API key '${key.label}': ${describe(limits)}. Please try again in ${seconds}s.`, {
+    // Kept out by its n alone, the request would pass now with fewer images: the wait is for all it asks.
+    const left = limits.imagesPerMinute === undefined ? 0 : limits.imagesPerMinute - imagesIn(recent);
+    const advice =
+      !requestsFull && left > 0
+        ? `This request asks for ${plural(images, 'image')}, and ${left} ${left === 1 ? 'is' : 'are'} left this minute: ask for at most ${left} now, or try again in ${seconds}s.`
+        : `Please try again in ${seconds}s.`;
+    throw ApiError.rateLimited(`Rate limit reached for API key '${key.label}': ${describe(limits)}. ${advice}`, {
       'retry-after': String(seconds),
       ...rateHeaders(limits, recent, now),
     });
@@ -185,7 +196,7 @@ function waitFor(recent: Spent[], excess: number, weight: (s: Spent) => number, 
 }
 
 function imageWait(recent: Spent[], images: number, limit: number, now: number): number {
-  const used = recent.reduce((sum, s) => sum + s.images, 0);
+  const used = imagesIn(recent);
   return used + images > limit ? waitFor(recent, used + images - limit, (s) => s.images, now) : 0;
 }
 
