@@ -217,6 +217,37 @@ describe('a server that cannot start', () => {
 });
 
 describe('a failing disk', () => {
+  it('starts on a DATA_DIR gone read-only, says so in its log at once, and serves the images it stored before (skipped where no tmpfs can be mounted)', async (context) => {
+    const dir = path.join(root, 'read-only');
+    mkdirSync(dir);
+    const mounted = spawnSync('mount', ['-t', 'tmpfs', '-o', 'size=4m', 'tmpfs', dir]);
+    if (mounted.status !== 0) return context.skip(`cannot mount a tmpfs (${mounted.stderr?.toString().trim() || mounted.error?.message})`);
+    try {
+      server = await spawnIn(root, { env: { DATA_DIR: dir } });
+      await untilReady(server.origin);
+      const answer = await generate(server.baseURL, { response_format: 'url' });
+      expect(answer.status).toBe(200);
+      const url = answer.body.data![0].url!;
+      server.child.kill('SIGTERM');
+      expect(await server.exited).toBe(0);
+
+      // The disk remounted read-only (ext4's errors=remount-ro), the server restarted by its supervisor.
+      expect(spawnSync('mount', ['-o', 'remount,ro', dir]).status).toBe(0);
+      server = await spawnIn(root, { env: { DATA_DIR: dir } });
+      // Before any request or probe: it started with its workers' "ready" and not a word of the store.
+      await expect
+        .poll(() => server!.log.find((line) => line.includes('"level":50')), { timeout: 10_000 })
+        .toMatch(/image store: the image folder .*read-only\/images cannot be written \(EROFS\): make it a folder the server's user may write, or set DATA_DIR to one/);
+      const image = await fetch(url.replace(/^http:\/\/[^/]+/, server.origin));
+      expect([image.status, image.headers.get('content-type')]).toEqual([200, 'image/png']);
+      expect((await fetch(`${server.origin}/ready`)).status).toBe(503);
+      server.child.kill('SIGTERM');
+      expect(await server.exited).toBe(0);
+    } finally {
+      spawnSync('umount', [dir]);
+    }
+  });
+
   it('answers a failed image write with 500 storage_error naming the cause, leaving no partial file', async () => {
     // PNGs of the smallest size take about 7 KiB: every write fails halfway.
     server = await spawnIn(root, { limitsKb: { fileSize: 4 } });

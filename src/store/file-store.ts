@@ -7,6 +7,7 @@ import { makeFolder, syncFolder, unlessMissing } from '../util/files.js';
 import { ImageDamagedError, StoreFullError, StoreUnavailableError, type ByteRange, type ImageStore, type StoredImage, type StoreLimits, type StoreReservation } from './image-store.js';
 import { digestOf, extensionOf, imageName, isExpired, newImage, parseImageName } from './image-names.js';
 import { StoreSpace } from './space.js';
+import { messageOf } from '../util/error-message.js';
 import { ExpiryOrder } from './expiry-order.js';
 
 /**
@@ -105,6 +106,10 @@ export class FileImageStore implements ImageStore {
     await makeFolder(options.dir);
     store.parentDevice = (await stat(store.parent)).dev;
     await store.sweep();
+    // A folder it can list but not write (a disk remounted read-only, one another user owns) does not
+    // stop the start: the images it holds are still served. Said now, as a failing bucket is: it started
+    // saying "worker ready", and first said why every url request failed when one came or /ready was asked.
+    await store.check().catch((err: unknown) => options.logger.error({ err }, `image store: ${messageOf(err)}; until it can, url requests get 503 storage_unavailable and /ready answers 503`));
     return store;
   }
 
