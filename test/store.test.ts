@@ -132,6 +132,20 @@ describe('ImageStore', () => {
     expect(await a.get('c'.repeat(32))).toBeNull();
   });
 
+  it("finds another server's image stored in the same tick of the file system's clock as its last listing (a folder's mtime in whole seconds: ext3, ext4 of 128-byte inodes, HFS+)", async () => {
+    const a = await open();
+    const b = await open();
+    const first = await b.put(bytes(10, 1), 'image/png');
+    // The folder's time as such a file system keeps it: the whole second its last change fell in.
+    const second = Math.floor(Date.now() / 1000);
+    await utimes(dir, second, second);
+    expect(await a.get(first.id)).toEqual(first);
+    // Stored within that second: the folder's time does not change.
+    const next = await b.put(bytes(10, 2), 'image/png');
+    await utimes(dir, second, second);
+    expect(await a.get(next.id)).toEqual(next);
+  });
+
   it("lists the folder for ids it has not indexed at most a tenth of the time, however many lookups come while images are stored, and still finds another server's image", async () => {
     // Some thousands of images, so that a listing takes measurable time (100k took half a second).
     const expiresAt = now + 60_000;

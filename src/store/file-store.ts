@@ -45,6 +45,9 @@ const TEMP_FILE = /^\..*\.tmp$/;
  */
 const LISTING_PAUSE_FACTOR = 10;
 
+/** The coarsest tick of a file system's clock (FAT's): within it of a change, a folder's mtime may not change again. */
+const MTIME_TICK_MS = 2000;
+
 /** A temporary file older than this was left by a crash, not written now by another server. */
 const TEMP_FILE_AGE_MS = 10 * 60_000;
 
@@ -128,10 +131,13 @@ export class FileImageStore implements ImageStore {
   private async listAfterPause(): Promise<void> {
     const pause = this.nextListingAt - performance.now();
     if (pause > 0) await sleep(pause);
-    // Read before the listing: a file that comes during it changes the mtime again.
+    // Read before the listing: a file that comes during it changes the mtime again, unless it comes in
+    // the same tick of the file system's clock (a second on ext3, HFS+ and ext4 of 128-byte inodes, two
+    // on FAT). An mtime that recent is not trusted: the next lookup lists again. Trusted, another server's
+    // image stored in that second was a 404 here until something else changed the folder.
     const folder = await unlessMissing(stat(this.options.dir));
     if (!folder) return;
-    this.listedMtime = folder.mtimeMs;
+    this.listedMtime = Date.now() - folder.mtimeMs < MTIME_TICK_MS ? NaN : folder.mtimeMs;
     const started = performance.now();
     await this.list();
     const ms = performance.now() - started;
