@@ -439,6 +439,33 @@ describe('models import and export', () => {
     await expectNothingInstalled('tampered');
   });
 
+  it("carries presets edited in the installed model's folder (imagegen.json, which the manifest does not vouch for) through export and the import of a copied folder", async () => {
+    const preset = await copyOfSource();
+    await writeFile(path.join(preset, 'imagegen.json'), '{"max_batch": 2}');
+    const installed = (await importFrom(preset, 'tuned')).dir;
+    // What docs/api.md has the operator do: tune the presets in the installed folder.
+    const tuned = '{"max_batch": 4, "sizes": ["512x512", "256x256"]}';
+    await writeFile(path.join(installed, 'imagegen.json'), tuned);
+    const { file } = await exportModel({ modelsDir, id: 'tuned', out: path.join(work, 'tuned.tar'), output });
+    expect(JSON.parse(await readFile(path.join((await importModel({ modelsDir, source: file, name: 'carried', output, load: false })).dir, 'imagegen.json'), 'utf8'))).toEqual(JSON.parse(tuned));
+
+    // An installed folder copied to another site as it is, its presets changed, added or removed since its install.
+    const copied = path.join(work, 'copied');
+    await cp(installed, copied, { recursive: true });
+    await writeFile(path.join(copied, 'imagegen.json'), '{"max_batch": 8}');
+    expect((await importModel({ modelsDir, source: copied, name: 'copied', output, load: false })).id).toBe('copied');
+    await rm(path.join(copied, 'imagegen.json'));
+    expect((await importModel({ modelsDir, source: copied, name: 'no-preset', output, load: false })).id).toBe('no-preset');
+    await cp(path.join(modelsDir, 'no-preset'), path.join(work, 'added'), { recursive: true });
+    await writeFile(path.join(work, 'added', 'imagegen.json'), '{"max_batch": 1}');
+    expect((await importModel({ modelsDir, source: path.join(work, 'added'), name: 'added', output, load: false })).id).toBe('added');
+    // The export's own files are still held to it.
+    await writeFile(path.join(copied, 'tokenizer', 'tokenizer_config.json'), '{"changed": true}');
+    await expect(importModel({ modelsDir, source: copied, name: 'tampered', output, load: false })).rejects.toThrow(/tokenizer\/tokenizer_config.json failed verification/);
+    await writeFile(path.join(installed, 'tokenizer', 'tokenizer_config.json'), '{"changed": true}');
+    await expect(exportModel({ modelsDir, id: 'tuned', out: path.join(work, 'tampered.tar'), output })).rejects.toThrow(/tokenizer\/tokenizer_config.json failed verification/);
+  });
+
   it('refuses damaged and truncated bundles', async () => {
     await importFrom(sourceDir, 'good');
     const { file } = await exportModel({ modelsDir, id: 'good', out: path.join(work, 'good.tar'), output });

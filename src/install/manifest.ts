@@ -4,6 +4,7 @@ import { z } from 'zod';
 import { describeIssues, parseJson, readTextIfPresent } from '../util/files.js';
 import { ModelInstallError } from './errors.js';
 import { MANIFEST_FILE } from './model-files.js';
+import { OVERRIDE_FILE } from '../models/model-folder.js';
 import { messageOf } from '../util/error-message.js';
 
 /**
@@ -33,7 +34,16 @@ const manifestSchema = z.object({
 export type FileDigest = z.infer<typeof digestSchema>;
 export type Manifest = z.infer<typeof manifestSchema>;
 
-/** Checks a manifest's text; `where` names it in the error. */
+/**
+ * Whether a manifest vouches for `file`: every file of the export but imagegen.json, the preset override
+ * docs/api.md has the operator write and tune in the installed model's folder (its content is checked
+ * wherever it is read, by the layout check). Held to the manifest written at install, a tuned preset
+ * made the model's export, and the import of its folder copied elsewhere, refuse it, with nothing to do
+ * but delete the manifest and lose the checksums of every weight.
+ */
+export const vouchedFor = (file: string) => file !== OVERRIDE_FILE;
+
+/** Checks a manifest's text; `where` names it in the error. The files it gives are those it vouches for. */
 export function parseManifest(text: string, where: string): Manifest {
   const whatToDo = 'copy the model again, or delete the manifest to import without checksums';
   let json: unknown;
@@ -44,7 +54,7 @@ export function parseManifest(text: string, where: string): Manifest {
   }
   const parsed = manifestSchema.safeParse(json);
   if (!parsed.success) throw new ModelInstallError(`${where} is not a valid manifest (${describeIssues(parsed.error)}); ${whatToDo}`);
-  return parsed.data;
+  return { ...parsed.data, files: Object.fromEntries(Object.entries(parsed.data.files).filter(([file]) => vouchedFor(file))) };
 }
 
 /** The manifest in a model folder, or undefined when it has none. */

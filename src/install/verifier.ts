@@ -1,6 +1,6 @@
 import { createHash, type Hash } from 'node:crypto';
 import { ModelInstallError } from './errors.js';
-import type { FileDigest, Manifest } from './manifest.js';
+import { vouchedFor, type FileDigest, type Manifest } from './manifest.js';
 
 /**
  * Checks that files are what their source says they are: sizes, sha256 (the Hub's LFS ids and our
@@ -68,12 +68,12 @@ function checkDigest(file: string, actual: ReturnType<FileHasher['digest']>, exp
 
 /**
  * Throws when files listed in `manifest` are missing from `paths`, or (unless `allowExtra`) when
- * `paths` holds files the manifest does not vouch for.
+ * `paths` holds files the manifest should vouch for and does not (see vouchedFor).
  */
 export function checkCoverage(manifest: Manifest, paths: string[], where: string, advice: string, allowExtra = false): void {
   const present = new Set(paths);
   const missing = Object.keys(manifest.files).filter((file) => !present.has(file));
-  const extra = allowExtra ? [] : paths.filter((file) => !Object.hasOwn(manifest.files, file));
+  const extra = allowExtra ? [] : paths.filter((file) => vouchedFor(file) && !Object.hasOwn(manifest.files, file));
   const problems = [
     ...(missing.length ? [`missing ${missing.join(', ')}`] : []),
     ...(extra.length ? [`not listed in the manifest: ${extra.join(', ')}`] : []),
