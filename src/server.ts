@@ -87,7 +87,7 @@ export async function startServer(config: Config, logger: Logger, { clock, worke
   await registry.scan();
   registry.startRescanning(config.modelsRescanSeconds * 1000);
   if (!(await registry.resolve(config.defaultModel))) {
-    logger.warn(`default model '${config.defaultModel}' is not installed: requests for ${Object.keys(config.modelAliases).join(', ')} will fail until it is`);
+    logger.warn(`default model '${config.defaultModel}' ${registry.whyNone(config.defaultModel)}: requests for ${Object.keys(config.modelAliases).join(', ')} will fail until it can be used`);
   }
 
   const metrics = new Metrics();
@@ -240,13 +240,13 @@ async function modelMemoryBudget(config: Config, workers: number, logger: Logger
   return perWorker * workers;
 }
 
-/** The models to preload; one that is not installed is skipped with a warning. */
+/** The models to preload; one that is not installed, or cannot be used, is skipped with a warning. */
 async function preloadDirs(names: string[], registry: ModelRegistry, logger: Logger): Promise<ModelRef[]> {
   const models = new Map<string, ModelRef>();
   for (const name of names) {
     const model = await registry.resolve(name);
     if (model) models.set(model.layout.dir, { dir: model.layout.dir, version: model.version });
-    else logger.warn(`PRELOAD names '${name}', which is not installed: not preloading it`);
+    else logger.warn(`PRELOAD names '${name}', which ${registry.whyNone(name)}: not preloading it`);
   }
   return [...models.values()];
 }

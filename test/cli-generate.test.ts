@@ -1,10 +1,10 @@
 import { execFile, spawnSync } from 'node:child_process';
 import { existsSync, mkdtempSync } from 'node:fs';
-import { mkdtemp, readdir, writeFile } from 'node:fs/promises';
+import { cp, mkdtemp, readdir, rm, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { promisify } from 'node:util';
-import { describe, expect, it } from 'vitest';
+import { describe, expect, inject, it } from 'vitest';
 import { imagegenArgs } from './helpers/cli.js';
 import { readImageFile } from './helpers/picture.js';
 
@@ -60,7 +60,24 @@ describe('imagegen generate', () => {
       await expect(imagegen('generate', 'a red circle', flag, value)).rejects.toMatchObject({ stderr: `imagegen generate: ${flag} takes a number, not '${value}'\n` });
     }
     await expect(imagegen('generate', 'a red circle', '--model', 'no-such-model')).rejects.toMatchObject({
-      stderr: expect.stringContaining("no model 'no-such-model'"),
+      code: 1,
+      stderr: expect.stringMatching(/^imagegen generate: The model 'no-such-model' does not exist\. Available models: 'demo-shapes', [^\n]*\. Install one with 'imagegen models pull' or 'imagegen models import'\.\n$/),
+    });
+  });
+
+  it('says why a model it cannot run is none, as the API does: a folder installed but unusable, an alias, DEFAULT_MODEL', async () => {
+    const modelsDir = await mkdtemp(path.join(os.tmpdir(), 'imagegen-cli-models-'));
+    await cp(path.join(inject('referenceModelsDir'), 'sd-turbo'), path.join(modelsDir, 'broken'), { recursive: true });
+    await rm(path.join(modelsDir, 'broken', 'tokenizer', 'tokenizer.json'));
+    const broken = /The model 'broken' is installed but cannot be used \(missing tokenizer\/ [^\n]*\); repair its folder, or remove it\. Available models: 'demo-shapes'/;
+    await expect(imagegenWith({ MODELS_DIR: modelsDir }, 'generate', 'a red circle', '--model', 'broken')).rejects.toMatchObject({ code: 1, stderr: expect.stringMatching(broken) });
+    await expect(imagegenWith({ MODELS_DIR: modelsDir, DEFAULT_MODEL: 'broken' }, 'generate', 'a red circle', '--model', 'dall-e-3')).rejects.toMatchObject({
+      code: 1,
+      stderr: expect.stringContaining("The model 'dall-e-3' is an alias of 'broken', DEFAULT_MODEL, which is installed but cannot be used (missing tokenizer/"),
+    });
+    await expect(imagegenWith({ MODELS_DIR: modelsDir, DEFAULT_MODEL: 'sdxl-typo' }, 'generate', 'a red circle')).rejects.toMatchObject({
+      code: 1,
+      stderr: expect.stringContaining("The model 'sdxl-typo' (DEFAULT_MODEL, which requests without a model run) does not exist."),
     });
   });
 

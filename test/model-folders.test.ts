@@ -16,6 +16,7 @@ import { RealEngine } from './helpers/engines.js';
 import { createBuiltPool } from './helpers/cli.js';
 import { renameExternalData } from './helpers/external-data.js';
 import { capturedLogs } from './helpers/logs.js';
+import { killServer, spawnServer } from './helpers/server-process.js';
 import { haveRealExports, REAL_EXPORT_NAMES, realExport } from './helpers/real-exports.js';
 import { copyOfReference, referenceModel } from './helpers/reference.js';
 
@@ -288,6 +289,21 @@ describe('aliases', () => {
 });
 
 describe('one verdict for the registry, its log, /ready, "imagegen models list" and installs', () => {
+  it("says in the server's log that DEFAULT_MODEL or PRELOAD names a model installed but unusable, and why, not that it is not installed", async () => {
+    const misfit = await installedCopy('sd-turbo', 'misfit');
+    await writeFile(path.join(misfit, 'imagegen.json'), JSON.stringify({ sizes: ['500x500'] }));
+    const server = await spawnServer({ PORT: '0', DATA_DIR: path.join(modelsDir, '.data'), MODELS_DIR: modelsDir, DEFAULT_MODEL: 'misfit', PRELOAD: 'misfit,absent' });
+    try {
+      const messages = server.log.map((line) => (JSON.parse(line) as { msg: string }).msg);
+      const reason = 'imagegen.json: sizes 500x500 do not fit this model: both sides must be multiples of 64 (from its unet/transformer and vae configs)';
+      expect(messages).toContainEqual(expect.stringMatching(/^default model 'misfit' is installed but cannot be used \(imagegen\.json: sizes 500x500 do not fit [^\n]*\): requests for dall-e-2, .* will fail until it can be used$/));
+      expect(messages).toContain(`PRELOAD names 'misfit', which is installed but cannot be used (${reason}): not preloading it`);
+      expect(messages).toContain("PRELOAD names 'absent', which is not installed: not preloading it");
+    } finally {
+      await killServer(server);
+    }
+  });
+
   it('gives each unusable folder the same reason everywhere, and serves only the usable ones', async () => {
     await installedCopy('sd-turbo', 'good');
     // Accepted by the layout alone, which is what "models list" used to check: the server skips it.

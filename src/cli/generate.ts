@@ -11,6 +11,7 @@ import { parseGenerationRequest } from '../api/wire.js';
 import { ModelRegistry, modelRoots } from '../models/registry.js';
 import { Progress, STEPS } from '../util/progress.js';
 import { planBatches } from '../service/plan.js';
+import { unresolvedModel } from '../service/unresolved-model.js';
 import { exitStatusOf, UsageError } from './exit-status.js';
 import { messageOf } from '../util/error-message.js';
 
@@ -127,8 +128,9 @@ async function generateCommand(prompt: string, flags: GenerateFlags): Promise<st
   await registry.scan();
   const model = await registry.resolve(request.model);
   if (!model) {
-    const known = registry.list().map((m) => m.id);
-    throw new Error(`no model '${request.model}'. Available (installed models, then aliases): ${known.join(', ') || 'none'}. Install one with 'imagegen models pull' or 'imagegen models import'.`);
+    // What the API answers, less the server: an alias, DEFAULT_MODEL, a folder installed but unusable and why.
+    const { message, unusable } = unresolvedModel(request.model, registry, config.defaultModel, 'command');
+    throw new Error(unusable ? message : `${message} Install one with 'imagegen models pull' or 'imagegen models import'.`);
   }
   const batches = planBatches(request, model, config.rng);
   await prepareOut(flags.out);

@@ -220,6 +220,16 @@ export class ModelRegistry {
     return this.unusable().find((folder) => folder.id === target)?.reason;
   }
 
+  /**
+   * Why `id` (an alias: its target) resolves to no model, for the log: its folder installed but skipped,
+   * with the reason, or none installed. "Not installed" of a model just imported sent its operator to
+   * install it again, to be told that it exists.
+   */
+  whyNone(id: string): string {
+    const reason = this.unusableReason(id);
+    return reason ? `is installed but cannot be used (${reason})` : 'is not installed';
+  }
+
   /** The folders the last scan skipped, by id, with the reason each was skipped. */
   unusable(): UnusableFolder[] {
     return [...this.inspections]

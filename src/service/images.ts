@@ -4,7 +4,7 @@ import type { BaseLogger } from 'pino';
 import type { ClientLimits, QueueClosedError, QueueFullError, Ticket } from '../engine/job-queue.js';
 import type { NoiseKind } from '../runtime/random.js';
 import type { BatchEvent, GeneratedImage, GenerationBatch } from '../runtime/types.js';
-import { ApiError, quoteList } from '../api/errors.js';
+import { ApiError } from '../api/errors.js';
 import type { GenerationRequest, GptImageResponseFields, ImageObject, ImagesResponse } from '../api/wire.js';
 import type { ModelEntry, ModelRegistry } from '../models/registry.js';
 import type { StrengthRule } from '../schedulers/index.js';
@@ -18,6 +18,7 @@ import { editMarks, fitEdit, type EditSource, type InputImage } from './input-im
 import { PromptTokenCounter } from './prompt-tokens.js';
 import { finishedInOrder, requestProgress, type RequestListener } from './request-events.js';
 import { expectedStoreBytes } from './store-space.js';
+import { unresolvedModel } from './unresolved-model.js';
 
 /**
  * What an images request means, for generations, edits and variations alike: the model and its preset
@@ -131,21 +132,12 @@ export interface ImageService {
 export type QueueClient = Pick<GenerateContext, 'client' | 'limits'>;
 
 function unknownModel(id: string, registry: ModelRegistry, defaultModel: string | undefined): ApiError {
-  const available = registry.list().map((m) => m.id);
-  const hint = available.length ? ` Available models: ${quoteList(available)}.` : ' No models are installed.';
-  const unusable = registry.unusableReason(id);
-  const repair = unusable && `is installed but cannot be used (${unusable}); the server's operator can repair it`;
-  // An alias (an OpenAI name) whose model is missing names that model, and the setting that chose it.
-  const target = registry.aliasTarget(id);
-  const what = target
-    ? ` is an alias of '${target}'${target === defaultModel ? ", the server's DEFAULT_MODEL," : ''} which ${repair ?? 'is not installed (see MODEL_ALIASES and DEFAULT_MODEL)'}`
-    : // A request that named no model got it from DEFAULT_MODEL.
-      `${id === defaultModel ? " (the server's DEFAULT_MODEL, which requests without a model run)" : ''} ${repair ?? 'does not exist'}`;
+  const { message, unusable } = unresolvedModel(id, registry, defaultModel, 'server');
   // A model installed but broken is the server's fault, not the request's: the 500 of one found broken
   // as it loaded (service/failures.ts), whether or not the request named it (DEFAULT_MODEL).
-  if (repair) return modelUnusable(`The model '${id}'${what}.${hint}`);
+  if (unusable) return modelUnusable(message);
   // OpenAI's images endpoint answers an unknown model with a 400 (other endpoints use 404).
-  return modelMissing(`The model '${id}'${what}.${hint}`);
+  return modelMissing(message);
 }
 
 /** The images as base64, one per turn of the event loop: ten photo-sized ones take tens of milliseconds. */
