@@ -181,6 +181,19 @@ describe.skipIf(!haveRealExports)('real exports against diffusers (needs ../shar
       const noLatents = verify(realExport('sd15'), '--golden', path.join(tmp, 'latents.json'));
       expect(noLatents.status).toBe(2);
       expect(noLatents.stderr).toMatch(/missing\.f32: \(case 0's initial latents\) cannot be read: ENOENT/);
+      // Every case's files are checked before any case runs (one takes minutes on a real model): a later case's missing picture too.
+      await writeFile(path.join(tmp, 'later.json'), JSON.stringify({ ...wrong, cases: [wrong.cases[0], { ...wrong.cases[0], image: { file: path.join(tmp, 'missing.png') } }] }));
+      const later = verify(realExport('sd15'), '--golden', path.join(tmp, 'later.json'));
+      expect([later.status, later.stdout]).toEqual([2, '']);
+      expect(later.stderr).toMatch(/missing\.png: \(case 1's expected image\) cannot be read/);
+      expect(later.stderr).not.toContain('verifying');
+      // Latents of another size than the case's picture (another case's, say) are the golden file's mistake, named as such.
+      const [other] = (JSON.parse(await readFile(goldenFile('sd15'), 'utf8')) as { cases: { latents: { file: string; shape: number[] } }[] }).cases;
+      const misfit = { ...wrong.cases[0], latents: { ...other.latents, file: path.join(GOLDENS, other.latents.file) } };
+      await writeFile(path.join(tmp, 'shape.json'), JSON.stringify({ ...wrong, cases: [misfit] }));
+      const shape = verify(realExport('sd15'), '--golden', path.join(tmp, 'shape.json'));
+      expect([shape.status, shape.stdout]).toEqual([2, '']);
+      expect(shape.stderr).toContain(`${misfit.latents.file}: (case 0's initial latents) has the shape [1, 4, 64, 64]; a case of 384x256 starts from [1, C, 32, 48] (its height and width / 8)`);
     });
   });
 });

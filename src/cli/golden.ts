@@ -110,15 +110,47 @@ async function checkPipeline(file: string, golden: GoldenFile, modelDir: string)
   throw new GoldenFileError(file, `was made by diffusers' ${golden.pipeline}, and ${modelDir} is a ${modelClass} (its model_index.json): use this model's own golden file`);
 }
 
-/** A case's starting noise, [C, H/8, W/8] float32 as written by numpy's `tofile`. */
+/** The VAE's scale, image pixels per latent pixel: 8 for every family this server runs (README). */
+const LATENT_SCALE = 8;
+
+/** A case's starting noise, [1, C, H/8, W/8] float32 as written by numpy's `tofile`. */
 async function readLatents(goldenDir: string, c: GoldenCase, index: number): Promise<Float32Array> {
-  const bytes = await readFile(path.resolve(goldenDir, c.latents.file)).catch(unreadable(c.latents.file, index, 'initial latents'));
-  const count = c.latents.shape.reduce((a, b) => a * b, 1);
+  const { file, shape } = c.latents;
+  const [batch, , rows, columns] = shape;
+  // Noise of another size (another case's file) is the golden file's mistake: named here, not by the pipeline as a count of values.
+  if (shape.length !== 4 || batch !== 1 || rows * LATENT_SCALE !== c.height || columns * LATENT_SCALE !== c.width) {
+    throw new GoldenFileError(
+      file,
+      `(case ${index}'s initial latents) has the shape [${shape.join(', ')}]; a case of ${c.width}x${c.height} starts from [1, C, ${c.height / LATENT_SCALE}, ${c.width / LATENT_SCALE}] (its height and width / ${LATENT_SCALE})`,
+    );
+  }
+  const bytes = await readFile(path.resolve(goldenDir, file)).catch(unreadable(file, index, 'initial latents'));
+  const count = shape.reduce((a, b) => a * b, 1);
   if (bytes.byteLength !== count * 4) {
-    throw new GoldenFileError(c.latents.file, `holds ${bytes.byteLength} bytes; shape [${c.latents.shape.join(', ')}] needs ${count * 4}`);
+    throw new GoldenFileError(file, `holds ${bytes.byteLength} bytes; shape [${shape.join(', ')}] needs ${count * 4}`);
   }
   // Copied so the floats are aligned whatever the Buffer's offset in its pool.
   return new Float32Array(bytes.buffer.slice(bytes.byteOffset, bytes.byteOffset + bytes.byteLength));
+}
+
+/** What a case compares against and starts from, read and checked. */
+interface CaseFiles {
+  /** diffusers' picture, 8-bit RGB. */
+  expected: Buffer;
+  initialNoise: Float32Array;
+}
+
+/** A case's files; throws GoldenFileError naming the one that cannot be used. */
+async function readCaseFiles(goldenDir: string, c: GoldenCase, index: number): Promise<CaseFiles> {
+  const expected = await sharp(path.resolve(goldenDir, c.image.file))
+    .removeAlpha()
+    .raw()
+    .toBuffer({ resolveWithObject: true })
+    .catch(unreadable(c.image.file, index, 'expected image'));
+  if (expected.info.width !== c.width || expected.info.height !== c.height) {
+    throw new GoldenFileError(c.image.file, `is ${expected.info.width}x${expected.info.height}; the case asks for ${c.width}x${c.height}`);
+  }
+  return { expected: expected.data, initialNoise: await readLatents(goldenDir, c, index) };
 }
 
 /** The batch that replays one case: its noise, prompt and settings, with torch's generator for any later draws. */
@@ -133,6 +165,21 @@ function batchFor(modelDir: string, c: GoldenCase, initialNoise: Float32Array): 
   };
 }
 
+async function runCase(
+  runtime: WorkerRuntime,
+  modelDir: string,
+  c: GoldenCase,
+  index: number,
+  { expected, initialNoise }: CaseFiles,
+  tolerance: number,
+  onStep?: (step: number, total: number) => void,
+): Promise<CaseResult> {
+  const [image] = await runtime.generateImages(batchFor(modelDir, c, initialNoise), { onStep });
+  const { largest, mean } = difference(image.pixels, expected);
+  const [maxAbs, meanAbs] = [largest / 255, mean / 255];
+  return { index, maxAbs, meanAbs, pass: maxAbs <= tolerance };
+}
+
 export async function verifyCase(
   runtime: WorkerRuntime,
   modelDir: string,
@@ -142,19 +189,8 @@ export async function verifyCase(
   tolerance: number,
   onStep?: (step: number, total: number) => void,
 ): Promise<CaseResult> {
-  // The expected picture is read and checked first: a golden file naming one it cannot use fails before the model runs.
-  const expected = await sharp(path.resolve(goldenDir, c.image.file))
-    .removeAlpha()
-    .raw()
-    .toBuffer({ resolveWithObject: true })
-    .catch(unreadable(c.image.file, index, 'expected image'));
-  if (expected.info.width !== c.width || expected.info.height !== c.height) {
-    throw new GoldenFileError(c.image.file, `is ${expected.info.width}x${expected.info.height}; the case asks for ${c.width}x${c.height}`);
-  }
-  const [image] = await runtime.generateImages(batchFor(modelDir, c, await readLatents(goldenDir, c, index)), { onStep });
-  const { largest, mean } = difference(image.pixels, expected.data);
-  const [maxAbs, meanAbs] = [largest / 255, mean / 255];
-  return { index, maxAbs, meanAbs, pass: maxAbs <= tolerance };
+  // The case's files are read and checked first: a golden file naming one it cannot use fails before the model runs.
+  return runCase(runtime, modelDir, c, index, await readCaseFiles(goldenDir, c, index), tolerance, onStep);
 }
 
 /** What the caller of verifyGolden hears as the cases run (a real model's case takes minutes on a CPU). */
@@ -173,10 +209,14 @@ export async function verifyGolden(runtime: WorkerRuntime, modelDir: string, fil
   await checkPipeline(file, golden, modelDir);
   // A folder that holds no usable model is said before any progress is shown (loading it says so too, but only once the first case starts).
   await inspectModel(modelDir);
+  // Every case's files before any case runs: one runs for minutes on a real model, and a later case's missing picture would fail the command after them.
+  const goldenDir = path.dirname(path.resolve(file));
+  const files: CaseFiles[] = [];
+  for (const [index, c] of golden.cases.entries()) files.push(await readCaseFiles(goldenDir, c, index));
   hooks.onStart?.(golden.cases);
   const results: CaseResult[] = [];
   for (const [index, c] of golden.cases.entries()) {
-    const result = await verifyCase(runtime, path.resolve(modelDir), path.dirname(path.resolve(file)), c, index, tolerance, hooks.onCaseStart?.(index));
+    const result = await runCase(runtime, path.resolve(modelDir), c, index, files[index], tolerance, hooks.onCaseStart?.(index));
     hooks.onCase?.(result);
     results.push(result);
   }
