@@ -142,6 +142,16 @@ describe('folders the server cannot run', () => {
     expect(reasonOf(await inspectModelFolder(dir))).toMatch(/^imagegen\.json: steps\.standard: .*150/);
   });
 
+  it('reads an imagegen.json and configs saved with a byte-order mark, as Windows editors save UTF-8, which JSON.parse refused with an invisible character', async () => {
+    const dir = await copyOfReference('sd-turbo');
+    await writeFile(path.join(dir, 'imagegen.json'), `\uFEFF${JSON.stringify({ sizes: ['256x256', '512x512'], max_batch: 3 })}`);
+    const config = path.join(dir, 'scheduler', 'scheduler_config.json');
+    await writeFile(config, `\uFEFF${await readFile(config, 'utf8')}`);
+    const verdict = await inspectModelFolder(dir);
+    if (!verdict.usable) throw new Error(verdict.reason);
+    expect([verdict.preset.sizes, verdict.preset.maxBatch]).toEqual([['256x256', '512x512'], 3]);
+  });
+
   it('rejects an fp16 export without its tokenizer (as GPU-only exports ship) by saying what is missing', async () => {
     const dir = await copyOfReference('sd15-fp16');
     await rm(path.join(dir, 'tokenizer'), { recursive: true });

@@ -80,8 +80,11 @@ const PYTHON_NUMBERS = /"(?:[^"\\]|\\.)*"|(-?Infinity|NaN)/g;
 const STANDS_FOR = '\u0000python-number:';
 const PYTHON_VALUES: Record<string, number> = { Infinity, '-Infinity': -Infinity, NaN };
 
-/** Parses JSON text, also as Python's json module writes it (see PYTHON_NUMBERS); the error names `where` (usually the file). */
-export function parseJson(text: string, where: string): unknown {
+/** Parses JSON text, also as Python's json module writes it (see PYTHON_NUMBERS) or with a byte-order mark; the error names `where` (usually the file). */
+export function parseJson(source: string, where: string): unknown {
+  // A byte-order mark, as Windows editors (Notepad before 2019, PowerShell's UTF8) save a file: JSON.parse
+  // refuses it with "Unexpected token" and an invisible character, which RFC 8259 lets a parser ignore.
+  const text = source.startsWith('\uFEFF') ? source.slice(1) : source;
   try {
     return JSON.parse(text);
   } catch (err) {
