@@ -103,10 +103,10 @@ describe('one busy worker', () => {
     // Retry-After went by the running batch's progress, the model's first: no batch had finished to time it by.
     // The estimate counts the first step (text encoders, the first allocations at this size) once and
     // extrapolates the steps after it from the few done by then, which on this machine run a little
-    // slower than the later ones: within three times what the batch took (half again on an idle machine;
-    // 2.6 times once with the machine's load at 16 on 2 cores, whose early steps ran slower still), not
-    // the tenfold of a rate taken from the first step alone.
-    expect(Number(late.headers.get('retry-after'))).toBeLessThanOrEqual(Math.ceil((3 * longMs) / 1000) + 1);
+    // slower than the later ones: within five times what the batch took (half again on an idle machine;
+    // 2.6 and 3.7 times with the machine's load at 4 to 16 on 2 cores, whose early steps ran slower
+    // still), not the tenfold of a rate taken from the first step alone.
+    expect(Number(late.headers.get('retry-after'))).toBeLessThanOrEqual(Math.ceil((5 * longMs) / 1000) + 1);
   });
 
   it('stops a generation whose client disconnected at its next step, freeing the worker for the next request', async () => {
