@@ -16,7 +16,7 @@ import { referenceModel } from './helpers/reference.js';
  */
 
 let real: RealServer;
-const logs = capturedLogs<{ level: number; msg: string; model?: string; code?: string; err?: { code?: string } }>();
+const logs = capturedLogs<{ level: number; msg: string; model?: string; code?: string; err?: { code?: string; message?: string; cause?: { message?: string } } }>();
 const modelDir = (id: string) => path.join(real.root, 'models', id);
 
 beforeAll(async () => {
@@ -48,7 +48,11 @@ describe('a model that cannot be loaded when its request runs', () => {
     for (let i = 0; i < 4; i++) expect((await apiError(generate('damaged'))).code).toBe('model_unusable');
     const damaged = logs.lines.filter((line) => line.model === 'damaged');
     expect(damaged.filter((line) => line.msg === 'model failed to load')).toHaveLength(1);
-    expect(damaged.filter((line) => line.level >= 50 && line.msg === 'request failed' && line.err?.code === 'model_unusable')).toHaveLength(1);
+    const errors = damaged.filter((line) => line.level >= 50 && line.msg === 'request failed' && line.err?.code === 'model_unusable');
+    expect(errors).toHaveLength(1);
+    // The answer's message once, the worker's error it came from beside it: before, pino appended the
+    // cause's message to it, and the words of the cause were in the log twice.
+    expect(errors[0].err).toMatchObject({ message: expect.stringMatching(/^The model 'damaged' is installed but could not be loaded: [^]*Other models still work[^:]*$/), cause: { message: expect.stringContaining('text_encoder') } });
     // Before, every request added an error line with a stack (2.5 KB here) and the worker's own error line.
     expect(damaged.filter((line) => line.level === 30 && line.code === 'model_unusable' && line.msg.startsWith('request failed'))).toHaveLength(
       damaged.filter((line) => line.msg === 'request completed').length - 1,

@@ -1,7 +1,7 @@
 #!/usr/bin/env node
 import { readFileSync } from 'node:fs';
 import { Command } from 'commander';
-import { pino } from 'pino';
+import { createLogger } from '../observability/logger.js';
 import { loadConfig, settingsHelp, type Config, type SettingName } from '../config.js';
 import { ConfigError } from '../util/config-error.js';
 import { registerGenerateCommand } from './generate.js';
@@ -32,7 +32,7 @@ const serve = program
       refuseSettings(err);
     }
     // Keys are never logged, prompts only with LOG_PROMPTS: request logs carry method, URL, status, ids and timings.
-    const logger = pino({ level: config.logLevel });
+    const logger = createLogger(config.logLevel);
     // Loaded here, not at the top: the other commands (and every usage error) start without the server's modules.
     const { startServer } = await import('../server.js');
     const server = await startServer(config, logger).catch((err: unknown) => {

@@ -1,10 +1,10 @@
 import { Writable } from 'node:stream';
-import { pino } from 'pino';
+import { createLogger } from '../../src/observability/logger.js';
 
 /** A logger that writes nothing, for the parts under test whose logs no test reads. */
-export const silentLogger = pino({ level: 'silent' });
+export const silentLogger = createLogger('silent');
 
-/** A logger at level info whose lines the test reads: parsed, and as written (`raw`). */
+/** A logger at level info, as the server's writes them (createLogger), whose lines the test reads: parsed, and as written (`raw`). */
 export function capturedLogs<Line>() {
   const lines: Line[] = [];
   const raw: string[] = [];
@@ -15,5 +15,5 @@ export function capturedLogs<Line>() {
       done();
     },
   });
-  return { logger: pino({ level: 'info' }, sink), lines, raw };
+  return { logger: createLogger('info', sink), lines, raw };
 }
