@@ -93,6 +93,25 @@ describe('external weights under each exporter\'s name', () => {
 });
 
 describe('folders the server cannot run', () => {
+  it("refuses an imagegen.json that sets what the model would ignore, as a request setting it is refused: guidance for FLUX schnell, a negative prompt for FLUX and LCMs", async () => {
+    const withPreset = async (family: string, preset: object) => {
+      const dir = await copyOfReference(family);
+      await writeFile(path.join(dir, 'imagegen.json'), JSON.stringify(preset));
+      return inspectModelFolder(dir);
+    };
+    // Before, each was served with the setting ignored: every request ran without what its operator set.
+    expect(reasonOf(await withPreset('flux-schnell', { guidance_scale: { vivid: 3.5 } }))).toBe(
+      'imagegen.json: guidance_scale (vivid 3.5) does not fit this model: it is a flux-schnell model, distilled to run without guidance. Remove guidance_scale, or set it to 0',
+    );
+    for (const family of ['flux-dev', 'lcm']) {
+      expect(reasonOf(await withPreset(family, { negative_prompt: 'blurry' }))).toMatch(/^imagegen\.json: negative_prompt does not fit this model: a [\w-]+ model runs no classifier-free batch, the only part of a generation that reads one\. Remove negative_prompt$/);
+    }
+    // What the models read stays allowed: guidance for FLUX dev, up to 1 (none) for schnell; a negative prompt for SD.
+    for (const [family, preset] of [['flux-dev', { guidance_scale: { vivid: 3.5 } }], ['flux-schnell', { guidance_scale: { natural: 1 } }], ['sd-turbo', { negative_prompt: 'blurry' }]] as const) {
+      expect((await withPreset(family, preset)).usable).toBe(true);
+    }
+  });
+
   it('names an external weights file that is missing, under either name, and one that is truncated', async () => {
     const dir = await copyOfReference('sd15-fp16');
     const unet = path.join(dir, 'unet', 'model.onnx');

@@ -2,7 +2,7 @@ import { z } from 'zod';
 import type { Quality, Style } from '../families/family.js';
 import { familyEntry } from '../families/index.js';
 import { MAX_STEPS } from '../runtime/types.js';
-import type { ModelLayout } from './layout.js';
+import { takesGuidance, takesNegativePrompt, type ModelLayout } from './layout.js';
 
 /**
  * What the OpenAI request fields mean for a model: its variant's preset (src/families/) with its
@@ -88,7 +88,7 @@ export function nativeSide(layout: Pick<ModelLayout, 'family' | 'variant' | 'nat
  * `imagegen.json` (already parsed) applied. `knownSchedulers` are the names valid for this model.
  */
 export function presetFor(
-  layout: Pick<ModelLayout, 'family' | 'variant' | 'nativeSize' | 'sizeMultiple'>,
+  layout: Pick<ModelLayout, 'family' | 'variant' | 'nativeSize' | 'sizeMultiple' | 'denoiserConfig'>,
   override: PresetOverride,
   knownSchedulers: readonly string[],
 ): ModelPreset {
@@ -113,6 +113,7 @@ export function presetFor(
   if (scheduler !== undefined && !knownSchedulers.includes(scheduler)) {
     throw new PresetError(`scheduler '${scheduler}' does not fit this model; use one of ${knownSchedulers.join(', ')}`);
   }
+  checkReadable(layout, override);
   return {
     sizes: [...new Set(sizes)],
     defaultSize,
@@ -123,4 +124,21 @@ export function presetFor(
     guidanceRescale: override.guidance_rescale ?? 0,
     negativePrompt: override.negative_prompt,
   };
+}
+
+/**
+ * A preset may not set what its model would ignore without a word, as a request may not (service/plan.ts
+ * answers the same settings in a request with a 400): a guidance above 1 for a model distilled to run
+ * without guidance, a negative prompt for one that runs no classifier-free batch (the only part of a
+ * generation that reads it). Ignored, every request of the model was made without what its operator set.
+ */
+function checkReadable(layout: Pick<ModelLayout, 'family' | 'variant' | 'denoiserConfig'>, override: PresetOverride): void {
+  const guided = Object.entries(override.guidance_scale ?? {}).filter(([, scale]) => scale !== undefined && scale > 1);
+  if (guided.length > 0 && !takesGuidance(layout)) {
+    const set = guided.map(([style, scale]) => `${style} ${scale}`).join(', ');
+    throw new PresetError(`guidance_scale (${set}) does not fit this model: it is a ${layout.variant} model, distilled to run without guidance. Remove guidance_scale, or set it to 0`);
+  }
+  if (override.negative_prompt && !takesNegativePrompt(layout)) {
+    throw new PresetError(`negative_prompt does not fit this model: a ${layout.variant} model runs no classifier-free batch, the only part of a generation that reads one. Remove negative_prompt`);
+  }
 }
