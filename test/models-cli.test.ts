@@ -589,7 +589,7 @@ describe('the imagegen CLI', () => {
     const mine = (await cli('models', 'import', sourceDir, '--name', 'mine', '--skip-load', '--models-dir', modelsDir)).stdout;
     expect(mine).not.toMatch(/note:/);
     // Which server sees it, and how to ask for it.
-    expect(mine).toContain(`a server with MODELS_DIR=${modelsDir} picks it up at its next rescan (MODELS_RESCAN_SECONDS) or when a request names it: "model": "mine", or DEFAULT_MODEL=mine`);
+    expect(mine).toContain(`a server with MODELS_DIR=${modelsDir} picks it up (or the new version of a model it replaced) with its next request, or at its next rescan (MODELS_RESCAN_SECONDS): "model": "mine", or DEFAULT_MODEL=mine`);
     // A mistyped folder is no empty one.
     const missing = path.join(modelsDir, 'no-such-folder');
     await expect(cli('models', 'list', '--models-dir', missing)).rejects.toMatchObject({

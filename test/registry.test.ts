@@ -124,6 +124,21 @@ describe('ModelRegistry', () => {
     expect((await models.resolve('late'))?.id).toBe('late');
   });
 
+  it('gives a model replaced right after a scan (models import --force) as its new version at once, not the old one until a rescan', async () => {
+    const models = new ModelRegistry({ roots: [{ dir: root, ownedBy: 'user' }], aliases: {}, logger: silentLogger, minRescanIntervalMs: 60_000 });
+    await writeStubModel(path.join(root, 'swap'), { sizes: ['256x256'] });
+    await models.scan();
+    const old = (await models.resolve('swap'))!;
+    // Replaced as the installer does: the new one made aside, the old renamed away, the new renamed in.
+    await writeStubModel(path.join(root, '.staging-swap'), { sizes: ['512x512'] });
+    await rename(path.join(root, 'swap'), path.join(root, '.trash-swap'));
+    await rename(path.join(root, '.staging-swap'), path.join(root, 'swap'));
+    // Before, the old entry answered until a rescan: with MODELS_RESCAN_SECONDS=0, until a restart.
+    const replaced = (await models.resolve('swap'))!;
+    expect(replaced.preset.sizes).toEqual(['512x512']);
+    expect(replaced.version).not.toBe(old.version);
+  });
+
   it('scans for a model a request names, rate-limited on a clock that a step of the wall clock back does not stop', async () => {
     const models = new ModelRegistry({ roots: [{ dir: root, ownedBy: 'user' }], aliases: {}, logger: silentLogger, minRescanIntervalMs: 2000 });
     vi.useFakeTimers({ toFake: ['Date', 'performance'] });

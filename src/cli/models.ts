@@ -71,7 +71,7 @@ function printInstalled(model: InstalledModel): void {
   console.log(`installed ${model.id} (${model.family}, ${model.variant}, ${formatBytes(model.bytes)}) in ${model.dir}`);
   // Only a server reading this folder sees it: one started without MODELS_DIR (as the README's first run is) never will.
   console.log(
-    `a server with ${MODELS_DIR}=${path.dirname(model.dir)} picks it up at its next rescan (${envName('modelsRescanSeconds')}) or when a request names it: "model": "${model.id}", or ${envName('defaultModel')}=${model.id} for requests that name none`,
+    `a server with ${MODELS_DIR}=${path.dirname(model.dir)} picks it up (or the new version of a model it replaced) with its next request, or at its next rescan (${envName('modelsRescanSeconds')}): "model": "${model.id}", or ${envName('defaultModel')}=${model.id} for requests that name none`,
   );
   // Legitimate (a model meant to answer for that name), but it changes what other requests run.
   if ((OPENAI_MODEL_NAMES as readonly string[]).includes(model.id)) {

@@ -185,12 +185,15 @@ export class ModelRegistry {
   }
 
   /**
-   * The model an id or alias names, rescanning first (rate-limited) when it is unknown. An installed
+   * The model an id or alias names, rescanning first (rate-limited) when it is unknown, or when a models
+   * folder changed since the last scan: a model replaced by "models import --force" (or "pull --force")
+   * is renamed in whole, and until a rescan its old entry, the old version's presets and sessions, went
+   * on answering (for good with MODELS_RESCAN_SECONDS=0). A stat of each root per request. An installed
    * model's id wins over an alias of the same name, here as in list(): the scan logs such an alias.
    */
   async resolve(id: string): Promise<ModelEntry | undefined> {
     const named = () => this.models.get(this.aliasTarget(id) ?? id);
-    if (!named()) await this.refresh();
+    if (!named() || (await this.rootsChanged())) await this.refresh();
     return named();
   }
 
