@@ -9,6 +9,7 @@ import { FileImageStore } from '../src/store/file-store.js';
 import { MIN_IMAGE_BYTES } from '../src/store/space.js';
 import { imageName } from '../src/store/image-names.js';
 import { ImageDamagedError, StoreFullError, StoreUnavailableError } from '../src/store/image-store.js';
+import { storeError } from '../src/service/failures.js';
 import { startTestServer, TEST_KEY } from './helpers/api-server.js';
 import { FakeEngine } from './helpers/engines.js';
 import { capturedLogs, silentLogger } from './helpers/logs.js';
@@ -215,6 +216,11 @@ describe('ImageStore', () => {
     // The disk under it has less room than this, whatever the store's own limit.
     const huge = await open({ maxBytes: 1e18 });
     expect(await reason(huge.reserve(1e17))).toEqual({ reason: 'disk', retryAfterSeconds: undefined });
+    // Said with what the disk has free and what was set aside: a disk that shows room to spare can have too little.
+    const disk = await huge.reserve(1e17).catch((err: unknown) => err);
+    expect(storeError(disk).message).toMatch(
+      /^The disk holding the server's image store has [\d.]+ [KMGT]?i?B free, and this request's images may take up to 90949\.5 TiB there \(counted at the most their format can take\)\. Ask for response_format 'b64_json'; the server's operator should free disk space under DATA_DIR/,
+    );
   });
 
   it('reads only the images that expire first as it refuses a put for space: a flood of refusals must not read the whole index each', async () => {

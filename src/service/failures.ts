@@ -124,7 +124,7 @@ function storeFull(err: StoreFullError): ApiError {
 }
 
 /** What a full store tells the client, and whether (and when) retrying can help, by why it is full. */
-function storeFullAnswer({ reason, neededBytes, maxBytes, retryAfterSeconds }: StoreFullError): { message: string; headers: Record<string, string> } {
+function storeFullAnswer({ reason, neededBytes, maxBytes, retryAfterSeconds, freeBytes }: StoreFullError): { message: string; headers: Record<string, string> } {
   const inline = "Ask for response_format 'b64_json'";
   switch (reason) {
     case 'running':
@@ -138,11 +138,17 @@ function storeFullAnswer({ reason, neededBytes, maxBytes, retryAfterSeconds }: S
         message: `This request's images may take up to ${formatBytes(neededBytes)} in the server's image store (counted at the most their format can take), more than the whole store holds (MAX_STORE_BYTES, ${formatBytes(maxBytes)}). ${inline}, or fewer or smaller images; the server's operator can raise MAX_STORE_BYTES.`,
         headers: NO_RETRY,
       };
-    case 'disk':
+    case 'disk': {
+      // Set aside at the most the format can take: a disk that shows room to spare can still have too little.
+      const full =
+        freeBytes === undefined
+          ? 'is full'
+          : `has ${formatBytes(freeBytes)} free, and this request's images may take up to ${formatBytes(neededBytes)} there (counted at the most their format can take)`;
       return {
-        message: `The disk holding the server's image store is full. ${inline}; the server's operator should free disk space under DATA_DIR, or lower MAX_STORE_BYTES to what the disk can hold.`,
+        message: `The disk holding the server's image store ${full}. ${inline}; the server's operator should free disk space under DATA_DIR, or lower MAX_STORE_BYTES to what the disk can hold.`,
         headers: NO_RETRY,
       };
+    }
     case 'images': {
       const when = retryAfterSeconds === undefined ? 'once older images expired' : `in ${retryAfterSeconds}s, when enough older images will have expired`;
       return {

@@ -187,7 +187,8 @@ export class FileImageStore implements ImageStore {
     const disk = await statfs(this.options.dir).catch((err: NodeJS.ErrnoException) => {
       throw new StoreUnavailableError(`the image folder ${this.options.dir} cannot be examined (${err.code ?? err.message})`, { cause: err, reason: err.code ?? 'statfs failed' });
     });
-    if (disk.bavail * disk.bsize < bytes) throw new StoreFullError('disk', this.options.maxBytes, bytes);
+    const free = disk.bavail * disk.bsize;
+    if (free < bytes) throw new StoreFullError('disk', this.options.maxBytes, bytes, undefined, free);
     return this.space.reserve(bytes);
   }
 

@@ -50,6 +50,8 @@ export class StoreFullError extends Error {
     readonly neededBytes: number,
     /** When images expiring frees enough room, where the store knows ('images'). */
     readonly retryAfterSeconds?: number,
+    /** What the disk had free, where the store looked ('disk', as space is set aside). */
+    readonly freeBytes?: number,
   ) {
     super(`the image store cannot take ${neededBytes} more bytes (${reason}; its limit is ${maxBytes} bytes)`);
     this.name = 'StoreFullError';
