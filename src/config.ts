@@ -331,7 +331,7 @@ const SETTINGS = {
     // At least the largest form an edit takes (an image and a mask of 25 MiB, fields): one always fits.
     schema: bytesAtLeast(64 * 1024 ** 2, '64m').prefault('256m'),
     description:
-      'memory request bodies (the uploaded files of edits and variations, JSON bodies) may take together, from their first byte until their request ends (a request waiting for a worker keeps its upload); a body that finds it full gets 429 with Retry-After before the rest of it is read',
+      'memory request bodies (the uploaded files of edits and variations, JSON bodies) may take together, from their first byte until their request ends (a request waiting for a worker keeps its upload); a body that finds it full gets 429 with Retry-After before the rest of it is read; one API key holds at most half of it (or the largest body a request may send, where that is more)',
   },
   bodyLimit: {
     schema: byteSize.pipe(z.number().min(1, 'expected at least 1 byte')).prefault('1m'),

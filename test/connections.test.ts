@@ -535,6 +535,51 @@ describe('JSON bodies arriving or waiting', () => {
   }, 60_000);
 });
 
+describe("one key's bodies", () => {
+  it("leave room in UPLOAD_MEMORY for other keys' requests, whatever that key's own limits", async () => {
+    const MiB = 1024 ** 2;
+    // A key held to one request a minute: its bodies, never finished, are never counted against it.
+    const mallory = 'sk-mallory-0123456789';
+    const alice = 'sk-alice-0123456789';
+    const server = await startTestServer({
+      engine: new FakeEngine(),
+      keysFile: `mallory:${mallory} requests_per_minute=1\nalice:${alice}\n`,
+      config: { uploadMemory: 64 * MiB, bodyLimit: 2 * MiB },
+    });
+    const port = Number(new URL(server.origin).port);
+    const post = (key: string, length: number) =>
+      head(['POST /v1/images/generations HTTP/1.1', 'Host: 127.0.0.1', `Authorization: Bearer ${key}`, 'Content-Type: application/json', `Content-Length: ${length}`]);
+    // Bodies of 1 MiB and a byte, sent but for that byte: seventy would hold 70 MiB, all of UPLOAD_MEMORY.
+    const holding = Array.from({ length: 70 }, () => rawRequest(port, Buffer.concat([Buffer.from(post(mallory, MiB + 1)), Buffer.alloc(MiB, 0x20)])));
+    // Whether mallory is refused another such body as it is announced (the headers alone: the look takes no
+    // memory). Once it is, mallory holds all but less than 1 MiB of the room it may take.
+    const refusedMore = async () => {
+      const look = rawRequest(port, post(mallory, MiB + 1));
+      await Promise.race([once(look.socket, 'data'), look.closed, new Promise((resolve) => setTimeout(resolve, 1000))]);
+      look.socket.destroy();
+      return look.text.startsWith('HTTP/1.1 429') ? look.text : undefined;
+    };
+    try {
+      await expect.poll(async () => (await refusedMore()) !== undefined, { timeout: 30_000 }).toBe(true);
+      // Before, mallory's bodies filled all of it, and alice's requests got 429 for as long as mallory kept
+      // that up (each round for REQUEST_TIMEOUT_SECONDS). A body of 1.25 MiB still fits beside them (more
+      // than a body of mallory's given back can leave free).
+      const generated = await fetch(`${server.baseURL}/images/generations`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json', authorization: `Bearer ${alice}` },
+        body: JSON.stringify({ model: 'stub', prompt: 'a red circle', response_format: 'b64_json' }) + ' '.repeat(1.25 * MiB),
+      });
+      expect(generated.status).toBe(200);
+      // Mallory is told why it is refused: its share, not a server that is full.
+      const { error } = expectOpenAiError((await refusedMore())!, 429, 'rate_limit_exceeded');
+      expect(error.message).toMatch(/this API key's requests hold as much .* as one key may \(59(\.0)? MiB of UPLOAD_MEMORY, 64(\.0)? MiB/);
+    } finally {
+      for (const exchange of holding) exchange.socket.destroy();
+      await server.close();
+    }
+  }, 60_000);
+});
+
 describe('pipelined requests whose connection closes before their turn', () => {
   const MiB = 1024 ** 2;
   const post = (body: object) => {

@@ -6,10 +6,11 @@ import type { Metrics } from '../observability/metrics.js';
 import { createImageService, type ImageEngine } from '../service/images.js';
 import type { ImageStore } from '../store/image-store.js';
 import { auth } from './auth.js';
+import { uploadMemoryBudget } from './body-memory.js';
 import { connectionOptions, connections } from './connections.js';
 import { content } from './content.js';
 import { cors } from './cors.js';
-import { edits } from './edits.js';
+import { edits, LARGEST_FORM_BYTES } from './edits.js';
 import { answerClientError, answerFrameworkError, errors, unrouted } from './errors.js';
 import { expectContinue } from './expect.js';
 import { files } from './files.js';
@@ -24,7 +25,6 @@ import { models } from './models.js';
 import { playground } from './playground.js';
 import { requestId, requestIds } from './request-id.js';
 import { shutdown } from './shutdown.js';
-import { ByteBudget } from '../util/byte-budget.js';
 
 /** The HTTP app, assembled from one plugin per concern; the caller owns the parts it is given. */
 
@@ -103,8 +103,9 @@ export function buildApp({ config, registry, engine, store, metrics, logger, tls
     maxConnections: config.maxConnections,
     onDropped: () => metrics.connectionDropped(),
   });
-  // UPLOAD_MEMORY: request bodies held in memory, JSON (content.ts) and forms (edits.ts) together.
-  const bodyMemory = new ByteBudget(config.uploadMemory);
+  // UPLOAD_MEMORY: request bodies held in memory, JSON (content.ts) and forms (edits.ts) together; each
+  // key gets room for the largest body one request may send.
+  const bodyMemory = uploadMemoryBudget(config.uploadMemory, Math.max(config.bodyLimit, LARGEST_FORM_BYTES));
   app.register(content, { memory: bodyMemory });
   // Before the plugins whose hooks reject requests, so that those are counted too.
   app.register(metricsRoutes, { metrics, public: config.metricsPublic });

@@ -5,7 +5,7 @@ import type { FastifyInstance, FastifyRequest, RequestPayload } from 'fastify';
 import fp from 'fastify-plugin';
 import { ApiError } from '../api/errors.js';
 import type { ByteBudget } from '../util/byte-budget.js';
-import { bodyMemoryFull, holdBodyMemory } from './body-memory.js';
+import { holdBodyMemory } from './body-memory.js';
 import { declaredBodyBytes } from './connections.js';
 import { bodyTooLarge } from './errors.js';
 import { sendsForm } from './raw-headers.js';
@@ -66,12 +66,13 @@ function decode(request: FastifyRequest, payload: RequestPayload, decoder: Trans
 
 /**
  * The body as it is read, each chunk taken by `take` first: one that does not fit fails the body with
- * UPLOAD_MEMORY's 429 (an error of the stream Fastify reads, as decode's 413 is).
+ * UPLOAD_MEMORY's 429 that `take` answers (an error of the stream Fastify reads, as decode's 413 is).
  */
-function held(payload: RequestPayload, take: (bytes: number) => boolean, memory: ByteBudget): RequestPayload {
+function held(payload: RequestPayload, take: (bytes: number) => ApiError | undefined): RequestPayload {
   const body: Transform & { receivedEncodedLength?: number } = new Transform({
     transform(chunk: Buffer, _encoding, done) {
-      if (!take(chunk.length)) return done(bodyMemoryFull(memory));
+      const refusal = take(chunk.length);
+      if (refusal) return done(refusal);
       done(null, chunk);
     },
   });
@@ -109,7 +110,7 @@ async function contentPlugin(app: FastifyInstance, { memory }: ContentOptions): 
     // A body declared over BODY_LIMIT gets Fastify's 413 before any of it is read: held, it would get
     // UPLOAD_MEMORY's 429 while the memory is busy, which the SDKs retry though it can never pass.
     const take = hasBody && !form && declaredBodyBytes(request) <= request.routeOptions.bodyLimit ? holdBodyMemory(request, reply, memory) : undefined;
-    const counted = (body: RequestPayload) => (take ? held(body, take, memory) : body);
+    const counted = (body: RequestPayload) => (take ? held(body, take) : body);
     if (!encoding || encoding === 'identity') return counted(payload);
     if (form) {
       throw new ApiError(415, `Unsupported Content-Encoding '${encoding}' for a multipart/form-data body: send it uncompressed (its pictures are compressed already).`, {

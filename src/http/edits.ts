@@ -5,7 +5,7 @@ import { parseImageRequest, type ImagesResponse } from '../api/wire.js';
 import type { EditInput } from '../service/images.js';
 import { checkMask, decodeInputImage } from '../service/input-images.js';
 import { queueClient, respond, type ImagesOptions } from './image-routes.js';
-import { readUpload, type Upload, type UploadLimits, type UploadRoute } from './uploads.js';
+import { formBound, readUpload, type Upload, type UploadLimits, type UploadRoute } from './uploads.js';
 import { sendsForm } from './raw-headers.js';
 import type { ByteBudget } from '../util/byte-budget.js';
 
@@ -25,6 +25,9 @@ const UPLOAD_LIMITS: UploadLimits = {
       "Too many images: this server's diffusion models edit one image per request, and this request sends more. Send one image (combine reference pictures into one first).",
     ),
 };
+
+/** The largest form these routes take (an edit's: its picture, its mask and the fields), of which UPLOAD_MEMORY gives each key room (body-memory.ts). */
+export const LARGEST_FORM_BYTES = Math.max(formBound('edit', UPLOAD_LIMITS), formBound('variation', UPLOAD_LIMITS));
 
 /** The picture and mask of an upload, decoded and checked. */
 async function editInput({ images, mask, form }: Upload, route: UploadRoute): Promise<EditInput> {

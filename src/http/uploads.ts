@@ -4,7 +4,7 @@ import { imageReferenceBytes } from '../api/data-uri.js';
 import { ApiError, describeValue } from '../api/errors.js';
 import { UNSUPPORTED_FIELDS } from '../api/wire.js';
 import type { ByteBudget } from '../util/byte-budget.js';
-import { bodyMemoryFull, holdBodyMemory } from './body-memory.js';
+import { holdBodyMemory } from './body-memory.js';
 import { declaredBodyBytes } from './connections.js';
 import { messageOf } from '../util/error-message.js';
 
@@ -127,7 +127,8 @@ function boundFormBytes(request: FastifyRequest, reply: FastifyReply, maxBytes: 
     if (received + chunk.byteLength > maxBytes) return refuse(tooLarge(true));
     received += chunk.byteLength;
     if (partsRead) return;
-    if (!take(chunk.byteLength)) return refuse(bodyMemoryFull(memory));
+    const refusal = take(chunk.byteLength);
+    if (refusal) return refuse(refusal);
   };
   // The answer is done (or the client left): a refused form's body may still be arriving, and is no
   // longer counted (what it held goes back: holdBodyMemory).
@@ -143,9 +144,14 @@ function boundFormBytes(request: FastifyRequest, reply: FastifyReply, maxBytes: 
   };
 }
 
-async function readForm(request: FastifyRequest, reply: FastifyReply, route: UploadRoute, limits: UploadLimits, memory: ByteBudget): Promise<Upload> {
+/** The most bytes a form of `route` may send (boundFormBytes holds it to them): its files, fields and part headers. */
+export function formBound(route: UploadRoute, limits: UploadLimits): number {
   const files = limits.maxImages + (FILE_FIELDS[route].includes('mask') ? 1 : 0);
-  const partsRead = boundFormBytes(request, reply, files * MAX_UPLOAD_BYTES + MAX_FIELDS * MAX_FIELD_BYTES + FORM_OVERHEAD_BYTES, memory);
+  return files * MAX_UPLOAD_BYTES + MAX_FIELDS * MAX_FIELD_BYTES + FORM_OVERHEAD_BYTES;
+}
+
+async function readForm(request: FastifyRequest, reply: FastifyReply, route: UploadRoute, limits: UploadLimits, memory: ByteBudget): Promise<Upload> {
+  const partsRead = boundFormBytes(request, reply, formBound(route, limits), memory);
   try {
     return await readParts(request, route, limits);
   } finally {

@@ -1,24 +1,43 @@
 /**
  * A number of bytes shared out among users: each takes what it needs as it goes, and gives all it took
- * back when done. Nothing waits: a take that does not fit is refused, and the caller says so.
+ * back when done. Nothing waits: a take that does not fit is refused, and the caller says so. A take
+ * may name its holder (a client), who then gets at most `share` of the whole, however much is free:
+ * else one holder could take all of it and leave every other one refused for as long as it held it.
  */
 export class ByteBudget {
   private used = 0;
+  /** What each named holder holds now (none: nothing). */
+  private readonly holders = new Map<string, number>();
 
-  constructor(readonly limit: number) {}
+  constructor(
+    readonly limit: number,
+    readonly share = limit,
+  ) {}
 
-  /** Takes `bytes` if they fit; false (taking nothing) if not. */
-  take(bytes: number): boolean {
-    if (this.used + bytes > this.limit) return false;
+  /** What `holder` may take now: what is free, and of a named holder, no more than its share leaves it. */
+  room(holder?: string): number {
+    const free = this.limit - this.used;
+    return holder === undefined ? free : Math.min(free, this.share - this.heldBy(holder));
+  }
+
+  /** Takes `bytes` for `holder` if they fit; false (taking nothing) if not. */
+  take(bytes: number, holder?: string): boolean {
+    if (bytes > this.room(holder)) return false;
     this.used += bytes;
+    if (holder !== undefined) this.holders.set(holder, this.heldBy(holder) + bytes);
     return true;
   }
 
-  release(bytes: number): void {
+  release(bytes: number, holder?: string): void {
     this.used -= bytes;
+    if (holder === undefined) return;
+    const left = this.heldBy(holder) - bytes;
+    if (left > 0) this.holders.set(holder, left);
+    else this.holders.delete(holder);
   }
 
-  get inUse(): number {
-    return this.used;
+  /** What `holder` holds now. */
+  heldBy(holder: string): number {
+    return this.holders.get(holder) ?? 0;
   }
 }
