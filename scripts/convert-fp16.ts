@@ -4,7 +4,7 @@
  *   npm run convert:fp16 -- <source-folder> <target-folder> [--keep-float32 <OpType> ...]
  *
  * Every model.onnx becomes float16 (weights, inputs, outputs, computation); integer inputs stay as they
- * are. `--keep-float32` keeps the named ops computing in float32 between Casts, for providers that
+ * are. Weights kept beside a graph (model.onnx_data) go to a float16 model.onnx_data of its own. `--keep-float32` keeps the named ops computing in float32 between Casts, for providers that
  * compute in float16 (onnxruntime's CPU provider needs none: see scripts/fp16/convert.ts).
  */
 import { parseArgs } from 'node:util';

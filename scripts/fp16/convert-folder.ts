@@ -1,10 +1,15 @@
 /**
  * A float16 copy of a model folder (diffusers/Optimum layout): every `model.onnx` is converted, every
- * other file (configs, tokenizers, scheduler) is copied as is.
+ * other file (configs, tokenizers, scheduler) is copied as is, but for the float32 weights files the
+ * graphs read from beside them: a converted graph gets its own, of float16 numbers (external-data.ts).
  */
 import { chmod, copyFile, mkdir, readdir, readFile, writeFile } from 'node:fs/promises';
 import path from 'node:path';
-import { convertOnnxBytesToFloat16, type Float16Options } from './convert.js';
+import onnxProto from 'onnx-proto';
+import { convertModelToFloat16, type Float16Options } from './convert.js';
+import { externalTensors, moveExternalTensors } from './external-data.js';
+
+const { onnx } = onnxProto;
 
 export interface ConvertedComponent {
   /** Relative to the folder, e.g. `unet/model.onnx`. */
@@ -12,23 +17,37 @@ export interface ConvertedComponent {
   milliseconds: number;
 }
 
+/** Converts the graph `from` into `to`; returns the external weights files of `from` it read (absolute). */
+async function convertGraphFile(from: string, to: string, options: Float16Options): Promise<string[]> {
+  const model = onnx.ModelProto.decode(await readFile(from));
+  const external = externalTensors(model);
+  convertModelToFloat16(model, options);
+  // Optimum's name for a graph's weights file: model.onnx_data beside model.onnx.
+  const read = await moveExternalTensors(external, path.dirname(path.resolve(from)), `${to}_data`);
+  await writeFile(to, onnx.ModelProto.encode(model).finish());
+  return read;
+}
+
 export async function convertFolderToFloat16(source: string, target: string, options: Float16Options = {}): Promise<ConvertedComponent[]> {
+  const files = (await readdir(source, { recursive: true, withFileTypes: true })).filter((entry) => entry.isFile()).map((entry) => path.join(entry.parentPath, entry.name));
   const converted: ConvertedComponent[] = [];
-  for (const entry of await readdir(source, { recursive: true, withFileTypes: true })) {
-    if (!entry.isFile()) continue;
-    const from = path.join(entry.parentPath, entry.name);
-    const file = path.relative(source, from);
-    const to = path.join(target, file);
+  /** The source's external weights files, which the converted graphs replace with their own. */
+  const replaced = new Set<string>();
+  const targetOf = async (from: string) => {
+    const to = path.join(target, path.relative(source, from));
     await mkdir(path.dirname(to), { recursive: true });
-    if (entry.name.endsWith('.onnx')) {
-      const started = performance.now();
-      await writeFile(to, convertOnnxBytesToFloat16(await readFile(from), options));
-      converted.push({ file, milliseconds: performance.now() - started });
-    } else {
-      await copyFile(from, to);
-      // The copy keeps the source's mode, and a read-only source would make a read-only model folder.
-      await chmod(to, 0o644);
-    }
+    return to;
+  };
+  for (const from of files.filter((file) => file.endsWith('.onnx'))) {
+    const started = performance.now();
+    for (const read of await convertGraphFile(from, await targetOf(from), options)) replaced.add(read);
+    converted.push({ file: path.relative(source, from), milliseconds: performance.now() - started });
+  }
+  for (const from of files.filter((file) => !file.endsWith('.onnx') && !replaced.has(path.resolve(file)))) {
+    const to = await targetOf(from);
+    await copyFile(from, to);
+    // The copy keeps the source's mode, and a read-only source would make a read-only model folder.
+    await chmod(to, 0o644);
   }
   return converted;
 }

@@ -45,7 +45,7 @@ function halfBitsSaturating(x: number): number {
  * beyond float16's range, such as attention masks filled with float32's lowest, saturate instead of
  * becoming infinities, which would turn `mask * 0` into NaN.
  */
-function halfBytes(tensor: proto.ITensorProto): Uint8Array {
+export function halfBytes(tensor: Pick<proto.ITensorProto, 'rawData' | 'floatData'>): Uint8Array {
   const raw = tensor.rawData ?? new Uint8Array(0);
   const floats = tensor.floatData ?? [];
   const count = raw.byteLength > 0 ? raw.byteLength / 4 : floats.length;
@@ -59,15 +59,21 @@ function halfBytes(tensor: proto.ITensorProto): Uint8Array {
   return bytes;
 }
 
-/** Rewrites a float32 tensor as float16 in place; other tensors are left alone. */
+/** Whether a tensor's numbers lie in a file beside the graph rather than in it. */
+export function isExternal(tensor: proto.ITensorProto): boolean {
+  return tensor.dataLocation === onnx.TensorProto.DataLocation.EXTERNAL || (tensor.externalData?.length ?? 0) > 0;
+}
+
+/**
+ * Rewrites a float32 tensor as float16 in place; other tensors are left alone. An external one is
+ * only retyped: its numbers are converted where they lie, by external-data.ts.
+ */
 function toHalfTensor(tensor: proto.ITensorProto): void {
   if (tensor.dataType !== FLOAT) return;
-  if (tensor.dataLocation === onnx.TensorProto.DataLocation.EXTERNAL || (tensor.externalData?.length ?? 0) > 0) {
-    throw new Error(`initializer ${tensor.name} has external data; convert models with weights inside model.onnx`);
-  }
+  tensor.dataType = FLOAT16;
+  if (isExternal(tensor)) return;
   tensor.rawData = halfBytes(tensor);
   tensor.floatData = [];
-  tensor.dataType = FLOAT16;
 }
 
 function toHalfType(type: proto.ITypeProto | null | undefined): void {
@@ -161,10 +167,20 @@ function convertGraph(graph: proto.IGraphProto, outer: ReadonlyMap<string, numbe
   graph.node = nodes;
 }
 
-/** An ONNX model file's bytes, converted as the module comment says. */
-export function convertOnnxBytesToFloat16(bytes: Uint8Array, options: Float16Options = {}): Uint8Array {
-  const model = onnx.ModelProto.decode(bytes);
+/**
+ * Converts a decoded model in place, as the module comment says. Tensors whose numbers lie in external
+ * files are retyped only: convert-folder.ts has external-data.ts convert their numbers in their files.
+ */
+export function convertModelToFloat16(model: proto.IModelProto, options: Float16Options = {}): void {
   if (!model.graph) throw new Error('the model has no graph');
   convertGraph(model.graph, new Map(), options);
+}
+
+/** An ONNX model file's bytes, converted as the module comment says; its weights must lie inside it. */
+export function convertOnnxBytesToFloat16(bytes: Uint8Array, options: Float16Options = {}): Uint8Array {
+  const model = onnx.ModelProto.decode(bytes);
+  const external = (model.graph?.initializer ?? []).find(isExternal);
+  if (external) throw new Error(`initializer ${external.name} lies in an external file: convert the model's folder (convertFolderToFloat16), which converts it there`);
+  convertModelToFloat16(model, options);
   return onnx.ModelProto.encode(model).finish();
 }
