@@ -1,5 +1,5 @@
 import { createHash } from 'node:crypto';
-import { chmod, cp, mkdtemp, readdir, readFile, rm, stat, writeFile } from 'node:fs/promises';
+import { chmod, cp, mkdir, mkdtemp, readdir, readFile, rm, stat, symlink, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import onnxProto from 'onnx-proto';
@@ -189,6 +189,26 @@ describe.skipIf(!haveRealExports)('float16 conversions of the real exports again
     // component real exports keep outside, stands for the others (a float16 UNet takes seconds to load).
     const { inputs, outputs } = await graphTypes(path.join(target, 'unet/model.onnx'));
     expect(await sessionTypes(path.join(target, 'unet/model.onnx'))).toEqual({ inputs, outputs });
+  });
+});
+
+describe.skipIf(!haveRealExports)('float16 conversion of a folder of links (needs ../shared/data/real-exports)', () => {
+  it("converts one whose files are links (as a snapshot in Hugging Face's cache is), and refuses one with no graph", async () => {
+    const dir = await mkdtemp(path.join(os.tmpdir(), 'imagegen-links-'));
+    onTestFinished(() => rm(dir, { recursive: true, force: true }));
+    const [snapshot, plain, linked] = ['snapshot', 'plain', 'linked'].map((name) => path.join(dir, name));
+    const files = (await readdir(realExport('sd15'), { recursive: true, withFileTypes: true })).filter((entry) => entry.isFile());
+    for (const entry of files) {
+      const link = path.join(snapshot, path.relative(realExport('sd15'), entry.parentPath), entry.name);
+      await mkdir(path.dirname(link), { recursive: true });
+      await symlink(path.join(entry.parentPath, entry.name), link);
+    }
+
+    const graphs = (await convertFolderToFloat16(realExport('sd15'), plain)).map((c) => c.file);
+    expect((await convertFolderToFloat16(snapshot, linked)).map((c) => c.file).sort()).toEqual(graphs.sort());
+    expect((await readdir(linked, { recursive: true })).sort()).toEqual((await readdir(plain, { recursive: true })).sort());
+    // A folder without a graph (the wrong level of a download) is an error, not an empty conversion.
+    await expect(convertFolderToFloat16(path.join(snapshot, 'tokenizer'), path.join(dir, 'none'))).rejects.toThrow(/holds no \.onnx graph/);
   });
 });
 

@@ -3,7 +3,7 @@
  * other file (configs, tokenizers, scheduler) is copied as is, but for the float32 weights files the
  * graphs read from beside them: a converted graph gets its own, of float16 numbers (external-data.ts).
  */
-import { chmod, copyFile, mkdir, readdir, readFile, writeFile } from 'node:fs/promises';
+import { chmod, copyFile, mkdir, readdir, readFile, realpath, stat, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import onnxProto from 'onnx-proto';
 import { convertModelToFloat16, type Float16Options } from './convert.js';
@@ -28,8 +28,28 @@ async function convertGraphFile(from: string, to: string, options: Float16Option
   return read;
 }
 
+/**
+ * The files under `dir`, through symbolic links: Hugging Face's cache keeps a snapshot's files as links
+ * to its blobs/, and a folder assembled by hand may link its components in.
+ */
+async function filesUnder(dir: string, seen = new Set<string>()): Promise<string[]> {
+  // A link back to a folder above would otherwise be walked forever.
+  const real = await realpath(dir);
+  if (seen.has(real)) return [];
+  seen.add(real);
+  const files: string[] = [];
+  for (const name of await readdir(dir)) {
+    const file = path.join(dir, name);
+    const found = await stat(file);
+    if (found.isDirectory()) files.push(...(await filesUnder(file, seen)));
+    else if (found.isFile()) files.push(file);
+  }
+  return files;
+}
+
 export async function convertFolderToFloat16(source: string, target: string, options: Float16Options = {}): Promise<ConvertedComponent[]> {
-  const files = (await readdir(source, { recursive: true, withFileTypes: true })).filter((entry) => entry.isFile()).map((entry) => path.join(entry.parentPath, entry.name));
+  const files = await filesUnder(source);
+  if (!files.some((file) => file.endsWith('.onnx'))) throw new Error(`${source} holds no .onnx graph to convert: name the export's folder (the one with unet/ or transformer/)`);
   const converted: ConvertedComponent[] = [];
   /** The source's external weights files, which the converted graphs replace with their own. */
   const replaced = new Set<string>();
