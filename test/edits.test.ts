@@ -234,6 +234,20 @@ describe('edit errors', () => {
     expect(err.message).toContain('alpha channel');
   });
 
+  it("refuses a mask whose transparent stroke falls between the pixels the model reads its mask at, and takes the same stroke on them", async () => {
+    // A stroke 4 pixels wide, down the whole picture: the latent mask reads one pixel per 8x8 block,
+    // its top-left, so at columns 3 to 6 the edit would repaint nothing; at 8 to 11 it repaints.
+    const stroke = (from: number) => {
+      const pixels = Buffer.alloc(SIZE * SIZE * 4, 255);
+      for (let p = 0; p < SIZE * SIZE; p++) if (p % SIZE >= from && p % SIZE < from + 4) pixels[p * 4 + 3] = 0;
+      return sharp(pixels, { raw: { width: SIZE, height: SIZE, channels: 4 } }).png().toBuffer();
+    };
+    const err = await expectApiError(edit({ mask: await png(await stroke(3), 'mask.png'), steps: 1 }), OpenAI.BadRequestError, 400, 'mask', 'invalid_mask');
+    expect(err.message).toMatch(/too thin: the model repaints the picture in 8x8 blocks.*no block's top-left pixel is transparent.*at least 8 pixels wide and tall/);
+    const res = await edit({ mask: await png(await stroke(8), 'mask.png'), steps: 1, response_format: 'b64_json' });
+    expect(res.data).toHaveLength(1);
+  });
+
   it('refuses more than one image, naming the limit', async () => {
     const err = await expectApiError(edit({ image: [await png(redCircle), await png(redCircle)] }), OpenAI.BadRequestError, 400, 'image', 'too_many_images');
     expect(err.message).toContain('one image per request');

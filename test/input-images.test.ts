@@ -45,7 +45,7 @@ describe('uploaded pictures', () => {
 
   it('are decoded as they are fitted: upright, covering the size, their transparent pixels the mask', async () => {
     const image = await decodeInputImage(await bigFlatPng(), 'image');
-    const { image: fitted, mask } = await fitEdit({ image, mask: editMarks({ image }) }, 256, 128);
+    const { image: fitted, mask } = await fitEdit({ image, mask: editMarks({ image }) }, 256, 128, 8);
     expect([fitted.width, fitted.height, fitted.pixels.length]).toEqual([256, 128, 256 * 128 * 3]);
     // Covering 256x128 crops the square's top and bottom: the left half stays transparent, the right blue.
     expect([mask![10], mask![250]]).toEqual([255, 0]);
@@ -60,8 +60,8 @@ describe('uploaded pictures', () => {
     const mask = await decodeInputImage(await sharp(rgba, { raw: { width: 64, height: 64, channels: 4 } }).png().toBuffer(), 'mask');
     const image = await decodeInputImage(await sharp({ create: { width: 64, height: 64, channels: 3, background: 'red' } }).png().toBuffer(), 'image');
     const columns = (repaint: Uint8Array, side: number) => [0, 1, 2, 3].map((c) => repaint[Math.floor(side / 2) * side + Math.floor(((c + 0.5) * side) / 4)]);
-    expect(columns((await fitEdit({ image, mask }, 64, 64)).mask!, 64)).toEqual([255, 0, 0, 0]);
-    expect(columns((await fitEdit({ image, mask }, 128, 128)).mask!, 128)).toEqual([255, 255, 255, 0]);
+    expect(columns((await fitEdit({ image, mask }, 64, 64, 8)).mask!, 64)).toEqual([255, 0, 0, 0]);
+    expect(columns((await fitEdit({ image, mask }, 128, 128, 8)).mask!, 128)).toEqual([255, 255, 255, 0]);
   });
 
   it('refuses a damaged file when it is checked, before its request queues', async () => {
@@ -77,7 +77,7 @@ describe('uploaded pictures', () => {
     const samsung = Buffer.from(jpeg);
     samsung[sos + 5 + 2 * jpeg[sos + 4] + 1] = 0;
     const image = await decodeInputImage(samsung, 'image');
-    const { image: fitted } = await fitEdit({ image }, 64, 32);
+    const { image: fitted } = await fitEdit({ image }, 64, 32, 8);
     for (const [got, want] of [...fitted.pixels.subarray(0, 3)].map((v, i) => [v, [200, 100, 50][i]])) expect(Math.abs(got - want)).toBeLessThanOrEqual(2);
     await expect(decodeInputImage(jpeg.subarray(0, jpeg.length - 40), 'image')).rejects.toMatchObject({ status: 400, param: 'image', code: 'invalid_image_format' });
   });
@@ -109,15 +109,15 @@ describe('uploaded pictures', () => {
     };
     // Painted opaque, with an alpha channel (an editor's export of a white canvas).
     const opaque = await decodeInputImage(await rgba(() => 255), 'mask');
-    const err = await failureOf<ApiError>(fitEdit({ image, mask: opaque }, 64, 64));
+    const err = await failureOf<ApiError>(fitEdit({ image, mask: opaque }, 64, 64, 8));
     expect(err).toMatchObject({ status: 400, param: 'mask', code: 'invalid_mask', message: expect.stringMatching(/no fully transparent pixel.*send no mask/) });
     // One transparent pixel marks it at its own size, and nothing once scaled down: said so.
     const speck = await decodeInputImage(await rgba((p) => (p === 32 * 64 + 32 ? 0 : 255)), 'mask');
-    expect((await fitEdit({ image, mask: speck }, 64, 64)).mask!.filter((v) => v === 255)).toHaveLength(1);
-    expect(await failureOf<ApiError>(fitEdit({ image, mask: speck }, 16, 16))).toMatchObject({ param: 'mask', message: expect.stringMatching(/scaled to 16x16/) });
+    expect((await fitEdit({ image, mask: speck }, 64, 64, 8)).mask!.filter((v) => v === 255)).toHaveLength(1);
+    expect(await failureOf<ApiError>(fitEdit({ image, mask: speck }, 16, 16, 8))).toMatchObject({ param: 'mask', message: expect.stringMatching(/scaled to 16x16/) });
     // So does a picture whose transparent pixels are its mask.
     const own = await decodeInputImage(await rgba((p) => (p === 32 * 64 + 32 ? 0 : 255)), 'image');
-    expect(await failureOf<ApiError>(fitEdit({ image: own, mask: editMarks({ image: own }) }, 16, 16))).toMatchObject({ param: 'image', code: 'invalid_mask' });
+    expect(await failureOf<ApiError>(fitEdit({ image: own, mask: editMarks({ image: own }) }, 16, 16, 8))).toMatchObject({ param: 'image', code: 'invalid_mask' });
   });
 
   it("takes a mask for a phone photo's upright picture, and says so to one made from its sideways stored pixels", async () => {

@@ -277,7 +277,7 @@ export function createImageService({ registry, engine, store, defaultRng, defaul
     if (!model) throw unknownModel(request.model, registry, defaultModel);
     const plan = edit && editPlan(request, model, edit);
     const planned = planBatches(request, model, defaultRng, plan && { ...plan, picture: edit.image });
-    const batches = edit && plan ? withPicture(planned, await fitEdit({ image: edit.image, mask: plan.marks }, planned[0].width, planned[0].height)) : planned;
+    const batches = edit && plan ? withPicture(planned, await fitEdit({ image: edit.image, mask: plan.marks }, planned[0].width, planned[0].height, model.layout.vae.scaleFactor)) : planned;
     // Counted first: a tokenizer that cannot load fails the request before any work is spent on it.
     // Streamed responses carry usage whatever the dialect: OpenAI's completed event has it.
     const textTokens = request.dialect === 'gpt-image' || request.stream ? await promptTokens.count(model, request.prompt) : undefined;

@@ -168,9 +168,10 @@ export interface EditPicture {
 /**
  * The edit's picture and mask (where to repaint, see editMarks) at the size the request runs at. The
  * channels are split and the mask thresholded by libvips, off the event loop: a JavaScript loop over
- * every pixel held the server's one thread for a third of a second at 1792x1024.
+ * every pixel held the server's one thread for a third of a second at 1792x1024. `cell`: the model's
+ * VAE scale, the side of the pixel blocks its latent mask reads one pixel of (below).
  */
-export async function fitEdit({ image, mask: marks }: EditSource, width: number, height: number): Promise<EditPicture> {
+export async function fitEdit({ image, mask: marks }: EditSource, width: number, height: number, cell: number): Promise<EditPicture> {
   const rgba = await fit(image, width, height);
   const raw = (channels: 1 | 4) => ({ raw: { width, height, channels } });
   const fitted = { pixels: await sharp(rgba, raw(4)).removeAlpha().raw().toBuffer(), width, height };
@@ -182,21 +183,40 @@ export async function fitEdit({ image, mask: marks }: EditSource, width: number,
   // 255 where alpha >= the bound, negated: 255 where it is below.
   const scaled = marks.width !== width || marks.height !== height;
   const mask = await sharp(alpha, raw(1)).threshold(transparentBelow(scaled), { grayscale: false }).negate().toColourspace('b-w').raw().toBuffer();
-  if (!mask.includes(255)) throw marksNothing(marks, scaled, width, height);
+  if (!mask.includes(255)) throw marksNothing(marks, scaled ? `scaled to ${width}x${height}, it has no pixel with alpha below 128` : 'it has no fully transparent pixel');
+  if (!marksACell(mask, width, height, cell)) {
+    throw marksNothing(
+      marks,
+      `its transparent area is too thin: the model repaints the picture in ${cell}x${cell} blocks, each as the block's top-left pixel is marked (as diffusers does), and ${scaled ? `scaled to ${width}x${height}, ` : ''}no block's top-left pixel is transparent`,
+      `, at least ${cell} pixels wide and tall`,
+    );
+  }
   return { image: fitted, mask };
 }
 
 /**
- * A mask that marks no pixel to repaint: the edit would run in full and answer the picture unchanged
- * (a mask painted opaque, or exported with an alpha channel but no transparency; or transparent pixels
- * too few to outlast scaling), which reads as the server ignoring the request.
+ * Whether `mask` repaints any latent pixel: the pipelines shrink it to the latent grid by its pixel at
+ * each block's top-left corner (pipelines/denoise.ts latentMask, as diffusers' nearest-neighbour
+ * interpolation), so transparent strokes that fall between those pixels repaint nothing.
  */
-function marksNothing(marks: InputImage, scaled: boolean, width: number, height: number): ApiError {
+function marksACell(mask: Uint8Array, width: number, height: number, cell: number): boolean {
+  for (let y = 0; y < height; y += cell) {
+    for (let x = 0; x < width; x += cell) if (mask[y * width + x] === 255) return true;
+  }
+  return false;
+}
+
+/**
+ * A mask that marks nothing to repaint, `why`: the edit would run in full and answer the picture
+ * unchanged (a mask painted opaque, or exported with an alpha channel but no transparency; transparent
+ * pixels too few to outlast scaling; or none where the model reads its mask), which reads as the
+ * server ignoring the request.
+ */
+function marksNothing(marks: InputImage, why: string, wide = ''): ApiError {
   const what = marks.param === 'mask' ? 'the mask' : 'the image (its transparent pixels are its mask)';
-  const why = scaled ? `scaled to ${width}x${height}, it has no pixel with alpha below 128` : 'it has no fully transparent pixel';
   return ApiError.invalid(
     marks.param,
     'invalid_mask',
-    `Invalid file '${marks.param}': ${what} marks nothing to edit: ${why}, so the picture would come back unchanged. Erase the area to redraw to full transparency${marks.param === 'mask' ? ', or send no mask to redraw the whole picture' : ''}.`,
+    `Invalid file '${marks.param}': ${what} marks nothing to edit: ${why}, so the picture would come back unchanged. Erase the area to redraw to full transparency${wide}${marks.param === 'mask' ? ', or send no mask to redraw the whole picture' : ''}.`,
   );
 }
