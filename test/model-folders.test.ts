@@ -93,12 +93,14 @@ describe('external weights under each exporter\'s name', () => {
 });
 
 describe('folders the server cannot run', () => {
+  /** The verdict on a copy of a reference model with this imagegen.json. */
+  const withPreset = async (family: string, preset: object) => {
+    const dir = await copyOfReference(family);
+    await writeFile(path.join(dir, 'imagegen.json'), JSON.stringify(preset));
+    return inspectModelFolder(dir);
+  };
+
   it("refuses an imagegen.json that sets what the model would ignore, as a request setting it is refused: guidance for FLUX schnell, a negative prompt for FLUX and LCMs", async () => {
-    const withPreset = async (family: string, preset: object) => {
-      const dir = await copyOfReference(family);
-      await writeFile(path.join(dir, 'imagegen.json'), JSON.stringify(preset));
-      return inspectModelFolder(dir);
-    };
     // Before, each was served with the setting ignored: every request ran without what its operator set.
     expect(reasonOf(await withPreset('flux-schnell', { guidance_scale: { vivid: 3.5 } }))).toBe(
       'imagegen.json: guidance_scale (vivid 3.5) does not fit this model: it is a flux-schnell model, distilled to run without guidance. Remove guidance_scale, or set it to 0',
@@ -110,6 +112,17 @@ describe('folders the server cannot run', () => {
     for (const [family, preset] of [['flux-dev', { guidance_scale: { vivid: 3.5 } }], ['flux-schnell', { guidance_scale: { natural: 1 } }], ['sd-turbo', { negative_prompt: 'blurry' }]] as const) {
       expect((await withPreset(family, preset)).usable).toBe(true);
     }
+  });
+
+  it("refuses an imagegen.json whose steps for a quality its scheduler cannot run: each request for that quality would be refused for it", async () => {
+    // LCM's scheduler takes at most its original_inference_steps (50): the model's own, or one the preset names.
+    expect(reasonOf(await withPreset('lcm', { steps: { hd: 60 } }))).toBe(
+      'imagegen.json: steps hd 60 cannot run on its scheduler: LCMScheduler: steps must be between 1 and original_inference_steps (50)',
+    );
+    expect(reasonOf(await withPreset('sd-turbo', { scheduler: 'lcm', steps: { standard: 4, hd: 60 } }))).toBe(
+      "imagegen.json: steps hd 60 cannot run on scheduler 'lcm': LCMScheduler: steps must be between 1 and original_inference_steps (50)",
+    );
+    expect((await withPreset('sd-turbo', { scheduler: 'lcm', steps: { standard: 4, hd: 50 } })).usable).toBe(true);
   });
 
   it('names an external weights file that is missing, under either name, and one that is truncated', async () => {

@@ -2,6 +2,8 @@ import { z } from 'zod';
 import type { Quality, Style } from '../families/family.js';
 import { familyEntry } from '../families/index.js';
 import { MAX_STEPS } from '../runtime/types.js';
+import { checkSchedule } from '../schedulers/index.js';
+import { messageOf } from '../util/error-message.js';
 import { takesGuidance, takesNegativePrompt, type ModelLayout } from './layout.js';
 
 /**
@@ -88,7 +90,7 @@ export function nativeSide(layout: Pick<ModelLayout, 'family' | 'variant' | 'nat
  * `imagegen.json` (already parsed) applied. `knownSchedulers` are the names valid for this model.
  */
 export function presetFor(
-  layout: Pick<ModelLayout, 'family' | 'variant' | 'nativeSize' | 'sizeMultiple' | 'denoiserConfig'>,
+  layout: Pick<ModelLayout, 'family' | 'variant' | 'nativeSize' | 'sizeMultiple' | 'denoiserConfig' | 'scheduler'>,
   override: PresetOverride,
   knownSchedulers: readonly string[],
 ): ModelPreset {
@@ -113,6 +115,7 @@ export function presetFor(
   if (scheduler !== undefined && !knownSchedulers.includes(scheduler)) {
     throw new PresetError(`scheduler '${scheduler}' does not fit this model; use one of ${knownSchedulers.join(', ')}`);
   }
+  checkTiersRun(layout, tiers, scheduler);
   checkReadable(layout, override);
   return {
     sizes: [...new Set(sizes)],
@@ -124,6 +127,21 @@ export function presetFor(
     guidanceRescale: override.guidance_rescale ?? 0,
     negativePrompt: override.negative_prompt,
   };
+}
+
+/**
+ * Every quality's steps must run on the scheduler the preset runs (LCM's stop at its
+ * original_inference_steps, 50): else each request for that quality, which names neither steps nor
+ * scheduler, would be refused for what the folder set.
+ */
+function checkTiersRun(layout: Pick<ModelLayout, 'scheduler'>, tiers: Record<Quality, number>, scheduler: string | undefined): void {
+  for (const [quality, steps] of Object.entries(tiers)) {
+    try {
+      checkSchedule(layout.scheduler, scheduler, steps);
+    } catch (err) {
+      throw new PresetError(`steps ${quality} ${steps} cannot run on ${scheduler === undefined ? 'its scheduler' : `scheduler '${scheduler}'`}: ${messageOf(err)}`);
+    }
+  }
 }
 
 /**
