@@ -158,6 +158,14 @@ describe.skipIf(!haveRealExports)('real exports against diffusers (needs ../shar
       expect(endless.status).toBe(2);
       expect(endless.stderr).toMatch(/steps\.json: not a golden file: cases\.0\.steps/);
 
+      // FLUX schnell's T5 at diffusers' default of 512 tokens, not the 256 the model (and the server) runs it at: refused, saying what to pass.
+      const flux = JSON.parse(await readFile(goldenFile('flux'), 'utf8')) as { cases: { max_sequence_length?: number }[] };
+      await writeFile(path.join(tmp, 'flux-512.json'), JSON.stringify({ ...flux, cases: flux.cases.map((c) => ({ ...c, max_sequence_length: 512 })) }));
+      const longer = verify(realExport('flux'), '--golden', path.join(tmp, 'flux-512.json'));
+      expect(longer.status).toBe(2);
+      expect(longer.stderr).toContain('flux-512.json: case 0 was made with max_sequence_length=512, and this server runs a flux-schnell model\'s T5 encoder at 256 tokens: make the golden file with max_sequence_length=256');
+      expect(longer.stderr).not.toContain('verifying');
+
       // Another model's golden file (a pipeline class other than the model's) is refused before any case runs.
       const mismatched = verify(realExport('sdxl'), '--golden', goldenFile('sd15'));
       expect(mismatched.status).toBe(2);

@@ -6,7 +6,8 @@ import { MAX_STEPS, type GenerationBatch } from '../runtime/types.js';
 import type { WorkerRuntime } from '../pipelines/run.js';
 import { describeIssues, readJsonIfPresent } from '../util/files.js';
 import { difference } from '../util/difference.js';
-import { inspectModel, MODEL_INDEX } from '../models/layout.js';
+import { inspectModel, MODEL_INDEX, type ModelLayout } from '../models/layout.js';
+import { familyEntry } from '../families/index.js';
 import { messageOf } from '../util/error-message.js';
 
 /**
@@ -32,6 +33,8 @@ const goldenCase = z.object({
   width: z.number().int().positive(),
   height: z.number().int().positive(),
   seed: z.number().int().nonnegative(),
+  /** FLUX: the tokens its T5 encoder was run at (diffusers' FluxPipeline argument; its default is 512). */
+  max_sequence_length: z.number().int().positive().optional(),
   latents: latentsFile,
   image: z.object({ file: z.string() }),
 });
@@ -108,6 +111,22 @@ async function checkPipeline(file: string, golden: GoldenFile, modelDir: string)
   const modelClass = typeof modelIndex?._class_name === 'string' ? modelIndex._class_name : undefined;
   if (!golden.pipeline || !modelClass || pipelineName(golden.pipeline) === pipelineName(modelClass)) return;
   throw new GoldenFileError(file, `was made by diffusers' ${golden.pipeline}, and ${modelDir} is a ${modelClass} (its model_index.json): use this model's own golden file`);
+}
+
+/**
+ * Refuses cases whose T5 encoder ran at another length than the model's here (its family's
+ * secondEncoderLength: 256 tokens for FLUX schnell, as its model card runs it, where diffusers'
+ * FluxPipeline defaults to 512): the prompt would be conditioned differently, and every such case FAIL
+ * without saying why.
+ */
+function checkTextLength(file: string, golden: GoldenFile, layout: Pick<ModelLayout, 'family' | 'variant'>): void {
+  const length = familyEntry(layout.family).secondEncoderLength?.[layout.variant];
+  const index = golden.cases.findIndex((c) => c.max_sequence_length !== undefined && length !== undefined && c.max_sequence_length !== length);
+  if (index < 0) return;
+  throw new GoldenFileError(
+    file,
+    `case ${index} was made with max_sequence_length=${golden.cases[index].max_sequence_length}, and this server runs a ${layout.variant} model's T5 encoder at ${length} tokens: make the golden file with max_sequence_length=${length} in the pipeline's call`,
+  );
 }
 
 /** The VAE's scale, image pixels per latent pixel: 8 for every family this server runs (README). */
@@ -208,7 +227,7 @@ export async function verifyGolden(runtime: WorkerRuntime, modelDir: string, fil
   const golden = await readGoldenFile(file);
   await checkPipeline(file, golden, modelDir);
   // A folder that holds no usable model is said before any progress is shown (loading it says so too, but only once the first case starts).
-  await inspectModel(modelDir);
+  checkTextLength(file, golden, await inspectModel(modelDir));
   // Every case's files before any case runs: one runs for minutes on a real model, and a later case's missing picture would fail the command after them.
   const goldenDir = path.dirname(path.resolve(file));
   const files: CaseFiles[] = [];
