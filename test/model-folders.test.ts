@@ -100,7 +100,7 @@ describe('folders the server cannot run', () => {
     return inspectModelFolder(dir);
   };
 
-  it("refuses an imagegen.json that sets what the model would ignore, as a request setting it is refused: guidance for FLUX schnell, a negative prompt for FLUX and LCMs", async () => {
+  it("refuses an imagegen.json that sets what the model would ignore, as a request setting it is refused: guidance for FLUX schnell, a negative prompt or guidance rescale for FLUX and LCMs", async () => {
     // Before, each was served with the setting ignored: every request ran without what its operator set.
     expect(reasonOf(await withPreset('flux-schnell', { guidance_scale: { vivid: 3.5 } }))).toBe(
       'imagegen.json: guidance_scale (vivid 3.5) does not fit this model: it is a flux-schnell model, distilled to run without guidance. Remove guidance_scale, or set it to 0',
@@ -108,8 +108,11 @@ describe('folders the server cannot run', () => {
     for (const family of ['flux-dev', 'lcm']) {
       expect(reasonOf(await withPreset(family, { negative_prompt: 'blurry' }))).toMatch(/^imagegen\.json: negative_prompt does not fit this model: a [\w-]+ model runs no classifier-free batch, the only part of a generation that reads one\. Remove negative_prompt$/);
     }
+    expect(reasonOf(await withPreset('flux-schnell', { negative_prompt: 'blurry', guidance_rescale: 0.7 }))).toBe(
+      'imagegen.json: negative_prompt and guidance_rescale do not fit this model: a flux-schnell model runs no classifier-free batch, the only part of a generation that reads them. Remove negative_prompt and guidance_rescale',
+    );
     // What the models read stays allowed: guidance for FLUX dev, up to 1 (none) for schnell; a negative prompt for SD.
-    for (const [family, preset] of [['flux-dev', { guidance_scale: { vivid: 3.5 } }], ['flux-schnell', { guidance_scale: { natural: 1 } }], ['sd-turbo', { negative_prompt: 'blurry' }]] as const) {
+    for (const [family, preset] of [['flux-dev', { guidance_scale: { vivid: 3.5 } }], ['flux-schnell', { guidance_scale: { natural: 1 } }], ['sd-turbo', { negative_prompt: 'blurry', guidance_rescale: 0.7 }]] as const) {
       expect((await withPreset(family, preset)).usable).toBe(true);
     }
   });

@@ -147,8 +147,8 @@ function checkTiersRun(layout: Pick<ModelLayout, 'scheduler'>, tiers: Record<Qua
 /**
  * A preset may not set what its model would ignore without a word, as a request may not (service/plan.ts
  * answers the same settings in a request with a 400): a guidance above 1 for a model distilled to run
- * without guidance, a negative prompt for one that runs no classifier-free batch (the only part of a
- * generation that reads it). Ignored, every request of the model was made without what its operator set.
+ * without guidance, a negative prompt or a guidance rescale for one that runs no classifier-free batch
+ * (the only part of a generation that reads them). Ignored, every request of the model was made without what its operator set.
  */
 function checkReadable(layout: Pick<ModelLayout, 'family' | 'variant' | 'denoiserConfig'>, override: PresetOverride): void {
   const guided = Object.entries(override.guidance_scale ?? {}).filter(([, scale]) => scale !== undefined && scale > 1);
@@ -156,7 +156,9 @@ function checkReadable(layout: Pick<ModelLayout, 'family' | 'variant' | 'denoise
     const set = guided.map(([style, scale]) => `${style} ${scale}`).join(', ');
     throw new PresetError(`guidance_scale (${set}) does not fit this model: it is a ${layout.variant} model, distilled to run without guidance. Remove guidance_scale, or set it to 0`);
   }
-  if (override.negative_prompt && !takesNegativePrompt(layout)) {
-    throw new PresetError(`negative_prompt does not fit this model: a ${layout.variant} model runs no classifier-free batch, the only part of a generation that reads one. Remove negative_prompt`);
+  // Both are read only by a classifier-free batch, which is what takesNegativePrompt asks of the model.
+  const unread = [override.negative_prompt && 'negative_prompt', override.guidance_rescale && 'guidance_rescale'].filter((field) => typeof field === 'string');
+  if (unread.length > 0 && !takesNegativePrompt(layout)) {
+    throw new PresetError(`${unread.join(' and ')} ${unread.length > 1 ? 'do' : 'does'} not fit this model: a ${layout.variant} model runs no classifier-free batch, the only part of a generation that reads ${unread.length > 1 ? 'them' : 'one'}. Remove ${unread.join(' and ')}`);
   }
 }
