@@ -9,6 +9,7 @@
  */
 import { parseArgs } from 'node:util';
 import { convertFolderToFloat16 } from './fp16/convert-folder.js';
+import { messageOf } from '../src/util/error-message.js';
 
 const { values, positionals } = parseArgs({
   allowPositionals: true,
@@ -24,5 +25,11 @@ if (values.help || positionals.length !== 2) {
 }
 
 const [source, target] = positionals;
-const converted = await convertFolderToFloat16(source, target, { blockList: new Set(values['keep-float32']) });
-for (const { file, milliseconds } of converted) console.log(`${file}: float16 in ${milliseconds.toFixed(0)} ms`);
+try {
+  const converted = await convertFolderToFloat16(source, target, { blockList: new Set(values['keep-float32']) });
+  for (const { file, milliseconds } of converted) console.log(`${file}: float16 in ${milliseconds.toFixed(0)} ms`);
+} catch (err) {
+  // What went wrong in a line (a folder that is not there, a graph that is not ONNX), not Node's stack trace.
+  console.error(`convert-fp16: ${messageOf(err)}`);
+  process.exit(1);
+}

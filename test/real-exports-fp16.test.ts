@@ -1,3 +1,4 @@
+import { spawnSync } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import { chmod, cp, mkdir, mkdtemp, readdir, readFile, rm, stat, symlink, writeFile } from 'node:fs/promises';
 import os from 'node:os';
@@ -209,6 +210,17 @@ describe.skipIf(!haveRealExports)('float16 conversion of a folder of links (need
     expect((await readdir(linked, { recursive: true })).sort()).toEqual((await readdir(plain, { recursive: true })).sort());
     // A folder without a graph (the wrong level of a download) is an error, not an empty conversion.
     await expect(convertFolderToFloat16(path.join(snapshot, 'tokenizer'), path.join(dir, 'none'))).rejects.toThrow(/holds no \.onnx graph/);
+  });
+});
+
+describe('npm run convert:fp16', () => {
+  it('says in a line what went wrong, exit 1, for a folder that is not there (not a stack trace)', () => {
+    const missing = path.join(os.tmpdir(), 'imagegen-no-such-export');
+    const run = spawnSync(process.execPath, ['--import', 'tsx', 'scripts/convert-fp16.ts', missing, path.join(os.tmpdir(), 'imagegen-fp16-out')], { encoding: 'utf8' });
+    expect(run.status).toBe(1);
+    const said = run.stderr.trim();
+    expect(said).toMatch(/^convert-fp16: ENOENT: no such file or directory, \w+ '/);
+    expect(said.endsWith(`'${missing}'`)).toBe(true);
   });
 });
 
