@@ -190,7 +190,7 @@ export class KeySlots {
     logger: Logger,
     private readonly options: KeySlotsOptions = {},
   ) {
-    this.status = new RedisFallback(logger, "'concurrent' limits hold per server until it answers again", "'concurrent' limits hold over all servers again");
+    this.status = new RedisFallback(redis, logger, "'concurrent' limits hold per server until it answers again", "'concurrent' limits hold over all servers again");
     this.leaseMs = options.leaseMs ?? 30_000;
     this.pollMs = options.pollMs ?? 200;
     this.wakeups = new RedisWakeups(redis);

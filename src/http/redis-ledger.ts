@@ -76,7 +76,7 @@ export class RedisLedger implements RateLedger {
   ) {
     redis.defineCommand('imagegenSpend', { numberOfKeys: 1, lua: SPEND });
     this.fallback = new MemoryLedger(now);
-    this.status = new RedisFallback(logger, 'per-key rates are counted per server until it answers again', 'per-key rates are shared again');
+    this.status = new RedisFallback(redis, logger, 'per-key rates are counted per server until it answers again', 'per-key rates are shared again');
   }
 
   async spend(label: string, images: number, limits: WindowLimits, windowMs: number, record = true): Promise<Spending> {

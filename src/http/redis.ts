@@ -13,13 +13,31 @@ export async function connectRedis(url: string, logger: Logger): Promise<Redis> 
   // Loaded only with REDIS_URL: a single server has no use for the client, and it costs start-up time.
   const { Redis } = await import('ioredis');
   const redis = new Redis(url, { lazyConnect: true, enableOfflineQueue: false, maxRetriesPerRequest: 1, connectTimeout: 2000, commandTimeout: 1000 });
-  // Without a listener ioredis prints every failed reconnection attempt; the users of the connection log what it costs them.
-  redis.on('error', () => undefined);
+  // Without a listener ioredis prints every failed reconnection attempt; the users of the connection log
+  // what it costs them, with the reason kept here.
+  redis.on('error', (err: unknown) => connectionErrors.set(redis, err));
+  redis.on('ready', () => connectionErrors.delete(redis));
   await redis.connect().then(
     () => logger.info(`shared limits in Redis at ${withoutCredentials(url)}`),
-    (err: unknown) => logger.error({ err }, `Redis at ${withoutCredentials(url)} cannot be reached (${messageOf(err)}): each server counts its own limits until it can`),
+    (failure: unknown) => {
+      const err = causeOf(redis, failure);
+      logger.error({ err }, `Redis at ${withoutCredentials(url)} cannot be reached (${messageOf(err)}): each server counts its own limits until it can`);
+    },
   );
   return redis;
+}
+
+/** The last error each connection reported since it was last ready ('error' events: a connection refused, a password refused). */
+const connectionErrors = new WeakMap<Redis, unknown>();
+
+/**
+ * Why a command of `redis` failed, for the log. While the connection is down every command fails with
+ * ioredis's words for that, and a first connection with "Connection is closed.", whatever the cause: the
+ * operator read "cannot be reached (Connection is closed.)" for a wrong password or a host that does not
+ * resolve, and went looking at the network. The cause is in the connection's last error.
+ */
+function causeOf(redis: Redis, err: unknown): unknown {
+  return (redis.status === 'ready' ? undefined : connectionErrors.get(redis)) ?? err;
 }
 
 /** While Redis fails, how often a user of the connection asks it again (see RedisFallback.shouldAsk). */
@@ -36,6 +54,7 @@ export class RedisFallback {
   private askedAt = -Infinity;
 
   constructor(
+    private readonly redis: Redis,
     private readonly logger: Logger,
     private readonly falling: string,
     private readonly back: string,
@@ -56,7 +75,8 @@ export class RedisFallback {
     return true;
   }
 
-  failed(err: unknown): void {
+  failed(failure: unknown): void {
+    const err = causeOf(this.redis, failure);
     if (!this.failing) this.logger.warn({ err }, `Redis failed a command (${messageOf(err)}): ${this.falling}`);
     this.failing = true;
     // The next ask a whole RETRY_MS after this failure, not after the ask that failed (it waited the timeout).
