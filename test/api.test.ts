@@ -13,6 +13,7 @@ import { startTestServer, STUB_SIZES, TEST_KEY, type TestServer } from './helper
 import { FakeEngine } from './helpers/engines.js';
 import { capturedLogs } from './helpers/logs.js';
 import { readImageFile } from './helpers/picture.js';
+import { parseResponse, rawRequest } from './helpers/raw-http.js';
 
 /**
  * The OpenAI-compatible API through the official SDK against the real HTTP app, store, registry and
@@ -386,6 +387,34 @@ describe('shutdown', () => {
     // waits for neither, and leaves a loaded machine room (1 s was near its close's own time).
     expect(performance.now() - started).toBeLessThan(10_000);
     spare.destroy();
+  });
+
+  it("closes the connection of each answer sent while it closes, where a balancer's pool sent its next request to get the 503", async () => {
+    const engine = new FakeEngine();
+    const closing = await startTestServer({ engine });
+    engine.hold();
+    // A generation held running keeps the server closing until it ends.
+    const running = generate({}, closing.client);
+    await expect.poll(() => engine.load().running).toBe(1);
+    // A request under way on a keep-alive connection as the close begins: its body not sent yet (the 100
+    // Continue says the server has taken it). Its answer, a 400, comes during the close.
+    const body = JSON.stringify({ model: 'stub', prompt: 'a red circle', n: 0 });
+    const head = `POST /v1/images/generations HTTP/1.1\r\nhost: 127.0.0.1\r\nauthorization: Bearer ${TEST_KEY}\r\ncontent-type: application/json\r\ncontent-length: ${body.length}\r\nexpect: 100-continue\r\n\r\n`;
+    const exchange = rawRequest(Number(new URL(closing.origin).port), head);
+    await expect.poll(() => exchange.text).toMatch(/^HTTP\/1\.1 100 Continue/);
+    const closed = closing.close();
+    await new Promise((resolve) => setTimeout(resolve, 50));
+    exchange.socket.write(body);
+    await expect.poll(() => exchange.text).toMatch(/"code":"integer_below_min_value"}}$/);
+    const answer = parseResponse(exchange.text);
+    expect(answer.status).toBe('HTTP/1.1 400 Bad Request');
+    // Before, 'keep-alive': the connection stayed open until the generation ended, and a request sent on it got 503 server_shutting_down.
+    expect(answer.headers.connection).toBe('close');
+    await exchange.closed;
+    expect(engine.load().running).toBe(1);
+    engine.release();
+    expect((await running).data).toHaveLength(1);
+    await closed;
   });
 
   it('says the 503s of a shutdown (requests cancelled at its deadline, requests arriving during it) at info, not as errors', async () => {

@@ -1,8 +1,9 @@
-import http from 'node:http';
+import { once } from 'node:events';
 import net from 'node:net';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startTestServer, TEST_KEY, type TestServer } from './helpers/api-server.js';
 import { FakeEngine } from './helpers/engines.js';
+import { parseResponse, rawRequest } from './helpers/raw-http.js';
 import sharp from 'sharp';
 
 /**
@@ -91,45 +92,36 @@ describe('openai-node 4.x, whose retry of a form sends no body', () => {
   });
 
   it('is told not to retry a form refused before its body is parsed: the 503 of a server shutting down', async () => {
-    const engine = new FakeEngine();
-    const shutting = await startTestServer({ engine });
-    const { port } = new URL(shutting.origin);
-    // The SDK's connection: its next request goes on it once its answer is in.
-    const agent = new http.Agent({ keepAlive: true, maxSockets: 1 });
-    const send = (method: string, path: string, headers: Record<string, string>, body?: Buffer | string) =>
-      new Promise<{ status: number; headers: http.IncomingHttpHeaders; body: string }>((resolve, reject) => {
-        const req = http.request(`${shutting.baseURL}${path}`, { method, agent, headers }, (res) => {
-          const chunks: Buffer[] = [];
-          res.on('data', (chunk: Buffer) => chunks.push(chunk));
-          res.on('end', () => resolve({ status: res.statusCode!, headers: res.headers, body: Buffer.concat(chunks).toString() }));
-        });
-        req.on('error', reject);
-        req.end(body);
-      });
+    const shutting = await startTestServer({ engine: new FakeEngine() });
+    const port = Number(new URL(shutting.origin).port);
     const headers = { ...sdkHeaders('4.104.0'), authorization: `Bearer ${TEST_KEY}` };
     // Another client's request still arriving: the shutdown waits for it.
-    const other = net.connect(Number(port), '127.0.0.1');
+    const other = net.connect(port, '127.0.0.1');
+    // The SDK's request, its first line sent as the close begins and the rest during it (a connection
+    // idle then is closed, as is one whose answer comes during the close).
+    const spare = rawRequest(port, 'POST /v1/images/edits HTTP/1.1\r\n');
     try {
       other.write(`POST /v1/images/generations HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer ${TEST_KEY}\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{`);
-      engine.hold();
-      const running = send('POST', '/images/generations', { ...headers, 'content-type': 'application/json' }, JSON.stringify({ model: 'stub', prompt: 'a red circle', response_format: 'b64_json' }));
-      await expect.poll(() => engine.batches.length).toBe(1);
+      await once(spare.socket, 'connect');
+      await new Promise((resolve) => setTimeout(resolve, 50));
       const closed = shutting.close();
-      engine.release();
-      expect((await running).status).toBe(200);
+      await new Promise((resolve) => setTimeout(resolve, 50));
       const form = new FormData();
       form.append('prompt', 'a blue square');
       form.append('image', new Blob([await picture()], { type: 'image/png' }), 'in.png');
       const encoded = new Request('http://x', { method: 'POST', body: form });
-      const refused = await send('POST', '/images/edits', { ...headers, 'content-type': encoded.headers.get('content-type')! }, Buffer.from(await encoded.arrayBuffer()));
-      expect([refused.status, JSON.parse(refused.body).error.code]).toEqual([503, 'server_shutting_down']);
+      const body = Buffer.from(await encoded.arrayBuffer());
+      const head = Object.entries({ ...headers, host: '127.0.0.1', 'content-type': encoded.headers.get('content-type')!, 'content-length': String(body.length) }).map(([name, value]) => `${name}: ${value}\r\n`);
+      spare.socket.write(Buffer.concat([Buffer.from(`${head.join('')}\r\n`), body]));
+      await expect.poll(() => spare.text).toMatch(/"code":"server_shutting_down"}}$/);
+      const refused = parseResponse(spare.text);
+      expect([refused.status, JSON.parse(refused.body).error.code]).toEqual(['HTTP/1.1 503 Service Unavailable', 'server_shutting_down']);
       expect(refused.headers['x-should-retry']).toBe('false');
       other.destroy();
       await closed;
     } finally {
-      engine.release();
       other.destroy();
-      agent.destroy();
+      spare.socket.destroy();
     }
   });
 });

@@ -9,8 +9,8 @@ import { ApiError } from '../api/errors.js';
  * answers it finished) or when shutdown stops waiting for it. Fastify's own `request.signal` will not
  * do: it follows the request stream's 'close', which Node emits as soon as a POST body has been read.
  *
- * Once close() starts, requests arriving on open keep-alive connections get a retryable 503 in OpenAI's
- * shape; requests in flight get `timeoutMs` to finish, then their signals abort with that same 503;
+ * Once close() starts, every answer closes its connection, and requests arriving on open keep-alive
+ * connections get a retryable 503 in OpenAI's shape; requests in flight get `timeoutMs` to finish, then their signals abort with that same 503;
  * then every connection is closed, at the latest ANSWER_GRACE_MS later: an answer being written to a
  * client that stopped reading never ends by itself. Node only closes idle connections by itself, and counts a connection
  * that has not sent a request yet (browsers and HTTP clients open spare ones) as busy, which would hold
@@ -56,6 +56,15 @@ async function shutdownPlugin(app: FastifyInstance, { timeoutMs }: ShutdownOptio
       closeConnectionsWhenDrained();
     });
     if (closing) throw ApiError.shuttingDown();
+  });
+  // An answer sent while closing ends its connection. Kept alive, the connection took its client's next
+  // request only to answer it 503: a balancer's pool (HAProxy, nginx) sends that request on the idle
+  // connection it holds to this replica, for the seconds its health checks take to see it gone, and
+  // passes the 503 on rather than giving the request to another replica. Not while the request's body
+  // is still arriving (a refused upload): closing on unread bytes resets the connection, and the client
+  // would see a connection error, which the SDKs retry (openai-node 4 with an empty form), not the 503.
+  app.addHook('onSend', async (request, reply) => {
+    if (closing && request.raw.complete) reply.header('connection', 'close');
   });
 
   app.addHook('preClose', async () => {
