@@ -49,7 +49,11 @@ const RETRY_MS = 1000;
  * log lines with what the fallback costs and what comes back.
  */
 export class RedisFallback {
-  private failing = false;
+  /**
+   * Failing from the start where Redis could not be reached as the server started (connectRedis said so):
+   * the first request that finds it back then says so too. Before, no line ever followed the start's error.
+   */
+  private failing: boolean;
   /** When Redis last failed, or shouldAsk last let a request ask it while it failed (performance.now()). */
   private askedAt = -Infinity;
 
@@ -58,7 +62,9 @@ export class RedisFallback {
     private readonly logger: Logger,
     private readonly falling: string,
     private readonly back: string,
-  ) {}
+  ) {
+    this.failing = redis.status !== 'ready';
+  }
 
   /**
    * Whether to ask Redis now, rather than fall back at once: always while it answers; while it fails,

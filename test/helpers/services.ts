@@ -123,13 +123,17 @@ export interface RedisService extends Service {
   url: string;
 }
 
-/** A throw-away redis-server on loopback, keeping nothing on disk (on ports found free: see onFreePorts). */
-export function startRedis(binary: string): Promise<RedisService> {
-  return onFreePorts(1, async ([port]) => {
-    const service = startProcess(binary, ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no']);
+/**
+ * A throw-away redis-server on loopback, keeping nothing on disk, on a port found free (see onFreePorts),
+ * or on `port` (a Redis started again where its clients look).
+ */
+export function startRedis(binary: string, port?: number): Promise<RedisService> {
+  const start = async (on: number): Promise<RedisService> => {
+    const service = startProcess(binary, ['--port', String(on), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no']);
     await untilLine(service, /Ready to accept connections/, 'redis-server');
-    return { ...service, url: `redis://127.0.0.1:${port}/0` };
-  });
+    return { ...service, url: `redis://127.0.0.1:${on}/0` };
+  };
+  return port === undefined ? onFreePorts(1, ([free]) => start(free)) : start(port);
 }
 
 export interface S3Service extends Service {
