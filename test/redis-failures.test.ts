@@ -2,6 +2,7 @@ import { once } from 'node:events';
 import { describe, expect, it } from 'vitest';
 import { KeyRates } from '../src/http/key-rates.js';
 import { connectRedis } from '../src/http/redis.js';
+import { ConfigError } from '../src/util/config-error.js';
 import { RedisLedger } from '../src/http/redis-ledger.js';
 import { capturedLogs } from './helpers/logs.js';
 import { NO_REDIS, REDIS_SERVER, useRedis } from './helpers/redis.js';
@@ -46,6 +47,22 @@ describe.skipIf(!REDIS_SERVER)(`the log of a Redis that cannot be used${NO_REDIS
       connection.disconnect();
       await admin.config('SET', 'requirepass', '');
     }
+  });
+
+  it('refuses a database Redis does not have, as a setting the server cannot use: it would count in database 0, shared', async () => {
+    const url = new URL(redis.url);
+    url.pathname = '/99';
+    const { logger, lines } = capturedLogs<Line>();
+    // Before, ioredis carried on in database 0 and the log said 'shared limits in Redis at .../99'.
+    await expect(connectRedis(url.href, logger)).rejects.toThrow(
+      new ConfigError([`REDIS_URL names database 99, which Redis at ${url.href} does not have (ERR DB index is out of range): name one it has (0 up to its 'databases' setting, 16 by default, less one)`]),
+    );
+    expect(lines.map((line) => line.msg)).not.toContainEqual(expect.stringMatching(/^shared limits/));
+    // One it has is used.
+    url.pathname = '/3';
+    const { connection, messages } = await replica(url.href);
+    connection.disconnect();
+    expect(messages()).toEqual([`shared limits in Redis at ${url.href}`]);
   });
 
   it('names a connection refused when Redis goes away under a request', async () => {

@@ -2,6 +2,7 @@ import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
 import { withoutCredentials } from '../util/url.js';
 import { messageOf } from '../util/error-message.js';
+import { ConfigError } from '../util/config-error.js';
 
 /**
  * The Redis connection that replicas share limits through (REDIS_URL). A command fails fast while Redis
@@ -18,13 +19,33 @@ export async function connectRedis(url: string, logger: Logger): Promise<Redis> 
   redis.on('error', (err: unknown) => connectionErrors.set(redis, err));
   redis.on('ready', () => connectionErrors.delete(redis));
   await redis.connect().then(
-    () => logger.info(`shared limits in Redis at ${withoutCredentials(url)}`),
+    async () => {
+      await checkDatabase(redis, url);
+      logger.info(`shared limits in Redis at ${withoutCredentials(url)}`);
+    },
     (failure: unknown) => {
       const err = causeOf(redis, failure);
       logger.error({ err }, `Redis at ${withoutCredentials(url)} cannot be reached (${messageOf(err)}): each server counts its own limits until it can`);
     },
   );
   return redis;
+}
+
+/**
+ * Refuses (ConfigError: the server does not start) a REDIS_URL whose database Redis does not have:
+ * ioredis selects it as it connects, and where it fails ("ERR DB index is out of range") carries on in
+ * database 0, which the log called the URL's; deployments kept apart by their database number then
+ * shared their keys' limits without a word.
+ */
+async function checkDatabase(redis: Redis, url: string): Promise<void> {
+  const db = redis.options.db ?? 0;
+  if (db === 0) return;
+  await redis.select(db).catch((err: unknown) => {
+    redis.disconnect();
+    throw new ConfigError([
+      `REDIS_URL names database ${db}, which Redis at ${withoutCredentials(url)} does not have (${messageOf(err)}): name one it has (0 up to its 'databases' setting, 16 by default, less one)`,
+    ]);
+  });
 }
 
 /** The last error each connection reported since it was last ready ('error' events: a connection refused, a password refused). */
