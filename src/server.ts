@@ -224,6 +224,7 @@ async function modelMemoryBudget(config: Config, workers: number, logger: Logger
     const visible = process.env.CUDA_VISIBLE_DEVICES === undefined ? '' : ` within CUDA_VISIBLE_DEVICES=${process.env.CUDA_VISIBLE_DEVICES}`;
     return ramInstead(`CUDA_DEVICES (${config.cudaDevices.join(',')}) names none of the ${plural(listed.length, 'GPU')} nvidia-smi lists${visible}`);
   }
+  if ('migInstance' in inUse) return ramInstead(`CUDA_VISIBLE_DEVICES gives the workers MIG instance ${inUse.migInstance}, whose memory nvidia-smi does not give (only its GPU's, whole)`);
   const split = inUse.gpus.find((gpu) => gpu.mig);
   if (split) return ramInstead(`GPU ${split.index} is split into MIG instances, whose memory nvidia-smi does not give (only the whole GPU's)`);
   const smallest = inUse.gpus[0];

@@ -151,7 +151,7 @@ describe.skipIf(cudaInstalled)('execution providers (skipped: the CUDA provider 
     }
   }, 90_000);
 
-  it("keeps RAM's share, saying why and what to set, where the GPU is split into MIG instances or CUDA_DEVICES names no GPU", async () => {
+  it("keeps RAM's share, saying why and what to set, where the GPU is split into MIG instances, the workers get one, or CUDA_DEVICES names no GPU", async () => {
     const budgetLine = async (script: string, env: Record<string, string>, cuda?: CudaEnvironment) => {
       const logs = capturedLogs<{ msg: string; level: number }>();
       const server = await withNvidiaSmi(script, () => startRealServer({ env: { EXECUTION_PROVIDER: 'cuda', WORKERS: '1', PRELOAD: 'none', ...env }, logger: logs.logger }), cuda);
@@ -162,6 +162,11 @@ describe.skipIf(cudaInstalled)('execution providers (skipped: the CUDA provider 
     expect(await budgetLine(nvidiaSmiListing([81559], 'Enabled'), {})).toMatchObject({
       level: 40,
       msg: expect.stringMatching(/^MODEL_MEMORY_BUDGET is not set and GPU 0 is split into MIG instances, whose memory nvidia-smi does not give \(only the whole GPU's\): the loaded models are kept within 60% of RAM, not of the GPU's memory\. Set MODEL_MEMORY_BUDGET/),
+    });
+    // A MIG instance CUDA_VISIBLE_DEVICES names (CUDA runs on it): before, said to be no GPU at all.
+    expect(await budgetLine(nvidiaSmiListing([81559], 'Enabled'), {}, { CUDA_VISIBLE_DEVICES: 'MIG-5a1b2c3d-0000-1111-2222-333344445555' })).toMatchObject({
+      level: 40,
+      msg: expect.stringMatching(/^MODEL_MEMORY_BUDGET is not set and CUDA_VISIBLE_DEVICES gives the workers MIG instance MIG-5a1b2c3d-0000-1111-2222-333344445555, whose memory nvidia-smi does not give \(only its GPU's, whole\): the loaded models are kept within 60% of RAM/),
     });
     expect(await budgetLine(nvidiaSmiListing([2]), { CUDA_DEVICES: '1' }, { CUDA_VISIBLE_DEVICES: '0' })).toMatchObject({
       level: 40,

@@ -47,9 +47,18 @@ describe("the GPUs' memory from nvidia-smi", () => {
   it('stops at the first CUDA_VISIBLE_DEVICES entry CUDA cannot use, as CUDA does, and says when the devices name no GPU', () => {
     const [big] = workstation;
     expect(gpusInUse(workstation, [0, 1], { CUDA_VISIBLE_DEVICES: `${A},7,${B}` })).toEqual({ gpus: [big], exact: true });
-    expect(gpusInUse(workstation, [0], { CUDA_VISIBLE_DEVICES: 'MIG-5a1b2c3d-0000-1111-2222-333344445555' })).toBeUndefined();
     expect(gpusInUse(workstation, [0], { CUDA_VISIBLE_DEVICES: '' })).toBeUndefined();
     expect(gpusInUse(workstation, [2], {})).toBeUndefined();
+  });
+
+  it('says a MIG instance named in CUDA_VISIBLE_DEVICES is one (CUDA runs on it; nvidia-smi gives only its whole GPU\'s memory), rather than no device', () => {
+    const mig = 'MIG-5a1b2c3d-0000-1111-2222-333344445555';
+    // Before, CUDA was taken to stop at it, and the log said CUDA_DEVICES named no GPU.
+    expect(gpusInUse(workstation, [0], { CUDA_VISIBLE_DEVICES: mig })).toEqual({ migInstance: mig });
+    expect(gpusInUse(workstation, [1], { CUDA_VISIBLE_DEVICES: `${A},MIG-GPU-${B.slice(4)}/1/0` })).toEqual({ migInstance: `MIG-GPU-${B.slice(4)}/1/0` });
+    // A device after it is still told by its own entry.
+    expect(gpusInUse(workstation, [1], { CUDA_VISIBLE_DEVICES: `${mig},${B}` })).toEqual({ gpus: [workstation[1]], exact: true });
+    expect(gpusInUse(workstation, [1], { CUDA_VISIBLE_DEVICES: mig })).toBeUndefined();
   });
 
   it('says why when it cannot be run, or answers what it cannot read', async () => {

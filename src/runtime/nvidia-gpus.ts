@@ -41,13 +41,18 @@ export interface CudaEnvironment {
   CUDA_DEVICE_ORDER?: string;
 }
 
-/** The GPUs a budget is to be taken from, and how they were told. */
-export interface GpusInUse {
-  /** The GPUs, smallest first. */
-  gpus: NvidiaGpu[];
-  /** Whether they are the ones the workers run on (false: every GPU the workers could be on, CUDA's numbering being unknown). */
-  exact: boolean;
-}
+/**
+ * The GPUs a budget is to be taken from, and how they were told; or the MIG instance CUDA_VISIBLE_DEVICES
+ * gives a worker ("MIG-…"), whose memory nvidia-smi's listing does not give (only its GPU's, whole).
+ */
+export type GpusInUse =
+  | {
+      /** The GPUs, smallest first. */
+      gpus: NvidiaGpu[];
+      /** Whether they are the ones the workers run on (false: every GPU the workers could be on, CUDA's numbering being unknown). */
+      exact: boolean;
+    }
+  | { migInstance: string };
 
 /**
  * The GPUs that CUDA devices `devices` (CUDA_DEVICES) are, as far as nvidia-smi can tell. CUDA numbers
@@ -55,23 +60,32 @@ export interface GpusInUse {
  * those CUDA_VISIBLE_DEVICES lists, in its order, where it is set: by number (in CUDA's order of all
  * the devices) or by UUID (or its prefix), up to the first entry it cannot use. Where a device cannot be
  * told so (fastest first, which nvidia-smi cannot say), every GPU it could be counts, and the budget is
- * the smallest's. undefined when `devices` name none of the GPUs (the workers will not get CUDA then).
+ * the smallest's. A MIG instance named in CUDA_VISIBLE_DEVICES is said as such: nvidia-smi lists the
+ * whole GPU's memory, not the instance's. undefined when `devices` name none of the devices CUDA sees
+ * (the workers will not get CUDA then).
  */
 export function gpusInUse(gpus: readonly NvidiaGpu[], devices: readonly number[], env: CudaEnvironment): GpusInUse | undefined {
   const pciOrder = env.CUDA_DEVICE_ORDER === 'PCI_BUS_ID';
-  // Each device CUDA sees, in its numbering: a GPU, or null where which GPU it is cannot be told.
-  const visible: (NvidiaGpu | null)[] = [];
+  // Each device CUDA sees, in its numbering: a GPU, null where which GPU it is cannot be told, or the name
+  // of a MIG instance (CUDA runs on one named so: the MIG user guide's way to give a process one).
+  const visible: (NvidiaGpu | null | string)[] = [];
   for (const entry of env.CUDA_VISIBLE_DEVICES?.split(',') ?? gpus.map((gpu) => String(gpu.index))) {
     const name = entry.trim();
+    if (name.startsWith('MIG-')) {
+      visible.push(name);
+      continue;
+    }
     const byNumber = /^\d+$/.test(name) ? Number(name) : undefined;
     const gpu = byNumber !== undefined ? gpus.find((g) => g.index === byNumber) : name.startsWith('GPU-') ? gpus.find((g) => g.uuid.startsWith(name)) : undefined;
-    // CUDA stops at an entry it cannot use: a number beyond its devices, an unknown UUID, a MIG instance's "MIG-…".
+    // CUDA stops at an entry it cannot use: a number beyond its devices, an unknown UUID.
     if (!gpu) break;
     visible.push(byNumber === undefined || pciOrder || gpus.length === 1 ? gpu : null);
   }
   const used = devices.filter((device) => device < visible.length).map((device) => visible[device]);
   if (used.length === 0) return undefined;
-  const known = used.filter((gpu): gpu is NvidiaGpu => gpu !== null);
+  const migInstance = used.find((device): device is string => typeof device === 'string');
+  if (migInstance !== undefined) return { migInstance };
+  const known = used.filter((gpu): gpu is NvidiaGpu => gpu !== null && typeof gpu !== 'string');
   const exact = known.length === used.length;
   // Not exact: a device CUDA numbered fastest first could be any of the machine's GPUs.
   return { gpus: [...new Set(exact ? known : gpus)].sort((a, b) => a.memoryBytes - b.memoryBytes), exact };
