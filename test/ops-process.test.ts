@@ -106,6 +106,8 @@ describe('a signal to the whole process group (Ctrl-C in a terminal, systemd sto
     expect([answer.status, answer.body.error?.message]).toEqual([200, undefined]);
     expect(await server.exited).toBe(0);
     expect(server.log.join('\n')).not.toMatch(/again: exiting/);
+    // What to do to exit at once says when: a second sent sooner is taken for the same one.
+    expect(server.log.join('\n')).toContain('SIGTERM: finishing running requests, then exiting (send it again, a second or more after this one, to exit at once)');
   });
 
   it('sent again later, as a person sends it, exits at once without waiting for the running generation', async () => {

@@ -55,7 +55,7 @@ const serve = program
         process.exit(1);
       }
       stoppingSince = performance.now();
-      logger.info(`${signal}: finishing running requests, then exiting (send it again to exit at once)`);
+      logger.info(`${signal}: finishing running requests, then exiting (send it again, a second or more after this one, to exit at once)`);
       server.close().then(
         () => process.exit(0),
         (err) => {
