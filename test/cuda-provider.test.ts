@@ -91,7 +91,7 @@ describe("the GPU's out-of-memory errors are a 507 (OnnxOutOfMemoryError), like 
 });
 
 describe('the CUDA errors after which a process cannot use the GPU end the worker (GpuFaultError)', () => {
-  const fault = (err: Error) => gpuFaultOr(err, '/models/sd15/unet/model.onnx');
+  const fault = (err: Error, during: 'load' | 'run' = 'run') => gpuFaultOr(err, '/models/sd15/unet/model.onnx', during);
 
   it("recognises them inside a node's failed run, naming the component and CUDA's words alone", () => {
     const illegal = cudaFailure(700, 'an illegal memory access was encountered', 'cudaStreamSynchronize(static_cast<cudaStream_t>(stream_))');
@@ -100,6 +100,8 @@ describe('the CUDA errors after which a process cannot use the GPU end the worke
     expect(fault(during)).toMatchObject({ detail: 'CUDA failure 700: an illegal memory access was encountered', message: 'unet/model.onnx: CUDA failure 700: an illegal memory access was encountered' });
     expect(fault(cudaFailure(719, 'unspecified launch failure', 'cudaStreamSynchronize(stream)'))).toMatchObject({ detail: 'CUDA failure 719: unspecified launch failure' });
     expect(fault(cudaFailure(214, 'uncorrectable ECC error encountered', 'cudaMemcpyAsync(dst, src, bytes)'))).toBeInstanceOf(GpuFaultError);
+    // Met as the session was made: said so, not as if the component was running.
+    expect(fault(illegal, 'load')).toMatchObject({ message: 'unet/model.onnx (as its weights were copied to the GPU): CUDA failure 700: an illegal memory access was encountered' });
   });
 
   it('not the errors a process goes on from: out of memory, an invalid argument, a missing kernel, an unknown device', () => {

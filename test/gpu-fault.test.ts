@@ -134,7 +134,7 @@ describe('a GPU fault that leaves the worker unable to use CUDA', () => {
     const { status, code, message } = await apiError(turbo, OpenAI.InternalServerError);
     expect(existsSync(worker.loadFault)).toBe(false);
     expect([status, code]).toEqual([500, 'gpu_fault']);
-    expect(message).toMatch(/^500 The GPU failed while model 'turbo' made this image: [\w-]+\/model\.onnx: CUDA failure 700: an illegal memory access was encountered\. /);
+    expect(message).toMatch(/^500 The GPU failed while model 'turbo' made this image: [\w-]+\/model\.onnx \(as its weights were copied to the GPU\): CUDA failure 700: an illegal memory access was encountered\. /);
     await expect.poll(() => ready().length, { timeout: 60_000 }).toBe(before + 1);
     // Not the model's fault: nothing logs it as a model that failed to load, and its replacement loads it.
     expect(logs.lines.map((line) => line.msg)).not.toContain('model failed to load');
@@ -159,7 +159,8 @@ describe('a GPU fault while a starting worker preloads a model', () => {
       await untilReady(server.server.url, 60_000);
       expect(existsSync(worker[trigger])).toBe(false);
       const ending = logs.lines.find((line) => line.msg.includes('ends before it is ready'));
-      expect(ending?.msg).toMatch(/^[\w-]+\/model\.onnx: CUDA failure 700: an illegal memory access was encountered: after this GPU fault CUDA cannot be used by this worker process, which ends before it is ready; a new one replaces it$/);
+      expect(ending?.msg).toMatch(/^[\w-]+\/model\.onnx( \(as its weights were copied to the GPU\))?: CUDA failure 700: an illegal memory access was encountered: after this GPU fault CUDA cannot be used by this worker process, which ends before it is ready; a new one replaces it$/);
+      expect(ending?.msg.includes('(as its weights were copied to the GPU)')).toBe(trigger === 'loadFault');
       const ready = logs.lines.filter((line) => line.msg === 'worker ready');
       expect(ready).toHaveLength(1);
       expect(ready[0].workerPid).not.toBe(ending!.workerPid);

@@ -23,9 +23,11 @@ export class GpuFaultError extends Error {
     readonly file: string,
     /** CUDA's error as onnxruntime gave it: "CUDA failure 700: an illegal memory access was encountered". */
     readonly detail: string,
+    /** As the session was made (its weights copied to the GPU), or as it ran. */
+    readonly during: 'load' | 'run',
   ) {
     // The message reaches clients.
-    super(`${componentFile(file)}: ${detail}`);
+    super(`${componentFile(file)}${during === 'load' ? ' (as its weights were copied to the GPU)' : ''}: ${detail}`);
     this.name = 'GpuFaultError';
   }
 }
@@ -34,7 +36,7 @@ export class GpuFaultError extends Error {
 export const isGpuFault = (err: unknown): boolean => CONTEXT_LOST.test(messageOf(err));
 
 /** `err` as a GpuFaultError when it is a CUDA error the process cannot go on from, else as it is. */
-export function gpuFaultOr(err: unknown, file: string): unknown {
+export function gpuFaultOr(err: unknown, file: string, during: GpuFaultError['during']): unknown {
   const match = CONTEXT_LOST.exec(messageOf(err));
-  return match ? new GpuFaultError(file, `CUDA failure ${match[1]}: ${match[2].trim()}`) : err;
+  return match ? new GpuFaultError(file, `CUDA failure ${match[1]}: ${match[2].trim()}`, during) : err;
 }

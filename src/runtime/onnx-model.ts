@@ -69,7 +69,7 @@ export class OnnxModel {
   static async load(file: string, runtime: RuntimeOptions, tuning?: SessionTuning): Promise<OnnxModel> {
     const { session, provider } = await createSession((provider) => graphSource(file, provider, rewritesOf(runtime.graphRewrites)), runtime, tuning).catch((err: unknown) => {
       // Copying the weights to the GPU can meet a fault as a run can (see gpu-faults.ts).
-      throw gpuFaultOr(outOfMemoryOr(err, file, 'load'), file);
+      throw gpuFaultOr(outOfMemoryOr(err, file, 'load'), file, 'load');
     });
     const inputs = new Map<string, InputSpec>();
     for (const meta of session.inputMetadata) {
@@ -108,7 +108,7 @@ export class OnnxModel {
       if (!(name in ortFeeds)) throw new Error(`${this.file} needs input '${name}', which this pipeline does not provide`);
     }
     const result = await this.session.run(ortFeeds, outputs as string[]).catch((err: unknown) => {
-      throw gpuFaultOr(outOfMemoryOr(err, this.file, 'run'), this.file);
+      throw gpuFaultOr(outOfMemoryOr(err, this.file, 'run'), this.file, 'run');
     });
     const out: Record<string, HostTensor> = {};
     for (const name of outputs) out[name] = fromOrtTensor(this.file, name, result[name]);
