@@ -490,6 +490,40 @@ describe('models import and export', () => {
     await expectNothingInstalled('appended');
     await expectNothingInstalled('truncated');
   });
+
+  it("imports a tar of an export folder made by GNU tar's default format: long names, and sizes of 8 GiB and more", async () => {
+    // A long id makes paths over 100 bytes, which GNU tar writes as 'L' entries holding the next one's name.
+    const id = `sdxl-turbo-${'x'.repeat(90)}`;
+    await cp(sourceDir, path.join(work, id), { recursive: true });
+    const archive = path.join(work, 'gnu.tar');
+    await execFileAsync('tar', ['--format=gnu', '-cf', archive, '-C', work, id]);
+    const bytes = await readFile(archive);
+    expect(bytes.includes(Buffer.from('././@LongLink'))).toBe(true);
+
+    // GNU tar gives a file of 8 GiB or more (an SDXL UNet's or FLUX's weights) its size in base-256, which
+    // no small test file gets: the weights' header rewritten so, as GNU tar reads it (tar tvf below).
+    const name = `${id}/${WEIGHTS}`;
+    // The 'L' entry's data (the name), then the header it names, at the next block.
+    const longName = bytes.indexOf(Buffer.from(`${name}\0`));
+    expect(longName % 512).toBe(0);
+    const at = longName + 512 * Math.ceil((name.length + 1) / 512);
+    const size = sourceFiles[WEIGHTS].length;
+    expect(Number.parseInt(bytes.subarray(at + 124, at + 135).toString('ascii'), 8)).toBe(size);
+    bytes.fill(0, at + 124, at + 136);
+    bytes[at + 124] = 0x80;
+    bytes.writeUIntBE(size, at + 130, 6);
+    bytes.fill(0x20, at + 148, at + 156);
+    let sum = 0;
+    for (let i = at; i < at + 512; i++) sum += bytes[i];
+    bytes.write(`${sum.toString(8).padStart(6, '0')}\0 `, at + 148, 'ascii');
+    await writeFile(archive, bytes);
+    const { stdout } = await execFileAsync('tar', ['tvf', archive]);
+    expect(stdout).toMatch(new RegExp(` ${size} .* ${name}\\n`));
+
+    const imported = await importModel({ modelsDir, source: archive, output, load: false });
+    expect(imported.id).toBe(id);
+    expect(await readFile(path.join(imported.dir, WEIGHTS))).toEqual(sourceFiles[WEIGHTS]);
+  });
 });
 
 describe('models list and remove', () => {

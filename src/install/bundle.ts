@@ -8,7 +8,8 @@ import { ModelInstallError } from './errors.js';
  * a plain POSIX tar (uncompressed: ONNX weights barely compress, and a plain tar streams, lists with
  * `tar tf` and unpacks with `tar xf` into a folder that `models import` accepts as well). Entries are
  * `<id>/<file>`; pax headers carry paths over 100 bytes and files of 8 GiB or more. Only regular files
- * and folders are read back: links and device entries are refused.
+ * and folders are read back: links and device entries are refused. Tars of an export folder made by hand
+ * are read too, in GNU tar's default format as well (its long names and base-256 sizes).
  */
 
 const BLOCK = 512;
@@ -111,6 +112,17 @@ function field(block: Buffer, start: number, length: number): string {
   return raw.subarray(0, end < 0 ? length : end).toString('utf8');
 }
 
+/**
+ * A numeric header field: octal digits, or, with the first byte's high bit set, a base-256 number, as GNU
+ * tar's default format writes the size of a file of 8 GiB or more (an SDXL UNet's or FLUX's weights).
+ */
+function numberField(block: Buffer, start: number, length: number): number {
+  if (!(block[start] & 0x80)) return Number.parseInt(field(block, start, length).trim() || '0', 8);
+  let value = block[start] & 0x7f;
+  for (let i = start + 1; i < start + length; i++) value = value * 256 + block[i];
+  return value;
+}
+
 function parsePax(data: Buffer): Record<string, string> {
   const records: Record<string, string> = {};
   let at = 0;
@@ -164,6 +176,8 @@ async function readEntries(handle: FileHandle, file: string, fileSize: number): 
 
   const entries: BundleEntry[] = [];
   let pax: Record<string, string> = {};
+  /** The name a GNU 'L' entry gives the entry after it. */
+  let longName: string | undefined;
   for (let at = 0; ; ) {
     if (at + BLOCK > fileSize) throw damaged('it has no end-of-archive marker');
     const block = await readAt(at, BLOCK);
@@ -171,8 +185,8 @@ async function readEntries(handle: FileHandle, file: string, fileSize: number): 
     if (Number.parseInt(field(block, 148, 8), 8) !== checksum(block)) throw damaged(`bad header checksum at byte ${at}`);
     const type = String.fromCharCode(block[156]);
     const prefix = field(block, 257, 6) === 'ustar' ? field(block, 345, 155) : '';
-    const name = pax.path ?? (prefix ? `${prefix}/${field(block, 0, 100)}` : field(block, 0, 100));
-    const size = pax.size !== undefined ? Number(pax.size) : Number.parseInt(field(block, 124, 12).trim() || '0', 8);
+    const name = pax.path ?? longName ?? (prefix ? `${prefix}/${field(block, 0, 100)}` : field(block, 0, 100));
+    const size = pax.size !== undefined ? Number(pax.size) : numberField(block, 124, 12);
     if (!Number.isSafeInteger(size) || size < 0) throw damaged(`bad size for ${name}`);
     const dataAt = at + BLOCK;
     at = dataAt + size + padding(size);
@@ -180,7 +194,12 @@ async function readEntries(handle: FileHandle, file: string, fileSize: number): 
       pax = parsePax(await readAt(dataAt, size));
       continue;
     }
+    if (type === 'L') {
+      longName = field(await readAt(dataAt, size), 0, size);
+      continue;
+    }
     pax = {};
+    longName = undefined;
     if (type === 'g' || type === '5') continue; // global pax settings, folders: nothing to unpack
     if (type !== '0' && type !== '\0') throw damaged(`${name} is a link or special file (tar type '${type}'); bundles hold regular files only`);
     const rel = safePath(name);
