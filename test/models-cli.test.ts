@@ -8,6 +8,7 @@ import { createServer, type AddressInfo, type Socket } from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import { promisify } from 'node:util';
+import { gzipSync } from 'node:zlib';
 import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, inject, it } from 'vitest';
 import { imagegenArgs, PROJECT_ROOT } from './helpers/cli.js';
 import { failureOf } from './helpers/failures.js';
@@ -523,6 +524,15 @@ describe('models import and export', () => {
     const imported = await importModel({ modelsDir, source: archive, output, load: false });
     expect(imported.id).toBe(id);
     expect(await readFile(path.join(imported.dir, WEIGHTS))).toEqual(sourceFiles[WEIGHTS]);
+  });
+
+  it('says a compressed bundle is compressed and how to unpack it, rather than that it is damaged', async () => {
+    await importFrom(sourceDir, 'good');
+    const { file } = await exportModel({ modelsDir, id: 'good', out: path.join(work, 'good.tar'), output });
+    // As gzip (or tar czf) compresses it to carry it.
+    await writeFile(`${file}.gz`, gzipSync(await readFile(file)));
+    await expect(importFrom(`${file}.gz`, 'gzipped')).rejects.toThrow(`${file}.gz is gzip-compressed, not a bundle (an uncompressed tar): gunzip it and import the .tar`);
+    await expectNothingInstalled('gzipped');
   });
 });
 

@@ -123,6 +123,15 @@ function numberField(block: Buffer, start: number, length: number): number {
   return value;
 }
 
+/** Files a bundle is often carried in but that are not a tar, by their first bytes, with what to do instead. */
+const PACKED: { magic: number[]; what: string; advice: string }[] = [
+  { magic: [0x1f, 0x8b], what: 'gzip-compressed', advice: 'gunzip it and import the .tar, or unpack it with "tar xzf" and import the model\'s folder' },
+  { magic: [0xfd, 0x37, 0x7a, 0x58, 0x5a, 0x00], what: 'xz-compressed', advice: 'unxz it and import the .tar, or unpack it with "tar xJf" and import the model\'s folder' },
+  { magic: [0x28, 0xb5, 0x2f, 0xfd], what: 'zstd-compressed', advice: 'unzstd it and import the .tar, or unpack it with "tar --zstd -xf" and import the model\'s folder' },
+  { magic: [0x42, 0x5a, 0x68], what: 'bzip2-compressed', advice: 'bunzip2 it and import the .tar, or unpack it with "tar xjf" and import the model\'s folder' },
+  { magic: [0x50, 0x4b, 0x03, 0x04], what: 'a zip archive', advice: "unzip it and import the model's folder" },
+];
+
 function parsePax(data: Buffer): Record<string, string> {
   const records: Record<string, string> = {};
   let at = 0;
@@ -173,6 +182,11 @@ async function readEntries(handle: FileHandle, file: string, fileSize: number): 
     await handle.read(buffer, 0, length, position);
     return buffer;
   };
+
+  // Said as what it is: "damaged, copy it again" would send the user to copy a good file again.
+  const head = await readAt(0, Math.min(BLOCK, fileSize));
+  const packed = PACKED.find(({ magic }) => magic.every((byte, i) => head[i] === byte));
+  if (packed) throw new ModelInstallError(`${file} is ${packed.what}, not a bundle (an uncompressed tar): ${packed.advice}`);
 
   const entries: BundleEntry[] = [];
   let pax: Record<string, string> = {};
