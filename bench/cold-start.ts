@@ -17,6 +17,15 @@ import { median, ms } from './stats.js';
 const REPO = fileURLToPath(new URL('..', import.meta.url));
 const ROUNDS = 3;
 
+/** SIGTERM to a process group; none left in it (the server exited by itself) is nothing to stop. */
+function stopGroup(leader: number): void {
+  try {
+    process.kill(-leader, 'SIGTERM');
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code !== 'ESRCH') throw err;
+  }
+}
+
 /** Milliseconds from spawning `command` to its first /health 200; then stops it (the whole process group). */
 async function untilHealthy(command: string[], dataDir: string): Promise<number> {
   const started = performance.now();
@@ -26,6 +35,14 @@ async function untilHealthy(command: string[], dataDir: string): Promise<number>
   const env = { ...process.env, PORT: '0', PUBLIC_BASE_URL: undefined, DATA_DIR: dataDir, PRELOAD: 'none', LOG_LEVEL: 'info' };
   const child = spawn(command[0], command.slice(1), { cwd: REPO, env, stdio: ['ignore', 'pipe', 'ignore'], detached: true });
   const exited = once(child, 'exit');
+  // In a group of its own, so that npm's children stop with it, the server gets none of the signals a
+  // terminal's Ctrl-C sends to the benchmark's group: passed on, or the run's end would leave it serving.
+  const stopWithUs = (signal: NodeJS.Signals) => {
+    stopGroup(child.pid!);
+    process.exit(128 + os.constants.signals[signal]);
+  };
+  process.once('SIGINT', stopWithUs);
+  process.once('SIGTERM', stopWithUs);
   const failed = () => new Error(`${command.join(' ')} exited with ${child.exitCode} before answering /health`);
   try {
     const api = await listeningUrl(child.stdout!, exited, failed);
@@ -37,7 +54,9 @@ async function untilHealthy(command: string[], dataDir: string): Promise<number>
       await new Promise((resolve) => setTimeout(resolve, 10));
     }
   } finally {
-    process.kill(-child.pid!, 'SIGTERM');
+    process.off('SIGINT', stopWithUs);
+    process.off('SIGTERM', stopWithUs);
+    stopGroup(child.pid!);
     await exited;
   }
 }
