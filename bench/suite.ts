@@ -54,6 +54,13 @@ const measurements: { group: string; run(): Promise<Row[]>; skip?: string }[] = 
   },
 ];
 
+// A mistyped word would run nothing, and still write a results file with no rows and say no goal was missed.
+const unknown = only?.filter((word) => !measurements.some((m) => m.group.startsWith(word))) ?? [];
+if (unknown.length) {
+  console.error(`--only: no group starts with ${unknown.map((word) => `'${word}'`).join(', ')}; the groups are ${measurements.map((m) => `'${m.group}'`).join(', ')}`);
+  process.exit(2);
+}
+
 const rows: Row[] = [];
 const skipped: Skipped[] = [];
 const started = performance.now();

@@ -9,7 +9,8 @@ import { PROJECT_ROOT } from './helpers/cli.js';
 
 /**
  * The benchmark suite's command (`npm run bench`, bench/suite.ts) as a user runs it: not its timings
- * (those are the suite's own output), but what it leaves behind when a run is cut short.
+ * (those are the suite's own output), but what it leaves behind when a run is cut short, and the
+ * arguments it refuses.
  */
 
 /** `npm run bench -- ...args` without npm, in a process group of its own, as a shell starts a job (Ctrl-C reaches the group). */
@@ -69,5 +70,15 @@ describe('npm run bench', () => {
     await watch;
     expect(suite.child.exitCode ?? suite.child.signalCode).not.toBe(0);
     await expect.poll(() => [...servers].filter(groupAlive), { timeout: 10_000 }).toEqual([]);
+  });
+
+  it('refuses an --only that names no group, saying which there are, before measuring or writing anything', async () => {
+    const out = path.join(os.tmpdir(), `bench-only-${process.pid}.json`);
+    // npm run bench:encoders's name, and a group's name in another case.
+    const suite = startSuite('--only', 'encoders,Time per image', '--out', out);
+    await suite.exited;
+    expect(suite.child.exitCode).toBe(2);
+    expect(suite.output()).toContain("--only: no group starts with 'encoders', 'Time per image'; the groups are 'cold start', 'HTTP vs in-process', 'throughput', 'time per image: demo-shapes'");
+    expect(existsSync(out)).toBe(false);
   });
 });
