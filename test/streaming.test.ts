@@ -131,6 +131,34 @@ describe('streamed generations', () => {
     expect(steps.at(-1)!.step).toBe(12);
     expect(events.at(-1)!.type).toBe('image_generation.completed');
   });
+
+  it("says from the first step the denoiser passes of all the request's batches, PNDM's repeated one included", async () => {
+    // Six images run as two batches (the model takes four at a time). PNDM makes one pass more than the
+    // steps asked: 4 steps are 5 passes a batch, and an edit at strength 0.5 of 10 steps runs 6 (the last
+    // 5 steps, the repeated pass with them). A batch yet to begin counted as its steps alone, and the
+    // total grew as it began ("step 5 of 9", then "step 6 of 10").
+    const totals = (events: ImageStreamEvent[]) => [...new Set(events.flatMap((e) => (e.type === 'imagegen.progress' && e.steps !== undefined ? [e.steps] : [])))];
+    const { events } = await rawEvents({ model: 'demo-shapes', prompt: 'a red circle', size: '256x256', n: 6, steps: 4, scheduler: 'pndm', stream: true, stream_progress: true });
+    expect(totals(events)).toEqual([10]);
+
+    const red = await sharp({ create: { width: 256, height: 256, channels: 3, background: '#ff0000' } }).png().toBuffer();
+    const edit = await client.images.edit({
+      model: 'demo-shapes',
+      image: await toFile(red, 'red.png'),
+      prompt: 'a blue square',
+      size: '256x256',
+      n: 6,
+      stream: true,
+      // @ts-expect-error our extensions
+      stream_progress: true,
+      steps: 10,
+      strength: 0.5,
+      scheduler: 'pndm',
+    });
+    const edited: ImageStreamEvent[] = [];
+    for await (const event of edit) edited.push(event as ImageStreamEvent);
+    expect(totals(edited)).toEqual([12]);
+  });
 });
 
 describe('streamed edits', () => {

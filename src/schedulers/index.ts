@@ -14,6 +14,7 @@ import { lcm } from './lcm.js';
 import { withDefaults } from './noise-schedule.js';
 import { pndm } from './pndm.js';
 import type { ModelKind, Scheduler, SchedulerConfig } from './scheduler.js';
+import { scheduleStrength, strengthStart, type StrengthRule } from './strength.js';
 
 export type { ModelKind, Scheduler, SchedulerConfig } from './scheduler.js';
 export { fewestSteps, scheduleStrength, stepsRun, strengthStart, type StrengthRule } from './strength.js';
@@ -116,4 +117,15 @@ export function standInFor(config: SchedulerConfig, kind: ModelKind): { name: st
  */
 export function checkSchedule(config: SchedulerConfig, override: string | undefined, steps: number, strength?: number): void {
   createScheduler(config, override).setTimesteps(steps, { mu: 1, strength });
+}
+
+/**
+ * The denoiser passes a batch of `steps` makes, from where its `strength` starts it (strengthStart), as
+ * the denoising loop runs them: one per step, plus the one PNDM repeats (diffusers' progress bar counts
+ * it too), which the steps alone do not tell.
+ */
+export function passesRun(config: SchedulerConfig, override: string | undefined, steps: number, strength: number | undefined, rule: StrengthRule): number {
+  const scheduler = createScheduler(config, override);
+  scheduler.setTimesteps(steps, { mu: 1, strength: scheduleStrength(rule, strength) });
+  return scheduler.timesteps.length - (strength === undefined ? 0 : strengthStart(steps, strength, rule));
 }

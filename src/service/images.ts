@@ -7,7 +7,7 @@ import type { BatchEvent, GeneratedImage, GenerationBatch } from '../runtime/typ
 import { ApiError } from '../api/errors.js';
 import type { GenerationRequest, GptImageResponseFields, ImageObject, ImagesResponse } from '../api/wire.js';
 import type { ModelEntry, ModelRegistry } from '../models/registry.js';
-import type { StrengthRule } from '../schedulers/index.js';
+import { passesRun } from '../schedulers/index.js';
 import { strengthRule } from '../models/layout.js';
 import type { ImageStore, StoredImage, StoreReservation } from '../store/image-store.js';
 import { bufferView } from '../util/bytes.js';
@@ -107,10 +107,10 @@ interface HowAnswered<T> {
   finish(images: GeneratedImage[], reservation: StoreReservation | undefined): Promise<T>;
 }
 
-/** The model of a request: as the request named it (for its errors), and how it reads a strength (the steps an edit runs). */
+/** The model of a request: as the request named it (for its errors), and the denoiser passes each of its batches makes (for its progress). */
 interface RequestModel {
   named: string;
-  strengthRule: StrengthRule;
+  passes: number;
 }
 
 export interface ImageService {
@@ -175,7 +175,7 @@ export function createImageService({ registry, engine, store, defaultRng, defaul
     const failed = new AbortController();
     const either = AbortSignal.any([signal, failed.signal]);
     setMaxListeners(Math.max(defaultMaxListeners, ABORT_LISTENERS_PER_BATCH * batches.length), either);
-    const progress = onEvent && requestProgress(batches, model.strengthRule, () => engine.load().queued, onEvent);
+    const progress = onEvent && requestProgress(batches, model.passes, () => engine.load().queued, onEvent);
     // Images made before another batch failed still go out, before the error that ends the stream
     // (`over`: a batch that finishes after that is too late); to a client that left, nothing does.
     let over = false;
@@ -282,11 +282,12 @@ export function createImageService({ registry, engine, store, defaultRng, defaul
     // Streamed responses carry usage whatever the dialect: OpenAI's completed event has it.
     const textTokens = request.dialect === 'gpt-image' || request.stream ? await promptTokens.count(model, request.prompt) : undefined;
     await context.admit?.();
-    const [{ width, height, steps, strength }] = batches;
+    const [{ width, height, steps, strength, scheduler }] = batches;
     const drawn = { width, height, count: batches.reduce((n, batch) => n + batch.items.length, 0), inputImages: edit ? 1 : 0, vaeScale: model.layout.vae.scaleFactor };
     // Always there for a streamed request (textTokens is counted for it): its images go out with them.
     const fields = textTokens === undefined ? undefined : gptImageFields(request, textTokens, drawn);
-    const { data, generated } = await produce(batches, { named: request.model, strengthRule: strengthRule(model.layout, batches[0].scheduler) }, request, context, how, fields);
+    const passes = passesRun(model.layout.scheduler, scheduler, steps, strength, strengthRule(model.layout, scheduler));
+    const { data, generated } = await produce(batches, { named: request.model, passes }, request, context, how, fields);
     // The request's logger already names the model, size and n it asked for; these are what ran.
     context.log.info(
       {

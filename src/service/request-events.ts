@@ -1,7 +1,6 @@
 import { setImmediate } from 'node:timers/promises';
 import type { GptImageResponseFields } from '../api/wire.js';
 import type { BatchEvent, GeneratedImage, GenerationBatch } from '../runtime/types.js';
-import { stepsRun, type StrengthRule } from '../schedulers/index.js';
 
 /**
  * What a streamed request hears while it runs (the HTTP layer turns these into server-sent events),
@@ -71,13 +70,15 @@ export function finishedInOrder(batches: GenerationBatch[], onImage: (image: num
 /**
  * A streamed request's events from its batches' events: steps summed over the batches, previews
  * numbered as the response's images, and while nothing has started, the batches waiting with it
- * (`queued`: how many batches wait in the queue now, its own included).
+ * (`queued`: how many batches wait in the queue now, its own included). `passes`: the denoiser passes
+ * each batch makes (they share their settings; see passesRun).
  */
-export function requestProgress(batches: GenerationBatch[], rule: StrengthRule, queued: () => number, onEvent: RequestListener) {
+export function requestProgress(batches: GenerationBatch[], passes: number, queued: () => number, onEvent: RequestListener) {
   const firstImage = firstImages(batches);
-  // Image-to-image runs only the steps its strength leaves; a batch's events then say how many exactly
-  // (PNDM's loop takes one more), so a progress bar does not jump back when they begin.
-  const steps = batches.map((batch) => ({ step: 0, total: batch.strength === undefined ? batch.steps : stepsRun(batch.steps, batch.strength, rule), begun: false }));
+  // A batch yet to begin counts the passes it will make (`passes`, as its own events will say), so the
+  // total stays what it was when the batch begins; only a worker running it in parts (memory, pixels)
+  // can tell more, and its events then do.
+  const steps = batches.map(() => ({ step: 0, total: passes, begun: false }));
   const begun = () => steps.filter((s) => s.begun).length;
   const tellQueued = () => onEvent({ type: 'queued', ahead: Math.max(0, queued() - (batches.length - begun())) });
   let timer: NodeJS.Timeout | undefined;
