@@ -342,6 +342,16 @@ describe.skipIf(!chromiumPath)(`the playground in headless Chromium${chromiumPat
     expect(await alphaAt(w / 2, h / 2)).toBe(0);
   });
 
+  it('sends the edit on Enter in its Strength field, not a text-to-image generation that reads no strength', async () => {
+    await page.fill('#strength', '0.5');
+    await page.$eval('#status', (status) => (status.textContent = ''));
+    const sent = page.waitForRequest((request) => request.method() === 'POST');
+    await page.press('#strength', 'Enter');
+    expect((await sent).url()).toBe(`${origin}/v1/images/edits`);
+    await expect.poll(() => page.textContent('#status'), { timeout: 60_000 }).toMatch(/^Done: 1 image/);
+    expect(await page.getAttribute('#results .result-image', 'alt')).toMatch(/^Edit: /);
+  });
+
   it('makes variations of a result, answered with URLs whose time left shows in the history', async () => {
     await runAndWait('#results button:has-text("Variations")');
     expect(await page.getAttribute('#results .result-image', 'src')).toMatch(new RegExp(`^${origin}/v1/images/files/`));

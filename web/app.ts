@@ -277,6 +277,14 @@ document.addEventListener('keydown', (event) => {
     void send('generations');
   }
 });
+// Enter in the edit panel's Strength sends the edit it was set for: the form's own Enter clicks its first
+// button, Generate, a text-to-image request that reads no strength and replaces the results. Ctrl+Enter
+// still generates (the document's handler above).
+byId('strength').addEventListener('keydown', (event) => {
+  if (event.key !== 'Enter' || event.ctrlKey || event.metaKey) return;
+  event.preventDefault();
+  void send('edits');
+});
 buttons.edit.addEventListener('click', () => void send('edits'));
 buttons.variations.addEventListener('click', () => void send('variations'));
 buttons.cancel.addEventListener('click', () => running?.abort());
