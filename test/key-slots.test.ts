@@ -259,7 +259,11 @@ describe.skipIf(!REDIS_SERVER)(`'concurrent' slots shared through Redis${NO_REDI
   });
 
   it("keeps leases and order on Redis's clock: replicas whose clocks are off by an hour neither expire a running lease nor jump the queue", async () => {
-    const [one, two, three] = [await replica({ leaseMs: 1000 }), await replica({ leaseMs: 1000 }), await replica({ leaseMs: 1000 })];
+    // Polls a second apart, as in the order test above: at this file's 20 ms a waiter's place lapses after
+    // 200 ms without a poll, which a loaded machine's stall passed (the full suite on 2 cores, helpers
+    // beside it): the second request lost its place, the third took the slot first, and this waited for
+    // the second for good. The waiters start on the wake-ups that each end publishes.
+    const [one, two, three] = [await replica({ leaseMs: 1000, pollMs: 1000 }), await replica({ leaseMs: 1000, pollMs: 1000 }), await replica({ leaseMs: 1000, pollMs: 1000 })];
     const key = { label: 'jun', limits: { concurrent: 1 } };
     const [running, fast, slow] = [pending(), pending(), pending()];
     const held = [one.slots.hold(key, never, running.work)];
