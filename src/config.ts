@@ -463,8 +463,8 @@ function parseSettings<K extends SettingName>(names: readonly K[], flags: Partia
   return result.data as unknown as Pick<Settings, K>;
 }
 
-/** The settings only STORE=s3 reads (S3_PREFIX aside: it always has a value), each unset or false unless given. */
-const S3_ONLY = ['s3Bucket', 's3Endpoint', 's3Region', 's3ForcePathStyle', 's3PresignedUrls'] as const satisfies readonly SettingName[];
+/** The settings only STORE=s3 reads; each has its default (none, false, S3_PREFIX's images/) unless given. */
+const S3_ONLY = ['s3Bucket', 's3Prefix', 's3Endpoint', 's3Region', 's3ForcePathStyle', 's3PresignedUrls'] as const satisfies readonly SettingName[];
 
 /** The OpenAI names pointing to DEFAULT_MODEL, with MODEL_ALIASES over them (an empty target removes one). */
 function aliasesOf({ defaultModel, modelAliases }: Pick<Settings, 'defaultModel' | 'modelAliases'>): Record<string, string> {
@@ -514,7 +514,8 @@ export function loadConfig(flags: Partial<Record<SettingName, string>> = {}, env
   if (Boolean(parsed.tlsCert) !== Boolean(parsed.tlsKey)) problems.push('TLS_CERT and TLS_KEY must be set together');
   if (parsed.store === 's3' && !parsed.s3Bucket) problems.push('STORE=s3 needs S3_BUCKET (and credentials from the AWS environment variables or files)');
   // One set without STORE=s3 is a STORE forgotten: the file store would keep the images on this machine, where no other replica serves them.
-  const s3Settings = S3_ONLY.filter((name) => parsed[name] !== undefined && parsed[name] !== false).map(envName);
+  // Set to its default (S3_FORCE_PATH_STYLE=false, S3_PREFIX=images/) changes nothing, and is no STORE forgotten.
+  const s3Settings = S3_ONLY.filter((name) => parsed[name] !== undefined && String(parsed[name]) !== settingDefault(name)).map(envName);
   if (parsed.store !== 's3' && s3Settings.length) {
     problems.push(`${s3Settings.join(', ')} need${s3Settings.length > 1 ? '' : 's'} STORE=s3: set it, or unset ${s3Settings.length > 1 ? 'them' : 'it'} to keep images in DATA_DIR/images (STORE=fs)`);
   }

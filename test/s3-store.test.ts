@@ -347,6 +347,9 @@ describe('STORE=s3 settings', () => {
     ]);
     expect(problems({ STORE: 'fs', S3_REGION: 'us-east-1' })).toEqual(['S3_REGION needs STORE=s3: set it, or unset it to keep images in DATA_DIR/images (STORE=fs)']);
     expect(problems({ S3_FORCE_PATH_STYLE: 'false' })).toEqual([]);
+    // S3_PREFIX as well (the README says every S3_* setting): it was let through, and the images went to DATA_DIR/images.
+    expect(problems({ S3_PREFIX: 'app-a/' })).toEqual(['S3_PREFIX needs STORE=s3: set it, or unset it to keep images in DATA_DIR/images (STORE=fs)']);
+    expect(problems({ S3_PREFIX: 'images/' })).toEqual([]);
     expect(problems({ STORE: 's3', S3_BUCKET: 'b', S3_PRESIGNED_URLS: 'true', IMAGE_TTL_SECONDS: '604801' })).toEqual([expect.stringMatching(/at most 604800/)]);
     expect(problems({ STORE: 'gcs' })[0]).toMatch(/^STORE \(--store\)/);
     expect(problems({ REDIS_URL: 'localhost:6379' })[0]).toMatch(/REDIS_URL.*redis:\/\//);
