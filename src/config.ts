@@ -445,16 +445,24 @@ export const settingsHelp = (Object.keys(SETTINGS) as SettingName[]).map((name) 
 
 /**
  * Parses the named settings from CLI flag values (commander's camelCase keys, strings) over environment
- * variables. Empty values count as unset. Throws ConfigError listing every invalid one.
+ * variables. Empty values count as unset. Throws ConfigError listing every invalid one, each named by its
+ * variable and, where the command takes it as a flag (`flagged`), its flag: a flag named by a command
+ * that has none (generate's MEMORY_LIMIT) sent the user to an option the command refuses as unknown.
  */
-function parseSettings<K extends SettingName>(names: readonly K[], flags: Partial<Record<SettingName, string>>, env: NodeJS.ProcessEnv): Pick<Settings, K> {
+function parseSettings<K extends SettingName>(
+  names: readonly K[],
+  flags: Partial<Record<SettingName, string>>,
+  env: NodeJS.ProcessEnv,
+  flagged: readonly SettingName[] = names,
+): Pick<Settings, K> {
   const raw = Object.fromEntries(names.map((name) => [name, (flags[name] ?? env[envName(name)])?.trim() || undefined]));
   const result = z.object(Object.fromEntries(names.map((name) => [name, SETTINGS[name].schema]))).safeParse(raw);
   if (!result.success) {
     throw new ConfigError(
       result.error.issues.map((issue) => {
         const name = issue.path[0] as K;
-        return `${envName(name)} (${flagName(name)}): ${issue.message}${shownValue(name, raw[name])}`;
+        const flag = flagged.includes(name) ? ` (${flagName(name)})` : '';
+        return `${envName(name)}${flag}: ${issue.message}${shownValue(name, raw[name])}`;
       }),
     );
   }
@@ -483,9 +491,14 @@ export type ModelSettings = Pick<Config, (typeof MODEL_SETTINGS)[number]>;
 /**
  * The settings of commands that run models without serving them: only these are read and checked, so a
  * server's settings in the same environment (HOST=0.0.0.0 set for `serve`, say) cannot stop them.
+ * `flags` has a key for each of them the command takes as a flag, given or not (generate's
+ * `{ modelsDir }`); the others are read from the environment alone, and their errors name the variable only.
  */
-export function loadModelSettings(flags: Partial<Record<SettingName, string>> = {}, env: NodeJS.ProcessEnv = process.env): ModelSettings {
-  const parsed = parseSettings(MODEL_SETTINGS, flags, env);
+export function loadModelSettings(
+  flags: Partial<Record<(typeof MODEL_SETTINGS)[number], string | undefined>> = {},
+  env: NodeJS.ProcessEnv = process.env,
+): ModelSettings {
+  const parsed = parseSettings(MODEL_SETTINGS, flags, env, Object.keys(flags) as SettingName[]);
   return { ...parsed, modelAliases: aliasesOf(parsed) };
 }
 

@@ -98,10 +98,10 @@ describe('imagegen generate', () => {
     await expect(imagegen('generate')).rejects.toMatchObject({ code: 2, stderr: expect.stringContaining("missing required argument 'prompt'") });
     await expect(imagegen('models', 'verify', root)).rejects.toMatchObject({ code: 2, stderr: expect.stringContaining("required option '--golden <file>' not specified") });
     // A setting the command reads that is wrong, as generate's --rng above: it exited 1, as a model that fails does.
-    await expect(imagegenWith({ RNG: 'foo' }, 'models', 'verify', root, '--golden', path.join(root, 'package.json'))).rejects.toMatchObject({
-      code: 2,
-      stderr: expect.stringContaining("RNG (--rng): Invalid option: expected one of \"native\"|\"torch\" (got 'foo')"),
-    });
+    // Named by its variable alone: verify has no --rng flag, and naming one sent the user to an unknown option.
+    const wrongRng = imagegenWith({ RNG: 'foo' }, 'models', 'verify', root, '--golden', path.join(root, 'package.json'));
+    await expect(wrongRng).rejects.toMatchObject({ code: 2, stderr: expect.stringContaining("  - RNG: Invalid option: expected one of \"native\"|\"torch\" (got 'foo')") });
+    await expect(wrongRng).rejects.toMatchObject({ stderr: expect.not.stringContaining('--rng') });
   });
 
   const probe = smallDisk('256k');
@@ -141,6 +141,12 @@ describe('imagegen generate', () => {
     // A server would refuse these (a public address without keys, a port that is no number).
     const { stdout } = await imagegenWith({ HOST: '0.0.0.0', PORT: 'abc', API_KEYS: '' }, 'generate', 'a red circle', '--size', '256x256', '--steps', '1', '--seed', '3', '--out', out);
     expect(stdout.trim()).toBe(path.join(out, 'a-red-circle-3.png'));
-    await expect(imagegenWith({ EXECUTION_PROVIDER: 'tpu' }, 'generate', 'a red circle', '--out', out)).rejects.toMatchObject({ code: 2, stderr: expect.stringContaining('EXECUTION_PROVIDER (--execution-provider)') });
+    // Settings generate reads from the environment only: their errors name no flag, which generate would refuse as unknown.
+    for (const [name, value, flag] of [['EXECUTION_PROVIDER', 'tpu', '--execution-provider'], ['MEMORY_LIMIT', '12', '--memory-limit']] as const) {
+      const refused = imagegenWith({ [name]: value }, 'generate', 'a red circle', '--out', out);
+      await expect(refused).rejects.toMatchObject({ code: 2, stderr: expect.stringContaining(`  - ${name}: `) });
+      await expect(refused).rejects.toMatchObject({ stderr: expect.not.stringContaining(flag) });
+    }
+    await expect(imagegen('generate', 'a red circle', '--memory-limit', '8g', '--out', out)).rejects.toMatchObject({ code: 2, stderr: "error: unknown option '--memory-limit'\n" });
   });
 });
