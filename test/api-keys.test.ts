@@ -8,6 +8,7 @@ import OpenAI, { toFile } from 'openai';
 import { isSendableKey } from '../src/api/bearer.js';
 import { loadConfig } from '../src/config.js';
 import { KeyFileError, KeyRing, parseKeyFile } from '../src/http/keys.js';
+import { imageOwner } from '../src/store/image-names.js';
 import { startTestServer, type TestServer } from './helpers/api-server.js';
 import { createBuiltPool } from './helpers/cli.js';
 import { capturedLogs } from './helpers/logs.js';
@@ -21,10 +22,10 @@ describe('the key file format', () => {
       'keys.txt',
     );
     expect(keys).toEqual([
-      { label: 'alice', key: 'sk-alice-0001', limits: { imagesPerMinute: 60, concurrent: 2 } },
+      { label: 'alice', key: 'sk-alice-0001', owner: imageOwner('sk-alice-0001'), limits: { imagesPerMinute: 60, concurrent: 2 } },
       // Unlabelled: named by its digest, which stays when lines move (a line number would hand its limits to another key).
-      { label: `sha256:${createHash('sha256').update('sk-plain-0002').digest('hex').slice(0, 12)}`, key: 'sk-plain-0002' },
-      { label: 'ci', key: 'sk-ci-0003', limits: { requestsPerMinute: 10 } },
+      { label: `sha256:${createHash('sha256').update('sk-plain-0002').digest('hex').slice(0, 12)}`, key: 'sk-plain-0002', owner: imageOwner('sk-plain-0002') },
+      { label: 'ci', key: 'sk-ci-0003', owner: imageOwner('sk-ci-0003'), limits: { requestsPerMinute: 10 } },
     ]);
   });
 
@@ -73,7 +74,7 @@ describe('what a key may be', () => {
       expect(isSendableKey(key), key).toBe(true);
       expect(await sent(key), key).toBe(200);
       expect(loadConfig({}, { API_KEYS: key.replaceAll(',', '') }).apiKeys).toEqual([key.replaceAll(',', '')]);
-      expect(parseKeyFile(`label:${key}`, 'keys.txt')).toEqual([{ label: 'label', key }]);
+      expect(parseKeyFile(`label:${key}`, 'keys.txt')).toEqual([{ label: 'label', key, owner: imageOwner(key) }]);
     }
     for (const key of unsendable) {
       expect(isSendableKey(key), JSON.stringify(key)).toBe(false);
@@ -84,7 +85,7 @@ describe('what a key may be', () => {
   });
 
   it('reads the first colon of a line as the end of its label', () => {
-    expect(parseKeyFile('sk:colon', 'keys.txt')).toEqual([{ label: 'sk', key: 'colon' }]);
+    expect(parseKeyFile('sk:colon', 'keys.txt')).toEqual([{ label: 'sk', key: 'colon', owner: imageOwner('colon') }]);
   });
 });
 

@@ -54,7 +54,8 @@ describe('store space reserved before generation', () => {
   it('releases the reservation of a request the queue turned away', async () => {
     // One worker, no waiting room: while one request runs, the others get 429. A fake engine, to hold it running.
     const engine = new FakeEngine(1, 0);
-    const server = await startTestServer({ maxStoreBytes: 70_000, engine });
+    // Without keys: the whole store is its one client's (one key's share of it: store-share.test.ts).
+    const server = await startTestServer({ maxStoreBytes: 70_000, engine, apiKeys: [] });
     const ask = (n: number) => server.client.images.generate({ model: 'stub', prompt: 'x', n, size: '64x64' as '1024x1024', response_format: 'url' });
     try {
       engine.hold();
@@ -78,7 +79,8 @@ describe('a store full with the images of running requests', () => {
     // Two workers: one request holds its reservation (about 26 KiB for two 64x64 PNGs) while others come.
     // A fake engine, to hold it running.
     const engine = new FakeEngine(2, 4);
-    const server = await startTestServer({ maxStoreBytes: 30_000, engine });
+    // Without keys: the whole store is its one client's (one key's share of it: store-share.test.ts).
+    const server = await startTestServer({ maxStoreBytes: 30_000, engine, apiKeys: [] });
     const ask = (n: number) => server.client.images.generate({ model: 'stub', prompt: 'x', n, size: '64x64' as '1024x1024', response_format: 'url' });
     const refusal = async (n: number) => {
       const res = await fetch(`${server.baseURL}/images/generations`, {

@@ -79,7 +79,7 @@ async function authPlugin(app: FastifyInstance, options: AuthOptions): Promise<v
     if (!found) {
       throw new ApiError(401, `Incorrect API key provided: ${mask(sent)}.`, { code: 'invalid_api_key', headers: REFUSAL_HEADERS });
     }
-    request.apiKey = { label: found.label, ...(found.limits && { limits: found.limits }) };
+    request.apiKey = { label: found.label, owner: found.owner, ...(found.limits && { limits: found.limits }) };
     request.log = reply.log = request.log.child({ apiKey: found.label });
   });
 }

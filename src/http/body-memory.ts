@@ -1,7 +1,7 @@
 import type { FastifyReply, FastifyRequest } from 'fastify';
 import { ApiError } from '../api/errors.js';
 import { formatBytes } from '../util/bytes.js';
-import { ByteBudget } from '../util/byte-budget.js';
+import { ByteBudget, clientShare } from '../util/byte-budget.js';
 import { declaredBodyBytes } from './connections.js';
 
 /**
@@ -23,7 +23,7 @@ const FULL_RETRY_SECONDS = 5;
 
 /** UPLOAD_MEMORY's budget, of which one key may hold half, or `largestBody` (the most one request may send) where that is more. */
 export function uploadMemoryBudget(limit: number, largestBody: number): ByteBudget {
-  return new ByteBudget(limit, Math.min(limit, Math.max(limit / 2, largestBody)));
+  return new ByteBudget(limit, clientShare(limit, largestBody));
 }
 
 /** The 429 of a body that does not fit: UPLOAD_MEMORY is full, or `holder` (a key's label) holds its share of it. */

@@ -79,6 +79,7 @@ async function generateContext(request: FastifyRequest, reply: FastifyReply, bod
     // OpenAI's x-ratelimit-* headers go on the answer, streamed or not.
     admit: async () => void reply.headers(await rates.admit(request.apiKey, body.n)),
     ...queueClient(request),
+    owner: request.apiKey?.owner,
     ...(slots && { hold: (work, onWait, estimatedSeconds) => slots.hold(request.apiKey, request.cancellation, work, onWait, estimatedSeconds) }),
   };
 }

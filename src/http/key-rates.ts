@@ -141,16 +141,16 @@ export class KeyRates {
   constructor(private readonly ledger: RateLedger = new MemoryLedger()) {}
 
   /** Throws the 429 that `admit` would throw now, counting nothing: for a request not yet known to be valid. */
-  async check(key: Omit<ApiKey, 'key'> | null, images: number): Promise<void> {
+  async check(key: Pick<ApiKey, 'label' | 'limits'> | null, images: number): Promise<void> {
     await this.spend(key, images, false);
   }
 
   /** Counts a request for `images` images from `key`, or throws the 429 that says when to retry; returns OpenAI's rate-limit headers for its answer. */
-  admit(key: Omit<ApiKey, 'key'> | null, images: number): Promise<Record<string, string>> {
+  admit(key: Pick<ApiKey, 'label' | 'limits'> | null, images: number): Promise<Record<string, string>> {
     return this.spend(key, images, true);
   }
 
-  private async spend(key: Omit<ApiKey, 'key'> | null, images: number, record: boolean): Promise<Record<string, string>> {
+  private async spend(key: Pick<ApiKey, 'label' | 'limits'> | null, images: number, record: boolean): Promise<Record<string, string>> {
     const limits = key?.limits;
     if (!key || !limits || (limits.requestsPerMinute === undefined && limits.imagesPerMinute === undefined)) return {};
     const windowLimits = { requests: limits.requestsPerMinute, images: limits.imagesPerMinute };

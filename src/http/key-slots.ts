@@ -204,7 +204,7 @@ export class KeySlots {
    * Runs `work` holding one of the key's slots; a key without a `concurrent` limit holds none.
    * `estimatedSeconds`: how long the work is expected to take, for the Retry-After of requests that wait for it.
    */
-  async hold<T>(key: Omit<ApiKey, 'key'> | null, signal: AbortSignal, work: () => Promise<T>, onWait?: () => void, estimatedSeconds = 0): Promise<T> {
+  async hold<T>(key: Pick<ApiKey, 'label' | 'limits'> | null, signal: AbortSignal, work: () => Promise<T>, onWait?: () => void, estimatedSeconds = 0): Promise<T> {
     const limit = key?.limits?.concurrent;
     if (!key || limit === undefined) return work();
     const keys = keysOf(key.label);

@@ -3,6 +3,7 @@ import { unwatchFile, watchFile } from 'node:fs';
 import { readFile } from 'node:fs/promises';
 import type { FastifyBaseLogger } from 'fastify';
 import { isSendableKey } from '../api/bearer.js';
+import { imageOwner } from '../store/image-names.js';
 import { messageOf } from '../util/error-message.js';
 
 /**
@@ -43,6 +44,8 @@ export interface ApiKey {
    */
   label: string;
   key: string;
+  /** Whose images the key's url requests store (store/image-names.ts's imageOwner): an id that names neither the key nor its label. */
+  owner: string;
   limits?: KeyLimits;
 }
 
@@ -95,7 +98,7 @@ export function parseKeyFile(text: string, file: string): ApiKey[] {
         problems.push(`${where}: ${match[1]} is given twice`);
       } else limits[field] = Number(match[2]);
     });
-    keys.push({ label, key, ...(Object.keys(limits).length > 0 && { limits }) });
+    keys.push({ label, key, owner: imageOwner(key), ...(Object.keys(limits).length > 0 && { limits }) });
   });
   const seen = new Set<string>();
   for (const { label } of keys) {
@@ -142,7 +145,7 @@ export class KeyRing {
   private readonly onChange = () => void this.reload();
 
   private constructor(private readonly options: KeyRingOptions) {
-    this.fixed = options.apiKeys.map((key, i) => ({ label: `API_KEYS[${i + 1}]`, key }));
+    this.fixed = options.apiKeys.map((key, i) => ({ label: `API_KEYS[${i + 1}]`, key, owner: imageOwner(key) }));
   }
 
   /** Reads the keys; a bad API_KEYS_FILE fails here, at start, rather than locking everyone out later. */

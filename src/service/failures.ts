@@ -124,7 +124,7 @@ function storeFull(err: StoreFullError): ApiError {
 }
 
 /** What a full store tells the client, and whether (and when) retrying can help, by why it is full. */
-function storeFullAnswer({ reason, neededBytes, maxBytes, retryAfterSeconds, freeBytes }: StoreFullError): { message: string; headers: Record<string, string> } {
+function storeFullAnswer({ reason, neededBytes, maxBytes, retryAfterSeconds, freeBytes, share }: StoreFullError): { message: string; headers: Record<string, string> } {
   const inline = "Ask for response_format 'b64_json'";
   switch (reason) {
     case 'running':
@@ -147,6 +147,18 @@ function storeFullAnswer({ reason, neededBytes, maxBytes, retryAfterSeconds, fre
       return {
         message: `The disk holding the server's image store ${full}. ${inline}; the server's operator should free disk space under DATA_DIR, or lower MAX_STORE_BYTES to what the disk can hold.`,
         headers: NO_RETRY,
+      };
+    }
+    case 'share': {
+      // Other keys' url requests still find room: this key's wait for its own images (or running requests).
+      const held = `This API key's images take as much of the server's image store as one key may (${formatBytes(share?.bytes ?? maxBytes / 2)} of MAX_STORE_BYTES, ${formatBytes(maxBytes)}, so that other keys' images still fit)`;
+      if (share?.running) {
+        return { message: `${held}, with space set aside for this key's requests running now. ${inline}, or retry in a few seconds.`, headers: { 'retry-after': String(STORE_RETRY_SECONDS) } };
+      }
+      const when = retryAfterSeconds === undefined ? "once this key's older images expired" : `in ${retryAfterSeconds}s, when enough of this key's older images will have expired`;
+      return {
+        message: `${held}. ${inline}, or retry ${when}.`,
+        headers: { ...NO_RETRY, ...(retryAfterSeconds !== undefined && { 'retry-after': String(retryAfterSeconds) }) },
       };
     }
     case 'images': {

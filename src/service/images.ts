@@ -89,6 +89,8 @@ export interface GenerateContext {
   client?: string;
   /** The client's own queue limits, if it has any. */
   limits?: ClientLimits;
+  /** Whose images url requests store (the API key's imageOwner id), each key holding at most a share of the store; none without keys. */
+  owner?: string;
   /**
    * Runs the making of the images holding what the client may hold at once over all servers (a key's
    * `concurrent` slot), calling `onWait` if it has to wait for one first (an error it throws ends the
@@ -214,10 +216,10 @@ export function createImageService({ registry, engine, store, defaultRng, defaul
   }
 
   /** For url requests, the store space their images will take, set aside before any is generated. */
-  async function reserveSpace(request: GenerationRequest, batches: GenerationBatch[]): Promise<StoreReservation | undefined> {
+  async function reserveSpace(request: GenerationRequest, batches: GenerationBatch[], context: GenerateContext): Promise<StoreReservation | undefined> {
     if (request.response_format === 'b64_json') return undefined;
     try {
-      return await store.reserve(expectedStoreBytes(batches));
+      return await store.reserve(expectedStoreBytes(batches), context.owner);
     } catch (err) {
       throw storeError(err);
     }
@@ -243,7 +245,7 @@ export function createImageService({ registry, engine, store, defaultRng, defaul
    * before the work starts until `finish` is done.
    */
   async function produce<T>(batches: GenerationBatch[], model: RequestModel, request: GenerationRequest, context: GenerateContext, how: HowAnswered<T>, fields?: GptImageResponseFields) {
-    const reservation = await reserveSpace(request, batches);
+    const reservation = await reserveSpace(request, batches, context);
     const { onEvent, finish } = how;
     try {
       const ticket = engine.ticket(batches, context.client, context.limits);

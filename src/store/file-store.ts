@@ -5,7 +5,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import type { Readable } from 'node:stream';
 import { makeFolder, syncFolder, unlessMissing } from '../util/files.js';
 import { ImageDamagedError, StoreFullError, StoreUnavailableError, type ByteRange, type ImageStore, type StoredImage, type StoreLimits, type StoreReservation } from './image-store.js';
-import { digestOf, extensionOf, imageName, isExpired, newImage, parseImageName } from './image-names.js';
+import { digestOf, extensionOf, imageName, isExpired, nameableOwner, newImage, parseImageName } from './image-names.js';
 import { StoreSpace } from './space.js';
 import { messageOf } from '../util/error-message.js';
 import { ExpiryOrder } from './expiry-order.js';
@@ -58,8 +58,8 @@ const TEMP_FILE_AGE_MS = 10 * 60_000;
  * index holds one per image, up to one per 4 KiB of MAX_STORE_BYTES (524288 for 2g).
  */
 function indexRecord(image: StoredImage): StoredImage {
-  const { id, ext, contentType, expiresAt, size, digest } = image;
-  return { id: ownCopy(id), ext, contentType, expiresAt, size, digest: digest === undefined ? undefined : ownCopy(digest) };
+  const { id, ext, contentType, expiresAt, size, digest, owner } = image;
+  return { id: ownCopy(id), ext, contentType, expiresAt, size, digest: digest === undefined ? undefined : ownCopy(digest), owner: owner === undefined ? undefined : ownCopy(owner) };
 }
 
 /** A hex string as a string of its own, rather than a slice that keeps the longer string it was cut from. */
@@ -161,7 +161,7 @@ export class FileImageStore implements ImageStore {
       const image = indexRecord({ ...named, size });
       if (image.digest !== undefined) this.unchecked.add(image.id);
       this.indexImage(image);
-      this.space.add(size);
+      this.space.add(size, image.owner);
     }
     // Deleted by something else (an operator freeing the disk, another server): their space is free again.
     // Counted until they would have expired, they kept a store they had filled refusing images for a day.
@@ -182,28 +182,28 @@ export class FileImageStore implements ImageStore {
    * expired ones, and StoreUnavailableError when the folder cannot be written (before any work is done
    * for images that could not be kept).
    */
-  async reserve(bytes: number): Promise<StoreReservation> {
+  async reserve(bytes: number, owner?: string): Promise<StoreReservation> {
     await this.check();
     const disk = await statfs(this.options.dir).catch((err: NodeJS.ErrnoException) => {
       throw new StoreUnavailableError(`the image folder ${this.options.dir} cannot be examined (${err.code ?? err.message})`, { cause: err, reason: err.code ?? 'statfs failed' });
     });
     const free = disk.bavail * disk.bsize;
     if (free < bytes) throw new StoreFullError('disk', this.options.maxBytes, bytes, undefined, free);
-    return this.space.reserve(bytes);
+    return this.space.reserve(bytes, nameableOwner(owner));
   }
 
-  /** Stores an image, drawing on `reservation` first; throws StoreFullError when the rest does not fit even after deleting expired ones. */
+  /** Stores an image of the reservation's owner, drawing on `reservation` first; throws StoreFullError when the rest does not fit even after deleting expired ones. */
   async put(data: Uint8Array, contentType: string, reservation?: StoreReservation): Promise<StoredImage> {
     const ext = extensionOf(contentType);
     await this.space.claim(data.byteLength, reservation);
 
-    const image = indexRecord({ ...newImage(ext, contentType, data.byteLength, this.now(), this.options.ttlSeconds), digest: await digestOf([data]) });
+    const image = indexRecord({ ...newImage(ext, contentType, data.byteLength, this.now(), this.options.ttlSeconds, reservation?.owner), digest: await digestOf([data]) });
     const write = this.write(path.join(this.options.dir, `.${image.id}.tmp`), this.fileOf(image), data);
     this.writes.set(image.id, write);
     try {
       await write;
     } catch (err) {
-      this.space.free(data.byteLength);
+      this.space.free(data.byteLength, image.owner);
       throw err instanceof StoreFullError ? err : await this.whyWriteFailed(err);
     } finally {
       this.writes.delete(image.id);
@@ -343,7 +343,7 @@ export class FileImageStore implements ImageStore {
     this.index.delete(image.id);
     this.byExpiry.remove();
     this.unchecked.delete(image.id);
-    this.space.free(image.size);
+    this.space.free(image.size, image.owner);
   }
 
   /**

@@ -1,4 +1,4 @@
-import { createHash, randomBytes } from 'node:crypto';
+import { createHash, createHmac, randomBytes } from 'node:crypto';
 import { IMAGE_EXTENSIONS, IMAGE_FORMATS, type ImageExtension } from '../runtime/types.js';
 import { IMAGE_ID, type StoredImage } from './image-store.js';
 
@@ -14,6 +14,12 @@ import { IMAGE_ID, type StoredImage } from './image-store.js';
  * no image is ever on disk without it; names without it (images stored before it was added, S3's objects,
  * whose listing gives their size and which are never half written) are read without a size, which the
  * listing or the file then gives.
+ *
+ * An image made for an API key carries its owner too, `...[.<size>.<digest>].k<owner>.<ext>` (see
+ * imageOwner): each key may hold only a share of the store (space.ts), and the share must hold across
+ * restarts and replicas sharing the folder or bucket, which know the images only by these names. Names
+ * without it (images of a server without keys, or stored before owners were recorded) are nobody's:
+ * served and counted against the whole store as before, against no key's share.
  */
 
 const EXTENSIONS = Object.fromEntries(Object.values(IMAGE_FORMATS).map((f) => [f.contentType, f.extension])) as Record<string, ImageExtension>;
@@ -21,7 +27,28 @@ const CONTENT_TYPES = Object.fromEntries(Object.values(IMAGE_FORMATS).map((f) =>
 
 /** 64 bits: enough to tell a damaged copy, short enough for a file name. */
 const DIGEST_DIGITS = 16;
-const NAME = new RegExp(`^(${IMAGE_ID})\\.(\\d+)(?:\\.(\\d+)\\.([0-9a-f]{${DIGEST_DIGITS}}))?\\.(${IMAGE_EXTENSIONS.join('|')})$`);
+/** 64 bits: no two keys of a server share an owner, and the name stays short. */
+const OWNER_DIGITS = 16;
+const OWNER = new RegExp(`^[0-9a-f]{${OWNER_DIGITS}}$`);
+const NAME = new RegExp(
+  `^(${IMAGE_ID})\\.(\\d+)(?:\\.(\\d+)\\.([0-9a-f]{${DIGEST_DIGITS}}))?(?:\\.k([0-9a-f]{${OWNER_DIGITS}}))?\\.(${IMAGE_EXTENSIONS.join('|')})$`,
+);
+
+/**
+ * The owner id of an API key's images: an HMAC of a fixed text keyed by the key itself, its first 64
+ * bits in hex. Every replica and restart reads the same keys, so they all work out the same id with no
+ * secret or table of their own to share, and nothing else can: the id is in each image's file or object
+ * name, which S3 presigned URLs show, and the key's label there (a person's or team's name, or the start
+ * of the key's SHA-256) would tell anyone given an image link who made it, and which other links are
+ * the same client's. Keyed by the key, the id tells that much only (links of one key share it): telling
+ * the key from it means guessing keys and checking each offline, which only a short or guessable key
+ * falls to (docs/security.md: keys are long random strings). A random id per key would leak nothing,
+ * but replicas would need a table shared among them to agree on it. A key rotated in is a new owner: the
+ * old key's images count against the old id until they expire.
+ */
+export function imageOwner(apiKey: string): string {
+  return createHmac('sha256', apiKey).update('imagegen image owner').digest('hex').slice(0, OWNER_DIGITS);
+}
 
 /** An image as its name gives it: with its size where the name records it. */
 export type NamedImage = Omit<StoredImage, 'size'> & { size?: number };
@@ -33,9 +60,18 @@ export function extensionOf(contentType: string): ImageExtension {
   return ext;
 }
 
-/** A new image of `size` bytes living `ttlSeconds` from `now`, with a fresh random id (IMAGE_ID's 32 hex digits). */
-export function newImage(ext: ImageExtension, contentType: string, size: number, now: number, ttlSeconds: number): StoredImage {
-  return { id: randomBytes(16).toString('hex'), ext, contentType, expiresAt: now + Math.round(ttlSeconds * 1000), size };
+/**
+ * `owner`, checked to be one an image name can carry (an imageOwner id), as a reservation takes it: the
+ * puts made with it name their images so. Throws for anything else.
+ */
+export function nameableOwner(owner: string | undefined): string | undefined {
+  if (owner !== undefined && !OWNER.test(owner)) throw new TypeError(`an image's owner is an imageOwner id (${OWNER_DIGITS} hex digits), not '${owner}'`);
+  return owner;
+}
+
+/** A new image of `size` bytes living `ttlSeconds` from `now`, with a fresh random id (IMAGE_ID's 32 hex digits), of `owner` (nameableOwner's). */
+export function newImage(ext: ImageExtension, contentType: string, size: number, now: number, ttlSeconds: number, owner: string | undefined): StoredImage {
+  return { id: randomBytes(16).toString('hex'), ext, contentType, expiresAt: now + Math.round(ttlSeconds * 1000), size, ...(owner !== undefined && { owner }) };
 }
 
 /** Whether an image's time is up at `now` (unix milliseconds). */
@@ -43,9 +79,10 @@ export function isExpired(image: Pick<StoredImage, 'expiresAt'>, now: number): b
   return image.expiresAt <= now;
 }
 
-export function imageName(image: Pick<StoredImage, 'id' | 'expiresAt' | 'ext' | 'size' | 'digest'>): string {
+export function imageName(image: Pick<StoredImage, 'id' | 'expiresAt' | 'ext' | 'size' | 'digest' | 'owner'>): string {
   const record = image.digest === undefined ? '' : `.${image.size}.${image.digest}`;
-  return `${image.id}.${image.expiresAt}${record}.${image.ext}`;
+  const owner = image.owner === undefined ? '' : `.k${image.owner}`;
+  return `${image.id}.${image.expiresAt}${record}${owner}.${image.ext}`;
 }
 
 /** The digest of an image's bytes (the first DIGEST_DIGITS hex digits of their SHA-256), from its bytes in memory or a file's stream. */
@@ -59,7 +96,7 @@ export async function digestOf(chunks: Iterable<Uint8Array> | AsyncIterable<Uint
 export function parseImageName(name: string): NamedImage | undefined {
   const match = NAME.exec(name);
   if (!match) return undefined;
-  const [, id, expiry, size, digest, ext] = match;
-  const named = { id, ext: ext as ImageExtension, contentType: CONTENT_TYPES[ext as ImageExtension], expiresAt: Number(expiry) };
+  const [, id, expiry, size, digest, owner, ext] = match;
+  const named = { id, ext: ext as ImageExtension, contentType: CONTENT_TYPES[ext as ImageExtension], expiresAt: Number(expiry), ...(owner !== undefined && { owner }) };
   return digest === undefined ? named : { ...named, size: Number(size), digest };
 }

@@ -25,6 +25,12 @@ export interface StoredImage {
    * addresses of its own (S3 presigned URLs, valid until the image expires).
    */
   url?: string;
+  /**
+   * The API key whose request made it, as an opaque id (image-names.ts's imageOwner), kept in its name so
+   * that every replica and restart counts each key's share of the store alike; none for images of a
+   * server without keys, and those stored before owners were recorded (nobody's).
+   */
+  owner?: string;
 }
 
 /** Image ids are 32 hex digits (128 random bits). */
@@ -39,7 +45,17 @@ export type StoreFullReason =
   /** More than the whole store (its byte limit) can hold: no waiting helps. */
   | 'too-large'
   /** The disk under the store has no room left, whatever the store's byte limit. */
-  | 'disk';
+  | 'disk'
+  /** The API key's images (and requests running now) take as much of the store as one key may (see StoreSpace): other keys' still fit. */
+  | 'share';
+
+/** A key's share of the store, where a refusal was for it ('share'). */
+export interface KeyShare {
+  /** What one key may hold (half the store, or the refused request's images where that is more). */
+  bytes: number;
+  /** Whether the space the key's running requests set aside is what is missing (it comes back as they end), rather than its stored images. */
+  running: boolean;
+}
 
 export class StoreFullError extends Error {
   constructor(
@@ -52,6 +68,8 @@ export class StoreFullError extends Error {
     readonly retryAfterSeconds?: number,
     /** What the disk had free, where the store looked ('disk', as space is set aside). */
     readonly freeBytes?: number,
+    /** The key's share ('share'). */
+    readonly share?: KeyShare,
   ) {
     super(`the image store cannot take ${neededBytes} more bytes (${reason}; its limit is ${maxBytes} bytes)`);
     this.name = 'StoreFullError';
@@ -91,6 +109,8 @@ export class ImageDamagedError extends Error {
 export interface StoreReservation {
   /** Bytes still set aside. */
   readonly bytes: number;
+  /** Whose images the puts made with it are (StoredImage.owner), counted against that key's share. */
+  readonly owner: string | undefined;
   release(): void;
 }
 
@@ -106,11 +126,14 @@ export interface ImageStore {
    * it does: a page showing its images must allow loading from it (the playground's policy).
    */
   readonly urlOrigin: string | undefined;
-  /** Sets `bytes` aside for images to come; throws StoreFullError when they do not fit even after a sweep. */
-  reserve(bytes: number): Promise<StoreReservation>;
   /**
-   * Stores an image until its expiry, drawing on `reservation` first; throws StoreFullError when it
-   * does not fit even after a sweep.
+   * Sets `bytes` aside for images to come, of `owner` (an API key's imageOwner; none on a server without
+   * keys); throws StoreFullError when they do not fit, or would take the owner past its share, even after a sweep.
+   */
+  reserve(bytes: number, owner?: string): Promise<StoreReservation>;
+  /**
+   * Stores an image until its expiry, drawing on `reservation` first (the image is the reservation's
+   * owner's); throws StoreFullError when it does not fit even after a sweep.
    */
   put(data: Uint8Array, contentType: string, reservation?: StoreReservation): Promise<StoredImage>;
   /** The image, or null when unknown or expired (even before a sweep deleted it); throws ImageDamagedError for one found damaged. */

@@ -4,6 +4,7 @@ import type { StoreReservation } from './image-store.js';
 export class SpaceReservation implements StoreReservation {
   constructor(
     private remaining: number,
+    readonly owner: string | undefined,
     private readonly giveBack: (unused: number) => void,
   ) {}
 

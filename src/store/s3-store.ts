@@ -4,14 +4,14 @@ import { DeleteObjectsCommand, GetObjectCommand, ListObjectsV2Command, paginateL
 import { getSignedUrl } from '@aws-sdk/s3-request-presigner';
 import { ConfigError } from '../util/config-error.js';
 import { StoreUnavailableError, type ByteRange, type ImageStore, type StoredImage, type StoreLimits, type StoreReservation } from './image-store.js';
-import { extensionOf, imageName, isExpired, newImage, parseImageName } from './image-names.js';
+import { extensionOf, imageName, isExpired, nameableOwner, newImage, parseImageName } from './image-names.js';
 import { StoreSpace } from './space.js';
 import { messageOf } from '../util/error-message.js';
 
 /**
  * Generated images in an S3-compatible bucket (AWS S3, MinIO, Ceph RGW, Cloudflare R2, Garage), shared
  * by every replica: any replica serves an image another one made. One object per image under `prefix`,
- * named as image-names.ts says (`<id>.<expiry>.<ext>`), so a listing is the whole index: the sweeper
+ * named as image-names.ts says (`<id>.<expiry>[.k<owner>].<ext>`), so a listing is the whole index (each key's share of the limit too): the sweeper
  * deletes expired objects without reading them, and a restart loses nothing. Credentials, and the region
  * when S3_REGION is unset, come from the AWS SDK's standard chain (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY,
  * AWS_PROFILE and ~/.aws files, web identity, instance roles).
@@ -42,6 +42,9 @@ export interface S3StoreOptions extends StoreLimits {
   requestTimeoutMs?: number;
 }
 
+/** An image as the byte limit counts it: its size, against its owner's share too (space.ts). */
+type Counted = { size: number; owner?: string };
+
 /** How long a /ready answer about the bucket holds: load balancers probe every few seconds, each replica's probe costs one LIST. */
 const CHECK_CACHE_MS = 2000;
 /** Longest /ready waits for the bucket: a probe is answered before the balancer gives up on it. */
@@ -57,10 +60,10 @@ export class S3ImageStore implements ImageStore {
   private readonly space: StoreSpace;
   /** Images under the prefix as the last listing counted them, plus this replica's puts since. */
   private files = 0;
-  /** Puts finished since the current (or last) listing began, and their images' sizes: the listing may not have seen them. */
-  private recent = new Map<string, number>();
-  /** Puts in progress and their images' sizes (counted in `space.used`, in no listing yet). */
-  private readonly writes = new Map<Promise<unknown>, number>();
+  /** Puts finished since the current (or last) listing began, and their images' sizes and owners: the listing may not have seen them. */
+  private recent = new Map<string, Counted>();
+  /** Puts in progress and their images' sizes and owners (counted in `space.used`, in no listing yet). */
+  private readonly writes = new Map<Promise<unknown>, Counted>();
   private sweeping: Promise<void> | undefined;
   private checked: { at: number; result: Promise<void> } | undefined;
   private timer: NodeJS.Timeout | undefined;
@@ -181,14 +184,14 @@ export class S3ImageStore implements ImageStore {
     return new StoreUnavailableError(`the S3 bucket '${this.options.bucket}' failed to ${action} (${reason}${detail})`, { cause: err, reason });
   }
 
-  reserve(bytes: number): Promise<StoreReservation> {
-    return this.space.reserve(bytes);
+  reserve(bytes: number, owner?: string): Promise<StoreReservation> {
+    return this.space.reserve(bytes, nameableOwner(owner));
   }
 
   async put(data: Uint8Array, contentType: string, reservation?: StoreReservation): Promise<StoredImage> {
     const ext = extensionOf(contentType);
     await this.space.claim(data.byteLength, reservation);
-    const image = newImage(ext, contentType, data.byteLength, this.madeAt(), this.options.ttlSeconds);
+    const image = newImage(ext, contentType, data.byteLength, this.madeAt(), this.options.ttlSeconds, reservation?.owner);
     const write = this.client.send(
       new PutObjectCommand({
         Bucket: this.options.bucket,
@@ -203,16 +206,17 @@ export class S3ImageStore implements ImageStore {
         Expires: new Date(image.expiresAt),
       }),
     );
-    this.writes.set(write, data.byteLength);
+    const counted = { size: data.byteLength, owner: image.owner };
+    this.writes.set(write, counted);
     try {
       await write;
     } catch (err) {
-      this.space.free(data.byteLength);
+      this.space.free(data.byteLength, image.owner);
       throw this.unavailable('store an image', err);
     } finally {
       this.writes.delete(write);
     }
-    this.recent.set(image.id, data.byteLength);
+    this.recent.set(image.id, counted);
     this.files += 1;
     if (!this.options.presignedUrls) return image;
     // Signing is local (no request): the URL lives no shorter than the image (see now). The
@@ -268,7 +272,7 @@ export class S3ImageStore implements ImageStore {
     for (const image of images) {
       this.recent.delete(image.id);
       this.files -= 1;
-      this.space.free(image.size);
+      this.space.free(image.size, image.owner);
     }
   }
 
@@ -280,10 +284,10 @@ export class S3ImageStore implements ImageStore {
   }
 
   private async relist(): Promise<void> {
-    const recent = new Map<string, number>();
+    const recent = new Map<string, Counted>();
     this.recent = recent;
-    /** The listing's unexpired images and their sizes. */
-    const seen = new Map<string, number>();
+    /** The listing's unexpired images and their sizes and owners. */
+    const seen = new Map<string, Counted>();
     const expired: string[] = [];
     try {
       for await (const page of paginateListObjectsV2({ client: this.client }, { Bucket: this.options.bucket, Prefix: this.options.prefix })) {
@@ -291,14 +295,14 @@ export class S3ImageStore implements ImageStore {
           const image = this.imageOf(object.Key, object.Size);
           if (!image) continue;
           if (isExpired(image, this.now())) expired.push(object.Key!);
-          else seen.set(image.id, image.size);
+          else seen.set(image.id, { size: image.size, owner: image.owner });
         }
       }
     } catch (err) {
       throw this.unavailable('list its images', err);
     }
     await this.deleteKeys(expired);
-    const missed = [...recent].filter(([id]) => !seen.has(id)).map(([, size]) => size);
+    const missed = [...recent].filter(([id]) => !seen.has(id)).map(([, counted]) => counted);
     this.files = seen.size + missed.length;
     this.space.recount(seen.values(), missed, this.writes.values());
     if (expired.length) this.options.logger.debug({ deleted: expired.length }, 'expired images deleted');

@@ -1,3 +1,4 @@
+import { clientShare } from '../util/byte-budget.js';
 import { StoreFullError, type StoreReservation } from './image-store.js';
 import { SpaceReservation } from './reservation.js';
 
@@ -16,7 +17,7 @@ export const spaceOf = (size: number): number => Math.max(size, MIN_IMAGE_BYTES)
 /** Images in the order they expire, and the clock they expire by: what a full store's Retry-After is worked out from. */
 export interface ExpiringImages {
   /** The stored images, earliest expiry first, read for as long as the caller takes them. */
-  inOrder(): Iterable<{ size: number; expiresAt: number }>;
+  inOrder(): Iterable<{ size: number; expiresAt: number; owner?: string }>;
   now(): number;
 }
 
@@ -27,12 +28,24 @@ export interface ExpiringImages {
  * place and at spaceOf in another would drift until its count meant nothing). Every count changes in
  * the same turn as the check that lets it in, so parallel reservations and puts cannot overfill
  * (counted a turn later, two that found room at once both took it).
+ *
+ * One API key (an image's owner) holds at most half of it, or the images of the request it makes where
+ * those are more (a lone request always fits): one key's url requests filled the store, and every other
+ * key's got 507 for as long as the images lived (IMAGE_TTL_SECONDS, a day by default). The share counts
+ * the key's images wherever they were stored (their names carry the owner: image-names.ts), so a restart
+ * or another replica counts them alike. Images of nobody (a server without keys, names from before
+ * owners) count against the whole store only. The share of a request is its own images, not the largest
+ * any request could make: the largest depends on the model and size asked for, and a key holding
+ * nothing else may then take what any one request needs, as UPLOAD_MEMORY's share lets a lone body in.
  */
 export class StoreSpace {
   /** Bytes of stored images plus writes in progress, each counted as spaceOf says. */
   private counted = 0;
   /** Bytes set aside by reservations and not yet written. */
   private reserved = 0;
+  /** What `counted` and `reserved` hold of each owner (none: nothing). */
+  private readonly countedOf = new Map<string, number>();
+  private readonly reservedOf = new Map<string, number>();
 
   constructor(
     readonly maxBytes: number,
@@ -47,67 +60,104 @@ export class StoreSpace {
     return this.counted;
   }
 
-  /** Sets `bytes` aside for images to come; throws StoreFullError when it does not fit even after a sweep. */
-  async reserve(bytes: number): Promise<StoreReservation> {
-    await this.makeRoom(bytes, () => (this.reserved += bytes));
-    return new SpaceReservation(bytes, (unused) => (this.reserved -= unused));
+  /** What `owner`'s images (and writes in progress) and reservations count now. */
+  heldBy(owner: string): number {
+    return (this.countedOf.get(owner) ?? 0) + (this.reservedOf.get(owner) ?? 0);
   }
 
-  /** Counts the write of an image of `size` bytes, drawing on `reservation` first; throws StoreFullError when the rest does not fit even after a sweep. */
+  /** Sets `bytes` aside for images of `owner` to come; throws StoreFullError when it does not fit, or takes the owner past its share, even after a sweep. */
+  async reserve(bytes: number, owner?: string): Promise<StoreReservation> {
+    await this.makeRoom(bytes, owner, () => this.setAside(bytes, owner));
+    return new SpaceReservation(bytes, owner, (unused) => this.setAside(-unused, owner));
+  }
+
+  /** Counts the write of an image of `size` bytes of the reservation's owner, drawing on `reservation` first; throws StoreFullError when the rest does not fit even after a sweep. */
   async claim(size: number, reservation?: StoreReservation): Promise<void> {
     const bytes = spaceOf(size);
+    const owner = reservation?.owner;
     const covered = reservation instanceof SpaceReservation ? reservation.draw(bytes) : 0;
     // The covered part goes from the reservation to the write at once (nobody else may take it while the
     // rest waits for a sweep), and leaves it whatever happens next: a put that fails has no use for it.
-    this.reserved -= covered;
-    this.counted += covered;
+    this.setAside(-covered, owner);
+    this.count(covered, owner);
     // A put its reservation covers whole is let in whatever the count says now: the space was promised
     // before its images were made, and a recount since (an S3 listing that found other replicas' images)
     // must not turn the generation the client waited for into a 507.
     if (covered === bytes) return;
     try {
-      await this.makeRoom(bytes - covered, () => (this.counted += bytes - covered));
+      await this.makeRoom(bytes - covered, owner, () => this.count(bytes - covered, owner));
     } catch (err) {
-      this.counted -= covered;
+      this.count(-covered, owner);
       throw err;
     }
   }
 
-  /** Counts an image of `size` bytes that a listing found (another server's, a previous run's). */
-  add(size: number): void {
-    this.counted += spaceOf(size);
+  /** Counts an image of `size` bytes of `owner` that a listing found (another server's, a previous run's). */
+  add(size: number, owner?: string): void {
+    this.count(spaceOf(size), owner);
   }
 
-  /** An image of `size` bytes no longer held: deleted, or its write failed. */
-  free(size: number): void {
-    this.counted -= spaceOf(size);
+  /** An image of `size` bytes of `owner` no longer held: deleted, or its write failed. */
+  free(size: number, owner?: string): void {
+    this.count(-spaceOf(size), owner);
   }
 
-  /** Counts exactly the images of these sizes (a listing's, puts it may have missed, writes in progress), and nothing else. */
-  recount(...groups: Iterable<number>[]): void {
-    let bytes = 0;
-    for (const sizes of groups) for (const size of sizes) bytes += spaceOf(size);
-    this.counted = bytes;
+  /** Counts exactly these images (a listing's, puts it may have missed, writes in progress), and nothing else. */
+  recount(...groups: Iterable<{ size: number; owner?: string }>[]): void {
+    this.counted = 0;
+    this.countedOf.clear();
+    for (const images of groups) for (const { size, owner } of images) this.add(size, owner);
   }
 
-  /** Counts `bytes` (`count`) once they fit, after a sweep if need be; throws StoreFullError when they do not. */
-  private async makeRoom(bytes: number, count: () => void): Promise<void> {
+  private count(bytes: number, owner: string | undefined): void {
+    this.counted += bytes;
+    tally(this.countedOf, owner, bytes);
+  }
+
+  private setAside(bytes: number, owner: string | undefined): void {
+    this.reserved += bytes;
+    tally(this.reservedOf, owner, bytes);
+  }
+
+  /**
+   * Counts `bytes` of `owner` (`count`) once they fit, in the store and in the owner's share, after a
+   * sweep if need be; throws StoreFullError when they do not.
+   */
+  private async makeRoom(bytes: number, owner: string | undefined, count: () => void): Promise<void> {
     if (bytes > this.maxBytes) throw new StoreFullError('too-large', this.maxBytes, bytes);
-    const fits = () => this.counted + this.reserved + bytes <= this.maxBytes;
+    const share = clientShare(this.maxBytes, bytes);
+    const fits = () => this.counted + this.reserved + bytes <= this.maxBytes && (owner === undefined || this.heldBy(owner) + bytes <= share);
     if (!fits()) await this.sweep();
     if (fits()) return void count();
+    if (owner !== undefined && this.heldBy(owner) + bytes > share) {
+      const over = (this.countedOf.get(owner) ?? 0) + bytes - share;
+      const running = over <= 0;
+      throw new StoreFullError('share', this.maxBytes, bytes, running ? undefined : this.secondsUntilFreed(over, owner), undefined, { bytes: share, running });
+    }
     if (this.counted + bytes <= this.maxBytes) throw new StoreFullError('running', this.maxBytes, bytes);
     throw new StoreFullError('images', this.maxBytes, bytes, this.secondsUntilFreed(this.counted + bytes - this.maxBytes));
   }
 
-  /** Seconds until enough of the stored images expire to free `bytes`; undefined when they never would, or the store does not know. */
-  private secondsUntilFreed(bytes: number): number | undefined {
+  /**
+   * Seconds until enough of the stored images (of `owner` only, when given) expire to free `bytes`;
+   * undefined when they never would, or the store does not know.
+   */
+  private secondsUntilFreed(bytes: number, owner?: string): number | undefined {
     if (!this.expiring) return undefined;
     let freed = 0;
     for (const image of this.expiring.inOrder()) {
+      if (owner !== undefined && image.owner !== owner) continue;
       freed += spaceOf(image.size);
       if (freed >= bytes) return Math.max(1, Math.ceil((image.expiresAt - this.expiring.now()) / 1000));
     }
     return undefined;
   }
+}
+
+/** Adds `bytes` (less, when negative) to what `owner` holds in `held`; an owner left with nothing is dropped, so that keys rotated out leave nothing behind. */
+function tally(held: Map<string, number>, owner: string | undefined, bytes: number): void {
+  if (owner === undefined || bytes === 0) return;
+  const left = (held.get(owner) ?? 0) + bytes;
+  if (left > 0) held.set(owner, left);
+  else held.delete(owner);
 }

@@ -41,3 +41,10 @@ export class ByteBudget {
     return this.holders.get(holder) ?? 0;
   }
 }
+
+/**
+ * What one client may hold of `limit` that clients share: half, so that others always find room, or
+ * `largest` (the most one request may need) where that is more, so that a lone request always fits.
+ * UPLOAD_MEMORY (http/body-memory.ts) and MAX_STORE_BYTES (store/space.ts) share out so.
+ */
+export const clientShare = (limit: number, largest: number): number => Math.min(limit, Math.max(limit / 2, largest));
