@@ -91,7 +91,8 @@ describe('restarts', () => {
         expect(maxAge).toBeLessThanOrEqual(3600);
 
         const files = await readdir(path.join(root, 'data', 'images'));
-        expect(files).toEqual([expect.stringMatching(new RegExp(`^${path.basename(longLived, '.png')}\\.\\d+\\.\\d+\\.[0-9a-f]{16}\\.png$`))]);
+        // Its id, expiry, size and digest, and its owner: the ops key's id (image-names.ts).
+        expect(files).toEqual([expect.stringMatching(new RegExp(`^${path.basename(longLived, '.png')}\\.\\d+\\.\\d+\\.[0-9a-f]{16}\\.k[0-9a-f]{16}\\.png$`))]);
       } finally {
         await ops.close();
       }
