@@ -91,7 +91,8 @@ describe("a request's own batches", () => {
     const x = queue.run(blocker.job);
     const ticket = new Ticket('A', 3);
     const parts = [1, 2, 3].map((i) => queue.run(async () => i, undefined, { ticket }));
-    await expect(queue.run(async () => 'late')).rejects.toBeInstanceOf(QueueFullError);
+    // A's own (another client's would be let in beside A's batches, as beside any flood).
+    await expect(queue.run(async () => 'late', undefined, { ticket: new Ticket('A', 1) })).rejects.toBeInstanceOf(QueueFullError);
     blocker.release();
     expect(await Promise.all([x, ...parts])).toEqual(['X', 1, 2, 3]);
   });
@@ -145,8 +146,9 @@ describe('Retry-After', () => {
     const queue = new JobQueue(2, 100, { maxQueuedSeconds: 60 });
     const log: string[] = [];
     const { jobs, runs } = burst(queue, log, { name: 'J', client: 'A', count: 4, seconds: 100 });
-    // Two run, two wait: 200 s of work waiting for 2 workers, past 60 s each.
-    const err = (await queue.run(async () => 'no', undefined, { ticket: new Ticket('B', 1), cost: cost(1) }).catch((e: unknown) => e)) as QueueFullError;
+    // Two run, two wait: 200 s of work waiting for 2 workers, past 60 s each (A's own: B, with nothing
+    // waiting, would be let in beside it).
+    const err = (await queue.run(async () => 'no', undefined, { ticket: new Ticket('A', 1), cost: cost(1) }).catch((e: unknown) => e)) as QueueFullError;
     expect(err).toBeInstanceOf(QueueFullError);
     expect(err.retryAfterSeconds).toBe(200);
     for (const j of jobs) j.release();
@@ -200,7 +202,7 @@ describe('a request that timed out, or finds a worker free', () => {
 });
 
 describe('a full waiting room', () => {
-  it("admits a client with nothing waiting while another client's flood fills it, up to twice its size, and goes on refusing the flood", async () => {
+  it("admits a client with nothing waiting while another client's flood fills it, until the others fill it too, and goes on refusing the flood", async () => {
     const queue = new JobQueue(1, 4);
     const log: string[] = [];
     const { jobs: flood, runs } = burst(queue, log, { name: 'A', count: 5, seconds: 10 });
@@ -209,8 +211,7 @@ describe('a full waiting room', () => {
     // B, C, D have nothing waiting: each gets in while A holds more than half of what waits.
     const others = ['B', 'C', 'D'].map((client) => queue.run(async () => client, undefined, { ticket: new Ticket(client, 1), cost: cost(1) }));
     expect(queue.load()).toEqual({ running: 1, queued: 7 });
-    // A now holds 4 of 7: still more than half, but E would make 8, twice the room.
-    expect(queue.load().queued).toBe(7);
+    // A holds 4 of 7, the others 3, less than the room: E gets in; after it the others fill a room of their own.
     const e = queue.run(async () => 'E', undefined, { ticket: new Ticket('E', 1), cost: cost(1) });
     expect(queue.load().queued).toBe(8);
     await expect(queue.run(async () => 'no', undefined, { ticket: new Ticket('F', 1), cost: cost(1) })).rejects.toBeInstanceOf(QueueFullError);
@@ -219,6 +220,25 @@ describe('a full waiting room', () => {
     for (const f of flood) f.release();
     expect(await Promise.all([...others, e])).toEqual(['B', 'C', 'D', 'E']);
     await Promise.all(runs);
+  });
+});
+
+describe('waiting work over maxQueuedSeconds', () => {
+  it("admits a client with nothing waiting while another client's long jobs pass it, starts that client's job first, and goes on refusing the flood", async () => {
+    const queue = new JobQueue(1, 100, { maxQueuedSeconds: 60 });
+    const log: string[] = [];
+    // One running job of A's and one waiting, of 500 s: one request can be many times the bound.
+    const { jobs: flood, runs } = burst(queue, log, { name: 'A', count: 2, seconds: 500 });
+    await expect(queue.run(async () => 'no', undefined, { ticket: new Ticket('A', 1), cost: cost(1) })).rejects.toBeInstanceOf(QueueFullError);
+    const b = queue.run(async () => (log.push('B'), 'B'), undefined, { ticket: new Ticket('B', 50), cost: cost(50) });
+    // B's 50 s waiting is its own: B again is refused, C (B's 50 s and C's own, under 60 s) is not, and D, after them, is.
+    await expect(queue.run(async () => 'no', undefined, { ticket: new Ticket('B', 1), cost: cost(1) })).rejects.toBeInstanceOf(QueueFullError);
+    const c = queue.run(async () => (log.push('C'), 'C'), undefined, { ticket: new Ticket('C', 20), cost: cost(20) });
+    await expect(queue.run(async () => 'no', undefined, { ticket: new Ticket('D', 1), cost: cost(1) })).rejects.toBeInstanceOf(QueueFullError);
+    for (const f of flood) f.release();
+    expect(await Promise.all([b, c])).toEqual(['B', 'C']);
+    await Promise.all(runs);
+    expect(log).toEqual(['A0', 'B', 'C', 'A1']);
   });
 });
 

@@ -123,6 +123,29 @@ const INITIAL_JOB_SECONDS = 5;
 /** Estimated seconds a job that started at `startedAt` has left at `now`: none once past its estimate. */
 const secondsLeft = (entry: Entry, startedAt: number, now: number): number => Math.max(0, entry.cost() - (now - startedAt) / 1000);
 
+/** What waits, or would: each job's (or request's) client and weight (its estimated seconds, or 1 to count jobs). */
+type Waiting = { client: string; cost: number }[];
+
+const total = (waiting: Waiting): number => waiting.reduce((sum, { cost }) => sum + cost, 0);
+
+/**
+ * Whether what waits is over its bound (QUEUE_MAX jobs, or QUEUE_MAX_SECONDS of work) because of
+ * another client: `client` has nothing waiting while one other client holds more than half of it.
+ * Such a newcomer is admitted while what all but that client hold stays under the bound: one client's
+ * flood (many jobs, or a few long ones: one request of ten large images may be many times the bound)
+ * would otherwise keep every other client out, though the fair order starts a newcomer's job ahead of
+ * most of the flood. The flood's own further requests are still refused, so it stays within the bound
+ * and one request of its own, and so does what the others add.
+ */
+function floodedBy(client: string, waiting: Waiting, bound: number): boolean {
+  if (waiting.some((other) => other.client === client)) return false;
+  const held = new Map<string, number>();
+  for (const other of waiting) held.set(other.client, (held.get(other.client) ?? 0) + other.cost);
+  const heaviest = Math.max(0, ...held.values());
+  const size = total(waiting);
+  return heaviest > size / 2 && size - heaviest < bound;
+}
+
 /** Seconds (at least 1) until the first of these running jobs should end: a worker, or a slot of its client's, is free then. */
 function firstToEnd(running: [Entry, { startedAt: number }][]): number {
   if (running.length === 0) return 1;
@@ -276,29 +299,13 @@ export class JobQueue {
     // A worker is free, and this client may use it: it starts at once (the jobs waiting now are held by
     // their own clients' limits, or dispatch would have started them), whatever waits.
     if (!waiting && this.running.size < this.concurrency && this.mayStart(ticket.client, ticket.limits)) return undefined;
-    let outsideCost = 0;
-    for (const other of this.outside) outsideCost += other.cost;
-    const perWorker = (this.sum(this.order.entries()) + outsideCost) / Math.max(1, this.concurrency);
-    const tooMuchWork = this.options.maxQueuedSeconds !== undefined && perWorker > this.options.maxQueuedSeconds;
-    const full = this.order.size + this.outside.size >= this.maxWaiting && !this.floodedBy(ticket.client);
+    const work = [...[...this.order.entries()].map((entry) => ({ client: entry.ticket.client, cost: entry.cost() })), ...this.outside];
+    const jobs = work.map(({ client }) => ({ client, cost: 1 }));
+    const maxWork = (this.options.maxQueuedSeconds ?? Infinity) * Math.max(1, this.concurrency);
+    const full = jobs.length >= this.maxWaiting && !floodedBy(ticket.client, jobs, this.maxWaiting);
+    const tooMuchWork = total(work) > maxWork && !floodedBy(ticket.client, work, maxWork);
     if (full || tooMuchWork) return new QueueFullError(this.retryAfterSeconds());
     return undefined;
-  }
-
-  /**
-   * Whether the waiting room (QUEUE_MAX) is full because of another client: `client` has nothing
-   * waiting while one other client holds more than half of what waits. Such a newcomer is admitted, up
-   * to twice the room's size: one client's flood would otherwise keep every other client out (the fair
-   * order only helps those already admitted), while the flood's own further requests are still
-   * refused. The bound on waiting work (QUEUE_MAX_SECONDS) holds for everyone.
-   */
-  private floodedBy(client: string): boolean {
-    const size = this.order.size + this.outside.size;
-    const tickets = [...[...this.order.entries()].map((entry) => entry.ticket), ...this.outside];
-    if (size >= 2 * this.maxWaiting || tickets.some((ticket) => ticket.client === client)) return false;
-    const waiting = new Map<string, number>();
-    for (const { client: other } of tickets) waiting.set(other, (waiting.get(other) ?? 0) + 1);
-    return Math.max(0, ...waiting.values()) > size / 2;
   }
 
   private sum(entries: Iterable<Entry>): number {
