@@ -1,5 +1,5 @@
 import OpenAI from 'openai';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import { holdBusyWorker } from './helpers/busy-worker.js';
 import { startRealServer, type RealServer } from './helpers/real-server.js';
 
@@ -63,5 +63,72 @@ describe('QUEUE_MAX_SECONDS held by one key', () => {
       flood.abort();
       resume();
     }
+  });
+});
+
+describe("requests merged into another key's batch", () => {
+  // Keys: X (or H) holds the one worker with a long batch while the others line up behind it.
+  const [X, H, L] = ['sk-holder-0123456789', 'sk-heavy-0123456789', 'sk-light-0123456789'];
+  // A server each: the fair order remembers what each key was served.
+  let real: RealServer;
+  beforeEach(async () => {
+    real = await startRealServer({ apiKey: [X, H, L].join(','), env: { WORKERS: '1' } });
+  });
+  afterEach(() => real?.close());
+
+  /**
+   * Sends a streamed 256x256 request of `key` and answers once it waits in the queue (a streamed
+   * request's first line says so), with what ends once its images came, logging `name` in `order` then;
+   * `steps` tells batches apart (only equal settings merge).
+   */
+  async function send(order: string[], name: string, key: string, steps: number, n = 1): Promise<{ done: Promise<void> }> {
+    const res = await fetch(`${real.server.url}/v1/images/generations`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json' },
+      body: JSON.stringify({ model: 'demo-shapes', prompt: 'a red circle', size: '256x256', steps, n, stream: true }),
+    });
+    expect(res.status).toBe(200);
+    const reader = res.body!.pipeThrough(new TextDecoderStream()).getReader();
+    expect((await reader.read()).value).toBe(': queued\n\n');
+    const done = (async () => {
+      let text = '';
+      for (let chunk = await reader.read(); !chunk.done; chunk = await reader.read()) text += chunk.value;
+      expect(text.match(/^event: image_generation\.completed$/gm)).toHaveLength(n);
+      order.push(name);
+    })();
+    return { done };
+  }
+
+  /** Runs `lineUp` while a long batch of `holder`'s holds the worker; answers when all it sent is done. */
+  async function behindHeldBatch(holder: string, lineUp: () => Promise<{ done: Promise<void> }[]>): Promise<void> {
+    const engine = real.server.engine;
+    await expect.poll(() => engine.readiness().ready, { timeout: 60_000 }).toBe(true);
+    const held = fetch(`${real.server.url}/v1/images/generations`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${holder}`, 'content-type': 'application/json' },
+      body: JSON.stringify({ model: 'demo-shapes', prompt: 'a red circle', size: '1024x1024', steps: 150, response_format: 'b64_json' }),
+    });
+    await expect.poll(() => engine.load().running).toBe(1);
+    const resume = await holdBusyWorker(engine);
+    try {
+      const sent = await lineUp();
+      resume();
+      await Promise.all([held, ...sent.map((s) => s.done)]);
+    } finally {
+      resume();
+    }
+  }
+
+  it("keep their key's order: a key with a batch waiting does not jump it by joining another key's", async () => {
+    const order: string[] = [];
+    // H's long batch runs: H has been served more than L, whose batches go first.
+    await behindHeldBatch(H, async () => [
+      // H's first request fills a batch of its own (the model's batch limit is 4); L's opens one with room.
+      await send(order, 'H first', H, 2, 4),
+      await send(order, 'L', L, 2),
+      // H's second would have fitted L's batch, next in L's line, ahead of H's first.
+      await send(order, 'H second', H, 2),
+    ]);
+    expect(order.indexOf('H first')).toBeLessThan(order.indexOf('H second'));
   });
 });

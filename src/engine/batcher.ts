@@ -14,8 +14,9 @@ import type { BatchEvent, BatchItem, GeneratedImage, GenerationBatch } from '../
  * other request in it keeps its own time limit (JobScheduler.boundWait).
  *
  * Fairness: a group waits in its owner's line of the fair queue (fair-order.ts), so a request joins
- * another client's group only when that group is the owner's next to start (about where the joiner's
- * own request would wait), never one at the back of a flood. A client with a concurrency limit
+ * another client's group only when that group is the owner's next to start and the joiner has nothing
+ * waiting (its own request would wait about there, at the front), never one at the back of a flood,
+ * nor ahead of its own client's earlier requests. A client with a concurrency limit
  * (maxConcurrent, counted in batches) merges nothing, so that its requests count one by one: its
  * requests join no group, and its groups take no one else's request, which would wait on its limit
  * (behind its running batches) while a worker is free.
@@ -61,6 +62,8 @@ interface Group {
 }
 
 const ownKey = (client: string, key: string) => `${client}\n${key}`;
+
+const clientOf = (ticket?: Ticket) => ticket?.client ?? ANONYMOUS_CLIENT;
 
 /**
  * A request of a client with a concurrency limit runs as its own batch: its batches count one by one
@@ -132,26 +135,39 @@ export class BatchMerger {
     });
   }
 
-  /** The client's own open group of these settings, else another client's next group of them, with room for the batch; none for a client with a concurrency limit. */
+  /**
+   * The client's own open group of these settings, else another client's next group of them when the
+   * client has nothing waiting (see Fairness above), with room for the batch; none for a client with a
+   * concurrency limit.
+   */
   private joinableGroup(key: string, batch: GenerationBatch, ticket?: Ticket): Group | undefined {
     if (mergesNothing(ticket)) return undefined;
-    const client = ticket?.client ?? ANONYMOUS_CLIENT;
+    const client = clientOf(ticket);
     const fits = (group: Group | undefined) => {
       const size = group?.members.reduce((n, m) => n + (m.left ? 0 : m.items.length), 0) ?? Infinity;
       return size + batch.items.length <= Math.min(this.maxItems, batch.maxBatch ?? Infinity);
     };
     const own = this.open.get(ownKey(client, key));
     if (fits(own)) return own;
+    if (this.hasWaiting(client)) return undefined;
     for (const [owner, [next]] of this.waiting) {
       if (owner !== client && next.key === key && this.open.get(ownKey(owner, key)) === next && fits(next)) return next;
     }
     return undefined;
   }
 
+  /** Whether a request of `client` waits in a group, its own or another client's. */
+  private hasWaiting(client: string): boolean {
+    for (const groups of this.waiting.values()) {
+      for (const group of groups) if (group.members.some((m) => !m.left && clientOf(m.ticket) === client)) return true;
+    }
+    return false;
+  }
+
   /** A group for the request's batch; one that others may join unless its owner has a concurrency limit (see mergesNothing). */
   private openGroup(key: string, batch: GenerationBatch, ticket?: Ticket): Group {
     const { items: _items, ...settings } = batch;
-    const owner = ticket?.client ?? ANONYMOUS_CLIENT;
+    const owner = clientOf(ticket);
     const group: Group = { key, owner, ticket, settings, members: [], abandon: new AbortController() };
     if (mergesNothing(ticket)) return group;
     this.open.set(ownKey(owner, key), group);
