@@ -131,4 +131,19 @@ describe("requests merged into another key's batch", () => {
     ]);
     expect(order.indexOf('H first')).toBeLessThan(order.indexOf('H second'));
   });
+
+  it("charge each key for its own images: one riding in another key's batch does not push that key's next request behind its own", async () => {
+    const order: string[] = [];
+    await behindHeldBatch(X, async () => [
+      // L's batch of one image, which H, with nothing waiting, joins with three.
+      await send(order, 'L first', L, 2),
+      await send(order, 'H riding', H, 2, 3),
+      // Then one more each, of other settings: a batch each, after L's first.
+      await send(order, 'L next', L, 3),
+      await send(order, 'H next', H, 4),
+    ]);
+    // L's first batch ran a quarter of its images for L, three quarters for H: L is served next.
+    expect(order.slice(0, 2).sort()).toEqual(['H riding', 'L first']);
+    expect(order.slice(2)).toEqual(['L next', 'H next']);
+  });
 });

@@ -16,7 +16,8 @@ import type { BatchEvent, BatchItem, GeneratedImage, GenerationBatch } from '../
  * Fairness: a group waits in its owner's line of the fair queue (fair-order.ts), so a request joins
  * another client's group only when that group is the owner's next to start and the joiner has nothing
  * waiting (its own request would wait about there, at the front), never one at the back of a flood,
- * nor ahead of its own client's earlier requests. A client with a concurrency limit
+ * nor ahead of its own client's earlier requests. When the group starts, each member's client is
+ * charged for its own images. A client with a concurrency limit
  * (maxConcurrent, counted in batches) merges nothing, so that its requests count one by one: its
  * requests join no group, and its groups take no one else's request, which would wait on its limit
  * (behind its running batches) while a worker is free.
@@ -178,7 +179,8 @@ export class BatchMerger {
   private schedule(group: Group, ticket?: Ticket): void {
     const { estimate } = this;
     const cost = estimate && (() => estimate({ ...group.settings, items: group.members.flatMap((m) => (m.left ? [] : m.items)) }));
-    this.enqueue.run(() => this.run(group), group.abandon.signal, { ticket, cost }).catch((err) => {
+    const shares = estimate && (() => clientShares(group, estimate));
+    this.enqueue.run(() => this.run(group), group.abandon.signal, { ticket, cost, shares }).catch((err) => {
       this.close(group);
       for (const m of group.members) m.reject(err);
     });
@@ -218,6 +220,17 @@ export class BatchMerger {
       for (const m of members) m.signal?.removeEventListener('abort', stopIfAllLeft);
     }
   }
+}
+
+/** Each member's client's share of a group's estimated seconds: its own images' (an estimate is proportional to them). */
+function clientShares(group: Group, estimate: CostEstimate): Map<string, number> {
+  const shares = new Map<string, number>();
+  for (const m of group.members) {
+    if (m.left) continue;
+    const client = clientOf(m.ticket);
+    shares.set(client, (shares.get(client) ?? 0) + estimate({ ...group.settings, items: m.items }));
+  }
+  return shares;
 }
 
 /** A merged batch's event to its members: progress to all, an item's preview to the member it belongs to, renumbered. */

@@ -99,6 +99,13 @@ export interface JobOptions {
   ticket?: Ticket;
   /** The job's estimated seconds, read when it is weighed (it may grow while it waits, as merged batches do). */
   cost?: () => number;
+  /**
+   * Whose work the job is, for the fair order, read as it starts: the estimated seconds of each client's
+   * share. By default all of it is its ticket's client's; a batch that merged several clients' requests
+   * charges each its own images, or a client riding in another's batch would be served free and the
+   * batch's owner charged for it.
+   */
+  shares?: () => Map<string, number>;
 }
 
 export interface JobQueueOptions {
@@ -113,6 +120,7 @@ export interface JobQueueOptions {
 interface Entry {
   ticket: Ticket;
   cost(): number;
+  shares(): Map<string, number>;
   start(): void;
   cancel(reason: unknown): void;
 }
@@ -157,8 +165,8 @@ export class JobQueue {
   private readonly order = new FairOrder<Entry>();
   /** Requests waiting outside the queue for what they need before their jobs may queue (see waitOutside). */
   private readonly outside = new Set<Ticket>();
-  /** The running jobs: the cost each was charged to its client when it started, and when that was. */
-  private readonly running = new Map<Entry, { charged: number; startedAt: number }>();
+  /** The running jobs: the cost each charged to its clients when it started, and when that was. */
+  private readonly running = new Map<Entry, { charged: Map<string, number>; startedAt: number }>();
   private readonly runningByClient = new Map<string, number>();
   private closed = false;
   /** Moving average of the durations of jobs without an estimate, for Retry-After. */
@@ -170,7 +178,7 @@ export class JobQueue {
     private readonly options: JobQueueOptions = {},
   ) {}
 
-  run<T>(job: () => Promise<T>, signal?: AbortSignal, { ticket = new Ticket(), cost }: JobOptions = {}): Promise<T> {
+  run<T>(job: () => Promise<T>, signal?: AbortSignal, { ticket = new Ticket(), cost, shares }: JobOptions = {}): Promise<T> {
     if (this.closed) return Promise.reject(new QueueClosedError());
     if (signal?.aborted) return Promise.reject(signal.reason);
     if (!ticket.admitted) {
@@ -201,6 +209,7 @@ export class JobQueue {
       const entry: Entry = {
         ticket,
         cost: weigh,
+        shares: shares ?? (() => new Map([[ticket.client, weigh()]])),
         start: () => {
           leave();
           ticket.begin();
@@ -213,7 +222,7 @@ export class JobQueue {
               if (this.closed) return reject(new QueueClosedError());
               if (signal?.aborted) return reject(signal.reason);
               // The job did not run: its charge is refunded and it waits at the head of its client's line.
-              this.order.charge(ticket.client, -(this.running.get(entry)?.charged ?? 0));
+              for (const [client, work] of this.running.get(entry)?.charged ?? []) this.order.charge(client, -work);
               wait(true);
             })
             .finally(() => {
@@ -281,9 +290,9 @@ export class JobQueue {
   }
 
   private began(entry: Entry): void {
-    const cost = entry.cost();
-    this.order.charge(entry.ticket.client, cost);
-    this.running.set(entry, { charged: cost, startedAt: performance.now() });
+    const charged = entry.shares();
+    for (const [client, work] of charged) this.order.charge(client, work);
+    this.running.set(entry, { charged, startedAt: performance.now() });
     this.runningByClient.set(entry.ticket.client, (this.runningByClient.get(entry.ticket.client) ?? 0) + 1);
   }
 
