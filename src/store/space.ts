@@ -1,4 +1,4 @@
-import { clientShare } from '../util/byte-budget.js';
+import { clientShare, Holdings } from '../util/byte-budget.js';
 import { StoreFullError, type StoreReservation } from './image-store.js';
 import { SpaceReservation } from './reservation.js';
 
@@ -44,8 +44,8 @@ export class StoreSpace {
   /** Bytes set aside by reservations and not yet written. */
   private reserved = 0;
   /** What `counted` and `reserved` hold of each owner (none: nothing). */
-  private readonly countedOf = new Map<string, number>();
-  private readonly reservedOf = new Map<string, number>();
+  private readonly countedOf = new Holdings();
+  private readonly reservedOf = new Holdings();
 
   constructor(
     readonly maxBytes: number,
@@ -62,7 +62,7 @@ export class StoreSpace {
 
   /** What `owner`'s images (and writes in progress) and reservations count now. */
   heldBy(owner: string): number {
-    return (this.countedOf.get(owner) ?? 0) + (this.reservedOf.get(owner) ?? 0);
+    return this.countedOf.of(owner) + this.reservedOf.of(owner);
   }
 
   /** Sets `bytes` aside for images of `owner` to come; throws StoreFullError when it does not fit, or takes the owner past its share, even after a sweep. */
@@ -111,12 +111,12 @@ export class StoreSpace {
 
   private count(bytes: number, owner: string | undefined): void {
     this.counted += bytes;
-    tally(this.countedOf, owner, bytes);
+    this.countedOf.add(owner, bytes);
   }
 
   private setAside(bytes: number, owner: string | undefined): void {
     this.reserved += bytes;
-    tally(this.reservedOf, owner, bytes);
+    this.reservedOf.add(owner, bytes);
   }
 
   /**
@@ -130,7 +130,7 @@ export class StoreSpace {
     if (!fits()) await this.sweep();
     if (fits()) return void count();
     if (owner !== undefined && this.heldBy(owner) + bytes > share) {
-      const over = (this.countedOf.get(owner) ?? 0) + bytes - share;
+      const over = this.countedOf.of(owner) + bytes - share;
       const running = over <= 0;
       throw new StoreFullError('share', this.maxBytes, bytes, running ? undefined : this.secondsUntilFreed(over, owner), undefined, { bytes: share, running });
     }
@@ -154,10 +154,3 @@ export class StoreSpace {
   }
 }
 
-/** Adds `bytes` (less, when negative) to what `owner` holds in `held`; an owner left with nothing is dropped, so that keys rotated out leave nothing behind. */
-function tally(held: Map<string, number>, owner: string | undefined, bytes: number): void {
-  if (owner === undefined || bytes === 0) return;
-  const left = (held.get(owner) ?? 0) + bytes;
-  if (left > 0) held.set(owner, left);
-  else held.delete(owner);
-}

@@ -6,8 +6,7 @@
  */
 export class ByteBudget {
   private used = 0;
-  /** What each named holder holds now (none: nothing). */
-  private readonly holders = new Map<string, number>();
+  private readonly holders = new Holdings();
 
   constructor(
     readonly limit: number,
@@ -24,21 +23,44 @@ export class ByteBudget {
   take(bytes: number, holder?: string): boolean {
     if (bytes > this.room(holder)) return false;
     this.used += bytes;
-    if (holder !== undefined) this.holders.set(holder, this.heldBy(holder) + bytes);
+    this.holders.add(holder, bytes);
     return true;
   }
 
   release(bytes: number, holder?: string): void {
     this.used -= bytes;
-    if (holder === undefined) return;
-    const left = this.heldBy(holder) - bytes;
-    if (left > 0) this.holders.set(holder, left);
-    else this.holders.delete(holder);
+    this.holders.add(holder, -bytes);
   }
 
   /** What `holder` holds now. */
   heldBy(holder: string): number {
-    return this.holders.get(holder) ?? 0;
+    return this.holders.of(holder);
+  }
+}
+
+/**
+ * Bytes each holder (a client) holds of something shared: ByteBudget's, and the image store's for each
+ * key (store/space.ts). A holder left with nothing is dropped, so that clients gone (keys rotated out)
+ * leave nothing behind.
+ */
+export class Holdings {
+  private readonly held = new Map<string, number>();
+
+  /** What `holder` holds now (nothing: 0). */
+  of(holder: string): number {
+    return this.held.get(holder) ?? 0;
+  }
+
+  /** Adds `bytes` (gives them back, when negative) to what `holder` holds; of no holder (undefined), counts nothing. */
+  add(holder: string | undefined, bytes: number): void {
+    if (holder === undefined || bytes === 0) return;
+    const left = this.of(holder) + bytes;
+    if (left > 0) this.held.set(holder, left);
+    else this.held.delete(holder);
+  }
+
+  clear(): void {
+    this.held.clear();
   }
 }
 
