@@ -117,38 +117,39 @@ describe.skipIf(cudaInstalled)('execution providers (skipped: the CUDA provider 
     }
   }, 90_000);
 
-  it("keeps the loaded models' weights within 60% of the smallest GPU's memory, as nvidia-smi lists it, not of RAM", async () => {
-    // Two GPUs of 3 MiB and 2 MiB, in CUDA's default numbering (fastest first), which nvidia-smi cannot
-    // tell: the budget (1.2 MiB) holds one reference model's weights (0.9 MB) and not two. RAM's share would hold them all.
+  /**
+   * A cuda server under `listing`'s nvidia-smi, with the reference models a and b: its log's lines, and
+   * the models its worker still holds once it has run a, then b.
+   */
+  async function budgetAfterTwoModels(listing: string, env: Record<string, string>, cuda?: CudaEnvironment): Promise<{ messages: string[]; held: Record<string, number> }> {
     const logs = capturedLogs<{ msg: string }>();
     const models = { a: { link: referenceModel('sd-turbo') }, b: { link: referenceModel('sd15-optimum') } };
-    const server = await withNvidiaSmi(nvidiaSmiListing([3, 2]), () => startRealServer({ env: { EXECUTION_PROVIDER: 'cuda', WORKERS: '1' }, models, logger: logs.logger }));
+    const server = await withNvidiaSmi(listing, () => startRealServer({ env: { EXECUTION_PROVIDER: 'cuda', WORKERS: '1', ...env }, models, logger: logs.logger }), cuda);
     try {
-      expect(logs.lines.map((line) => line.msg)).toContain(
-        "MODEL_MEMORY_BUDGET not set: each worker keeps up to 1.2 MiB of model weights loaded, 60% of the smallest GPU's 2.0 MiB (nvidia-smi lists 2 GPUs; CUDA numbers them fastest first, which nvidia-smi cannot tell: set CUDA_DEVICE_ORDER=PCI_BUS_ID, or name the GPUs by UUID in CUDA_VISIBLE_DEVICES, to count only those the workers use)",
-      );
       for (const model of ['a', 'b']) await server.client.images.generate({ model, prompt: 'a red circle', response_format: 'b64_json' });
-      // The one it ran last, the others (the preloaded default model too) let go as each next one loaded.
-      expect(server.server.engine.modelsHeld()).toEqual({ b: 1 });
+      return { messages: logs.lines.map((line) => line.msg), held: server.server.engine.modelsHeld() };
     } finally {
       await server.close();
     }
+  }
+
+  it("keeps the loaded models' weights within 60% of the smallest GPU's memory, as nvidia-smi lists it, not of RAM", async () => {
+    // Two GPUs of 3 MiB and 2 MiB, in CUDA's default numbering (fastest first), which nvidia-smi cannot
+    // tell: the budget (1.2 MiB) holds one reference model's weights (0.9 MB) and not two. RAM's share would hold them all.
+    const { messages, held } = await budgetAfterTwoModels(nvidiaSmiListing([3, 2]), {});
+    expect(messages).toContain(
+      "MODEL_MEMORY_BUDGET not set: each worker keeps up to 1.2 MiB of model weights loaded, 60% of the smallest GPU's 2.0 MiB (nvidia-smi lists 2 GPUs; CUDA numbers them fastest first, which nvidia-smi cannot tell: set CUDA_DEVICE_ORDER=PCI_BUS_ID, or name the GPUs by UUID in CUDA_VISIBLE_DEVICES, to count only those the workers use)",
+    );
+    // The one it ran last, the others (the preloaded default model too) let go as each next one loaded.
+    expect(held).toEqual({ b: 1 });
   }, 90_000);
 
   it('counts only the GPU the workers run on where CUDA numbers the GPUs as nvidia-smi does (CUDA_DEVICE_ORDER=PCI_BUS_ID)', async () => {
     // A 2 MiB display card on the first bus, and the 64 MiB GPU CUDA_DEVICES gives the worker: its budget
     // (38.4 MiB) holds every model. Before, the smallest GPU's 1.2 MiB held one.
-    const logs = capturedLogs<{ msg: string }>();
-    const models = { a: { link: referenceModel('sd-turbo') }, b: { link: referenceModel('sd15-optimum') } };
-    const env = { EXECUTION_PROVIDER: 'cuda', WORKERS: '1', CUDA_DEVICES: '1', PRELOAD: 'none' };
-    const server = await withNvidiaSmi(nvidiaSmiListing([2, 64]), () => startRealServer({ env, models, logger: logs.logger }), { CUDA_DEVICE_ORDER: 'PCI_BUS_ID' });
-    try {
-      expect(logs.lines.map((line) => line.msg)).toContain("MODEL_MEMORY_BUDGET not set: each worker keeps up to 38.4 MiB of model weights loaded, 60% of GPU 1's 64.0 MiB");
-      for (const model of ['a', 'b']) await server.client.images.generate({ model, prompt: 'a red circle', response_format: 'b64_json' });
-      expect(server.server.engine.modelsHeld()).toEqual({ a: 1, b: 1 });
-    } finally {
-      await server.close();
-    }
+    const { messages, held } = await budgetAfterTwoModels(nvidiaSmiListing([2, 64]), { CUDA_DEVICES: '1', PRELOAD: 'none' }, { CUDA_DEVICE_ORDER: 'PCI_BUS_ID' });
+    expect(messages).toContain("MODEL_MEMORY_BUDGET not set: each worker keeps up to 38.4 MiB of model weights loaded, 60% of GPU 1's 64.0 MiB");
+    expect(held).toEqual({ a: 1, b: 1 });
   }, 90_000);
 
   it("keeps RAM's share, saying why and what to set, where the GPU is split into MIG instances, the workers get one, or CUDA_DEVICES names no GPU", async () => {
