@@ -366,13 +366,19 @@ describe('image store limits', () => {
 });
 
 describe('shutdown', () => {
-  it('lets a running generation finish, then closes promptly despite idle and unused connections', async () => {
-    // A fake engine: the generation is held running until the close has begun.
+  /** A test server whose fake engine holds a generation running (until engine.release()), as the close begins. */
+  async function serverWithHeldGeneration(options: Omit<Parameters<typeof startTestServer>[0], 'engine'> = {}) {
     const engine = new FakeEngine();
-    const closing = await startTestServer({ engine });
+    const closing = await startTestServer({ ...options, engine });
     engine.hold();
     const running = generate({}, closing.client);
     await expect.poll(() => engine.load().running).toBe(1);
+    return { engine, closing, running };
+  }
+
+  it('lets a running generation finish, then closes promptly despite idle and unused connections', async () => {
+    // The generation is held running until the close has begun.
+    const { engine, closing, running } = await serverWithHeldGeneration();
     // A connection that never sends a request: Node alone would wait for it.
     const spare = net.connect(Number(new URL(closing.origin).port), '127.0.0.1').on('error', () => undefined);
     await new Promise((resolve) => spare.once('connect', resolve));
@@ -390,12 +396,8 @@ describe('shutdown', () => {
   });
 
   it("closes the connection of each answer sent while it closes, where a balancer's pool sent its next request to get the 503", async () => {
-    const engine = new FakeEngine();
-    const closing = await startTestServer({ engine });
-    engine.hold();
     // A generation held running keeps the server closing until it ends.
-    const running = generate({}, closing.client);
-    await expect.poll(() => engine.load().running).toBe(1);
+    const { engine, closing, running } = await serverWithHeldGeneration();
     // A request under way on a keep-alive connection as the close begins: its body not sent yet (the 100
     // Continue says the server has taken it). Its answer, a 400, comes during the close.
     const body = JSON.stringify({ model: 'stub', prompt: 'a red circle', n: 0 });
@@ -418,13 +420,11 @@ describe('shutdown', () => {
   });
 
   it('says the 503s of a shutdown (requests cancelled at its deadline, requests arriving during it) at info, not as errors', async () => {
-    const engine = new FakeEngine();
     const logs = capturedLogs<{ level: number; msg: string; code?: string }>();
-    const closing = await startTestServer({ engine, logger: logs.logger, config: { shutdownTimeoutSeconds: 0 } });
-    engine.hold();
     // The engine's job holds the only worker (a running job is not interrupted); the second waits for it.
-    const running = generate({}, closing.client).catch((err: unknown) => err);
-    await expect.poll(() => engine.load().running).toBe(1);
+    const held = await serverWithHeldGeneration({ logger: logs.logger, config: { shutdownTimeoutSeconds: 0 } });
+    const { engine, closing } = held;
+    const running = held.running.catch((err: unknown) => err);
     const waiting = generate({}, closing.client).catch((err: unknown) => err);
     await expect.poll(() => engine.load().queued).toBe(1);
     const closed = closing.close();
