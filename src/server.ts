@@ -87,7 +87,10 @@ export async function startServer(config: Config, logger: Logger, { clock, worke
   await registry.scan();
   registry.startRescanning(config.modelsRescanSeconds * 1000);
   if (!(await registry.resolve(config.defaultModel))) {
-    logger.warn(`default model '${config.defaultModel}' ${registry.whyNone(config.defaultModel)}: requests for ${Object.keys(config.modelAliases).join(', ')} will fail until it can be used`);
+    // Only the aliases naming it fail with it: those MODEL_ALIASES points at other models still answer.
+    const failing = Object.keys(config.modelAliases).filter((alias) => config.modelAliases[alias] === config.defaultModel);
+    const aliases = failing.length > 0 ? `, and those for ${failing.join(', ')},` : '';
+    logger.warn(`default model '${config.defaultModel}' ${registry.whyNone(config.defaultModel)}: requests that name no model${aliases} will fail until it can be used`);
   }
 
   const metrics = new Metrics();

@@ -341,7 +341,7 @@ describe('one verdict for the registry, its log, /ready, "imagegen models list" 
     try {
       const messages = server.log.map((line) => (JSON.parse(line) as { msg: string }).msg);
       const reason = 'imagegen.json: sizes 500x500 do not fit this model: both sides must be multiples of 64 (from its unet/transformer and vae configs)';
-      expect(messages).toContainEqual(expect.stringMatching(/^default model 'misfit' is installed but cannot be used \(imagegen\.json: sizes 500x500 do not fit [^\n]*\): requests for dall-e-2, .* will fail until it can be used$/));
+      expect(messages).toContainEqual(expect.stringMatching(/^default model 'misfit' is installed but cannot be used \(imagegen\.json: sizes 500x500 do not fit [^\n]*\): requests that name no model, and those for dall-e-2, .*, will fail until it can be used$/));
       expect(messages).toContain(`PRELOAD names 'misfit', which is installed but cannot be used (${reason}): not preloading it`);
       expect(messages).toContain("PRELOAD names 'absent', which is not installed: not preloading it");
     } finally {

@@ -1,0 +1,26 @@
+import { describe, expect, it } from 'vitest';
+import { capturedLogs } from './helpers/logs.js';
+import { startRealServer } from './helpers/real-server.js';
+
+/**
+ * What the server's log says as it starts is what then happens: an operator reads it to learn what
+ * their settings did. Each test starts the whole service (worker processes included) and checks a
+ * start-up line against what the server then does.
+ */
+
+describe('a DEFAULT_MODEL that is not installed', () => {
+  it('is said to fail the requests that name no model and the aliases that name it, not the aliases MODEL_ALIASES points elsewhere, which work', async () => {
+    const logs = capturedLogs<{ msg: string }>();
+    const real = await startRealServer({ env: { DEFAULT_MODEL: 'absent', MODEL_ALIASES: 'dall-e-3=demo-shapes,mine=demo-shapes', PRELOAD: 'none' }, logger: logs.logger });
+    try {
+      const warning = logs.lines.map((line) => line.msg).find((msg) => msg.startsWith("default model 'absent'"));
+      expect(warning).toMatch(/^default model 'absent' is not installed: requests that name no model, and those for dall-e-2, gpt-image-1, .*, will fail until it can be used$/);
+      expect(warning).not.toMatch(/dall-e-3|mine/);
+      // What the line left out works.
+      const image = await real.client.images.generate({ model: 'dall-e-3', prompt: 'a red circle', size: '1024x1024', response_format: 'b64_json' });
+      expect(image.data?.[0]?.b64_json).toBeTruthy();
+    } finally {
+      await real.close();
+    }
+  });
+});
