@@ -202,6 +202,7 @@ function chosenWorkerCount(config: Config, preload: ModelRef[], figures: MemoryF
     preload,
     measured: figures.all(),
     availableBytes: availableBytes(),
+    threadsPerWorker: config.workerThreads,
   });
   logger.info({ workers }, `WORKERS not set: ${workers} worker process${workers > 1 ? 'es' : ''}, ${reason}`);
   return workers;

@@ -24,3 +24,16 @@ describe('a DEFAULT_MODEL that is not installed', () => {
     }
   });
 });
+
+describe('WORKER_THREADS without WORKERS', () => {
+  it("is what the line on the default worker count says the worker's threads are, not every core", async () => {
+    const logs = capturedLogs<{ msg: string }>();
+    const real = await startRealServer({ env: { WORKER_THREADS: '1', PRELOAD: 'none' }, logger: logs.logger });
+    try {
+      const line = logs.lines.map((entry) => entry.msg).find((msg) => msg.startsWith('WORKERS not set'));
+      expect(line).toBe('WORKERS not set: 1 worker process, one on the CPU (with the 1 thread WORKER_THREADS gives it)');
+    } finally {
+      await real.close();
+    }
+  });
+});

@@ -2,6 +2,7 @@ import type { ModelMemory } from '../models/memory-figures.js';
 import type { ExecutionProvider } from '../runtime/providers.js';
 import type { ModelRef } from '../runtime/types.js';
 import { formatBytes } from '../util/bytes.js';
+import { plural } from '../util/plural.js';
 
 /**
  * How many worker processes to run when WORKERS is not set. On CUDA one per GPU (CUDA_DEVICES), on WebGPU one. On the
@@ -16,12 +17,15 @@ export function defaultWorkerCount(options: {
   preload: readonly ModelRef[];
   measured: Record<string, ModelMemory>;
   availableBytes: number;
+  /** WORKER_THREADS, where set: then the CPU worker's threads are those, not every core. */
+  threadsPerWorker?: number;
 }): { workers: number; reason: string } {
   const wanted = options.provider === 'cuda' ? options.cudaDevices.length : 1;
+  const threads = options.threadsPerWorker;
   const base = {
     cuda: `one per CUDA device (${wanted})`,
     webgpu: 'one on the GPU (WebGPU runs on one adapter)',
-    cpu: 'one on the CPU (its threads use every core)',
+    cpu: `one on the CPU (${threads === undefined ? 'its threads use every core' : `with the ${plural(threads, 'thread')} WORKER_THREADS gives it`})`,
   }[options.provider];
   const need = Math.max(0, ...options.preload.map(({ dir }) => {
     const m = options.measured[dir];
