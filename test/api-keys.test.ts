@@ -173,6 +173,28 @@ describe('API_KEYS_FILE written in place', () => {
   });
 });
 
+describe('an API_KEYS_FILE that holds no keys', () => {
+  const noKeys = (file: string) => `API_KEYS_FILE ${file} holds no keys: every request that needs one gets 401 until a key is added to it (it is re-read as it changes)`;
+
+  it("locks everyone out, and the server's log says so as it starts, and again when a re-read file holds none", async () => {
+    const logs = capturedLogs<{ msg: string }>();
+    const server = await startTestServer({ keysFile: '# keys go here, one a line\n', logger: logs.logger });
+    try {
+      const client = new OpenAI({ baseURL: server.baseURL, apiKey: 'sk-anything-0123456789', maxRetries: 0 });
+      await expect(client.models.list()).rejects.toMatchObject({ status: 401 });
+      expect(logs.lines.map((line) => line.msg)).toContain(noKeys(server.keysFile!));
+      await writeFile(`${server.keysFile!}.tmp`, 'a:sk-anything-0123456789\n');
+      await rename(`${server.keysFile!}.tmp`, server.keysFile!);
+      await expect.poll(() => client.models.list().then(() => true, () => false), { timeout: 5000, interval: 100 }).toBe(true);
+      await writeFile(`${server.keysFile!}.tmp`, '');
+      await rename(`${server.keysFile!}.tmp`, server.keysFile!);
+      await expect.poll(() => logs.lines.filter((line) => line.msg === noKeys(server.keysFile!)).length, { timeout: 5000, interval: 100 }).toBe(2);
+    } finally {
+      await server.close();
+    }
+  });
+});
+
 describe('credentials in logs', () => {
   it('logs neither a key in the query string nor one in a header, and /ready once per change', async () => {
     const logs = capturedLogs<Record<string, unknown>>();

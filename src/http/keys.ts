@@ -212,5 +212,10 @@ export class KeyRing {
 
   private use(fromFile: ApiKey[]): void {
     this.entries = [...this.fixed, ...fromFile].map((key) => ({ digest: digest(key.key), key }));
+    // A file of no keys locks everyone out (it never opens the server): said, or the operator sees only
+    // clients' 401s for keys that look right, and a log with nothing about it.
+    if (this.entries.length === 0 && this.options.apiKeysFile) {
+      this.options.logger.warn(`API_KEYS_FILE ${this.options.apiKeysFile} holds no keys: every request that needs one gets 401 until a key is added to it (it is re-read as it changes)`);
+    }
   }
 }
