@@ -443,6 +443,9 @@ export const settingsHelp = (Object.keys(SETTINGS) as SettingName[]).map((name) 
   isSwitch: isBoolean(SETTINGS[name].schema),
 }));
 
+/** A setting's value as written (a flag's or a variable's): spaces around it dropped, and empty read as unset. */
+export const settingText = (text: string | undefined): string | undefined => text?.trim() || undefined;
+
 /**
  * Parses the named settings from CLI flag values (commander's camelCase keys, strings) over environment
  * variables. Empty values count as unset. Throws ConfigError listing every invalid one, each named by its
@@ -455,7 +458,7 @@ function parseSettings<K extends SettingName>(
   env: NodeJS.ProcessEnv,
   flagged: readonly SettingName[] = names,
 ): Pick<Settings, K> {
-  const raw = Object.fromEntries(names.map((name) => [name, (flags[name] ?? env[envName(name)])?.trim() || undefined]));
+  const raw = Object.fromEntries(names.map((name) => [name, settingText(flags[name] ?? env[envName(name)])]));
   const result = z.object(Object.fromEntries(names.map((name) => [name, SETTINGS[name].schema]))).safeParse(raw);
   if (!result.success) {
     throw new ConfigError(

@@ -659,6 +659,20 @@ describe('the imagegen CLI', () => {
     for (const command of [['import', sourceDir, '--skip-load'], ['pull', REPO, '--hub-url', hub.url]]) {
       await expect(cli('models', ...command, '--models-dir', file)).rejects.toMatchObject({ code: 1, stderr: expect.stringMatching(new RegExp(`^error: E(EXIST|NOTDIR): [^\n]*'${file}[^\n]*'\n$`)) });
     }
+    // The settings it shares with the server read as the server reads them: set empty is unset, spaces around a value dropped.
+    const here = await mkdtemp(path.join(work, 'cwd-'));
+    const defaultFigures = await MemoryFigures.open(path.join(here, 'data'));
+    defaultFigures.record(path.resolve(modelsDir, 'turbo'), { weightsBytes: 2 ** 30, peakBytes: 2 ** 30, peakPixels: 2 ** 20 });
+    await defaultFigures.flushed();
+    const asServe = await execFileAsync(process.execPath, imagegenArgs('models', 'list'), {
+      cwd: here,
+      env: { ...process.env, MODELS_DIR: ` ${modelsDir} `, DATA_DIR: '', EXECUTION_PROVIDER: '', GRAPH_REWRITES: ' ' },
+    });
+    expect(asServe.stdout).toMatch(/\nturbo\s+sd\/sd-turbo\s+\d+\.\d [KM]iB\s+1\.0 GiB \+ 1\.0 GiB at 1\.0 MP\s+ok\n/);
+    await expect(execFileAsync(process.execPath, imagegenArgs('models', 'list', '--models-dir', modelsDir), { cwd: here, env: { ...process.env, EXECUTION_PROVIDER: 'tpu' } })).rejects.toMatchObject({
+      code: 2,
+      stderr: "error: option '--execution-provider <provider>' value 'tpu' from env 'EXECUTION_PROVIDER' is invalid. Allowed choices are cpu, cuda, webgpu.\n",
+    });
     // A model's own folder is not a folder of models: said, rather than a broken "model" for each of its components.
     await expect(cli('models', 'list', '--models-dir', sourceDir)).rejects.toMatchObject({
       code: 1,

@@ -2,8 +2,8 @@ import { formatBytes } from '../util/bytes.js';
 import { existsSync } from 'node:fs';
 import { stat } from 'node:fs/promises';
 import path from 'node:path';
-import { Command, Option } from 'commander';
-import { EMBEDDED_MODELS_DIR, envName, settingDefault } from '../config.js';
+import { Command, InvalidArgumentError, Option } from 'commander';
+import { EMBEDDED_MODELS_DIR, envName, settingDefault, settingText, type SettingName } from '../config.js';
 import { OPENAI_MODEL_NAMES } from '../api/dialects.js';
 import {
   DEFAULT_HUB_URL,
@@ -119,7 +119,26 @@ async function printModelList(flags: CommonFlags & { dataDir: string; executionP
   for (const row of table) console.log(row.map((cell, column) => (column < row.length - 1 ? cell.padEnd(widths[column]) : cell)).join('  '));
 }
 
-const modelsDirOption = () => new Option('--models-dir <dir>', 'folder of installed models, one sub-folder per model').env(MODELS_DIR);
+/**
+ * A flag for one of the server's settings, read from its variable as `serve` reads it (settingText):
+ * commander takes a variable set empty as a value (EXECUTION_PROVIDER= refused as no choice, DATA_DIR=
+ * as the current folder) and keeps spaces around a path, where the server takes the setting's default
+ * and the path. Unset, the setting's default; `choices` are checked after.
+ */
+function settingOption(flags: string, description: string, name: SettingName, choices?: readonly string[]): Option {
+  const fallback = settingDefault(name);
+  const option = new Option(flags, description).env(envName(name));
+  if (fallback !== undefined) option.default(fallback);
+  // Before argParser, which then replaces its check: choices stay for --help.
+  if (choices) option.choices(choices);
+  return option.argParser((text: string) => {
+    const value = settingText(text) ?? fallback;
+    if (choices && !choices.includes(value ?? '')) throw new InvalidArgumentError(`Allowed choices are ${choices.join(', ')}.`);
+    return value;
+  });
+}
+
+const modelsDirOption = () => settingOption('--models-dir <dir>', 'folder of installed models, one sub-folder per model', 'modelsDir');
 const forceOption = () => new Option('--force', 'replace an installed model of the same id (the old one stays until the new one is in place)');
 const skipLoadOption = () =>
   new Option('--skip-load', 'do not load the ONNX files before installing (faster for big models; layout and checksums are still checked)');
@@ -205,19 +224,9 @@ export function registerModelCommands(program: Command): void {
     .description('list installed models, whether the server can use them, what they measured in memory, and unfinished pulls')
     .addOption(modelsDirOption())
     // The server's own settings and defaults, so that the figures shown are those the server keeps.
-    .addOption(new Option('--data-dir <dir>', "the server's data folder, where it keeps the memory each model measured").env(envName('dataDir')).default(settingDefault('dataDir')))
-    .addOption(
-      new Option('--execution-provider <provider>', 'the provider whose memory figures to show (each keeps its own)')
-        .choices(EXECUTION_PROVIDERS)
-        .env(envName('executionProvider'))
-        .default(settingDefault('executionProvider')),
-    )
-    .addOption(
-      new Option('--graph-rewrites <set>', 'the graph rewrites whose memory figures to show (each set keeps its own)')
-        .choices(GRAPH_REWRITE_SETS)
-        .env(envName('graphRewrites'))
-        .default(settingDefault('graphRewrites')),
-    )
+    .addOption(settingOption('--data-dir <dir>', "the server's data folder, where it keeps the memory each model measured", 'dataDir'))
+    .addOption(settingOption('--execution-provider <provider>', 'the provider whose memory figures to show (each keeps its own)', 'executionProvider', EXECUTION_PROVIDERS))
+    .addOption(settingOption('--graph-rewrites <set>', 'the graph rewrites whose memory figures to show (each set keeps its own)', 'graphRewrites', GRAPH_REWRITE_SETS))
     .action(reporting(printModelList));
 
   registerVerifyCommand(models);
