@@ -1,3 +1,4 @@
+import sharp from 'sharp';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startTestServer, TEST_KEY, type TestServer } from './helpers/api-server.js';
 
@@ -122,5 +123,26 @@ describe('request ids', () => {
   it('puts the id on error responses too', async () => {
     const res = await post('{', { 'content-type': 'application/json', 'x-request-id': 'trace-7' });
     expect(res.headers.get('x-request-id')).toBe('trace-7');
+  });
+});
+
+describe('forms (edits and variations)', () => {
+  const picture = () => sharp({ create: { width: 64, height: 64, channels: 3, background: 'red' } }).png().toBuffer();
+  const postForm = (route: string, body: FormData) => fetch(`${server.baseURL}/images/${route}`, { method: 'POST', headers: auth, body });
+
+  it('a text field sent as a file (curl -F prompt=@prompt.txt) -> 400 invalid_type naming it, not an unknown parameter', async () => {
+    const edit = new FormData();
+    edit.set('image', new Blob([await picture()], { type: 'image/png' }), 'in.png');
+    edit.set('prompt', new Blob(['a blue square'], { type: 'text/plain' }), 'prompt.txt');
+    const error = await expectError(await postForm('edits', edit), 400, 'invalid_type', 'prompt');
+    expect(error.message).toMatch(/^Invalid type for 'prompt': expected a text field, but got a file upload instead\./);
+    const variation = new FormData();
+    variation.set('image', new Blob([await picture()], { type: 'image/png' }), 'in.png');
+    variation.set('n', new Blob(['2']), 'n.txt');
+    await expectError(await postForm('variations', variation), 400, 'invalid_type', 'n');
+    // A file of a name the endpoint takes in no form is still an unknown parameter.
+    edit.delete('prompt');
+    edit.set('foo', new Blob(['x']), 'foo.txt');
+    await expectError(await postForm('edits', edit), 400, 'unknown_parameter', 'foo');
   });
 });

@@ -153,6 +153,11 @@ const dallELimitSchemas = new Map(Object.entries(DALL_E_PROMPT_LIMITS).map(([nam
 const REQUEST_SCHEMAS = { generation: generationRequestSchema, edit: editRequestSchema, variation: variationRequestSchema } as const;
 export type RequestKind = keyof typeof REQUEST_SCHEMAS;
 
+/** Whether `name` is a field of a `kind` request (a form's text part, as the SDKs send it). */
+export function isRequestField(kind: RequestKind, name: string): boolean {
+  return Object.hasOwn(REQUEST_SCHEMAS[kind].shape, name);
+}
+
 type RequestFields = z.output<typeof requestFields>;
 
 /**

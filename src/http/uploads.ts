@@ -2,7 +2,7 @@ import type { FastifyReply, FastifyRequest } from 'fastify';
 import type { Multipart } from '@fastify/multipart';
 import { imageReferenceBytes } from '../api/data-uri.js';
 import { ApiError, describeValue } from '../api/errors.js';
-import { UNSUPPORTED_FIELDS } from '../api/wire.js';
+import { isRequestField, UNSUPPORTED_FIELDS } from '../api/wire.js';
 import type { ByteBudget } from '../util/byte-budget.js';
 import { holdBodyMemory } from './body-memory.js';
 import { declaredBodyBytes } from './connections.js';
@@ -181,6 +181,14 @@ async function readParts(request: FastifyRequest, route: UploadRoute, limits: Up
         }
         readText(part, upload.fields);
         continue;
+      }
+      // A text field sent as a file (curl's -F prompt=@prompt.txt uploads the file) is no unknown parameter.
+      if (isRequestField(route, part.fieldname)) {
+        throw ApiError.invalid(
+          part.fieldname,
+          'invalid_type',
+          `Invalid type for '${part.fieldname}': expected a text field, but got a file upload instead. Send its value as text (with curl, -F '${part.fieldname}=<file.txt' sends a file's text as the field; -F '${part.fieldname}=@file.txt' uploads the file).`,
+        );
       }
       if (!FILE_FIELDS[route].includes(part.fieldname)) {
         throw ApiError.invalid(part.fieldname, 'unknown_parameter', `Unknown parameter: '${part.fieldname}' (a file). The files this endpoint takes are: ${FILE_FIELDS[route].map((f) => `'${f}'`).join(', ')}.`);
