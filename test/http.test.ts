@@ -6,7 +6,8 @@ import { startTestServer, TEST_KEY, type TestServer } from './helpers/api-server
 
 let server: TestServer;
 beforeAll(async () => {
-  server = await startTestServer();
+  // Its model can edit: the form tests below send edits that must run.
+  server = await startTestServer({ stubCanEdit: true });
 });
 afterAll(() => server.close());
 
@@ -128,7 +129,22 @@ describe('request ids', () => {
 
 describe('forms (edits and variations)', () => {
   const picture = () => sharp({ create: { width: 64, height: 64, channels: 3, background: 'red' } }).png().toBuffer();
-  const postForm = (route: string, body: FormData) => fetch(`${server.baseURL}/images/${route}`, { method: 'POST', headers: auth, body });
+  const postForm = (route: string, body: FormData | Buffer<ArrayBuffer>, headers: Record<string, string> = {}) =>
+    fetch(`${server.baseURL}/images/${route}`, { method: 'POST', headers: { ...auth, ...headers }, body });
+
+  /** A form whose prompt part carries `prompt` as raw bytes (what FormData, which writes UTF-8, cannot send), of Content-Type `type` if given. */
+  async function formWithPrompt(prompt: Buffer, type?: string): Promise<[Buffer<ArrayBuffer>, Record<string, string>]> {
+    const boundary = 'http-test-boundary';
+    const part = (headers: string, content: Buffer) => Buffer.concat([Buffer.from(`--${boundary}\r\n${headers}\r\n\r\n`), content, Buffer.from('\r\n')]);
+    const body = Buffer.concat([
+      part('Content-Disposition: form-data; name="model"', Buffer.from('stub')),
+      part('Content-Disposition: form-data; name="response_format"', Buffer.from('b64_json')),
+      part(`Content-Disposition: form-data; name="prompt"${type ? `\r\nContent-Type: ${type}` : ''}`, prompt),
+      part('Content-Disposition: form-data; name="image"; filename="in.png"\r\nContent-Type: image/png', await picture()),
+      Buffer.from(`--${boundary}--\r\n`),
+    ]);
+    return [body, { 'content-type': `multipart/form-data; boundary=${boundary}` }];
+  }
 
   it('a text field sent as a file (curl -F prompt=@prompt.txt) -> 400 invalid_type naming it, not an unknown parameter', async () => {
     const edit = new FormData();
@@ -144,5 +160,14 @@ describe('forms (edits and variations)', () => {
     edit.delete('prompt');
     edit.set('foo', new Blob(['x']), 'foo.txt');
     await expectError(await postForm('edits', edit), 400, 'unknown_parameter', 'foo');
+  });
+
+  it('form text that is no UTF-8 -> 400 invalid_encoding, not a prompt with U+FFFD drawn in it; UTF-8 text is taken', async () => {
+    // Latin-1 'é', as curl on Windows sends -F 'prompt=café' from a console in code page 1252.
+    const error = await expectError(await postForm('edits', ...(await formWithPrompt(Buffer.from('a caf\xe9 sign', 'latin1')))), 400, 'invalid_encoding', 'prompt');
+    expect(error.message).toMatch(/^The form field 'prompt' is not valid UTF-8/);
+    expect((await postForm('edits', ...(await formWithPrompt(Buffer.from('a café sign 🎨'))))).status).toBe(200);
+    // A part that names its charset is read in it.
+    expect((await postForm('edits', ...(await formWithPrompt(Buffer.from('a caf\xe9 sign', 'latin1'), 'text/plain; charset=iso-8859-1')))).status).toBe(200);
   });
 });

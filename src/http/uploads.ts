@@ -81,6 +81,17 @@ function readText(part: Extract<Multipart, { type: 'field' }>, fields: Record<st
   if (part.fieldname in fields) {
     throw ApiError.invalid(part.fieldname, 'invalid_value', `The form field '${part.fieldname}' was sent more than once; send it once.`);
   }
+  // The parser decodes a part without a charset as UTF-8, each byte that is not UTF-8 as U+FFFD: a prompt
+  // in another encoding (curl on Windows sends -F values in the console's code page) would be drawn with
+  // replacement characters in it, as content.ts refuses for a JSON body. A part naming its charset is
+  // decoded by it.
+  if (typeof part.value === 'string' && part.value.includes('\uFFFD')) {
+    throw ApiError.invalid(
+      part.fieldname,
+      'invalid_encoding',
+      `The form field '${part.fieldname}' is not valid UTF-8 (it has bytes that are not, or U+FFFD, the replacement character they decode to). Send form fields in UTF-8, or name the part's charset in its Content-Type; with curl on Windows, put the text in a UTF-8 file and send -F '${part.fieldname}=<file.txt'.`,
+    );
+  }
   fields[part.fieldname] = part.value;
 }
 
