@@ -170,4 +170,15 @@ describe('forms (edits and variations)', () => {
     // A part that names its charset is read in it.
     expect((await postForm('edits', ...(await formWithPrompt(Buffer.from('a caf\xe9 sign', 'latin1'), 'text/plain; charset=iso-8859-1')))).status).toBe(200);
   });
+
+  it('variations, another content type -> 415 saying they take only a multipart form (no JSON, which they refuse too)', async () => {
+    for (const type of ['text/plain', 'application/x-www-form-urlencoded']) {
+      const error = await expectError(await postForm('variations', Buffer.from('n=1'), { 'content-type': type }), 415, 'unsupported_media_type');
+      expect(error.message).toContain("accepts only 'multipart/form-data'");
+      expect(error.message).not.toContain('application/json');
+    }
+    // Edits take both.
+    const edits = await expectError(await postForm('edits', Buffer.from('n=1'), { 'content-type': 'text/plain' }), 415, 'unsupported_media_type');
+    expect(edits.message).toContain("'application/json' and 'multipart/form-data'");
+  });
 });

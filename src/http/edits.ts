@@ -59,6 +59,13 @@ function cannotResendForm(request: FastifyRequest): boolean {
 /** The statuses openai-node retries unless told otherwise (its shouldRetry, the same in every major). */
 const sdkRetries = (status: number) => status === 408 || status === 409 || status === 429 || status >= 500;
 
+declare module 'fastify' {
+  interface FastifyContextConfig {
+    /** The route takes only a multipart form, no JSON (variations, as OpenAI's): its 415 says so (errors.ts). */
+    formOnly?: boolean;
+  }
+}
+
 export interface EditsOptions extends ImagesOptions {
   /** UPLOAD_MEMORY: what request bodies may hold together (body-memory.ts); the forms of edits and variations take from it (uploads.ts). */
   memory: ByteBudget;
@@ -79,7 +86,7 @@ export async function edits(app: FastifyInstance, options: EditsOptions): Promis
     ['/v1/images/edits', 'edit'],
     ['/v1/images/variations', 'variation'],
   ] as const) {
-    app.post(path, async (request, reply): Promise<ImagesResponse | FastifyReply> => {
+    app.post(path, { config: { formOnly: route === 'variation' } }, async (request, reply): Promise<ImagesResponse | FastifyReply> => {
       // A queue, or a key's per-minute limits, that would refuse the request refuse it before its upload
       // (megabytes) is read: its n is in the form, but a key that has no room for one image has none for any.
       options.service.checkRoom(queueClient(request));

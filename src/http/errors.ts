@@ -52,7 +52,8 @@ function fromFastifyError(err: FastifyError, request: FastifyRequest): ApiError 
     case 'FST_ERR_CTP_BODY_TOO_LARGE':
       return bodyTooLarge(request);
     case 'FST_ERR_CTP_INVALID_MEDIA_TYPE': {
-      const accepted = takesForms(request) ? "'application/json' and 'multipart/form-data'" : "only 'application/json'";
+      // Variations take no JSON either: naming it would send the client to their other 415.
+      const accepted = request.routeOptions.config.formOnly ? "only 'multipart/form-data'" : takesForms(request) ? "'application/json' and 'multipart/form-data'" : "only 'application/json'";
       return new ApiError(415, `Unsupported content type: '${request.headers['content-type'] ?? '(none)'}'. This endpoint accepts ${accepted} requests.`, {
         code: 'unsupported_media_type',
       });
