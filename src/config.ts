@@ -301,7 +301,10 @@ const SETTINGS = {
       "when the VAE decodes in overlapping tiles: 'auto' only where the whole decode would not fit memory (the picture is then diffusers' exactly), 'always' every image with a side over 512 pixels (less memory; faster where the decoder's attention dominates, as in small exports at large sizes), or a number of pixels: as always, in tiles of that side",
   },
   cudaDevices: {
-    schema: z.string().regex(/^\d+(,\d+)*$/, 'expected device ids separated by commas, e.g. 0,1').transform((t) => t.split(',').map(Number)).default([0]),
+    // Written as the other lists are ("0, 1" too); each item a device id.
+    schema: list
+      .pipe(z.array(z.string().regex(/^\d+$/, 'expected device ids separated by commas, e.g. 0,1').transform(Number)).min(1, 'expected device ids separated by commas, e.g. 0,1'))
+      .default([0]),
     description: 'CUDA device ids; worker i runs on device i mod their count (with EXECUTION_PROVIDER=cuda)',
   },
   queueMax: { schema: integer(0).default(64), description: 'generation jobs that may wait for a worker before requests get 429' },

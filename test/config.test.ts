@@ -55,6 +55,13 @@ describe('loadConfig', () => {
     expect(found.join('\n')).toMatch(/PUBLIC_BASE_URL \(--public-base-url\)/);
   });
 
+  it('takes CUDA_DEVICES as the other lists, spaces after commas included, and refuses what is not a device id', () => {
+    expect(loadConfig({}, { CUDA_DEVICES: '0, 1' }).cudaDevices).toEqual([0, 1]);
+    expect(loadConfig({}, {}).cudaDevices).toEqual([0]);
+    expect(problems(() => loadConfig({}, { CUDA_DEVICES: '0,gpu1' }))[0]).toMatch(/^CUDA_DEVICES \(--cuda-devices\): expected device ids separated by commas, e\.g\. 0,1/);
+    expect(problems(() => loadConfig({}, { CUDA_DEVICES: ',' }))[0]).toMatch(/^CUDA_DEVICES \(--cuda-devices\): expected device ids/);
+  });
+
   it('takes GRAPH_REWRITES as all (the default) or exact, for the server and for the commands that run models', () => {
     expect([loadConfig({}, {}).graphRewrites, loadConfig({}, { GRAPH_REWRITES: 'exact' }).graphRewrites, loadModelSettings({}, { GRAPH_REWRITES: 'exact' }).graphRewrites]).toEqual(['all', 'exact', 'exact']);
     expect(problems(() => loadConfig({}, { GRAPH_REWRITES: 'none' }))[0]).toMatch(/^GRAPH_REWRITES \(--graph-rewrites\): .*all.*exact/);
