@@ -100,6 +100,13 @@ describe('POST /v1/images/edits', () => {
     expect(await shaped(128, 256)).toBe('128x128');
   });
 
+  it("names what 'auto' would run at for this picture when a gpt-image edit asks for a size the model does not serve", async () => {
+    const landscape = await sharp(redCircle).resize(512, 256, { fit: 'fill' }).png().toBuffer();
+    const err = await expectApiError(client.images.edit({ model: 'gpt-image-2', image: await png(landscape), prompt: 'a blue square', size: '1024x1024' }), OpenAI.BadRequestError, 400, 'size', 'invalid_value');
+    // Before, the model's default (128x128), which this edit would not have run at.
+    expect(err.message).toMatch(/\('auto' is 256x128 for this picture, the served size nearest its shape\)/);
+  });
+
   it('at a low strength keeps the red circle', async () => {
     const res = await client.images.edit({ model: 'shapes', image: await png(redCircle), prompt: 'a blue square', response_format: 'b64_json', quality: 'high', strength: 0.25, seed: 2 } as OpenAI.ImageEditParamsNonStreaming);
     expect((await readImageFile(decoded(res)[0])).reading).toMatchObject({ colour: 'red' });

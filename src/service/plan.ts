@@ -16,12 +16,16 @@ import { messageOf } from '../util/error-message.js';
  * max_batch. The checks that depend on the model throw OpenAI errors here.
  */
 
-/** The 400 for a size the model does not serve under the name the request used, naming those it does. */
-function sizeError(request: GenerationRequest, model: ModelEntry, served: readonly string[]): ApiError {
+/**
+ * The 400 for a size the model does not serve under the name the request used, naming those it does;
+ * `auto` is named as what it would run at: for an edit, the size its picture's shape gets.
+ */
+function sizeError(request: GenerationRequest, model: ModelEntry, served: readonly string[], picture?: Shape): ApiError {
   const { sizes, defaultSize } = model.preset;
+  const auto = picture && served.length > 0 ? `${pictureSize(picture, served, defaultSize)} for this picture, the served size nearest its shape` : defaultSize;
   const message =
     dialectOf(request.model) === 'gpt-image'
-      ? `Invalid value: '${request.size}'. Supported values for model '${request.model}' are: ${quoteList(['auto', ...served])} ('auto' is ${defaultSize}). ` +
+      ? `Invalid value: '${request.size}'. Supported values for model '${request.model}' are: ${quoteList(['auto', ...served])} ('auto' is ${auto}). ` +
         `The installed model '${model.id}' serves ${quoteList(sizes)} when asked for by that name.`
       : `Invalid value: '${request.size}'. Supported values are: ${quoteList(served)}. ` +
         `The server serves another size (both sides multiples of ${model.layout.sizeMultiple}) once it is in 'sizes' in the model's imagegen.json.`;
@@ -36,7 +40,7 @@ function requestSize(request: GenerationRequest, model: ModelEntry, picture?: Sh
   const { sizes, defaultSize } = model.preset;
   const asked = request.size === 'auto' ? undefined : request.size;
   const served = servedSizes(request.model, sizes);
-  if (asked !== undefined && !served.includes(asked)) throw sizeError(request, model, served);
+  if (asked !== undefined && !served.includes(asked)) throw sizeError(request, model, served, picture);
   return parseSize(asked ?? (picture ? pictureSize(picture, served, defaultSize) : defaultSize));
 }
 
