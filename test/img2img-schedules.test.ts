@@ -8,7 +8,7 @@ import { describe, expect, it } from 'vitest';
 import { BatchNoise } from '../src/runtime/random.js';
 import { denoise, latentMask, startingLatents, type PictureEncoder } from '../src/pipelines/denoise.js';
 import type { RgbImage } from '../src/runtime/types.js';
-import { createScheduler, fewestSteps, stepsRun, strengthStart } from '../src/schedulers/index.js';
+import { createScheduler, fewestSteps, honoursStrength, stepsRun, strengthStart } from '../src/schedulers/index.js';
 import type { SchedulerConfig } from '../src/schedulers/scheduler.js';
 
 const SD15: SchedulerConfig = {
@@ -57,7 +57,10 @@ describe('strength', () => {
     // 3 x 0.7 is 2.0999999999999996 in doubles, as in Python: all 3 run (SD's rule runs 2).
     expect([strengthStart(3, 0.7, 'flow'), strengthStart(3, 0.7, 'vp')]).toEqual([0, 1]);
     expect(strengthStart(50, 0.75, 'flow')).toBe(12);
-    expect(fewestSteps(0.2, 'flow')).toBe(1);
+    // One step at 0.2 runs too, but from int(1 - 0.2) = 0, sigma 1: noise alone, nothing of the picture.
+    // The server asks for steps that start from the picture (4 at the edits' default 0.8 do not: 5).
+    expect([fewestSteps(0.2, 'flow'), fewestSteps(0.8, 'flow'), fewestSteps(0.999, 'flow')]).toEqual([2, 5, undefined]);
+    expect([honoursStrength(4, 0.8, 'flow'), honoursStrength(5, 0.8, 'flow'), honoursStrength(4, 1, 'flow'), honoursStrength(4, 1, 'vp')]).toEqual([false, true, true, true]);
     expect(fewestSteps(0.2, 'vp')).toBe(5);
     expect(stepsRun(4, 0.2, 'flow')).toBe(1);
   });

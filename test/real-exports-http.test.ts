@@ -1,7 +1,7 @@
 import { cp, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
-import OpenAI from 'openai';
+import OpenAI, { toFile } from 'openai';
 import sharp from 'sharp';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { inspectModel } from '../src/models/layout.js';
@@ -11,6 +11,7 @@ import { goldenFile, GOLDENS, haveRealExports, REAL_EXPORT_NAMES, REAL_EXPORT_TI
 import { DEFAULT_TOLERANCE, readGolden } from '../src/cli/golden.js';
 import { referenceModel } from './helpers/reference.js';
 import { largestDifference } from '../src/util/difference.js';
+import { apiError } from './helpers/failures.js';
 
 /**
  * Sizes come from the model's own configs (VAE scale x UNet down-sampling, or x FLUX's packing): a
@@ -120,6 +121,50 @@ describe.skipIf(!haveRealExports)('real exports in the server: sizes, seeds (nee
       const { status, error: body } = error as InstanceType<typeof OpenAI.BadRequestError>;
       expect(status).toBe(400);
       expect(body).toMatchObject({ param: 'size', code: 'invalid_value', message: expect.stringContaining("'512x512'") });
+    });
+  });
+  // FLUX's schedule begins at sigma 1, pure noise, where (1 - sigma) x picture + sigma x noise holds
+  // nothing of the picture; diffusers' int(N - N x strength) starts there for schnell's 4 steps at an
+  // edit's default strength of 0.8, so every upload gave the same picture.
+  describe('FLUX schnell edits through POST /v1/images/edits', { timeout: REAL_EXPORT_TIMEOUT_MS }, () => {
+    let flux: ExportsServer;
+    beforeAll(async () => {
+      flux = await startExportsServer(['flux'], { DEFAULT_MODEL: 'flux', PRELOAD: 'none' });
+    });
+    afterAll(() => flux?.close());
+
+    const picture = (background: string) => sharp({ create: { width: 1024, height: 1024, channels: 3, background } }).png().toBuffer();
+    const edit = async (image: Buffer, params: Record<string, unknown> = {}) =>
+      flux.client.images.edit({ model: 'flux', prompt: 'a cat', image: await toFile(image, 'in.png', { type: 'image/png' }), seed: 1, ...params } as unknown as OpenAI.ImageEditParamsStreaming);
+
+    /** The edited picture, streamed at the model's defaults, and the denoiser passes it ran (stream_progress). */
+    async function editedWithSteps(image: Buffer): Promise<{ picture: string; passes: Set<number> }> {
+      const stream = await edit(image, { stream: true, stream_progress: true });
+      const result = { picture: '', passes: new Set<number>() };
+      for await (const event of stream as AsyncIterable<{ type: string; steps?: number; b64_json?: string }>) {
+        if (event.type === 'imagegen.progress' && event.steps) result.passes.add(event.steps);
+        if (event.type === 'image_edit.completed') result.picture = event.b64_json!;
+      }
+      return result;
+    }
+
+    it('at its defaults (4 steps, strength 0.8) starts from the picture noised: two pictures give two edits, in 4 passes of 5 steps', async () => {
+      const fromRed = await editedWithSteps(await picture('#c01010'));
+      const fromBlue = await editedWithSteps(await picture('#1010c0'));
+      expect(fromRed.picture).not.toBe(fromBlue.picture);
+      expect([...fromRed.passes]).toEqual([4]);
+    });
+
+    it('answers steps that would start from noise alone with a 400 naming the fewest that do not', async () => {
+      const red = await picture('#c01010');
+      const error = await apiError(edit(red, { steps: 4, strength: 0.8 }), OpenAI.BadRequestError);
+      expect(error).toMatchObject({ status: 400, param: 'strength', code: 'invalid_value' });
+      expect(error.message).toContain("strength 0.8 of 4 steps starts from pure noise (the model's schedule begins at noise alone, and int(4 - 4 x 0.8) = 0 starts at its first step)");
+      expect(error.message).toContain("Raise 'steps' to at least 5, lower 'strength', or omit 'steps'.");
+      // No count of steps up to 150 starts 0.999 anywhere but at pure noise.
+      const tooStrong = await apiError(edit(red, { strength: 0.999 }), OpenAI.BadRequestError);
+      expect(tooStrong).toMatchObject({ status: 400, param: 'strength', code: 'invalid_value' });
+      expect(tooStrong.message).toContain('starts from pure noise at any number of steps up to 150');
     });
   });
 });

@@ -17,7 +17,7 @@ import type { ModelKind, Scheduler, SchedulerConfig } from './scheduler.js';
 import { scheduleStrength, strengthStart, type StrengthRule } from './strength.js';
 
 export type { ModelKind, Scheduler, SchedulerConfig } from './scheduler.js';
-export { fewestSteps, scheduleStrength, stepsRun, strengthStart, type StrengthRule } from './strength.js';
+export { fewestSteps, honoursStrength, scheduleStrength, stepsRun, strengthStart, type StrengthRule } from './strength.js';
 
 /** What a scheduler file registers. */
 export interface SchedulerEntry {

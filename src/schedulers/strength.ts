@@ -1,3 +1,4 @@
+import { MAX_STEPS } from '../runtime/types.js';
 import type { ModelKind } from './scheduler.js';
 
 /**
@@ -41,10 +42,22 @@ export function stepsRun(steps: number, strength: number, rule: StrengthRule): n
   return rule === 'flow' ? steps - Math.trunc(Math.max(steps - share, 0)) : Math.floor(share);
 }
 
-/** The fewest steps of which `strength` (in (0, 1]) runs at least one. */
-export function fewestSteps(strength: number, rule: StrengthRule): number {
-  let steps = 1;
-  // Counted up rather than worked out from 1 / strength: what decides is stepsRun's rounding, which differs by rule.
-  while (stepsRun(steps, strength, rule) < 1) steps++;
-  return steps;
+/**
+ * Whether `steps` do what `strength` asks: at least one of them runs, and below strength 1 from the
+ * picture noised rather than from noise alone. FLUX's schedule begins at sigma 1, where its start,
+ * (1 - sigma) x picture + sigma x noise, holds nothing of the picture; diffusers' int(N - N x strength)
+ * starts there whenever N x (1 - strength) < 1 (schnell's 4 steps at 0.8, an edit's default), and the
+ * edit would then give the same picture whatever was uploaded (with a mask, the same as at strength 1).
+ * An SD schedule's first timestep keeps a trace of the picture, and a strength below 1 never starts there.
+ */
+export function honoursStrength(steps: number, strength: number, rule: StrengthRule): boolean {
+  const run = stepsRun(steps, strength, rule);
+  return run >= 1 && (rule !== 'flow' || strength === 1 || run < steps);
+}
+
+/** The fewest steps that honour `strength` (in (0, 1]; see honoursStrength), or undefined when more than MAX_STEPS would be needed. */
+export function fewestSteps(strength: number, rule: StrengthRule): number | undefined {
+  // Counted up rather than worked out from the strength: what decides is stepsRun's rounding, which differs by rule.
+  for (let steps = 1; steps <= MAX_STEPS; steps++) if (honoursStrength(steps, strength, rule)) return steps;
+  return undefined;
 }

@@ -3,8 +3,8 @@ import { dialectOf, servedSizes } from '../api/dialects.js';
 import type { GenerationRequest } from '../api/wire.js';
 import type { ModelEntry } from '../models/registry.js';
 import { MAX_SEED, randomSeed, type NoiseKind } from '../runtime/random.js';
-import type { BatchItem, GenerationBatch } from '../runtime/types.js';
-import { checkSchedule, fewestSteps, scheduleStrength, stepsRun, type StrengthRule } from '../schedulers/index.js';
+import { MAX_STEPS, type BatchItem, type GenerationBatch } from '../runtime/types.js';
+import { checkSchedule, fewestSteps, honoursStrength, scheduleStrength, stepsRun, type StrengthRule } from '../schedulers/index.js';
 import { strengthRule, takesGuidance, takesNegativePrompt } from '../models/layout.js';
 import { chunks } from '../util/chunks.js';
 import type { EditPicture } from './input-images.js';
@@ -118,19 +118,32 @@ function checkGuidance(request: GenerationRequest, model: ModelEntry): void {
 
 /**
  * The steps of a request. For an edit, a strength runs only that share of them (diffusers'
- * img2img): when the request left the steps to the preset they are raised until one runs (a turbo
- * model's single step would otherwise run none below strength 1); steps the request named are kept,
- * and one that leaves none to run is a 400.
+ * img2img): when the request left the steps to the preset they are raised until the strength is
+ * honoured (honoursStrength: a turbo model's single step would otherwise run none below strength 1,
+ * FLUX schnell's 4 at the default 0.8 would start from noise alone and ignore the picture); steps the
+ * request named are kept, and ones that do not honour it are a 400 naming the fewest that do.
  */
 function stepsOf(request: GenerationRequest, model: ModelEntry, strength: number | undefined, rule: StrengthRule): number {
   const preset = model.preset.steps[request.quality];
   if (strength === undefined) return request.steps ?? preset;
-  if (request.steps === undefined) return Math.max(preset, fewestSteps(strength, rule));
-  if (stepsRun(request.steps, strength, rule) >= 1) return request.steps;
+  const fewest = fewestSteps(strength, rule);
+  if (fewest === undefined) {
+    throw ApiError.invalid(
+      'strength',
+      'invalid_value',
+      `Invalid value: strength ${strength} starts from pure noise at any number of steps up to ${MAX_STEPS}, so nothing of the picture would show where it is redrawn: the model's schedule begins at noise alone. Lower 'strength', or set it to 1 to redraw the whole picture.`,
+    );
+  }
+  if (request.steps === undefined) return Math.max(preset, fewest);
+  if (honoursStrength(request.steps, strength, rule)) return request.steps;
+  const noStep = stepsRun(request.steps, strength, rule) < 1;
+  const why = noStep
+    ? 'leaves no step to run'
+    : `starts from pure noise (the model's schedule begins at noise alone, and int(${request.steps} - ${request.steps} x ${strength}) = 0 starts at its first step), so nothing of the picture would show where it is redrawn`;
   throw ApiError.invalid(
     request.strength === undefined ? 'steps' : 'strength',
     'invalid_value',
-    `Invalid value: strength ${strength} of ${request.steps} steps leaves no step to run. Raise 'steps' to at least ${fewestSteps(strength, rule)}, raise 'strength', or omit 'steps'.`,
+    `Invalid value: strength ${strength} of ${request.steps} steps ${why}. Raise 'steps' to at least ${fewest}, ${noStep ? 'raise' : 'lower'} 'strength', or omit 'steps'.`,
   );
 }
 
