@@ -61,8 +61,9 @@ export interface FamilyEntry<Variant extends string = string> {
   /** The folder its denoiser lives in ('unet' or 'transformer'), probed in the registry's order. */
   denoiserFolder: string;
   /**
-   * Whether a folder is this family's. Exactly one entry may say yes to a folder (test/families.test.ts
-   * checks every reference and real export), so look at class names and components that tell it apart.
+   * Whether a folder is this family's; asked only of folders whose denoiser is in its `denoiserFolder`
+   * (recogniseFamily). Exactly one entry may say yes to a folder (test/families.test.ts checks every
+   * reference and real export), so look at class names and components that tell it apart.
    */
   recognise(folder: FolderFacts): boolean;
   /** Component folders it needs beyond the ones every family has (their model.onnx), each with why. */

@@ -9,7 +9,6 @@ export const flux = defineFamily({
   // SD3 keeps its transformer in the same folder: its class (SD3Transformer2DModel) and third text
   // encoder tell it apart, so it is refused as unknown rather than run as FLUX.
   recognise: (folder) =>
-    folder.denoiserFolder === 'transformer' &&
     !folder.components.has('text_encoder_3') &&
     (folder.denoiserClass ?? TRANSFORMER_CLASS) === TRANSFORMER_CLASS &&
     (folder.pipelineClass === undefined || folder.pipelineClass.startsWith('Flux')),

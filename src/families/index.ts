@@ -13,11 +13,12 @@ export const FAMILIES: readonly FamilyEntry[] = [sd, sdxl, flux];
 export const DENOISER_FOLDERS: readonly string[] = [...new Set(FAMILIES.map((family) => family.denoiserFolder))];
 
 /**
- * The family a folder is, or undefined when none says it is. Two that both say so would make the
- * folder's family depend on the order of FAMILIES: that is a mistake in their recognise(), named here.
+ * The family a folder is, or undefined when none says it is. Only the families whose denoiser lives
+ * where the folder's does are asked. Two that both say so would make the folder's family depend on
+ * the order of FAMILIES: that is a mistake in their recognise(), named here.
  */
 export function recogniseFamily(folder: FolderFacts): FamilyEntry | undefined {
-  const matches = FAMILIES.filter((family) => family.recognise(folder));
+  const matches = FAMILIES.filter((family) => family.denoiserFolder === folder.denoiserFolder && family.recognise(folder));
   if (matches.length > 1) {
     throw new Error(`the model families ${matches.map((f) => f.name).join(' and ')} all recognise this folder: their recognise() rules must exclude each other (src/families/)`);
   }

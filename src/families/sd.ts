@@ -5,7 +5,7 @@ import { isTurbo, unetNativeSize, unetSizeMultiple } from './unet.js';
 export const sd = defineFamily({
   name: 'sd',
   denoiserFolder: 'unet',
-  recognise: (folder) => folder.denoiserFolder === 'unet' && !folder.components.has('text_encoder_2'),
+  recognise: (folder) => !folder.components.has('text_encoder_2'),
   requires: [],
   variantOf(clues) {
     const { scheduler, denoiserConfig } = clues;
