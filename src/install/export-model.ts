@@ -6,7 +6,7 @@ import { ModelInstallError } from './errors.js';
 import { exists } from '../util/files.js';
 import { checkModelId, modelPath, validateModel, type CommandOptions } from './installer.js';
 import { manifestText, readManifest, type Manifest } from './manifest.js';
-import { MANIFEST_FILE, selectModelFiles } from './model-files.js';
+import { MANIFEST_FILE, modelFilesOf } from './model-files.js';
 import { Progress } from '../util/progress.js';
 import { checkCoverage, FileHasher, hashing, verifiedDigest } from './verifier.js';
 
@@ -38,12 +38,10 @@ export async function exportModel(options: ExportOptions): Promise<ExportedBundl
   const repair = `Pull or import '${id}' again before exporting it`;
   await validateModel(dir, { load: false, label: dir, advice: repair });
   const recorded = await readManifest(dir);
-  const found = await listFolder(dir);
-  const wanted = new Set(selectModelFiles(found.map((file) => file.path)).selected);
-  const files = found.filter((file) => wanted.has(file.path));
+  const { files } = modelFilesOf(await listFolder(dir));
   const changed = `${repair}, or, if its files were changed on purpose, delete ${path.join(dir, MANIFEST_FILE)} to export it as it is now`;
   // Files added since the install (an imagegen.json preset override, say) are fine; missing ones are not.
-  if (recorded) checkCoverage(recorded, [...wanted], dir, changed, true);
+  if (recorded) checkCoverage(recorded, files.map((file) => file.path), dir, changed, true);
 
   const isFolder = (await stat(options.out).catch(() => undefined))?.isDirectory() ?? false;
   // A trailing separator means a folder, as with cp: not a file named by the folder.

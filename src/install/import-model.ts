@@ -16,7 +16,7 @@ import {
   type InstalledModel,
 } from './installer.js';
 import { parseManifest, readManifest, writeManifest, type FileDigest, type Manifest } from './manifest.js';
-import { checkHasExport, MANIFEST_FILE, selectModelFiles, skippedNote } from './model-files.js';
+import { checkHasExport, MANIFEST_FILE, modelFilesOf, skippedNote } from './model-files.js';
 import { Progress } from '../util/progress.js';
 import { checkCoverage, FileHasher, hashing, verifiedDigest } from './verifier.js';
 
@@ -47,13 +47,11 @@ interface Source {
 }
 
 async function openFolder(dir: string): Promise<Source> {
-  const found = await listFolder(dir);
-  const { selected, skipped } = selectModelFiles(found.map((file) => file.path));
-  const wanted = new Set(selected);
+  const { files, skipped } = modelFilesOf(await listFolder(dir));
   return {
     defaultId: path.basename(path.resolve(dir)),
     manifest: await readManifest(dir),
-    files: found.filter((file) => wanted.has(file.path)).map((file) => ({ ...file, read: () => readChunks(path.join(dir, file.path)) })),
+    files: files.map((file) => ({ ...file, read: () => readChunks(path.join(dir, file.path)) })),
     skipped,
     isFolder: true,
     close: async () => undefined,
@@ -66,12 +64,11 @@ async function openBundleFile(file: string): Promise<Source> {
     const manifestEntry = bundle.entries.find((entry) => entry.path === MANIFEST_FILE);
     const chunks: Uint8Array[] = [];
     if (manifestEntry) for await (const chunk of manifestEntry.read()) chunks.push(chunk);
-    const { selected, skipped } = selectModelFiles(bundle.entries.map((entry) => entry.path));
-    const wanted = new Set(selected);
+    const { files, skipped } = modelFilesOf(bundle.entries);
     return {
       defaultId: bundle.topFolder ?? path.basename(file).replace(/\.tar$/i, ''),
       manifest: manifestEntry ? parseManifest(Buffer.concat(chunks).toString('utf8'), `${file}: ${MANIFEST_FILE}`) : undefined,
-      files: bundle.entries.filter((entry) => wanted.has(entry.path)),
+      files,
       skipped,
       isFolder: false,
       close: bundle.close,

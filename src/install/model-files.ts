@@ -56,6 +56,13 @@ export function selectModelFiles(paths: string[]): FileSelection {
   return { selected: candidates.filter(wanted), skipped: candidates.filter((p) => !wanted(p)) };
 }
 
+/** `files` split as selectModelFiles splits their paths: the export's own, and the paths of the rest. */
+export function modelFilesOf<F extends { path: string }>(files: readonly F[]): { files: F[]; skipped: string[] } {
+  const { selected, skipped } = selectModelFiles(files.map((file) => file.path));
+  const wanted = new Set(selected);
+  return { files: files.filter((file) => wanted.has(file.path)), skipped };
+}
+
 /** The note saying which files an install leaves out. */
 export function skippedNote(where: string, skipped: string[]): string {
   const shown = skipped.slice(0, 5).join(', ') + (skipped.length > 5 ? ', ...' : '');

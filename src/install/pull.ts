@@ -6,7 +6,7 @@ import { DownloadInterrupted, ModelInstallError, ModelUsageError } from './error
 import { HubClient, parseRepoRef, type HubClientOptions, type HubFile, type RepoRef } from './hub-client.js';
 import { checkModelId, installStaged, lockPull, pullStagingPath, refuseExisting, validateModel, type CommandOptions, type InstalledModel } from './installer.js';
 import { writeManifest } from './manifest.js';
-import { checkHasExport, selectModelFiles, skippedNote } from './model-files.js';
+import { checkHasExport, modelFilesOf, skippedNote } from './model-files.js';
 import type { ProgressOutput } from '../util/progress.js';
 
 /** `models pull`: a Hub repository's ONNX export, downloaded, verified and installed. */
@@ -87,18 +87,16 @@ async function planPull(pull: Pull): Promise<PullPlan> {
   const hub = new HubClient(pull);
   const commit = await hub.resolveCommit(ref);
   const listed = await hub.listFiles(ref, commit, subfolder);
-  const { selected, skipped } = selectModelFiles(listed.map((file) => file.path));
+  const { files, skipped } = modelFilesOf(listed);
   checkHasExport(
     {
       where: `${ref.repo}@${ref.revision}${subfolder ? ` in '${subfolder}'` : ''}`,
       pick: (root) => `--subfolder ${subfolder ? `${subfolder}/` : ''}${root}`,
       otherwise: 'it may hold only PyTorch weights: choose a repository with an ONNX export (for example one converted with Optimum), or export one with "optimum-cli export onnx"',
     },
-    selected,
+    files.map((file) => file.path),
     listed.map((file) => file.path),
   );
-  const wanted = new Set(selected);
-  const files = listed.filter((file) => wanted.has(file.path));
   const label = `${ref.repo}@${ref.revision}${subfolder ? ` (${subfolder}/)` : ''}`;
   if (skipped.length) pull.output.write(skippedNote(label, skipped));
   return { id, ref, subfolder, hub, commit, files, label, total: files.reduce((sum, file) => sum + file.size, 0) };
