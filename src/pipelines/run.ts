@@ -186,8 +186,11 @@ export class WorkerRuntime {
     return this.pipelines.get(modelDir, version);
   }
 
-  /** The batch's pictures, in item order; `hooks` hear of its parts as of one loop over all its items. */
-  generateImages(batch: GenerationBatch, hooks: GenerateHooks = {}): Promise<RgbImage[]> {
+  /**
+   * The batch's pictures, in item order; `hooks` hear of its parts' steps as of one loop over all its
+   * items. No previews: a part's loop numbers its items within the part (runBatch maps them back).
+   */
+  generateImages(batch: GenerationBatch, hooks: Pick<GenerateHooks, 'onStep' | 'shouldStop'> = {}): Promise<RgbImage[]> {
     return this.runInParts(batch, (part) => ({ ...hooks, onStep: hooks.onStep && part.step(hooks.onStep) }));
   }
 
