@@ -69,13 +69,13 @@ export class LatentPreview {
 
 /**
  * The loop's previews for a batch when its hooks want any: the predicted clean latents (laid out as
- * [batch, channels, height, width] by `unlayout`, for FLUX's packed ones) rendered at the batch's size.
+ * [batch, channels, height, width] by `unlayout`, for FLUX's packed ones) rendered at `size`, the batch's.
  */
 export function previewLoop(
   hooks: GenerateHooks | undefined,
   previews: OnDemand<LatentPreview>,
   prediction: Prediction,
-  batch: { width: number; height: number; items: readonly unknown[] },
+  size: { width: number; height: number },
   shape: LatentShape,
   unlayout: (clean: Float32Array) => Float32Array = (clean) => clean,
 ): LoopPreview | undefined {
@@ -86,7 +86,7 @@ export function previewLoop(
     async show(clean, step, total, items) {
       const map = await previews.get();
       const latents = unlayout(clean);
-      const shown = await Promise.all(items.map(async (item) => ({ item, image: await map.render(latents, item, shape.height, shape.width, batch) })));
+      const shown = await Promise.all(items.map(async (item) => ({ item, image: await map.render(latents, item, shape.height, shape.width, size) })));
       await onPreview(shown, step, total);
     },
   };
