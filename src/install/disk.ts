@@ -99,8 +99,7 @@ export interface FoundFile {
  */
 export async function listFolder(dir: string): Promise<FoundFile[]> {
   const found: FoundFile[] = [];
-  // Symbolic links are followed (a Hugging Face cache's snapshot links to its blobs), each folder once:
-  // a link back up the tree would otherwise be walked until the path grew too long.
+  // Each folder once: a link back up the tree would otherwise be walked until the path grew too long.
   const listed = new Set<string>();
   const visit = async (rel: string) => {
     const here = path.join(dir, rel);

@@ -23,7 +23,7 @@ export interface ModelLayout {
   family: string;
   /** One of its family's variants. */
   variant: string;
-  /** Pixel side the denoiser was trained at (`sample_size` x 8), when its config says. */
+  /** Pixel side the denoiser was trained at, when its config says (its family's nativeSize(): a UNet's `sample_size` x the VAE's scale). */
   nativeSize?: number;
   textEncoder: string;
   textEncoder2?: string;

@@ -54,7 +54,7 @@ export class DPMSolverMultistepScheduler implements Scheduler {
   private readonly trainSigmas: Float64Array;
   private sigmaSchedule: number[] = [];
   private schedule: number[] = [];
-  /** x0 predictions of the previous step, the multistep history. */
+  /** The previous step's x0 prediction, the multistep history (none before the first step). */
   private previousX0: Float32Array | null = null;
 
   constructor(config: SchedulerConfig = {}) {

@@ -53,7 +53,7 @@ export interface SetTimestepsOptions {
  *
  * Usage per generation:
  *   s.setTimesteps(steps); x = noise * s.initNoiseSigma;
- *   (image-to-image: i0 = strengthStart(steps, strength, kind); x = s.addNoise(image latents, noise, i0))
+ *   (image-to-image: i0 = strengthStart(steps, strength, rule); x = s.addNoise(image latents, noise, i0))
  *   for (i = 0 (or i0); i < s.timesteps.length; i++) {
  *     out = model(s.scaleModelInput(x, i), s.timesteps[i]); x = s.step(out, i, x, noise);
  *   }
