@@ -162,6 +162,13 @@ describe('folders the server cannot run', () => {
     expect(reasonOf(await inspectModelFolder(dir))).toMatch(/^unet\/model\.onnx is cut short or is not an ONNX graph \(not a protobuf message/);
   });
 
+  it("checks the VAE encoder's graph too, which only edits load: a damaged one is named as the folder is scanned, not by every edit's 500", async () => {
+    const dir = await copyOfReference('sd15-optimum');
+    const encoder = path.join(dir, 'vae_encoder', 'model.onnx');
+    await truncate(encoder, Math.floor((await stat(encoder)).size / 2));
+    expect(reasonOf(await inspectModelFolder(dir))).toMatch(/^vae_encoder\/model\.onnx is cut short or is not an ONNX graph \(.+\): copy it again from the export$/);
+  });
+
   it('recognises TensorRT engines and says to export ONNX instead; installs leave engine files out', async () => {
     const dir = await copyOfReference('sdxl');
     await rm(path.join(dir, 'unet'), { recursive: true });

@@ -224,7 +224,8 @@ export async function inspectModel(dir: string): Promise<ModelLayout> {
     const engines = (await readdir(root, { recursive: true })).filter(isTensorRtEngine);
     throw new ModelLayoutError(root, engines.length ? tensorRtProblem(engines) : `missing ${missing.join(', ')}`);
   }
-  for (const file of [textEncoder!, textEncoder2, denoiser!, vaeDecoder!]) {
+  // The VAE encoder too, though only edits load it: damaged, it would fail each of them with a 500 while the folder passed as usable.
+  for (const file of [textEncoder!, textEncoder2, denoiser!, vaeDecoder!, vaeEncoder]) {
     const problem = file && (await externalDataProblem(file, root));
     if (problem) throw new ModelLayoutError(root, problem);
   }
