@@ -289,19 +289,25 @@ export class ModelRegistry {
     const removed = [...this.models.keys()].filter((id) => !found.has(id));
     if (added.length || removed.length) {
       logger.info({ added, removed, models: [...found.keys()] }, 'models changed');
-      const dangling = new Map<string, string[]>();
-      for (const [alias, target] of Object.entries(this.options.aliases)) {
-        if (found.has(alias) && target !== alias) {
-          logger.warn({ alias, target }, `the alias '${alias}' is hidden by the installed model '${alias}', which requests for '${alias}' get: rename that model folder, or drop the alias`);
-        } else if (!found.has(target)) dangling.set(target, [...(dangling.get(target) ?? []), alias]);
-      }
-      // Aliases name installed models' ids, not other aliases: one line per missing target.
-      for (const [target, aliases] of dangling) {
-        const named = aliases.map((alias) => `'${alias}'`).join(', ');
-        logger.warn({ aliases, target }, `the alias${aliases.length > 1 ? 'es' : ''} ${named} name${aliases.length > 1 ? '' : 's'} '${target}', which is not an installed model's id: ${aliases.length > 1 ? 'they answer' : 'it answers'} nothing until such a model is installed (MODEL_ALIASES, DEFAULT_MODEL)`);
-      }
+      this.warnOfAliases(new Set(found.keys()));
     }
     this.models = found;
+  }
+
+  /** Logs the aliases that answer nothing now that `installed` are the models: hidden by a model's id, or naming none. */
+  private warnOfAliases(installed: ReadonlySet<string>): void {
+    const { logger } = this.options;
+    const dangling = new Map<string, string[]>();
+    for (const [alias, target] of Object.entries(this.options.aliases)) {
+      if (installed.has(alias) && target !== alias) {
+        logger.warn({ alias, target }, `the alias '${alias}' is hidden by the installed model '${alias}', which requests for '${alias}' get: rename that model folder, or drop the alias`);
+      } else if (!installed.has(target)) dangling.set(target, [...(dangling.get(target) ?? []), alias]);
+    }
+    // Aliases name installed models' ids, not other aliases: one line per missing target.
+    for (const [target, aliases] of dangling) {
+      const named = aliases.map((alias) => `'${alias}'`).join(', ');
+      logger.warn({ aliases, target }, `the alias${aliases.length > 1 ? 'es' : ''} ${named} name${aliases.length > 1 ? '' : 's'} '${target}', which is not an installed model's id: ${aliases.length > 1 ? 'they answer' : 'it answers'} nothing until such a model is installed (MODEL_ALIASES, DEFAULT_MODEL)`);
+    }
   }
 
   /**
