@@ -52,6 +52,20 @@ describe('uploaded pictures', () => {
     expect([...fitted.pixels.subarray(250 * 3, 250 * 3 + 3)]).toEqual([0, 0, 255]);
   });
 
+  it('keeps the stored colour of fully transparent pixels when it scales a picture, as at its own size (and as diffusers does)', async () => {
+    // Left half opaque blue, right half transparent with red stored under it (as an editor's eraser may leave it).
+    const rgba = Buffer.alloc(64 * 64 * 4);
+    for (let p = 0; p < 64 * 64; p++) rgba.set(p % 64 < 32 ? [0, 0, 255, 255] : [255, 0, 0, 0], p * 4);
+    const image = await decodeInputImage(await sharp(rgba, { raw: { width: 64, height: 64, channels: 4 } }).png().toBuffer(), 'image');
+    for (const side of [64, 128]) {
+      const { image: fitted, mask } = await fitEdit({ image, mask: editMarks({ image }) }, side, side, 8);
+      const at = (x: number) => [...fitted.pixels.subarray((side * (side / 2) + x) * 3, (side * (side / 2) + x) * 3 + 3)];
+      // Before, scaled, the right half was black: sharp resized it premultiplied by its alpha of 0.
+      expect([at(side - 4), at(4)]).toEqual([[255, 0, 0], [0, 0, 255]]);
+      expect([mask![side * (side / 2) + side - 4], mask![side * (side / 2) + 4]]).toEqual([255, 0]);
+    }
+  });
+
   it("repaints a mask's fully transparent pixels at its own size (a soft edge is kept, as OpenAI keeps it), and those below half alpha when scaled", async () => {
     // Four columns of alpha 0, 60, 102 and 255 (a soft brush's edge between painted and kept).
     const alphas = [0, 60, 102, 255];

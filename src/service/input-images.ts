@@ -146,12 +146,33 @@ export function editMarks({ image, mask }: EditSource): InputImage | undefined {
   return mask ?? (image.hasTransparentPixel ? image : undefined);
 }
 
-/** The picture upright, resized to cover width x height and centre-cropped, as RGBA: decoded and resized in one pass. */
-async function fit(input: InputImage, width: number, height: number): Promise<Buffer> {
+/** How an edit's picture and mask cover the size the request runs at: scaled to cover it, centre-cropped. */
+const COVER = { fit: 'cover', position: 'centre' } as const;
+
+/**
+ * The picture's colour (RGB), upright and fitted to the size (COVER), its fully transparent pixels in their
+ * stored colour, as diffusers' convert('RGB') before its resize keeps them (and this server at the
+ * model's own size). libvips resizes a picture with alpha premultiplied by it, which turns those pixels
+ * black, and sharp drops alpha only after resizing: so a picture with alpha has it dropped in a pass of
+ * its own first.
+ */
+async function fitColour(input: InputImage, width: number, height: number): Promise<Buffer> {
+  try {
+    if (!input.hasAlpha) return await sharp(input.bytes, DECODE).rotate().resize(width, height, COVER).raw().toBuffer();
+    const { data, info } = await sharp(input.bytes, DECODE).rotate().removeAlpha().raw().toBuffer({ resolveWithObject: true });
+    return await sharp(data, { raw: { width: info.width, height: info.height, channels: info.channels } }).resize(width, height, COVER).raw().toBuffer();
+  } catch {
+    throw damaged(input.param, input.format);
+  }
+}
+
+/** The alpha of a mask (or of a picture that is its own mask), upright and fitted as the picture is: decoded and resized in one pass. */
+async function fitAlpha(input: InputImage, width: number, height: number): Promise<Buffer> {
   return sharp(input.bytes, DECODE)
     .rotate()
     .ensureAlpha()
-    .resize(width, height, { fit: 'cover', position: 'centre' })
+    .extractChannel(3)
+    .resize(width, height, COVER)
     .raw()
     .toBuffer()
     .catch(() => {
@@ -172,17 +193,12 @@ export interface EditPicture {
  * VAE scale, the side of the pixel blocks its latent mask reads one pixel of (below).
  */
 export async function fitEdit({ image, mask: marks }: EditSource, width: number, height: number, cell: number): Promise<EditPicture> {
-  const rgba = await fit(image, width, height);
-  const raw = (channels: 1 | 4) => ({ raw: { width, height, channels } });
-  const fitted = { pixels: await sharp(rgba, raw(4)).removeAlpha().raw().toBuffer(), width, height };
+  const fitted = { pixels: await fitColour(image, width, height), width, height };
   if (!marks) return { image: fitted };
-  const alpha = await sharp(marks === image ? rgba : await fit(marks, width, height), raw(4))
-    .extractChannel(3)
-    .raw()
-    .toBuffer();
+  const alpha = await fitAlpha(marks, width, height);
   // 255 where alpha >= the bound, negated: 255 where it is below.
   const scaled = marks.width !== width || marks.height !== height;
-  const mask = await sharp(alpha, raw(1)).threshold(transparentBelow(scaled), { grayscale: false }).negate().toColourspace('b-w').raw().toBuffer();
+  const mask = await sharp(alpha, { raw: { width, height, channels: 1 } }).threshold(transparentBelow(scaled), { grayscale: false }).negate().toColourspace('b-w').raw().toBuffer();
   if (!mask.includes(255)) throw marksNothing(marks, scaled ? `scaled to ${width}x${height}, it has no pixel with alpha below 128` : 'it has no fully transparent pixel');
   if (!marksACell(mask, width, height, cell)) {
     throw marksNothing(
