@@ -7,7 +7,7 @@ import sharp from 'sharp';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { apiError } from './helpers/failures.js';
 import { MAX_SEED } from '../src/runtime/random.js';
-import { MAX_PROMPT_LENGTH } from '../src/api/wire.js';
+import { MAX_PROMPT_LENGTH, type ModelObject } from '../src/api/wire.js';
 import { schedulersFor } from '../src/schedulers/index.js';
 import { startTestServer, STUB_SIZES, TEST_KEY, type TestServer } from './helpers/api-server.js';
 import { FakeEngine } from './helpers/engines.js';
@@ -269,6 +269,20 @@ describe('models', () => {
     for (const m of models) {
       expect(m).toMatchObject({ object: 'model', owned_by: 'user', sizes: STUB_SIZES, default_size: '64x64' });
       expect(Number.isInteger(m.created)).toBe(true);
+    }
+  });
+
+  it("marks DEFAULT_MODEL's entry as the default, and no alias of it", async () => {
+    const withDefault = await startTestServer({ config: { defaultModel: 'stub' } });
+    try {
+      const { data } = await withDefault.client.models.list();
+      expect(data.map((m) => [m.id, (m as unknown as ModelObject).default])).toEqual([
+        ['stub', true],
+        ['dall-e-3', false],
+      ]);
+      expect(await withDefault.client.models.retrieve('stub')).toMatchObject({ default: true });
+    } finally {
+      await withDefault.close();
     }
   });
 

@@ -56,12 +56,17 @@ export function applyFields(form: HTMLFormElement, fields: Fields, seed: number,
   control(form, 'seed')!.value = String(seed);
 }
 
-/** Fills the model list; the sizes, qualities and schedulers follow the chosen model. */
+/**
+ * Fills the model list, keeping the model chosen, else choosing the server's default (DEFAULT_MODEL): the
+ * list is sorted by id, and its first was the embedded demo model wherever a real one sorts after it. The
+ * sizes, qualities and schedulers follow the chosen model.
+ */
 export function showModels(form: HTMLFormElement, models: Model[]): void {
   const select = control(form, 'model') as HTMLSelectElement;
   const chosen = select.value;
   select.replaceChildren(...models.map((m) => new Option(m.id, m.id)));
-  if (models.some((m) => m.id === chosen)) select.value = chosen;
+  const kept = models.find((m) => m.id === chosen) ?? models.find((m) => m.default);
+  if (kept) select.value = kept.id;
   showModelChoices(form, models);
 }
 

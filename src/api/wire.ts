@@ -266,6 +266,8 @@ export interface ModelObject {
   /** Extensions: what the model can do here (`text-to-image`, `image-to-image` and `inpainting` where it can edit, `previews` for streamed partial images), and the samplers `scheduler` takes. */
   capabilities: string[];
   schedulers: string[];
+  /** Extension: true for the model that requests naming none get (DEFAULT_MODEL), so a client can offer it first. */
+  default: boolean;
 }
 
 export interface ModelList {

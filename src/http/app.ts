@@ -118,7 +118,7 @@ export function buildApp({ config, registry, engine, store, metrics, logger, tls
   app.register(unrouted);
   app.register(auth, { apiKeys: config.apiKeys, apiKeysFile: config.apiKeysFile, corsOrigins: config.corsOrigins });
   app.register(health, { engine, registry, store });
-  app.register(models, { registry });
+  app.register(models, { registry, defaultModel: config.defaultModel });
   app.register(files, { store });
   // The page loads without a key (its routes are public); the API calls it makes need one like any client's.
   if (config.playground) {

@@ -10,14 +10,16 @@ import type { ModelList, ModelObject } from '../api/wire.js';
  * and the one it gets without: under a gpt-image name those are `auto` and the sizes of the model that
  * OpenAI's model of that name takes (dialects.ts servedSizes), so a client offering them offers none
  * that would be refused; the qualities it takes under that id (qualitiesOf); and what it can do
- * (edits need image-to-image or inpainting) with which samplers.
+ * (edits need image-to-image or inpainting) with which samplers; and which one requests naming no model get.
  */
 
 export interface ModelsOptions {
   registry: ModelRegistry;
+  /** DEFAULT_MODEL: its entry is marked `default`. */
+  defaultModel: string;
 }
 
-function toModelObject({ id, model }: ListedModel): ModelObject {
+function toModelObject({ id, model }: ListedModel, defaultModel: string): ModelObject {
   const gptImage = dialectOf(id) === 'gpt-image';
   return {
     id,
@@ -30,13 +32,16 @@ function toModelObject({ id, model }: ListedModel): ModelObject {
     // A client can tell before it tries whether edits and variations work here (an export without its VAE encoder cannot).
     capabilities: model.capabilities,
     schedulers: model.schedulers,
+    // The list is sorted by id, so its first entry is no default: the embedded demo model sorts before
+    // most real ones, and a client (the playground) offering the first would draw with it.
+    default: id === defaultModel,
   };
 }
 
-export async function models(app: FastifyInstance, { registry }: ModelsOptions): Promise<void> {
+export async function models(app: FastifyInstance, { registry, defaultModel }: ModelsOptions): Promise<void> {
   app.get('/v1/models', async (): Promise<ModelList> => {
     await registry.refresh();
-    return { object: 'list', data: registry.list().map(toModelObject) };
+    return { object: 'list', data: registry.list().map((listed) => toModelObject(listed, defaultModel)) };
   });
 
   app.get<{ Params: { id: string } }>('/v1/models/:id', async (request): Promise<ModelObject> => {
@@ -48,6 +53,6 @@ export async function models(app: FastifyInstance, { registry }: ModelsOptions):
       const unusable = registry.unusableReason(id);
       throw new ApiError(404, `The model '${id}' ${unusable ? `is installed but cannot be used (${unusable})` : 'does not exist'}`, { param: 'model', code: 'model_not_found' });
     }
-    return toModelObject({ id, model });
+    return toModelObject({ id, model }, defaultModel);
   });
 }
