@@ -117,6 +117,17 @@ describe.skipIf(!chromiumPath)(`the playground in headless Chromium${chromiumPat
     const page404 = await page.goto(`${origin}/`);
     expect(page404?.status()).toBe(200);
     await expect.poll(() => page.isVisible('#key-dialog'), { timeout: 30_000 }).toBe(true);
+    // The key with its dashes made typographic, as a word processor copies it: a browser cannot send
+    // it (a header is Latin-1), and the page did nothing, but for an uncaught error.
+    const uncaught: string[] = [];
+    page.on('pageerror', (err) => uncaught.push(err.message));
+    await page.fill('#key', OPS_KEY.replaceAll('-', '\u2013'));
+    await page.click('#key-save');
+    await expect.poll(() => page.textContent('#key-error'), { timeout: 30_000 }).toContain("This key cannot be sent: it has '\u2013' (U+2013)");
+    expect(await page.getAttribute('#key', 'aria-invalid')).toBe('true');
+    expect(await page.inputValue('#key')).toBe(OPS_KEY.replaceAll('-', '\u2013'));
+    expect(await page.evaluate(() => sessionStorage.getItem('imagegen.apiKey'))).toBeNull();
+    expect(uncaught).toEqual([]);
     await page.fill('#key', 'sk-wrong-0123456789');
     await page.click('#key-save');
     await expect.poll(() => page.textContent('#key-error'), { timeout: 30_000 }).toContain('Incorrect API key provided');

@@ -33,6 +33,18 @@ export const apiKey = {
   set: (key: string): void => sessionStorage.setItem(KEY_ITEM, key.trim()),
 };
 
+/**
+ * Why `key` cannot be sent, or undefined when it can: a header carries Latin-1 only, and fetch throws on
+ * anything else before a request is made, so such a key was refused by no server and said nothing. The
+ * likely cause is a copy that changed it (a word processor's typographic dash or quote).
+ */
+export function unsendableKey(key: string): string | undefined {
+  const char = [...key].find((c) => c.codePointAt(0)! > 0xff);
+  if (char === undefined) return undefined;
+  const code = `U+${char.codePointAt(0)!.toString(16).toUpperCase().padStart(4, '0')}`;
+  return `This key cannot be sent: it has '${char}' (${code}), a character no API key has (keys are plain ASCII). Was a dash or a quote made typographic when it was copied (a word processor, a chat)? Copy the key again from where it was issued.`;
+}
+
 /** The error body of a failed answer, whatever came (a proxy's HTML page included). */
 async function failureOf(res: Response): Promise<ApiFailure> {
   const text = await res.text();

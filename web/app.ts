@@ -1,4 +1,4 @@
-import { ApiFailure, apiKey, listModels, type Model } from './api.js';
+import { ApiFailure, apiKey, listModels, unsendableKey, type Model } from './api.js';
 import { showCode } from './code-dialog.js';
 import { clearError, clearErrors, showError } from './field-errors.js';
 import { MaskPainter } from './mask.js';
@@ -81,6 +81,13 @@ function askKey(problem: string): void {
 
 byId('key-form').addEventListener('submit', (event) => {
   event.preventDefault();
+  // Refused here, the typed key kept to be mended: the browser cannot send it, so no server can say so.
+  const problem = unsendableKey(keyInput.value);
+  if (problem) {
+    byId('key-error').textContent = problem;
+    keyInput.setAttribute('aria-invalid', 'true');
+    return keyInput.focus();
+  }
   apiKey.set(keyInput.value);
   void connect();
 });
