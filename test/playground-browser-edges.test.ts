@@ -164,6 +164,14 @@ describe.skipIf(!chromiumPath)(`the playground at its edges${chromiumPath ? '' :
     await page.selectOption('#size', '192x128');
     expect(await page.textContent('#size-help')).toBe('');
     expect(await page.isVisible('.crop-cut >> nth=1')).toBe(false);
+    // Another model that lacks 192x128: its size of the picture's shape, not its square default (which
+    // cropped the picture though the model has its shape), and back again.
+    await page.selectOption('#model', 'demo-shapes');
+    expect(await page.inputValue('#size')).toBe('768x512');
+    expect(await page.textContent('#status')).toBe("Size set to 768x512 to match the picture's shape (384x256).");
+    expect(await page.isVisible('.crop-cut >> nth=0')).toBe(false);
+    await page.selectOption('#model', MODEL);
+    expect(await page.inputValue('#size')).toBe('192x128');
   });
 
   it("names an edit's picture by its own format in the form and in the code's files: a WebP result is image.webp", async () => {

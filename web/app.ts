@@ -295,16 +295,17 @@ byId('strength').addEventListener('keydown', (event) => {
 buttons.edit.addEventListener('click', () => void send('edits'));
 buttons.variations.addEventListener('click', () => void send('variations'));
 buttons.cancel.addEventListener('click', () => running?.abort());
-/** A size chosen (or a model, with its sizes): said when it crops the picture to edit. */
-function sizeChosen(): void {
+byId('model').addEventListener('change', () => {
+  const size = byId<HTMLSelectElement>('size').value;
+  showModelChoices(form, models);
+  const said = pictureSize.modelChosen(chosenModel(form, models), size);
+  if (said) say(said);
+});
+/** A size chosen: said when it crops the picture to edit. */
+byId('size').addEventListener('change', () => {
   const cut = pictureSize.show(chosenModel(form, models));
   if (cut) say(cut);
-}
-byId('model').addEventListener('change', () => {
-  showModelChoices(form, models);
-  sizeChosen();
 });
-byId('size').addEventListener('change', sizeChosen);
 byId('seed').addEventListener('input', () => ((form.elements.namedItem('seed_mode') as RadioNodeList).value = 'fixed'));
 byId<HTMLInputElement>('image').addEventListener('change', (event) => {
   const file = (event.target as HTMLInputElement).files?.[0];

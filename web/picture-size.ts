@@ -77,6 +77,15 @@ export class PictureSize {
     return changed ? `Size set to ${size} to match the picture's shape (${picture.width}x${picture.height}).${cut && ` ${cut}`}` : cut;
   }
 
+  /**
+   * Another model chosen, its sizes offered: where it lacks the size chosen before (`previous`), the list
+   * fell back to its default size, which the user did not choose and which may crop the picture; the
+   * size is then fitted to the picture as when one is chosen. Says what it did, or what the size cuts off.
+   */
+  modelChosen(model: Model | undefined, previous: string): string {
+    return this.picture && this.select.value !== previous ? this.fit(model, this.picture) : this.show(model);
+  }
+
   /** Shows what the chosen size cuts off the picture, if any; returns the sentence that says so ('' when nothing is cut). */
   show(model: Model | undefined): string {
     const sides = model && this.picture && sidesOf(model, this.select.value);
