@@ -126,7 +126,17 @@ describe.skipIf(!chromiumPath)(`the playground at its edges${chromiumPath ? '' :
     await runOnPage(page, '#generate', /^Failed: /);
     expect(await page.textContent('#form-error')).toMatch(/more than the whole store holds .* In this page: set "Answer as" to stream, which keeps nothing on the server\.$/);
     expect(await timesAnnounced(page, 'more than the whole store holds')).toBe(1);
+    // Variations, which are never streamed, too: asked for with URLs they are refused with the same advice,
+    // and with "Answer as" stream they come inline (they were always asked for with URLs: no way round).
+    const square = await sharp({ create: { width: 128, height: 128, channels: 3, background: '#808080' } }).png().toBuffer();
+    await page.setInputFiles('#image', { name: 'square.png', mimeType: 'image/png', buffer: square });
+    await page.fill('#steps', '');
+    await runOnPage(page, '#variations-run', /^Failed: /);
+    expect(await page.textContent('#form-error')).toMatch(/more than the whole store holds .* In this page: set "Answer as" to stream, which keeps nothing on the server\.$/);
     await page.selectOption('#delivery', 'stream');
+    await runOnPage(page, '#variations-run', /^Done: 10 images/);
+    expect(await page.getAttribute('#results .result-image', 'src')).toMatch(/^blob:/);
+    expect(await page.textContent('#history li:first-child .expiry')).toBe('inline: kept in this tab only');
     await page.fill('#n', '1');
   });
 

@@ -366,7 +366,9 @@ describe.skipIf(!chromiumPath)(`the playground in headless Chromium${chromiumPat
   });
 
   it('makes variations of a result, answered with URLs whose time left shows in the history', async () => {
+    await page.selectOption('#delivery', 'url');
     await runAndWait('#results button:has-text("Variations")');
+    await page.selectOption('#delivery', 'stream');
     expect(await page.getAttribute('#results .result-image', 'src')).toMatch(new RegExp(`^${origin}/v1/images/files/`));
     await expect.poll(() => page.textContent('#history li:first-child .expiry'), { timeout: 30_000 }).toMatch(/^URL expires in 23 h 59 min$/);
     if (process.env.PLAYGROUND_SCREENSHOT) await page.screenshot({ path: process.env.PLAYGROUND_SCREENSHOT, fullPage: true });
@@ -462,6 +464,7 @@ describe.skipIf(!chromiumPath)(`the playground with PUBLIC_BASE_URL on another o
       await page.fill('#steps', '4');
       await done('#generate');
       // Variations answer with URLs on PUBLIC_BASE_URL's origin; variations of that result read it.
+      await page.selectOption('#delivery', 'url');
       await done('#results .result:last-child button:has-text("Variations")');
       expect(await page.getAttribute('#results .result:last-child .result-image', 'src')).toMatch(/^http:\/\/imagegen\.invalid\/v1\/images\/files\//);
       await done('#results .result:last-child button:has-text("Variations")');

@@ -3,7 +3,7 @@ import { showCode } from './code-dialog.js';
 import { clearError, clearErrors, showError } from './field-errors.js';
 import { MaskPainter } from './mask.js';
 import { PictureSize } from './picture-size.js';
-import { imageFileName, requestForImage, type ImageRequest, type Route } from './request.js';
+import { imageFileName, requestForImage, streams, type ImageRequest, type Route } from './request.js';
 import { historyLine, resultCard, timeLeft, type Result } from './results.js';
 import { runRequest, type FinishedImage } from './run.js';
 import { applyFields, chosenModel, readFields, showModelChoices, showModels } from './settings.js';
@@ -132,7 +132,7 @@ async function expiryOf(url: string): Promise<number | undefined> {
 function showExpiry(): void {
   const now = Date.now();
   for (const { result, expiry } of history) {
-    expiry.textContent = result.url ? (result.expiresAt ? timeLeft(result.expiresAt, now) : '') : 'streamed: kept in this tab only';
+    expiry.textContent = result.url ? (result.expiresAt ? timeLeft(result.expiresAt, now) : '') : `${streams(result.request.route) ? 'streamed' : 'inline'}: kept in this tab only`;
   }
 }
 setInterval(showExpiry, 30_000);

@@ -6,8 +6,9 @@ import { readEvents } from './sse.js';
 /**
  * Sends one request and reports what comes back as it comes. Generations and edits are streamed
  * (OpenAI's events, plus our `imagegen.progress` for the queue position and the steps); variations,
- * which OpenAI does not stream, answer once with URLs. Aborting the signal closes the connection, and
- * the server cancels the work of a client that went away.
+ * which OpenAI does not stream, answer once: inline (b64_json) where the page streams the others, so
+ * that they too keep nothing on the server, else with URLs. Aborting the signal closes the connection,
+ * and the server cancels the work of a client that went away.
  */
 
 export interface FinishedImage {
@@ -38,7 +39,7 @@ function blobUrl(b64: string, format: string): string {
   return URL.createObjectURL(new Blob([bytes], { type: `image/${format}` }));
 }
 
-/** How the answer comes: streamed (previews and progress; the pictures arrive inline) or as URLs that the server keeps for a while. */
+/** How the answer comes: streamed (previews and progress; the pictures arrive inline; a variation's inline at once) or as URLs that the server keeps for a while. */
 export interface Delivery {
   stream: boolean;
   partialImages: number;
@@ -56,20 +57,22 @@ function parseEvent(data: string, status: number): StreamEvent {
 /**
  * The image store's refusals (storage_full, storage_unavailable, storage_error) of an answer with URLs
  * tell an API client to ask for b64_json, a field this page does not show: said in the page's own terms
- * where the route streams (a stream keeps nothing on the server).
+ * (a stream, and a variation asked for with it, keep nothing on the server).
  */
-function storeAdvice(err: unknown, route: ImageRequest['route']): unknown {
-  if (!(err instanceof ApiFailure) || !err.error.code?.startsWith('storage_') || !streams(route)) return err;
+function storeAdvice(err: unknown): unknown {
+  if (!(err instanceof ApiFailure) || !err.error.code?.startsWith('storage_')) return err;
   const message = `${err.message} In this page: set "Answer as" to stream, which keeps nothing on the server.`;
   return new ApiFailure(err.status, { ...err.error, message });
 }
 
 export async function runRequest(request: ImageRequest, delivery: Delivery, signal: AbortSignal, on: RunListener): Promise<void> {
   const streamed = delivery.stream && streams(request.route);
-  const extra: Record<string, string | number | boolean> = streamed ? { stream: true, partial_images: delivery.partialImages, stream_progress: true } : { response_format: 'url' };
+  // A variation with "Answer as" stream comes inline: asked for with URLs, the image store's refusals (full,
+  // its bucket unreachable) left the page no way to make one.
+  const extra: Record<string, string | number | boolean> = streamed ? { stream: true, partial_images: delivery.partialImages, stream_progress: true } : { response_format: delivery.stream ? 'b64_json' : 'url' };
   const { body, headers } = bodyOf(request, extra);
   const res = await call(`/v1/images/${request.route}`, { method: 'POST', body, headers, signal }).catch((err: unknown) => {
-    throw streamed ? err : storeAdvice(err, request.route);
+    throw delivery.stream ? err : storeAdvice(err);
   });
   const expected = Number(request.fields.n ?? 1);
   let done = 0;
@@ -77,8 +80,9 @@ export async function runRequest(request: ImageRequest, delivery: Delivery, sign
   // gone): the read then fails with the browser's bare "network error", said here with what came.
   try {
     if (!streamed) {
-      const { data, size } = (await res.json()) as ImagesResponse;
-      data.forEach(({ url, seed }, index) => on.image({ index, seed, src: url!, url, size }));
+      const { data, size, output_format } = (await res.json()) as ImagesResponse;
+      // A variation's answer names no format: it is always a PNG.
+      data.forEach(({ url, b64_json, seed }, index) => on.image({ index, seed, src: url ?? blobUrl(b64_json!, output_format ?? 'png'), url, size }));
       return;
     }
     const prefix = EVENT_PREFIX[request.route];
