@@ -92,6 +92,38 @@ describe('slow and stalled requests', () => {
     expectOpenAiError(partial.text, 408, 'request_timeout');
   });
 
+  it.skipIf(!haveOpenssl)(
+    `closes an HTTPS connection that sends nothing, or only the start of its TLS handshake, as one over HTTP${haveOpenssl ? '' : ' (skipped: needs openssl to make a certificate)'}`,
+    async () => {
+      const dir = await mkdtemp(path.join(os.tmpdir(), 'imagegen-tls-'));
+      const { cert, key } = selfSignedCertificate(dir);
+      const secure = await startTestServer({ config: SHORT_LIMITS, tls: { cert: readFileSync(cert), key: readFileSync(key) } });
+      const securePort = Number(new URL(secure.origin).port);
+      // A TLS record header announcing a ClientHello whose bytes never come.
+      const silent = rawRequest(securePort);
+      const partial = rawRequest(securePort, Buffer.from([0x16, 0x03, 0x01, 0x02, 0x00]));
+      // Once the handshake is done, the connection outlives the handshake's limit: an idle keep-alive
+      // connection is still served after it.
+      const done = tls.connect({ port: securePort, host: '127.0.0.1', rejectUnauthorized: false });
+      done.on('error', () => {});
+      try {
+        await once(done, 'secureConnect');
+        // HEADERS_TIMEOUT_SECONDS=1, checked every second: about 2 s; Node's own TLS handshake timeout,
+        // which held them before, is 120 s.
+        await Promise.race([Promise.all([silent.closed, partial.closed]), new Promise((resolve) => setTimeout(resolve, 15_000))]);
+        expect(silent.closedAfterMs, 'a silent connection is closed').toBeLessThan(15_000);
+        expect(partial.closedAfterMs, 'a connection with half a ClientHello is closed').toBeLessThan(15_000);
+        done.write('GET /health HTTP/1.1\r\nHost: a\r\n\r\n');
+        const [answer] = (await once(done, 'data')) as [Buffer];
+        expect(answer.toString()).toMatch(/^HTTP\/1\.1 200 /);
+      } finally {
+        for (const socket of [done, silent.socket, partial.socket]) socket.destroy();
+        await secure.close();
+        await rm(dir, { recursive: true, force: true });
+      }
+    },
+  );
+
   it('does not cut off a request whose body arrived, however long the answer takes', async () => {
     // A fake engine: the answer is held past the request timeout, longer than a real generation takes.
     const slow = await startTestServer({ engine: new FakeEngine(), config: SHORT_LIMITS });

@@ -1,5 +1,6 @@
 import type { IncomingMessage, ServerOptions, ServerResponse } from 'node:http';
 import type { Socket } from 'node:net';
+import type { TlsOptions } from 'node:tls';
 import { finished } from 'node:stream';
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import fp from 'fastify-plugin';
@@ -35,18 +36,26 @@ export type ConnectionSettings = Pick<Config, 'headersTimeoutSeconds' | 'request
 /** Node checks its timeouts this often (its default, 30 s, would let a connection overstay by that). */
 const CHECK_INTERVAL_MS = 1000;
 
-/** Fastify's options for the limits, and Node's (`http`, which an HTTPS server takes among its TLS options). */
-export function connectionOptions(settings: ConnectionSettings): { keepAliveTimeout: number; requestTimeout: number; http: ServerOptions } {
+/**
+ * Fastify's options for the limits, and Node's (`http`, which an HTTPS server takes among its TLS options,
+ * with `handshakeTimeout`).
+ */
+export function connectionOptions(settings: ConnectionSettings): { keepAliveTimeout: number; requestTimeout: number; http: ServerOptions & Pick<TlsOptions, 'handshakeTimeout'> } {
   const requestTimeout = settings.requestTimeoutSeconds * 1000;
+  const headersTimeout = settings.headersTimeoutSeconds * 1000;
   return {
     keepAliveTimeout: settings.keepAliveTimeoutSeconds * 1000,
     requestTimeout,
     http: {
-      headersTimeout: settings.headersTimeoutSeconds * 1000,
+      headersTimeout,
       requestTimeout,
       connectionsCheckingInterval: CHECK_INTERVAL_MS,
       // host.ts answers a missing Host in OpenAI's shape; Node's own check sends a bare 400.
       requireHostHeader: false,
+      // Over HTTPS Node's HTTP limits start only once the TLS handshake is done: a connection that sent
+      // nothing, or half a ClientHello, was held for the handshake's own 120 s default, four times
+      // HEADERS_TIMEOUT_SECONDS. The handshake gets that limit too (an HTTP server ignores the option).
+      handshakeTimeout: headersTimeout,
     },
   };
 }
