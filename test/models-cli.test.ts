@@ -2,7 +2,7 @@ import { formatBytes } from '../src/util/bytes.js';
 import { MemoryFigures } from '../src/models/memory-figures.js';
 import { execFile } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
-import { cp, mkdir, mkdtemp, readdir, readFile, rm, stat, symlink, truncate, writeFile } from 'node:fs/promises';
+import { cp, link, mkdir, mkdtemp, readdir, readFile, rm, stat, symlink, truncate, writeFile } from 'node:fs/promises';
 import { createServer as createHttpServer } from 'node:http';
 import { createServer, type AddressInfo, type Socket } from 'node:net';
 import os from 'node:os';
@@ -533,6 +533,38 @@ describe('models import and export', () => {
     await writeFile(`${file}.gz`, gzipSync(await readFile(file)));
     await expect(importFrom(`${file}.gz`, 'gzipped')).rejects.toThrow(`${file}.gz is gzip-compressed, not a bundle (an uncompressed tar): gunzip it and import the .tar`);
     await expectNothingInstalled('gzipped');
+  });
+
+  it('says a tar holding links was made without following them and how to make one that holds the files, rather than that it is damaged', async () => {
+    // `tar cf` of a Hugging Face cache's snapshot: its files are links to blobs elsewhere, stored as links.
+    const snapshot = path.join(work, 'snapshot');
+    await cp(sourceDir, snapshot, { recursive: true });
+    const blob = path.join(work, 'unet-weights-blob');
+    await cp(path.join(snapshot, WEIGHTS), blob);
+    await rm(path.join(snapshot, WEIGHTS));
+    await symlink(blob, path.join(snapshot, WEIGHTS));
+    const linked = path.join(work, 'linked.tar');
+    await execFileAsync('tar', ['-cf', linked, '-C', work, 'snapshot']);
+    const { message } = await failureOf(importFrom(linked, 'linked'));
+    expect(message).toContain(`${linked} holds snapshot/${WEIGHTS} as a symbolic link (tar type '2'), not as the file it leads to; make the tar again with "tar -h"`);
+    expect(message).not.toMatch(/damaged|copy it again/);
+    await expectNothingInstalled('linked');
+    // What the message says to do works.
+    const followed = path.join(work, 'followed.tar');
+    await execFileAsync('tar', ['-h', '-cf', followed, '-C', work, 'snapshot']);
+    expect(await readFile(path.join((await importFrom(followed, 'followed')).dir, WEIGHTS))).toEqual(sourceFiles[WEIGHTS]);
+
+    // A file linked twice in the folder: GNU tar stores its second name as a hard link to the first.
+    await rm(path.join(snapshot, WEIGHTS));
+    await cp(blob, path.join(snapshot, WEIGHTS));
+    await link(path.join(snapshot, WEIGHTS), path.join(snapshot, 'unet', 'weights-backup'));
+    const hard = path.join(work, 'hard.tar');
+    await execFileAsync('tar', ['-cf', hard, '-C', work, 'snapshot']);
+    await expect(importFrom(hard, 'hard')).rejects.toThrow(/holds snapshot\/unet\/\S+ as a hard link to another entry \(tar type '1'\), not as a file of its own; make the tar again with GNU tar's --hard-dereference/);
+    await expectNothingInstalled('hard');
+    const whole = path.join(work, 'whole.tar');
+    await execFileAsync('tar', ['--hard-dereference', '-cf', whole, '-C', work, 'snapshot']);
+    expect((await importFrom(whole, 'whole')).id).toBe('whole');
   });
 });
 

@@ -147,6 +147,23 @@ function parsePax(data: Buffer): Record<string, string> {
   return records;
 }
 
+/**
+ * Why an entry that is not a regular file is refused, and how to make a tar that holds the file. Such a
+ * tar is not damaged (copying it again brings the same links): `tar cf` of a Hugging Face cache snapshot,
+ * a folder of links into its blob store, holds the links, and GNU tar stores a file linked twice as a
+ * hard link to its first copy.
+ */
+function notAFile(file: string, name: string, type: string): ModelInstallError {
+  const alternatives = `import the model's folder itself (its links are followed), or write the bundle with "imagegen models export"`;
+  const why =
+    type === '2'
+      ? `as a symbolic link (tar type '2'), not as the file it leads to; make the tar again with "tar -h" (--dereference), which stores the files links lead to, or ${alternatives}`
+      : type === '1'
+        ? `as a hard link to another entry (tar type '1'), not as a file of its own; make the tar again with GNU tar's --hard-dereference, or ${alternatives}`
+        : `as a special file (tar type '${type}'), not a regular file; ${alternatives}`;
+  return new ModelInstallError(`${file} holds ${name} ${why}. A bundle holds regular files only.`);
+}
+
 /** A relative path that stays inside the folder it is unpacked into, or undefined. */
 function safePath(name: string): string | undefined {
   const normal = path.posix.normalize(name.replace(/^(\.\/)+/, ''));
@@ -212,10 +229,12 @@ async function readEntries(handle: FileHandle, file: string, fileSize: number): 
       longName = field(await readAt(dataAt, size), 0, size);
       continue;
     }
+    // GNU's long link target, before the link entry it belongs to, which is refused below by its own name.
+    if (type === 'K') continue;
     pax = {};
     longName = undefined;
     if (type === 'g' || type === '5') continue; // global pax settings, folders: nothing to unpack
-    if (type !== '0' && type !== '\0') throw damaged(`${name} is a link or special file (tar type '${type}'); bundles hold regular files only`);
+    if (type !== '0' && type !== '\0') throw notAFile(file, name, type);
     const rel = safePath(name);
     if (!rel) throw damaged(`entry '${name}' points outside the bundle's folder`);
     if (dataAt + size > fileSize) throw damaged(`it ends at byte ${fileSize}, inside ${rel}`);
