@@ -76,6 +76,41 @@ async function postForm(route: string, form: FormData): Promise<{ status: number
   return { status: res.status, error: ((await res.json()) as ErrorBody).error };
 }
 
+/**
+ * A grey progressive JPEG of `side` x `side` whose every coefficient comes in its own scans, one per bit
+ * of precision (704 scans): the progression JPEG allows at its longest, each scan a pass of the decoder
+ * over every block. Its scans carry no data but end-of-band runs (one Huffman code each, DC and AC).
+ */
+function manyScanJpeg(side: number): Buffer {
+  const segment = (marker: number, payload: number[]) => Buffer.from([0xff, marker, (payload.length + 2) >> 8, (payload.length + 2) & 0xff, ...payload]);
+  const bits = (text: string) => {
+    const padded = text.padEnd(Math.ceil(text.length / 8) * 8, '1');
+    // A 0xFF byte of scan data is followed by a stuffed 0x00.
+    return Buffer.from(Array.from({ length: padded.length / 8 }, (_, i) => Number.parseInt(padded.slice(i * 8, i * 8 + 8), 2)).flatMap((byte) => (byte === 0xff ? [byte, 0] : [byte])));
+  };
+  const blocks = (side / 8) ** 2;
+  const lowestBit = 10;
+  // DC: a difference of 0 a block (its code is the one bit 0), then a correction bit a block per refinement.
+  const dc = bits('0'.repeat(blocks));
+  // AC: end-of-band runs of 32767 blocks (code 0, then 14 one bits), for first scans and refinements alike.
+  const ac = bits('0'.concat('1'.repeat(14)).repeat(Math.ceil(blocks / 32767)));
+  const scan = (first: number, last: number, high: number, low: number, data: Buffer) => Buffer.concat([segment(0xda, [1, 1, 0x00, first, last, (high << 4) | low]), data]);
+  const parts = [
+    Buffer.from([0xff, 0xd8]),
+    segment(0xdb, [0, ...new Array<number>(64).fill(1)]),
+    segment(0xc2, [8, side >> 8, side & 0xff, side >> 8, side & 0xff, 1, 1, 0x11, 0]),
+    segment(0xc4, [0x00, 1, ...new Array<number>(15).fill(0), 0x00]),
+    segment(0xc4, [0x10, 1, ...new Array<number>(15).fill(0), 0xe0]),
+  ];
+  for (let k = 0; k < 64; k++) {
+    const data = k === 0 ? dc : ac;
+    parts.push(scan(k, k, 0, lowestBit, data));
+    for (let bit = lowestBit; bit > 0; bit--) parts.push(scan(k, k, bit, bit - 1, data));
+  }
+  parts.push(Buffer.from([0xff, 0xd9]));
+  return Buffer.concat(parts);
+}
+
 describe('POST /v1/images/edits', () => {
   it('at strength 1 draws the prompt: the red circle becomes a blue square', async () => {
     const res = await client.images.edit({ model: 'shapes', image: await png(redCircle), prompt: 'a blue square', response_format: 'b64_json', quality: 'high', strength: 1, seed: 5 } as OpenAI.ImageEditParamsNonStreaming);
@@ -305,6 +340,17 @@ describe('edit errors', () => {
     huge.writeUInt32BE(30000, 20);
     huge.writeUInt32BE(crc32(huge.subarray(12, 29)), 29);
     await expectApiError(edit({ image: await png(huge) }), OpenAI.BadRequestError, 400, 'image', 'image_too_large');
+  });
+
+  it('refuses a JPEG of more scans than encoders write (each costs the decoder a pass over the picture), and takes an ordinary progressive one', async () => {
+    const bomb = manyScanJpeg(1024);
+    const err = await expectApiError(edit({ image: await toFile(bomb, 'photo.jpg', { type: 'image/jpeg' }) }), OpenAI.BadRequestError, 400, 'image', 'invalid_image_format');
+    expect(err.message).toContain("Invalid file 'image': the JPEG is stored in more than 100 scans");
+    // What it is: a JPEG sharp reads the header of, progressive, 1024 pixels a side.
+    expect(await sharp(bomb).metadata()).toMatchObject({ format: 'jpeg', width: 1024, height: 1024, isProgressive: true });
+    const progressive = await sharp(redCircle).jpeg({ progressive: true }).toBuffer();
+    const res = await edit({ image: await toFile(progressive, 'photo.jpg', { type: 'image/jpeg' }), response_format: 'b64_json', size: '128x128' });
+    expect((await readImageFile(decoded(res)[0])).reading.shape).toBe('square');
   });
 
   it('refuses unknown and malformed fields, and a strength that leaves no step', async () => {

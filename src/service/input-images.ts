@@ -1,6 +1,7 @@
 import sharp, { type SharpOptions } from 'sharp';
 import { ApiError, quoteList } from '../api/errors.js';
 import type { RgbImage } from '../runtime/types.js';
+import { jpegScans } from './jpeg-scans.js';
 
 /**
  * The pictures of edits and variations: checked with sharp (the format read from the bytes, never
@@ -13,6 +14,8 @@ const INPUT_FORMATS = ['png', 'jpeg', 'webp'] as const;
 type InputFormat = (typeof INPUT_FORMATS)[number];
 /** Largest side of an input picture: bounds the work and memory of one decode (4096 x 4096 RGBA is 64 MiB). */
 const MAX_INPUT_SIDE = 4096;
+/** Most scans of a JPEG (jpeg-scans.ts): with the side, bounds the work of one decode (0.25 s at 4096 x 4096). */
+const MAX_JPEG_SCANS = 100;
 /**
  * Which pixels a mask repaints: at its own size, the fully transparent ones (OpenAI's rule: a soft
  * brush's half-transparent edge is kept); scaled, whose alpha is below half (scaling blends edges, and
@@ -91,6 +94,13 @@ export async function decodeInputImage(bytes: Buffer, param: string): Promise<In
     });
   if (!(INPUT_FORMATS as readonly string[]).includes(metadata.format)) throw ApiError.invalid(param, 'invalid_image_format', unsupported);
   if (metadata.width > MAX_INPUT_SIDE || metadata.height > MAX_INPUT_SIDE) throw tooLarge(`${metadata.width}x${metadata.height}`);
+  if (metadata.format === 'jpeg' && jpegScans(bytes, MAX_JPEG_SCANS) > MAX_JPEG_SCANS) {
+    throw ApiError.invalid(
+      param,
+      'invalid_image_format',
+      `Invalid file '${param}': the JPEG is stored in more than ${MAX_JPEG_SCANS} scans (encoders write about 10; more only make it slow to decode). Save it anew from an image editor, or send it as PNG.`,
+    );
+  }
   // Every pixel is decoded here, so that a damaged file fails before its request queues: one channel of
   // it, the alpha where there is one, whose zeros are the picture's fully transparent pixels (in 8 bits).
   // It is held for the few milliseconds this takes, at most 16 MiB. (sharp's stats() decodes without
