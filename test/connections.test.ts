@@ -211,6 +211,8 @@ describe('answers before routing', () => {
     ['headers over 16 KiB', `GET /health HTTP/1.1\r\nHost: a\r\nX-Padding: ${'p'.repeat(20_000)}\r\n\r\n`, 431, 'request_header_fields_too_large'],
     ['an unknown expectation', 'GET /health HTTP/1.1\r\nHost: a\r\nExpect: tea\r\n\r\n', 417, 'expectation_failed'],
     ['bad percent-encoding', 'GET /v1/models/%E0%A4%A HTTP/1.1\r\nHost: a\r\n\r\n', 400, 'invalid_url'],
+    // A client told to use the server as its proxy: Node closed the socket unanswered ("socket hang up").
+    ['CONNECT', 'CONNECT api.openai.com:443 HTTP/1.1\r\nHost: api.openai.com:443\r\n\r\n', 405, 'method_not_allowed'],
     ['two Authorization headers', `GET /v1/models HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer ${TEST_KEY}\r\nauthorization: Bearer other\r\n\r\n`, 400, 'invalid_authorization_header'],
   ];
   it.each(cases)('%s: OpenAI error with x-request-id', async (_name, request, status, code) => {

@@ -1,4 +1,4 @@
-import { STATUS_CODES, type ServerResponse } from 'node:http';
+import { STATUS_CODES, type IncomingMessage, type ServerResponse } from 'node:http';
 import type { Socket } from 'node:net';
 import type { FastifyError, FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import fp from 'fastify-plugin';
@@ -144,9 +144,28 @@ function fromClientError(err: NodeJS.ErrnoException): ApiError {
  */
 export function answerClientError(this: FastifyInstance, err: NodeJS.ErrnoException, socket: Socket): void {
   if (err.code === 'ECONNRESET' || socket.destroyed) return;
-  const error = fromClientError(err);
+  answerOnSocket(this, socket, fromClientError(err), err.code);
+  socket.destroy(err);
+}
+
+/**
+ * The answer to CONNECT (a client told to use this server as its proxy): Node hands such a request to
+ * the server's 'connect' listeners only, and without one closes the socket unanswered, so the client
+ * saw "socket hang up" rather than what is wrong. This server is no proxy: a 405 says so.
+ */
+export function answerConnect(this: FastifyInstance, request: IncomingMessage, socket: Socket): void {
+  socket.on('error', () => {});
+  const error = new ApiError(405, `Method CONNECT is not allowed: this server is no proxy. Send requests to its own URLs (${request.url ?? ''} was asked for as a tunnel); check the client's proxy settings (HTTPS_PROXY).`, {
+    code: 'method_not_allowed',
+  });
+  answerOnSocket(this, socket, error, 'CONNECT');
+  socket.end();
+}
+
+/** Writes `error` to a socket no route has (by hand, as Node's own answer would be), with a request id the log line names too. */
+function answerOnSocket(app: FastifyInstance, socket: Socket, error: ApiError, code: string | undefined): void {
   const id = newRequestId();
-  this.log.info({ reqId: id, code: err.code, status: error.status }, 'request refused before routing');
+  app.log.info({ reqId: id, code, status: error.status }, 'request refused before routing');
   const body = JSON.stringify(error.toBody());
   // An answer already under way on this connection (a response to a request whose body is late), or one
   // given before the body that is still being read (connections.ts), cannot take a second one.
@@ -156,7 +175,6 @@ export function answerClientError(this: FastifyInstance, err: NodeJS.ErrnoExcept
         `Content-Length: ${Buffer.byteLength(body)}\r\nx-request-id: ${id}\r\nConnection: close\r\n\r\n${body}`,
     );
   }
-  socket.destroy(err);
 }
 
 /**
