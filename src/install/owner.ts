@@ -84,7 +84,8 @@ async function place(draft: string, file: string): Promise<void> {
 /**
  * Takes the lock file `file`, or returns the owner that holds it. The owner is written to a file of its
  * own and linked to `file`, so that the lock never exists without its owner (link fails when `file`
- * exists; see place for file systems without links). A lock whose owner no longer runs is taken over.
+ * exists; see place for file systems without links). A lock whose owner no longer runs is taken over
+ * (removeStale).
  */
 export async function takeLock(file: string): Promise<Lock | { heldBy: string }> {
   const draft = `${file}.${randomUUID()}`;
@@ -105,13 +106,31 @@ export async function takeLock(file: string): Promise<Lock | { heldBy: string }>
       } catch (err) {
         if ((err as NodeJS.ErrnoException).code !== 'EEXIST') throw err;
       }
-      const holder = await lockHolder(file);
+      const holder = (await lockHolder(file)) ?? (await removeStale(file));
       if (holder !== undefined) return { heldBy: holder };
-      await rm(file, { force: true });
     }
   } finally {
     await rm(draft, { force: true });
   }
+}
+
+/**
+ * Deletes the lock file `file` if its owner no longer runs; or returns the owner of a takeover of it under
+ * way. Reading the owner and deleting the file are two steps: two processes that both read the same dead
+ * owner would both delete, the later deleting the lock the earlier had just taken, and both would hold
+ * it. So the deletion is made holding a second lock, which one process at a time holds, and the owner is
+ * read again under it: while it is held nothing else deletes `file` (the dead owner cannot release it).
+ * A takeover killed halfway leaves that second lock with a dead owner: it is taken over the same way.
+ */
+async function removeStale(file: string): Promise<string | undefined> {
+  const takeover = await takeLock(`${file}.takeover`);
+  if ('heldBy' in takeover) return takeover.heldBy;
+  try {
+    if ((await lockHolder(file)) === undefined) await rm(file, { force: true });
+  } finally {
+    await takeover.release();
+  }
+  return undefined;
 }
 
 /** Who holds the lock file `file`, if a running process does. */
