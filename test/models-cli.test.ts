@@ -1,12 +1,14 @@
 import { formatBytes } from '../src/util/bytes.js';
 import { MemoryFigures } from '../src/models/memory-figures.js';
-import { execFile } from 'node:child_process';
+import { execFile, spawn } from 'node:child_process';
+import { once } from 'node:events';
 import { randomUUID } from 'node:crypto';
 import { cp, link, mkdir, mkdtemp, readdir, readFile, rm, stat, symlink, truncate, writeFile } from 'node:fs/promises';
 import { createServer as createHttpServer } from 'node:http';
 import { createServer, type AddressInfo, type Socket } from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
+import { pathToFileURL } from 'node:url';
 import { promisify } from 'node:util';
 import { gzipSync } from 'node:zlib';
 import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, inject, it } from 'vitest';
@@ -312,6 +314,24 @@ describe('models pull', () => {
     await writeFile(path.join(modelsDir, '.staging', 'lock-again'), `${process.pid}@${machineHere()}`);
     await expect(removeModel(modelsDir, 'again')).rejects.toThrow(/another "imagegen models pull" of 'again' is running .*; stop it first, then remove 'again'/);
     expect(await exists(path.join(modelsDir, 'again'))).toBe(true);
+  });
+
+  it.runIf(process.platform !== 'win32')("removes the lock's draft of a pull killed while taking the lock", async () => {
+    // The lock a FIFO: the taker's read of its owner waits there, after the draft is written and before it is deleted.
+    const staging = path.join(modelsDir, '.staging');
+    const lock = path.join(staging, 'lock-drafted');
+    await mkdir(staging, { recursive: true });
+    await execFileAsync('mkfifo', [lock]);
+    const owner = pathToFileURL(path.join(PROJECT_ROOT, 'dist/install/owner.js')).href;
+    const taker = spawn(process.execPath, ['--input-type=module', '-e', `(await import(${JSON.stringify(owner)})).takeLock(process.argv[1])`, lock]);
+    const exited = once(taker, 'exit');
+    await expect.poll(() => readdir(staging), { timeout: 10_000 }).toHaveLength(2);
+    taker.kill('SIGKILL');
+    await exited;
+    await rm(lock);
+
+    await pull(REPO, { load: false, name: 'drafted' });
+    await expectNoStaging();
   });
 
   it('refuses to replace a model without --force, and replaces it with', async () => {

@@ -1,4 +1,3 @@
-import { randomUUID } from 'node:crypto';
 import { mkdir, readdir, rename, rm } from 'node:fs/promises';
 import path from 'node:path';
 import { defaultRuntime } from '../runtime/providers.js';
@@ -8,7 +7,7 @@ import { exists, makeFolder } from '../util/files.js';
 import { inspectModelFolder, OVERRIDE_FILE } from '../models/model-folder.js';
 import { keepAfterExit, removeIfInterrupted, type Disk } from './disk.js';
 import { ModelInstallError, ModelUsageError } from './errors.js';
-import { lockHolder, ownerHere, ownerRuns, takeLock, type Lock } from './owner.js';
+import { lockHolder, ownedName, ownerOfName, ownerRuns, takeLock, type Lock } from './owner.js';
 import type { ProgressOutput } from '../util/progress.js';
 import { messageOf } from '../util/error-message.js';
 
@@ -94,18 +93,10 @@ export async function refuseExisting(modelsDir: string, id: string, force: boole
   if (!force && (await exists(modelPath(modelsDir, id)))) throw alreadyExists(modelsDir, id);
 }
 
-/**
- * A staging folder's name: `label`, the process that owns it, and a UUID. The owner lets a later
- * install remove what a killed one (kill -9, a crash) left: its exit hook never ran, and an import's
- * half copy or a replaced model moved aside may be gigabytes that nothing else would ever delete.
- */
-const temporaryName = (label: string) => `${label}+${ownerHere()}+${randomUUID()}`;
-const TEMPORARY_OWNER = /\+([^+]+)\+[0-9a-f-]{36}$/;
-
-/** Removes the staging folders whose owner no longer runs; a pull's download (kept to resume) has no owner in its name. */
+/** Removes the staging folders and lock drafts whose owner no longer runs; a pull's download (kept to resume) has no owner in its name. */
 async function removeAbandoned(root: string): Promise<void> {
   for (const name of await readdir(root)) {
-    const owner = TEMPORARY_OWNER.exec(name)?.[1];
+    const owner = ownerOfName(name);
     if (owner !== undefined && !ownerRuns(owner)) await rm(path.join(root, name), { recursive: true, force: true });
   }
 }
@@ -134,14 +125,14 @@ async function cleanStagingRoot(modelsDir: string): Promise<string> {
  * into place from one could not be read by a server running as another user than the installer.
  */
 export async function makeTemporary(modelsDir: string, prefix: string): Promise<string> {
-  const dir = path.join(await cleanStagingRoot(modelsDir), temporaryName(prefix));
+  const dir = path.join(await cleanStagingRoot(modelsDir), ownedName(prefix));
   await mkdir(dir);
   removeIfInterrupted(dir);
   return dir;
 }
 
 /** A free path in the staging area `root` to move a model folder aside to. */
-const asidePath = (root: string, label: string) => path.join(root, temporaryName(label));
+const asidePath = (root: string, label: string) => path.join(root, ownedName(label));
 
 export async function removeTemporary(dir: string): Promise<void> {
   await rm(dir, { recursive: true, force: true });

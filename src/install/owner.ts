@@ -36,6 +36,17 @@ const MACHINE = machineName();
 
 export const ownerHere = (): string => `${process.pid}@${MACHINE}`;
 
+/**
+ * A name for a thing this process makes in the staging area (a staging folder, a lock's draft): `label`,
+ * this process, and a UUID. The owner lets a later install remove what a killed one (kill -9, a crash)
+ * left: its exit hook never ran, and an import's half copy or a replaced model moved aside may be
+ * gigabytes that nothing else would ever delete.
+ */
+export const ownedName = (label: string): string => `${label}+${ownerHere()}+${randomUUID()}`;
+
+/** The owner in a name made by ownedName; undefined for any other name. */
+export const ownerOfName = (name: string): string | undefined => /\+([^+]+)\+[0-9a-f-]{36}$/.exec(name)?.[1];
+
 /** Whether `owner` (ownerHere() of some process) names a process that still runs, or one that cannot be checked from here. */
 export function ownerRuns(owner: string): boolean {
   const at = owner.indexOf('@');
@@ -88,7 +99,8 @@ async function place(draft: string, file: string): Promise<void> {
  * (removeStale).
  */
 export async function takeLock(file: string): Promise<Lock | { heldBy: string }> {
-  const draft = `${file}.${randomUUID()}`;
+  // Named for this process: one killed before deleting it leaves it to the cleanup of the staging area.
+  const draft = ownedName(file);
   try {
     // Inside the try: on a full disk the draft is created and its write fails.
     await writeFile(draft, ownerHere());
