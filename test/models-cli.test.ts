@@ -261,6 +261,23 @@ describe('models pull', () => {
     await expectNoStaging();
   });
 
+  it.each([
+    ['not JSON', '{"repo": "test-org/sd-turbo-onnx", "files": {', /pull\.json is not valid JSON/],
+    ['without its files', JSON.stringify({ repo: REPO, subfolder: '' }), /pull\.json is not a pull's record \(files: /],
+    ['with files of the wrong types', JSON.stringify({ repo: REPO, subfolder: '', files: { [WEIGHTS]: 7 } }), /pull\.json is not a pull's record \(files\.unet\/model\.onnx_data: /],
+  ])("starts an interrupted pull over, saying so, when the record it kept is %s", async (_, record, reason) => {
+    hub.dropOnce(REPO, WEIGHTS, half);
+    await expect(pull(REPO, { retries: 0 })).rejects.toThrow(DownloadInterrupted);
+    await writeFile(path.join(modelsDir, '.staging', 'pull-sd-turbo-onnx', 'pull.json'), record);
+    const before = hub.downloadsOf(REPO, WEIGHTS).length;
+    const model = await pull(REPO, { load: false });
+    expect(output.text).toMatch(reason);
+    expect(output.text).toContain('starting it over');
+    expect(hub.downloadsOf(REPO, WEIGHTS).slice(before).every((r) => r.range === undefined)).toBe(true);
+    expect((await readFile(path.join(model.dir, WEIGHTS))).equals(sourceFiles[WEIGHTS])).toBe(true);
+    await expectNoStaging();
+  });
+
   it('starts a file over when it changed on the Hub since the interrupted pull', async () => {
     const repo = 'test-org/changing';
     hub.addRepo(repo, sourceFiles);

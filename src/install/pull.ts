@@ -1,5 +1,6 @@
-import { mkdir, readFile, rm, writeFile } from 'node:fs/promises';
+import { mkdir, rm, writeFile } from 'node:fs/promises';
 import path from 'node:path';
+import { z } from 'zod';
 import { diskFullError, ensureFreeSpace, isDiskFull, listFolder, realDisk } from './disk.js';
 import { bytesPresent, downloadFiles } from './downloader.js';
 import { DownloadInterrupted, ModelInstallError, ModelUsageError } from './errors.js';
@@ -8,6 +9,8 @@ import { checkModelId, installStaged, lockPull, pullStagingPath, refuseExisting,
 import { writeManifest } from './manifest.js';
 import { checkHasExport, modelFilesOf, skippedNote } from './model-files.js';
 import type { ProgressOutput } from '../util/progress.js';
+import { describeIssues, parseJson, readTextIfPresent } from '../util/files.js';
+import { messageOf } from '../util/error-message.js';
 
 /** `models pull`: a Hub repository's ONNX export, downloaded, verified and installed. */
 
@@ -28,12 +31,13 @@ export interface PullOptions extends CommandOptions, HubClientOptions {
 }
 
 /** What a pull in progress is fetching, kept next to its files so that the next run can resume. */
-interface PullState {
-  repo: string;
-  subfolder: string;
+const pullStateSchema = z.object({
+  repo: z.string(),
+  subfolder: z.string(),
   /** Path -> the Hub's id of its content: parts of files that changed since are dropped. */
-  files: Record<string, string>;
-}
+  files: z.record(z.string(), z.string()),
+});
+type PullState = z.infer<typeof pullStateSchema>;
 
 const STATE_FILE = 'pull.json';
 
@@ -177,7 +181,7 @@ const contentId = (file: HubFile) => file.sha256 ?? file.gitBlobId ?? `size:${fi
  */
 async function prepareStaging(staging: string, state: PullState, output: ProgressOutput): Promise<void> {
   const stateFile = path.join(staging, STATE_FILE);
-  const previous = await readFile(stateFile, 'utf8').then((text) => JSON.parse(text) as PullState, () => undefined);
+  const previous = await previousState(stateFile, output);
   const dir = path.join(staging, 'model');
   if (previous?.repo === state.repo && previous.subfolder === state.subfolder) {
     for (const file of await listFolder(dir).catch(() => [])) {
@@ -191,4 +195,24 @@ async function prepareStaging(staging: string, state: PullState, output: Progres
   }
   await mkdir(dir, { recursive: true });
   await writeFile(stateFile, JSON.stringify(state));
+}
+
+/**
+ * What an earlier run of the pull recorded in `stateFile`, or undefined where there is none. A record that
+ * cannot be read (damaged, or edited by hand) is as none, said as such: what it kept is then discarded,
+ * since nothing tells which files of which repository it holds.
+ */
+async function previousState(stateFile: string, output: ProgressOutput): Promise<PullState | undefined> {
+  let reason: string;
+  try {
+    const text = await readTextIfPresent(stateFile);
+    if (text === undefined) return undefined;
+    const parsed = pullStateSchema.safeParse(parseJson(text, stateFile));
+    if (parsed.success) return parsed.data;
+    reason = `${stateFile} is not a pull's record (${describeIssues(parsed.error)})`;
+  } catch (err) {
+    reason = messageOf(err);
+  }
+  output.write(`cannot resume the unfinished download kept for this id: ${reason}; starting it over\n`);
+  return undefined;
 }
