@@ -17,7 +17,7 @@ import { killServer, spawnServer, type ServerProcess } from './helpers/server-pr
  * a batch that would not fit with an error that says what to change (never an OOM kill).
  */
 
-const withAttention = { dir: '/m', vae: { scalingFactor: 0.18215, shiftFactor: 0, scaleFactor: 8, midBlockAttention: true } };
+const withAttention = { dir: '/m', vae: { scalingFactor: 0.18215, shiftFactor: 0, scaleFactor: 8, midBlockAttention: true }, denoiserConfig: {} };
 
 describe('the memory plan', () => {
   it("estimates the VAE's attention from the latent pixels, and nothing for a decoder without attention", () => {
@@ -43,7 +43,7 @@ describe('the memory plan', () => {
     expect(new MemoryPlan().estimate(withAttention, { width: 512, height: 512, items: items(2) }, Infinity)).toBe(attention(512));
   });
 
-  it("plans image-to-image's VAE encoder, which encodes each picture whole, though the decoder tiles", () => {
+  it("plans the VAE encoder, which encodes each picture whole though the decoder tiles: image-to-image's, and an inpainting model's for text-to-image", () => {
     // A small denoiser beside a large VAE, as in the tiny real exports: at 1024x1024 the decoder tiles
     // within a 2 GB budget, but the encoder's attention over all 16384 latent pixels is 3.2 GB by itself.
     const plan = new MemoryPlan({ '/m': { ...measured, denoise: [{ pixels: 512 * 512, bytes: 1e7 }] } });
@@ -55,6 +55,12 @@ describe('the memory plan', () => {
     expect(textToImage).toBeLessThanOrEqual(2e9);
     expect(imageToImage).toBeCloseTo((3e8 - attention(512)) * 4 + attention(1024), -3);
     expect(imageToImage).toBeGreaterThan(2e9);
+
+    // An inpainting UNet (9 input channels) has its encoder encode a blank picture for each text-to-image item.
+    const inpainting = { ...withAttention, denoiserConfig: { in_channels: 9 }, vaeEncoder: 'vae_encoder/model.onnx' };
+    expect(plan.estimate(inpainting, { width: 1024, height: 1024, items: items(1) }, 2e9)).toBe(imageToImage);
+    // One without an encoder runs none (its masked picture's latents are zeros).
+    expect(plan.estimate({ ...inpainting, vaeEncoder: undefined }, { width: 1024, height: 1024, items: items(1) }, 2e9)).toBe(textToImage);
   });
 
   it('extrapolates the denoising as the larger of the square from the largest size and twice the fitted a·p + b·p²', () => {

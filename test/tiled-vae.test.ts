@@ -115,7 +115,7 @@ describe.skipIf(!haveRealExports)('tiled VAE decode of the real SD 1.5 architect
 });
 
 describe('the memory plan decides when to tile', () => {
-  const layout = { dir: '/models/sdxl', vae: { scalingFactor: 0.13025, shiftFactor: 0, scaleFactor: 8, midBlockAttention: true } };
+  const layout = { dir: '/models/sdxl', vae: { scalingFactor: 0.13025, shiftFactor: 0, scaleFactor: 8, midBlockAttention: true }, denoiserConfig: {} };
   const GiB = 1024 ** 3;
 
   it('decodes whole while the attention fits and in the largest tiles that fit otherwise', () => {

@@ -1,4 +1,5 @@
 import type { GenerationBatch, RgbImage } from '../runtime/types.js';
+import type { ModelLayout } from '../models/layout.js';
 import { latentMask, type LatentShape, type PictureToEncode } from './denoise.js';
 
 /**
@@ -11,6 +12,15 @@ import { latentMask, type LatentShape, type PictureToEncode } from './denoise.js
 
 /** Channels an inpainting UNet takes beyond the latents: the mask, then the masked picture's latents. */
 export const INPAINTING_EXTRA_CHANNELS = 5;
+
+/** Whether the model's UNet is an inpainting UNet: its config's in_channels are the 4 latent ones and the extra ones (none said: a plain UNet). */
+export const takesInpaintingInput = (layout: Pick<ModelLayout, 'denoiserConfig'>): boolean => layout.denoiserConfig.in_channels === 4 + INPAINTING_EXTRA_CHANNELS;
+
+/**
+ * Whether the model runs its VAE encoder for every item, text-to-image included (a blank picture): an
+ * inpainting UNet with an encoder. The memory plan counts that encode as it does image-to-image's.
+ */
+export const encodesEveryItem = (layout: Pick<ModelLayout, 'denoiserConfig' | 'vaeEncoder'>): boolean => takesInpaintingInput(layout) && layout.vaeEncoder !== undefined;
 
 /**
  * [items, 5, h, w]: each item's latent mask and masked picture latents. `encode` is the VAE encoder

@@ -5,6 +5,7 @@ import { formatBytes } from '../util/bytes.js';
 import { bytesPerImage, leastPerImage } from '../models/memory-curve.js';
 import { exceededFigures, mergeMemory, type ModelMemory } from '../models/memory-figures.js';
 import type { VaeTiler, VaeTiling } from './vae.js';
+import { encodesEveryItem } from './inpainting-input.js';
 
 /**
  * A worker's memory plan: what each model really costs here (measured, not its file sizes: onnxruntime
@@ -104,6 +105,9 @@ export function localMemory(limit = Infinity): MemorySource {
     exclusive: (work) => work(),
   };
 }
+
+/** What the plan reads of a model's layout: its VAE, and whether it encodes every item (encodesEveryItem). */
+type PlannedLayout = Pick<ModelLayout, 'dir' | 'vae' | 'denoiserConfig' | 'vaeEncoder'>;
 
 /** One part of a batch as planned: its images, their samples in one denoiser call, and the bytes they are expected to take. */
 interface PartPlan {
@@ -254,15 +258,17 @@ export class MemoryPlan {
   /**
    * What a batch is expected to take above the loaded model within `budget`: its denoising phase, whose
    * arenas stay held, plus one decoder call, tiled to fit what the denoising leaves when its decoder tiles.
-   * Image-to-image first encodes each picture whole, before the denoising takes its memory: the VAE
-   * encoder mirrors the decoder (the same mid-block attention over the latent pixels), so one whole
-   * decoder call of the size stands for it. `samplesPerImage`: see Pipeline.samplesPerImage.
+   * Image-to-image first encodes each picture whole, before the denoising takes its memory, as an
+   * inpainting model encodes a blank picture for text-to-image (encodesEveryItem): the VAE encoder
+   * mirrors the decoder (the same mid-block attention over the latent pixels), so one whole decoder call
+   * of the size stands for it. `samplesPerImage`: see Pipeline.samplesPerImage.
    */
-  estimate(layout: Pick<ModelLayout, 'dir' | 'vae'>, batch: Pick<GenerationBatch, 'width' | 'height' | 'items'>, budget: number, samplesPerImage = 1): number {
+  estimate(layout: PlannedLayout, batch: Pick<GenerationBatch, 'width' | 'height' | 'items'>, budget: number, samplesPerImage = 1): number {
     const denoise = this.denoiseBytes(layout.dir, batch.items.length * samplesPerImage, batch.width * batch.height);
     const unit = this.decodeUnit(layout, batch.width, batch.height, budget - denoise);
     const generate = denoise + this.decodeBytes(layout, unit.width, unit.height);
-    const encode = batch.items.some((item) => item.image) ? this.decodeBytes(layout, batch.width, batch.height) : 0;
+    const encodes = encodesEveryItem(layout) || batch.items.some((item) => item.image);
+    const encode = encodes ? this.decodeBytes(layout, batch.width, batch.height) : 0;
     return Math.max(encode, generate);
   }
 
@@ -271,7 +277,7 @@ export class MemoryPlan {
    * them, or fewer (the batch then runs in parts, as its max_batch would have it). Throws
    * InsufficientMemoryError when not even one fits.
    */
-  async imagesPerRun(layout: Pick<ModelLayout, 'dir' | 'vae'>, batch: Pick<GenerationBatch, 'width' | 'height' | 'items'>, modelName: string, samplesPerImage = 1): Promise<number> {
+  async imagesPerRun(layout: PlannedLayout, batch: Pick<GenerationBatch, 'width' | 'height' | 'items'>, modelName: string, samplesPerImage = 1): Promise<number> {
     const need = (count: number, budget: number) => this.estimate(layout, { ...batch, items: batch.items.slice(0, count) }, budget, samplesPerImage);
     const { plan, budget } = await this.source.reserve((budget): PartPlan | undefined => {
       for (let count = batch.items.length; count >= 1; count--) {

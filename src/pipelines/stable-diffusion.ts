@@ -6,7 +6,7 @@ import { createScheduler, scheduleStrength } from '../schedulers/index.js';
 import { predictionOf } from './clean-estimate.js';
 import { denoise, startingLatents } from './denoise.js';
 import { OnDemand } from './on-demand.js';
-import { INPAINTING_EXTRA_CHANNELS, inpaintingChannels } from './inpainting-input.js';
+import { encodesEveryItem, inpaintingChannels, takesInpaintingInput } from './inpainting-input.js';
 import { LatentPreview, previewLoop } from './preview.js';
 import type { GenerateHooks, Pipeline, RgbImage } from './pipeline.js';
 import { applyGuidance, concatBatch, concatPerRow, concatRows, filled } from './tensor.js';
@@ -38,7 +38,7 @@ export class StableDiffusionPipeline implements Pipeline {
     private readonly encoder: OnDemand<VaeEncoder>,
   ) {
     const inChannels = typeof layout.denoiserConfig.in_channels === 'number' ? layout.denoiserConfig.in_channels : 4;
-    this.inpainting = inChannels === 4 + INPAINTING_EXTRA_CHANNELS;
+    this.inpainting = takesInpaintingInput(layout);
     this.latentChannels = this.inpainting ? 4 : inChannels;
     this.outputName = unet.outputNames.includes('out_sample') ? 'out_sample' : unet.outputNames[0];
     this.previews = new OnDemand(() => LatentPreview.fit(vae, this.latentChannels, layout.vae.scaleFactor));
@@ -68,7 +68,7 @@ export class StableDiffusionPipeline implements Pipeline {
     const encoder = pictureEncoder(this.encoder, noise);
     const started = await startingLatents(batch, scheduler, noise, shape, encoder, { rule, inpaintingUnet: this.inpainting });
     // An inpainting UNet is told what to keep and keeps it; other UNets have it put back after each step.
-    const extra = this.inpainting ? await inpaintingChannels(batch, shape, this.layout.vaeEncoder ? encoder.encode : undefined) : undefined;
+    const extra = this.inpainting ? await inpaintingChannels(batch, shape, encodesEveryItem(this.layout) ? encoder.encode : undefined) : undefined;
     const start = extra ? { ...started, keep: undefined } : started;
     const fixed = this.unet.prepare(timestepCond ? { ...conditioning, timestep_cond: timestepCond } : conditioning);
     const predict = async (x: Float32Array, t: number): Promise<Float32Array> => {
