@@ -1,3 +1,4 @@
+import type { Socket } from 'node:net';
 import type { FastifyInstance } from 'fastify';
 import fp from 'fastify-plugin';
 import { ApiError } from '../api/errors.js';
@@ -14,7 +15,8 @@ import { ApiError } from '../api/errors.js';
  * then every connection is closed, at the latest ANSWER_GRACE_MS later: an answer being written to a
  * client that stopped reading never ends by itself. Node only closes idle connections by itself, and counts a connection
  * that has not sent a request yet (browsers and HTTP clients open spare ones) as busy, which would hold
- * shutdown for a minute.
+ * shutdown for a minute; one still in its TLS handshake it does not know of, nor close, and it held
+ * shutdown for the handshake's timeout.
  */
 
 declare module 'fastify' {
@@ -37,8 +39,20 @@ async function shutdownPlugin(app: FastifyInstance, { timeoutMs }: ShutdownOptio
   let deadline: NodeJS.Timeout | undefined;
   let lastCall: NodeJS.Timeout | undefined;
   const inFlight = new Set<AbortController>();
+  // Every connection from the moment it is accepted: Node's closeAllConnections knows only those its HTTP
+  // parser took, which over HTTPS is once their TLS handshake is done. One still in its handshake (a port
+  // scan, a balancer's TCP check, a client that hung) held the close for the handshake's timeout.
+  const sockets = new Set<Socket>();
+  app.server.on('connection', (socket: Socket) => {
+    sockets.add(socket);
+    socket.once('close', () => sockets.delete(socket));
+  });
+  const closeAllConnections = () => {
+    app.server.closeAllConnections();
+    for (const socket of sockets) socket.destroy();
+  };
   const closeConnectionsWhenDrained = () => {
-    if (closing && inFlight.size === 0) app.server.closeAllConnections();
+    if (closing && inFlight.size === 0) closeAllConnections();
   };
 
   app.decorateRequest('cancellation', null as unknown as AbortSignal);
@@ -77,7 +91,7 @@ async function shutdownPlugin(app: FastifyInstance, { timeoutMs }: ShutdownOptio
       for (const lifetime of inFlight) lifetime.abort(ApiError.shuttingDown());
       lastCall = setTimeout(() => {
         if (inFlight.size) app.log.warn({ closed: inFlight.size }, 'closing connections whose answers are still being written (clients that stopped reading)');
-        app.server.closeAllConnections();
+        closeAllConnections();
       }, ANSWER_GRACE_MS);
     }, timeoutMs);
   });
