@@ -10,9 +10,10 @@ import { gzipSync, brotliCompressSync, deflateSync } from 'node:zlib';
 import { randomBytes } from 'node:crypto';
 import net from 'node:net';
 import { readFileSync } from 'node:fs';
+import OpenAI from 'openai';
 import sharp from 'sharp';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { startTestServer, TEST_KEY, type TestServer } from './helpers/api-server.js';
+import { startTestServer, TEST_KEY, type TestServer, type TestServerOptions } from './helpers/api-server.js';
 import { FakeEngine } from './helpers/engines.js';
 import { capturedLogs } from './helpers/logs.js';
 import { haveOpenssl, selfSignedCertificate } from './helpers/certificate.js';
@@ -25,6 +26,23 @@ import { parseResponse, rawRequest, type RawExchange } from './helpers/raw-http.
  * reads the answer), and every answer, even those Node's parser gives before any route, carries
  * x-request-id and OpenAI's error body.
  */
+
+/** A test server serving HTTPS with a certificate of its own (needs openssl), removed as the server closes. */
+async function startSecureServer(options: TestServerOptions = {}): Promise<TestServer> {
+  const dir = await mkdtemp(path.join(os.tmpdir(), 'imagegen-tls-'));
+  const { cert, key } = selfSignedCertificate(dir);
+  const secure = await startTestServer({ ...options, tls: { cert: readFileSync(cert), key: readFileSync(key) } });
+  return {
+    ...secure,
+    async close() {
+      await secure.close();
+      await rm(dir, { recursive: true, force: true });
+    },
+  };
+}
+
+/** Resolves after `ms`: bounds a wait that, failing, would last as long as Node's own timeouts (minutes). */
+const atMost = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms));
 
 /** Short limits, so a stalled request is given up within seconds. */
 const SHORT_LIMITS = { headersTimeoutSeconds: 1, requestTimeoutSeconds: 2, sendTimeoutSeconds: 1 };
@@ -95,9 +113,7 @@ describe('slow and stalled requests', () => {
   it.skipIf(!haveOpenssl)(
     `closes an HTTPS connection that sends nothing, or only the start of its TLS handshake, as one over HTTP${haveOpenssl ? '' : ' (skipped: needs openssl to make a certificate)'}`,
     async () => {
-      const dir = await mkdtemp(path.join(os.tmpdir(), 'imagegen-tls-'));
-      const { cert, key } = selfSignedCertificate(dir);
-      const secure = await startTestServer({ config: SHORT_LIMITS, tls: { cert: readFileSync(cert), key: readFileSync(key) } });
+      const secure = await startSecureServer({ config: SHORT_LIMITS });
       const securePort = Number(new URL(secure.origin).port);
       // A TLS record header announcing a ClientHello whose bytes never come.
       const silent = rawRequest(securePort);
@@ -110,7 +126,7 @@ describe('slow and stalled requests', () => {
         await once(done, 'secureConnect');
         // HEADERS_TIMEOUT_SECONDS=1, checked every second: about 2 s; Node's own TLS handshake timeout,
         // which held them before, is 120 s.
-        await Promise.race([Promise.all([silent.closed, partial.closed]), new Promise((resolve) => setTimeout(resolve, 15_000))]);
+        await Promise.race([Promise.all([silent.closed, partial.closed]), atMost(15_000)]);
         expect(silent.closedAfterMs, 'a silent connection is closed').toBeLessThan(15_000);
         expect(partial.closedAfterMs, 'a connection with half a ClientHello is closed').toBeLessThan(15_000);
         done.write('GET /health HTTP/1.1\r\nHost: a\r\n\r\n');
@@ -119,10 +135,42 @@ describe('slow and stalled requests', () => {
       } finally {
         for (const socket of [done, silent.socket, partial.socket]) socket.destroy();
         await secure.close();
-        await rm(dir, { recursive: true, force: true });
       }
     },
   );
+
+  it.skipIf(!haveOpenssl)(`answers a plain HTTP request to the HTTPS port, in plain HTTP, that it serves HTTPS${haveOpenssl ? '' : ' (skipped: needs openssl to make a certificate)'}`, async () => {
+    const secure = await startSecureServer();
+    // An app or a balancer given http:// for a server with TLS_CERT: it saw only a closed connection
+    // (the SDK's "Connection error.", curl's "Empty reply from server", a balancer's 502).
+    const client = new OpenAI({ baseURL: secure.baseURL.replace(/^https:/, 'http:'), apiKey: TEST_KEY, maxRetries: 0 });
+    try {
+      const err = await client.models.list().catch((caught: unknown) => caught);
+      expect(err).toBeInstanceOf(OpenAI.BadRequestError);
+      expect(err).toMatchObject({ status: 400, code: 'https_required', message: expect.stringMatching(/plain HTTP to a port that serves HTTPS: use an https:\/\/ URL/) });
+      expect((err as InstanceType<typeof OpenAI.BadRequestError>).requestID).toMatch(/^req_[0-9a-f]{32}$/);
+    } finally {
+      await secure.close();
+    }
+  });
+
+  it.skipIf(!haveOpenssl)(`does not let an HTTPS connection that never begins its handshake hold up the server's close (SIGTERM's graceful shutdown)${haveOpenssl ? '' : ' (skipped: needs openssl to make a certificate)'}`, async () => {
+    // The default HEADERS_TIMEOUT_SECONDS (30 s), which bounds the handshake too.
+    const secure = await startSecureServer();
+    const silent = rawRequest(Number(new URL(secure.origin).port));
+    try {
+      await once(silent.socket, 'connect');
+      const started = performance.now();
+      await Promise.race([secure.close(), atMost(20_000)]);
+      // With nothing in flight the close takes milliseconds; it waited for the handshake's timeout (30 s
+      // here, 120 s by Node's default), and a service manager's stop timeout could kill it first.
+      expect(performance.now() - started).toBeLessThan(10_000);
+      await Promise.race([silent.closed, atMost(5_000)]);
+      expect(silent.closedAfterMs).toBeDefined();
+    } finally {
+      silent.socket.destroy();
+    }
+  });
 
   it('does not cut off a request whose body arrived, however long the answer takes', async () => {
     // A fake engine: the answer is held past the request timeout, longer than a real generation takes.
@@ -285,10 +333,8 @@ describe('a client that does not read its answer', () => {
 
   it.skipIf(!haveOpenssl)(`over HTTPS is cut too, and the server goes on${haveOpenssl ? '' : ' (skipped: needs openssl to make a certificate)'}`, async () => {
     // Node cannot reset a TLS socket (its handle is the TLS layer): it is closed instead, not a crash.
-    const dir = await mkdtemp(path.join(os.tmpdir(), 'imagegen-tls-'));
-    const { cert, key } = selfSignedCertificate(dir);
     const logs = capturedLogs<{ msg: string }>();
-    const secure = await startTestServer({ config: { sendTimeoutSeconds: 1, sendMinRate: 0 }, logger: logs.logger, tls: { cert: readFileSync(cert), key: readFileSync(key) } });
+    const secure = await startSecureServer({ config: { sendTimeoutSeconds: 1, sendMinRate: 0 }, logger: logs.logger });
     const image = await secure.store.put(randomBytes(32 * 1024 ** 2), 'image/png');
     const securePort = Number(new URL(secure.origin).port);
     const socket = tls.connect({ port: securePort, host: '127.0.0.1', rejectUnauthorized: false }, () => {
@@ -304,7 +350,6 @@ describe('a client that does not read its answer', () => {
     } finally {
       socket.destroy();
       await secure.close();
-      await rm(dir, { recursive: true, force: true });
     }
   });
 

@@ -125,6 +125,8 @@ function fromClientError(err: NodeJS.ErrnoException): ApiError {
   switch (err.code) {
     case 'HPE_HEADER_OVERFLOW':
       return new ApiError(431, 'The request headers are too large: the limit is 16 KiB.', { code: 'request_header_fields_too_large' });
+    case 'ERR_SSL_HTTP_REQUEST':
+      return new ApiError(400, 'The request came as plain HTTP to a port that serves HTTPS: use an https:// URL for this server.', { code: 'https_required' });
     case 'ERR_HTTP_REQUEST_TIMEOUT':
       return new ApiError(408, 'The request took too long to arrive: its headers and body must be sent within the server\'s request timeout.', {
         code: 'request_timeout',
@@ -135,17 +137,34 @@ function fromClientError(err: NodeJS.ErrnoException): ApiError {
 }
 
 /**
- * Fastify's `clientErrorHandler`: requests Node's HTTP parser rejects before any route sees them (headers
- * over 16 KiB, malformed request lines, unknown methods, raw null bytes in the URL) and requests that
- * took longer than HEADERS_TIMEOUT_SECONDS / REQUEST_TIMEOUT_SECONDS to arrive. Written to the socket
- * by hand, as Node's own answer would be, but with OpenAI's error body and a request id that the log
- * line names too. The log gets the error's code only: Node's parser errors carry the raw bytes of the
- * request, API keys included.
+ * The TCP connection under a TLS socket that refused a plain HTTP request (HTTPS with TLS_CERT, asked
+ * for with http://). The TLS layer is done with it, but the connection can still carry a plain answer
+ * that says so, as nginx gives one: the client saw only a closed connection ("Connection error." from
+ * the SDKs, "Empty reply from server" from curl, a balancer's 502). Only a request that arrived whole
+ * reads the answer (a GET, a JSON body): the TLS layer closes the connection with the rest of a larger
+ * body unread, which resets it under a client still uploading. Node keeps the connection as `_parent`
+ * (undocumented); should a release not, it closes unanswered as before.
  */
-export function answerClientError(this: FastifyInstance, err: NodeJS.ErrnoException, socket: Socket): void {
-  if (err.code === 'ECONNRESET' || socket.destroyed) return;
+function plainConnection(tlsSocket: Socket): Socket | undefined {
+  return (tlsSocket as { _parent?: Socket })._parent;
+}
+
+/**
+ * Fastify's `clientErrorHandler`: requests Node's HTTP parser rejects before any route sees them (headers
+ * over 16 KiB, malformed request lines, unknown methods, raw null bytes in the URL), requests that
+ * took longer than HEADERS_TIMEOUT_SECONDS / REQUEST_TIMEOUT_SECONDS to arrive, and plain HTTP on the
+ * HTTPS port (plainConnection). Written to the socket by hand, as Node's own answer would be, but with
+ * OpenAI's error body and a request id that the log line names too. The log gets the error's code
+ * only: Node's parser errors carry the raw bytes of the request, API keys included.
+ */
+export function answerClientError(this: FastifyInstance, err: NodeJS.ErrnoException, refused: Socket): void {
+  const socket = err.code === 'ERR_SSL_HTTP_REQUEST' ? plainConnection(refused) : refused;
+  if (err.code === 'ECONNRESET' || !socket || socket.destroyed) return;
   answerOnSocket(this, socket, fromClientError(err), err.code);
-  socket.destroy(err);
+  // The connection under a TLS socket is closed by the TLS layer as it goes: ended here after the
+  // answer, with no 'error' event, which nobody listens for on it.
+  if (socket === refused) socket.destroy(err);
+  else socket.end();
 }
 
 /**
