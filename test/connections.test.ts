@@ -188,6 +188,32 @@ describe('slow and stalled requests', () => {
       await slow.close();
     }
   });
+
+  it('answers a request whose body stalls with a 408 under its own id, and logs and counts it as a 408, not as a client that left', async () => {
+    // A slow upload (an edit's picture from a phone): the request was routed, its key checked, then its
+    // body stopped. Before, the 408 came under a fresh id, the request's own line said the client closed
+    // the connection, and /metrics counted it as a 499.
+    const logs = capturedLogs<{ msg: string; reqId?: string; apiKey?: string; status?: number }>();
+    const stalled = await startTestServer({ config: SHORT_LIMITS, logger: logs.logger });
+    try {
+      const exchange = rawRequest(
+        Number(new URL(stalled.origin).port),
+        head(['POST /v1/images/generations HTTP/1.1', 'Host: a', `Authorization: Bearer ${TEST_KEY}`, 'x-request-id: slow-upload-1', 'Content-Type: application/json', 'Content-Length: 1000']) + '{"prompt":',
+      );
+      await exchange.closed;
+      const { status, headers } = parseResponse(exchange.text);
+      expect(status).toMatch(/^HTTP\/1\.1 408 /);
+      expect(headers['x-request-id']).toBe('slow-upload-1');
+      const own = logs.lines.filter((line) => line.reqId === 'slow-upload-1');
+      expect(own.map((line) => line.msg)).not.toContain('request aborted: the client closed the connection before the answer was sent');
+      expect(own.find((line) => line.status === 408)).toMatchObject({ apiKey: expect.any(String) });
+      const metrics = await (await fetch(`${stalled.origin}/metrics`, { headers: { authorization: `Bearer ${TEST_KEY}` } })).text();
+      expect(metrics).toContain('imagegen_http_requests_total{method="POST",route="/v1/images/generations",status="408"} 1');
+      expect(metrics).not.toContain('status="499"');
+    } finally {
+      await stalled.close();
+    }
+  });
 });
 
 describe('refusals before the body', () => {

@@ -6,6 +6,7 @@ import { ApiError } from '../api/errors.js';
 import { newRequestId, stampReply } from './request-id.js';
 import { isLingering } from './connections.js';
 import { MAX_UPLOAD_BYTES } from './uploads.js';
+import { answeredAside } from './metrics.js';
 
 /**
  * Every error leaves the server as an ApiError in OpenAI's shape: ours as thrown, Fastify's and Node's
@@ -136,6 +137,9 @@ function fromClientError(err: NodeJS.ErrnoException): ApiError {
   }
 }
 
+/** Each routed request by its Node request (held no longer than that): what answerClientError answers may be one, awaiting its body. */
+const routed = new WeakMap<IncomingMessage, FastifyRequest>();
+
 /**
  * The TCP connection under a TLS socket that refused a plain HTTP request (HTTPS with TLS_CERT, asked
  * for with http://). The TLS layer is done with it, but the connection can still carry a plain answer
@@ -156,6 +160,10 @@ function plainConnection(tlsSocket: Socket): Socket | undefined {
  * HTTPS port (plainConnection). Written to the socket by hand, as Node's own answer would be, but with
  * OpenAI's error body and a request id that the log line names too. The log gets the error's code
  * only: Node's parser errors carry the raw bytes of the request, API keys included.
+ *
+ * A request whose headers were routed but whose body did not come in time (a slow upload) is answered
+ * under its own id (the client's x-request-id), logged on its own lines (with its key's label) and counted
+ * in /metrics as the 408 it got: before, it got a fresh id, and its lines and metrics said the client left.
  */
 export function answerClientError(this: FastifyInstance, err: NodeJS.ErrnoException, refused: Socket): void {
   const socket = err.code === 'ERR_SSL_HTTP_REQUEST' ? plainConnection(refused) : refused;
@@ -181,14 +189,21 @@ export function answerConnect(this: FastifyInstance, request: IncomingMessage, s
   socket.end();
 }
 
-/** Writes `error` to a socket no route has (by hand, as Node's own answer would be), with a request id the log line names too. */
+/**
+ * Writes `error` to a socket by hand, as Node's own answer would be, with a request id the log line names
+ * too: the id of the routed request awaiting its body there, if any, else a new one.
+ */
 function answerOnSocket(app: FastifyInstance, socket: Socket, error: ApiError, code: string | undefined): void {
-  const id = newRequestId();
-  app.log.info({ reqId: id, code, status: error.status }, 'request refused before routing');
+  const pending = (socket as { _httpMessage?: ServerResponse | null })._httpMessage;
+  const request = pending && routed.get(pending.req);
+  const id = request?.id ?? newRequestId();
+  const log = request?.log ?? app.log.child({ reqId: id });
+  log.info({ code, status: error.status }, request ? 'request refused before its body arrived' : 'request refused before routing');
   const body = JSON.stringify(error.toBody());
   // An answer already under way on this connection (a response to a request whose body is late), or one
   // given before the body that is still being read (connections.ts), cannot take a second one.
-  if (socket.writable && !isLingering(socket) && !(socket as { _httpMessage?: ServerResponse })._httpMessage?.headersSent) {
+  if (socket.writable && !isLingering(socket) && !pending?.headersSent) {
+    if (pending) answeredAside(pending, error.status);
     socket.write(
       `HTTP/1.1 ${error.status} ${STATUS_CODES[error.status]}\r\nContent-Type: application/json; charset=utf-8\r\n` +
         `Content-Length: ${Buffer.byteLength(body)}\r\nx-request-id: ${id}\r\nConnection: close\r\n\r\n${body}`,
@@ -234,6 +249,7 @@ export function invalidUrl(request: FastifyRequest): ApiError {
 
 async function errorsPlugin(app: FastifyInstance): Promise<void> {
   app.decorate('failuresSaid', new Map<string, number>());
+  app.addHook('onRequest', async (request) => void routed.set(request.raw, request));
   app.setErrorHandler((err: FastifyError, request, reply) => sendError(reply, apiErrorOf(err, request)));
   app.setNotFoundHandler((request, reply) => sendError(reply, unroutedError(app, request)));
 }

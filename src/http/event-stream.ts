@@ -6,7 +6,7 @@ import type { RequestEvent, RequestListener } from '../service/request-events.js
 import { bufferView } from '../util/bytes.js';
 import { inPieces } from './json-pieces.js';
 import { apiErrorOf } from './errors.js';
-import { failedInStream } from './metrics.js';
+import { answeredAside } from './metrics.js';
 
 /**
  * A streamed images request (`stream: true`) answered with server-sent events as OpenAI sends them:
@@ -75,7 +75,7 @@ export async function streamImages(request: FastifyRequest, reply: FastifyReply,
     // The log's "request completed" line says 200, what went out before the failure: this one says how it
     // ended. At info, as that line is: apiErrorOf logged the failure itself at the level it deserves (a
     // cause every request meets, such as a damaged model, once a minute), which a warning per stream undid.
-    failedInStream(reply, error.status);
+    answeredAside(reply.raw, error.status);
     request.log.info({ status: error.status, code: error.code }, `stream ended with an error event: ${error.message}`);
   });
   return reply

@@ -1,3 +1,4 @@
+import type { ServerResponse } from 'node:http';
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import fp from 'fastify-plugin';
 import type { Metrics } from '../observability/metrics.js';
@@ -21,22 +22,27 @@ export interface MetricsOptions {
  */
 export function countRequest(metrics: Metrics, request: FastifyRequest, reply: FastifyReply): void {
   reply.raw.once('close', () => {
-    const status = streamFailures.get(reply) ?? (reply.raw.writableFinished ? reply.statusCode : 499);
+    const status = answeredStatus(reply.raw) ?? (reply.raw.writableFinished ? reply.statusCode : 499);
     // Route templates, never raw URLs: scanners' random paths must not become label values.
     metrics.httpRequest(request.method, request.routeOptions.url ?? 'unmatched', status, reply.elapsedTime / 1000);
   });
 }
 
-/** Streamed answers that failed after their 200 went out, and the status the failure has (see failedInStream). */
-const streamFailures = new WeakMap<FastifyReply, number>();
+/** Answers whose status is not the reply's own (see answeredAside). */
+const asideStatuses = new WeakMap<ServerResponse, number>();
 
 /**
- * A streamed answer (server-sent events) that failed after its 200 went out, with an error event: it is
- * counted under the error's status, so that its failure shows where failures of other requests do.
+ * An answer whose status is not the one its reply sent, so that it is counted (and logged) as what the
+ * client got: a streamed answer (server-sent events) that failed after its 200 went out, with an error
+ * event, under the error's status; and a 408 written to the socket by hand (errors.ts) for a request
+ * whose body did not arrive in time, which would otherwise count as a client that left (499).
  */
-export function failedInStream(reply: FastifyReply, status: number): void {
-  streamFailures.set(reply, status);
+export function answeredAside(response: ServerResponse, status: number): void {
+  asideStatuses.set(response, status);
 }
+
+/** The status answeredAside recorded for a response, if any. */
+export const answeredStatus = (response: ServerResponse): number | undefined => asideStatuses.get(response);
 
 async function metricsPlugin(app: FastifyInstance, { metrics, public: isPublic }: MetricsOptions): Promise<void> {
   app.addHook('onRequest', async (request, reply) => countRequest(metrics, request, reply));

@@ -2,6 +2,7 @@ import type { Socket } from 'node:net';
 import type { FastifyInstance } from 'fastify';
 import fp from 'fastify-plugin';
 import { ApiError } from '../api/errors.js';
+import { answeredStatus } from './metrics.js';
 
 /**
  * Each request's lifetime, and graceful shutdown. Every request gets `request.cancellation`, a signal
@@ -64,7 +65,8 @@ async function shutdownPlugin(app: FastifyInstance, { timeoutMs }: ShutdownOptio
     reply.raw.once('close', () => {
       inFlight.delete(lifetime);
       if (!reply.raw.writableFinished) {
-        request.log.info({ responseTime: reply.elapsedTime }, 'request aborted: the client closed the connection before the answer was sent');
+        // A 408 errors.ts wrote for a body that did not come in time said so in the log: the client did not leave.
+        if (answeredStatus(reply.raw) === undefined) request.log.info({ responseTime: reply.elapsedTime }, 'request aborted: the client closed the connection before the answer was sent');
         lifetime.abort(new ApiError(499, 'The client closed the connection.'));
       }
       closeConnectionsWhenDrained();
