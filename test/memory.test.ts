@@ -186,6 +186,33 @@ describe('memory in the server', () => {
   });
 });
 
+describe('figures kept from earlier runs', () => {
+  let root: string;
+  let server: ServerProcess;
+  /** More than the demo model's load grows a worker by (about 25 MiB), as a run on a busier machine measured. */
+  const keptWeights = 256 * 2 ** 20;
+  beforeAll(async () => {
+    root = await mkdtemp(path.join(os.tmpdir(), 'imagegen-kept-figures-'));
+    const dataDir = path.join(root, 'data');
+    await writeMemoryFigures(dataDir, { [DEMO_MODEL_DIR]: { weightsBytes: keptWeights, peakBytes: 2 ** 20, peakPixels: 256 * 256 } });
+    server = await spawnServer({ PORT: '0', DATA_DIR: dataDir, MODELS_DIR: path.join(root, 'models'), MODELS_RESCAN_SECONDS: '0' });
+  });
+  afterAll(async () => {
+    if (server) await killServer(server);
+    if (root) await rm(root, { recursive: true, force: true });
+  });
+
+  it('are what /metrics shows, as `imagegen models list` and the memory plan use them, not what the last worker to load the model measured', async () => {
+    // Before, the gauge showed the loading worker's own growth: a model loaded second in a worker, or by
+    // a replacement, read a fraction of what the server plans with and keeps.
+    const weights = async () => metric(await (await fetch(`${server.origin}/metrics`)).text(), 'imagegen_model_memory_bytes{model="demo-shapes",kind="weights"}');
+    await expect.poll(weights, { timeout: 30_000 }).toBeDefined();
+    const kept = (await readMemoryFigures(path.join(root, 'data')))[DEMO_MODEL_DIR];
+    expect(kept.weightsBytes).toBe(keptWeights);
+    expect(await weights()).toBe(kept.weightsBytes);
+  });
+});
+
 describe('figures kept by an older version', () => {
   let root: string;
   let server: ServerProcess;

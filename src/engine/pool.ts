@@ -87,7 +87,8 @@ export interface EnginePoolOptions {
 /** The pool's view of the measured memory figures (see src/models/memory-figures.ts). */
 export interface MemoryFigureBook {
   all(): Record<string, ModelMemory>;
-  record(modelDir: string, memory: ModelMemory): void;
+  /** Keeps the figures a worker reported with those known, and returns what it keeps. */
+  record(modelDir: string, memory: ModelMemory): ModelMemory;
 }
 
 /** What the engine reports for monitoring; models are named by their folder. */
@@ -207,8 +208,9 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
   function heard(worker: WorkerProcess, slot: number, message: PoolMessage): void {
     switch (message.type) {
       case 'model-memory':
-        options.memoryFigures?.record(message.modelDir, message.memory);
-        metrics?.modelMemory(modelName(message.modelDir), message.memory);
+        // What the server keeps and plans with (and `imagegen models list` shows): one worker's own load
+        // grew it by a fraction of that where the model loaded second or in a replacement.
+        metrics?.modelMemory(modelName(message.modelDir), options.memoryFigures?.record(message.modelDir, message.memory) ?? message.memory);
         return;
       case 'memory-ask':
         return memory.ask(worker, message.exclusive);

@@ -161,13 +161,13 @@ export class MemoryFigures {
     return { ...this.figures };
   }
 
-  /** Keeps the larger of the known and the reported figures; writes the file when what it keeps grew. */
-  record(modelDir: string, reported: ModelMemory): void {
+  /** Keeps the larger of the known and the reported figures, and returns them; writes the file when what it keeps grew. */
+  record(modelDir: string, reported: ModelMemory): ModelMemory {
     const known = this.figures[modelDir];
     const next = mergeMemory(known, reported);
     this.figures[modelDir] = next;
-    if (known && isDeepStrictEqual(kept(next), kept(known))) return;
-    this.writing = this.writing.then(() => this.write()).catch((err: Error) => this.onWriteError(err));
+    if (!known || !isDeepStrictEqual(kept(next), kept(known))) this.writing = this.writing.then(() => this.write()).catch((err: Error) => this.onWriteError(err));
+    return next;
   }
 
   /** Waits for the last write (tests, shutdown). */

@@ -82,7 +82,7 @@ export class Metrics implements EngineMetrics {
   });
   private readonly modelMemoryBytes = new Gauge({
     name: 'imagegen_model_memory_bytes',
-    help: "What a model measured in a worker: 'weights' its resident growth on load, 'peak' the most one batch took on top, 'denoise' what its denoising took per sample (an image, two with guidance) at the largest size it ran, 'decode' the most one VAE decoder call took",
+    help: "What a model was measured to take in the workers, as kept in DATA_DIR and planned with (the most seen): 'weights' its resident growth on load, 'peak' the most one batch took on top, 'denoise' what its denoising took per sample (an image, two with guidance) at the largest size it ran, 'decode' the most one VAE decoder call took",
     labelNames: ['model', 'kind'],
     registers: [this.registry],
   });
