@@ -280,7 +280,9 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
   }
 
   function report(batch: GenerationBatch, worker: WorkerProcess, outcome: BatchOutcome, images: number, started: number): void {
-    const seconds = (performance.now() - started) / 1000;
+    // Less the model's load (and its calibration runs), which imagegen_model_load_duration_seconds has: counted
+    // here too, a batch after each eviction seemed as slow as a load, and steps per second fell with it.
+    const seconds = Math.max(0, (performance.now() - started) / 1000 - worker.loadSeconds);
     const steps = worker.step;
     metrics?.batchFinished({ model: modelName(batch.modelDir), images, steps, seconds, outcome });
     logger?.debug({ model: modelName(batch.modelDir), size: `${batch.width}x${batch.height}`, items: batch.items.length, steps, runMs: Math.round(seconds * 1000), outcome }, 'batch finished');

@@ -89,6 +89,8 @@ export class WorkerProcess implements MemoryClaimant {
    * process's event loop heard of it or answered it.
    */
   seconds = 0;
+  /** Seconds the running (or else the last) task spent loading models, by the worker's clock: the pool times its batch without them. */
+  loadSeconds = 0;
   /** The memory the running (or else the last) batch was last granted, and the samples per model call it planned (see memory-arbiter.ts, Pipeline.samplesPerImage). */
   grant?: MemoryGrant;
   plannedSamples?: number;
@@ -169,6 +171,7 @@ export class WorkerProcess implements MemoryClaimant {
       this.task = { started: false, resolve, reject, ...task };
       this.step = 0;
       this.seconds = 0;
+      this.loadSeconds = 0;
       this.grant = undefined;
       this.plannedSamples = undefined;
       this.send(message);
@@ -232,6 +235,7 @@ export class WorkerProcess implements MemoryClaimant {
       case 'model-loaded':
         this.loaded.add(message.modelDir);
         this.loadedOnce.add(message.modelDir);
+        if (this.task) this.loadSeconds += message.seconds;
         this.task?.onProgress();
         break;
       case 'memory-take':

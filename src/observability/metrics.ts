@@ -49,7 +49,7 @@ export class Metrics implements EngineMetrics {
   });
   private readonly generationSeconds = new Histogram({
     name: 'imagegen_generation_duration_seconds',
-    help: 'Time a worker spent on one batch (merged requests share one), by model and outcome',
+    help: 'Time a worker spent on one batch (merged requests share one), less loading its model (imagegen_model_load_duration_seconds), by model and outcome',
     labelNames: ['model', 'outcome'],
     buckets: DURATION_BUCKETS,
     registers: [this.registry],
