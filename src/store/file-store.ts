@@ -1,7 +1,7 @@
 import { constants } from 'node:fs';
-import { access, mkdir, open, readdir, rename, stat, statfs, unlink, type FileHandle } from 'node:fs/promises';
+import { access, mkdir, open, opendir, readdir, rename, stat, statfs, unlink, type FileHandle } from 'node:fs/promises';
 import path from 'node:path';
-import { setTimeout as sleep } from 'node:timers/promises';
+import { setImmediate, setTimeout as sleep } from 'node:timers/promises';
 import type { Readable } from 'node:stream';
 import { makeFolder, syncFolder, unlessMissing } from '../util/files.js';
 import { ImageDamagedError, StoreFullError, StoreUnavailableError, type ByteRange, type ImageStore, type StoredImage, type StoreLimits, type StoreReservation } from './image-store.js';
@@ -44,6 +44,15 @@ const TEMP_FILE = /^\..*\.tmp$/;
  * time for its 404 (5 s with 100000 images), where it waited for one.
  */
 const LISTING_PAUSE_FACTOR = 10;
+
+/**
+ * Folder entries a listing reads at a time. Read whole (readdir), the folder's names came in one piece
+ * and were indexed in one turn of the server's thread: 1.4 to 2.9 s with 500000 images (0.2 to 0.35 s
+ * with 50000), in every sweep of a busy server's folder and every listing for an unknown id, during
+ * which no request, /health included, was answered. Each batch is a trip to libuv's thread pool, between
+ * which the server answers others; the listing takes no longer in all.
+ */
+const LISTING_BATCH = 1024;
 
 /** The coarsest tick of a file system's clock (FAT's): within it of a change, a folder's mtime may not change again. */
 const MTIME_TICK_MS = 2000;
@@ -149,7 +158,7 @@ export class FileImageStore implements ImageStore {
     // Indexed before the folder is read: an image whose put ends meanwhile was renamed after, and may be missing from it.
     const indexed = [...this.index.values()];
     const listed = new Set<string>();
-    for (const entry of await readdir(this.options.dir, { withFileTypes: true })) {
+    for await (const entry of await opendir(this.options.dir, { bufferSize: LISTING_BATCH })) {
       const named = entry.isFile() ? parseImageName(entry.name) : undefined;
       if (named) listed.add(named.id);
       if (!named || this.accounted(named.id) || this.damaged.has(named.id)) continue;
@@ -165,7 +174,11 @@ export class FileImageStore implements ImageStore {
     }
     // Deleted by something else (an operator freeing the disk, another server): their space is free again.
     // Counted until they would have expired, they kept a store they had filled refusing images for a day.
-    for (const image of indexed) if (!listed.has(image.id)) this.forget(image);
+    // In batches too: one pass over 500000 took 0.2 s of the thread (forget() skips an image the store let go meanwhile).
+    for (let start = 0; start < indexed.length; start += LISTING_BATCH) {
+      if (start > 0) await setImmediate();
+      for (const image of indexed.slice(start, start + LISTING_BATCH)) if (!listed.has(image.id)) this.forget(image);
+    }
   }
 
   /** Whether this store counts the id's file already: indexed, being written, or being deleted. */
