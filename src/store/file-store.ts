@@ -112,12 +112,18 @@ export class FileImageStore implements ImageStore {
     this.space = new StoreSpace(options.maxBytes, () => this.deleteExpired(), { inOrder: () => this.byExpiry.inOrder(), now: this.now });
   }
 
-  /** Opens the store: indexes the images left by a previous run, deleting expired and half-written ones. */
+  /** Opens the store: indexes the images left by a previous run, and deletes expired ones (in the background) and half-written ones. */
   static async open(options: ImageStoreOptions): Promise<FileImageStore> {
     const store = new FileImageStore(options);
     await makeFolder(options.dir);
     store.parentDevice = (await stat(store.parent)).dev;
-    await store.sweep();
+    await store.listIfChanged().catch(() => undefined);
+    // Out of the index (and the byte count) at once, their files deleted while the server serves: awaited,
+    // a folder whose images had all expired while the server was stopped (500000 after a day) kept it from
+    // listening for a minute, one unlink at a time, with nothing in its log. A shutdown meanwhile leaves the
+    // rest to the next start's listing.
+    void store.deleteExpired().catch((err: unknown) => store.cannotSweep(err));
+    await store.deleteTempFiles();
     // A folder it can list but not write (a disk remounted read-only, one another user owns) does not
     // stop the start: the images it holds are still served. Said now, as a failing bucket is: it started
     // saying "worker ready", and first said why every url request failed when one came or /ready was asked.
