@@ -148,6 +148,21 @@ describe('timestep tables', () => {
     expect(s.timesteps.slice(0, 4)).toEqual([999, 937, 874, 811]);
   });
 
+  it("trailing spacing takes numpy arange's values, not exact multiples (SD-Turbo's Euler ancestral, 48 steps)", () => {
+    // diffusers: np.arange(1000, 0, -1000 / 48).round() - 1, computed with numpy 2.4. numpy fills arange as
+    // start + i * ((start - step) - start): the 4th and 28th values come out just under 937.5 and 437.5 and
+    // round down (timesteps 936, 436), where 1000 - i * step gives the exact halves, rounded to even (937, 437).
+    const expected = [
+      999, 978, 957, 936, 916, 895, 874, 853, 832, 811, 791, 770, 749, 728, 707, 686, 666, 645, 624, 603, 582, 561, 541, 520, 499,
+      478, 457, 436, 416, 395, 374, 353, 332, 311, 291, 270, 249, 228, 207, 186, 166, 145, 124, 103, 82, 61, 41, 20,
+    ];
+    const turbo = { ...SD15, timestep_spacing: 'trailing', steps_offset: 1 };
+    for (const s of [new EulerAncestralDiscreteScheduler(turbo), new DDIMScheduler(turbo)]) {
+      s.setTimesteps(48);
+      expect(s.timesteps).toEqual(expected);
+    }
+  });
+
   it('LCM, 4 steps: 999, 759, 499, 259', () => {
     const s = new LCMScheduler({});
     s.setTimesteps(4);

@@ -170,9 +170,14 @@ export function spacedTimesteps(spacing: string, numTrainTimesteps: number, n: n
     }
     case 'trailing': {
       const ratio = T / n;
-      // numpy's arange(end, 0, -ratio); the small allowance keeps float error from adding a step at 0.
+      // numpy's arange(end, 0, -ratio) fills end + i * (its second value - end), not end - i * ratio: the
+      // last bit differs, and decides the rounding of exact halves (48 steps: 937.5 - 1e-13 -> 936).
+      const second = end - ratio;
+      const delta = second - end;
+      // Its length, ceil(end / ratio), counts one value too many at some n (61, 103, 121 ...), a last
+      // timestep -1 that DDIM would read as the noisiest alpha-bar: at most n are taken instead.
       const count = Math.min(n, Math.ceil(end / ratio - 1e-9));
-      return Array.from({ length: count }, (_, i) => roundHalfEven(end - i * ratio) - 1);
+      return Array.from({ length: count }, (_, i) => roundHalfEven(i === 0 ? end : end + i * delta) - 1);
     }
     default:
       throw new Error(`timestep_spacing "${spacing}" is not supported (linspace, leading, trailing)`);
