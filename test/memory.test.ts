@@ -1,15 +1,19 @@
+import { execFile } from 'node:child_process';
 import { mkdir, mkdtemp, readdir, rm, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
+import { promisify } from 'node:util';
 import OpenAI from 'openai';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { bytesPerImage, leastPerImage, mergeSamples } from '../src/models/memory-curve.js';
 import { MemoryFigures, readMemoryFigures, writeMemoryFigures } from '../src/models/memory-figures.js';
 import { localMemory, MemoryPlan, vaeAttentionBytes } from '../src/pipelines/memory-plan.js';
 import { WorkerRuntime } from '../src/pipelines/run.js';
+import { imagegenArgs, PROJECT_ROOT } from './helpers/cli.js';
 import { DEMO_MODEL_DIR } from './helpers/demo-model.js';
 import { metric } from './helpers/ops-server.js';
-import { haveRealExports, realExport, startExportsServer, type ExportsServer } from './helpers/real-exports.js';
+import { haveRealExports, REAL_EXPORT_TIMEOUT_MS, realExport, startExportsServer, type ExportsServer } from './helpers/real-exports.js';
+import { startRealServer, type RealServer } from './helpers/real-server.js';
 import { killServer, spawnServer, type ServerProcess } from './helpers/server-process.js';
 
 /**
@@ -319,4 +323,32 @@ describe('figures kept by an older version', () => {
     await expect.poll(async () => (await readMemoryFigures(path.join(root, 'data')))[DEMO_MODEL_DIR]?.weightsBytes).toBeGreaterThan(0);
     expect((await readMemoryFigures(path.join(root, 'data')))[DEMO_MODEL_DIR].peakBytes).toBeLessThan(2 ** 40);
   });
+});
+
+describe('figures of a model replaced under its id', () => {
+  let real: RealServer;
+  const execFileAsync = promisify(execFile);
+  beforeAll(async () => {
+    if (haveRealExports) real = await startRealServer({ models: { main: { copy: realExport('sd15') } }, env: { WORKERS: '1', PRELOAD: 'none' } });
+  }, REAL_EXPORT_TIMEOUT_MS);
+  afterAll(() => real?.close());
+
+  it.skipIf(!haveRealExports)('are not the replaced model\'s: "models list" says not measured, and the server measures and calibrates it afresh (needs ../shared)', async () => {
+    const dir = path.join(real.root, 'models', 'main');
+    const generate = (size: '512x512') => real.client.images.generate({ model: 'main', prompt: 'a red circle', size, response_format: 'b64_json', steps: 1 } as OpenAI.ImageGenerateParamsNonStreaming);
+    const list = async () => (await execFileAsync(process.execPath, imagegenArgs('models', 'list', '--models-dir', path.dirname(dir), '--data-dir', real.dataDir), { cwd: PROJECT_ROOT })).stdout;
+    expect((await generate('512x512')).data).toHaveLength(1);
+    // The SD 1.5 export's VAE decoder attends over every latent pixel; the demo model's has no attention.
+    await expect.poll(async () => (await readMemoryFigures(real.dataDir))[dir]?.decode?.attentionBytes).toBeGreaterThan(0);
+    expect(await list()).toMatch(/\nmain\s+sd\/sd15\s+\S+ MiB\s+\S+ MiB \+ /);
+
+    await execFileAsync(process.execPath, imagegenArgs('models', 'import', DEMO_MODEL_DIR, '--name', 'main', '--force', '--skip-load', '--models-dir', path.dirname(dir)), { cwd: PROJECT_ROOT });
+    // Before, the SD 1.5 export's figures stood for the model in its place: shown, and planned on (its calibration skipped).
+    expect(await list()).toMatch(/\nmain\s+sd\/sd-turbo\s+\S+ KiB\s+not measured\s+ok\n/);
+    expect((await generate('512x512')).data).toHaveLength(1);
+    await expect.poll(async () => (await readMemoryFigures(real.dataDir))[dir]?.decode?.attentionBytes).toBe(0);
+    // Calibrated as it loaded (one step at half and three quarters of its 512 side), as a model new to the machine is.
+    expect((await readMemoryFigures(real.dataDir))[dir].denoise?.map((sample) => sample.pixels)).toEqual(expect.arrayContaining([256 * 256, 384 * 384]));
+    expect(await list()).toMatch(/\nmain\s+sd\/sd-turbo\s+\S+ KiB\s+\S+ \S*B \+ \S+ MiB at 0\.\d MP\s+ok\n/);
+  }, REAL_EXPORT_TIMEOUT_MS);
 });

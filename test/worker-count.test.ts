@@ -19,6 +19,13 @@ describe('the default number of workers', () => {
     expect(fits(30 * GiB)).toMatchObject({ workers: 2, reason: expect.stringMatching(/measured 12\.0 GiB a worker and 30\.0 GiB is free/) });
     expect(fits(5 * GiB).workers).toBe(1);
   });
+
+  it('counts no figures measured of another model once installed in a preloaded folder (another version of its files)', () => {
+    const measured = { [sd15.dir]: { weightsBytes: 4 * GiB, peakBytes: 8 * GiB, peakPixels: 2 * 512 * 512, version: 'sdxl-files' } };
+    const fits = (version: string) => defaultWorkerCount({ provider: 'cuda', cudaDevices: [0, 1, 2, 3], preload: [{ ...sd15, version }], measured, availableBytes: 30 * GiB }).workers;
+    expect(fits('sdxl-files')).toBe(2);
+    expect(fits('sd15-files')).toBe(4);
+  });
 });
 
 describe('the workers that share a CUDA device', () => {

@@ -17,8 +17,8 @@ import {
   removeModel,
   type InstalledModel,
 } from '../install/index.js';
-import { readMemoryFigures, type ModelMemory } from '../models/memory-figures.js';
-import { modelFolderAsRoot } from '../models/registry.js';
+import { figuresFor, readMemoryFigures, type ModelMemory } from '../models/memory-figures.js';
+import { folderVersion, modelFolderAsRoot } from '../models/registry.js';
 import { EXECUTION_PROVIDERS, GRAPH_REWRITE_SETS, type ExecutionProvider, type GraphRewrites } from '../runtime/providers.js';
 import { registerVerifyCommand } from './verify.js';
 import { exitStatusOf } from './exit-status.js';
@@ -103,13 +103,19 @@ async function printModelList(flags: CommonFlags & { dataDir: string; executionP
   const misplaced = await modelFolderAsRoot(modelsDir);
   if (misplaced) throw new ModelInstallError(misplaced);
   const memory = await readMemoryFigures(flags.dataDir, flags.executionProvider, flags.graphRewrites);
-  const rows = (await listModels(modelsDir)).map((model) => [
-    model.id,
-    model.family ? `${model.family}/${model.variant}` : '-',
-    formatBytes(model.bytes),
-    describeMemory(memory[path.resolve(modelsDir, model.id)]),
-    model.reason ? `${model.status}: ${model.reason}` : model.status,
-  ]);
+  const rows: string[][] = [];
+  for (const model of await listModels(modelsDir)) {
+    const dir = path.resolve(modelsDir, model.id);
+    // Figures of another model once installed under this id are not this one's (an unfinished pull has no folder to tell by).
+    const version = await folderVersion(dir).catch(() => undefined);
+    rows.push([
+      model.id,
+      model.family ? `${model.family}/${model.variant}` : '-',
+      formatBytes(model.bytes),
+      describeMemory(figuresFor(memory[dir], version)),
+      model.reason ? `${model.status}: ${model.reason}` : model.status,
+    ]);
+  }
   if (!rows.length) {
     console.log(`no models in ${modelsDir}; install one with "imagegen models pull <repo>" or "imagegen models import <folder|bundle>"`);
     return;

@@ -1,4 +1,4 @@
-import type { ModelMemory } from '../models/memory-figures.js';
+import { figuresFor, type ModelMemory } from '../models/memory-figures.js';
 import type { ExecutionProvider } from '../runtime/providers.js';
 import type { ModelRef } from '../runtime/types.js';
 import { formatBytes } from '../util/bytes.js';
@@ -27,8 +27,8 @@ export function defaultWorkerCount(options: {
     webgpu: 'one on the GPU (WebGPU runs on one adapter)',
     cpu: `one on the CPU (${threads === undefined ? 'its threads use every core' : `with the ${plural(threads, 'thread')} WORKER_THREADS gives it`})`,
   }[options.provider];
-  const need = Math.max(0, ...options.preload.map(({ dir }) => {
-    const m = options.measured[dir];
+  const need = Math.max(0, ...options.preload.map(({ dir, version }) => {
+    const m = figuresFor(options.measured[dir], version);
     return m ? m.weightsBytes + m.peakBytes : 0;
   }));
   if (need === 0) return { workers: wanted, reason: base };

@@ -39,6 +39,13 @@ const modelMemory = z.object({
    * DATA_DIR: a restart (after freeing memory, or on a bigger GPU) starts afresh.
    */
   exceeded: z.array(sample).optional(),
+  /**
+   * The version of the model folder's files they were measured with (ModelEntry.version): a folder
+   * replaced under the same id (`models import --force`, `pull --force`, or by hand) holds another
+   * model, whose figures these are not. Absent in files written before it was kept: adopted by the
+   * next version measured.
+   */
+  version: z.string().optional(),
 });
 
 /**
@@ -48,8 +55,21 @@ const modelMemory = z.object({
  */
 export type ModelMemory = z.infer<typeof modelMemory>;
 
-/** The figures of both, each the larger: what the plan counts on is the most a model was seen to take. */
-export function mergeMemory(known: ModelMemory | undefined, reported: ModelMemory): ModelMemory {
+/**
+ * A model's figures as they stand for the version of its folder's files now: none when they were
+ * measured of other files (another model installed under its id), which say nothing of these: an
+ * SDXL's figures, kept for the small model installed in its place, planned that model's batches (its
+ * calibration skipped) and were what `models list` showed for it. Either version unknown counts as the
+ * same.
+ */
+export function figuresFor(known: ModelMemory | undefined, version: string | undefined): ModelMemory | undefined {
+  return known && (known.version === undefined || version === undefined || known.version === version) ? known : undefined;
+}
+
+/** The figures of both, each the larger: what the plan counts on is the most a model was seen to take; `reported` alone when they are of other files (see figuresFor). */
+export function mergeMemory(stored: ModelMemory | undefined, reported: ModelMemory): ModelMemory {
+  const known = figuresFor(stored, reported.version);
+  const version = reported.version ?? known?.version;
   const peak = known && known.peakBytes >= reported.peakBytes ? known : reported;
   const merged = (a?: MemorySample[], b?: MemorySample[]) => (a || b ? mergeSamples(a ?? [], b ?? []) : undefined);
   const denoise = merged(known?.denoise, reported.denoise);
@@ -62,6 +82,7 @@ export function mergeMemory(known: ModelMemory | undefined, reported: ModelMemor
     ...(denoise && { denoise }),
     ...(decode && { decode }),
     ...(exceeded && { exceeded }),
+    ...(version !== undefined && { version }),
   };
 }
 

@@ -120,6 +120,14 @@ async function folderSignature(dir: string): Promise<{ signature: string; weight
   return { signature: files.join('|'), weights, mtimeMs: own.mtimeMs };
 }
 
+/** A folder's version (ModelEntry.version) from its signature's `weights`. */
+const versionOf = (weights: string) => createHash('sha256').update(weights).digest('hex').slice(0, 16);
+
+/** The version of a model folder's files as a scan finds it (ModelEntry.version): to tell whose memory figures are whose outside the server (`models list`). */
+export async function folderVersion(dir: string): Promise<string> {
+  return versionOf((await folderSignature(dir)).weights);
+}
+
 async function inspect(id: string, dir: string, ownedBy: string, mtimeMs: number, version: string): Promise<ModelEntry | UnusableModel> {
   const verdict = await inspectModelFolder(dir);
   if (!verdict.usable) return verdict;
@@ -321,7 +329,7 @@ export class ModelRegistry {
       const folder = await folderSignature(dir);
       signature = folder.signature;
       if (this.inspections.get(dir)?.signature === signature) return this.inspections.get(dir)!.result;
-      result = await inspect(id, dir, ownedBy, folder.mtimeMs, createHash('sha256').update(folder.weights).digest('hex').slice(0, 16));
+      result = await inspect(id, dir, ownedBy, folder.mtimeMs, versionOf(folder.weights));
     } catch (err) {
       const code = (err as NodeJS.ErrnoException).code ?? 'unreadable';
       // Removed while scanning: nothing to say.

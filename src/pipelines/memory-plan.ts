@@ -3,7 +3,7 @@ import type { GenerationBatch } from '../runtime/types.js';
 import type { ModelLayout } from '../models/layout.js';
 import { formatBytes } from '../util/bytes.js';
 import { bytesPerImage, leastPerImage } from '../models/memory-curve.js';
-import { exceededFigures, mergeMemory, type ModelMemory } from '../models/memory-figures.js';
+import { exceededFigures, figuresFor, mergeMemory, type ModelMemory } from '../models/memory-figures.js';
 import type { VaeTiler, VaeTiling } from './vae.js';
 import { encodesEveryItem } from './inpainting-input.js';
 
@@ -178,15 +178,21 @@ export class MemoryPlan {
     return this.figures.get(modelDir);
   }
 
-  /** Loads a model, recording how much the worker grew (garbage collected before and after: see settledResidentBytes). */
-  async measureLoad<T>(modelDir: string, load: () => Promise<T>): Promise<T> {
+  /**
+   * Loads a model, `version` of its folder's files, recording how much the worker grew (garbage
+   * collected before and after: see settledResidentBytes). Figures measured of other files in the folder
+   * are dropped (see figuresFor): the model is measured, and calibrated, afresh.
+   */
+  async measureLoad<T>(modelDir: string, version: string | undefined, load: () => Promise<T>): Promise<T> {
     const before = await settledResidentBytes();
     const loaded = await load();
     const after = await settledResidentBytes();
     this.held.set(modelDir, 0);
     this.loadedAt.set(modelDir, after);
-    const known = this.figures.get(modelDir);
-    this.figures.set(modelDir, { peakBytes: 0, peakPixels: 0, ...known, weightsBytes: Math.max(0, after - before) });
+    const known = figuresFor(this.figures.get(modelDir), version);
+    const measured: ModelMemory = { peakBytes: 0, peakPixels: 0, ...known, weightsBytes: Math.max(0, after - before) };
+    if (version !== undefined) measured.version = version;
+    this.figures.set(modelDir, measured);
     return loaded;
   }
 

@@ -78,7 +78,7 @@ export class WorkerRuntime {
     const runtime = this.settings.runtime;
     this.pipelines = new PipelineCache(async (dir, version) => {
       // Measured anew if it loads again after others were released: their memory is not its own.
-      const load = () => this.memory.measureLoad(dir, () => loadPipeline(dir, runtime, this.memory));
+      const load = () => this.memory.measureLoad(dir, version, () => loadPipeline(dir, runtime, this.memory));
       const pipeline = await this.withRoom(dir, version, load, () => dir).catch((err: unknown) => {
         throw err instanceof OnnxOutOfMemoryError ? ranOutOfMemory(path.basename(dir), err, undefined, this.failsAlone(dir, version)) : err;
       });

@@ -39,7 +39,7 @@ try {
   await writeFile(file, bytes);
   const plan = new MemoryPlan();
   let rewritten = false;
-  await plan.measureLoad(dir, async () => {
+  await plan.measureLoad(dir, undefined, async () => {
     const source = process.argv[3] === 'plain' ? file : await graphSource(file, 'cpu');
     rewritten = typeof source !== 'string';
     return createSession(source, { ...defaultRuntime(), provider: 'cpu' });
