@@ -1,11 +1,14 @@
+import { execFile } from 'node:child_process';
 import { readdir, readFile } from 'node:fs/promises';
 import os from 'node:os';
+import path from 'node:path';
+import { promisify } from 'node:util';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { DEMO_MODEL_DIR } from './helpers/demo-model.js';
 import type { GenerationBatch } from '../src/runtime/types.js';
 import { startTestServer } from './helpers/api-server.js';
 import { signalBusyWorker, whileBatchHeld } from './helpers/busy-worker.js';
-import { createBuiltPool } from './helpers/cli.js';
+import { createBuiltPool, imagegenArgs, PROJECT_ROOT } from './helpers/cli.js';
 import { capturedLogs } from './helpers/logs.js';
 import { auth, generate, LONG, metric, MODEL, OPS_KEY, scrape, startOpsServer, untilReady, whenRunning, type Answer, type OpsServer } from './helpers/ops-server.js';
 import type { ErrorBody } from '../src/api/wire.js';
@@ -15,6 +18,8 @@ import type { ErrorBody } from '../src/api/wire.js';
  * when a client leaves, a worker crash, metrics and logs. One worker, so one long generation occupies
  * the engine; its duration is measured, so the timing checks hold on fast and slow machines.
  */
+
+const execFileAsync = promisify(execFile);
 
 function expectError(answer: Answer, status: number, type: string, code: string) {
   expect(answer.status).toBe(status);
@@ -216,6 +221,36 @@ describe('the models a worker holds', () => {
     expect(generation).toBeGreaterThan(0);
     // Both within the request's own time: counted in both, the load made their sum exceed it.
     expect(generation + load).toBeLessThanOrEqual(requestSeconds);
+  });
+});
+
+describe('a model removed while the server runs', () => {
+  const logs = capturedLogs<{ msg: string; model?: string }>();
+  let ops: OpsServer;
+  beforeAll(async () => {
+    ops = await startOpsServer({ logger: logs.logger });
+    await untilReady(ops.server.url);
+  });
+  afterAll(() => ops?.close());
+
+  it('is released by the workers that held it, giving its memory back, while the other models are served', async () => {
+    const models = path.join(ops.root, 'models');
+    const cli = (...args: string[]) => execFileAsync(process.execPath, imagegenArgs(...args, '--models-dir', models), { cwd: PROJECT_ROOT });
+    const generate = (model: string) => ops.client.images.generate({ model, prompt: 'a red circle', size: '256x256', response_format: 'b64_json' });
+    const held = async (model: string) => metric(await scrape(ops.server.url), `imagegen_model_workers{model="${model}"}`);
+    expect(await held(MODEL)).toBe(1);
+    await cli('models', 'remove', MODEL);
+    // Another model's request finds the models folder changed and rescans it.
+    expect((await generate('demo-shapes')).data).toHaveLength(1);
+    await expect(generate(MODEL)).rejects.toMatchObject({ status: 400, code: 'invalid_value', param: 'model' });
+    // Before, it stayed loaded until the memory budget evicted it: for good with the budget to spare.
+    await expect.poll(() => held(MODEL), { timeout: 20_000, interval: 100 }).toBeUndefined();
+    expect(await held('demo-shapes')).toBe(1);
+    expect(logs.lines).toContainEqual(expect.objectContaining({ model: MODEL, msg: 'released a model that is no longer installed or usable, and its memory' }));
+    // Installed again, it loads again on use.
+    await cli('models', 'import', DEMO_MODEL_DIR, '--name', MODEL, '--skip-load');
+    expect((await generate(MODEL)).data).toHaveLength(1);
+    expect(await held(MODEL)).toBe(1);
   });
 });
 

@@ -305,7 +305,40 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
         .finally(() => reloading.delete(model.dir));
     }
   }
-  const preloadRetries = setInterval(retryPreloads, PRELOAD_RETRY_CHECK_MS);
+  /** Models being released now, by folder (see releaseGone). */
+  const releasing = new Set<string>();
+  /**
+   * Releases, one worker at a time, each model a worker holds whose folder the model scan no longer
+   * finds usable (removed by `models remove`, or damaged): no request can name it now, and its sessions
+   * held their memory until the budget happened to evict them, for good with the budget to spare (a
+   * removed SDXL's gigabytes, in every worker that had run it). Batches of it still waiting for a worker
+   * then find it gone (400, "removed while this request waited"). A job of the queue, as a preload's retry is.
+   */
+  function releaseGone(): void {
+    const versionOf = options.modelVersion;
+    if (!versionOf) return;
+    for (const dir of new Set(slots.ready().flatMap((worker) => [...worker.loaded]))) {
+      if (versionOf(dir) !== undefined || releasing.has(dir)) continue;
+      releasing.add(dir);
+      queue
+        .run(() => releaseOnWorker(dir))
+        .catch(() => undefined)
+        .finally(() => releasing.delete(dir));
+    }
+  }
+
+  async function releaseOnWorker(dir: string): Promise<void> {
+    const worker = slots.ready().find((w) => !w.busy && w.loaded.has(dir));
+    // Those holding it took batches meanwhile: released at the next look.
+    if (!worker) return;
+    await worker.release(dir, () => undefined);
+    logger?.info({ model: modelName(dir), workerPid: worker.pid }, 'released a model that is no longer installed or usable, and its memory');
+  }
+
+  const preloadRetries = setInterval(() => {
+    retryPreloads();
+    releaseGone();
+  }, PRELOAD_RETRY_CHECK_MS);
   preloadRetries.unref();
 
   async function loadOnWorker(model: ModelRef): Promise<void> {

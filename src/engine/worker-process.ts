@@ -164,8 +164,13 @@ export class WorkerProcess implements MemoryClaimant {
     await this.assign({ type: 'load', model }, { batch: false, onProgress });
   }
 
+  /** Releases a model the worker holds (see ToWorker 'release'). */
+  async release(modelDir: string, onProgress: () => void): Promise<void> {
+    await this.assign({ type: 'release', modelDir }, { batch: false, onProgress });
+  }
+
   /** Hands the worker its one task; it settles with the task's images or error. */
-  private assign(message: Extract<ToWorker, { type: 'run' | 'load' }>, task: Pick<Task, 'batch' | 'onProgress' | 'onEvent'>): Promise<GeneratedImage[]> {
+  private assign(message: Extract<ToWorker, { type: 'run' | 'load' | 'release' }>, task: Pick<Task, 'batch' | 'onProgress' | 'onEvent'>): Promise<GeneratedImage[]> {
     if (!this.alive || !this.ready || this.task) throw new Error('the worker cannot take a task now');
     return new Promise<GeneratedImage[]>((resolve, reject) => {
       this.task = { started: false, resolve, reject, ...task };

@@ -25,6 +25,8 @@ export type ToWorker =
   | { type: 'run'; batch: GenerationBatch }
   /** Load a model with no batch (a preload that failed, tried again): answered as a batch with no images. */
   | { type: 'load'; model: ModelRef }
+  /** Release a model's sessions (its folder is gone, or no longer usable): answered as a batch with no images. */
+  | { type: 'release'; modelDir: string }
   /** The pool's answer to 'memory-ask' and 'memory-wait': what the running batch may plan on (see memory-arbiter.ts). */
   | { type: 'memory-grant'; grant: MemoryGrant }
   /** Every client of the running batch left: stop at the next denoising step. */

@@ -211,6 +211,13 @@ const load = (model: ModelRef) =>
     return [];
   });
 
+/** Releases a model's sessions, and the memory they hold: one requests can no longer name (see pool.ts's releaseGone). */
+const release = (modelDir: string) =>
+  perform(modelDir, async () => {
+    await current().releaseModel(modelDir);
+    return [];
+  });
+
 async function stop(): Promise<void> {
   stopping = true;
   if (running) {
@@ -232,6 +239,9 @@ process.on('message', (message: ToWorker) => {
       break;
     case 'load':
       load(message.model);
+      break;
+    case 'release':
+      release(message.modelDir);
       break;
     case 'memory-grant':
       awaitingGrant?.resolve(message.grant);

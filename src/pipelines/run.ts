@@ -181,6 +181,11 @@ export class WorkerRuntime {
     return this.pipelines.holds(modelDir, version);
   }
 
+  /** Releases a model folder's sessions (now, or as the run using them ends); the next use loads it again. */
+  releaseModel(modelDir: string): Promise<void> {
+    return this.pipelines.release(modelDir);
+  }
+
   /** The pipeline for a model folder, loaded on first use and kept while the memory budget allows. */
   getPipeline(modelDir: string, version?: string): Promise<Pipeline> {
     return this.pipelines.get(modelDir, version);
