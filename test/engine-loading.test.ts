@@ -1,10 +1,11 @@
+import { rmSync } from 'node:fs';
 import { mkdtemp, rm, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { OnnxModel } from '../src/runtime/onnx-model.js';
-import { inspectModel } from '../src/models/layout.js';
-import { loadPipeline } from '../src/pipelines/load.js';
+import { inspectModel, MISSING_FOLDER } from '../src/models/layout.js';
+import { loadPipeline, type DecodePlanner } from '../src/pipelines/load.js';
 import { cudaInstalled } from './helpers/cuda.js';
 import { capturedLogs } from './helpers/logs.js';
 import type { CudaEnvironment } from '../src/runtime/nvidia-gpus.js';
@@ -44,6 +45,26 @@ describe('model folders', () => {
     const dir = await copyOfReference('sd15-optimum');
     await writeFile(path.join(dir, 'vae_decoder', 'model.onnx'), 'not an onnx file');
     await expect(loadPipeline(dir, { provider: 'cpu', threads: 1 })).rejects.toThrow(/vae_decoder[/\\]model\.onnx is cut short or is not an ONNX graph/);
+  });
+
+  it("names a tokenizer that cannot be read as the folder's problem, and a folder removed while it loads as removed", async () => {
+    const dir = await copyOfReference('sd15-legacy');
+    // Damaged after the scan that found the folder usable: the tokenizer's reader's bare error was all there was.
+    await writeFile(path.join(dir, 'tokenizer', 'vocab.json'), '{"a": ');
+    await expect(loadPipeline(dir, { provider: 'cpu', threads: 1 })).rejects.toMatchObject({
+      name: 'ModelLayoutError',
+      problem: expect.stringMatching(/^cannot load the tokenizer: tokenizer[/\\]vocab\.json is not valid JSON/),
+    });
+    // `models remove` as the load runs, timed by the decode planner, which the load consults once the VAE decoder is loaded.
+    const removed = await copyOfReference('sd15-optimum');
+    const removing: DecodePlanner = {
+      vaeTiler: () => {
+        rmSync(removed, { recursive: true });
+        return () => undefined;
+      },
+      encoded: () => undefined,
+    };
+    await expect(loadPipeline(removed, { provider: 'cpu', threads: 1 }, removing)).rejects.toMatchObject({ name: 'ModelLayoutError', problem: MISSING_FOLDER });
   });
 
   it('loads external weight files (weights.pb, model.onnx_data) next to the graph', async () => {

@@ -21,11 +21,12 @@ const modelDir = (id: string) => path.join(real.root, 'models', id);
 
 beforeAll(async () => {
   const copy = { copy: referenceModel('sd-turbo') };
-  real = await startRealServer({ models: { good: copy, damaged: copy, doomed: copy, misconfigured: copy }, env: { WORKERS: '1', PRELOAD: 'good', DEFAULT_MODEL: 'good' }, logger: logs.logger });
+  real = await startRealServer({ models: { good: copy, damaged: copy, doomed: copy, misconfigured: copy, untokenized: copy }, env: { WORKERS: '1', PRELOAD: 'good', DEFAULT_MODEL: 'good' }, logger: logs.logger });
   // Cut short after the scan that found it usable, as a copy still being written would be.
   await truncate(path.join(modelDir('damaged'), 'text_encoder', 'model.onnx'), 2000);
   // Half written by an editor after the scan.
   await writeFile(path.join(modelDir('misconfigured'), 'scheduler', 'scheduler_config.json'), '{"_class_name": ');
+  await writeFile(path.join(modelDir('untokenized'), 'tokenizer', 'tokenizer.json'), '{"model": ');
 }, 120_000);
 afterAll(() => real?.close());
 
@@ -76,6 +77,17 @@ describe('a model that cannot be loaded when its request runs', () => {
     const { message } = err.error as { message: string };
     expect(message).toMatch(/^The model 'misconfigured' is installed but could not be loaded: scheduler\/scheduler_config\.json is not valid JSON/);
     expect(message).not.toContain(real.root);
+  });
+
+  it('names its tokenizer when that cannot be read, whether a worker loads it or the server counts the prompt with it (gpt-image usage)', async () => {
+    // The worker's load for a dall-e style answer; the server's own count of the prompt's tokens for a gpt-image one.
+    for (const extra of [{}, { output_format: 'png' }]) {
+      const err = await apiError(generate('untokenized', extra));
+      expect({ status: err.status, code: err.code }).toEqual({ status: 500, code: 'model_unusable' });
+      // Before, a bare 500: "The server had an error while processing your request".
+      expect((err.error as { message: string }).message).toMatch(/^The model 'untokenized' is installed but could not be loaded: cannot load the tokenizer: tokenizer\/tokenizer\.json is not valid JSON/);
+      expect((err.error as { message: string }).message).not.toContain(real.root);
+    }
   });
 
   it('is a 400 saying it was removed when its folder went away while the request waited', async () => {

@@ -3,8 +3,8 @@ import { GpuFaultError } from '../runtime/gpu-faults.js';
 import type { RuntimeOptions, SessionTuning } from '../runtime/providers.js';
 import type { PipelineKind } from '../families/family.js';
 import { familyEntry } from '../families/index.js';
-import { inspectModel, ModelLayoutError, type ModelLayout } from '../models/layout.js';
-import { loadTokenizer } from '../tokenizers/load.js';
+import { inspectModel, MISSING_FOLDER, ModelLayoutError, type ModelLayout } from '../models/layout.js';
+import { loadModelTokenizer } from '../models/model-tokenizer.js';
 import { FluxPipeline } from './flux.js';
 import type { Pipeline } from './pipeline.js';
 import { StableDiffusionPipeline } from './stable-diffusion.js';
@@ -12,6 +12,7 @@ import { TextEncoder } from './text-encoder.js';
 import { OnDemand } from './on-demand.js';
 import { VaeDecoder, VaeEncoder, type VaeTiler } from './vae.js';
 import { firstLineOf } from '../util/error-message.js';
+import { exists } from '../util/files.js';
 
 /**
  * The worker's MemoryPlan as the pipelines see it: it decides whether a model's VAE decodes whole or in
@@ -58,7 +59,7 @@ export async function loadPipeline(dir: string, runtime: RuntimeOptions, memory?
   try {
     // The decoder runs once per image at full resolution: an arena would keep its peak for good.
     const vae = new VaeDecoder(await load(layout.vaeDecoder, { memoryArena: false }), layout.vae.scalingFactor, layout.vae.shiftFactor, memory?.vaeTiler(layout));
-    const encoder = new TextEncoder(await load(layout.textEncoder), await loadTokenizer(layout.tokenizer));
+    const encoder = new TextEncoder(await load(layout.textEncoder), await loadModelTokenizer(layout.dir, layout.tokenizer));
     const denoiser = await load(layout.denoiser);
     const second = await secondEncoder(layout, family.secondEncoderLength?.[layout.variant], load);
     const vaeEncoder = new OnDemand(async () => {
@@ -68,6 +69,9 @@ export async function loadPipeline(dir: string, runtime: RuntimeOptions, memory?
     return PIPELINES[family.pipeline]({ layout, denoiser, encoders: second ? [encoder, second] : [encoder], vae, vaeEncoder });
   } catch (err) {
     await Promise.allSettled(opened.map((m) => m.release()));
+    // Removed while it loaded (`models remove`): whichever of its files went first failed in its own
+    // words ("File doesn't exist", ENOENT), a 500 telling the operator to repair a model they removed.
+    if (!(await exists(layout.dir))) throw new ModelLayoutError(layout.dir, MISSING_FOLDER);
     throw err;
   }
 }
@@ -75,5 +79,5 @@ export async function loadPipeline(dir: string, runtime: RuntimeOptions, memory?
 /** `maxLength`: the sequence length it was trained at, when its family fixes one (T5). */
 async function secondEncoder(layout: ModelLayout, maxLength: number | undefined, load: (file: string) => Promise<OnnxModel>): Promise<TextEncoder | undefined> {
   if (!layout.textEncoder2 || !layout.tokenizer2) return undefined;
-  return new TextEncoder(await load(layout.textEncoder2), await loadTokenizer(layout.tokenizer2, { maxLength }));
+  return new TextEncoder(await load(layout.textEncoder2), await loadModelTokenizer(layout.dir, layout.tokenizer2, { maxLength }));
 }

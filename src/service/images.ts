@@ -282,7 +282,13 @@ export function createImageService({ registry, engine, store, defaultRng, defaul
     const batches = edit && plan ? withPicture(planned, await fitEdit({ image: edit.image, mask: plan.marks }, planned[0].width, planned[0].height, model.layout.vae.scaleFactor)) : planned;
     // Counted first: a tokenizer that cannot load fails the request before any work is spent on it.
     // Streamed responses carry usage whatever the dialect: OpenAI's completed event has it.
-    const textTokens = request.dialect === 'gpt-image' || request.stream ? await promptTokens.count(model, request.prompt) : undefined;
+    // Its folder's tokenizer damaged or removed since the scan: answered as a worker's load of it is.
+    const textTokens =
+      request.dialect === 'gpt-image' || request.stream
+        ? await promptTokens.count(model, request.prompt).catch((err: unknown) => {
+            throw engineError(err, request.model);
+          })
+        : undefined;
     await context.admit?.();
     const [{ width, height, steps, strength, scheduler }] = batches;
     const drawn = { width, height, count: batches.reduce((n, batch) => n + batch.items.length, 0), inputImages: edit ? 1 : 0, vaeScale: model.layout.vae.scaleFactor };

@@ -1,6 +1,6 @@
 import { MAX_PROMPT_LENGTH } from '../api/wire.js';
 import type { ModelEntry } from '../models/registry.js';
-import { loadTokenizer } from '../tokenizers/load.js';
+import { loadModelTokenizer } from '../models/model-tokenizer.js';
 import type { TextTokenizer } from '../tokenizers/tokenizer.js';
 
 /**
@@ -45,7 +45,7 @@ export class PromptTokenCounter {
     const { dir, tokenizer: folder } = model.layout;
     const cached = this.loaded.get(dir);
     if (cached?.version === model.version) return cached.tokenizer;
-    const tokenizer = loadTokenizer(folder, { maxLength: UNTRUNCATED_LENGTH }).then((loaded) => ({ tokenizer: loaded, markers: unpadded(loaded, '') }));
+    const tokenizer = loadModelTokenizer(dir, folder, { maxLength: UNTRUNCATED_LENGTH }).then((loaded) => ({ tokenizer: loaded, markers: unpadded(loaded, '') }));
     // A failed load is not kept: the next request tries again.
     tokenizer.catch(() => {
       if (this.loaded.get(dir)?.tokenizer === tokenizer) this.loaded.delete(dir);
