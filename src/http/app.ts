@@ -11,7 +11,7 @@ import { connectionOptions, connections } from './connections.js';
 import { content } from './content.js';
 import { cors } from './cors.js';
 import { edits, LARGEST_FORM_BYTES } from './edits.js';
-import { answerClientError, answerConnect, answerFrameworkError, errors, unrouted } from './errors.js';
+import { answerClientError, answerFrameworkError, errors, unrouted } from './errors.js';
 import { expectContinue } from './expect.js';
 import { files } from './files.js';
 import { health, type HealthEngine } from './health.js';
@@ -96,7 +96,6 @@ export function buildApp({ config, registry, engine, store, metrics, logger, tls
   }) as unknown as FastifyInstance;
 
   app.register(errors);
-  app.server.on('connect', answerConnect.bind(app));
   app.register(requestIds);
   app.register(connections, {
     sendTimeoutSeconds: config.sendTimeoutSeconds,

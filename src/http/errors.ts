@@ -180,12 +180,13 @@ export function answerClientError(this: FastifyInstance, err: NodeJS.ErrnoExcept
  * the server's 'connect' listeners only, and without one closes the socket unanswered, so the client
  * saw "socket hang up" rather than what is wrong. This server is no proxy: a 405 says so.
  */
-export function answerConnect(this: FastifyInstance, request: IncomingMessage, socket: Socket): void {
+function answerConnect(app: FastifyInstance, request: IncomingMessage, socket: Socket): void {
+  // No one else listens on a socket handed to 'connect': a client that resets it must not end the process.
   socket.on('error', () => {});
   const error = new ApiError(405, `Method CONNECT is not allowed: this server is no proxy. Send requests to its own URLs (${request.url ?? ''} was asked for as a tunnel); check the client's proxy settings (HTTPS_PROXY).`, {
     code: 'method_not_allowed',
   });
-  answerOnSocket(this, socket, error, 'CONNECT');
+  answerOnSocket(app, socket, error, 'CONNECT');
   socket.end();
 }
 
@@ -250,6 +251,7 @@ export function invalidUrl(request: FastifyRequest): ApiError {
 async function errorsPlugin(app: FastifyInstance): Promise<void> {
   app.decorate('failuresSaid', new Map<string, number>());
   app.addHook('onRequest', async (request) => void routed.set(request.raw, request));
+  app.server.on('connect', (request: IncomingMessage, socket: Socket) => answerConnect(app, request, socket));
   app.setErrorHandler((err: FastifyError, request, reply) => sendError(reply, apiErrorOf(err, request)));
   app.setNotFoundHandler((request, reply) => sendError(reply, unroutedError(app, request)));
 }
