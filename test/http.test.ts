@@ -177,6 +177,9 @@ describe('forms (edits and variations)', () => {
       expect(error.message).toContain("accepts only 'multipart/form-data'");
       expect(error.message).not.toContain('application/json');
     }
+    // JSON, which Fastify parses for them as for edits, gets the same answer.
+    const json = await expectError(await postForm('variations', Buffer.from('{"n":1}'), { 'content-type': 'application/json' }), 415, 'unsupported_media_type');
+    expect(json.message).toContain("accepts only 'multipart/form-data'");
     // Edits take both.
     const edits = await expectError(await postForm('edits', Buffer.from('n=1'), { 'content-type': 'text/plain' }), 415, 'unsupported_media_type');
     expect(edits.message).toContain("'application/json' and 'multipart/form-data'");

@@ -4,6 +4,7 @@ import { ApiError } from '../api/errors.js';
 import { parseImageRequest, type ImagesResponse } from '../api/wire.js';
 import type { EditInput } from '../service/images.js';
 import { checkMask, decodeInputImage } from '../service/input-images.js';
+import { unsupportedMediaType } from './errors.js';
 import { queueClient, respond, type ImagesOptions } from './image-routes.js';
 import { formBound, readUpload, type Upload, type UploadLimits, type UploadRoute } from './uploads.js';
 import { sendsForm } from './raw-headers.js';
@@ -61,7 +62,7 @@ const sdkRetries = (status: number) => status === 408 || status === 409 || statu
 
 declare module 'fastify' {
   interface FastifyContextConfig {
-    /** The route takes only a multipart form, no JSON (variations, as OpenAI's): its 415 says so (errors.ts). */
+    /** The route takes only a multipart form, no JSON (variations, as OpenAI's): both are refused with one 415 saying so (errors.ts). */
     formOnly?: boolean;
   }
 }
@@ -91,6 +92,7 @@ export async function edits(app: FastifyInstance, options: EditsOptions): Promis
       // (megabytes) is read: its n is in the form, but a key that has no room for one image has none for any.
       options.service.checkRoom(queueClient(request));
       await options.rates.check(request.apiKey, 1);
+      if (request.routeOptions.config.formOnly && !request.isMultipart()) throw unsupportedMediaType(request);
       const upload = await readUpload(request, reply, route, UPLOAD_LIMITS, options.memory);
       const body = parseImageRequest(route, upload.fields, { defaultModel: options.defaultModel, form: upload.form });
       return respond(request, reply, 'image_edit', body, options, () => editInput(upload, route));

@@ -39,6 +39,18 @@ export function bodyTooLarge(request: FastifyRequest, decompressed = false): Api
   });
 }
 
+/**
+ * The 415 for a body the route does not take, naming the content types it does. Variations take no JSON
+ * (formOnly), which Fastify parses for every route: a JSON body is refused with this too (edits.ts), and
+ * their answer to another type does not name JSON, which would send the client to that refusal.
+ */
+export function unsupportedMediaType(request: FastifyRequest): ApiError {
+  const accepted = request.routeOptions.config.formOnly ? "only 'multipart/form-data'" : takesForms(request) ? "'application/json' and 'multipart/form-data'" : "only 'application/json'";
+  return new ApiError(415, `Unsupported content type: '${request.headers['content-type'] ?? '(none)'}'. This endpoint accepts ${accepted} requests.`, {
+    code: 'unsupported_media_type',
+  });
+}
+
 /** Fastify's own errors (body parsing, routing) in OpenAI's terms. */
 function fromFastifyError(err: FastifyError, request: FastifyRequest): ApiError | undefined {
   switch (err.code) {
@@ -52,13 +64,8 @@ function fromFastifyError(err: FastifyError, request: FastifyRequest): ApiError 
       );
     case 'FST_ERR_CTP_BODY_TOO_LARGE':
       return bodyTooLarge(request);
-    case 'FST_ERR_CTP_INVALID_MEDIA_TYPE': {
-      // Variations take no JSON either: naming it would send the client to their other 415.
-      const accepted = request.routeOptions.config.formOnly ? "only 'multipart/form-data'" : takesForms(request) ? "'application/json' and 'multipart/form-data'" : "only 'application/json'";
-      return new ApiError(415, `Unsupported content type: '${request.headers['content-type'] ?? '(none)'}'. This endpoint accepts ${accepted} requests.`, {
-        code: 'unsupported_media_type',
-      });
-    }
+    case 'FST_ERR_CTP_INVALID_MEDIA_TYPE':
+      return unsupportedMediaType(request);
   }
   if (err.statusCode && err.statusCode >= 400 && err.statusCode < 500) return new ApiError(err.statusCode, err.message);
   return undefined;

@@ -236,16 +236,10 @@ function readJson(body: unknown): Upload {
 }
 
 /**
- * The request's fields and files, in whichever form it came; variations take only OpenAI's multipart
- * form. A form's bytes are taken from `memory` until the request ends (JSON bodies are bounded by
- * BODY_LIMIT, and read before any route runs).
+ * The request's fields and files, in whichever form it came (edits.ts refuses JSON for variations). A
+ * form's bytes are taken from `memory` until the request ends (JSON bodies are bounded by BODY_LIMIT,
+ * and read before any route runs).
  */
 export async function readUpload(request: FastifyRequest, reply: FastifyReply, route: UploadRoute, limits: UploadLimits, memory: ByteBudget): Promise<Upload> {
-  if (request.isMultipart()) return readForm(request, reply, route, limits, memory);
-  if (route === 'variation') {
-    throw new ApiError(415, "Unsupported content type: image variations take a multipart/form-data body with the file 'image', as OpenAI's endpoint does.", {
-      code: 'unsupported_media_type',
-    });
-  }
-  return readJson(request.body);
+  return request.isMultipart() ? readForm(request, reply, route, limits, memory) : readJson(request.body);
 }
