@@ -18,15 +18,13 @@ import { messageOf } from '../util/error-message.js';
 
 /**
  * The 400 for a size the model does not serve under the name the request used, naming those it does;
- * `auto` is named as what it would run at: for an edit, the size its picture's shape gets.
+ * `auto` is named as what it runs at (requestSize's).
  */
-function sizeError(request: GenerationRequest, model: ModelEntry, served: readonly string[], picture?: Shape): ApiError {
-  const { sizes, defaultSize } = model.preset;
-  const auto = picture && served.length > 0 ? `${pictureSize(picture, served, defaultSize)} for this picture, the served size nearest its shape` : defaultSize;
+function sizeError(request: GenerationRequest, model: ModelEntry, served: readonly string[], auto: string): ApiError {
   const message =
     dialectOf(request.model) === 'gpt-image'
       ? `Invalid value: '${request.size}'. Supported values for model '${request.model}' are: ${quoteList(['auto', ...served])} ('auto' is ${auto}). ` +
-        `The installed model '${model.id}' serves ${quoteList(sizes)} when asked for by that name.`
+        `The installed model '${model.id}' serves ${quoteList(model.preset.sizes)} when asked for by that name.`
       : `Invalid value: '${request.size}'. Supported values are: ${quoteList(served)}. ` +
         `The server serves another size (both sides multiples of ${model.layout.sizeMultiple}) once it is in 'sizes' in the model's imagegen.json.`;
   return ApiError.invalid('size', 'invalid_value', message);
@@ -38,10 +36,12 @@ function sizeError(request: GenerationRequest, model: ModelEntry, served: readon
  */
 function requestSize(request: GenerationRequest, model: ModelEntry, picture?: Shape): Shape {
   const { sizes, defaultSize } = model.preset;
-  const asked = request.size === 'auto' ? undefined : request.size;
   const served = servedSizes(request.model, sizes);
-  if (asked !== undefined && !served.includes(asked)) throw sizeError(request, model, served, picture);
-  return parseSize(asked ?? (picture ? pictureSize(picture, served, defaultSize) : defaultSize));
+  const auto = picture ? pictureSize(picture, served, defaultSize) : defaultSize;
+  const asked = request.size === 'auto' ? undefined : request.size;
+  if (asked === undefined) return parseSize(auto);
+  if (!served.includes(asked)) throw sizeError(request, model, served, picture && served.length > 0 ? `${auto} for this picture, the served size nearest its shape` : auto);
+  return parseSize(asked);
 }
 
 interface Shape {
