@@ -16,7 +16,8 @@ export interface MetricsOptions {
 }
 
 /**
- * Counts a request once its answer is done (or 499 when the client left first). Called by the hook below
+ * Counts a request once its answer is done, under the status the client got: the reply's, the one
+ * answeredAside recorded where that is not it, or 499 when the client left first. Called by the hook below
  * for routed requests, and by the app for those Fastify's router refuses (frameworkErrors), for which
  * no hook runs.
  */
