@@ -201,7 +201,17 @@ describe.skipIf(!haveRealExports)('real exports against diffusers (needs ../shar
       await writeFile(path.join(tmp, 'shape.json'), JSON.stringify({ ...wrong, cases: [misfit] }));
       const shape = verify(realExport('sd15'), '--golden', path.join(tmp, 'shape.json'));
       expect([shape.status, shape.stdout]).toEqual([2, '']);
-      expect(shape.stderr).toContain(`${misfit.latents.file}: (case 0's initial latents) has the shape [1, 4, 64, 64]; a case of 384x256 starts from [1, C, 32, 48] (its height and width / 8)`);
+      expect(shape.stderr).toContain(`${misfit.latents.file}: (case 0's initial latents) has the shape [1, 4, 64, 64]; a case of 384x256 on this model starts from [1, 4, 32, 48] (its latent channels, and its height and width / 8)`);
+      // So is noise of another family's channel count (a FLUX case's 16 in an SD golden without a pipeline class to tell): refused
+      // before any case runs, naming the shape the model takes, not failed as the pipeline's count of values (exit 1).
+      const sixteen = [1, 16, 32, 48];
+      await writeFile(path.join(tmp, 'flux-noise.f32'), Buffer.alloc(sixteen.reduce((a, b) => a * b) * 4));
+      const fluxNoise = { ...wrong.cases[0], latents: { ...wrong.cases[0].latents, file: path.join(tmp, 'flux-noise.f32'), shape: sixteen } };
+      await writeFile(path.join(tmp, 'channels.json'), JSON.stringify({ cases: [fluxNoise] }));
+      const channels = verify(realExport('sd15'), '--golden', path.join(tmp, 'channels.json'));
+      expect([channels.status, channels.stdout]).toEqual([2, '']);
+      expect(channels.stderr).toContain(`flux-noise.f32: (case 0's initial latents) has the shape [1, 16, 32, 48]; a case of 384x256 on this model starts from [1, 4, 32, 48]`);
+      expect(channels.stderr).not.toContain('verifying');
     });
   });
 });

@@ -8,6 +8,7 @@ import { describeIssues, readJsonIfPresent } from '../util/files.js';
 import { difference } from '../util/difference.js';
 import { inspectModel, MODEL_INDEX, type ModelLayout } from '../models/layout.js';
 import { familyEntry } from '../families/index.js';
+import { latentChannels } from '../pipelines/latent-channels.js';
 import { messageOf } from '../util/error-message.js';
 
 /**
@@ -132,15 +133,15 @@ function checkTextLength(file: string, golden: GoldenFile, layout: Pick<ModelLay
 /** The VAE's scale, image pixels per latent pixel: 8 for every family this server runs (README). */
 const LATENT_SCALE = 8;
 
-/** A case's starting noise, [1, C, H/8, W/8] float32 as written by numpy's `tofile`. */
-async function readLatents(goldenDir: string, c: GoldenCase, index: number): Promise<Float32Array> {
+/** A case's starting noise, [1, C, H/8, W/8] float32 as written by numpy's `tofile`; `channels`: the model's C. */
+async function readLatents(goldenDir: string, c: GoldenCase, index: number, channels: number): Promise<Float32Array> {
   const { file, shape } = c.latents;
-  const [batch, , rows, columns] = shape;
-  // Noise of another size (another case's file) is the golden file's mistake: named here, not by the pipeline as a count of values.
-  if (shape.length !== 4 || batch !== 1 || rows * LATENT_SCALE !== c.height || columns * LATENT_SCALE !== c.width) {
+  const expected = [1, channels, c.height / LATENT_SCALE, c.width / LATENT_SCALE];
+  // Noise of another size (another case's file) or channel count (another family's golden) is the golden file's mistake: named here, not by the pipeline as a count of values.
+  if (shape.length !== 4 || shape.some((side, axis) => side !== expected[axis])) {
     throw new GoldenFileError(
       file,
-      `(case ${index}'s initial latents) has the shape [${shape.join(', ')}]; a case of ${c.width}x${c.height} starts from [1, C, ${c.height / LATENT_SCALE}, ${c.width / LATENT_SCALE}] (its height and width / ${LATENT_SCALE})`,
+      `(case ${index}'s initial latents) has the shape [${shape.join(', ')}]; a case of ${c.width}x${c.height} on this model starts from [${expected.join(', ')}] (its latent channels, and its height and width / ${LATENT_SCALE})`,
     );
   }
   const bytes = await readFile(path.resolve(goldenDir, file)).catch(unreadable(file, index, 'initial latents'));
@@ -159,8 +160,8 @@ interface CaseFiles {
   initialNoise: Float32Array;
 }
 
-/** A case's files; throws GoldenFileError naming the one that cannot be used. */
-async function readCaseFiles(goldenDir: string, c: GoldenCase, index: number): Promise<CaseFiles> {
+/** A case's files, for a model whose noise has `channels`; throws GoldenFileError naming the one that cannot be used. */
+async function readCaseFiles(goldenDir: string, c: GoldenCase, index: number, channels: number): Promise<CaseFiles> {
   const expected = await sharp(path.resolve(goldenDir, c.image.file))
     .removeAlpha()
     .raw()
@@ -169,7 +170,7 @@ async function readCaseFiles(goldenDir: string, c: GoldenCase, index: number): P
   if (expected.info.width !== c.width || expected.info.height !== c.height) {
     throw new GoldenFileError(c.image.file, `is ${expected.info.width}x${expected.info.height}; the case asks for ${c.width}x${c.height}`);
   }
-  return { expected: expected.data, initialNoise: await readLatents(goldenDir, c, index) };
+  return { expected: expected.data, initialNoise: await readLatents(goldenDir, c, index, channels) };
 }
 
 /** The batch that replays one case: its noise, prompt and settings, with torch's generator for any later draws. */
@@ -209,7 +210,8 @@ export async function verifyCase(
   onStep?: (step: number, total: number) => void,
 ): Promise<CaseResult> {
   // The case's files are read and checked first: a golden file naming one it cannot use fails before the model runs.
-  return runCase(runtime, modelDir, c, index, await readCaseFiles(goldenDir, c, index), tolerance, onStep);
+  const channels = latentChannels(await inspectModel(modelDir));
+  return runCase(runtime, modelDir, c, index, await readCaseFiles(goldenDir, c, index, channels), tolerance, onStep);
 }
 
 /** What the caller of verifyGolden hears as the cases run (a real model's case takes minutes on a CPU). */
@@ -227,11 +229,12 @@ export async function verifyGolden(runtime: WorkerRuntime, modelDir: string, fil
   const golden = await readGoldenFile(file);
   await checkPipeline(file, golden, modelDir);
   // A folder that holds no usable model is said before any progress is shown (loading it says so too, but only once the first case starts).
-  checkTextLength(file, golden, await inspectModel(modelDir));
+  const layout = await inspectModel(modelDir);
+  checkTextLength(file, golden, layout);
   // Every case's files before any case runs: one runs for minutes on a real model, and a later case's missing picture would fail the command after them.
   const goldenDir = path.dirname(path.resolve(file));
   const files: CaseFiles[] = [];
-  for (const [index, c] of golden.cases.entries()) files.push(await readCaseFiles(goldenDir, c, index));
+  for (const [index, c] of golden.cases.entries()) files.push(await readCaseFiles(goldenDir, c, index, latentChannels(layout)));
   hooks.onStart?.(golden.cases);
   const results: CaseResult[] = [];
   for (const [index, c] of golden.cases.entries()) {

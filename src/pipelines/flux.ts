@@ -7,11 +7,10 @@ import { denoise, relayout, startingLatents } from './denoise.js';
 import { OnDemand } from './on-demand.js';
 import { LatentPreview, previewLoop } from './preview.js';
 import type { GenerateHooks, Pipeline, RgbImage } from './pipeline.js';
+import { FLUX_LATENT_CHANNELS as LATENT_CHANNELS } from './latent-channels.js';
 import { filled } from './tensor.js';
 import type { TextEncoder } from './text-encoder.js';
 import { pictureEncoder, type VaeDecoder, type VaeEncoder } from './vae.js';
-
-const LATENT_CHANNELS = 16;
 
 /**
  * FLUX.1 schnell and dev: a rectified-flow transformer over 2x2-packed 16-channel latents, conditioned

@@ -7,6 +7,7 @@ import { predictionOf } from './clean-estimate.js';
 import { denoise, startingLatents } from './denoise.js';
 import { OnDemand } from './on-demand.js';
 import { encodesEveryItem, inpaintingChannels, takesInpaintingInput } from './inpainting-input.js';
+import { latentChannels } from './latent-channels.js';
 import { LatentPreview, previewLoop } from './preview.js';
 import type { GenerateHooks, Pipeline, RgbImage } from './pipeline.js';
 import { applyGuidance, concatBatch, concatPerRow, concatRows, filled } from './tensor.js';
@@ -37,9 +38,8 @@ export class StableDiffusionPipeline implements Pipeline {
     private readonly vae: VaeDecoder,
     private readonly encoder: OnDemand<VaeEncoder>,
   ) {
-    const inChannels = typeof layout.denoiserConfig.in_channels === 'number' ? layout.denoiserConfig.in_channels : 4;
     this.inpainting = takesInpaintingInput(layout);
-    this.latentChannels = this.inpainting ? 4 : inChannels;
+    this.latentChannels = latentChannels(layout);
     this.outputName = unet.outputNames.includes('out_sample') ? 'out_sample' : unet.outputNames[0];
     this.previews = new OnDemand(() => LatentPreview.fit(vae, this.latentChannels, layout.vae.scaleFactor));
   }
