@@ -63,6 +63,12 @@ describe('imagegen generate', () => {
       code: 1,
       stderr: expect.stringMatching(/^imagegen generate: The model 'no-such-model' does not exist\. Available models: 'demo-shapes', [^\n]*\. Install one with 'imagegen models pull' or 'imagegen models import'\.\n$/),
     });
+    // A model's folder where its id goes (`models verify` takes the folder): refused (exit 2) saying how to run it, not called a model that does not exist.
+    const folder = path.join(inject('referenceModelsDir'), 'sd-turbo');
+    await expect(imagegen('generate', 'a red circle', '--model', folder)).rejects.toMatchObject({
+      code: 2,
+      stderr: `imagegen generate: --model '${folder}' is a folder, and --model takes a model's id: run it where it is with --models-dir ${path.dirname(folder)} --model sd-turbo, or install it with 'imagegen models import ${folder}'\n`,
+    });
   });
 
   it('says why a model it cannot run is none, as the API does: a folder installed but unusable, an alias, DEFAULT_MODEL', async () => {

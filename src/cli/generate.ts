@@ -1,4 +1,4 @@
-import { access, rm, writeFile } from 'node:fs/promises';
+import { access, rm, stat, writeFile } from 'node:fs/promises';
 import { constants } from 'node:fs';
 import path from 'node:path';
 import type { Command } from 'commander';
@@ -65,6 +65,19 @@ async function prepareOut(dir: string): Promise<void> {
   }
 }
 
+/**
+ * A model folder given where --model takes an id (`models verify` takes the folder itself): refused
+ * with how to run it, where the registry's answer would call a folder that is there one that does not exist.
+ */
+async function refuseFolder(model: string): Promise<void> {
+  const isFolder = await stat(model).then((s) => s.isDirectory(), () => false);
+  if (!isFolder) return;
+  const dir = path.resolve(model);
+  throw new UsageError(
+    `--model '${model}' is a folder, and --model takes a model's id: run it where it is with --models-dir ${path.dirname(dir)} --model ${path.basename(dir)}, or install it with 'imagegen models import ${model}'`,
+  );
+}
+
 /** Writes `<stem>.<ext>`, or `<stem>-2.<ext>`, `-3`... when taken: an earlier picture of the same prompt and seed (other steps, another model) is never overwritten. */
 async function writeNew(dir: string, stem: string, extension: string, data: Uint8Array): Promise<string> {
   for (let copy = 1; ; copy++) {
@@ -128,6 +141,7 @@ async function generateCommand(prompt: string, flags: GenerateFlags): Promise<st
   await registry.scan();
   const model = await registry.resolve(request.model);
   if (!model) {
+    await refuseFolder(request.model);
     // What the API answers, less the server: an alias, DEFAULT_MODEL, a folder installed but unusable and why.
     const { message, unusable } = unresolvedModel(request.model, registry, config.defaultModel, 'command');
     throw new Error(unusable ? message : `${message} Install one with 'imagegen models pull' or 'imagegen models import'.`);
