@@ -32,6 +32,9 @@ afterAll(() => real?.close());
 
 const picture = (b64: string) => readImageFile(Buffer.from(b64, 'base64'));
 
+/** A flat red 256x256 PNG: the picture the streamed edits start from. */
+const redPicture = () => sharp({ create: { width: 256, height: 256, channels: 3, background: '#ff0000' } }).png().toBuffer();
+
 /** The events of a raw streamed request (for our extension events, which the SDK types do not name). */
 async function rawEvents(body: object, signal?: AbortSignal, onEvent?: (event: ImageStreamEvent) => void): Promise<{ status: number; events: ImageStreamEvent[]; names: string[] }> {
   const res = await fetch(`${server.url}/v1/images/generations`, {
@@ -141,7 +144,7 @@ describe('streamed generations', () => {
     const { events } = await rawEvents({ model: 'demo-shapes', prompt: 'a red circle', size: '256x256', n: 6, steps: 4, scheduler: 'pndm', stream: true, stream_progress: true });
     expect(totals(events)).toEqual([10]);
 
-    const red = await sharp({ create: { width: 256, height: 256, channels: 3, background: '#ff0000' } }).png().toBuffer();
+    const red = await redPicture();
     const edit = await client.images.edit({
       model: 'demo-shapes',
       image: await toFile(red, 'red.png'),
@@ -163,7 +166,7 @@ describe('streamed generations', () => {
 
 describe('streamed edits', () => {
   it('sends image_edit events for a multipart edit made with toFile', async () => {
-    const red = await sharp({ create: { width: 256, height: 256, channels: 3, background: '#ff0000' } }).png().toBuffer();
+    const red = await redPicture();
     const stream = await client.images.edit({
       model: 'demo-shapes',
       image: await toFile(red, 'red.png'),
