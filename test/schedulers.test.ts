@@ -12,6 +12,7 @@ import { EulerDiscreteScheduler } from '../src/schedulers/euler.js';
 import { FlowMatchEulerDiscreteScheduler } from '../src/schedulers/flow-match-euler.js';
 import { createScheduler, SCHEDULER_NAMES, schedulersFor } from '../src/schedulers/index.js';
 import { LCMScheduler } from '../src/schedulers/lcm.js';
+import { trainingAlphasCumprod } from '../src/schedulers/noise-schedule.js';
 import { PNDMScheduler } from '../src/schedulers/pndm.js';
 import type { Scheduler, SchedulerConfig } from '../src/schedulers/scheduler.js';
 
@@ -509,6 +510,139 @@ function fullLoopItems(scheduler: Scheduler, seeds: number[]): Float32Array {
   });
   return x;
 }
+
+// ---------------------------------------------------------------------------------------------
+// Zero terminal SNR (rescale_betas_zero_snr)
+// ---------------------------------------------------------------------------------------------
+
+/**
+ * The numbers below were computed with numpy 2.4 following diffusers 0.40.0.dev0 (commit 58eb52c):
+ * rescale_zero_terminal_snr of scheduling_ddim.py on torch's float32 betas (cumprod accumulated in
+ * double, as torch's CPU kernel), abar_999 set to 2^-24 where scheduling_euler_discrete.py,
+ * _euler_ancestral_discrete.py and _dpmsolver_multistep.py set it, then their set_timesteps and step on
+ * the harness above (noise of zeros where the scheduler draws).
+ */
+describe('zero terminal SNR (rescale_betas_zero_snr), as SD 2.1 fine-tunes set it', () => {
+  const ZSNR: SchedulerConfig = {
+    _class_name: 'DDIMScheduler',
+    ...SD15,
+    prediction_type: 'v_prediction',
+    timestep_spacing: 'trailing',
+    rescale_betas_zero_snr: true,
+  };
+  const epsilon = { ...ZSNR, prediction_type: 'epsilon' };
+
+  it('rescales abar_t to end at exactly 0 and start where it did', () => {
+    // Within float32's last bits: how torch's linspace rounds the betas is not reproduced bit for bit.
+    const betas = { num_train_timesteps: 1000, beta_start: 0.00085, beta_end: 0.012, beta_schedule: 'scaled_linear', rescale_betas_zero_snr: true };
+    const rescaled = trainingAlphasCumprod(betas);
+    expectCloseArray([0, 1, 500, 998].map((t) => rescaled[t]), [0.9991499781608582, 0.9982334971427917, 0.24101853370666504, 1.9679627882851491e-7], 1e-6);
+    expect(rescaled[999]).toBe(0);
+    // Without it the schedule ends at 0.00466: x_T keeps a trace of the picture (the paper's flaw).
+    const plain = trainingAlphasCumprod({ ...betas, rescale_betas_zero_snr: false });
+    expect([plain[0], plain[999]]).toEqual([rescaled[0], Math.fround(0.00466009508818388)]);
+    // DDPM's linear betas too.
+    const linear = trainingAlphasCumprod({ beta_start: 0.0001, beta_end: 0.02, beta_schedule: 'linear', num_train_timesteps: 1000, rescale_betas_zero_snr: true });
+    expectCloseArray([linear[0], linear[500]], [0.9998999834060669, 0.07524622976779938], 1e-6);
+    expect(linear[999]).toBe(0);
+  });
+
+  it('Euler-type schedulers start from sigma ~4096 (abar 2^-24), not an infinite one', () => {
+    const euler = new EulerDiscreteScheduler(ZSNR);
+    const expected4 = [4095.999755859375, 5.398740768432617, 1.7680810689926147, 0.7270563840866089, 0];
+    euler.setTimesteps(4);
+    expect(euler.timesteps).toEqual([999, 749, 499, 249]);
+    expectCloseArray(euler.sigmas, expected4, 1e-6);
+    expect(euler.initNoiseSigma).toBeCloseTo(4096, 3);
+    for (const s of [new EulerAncestralDiscreteScheduler(ZSNR), new DPMSolverMultistepScheduler(ZSNR)]) {
+      s.setTimesteps(4);
+      expect(s.timesteps).toEqual([999, 749, 499, 249]);
+      expectCloseArray(s.sigmas, expected4, 1e-6);
+    }
+    euler.setTimesteps(1);
+    expectCloseArray(euler.sigmas, [4095.999755859375, 0], 1e-6);
+
+    const linspace = new EulerDiscreteScheduler({ ...ZSNR, timestep_spacing: 'linspace' });
+    linspace.setTimesteps(25);
+    expectCloseArray(linspace.sigmas.slice(0, 3), [4095.999755859375, 49.43324279785156, 22.568805694580078], 1e-6);
+    expect(linspace.sigmas.at(-2)).toBeCloseTo(0.029167532920837402, 7);
+    // Leading spacing never visits timestep 999: it starts at 960 for 25 steps, sqrt(sigma^2 + 1) = 53.0703.
+    const leading = new EulerDiscreteScheduler({ ...ZSNR, timestep_spacing: 'leading', steps_offset: 0 });
+    leading.setTimesteps(25);
+    expect(leading.timesteps.slice(0, 2)).toEqual([960, 920]);
+    expectCloseArray(leading.sigmas.slice(0, 2), [53.06084442138672, 24.000242233276367], 1e-6);
+    expect(leading.initNoiseSigma).toBeCloseTo(53.07026672363281, 4);
+  });
+
+  describe('DDIM (abar_999 stays 0: x0 = -v there)', () => {
+    it('trailing, v_prediction: 1, 4, 25 and 50 steps', () => {
+      for (const [steps, sum, mean] of [
+        [1, '371.772643496166', '0.4840789628856328'],
+        [4, '24.951021573040634', '0.03248830933989666'],
+        [25, '73.14806616256828', '0.09524487781584412'],
+        [50, '78.18818129273131', '0.10180752772491057'],
+      ] as const) {
+        expectLoop(fullLoop(new DDIMScheduler(ZSNR), steps), sum, mean);
+      }
+    });
+
+    it('leading (steps_offset 1): v_prediction, and epsilon, which never meets timestep 999 there', () => {
+      const leading = { ...ZSNR, timestep_spacing: 'leading' };
+      expectLoop(fullLoop(new DDIMScheduler(leading), 4), '32.54780198852677', '0.042379950505894236');
+      expectLoop(fullLoop(new DDIMScheduler({ ...leading, prediction_type: 'epsilon' }), 50), '198.21280784439296', '0.25808959354738664');
+    });
+
+    it('refuses epsilon prediction on a schedule that visits abar 0, where diffusers divides by 0', () => {
+      const s = new DDIMScheduler(epsilon);
+      expect(() => s.setTimesteps(4)).toThrow(
+        'DDIMScheduler: prediction_type "epsilon" cannot denoise timestep 999, which is pure noise (alpha-bar 0, as rescale_betas_zero_snr makes the last one)',
+      );
+      // A sample prediction gives x0 there as anywhere else.
+      const sample = new DDIMScheduler({ ...ZSNR, prediction_type: 'sample' });
+      expect(Array.from(fullLoop(sample, 4)).every(Number.isFinite)).toBe(true);
+    });
+  });
+
+  it('Euler, trailing, 1 and 4 steps (the one step goes from sigma 4096 straight to 0)', () => {
+    expectLoop(fullLoop(new EulerDiscreteScheduler(ZSNR), 1), '383.11646947066765', '0.49884956962326515');
+    expectLoop(fullLoop(new EulerDiscreteScheduler(epsilon), 1), '1568861.559214592', '2042.7884885606666');
+    expectLoop(fullLoop(new EulerDiscreteScheduler(ZSNR), 4), '0.025012205686266498', '3.256797615399284e-05');
+    expectLoop(fullLoop(new EulerDiscreteScheduler(epsilon), 4), '3205.0957401543856', '4.173301744992689');
+  });
+
+  it('Euler ancestral, trailing, 4 steps with noise of zeros', () => {
+    expectLoop(fullLoop(new EulerAncestralDiscreteScheduler(ZSNR), 4, zeroNoise(BATCH)), '0.49451973588475084', '0.000643905906099936');
+    expectLoop(fullLoop(new EulerAncestralDiscreteScheduler(epsilon), 4, zeroNoise(BATCH)), '55790.928502231836', '72.6444381539477');
+  });
+
+  it('DPM-Solver++ 2M, trailing: 1, 4 and 25 steps', () => {
+    for (const [steps, prediction, sum, mean] of [
+      [1, 'v_prediction', '383.0228720632149', '0.4987276979989777'],
+      [1, 'epsilon', '1570.815841945354', '2.045333127533013'],
+      [4, 'v_prediction', '28.84754216269357', '0.03756190385767392'],
+      [4, 'epsilon', '241.20949113345705', '0.31407485824668885'],
+      [25, 'v_prediction', '77.98942909686593', '0.10154873580321085'],
+      [25, 'epsilon', '205.0388859974919', '0.26697771614256754'],
+    ] as const) {
+      expectLoop(fullLoop(new DPMSolverMultistepScheduler({ ...ZSNR, prediction_type: prediction }), steps), sum, mean);
+    }
+  });
+
+  it('LCM, v_prediction: 1 and 4 steps (noise of zeros); epsilon refused as for DDIM', () => {
+    const lcm = { num_train_timesteps: 1000, beta_start: 0.00085, beta_end: 0.012, beta_schedule: 'scaled_linear', prediction_type: 'v_prediction', rescale_betas_zero_snr: true };
+    expectLoop(fullLoop(new LCMScheduler(lcm), 1), '383.1164999930188', '0.4988496093659099');
+    expectLoop(fullLoop(new LCMScheduler(lcm), 4, zeroNoise(BATCH)), '1.563503713548016', '0.002035812127015646');
+    expect(() => new LCMScheduler({ ...lcm, prediction_type: 'epsilon' }).setTimesteps(4)).toThrow(/LCMScheduler: prediction_type "epsilon" cannot denoise timestep 999/);
+    // Below strength 1 its image-to-image picks among less noisy timesteps, which epsilon can denoise.
+    expect(() => new LCMScheduler({ ...lcm, prediction_type: 'epsilon' }).setTimesteps(4, { strength: 0.5 })).not.toThrow();
+  });
+
+  it("PNDM is refused: diffusers' PNDMScheduler has no such option (and divides by sqrt(abar_t))", () => {
+    expect(() => new PNDMScheduler(ZSNR)).toThrow('PNDMScheduler: rescale_betas_zero_snr=true is not supported');
+    expect(() => createScheduler(ZSNR, 'pndm')).toThrow('PNDMScheduler: rescale_betas_zero_snr=true is not supported');
+    expect(() => new PNDMScheduler({ ...ZSNR, rescale_betas_zero_snr: false })).not.toThrow();
+  });
+});
 
 // ---------------------------------------------------------------------------------------------
 // Registry

@@ -42,7 +42,7 @@ export class DDIMScheduler extends AlphaSpaceScheduler {
   constructor(config: SchedulerConfig = {}) {
     super();
     this.config = withDefaults(DEFAULTS, config);
-    rejectUnsupported(CLASS_NAME, this.config, { thresholding: false, rescale_betas_zero_snr: false });
+    rejectUnsupported(CLASS_NAME, this.config, { thresholding: false });
     this.predictionType = checkPredictionType(CLASS_NAME, this.config.prediction_type, ['epsilon', 'v_prediction', 'sample']);
     this.alphasCumprod = trainingAlphasCumprod(this.config);
     this.finalAlphaCumprod = this.config.set_alpha_to_one ? 1 : this.alphasCumprod[0];
@@ -53,6 +53,7 @@ export class DDIMScheduler extends AlphaSpaceScheduler {
     if (numInferenceSteps > T) throw new Error(`${CLASS_NAME}: at most ${T} steps`);
     this.stepRatio = Math.floor(T / numInferenceSteps);
     this.schedule = spacedTimesteps(this.config.timestep_spacing, T, numInferenceSteps, this.config.steps_offset).map(roundHalfEven);
+    this.checkPredictable(CLASS_NAME, this.predictionType);
   }
 
   step(modelOutput: Float32Array, index: number, sample: Float32Array, _noise: BatchNoise): Float32Array {

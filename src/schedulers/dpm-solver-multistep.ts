@@ -73,7 +73,6 @@ export class DPMSolverMultistepScheduler implements Scheduler {
       use_beta_sigmas: false,
       use_flow_sigmas: false,
       variance_type: null,
-      rescale_betas_zero_snr: false,
     });
     if (c.algorithm_type !== 'dpmsolver++' || c.solver_type !== 'midpoint' || c.solver_order > 2) {
       throw new Error(

@@ -6,7 +6,6 @@ import {
   eulerUpdate,
   interpolateTable,
   noiseLike,
-  rejectUnsupported,
   spacedTimesteps,
   trainingSigmas,
   withDefaults,
@@ -38,7 +37,6 @@ export class EulerAncestralDiscreteScheduler extends SigmaSpaceScheduler {
     const resolved = withDefaults(DEFAULTS, config);
     super(resolved.timestep_spacing);
     this.config = resolved;
-    rejectUnsupported(CLASS_NAME, this.config, { rescale_betas_zero_snr: false });
     // diffusers has no `sample` prediction for this scheduler.
     this.predictionType = checkPredictionType(CLASS_NAME, this.config.prediction_type, ['epsilon', 'v_prediction']);
     this.trainSigmas = trainingSigmas(this.config);

@@ -50,7 +50,6 @@ export class EulerDiscreteScheduler extends SigmaSpaceScheduler {
     rejectUnsupported(CLASS_NAME, this.config, {
       use_exponential_sigmas: false,
       use_beta_sigmas: false,
-      rescale_betas_zero_snr: false,
     });
     this.predictionType = checkPredictionType(
       CLASS_NAME,

@@ -49,7 +49,7 @@ export class LCMScheduler extends AlphaSpaceScheduler {
   constructor(config: SchedulerConfig = {}) {
     super();
     this.config = withDefaults(DEFAULTS, config);
-    rejectUnsupported(CLASS_NAME, this.config, { thresholding: false, rescale_betas_zero_snr: false });
+    rejectUnsupported(CLASS_NAME, this.config, { thresholding: false });
     this.predictionType = checkPredictionType(CLASS_NAME, this.config.prediction_type, ['epsilon', 'v_prediction', 'sample']);
     this.alphasCumprod = trainingAlphasCumprod(this.config);
   }
@@ -74,6 +74,7 @@ export class LCMScheduler extends AlphaSpaceScheduler {
     this.schedule = linspace(0, usable, numInferenceSteps + 1)
       .slice(0, -1)
       .map((position) => distilled[Math.floor(position)]);
+    this.checkPredictable(CLASS_NAME, this.predictionType);
   }
 
   step(modelOutput: Float32Array, index: number, sample: Float32Array, noise: BatchNoise): Float32Array {

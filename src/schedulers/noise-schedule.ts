@@ -64,6 +64,7 @@ export interface BetaConfig {
   beta_end: number;
   beta_schedule: string;
   trained_betas?: number[] | null;
+  rescale_betas_zero_snr?: boolean;
 }
 
 /**
@@ -120,16 +121,51 @@ function alphasCumprod(betas: Float32Array): Float32Array {
   return out;
 }
 
-/** abar_t of a config, the table DDPM-family schedulers index by integer timestep. */
-export function trainingAlphasCumprod(config: BetaConfig): Float32Array {
-  return alphasCumprod(betaSchedule(config));
+/**
+ * Lin et al. 2023 ("Common Diffusion Noise Schedules and Sample Steps are Flawed", Algorithm 1), which
+ * diffusers applies under rescale_betas_zero_snr: sqrt(abar_t) shifted so that the last timestep's is 0
+ * (pure noise, what sampling starts from, so the model learns to make very dark and bright pictures),
+ * and scaled so that the first keeps its value; then back to betas. In float32, as torch does it.
+ */
+function zeroTerminalSnr(betas: Float32Array): Float32Array {
+  const roots = alphasCumprod(betas);
+  for (let t = 0; t < roots.length; t++) roots[t] = Math.sqrt(roots[t]);
+  const [first, last] = [roots[0], roots[roots.length - 1]];
+  const scale = Math.fround(first / Math.fround(first - last));
+  const rescaled = new Float32Array(betas.length);
+  let previous = 1;
+  for (let t = 0; t < roots.length; t++) {
+    const root = Math.fround(Math.fround(roots[t] - last) * scale);
+    const abar = Math.fround(root * root);
+    // beta_t = 1 - abar_t / abar_{t-1}; the first is 1 - abar_0 itself.
+    rescaled[t] = 1 - (t === 0 ? abar : Math.fround(abar / previous));
+    previous = abar;
+  }
+  return rescaled;
 }
+
+/**
+ * abar_t of a config, the table DDPM-family schedulers index by integer timestep. Under
+ * rescale_betas_zero_snr its last entry is 0: x_T holds no trace of the image.
+ */
+export function trainingAlphasCumprod(config: BetaConfig): Float32Array {
+  const betas = betaSchedule(config);
+  return alphasCumprod(config.rescale_betas_zero_snr ? zeroTerminalSnr(betas) : betas);
+}
+
+/**
+ * What diffusers' sigma-space schedulers (Euler, Euler ancestral, DPM-Solver) put for the zero-SNR
+ * timestep's abar_t instead of 0, whose sigma would be infinite: fp16's smallest subnormal, 2^-24, for
+ * a sigma of about 4096. The alpha-space ones (DDIM, LCM) keep the 0.
+ */
+const ZERO_SNR_ALPHA_CUMPROD = 2 ** -24;
 
 /** The variance-exploding view of a config's schedule: sigma_t = sqrt((1 - abar_t) / abar_t), t ascending. */
 export function trainingSigmas(config: BetaConfig): Float64Array {
   // Plain loops here and above: every request's plan builds these tables, and typed arrays' from/map/
   // forEach with a callback run several times slower.
   const alphas = trainingAlphasCumprod(config);
+  if (config.rescale_betas_zero_snr) alphas[alphas.length - 1] = ZERO_SNR_ALPHA_CUMPROD;
   const sigmas = new Float64Array(alphas.length);
   for (let t = 0; t < alphas.length; t++) sigmas[t] = Math.sqrt((1 - alphas[t]) / alphas[t]);
   return sigmas;

@@ -4,6 +4,7 @@ import {
   checkPredictionType,
   DDPM_TRAINING_DEFAULTS,
   epsilonCoefficients,
+  rejectUnsupported,
   roundHalfEven,
   spacedTimesteps,
   trainingAlphasCumprod,
@@ -61,6 +62,9 @@ export class PNDMScheduler extends AlphaSpaceScheduler {
   constructor(config: SchedulerConfig = {}) {
     super();
     this.config = withDefaults(DEFAULTS, config);
+    // diffusers' PNDMScheduler has no zero-SNR option and would ignore one, sampling another schedule
+    // than the model's: its step divides by sqrt(abar_t), which the zero-SNR schedule makes 0.
+    rejectUnsupported(CLASS_NAME, this.config, { rescale_betas_zero_snr: false });
     this.predictionType = checkPredictionType(CLASS_NAME, this.config.prediction_type, ['epsilon', 'v_prediction']);
     this.alphasCumprod = trainingAlphasCumprod(this.config);
     this.finalAlphaCumprod = this.config.set_alpha_to_one ? 1 : this.alphasCumprod[0];

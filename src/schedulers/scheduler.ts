@@ -11,6 +11,8 @@ export interface SchedulerConfig {
   beta_end?: number;
   beta_schedule?: 'linear' | 'scaled_linear' | 'squaredcos_cap_v2' | string;
   trained_betas?: number[] | null;
+  /** Zero terminal SNR (noise-schedule.ts's zeroTerminalSnr): SD 2.1 fine-tunes that make very dark and bright pictures. */
+  rescale_betas_zero_snr?: boolean;
   prediction_type?: 'epsilon' | 'v_prediction' | 'sample' | string;
   timestep_spacing?: 'leading' | 'trailing' | 'linspace' | string;
   steps_offset?: number;
