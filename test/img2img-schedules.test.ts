@@ -252,13 +252,13 @@ describe('addNoise at the first step of image-to-image', () => {
  * The model a single clean sample x0 implies: its exact noise (or velocity) prediction at x, t. The
  * model input of every VP scheduler is the variance-preserving sample sqrt(abar) x0 + sqrt(1 - abar) eps.
  */
-function oracle(flow: boolean, velocity = false) {
+function oracle(flow: boolean, velocity = false, alphaCumprodAt = alphaCumprod) {
   return async (x: Float32Array, t: number): Promise<Float32Array> => {
     if (flow) {
       const sigma = t / 1000;
       return x.map((v, i) => (v - x0[i]) / sigma); // v = noise - x0, with noise = (x - (1 - sigma) x0) / sigma
     }
-    const abar = alphaCumprod(Math.round(t));
+    const abar = alphaCumprodAt(Math.round(t));
     const eps = x.map((v, i) => (v - Math.sqrt(abar) * x0[i]) / Math.sqrt(1 - abar));
     return velocity ? eps.map((e, i) => Math.sqrt(abar) * e - Math.sqrt(1 - abar) * x0[i]) : eps;
   };
@@ -309,6 +309,40 @@ describe('denoising from the middle of the schedule', () => {
       const out = await denoise(s, { latents: s.addNoise(x0, n, start), call: start }, NO_DRAWS, oracle(flow), { onStep: (step, total) => steps_seen.push(step / total) });
       expectClose(out, (i) => Math.sqrt(finalAbar) * x0[i] + Math.sqrt(1 - finalAbar) * n[i], 2e-3);
       expect(steps_seen.at(-1)).toBe(1);
+    });
+  }
+});
+
+/**
+ * abar_t of the same betas rescaled to zero terminal SNR (Lin et al. 2023, Algorithm 1), in double:
+ * sqrt(abar_t) shifted so that it ends at 0 and scaled so that it starts where it did.
+ */
+function zeroSnrAlphaCumprod(t: number): number {
+  const [first, last] = [Math.sqrt(alphaCumprod(0)), Math.sqrt(alphaCumprod(999))];
+  return (((Math.sqrt(alphaCumprod(t)) - last) * first) / (first - last)) ** 2;
+}
+
+describe('zero terminal SNR (rescale_betas_zero_snr), from pure noise and from the middle of the schedule', () => {
+  // With the exact v prediction for one clean sample on the zero-SNR schedule, every scheduler that
+  // takes it lands on that sample and previews it at every step: at strength 1 from timestep 999, pure
+  // noise (DDIM's and LCM's abar 0, where x0 = -v; the Euler types' sigma ~4096), as at strength 0.5
+  // from the picture noised to the middle. A NaN anywhere would fail the comparison.
+  const zeroSnr = { ...SD15, prediction_type: 'v_prediction', timestep_spacing: 'trailing', set_alpha_to_one: true, rescale_betas_zero_snr: true };
+  for (const className of ['DDIMScheduler', 'EulerDiscreteScheduler', 'EulerAncestralDiscreteScheduler', 'DPMSolverMultistepScheduler', 'LCMScheduler']) {
+    it(`${className} lands on the clean sample`, async () => {
+      for (const strength of [1, 0.5]) {
+        const s = createScheduler({ ...zeroSnr, _class_name: className });
+        s.setTimesteps(8);
+        const start = strengthStart(8, strength, 'vp');
+        expect(s.timesteps[0]).toBe(999);
+        const previews: Float32Array[] = [];
+        const preview = { prediction: 'v_prediction' as const, show: async (clean: Float32Array) => void previews.push(clean) };
+        const predict = oracle(false, true, zeroSnrAlphaCumprod);
+        const out = await denoise(s, { latents: s.addNoise(x0, n, start), call: start }, NO_DRAWS, predict, { previewsAt: () => [0] }, preview);
+        expectClose(out, (i) => x0[i], 2e-3);
+        expect(previews.length).toBe(s.timesteps.length - start - 1);
+        for (const clean of previews) expectClose(clean, (i) => x0[i], 2e-3);
+      }
     });
   }
 });
