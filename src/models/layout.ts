@@ -2,7 +2,7 @@ import { readdir } from 'node:fs/promises';
 import path from 'node:path';
 import { halvings } from '../families/family.js';
 import { DENOISER_FOLDERS, FAMILIES, familyEntry, recogniseFamily } from '../families/index.js';
-import { createScheduler, standInFor, type StrengthRule } from '../schedulers/index.js';
+import { createScheduler, SCHEDULE_CHECK_STEPS, standInFor, type StrengthRule } from '../schedulers/index.js';
 import type { ModelKind, SchedulerConfig } from '../schedulers/scheduler.js';
 import { findTokenizerSource, TokenizerFilesError } from '../tokenizers/files.js';
 import { exists, readJsonIfPresent } from '../util/files.js';
@@ -84,9 +84,6 @@ export function takesGuidance(layout: Pick<ModelLayout, 'family' | 'variant'>): 
 export function takesNegativePrompt(layout: Pick<ModelLayout, 'family' | 'denoiserConfig'>): boolean {
   return familyEntry(layout.family).pipeline === 'stable-diffusion' && layout.denoiserConfig.time_cond_proj_dim == null;
 }
-
-/** A step count every scheduler runs (PNDM's Runge-Kutta warm-up needs 4), for checking a config at load. */
-const SCHEDULE_CHECK_STEPS = 4;
 
 /** What a model whose scheduler class is not run here is told (models list, the server's log). */
 export function standInNote({ named, by }: NonNullable<ModelLayout['schedulerStandIn']>): string {

@@ -2,7 +2,7 @@ import { lstat, stat } from 'node:fs/promises';
 import path from 'node:path';
 import type { Capability, FamilyEntry } from '../families/family.js';
 import { familyEntry } from '../families/index.js';
-import { schedulersFor } from '../schedulers/index.js';
+import { schedulersRunning } from '../schedulers/index.js';
 import { describeIssues, readJsonIfPresent } from '../util/files.js';
 import { inspectModel, ModelLayoutError, withinFolder, type ModelLayout } from './layout.js';
 import { presetFor, presetOverrideSchema, type ModelPreset } from './presets.js';
@@ -67,7 +67,7 @@ export async function inspectModelFolder(dir: string): Promise<FolderVerdict> {
   try {
     const layout = await inspectModel(dir);
     const family = familyEntry(layout.family);
-    const schedulers = schedulersFor(family.schedulerKind);
+    const schedulers = schedulersRunning(layout.scheduler, family.schedulerKind);
     return { usable: true, layout, preset: await presetOf(dir, layout, schedulers), schedulers, capabilities: capabilitiesOf(family, layout) };
   } catch (err) {
     // Any failure, an unreadable file included, makes the folder unusable; the server must go on serving the others.

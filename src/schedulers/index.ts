@@ -38,6 +38,25 @@ export function schedulersFor(kind: ModelKind): string[] {
   return ENTRIES.filter((e) => e.kind === kind).flatMap((e) => Object.keys(e.names));
 }
 
+/** A step count every scheduler runs (PNDM's Runge-Kutta warm-up needs 4), for checking a config at load. */
+export const SCHEDULE_CHECK_STEPS = 4;
+
+/**
+ * The names of the schedulers that run a model of `kind` with this scheduler config: its kind's, less
+ * those whose class refuses the config (PNDM a zero-SNR schedule, DDIM and LCM one whose first step an
+ * epsilon model cannot denoise), so that a model lists, and a client is offered, only what it runs.
+ */
+export function schedulersRunning(config: SchedulerConfig, kind: ModelKind): string[] {
+  return schedulersFor(kind).filter((name) => {
+    try {
+      checkSchedule(config, name, SCHEDULE_CHECK_STEPS);
+      return true;
+    } catch {
+      return false;
+    }
+  });
+}
+
 function supportedList(): string {
   return `supported schedulers: ${SCHEDULER_NAMES.join(', ')}; scheduler classes: ${ENTRIES.map((e) => e.className).join(', ')}`;
 }
