@@ -453,6 +453,21 @@ describe("a model's scheduler_config.json", () => {
     await writeFile(file, JSON.stringify({ ...JSON.parse(await readFile(file, 'utf8')), timestep_spacing: 'sideways' }));
     expect(await inspectModelFolder(dir)).toMatchObject({ usable: false, reason: expect.stringMatching(/scheduler_config\.json: timestep_spacing "sideways" is not supported/) });
   });
+
+  it('is refused at load when it sets rescale_betas_zero_snr for an epsilon model whose DDIM starts at pure noise, saying what runs', async () => {
+    const dir = await installedCopy('sd15-optimum', 'epsilon-zero-snr');
+    const file = path.join(dir, 'scheduler', 'scheduler_config.json');
+    const config = JSON.parse(await readFile(file, 'utf8')) as Record<string, unknown>;
+    await writeFile(file, JSON.stringify({ ...config, _class_name: 'DDIMScheduler', timestep_spacing: 'trailing', rescale_betas_zero_snr: true }));
+    expect(reasonOf(await inspectModelFolder(dir))).toMatch(
+      /scheduler_config\.json: DDIMScheduler: prediction_type "epsilon" cannot denoise timestep 999, .*prediction_type "v_prediction".*euler scheduler/,
+    );
+    // With Euler, which keeps that noise level finite (sigma ~4096) as diffusers does, it loads; DDIM, LCM and PNDM are not offered.
+    await writeFile(file, JSON.stringify({ ...config, _class_name: 'EulerDiscreteScheduler', timestep_spacing: 'trailing', rescale_betas_zero_snr: true }));
+    const verdict = await inspectModelFolder(dir);
+    if (!verdict.usable) throw new Error(verdict.reason);
+    expect(verdict.schedulers).toEqual(['euler', 'euler_a', 'dpmpp_2m', 'dpmpp_2m_karras']);
+  });
 });
 
 describe('a scheduler class this server does not run', () => {
