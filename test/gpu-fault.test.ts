@@ -9,6 +9,8 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { PROJECT_ROOT, WORKER_SCRIPT } from './helpers/cli.js';
 import { apiError, failureOf } from './helpers/failures.js';
 import { capturedLogs } from './helpers/logs.js';
+import { demoBatch } from './helpers/demo-model.js';
+import { withDemoPool } from './helpers/demo-pool.js';
 import { untilReady } from './helpers/ops-server.js';
 import { startRealServer, type RealServer } from './helpers/real-server.js';
 import { referenceModel } from './helpers/reference.js';
@@ -169,6 +171,31 @@ describe('a GPU fault while a starting worker preloads a model', () => {
       expect(await sizeOf(await generate(server.client))).toEqual([256, 256]);
     } finally {
       await server.close();
+      await rm(dir, { recursive: true, force: true });
+    }
+  });
+});
+
+describe('a GPU fault while another batch waits for the worker', () => {
+  it('fails only the batch it met: the one waiting runs on the replacement, not on a worker that is ending', async () => {
+    const dir = await mkdtemp(path.join(os.tmpdir(), 'gpu-fault-'));
+    const worker = await faultingWorker(dir);
+    try {
+      await withDemoPool(
+        async (pool) => {
+          await writeFile(worker.fault, '');
+          // Both queued before the worker hears of either; their steps differ, so they do not merge.
+          const faulting = pool.generate(demoBatch({ width: 256, height: 256, steps: 1 }));
+          const waiting = pool.generate(demoBatch({ width: 256, height: 256, steps: 2 }));
+          await expect(faulting).rejects.toMatchObject({ name: 'GpuFaultError' });
+          // Before, the queue still counted the ending worker as ready and handed this batch to no worker:
+          // it failed with "internal error: the job queue started a job with no idle worker".
+          expect(await waiting).toHaveLength(1);
+          expect(existsSync(worker.fault)).toBe(false);
+        },
+        { workerScript: worker.script },
+      );
+    } finally {
       await rm(dir, { recursive: true, force: true });
     }
   });

@@ -40,6 +40,11 @@ export interface WorkerListener {
   event(worker: WorkerProcess, message: Extract<FromWorker, { type: 'model-loaded' | 'model-load-failed' | 'model-memory' | 'ready' | 'warning' | `memory-${string}` }>): void;
   /** The process ended; `reason` says how, for logs; `hadBatch`: it was running one, which failed. Called once, after that batch failed. */
   exit(worker: WorkerProcess, reason: string, hadBatch: boolean): void;
+  /**
+   * It said it ends (FromWorker 'failed' `ending`): alive still, it is no longer ready. Told before the
+   * batch it failed settles, so that the next waiting batch is not counted a worker it cannot have.
+   */
+  unready(worker: WorkerProcess): void;
 }
 
 interface Task {
@@ -231,6 +236,7 @@ export class WorkerProcess implements MemoryClaimant {
           this.ready = false;
           const timer = setTimeout(() => this.kill(`${message.ending}, and was killed: it had not exited ${ENDING_GRACE_MS / 1000} s after saying so`), ENDING_GRACE_MS);
           void this.exited.then(() => clearTimeout(timer));
+          this.listener.unready(this);
         }
         this.finish()?.reject(Object.assign(new Error(message.error.message), message.error));
         return;

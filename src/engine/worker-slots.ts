@@ -74,7 +74,7 @@ export interface WorkerSlotsOptions {
   metrics?: SlotMetrics;
   /** A worker's message that is the pool's (see PoolMessage). */
   onMessage(worker: WorkerProcess, slot: number, message: PoolMessage): void;
-  /** A worker became ready, loaded a model or ended: how many are ready may have changed. */
+  /** A worker became ready, loaded a model, said it ends or ended: how many are ready may have changed. */
   onChange(): void;
   /** A worker ended (whatever it had planned on ends with it). */
   onExit(worker: WorkerProcess): void;
@@ -121,6 +121,7 @@ export class WorkerSlots {
     this.listener = {
       event: (worker, message) => this.heard(worker, message),
       exit: (worker, reason, hadBatch) => this.ended(worker, reason, hadBatch),
+      unready: () => this.options.onChange(),
     };
     for (let slot = 0; slot < options.slots; slot++) this.start(slot);
   }
