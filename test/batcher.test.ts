@@ -42,6 +42,21 @@ function harness(maxItems = 8, onEvent?: (event: BatchEvent) => void) {
   return { runs, merger };
 }
 
+/** A merger on one worker with a queue time limit of `maxWaitMs`, whose batches all end (with blank images) once `release` is called. */
+function heldMerger(maxWaitMs: number) {
+  let release!: () => void;
+  const held = new Promise<void>((resolve) => (release = resolve));
+  const merger = new BatchMerger(
+    new JobQueue(1, 10, { maxWaitMs }),
+    async (batch) => {
+      await held;
+      return batch.items.map((i) => ({ data: new Uint8Array(), contentType: 'image/png', seed: i.seed }));
+    },
+    4,
+  );
+  return { merger, release };
+}
+
 describe('merging compatible requests', () => {
   it("joins another client's group only when it is that client's next: never one at the back of a flood", async () => {
     const { runs, merger } = harness(4);
@@ -96,17 +111,7 @@ describe('merging compatible requests', () => {
   it("bounds the wait of a request in another request's group by the queue's time limit, though that request had started", async () => {
     // The group's place in the queue is its owner's request, whose wait is unbounded once it started
     // (its first batch runs): the request that joined it must still give up at the limit.
-    const queue = new JobQueue(1, 10, { maxWaitMs: 200 });
-    let release!: () => void;
-    const held = new Promise<void>((resolve) => (release = resolve));
-    const merger = new BatchMerger(
-      queue,
-      async (batch) => {
-        await held;
-        return batch.items.map((i) => ({ data: new Uint8Array(), contentType: 'image/png', seed: i.seed }));
-      },
-      4,
-    );
+    const { merger, release } = heldMerger(200);
     const owner = new Ticket('a');
     const first = merger.generate(request([item('a red circle', 1)]), undefined, owner);
     await expect.poll(() => owner.started).toBe(true);
@@ -116,6 +121,23 @@ describe('merging compatible requests', () => {
     release();
     expect((await second).map((image) => image.seed)).toEqual([2]);
     expect((await first).map((image) => image.seed)).toEqual([1]);
+  });
+
+  it("keeps a request that joined another request's group waiting for its own time limit when that request's runs out", async () => {
+    const limitMs = 600;
+    const { merger, release } = heldMerger(limitMs);
+    const busy = merger.generate(request([item('a red circle', 1)], { steps: 1 }), undefined, new Ticket('a'));
+    const owner = merger.generate(request([item('a red circle', 2)]), undefined, new Ticket('a'));
+    const ownerGaveUp = owner.catch((err: unknown) => err);
+    // Half the limit later, another client's request joins the owner's group (its owner's next to start).
+    await new Promise((resolve) => setTimeout(resolve, limitMs / 2));
+    const joiner = merger.generate(request([item('a red circle', 3)]), undefined, new Ticket('b'));
+    expect(await ownerGaveUp).toBeInstanceOf(QueueTimeoutError);
+    // The worker frees before the joiner's own limit: its image is made. Before, the owner's timeout
+    // dropped the whole group, and the joiner got a 503 saying it had waited the limit after half of it.
+    setTimeout(release, limitMs / 4);
+    await busy;
+    expect((await joiner).map((image) => image.seed)).toEqual([3]);
   });
 
   it('runs requests that waited together as one batch, each getting its own images', async () => {

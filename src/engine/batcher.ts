@@ -1,4 +1,4 @@
-import { ANONYMOUS_CLIENT, RequeueError, type JobOptions, type Ticket } from './job-queue.js';
+import { ANONYMOUS_CLIENT, RequeueError, Ticket, type JobOptions } from './job-queue.js';
 import type { BatchEvent, BatchItem, GeneratedImage, GenerationBatch } from '../runtime/types.js';
 
 /**
@@ -11,7 +11,8 @@ import type { BatchEvent, BatchItem, GeneratedImage, GenerationBatch } from '../
  *
  * A group waits in the queue as its first member's request (ticket), weighed by the estimated cost of
  * all its members; when it starts, every member's request counts as started (see Ticket.begin). Each
- * other request in it keeps its own time limit (JobScheduler.boundWait).
+ * request in it keeps its own time limit (JobScheduler.boundWait), and the group waits while any has
+ * time left: a request that joined it late is not dropped when the first one's time runs out.
  *
  * Fairness: a group waits in its owner's line of the fair queue (fair-order.ts), so a request joins
  * another client's group only when that group is the owner's next to start and the joiner has nothing
@@ -30,9 +31,9 @@ export type BatchRunner = (batch: GenerationBatch, stop: AbortSignal, onEvent: (
 export interface JobScheduler {
   run(job: () => Promise<void>, signal: AbortSignal, options: JobOptions): Promise<void>;
   /**
-   * Bounds the wait of a request that joined another request's group as its own would be bounded
-   * (QUEUE_TIMEOUT): the group's place in the queue is its first request's, unbounded once that one
-   * started anything. `expire` gets the error; what it returns cancels the bound.
+   * Bounds the wait of a request in a group as its own would be bounded (QUEUE_TIMEOUT): the group's
+   * place in the queue is not bounded by the queue (see JobOptions.boundsOwnWait) but abandoned once
+   * every member left. `expire` gets the error; what it returns cancels the bound.
    */
   boundWait(ticket: Ticket, expire: (err: Error) => void): () => void;
 }
@@ -54,7 +55,7 @@ interface Group {
   key: string;
   /** The client whose line the group waits in (its first member's). */
   owner: string;
-  /** The request the group waits in the queue as (its first member's), whose wait the queue bounds. */
+  /** The request the group waits in the queue as (its first member's): its client's line, limits and admission. */
   ticket?: Ticket;
   settings: Omit<GenerationBatch, 'items'>;
   members: Member[];
@@ -93,7 +94,7 @@ export class BatchMerger {
   ) {}
 
   /** `ticket`: the request the batch belongs to (a request's batches share one); `onEvent`: its batch's events, items numbered as in `batch`. */
-  generate(batch: GenerationBatch, signal?: AbortSignal, ticket?: Ticket, onEvent?: (event: BatchEvent) => void): Promise<GeneratedImage[]> {
+  generate(batch: GenerationBatch, signal?: AbortSignal, ticket = new Ticket(), onEvent?: (event: BatchEvent) => void): Promise<GeneratedImage[]> {
     if (signal?.aborted) return Promise.reject(signal.reason);
     return new Promise<GeneratedImage[]>((resolve, reject) => {
       const key = batchKey(batch);
@@ -105,14 +106,14 @@ export class BatchMerger {
         if (group.members.every((m) => m.left)) group.abandon.abort(reason);
       };
       const leave = () => leaveWith(signal!.reason);
-      // A request in another request's group waits no longer than its own would (see JobScheduler.boundWait).
-      const unbound = joinable && ticket && ticket !== joinable.ticket ? this.enqueue.boundWait(ticket, leaveWith) : undefined;
+      // Each request in a group waits no longer than its own would (see JobScheduler.boundWait).
+      const unbound = this.enqueue.boundWait(ticket, leaveWith);
       // The listener goes as soon as the member settles, however it does: an AbortSignal.any() signal
       // with an abort listener is kept alive by Node, and this closure would keep the member's images
       // (its resolved promise) reachable for as long as the request's signal lives, i.e. for ever.
       const settled = () => {
         signal?.removeEventListener('abort', leave);
-        unbound?.();
+        unbound();
       };
       const member: Member = {
         items: batch.items,
@@ -180,7 +181,7 @@ export class BatchMerger {
     const { estimate } = this;
     const cost = estimate && (() => estimate({ ...group.settings, items: group.members.flatMap((m) => (m.left ? [] : m.items)) }));
     const shares = estimate && (() => clientShares(group, estimate));
-    this.enqueue.run(() => this.run(group), group.abandon.signal, { ticket, cost, shares }).catch((err) => {
+    this.enqueue.run(() => this.run(group), group.abandon.signal, { ticket, cost, shares, boundsOwnWait: true }).catch((err) => {
       this.close(group);
       for (const m of group.members) m.reject(err);
     });

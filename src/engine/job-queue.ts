@@ -106,6 +106,12 @@ export interface JobOptions {
    * batch's owner charged for it.
    */
   shares?: () => Map<string, number>;
+  /**
+   * The caller bounds the wait of each request the job serves, each by its own ticket (boundWait), and
+   * aborts `signal` once all of them gave up: a merged batch, whose first request timing out must not
+   * drop the requests that joined it later. The queue then bounds only a requeued job's wait.
+   */
+  boundsOwnWait?: boolean;
 }
 
 export interface JobQueueOptions {
@@ -178,7 +184,7 @@ export class JobQueue {
     private readonly options: JobQueueOptions = {},
   ) {}
 
-  run<T>(job: () => Promise<T>, signal?: AbortSignal, { ticket = new Ticket(), cost, shares }: JobOptions = {}): Promise<T> {
+  run<T>(job: () => Promise<T>, signal?: AbortSignal, { ticket = new Ticket(), cost, shares, boundsOwnWait = false }: JobOptions = {}): Promise<T> {
     if (this.closed) return Promise.reject(new QueueClosedError());
     if (signal?.aborted) return Promise.reject(signal.reason);
     if (!ticket.admitted) {
@@ -198,7 +204,7 @@ export class JobQueue {
       const wait = (again: boolean) => {
         queued = performance.now();
         signal?.addEventListener('abort', onAbort, { once: true });
-        disarm = this.limitWait(ticket, (err) => entry.cancel(err), !again);
+        disarm = again || !boundsOwnWait ? this.limitWait(ticket, (err) => entry.cancel(err), !again) : () => undefined;
         if (again) this.order.pushFront(ticket.client, entry);
         else this.order.push(ticket.client, entry);
       };
@@ -243,11 +249,9 @@ export class JobQueue {
   }
 
   /**
-   * Bounds the wait of a request that rides on another request's job (a batch it joined), as its own
-   * job's wait is bounded: `expire` gets its QueueTimeoutError once maxWaitMs passed and the request
-   * has not started. The job's own bound is its first request's, gone once that request started
-   * anything, so without this a request that joined it would wait as long as the job does. Returns
-   * what cancels it.
+   * Bounds the wait of a request that is one of several a job serves (a merged batch: see
+   * JobOptions.boundsOwnWait), as its own job's wait is bounded: `expire` gets its QueueTimeoutError
+   * once maxWaitMs passed and the request has not started. Returns what cancels it.
    */
   boundWait(ticket: Ticket, expire: (err: QueueTimeoutError) => void): () => void {
     return this.limitWait(ticket, expire, true);
