@@ -191,6 +191,21 @@ describe('merging compatible requests', () => {
     expect(runs.map((r) => r.items)).toEqual([1, 1]);
   });
 
+  it("never puts a request in a group every client of which has left: it would fail with their reason", async () => {
+    const { runs, merger } = harness(4);
+    const busy = merger.generate(request([item('a red circle', 1)], { steps: 1 }), undefined, new Ticket('a'));
+    const leaving = new AbortController();
+    const left = merger.generate(request([item('a red circle', 2)]), leaving.signal, new Ticket('a'));
+    leaving.abort(new Error("client a went away"));
+    // In the same turn, before the abandoned group's place in the queue is given up: another client's
+    // request of the same settings. Before, it joined that group and failed with "client a went away".
+    const other = merger.generate(request([item('a red circle', 3)]), undefined, new Ticket('b'));
+    await expect(left).rejects.toThrow('client a went away');
+    await busy;
+    expect((await other).map((image) => image.seed)).toEqual([3]);
+    expect(runs.map((r) => r.seeds)).toEqual([[1], [3]]);
+  });
+
   it('stops a running batch at its next step once every client left', async () => {
     const leaving = new AbortController();
     // Left at the batch's first step: not after a guessed time (on a busy machine it may not have

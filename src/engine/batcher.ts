@@ -103,7 +103,11 @@ export class BatchMerger {
       const leaveWith = (reason: unknown) => {
         member.left = true;
         member.reject(reason);
-        if (group.members.every((m) => m.left)) group.abandon.abort(reason);
+        if (!group.members.every((m) => m.left)) return;
+        // Not joinable from now on: the queue gives its place up only as its rejection settles, and a
+        // request that joined it meanwhile (in this same turn) would fail with these members' reason.
+        this.close(group);
+        group.abandon.abort(reason);
       };
       const leave = () => leaveWith(signal!.reason);
       // Each request in a group waits no longer than its own would (see JobScheduler.boundWait).
