@@ -1,4 +1,4 @@
-import { ANONYMOUS_CLIENT, RequeueError, Ticket, type JobOptions } from './job-queue.js';
+import { RequeueError, Ticket, type JobOptions } from './job-queue.js';
 import type { BatchEvent, BatchItem, GeneratedImage, GenerationBatch } from '../runtime/types.js';
 
 /**
@@ -44,7 +44,7 @@ export type CostEstimate = (batch: GenerationBatch) => number;
 interface Member {
   items: BatchItem[];
   signal?: AbortSignal;
-  ticket?: Ticket;
+  ticket: Ticket;
   onEvent?(event: BatchEvent): void;
   left: boolean;
   resolve(images: GeneratedImage[]): void;
@@ -56,7 +56,7 @@ interface Group {
   /** The client whose line the group waits in (its first member's). */
   owner: string;
   /** The request the group waits in the queue as (its first member's): its client's line, limits and admission. */
-  ticket?: Ticket;
+  ticket: Ticket;
   settings: Omit<GenerationBatch, 'items'>;
   members: Member[];
   /** Aborts the group's place in the queue once every member has left. */
@@ -65,13 +65,11 @@ interface Group {
 
 const ownKey = (client: string, key: string) => `${client}\n${key}`;
 
-const clientOf = (ticket?: Ticket) => ticket?.client ?? ANONYMOUS_CLIENT;
-
 /**
  * A request of a client with a concurrency limit runs as its own batch: its batches count one by one
  * against the limit, and a request of another client in its group would wait on that limit.
  */
-const mergesNothing = (ticket?: Ticket) => ticket?.limits.maxConcurrent !== undefined;
+const mergesNothing = (ticket: Ticket) => ticket.limits.maxConcurrent !== undefined;
 
 /** Batches with equal keys can run as one: everything but the items. */
 function batchKey(batch: GenerationBatch): string {
@@ -146,9 +144,9 @@ export class BatchMerger {
    * client has nothing waiting (see Fairness above), with room for the batch; none for a client with a
    * concurrency limit.
    */
-  private joinableGroup(key: string, batch: GenerationBatch, ticket?: Ticket): Group | undefined {
+  private joinableGroup(key: string, batch: GenerationBatch, ticket: Ticket): Group | undefined {
     if (mergesNothing(ticket)) return undefined;
-    const client = clientOf(ticket);
+    const { client } = ticket;
     const fits = (group: Group | undefined) => {
       const size = group?.members.reduce((n, m) => n + (m.left ? 0 : m.items.length), 0) ?? Infinity;
       return size + batch.items.length <= Math.min(this.maxItems, batch.maxBatch ?? Infinity);
@@ -165,15 +163,15 @@ export class BatchMerger {
   /** Whether a request of `client` waits in a group, its own or another client's. */
   private hasWaiting(client: string): boolean {
     for (const groups of this.waiting.values()) {
-      for (const group of groups) if (group.members.some((m) => !m.left && clientOf(m.ticket) === client)) return true;
+      for (const group of groups) if (group.members.some((m) => !m.left && m.ticket.client === client)) return true;
     }
     return false;
   }
 
   /** A group for the request's batch; one that others may join unless its owner has a concurrency limit (see mergesNothing). */
-  private openGroup(key: string, batch: GenerationBatch, ticket?: Ticket): Group {
+  private openGroup(key: string, batch: GenerationBatch, ticket: Ticket): Group {
     const { items: _items, ...settings } = batch;
-    const owner = clientOf(ticket);
+    const owner = ticket.client;
     const group: Group = { key, owner, ticket, settings, members: [], abandon: new AbortController() };
     if (mergesNothing(ticket)) return group;
     this.open.set(ownKey(owner, key), group);
@@ -181,7 +179,7 @@ export class BatchMerger {
     return group;
   }
 
-  private schedule(group: Group, ticket?: Ticket): void {
+  private schedule(group: Group, ticket: Ticket): void {
     const { estimate } = this;
     const cost = estimate && (() => estimate({ ...group.settings, items: group.members.flatMap((m) => (m.left ? [] : m.items)) }));
     const shares = estimate && (() => clientShares(group, estimate));
@@ -204,7 +202,7 @@ export class BatchMerger {
     this.close(group);
     const members = group.members.filter((m) => !m.left);
     if (members.length === 0) return;
-    for (const m of members) m.ticket?.begin();
+    for (const m of members) m.ticket.begin();
     const stop = new AbortController();
     const stopIfAllLeft = () => {
       if (members.every((m) => m.left)) stop.abort();
@@ -232,7 +230,7 @@ function clientShares(group: Group, estimate: CostEstimate): Map<string, number>
   const shares = new Map<string, number>();
   for (const m of group.members) {
     if (m.left) continue;
-    const client = clientOf(m.ticket);
+    const { client } = m.ticket;
     shares.set(client, (shares.get(client) ?? 0) + estimate({ ...group.settings, items: m.items }));
   }
   return shares;
