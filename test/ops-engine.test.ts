@@ -1,10 +1,10 @@
 import { execFile } from 'node:child_process';
-import { readdir, readFile } from 'node:fs/promises';
+import { cp, mkdtemp, readdir, readFile, rm } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { promisify } from 'node:util';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { DEMO_MODEL_DIR } from './helpers/demo-model.js';
+import { demoBatch as demoBatchOf, DEMO_MODEL_DIR } from './helpers/demo-model.js';
 import type { GenerationBatch } from '../src/runtime/types.js';
 import { startTestServer } from './helpers/api-server.js';
 import { signalBusyWorker, whileBatchHeld } from './helpers/busy-worker.js';
@@ -20,6 +20,9 @@ import type { ErrorBody } from '../src/api/wire.js';
  */
 
 const execFileAsync = promisify(execFile);
+
+/** A small, quick batch of the demo model. */
+const demoBatch = (settings: Partial<GenerationBatch> = {}) => demoBatchOf({ width: 256, height: 256, steps: 2, ...settings });
 
 function expectError(answer: Answer, status: number, type: string, code: string) {
   expect(answer.status).toBe(status);
@@ -441,6 +444,28 @@ describe('a pool whose workers die after it started', () => {
   });
 });
 
+describe('a pool of two workers serving two models', () => {
+  it('runs each batch on a worker holding its model, and a model new to the pool on the worker holding fewest', async () => {
+    const root = await mkdtemp(path.join(os.tmpdir(), 'imagegen-two-models-'));
+    const other = path.join(root, 'demo-copy');
+    await cp(DEMO_MODEL_DIR, other, { recursive: true });
+    const pool = createBuiltPool({ workers: 2, queueMax: 4, executionProvider: 'cpu', threadsPerWorker: 1 });
+    try {
+      await expect.poll(() => pool.readiness().ready, { timeout: 60_000, interval: 10 }).toBe(true);
+      await pool.generate(demoBatch());
+      // Before, the first idle worker took it too (it held the demo model already), leaving the other empty.
+      await pool.generate(demoBatch({ modelDir: other }));
+      expect(pool.modelsHeld()).toEqual({ 'demo-shapes': 1, 'demo-copy': 1 });
+      // Both at once: each on the worker that holds its model, none loaded again.
+      await Promise.all([pool.generate(demoBatch()), pool.generate(demoBatch({ modelDir: other }))]);
+      expect(pool.modelsHeld()).toEqual({ 'demo-shapes': 1, 'demo-copy': 1 });
+    } finally {
+      await pool.close();
+      await rm(root, { recursive: true, force: true });
+    }
+  });
+});
+
 /** A clock that moves only when told to, running what falls due. */
 function fakeClock() {
   let now = 0;
@@ -462,14 +487,6 @@ function fakeClock() {
   };
 }
 
-const demoBatch = (): GenerationBatch => ({
-  modelDir: DEMO_MODEL_DIR,
-  width: 256,
-  height: 256,
-  steps: 2,
-  guidanceScale: 0,
-  items: [{ prompt: 'a red circle', negativePrompt: '', seed: 1 }],
-});
 
 describe('stopping the engine', () => {
   it('kills a worker that does not exit within the grace period', async () => {

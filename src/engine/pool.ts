@@ -227,9 +227,19 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
     }
   }
 
+  /**
+   * The idle worker to run a batch of `modelDir` on: one holding that model, else the one holding the
+   * fewest. The first idle one served every batch alike: two workers serving two models took turns
+   * loading both (a real model's load takes seconds; under MODEL_MEMORY_BUDGET each load evicted the other).
+   */
+  function workerFor(modelDir: string): WorkerProcess | undefined {
+    const idle = slots.ready().filter((w) => !w.busy);
+    return idle.find((w) => w.loaded.has(modelDir)) ?? idle.reduce<WorkerProcess | undefined>((best, w) => (best && best.loaded.size <= w.loaded.size ? best : w), undefined);
+  }
+
   async function runOnWorker(batch: GenerationBatch, stop: AbortSignal, onEvent: (event: BatchEvent) => void): Promise<GeneratedImage[]> {
     // The queue runs no more jobs than there are ready workers, and each job holds its worker until it ends.
-    const worker = slots.ready().find((w) => !w.busy);
+    const worker = workerFor(batch.modelDir);
     if (!worker) throw new Error('internal error: the job queue started a job with no idle worker');
     const started = performance.now();
     const warm = worker.loaded.has(batch.modelDir);
