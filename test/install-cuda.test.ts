@@ -13,7 +13,7 @@ import { PROJECT_ROOT } from './helpers/cli.js';
  * asks to go and refuses it.
  */
 
-describe('npm run install:cuda', () => {
+describe.skipIf(process.platform === 'win32')('npm run install:cuda (skipped on Windows: the script is written for a POSIX shell, as the README says)', () => {
   it('fetches the CUDA provider from NuGet, rather than exiting 0 having installed nothing', async () => {
     const asked: string[] = [];
     const proxy = createServer((_request, response) => response.writeHead(403).end());
@@ -25,8 +25,7 @@ describe('npm run install:cuda', () => {
     await once(proxy, 'listening');
     try {
       const { port } = proxy.address() as AddressInfo;
-      const npm = process.platform === 'win32' ? 'npm.cmd' : 'npm';
-      const child = spawn(npm, ['run', '--silent', 'install:cuda'], {
+      const child = spawn('npm', ['run', '--silent', 'install:cuda'], {
         cwd: PROJECT_ROOT,
         env: { ...process.env, GLOBAL_AGENT_HTTP_PROXY: `http://127.0.0.1:${port}` },
         stdio: 'ignore',
