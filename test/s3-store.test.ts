@@ -1,3 +1,4 @@
+import { createHash } from 'node:crypto';
 import { mkdir, mkdtemp, rm } from 'node:fs/promises';
 import { createServer, request as httpRequest } from 'node:http';
 import type { AddressInfo } from 'node:net';
@@ -68,6 +69,35 @@ async function keys(prefix: string): Promise<string[]> {
   } finally {
     client.destroy();
   }
+}
+
+/**
+ * A gateway in front of the bucket that answers DeleteObjects as another S3-compatible store might:
+ * `refusal` gives the S3 error code it refuses one with (its Content-MD5 header and body at hand), or
+ * undefined to pass it on; everything else goes through.
+ */
+async function deleteGateway(refusal: (md5: string | undefined, body: Buffer) => string | undefined) {
+  const refused: string[] = [];
+  const server = createServer((req, res) => {
+    const chunks: Buffer[] = [];
+    req.on('data', (chunk: Buffer) => chunks.push(chunk));
+    req.on('end', () => {
+      const body = Buffer.concat(chunks);
+      const code = new URL(req.url!, s3.endpoint).searchParams.has('delete') ? refusal(req.headers['content-md5']?.toString(), body) : undefined;
+      if (code) {
+        refused.push(code);
+        res.writeHead(code === 'NotImplemented' ? 501 : 400, { 'content-type': 'application/xml' }).end(`<?xml version="1.0" encoding="UTF-8"?><Error><Code>${code}</Code><Message>refused by the gateway</Message></Error>`);
+        return;
+      }
+      const upstream = httpRequest(new URL(req.url!, s3.endpoint), { method: req.method, headers: req.headers }, (answer) => {
+        res.writeHead(answer.statusCode!, answer.headers);
+        answer.pipe(res);
+      });
+      upstream.end(body);
+    });
+  });
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  return { endpoint: `http://127.0.0.1:${(server.address() as AddressInfo).port}`, refused, close: () => server.close() };
 }
 
 describe('S3ImageStore', () => {
@@ -160,6 +190,28 @@ describe('S3ImageStore', () => {
       await misled.close();
       expect(await keys('gateway/')).toContain(`gateway/${image.id}.${image.expiresAt}.png`);
       await maker.close();
+    } finally {
+      gateway.close();
+    }
+  });
+
+  it('deletes through a store that takes DeleteObjects only with Content-MD5 (older MinIO releases, Oracle Object Storage): refused, no sweep got past its deletes, so expired images stayed counted and a full store answered every url request 503', async () => {
+    // Answered as those stores do: no Content-MD5 (the SDK sends a CRC32 header instead, even with
+    // WHEN_REQUIRED) is a 400 MissingContentMD5, a wrong one BadDigest.
+    const gateway = await deleteGateway((md5, body) => (!md5 ? 'MissingContentMD5' : md5 !== createHash('md5').update(body).digest('base64') ? 'BadDigest' : undefined));
+    try {
+      const store = await open({ prefix: 'md5-deletes/', maxBytes: 2 * BLOCK, endpoint: gateway.endpoint });
+      const [first, second] = [await store.put(bytes(10), 'image/png'), await store.put(bytes(10), 'image/png')];
+      // A failed response's images, deleted at once.
+      await store.remove([second]);
+      expect(await keys('md5-deletes/')).toEqual([`md5-deletes/${first.id}.${first.expiresAt}.png`]);
+      // Expired, the sweep a full store runs deletes it and makes room.
+      now += 61_000;
+      await store.put(bytes(10), 'image/png');
+      await store.put(bytes(10), 'image/png');
+      expect(await keys('md5-deletes/')).toHaveLength(2);
+      expect(gateway.refused).toEqual([]);
+      await store.close();
     } finally {
       gateway.close();
     }

@@ -6,6 +6,7 @@ import { ConfigError } from '../util/config-error.js';
 import { StoreUnavailableError, type ByteRange, type ImageStore, type StoredImage, type StoreLimits, type StoreReservation } from './image-store.js';
 import { extensionOf, imageName, isExpired, nameableOwner, newImage, parseImageName } from './image-names.js';
 import { StoreSpace } from './space.js';
+import { deleteWithContentMd5 } from './s3-delete-md5.js';
 import { messageOf } from '../util/error-message.js';
 
 /**
@@ -108,6 +109,7 @@ export class S3ImageStore implements ImageStore {
         socketTimeout: tryTimeoutMs,
       },
     });
+    deleteWithContentMd5(this.client);
     if (!options.clock) this.client.middlewareStack.add((next) => async (args) => this.bucketClock(await next(args)), { step: 'deserialize', name: 'imagegenBucketClock' });
   }
 
