@@ -14,7 +14,7 @@ import { ConfigError } from '../src/util/config-error.js';
 import { StoreFullError, StoreUnavailableError } from '../src/store/image-store.js';
 import { S3ImageStore, type S3StoreOptions } from '../src/store/s3-store.js';
 import { MIN_IMAGE_BYTES } from '../src/store/space.js';
-import { silentLogger } from './helpers/logs.js';
+import { capturedLogs, silentLogger } from './helpers/logs.js';
 import { apiError } from './helpers/failures.js';
 import { MODEL, startOpsServer, untilReady } from './helpers/ops-server.js';
 import { startS3Server, type S3Service } from './helpers/services.js';
@@ -211,6 +211,26 @@ describe('S3ImageStore', () => {
       await store.put(bytes(10), 'image/png');
       expect(await keys('md5-deletes/')).toHaveLength(2);
       expect(gateway.refused).toEqual([]);
+      await store.close();
+    } finally {
+      gateway.close();
+    }
+  });
+
+  it("counts what a sweep listed though its deletes fail (a store without DeleteObjects, one throttling it): the put that swept for room got 503, the expired images still counted", async () => {
+    const gateway = await deleteGateway(() => 'NotImplemented');
+    const logs = capturedLogs<{ msg: string }>();
+    try {
+      const store = await open({ prefix: 'failed-deletes/', maxBytes: 2 * BLOCK, endpoint: gateway.endpoint, logger: logs.logger });
+      await Promise.all([store.put(bytes(10), 'image/png'), store.put(bytes(10), 'image/png')]);
+      now += 61_000;
+      // The listing finds nothing unexpired: room, whatever the deletes meet.
+      await store.put(bytes(10), 'image/png');
+      expect(store.stats()).toEqual({ files: 1, bytes: BLOCK });
+      // Left for a later sweep (and the bucket's lifecycle rule), and said so.
+      expect(await keys('failed-deletes/')).toHaveLength(3);
+      expect(gateway.refused).toEqual(['NotImplemented']);
+      expect(logs.lines.map((line) => line.msg)).toContainEqual(expect.stringMatching(/failed to delete images \(NotImplemented.*: 2 expired images stay until a later sweep/));
       await store.close();
     } finally {
       gateway.close();

@@ -303,10 +303,19 @@ export class S3ImageStore implements ImageStore {
     } catch (err) {
       throw this.unavailable('list its images', err);
     }
-    await this.deleteKeys(expired);
     const missed = [...recent].filter(([id]) => !seen.has(id)).map(([, counted]) => counted);
     this.files = seen.size + missed.length;
     this.space.recount(seen.values(), missed, this.writes.values());
+    // Counted before deleting, and a failed delete only logged: the limit needs what the listing found
+    // unexpired, whatever becomes of the expired. Thrown, a DeleteObjects refused (a store without it, one
+    // throttling) skipped the recount, so the expired images stayed counted, and the put that swept for
+    // room got 503 though the listing had found it.
+    try {
+      await this.deleteKeys(expired);
+    } catch (err) {
+      this.options.logger.warn({ err }, `${messageOf(err)}: ${expired.length} expired images stay until a later sweep (or the bucket's lifecycle rule) deletes them`);
+      return;
+    }
     if (expired.length) this.options.logger.debug({ deleted: expired.length }, 'expired images deleted');
   }
 
