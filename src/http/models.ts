@@ -32,7 +32,7 @@ function toModelObject({ id, model }: ListedModel, defaultModel: string): ModelO
     // A client can tell before it tries whether edits and variations work here (an export without its VAE encoder cannot).
     capabilities: model.capabilities,
     schedulers: model.schedulers,
-    // The list is sorted by id, so its first entry is no default: the embedded demo model sorts before
+    // The installed models come sorted by id (then aliases), so the first entry is no default: the embedded demo model sorts before
     // most real ones, and a client (the playground) offering the first would draw with it.
     default: id === defaultModel,
   };
