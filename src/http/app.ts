@@ -5,8 +5,8 @@ import type { ModelRegistry } from '../models/registry.js';
 import type { Metrics } from '../observability/metrics.js';
 import { createImageService, type ImageEngine } from '../service/images.js';
 import type { ImageStore } from '../store/image-store.js';
+import { ByteBudget } from '../util/byte-budget.js';
 import { auth } from './auth.js';
-import { uploadMemoryBudget } from './body-memory.js';
 import { connectionOptions, connections } from './connections.js';
 import { content } from './content.js';
 import { cors } from './cors.js';
@@ -105,7 +105,7 @@ export function buildApp({ config, registry, engine, store, metrics, logger, tls
   });
   // UPLOAD_MEMORY: request bodies held in memory, JSON (content.ts) and forms (edits.ts) together; each
   // key gets room for the largest body one request may send.
-  const bodyMemory = uploadMemoryBudget(config.uploadMemory, Math.max(config.bodyLimit, LARGEST_FORM_BYTES));
+  const bodyMemory = ByteBudget.perClient(config.uploadMemory, Math.max(config.bodyLimit, LARGEST_FORM_BYTES));
   app.register(content, { memory: bodyMemory });
   // Before the plugins whose hooks reject requests, so that those are counted too.
   app.register(metricsRoutes, { metrics, public: config.metricsPublic });

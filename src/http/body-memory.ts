@@ -1,8 +1,8 @@
 import type { FastifyReply, FastifyRequest } from 'fastify';
-import { ApiError } from '../api/errors.js';
-import { formatBytes } from '../util/bytes.js';
-import { ByteBudget, clientShare } from '../util/byte-budget.js';
+import type { ApiError } from '../api/errors.js';
+import type { ByteBudget } from '../util/byte-budget.js';
 import { declaredBodyBytes } from './connections.js';
+import { memoryFull, memoryHolder, MEMORY_RETRY_SECONDS, shareOf, type MemoryWords } from './memory-share.js';
 
 /**
  * UPLOAD_MEMORY: the request bodies held in memory, all requests together, from their first byte until
@@ -18,47 +18,27 @@ import { declaredBodyBytes } from './connections.js';
  * bodies, never finished, were never counted against them). A server without keys has one client.
  */
 
-/** When to retry a body refused for UPLOAD_MEMORY: bodies go as their requests end. */
-const FULL_RETRY_SECONDS = 5;
-
-/** UPLOAD_MEMORY's budget, of which one key may hold half, or `largestBody` (the most one request may send) where that is more. */
-export function uploadMemoryBudget(limit: number, largestBody: number): ByteBudget {
-  return new ByteBudget(limit, clientShare(limit, largestBody));
-}
-
-/** The 429 of a body that does not fit: UPLOAD_MEMORY is full, or `holder` (a key's label) holds its share of it. */
-function bodyMemoryFull(memory: ByteBudget, bytes: number, holder: string | undefined): ApiError {
-  const retry = `Please try again in ${FULL_RETRY_SECONDS}s.`;
-  const whole = `UPLOAD_MEMORY, ${formatBytes(memory.limit)}`;
-  const message =
-    holder !== undefined && memory.share < memory.limit && memory.heldBy(holder) + bytes > memory.share
-      ? `Rate limit reached: this API key's requests hold as much of their bodies (uploaded images, prompts) in the server's memory as one key may (${formatBytes(memory.share)} of ${whole}, so that other keys' requests still get in), most of them waiting for a worker. ${retry}`
-      : `Rate limit reached: the server holds as much of requests' bodies (uploaded images, prompts) as it may (${whole}), most of them waiting for a worker. ${retry}`;
-  return ApiError.rateLimited(message, { 'retry-after': String(FULL_RETRY_SECONDS) });
-}
+/** The words of UPLOAD_MEMORY's 429. */
+const BODY_WORDS: MemoryWords = {
+  setting: 'UPLOAD_MEMORY',
+  keyHolds: (amount) =>
+    `this API key's requests hold as much of their bodies (uploaded images, prompts) in the server's memory as one key may (${amount}, so that other keys' requests still get in), most of them waiting for a worker.`,
+  serverHolds: (amount) => `the server holds as much of requests' bodies (uploaded images, prompts) as it may (${amount}), most of them waiting for a worker.`,
+  advice: `Please try again in ${MEMORY_RETRY_SECONDS}s.`,
+};
 
 /**
  * The request's share of `memory`: the function returned takes bytes as they arrive, answering the 429
  * to refuse the body with (taking nothing) when they do not fit. All it took goes back once the answer is
- * done or the client left. A body declared larger than the room left to it is refused (thrown) now,
- * before any of it is read.
+ * done or the client left (memory-share.ts). A body declared larger than the room left to it is refused
+ * (thrown) now, before any of it is read.
  */
 export function holdBodyMemory(request: FastifyRequest, reply: FastifyReply, memory: ByteBudget): (bytes: number) => ApiError | undefined {
-  const holder = request.apiKey?.label;
+  const holder = memoryHolder(request);
   const declared = declaredBodyBytes(request);
-  if (declared > memory.room(holder)) throw bodyMemoryFull(memory, declared, holder);
-  let held = 0;
-  let done = false;
-  reply.raw.once('close', () => {
-    done = true;
-    memory.release(held, holder);
-    held = 0;
-  });
-  return (bytes) => {
-    // A body still arriving after its answer (read and dropped, connections.ts) is held by nobody.
-    if (done) return undefined;
-    if (!memory.take(bytes, holder)) return bodyMemoryFull(memory, bytes, holder);
-    held += bytes;
-    return undefined;
-  };
+  if (declared > memory.room(holder)) throw memoryFull(memory, declared, holder, BODY_WORDS);
+  // A body still arriving after its answer (read and dropped, connections.ts) is held by nobody: the
+  // share, closed, takes it without counting.
+  const share = shareOf(request, reply, memory);
+  return (bytes) => (share.take(bytes) ? undefined : memoryFull(memory, bytes, holder, BODY_WORDS));
 }

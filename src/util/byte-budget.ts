@@ -13,6 +13,11 @@ export class ByteBudget {
     readonly share = limit,
   ) {}
 
+  /** A budget of which one client may hold half, or `largest` (the most one request may need) where that is more: see clientShare. */
+  static perClient(limit: number, largest: number): ByteBudget {
+    return new ByteBudget(limit, clientShare(limit, largest));
+  }
+
   /** What `holder` may take now: what is free, and of a named holder, no more than its share leaves it. */
   room(holder?: string): number {
     const free = this.limit - this.used;
