@@ -336,6 +336,16 @@ const SETTINGS = {
     description:
       'memory request bodies (the uploaded files of edits and variations, JSON bodies) may take together, from their first byte until their request ends (a request waiting for a worker keeps its upload); a body that finds it full gets 429 with Retry-After before the rest of it is read; one API key holds at most half of it (or the largest body a request may send, where that is more)',
   },
+  answerMemory: {
+    // Several of the largest answers a request gets, unread at once, for each of two keys: the largest
+    // size the presets serve, 1792x1024 (1.8 megapixels), is at most about 5.5 MB as a PNG (3 bytes a
+    // pixel, an image without flat areas; the embedded model's are under 1 MB), 7.3 MB in base64, so
+    // n=10 is 73 MB, and a key's half of 1 GiB holds seven such answers (about ten of photos at 2
+    // bytes a pixel). A client that reads at network speed gives its answer back within seconds.
+    schema: bytesAtLeast(64 * 1024 ** 2, '64m').prefault('1g'),
+    description:
+      'memory the answers that carry their images (b64_json, streamed events) may take together until their clients have read them; a request whose API key holds half of it in unread answers, or that finds it full, gets 429 with Retry-After before any work is done for it (an answer made meanwhile is still sent whole; url answers hold none)',
+  },
   bodyLimit: {
     schema: byteSize.pipe(z.number().min(1, 'expected at least 1 byte')).prefault('1m'),
     description: 'largest accepted request body, e.g. 1m; a compressed body counts decompressed; at most UPLOAD_MEMORY',

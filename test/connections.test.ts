@@ -18,7 +18,7 @@ import { FakeEngine } from './helpers/engines.js';
 import { capturedLogs } from './helpers/logs.js';
 import { haveOpenssl, selfSignedCertificate } from './helpers/certificate.js';
 import { MAX_PARAM_LENGTH } from '../src/http/app.js';
-import { parseResponse, rawRequest, type RawExchange } from './helpers/raw-http.js';
+import { parseResponse, rawRequest, unreadRequest, type RawExchange } from './helpers/raw-http.js';
 
 /**
  * Issue #13's connection hardening, over raw sockets: slow and stalled requests time out, refusals are
@@ -325,11 +325,7 @@ function finWaitSockets(port: number): number {
 
 /** A client on `port` that asks for `images` (pipelined, in one write) and reads nothing of the answers. */
 function nonReadingClient(port: number, images: { id: string }[]): net.Socket {
-  const socket = net.connect(port, '127.0.0.1');
-  socket.pause();
-  socket.on('error', () => {});
-  socket.write(images.map((image) => `GET /v1/images/files/${image.id}.png HTTP/1.1\r\nHost: a\r\n\r\n`).join(''));
-  return socket;
+  return unreadRequest(port, images.map((image) => `GET /v1/images/files/${image.id}.png HTTP/1.1\r\nHost: a\r\n\r\n`).join(''));
 }
 
 describe('a client that does not read its answer', () => {

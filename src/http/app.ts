@@ -35,6 +35,7 @@ export type AppConfig = Pick<
   | 'apiKeysFile'
   | 'bodyLimit'
   | 'uploadMemory'
+  | 'answerMemory'
   | 'rng'
   | 'trustProxy'
   | 'publicBaseUrl'
@@ -125,6 +126,10 @@ export function buildApp({ config, registry, engine, store, metrics, logger, tls
     const imageOrigins = [config.publicBaseUrl && new URL(config.publicBaseUrl).origin, store.urlOrigin].filter((origin): origin is string => Boolean(origin));
     app.register(playground, { imageOrigins: [...new Set(imageOrigins)] });
   }
+  // ANSWER_MEMORY: answers their clients have not read yet (answer-memory.ts); each key half of it, no
+  // room kept for a lone answer: one is never refused once made, only requests while it is full.
+  const answerMemory = ByteBudget.perClient(config.answerMemory, 0);
+  metrics.watchAnswerMemory(() => answerMemory.held);
   // One service and one set of key rates for the three image routes: an edit counts against the same limits.
   const imageRoutes = {
     service: createImageService({ registry, engine, store, defaultRng: config.rng, defaultModel: config.defaultModel }),
@@ -134,6 +139,7 @@ export function buildApp({ config, registry, engine, store, metrics, logger, tls
     streamKeepAliveMs: config.streamKeepAliveSeconds * 1000,
     rates,
     slots,
+    answerMemory,
   };
   app.register(images, imageRoutes);
   app.register(edits, { ...imageRoutes, memory: bodyMemory });

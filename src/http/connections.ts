@@ -28,7 +28,8 @@ import { plural } from '../util/plural.js';
  * client that reads). Nor may a client trickle: while part of the answer waits to go, each
  * SEND_TIMEOUT_SECONDS must see at least SEND_MIN_RATE bytes a second of it taken, or the connection is
  * cut (a 70 MB b64_json answer stayed in memory for as long as its client took 256 KiB every 45 s). A
- * stream waiting for its next event has nothing waiting.
+ * stream waiting for its next event has nothing waiting. These bound each answer in time; what all the
+ * answers waiting for their clients hold together, ANSWER_MEMORY bounds (answer-memory.ts).
  */
 
 export type ConnectionSettings = Pick<Config, 'headersTimeoutSeconds' | 'requestTimeoutSeconds' | 'keepAliveTimeoutSeconds'>;

@@ -1,9 +1,10 @@
-import { PassThrough } from 'node:stream';
 import type { FastifyReply, FastifyRequest } from 'fastify';
 import type { ErrorBody, GenerationRequest, ImageStreamEvent, StreamPrefix } from '../api/wire.js';
 import { echoedSettings } from '../service/gpt-image-fields.js';
 import type { RequestEvent, RequestListener } from '../service/request-events.js';
 import { bufferView } from '../util/bytes.js';
+import type { ByteBudget } from '../util/byte-budget.js';
+import { AnswerEvents } from './answer-memory.js';
 import { inPieces } from './json-pieces.js';
 import { apiErrorOf } from './errors.js';
 import { answeredAside } from './metrics.js';
@@ -24,7 +25,7 @@ import { answeredAside } from './metrics.js';
  * proxy_read_timeout, AWS load balancers) while nothing else is: a client's
  * timeout to the first byte, or a proxy's idle timeout, does not run out while the request waits for a
  * worker or takes long steps. Each image goes out as a completed event as soon as it is made (see the
- * service's 'image' event). A client that disconnects cancels the work, as for any request
+ * service's 'image' event); events the client has not read yet count against ANSWER_MEMORY. A client that disconnects cancels the work, as for any request
  * (request.cancellation).
  */
 
@@ -36,16 +37,18 @@ export interface StreamOptions {
   body: GenerationRequest;
   /** STREAM_KEEP_ALIVE_SECONDS in ms: a comment line goes out after this long without an event. */
   keepAliveMs: number;
+  /** ANSWER_MEMORY: the events count against it until the response takes them (answer-memory.ts). */
+  memory: ByteBudget;
 }
 
-export async function streamImages(request: FastifyRequest, reply: FastifyReply, { prefix, body, keepAliveMs }: StreamOptions, produce: Produce): Promise<FastifyReply> {
-  const events = new PassThrough();
+export async function streamImages(request: FastifyRequest, reply: FastifyReply, { prefix, body, keepAliveMs, memory }: StreamOptions, produce: Produce): Promise<FastifyReply> {
+  const events = new AnswerEvents(request, reply, memory);
   let opened!: () => void;
   const firstEvent = new Promise<void>((resolve) => (opened = resolve));
   let heartbeat: NodeJS.Timeout | undefined;
   const write = (text: string) => {
     // An image's event is megabytes: written in pieces (see WRITE_PIECE_BYTES).
-    for (const piece of inPieces(text)) events.write(piece);
+    for (const piece of inPieces(text)) events.add(piece);
     opened();
     heartbeat?.refresh();
   };

@@ -1,6 +1,8 @@
 import type { FastifyReply, FastifyRequest } from 'fastify';
 import type { GenerationRequest, ImagesResponse, StreamPrefix } from '../api/wire.js';
 import type { EditInput, GenerateContext, ImageService, QueueClient } from '../service/images.js';
+import type { ByteBudget } from '../util/byte-budget.js';
+import { checkAnswerMemory, holdAnswer } from './answer-memory.js';
 import { streamImages } from './event-stream.js';
 import { imagePath } from './files.js';
 import { imagesJson } from './json-pieces.js';
@@ -24,12 +26,16 @@ export interface ImagesOptions {
   rates: KeyRates;
   /** Keys' `concurrent` slots over all replicas (with REDIS_URL). */
   slots?: KeySlots;
+  /** ANSWER_MEMORY: b64_json answers and streamed events that their clients have not read yet (answer-memory.ts). */
+  answerMemory: ByteBudget;
 }
 
 /**
  * What the three image routes do once they have parsed a request: admit it and run it, answering as
  * server-sent events (`stream`; `prefix` names them) or as one JSON body. An edit's pictures are
  * decoded (`decodeEdit`) only once its key's limits admitted it: a refused request costs no decoding.
+ * An answer with its images in it (b64_json, and every stream) is refused first while its key's unread
+ * answers hold all of ANSWER_MEMORY they may.
  */
 export async function respond(
   request: FastifyRequest,
@@ -39,15 +45,23 @@ export async function respond(
   options: ImagesOptions,
   decodeEdit?: () => Promise<EditInput>,
 ): Promise<ImagesResponse | FastifyReply> {
+  const memory = options.answerMemory;
+  // A streamed request's images go as b64_json (parseImageRequest sets it).
+  if (body.response_format === 'b64_json') checkAnswerMemory(request, memory);
   const context = await generateContext(request, reply, body, options);
   const edit = await decodeEdit?.();
-  if (body.stream) return streamImages(request, reply, { prefix, body, keepAliveMs: options.streamKeepAliveMs }, (onEvent) => options.service.stream(body, context, onEvent, edit));
-  return answer(reply, await options.service.generate(body, context, edit));
+  if (body.stream) return streamImages(request, reply, { prefix, body, keepAliveMs: options.streamKeepAliveMs, memory }, (onEvent) => options.service.stream(body, context, onEvent, edit));
+  return answer(request, reply, await options.service.generate(body, context, edit), memory);
 }
 
-/** A route's answer: one with b64_json images as a stream of JSON pieces (json-pieces.ts), any other as it is. */
-function answer(reply: FastifyReply, response: ImagesResponse): ImagesResponse | FastifyReply {
-  if (!response.data.some((image) => image.b64_json !== undefined)) return response;
+/**
+ * A route's answer: one with b64_json images as a stream of JSON pieces (json-pieces.ts), its images
+ * held in ANSWER_MEMORY until the client has it; any other as it is.
+ */
+function answer(request: FastifyRequest, reply: FastifyReply, response: ImagesResponse, memory: ByteBudget): ImagesResponse | FastifyReply {
+  const bytes = response.data.reduce((sum, image) => sum + (image.b64_json?.length ?? 0), 0);
+  if (bytes === 0) return response;
+  holdAnswer(request, reply, memory, bytes);
   return reply.type('application/json; charset=utf-8').send(imagesJson(response));
 }
 

@@ -5,14 +5,14 @@ import type { ByteBudget } from '../util/byte-budget.js';
 
 /**
  * A request's share of a memory budget that all requests share, held by its API key (its label; a
- * server without keys has one client): UPLOAD_MEMORY for its body (body-memory.ts). What a request
- * holds goes back as its response closes, whichever way it ends (answered; the client gone or reset;
- * cut by SEND_TIMEOUT_SECONDS; a pipelined request's connection gone, connections.ts): one place gives
- * back, so that no path leaks room, which would leave clients refused for good. Also the 429 of a
- * request that finds no room.
+ * server without keys has one client): UPLOAD_MEMORY for its body (body-memory.ts), ANSWER_MEMORY for
+ * its answer (answer-memory.ts). What a request holds goes back as its response closes, whichever way
+ * it ends (answered; the client gone or reset; cut by SEND_TIMEOUT_SECONDS; a pipelined request's
+ * connection gone, connections.ts): one place gives back, so that no path leaks room, which would
+ * leave clients refused for good. Also the 429 of a request that finds no room.
  */
 
-/** When to retry a request refused for memory: bodies go as their requests end. */
+/** When to retry a request refused for memory: bodies go as their requests end, answers as their clients read them. */
 export const MEMORY_RETRY_SECONDS = 5;
 
 /** The words of a budget's 429: what holds it, said of one key's requests or of the whole server. */
@@ -45,6 +45,10 @@ export function memoryFull(memory: ByteBudget, bytes: number, holder: string | u
 export interface MemoryShare {
   /** Takes `bytes` if they fit (false, taking nothing, if not); once the response closed, counts nothing and refuses nothing. */
   take(bytes: number): boolean;
+  /** Counts `bytes` whether they fit or not (they are in memory already); once the response closed, nothing. */
+  hold(bytes: number): void;
+  /** Gives back `bytes` of what it took or held, before the response closes. */
+  release(bytes: number): void;
 }
 
 /** The request's share of `memory`, all of it given back as its response closes (at once, where it closed already). */
@@ -52,8 +56,8 @@ export function shareOf(request: FastifyRequest, reply: FastifyReply, memory: By
   const holder = memoryHolder(request);
   const response = reply.raw;
   let held = 0;
-  // A response closed already (its client gone while the request waited): a 'close' listened for now
-  // would never come, and what it held would stay counted for good.
+  // A response closed already (its client gone while the request waited or its answer was made): a
+  // 'close' listened for now would never come, and what it held would stay counted for good.
   let open = !response.destroyed;
   if (open) {
     response.once('close', () => {
@@ -68,6 +72,16 @@ export function shareOf(request: FastifyRequest, reply: FastifyReply, memory: By
       if (!memory.take(bytes, holder)) return false;
       held += bytes;
       return true;
+    },
+    hold(bytes) {
+      if (!open) return;
+      memory.hold(bytes, holder);
+      held += bytes;
+    },
+    release(bytes) {
+      if (!open) return;
+      memory.release(bytes, holder);
+      held -= bytes;
     },
   };
 }

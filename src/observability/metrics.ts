@@ -27,6 +27,8 @@ const DURATION_BUCKETS = [0.005, 0.025, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 1
 export class Metrics implements EngineMetrics {
   readonly registry = new Registry();
   private sources: MetricSources | undefined;
+  /** The bytes ANSWER_MEMORY holds, read from the HTTP layer's budget (see watchAnswerMemory). */
+  private answerMemory: (() => number) | undefined;
 
   private readonly httpRequests = new Counter({
     name: 'imagegen_http_requests_total',
@@ -108,24 +110,32 @@ export class Metrics implements EngineMetrics {
     this.gaugeAtScrape('imagegen_model_workers', 'Worker processes holding each model loaded now (a model none holds is absent: the next request for it loads it)', (sources) => sources.modelsHeld(), 'model');
     this.gaugeAtScrape('imagegen_store_images', 'Images in the image store', (sources) => sources.store().files);
     this.gaugeAtScrape('imagegen_store_bytes', 'Bytes the image store counts against MAX_STORE_BYTES: each image as at least 4 KiB (a disk block), writes in progress included', (sources) => sources.store().bytes);
+    this.gaugeReading(
+      'imagegen_answer_memory_bytes',
+      'Bytes of answers (b64_json images, streamed events) held in memory for clients that have not read them yet, counted against ANSWER_MEMORY',
+      () => this.answerMemory?.(),
+    );
     collectDefaultMetrics({ register: this.registry, prefix: 'imagegen_' });
   }
 
-  /**
-   * A gauge whose value `read` takes from the sources at each scrape: one number, or one per value of
-   * `label` (e.g. running and queued states). Nothing is reported before watch() connected the sources.
-   */
+  /** A gauge whose value `read` takes from the sources at each scrape (see gaugeReading); nothing before watch() connected them. */
   private gaugeAtScrape(name: string, help: string, read: (sources: MetricSources) => number | Record<string, number>, label = 'state'): void {
-    const sources = () => this.sources;
+    this.gaugeReading(name, help, () => this.sources && read(this.sources), label);
+  }
+
+  /**
+   * A gauge whose value `read` gives at each scrape: one number, or one per value of `label` (e.g.
+   * running and queued states); nothing while it gives none (what it reads is not connected yet).
+   */
+  private gaugeReading(name: string, help: string, read: () => number | Record<string, number> | undefined, label = 'state'): void {
     new Gauge({
       name,
       help,
       labelNames: [label],
       registers: [this.registry],
       collect() {
-        const connected = sources();
-        if (!connected) return;
-        const value = read(connected);
+        const value = read();
+        if (value === undefined) return;
         if (typeof value === 'number') return this.set(value);
         // A value no longer read (a model no worker holds) goes from the output.
         this.reset();
@@ -137,6 +147,11 @@ export class Metrics implements EngineMetrics {
   /** Connects the gauges to the running parts, which are built after the metrics they report to. */
   watch(sources: MetricSources): void {
     this.sources = sources;
+  }
+
+  /** Connects imagegen_answer_memory_bytes to ANSWER_MEMORY's budget, which the HTTP app builds (http/app.ts). */
+  watchAnswerMemory(held: () => number): void {
+    this.answerMemory = held;
   }
 
   httpRequest(method: string, route: string, status: number, seconds: number): void {

@@ -3,6 +3,8 @@
  * back when done. Nothing waits: a take that does not fit is refused, and the caller says so. A take
  * may name its holder (a client), who then gets at most `share` of the whole, however much is free:
  * else one holder could take all of it and leave every other one refused for as long as it held it.
+ * What is in memory already and must stay there (an answer made) is held whether it fits or not, and
+ * leaves less room, or none, to what asks next.
  */
 export class ByteBudget {
   private used = 0;
@@ -18,6 +20,11 @@ export class ByteBudget {
     return new ByteBudget(limit, clientShare(limit, largest));
   }
 
+  /** What all holders hold now (past the limit, where some was held that did not fit). */
+  get held(): number {
+    return this.used;
+  }
+
   /** What `holder` may take now: what is free, and of a named holder, no more than its share leaves it. */
   room(holder?: string): number {
     const free = this.limit - this.used;
@@ -27,9 +34,14 @@ export class ByteBudget {
   /** Takes `bytes` for `holder` if they fit; false (taking nothing) if not. */
   take(bytes: number, holder?: string): boolean {
     if (bytes > this.room(holder)) return false;
+    this.hold(bytes, holder);
+    return true;
+  }
+
+  /** Counts `bytes` for `holder` whether they fit or not. */
+  hold(bytes: number, holder?: string): void {
     this.used += bytes;
     this.holders.add(holder, bytes);
-    return true;
   }
 
   release(bytes: number, holder?: string): void {
@@ -72,6 +84,7 @@ export class Holdings {
 /**
  * What one client may hold of `limit` that clients share: half, so that others always find room, or
  * `largest` (the most one request may need) where that is more, so that a lone request always fits.
- * UPLOAD_MEMORY (http/body-memory.ts) and MAX_STORE_BYTES (store/space.ts) share out so.
+ * UPLOAD_MEMORY (http/body-memory.ts), ANSWER_MEMORY (http/answer-memory.ts) and MAX_STORE_BYTES
+ * (store/space.ts) share out so.
  */
 export const clientShare = (limit: number, largest: number): number => Math.min(limit, Math.max(limit / 2, largest));

@@ -36,3 +36,12 @@ export function parseResponse(text: string): { status: string; headers: Record<s
   const headers = Object.fromEntries(lines.map((line) => [line.slice(0, line.indexOf(':')).toLowerCase(), line.slice(line.indexOf(':') + 1).trim()]));
   return { status, headers, body };
 }
+
+/** Connects and writes `request`, reading none of the answer until the caller resumes the socket: a client that leaves its answer unread. */
+export function unreadRequest(port: number, request: string): net.Socket {
+  const socket = net.connect(port, '127.0.0.1');
+  socket.pause();
+  socket.on('error', () => {});
+  socket.write(request);
+  return socket;
+}

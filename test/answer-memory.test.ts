@@ -1,0 +1,140 @@
+import { existsSync, readFileSync } from 'node:fs';
+import type net from 'node:net';
+import path from 'node:path';
+import OpenAI from 'openai';
+import sharp from 'sharp';
+import { describe, expect, it } from 'vitest';
+import { startTestServer, TEST_KEY, writeDemoModel, type TestServer } from './helpers/api-server.js';
+import { capturedLogs } from './helpers/logs.js';
+import { unreadRequest } from './helpers/raw-http.js';
+
+/**
+ * ANSWER_MEMORY (src/http/answer-memory.ts) over HTTP: answers whose clients leave them unread hold it,
+ * a key holding its share of it gets 429 before any work is done while other keys are still served, and
+ * all of it comes back as the clients read, hang up or are cut by SEND_TIMEOUT_SECONDS.
+ */
+
+const MiB = 1024 ** 2;
+
+/**
+ * The answers held: the embedded model's n=10 at 1792x1024, about 9.7 MB of base64 (1.4 s to make on
+ * one core). The kernel takes what a socket's buffers hold of an answer its client does not read (on
+ * Linux by default about 4.2 MB: the server's send buffer grows to 4 MiB, the client's receive buffer
+ * holds 128 KiB) and the server the rest, until the client reads it.
+ */
+const LARGE = { model: 'large', size: '1792x1024', n: 10, response_format: 'b64_json' } as const;
+
+/** The most the kernel may take of an unread answer: Linux's largest send buffer and default receive buffer (none known elsewhere). */
+function kernelTakes(): number {
+  const largest = (file: string, at: number) => (existsSync(file) ? Number(readFileSync(file, 'utf8').trim().split(/\s+/)[at]) : 0);
+  return largest('/proc/sys/net/ipv4/tcp_wmem', 2) + largest('/proc/sys/net/ipv4/tcp_rmem', 1);
+}
+/** Past this, the kernel could take a large answer whole, which then holds nothing of the server's: the tests could not hold any. */
+const KERNEL_TOO_LARGE = kernelTakes() > 6 * MiB;
+const SKIPPED = KERNEL_TOO_LARGE ? ` (skipped: this machine's sockets can buffer ${(kernelTakes() / MiB).toFixed(1)} MiB of an unread answer, about all of the 9.7 MB the tests leave unread)` : '';
+
+/** Adds the large model (the demo model at 1792x1024) to a test server. */
+async function withLargeModel(server: TestServer): Promise<TestServer> {
+  await writeDemoModel(path.join(server.modelsDir, 'large'), { sizes: ['1792x1024'], default_size: '1792x1024' }, { canEdit: false });
+  await server.registry.scan();
+  return server;
+}
+
+/** A POST of `body` to `route` with `key`, as raw HTTP. */
+function post(key: string, body: object, route = '/v1/images/generations'): string {
+  const text = JSON.stringify(body);
+  return `POST ${route} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer ${key}\r\nContent-Type: application/json\r\nContent-Length: ${Buffer.byteLength(text)}\r\n\r\n${text}`;
+}
+
+/** The answer bytes ANSWER_MEMORY holds, as /metrics says. */
+async function answerBytes(server: TestServer, key: string): Promise<number> {
+  const text = await (await fetch(`${server.origin}/metrics`, { headers: { authorization: `Bearer ${key}` } })).text();
+  return Number(/^imagegen_answer_memory_bytes (\S+)$/m.exec(text)?.[1]);
+}
+
+/** Reads the rest of a chunked answer on `socket` and gives its body. */
+async function readAnswer(socket: net.Socket): Promise<string> {
+  let text = '';
+  socket.on('data', (chunk: Buffer) => (text += chunk.toString()));
+  socket.resume();
+  await expect.poll(() => text.endsWith('\r\n0\r\n\r\n'), { timeout: 20_000 }).toBe(true);
+  let [body, at] = ['', text.indexOf('\r\n\r\n') + 4];
+  for (;;) {
+    const end = text.indexOf('\r\n', at);
+    const size = parseInt(text.slice(at, end), 16);
+    if (!size) return body;
+    body += text.slice(end + 2, end + 2 + size);
+    at = end + 2 + size + 2;
+  }
+}
+
+/** The size of the first image of a b64_json answer, decoded. */
+async function firstImageSize(data: { b64_json?: string }[]): Promise<string> {
+  const { width, height } = await sharp(Buffer.from(data[0].b64_json!, 'base64')).metadata();
+  return `${width}x${height}`;
+}
+
+describe.skipIf(KERNEL_TOO_LARGE)(`answers left unread${SKIPPED}`, () => {
+  it("keep their key's further requests out past its share of ANSWER_MEMORY, not other keys', and give it all back as they are read or their connections end", async () => {
+    const mallory = 'sk-mallory-0123456789';
+    const alice = 'sk-alice-0123456789';
+    // A key's share: 12 MiB, more than one held answer and less than two.
+    const server = await withLargeModel(await startTestServer({ keysFile: `mallory:${mallory}\nalice:${alice}\n`, config: { answerMemory: 24 * MiB } }));
+    const port = Number(new URL(server.origin).port);
+    const client = (key: string) => new OpenAI({ baseURL: server.baseURL, apiKey: key, maxRetries: 0 });
+    const small = { model: 'stub', prompt: 'a red circle', size: '64x64', response_format: 'b64_json' } as const;
+    const unread = [unreadRequest(port, post(mallory, { ...LARGE, prompt: 'a red circle', seed: 1 })), unreadRequest(port, post(mallory, { ...LARGE, prompt: 'a blue square', seed: 2 }))];
+    try {
+      // Both answers made and held (the metric says so), more than mallory's share together.
+      await expect.poll(() => answerBytes(server, alice), { timeout: 30_000 }).toBeGreaterThan(12 * MiB);
+      const held = await answerBytes(server, alice);
+      const batches = server.engine.batches.length;
+      const refused = await client(mallory)
+        .images.generate(small)
+        .catch((err: unknown) => err);
+      expect(refused).toBeInstanceOf(OpenAI.RateLimitError);
+      const error = refused as InstanceType<typeof OpenAI.RateLimitError>;
+      expect(error.message).toMatch(/this API key's earlier answers .* as one key may \(12(\.0)? MiB of ANSWER_MEMORY, 24(\.0)? MiB, .*\): their clients have not read them yet\. Read those answers/);
+      expect(error.headers?.get('retry-after')).toBe('5');
+      // Refused before any work was queued for it.
+      expect(server.engine.batches.length).toBe(batches);
+      // Another key is served meanwhile: the answers are mallory's, not all the server may hold.
+      const served = await client(alice).images.generate(small);
+      expect(await firstImageSize(served.data!)).toBe('64x64');
+
+      // Mallory reads one answer (whole, though it waited): its bytes go back, and mallory is served again.
+      const answer = JSON.parse(await readAnswer(unread[0])) as { data: { b64_json?: string }[] };
+      expect(answer.data).toHaveLength(10);
+      expect(await firstImageSize(answer.data)).toBe('1792x1024');
+      await expect.poll(() => answerBytes(server, alice), { timeout: 10_000 }).toBeLessThan(held);
+      expect(await firstImageSize((await client(mallory).images.generate(small)).data!)).toBe('64x64');
+      // The other one's client hangs up (a reset): nothing is left held.
+      unread[1].resetAndDestroy();
+      await expect.poll(() => answerBytes(server, alice), { timeout: 10_000 }).toBe(0);
+    } finally {
+      for (const socket of unread) socket.destroy();
+      await server.close();
+    }
+  }, 60_000);
+
+  it('held by a stream whose client stops reading come back once SEND_TIMEOUT_SECONDS cut it, and its key is served again', async () => {
+    const logs = capturedLogs<{ msg: string }>();
+    // A share of 2 MiB, less than what the kernel leaves of a stream's ten images.
+    const server = await withLargeModel(await startTestServer({ config: { answerMemory: 4 * MiB, sendTimeoutSeconds: 3, sendMinRate: 0 }, logger: logs.logger }));
+    const port = Number(new URL(server.origin).port);
+    const stalled = unreadRequest(port, post(TEST_KEY, { ...LARGE, prompt: 'a red circle', stream: true }));
+    const small = { model: 'stub', prompt: 'a red circle', size: '64x64', response_format: 'b64_json' } as const;
+    try {
+      await expect.poll(() => answerBytes(server, TEST_KEY), { timeout: 30_000 }).toBeGreaterThan(2 * MiB);
+      const refused = await server.client.images.generate(small).catch((err: unknown) => err);
+      expect(refused).toBeInstanceOf(OpenAI.RateLimitError);
+      // Cut once it took none of the stream for SEND_TIMEOUT_SECONDS: every byte of it goes back.
+      await expect.poll(() => logs.lines.map((line) => line.msg), { timeout: 20_000 }).toContain('the client took none of its answer for SEND_TIMEOUT_SECONDS: connection closed');
+      await expect.poll(() => answerBytes(server, TEST_KEY), { timeout: 10_000 }).toBe(0);
+      expect(await firstImageSize((await server.client.images.generate(small)).data!)).toBe('64x64');
+    } finally {
+      stalled.destroy();
+      await server.close();
+    }
+  }, 60_000);
+});
