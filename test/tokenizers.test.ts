@@ -58,6 +58,30 @@ describe.skipIf(!haveClipData)('CLIP BPE against real SD tokenizer files (needs 
     same('salt & pepper', 'salt & pepper');
   });
 
+  // Expected ids: transformers' CLIPTokenizer code (the slow tokenizer diffusers runs), re-run in Python
+  // with ftfy 6.3.1 (6.1.1 gives the same) and `regex` on these sd-1.5 files, not written by hand.
+  it.each([
+    ['terminal colour escapes go, whole', 'red\u001b[31m fox\u001b[0m in \u001b[1;4mbold', [736, 3240, 530, 8911]],
+    ['a vertical tab is removed, joining words (form feed stays a space)', 'a\u000bcat on a\u000cmat', [546, 536, 525, 320, 9063]],
+    ['NUL, other C0 controls and DEL are removed', 'fox\u0000\u001c den\u007f cave', [3240, 1181, 9654]],
+    ['a byte order mark is removed, also mid-text', '\ufeffa red\ufefffox', [320, 1893, 3240]],
+    ['U+0085 is read as Windows-1252 "…", not as a line break', 'wait\u0085 what', [1885, 959, 768]],
+    ['C1 controls are read as Windows-1252, undefined ones kept', '\u0093smart\u0094 \u0091quotes\u0092 \u0096 dash \u0080 \u0081', [257, 4115, 257, 262, 5808, 262, 1224, 10206, 6309, 126, 479]],
+    ['object replacement, Arabic format controls and annotation marks are removed', 'obj\ufffcect \u206aarabic\u206f \ufff9anno\ufffb', [14115, 16709, 26871]],
+    ['the ligature ŉ becomes "\'n" (ligatures before quotes)', 'ŉ ǈ', [262, 333, 32273]],
+    ['full-width macron becomes space + combining macron', 'low\uffe3line', [1042, 136, 482, 1148]],
+    ['soft hyphen, zero-width space and joiner stay', 'soft\u00adhyphen zero\u200bwidth 👩\u200d🚀', [3773, 22618, 1441, 745, 576, 5848, 9844, 23571, 26304, 13542]],
+  ])('cleans control characters as ftfy does: %s', (_name, prompt, ids) => {
+    expect(sd15.encode(prompt)).toEqual(padded([BOS, ...ids, EOS], EOS, 77));
+  });
+
+  it("cleans SDXL's second tokenizer's text alike, after its added token '!' (id 0) is split off", async () => {
+    // Expected ids as above, from the Python re-run on the same vocabulary (SDXL's tokenizer_2).
+    const sdxl2 = await loadTokenizer(clip('sdxl-turbo-2'));
+    const ids = [257, 2781, 0, 257, 8911, 0];
+    expect(sdxl2.encode('\u0093wow!\u0094 \u001b[1mbold\u001b[0m!\ufeff')).toEqual(padded([BOS, ...ids, EOS], 0, 77));
+  });
+
   it('gives the same ids from vocab.json + merges.txt as from tokenizer.json', async () => {
     // Only the legacy files, so that the loader cannot fall back on tokenizer.json.
     const legacy = path.join(tempDir, 'legacy');
