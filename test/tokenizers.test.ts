@@ -75,6 +75,17 @@ describe.skipIf(!haveClipData)('CLIP BPE against real SD tokenizer files (needs 
     expect(sd15.encode(prompt)).toEqual(padded([BOS, ...ids, EOS], EOS, 77));
   });
 
+  // Expected ids: the same Python re-run (ftfy's fix_text gives the text in the comment).
+  it.each([
+    ['fixes until nothing changes', 'fish &amp;amp; chips \uff06amp; more', [2759, 261, 8855, 261, 750]], // fish & chips & more
+    ['names in capitals', 'P&EACUTE;REZ &NTILDE;o &SZLIG; &GTRSIM; &EAcute;', [43167, 15192, 16574, 632, 261, 70, 635, 10740, 282, 261, 68, 19734, 282]], // PÉREZ Ño SS &GTRSIM; &EAcute;
+    ['at most 24 letters', '&ClockwiseContourIntegral; &CounterClockwiseContourIntegral;', [17788, 366, 261, 10134, 19878, 820, 1846, 2710, 27018, 282]], // ∲ &CounterClockwiseContourIntegral;
+    ['numbers: ";" kept as typed, controls and noncharacters dropped', 'a&#59;b &#x3b; c&#xFFFE;d e&#xFDD0;f g&#1;h &#65;&#x42;', [320, 5, 258, 276, 280, 282, 321, 5, 258, 343, 274, 321, 282, 4480, 1829, 790, 3937]], // a&#59;b &#x3b; cd ef gh AB
+    ['lines before the first "<" only', 'fish &amp; chips\n<b>bold</b> &amp;', [2759, 261, 8855, 283, 321, 285, 8911, 34308, 321, 285, 261, 6259, 282]], // fish & chips\n<b>bold</b> &amp;
+  ])('reads HTML references as ftfy does: %s', (_name, prompt, ids) => {
+    expect(sd15.encode(prompt)).toEqual(padded([BOS, ...ids, EOS], EOS, 77));
+  });
+
   it("cleans SDXL's second tokenizer's text alike, after its added token '!' (id 0) is split off", async () => {
     // Expected ids as above, from the Python re-run on the same vocabulary (SDXL's tokenizer_2).
     const sdxl2 = await loadTokenizer(clip('sdxl-turbo-2'));

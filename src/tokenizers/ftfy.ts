@@ -1,5 +1,5 @@
-import { decodeHTMLStrict } from 'entities';
 import { replaceCodePoint } from 'entities/decode';
+import { unescapeHtml } from './ftfy-html.js';
 
 /**
  * The parts of ftfy's `fix_text` (6.x, defaults) that change what CLIP's tokenizer sees in a typed
@@ -48,10 +48,30 @@ const TERMINAL_ESCAPES = /\x1b\[[\p{Nd};]*[a-zA-Z]/gu;
 const CONTROL_CHARS = /[\x00-\x08\x0b\x0e-\x1f\x7f\u206a-\u206f\ufeff\ufff9-\ufffc]/gu;
 
 export function fixText(text: string): string {
-  // ftfy's "auto" rule: text that has a '<' may be HTML source, whose entities are meant literally.
-  const unescaped = text.includes('<') ? text : decodeHTMLStrict(text);
+  // ftfy fixes a line at a time. Its "auto" rule: from the first line with a '<' on, the text may be
+  // HTML source, whose entities are meant literally.
+  let html = false;
+  return text
+    .split(/(?<=\n)/u)
+    .map((line) => {
+      html ||= line.includes('<');
+      return fixLine(line, !html);
+    })
+    .join('');
+}
+
+/** ftfy repeats its steps until they change nothing: "&amp;amp;" is "&", full-width "＆amp;" too. */
+function fixLine(line: string, unescape: boolean): string {
+  for (;;) {
+    const fixed = fixOnce(unescape ? unescapeHtml(line) : line);
+    if (fixed === line) return fixed;
+    line = fixed;
+  }
+}
+
+function fixOnce(text: string): string {
   // In ftfy's order: the ligature ŉ spells itself with the modifier apostrophe, which uncurl_quotes then makes "'".
-  return unescaped
+  return text
     .replace(C1_CONTROLS, (c) => String.fromCodePoint(replaceCodePoint(c.charCodeAt(0))))
     .replace(LIGATURE_PATTERN, (c) => LIGATURES[c])
     .replace(WIDTH_VARIANTS, (c) => c.normalize('NFKC'))
