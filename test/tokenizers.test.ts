@@ -86,6 +86,11 @@ describe.skipIf(!haveClipData)('CLIP BPE against real SD tokenizer files (needs 
     expect(sd15.encode(prompt)).toEqual(padded([BOS, ...ids, EOS], EOS, 77));
   });
 
+  it("skips U+0345 between words as transformers' case-insensitive pattern in Python's regex does", () => {
+    // Expected ids from the same Python re-run: "a", "b", "ᾳ" (NFC composes it there), "ι", "x".
+    expect(sd15.encode('a\u0345b \u1fb3 \u0399\u0345 x\u0345')).toEqual(padded([BOS, 320, 321, 157, 122, 367, 138, 373, 343, EOS], EOS, 77));
+  });
+
   it("cleans SDXL's second tokenizer's text alike, after its added token '!' (id 0) is split off", async () => {
     // Expected ids as above, from the Python re-run on the same vocabulary (SDXL's tokenizer_2).
     const sdxl2 = await loadTokenizer(clip('sdxl-turbo-2'));

@@ -36,6 +36,14 @@ const END_OF_WORD = '</w>';
 const WORD_PATTERN =
   /<\|startoftext\|>|<\|endoftext\|>|'s|'t|'re|'ve|'m|'ll|'d|[\p{L}]+|[\p{N}]|[^\s\p{L}\p{N}]+/giu;
 
+/**
+ * U+0345 COMBINING GREEK YPOGEGRAMMENI where NFC left it alone: in Python's `regex`, which runs CLIP's
+ * pattern case-insensitively in transformers, no alternative takes it (it folds to the letter ι, yet
+ * the letter class does not match it), so it only parts the words around it (seen with regex
+ * 2022.10.31). JavaScript's case-insensitive letter class takes it, so it is made a space first.
+ */
+const UNMATCHED = /\u0345/gu;
+
 // Bounded so that a server fed endless distinct prompts does not grow without limit.
 const CACHE_LIMIT = 10_000;
 /** Longer words are not cached (see wordIds). */
@@ -119,8 +127,9 @@ export class ClipBpeTokenizer implements TextTokenizer {
    */
   private textIds(text: string, ids: number[], room: number): void {
     // CLIP's cleaning as transformers does it: ftfy's fix_text (NFC among it), whitespace runs
-    // collapsed and trimmed, lowercase.
-    const cleaned = fixText(text).replace(/\s+/gu, ' ').trim().toLowerCase();
+    // collapsed and trimmed, lowercase. transformers' `\s` (Python's `regex`: Unicode White_Space)
+    // takes U+0085 and not U+FEFF, JavaScript's the other way round; fixText leaves neither.
+    const cleaned = fixText(text).replace(/\s+/gu, ' ').trim().toLowerCase().replace(UNMATCHED, ' ');
     for (const match of cleaned.matchAll(WORD_PATTERN)) {
       for (const id of this.wordIds(match[0])) {
         if (ids.length >= room) return;
