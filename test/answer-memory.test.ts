@@ -5,6 +5,7 @@ import OpenAI from 'openai';
 import sharp from 'sharp';
 import { describe, expect, it } from 'vitest';
 import { startTestServer, TEST_KEY, writeDemoModel, type TestServer } from './helpers/api-server.js';
+import { metric, scrape } from './helpers/ops-server.js';
 import { capturedLogs } from './helpers/logs.js';
 import { unreadRequest } from './helpers/raw-http.js';
 
@@ -47,10 +48,7 @@ function post(key: string, body: object, route = '/v1/images/generations'): stri
 }
 
 /** The answer bytes ANSWER_MEMORY holds, as /metrics says. */
-async function answerBytes(server: TestServer, key: string): Promise<number> {
-  const text = await (await fetch(`${server.origin}/metrics`, { headers: { authorization: `Bearer ${key}` } })).text();
-  return Number(/^imagegen_answer_memory_bytes (\S+)$/m.exec(text)?.[1]);
-}
+const answerBytes = async (server: TestServer, key: string) => metric(await scrape(server.origin, key), 'imagegen_answer_memory_bytes') ?? NaN;
 
 /** Reads the rest of a chunked answer on `socket` and gives its body. */
 async function readAnswer(socket: net.Socket): Promise<string> {

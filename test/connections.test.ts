@@ -14,6 +14,7 @@ import OpenAI from 'openai';
 import sharp from 'sharp';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startTestServer, TEST_KEY, type TestServer, type TestServerOptions } from './helpers/api-server.js';
+import { metric, scrape } from './helpers/ops-server.js';
 import { FakeEngine } from './helpers/engines.js';
 import { capturedLogs } from './helpers/logs.js';
 import { haveOpenssl, selfSignedCertificate } from './helpers/certificate.js';
@@ -593,6 +594,7 @@ describe('JSON bodies arriving or waiting', () => {
     const holding: RawExchange[] = [];
     const hold = () => holding.push(rawRequest(port, Buffer.concat([Buffer.from(request), body.subarray(0, -1)])));
     for (let i = 0; i < 70; i++) hold();
+    const uploadBytes = async () => metric(await scrape(server.origin, TEST_KEY), 'imagegen_upload_memory_bytes') ?? NaN;
     const generate = () =>
       fetch(`${server.baseURL}/images/generations`, {
         method: 'POST',
@@ -620,6 +622,8 @@ describe('JSON bodies arriving or waiting', () => {
         .toBe(429);
       expect(refused!.headers.get('retry-after')).toBe('5');
       expect((await refused!.json()).error).toMatchObject({ type: 'requests', code: 'rate_limit_exceeded', message: expect.stringMatching(/UPLOAD_MEMORY, 64(\.0)? MiB/) });
+      // What they hold is on /metrics.
+      expect(await uploadBytes()).toBeGreaterThan(32 * MiB);
       // Those past it got the same 429 as their bodies came.
       await expect.poll(() => holding.filter((exchange) => exchange.text.startsWith('HTTP/1.1 429')).length).toBeGreaterThan(0);
       // A body declared over BODY_LIMIT gets its 413 however full the memory is: a 429 would have the
@@ -629,6 +633,7 @@ describe('JSON bodies arriving or waiting', () => {
       tooLarge.socket.destroy();
       for (const exchange of holding) exchange.socket.destroy();
       await expect.poll(async () => (await generate()).status, { timeout: 20_000 }).toBe(200);
+      await expect.poll(uploadBytes).toBe(0);
     } finally {
       for (const exchange of holding) exchange.socket.destroy();
       await server.close();

@@ -129,7 +129,7 @@ export function buildApp({ config, registry, engine, store, metrics, logger, tls
   // ANSWER_MEMORY: answers their clients have not read yet (answer-memory.ts); each key half of it, no
   // room kept for a lone answer: one is never refused once made, only requests while it is full.
   const answerMemory = ByteBudget.perClient(config.answerMemory, 0);
-  metrics.watchAnswerMemory(() => answerMemory.held);
+  metrics.watchMemory({ upload: () => bodyMemory.held, answer: () => answerMemory.held });
   // One service and one set of key rates for the three image routes: an edit counts against the same limits.
   const imageRoutes = {
     service: createImageService({ registry, engine, store, defaultRng: config.rng, defaultModel: config.defaultModel }),

@@ -24,11 +24,17 @@ export interface MetricSources {
  */
 const DURATION_BUCKETS = [0.005, 0.025, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600];
 
+/** What the HTTP layer's memory budgets hold now, in bytes. */
+export interface RequestMemory {
+  upload(): number;
+  answer(): number;
+}
+
 export class Metrics implements EngineMetrics {
   readonly registry = new Registry();
   private sources: MetricSources | undefined;
-  /** The bytes ANSWER_MEMORY holds, read from the HTTP layer's budget (see watchAnswerMemory). */
-  private answerMemory: (() => number) | undefined;
+  /** The bytes UPLOAD_MEMORY and ANSWER_MEMORY hold, read from the HTTP layer's budgets (see watchMemory). */
+  private memory: RequestMemory | undefined;
 
   private readonly httpRequests = new Counter({
     name: 'imagegen_http_requests_total',
@@ -111,9 +117,14 @@ export class Metrics implements EngineMetrics {
     this.gaugeAtScrape('imagegen_store_images', 'Images in the image store', (sources) => sources.store().files);
     this.gaugeAtScrape('imagegen_store_bytes', 'Bytes the image store counts against MAX_STORE_BYTES: each image as at least 4 KiB (a disk block), writes in progress included', (sources) => sources.store().bytes);
     this.gaugeReading(
+      'imagegen_upload_memory_bytes',
+      'Bytes of request bodies (uploaded images, JSON) held in memory, from their first byte until their request ends, counted against UPLOAD_MEMORY',
+      () => this.memory?.upload(),
+    );
+    this.gaugeReading(
       'imagegen_answer_memory_bytes',
       'Bytes of answers (b64_json images, streamed events) held in memory for clients that have not read them yet, counted against ANSWER_MEMORY',
-      () => this.answerMemory?.(),
+      () => this.memory?.answer(),
     );
     collectDefaultMetrics({ register: this.registry, prefix: 'imagegen_' });
   }
@@ -149,9 +160,9 @@ export class Metrics implements EngineMetrics {
     this.sources = sources;
   }
 
-  /** Connects imagegen_answer_memory_bytes to ANSWER_MEMORY's budget, which the HTTP app builds (http/app.ts). */
-  watchAnswerMemory(held: () => number): void {
-    this.answerMemory = held;
+  /** Connects imagegen_upload_memory_bytes and imagegen_answer_memory_bytes to the budgets the HTTP app builds (http/app.ts). */
+  watchMemory(memory: RequestMemory): void {
+    this.memory = memory;
   }
 
   httpRequest(method: string, route: string, status: number, seconds: number): void {

@@ -94,8 +94,9 @@ export function metric(text: string, series: string): number | undefined {
   return line === undefined ? undefined : Number(line.slice(series.length + 1));
 }
 
-export async function scrape(origin: string): Promise<string> {
-  const res = await fetch(`${origin}/metrics`, { headers: auth });
+/** /metrics of the server at `origin`, asked with `key` (the ops server's by default). */
+export async function scrape(origin: string, key = OPS_KEY): Promise<string> {
+  const res = await fetch(`${origin}/metrics`, { headers: { authorization: `Bearer ${key}` } });
   expect(res.status).toBe(200);
   return res.text();
 }
