@@ -11,6 +11,7 @@ import { KeyFileError, KeyRing, parseKeyFile } from '../src/http/keys.js';
 import { imageOwner } from '../src/store/image-names.js';
 import { startTestServer, type TestServer } from './helpers/api-server.js';
 import { createBuiltPool } from './helpers/cli.js';
+import { FakeEngine } from './helpers/engines.js';
 import { capturedLogs } from './helpers/logs.js';
 
 /** API_KEYS_FILE: its format, rotation without a restart, and keys kept out of the logs. */
@@ -289,6 +290,39 @@ describe("a key file's per-minute limits", () => {
       expect(stalled.status).toBe(429);
       expect(JSON.parse(stalled.body)).toMatchObject({ error: { code: 'rate_limit_exceeded' } });
     } finally {
+      await limited.close();
+    }
+  });
+
+  it("says on each error answer's 'request completed' line its code and param, and which limit a 429 met: the status alone tells no 400 and no 429 from another", async () => {
+    const logs = capturedLogs<{ msg: string; reqId?: string; res?: { statusCode: number }; code?: string | null; param?: string; limit?: string }>();
+    // A worker and no room to wait: a second request while one runs finds the queue full.
+    const engine = new FakeEngine(1, 0);
+    const limited = await startTestServer({ engine, logger: logs.logger, keysFile: 'slow:sk-slow-key-0123456789 requests_per_minute=1\nfree:sk-free-key-0123456789\n' });
+    const as = (apiKey: string) => new OpenAI({ baseURL: limited.baseURL, apiKey, maxRetries: 0 });
+    const ask = (apiKey: string, id: string, params: Record<string, unknown> = {}) =>
+      as(apiKey)
+        .images.generate({ model: 'stub', prompt: 'a red circle', response_format: 'b64_json', ...params }, { headers: { 'x-request-id': id } })
+        .then(() => 200, (err: { status: number }) => err.status);
+    const completed = (id: string) => logs.lines.find((line) => line.reqId === id && line.msg === 'request completed');
+    try {
+      expect(await ask('sk-free-key-0123456789', 'bad-size', { size: '999x999' })).toBe(400);
+      expect(await ask('sk-slow-key-0123456789', 'first')).toBe(200);
+      expect(await ask('sk-slow-key-0123456789', 'over-minute')).toBe(429);
+      engine.hold();
+      const running = ask('sk-free-key-0123456789', 'running');
+      await expect.poll(() => engine.load().running).toBe(1);
+      expect(await ask('sk-free-key-0123456789', 'queue-full')).toBe(429);
+      engine.release();
+      expect(await running).toBe(200);
+      await expect.poll(() => completed('running')).toBeDefined();
+      expect(completed('bad-size')).toMatchObject({ res: { statusCode: 400 }, code: 'invalid_value', param: 'size' });
+      expect(completed('over-minute')).toMatchObject({ res: { statusCode: 429 }, code: 'rate_limit_exceeded', limit: 'requests_per_minute' });
+      expect(completed('queue-full')).toMatchObject({ res: { statusCode: 429 }, code: 'rate_limit_exceeded', limit: 'QUEUE_MAX' });
+      // An answer that is no error says no code.
+      expect(completed('first')).not.toHaveProperty('code');
+    } finally {
+      engine.release();
       await limited.close();
     }
   });

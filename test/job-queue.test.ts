@@ -24,6 +24,8 @@ describe('JobQueue', () => {
     const full = await queue.run(job(4)).catch((e: unknown) => e);
     expect(full).toBeInstanceOf(QueueFullError);
     expect((full as QueueFullError).retryAfterSeconds).toBeGreaterThanOrEqual(1);
+    // Which setting refused it, for the log: OpenAI's 429 code is the same for every limit.
+    expect((full as QueueFullError).limit).toBe('QUEUE_MAX');
     g.open();
     expect(await Promise.all(runs)).toEqual([1, 2, 3]);
     expect(queue.load()).toEqual({ running: 0, queued: 0 });

@@ -151,6 +151,8 @@ describe('Retry-After', () => {
     const err = (await queue.run(async () => 'no', undefined, { ticket: new Ticket('A', 1), cost: cost(1) }).catch((e: unknown) => e)) as QueueFullError;
     expect(err).toBeInstanceOf(QueueFullError);
     expect(err.retryAfterSeconds).toBe(200);
+    // Room for 100 jobs: the work refused it, as the log says.
+    expect(err.limit).toBe('QUEUE_MAX_SECONDS');
     for (const j of jobs) j.release();
     await Promise.all(runs);
   });

@@ -14,13 +14,23 @@ export interface ApiErrorOptions {
   headers?: Record<string, string>;
   /** What went wrong underneath: logged with the error, never sent to the client. */
   cause?: unknown;
+  /** Which limit refused the request (see RateLimit): logged, never sent. */
+  limit?: RateLimit;
 }
+
+/**
+ * The limits a 429 may come from, named as the operator sets them: a key's (API_KEYS_FILE), the queue's,
+ * the memory for bodies and for unread answers. OpenAI's code for all of them is `rate_limit_exceeded`, which clients read, so
+ * only the log says which it was: a key over its own minute and a server that is full call for different fixes.
+ */
+export type RateLimit = 'requests_per_minute' | 'images_per_minute' | 'QUEUE_MAX' | 'QUEUE_MAX_SECONDS' | 'UPLOAD_MEMORY' | 'ANSWER_MEMORY';
 
 export class ApiError extends Error {
   readonly type: string;
   readonly param: string | null;
   readonly code: string | null;
   readonly headers: Record<string, string>;
+  readonly limit: RateLimit | undefined;
 
   constructor(
     readonly status: number,
@@ -33,6 +43,7 @@ export class ApiError extends Error {
     this.param = options.param ?? null;
     this.code = options.code ?? null;
     this.headers = options.headers ?? {};
+    this.limit = options.limit;
   }
 
   /** The usual 400 for a bad field. */
@@ -50,9 +61,9 @@ export class ApiError extends Error {
     return ApiError.invalid(param, 'unknown_parameter', `Unknown parameter: '${param}'.`);
   }
 
-  /** A 429 in OpenAI's rate-limit shape; its `headers` say when to retry (retry-after), or not to (x-should-retry). */
-  static rateLimited(message: string, headers: Record<string, string>): ApiError {
-    return new ApiError(429, message, { type: 'requests', code: 'rate_limit_exceeded', headers });
+  /** A 429 in OpenAI's rate-limit shape, from `limit`; its `headers` say when to retry (retry-after), or not to (x-should-retry). */
+  static rateLimited(limit: RateLimit, message: string, headers: Record<string, string>): ApiError {
+    return new ApiError(429, message, { type: 'requests', code: 'rate_limit_exceeded', headers, limit });
   }
 
   /** While the server drains for shutdown: retryable, and the SDKs do retry 503. */

@@ -19,7 +19,11 @@ import { FairOrder } from './fair-order.js';
 export const ANONYMOUS_CLIENT = 'anonymous';
 
 export class QueueFullError extends Error {
-  constructor(readonly retryAfterSeconds: number) {
+  constructor(
+    readonly retryAfterSeconds: number,
+    /** The setting that refused the request: too many jobs waiting, or too much work. */
+    readonly limit: 'QUEUE_MAX' | 'QUEUE_MAX_SECONDS',
+  ) {
     super('the job queue is full');
     this.name = 'QueueFullError';
   }
@@ -317,7 +321,7 @@ export class JobQueue {
     const maxWork = (this.options.maxQueuedSeconds ?? Infinity) * Math.max(1, this.concurrency);
     const full = jobs.length >= this.maxWaiting && !floodedBy(ticket.client, jobs, this.maxWaiting);
     const tooMuchWork = total(work) > maxWork && !floodedBy(ticket.client, work, maxWork);
-    if (full || tooMuchWork) return new QueueFullError(this.retryAfterSeconds());
+    if (full || tooMuchWork) return new QueueFullError(this.retryAfterSeconds(), full ? 'QUEUE_MAX' : 'QUEUE_MAX_SECONDS');
     return undefined;
   }
 

@@ -19,7 +19,7 @@ import { hostCheck } from './host.js';
 import { images } from './images.js';
 import { KeyRates } from './key-rates.js';
 import type { KeySlots } from './key-slots.js';
-import { httpLogger } from './logging.js';
+import { httpLogger, RequestLog } from './logging.js';
 import { countRequest, metricsRoutes } from './metrics.js';
 import { models } from './models.js';
 import { playground } from './playground.js';
@@ -76,6 +76,7 @@ export function buildApp({ config, registry, engine, store, metrics, logger, tls
   const { http, ...timeouts } = connectionOptions(config);
   const app = Fastify({
     loggerInstance: httpLogger(logger),
+    logController: new RequestLog(),
     genReqId: requestId,
     ...timeouts,
     http,

@@ -7,6 +7,7 @@ import { newRequestId, stampReply } from './request-id.js';
 import { isLingering } from './connections.js';
 import { MAX_UPLOAD_BYTES } from './uploads.js';
 import { answeredAside } from './metrics.js';
+import { answeredWithError, errorFields } from './logging.js';
 
 /**
  * Every error leaves the server as an ApiError in OpenAI's shape: ours as thrown, Fastify's and Node's
@@ -92,7 +93,7 @@ function logFailure(request: FastifyRequest, error: ApiError): void {
   const said = request.server.failuresSaid;
   const now = performance.now();
   if (now - (said.get(code) ?? -Infinity) < REPEATED_FAILURE_MS) {
-    request.log.info({ status: error.status, code }, `request failed (said at error level less than a minute ago): ${error.message}`);
+    request.log.info({ status: error.status, ...errorFields(error) }, `request failed (said at error level less than a minute ago): ${error.message}`);
     return;
   }
   said.set(code, now);
@@ -123,8 +124,12 @@ export function apiErrorOf(err: unknown, request: FastifyRequest): ApiError {
   return new ApiError(500, INTERNAL_ERROR_MESSAGE);
 }
 
-/** Sends an error in OpenAI's shape; the one way every route and hook answers with an error. */
+/**
+ * Sends an error in OpenAI's shape; the one way every route and hook answers with an error, so the one
+ * place its 'request completed' line learns which error it was (logging.ts).
+ */
 export function sendError(reply: FastifyReply, error: ApiError): FastifyReply {
+  answeredWithError(reply.raw, error);
   return reply.code(error.status).headers(error.headers).type('application/json; charset=utf-8').send(error.toBody());
 }
 
@@ -165,8 +170,8 @@ function plainConnection(tlsSocket: Socket): Socket | undefined {
  * over 16 KiB, malformed request lines, unknown methods, raw null bytes in the URL), requests that
  * took longer than HEADERS_TIMEOUT_SECONDS / REQUEST_TIMEOUT_SECONDS to arrive, and plain HTTP on the
  * HTTPS port (plainConnection). Written to the socket by hand, as Node's own answer would be, but with
- * OpenAI's error body and a request id that the log line names too. The log gets the error's code
- * only: Node's parser errors carry the raw bytes of the request, API keys included.
+ * OpenAI's error body and a request id that the log line names too. The log gets Node's error code
+ * (`clientError`) only: Node's parser errors carry the raw bytes of the request, API keys included.
  *
  * A request whose headers were routed but whose body did not come in time (a slow upload) is answered
  * under its own id (the client's x-request-id), logged on its own lines (with its key's label) and counted
@@ -175,7 +180,7 @@ function plainConnection(tlsSocket: Socket): Socket | undefined {
 export function answerClientError(this: FastifyInstance, err: NodeJS.ErrnoException, refused: Socket): void {
   const socket = err.code === 'ERR_SSL_HTTP_REQUEST' ? plainConnection(refused) : refused;
   if (err.code === 'ECONNRESET' || !socket || socket.destroyed) return;
-  answerOnSocket(this, socket, fromClientError(err), err.code);
+  answerOnSocket(this, socket, fromClientError(err), { clientError: err.code });
   // The connection under a TLS socket is closed by the TLS layer as it goes: ended here after the
   // answer, with no 'error' event, which nobody listens for on it.
   if (socket === refused) socket.destroy(err);
@@ -193,20 +198,26 @@ function answerConnect(app: FastifyInstance, request: IncomingMessage, socket: S
   const error = new ApiError(405, `Method CONNECT is not allowed: this server is no proxy. Send requests to its own URLs (${request.url ?? ''} was asked for as a tunnel); check the client's proxy settings (HTTPS_PROXY).`, {
     code: 'method_not_allowed',
   });
-  answerOnSocket(app, socket, error, 'CONNECT');
+  answerOnSocket(app, socket, error, { method: 'CONNECT' });
   socket.end();
+}
+
+/** What the log line of an answer written by hand says beside the error: the method where known, Node's error code where its parser refused. */
+interface Refused {
+  method?: string;
+  clientError?: string;
 }
 
 /**
  * Writes `error` to a socket by hand, as Node's own answer would be, with a request id the log line names
  * too: the id of the routed request awaiting its body there, if any, else a new one.
  */
-function answerOnSocket(app: FastifyInstance, socket: Socket, error: ApiError, code: string | undefined): void {
+function answerOnSocket(app: FastifyInstance, socket: Socket, error: ApiError, refused: Refused): void {
   const pending = (socket as { _httpMessage?: ServerResponse | null })._httpMessage;
   const request = pending && routed.get(pending.req);
   const id = request?.id ?? newRequestId();
   const log = request?.log ?? app.log.child({ reqId: id });
-  log.info({ code, status: error.status }, request ? 'request refused before its body arrived' : 'request refused before routing');
+  log.info({ status: error.status, ...errorFields(error), ...refused }, request ? 'request refused before its body arrived' : 'request refused before routing');
   const body = JSON.stringify(error.toBody());
   // An answer already under way on this connection (a response to a request whose body is late), or one
   // given before the body that is still being read (connections.ts), cannot take a second one.

@@ -8,6 +8,7 @@ import { AnswerEvents } from './answer-memory.js';
 import { inPieces } from './json-pieces.js';
 import { apiErrorOf } from './errors.js';
 import { answeredAside } from './metrics.js';
+import { errorFields } from './logging.js';
 
 /**
  * A streamed images request (`stream: true`) answered with server-sent events as OpenAI sends them:
@@ -79,7 +80,7 @@ export async function streamImages(request: FastifyRequest, reply: FastifyReply,
     // ended. At info, as that line is: apiErrorOf logged the failure itself at the level it deserves (a
     // cause every request meets, such as a damaged model, once a minute), which a warning per stream undid.
     answeredAside(reply.raw, error.status);
-    request.log.info({ status: error.status, code: error.code }, `stream ended with an error event: ${error.message}`);
+    request.log.info({ status: error.status, ...errorFields(error) }, `stream ended with an error event: ${error.message}`);
   });
   return reply
     .header('content-type', 'text/event-stream; charset=utf-8')

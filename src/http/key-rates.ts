@@ -158,6 +158,7 @@ export class KeyRates {
       // The key's window as it stands (nothing counted), for the rate-limit headers every refusal carries.
       const { recent, at } = await this.ledger.spend(key.label, images, windowLimits, MINUTE_MS, false);
       throw ApiError.rateLimited(
+        'images_per_minute',
         `Rate limit reached for API key '${key.label}': this request asks for ${images} images, more than the key may have in a minute (${plural(limits.imagesPerMinute, 'image')}). Ask for at most ${limits.imagesPerMinute} at a time.`,
         // Waiting cannot help: the SDKs are told not to retry.
         { 'x-should-retry': 'false', ...rateHeaders(limits, recent, at) },
@@ -178,7 +179,7 @@ export class KeyRates {
       !requestsFull && left > 0
         ? `This request asks for ${plural(images, 'image')}, and ${left} ${left === 1 ? 'is' : 'are'} left this minute: ask for at most ${left} now, or try again in ${seconds}s.`
         : `Please try again in ${seconds}s.`;
-    throw ApiError.rateLimited(`Rate limit reached for API key '${key.label}': ${describe(limits)}. ${advice}`, {
+    throw ApiError.rateLimited(requestsFull ? 'requests_per_minute' : 'images_per_minute', `Rate limit reached for API key '${key.label}': ${describe(limits)}. ${advice}`, {
       'retry-after': String(seconds),
       ...rateHeaders(limits, recent, now),
     });

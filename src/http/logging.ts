@@ -1,8 +1,10 @@
-import type { FastifyRequest } from 'fastify';
+import type { ServerResponse } from 'node:http';
+import { LogController, type FastifyReply, type FastifyRequest } from 'fastify';
 import type { Logger } from 'pino';
+import type { ApiError, RateLimit } from '../api/errors.js';
 
 /**
- * The HTTP layer's logger: credentials never reach the log. Request lines show the URL without its
+ * The HTTP layer's logger and the request lines it writes (RequestLog): credentials never reach the log. Request lines show the URL without its
  * query string's content (no route of this API takes one, so what a client puts there, such as an
  * `?api_key=`, is noise at best and a secret at worst), and credential headers are censored wherever a
  * log line carries headers.
@@ -27,4 +29,34 @@ function requestSummary(request: FastifyRequest) {
 
 export function httpLogger(logger: Logger): Logger {
   return logger.child({}, { serializers: { req: requestSummary }, redact: { paths: REDACT_PATHS, censor: CENSORED } });
+}
+
+/** The error each response was answered with (sendError), for its 'request completed' line. */
+const answeredErrors = new WeakMap<ServerResponse, ApiError>();
+
+/** Records that `response` answers with `error` (see RequestLog). */
+export function answeredWithError(response: ServerResponse, error: ApiError): void {
+  answeredErrors.set(response, error);
+}
+
+/**
+ * What a log line says of an error answer: its code, and its param and limit where it has them. The
+ * status alone does not tell an invalid_size 400 from an invalid_mask 400, nor a key over its
+ * requests_per_minute from a full queue (both OpenAI's 429 `rate_limit_exceeded`: `limit` says which).
+ */
+export function errorFields(error: ApiError): { code: string | null; param?: string; limit?: RateLimit } {
+  return { code: error.code, ...(error.param !== null && { param: error.param }), ...(error.limit && { limit: error.limit }) };
+}
+
+/**
+ * Fastify's request lines ('incoming request', 'request completed'), but a request the server answered
+ * with an error says which (errorFields) on its 'request completed' line.
+ */
+export class RequestLog extends LogController {
+  override requestCompleted(error: Error | null | undefined, request: FastifyRequest, reply: FastifyReply): void {
+    // A response that failed as it was written: Fastify's own line, at error level.
+    if (error) return super.requestCompleted(error, request, reply);
+    const answered = answeredErrors.get(reply.raw);
+    reply.log.info({ res: reply, responseTime: reply.elapsedTime, ...(answered && errorFields(answered)) }, 'request completed');
+  }
 }

@@ -1,5 +1,5 @@
 import type { FastifyReply, FastifyRequest } from 'fastify';
-import { ApiError } from '../api/errors.js';
+import { ApiError, type RateLimit } from '../api/errors.js';
 import { formatBytes } from '../util/bytes.js';
 import type { ByteBudget } from '../util/byte-budget.js';
 
@@ -18,7 +18,7 @@ export const MEMORY_RETRY_SECONDS = 5;
 /** The words of a budget's 429: what holds it, said of one key's requests or of the whole server. */
 export interface MemoryWords {
   /** The setting, e.g. UPLOAD_MEMORY. */
-  setting: string;
+  setting: Extract<RateLimit, `${string}_MEMORY`>;
   /** Why a key is refused its share: `amount` reads "X of SETTING, Y". */
   keyHolds(amount: string): string;
   /** Why the server is full: `amount` reads "SETTING, Y". */
@@ -38,7 +38,7 @@ export function memoryFull(memory: ByteBudget, bytes: number, holder: string | u
   const whole = `${words.setting}, ${formatBytes(memory.limit)}`;
   const overShare = holder !== undefined && memory.share < memory.limit && memory.heldBy(holder) + bytes > memory.share;
   const reason = overShare ? words.keyHolds(`${formatBytes(memory.share)} of ${whole}`) : words.serverHolds(whole);
-  return ApiError.rateLimited(`Rate limit reached: ${reason} ${words.advice}`, { 'retry-after': String(MEMORY_RETRY_SECONDS) });
+  return ApiError.rateLimited(words.setting, `Rate limit reached: ${reason} ${words.advice}`, { 'retry-after': String(MEMORY_RETRY_SECONDS) });
 }
 
 /** What one request holds of a budget until its response closes. */

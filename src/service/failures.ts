@@ -23,7 +23,7 @@ export function queueRefusal(err: QueueFullError | QueueClosedError): ApiError;
 export function queueRefusal(err: unknown): ApiError | undefined;
 export function queueRefusal(err: unknown): ApiError | undefined {
   if (err instanceof QueueFullError) {
-    return ApiError.rateLimited(`Rate limit reached: all workers are busy and the generation queue is full. Please try again in ${err.retryAfterSeconds}s.`, {
+    return ApiError.rateLimited(err.limit, `Rate limit reached: all workers are busy and the generation queue is full. Please try again in ${err.retryAfterSeconds}s.`, {
       'retry-after': String(err.retryAfterSeconds),
     });
   }
