@@ -16,8 +16,8 @@ import { messageOf } from '../util/error-message.js';
  * server also lists the model folders it skips, with the reason the log and `imagegen models list` give:
  * an operator who installed a model that never appears finds out why from the probe.
  *
- * Probes come every few seconds, so their requests are not logged (logLevel warn) and a 503 from /ready
- * is no error with a stack trace: the log gets one line when readiness changes, saying why.
+ * Probes come every few seconds, so their request lines go out at debug level (`polled`: logging.ts) and a
+ * 503 from /ready is no error with a stack trace: the log gets one line when readiness changes, saying why.
  *
  * /ready needs no key, so the reasons (a bucket's name and address, model folders and their errors) go
  * only to peers on this machine (request.ip: behind a TRUST_PROXY proxy, the client's); a balancer
@@ -64,7 +64,7 @@ function unusableModels(registry: HealthOptions['registry']): { unusable?: { mod
   return unusable.length ? { unusable } : {};
 }
 
-const PROBE = { config: { public: true }, logLevel: 'warn' } as const;
+const PROBE = { config: { public: true, polled: true } } as const;
 
 /** The store's reason not to be ready, or undefined when it works. */
 async function storeProblem(store: HealthOptions['store']): Promise<ApiError | undefined> {

@@ -31,6 +31,13 @@ export function httpLogger(logger: Logger): Logger {
   return logger.child({}, { serializers: { req: requestSummary }, redact: { paths: REDACT_PATHS, censor: CENSORED } });
 }
 
+declare module 'fastify' {
+  interface FastifyContextConfig {
+    /** Polled by machines (probes, Prometheus): the request's own lines go out at debug level (see RequestLog). */
+    polled?: boolean;
+  }
+}
+
 /** The error each response was answered with (sendError), for its 'request completed' line. */
 const answeredErrors = new WeakMap<ServerResponse, ApiError>();
 
@@ -49,14 +56,22 @@ export function errorFields(error: ApiError): { code: string | null; param?: str
 }
 
 /**
- * Fastify's request lines ('incoming request', 'request completed'), but a request the server answered
- * with an error says which (errorFields) on its 'request completed' line.
+ * Fastify's request lines ('incoming request', 'request completed'), with two changes. A request the
+ * server answered with an error says which (errorFields) on its 'request completed' line. And a polled
+ * route's lines go out at debug level: Prometheus scrapes /metrics every 15 s and probes ask /health and
+ * /ready every few seconds, which at info would fill the log with lines about nothing (LOG_LEVEL=debug shows them).
  */
 export class RequestLog extends LogController {
+  override incomingRequest(request: FastifyRequest): void {
+    request.log[levelOf(request)]({ req: request }, 'incoming request');
+  }
+
   override requestCompleted(error: Error | null | undefined, request: FastifyRequest, reply: FastifyReply): void {
-    // A response that failed as it was written: Fastify's own line, at error level.
+    // A response that failed as it was written: Fastify's own line, at error level whatever the route.
     if (error) return super.requestCompleted(error, request, reply);
     const answered = answeredErrors.get(reply.raw);
-    reply.log.info({ res: reply, responseTime: reply.elapsedTime, ...(answered && errorFields(answered)) }, 'request completed');
+    reply.log[levelOf(request)]({ res: reply, responseTime: reply.elapsedTime, ...(answered && errorFields(answered)) }, 'request completed');
   }
 }
+
+const levelOf = (request: FastifyRequest): 'debug' | 'info' => (request.routeOptions.config.polled ? 'debug' : 'info');

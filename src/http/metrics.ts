@@ -48,7 +48,8 @@ export const answeredStatus = (response: ServerResponse): number | undefined => 
 async function metricsPlugin(app: FastifyInstance, { metrics, public: isPublic }: MetricsOptions): Promise<void> {
   app.addHook('onRequest', async (request, reply) => countRequest(metrics, request, reply));
 
-  app.get('/metrics', { config: { public: isPublic } }, async (_request, reply) =>
+  // Scraped every 15 s or so: its request lines at debug level (logging.ts).
+  app.get('/metrics', { config: { public: isPublic, polled: true } }, async (_request, reply) =>
     reply.type(metrics.registry.contentType).send(await metrics.registry.metrics()),
   );
 }
