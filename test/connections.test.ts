@@ -802,16 +802,41 @@ describe('an edit while the queue is full', () => {
   });
 });
 
-describe('requests the router refuses', () => {
-  it('are counted in /metrics as every other request is (no route hook runs for them)', async () => {
-    const count = async (status: number) => {
-      const text = await (await fetch(`${server.origin}/metrics`, { headers: { authorization: `Bearer ${TEST_KEY}` } })).text();
-      return Number(new RegExp(`^imagegen_http_requests_total\\{method="GET",route="unmatched",status="${status}"\\} (\\d+)$`, 'm').exec(text)?.[1] ?? 0);
-    };
-    const before = [await count(400), await count(414)];
-    expect((await fetch(`${server.origin}/v1/models/%zz`)).status).toBe(400);
-    expect((await fetch(`${server.origin}/v1/models/${'m'.repeat(MAX_PARAM_LENGTH + 1)}`)).status).toBe(414);
-    await expect.poll(async () => [await count(400), await count(414)]).toEqual([before[0] + 1, before[1] + 1]);
+describe('requests refused before routing', () => {
+  it("are counted in /metrics under route before_routing, and each has one line naming its status and code (no route's hooks run for them)", async () => {
+    const logs = capturedLogs<{ msg: string; reqId: string; status?: number; res?: { statusCode: number }; code?: string | null; clientError?: string; method?: string }>();
+    const refusing = await startTestServer({ logger: logs.logger });
+    const refusingPort = Number(new URL(refusing.origin).port);
+    try {
+      const raw = async (request: string) => {
+        const exchange = rawRequest(refusingPort, request);
+        await expect.poll(() => exchange.text.includes('\r\n\r\n{')).toBe(true);
+        exchange.socket.destroy();
+        return parseResponse(exchange.text).headers['x-request-id'];
+      };
+      const ids = {
+        // Refused by Node's parser, and CONNECT, which Node hands to no route: answered by hand (errors.ts).
+        malformed: await raw('HELLO\r\n\r\n'),
+        headers: await raw(`GET /health HTTP/1.1\r\nHost: a\r\nX-Padding: ${'p'.repeat(20_000)}\r\n\r\n`),
+        connect: await raw('CONNECT api.openai.com:443 HTTP/1.1\r\nHost: api.openai.com:443\r\n\r\n'),
+        // Refused by Fastify's router: before, counted as 'unmatched' and logged with no 'request completed' line.
+        percent: (await fetch(`${refusing.origin}/v1/models/%zz`)).headers.get('x-request-id'),
+        long: (await fetch(`${refusing.origin}/v1/models/${'m'.repeat(MAX_PARAM_LENGTH + 1)}`)).headers.get('x-request-id'),
+      };
+      const text = await (await fetch(`${refusing.origin}/metrics`, { headers: { authorization: `Bearer ${TEST_KEY}` } })).text();
+      const count = (method: string, status: number) => Number(new RegExp(`^imagegen_http_requests_total\\{method="${method}",route="before_routing",status="${status}"\\} (\\d+)$`, 'm').exec(text)?.[1]);
+      // Node's parser leaves no method to name: 'unknown'.
+      expect([count('unknown', 400), count('unknown', 431), count('CONNECT', 405), count('GET', 400), count('GET', 414)]).toEqual([1, 1, 1, 1, 1]);
+      expect(text).not.toMatch(/route="unmatched"/);
+      const answered = (id: string | null | undefined) => logs.lines.filter((line) => line.reqId === id && (line.status !== undefined || line.res !== undefined));
+      expect(answered(ids.malformed)).toEqual([expect.objectContaining({ msg: 'request refused before routing', status: 400, code: 'malformed_request', clientError: expect.stringMatching(/^HPE_/) })]);
+      expect(answered(ids.headers)).toEqual([expect.objectContaining({ msg: 'request refused before routing', status: 431, code: 'request_header_fields_too_large', clientError: 'HPE_HEADER_OVERFLOW' })]);
+      expect(answered(ids.connect)).toEqual([expect.objectContaining({ msg: 'request refused before routing', status: 405, code: 'method_not_allowed', method: 'CONNECT' })]);
+      expect(answered(ids.percent)).toEqual([expect.objectContaining({ msg: 'request completed', res: { statusCode: 400 }, code: 'invalid_url' })]);
+      expect(answered(ids.long)).toEqual([expect.objectContaining({ msg: 'request completed', res: { statusCode: 414 }, code: 'uri_too_long' })]);
+    } finally {
+      await refusing.close();
+    }
   });
 });
 

@@ -5,6 +5,7 @@ import Fastify from 'fastify';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { errors } from '../src/http/errors.js';
 import { PLAYGROUND_DIR, playground } from '../src/http/playground.js';
+import { Metrics } from '../src/observability/metrics.js';
 import { startTestServer, type TestServer } from './helpers/api-server.js';
 import type { ErrorBody } from '../src/api/wire.js';
 
@@ -83,7 +84,7 @@ describe('the playground page', () => {
   it('says how to build it where the bundle is missing', async () => {
     const empty = await mkdtemp(path.join(os.tmpdir(), 'imagegen-no-playground-'));
     const app = Fastify();
-    await app.register(errors);
+    await app.register(errors, { metrics: new Metrics() });
     await app.register(playground, { dir: empty });
     try {
       const res = await app.inject({ url: '/' });

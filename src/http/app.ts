@@ -20,7 +20,7 @@ import { images } from './images.js';
 import { KeyRates } from './key-rates.js';
 import type { KeySlots } from './key-slots.js';
 import { httpLogger, RequestLog } from './logging.js';
-import { countRequest, metricsRoutes } from './metrics.js';
+import { BEFORE_ROUTING, countRequest, metricsRoutes } from './metrics.js';
 import { models } from './models.js';
 import { playground } from './playground.js';
 import { requestId, requestIds } from './request-id.js';
@@ -74,9 +74,10 @@ export const MAX_PARAM_LENGTH = 768;
 
 export function buildApp({ config, registry, engine, store, metrics, logger, tls, rates = new KeyRates(), slots }: AppParts): FastifyInstance {
   const { http, ...timeouts } = connectionOptions(config);
+  const requestLog = new RequestLog();
   const app = Fastify({
     loggerInstance: httpLogger(logger),
-    logController: new RequestLog(),
+    logController: requestLog,
     genReqId: requestId,
     ...timeouts,
     http,
@@ -89,7 +90,9 @@ export function buildApp({ config, registry, engine, store, metrics, logger, tls
     // Requests refused before routing, in OpenAI's error shape too.
     clientErrorHandler: answerClientError,
     frameworkErrors: (err, request, reply) => {
-      countRequest(metrics, request, reply);
+      // No route's hooks or response listeners run for these: counted and logged here as any request is.
+      countRequest(metrics, request, reply, BEFORE_ROUTING);
+      reply.raw.once('finish', () => requestLog.requestCompleted(null, request, reply));
       return answerFrameworkError(err, request, reply);
     },
     // An HTTPS server takes Node's HTTP options among its TLS ones.
@@ -97,7 +100,7 @@ export function buildApp({ config, registry, engine, store, metrics, logger, tls
     // Typed by the logger given, pino's Logger, which Fastify's default instance type (FastifyBaseLogger) does not take as it is.
   }) as unknown as FastifyInstance;
 
-  app.register(errors);
+  app.register(errors, { metrics });
   app.register(requestIds);
   app.register(connections, {
     sendTimeoutSeconds: config.sendTimeoutSeconds,

@@ -6,7 +6,8 @@ import { ApiError } from '../api/errors.js';
 import { newRequestId, stampReply } from './request-id.js';
 import { isLingering } from './connections.js';
 import { MAX_UPLOAD_BYTES } from './uploads.js';
-import { answeredAside } from './metrics.js';
+import type { Metrics } from '../observability/metrics.js';
+import { answeredAside, BEFORE_ROUTING } from './metrics.js';
 import { answeredWithError, errorFields } from './logging.js';
 
 /**
@@ -76,6 +77,8 @@ declare module 'fastify' {
   interface FastifyInstance {
     /** When each code of the server's own 5xx answers was last logged at error level (see logFailure). */
     failuresSaid: Map<string, number>;
+    /** Where the answers written by hand (answerOnSocket) are counted, as every other request is (metrics.ts). */
+    requestMetrics: Metrics;
   }
 }
 
@@ -222,7 +225,10 @@ function answerOnSocket(app: FastifyInstance, socket: Socket, error: ApiError, r
   // An answer already under way on this connection (a response to a request whose body is late), or one
   // given before the body that is still being read (connections.ts), cannot take a second one.
   if (socket.writable && !isLingering(socket) && !pending?.headersSent) {
+    // A routed request is counted by its own reply (metrics.ts); one that never was, here, with no
+    // duration: when it began to arrive is not known. Its method neither, unless it is CONNECT's.
     if (pending) answeredAside(pending, error.status);
+    else app.requestMetrics.httpRequest(refused.method ?? 'unknown', BEFORE_ROUTING, error.status);
     socket.write(
       `HTTP/1.1 ${error.status} ${STATUS_CODES[error.status]}\r\nContent-Type: application/json; charset=utf-8\r\n` +
         `Content-Length: ${Buffer.byteLength(body)}\r\nx-request-id: ${id}\r\nConnection: close\r\n\r\n${body}`,
@@ -266,8 +272,14 @@ export function invalidUrl(request: FastifyRequest): ApiError {
   return new ApiError(404, `Invalid URL (${request.method} ${request.url.split('?')[0]})`);
 }
 
-async function errorsPlugin(app: FastifyInstance): Promise<void> {
+export interface ErrorsOptions {
+  /** Counts the requests refused before routing, whose answers no reply sends. */
+  metrics: Metrics;
+}
+
+async function errorsPlugin(app: FastifyInstance, { metrics }: ErrorsOptions): Promise<void> {
   app.decorate('failuresSaid', new Map<string, number>());
+  app.decorate('requestMetrics', metrics);
   app.addHook('onRequest', async (request) => void routed.set(request.raw, request));
   app.server.on('connect', (request: IncomingMessage, socket: Socket) => answerConnect(app, request, socket));
   app.setErrorHandler((err: FastifyError, request, reply) => sendError(reply, apiErrorOf(err, request)));

@@ -16,16 +16,23 @@ export interface MetricsOptions {
 }
 
 /**
+ * The route label of requests refused before any route could take them: by Node's HTTP parser (malformed,
+ * headers too large, too slow to arrive), as CONNECT, or by Fastify's router (a malformed URL). Not
+ * `unmatched`, the label of URLs no route takes, which a scanner's probing fills.
+ */
+export const BEFORE_ROUTING = 'before_routing';
+
+/**
  * Counts a request once its answer is done, under the status the client got: the reply's, the one
  * answeredAside recorded where that is not it, or 499 when the client left first. Called by the hook below
- * for routed requests, and by the app for those Fastify's router refuses (frameworkErrors), for which
- * no hook runs.
+ * for routed requests, and by the app for those Fastify's router refuses (frameworkErrors, `route`
+ * BEFORE_ROUTING), for which no hook runs.
  */
-export function countRequest(metrics: Metrics, request: FastifyRequest, reply: FastifyReply): void {
+export function countRequest(metrics: Metrics, request: FastifyRequest, reply: FastifyReply, route = request.routeOptions.url ?? 'unmatched'): void {
   reply.raw.once('close', () => {
     const status = answeredStatus(reply.raw) ?? (reply.raw.writableFinished ? reply.statusCode : 499);
     // Route templates, never raw URLs: scanners' random paths must not become label values.
-    metrics.httpRequest(request.method, request.routeOptions.url ?? 'unmatched', status, reply.elapsedTime / 1000);
+    metrics.httpRequest(request.method, route, status, reply.elapsedTime / 1000);
   });
 }
 

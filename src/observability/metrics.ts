@@ -38,7 +38,7 @@ export class Metrics implements EngineMetrics {
 
   private readonly httpRequests = new Counter({
     name: 'imagegen_http_requests_total',
-    help: 'HTTP requests answered, by route (unmatched for unknown URLs) and status (499: the client left first)',
+    help: 'HTTP requests answered, by route (unmatched for unknown URLs, before_routing for those refused before any route: malformed HTTP or URLs, headers too large, CONNECT) and status (499: the client left first)',
     labelNames: ['method', 'route', 'status'],
     registers: [this.registry],
   });
@@ -165,9 +165,10 @@ export class Metrics implements EngineMetrics {
     this.memory = memory;
   }
 
-  httpRequest(method: string, route: string, status: number, seconds: number): void {
+  /** A request answered; `seconds` from its arrival, where that is known (not for what Node's parser refused). */
+  httpRequest(method: string, route: string, status: number, seconds?: number): void {
     this.httpRequests.inc({ method, route, status });
-    this.httpDuration.observe({ route }, seconds);
+    if (seconds !== undefined) this.httpDuration.observe({ route }, seconds);
   }
 
   queueWait(seconds: number): void {
