@@ -207,7 +207,7 @@ export class FileImageStore implements ImageStore {
       throw new StoreUnavailableError(`the image folder ${this.options.dir} cannot be examined (${err.code ?? err.message})`, { cause: err, reason: err.code ?? 'statfs failed' });
     });
     const free = disk.bavail * disk.bsize;
-    if (free < bytes) throw new StoreFullError('disk', this.options.maxBytes, bytes, undefined, free);
+    if (free < bytes) throw new StoreFullError('disk', { maxBytes: this.options.maxBytes, neededBytes: bytes, freeBytes: free });
     return this.space.reserve(bytes, nameableOwner(owner));
   }
 
@@ -268,7 +268,7 @@ export class FileImageStore implements ImageStore {
       // after its rename (its name not flushed), which no answer names.
       for (const left of [temp, file]) await unlink(left).catch(() => undefined);
       const { code } = err as NodeJS.ErrnoException;
-      if (code === 'ENOSPC' || code === 'EDQUOT') throw new StoreFullError('disk', this.options.maxBytes, data.byteLength);
+      if (code === 'ENOSPC' || code === 'EDQUOT') throw new StoreFullError('disk', { maxBytes: this.options.maxBytes, neededBytes: data.byteLength });
       throw err;
     }
   }

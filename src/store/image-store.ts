@@ -57,22 +57,28 @@ export interface KeyShare {
   running: boolean;
 }
 
+/** What a refusal says beyond its reason; the optional values only where the reason gives them. */
+export type StoreFullDetails = Pick<StoreFullError, 'maxBytes' | 'neededBytes'> & Partial<Pick<StoreFullError, 'retryAfterSeconds' | 'freeBytes' | 'share'>>;
+
 export class StoreFullError extends Error {
-  constructor(
-    readonly reason: StoreFullReason,
-    /** The store's byte limit (MAX_STORE_BYTES). */
-    readonly maxBytes: number,
-    /** What the refused images needed. */
-    readonly neededBytes: number,
-    /** When images expiring frees enough room, where the store knows ('images'). */
-    readonly retryAfterSeconds?: number,
-    /** What the disk had free, where the store looked ('disk', as space is set aside). */
-    readonly freeBytes?: number,
-    /** The key's share ('share'). */
-    readonly share?: KeyShare,
-  ) {
-    super(`the image store cannot take ${neededBytes} more bytes (${reason}; its limit is ${maxBytes} bytes)`);
+  /** The store's byte limit (MAX_STORE_BYTES). */
+  readonly maxBytes: number;
+  /** What the refused images needed. */
+  readonly neededBytes: number;
+  /** When images expiring frees enough room, where the store knows ('images'). */
+  readonly retryAfterSeconds: number | undefined;
+  /** What the disk had free, where the store looked ('disk', as space is set aside). */
+  readonly freeBytes: number | undefined;
+  /** The key's share ('share'). */
+  readonly share: KeyShare | undefined;
+  constructor(readonly reason: StoreFullReason, details: StoreFullDetails) {
+    super(`the image store cannot take ${details.neededBytes} more bytes (${reason}; its limit is ${details.maxBytes} bytes)`);
     this.name = 'StoreFullError';
+    this.maxBytes = details.maxBytes;
+    this.neededBytes = details.neededBytes;
+    this.retryAfterSeconds = details.retryAfterSeconds;
+    this.freeBytes = details.freeBytes;
+    this.share = details.share;
   }
 }
 

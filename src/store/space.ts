@@ -124,7 +124,7 @@ export class StoreSpace {
    * sweep if need be; throws StoreFullError when they do not.
    */
   private async makeRoom(bytes: number, owner: string | undefined, count: () => void): Promise<void> {
-    if (bytes > this.maxBytes) throw new StoreFullError('too-large', this.maxBytes, bytes);
+    if (bytes > this.maxBytes) throw new StoreFullError('too-large', { maxBytes: this.maxBytes, neededBytes: bytes });
     const share = clientShare(this.maxBytes, bytes);
     const fits = () => this.counted + this.reserved + bytes <= this.maxBytes && (owner === undefined || this.heldBy(owner) + bytes <= share);
     if (!fits()) await this.sweep();
@@ -132,10 +132,11 @@ export class StoreSpace {
     if (owner !== undefined && this.heldBy(owner) + bytes > share) {
       const over = this.countedOf.of(owner) + bytes - share;
       const running = over <= 0;
-      throw new StoreFullError('share', this.maxBytes, bytes, running ? undefined : this.secondsUntilFreed(over, owner), undefined, { bytes: share, running });
+      const retryAfterSeconds = running ? undefined : this.secondsUntilFreed(over, owner);
+      throw new StoreFullError('share', { maxBytes: this.maxBytes, neededBytes: bytes, retryAfterSeconds, share: { bytes: share, running } });
     }
-    if (this.counted + bytes <= this.maxBytes) throw new StoreFullError('running', this.maxBytes, bytes);
-    throw new StoreFullError('images', this.maxBytes, bytes, this.secondsUntilFreed(this.counted + bytes - this.maxBytes));
+    if (this.counted + bytes <= this.maxBytes) throw new StoreFullError('running', { maxBytes: this.maxBytes, neededBytes: bytes });
+    throw new StoreFullError('images', { maxBytes: this.maxBytes, neededBytes: bytes, retryAfterSeconds: this.secondsUntilFreed(this.counted + bytes - this.maxBytes) });
   }
 
   /**
