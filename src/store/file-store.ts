@@ -7,7 +7,7 @@ import { makeFolder, syncFolder, unlessMissing } from '../util/files.js';
 import { ImageDamagedError, StoreFullError, StoreUnavailableError, type ByteRange, type ImageStore, type StoredImage, type StoreLimits, type StoreReservation } from './image-store.js';
 import { digestOf, extensionOf, imageName, isExpired, nameableOwner, newImage, parseImageName } from './image-names.js';
 import { StoreSpace } from './space.js';
-import { messageOf } from '../util/error-message.js';
+import { codeOrMessage, messageOf } from '../util/error-message.js';
 import { ExpiryOrder } from './expiry-order.js';
 
 /**
@@ -204,7 +204,7 @@ export class FileImageStore implements ImageStore {
   async reserve(bytes: number, owner?: string): Promise<StoreReservation> {
     await this.check();
     const disk = await statfs(this.options.dir).catch((err: NodeJS.ErrnoException) => {
-      throw new StoreUnavailableError(`the image folder ${this.options.dir} cannot be examined (${err.code ?? err.message})`, { cause: err, reason: err.code ?? 'statfs failed' });
+      throw new StoreUnavailableError(`the image folder ${this.options.dir} cannot be examined (${codeOrMessage(err)})`, { cause: err, reason: err.code ?? 'statfs failed' });
     });
     const free = disk.bavail * disk.bsize;
     if (free < bytes) throw new StoreFullError('disk', { maxBytes: this.options.maxBytes, neededBytes: bytes, freeBytes: free });
@@ -323,8 +323,8 @@ export class FileImageStore implements ImageStore {
    * 404 that says the image is gone.
    */
   private unreadable(err: unknown): never {
-    const { code, message } = err as NodeJS.ErrnoException;
-    throw new StoreUnavailableError(`the image folder ${this.options.dir} cannot be read (${code ?? message})`, { cause: err, reason: code ?? 'unreadable' });
+    const { code } = err as NodeJS.ErrnoException;
+    throw new StoreUnavailableError(`the image folder ${this.options.dir} cannot be read (${codeOrMessage(err)})`, { cause: err, reason: code ?? 'unreadable' });
   }
 
   /**
@@ -392,9 +392,9 @@ export class FileImageStore implements ImageStore {
       }
       await access(dir, constants.W_OK);
     } catch (err) {
-      const { code, message } = err as NodeJS.ErrnoException;
+      const { code } = err as NodeJS.ErrnoException;
       // What to do, for /ready and the log (an answer to a request gives the reason alone).
-      throw new StoreUnavailableError(`the image folder ${dir} cannot be written (${code ?? message}): make it a folder the server's user may write, or set DATA_DIR to one`, {
+      throw new StoreUnavailableError(`the image folder ${dir} cannot be written (${codeOrMessage(err)}): make it a folder the server's user may write, or set DATA_DIR to one`, {
         cause: err,
         reason: code ?? 'unwritable',
       });
@@ -460,8 +460,7 @@ export class FileImageStore implements ImageStore {
   }
 
   private cannotSweep(err: unknown): void {
-    const { code, message } = err as NodeJS.ErrnoException;
-    this.options.logger.warn({ err, dir: this.options.dir }, `cannot sweep the image folder (${code ?? message}): expired images and stale temporary files stay until it can be listed again`);
+    this.options.logger.warn({ err, dir: this.options.dir }, `cannot sweep the image folder (${codeOrMessage(err)}): expired images and stale temporary files stay until it can be listed again`);
   }
 
   /** Stops the sweeper, lets writes in progress end, and deletes temporary files a crash may have left (a folder that cannot be listed is logged: the shutdown goes on). */

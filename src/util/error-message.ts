@@ -15,3 +15,9 @@ export function messageOf(err: unknown): string {
 
 /** The first line of what a caught value says: onnxruntime's and the system's messages go on with source locations and stacks. */
 export const firstLineOf = (err: unknown): string => messageOf(err).split('\n')[0];
+
+/**
+ * A system error's code (ENOENT, EROFS: short, and what an operator searches for), or else what the
+ * value says: the reason in a message about a file or folder that could not be used.
+ */
+export const codeOrMessage = (err: unknown): string => (err as NodeJS.ErrnoException | undefined)?.code ?? messageOf(err);
