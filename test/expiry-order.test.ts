@@ -12,7 +12,7 @@ function storedOrder() {
   const counted = { asked: 0 };
   const order = new ExpiryOrder<Item>((item) => (counted.asked++, stored.has(item)));
   const add = (item: Item) => (stored.add(item), order.add(item));
-  const remove = (item: Item) => (stored.delete(item), order.remove());
+  const remove = (item: Item) => (stored.delete(item), order.noteRemoved());
   return { order, stored, counted, add, remove };
 }
 

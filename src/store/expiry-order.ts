@@ -27,8 +27,11 @@ export class ExpiryOrder<T extends { expiresAt: number }> {
     this.items.push(item);
   }
 
-  /** An item is no longer stored: it is skipped, and dropped with the others once they are half. */
-  remove(): void {
+  /**
+   * Counts one item that has left the store, which the caller has already dropped (isStored says no for
+   * it now): it is skipped, and dropped with the others once they are half.
+   */
+  noteRemoved(): void {
     this.removed += 1;
     if (this.removed > (this.items.length - this.head) / 2) this.dropRemoved();
   }

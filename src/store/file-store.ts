@@ -360,7 +360,7 @@ export class FileImageStore implements ImageStore {
   private forget(image: StoredImage): void {
     if (this.index.get(image.id) !== image) return;
     this.index.delete(image.id);
-    this.byExpiry.remove();
+    this.byExpiry.noteRemoved();
     this.unchecked.delete(image.id);
     this.space.free(image.size, image.owner);
   }
