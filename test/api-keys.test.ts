@@ -8,7 +8,7 @@ import OpenAI, { toFile } from 'openai';
 import { isSendableKey } from '../src/api/bearer.js';
 import { loadConfig } from '../src/config.js';
 import { KeyFileError, KeyRing, parseKeyFile } from '../src/http/keys.js';
-import { imageOwner } from '../src/store/image-names.js';
+import { imageOwner } from '../src/store/image-owner.js';
 import { startTestServer, type TestServer } from './helpers/api-server.js';
 import { createBuiltPool } from './helpers/cli.js';
 import { FakeEngine } from './helpers/engines.js';

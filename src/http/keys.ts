@@ -3,7 +3,7 @@ import { unwatchFile, watchFile } from 'node:fs';
 import { readFile } from 'node:fs/promises';
 import type { FastifyBaseLogger } from 'fastify';
 import { isSendableKey } from '../api/bearer.js';
-import { imageOwner } from '../store/image-names.js';
+import { imageOwner } from '../store/image-owner.js';
 import { messageOf } from '../util/error-message.js';
 
 /**
@@ -44,7 +44,7 @@ export interface ApiKey {
    */
   label: string;
   key: string;
-  /** Whose images the key's url requests store (store/image-names.ts's imageOwner): an id that names neither the key nor its label. */
+  /** Whose images the key's url requests store (store/image-owner.ts's imageOwner): an id that names neither the key nor its label. */
   owner: string;
   limits?: KeyLimits;
 }

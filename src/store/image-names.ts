@@ -1,6 +1,7 @@
-import { createHash, createHmac, randomBytes } from 'node:crypto';
+import { createHash, randomBytes } from 'node:crypto';
 import { IMAGE_EXTENSIONS, IMAGE_FORMATS, type ImageExtension } from '../runtime/types.js';
 import { IMAGE_ID, type StoredImage } from './image-store.js';
+import { OWNER_DIGITS } from './image-owner.js';
 
 /**
  * How both stores name an image: `<id>.<expiry unix milliseconds>.<ext>`, a file name or an object key
@@ -16,7 +17,7 @@ import { IMAGE_ID, type StoredImage } from './image-store.js';
  * listing or the file then gives.
  *
  * An image made for an API key carries its owner too, `...[.<size>.<digest>].k<owner>.<ext>` (see
- * imageOwner): each key may hold only a share of the store (space.ts), and the share must hold across
+ * image-owner.ts): each key may hold only a share of the store (space.ts), and the share must hold across
  * restarts and replicas sharing the folder or bucket, which know the images only by these names. Names
  * without it (images of a server without keys, or stored before owners were recorded) are nobody's:
  * served and counted against the whole store as before, against no key's share.
@@ -27,28 +28,9 @@ const CONTENT_TYPES = Object.fromEntries(Object.values(IMAGE_FORMATS).map((f) =>
 
 /** 64 bits: enough to tell a damaged copy, short enough for a file name. */
 const DIGEST_DIGITS = 16;
-/** 64 bits: no two keys of a server share an owner, and the name stays short. */
-const OWNER_DIGITS = 16;
-const OWNER = new RegExp(`^[0-9a-f]{${OWNER_DIGITS}}$`);
 const NAME = new RegExp(
   `^(${IMAGE_ID})\\.(\\d+)(?:\\.(\\d+)\\.([0-9a-f]{${DIGEST_DIGITS}}))?(?:\\.k([0-9a-f]{${OWNER_DIGITS}}))?\\.(${IMAGE_EXTENSIONS.join('|')})$`,
 );
-
-/**
- * The owner id of an API key's images: an HMAC of a fixed text keyed by the key itself, its first 64
- * bits in hex. Every replica and restart reads the same keys, so they all work out the same id with no
- * secret or table of their own to share, and nothing else can: the id is in each image's file or object
- * name, which S3 presigned URLs show, and the key's label there (a person's or team's name, or the start
- * of the key's SHA-256) would tell anyone given an image link who made it, and which other links are
- * the same client's. Keyed by the key, the id tells that much only (links of one key share it): telling
- * the key from it means guessing keys and checking each offline, which only a short or guessable key
- * falls to (docs/security.md: keys are long random strings). A random id per key would leak nothing,
- * but replicas would need a table shared among them to agree on it. A key rotated in is a new owner: the
- * old key's images count against the old id until they expire.
- */
-export function imageOwner(apiKey: string): string {
-  return createHmac('sha256', apiKey).update('imagegen image owner').digest('hex').slice(0, OWNER_DIGITS);
-}
 
 /** An image as its name gives it: with its size where the name records it. */
 export type NamedImage = Omit<StoredImage, 'size'> & { size?: number };
@@ -58,15 +40,6 @@ export function extensionOf(contentType: string): ImageExtension {
   const ext = EXTENSIONS[contentType];
   if (!ext) throw new TypeError(`cannot store images of type ${contentType}`);
   return ext;
-}
-
-/**
- * `owner`, checked to be one an image name can carry (an imageOwner id), as a reservation takes it: the
- * puts made with it name their images so. Throws for anything else.
- */
-export function nameableOwner(owner: string | undefined): string | undefined {
-  if (owner !== undefined && !OWNER.test(owner)) throw new TypeError(`an image's owner is an imageOwner id (${OWNER_DIGITS} hex digits), not '${owner}'`);
-  return owner;
 }
 
 /** A new image of `size` bytes living `ttlSeconds` from `now`, with a fresh random id (IMAGE_ID's 32 hex digits), of `owner` (nameableOwner's). */

@@ -26,7 +26,7 @@ export interface StoredImage {
    */
   url?: string;
   /**
-   * The API key whose request made it, as an opaque id (image-names.ts's imageOwner), kept in its name so
+   * The API key whose request made it, as an opaque id (image-owner.ts's imageOwner), kept in its name so
    * that every replica and restart counts each key's share of the store alike; none for images of a
    * server without keys, and those stored before owners were recorded (nobody's).
    */

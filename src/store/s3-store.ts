@@ -4,7 +4,8 @@ import { DeleteObjectsCommand, GetObjectCommand, ListObjectsV2Command, paginateL
 import { getSignedUrl } from '@aws-sdk/s3-request-presigner';
 import { ConfigError } from '../util/config-error.js';
 import { StoreUnavailableError, type ByteRange, type ImageStore, type StoredImage, type StoreLimits, type StoreReservation } from './image-store.js';
-import { extensionOf, imageName, isExpired, nameableOwner, newImage, parseImageName } from './image-names.js';
+import { extensionOf, imageName, isExpired, newImage, parseImageName } from './image-names.js';
+import { nameableOwner } from './image-owner.js';
 import { StoreSpace } from './space.js';
 import { deleteWithContentMd5 } from './s3-delete-md5.js';
 import { messageOf } from '../util/error-message.js';
