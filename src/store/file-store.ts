@@ -1,15 +1,15 @@
 import { constants } from 'node:fs';
-import { access, mkdir, open, opendir, readdir, rename, stat, statfs, unlink, type FileHandle } from 'node:fs/promises';
+import { access, mkdir, open, readdir, rename, stat, statfs, unlink, type FileHandle } from 'node:fs/promises';
 import path from 'node:path';
-import { setImmediate, setTimeout as sleep } from 'node:timers/promises';
 import type { Readable } from 'node:stream';
 import { makeFolder, syncFolder, unlessMissing } from '../util/files.js';
 import { ImageDamagedError, StoreFullError, StoreUnavailableError, type ByteRange, type ImageStore, type StoredImage, type StoreLimits, type StoreReservation } from './image-store.js';
-import { digestOf, extensionOf, imageName, isExpired, newImage, parseImageName } from './image-names.js';
+import { digestOf, extensionOf, imageName, isExpired, newImage } from './image-names.js';
 import { nameableOwner } from './image-owner.js';
 import { StoreSpace } from './space.js';
 import { codeOrMessage, messageOf } from '../util/error-message.js';
 import { ExpiryOrder } from './expiry-order.js';
+import { FolderListing, type ListedIndex } from './folder-listing.js';
 
 /**
  * Generated images served by URL for a limited time. One file per image, named as image-names.ts says
@@ -27,37 +27,12 @@ import { ExpiryOrder } from './expiry-order.js';
  *
  * Two servers may share the folder for a while (a restart that starts the new server before stopping
  * the old, blue-green on one host): an id this store has not indexed is looked for in a new listing of
- * the folder when a file came or went since the last (its mtime changed; a scanner's random ids cost a
- * stat each, and listings at most a tenth of the time: LISTING_PAUSE_FACTOR), and so is every sweep,
- * which then deletes the other's expired images too; temporary files are deleted only once they are
- * older than any write takes, so that neither server loses the other's images.
+ * the folder (folder-listing.ts), and so is every sweep, which then deletes the other's expired images
+ * too; temporary files are deleted only once they are older than any write takes, so that neither
+ * server loses the other's images.
  */
 
 const TEMP_FILE = /^\..*\.tmp$/;
-/**
- * After a listing, the next waits this many times as long as it took. A lookup of an id not indexed
- * lists the folder if it changed, which a busy server's folder always has (each put renames into it):
- * a flood of unknown ids (a scanner's, needing no key) listed it back to back, each listing as long as
- * the images are many (half a second for 100000), and the server did little else (one client's images
- * stored went from 1044 to 137 in 15 s, /health's p99 from 26 to 633 ms). Now listings take at most a
- * tenth of the time. A lookup waits for the next one, and so still finds another server's image; the
- * price is that a miss (an unknown or long-expired id) on a busy server waits up to ten listings'
- * time for its 404 (5 s with 100000 images), where it waited for one.
- */
-const LISTING_PAUSE_FACTOR = 10;
-
-/**
- * Folder entries a listing reads at a time. Read whole (readdir), the folder's names came in one piece
- * and were indexed in one turn of the server's thread: 1.4 to 2.9 s with 500000 images (0.2 to 0.35 s
- * with 50000), in every sweep of a busy server's folder and every listing for an unknown id, during
- * which no request, /health included, was answered. Each batch is a trip to libuv's thread pool, between
- * which the server answers others; the listing takes no longer in all.
- */
-const LISTING_BATCH = 1024;
-
-/** The coarsest tick of a file system's clock (FAT's): within it of a change, a folder's mtime may not change again. */
-const MTIME_TICK_MS = 2000;
-
 /** A temporary file older than this was left by a crash, not written now by another server. */
 const TEMP_FILE_AGE_MS = 10 * 60_000;
 
@@ -100,17 +75,16 @@ export class FileImageStore implements ImageStore {
   private readonly damaged = new Map<string, StoredImage>();
   /** Ids indexed from a listing whose files have not been checked against their digests yet (see read). */
   private readonly unchecked = new Set<string>();
-  /** The folder's mtime when it was last listed, and the listing under way. */
-  private listedMtime = NaN;
-  private listing: Promise<void> | undefined;
-  /** When the next listing may start, on the monotonic clock (see LISTING_PAUSE_FACTOR). */
-  private nextListingAt = -Infinity;
+  /** Indexes the images of a previous run, and of another server sharing the folder. */
+  private readonly listing: FolderListing;
   readonly now: () => number;
   private constructor(private readonly options: ImageStoreOptions) {
     this.now = options.clock ?? Date.now;
     this.parent = path.dirname(path.resolve(options.dir));
     // Making room deletes expired images only: listing the folder and deleting a crash's temporary files are the sweeper's.
     this.space = new StoreSpace(options.maxBytes, () => this.deleteExpired(), { inOrder: () => this.byExpiry.inOrder(), now: this.now });
+    const index: ListedIndex = { images: this.index, knows: (id) => this.knows(id), found: (image) => this.indexFound(image), lost: (image) => this.forget(image) };
+    this.listing = new FolderListing(options.dir, index, options.logger);
   }
 
   /** Opens the store: indexes the images left by a previous run, and deletes expired ones (in the background) and half-written ones. */
@@ -118,7 +92,7 @@ export class FileImageStore implements ImageStore {
     const store = new FileImageStore(options);
     await makeFolder(options.dir);
     store.parentDevice = (await stat(store.parent)).dev;
-    await store.listIfChanged().catch(() => undefined);
+    await store.listing.listIfChanged().catch(() => undefined);
     // Out of the index (and the byte count) at once, their files deleted while the server serves: awaited,
     // a folder whose images had all expired while the server was stopped (500000 after a day) kept it from
     // listening for a minute, one unlink at a time, with nothing in its log. A shutdown meanwhile leaves the
@@ -132,65 +106,9 @@ export class FileImageStore implements ImageStore {
     return store;
   }
 
-  /**
-   * Indexes the folder's images not indexed yet (a previous run's, another server's) if a file came or
-   * went since the last listing, once the pause after that listing is over (see LISTING_PAUSE_FACTOR).
-   */
-  private async listIfChanged(): Promise<void> {
-    while (this.listing) await this.listing;
-    const folder = await unlessMissing(stat(this.options.dir));
-    if (!folder || folder.mtimeMs === this.listedMtime || this.listing) return;
-    this.listing = this.listAfterPause().finally(() => (this.listing = undefined));
-    await this.listing;
-  }
-
-  private async listAfterPause(): Promise<void> {
-    const pause = this.nextListingAt - performance.now();
-    if (pause > 0) await sleep(pause);
-    // Read before the listing: a file that comes during it changes the mtime again, unless it comes in
-    // the same tick of the file system's clock (a second on ext3, HFS+ and ext4 of 128-byte inodes, two
-    // on FAT). An mtime that recent is not trusted: the next lookup lists again. Trusted, another server's
-    // image stored in that second was a 404 here until something else changed the folder.
-    const folder = await unlessMissing(stat(this.options.dir));
-    if (!folder) return;
-    this.listedMtime = Date.now() - folder.mtimeMs < MTIME_TICK_MS ? NaN : folder.mtimeMs;
-    const started = performance.now();
-    await this.list();
-    const ms = performance.now() - started;
-    this.nextListingAt = performance.now() + LISTING_PAUSE_FACTOR * ms;
-    this.options.logger.debug({ files: this.index.size, ms }, 'image folder listed');
-  }
-
-  private async list(): Promise<void> {
-    // Indexed before the folder is read: an image whose put ends meanwhile was renamed after, and may be missing from it.
-    const indexed = [...this.index.values()];
-    const listed = new Set<string>();
-    for await (const entry of await opendir(this.options.dir, { bufferSize: LISTING_BATCH })) {
-      const named = entry.isFile() ? parseImageName(entry.name) : undefined;
-      if (named) listed.add(named.id);
-      if (!named || this.accounted(named.id) || this.damaged.has(named.id)) continue;
-      // The size its name records, checked against the file when it is first read: a restart over many
-      // images lists the folder and reads nothing else. Named without (an older version's), its size on
-      // disk; gone meanwhile (the other server's sweeper), skipped.
-      const size = named.size ?? (await unlessMissing(stat(path.join(this.options.dir, entry.name))))?.size;
-      if (size === undefined || this.accounted(named.id)) continue;
-      const image = indexRecord({ ...named, size });
-      if (image.digest !== undefined) this.unchecked.add(image.id);
-      this.indexImage(image);
-      this.space.add(size, image.owner);
-    }
-    // Deleted by something else (an operator freeing the disk, another server): their space is free again.
-    // Counted until they would have expired, they kept a store they had filled refusing images for a day.
-    // In batches too: one pass over 500000 took 0.2 s of the thread (forget() skips an image the store let go meanwhile).
-    for (let start = 0; start < indexed.length; start += LISTING_BATCH) {
-      if (start > 0) await setImmediate();
-      for (const image of indexed.slice(start, start + LISTING_BATCH)) if (!listed.has(image.id)) this.forget(image);
-    }
-  }
-
-  /** Whether this store counts the id's file already: indexed, being written, or being deleted. */
-  private accounted(id: string): boolean {
-    return this.index.has(id) || this.writes.has(id) || this.deleting.has(id);
+  /** Whether a listing is to leave the id's file be (ListedIndex.knows): indexed, being written or deleted, or found damaged. */
+  private knows(id: string): boolean {
+    return this.index.has(id) || this.writes.has(id) || this.deleting.has(id) || this.damaged.has(id);
   }
 
   private fileOf(image: StoredImage): string {
@@ -283,7 +201,7 @@ export class FileImageStore implements ImageStore {
   async get(id: string): Promise<StoredImage | null> {
     const damaged = this.damaged.get(id);
     if (damaged && !isExpired(damaged, this.now())) throw new ImageDamagedError(id);
-    if (!this.index.has(id)) await this.listIfChanged().catch(() => undefined);
+    if (!this.index.has(id)) await this.listing.listIfChanged().catch(() => undefined);
     const image = this.index.get(id);
     return image && !isExpired(image, this.now()) ? image : null;
   }
@@ -357,6 +275,14 @@ export class FileImageStore implements ImageStore {
     this.byExpiry.add(image);
   }
 
+  /** Adds an image a listing found (a previous run's, another server's), its bytes counted; one named with a digest is checked against it when first read. */
+  private indexFound(found: StoredImage): void {
+    const image = indexRecord(found);
+    if (image.digest !== undefined) this.unchecked.add(image.id);
+    this.indexImage(image);
+    this.space.add(image.size, image.owner);
+  }
+
   /** Drops an image from the index (and its bytes from the count) without touching its file. */
   private forget(image: StoredImage): void {
     if (this.index.get(image.id) !== image) return;
@@ -407,7 +333,7 @@ export class FileImageStore implements ImageStore {
    * included, and temporary files a crash left.
    */
   async sweep(): Promise<void> {
-    await this.listIfChanged().catch(() => undefined);
+    await this.listing.listIfChanged().catch(() => undefined);
     await this.deleteExpired();
     await this.deleteTempFiles();
   }
