@@ -1,8 +1,8 @@
 import { constants } from 'node:fs';
-import { access, mkdir, open, readdir, rename, stat, statfs, unlink, type FileHandle } from 'node:fs/promises';
+import { access, mkdir, open, stat, statfs, unlink, type FileHandle } from 'node:fs/promises';
 import path from 'node:path';
 import type { Readable } from 'node:stream';
-import { makeFolder, syncFolder, unlessMissing } from '../util/files.js';
+import { makeFolder, unlessMissing } from '../util/files.js';
 import { ImageDamagedError, StoreFullError, StoreUnavailableError, type ByteRange, type ImageStore, type StoredImage, type StoreLimits, type StoreReservation } from './image-store.js';
 import { digestOf, extensionOf, imageName, isExpired, newImage } from './image-names.js';
 import { nameableOwner } from './image-owner.js';
@@ -10,14 +10,14 @@ import { StoreSpace } from './space.js';
 import { codeOrMessage, messageOf } from '../util/error-message.js';
 import { ExpiryOrder } from './expiry-order.js';
 import { FolderListing, type ListedIndex } from './folder-listing.js';
+import { deleteStaleTempFiles, tempFileOf, writeDurably } from './durable-write.js';
 
 /**
  * Generated images served by URL for a limited time. One file per image, named as image-names.ts says
  * (`<id>.<expiry unix milliseconds>.<size>.<digest>.<ext>`): a restart rebuilds the index from a
- * directory listing and keeps each image's own expiry. Files are written to a temporary name, flushed to
- * the disk and renamed, and the rename flushed, before the image's URL is given: neither a reader nor a
- * restart after a power loss sees half an image, or loses one whose URL went out; a failed write deletes
- * its temporary file, and the sweeper deletes any that a crash left. Ids are 128 random bits in hex.
+ * directory listing and keeps each image's own expiry. Files are written so that neither a reader nor a
+ * restart after a power loss sees half an image, or loses one whose URL went out (durable-write.ts); the
+ * sweeper deletes the temporary files a crash left. Ids are 128 random bits in hex.
  *
  * Each name records its image's size and digest: a restart indexes the folder from its names alone (no
  * file read, nor even stat'ed), and the first read of each image it found checks the file against them,
@@ -31,10 +31,6 @@ import { FolderListing, type ListedIndex } from './folder-listing.js';
  * too; temporary files are deleted only once they are older than any write takes, so that neither
  * server loses the other's images.
  */
-
-const TEMP_FILE = /^\..*\.tmp$/;
-/** A temporary file older than this was left by a crash, not written now by another server. */
-const TEMP_FILE_AGE_MS = 10 * 60_000;
 
 /**
  * The index's record of an image: all records of one object shape (made by a spread, each had a hidden
@@ -98,7 +94,7 @@ export class FileImageStore implements ImageStore {
     // listening for a minute, one unlink at a time, with nothing in its log. A shutdown meanwhile leaves the
     // rest to the next start's listing.
     void store.deleteExpired().catch((err: unknown) => store.cannotSweep(err));
-    await store.deleteTempFiles();
+    await deleteStaleTempFiles(options.dir);
     // A folder it can list but not write (a disk remounted read-only, one another user owns) does not
     // stop the start: the images it holds are still served. Said now, as a failing bucket is: it started
     // saying "worker ready", and first said why every url request failed when one came or /ready was asked.
@@ -136,13 +132,13 @@ export class FileImageStore implements ImageStore {
     await this.space.claim(data.byteLength, reservation);
 
     const image = indexRecord({ ...newImage(ext, contentType, data.byteLength, this.now(), this.options.ttlSeconds, reservation?.owner), digest: await digestOf([data]) });
-    const write = this.write(path.join(this.options.dir, `.${image.id}.tmp`), this.fileOf(image), data);
+    const write = writeDurably(tempFileOf(this.options.dir, image.id), this.fileOf(image), data);
     this.writes.set(image.id, write);
     try {
       await write;
     } catch (err) {
       this.space.free(data.byteLength, image.owner);
-      throw err instanceof StoreFullError ? err : await this.whyWriteFailed(err);
+      throw await this.whyWriteFailed(err, data.byteLength);
     } finally {
       this.writes.delete(image.id);
     }
@@ -151,45 +147,22 @@ export class FileImageStore implements ImageStore {
   }
 
   /**
-   * What a failed write is to the request: the folder gone read-only, deleted or replaced since reserve()
-   * checked it is the 503 (StoreUnavailableError) a request after it gets, not a 500 for one that was
-   * generating meanwhile; a deleted folder is made again by check(), so a retry keeps its images. Any
-   * other error (EIO, EFBIG) stays what it is.
+   * What a failed write of `bytes` is to the request: a full disk is the StoreFullError a reservation
+   * finding it full gets; the folder gone read-only, deleted or replaced since reserve() checked it is the
+   * 503 (StoreUnavailableError) a request after it gets, not a 500 for one that was generating meanwhile;
+   * a deleted folder is made again by check(), so a retry keeps its images. Any other error (EIO, EFBIG)
+   * stays what it is.
    */
-  private async whyWriteFailed(err: unknown): Promise<unknown> {
+  private async whyWriteFailed(err: unknown, bytes: number): Promise<unknown> {
+    const { code } = err as NodeJS.ErrnoException;
+    if (code === 'ENOSPC' || code === 'EDQUOT') return new StoreFullError('disk', { maxBytes: this.options.maxBytes, neededBytes: bytes });
     try {
       await this.check();
     } catch (unusable) {
       return unusable;
     }
-    const { code } = err as NodeJS.ErrnoException;
     if (code !== 'ENOENT') return err;
     return new StoreUnavailableError(`the image folder ${this.options.dir} was deleted while an image was written to it (made again)`, { cause: err, reason: code });
-  }
-
-  private async write(temp: string, file: string, data: Uint8Array): Promise<void> {
-    try {
-      const handle = await open(temp, 'wx');
-      try {
-        await handle.writeFile(data);
-        // On the disk before it gets its name: renamed first, a power loss could leave a named file that
-        // is empty or short, which a restart would index and serve (a millisecond or so per image).
-        await handle.datasync();
-      } finally {
-        await handle.close();
-      }
-      await rename(temp, file);
-      // The name too: until the folder is flushed, a power loss soon after the answer could leave only
-      // the temporary file (which the sweeper deletes) behind a URL the client was given.
-      await syncFolder(path.dirname(file));
-    } catch (err) {
-      // A full disk fails a write halfway: no partial file may stay behind; nor an image whose put failed
-      // after its rename (its name not flushed), which no answer names.
-      for (const left of [temp, file]) await unlink(left).catch(() => undefined);
-      const { code } = err as NodeJS.ErrnoException;
-      if (code === 'ENOSPC' || code === 'EDQUOT') throw new StoreFullError('disk', { maxBytes: this.options.maxBytes, neededBytes: data.byteLength });
-      throw err;
-    }
   }
 
   /** Images and the bytes they count against the limit (including writes in progress; see spaceOf), for metrics. */
@@ -335,7 +308,7 @@ export class FileImageStore implements ImageStore {
   async sweep(): Promise<void> {
     await this.listing.listIfChanged().catch(() => undefined);
     await this.deleteExpired();
-    await this.deleteTempFiles();
+    await deleteStaleTempFiles(this.options.dir);
   }
 
   /**
@@ -394,15 +367,6 @@ export class FileImageStore implements ImageStore {
   async close(): Promise<void> {
     clearInterval(this.timer);
     await Promise.allSettled(this.writes.values());
-    await this.deleteTempFiles().catch((err: unknown) => this.cannotSweep(err));
-  }
-
-  private async deleteTempFiles(): Promise<void> {
-    const names = (await unlessMissing(readdir(this.options.dir))) ?? [];
-    for (const name of names.filter((n) => TEMP_FILE.test(n))) {
-      const file = path.join(this.options.dir, name);
-      const stats = await unlessMissing(stat(file));
-      if (stats && Date.now() - stats.mtimeMs > TEMP_FILE_AGE_MS) await unlink(file).catch(() => undefined);
-    }
+    await deleteStaleTempFiles(this.options.dir).catch((err: unknown) => this.cannotSweep(err));
   }
 }
