@@ -1,8 +1,7 @@
-import { constants } from 'node:fs';
-import { access, mkdir, open, stat, statfs, unlink, type FileHandle } from 'node:fs/promises';
+import { open, statfs, unlink, type FileHandle } from 'node:fs/promises';
 import path from 'node:path';
 import type { Readable } from 'node:stream';
-import { makeFolder, unlessMissing } from '../util/files.js';
+import { unlessMissing } from '../util/files.js';
 import { ImageDamagedError, StoreFullError, StoreUnavailableError, type ByteRange, type ImageStore, type StoredImage, type StoreLimits, type StoreReservation } from './image-store.js';
 import { digestOf, extensionOf, imageName, isExpired, newImage } from './image-names.js';
 import { nameableOwner } from './image-owner.js';
@@ -11,6 +10,7 @@ import { codeOrMessage, messageOf } from '../util/error-message.js';
 import { ExpiryOrder } from './expiry-order.js';
 import { FolderListing, type ListedIndex } from './folder-listing.js';
 import { deleteStaleTempFiles, tempFileOf, writeDurably } from './durable-write.js';
+import { FolderHealth } from './folder-health.js';
 
 /**
  * Generated images served by URL for a limited time. One file per image, named as image-names.ts says
@@ -63,9 +63,6 @@ export class FileImageStore implements ImageStore {
   private readonly writes = new Map<string, Promise<void>>();
   /** Ids being deleted: out of the index, their files not gone yet; a listing meanwhile must not count them again. */
   private readonly deleting = new Set<string>();
-  /** The folder holding the store's folder, and its device when the store opened (see check). */
-  private readonly parent: string;
-  private parentDevice = NaN;
   private timer: NodeJS.Timeout | undefined;
   /** Images whose files changed on disk after they were stored (see read): never indexed again, their files deleted when they expire. */
   private readonly damaged = new Map<string, StoredImage>();
@@ -74,9 +71,12 @@ export class FileImageStore implements ImageStore {
   /** Indexes the images of a previous run, and of another server sharing the folder. */
   private readonly listing: FolderListing;
   readonly now: () => number;
-  private constructor(private readonly options: ImageStoreOptions) {
+  private constructor(
+    private readonly options: ImageStoreOptions,
+    /** Whether the folder can take images now, for check(). */
+    private readonly folder: FolderHealth,
+  ) {
     this.now = options.clock ?? Date.now;
-    this.parent = path.dirname(path.resolve(options.dir));
     // Making room deletes expired images only: listing the folder and deleting a crash's temporary files are the sweeper's.
     this.space = new StoreSpace(options.maxBytes, () => this.deleteExpired(), { inOrder: () => this.byExpiry.inOrder(), now: this.now });
     const index: ListedIndex = { images: this.index, knows: (id) => this.knows(id), found: (image) => this.indexFound(image), lost: (image) => this.forget(image) };
@@ -85,9 +85,7 @@ export class FileImageStore implements ImageStore {
 
   /** Opens the store: indexes the images left by a previous run, and deletes expired ones (in the background) and half-written ones. */
   static async open(options: ImageStoreOptions): Promise<FileImageStore> {
-    const store = new FileImageStore(options);
-    await makeFolder(options.dir);
-    store.parentDevice = (await stat(store.parent)).dev;
+    const store = new FileImageStore(options, await FolderHealth.open(options.dir, options.logger));
     await store.listing.listIfChanged().catch(() => undefined);
     // Out of the index (and the byte count) at once, their files deleted while the server serves: awaited,
     // a folder whose images had all expired while the server was stopped (500000 after a day) kept it from
@@ -265,40 +263,9 @@ export class FileImageStore implements ImageStore {
     this.space.free(image.size, image.owner);
   }
 
-  /**
-   * Throws StoreUnavailableError when the folder cannot be written (a volume gone read-only). A folder
-   * deleted under the running server is made again: its images are gone, but new ones can be kept.
-   */
-  async check(): Promise<void> {
-    const { dir } = this.options;
-    try {
-      const folder = await unlessMissing(stat(dir));
-      if (!folder) {
-        // Only the folder itself, under a parent on the disk it was on: a volume that went away (its mount
-        // point left empty) must not be replaced by a folder on another disk that the images then fill.
-        const parent = await unlessMissing(stat(this.parent));
-        if (parent?.dev !== this.parentDevice) throw Object.assign(new Error(`${dir} is gone, with the disk it was on`), { code: 'ENOENT' });
-        // Requests that found it missing together each make it: made by another of them is as good.
-        const made = await mkdir(dir).then(
-          () => true,
-          (err: NodeJS.ErrnoException) => {
-            if (err.code !== 'EEXIST') throw err;
-            return false;
-          },
-        );
-        if (made) this.options.logger.warn({ dir }, 'the image folder was deleted while the server ran: made it again (the images it held are lost)');
-      } else if (!folder.isDirectory()) {
-        throw Object.assign(new Error(`${dir} is not a folder`), { code: 'ENOTDIR' });
-      }
-      await access(dir, constants.W_OK);
-    } catch (err) {
-      const { code } = err as NodeJS.ErrnoException;
-      // What to do, for /ready and the log (an answer to a request gives the reason alone).
-      throw new StoreUnavailableError(`the image folder ${dir} cannot be written (${codeOrMessage(err)}): make it a folder the server's user may write, or set DATA_DIR to one`, {
-        cause: err,
-        reason: code ?? 'unwritable',
-      });
-    }
+  /** Throws StoreUnavailableError when the folder cannot be written (see FolderHealth). */
+  check(): Promise<void> {
+    return this.folder.check();
   }
 
   /**
