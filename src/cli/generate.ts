@@ -13,7 +13,7 @@ import { Progress, STEPS } from '../util/progress.js';
 import { planBatches } from '../service/plan.js';
 import { unresolvedModel } from '../service/unresolved-model.js';
 import { exitStatusOf, UsageError } from './exit-status.js';
-import { messageOf } from '../util/error-message.js';
+import { codeOrMessage, messageOf } from '../util/error-message.js';
 
 /**
  * `imagegen generate`: the same request the HTTP route takes, run in this process without a server,
@@ -60,7 +60,7 @@ async function prepareOut(dir: string): Promise<void> {
     await access(dir, constants.W_OK);
   } catch (err) {
     const { code } = err as NodeJS.ErrnoException;
-    const why = code === 'EEXIST' || code === 'ENOTDIR' ? 'is a file, not a folder' : code === 'EACCES' || code === 'EPERM' || code === 'EROFS' ? `cannot be written (${code})` : `cannot be used (${code ?? messageOf(err)})`;
+    const why = code === 'EEXIST' || code === 'ENOTDIR' ? 'is a file, not a folder' : code === 'EACCES' || code === 'EPERM' || code === 'EROFS' ? `cannot be written (${code})` : `cannot be used (${codeOrMessage(err)})`;
     throw new UsageError(`--out '${dir}' ${why}: name a folder you may write`);
   }
 }

@@ -4,7 +4,7 @@ import { readFile } from 'node:fs/promises';
 import type { FastifyBaseLogger } from 'fastify';
 import { isSendableKey } from '../api/bearer.js';
 import { imageOwner } from '../store/image-owner.js';
-import { messageOf } from '../util/error-message.js';
+import { codeOrMessage, messageOf } from '../util/error-message.js';
 
 /**
  * The API keys: API_KEYS from the configuration plus API_KEYS_FILE, which is re-read when it changes
@@ -112,8 +112,8 @@ export function parseKeyFile(text: string, file: string): ApiKey[] {
 
 /** API_KEYS_FILE's text; throws KeyFileError when it cannot be read. */
 function readKeyText(file: string): Promise<string> {
-  return readFile(file, 'utf8').catch((err: NodeJS.ErrnoException) => {
-    throw new KeyFileError(file, [`cannot be read (${err.code ?? err.message})`]);
+  return readFile(file, 'utf8').catch((err: unknown) => {
+    throw new KeyFileError(file, [`cannot be read (${codeOrMessage(err)})`]);
   });
 }
 
