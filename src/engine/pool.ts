@@ -10,6 +10,7 @@ import { HEADROOM, plannableBytes, residentBytesOf } from '../runtime/memory.js'
 import { JobQueue, RequeueError, Ticket, type ClientLimits, type QueueClosedError, type QueueFullError } from './job-queue.js';
 import type { ExecutionProvider, GraphRewrites } from '../runtime/providers.js';
 import type { BatchEvent, GeneratedImage, GenerationBatch, ModelRef } from '../runtime/types.js';
+import { startModelUpkeep } from './model-upkeep.js';
 import { stallWatchdog } from './stall-watchdog.js';
 import { WorkerDiedError, type WorkerProcess } from './worker-process.js';
 import type { WorkerInit } from './worker-protocol.js';
@@ -23,7 +24,8 @@ import { modelName, REAL_CLOCK, WorkerSlots, type PoolClock, type PoolMessage, t
  * timeout) instead of failing while models load or while a dead worker's replacement starts.
  * The queue weighs each batch by its estimated seconds (cost-model.ts, learned from the batches that
  * finished here) to keep clients fair to each other and to answer 429 with a Retry-After that reflects
- * the work ahead.
+ * the work ahead. What the workers hold outside requests (a preload that failed loaded again, a removed
+ * model released) is kept in order by model-upkeep.ts.
  */
 
 export interface EnginePoolOptions {
@@ -150,9 +152,6 @@ export class WorkerOutOfMemoryError extends Error {
   }
 }
 
-/** How often the pool looks for preloaded models to load again (see retryPreloads): a cheap look, no files read. */
-const PRELOAD_RETRY_CHECK_MS = 2000;
-
 /** The least a starting worker gets between signs of progress (see EnginePoolOptions.startStallTimeoutMs). */
 const START_STALL_MIN_MS = 300_000;
 
@@ -233,8 +232,24 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
    * loading both (a real model's load takes seconds; under MODEL_MEMORY_BUDGET each load evicted the other).
    */
   function workerFor(modelDir: string): WorkerProcess | undefined {
-    const idle = slots.ready().filter((w) => !w.busy);
+    const idle = slots.idle();
     return idle.find((w) => w.loaded.has(modelDir)) ?? idle.reduce<WorkerProcess | undefined>((best, w) => (best && best.loaded.size <= w.loaded.size ? best : w), undefined);
+  }
+
+  /**
+   * Runs a task on `worker` (a batch, or a model's load: see model-upkeep.ts) watched by a
+   * stall watchdog, which `task` is handed the progress of: a deadlock in native code would otherwise
+   * hold the worker, and whatever waits for it, for good. What the task planned on with the memory
+   * arbiter is released once it ends, however it ends.
+   */
+  async function onWorker<T>(worker: WorkerProcess, task: (progress: () => void) => Promise<T>): Promise<T> {
+    const watchdog = stallWatchdog(worker, stallMs, () => memory.isWaiting(worker));
+    try {
+      return await task(watchdog.progress);
+    } finally {
+      memory.release(worker);
+      watchdog.stop();
+    }
   }
 
   async function runOnWorker(batch: GenerationBatch, stop: AbortSignal, onEvent: (event: BatchEvent) => void): Promise<GeneratedImage[]> {
@@ -245,7 +260,6 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
     const warm = worker.loaded.has(batch.modelDir);
     let outcome: BatchOutcome | 'not_started' = 'failed';
     let images = 0;
-    const watchdog = stallWatchdog(worker, stallMs, () => memory.isWaiting(worker));
     const oomKillsBefore = cgroupOomKills();
     try {
       const heard = (event: BatchEvent) => {
@@ -255,7 +269,7 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
         if (event.type === 'step' && warm) costs.progress(batch, worker.seconds, event.step / event.total);
         onEvent(event);
       };
-      const result = await worker.run(batch, stop, watchdog.progress, heard);
+      const result = await onWorker(worker, (progress) => worker.run(batch, stop, progress, heard));
       outcome = 'completed';
       images = result.length;
       if (warm) costs.record(batch, worker.seconds);
@@ -272,8 +286,6 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
       const killedForMemory = err instanceof WorkerDiedError && err.killedBySystem && !stop.aborted && (cgroupOomKills() ?? 0) > (oomKillsBefore ?? Infinity);
       throw killedForMemory && worker.grant && worker.plannedSamples ? outOfMemory(batch, worker.grant.budget, worker.plannedSamples) : err;
     } finally {
-      memory.release(worker);
-      watchdog.stop();
       if (outcome === 'not_started') logger?.warn({ model: modelName(batch.modelDir), workerPid: worker.pid }, 'batch sent to a worker that had died; it waits for another');
       else report(batch, worker, outcome, images, started);
     }
@@ -298,72 +310,7 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
     logger?.debug({ model: modelName(batch.modelDir), size: `${batch.width}x${batch.height}`, items: batch.items.length, steps, runMs: Math.round(seconds * 1000), outcome }, 'batch finished');
   }
 
-  /** Preloads being tried again now, by folder (see WorkerSlots.preloadsToRetry). */
-  const reloading = new Set<string>();
-  /**
-   * Loads on an idle worker each preloaded model that one lacks and may now load, as a job of the queue
-   * (which holds the worker for it). A load that fails again is recorded (and logged) by the slots, and
-   * tried once more only after its folder changes again; one the queue refused is tried at the next look.
-   */
-  function retryPreloads(): void {
-    for (const model of slots.preloadsToRetry()) {
-      if (reloading.has(model.dir)) continue;
-      reloading.add(model.dir);
-      queue
-        .run(() => loadOnWorker(model))
-        .catch(() => undefined)
-        .finally(() => reloading.delete(model.dir));
-    }
-  }
-  /** Models being released now, by folder (see releaseGone). */
-  const releasing = new Set<string>();
-  /**
-   * Releases, one worker at a time, each model a worker holds whose folder the model scan no longer
-   * finds usable (removed by `models remove`, or damaged): no request can name it now, and its sessions
-   * held their memory until the budget happened to evict them, for good with the budget to spare (a
-   * removed SDXL's gigabytes, in every worker that had run it). Batches of it still waiting for a worker
-   * then find it gone (400, "removed while this request waited"). A job of the queue, as a preload's retry is.
-   */
-  function releaseGone(): void {
-    const versionOf = options.modelVersion;
-    if (!versionOf) return;
-    for (const dir of new Set(slots.ready().flatMap((worker) => [...worker.loaded]))) {
-      if (versionOf(dir) !== undefined || releasing.has(dir)) continue;
-      releasing.add(dir);
-      queue
-        .run(() => releaseOnWorker(dir))
-        .catch(() => undefined)
-        .finally(() => releasing.delete(dir));
-    }
-  }
-
-  async function releaseOnWorker(dir: string): Promise<void> {
-    const worker = slots.ready().find((w) => !w.busy && w.loaded.has(dir));
-    // Those holding it took batches meanwhile: released at the next look.
-    if (!worker) return;
-    await worker.release(dir, () => undefined);
-    logger?.info({ model: modelName(dir), workerPid: worker.pid }, 'released a model that is no longer installed or usable, and its memory');
-  }
-
-  const preloadRetries = setInterval(() => {
-    retryPreloads();
-    releaseGone();
-  }, PRELOAD_RETRY_CHECK_MS);
-  preloadRetries.unref();
-
-  async function loadOnWorker(model: ModelRef): Promise<void> {
-    const idle = slots.ready().filter((w) => !w.busy);
-    const worker = idle.find((w) => !w.loadedOnce.has(model.dir));
-    // The one that lacked it took a batch meanwhile: tried again at the next look.
-    if (!worker) return;
-    const watchdog = stallWatchdog(worker, stallMs, () => memory.isWaiting(worker));
-    try {
-      await worker.load(model, watchdog.progress);
-    } finally {
-      memory.release(worker);
-      watchdog.stop();
-    }
-  }
+  const stopUpkeep = startModelUpkeep({ slots, queue, guard: onWorker, modelVersion: options.modelVersion, logger });
 
   const estimate = (batch: GenerationBatch) => costs.estimate(batch);
   const merger = new BatchMerger(queue, runOnWorker, options.maxMergedImages ?? 16, estimate);
@@ -378,7 +325,7 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
     modelsHeld: () => slots.modelsHeld(),
     workers: () => slots.all().map((w) => ({ pid: w.pid, alive: w.alive, ready: w.ready, busy: w.busy, step: w.step })),
     async close() {
-      clearInterval(preloadRetries);
+      stopUpkeep();
       queue.close();
       await slots.close(options.stopGraceMs ?? 5000);
     },

@@ -135,6 +135,11 @@ export class WorkerSlots {
     return this.all().filter((w) => w.ready);
   }
 
+  /** The ready workers running no task: those a job may take. */
+  idle(): WorkerProcess[] {
+    return this.ready().filter((w) => !w.busy);
+  }
+
   readiness(): Readiness {
     const { ready, models, full } = this.preloadState();
     return {

@@ -211,7 +211,7 @@ const load = (model: ModelRef) =>
     return [];
   });
 
-/** Releases a model's sessions, and the memory they hold: one requests can no longer name (see pool.ts's releaseGone). */
+/** Releases a model's sessions, and the memory they hold: one requests can no longer name (see model-upkeep.ts's releaseGone). */
 const release = (modelDir: string) =>
   perform(modelDir, async () => {
     await current().releaseModel(modelDir);
