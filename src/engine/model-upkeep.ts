@@ -13,8 +13,8 @@ import { modelName, type WorkerSlots } from './worker-slots.js';
 /** How often the upkeep looks for models to load again or release: a cheap look, no files read. */
 const LOOK_MS = 2000;
 
-/** A task on one worker. */
-type WorkerTask = (worker: WorkerProcess) => Promise<void>;
+/** A task on one worker; `progress` restarts its stall watchdog (see WorkerTaskGuard). */
+type WorkerTask = (worker: WorkerProcess, progress: () => void) => Promise<void>;
 
 /** Runs a task on `worker` under the guard the pool gives every task of a worker (see pool.ts's onWorker). */
 export type WorkerTaskGuard = (worker: WorkerProcess, task: (progress: () => void) => Promise<void>) => Promise<void>;
@@ -38,8 +38,9 @@ export function startModelUpkeep({ slots, queue, guard, modelVersion, logger }: 
 
   /**
    * Queues `task` under `key` unless it is in flight, on the idle worker `pick` chooses once the job
-   * starts (none: the workers that fit took batches meanwhile, and the next look tries again). A task
-   * that fails is tried at the next look that still finds it needed.
+   * starts (none: the workers that fit took batches meanwhile, and the next look tries again), under
+   * the guard a batch has: a load or a release that hangs would otherwise hold its worker for good. A
+   * task that fails is tried at the next look that still finds it needed.
    */
   function attempt(key: string, pick: (idle: WorkerProcess[]) => WorkerProcess | undefined, task: WorkerTask): void {
     if (inFlight.has(key)) return;
@@ -47,7 +48,7 @@ export function startModelUpkeep({ slots, queue, guard, modelVersion, logger }: 
     queue
       .run(async () => {
         const worker = pick(slots.idle());
-        if (worker) await task(worker);
+        if (worker) await guard(worker, (progress) => task(worker, progress));
       })
       .catch(() => undefined)
       .finally(() => inFlight.delete(key));
@@ -59,7 +60,7 @@ export function startModelUpkeep({ slots, queue, guard, modelVersion, logger }: 
    */
   function retryPreloads(): void {
     for (const model of slots.preloadsToRetry()) {
-      attempt(`load ${model.dir}`, (idle) => idle.find((w) => !w.loadedOnce.has(model.dir)), (worker) => guard(worker, (progress) => worker.load(model, progress)));
+      attempt(`load ${model.dir}`, (idle) => idle.find((w) => !w.loadedOnce.has(model.dir)), (worker, progress) => worker.load(model, progress));
     }
   }
 
@@ -73,8 +74,8 @@ export function startModelUpkeep({ slots, queue, guard, modelVersion, logger }: 
   function releaseGone(): void {
     for (const dir of new Set(slots.ready().flatMap((worker) => [...worker.loaded]))) {
       if (versionOf(dir) !== undefined) continue;
-      attempt(`release ${dir}`, (idle) => idle.find((w) => w.loaded.has(dir)), async (worker) => {
-        await worker.release(dir, () => undefined);
+      attempt(`release ${dir}`, (idle) => idle.find((w) => w.loaded.has(dir)), async (worker, progress) => {
+        await worker.release(dir, progress);
         logger?.info({ model: modelName(dir), workerPid: worker.pid }, 'released a model that is no longer installed or usable, and its memory');
       });
     }

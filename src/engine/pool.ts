@@ -237,7 +237,7 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
   }
 
   /**
-   * Runs a task on `worker` (a batch, or a model's load: see model-upkeep.ts) watched by a
+   * Runs a task on `worker` (a batch, or a model's load or release: see model-upkeep.ts) watched by a
    * stall watchdog, which `task` is handed the progress of: a deadlock in native code would otherwise
    * hold the worker, and whatever waits for it, for good. What the task planned on with the memory
    * arbiter is released once it ends, however it ends.

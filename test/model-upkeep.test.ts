@@ -1,0 +1,38 @@
+import { describe, expect, it } from 'vitest';
+import { demoBatch, DEMO_MODEL_DIR } from './helpers/demo-model.js';
+import { withDemoPool } from './helpers/demo-pool.js';
+import { capturedLogs } from './helpers/logs.js';
+
+/**
+ * The pool's upkeep of the models its workers hold (engine/model-upkeep.ts), with the real worker
+ * process: here, releasing a model whose folder the scan no longer finds usable. `gone` stands for the
+ * model scan: while true, the demo model has no usable version.
+ */
+
+/** A model scan the test controls: the demo model is installed until `gone` is set. */
+function scan() {
+  const state = { gone: false };
+  return { state, modelVersion: (dir: string) => (state.gone && dir === DEMO_MODEL_DIR ? undefined : '1') };
+}
+
+describe('a worker that hangs releasing a model that is gone', () => {
+  it('is killed by the stall watchdog, as one whose batch hangs is, and replaced: it does not hold its worker for good', async () => {
+    const logs = capturedLogs<{ msg: string }>();
+    const { state, modelVersion } = scan();
+    await withDemoPool(
+      async (pool) => {
+        const [{ pid }] = pool.workers();
+        // Stopped before the release reaches it, as a deadlock in native code would hold it.
+        process.kill(pid!, 'SIGSTOP');
+        state.gone = true;
+        // Before, the release had no watchdog: the worker stayed busy with it, and served nothing again.
+        await expect.poll(() => pool.workers()[0]?.pid, { timeout: 30_000, interval: 50 }).not.toBe(pid);
+        expect(logs.lines.map((line) => line.msg)).toContainEqual(expect.stringMatching(/^worker process made no progress for 2 s and was killed/));
+        state.gone = false;
+        await expect.poll(() => pool.readiness().ready, { timeout: 60_000, interval: 20 }).toBe(true);
+        expect(await pool.generate(demoBatch({ width: 256, height: 256, steps: 2 }))).toHaveLength(1);
+      },
+      { modelVersion, stallTimeoutMs: 2000, logger: logs.logger },
+    );
+  });
+});
