@@ -66,6 +66,42 @@ describe('JobQueue', () => {
     await expect(queue.run(async () => 1, AbortSignal.abort(new Error('already gone')))).rejects.toThrow('already gone');
   });
 
+  it("runs the workers' upkeep only on a free worker, holding it as a job does, as no client's work", async () => {
+    const waited: number[] = [];
+    const queue = new JobQueue(1, 1, { onWaited: (ms) => void waited.push(ms) });
+    const client = gate();
+    const running = queue.run(() => client.opened);
+    // The only worker is a client's: the upkeep does not start, nor wait in a keyless client's place.
+    expect(queue.runIfIdle(async () => 'upkeep')).toBeUndefined();
+    expect(queue.load()).toEqual({ running: 1, queued: 0 });
+    expect(queue.wouldRefuse()).toBeUndefined();
+    client.open();
+    await running;
+    await expect.poll(() => queue.load().running).toBe(0);
+
+    const upkeep = gate();
+    const ran: string[] = [];
+    const done = queue.runIfIdle(() => upkeep.opened.then(() => 'upkeep done'));
+    expect(done).toBeDefined();
+    // It holds the worker: a client's job waits for it, but it is in no count of jobs.
+    const next = queue.run(async () => void ran.push('client'));
+    expect(queue.load()).toEqual({ running: 0, queued: 1 });
+    expect(queue.runIfIdle(async () => 'another')).toBeUndefined();
+    upkeep.open();
+    expect(await done).toBe('upkeep done');
+    await next;
+    expect(ran).toEqual(['client']);
+    // The clients' two jobs waited; the upkeep never did.
+    expect(waited).toHaveLength(2);
+    // One that fails at once gives the worker back.
+    await expect(
+      queue.runIfIdle(() => {
+        throw new Error('failed at once');
+      }),
+    ).rejects.toThrow('failed at once');
+    expect(await queue.run(async () => 'served')).toBe('served');
+  });
+
   it('on close rejects waiting jobs and new ones, and lets running ones finish', async () => {
     const queue = new JobQueue(1, 4);
     const g = gate();

@@ -1,4 +1,5 @@
 import { describe, expect, it } from 'vitest';
+import { whileBatchHeld } from './helpers/busy-worker.js';
 import { demoBatch, DEMO_MODEL_DIR } from './helpers/demo-model.js';
 import { withDemoPool } from './helpers/demo-pool.js';
 import { capturedLogs } from './helpers/logs.js';
@@ -33,6 +34,31 @@ describe('a worker that hangs releasing a model that is gone', () => {
         expect(await pool.generate(demoBatch({ width: 256, height: 256, steps: 2 }))).toHaveLength(1);
       },
       { modelVersion, stallTimeoutMs: 2000, logger: logs.logger },
+    );
+  });
+});
+
+describe('a release waiting for a worker a batch holds', () => {
+  it("is no client's job: it takes no place in the queue, in its count, or in a keyless client's line", async () => {
+    const { state, modelVersion } = scan();
+    await withDemoPool(
+      async (pool) => {
+        const leave = new AbortController();
+        const batch = pool.generate(demoBatch({ width: 256, height: 256, steps: 100_000 }), leave.signal);
+        await whileBatchHeld(pool, async () => {
+          state.gone = true;
+          // Two of the upkeep's looks (every 2 s) with the only worker busy. Before, the first queued the
+          // release as a keyless client's job: /health counted it, and with QUEUE_MAX 1 a keyless request got 429.
+          await new Promise((resolve) => setTimeout(resolve, 4500));
+          expect(pool.load()).toEqual({ running: 1, queued: 0 });
+          expect(pool.wouldRefuse()).toBeUndefined();
+        });
+        leave.abort(new Error('the client left'));
+        await expect(batch).rejects.toThrow('the client left');
+        // Once the worker is free, the release runs.
+        await expect.poll(() => pool.modelsHeld(), { timeout: 20_000, interval: 50 }).toEqual({});
+      },
+      { modelVersion, queueMax: 1 },
     );
   });
 });

@@ -178,6 +178,8 @@ export class JobQueue {
   /** The running jobs: the cost each charged to its clients when it started, and when that was. */
   private readonly running = new Map<Entry, { charged: Map<string, number>; startedAt: number }>();
   private readonly runningByClient = new Map<string, number>();
+  /** Upkeep jobs running (see runIfIdle): each holds a worker, and none is a client's. */
+  private upkeep = 0;
   private closed = false;
   /** Moving average of the durations of jobs without an estimate, for Retry-After. */
   private jobSeconds = INITIAL_JOB_SECONDS;
@@ -274,6 +276,31 @@ export class JobQueue {
     return () => (clearTimeout(timer), forget());
   }
 
+  /**
+   * Runs `job` at once if a worker is free, and answers its promise; else undefined (the caller tries
+   * again later). For the workers' upkeep (model-upkeep.ts), which is no client's work: it holds a
+   * worker as a job does, but never waits in line, so it takes no place a client's request could have
+   * (QUEUE_MAX, QUEUE_MAX_SECONDS), and counts in no client's fair share, no count of jobs (load()), no
+   * wait time and no average. Queued as a keyless client's job, a preload's retry got a keyless request
+   * refused with 429, and waited in that client's line ahead of its requests. A worker is free only while
+   * no waiting job may start (dispatch starts those first), so upkeep never delays a client's job that
+   * could run: it takes a worker that would have been idle.
+   */
+  runIfIdle<T>(job: () => Promise<T>): Promise<T> | undefined {
+    if (this.closed || this.busy() >= this.concurrency) return undefined;
+    this.upkeep++;
+    // async: a job that throws at once still gives its worker back.
+    return (async () => job())().finally(() => {
+      this.upkeep--;
+      this.dispatch();
+    });
+  }
+
+  /** Jobs holding a worker: the clients' and the upkeep's. */
+  private busy(): number {
+    return this.running.size + this.upkeep;
+  }
+
   /** How many jobs may run at once from now on; more waiting jobs start at once if it grew. */
   setConcurrency(concurrency: number): void {
     this.concurrency = concurrency;
@@ -281,7 +308,7 @@ export class JobQueue {
   }
 
   private dispatch(): void {
-    while (this.running.size < this.concurrency) {
+    while (this.busy() < this.concurrency) {
       const entry = this.order.next((client) => this.mayStart(client, this.limitsOf(client)));
       if (!entry) return;
       entry.start();
@@ -315,7 +342,7 @@ export class JobQueue {
   private refusal(ticket: Ticket, waiting = false): QueueFullError | undefined {
     // A worker is free, and this client may use it: it starts at once (the jobs waiting now are held by
     // their own clients' limits, or dispatch would have started them), whatever waits.
-    if (!waiting && this.running.size < this.concurrency && this.mayStart(ticket.client, ticket.limits)) return undefined;
+    if (!waiting && this.busy() < this.concurrency && this.mayStart(ticket.client, ticket.limits)) return undefined;
     const work = [...[...this.order.entries()].map((entry) => ({ client: entry.ticket.client, cost: entry.cost() })), ...this.outside];
     const jobs = work.map(({ client }) => ({ client, cost: 1 }));
     const maxWork = (this.options.maxQueuedSeconds ?? Infinity) * Math.max(1, this.concurrency);
@@ -361,6 +388,7 @@ export class JobQueue {
     return Math.max(1, Math.ceil(Math.min(ahead, longest)));
   }
 
+  /** The clients' jobs running and waiting (not the upkeep's: see runIfIdle). */
   load(): { running: number; queued: number } {
     return { running: this.running.size, queued: this.order.size };
   }

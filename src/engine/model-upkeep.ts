@@ -6,8 +6,9 @@ import { modelName, type WorkerSlots } from './worker-slots.js';
 /**
  * The pool's upkeep of the models its workers hold, which no request asks for: a preloaded model that
  * failed to load is loaded again once its folder changed (WorkerSlots.preloadsToRetry), and a model whose
- * folder the model scan no longer finds usable is released. Each is a task of one idle worker, run as a
- * job of the queue (which holds the worker for it), one at a time per model and kind.
+ * folder the model scan no longer finds usable is released. Each is a task of one idle worker, one at a
+ * time per model and kind, run only on a worker no client's job may take (JobQueue.runIfIdle, which
+ * holds the worker for it): it is no client's work, and waits for none.
  */
 
 /** How often the upkeep looks for models to load again or release: a cheap look, no files read. */
@@ -21,7 +22,7 @@ export type WorkerTaskGuard = (worker: WorkerProcess, task: (progress: () => voi
 
 export interface ModelUpkeepOptions {
   slots: Pick<WorkerSlots, 'idle' | 'ready' | 'preloadsToRetry'>;
-  queue: Pick<JobQueue, 'run'>;
+  queue: Pick<JobQueue, 'runIfIdle'>;
   guard: WorkerTaskGuard;
   /** See WorkerSlotsOptions.modelVersion; without it there is no upkeep (nothing says a model changed or went). */
   modelVersion?(dir: string): string | undefined;
@@ -33,25 +34,22 @@ export function startModelUpkeep({ slots, queue, guard, modelVersion, logger }: 
   // Without it nothing says a model changed or went: there is nothing to look for.
   if (!modelVersion) return () => undefined;
   const versionOf = modelVersion;
-  /** The tasks queued or running, by kind and folder: a look does not start one again while it is. */
+  /** The tasks running, by kind and folder: a look does not start one again (on another worker) while it runs. */
   const inFlight = new Set<string>();
 
   /**
-   * Queues `task` under `key` unless it is in flight, on the idle worker `pick` chooses once the job
-   * starts (none: the workers that fit took batches meanwhile, and the next look tries again), under
-   * the guard a batch has: a load or a release that hangs would otherwise hold its worker for good. A
-   * task that fails is tried at the next look that still finds it needed.
+   * Starts `task` under `key` unless it runs, on the idle worker `pick` chooses, if the queue lets a
+   * worker be taken now; else the next look tries again (the workers are busy with clients' jobs). It
+   * runs under the guard a batch has: a load or a release that hangs would otherwise hold its worker for
+   * good. A task that fails is tried at the next look that still finds it needed.
    */
   function attempt(key: string, pick: (idle: WorkerProcess[]) => WorkerProcess | undefined, task: WorkerTask): void {
     if (inFlight.has(key)) return;
+    const worker = pick(slots.idle());
+    const running = worker && queue.runIfIdle(() => guard(worker, (progress) => task(worker, progress)));
+    if (!running) return;
     inFlight.add(key);
-    queue
-      .run(async () => {
-        const worker = pick(slots.idle());
-        if (worker) await guard(worker, (progress) => task(worker, progress));
-      })
-      .catch(() => undefined)
-      .finally(() => inFlight.delete(key));
+    void running.catch(() => undefined).finally(() => inFlight.delete(key));
   }
 
   /**
