@@ -1,7 +1,7 @@
 import type { Logger } from 'pino';
 import type { JobQueue } from './job-queue.js';
-import type { WorkerProcess } from './worker-process.js';
-import { modelName, type WorkerSlots } from './worker-slots.js';
+import { modelName, type WorkerProcess } from './worker-process.js';
+import type { WorkerSlots } from './worker-slots.js';
 
 /**
  * The pool's upkeep of the models its workers hold, which no request asks for: a preloaded model that

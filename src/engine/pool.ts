@@ -12,10 +12,10 @@ import type { ExecutionProvider, GraphRewrites } from '../runtime/providers.js';
 import type { BatchEvent, GeneratedImage, GenerationBatch, ModelRef } from '../runtime/types.js';
 import { startModelUpkeep } from './model-upkeep.js';
 import { stallWatchdog } from './stall-watchdog.js';
-import { WorkerDiedError, type WorkerProcess } from './worker-process.js';
+import { modelName, WorkerDiedError, type WorkerProcess } from './worker-process.js';
 import type { WorkerInit } from './worker-protocol.js';
 import { cudaDeviceOf } from './worker-count.js';
-import { modelName, REAL_CLOCK, WorkerSlots, type PoolClock, type PoolMessage, type Readiness, type SlotMetrics } from './worker-slots.js';
+import { REAL_CLOCK, WorkerSlots, type PoolClock, type PoolMessage, type Readiness, type SlotMetrics } from './worker-slots.js';
 
 /**
  * The engine as a pool of worker processes (worker-slots.ts), each keeping its pipelines loaded between jobs. Jobs wait

@@ -38,8 +38,12 @@ export class WorkerDiedError extends Error {
 export interface WorkerListener {
   /** Model loads, their memory and readiness, its batches' memory plans and its warnings, as the worker reports them. */
   event(worker: WorkerProcess, message: Extract<FromWorker, { type: 'model-loaded' | 'model-load-failed' | 'model-memory' | 'ready' | 'warning' | `memory-${string}` }>): void;
-  /** The process ended; `reason` says how, for logs; `hadBatch`: it was running one, which failed. Called once, after that batch failed. */
-  exit(worker: WorkerProcess, reason: string, hadBatch: boolean): void;
+  /**
+   * The process ended; `reason` says how, for logs; `hadBatch`: it was running one, which failed; `task`:
+   * the task other than a batch it had been given (e.g. "loading model 'x'"). Called once, after that
+   * batch or task failed.
+   */
+  exit(worker: WorkerProcess, reason: string, hadBatch: boolean, task?: string): void;
   /**
    * It said it ends (FromWorker 'failed' `ending`): alive still, it is no longer ready. Told before the
    * batch it failed settles, so that the next waiting batch is not counted a worker it cannot have.
@@ -52,6 +56,8 @@ interface Task {
   started: boolean;
   /** A batch, rather than a model's load alone (which proves nothing of the worker: see batchesDone). */
   batch: boolean;
+  /** What a task other than a batch does, for the log of a death during it (e.g. "loading model 'x'"). */
+  doing?: string;
   resolve(images: GeneratedImage[]): void;
   reject(err: Error): void;
   onProgress(): void;
@@ -74,6 +80,9 @@ function workerModule(script?: string): { file: string; execArgv: string[] } {
  * given nothing, it would hold its slot for good, and the slot would never start its replacement.
  */
 const ENDING_GRACE_MS = 5000;
+
+/** How logs and errors name a model: by its folder's name. */
+export const modelName = (modelDir: string) => path.basename(modelDir);
 
 function describeExit(code: number | null, signal: NodeJS.Signals | null): string {
   if (signal === 'SIGKILL') return 'was killed (SIGKILL; the system may have run out of memory)';
@@ -166,16 +175,16 @@ export class WorkerProcess implements MemoryClaimant {
 
   /** Loads a model with no batch (see ToWorker 'load'); rejects with why it could not, as a batch would. */
   async load(model: ModelRef, onProgress: () => void): Promise<void> {
-    await this.assign({ type: 'load', model }, { batch: false, onProgress });
+    await this.assign({ type: 'load', model }, { batch: false, onProgress, doing: `loading model '${modelName(model.dir)}'` });
   }
 
   /** Releases a model the worker holds (see ToWorker 'release'). */
   async release(modelDir: string, onProgress: () => void): Promise<void> {
-    await this.assign({ type: 'release', modelDir }, { batch: false, onProgress });
+    await this.assign({ type: 'release', modelDir }, { batch: false, onProgress, doing: `releasing model '${modelName(modelDir)}'` });
   }
 
   /** Hands the worker its one task; it settles with the task's images or error. */
-  private assign(message: Extract<ToWorker, { type: 'run' | 'load' | 'release' }>, task: Pick<Task, 'batch' | 'onProgress' | 'onEvent'>): Promise<GeneratedImage[]> {
+  private assign(message: Extract<ToWorker, { type: 'run' | 'load' | 'release' }>, task: Pick<Task, 'batch' | 'doing' | 'onProgress' | 'onEvent'>): Promise<GeneratedImage[]> {
     if (!this.alive || !this.ready || this.task) throw new Error('the worker cannot take a task now');
     return new Promise<GeneratedImage[]>((resolve, reject) => {
       this.task = { started: false, resolve, reject, ...task };
@@ -273,8 +282,9 @@ export class WorkerProcess implements MemoryClaimant {
     this.ready = false;
     const task = this.finish();
     task?.reject(new WorkerDiedError(reason, task.started, killedBySystem, signal));
-    // A batch it never took waits for another worker (pool.ts): only one it had started fails.
-    this.listener.exit(this, reason, task?.batch === true && task.started);
+    // A batch it never took waits for another worker (pool.ts): only one it had started fails. A load or
+    // a release it was given is said whether it took it or not: it held the worker all the same.
+    this.listener.exit(this, reason, task?.batch === true && task.started, task?.doing);
   }
 
   /** A message the dead process cannot take is dropped: its exit is handled by died(). */

@@ -1,10 +1,9 @@
 import { existsSync } from 'node:fs';
-import path from 'node:path';
 import type { Logger } from 'pino';
 import type { ModelRef } from '../runtime/types.js';
 import { stallWatchdog, type StallWatchdog } from './stall-watchdog.js';
 import type { WorkerInit } from './worker-protocol.js';
-import { WorkerProcess, type WorkerListener } from './worker-process.js';
+import { modelName, WorkerProcess, type WorkerListener } from './worker-process.js';
 import { plural } from '../util/plural.js';
 import { messageOf } from '../util/error-message.js';
 
@@ -91,8 +90,6 @@ export interface WorkerSlotsOptions {
 const RESTART_BACKOFF_MS = { first: 1000, max: 30_000 };
 const STABLE_MS = 60_000;
 
-export const modelName = (modelDir: string) => path.basename(modelDir);
-
 export class WorkerSlots {
   /** One worker per slot (none while a failed start waits for its retry). */
   private readonly slots: (WorkerProcess | undefined)[];
@@ -120,7 +117,7 @@ export class WorkerSlots {
     this.failedStarts = Array(options.slots).fill(0);
     this.listener = {
       event: (worker, message) => this.heard(worker, message),
-      exit: (worker, reason, hadBatch) => this.ended(worker, reason, hadBatch),
+      exit: (worker, reason, hadBatch, task) => this.ended(worker, reason, hadBatch, task),
       unready: () => this.options.onChange(),
     };
     for (let slot = 0; slot < options.slots; slot++) this.start(slot);
@@ -203,7 +200,8 @@ export class WorkerSlots {
     this.changed();
   }
 
-  private ended(worker: WorkerProcess, reason: string, hadBatch: boolean): void {
+  /** `task`: see WorkerListener.exit. */
+  private ended(worker: WorkerProcess, reason: string, hadBatch: boolean, task?: string): void {
     this.starting.get(worker)?.stop();
     this.starting.delete(worker);
     this.options.onExit(worker);
@@ -212,7 +210,9 @@ export class WorkerSlots {
     const wasReady = this.readyAt.delete(worker);
     if (this.closing) return;
     const slot = this.slots.indexOf(worker);
-    this.restartLater(slot, wasProven, `worker process ${reason}${hadBatch || worker.endedItself ? '' : ' while idle'}`, worker.pid, hadBatch);
+    // A batch's death says so below, and one that ended itself said why; else what it was doing, if anything.
+    const doing = task ? ` while ${task}` : hadBatch || worker.endedItself ? '' : ' while idle';
+    this.restartLater(slot, wasProven, `worker process ${reason}${doing}`, worker.pid, hadBatch);
     const times = this.failedStarts[slot];
     if (!wasReady) this.startFailure = `a worker process ${reason} before it was ready (${plural(times, 'time')} in a row; the server log says more)`;
     else if (!wasProven) this.startFailure = `a worker process ${reason} soon after it was ready (the server log says more)`;
