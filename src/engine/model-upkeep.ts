@@ -14,16 +14,14 @@ import type { WorkerSlots } from './worker-slots.js';
 /** How often the upkeep looks for models to load again or release: a cheap look, no files read. */
 const LOOK_MS = 2000;
 
-/** A task on one worker; `progress` restarts its stall watchdog (see WorkerTaskGuard). */
+/** A task on one worker; `progress` restarts its stall watchdog (see ModelUpkeepOptions.guard). */
 type WorkerTask = (worker: WorkerProcess, progress: () => void) => Promise<void>;
-
-/** Runs a task on `worker` under the guard the pool gives every task of a worker (see pool.ts's onWorker). */
-export type WorkerTaskGuard = (worker: WorkerProcess, task: (progress: () => void) => Promise<void>) => Promise<void>;
 
 export interface ModelUpkeepOptions {
   slots: Pick<WorkerSlots, 'idle' | 'ready' | 'preloadsToRetry'>;
   queue: Pick<JobQueue, 'runIfIdle'>;
-  guard: WorkerTaskGuard;
+  /** Runs a task on `worker` under the guard the pool gives a batch too (pool.ts's onWorker). */
+  guard(worker: WorkerProcess, task: (progress: () => void) => Promise<void>): Promise<void>;
   /** See WorkerSlotsOptions.modelVersion; without it there is no upkeep (nothing says a model changed or went). */
   modelVersion?(dir: string): string | undefined;
   logger?: Logger;
