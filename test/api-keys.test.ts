@@ -9,7 +9,7 @@ import { isSendableKey } from '../src/api/bearer.js';
 import { loadConfig } from '../src/config.js';
 import { KeyFileError, KeyRing, parseKeyFile } from '../src/http/keys.js';
 import { imageOwner } from '../src/store/image-owner.js';
-import { startTestServer, type TestServer } from './helpers/api-server.js';
+import { startTestServer, TEST_KEY, type TestServer } from './helpers/api-server.js';
 import { createBuiltPool } from './helpers/cli.js';
 import { FakeEngine } from './helpers/engines.js';
 import { capturedLogs } from './helpers/logs.js';
@@ -224,6 +224,28 @@ describe('credentials in logs', () => {
         'ready: /ready answers 200',
       ]);
       expect(raw).not.toContain('"stack"');
+    } finally {
+      await server.close();
+    }
+  });
+
+  it("logs an unknown field's name cut short: it is the client's own text, as long as the body may be", async () => {
+    const logs = capturedLogs<{ msg: string; param?: string; code?: string }>();
+    const server = await startTestServer({ logger: logs.logger });
+    try {
+      const name = `pasted-${'x'.repeat(200_000)}`;
+      const res = await fetch(`${server.baseURL}/images/generations`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json', authorization: `Bearer ${TEST_KEY}` },
+        body: JSON.stringify({ prompt: 'a red circle', [name]: 1 }),
+      });
+      expect(res.status).toBe(400);
+      expect(((await res.json()) as { error: { code: string } }).error.code).toBe('unknown_parameter');
+      const line = logs.lines.find((l) => l.msg === 'request completed' && l.code === 'unknown_parameter');
+      // Which field it was still shows, and that it went on; not 200 KB of it on every such line.
+      expect(line?.param).toMatch(/^pasted-x+… \(200007 characters\)$/);
+      expect(line!.param!.length).toBeLessThan(200);
+      expect(logs.raw.join('').length).toBeLessThan(20_000);
     } finally {
       await server.close();
     }
