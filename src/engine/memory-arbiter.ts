@@ -114,7 +114,7 @@ export class MemoryArbiter {
     return this.exclusive.includes(who);
   }
 
-  /** Bytes the running batches planned on, for /metrics. */
+  /** Bytes the running batches planned on, for the log line of a batch that waits for memory (pool.ts). */
   plannedBytes(): number {
     let total = 0;
     for (const { bytes } of this.held.values()) total += bytes;
