@@ -100,7 +100,11 @@ function kept({ exceeded: _lessons, ...measured }: ModelMemory): ModelMemory {
 const FILE_STEM = 'model-memory';
 
 /**
- * The file is `{ version, models }`. Version 5 measures FLUX transformers with their attention fused
+ * The file is `{ version, models }`. Version 6 no longer counts, as a run's denoising need, memory an
+ * earlier larger run left held (see MemoryPlan.measureRun): version 5's figures of a server that met
+ * mixed traffic can hold a small size at many times its need (83 MiB a sample at 512x512 for 23), which
+ * the curve scales up by the square, refusing sizes that fit; clean ones cannot be told from them.
+ * Version 5 measures FLUX transformers with their attention fused
  * on the CPU too: the test export's call at 1024x1024 peaked at 232 MiB instead of 527, a real one's
  * unfused scores take GiBs (version 4's figures of FLUX would refuse sizes that now fit). Version 4
  * measures graphs as src/runtime/graph-rewrite.ts loads them, attention fused on the CPU: without the
@@ -113,7 +117,7 @@ const FILE_STEM = 'model-memory';
  * image without guidance (risking the OOM killer). None is safe to convert, so an older file is set
  * aside and the workers measure each model again as it loads.
  */
-const VERSION = 5;
+const VERSION = 6;
 const figuresFile = z.object({ version: z.literal(VERSION), models: z.record(z.string(), modelMemory) });
 
 /**

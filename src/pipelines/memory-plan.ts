@@ -131,6 +131,22 @@ interface DecodeStart {
  */
 const ARENA_NOISE = 0.05;
 
+/** A model run's samples (Pipeline.samplesPerImage) of `pixels` each. */
+interface RunShape {
+  samples: number;
+  pixels: number;
+}
+
+/**
+ * Whether a run of `larger`'s shape needs at least what one of `smaller`'s does, whatever the model:
+ * its samples' pixels, and their squares, add up to no less (the need is a·p + b·p² a sample, a and b
+ * no less than 0: see memory-curve.ts).
+ */
+function needsAtLeast(larger: RunShape, smaller: RunShape): boolean {
+  const [big, small] = [larger.samples * larger.pixels, smaller.samples * smaller.pixels];
+  return big >= small && big * larger.pixels >= small * smaller.pixels;
+}
+
 export class MemoryPlan {
   private readonly figures: Map<string, ModelMemory>;
   /**
@@ -141,6 +157,12 @@ export class MemoryPlan {
    */
   private readonly held = new Map<string, number>();
   private readonly loadedAt = new Map<string, number>();
+  /**
+   * The shapes of the runs that left each loaded model's `held` memory, each needing more than the
+   * others in some way (see needsAtLeast): a run that one of them needs at least as much as found room
+   * held for all it needed, and the held memory is theirs, not its own (see measureRun).
+   */
+  private readonly heldBy = new Map<string, RunShape[]>();
   /** Model folders whose VAE decoder asked for this plan's tiling (see vaeTiler): their decodes are planned tiled. */
   private readonly tiledDecoders = new Set<string>();
   /** What the running batch was planned within, and what of it the VAE decoder may take (tiles are chosen to fit it). */
@@ -188,6 +210,7 @@ export class MemoryPlan {
     const loaded = await load();
     const after = await settledResidentBytes();
     this.held.set(modelDir, 0);
+    this.heldBy.set(modelDir, []);
     this.loadedAt.set(modelDir, after);
     const known = figuresFor(this.figures.get(modelDir), version);
     const measured: ModelMemory = { peakBytes: 0, peakPixels: 0, ...known, weightsBytes: Math.max(0, after - before) };
@@ -316,7 +339,13 @@ export class MemoryPlan {
    * Runs `samples` samples (Pipeline.samplesPerImage) of `pixels` each, recording what they took in the model's figures: on Linux
    * the denoising and the decode apart, elsewhere the whole run as denoising (an upper bound: the
    * decode's attention is then counted twice). A run that stayed within what the model's arenas already
-   * held says only that it needed no more than that, and adds no denoising figure.
+   * held says only that it needed no more than that, and adds no denoising figure. Nor does a run that
+   * grew beyond what an earlier run needing at least as much left held (see heldBy): that memory is the
+   * earlier run's, and what this one took of it is unknown. Counted as its own, as it was, each small run
+   * after large ones (or after a worker's heap and allocator grew under other traffic) recorded their
+   * memory as its need: its size's figure only grows (mergeSamples), and the curve scales the smaller
+   * sizes up by the square, so under mixed traffic a server came to plan 4 GiB for a 1024x1024 image it
+   * had served within 100 MiB, refusing each with 507. The growth still counts in `held` for what follows.
    */
   async measureRun<T>(modelDir: string, samples: number, pixels: number, run: () => Promise<T>): Promise<T> {
     this.exactPeak = resetPeak();
@@ -333,11 +362,16 @@ export class MemoryPlan {
     const start = this.decodeStart as DecodeStart | undefined;
     const encoded = this.encodeEnd as { peak: number; resident: number } | undefined;
     const grew = Math.max(0, (start?.peak ?? end) - (encoded?.resident ?? before));
+    const shape = { samples, pixels };
+    const heldBy = this.heldBy.get(modelDir) ?? [];
+    const foundRoom = heldBy.some((earlier) => needsAtLeast(earlier, shape));
+    const ownNeed = grew > held * ARENA_NOISE && (held === 0 || !foundRoom);
+    if (!foundRoom) this.heldBy.set(modelDir, [...heldBy.filter((earlier) => !needsAtLeast(shape, earlier)), shape]);
     const reported: ModelMemory = {
       weightsBytes: 0,
       peakBytes: Math.max(0, Math.max(end, start?.peak ?? 0, encoded?.peak ?? 0) - before) + held,
       peakPixels: samples * pixels,
-      ...(grew > held * ARENA_NOISE && { denoise: [{ pixels, bytes: (grew + held) / samples }] }),
+      ...(ownNeed && { denoise: [{ pixels, bytes: (grew + held) / samples }] }),
       ...(start && { decode: { bytes: Math.max(0, end - start.resident), pixels: start.pixels, attentionBytes: start.attentionBytes } }),
     };
     this.figures.set(modelDir, mergeMemory(this.figures.get(modelDir), reported));
