@@ -4,7 +4,10 @@ import path from 'node:path';
 import { pino } from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { DEMO_MODEL_DIR } from './helpers/demo-model.js';
-import { writeMemoryFigures, type ModelMemory } from '../src/models/memory-figures.js';
+import { inspectModel } from '../src/models/layout.js';
+import { readMemoryFigures, writeMemoryFigures, type ModelMemory } from '../src/models/memory-figures.js';
+import { MemoryPlan } from '../src/pipelines/memory-plan.js';
+import { formatBytes } from '../src/util/bytes.js';
 import { whileBatchHeld } from './helpers/busy-worker.js';
 import { metric } from './helpers/ops-server.js';
 import { haveRealExports, realExport } from './helpers/real-exports.js';
@@ -74,6 +77,49 @@ describe('memory shared out among the workers', () => {
     expect(mostDenoising).toBe(1);
     // No worker was killed for the wait.
     expect(real.server.engine.workers().every((w) => w.alive)).toBe(true);
+  });
+});
+
+describe("figures one worker measured, in the other worker's plan", () => {
+  let real: RealServer;
+  // The figures the workers start with: 1.5 MiB a sample at 256x256 and no decode, which the plan
+  // scales up by the square (24 MiB at 512x512, 1.1 GiB at 1792x1024). 600m gives 540 MiB to plan with:
+  // room for a 512x512 image, whose run measures what it takes, not for one of 1792x1024.
+  const figures = { [DEMO_MODEL_DIR]: { weightsBytes: MiB, peakBytes: 0, peakPixels: 0, denoise: [{ pixels: 256 * 256, bytes: 1.5 * MiB }] } };
+  beforeAll(async () => {
+    real = await startWithFigures(figures, { env: { MEMORY_LIMIT: '600m' } });
+  });
+  afterAll(() => real?.close());
+
+  const generate = (size: string, steps: number) =>
+    real.client.images.generate({ model: 'demo-shapes', prompt: 'a red circle', size, response_format: 'b64_json', steps, guidance_scale: 0 } as never);
+  const layout = inspectModel(DEMO_MODEL_DIR);
+  /** What a worker with these figures, nothing held, plans for one 1792x1024 image within what 600m gives: its decoder tiled, as a loaded model's is (MemoryPlan.vaeTiler). */
+  const planned = async (known: ModelMemory) => {
+    const plan = new MemoryPlan({ [DEMO_MODEL_DIR]: known });
+    plan.vaeTiler(await layout);
+    return formatBytes(plan.estimate(await layout, { width: 1792, height: 1024, items: [{ prompt: '', seed: 0 }] }, 0.9 * 600 * MiB));
+  };
+
+  it('plans from them: what the pool keeps reaches every worker, not only the next one to start', async () => {
+    // The first idle worker (the same one both times: both are idle, and the pool takes them in order)
+    // measures 512x512, then is held in a long batch while the other plans 1792x1024, which does not fit.
+    // Both ready first: the server is ready with one.
+    await expect.poll(() => real.server.engine.readiness().workers.ready, { timeout: 30_000 }).toBe(2);
+    await generate('512x512', 2);
+    // Written after the answer, as the pool heard them.
+    const keptNow = async () => (await readMemoryFigures(real.dataDir))[DEMO_MODEL_DIR];
+    await expect.poll(async () => (await keptNow())?.denoise?.map((sample) => sample.pixels)).toEqual([256 * 256, 512 * 512]);
+    const kept = (await keptNow())!;
+    expect(kept.decode?.pixels).toBe(512 * 512);
+    const long = generate('256x256', 150);
+    const refusal = await whileBatchHeld(real.server.engine, () => generate('1792x1024', 1).then(() => 'served', (err: Error) => err.message));
+    await long;
+    // Planned from the kept figures, as the worker that measured them would with nothing held. Before,
+    // the other worker planned from the figures it started with alone: without the measured decode,
+    // 1.1 GiB where the kept figures say 2.0.
+    expect(await planned(kept)).not.toBe(await planned(figures[DEMO_MODEL_DIR]));
+    expect(refusal).toContain(`needs about ${await planned(kept)} of memory to make an image of 1792x1024`);
   });
 });
 

@@ -95,6 +95,19 @@ describe('the memory plan', () => {
     expect(plan.estimate(withAttention, { width: 256, height: 256, items: items(1) }, Infinity)).toBeLessThan(1e9);
   });
 
+  it("plans with the pool's figures beside its own, each the larger, but not with another version's", () => {
+    const plan = new MemoryPlan({ '/m': { ...measured, version: 'a' } });
+    plan.adopt('/m', { ...measured, denoise: [{ pixels: 1024 * 1024, bytes: 2e9 }], version: 'a' });
+    const own = [{ pixels: 512 * 512, bytes: 1e9 }, { pixels: 1024 * 1024, bytes: 2e9 }];
+    expect(plan.of('/m')!.denoise).toEqual(own);
+    // Measured of other files in the folder (a model replaced under its id): they say nothing of these.
+    plan.adopt('/m', { ...measured, denoise: [{ pixels: 512 * 512, bytes: 9e9 }], version: 'b' });
+    expect(plan.of('/m')).toMatchObject({ denoise: own, version: 'a' });
+    // A model this plan has no figures of yet: the pool's.
+    plan.adopt('/n', measured);
+    expect(plan.of('/n')).toEqual(measured);
+  });
+
   it('splits a batch into the most images per model call that fit', async () => {
     // 1 GB denoising per 512x512 image and 0.3 GB to decode; 3.5 GB allowed, less the headroom (3.15 GB): two at a time.
     const plan = new MemoryPlan({ '/m': measured }, localMemory(3.5e9));

@@ -1,4 +1,5 @@
 import os from 'node:os';
+import { isDeepStrictEqual } from 'node:util';
 import type { Logger } from 'pino';
 import { MODEL_BUDGET_SHARE, type EngineSettings } from '../pipelines/run.js';
 import { exceededFigures, type ModelMemory } from '../models/memory-figures.js';
@@ -209,7 +210,7 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
       case 'model-memory':
         // What the server keeps and plans with (and `imagegen models list` shows): one worker's own load
         // grew it by a fraction of that where the model loaded second or in a replacement.
-        metrics?.modelMemory(modelName(message.modelDir), options.memoryFigures?.record(message.modelDir, message.memory) ?? message.memory);
+        metrics?.modelMemory(modelName(message.modelDir), recordMemory(message.modelDir, message.memory));
         return;
       case 'memory-ask':
         return memory.ask(worker, message.exclusive);
@@ -224,6 +225,23 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
           logger?.info({ worker: slot, plannedBytes: memory.plannedBytes() }, `${who} waits for memory other batches planned on`);
         }
     }
+  }
+
+  /**
+   * Keeps a model's figures in the book and, when that changed what it keeps, sends them to every worker,
+   * which plans from them with its own (MemoryPlan.adopt); answers what the book keeps. Given them only
+   * as it started, each worker planned from its own runs: two planned the same request 730 and 795 MiB,
+   * one without a figure of its own at a large size scaled a small one up by the square, and an OOM
+   * kill's lesson (outOfMemory) reached the dead worker's replacement but not the others, which could
+   * run the same request into the OOM killer again.
+   */
+  function recordMemory(modelDir: string, reported: ModelMemory): ModelMemory {
+    const book = options.memoryFigures;
+    if (!book) return reported;
+    const before = book.all()[modelDir];
+    const kept = book.record(modelDir, reported);
+    if (!isDeepStrictEqual(before, kept)) for (const worker of slots.all()) worker.shareMemory(modelDir, kept);
+    return kept;
   }
 
   /**
@@ -296,7 +314,7 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
    * planned with (its model's `exceeded` figures, kept for this server's lifetime), for the next plans.
    */
   function outOfMemory(batch: GenerationBatch, plannedBytes: number, samplesPerRun: number): WorkerOutOfMemoryError {
-    options.memoryFigures?.record(batch.modelDir, exceededFigures(batch.width * batch.height, plannedBytes, samplesPerRun));
+    recordMemory(batch.modelDir, exceededFigures(batch.width * batch.height, plannedBytes, samplesPerRun));
     logger?.error({ model: modelName(batch.modelDir), size: `${batch.width}x${batch.height}`, images: batch.items.length, plannedBytes }, 'the OOM killer ended a worker: its batch needed more memory than planned');
     return new WorkerOutOfMemoryError(modelName(batch.modelDir), `${batch.width}x${batch.height}`, plannedBytes);
   }

@@ -1,6 +1,7 @@
 import { fork, type ChildProcess } from 'node:child_process';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
+import type { ModelMemory } from '../models/memory-figures.js';
 import type { BatchEvent, GeneratedImage, GenerationBatch, ModelRef } from '../runtime/types.js';
 import type { MemoryClaimant, MemoryGrant } from './memory-arbiter.js';
 import type { FromWorker, ToWorker, WorkerInit } from './worker-protocol.js';
@@ -215,6 +216,11 @@ export class WorkerProcess implements MemoryClaimant {
   }
 
   /** Ends the process at once (SIGKILL); `reason` is what its batch's error and the logs will say. */
+  /** Sends the pool's figures of a model (see pool.ts's recordMemory). */
+  shareMemory(modelDir: string, memory: ModelMemory): void {
+    this.send({ type: 'model-memory', modelDir, memory });
+  }
+
   kill(reason: string): void {
     this.killedBecause ??= reason;
     this.child.kill('SIGKILL');

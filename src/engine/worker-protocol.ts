@@ -29,6 +29,8 @@ export type ToWorker =
   | { type: 'release'; modelDir: string }
   /** The pool's answer to 'memory-ask' and 'memory-wait': what the running batch may plan on (see memory-arbiter.ts). */
   | { type: 'memory-grant'; grant: MemoryGrant }
+  /** The pool's figures of a model, all workers' and earlier servers' together, after they changed: the worker plans from them with its own (MemoryPlan.adopt). */
+  | { type: 'model-memory'; modelDir: string; memory: ModelMemory }
   /** Every client of the running batch left: stop at the next denoising step. */
   | { type: 'cancel' }
   /** Stop the running batch, if any, and exit. */

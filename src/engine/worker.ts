@@ -247,6 +247,9 @@ process.on('message', (message: ToWorker) => {
       awaitingGrant?.resolve(message.grant);
       awaitingGrant = undefined;
       break;
+    case 'model-memory':
+      current().adoptMemory(message.modelDir, message.memory);
+      break;
     case 'cancel':
       if (running) running.cancelled = true;
       stopWaitingForMemory();

@@ -201,6 +201,16 @@ export class MemoryPlan {
   }
 
   /**
+   * Plans with `pooled`, a model's figures as other workers (and earlier servers) measured them, too:
+   * with this plan's own, each the larger (mergeMemory); its own alone where `pooled` are of another
+   * version of the folder's files than the one it measured.
+   */
+  adopt(modelDir: string, pooled: ModelMemory): void {
+    const own = this.figures.get(modelDir);
+    this.figures.set(modelDir, own ? mergeMemory(pooled, own) : pooled);
+  }
+
+  /**
    * Loads a model, `version` of its folder's files, recording how much the worker grew (garbage
    * collected before and after: see settledResidentBytes). Figures measured of other files in the folder
    * are dropped (see figuresFor): the model is measured, and calibrated, afresh.

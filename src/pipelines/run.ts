@@ -26,7 +26,7 @@ export interface EngineSettings {
   runtime: RuntimeOptions;
   /** Bytes of model weights this worker keeps loaded; beyond it the least recently used model goes. */
   modelMemoryBudget: number;
-  /** What models measured in earlier workers (by model folder), so the first batch here is planned too. */
+  /** What models measured in earlier workers (by model folder), so the first batch here is planned too; a worker's pool sends what is measured later (adoptMemory). */
   knownMemory: Record<string, ModelMemory>;
   /** Most memory one batch may plan to take on top of the loaded models (undefined: what is free); for a runtime without a memory source of its own. */
   memoryLimit?: number;
@@ -169,6 +169,11 @@ export class WorkerRuntime {
   /** What a model folder has cost here, once loaded (and once it ran). */
   modelMemory(modelDir: string): ModelMemory | undefined {
     return this.memory.of(modelDir);
+  }
+
+  /** Plans with a model's figures as the pool keeps them, all workers' together (see MemoryPlan.adopt). */
+  adoptMemory(modelDir: string, pooled: ModelMemory): void {
+    this.memory.adopt(modelDir, pooled);
   }
 
   /** The model folders this runtime holds (or is loading), least recently used first. */
