@@ -215,12 +215,12 @@ export class WorkerProcess implements MemoryClaimant {
     this.send({ type: 'memory-grant', grant });
   }
 
-  /** Ends the process at once (SIGKILL); `reason` is what its batch's error and the logs will say. */
   /** Sends the pool's figures of a model (see pool.ts's recordMemory). */
   shareMemory(modelDir: string, memory: ModelMemory): void {
     this.send({ type: 'model-memory', modelDir, memory });
   }
 
+  /** Ends the process at once (SIGKILL); `reason` is what its batch's error and the logs will say. */
   kill(reason: string): void {
     this.killedBecause ??= reason;
     this.child.kill('SIGKILL');
