@@ -143,7 +143,9 @@ describe.skipIf(!haveRealExports || cgroupSkip)('a worker the OOM killer ends (n
 /**
  * `imagegen serve` on copies of the embedded model (`models`: their ids), each changed by its function
  * (given its folder) before the server starts under a data-size limit of `dataKb` on it and its workers
- * (ulimit -d), which the plan cannot see: the machine's free memory tells it the models fit.
+ * (ulimit -d), which the plan cannot see: the machine's free memory tells it the models fit. One
+ * worker: the tests follow what it holds and releases to make room, and of two, a model new to the pool
+ * loads on the one holding fewest models (pool.ts's workerFor), which had nothing to release.
  */
 async function serveDemoCopies(models: Record<string, (dir: string) => Promise<void>>, env: Record<string, string>, dataKb: number) {
   const root = await mkdtemp(path.join(os.tmpdir(), 'imagegen-load-oom-'));
@@ -151,7 +153,7 @@ async function serveDemoCopies(models: Record<string, (dir: string) => Promise<v
   const demo = path.join(EMBEDDED_MODELS_DIR, 'demo-shapes');
   await installModels(modelsDir, Object.fromEntries(Object.keys(models).map((id) => [id, { copy: demo }])));
   for (const [id, make] of Object.entries(models)) await make(path.join(modelsDir, id));
-  const server = await spawnServer({ PORT: '0', DATA_DIR: path.join(root, 'data'), MODELS_DIR: modelsDir, MODELS_RESCAN_SECONDS: '0', ...env }, { limitsKb: { data: dataKb } });
+  const server = await spawnServer({ PORT: '0', DATA_DIR: path.join(root, 'data'), MODELS_DIR: modelsDir, MODELS_RESCAN_SECONDS: '0', WORKERS: '1', ...env }, { limitsKb: { data: dataKb } });
   return {
     server,
     client: new OpenAI({ baseURL: server.baseURL, apiKey: 'unused', maxRetries: 0 }),
