@@ -69,7 +69,9 @@ describe('npm run bench', () => {
     watching = false;
     await watch;
     expect(suite.child.exitCode ?? suite.child.signalCode).not.toBe(0);
-    await expect.poll(() => [...servers].filter(groupAlive), { timeout: 10_000 }).toEqual([]);
+    // SIGTERM'd, a server shuts down gracefully, its workers given up to 5 s before they are killed: on
+    // a loaded machine (the full suite beside it) that took more than the 10 s this waited before.
+    await expect.poll(() => [...servers].filter(groupAlive), { timeout: 30_000 }).toEqual([]);
   });
 
   it('refuses an --only that names no group, saying which there are, before measuring or writing anything', async () => {
