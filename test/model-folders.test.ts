@@ -462,11 +462,29 @@ describe("a model's scheduler_config.json", () => {
     expect(reasonOf(await inspectModelFolder(dir))).toMatch(
       /scheduler_config\.json: DDIMScheduler: prediction_type "epsilon" cannot denoise timestep 999, .*prediction_type "v_prediction".*euler scheduler/,
     );
-    // With Euler, which keeps that noise level finite (sigma ~4096) as diffusers does, it loads; DDIM, LCM and PNDM are not offered.
+    // With Euler, which keeps that noise level finite (sigma ~4096) as diffusers does, it loads; DDIM, LCM and PNDM are not offered,
+    // and the log of the scan and `imagegen models list` say why, once.
     await writeFile(file, JSON.stringify({ ...config, _class_name: 'EulerDiscreteScheduler', timestep_spacing: 'trailing', rescale_betas_zero_snr: true }));
     const verdict = await inspectModelFolder(dir);
     if (!verdict.usable) throw new Error(verdict.reason);
     expect(verdict.schedulers).toEqual(['euler', 'euler_a', 'dpmpp_2m', 'dpmpp_2m_karras']);
+    expect(verdict.refusedSchedulers.map((refused) => refused.name)).toEqual(['pndm', 'ddim', 'lcm']);
+    const note = new RegExp(
+      'schedulers not offered, as its scheduler_config\\.json does not run on them: pndm \\(PNDMScheduler: rescale_betas_zero_snr=true is not supported\\); ' +
+        'ddim \\(DDIMScheduler: prediction_type "epsilon" cannot denoise timestep 999.*\\); lcm \\(LCMScheduler: prediction_type "epsilon"',
+    );
+    expect(await listModels(modelsDir)).toMatchObject([{ id: 'epsilon-zero-snr', status: 'ok', reason: expect.stringMatching(note) }]);
+    const logs = capturedLogs<{ model?: string; msg: string }>();
+    const registry = new ModelRegistry({ roots: [{ dir: modelsDir, ownedBy: 'user' }], aliases: {}, logger: logs.logger });
+    await registry.scan();
+    await registry.scan();
+    registry.close();
+    expect(logs.lines.filter((line) => line.model === 'epsilon-zero-snr').map((line) => line.msg)).toEqual([expect.stringMatching(note)]);
+    // An imagegen.json asking for one of them is told why too.
+    await writeFile(path.join(dir, 'imagegen.json'), JSON.stringify({ scheduler: 'ddim' }));
+    expect(reasonOf(await inspectModelFolder(dir))).toMatch(
+      /^imagegen\.json: scheduler 'ddim' does not fit this model \(DDIMScheduler: prediction_type "epsilon" cannot denoise timestep 999.*\); use one of euler, euler_a, dpmpp_2m, dpmpp_2m_karras$/,
+    );
   });
 });
 

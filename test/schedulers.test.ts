@@ -10,7 +10,7 @@ import { DPMSolverMultistepScheduler } from '../src/schedulers/dpm-solver-multis
 import { EulerAncestralDiscreteScheduler } from '../src/schedulers/euler-ancestral.js';
 import { EulerDiscreteScheduler } from '../src/schedulers/euler.js';
 import { FlowMatchEulerDiscreteScheduler } from '../src/schedulers/flow-match-euler.js';
-import { createScheduler, SCHEDULER_NAMES, schedulersFor, schedulersRunning } from '../src/schedulers/index.js';
+import { createScheduler, refusalNote, SCHEDULER_NAMES, schedulersFor, schedulersRunning } from '../src/schedulers/index.js';
 import { LCMScheduler } from '../src/schedulers/lcm.js';
 import { trainingAlphasCumprod } from '../src/schedulers/noise-schedule.js';
 import { PNDMScheduler } from '../src/schedulers/pndm.js';
@@ -643,10 +643,21 @@ describe('zero terminal SNR (rescale_betas_zero_snr), as SD 2.1 fine-tunes set i
     expect(() => new PNDMScheduler({ ...ZSNR, rescale_betas_zero_snr: false })).not.toThrow();
   });
 
-  it('a model lists the schedulers that run its config: not PNDM, nor DDIM and LCM for an epsilon model', () => {
-    expect(schedulersRunning(ZSNR, 'vp')).toEqual(schedulersFor('vp').filter((name) => name !== 'pndm'));
-    expect(schedulersRunning({ ...epsilon, _class_name: 'EulerDiscreteScheduler' }, 'vp')).toEqual(['euler', 'euler_a', 'dpmpp_2m', 'dpmpp_2m_karras']);
-    expect(schedulersRunning(SD15, 'vp')).toEqual(schedulersFor('vp'));
+  it('a model lists the schedulers that run its config: not PNDM, nor DDIM and LCM for an epsilon model, each left out with its class\'s reason', () => {
+    expect(schedulersRunning(ZSNR, 'vp')).toEqual({
+      running: schedulersFor('vp').filter((name) => name !== 'pndm'),
+      refused: [{ name: 'pndm', reason: 'PNDMScheduler: rescale_betas_zero_snr=true is not supported' }],
+    });
+    const euler = schedulersRunning({ ...epsilon, _class_name: 'EulerDiscreteScheduler' }, 'vp');
+    expect(euler.running).toEqual(['euler', 'euler_a', 'dpmpp_2m', 'dpmpp_2m_karras']);
+    expect(euler.refused).toEqual([
+      { name: 'pndm', reason: 'PNDMScheduler: rescale_betas_zero_snr=true is not supported' },
+      { name: 'ddim', reason: expect.stringMatching(/^DDIMScheduler: prediction_type "epsilon" cannot denoise timestep 999/) },
+      { name: 'lcm', reason: expect.stringMatching(/^LCMScheduler: prediction_type "epsilon" cannot denoise timestep 999/) },
+    ]);
+    expect(refusalNote(euler.refused)).toMatch(/^schedulers not offered, as its scheduler_config\.json does not run on them: pndm \(PNDMScheduler: rescale_betas_zero_snr=true is not supported\); ddim \(DDIMScheduler: /);
+    expect(schedulersRunning(SD15, 'vp')).toEqual({ running: schedulersFor('vp'), refused: [] });
+    expect(refusalNote([])).toBeUndefined();
   });
 });
 

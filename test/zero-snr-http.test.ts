@@ -13,7 +13,7 @@ import { referenceModel } from './helpers/reference.js';
  * spacing and rescale_betas_zero_snr in its scheduler_config.json, guidance_rescale 0.7 in its
  * imagegen.json. It loads and draws through the real HTTP route with the official SDK, with its own
  * scheduler and with the Euler-type ones (which start at sigma ~4096); PNDM, which diffusers runs
- * without the option, is neither listed nor run. The reference denoiser was made for SD's plain
+ * without the option, is neither listed nor run, and a request for it is told why. The reference denoiser was made for SD's plain
  * schedule, which the rescaled one follows but for its noisiest steps: the picture must still be the
  * prompt's, and another than the same folder draws without the option.
  */
@@ -58,11 +58,17 @@ describe('a model whose scheduler_config.json sets rescale_betas_zero_snr', () =
     expect(rescaled.data![0].b64_json).not.toBe(plain.data![0].b64_json);
   });
 
-  it('lists and runs no PNDM, which diffusers runs without the option: a request for it is a 400 naming those it runs', async () => {
+  it('lists and runs no PNDM, which diffusers runs without the option: a request for it is a 400 saying why, and naming those it runs', async () => {
     const listed = (await real.client.models.retrieve(MODEL)) as unknown as { schedulers: string[] };
     expect(listed.schedulers).toEqual(['ddim', 'euler', 'euler_a', 'dpmpp_2m', 'dpmpp_2m_karras', 'lcm']);
     const error = await apiError(generate({ prompt: 'a red circle', scheduler: 'pndm' }), OpenAI.BadRequestError);
     expect(error).toMatchObject({ status: 400, param: 'scheduler', code: 'invalid_value' });
-    expect(error.message).toContain("Supported values for model 'sd21-zsnr' are: 'ddim', 'euler'");
+    expect(error.message).toContain(
+      "Invalid value: 'pndm'. Model 'sd21-zsnr' cannot run it with its scheduler_config.json: PNDMScheduler: rescale_betas_zero_snr=true is not supported. " +
+        "Supported values for model 'sd21-zsnr' are: 'ddim', 'euler'",
+    );
+    // A scheduler of another kind of model is not one its config refuses: the 400 names those it runs, no reason.
+    const flow = await apiError(generate({ prompt: 'a red circle', scheduler: 'flow_match_euler' }), OpenAI.BadRequestError);
+    expect(flow.message).toContain("Invalid value: 'flow_match_euler'. Supported values for model 'sd21-zsnr' are: 'ddim', ");
   });
 });

@@ -1,6 +1,6 @@
 import path from 'node:path';
-import { standInNote, type ModelLayout } from '../models/layout.js';
-import { inspectModelFolder } from '../models/model-folder.js';
+import type { ModelLayout } from '../models/layout.js';
+import { inspectModelFolder, notesOf } from '../models/model-folder.js';
 import { modelFolderNames } from '../models/registry.js';
 import { listFolder } from './disk.js';
 import { pullStagingPath, unfinishedPulls } from './installer.js';
@@ -15,7 +15,7 @@ export interface ModelStatus {
   variant?: ModelLayout['variant'];
   /** Bytes of its files. */
   bytes: number;
-  /** Why a model is broken or partial. */
+  /** Why a model is broken or partial; for one that is ok, what it runs otherwise than its folder asks (models/model-folder.ts notesOf). */
   reason?: string;
 }
 
@@ -31,11 +31,12 @@ export async function listModels(modelsDir: string): Promise<ModelStatus[]> {
     const dir = path.join(modelsDir, id);
     const bytes = await folderBytes(dir);
     const verdict = await inspectModelFolder(dir);
-    models.push(
-      verdict.usable
-        ? { id, status: 'ok', family: verdict.layout.family, variant: verdict.layout.variant, bytes, ...(verdict.layout.schedulerStandIn && { reason: standInNote(verdict.layout.schedulerStandIn) }) }
-        : { id, status: 'broken', bytes, reason: verdict.reason },
-    );
+    if (!verdict.usable) {
+      models.push({ id, status: 'broken', bytes, reason: verdict.reason });
+      continue;
+    }
+    const notes = notesOf(verdict);
+    models.push({ id, status: 'ok', family: verdict.layout.family, variant: verdict.layout.variant, bytes, ...(notes.length > 0 && { reason: notes.join('; ') }) });
   }
   for (const id of (await unfinishedPulls(modelsDir)).sort()) {
     const bytes = await folderBytes(pullStagingPath(modelsDir, id));

@@ -2,9 +2,9 @@ import { lstat, stat } from 'node:fs/promises';
 import path from 'node:path';
 import type { Capability, FamilyEntry } from '../families/family.js';
 import { familyEntry } from '../families/index.js';
-import { schedulersRunning } from '../schedulers/index.js';
+import { refusalNote, schedulersRunning, type SchedulerOffer, type SchedulerRefusal } from '../schedulers/index.js';
 import { describeIssues, readJsonIfPresent } from '../util/files.js';
-import { inspectModel, ModelLayoutError, withinFolder, type ModelLayout } from './layout.js';
+import { inspectModel, ModelLayoutError, standInNote, withinFolder, type ModelLayout } from './layout.js';
 import { presetFor, presetOverrideSchema, type ModelPreset } from './presets.js';
 import { messageOf } from '../util/error-message.js';
 
@@ -20,6 +20,8 @@ export interface UsableModel {
   preset: ModelPreset;
   /** Scheduler names a request may choose for this model. */
   schedulers: string[];
+  /** Its kind's other schedulers, which refuse its scheduler config, with why: said by the scan's log, `models list` and a request naming one. */
+  refusedSchedulers: SchedulerRefusal[];
   /** What it can do: its family's capabilities that its export has the components for. */
   capabilities: Capability[];
 }
@@ -35,7 +37,7 @@ export type FolderVerdict = UsableModel | UnusableModel;
 /** The per-model preset overrides; see presets.ts. A verdict about it starts with its name. */
 export const OVERRIDE_FILE = 'imagegen.json';
 
-async function presetOf(dir: string, layout: ModelLayout, schedulers: readonly string[]): Promise<ModelPreset> {
+async function presetOf(dir: string, layout: ModelLayout, schedulers: SchedulerOffer): Promise<ModelPreset> {
   const parsed = presetOverrideSchema.safeParse((await readJsonIfPresent(path.join(dir, OVERRIDE_FILE))) ?? {});
   if (!parsed.success) throw new Error(`${OVERRIDE_FILE}: ${describeIssues(parsed.error)}`);
   try {
@@ -68,9 +70,19 @@ export async function inspectModelFolder(dir: string): Promise<FolderVerdict> {
     const layout = await inspectModel(dir);
     const family = familyEntry(layout.family);
     const schedulers = schedulersRunning(layout.scheduler, family.schedulerKind);
-    return { usable: true, layout, preset: await presetOf(dir, layout, schedulers), schedulers, capabilities: capabilitiesOf(family, layout) };
+    const preset = await presetOf(dir, layout, schedulers);
+    return { usable: true, layout, preset, schedulers: schedulers.running, refusedSchedulers: schedulers.refused, capabilities: capabilitiesOf(family, layout) };
   } catch (err) {
     // Any failure, an unreadable file included, makes the folder unusable; the server must go on serving the others.
     return { usable: false, reason: err instanceof ModelLayoutError ? err.problem : withinFolder(dir, messageOf(err)) };
   }
+}
+
+/**
+ * What an operator is told of a usable model, in the same words by the scan's log and `models list`:
+ * the scheduler standing in for a class this server does not run, and the schedulers it does not offer.
+ */
+export function notesOf(model: Pick<UsableModel, 'layout' | 'refusedSchedulers'>): string[] {
+  const standIn = model.layout.schedulerStandIn;
+  return [standIn && standInNote(standIn), refusalNote(model.refusedSchedulers)].filter((note) => note !== undefined);
 }

@@ -2,7 +2,7 @@ import { z } from 'zod';
 import type { Quality, Style } from '../families/family.js';
 import { familyEntry } from '../families/index.js';
 import { MAX_STEPS } from '../runtime/types.js';
-import { checkSchedule } from '../schedulers/index.js';
+import { checkSchedule, type SchedulerOffer } from '../schedulers/index.js';
 import { messageOf } from '../util/error-message.js';
 import { takesGuidance, takesNegativePrompt, type ModelLayout } from './layout.js';
 
@@ -87,12 +87,12 @@ export function nativeSide(layout: Pick<ModelLayout, 'family' | 'variant' | 'nat
 
 /**
  * The preset of a model: its variant's defaults, sized for its native resolution, with the folder's
- * `imagegen.json` (already parsed) applied. `knownSchedulers` are the names valid for this model.
+ * `imagegen.json` (already parsed) applied. `schedulers`: those that run this model, and why the others do not.
  */
 export function presetFor(
   layout: Pick<ModelLayout, 'family' | 'variant' | 'nativeSize' | 'sizeMultiple' | 'denoiserConfig' | 'scheduler'>,
   override: PresetOverride,
-  knownSchedulers: readonly string[],
+  schedulers: SchedulerOffer,
 ): ModelPreset {
   const base = familyEntry(layout.family).variants[layout.variant];
   const native = nativeSide(layout);
@@ -112,8 +112,10 @@ export function presetFor(
     throw new PresetError(`steps must not fall from low to standard to hd; they are ${tiers.low}, ${tiers.standard} and ${tiers.hd}`);
   }
   const scheduler = override.scheduler;
-  if (scheduler !== undefined && !knownSchedulers.includes(scheduler)) {
-    throw new PresetError(`scheduler '${scheduler}' does not fit this model; use one of ${knownSchedulers.join(', ')}`);
+  if (scheduler !== undefined && !schedulers.running.includes(scheduler)) {
+    const refusal = schedulers.refused.find((refused) => refused.name === scheduler);
+    const why = refusal ? ` (${refusal.reason})` : '';
+    throw new PresetError(`scheduler '${scheduler}' does not fit this model${why}; use one of ${schedulers.running.join(', ')}`);
   }
   checkTiersRun(layout, tiers, scheduler);
   checkReadable(layout, override);

@@ -3,8 +3,8 @@ import { lstat, readdir, stat } from 'node:fs/promises';
 import path from 'node:path';
 import type { Logger } from 'pino';
 import { exists } from '../util/files.js';
-import { MODEL_INDEX, standInNote } from './layout.js';
-import { inspectModelFolder, OVERRIDE_FILE, type UnusableModel, type UsableModel } from './model-folder.js';
+import { MODEL_INDEX } from './layout.js';
+import { inspectModelFolder, notesOf, OVERRIDE_FILE, type UnusableModel, type UsableModel } from './model-folder.js';
 
 /**
  * The installed models: one sub-folder per model under each models folder, its id the folder name.
@@ -131,8 +131,8 @@ export async function folderVersion(dir: string): Promise<string> {
 async function inspect(id: string, dir: string, ownedBy: string, mtimeMs: number, version: string): Promise<ModelEntry | UnusableModel> {
   const verdict = await inspectModelFolder(dir);
   if (!verdict.usable) return verdict;
-  const { layout, preset, schedulers, capabilities } = verdict;
-  return { id, layout, preset, schedulers, capabilities, created: Math.floor(mtimeMs / 1000), version, ownedBy };
+  const { layout, preset, schedulers, refusedSchedulers, capabilities } = verdict;
+  return { id, layout, preset, schedulers, refusedSchedulers, capabilities, created: Math.floor(mtimeMs / 1000), version, ownedBy };
 }
 
 /** An UnusableModel says `usable: false`; a ModelEntry has no such field. */
@@ -343,7 +343,7 @@ export class ModelRegistry {
       result = await inspect(id, dir, ownedBy, Date.now(), signature);
     }
     if (!isUsable(result)) this.options.logger.warn({ model: id, dir }, `skipping model: ${result.reason}`);
-    else if (result.layout.schedulerStandIn) this.options.logger.warn({ model: id, dir }, standInNote(result.layout.schedulerStandIn));
+    else for (const note of notesOf(result)) this.options.logger.warn({ model: id, dir }, note);
     this.inspections.set(dir, { id, signature, result });
     return result;
   }

@@ -41,20 +41,44 @@ export function schedulersFor(kind: ModelKind): string[] {
 /** A step count every scheduler runs (PNDM's Runge-Kutta warm-up needs 4), for checking a config at load. */
 export const SCHEDULE_CHECK_STEPS = 4;
 
+/** A scheduler of a model's kind whose class refuses the model's scheduler config, and the class's own reason. */
+export interface SchedulerRefusal {
+  name: string;
+  reason: string;
+}
+
+/** The schedulers of a model's kind, split by whether they run its scheduler config (schedulersRunning). */
+export interface SchedulerOffer {
+  running: string[];
+  refused: SchedulerRefusal[];
+}
+
 /**
- * The names of the schedulers that run a model of `kind` with this scheduler config: its kind's, less
- * those whose class refuses the config (PNDM a zero-SNR schedule, DDIM and LCM one whose first step an
- * epsilon model cannot denoise), so that a model lists, and a client is offered, only what it runs.
+ * The schedulers of `kind` that run a model with this scheduler config, so that a model lists, and a
+ * client is offered, only what it runs; and the others with the reason their class refuses the config
+ * (PNDM a zero-SNR schedule, DDIM and LCM one whose first step an epsilon model cannot denoise), so that
+ * the log, `models list` and a request naming one say why it is missing rather than leave it to a guess,
+ * and a scheduler that throws for another reason (a bug) shows its error there too.
  */
-export function schedulersRunning(config: SchedulerConfig, kind: ModelKind): string[] {
-  return schedulersFor(kind).filter((name) => {
+export function schedulersRunning(config: SchedulerConfig, kind: ModelKind): SchedulerOffer {
+  const running: string[] = [];
+  const refused: SchedulerRefusal[] = [];
+  for (const name of schedulersFor(kind)) {
     try {
       checkSchedule(config, name, SCHEDULE_CHECK_STEPS);
-      return true;
-    } catch {
-      return false;
+      running.push(name);
+    } catch (err) {
+      // Not util's messageOf: the playground's build compiles this module, and that one reads node:util.
+      refused.push({ name, reason: err instanceof Error ? err.message : String(err) });
     }
-  });
+  }
+  return { running, refused };
+}
+
+/** What an operator is told of a model's refused schedulers (the scan's log, `models list`); undefined when there are none. */
+export function refusalNote(refused: readonly SchedulerRefusal[]): string | undefined {
+  if (refused.length === 0) return undefined;
+  return `schedulers not offered, as its scheduler_config.json does not run on them: ${refused.map(({ name, reason }) => `${name} (${reason})`).join('; ')}`;
 }
 
 function supportedList(): string {

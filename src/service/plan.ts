@@ -76,13 +76,16 @@ function pictureSize(picture: Shape, served: readonly string[], defaultSize: str
 
 const compareKeys = (a: readonly number[], b: readonly number[]) => a.map((value, i) => value - b[i]).find((d) => d !== 0) ?? 0;
 
+/** A scheduler the model does not run is refused with those it does, and, for one of its kind that its scheduler config rules out, why. */
 function checkScheduler(request: GenerationRequest, model: ModelEntry): void {
   const allowed = model.schedulers;
   if (request.scheduler !== undefined && !allowed.includes(request.scheduler)) {
+    const refusal = model.refusedSchedulers.find((refused) => refused.name === request.scheduler);
+    const why = refusal ? ` Model '${request.model}'${installedAs(request, model)} cannot run it with its scheduler_config.json: ${refusal.reason}.` : '';
     throw ApiError.invalid(
       'scheduler',
       'invalid_value',
-      `Invalid value: '${request.scheduler}'. Supported values for model '${request.model}' are: ${quoteList(allowed)}.`,
+      `Invalid value: '${request.scheduler}'.${why} Supported values for model '${request.model}' are: ${quoteList(allowed)}.`,
     );
   }
 }
