@@ -79,7 +79,8 @@ describe.skipIf(!chromiumPath)(`the playground in headless Chromium${chromiumPat
   let work: string;
 
   beforeAll(async () => {
-    server = await startOpsServer();
+    // On IPv6 loopback, so that the page's origin, which the copied curl snippet names, has brackets: a glob to zsh (the macOS shell).
+    server = await startOpsServer({ env: { HOST: '::1' } });
     origin = server.server.url;
     await untilReady(origin, 60_000);
     browser = await chromium.launch({ executablePath: chromiumPath, args: ['--no-sandbox'] });
@@ -189,7 +190,11 @@ describe.skipIf(!chromiumPath)(`the playground in headless Chromium${chromiumPat
     expect(curl).toContain('"seed":7');
     // zsh (the macOS shell) takes no comment after a line continuation: none is there, and each command has lines of its own.
     expect(curl).not.toMatch(/\\\n\s*#/);
-    await run('bash', ['-c', curl], { cwd: work, env: { ...process.env, OPENAI_API_KEY: OPS_KEY } });
+    // zsh also fails a word whose glob matches no file ("no matches found"), as [::1] in an unquoted URL
+    // does: bash's failglob does the same, and -e makes that command's failure the run's, which then
+    // fails on an unquoted URL of the page's origin ("no match: http://[::1]:...") rather than go on to jq.
+    expect(origin).toMatch(/^http:\/\/\[::1\]:\d+$/);
+    await run('bash', ['-e', '-O', 'failglob', '-c', curl], { cwd: work, env: { ...process.env, OPENAI_API_KEY: OPS_KEY } });
     const answer = JSON.parse(await readFile(path.join(work, 'response.json'), 'utf8')) as ImagesResponse;
     expect(await pixels(Buffer.from(answer.data[0].b64_json!, 'base64'))).toEqual(shown);
     // Its second command writes the picture, as the dialog says.
@@ -369,7 +374,9 @@ describe.skipIf(!chromiumPath)(`the playground in headless Chromium${chromiumPat
     await page.selectOption('#delivery', 'url');
     await runAndWait('#results button:has-text("Variations")');
     await page.selectOption('#delivery', 'stream');
-    expect(await page.getAttribute('#results .result-image', 'src')).toMatch(new RegExp(`^${origin}/v1/images/files/`));
+    // Compared as a URL: the origin's [::1] would be a character class in a RegExp.
+    const src = new URL((await page.getAttribute('#results .result-image', 'src'))!);
+    expect([src.origin, src.pathname]).toEqual([origin, expect.stringMatching(/^\/v1\/images\/files\//)]);
     await expect.poll(() => page.textContent('#history li:first-child .expiry'), { timeout: 30_000 }).toMatch(/^URL expires in 23 h 59 min$/);
     if (process.env.PLAYGROUND_SCREENSHOT) await page.screenshot({ path: process.env.PLAYGROUND_SCREENSHOT, fullPage: true });
   });

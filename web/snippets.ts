@@ -31,9 +31,10 @@ const shellQuote = (text: string): string => `'${text.replace(/'/g, `'\\''`)}'`;
 /**
  * Two commands, curl then jq, each on lines of its own (no comment after a line continuation: zsh, the
  * macOS shell, reads `#` there as an argument). response.json stays, with the error if there was one.
+ * The URL is quoted: an IPv6 origin's brackets ([::1]) are a glob, which zsh fails on ("no matches found").
  */
 function curl(base: string, { route, fields, image, mask }: ImageRequest, file: string): string {
-  const head = [`curl -sS ${base}/images/${route}`, '-H "Authorization: Bearer $OPENAI_API_KEY"'];
+  const head = [`curl -sS ${shellQuote(`${base}/images/${route}`)}`, '-H "Authorization: Bearer $OPENAI_API_KEY"'];
   const save = `jq -r '.data[0].b64_json' response.json | base64 --decode > ${file}`;
   const body =
     route === 'generations'
