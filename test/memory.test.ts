@@ -108,6 +108,17 @@ describe('the memory plan', () => {
     expect(plan.of('/n')).toEqual(measured);
   });
 
+  it("plans a version it loads with the pool's figures of that version, though it held another's when they came", async () => {
+    // A folder replaced under its id (pull --force) while this worker held the old files' figures: the
+    // pool's of the new files, set aside as they came, were lost when it loaded them, and it planned
+    // from its own calibration alone (the pool's larger sizes and OOM lessons unknown to it).
+    const plan = new MemoryPlan({ '/m': { ...measured, version: 'a' } });
+    const pooled = { ...measured, denoise: [{ pixels: 1024 * 1024, bytes: 3e9 }], exceeded: [{ pixels: 1024 * 1024, bytes: 4e9 }], version: 'b' };
+    plan.adopt('/m', pooled);
+    await plan.measureLoad('/m', 'b', async () => undefined);
+    expect(plan.of('/m')).toMatchObject({ denoise: pooled.denoise, exceeded: pooled.exceeded, version: 'b' });
+  });
+
   it('splits a batch into the most images per model call that fit', async () => {
     // 1 GB denoising per 512x512 image and 0.3 GB to decode; 3.5 GB allowed, less the headroom (3.15 GB): two at a time.
     const plan = new MemoryPlan({ '/m': measured }, localMemory(3.5e9));

@@ -147,8 +147,25 @@ function needsAtLeast(larger: RunShape, smaller: RunShape): boolean {
   return big >= small && big * larger.pixels >= small * smaller.pixels;
 }
 
+/**
+ * A model's figures measured here with the pool's, each the larger (mergeMemory); its own alone where
+ * the pool's are of another version of the folder's files than the one it measured (see figuresFor).
+ */
+function withPooled<P extends ModelMemory | undefined>(own: ModelMemory | undefined, pooled: P): ModelMemory | P {
+  return own ? mergeMemory(pooled, own) : pooled;
+}
+
 export class MemoryPlan {
   private readonly figures: Map<string, ModelMemory>;
+  /**
+   * The pool's figures of each model as they last came (EngineSettings.knownMemory, then adopt), kept
+   * apart from `figures`: those of another version of the folder's files than this plan measured are
+   * not planned with (see withPooled), but are what it starts from when it loads that version. Dropped
+   * as they came, a worker holding the old files' figures when the folder was replaced (pull --force)
+   * loaded the new files knowing nothing of them, and planned large sizes from its own calibration
+   * alone, without its peers' larger measured sizes or their OOM kills' lessons.
+   */
+  private readonly pooled: Map<string, ModelMemory>;
   /**
    * What each loaded model's runs left resident here: onnxruntime's arena keeps a session's largest
    * activations for the next run, so a run needs only what goes beyond them, and what a run measured
@@ -186,7 +203,8 @@ export class MemoryPlan {
     private readonly source: MemorySource = localMemory(),
     tiling: VaeTilingMode = 'auto',
   ) {
-    this.figures = new Map(Object.entries(known));
+    this.pooled = new Map(Object.entries(known));
+    this.figures = new Map(this.pooled);
     this.largestTilePixels = tiling === 'auto' ? Infinity : tiling === 'always' ? ALWAYS_TILE_PIXELS : tiling;
   }
 
@@ -200,20 +218,17 @@ export class MemoryPlan {
     return this.figures.get(modelDir);
   }
 
-  /**
-   * Plans with `pooled`, a model's figures as other workers (and earlier servers) measured them, too:
-   * with this plan's own, each the larger (mergeMemory); its own alone where `pooled` are of another
-   * version of the folder's files than the one it measured.
-   */
+  /** Plans with `pooled`, a model's figures as other workers (and earlier servers) measured them, too (see withPooled). */
   adopt(modelDir: string, pooled: ModelMemory): void {
-    const own = this.figures.get(modelDir);
-    this.figures.set(modelDir, own ? mergeMemory(pooled, own) : pooled);
+    this.pooled.set(modelDir, pooled);
+    this.figures.set(modelDir, withPooled(this.figures.get(modelDir), pooled));
   }
 
   /**
    * Loads a model, `version` of its folder's files, recording how much the worker grew (garbage
    * collected before and after: see settledResidentBytes). Figures measured of other files in the folder
-   * are dropped (see figuresFor): the model is measured, and calibrated, afresh.
+   * are dropped (see figuresFor): it starts from the pool's figures of these files (see `pooled`), or,
+   * without any, is measured and calibrated afresh.
    */
   async measureLoad<T>(modelDir: string, version: string | undefined, load: () => Promise<T>): Promise<T> {
     const before = await settledResidentBytes();
@@ -222,7 +237,7 @@ export class MemoryPlan {
     this.held.set(modelDir, 0);
     this.heldBy.set(modelDir, []);
     this.loadedAt.set(modelDir, after);
-    const known = figuresFor(this.figures.get(modelDir), version);
+    const known = withPooled(figuresFor(this.figures.get(modelDir), version), figuresFor(this.pooled.get(modelDir), version));
     const measured: ModelMemory = { peakBytes: 0, peakPixels: 0, ...known, weightsBytes: Math.max(0, after - before) };
     if (version !== undefined) measured.version = version;
     this.figures.set(modelDir, measured);
