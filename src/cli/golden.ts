@@ -233,8 +233,9 @@ export async function verifyGolden(runtime: WorkerRuntime, modelDir: string, fil
   checkTextLength(file, golden, layout);
   // Every case's files before any case runs: one runs for minutes on a real model, and a later case's missing picture would fail the command after them.
   const goldenDir = path.dirname(path.resolve(file));
+  const channels = latentChannels(layout);
   const files: CaseFiles[] = [];
-  for (const [index, c] of golden.cases.entries()) files.push(await readCaseFiles(goldenDir, c, index, latentChannels(layout)));
+  for (const [index, c] of golden.cases.entries()) files.push(await readCaseFiles(goldenDir, c, index, channels));
   hooks.onStart?.(golden.cases);
   const results: CaseResult[] = [];
   for (const [index, c] of golden.cases.entries()) {

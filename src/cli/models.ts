@@ -106,8 +106,9 @@ async function printModelList(flags: CommonFlags & { dataDir: string; executionP
   const rows: string[][] = [];
   for (const model of await listModels(modelsDir)) {
     const dir = path.resolve(modelsDir, model.id);
-    // Figures of another model once installed under this id are not this one's (an unfinished pull has no folder to tell by).
-    const version = await folderVersion(dir).catch(() => undefined);
+    // Figures of another model once installed under this id are not this one's (an unfinished pull has no
+    // folder to tell by). Without figures there is nothing to tell, and no files to stat.
+    const version = memory[dir] && (await folderVersion(dir).catch(() => undefined));
     rows.push([
       model.id,
       model.family ? `${model.family}/${model.variant}` : '-',

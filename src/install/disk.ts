@@ -62,11 +62,6 @@ export function readChunks(file: string, end?: number): ReadStream {
   return createReadStream(file, { highWaterMark: 1 << 20, end });
 }
 
-export function isDiskFull(err: unknown): boolean {
-  const code = (err as NodeJS.ErrnoException | undefined)?.code;
-  return code === 'ENOSPC' || code === 'EDQUOT';
-}
-
 /** Fails before any byte is written when `needed` bytes cannot fit. */
 export async function ensureFreeSpace(disk: Disk, dir: string, needed: number, advice: string): Promise<void> {
   const free = await disk.freeBytes(dir);

@@ -1,9 +1,9 @@
 import { rename, rm, stat } from 'node:fs/promises';
 import path from 'node:path';
 import { BundleWriter } from './bundle.js';
-import { diskFullError, ensureFreeSpace, isDiskFull, keepAfterExit, listFolder, readChunks, realDisk, removeIfInterrupted } from './disk.js';
+import { diskFullError, ensureFreeSpace, keepAfterExit, listFolder, readChunks, realDisk, removeIfInterrupted } from './disk.js';
 import { ModelInstallError } from './errors.js';
-import { exists } from '../util/files.js';
+import { exists, isDiskFull } from '../util/files.js';
 import { checkModelId, modelPath, validateModel, type CommandOptions } from './installer.js';
 import { manifestText, readManifest, type Manifest } from './manifest.js';
 import { MANIFEST_FILE, modelFilesOf } from './model-files.js';

@@ -1,9 +1,9 @@
 import { mkdir, stat } from 'node:fs/promises';
 import path from 'node:path';
 import { openBundle, type BundleEntry } from './bundle.js';
-import { diskFullError, ensureFreeSpace, isDiskFull, listFolder, readChunks, realDisk, writeStream } from './disk.js';
+import { diskFullError, ensureFreeSpace, listFolder, readChunks, realDisk, writeStream } from './disk.js';
 import { ModelInstallError } from './errors.js';
-import { makeFolder } from '../util/files.js';
+import { isDiskFull, makeFolder } from '../util/files.js';
 import {
   checkLayout,
   checkModelId,

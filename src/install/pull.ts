@@ -1,7 +1,7 @@
 import { mkdir, rm, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import { z } from 'zod';
-import { diskFullError, ensureFreeSpace, isDiskFull, listFolder, realDisk } from './disk.js';
+import { diskFullError, ensureFreeSpace, listFolder, realDisk } from './disk.js';
 import { bytesPresent, downloadFiles } from './downloader.js';
 import { DownloadInterrupted, ModelInstallError, ModelUsageError } from './errors.js';
 import { HubClient, parseRepoRef, type HubClientOptions, type HubFile, type RepoRef } from './hub-client.js';
@@ -9,7 +9,7 @@ import { checkModelId, installStaged, lockPull, pullStagingPath, refuseExisting,
 import { writeManifest } from './manifest.js';
 import { checkHasExport, modelFilesOf, skippedNote } from './model-files.js';
 import type { ProgressOutput } from '../util/progress.js';
-import { describeIssues, parseJson, readTextIfPresent } from '../util/files.js';
+import { describeIssues, isDiskFull, readJsonIfPresent } from '../util/files.js';
 import { messageOf } from '../util/error-message.js';
 
 /** `models pull`: a Hub repository's ONNX export, downloaded, verified and installed. */
@@ -205,9 +205,9 @@ async function prepareStaging(staging: string, state: PullState, output: Progres
 async function previousState(stateFile: string, output: ProgressOutput): Promise<PullState | undefined> {
   let reason: string;
   try {
-    const text = await readTextIfPresent(stateFile);
-    if (text === undefined) return undefined;
-    const parsed = pullStateSchema.safeParse(parseJson(text, stateFile));
+    const value = await readJsonIfPresent(stateFile);
+    if (value === undefined) return undefined;
+    const parsed = pullStateSchema.safeParse(value);
     if (parsed.success) return parsed.data;
     reason = `${stateFile} is not a pull's record (${describeIssues(parsed.error)})`;
   } catch (err) {

@@ -1,7 +1,7 @@
 import { open, statfs, unlink, type FileHandle } from 'node:fs/promises';
 import path from 'node:path';
 import type { Readable } from 'node:stream';
-import { unlessMissing } from '../util/files.js';
+import { isDiskFull, unlessMissing } from '../util/files.js';
 import { ImageDamagedError, StoreFullError, StoreUnavailableError, type ByteRange, type ImageStore, type StoredImage, type StoreLimits, type StoreReservation } from './image-store.js';
 import { digestOf, extensionOf, imageName, isExpired, newImage } from './image-names.js';
 import { nameableOwner } from './image-owner.js';
@@ -152,8 +152,8 @@ export class FileImageStore implements ImageStore {
    * stays what it is.
    */
   private async whyWriteFailed(err: unknown, bytes: number): Promise<unknown> {
+    if (isDiskFull(err)) return new StoreFullError('disk', { maxBytes: this.options.maxBytes, neededBytes: bytes });
     const { code } = err as NodeJS.ErrnoException;
-    if (code === 'ENOSPC' || code === 'EDQUOT') return new StoreFullError('disk', { maxBytes: this.options.maxBytes, neededBytes: bytes });
     try {
       await this.check();
     } catch (unusable) {

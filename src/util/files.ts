@@ -122,3 +122,9 @@ export async function readJsonIfPresent(file: string): Promise<unknown> {
 export function describeIssues(error: z.ZodError): string {
   return error.issues.map((issue) => `${issue.path.join('.') || '(top)'}: ${issue.message}`).join('; ');
 }
+
+/** Whether a write failed for want of room: the disk is full (ENOSPC) or the user's quota spent (EDQUOT). */
+export function isDiskFull(err: unknown): boolean {
+  const code = (err as NodeJS.ErrnoException | undefined)?.code;
+  return code === 'ENOSPC' || code === 'EDQUOT';
+}
