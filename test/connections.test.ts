@@ -208,7 +208,7 @@ describe('slow and stalled requests', () => {
       const own = logs.lines.filter((line) => line.reqId === 'slow-upload-1');
       expect(own.map((line) => line.msg)).not.toContain('request aborted: the client closed the connection before the answer was sent');
       expect(own.find((line) => line.status === 408)).toMatchObject({ apiKey: expect.any(String) });
-      const metrics = await (await fetch(`${stalled.origin}/metrics`, { headers: { authorization: `Bearer ${TEST_KEY}` } })).text();
+      const metrics = await scrape(stalled.origin, TEST_KEY);
       expect(metrics).toContain('imagegen_http_requests_total{method="POST",route="/v1/images/generations",status="408"} 1');
       expect(metrics).not.toContain('status="499"');
     } finally {
@@ -823,8 +823,8 @@ describe('requests refused before routing', () => {
         percent: (await fetch(`${refusing.origin}/v1/models/%zz`)).headers.get('x-request-id'),
         long: (await fetch(`${refusing.origin}/v1/models/${'m'.repeat(MAX_PARAM_LENGTH + 1)}`)).headers.get('x-request-id'),
       };
-      const text = await (await fetch(`${refusing.origin}/metrics`, { headers: { authorization: `Bearer ${TEST_KEY}` } })).text();
-      const count = (method: string, status: number) => Number(new RegExp(`^imagegen_http_requests_total\\{method="${method}",route="before_routing",status="${status}"\\} (\\d+)$`, 'm').exec(text)?.[1]);
+      const text = await scrape(refusing.origin, TEST_KEY);
+      const count = (method: string, status: number) => metric(text, `imagegen_http_requests_total{method="${method}",route="before_routing",status="${status}"}`);
       // Node's parser leaves no method to name: 'unknown'.
       expect([count('unknown', 400), count('unknown', 431), count('CONNECT', 405), count('GET', 400), count('GET', 414)]).toEqual([1, 1, 1, 1, 1]);
       expect(text).not.toMatch(/route="unmatched"/);

@@ -2,7 +2,7 @@ import { readdir } from 'node:fs/promises';
 import path from 'node:path';
 import { halvings } from '../families/family.js';
 import { DENOISER_FOLDERS, FAMILIES, familyEntry, recogniseFamily } from '../families/index.js';
-import { createScheduler, SCHEDULE_CHECK_STEPS, standInFor, type StrengthRule } from '../schedulers/index.js';
+import { checkSchedule, SCHEDULE_CHECK_STEPS, standInFor, type StrengthRule } from '../schedulers/index.js';
 import type { ModelKind, SchedulerConfig } from '../schedulers/scheduler.js';
 import { findTokenizerSource, TokenizerFilesError } from '../tokenizers/files.js';
 import { exists, readJsonIfPresent } from '../util/files.js';
@@ -178,7 +178,7 @@ function runnableScheduler(root: string, own: SchedulerConfig, kind: ModelKind):
   try {
     // Given a schedule too: what only set_timesteps reads (timestep_spacing, final_sigmas_type) would
     // otherwise load as ready and fail every request, blaming its steps.
-    createScheduler(schedulerConfig).setTimesteps(SCHEDULE_CHECK_STEPS, { mu: 1 });
+    checkSchedule(schedulerConfig, undefined, SCHEDULE_CHECK_STEPS);
   } catch (err) {
     throw new ModelLayoutError(root, `scheduler/scheduler_config.json${standIn ? ` (as ${standIn.name})` : ''}: ${messageOf(err)}`);
   }
