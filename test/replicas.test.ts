@@ -234,7 +234,7 @@ describe.skipIf(missing)(`replicas behind HAProxy sharing S3 and Redis${missing 
       // Not there: only a sweep may have deleted it (its log line comes a moment after its answer), and not
       // in every try.
       const swept = () => s3.output.slice(logged).some((line) => line.includes(`Deleted object "images/${id}.`));
-      await expect.poll(swept, { timeout: 5000, message: `image ${id} is gone from the bucket, and no sweep deleted it` }).toBe(true);
+      await expect.poll(swept, { message: `image ${id} is gone from the bucket, and no sweep deleted it` }).toBe(true);
       expect(attempt, 'a sweep deleted the image before it was listed, in each of three tries').toBeLessThan(3);
     }
     // The long-lived images made before stay.

@@ -219,7 +219,7 @@ describe('streaming errors and cancellation', () => {
     await expect(reading).rejects.toMatchObject({ status: undefined, error: { code: 'worker_crashed' } });
     expect(seen).toEqual(['image_generation.partial_image']);
     // Counted as the failure it was, not as the 200 that began the stream.
-    await expect.poll(() => requestsCounted('500'), { timeout: 5000 }).toBe(failedBefore + 1);
+    await expect.poll(() => requestsCounted('500')).toBe(failedBefore + 1);
     await expect.poll(() => server.engine.readiness().ready, { timeout: 60_000 }).toBe(true);
   });
 
