@@ -72,14 +72,26 @@ async function redisClockStepsBack(connection: Redis, label: string, ms: number)
 }
 
 /**
+ * The lease of the tests whose running request must keep its slot while a waiting one asks: those
+ * replicas run in this process, and a stall of it (a collection, other test files' onnxruntime threads
+ * on a loaded machine's cores; this file has seen 2.5 s) held back the renewals, which come every second
+ * at most, while the lease ran out in Redis. On resuming, a waiter's poll could fire before the renewal
+ * and take the slot: two requests of a concurrent=1 key ran (with 0.6 and 1 s leases, so here with a
+ * 2.5 s busy loop in the test). A renewed lease of 5 s outlives a stall of 4.
+ */
+const LEASE_MS = 5000;
+
+/**
  * A replica takes `label`'s one slot and dies (no renewal, no release), `meanwhile` runs, then another
  * asks for the key: its request, which waits for the slot, the hold it waits in, and the dead one's work.
- * Leases long enough that the survivor's first try, 100 ms after the death, comes well within the last
- * one the dying replica renewed, even on a busy machine (300 ms failed there).
+ * Leases of LEASE_MS: the survivor's first tries, 100 ms after the death, come within the last one the
+ * dying replica renewed though this process stalls (300 ms failed on a busy machine, 1 s with a 2.5 s
+ * stall), and it then waits the rest of that lease out. The survivor's is as long: a take clamps the
+ * leases in Redis to its own from now (see TAKE), which would free a longer one early.
  */
 async function afterReplicaDied(label: string, meanwhile: (survivor: Redis) => Promise<void> = async () => undefined) {
-  const dying = await replica({ leaseMs: 1000 });
-  const survivor = await replica({ leaseMs: 1000 });
+  const dying = await replica({ leaseMs: LEASE_MS });
+  const survivor = await replica({ leaseMs: LEASE_MS });
   const key = { label, limits: { concurrent: 1 } };
   const stuck = pending();
   void dying.slots.hold(key, never, stuck.work);
@@ -262,8 +274,10 @@ describe.skipIf(!REDIS_SERVER)(`'concurrent' slots shared through Redis${NO_REDI
     // Polls a second apart, as in the order test above: at this file's 20 ms a waiter's place lapses after
     // 200 ms without a poll, which a loaded machine's stall passed (the full suite on 2 cores, helpers
     // beside it): the second request lost its place, the third took the slot first, and this waited for
-    // the second for good. The waiters start on the wake-ups that each end publishes.
-    const [one, two, three] = [await replica({ leaseMs: 1000, pollMs: 1000 }), await replica({ leaseMs: 1000, pollMs: 1000 }), await replica({ leaseMs: 1000, pollMs: 1000 })];
+    // the second for good. The waiters start on the wake-ups that each end publishes. Leases of LEASE_MS:
+    // besides outliving a stall, the key's sets live two leases past its last ask (see TAKE), so with 1 s
+    // leases a stall of 2 s expired the set of waiting requests (asking a second apart), and their order.
+    const [one, two, three] = [await replica({ leaseMs: LEASE_MS, pollMs: 1000 }), await replica({ leaseMs: LEASE_MS, pollMs: 1000 }), await replica({ leaseMs: LEASE_MS, pollMs: 1000 })];
     const key = { label: 'jun', limits: { concurrent: 1 } };
     const [running, fast, slow] = [pending(), pending(), pending()];
     const held = [one.slots.hold(key, never, running.work)];
@@ -297,13 +311,13 @@ describe.skipIf(!REDIS_SERVER)(`'concurrent' slots shared through Redis${NO_REDI
   });
 
   it('puts back the lease of a running request that Redis lost (a restart without persistence), so the limit holds again', async () => {
-    const [one, two] = [await replica({ leaseMs: 600 }), await replica({ leaseMs: 600 })];
+    const [one, two] = [await replica({ leaseMs: LEASE_MS }), await replica({ leaseMs: LEASE_MS })];
     const key = { label: 'ivan', limits: { concurrent: 1 } };
     const running = pending();
     const held = one.slots.hold(key, never, running.work);
     await untilRunning(running.state);
     await one.connection.flushall();
-    // Renewed every leaseMs / 3.
+    // Renewed every second (RENEW_MS).
     await expect.poll(() => one.connection.zcard('imagegen:slots:ivan'), { interval: 20 }).toBe(1);
     const next = pending();
     const waiting = two.slots.hold(key, never, next.work);
