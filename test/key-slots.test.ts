@@ -6,6 +6,7 @@ import type OpenAI from 'openai';
 import { describe, expect, it, onTestFinished, vi } from 'vitest';
 import type { ApiError } from '../src/api/errors.js';
 import { KeySlots, type KeySlotsOptions } from '../src/http/key-slots.js';
+import { whileBatchHeld } from './helpers/busy-worker.js';
 import { failureOf } from './helpers/failures.js';
 import { silentLogger } from './helpers/logs.js';
 import { whenRunning } from './helpers/ops-server.js';
@@ -392,26 +393,32 @@ describe.skipIf(!REDIS_SERVER)(`'concurrent' slots shared through Redis${NO_REDI
         .generate({ model: 'demo-shapes', prompt: 'a red circle', size: '1024x1024', response_format: 'b64_json', steps: 60 } as OpenAI.ImageGenerateParamsNonStreaming)
         .then(() => order.push('long'));
       await whenRunning(one.server);
-      const short = two.client.images.generate({ model: 'demo-shapes', prompt: 'a red circle', size: '256x256', response_format: 'b64_json' }).then(() => order.push('short'));
-      // Waiting for the slot before the streamed one comes, so that the two fill the queue below.
-      await untilWaiting(await redis.connect(), 'frank', 1);
-      // Its server is idle, yet the request waits for the key's one slot.
-      expect(two.server.engine.load()).toEqual({ running: 0, queued: 0 });
-      // A streamed request of the key opens its stream as it begins to wait (a proxy or a client waiting
-      // for a first byte would give up on a silent one), and its events come once it ran.
-      const streamed = await fetch(`${two.server.url}/v1/images/generations`, {
-        method: 'POST',
-        headers: { authorization: 'Bearer sk-frank-0123456789', 'content-type': 'application/json' },
-        body: JSON.stringify({ model: 'demo-shapes', prompt: 'a red circle', size: '256x256', stream: true }),
+      // The long request held where it is (SIGSTOP) until the third is refused: it ran about a second,
+      // and what comes below took 50 to 150 ms of it on an idle machine; a loaded one's slower round trips
+      // (here with 1.5 s more) let it end first ('long' and 'short' answered, and no full queue).
+      const { short, reader } = await whileBatchHeld(one.server.engine, async () => {
+        const short = two.client.images.generate({ model: 'demo-shapes', prompt: 'a red circle', size: '256x256', response_format: 'b64_json' }).then(() => order.push('short'));
+        // Waiting for the slot before the streamed one comes, so that the two fill the queue below.
+        await untilWaiting(await redis.connect(), 'frank', 1);
+        // Its server is idle, yet the request waits for the key's one slot.
+        expect(two.server.engine.load()).toEqual({ running: 0, queued: 0 });
+        // A streamed request of the key opens its stream as it begins to wait (a proxy or a client waiting
+        // for a first byte would give up on a silent one), and its events come once it ran.
+        const streamed = await fetch(`${two.server.url}/v1/images/generations`, {
+          method: 'POST',
+          headers: { authorization: 'Bearer sk-frank-0123456789', 'content-type': 'application/json' },
+          body: JSON.stringify({ model: 'demo-shapes', prompt: 'a red circle', size: '256x256', stream: true }),
+        });
+        const reader = streamed.body!.getReader();
+        expect(new TextDecoder().decode((await reader.read()).value)).toBe(': queued\n\n');
+        expect(order).toEqual([]);
+        // Waiting for the slot is waiting in the queue: the two waiting fill QUEUE_MAX=2, and a third is
+        // refused as a full queue refuses (before, any number waited, each asking Redis every 200 ms).
+        const third = await two.client.images.generate({ model: 'demo-shapes', prompt: 'a red circle', size: '256x256' }).catch((err: unknown) => err);
+        expect(third).toMatchObject({ status: 429, code: 'rate_limit_exceeded' });
+        expect((third as { message: string }).message).toMatch(/generation queue is full/);
+        return { short, reader };
       });
-      const reader = streamed.body!.getReader();
-      expect(new TextDecoder().decode((await reader.read()).value)).toBe(': queued\n\n');
-      expect(order).toEqual([]);
-      // Waiting for the slot is waiting in the queue: the two waiting fill QUEUE_MAX=2, and a third is
-      // refused as a full queue refuses (before, any number waited, each asking Redis every 200 ms).
-      const third = await two.client.images.generate({ model: 'demo-shapes', prompt: 'a red circle', size: '256x256' }).catch((err: unknown) => err);
-      expect(third).toMatchObject({ status: 429, code: 'rate_limit_exceeded' });
-      expect((third as { message: string }).message).toMatch(/generation queue is full/);
       let rest = '';
       for (let chunk = await reader.read(); !chunk.done; chunk = await reader.read()) rest += new TextDecoder().decode(chunk.value);
       expect(rest).toMatch(/^event: image_generation\.completed$/m);
