@@ -8,7 +8,7 @@ import { inspectModel } from '../src/models/layout.js';
 import { readMemoryFigures, writeMemoryFigures, type ModelMemory } from '../src/models/memory-figures.js';
 import { MemoryPlan } from '../src/pipelines/memory-plan.js';
 import { formatBytes } from '../src/util/bytes.js';
-import { whileBatchHeld } from './helpers/busy-worker.js';
+import { holdNextBatch, whileBatchHeld } from './helpers/busy-worker.js';
 import { metric } from './helpers/ops-server.js';
 import { haveRealExports, realExport } from './helpers/real-exports.js';
 import { startRealServer, type RealServer, type RealServerOptions } from './helpers/real-server.js';
@@ -103,7 +103,7 @@ describe("figures one worker measured, in the other worker's plan", () => {
 
   it('plans from them: what the pool keeps reaches every worker, not only the next one to start', async () => {
     // The first idle worker (the same one both times: both are idle, and the pool takes them in order)
-    // measures 512x512, then is held in a long batch while the other plans 1792x1024, which does not fit.
+    // measures 512x512, then is held with a batch while the other plans 1792x1024, which does not fit.
     // Both ready first: the server is ready with one.
     await expect.poll(() => real.server.engine.readiness().workers.ready, { timeout: 30_000 }).toBe(2);
     await generate('512x512', 2);
@@ -112,9 +112,12 @@ describe("figures one worker measured, in the other worker's plan", () => {
     await expect.poll(async () => (await keptNow())?.denoise?.map((sample) => sample.pixels)).toEqual([256 * 256, 512 * 512]);
     const kept = (await keptNow())!;
     expect(kept.decode?.pixels).toBe(512 * 512);
-    const long = generate('256x256', 150);
-    const refusal = await whileBatchHeld(real.server.engine, () => generate('1792x1024', 1).then(() => 'served', (err: Error) => err.message));
-    await long;
+    // Its batch held before it could begin (see holdNextBatch), however short: caught while it ran, one
+    // of a tenth of a second could end while a loaded machine stalled this process, and the catch waited
+    // in vain.
+    const { sent: held, resume } = await holdNextBatch(real.server.engine, () => generate('256x256', 2));
+    const refusal = await generate('1792x1024', 1).then(() => 'served', (err: Error) => err.message).finally(resume);
+    await held;
     // Planned from the kept figures, as the worker that measured them would with nothing held. Before,
     // the other worker planned from the figures it started with alone: without the measured decode,
     // 1.1 GiB where the kept figures say 2.0.

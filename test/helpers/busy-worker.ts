@@ -2,9 +2,10 @@ import { expect } from 'vitest';
 import type { WorkerPool } from '../../src/engine/pool.js';
 
 /**
- * Signals to a worker process of a pool in the middle of its denoising loop. SIGSTOP holds its batch
- * where it is (every thread of the process) until SIGCONT: what a test must do while a batch runs then
- * happens while it runs, on a machine fast enough to have finished the batch first as on a slow one.
+ * Signals to a worker process of a pool in the middle of its denoising loop, or before it begins a
+ * batch. SIGSTOP holds its batch where it is (every thread of the process) until SIGCONT: what a test
+ * must do while a batch runs then happens while it runs, on a machine fast enough to have finished the
+ * batch first as on a slow one.
  * The pool notices nothing: its stall watchdog waits WORKER_STALL_TIMEOUT_SECONDS (ten minutes unless
  * a test sets it).
  */
@@ -29,7 +30,33 @@ export async function signalBusyWorker(engine: Pick<WorkerPool, 'workers'>, sign
  * be called again, and does nothing for a worker gone meanwhile (killed by the test, or the pool closed).
  */
 export async function holdBusyWorker(engine: Pick<WorkerPool, 'workers'>): Promise<() => void> {
-  const pid = await signalBusyWorker(engine, 'SIGSTOP');
+  return resumer(await signalBusyWorker(engine, 'SIGSTOP'));
+}
+
+/**
+ * Holds the batch `send` starts before its worker can begin it, and answers what `send` answered and
+ * `resume`, as holdBusyWorker's. Every idle worker of `engine` is stopped first, and those the pool
+ * did not give the batch go on once one has it. holdBusyWorker must catch a batch while it runs: one
+ * that takes a tenth of a second can end while a loaded machine stalls the test process, and the catch
+ * then waits in vain. Here the worker that has the batch cannot run it until resumed, so nothing can
+ * be missed. For a test that needs a worker busy, not a batch midway (with its memory grant and steps).
+ */
+export async function holdNextBatch<T>(engine: Pick<WorkerPool, 'workers'>, send: () => T): Promise<{ sent: T; resume: () => void }> {
+  const idle = engine.workers().flatMap((w) => (w.alive && w.ready && !w.busy && w.pid !== undefined ? [w.pid] : []));
+  for (const pid of idle) process.kill(pid, 'SIGSTOP');
+  let taker: number | undefined;
+  try {
+    const sent = send();
+    await expect.poll(() => (taker = engine.workers().find((w) => w.busy && w.pid !== undefined && idle.includes(w.pid))?.pid), { timeout: 30_000, interval: 5 }).toBeDefined();
+    return { sent, resume: resumer(taker!) };
+  } finally {
+    // Also every one of them when none took the batch: the test fails with no worker left stopped.
+    for (const pid of idle) if (pid !== taker) resumer(pid)();
+  }
+}
+
+/** Lets stopped worker `pid` go on (SIGCONT), once however often it is called, and not at all once it is gone (killed by the test, or the pool closed). */
+function resumer(pid: number): () => void {
   let held = true;
   return () => {
     if (!held) return;
