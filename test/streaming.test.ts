@@ -207,12 +207,16 @@ describe('streaming errors and cancellation', () => {
       return Number(new RegExp(`^imagegen_http_requests_total\\{method="POST",route="/v1/images/generations",status="${status}"\\} (\\d+)$`, 'm').exec(metrics)?.[1] ?? 0);
     };
     const failedBefore = await requestsCounted('500');
-    const stream = await client.images.generate({ model: 'demo-shapes', prompt: 'a red circle', size: '1024x1024', stream: true, partial_images: 3, steps: 150 } as OpenAI.ImageGenerateParamsStreaming);
+    // One preview, after step 75 of 150: the worker is killed as it reaches the client, and the next
+    // event, the image, is 75 steps, a decode and a PNG encode away (1.4 s unheld on a 2-core machine).
+    // With three, the second preview came 38 steps later (0.4 s at 1024x1024): a first preview slow
+    // through the pipe, the SSE and the SDK on a loaded machine let it in before the kill.
+    const stream = await client.images.generate({ model: 'demo-shapes', prompt: 'a red circle', size: '1792x1024', stream: true, partial_images: 1, steps: 150 } as OpenAI.ImageGenerateParamsStreaming);
     const seen: string[] = [];
     const reading = (async () => {
       for await (const event of stream) {
         seen.push(event.type);
-        // The first preview came: the batch runs; its worker dies.
+        // The preview came: the batch runs; its worker dies.
         if (seen.length === 1) process.kill(server.engine.workers().find((w) => w.busy)!.pid!, 'SIGKILL');
       }
     })();
