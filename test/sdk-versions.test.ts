@@ -1,8 +1,8 @@
 import { once } from 'node:events';
-import net from 'node:net';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startTestServer, TEST_KEY, type TestServer } from './helpers/api-server.js';
 import { FakeEngine } from './helpers/engines.js';
+import { capturedLogs } from './helpers/logs.js';
 import { parseResponse, rawRequest } from './helpers/raw-http.js';
 import sharp from 'sharp';
 
@@ -92,20 +92,25 @@ describe('openai-node 4.x, whose retry of a form sends no body', () => {
   });
 
   it('is told not to retry a form refused before its body is parsed: the 503 of a server shutting down', async () => {
-    const shutting = await startTestServer({ engine: new FakeEngine() });
+    const logs = capturedLogs<{ msg: string }>();
+    const shutting = await startTestServer({ engine: new FakeEngine(), logger: logs.logger });
     const port = Number(new URL(shutting.origin).port);
     const headers = { ...sdkHeaders('4.104.0'), authorization: `Bearer ${TEST_KEY}` };
-    // Another client's request still arriving: the shutdown waits for it.
-    const other = net.connect(port, '127.0.0.1');
-    // The SDK's request, its first line sent as the close begins and the rest during it (a connection
-    // idle then is closed, as is one whose answer comes during the close).
+    // The SDK's request, its first line sent before the close begins and the rest during it (a connection
+    // idle then is closed, as is one whose answer comes during the close). It must be the server's when the
+    // close begins (one still waiting to be accepted is reset as the port closes): it connects first, and the
+    // server takes connections in the order they came, so it has this one once it has `other`'s request.
+    // Node counts a connection it took whose request has not ended as busy, its first line read or not.
     const spare = rawRequest(port, 'POST /v1/images/edits HTTP/1.1\r\n');
+    await once(spare.socket, 'connect');
+    // Another client's request still arriving: the shutdown waits for it. Its 100 Continue says the server
+    // has taken it (its body is being read) before the close begins.
+    const other = rawRequest(port, `POST /v1/images/generations HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer ${TEST_KEY}\r\nContent-Type: application/json\r\nContent-Length: 1000\r\nExpect: 100-continue\r\n\r\n`);
     try {
-      other.write(`POST /v1/images/generations HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer ${TEST_KEY}\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{`);
-      await once(spare.socket, 'connect');
-      await new Promise((resolve) => setTimeout(resolve, 50));
+      await expect.poll(() => other.text).toMatch(/^HTTP\/1\.1 100 Continue\r\n\r\n$/);
       const closed = shutting.close();
-      await new Promise((resolve) => setTimeout(resolve, 50));
+      // The close has begun: what arrives now is refused (the line comes once the shutdown counts `other` in flight).
+      await expect.poll(() => logs.lines.some((line) => line.msg === 'waiting for requests in flight to finish')).toBe(true);
       const form = new FormData();
       form.append('prompt', 'a blue square');
       form.append('image', new Blob([await picture()], { type: 'image/png' }), 'in.png');
@@ -117,10 +122,10 @@ describe('openai-node 4.x, whose retry of a form sends no body', () => {
       const refused = parseResponse(spare.text);
       expect([refused.status, JSON.parse(refused.body).error.code]).toEqual(['HTTP/1.1 503 Service Unavailable', 'server_shutting_down']);
       expect(refused.headers['x-should-retry']).toBe('false');
-      other.destroy();
+      other.socket.destroy();
       await closed;
     } finally {
-      other.destroy();
+      other.socket.destroy();
       spare.socket.destroy();
     }
   });
