@@ -5,9 +5,10 @@ import { get } from 'node:https';
 import { connect } from 'node:net';
 import path from 'node:path';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
+import { holdProcesses } from './helpers/busy-worker.js';
 import { haveOpenssl, selfSignedCertificate } from './helpers/certificate.js';
 import { generate, LONG, makeRoot, OPS_KEY, rootEnv, sleep, untilReady } from './helpers/ops-server.js';
-import { spawnServer, type ServerProcess, type SpawnOptions } from './helpers/server-process.js';
+import { spawnServer, workerProcesses, type ServerProcess, type SpawnOptions } from './helpers/server-process.js';
 
 /**
  * `imagegen serve` as a process: graceful shutdown on SIGTERM, and a disk that fails mid-write. The
@@ -120,8 +121,7 @@ describe('a signal to the whole process group (Ctrl-C in a terminal, systemd sto
     );
     await whenBusy(server.origin);
     // Its worker held, so that the generation outlasts the second's wait on any machine (the pool notices nothing).
-    const workers = (await readFile(`/proc/${server.child.pid}/task/${server.child.pid}/children`, 'utf8')).trim().split(/\s+/).map(Number);
-    for (const pid of workers) process.kill(pid, 'SIGSTOP');
+    const resume = holdProcesses(await workerProcesses(server));
     server.child.kill('SIGTERM');
     // Timed from when the server took the first (its line comes after): from the kill, a loaded machine's
     // delay in delivering it could bring the two within the second that makes them one.
@@ -132,13 +132,7 @@ describe('a signal to the whole process group (Ctrl-C in a terminal, systemd sto
     expect(server.log.join('\n')).toMatch(/SIGTERM again: exiting without waiting for running requests/);
     expect(await running).toBeInstanceOf(TypeError);
     // The workers, left stopped, end with it once they run.
-    for (const pid of workers) {
-      try {
-        process.kill(pid, 'SIGCONT');
-      } catch {
-        // Gone with the server already.
-      }
-    }
+    resume();
   });
 });
 

@@ -26,11 +26,33 @@ export async function signalBusyWorker(engine: Pick<WorkerPool, 'workers'>, sign
 }
 
 /**
- * Holds the batch a worker of `engine` is denoising (SIGSTOP) and answers `resume` (SIGCONT), which may
- * be called again, and does nothing for a worker gone meanwhile (killed by the test, or the pool closed).
+ * What lets processes held by SIGSTOP go on (SIGCONT): may be called again, and does nothing for a process
+ * gone meanwhile (killed by the test, or ended with its pool or server).
  */
+function resumer(pids: readonly number[]): () => void {
+  let held = true;
+  return () => {
+    if (!held) return;
+    held = false;
+    for (const pid of pids) {
+      try {
+        process.kill(pid, 'SIGCONT');
+      } catch (err) {
+        if ((err as NodeJS.ErrnoException).code !== 'ESRCH') throw err;
+      }
+    }
+  };
+}
+
+/** Holds processes where they are (SIGSTOP: every thread of each) and answers what lets them go on (see resumer). */
+export function holdProcesses(pids: readonly number[]): () => void {
+  for (const pid of pids) process.kill(pid, 'SIGSTOP');
+  return resumer(pids);
+}
+
+/** Holds the batch a worker of `engine` is denoising (SIGSTOP) and answers what lets it go on (see resumer). */
 export async function holdBusyWorker(engine: Pick<WorkerPool, 'workers'>): Promise<() => void> {
-  return resumer(await signalBusyWorker(engine, 'SIGSTOP'));
+  return resumer([await signalBusyWorker(engine, 'SIGSTOP')]);
 }
 
 /**
@@ -43,30 +65,16 @@ export async function holdBusyWorker(engine: Pick<WorkerPool, 'workers'>): Promi
  */
 export async function holdNextBatch<T>(engine: Pick<WorkerPool, 'workers'>, send: () => T): Promise<{ sent: T; resume: () => void }> {
   const idle = engine.workers().flatMap((w) => (w.alive && w.ready && !w.busy && w.pid !== undefined ? [w.pid] : []));
-  for (const pid of idle) process.kill(pid, 'SIGSTOP');
+  holdProcesses(idle);
   let taker: number | undefined;
   try {
     const sent = send();
     await expect.poll(() => (taker = engine.workers().find((w) => w.busy && w.pid !== undefined && idle.includes(w.pid))?.pid), { timeout: 30_000, interval: 5 }).toBeDefined();
-    return { sent, resume: resumer(taker!) };
+    return { sent, resume: resumer([taker!]) };
   } finally {
     // Also every one of them when none took the batch: the test fails with no worker left stopped.
-    for (const pid of idle) if (pid !== taker) resumer(pid)();
+    resumer(idle.filter((pid) => pid !== taker))();
   }
-}
-
-/** Lets stopped worker `pid` go on (SIGCONT), once however often it is called, and not at all once it is gone (killed by the test, or the pool closed). */
-function resumer(pid: number): () => void {
-  let held = true;
-  return () => {
-    if (!held) return;
-    held = false;
-    try {
-      process.kill(pid, 'SIGCONT');
-    } catch (err) {
-      if ((err as NodeJS.ErrnoException).code !== 'ESRCH') throw err;
-    }
-  };
 }
 
 /** Runs `meanwhile` with the batch a worker of `engine` is denoising held, then lets it go on, also when `meanwhile` fails; answers what it does. */

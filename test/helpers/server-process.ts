@@ -1,5 +1,6 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
+import { readFile } from 'node:fs/promises';
 import { createInterface } from 'node:readline';
 import type { Readable } from 'node:stream';
 import { imagegenArgs, PROJECT_ROOT } from './cli.js';
@@ -90,4 +91,15 @@ export function listeningUrl(stdout: Readable, exited: Promise<unknown>, failure
 export async function killServer(server: ServerProcess): Promise<void> {
   if (server.child.exitCode === null && server.child.signalCode === null) server.child.kill('SIGKILL');
   await server.exited;
+}
+
+/**
+ * The pids of the server's worker processes now: its children, which Linux lists in /proc under the
+ * thread that started them (the main thread). Those of workers that ended are gone from the list.
+ */
+export async function workerProcesses(server: ServerProcess): Promise<number[]> {
+  const pid = server.child.pid!;
+  const children = await readFile(`/proc/${pid}/task/${pid}/children`, 'utf8');
+  // None is '': not pid 0, which process.kill takes as this whole process group.
+  return children.split(/\s+/).filter(Boolean).map(Number);
 }
