@@ -6,7 +6,8 @@ import OpenAI from 'openai';
 import sharp from 'sharp';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { MODEL, makeRoot, OPS_KEY, rootEnv, sleep, untilReady } from './helpers/ops-server.js';
-import { killServer, spawnServer, type ServerProcess } from './helpers/server-process.js';
+import { holdProcesses } from './helpers/busy-worker.js';
+import { killServer, spawnServer, workerProcesses, type ServerProcess } from './helpers/server-process.js';
 import { findCommand, startHaproxy, startRedis, startS3Server, type HaproxyService, type RedisService, type S3Service } from './helpers/services.js';
 import type { ErrorBody, ImagesResponse } from '../src/api/wire.js';
 
@@ -160,6 +161,10 @@ describe.skipIf(missing)(`replicas behind HAProxy sharing S3 and Redis${missing 
   it('loses no stored image when a replica is killed mid-traffic, and fails only the requests it was running', async () => {
     stored.push({ path: new URL(await makeImage(replicas.b!.origin)).pathname, madeOn: 'b' });
     const { a, b, balancer } = origins();
+    // Every batch held where it is (SIGSTOP of both replicas' workers) from before the requests until b has
+    // died: b's requests when it dies are those counted on it, however fast a machine would have finished
+    // some, and a's are still in flight then.
+    const resume = holdProcesses([...(await workerProcesses(replicas.a!)), ...(await workerProcesses(replicas.b!))]);
     // Long generations through the balancer; distinct step counts keep them from merging into one batch.
     const requests = [0, 1, 2, 3].map((i) =>
       fetch(`${balancer}/v1/images/generations`, {
@@ -174,10 +179,16 @@ describe.skipIf(missing)(`replicas behind HAProxy sharing S3 and Redis${missing 
         (err: Error) => ({ status: 0, url: String(err.cause ?? err), code: undefined }),
       ),
     );
-    // Every request has reached a replica (running or queued there), and each replica has some.
-    await expect.poll(async () => [await queueOf(a), await queueOf(b)], { timeout: 20_000, interval: 20 }).toSatisfy(([x, y]: number[]) => x > 0 && y > 0 && x + y === 4);
-    const onB = await queueOf(b);
-    await killServer(replicas.b!);
+    let onB: number;
+    try {
+      // Every request has reached a replica (running or queued there, where none can end now), and each replica has some.
+      await expect.poll(async () => [await queueOf(a), await queueOf(b)], { timeout: 20_000, interval: 20 }).toSatisfy(([x, y]: number[]) => x > 0 && y > 0 && x + y === 4);
+      onB = await queueOf(b);
+      await killServer(replicas.b!);
+    } finally {
+      // a's batches go on; b's workers, stopped, end with it once they run.
+      resume();
+    }
 
     const answers = await Promise.all(requests);
     const failed = answers.filter((answer) => answer.status !== 200);
