@@ -8,7 +8,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { MODEL, makeRoot, OPS_KEY, rootEnv, sleep, untilReady } from './helpers/ops-server.js';
 import { holdProcesses } from './helpers/busy-worker.js';
 import { killServer, spawnServer, workerProcesses, type ServerProcess } from './helpers/server-process.js';
-import { findCommand, startHaproxy, startRedis, startS3Server, type HaproxyService, type RedisService, type S3Service } from './helpers/services.js';
+import { findCommand, startHaproxy, startOn, startRedis, startS3Server, type HaproxyService, type RedisService, type S3Service } from './helpers/services.js';
 import type { ErrorBody, ImagesResponse } from '../src/api/wire.js';
 
 /**
@@ -32,16 +32,16 @@ let s3: S3Service;
 let redis: RedisService;
 let haproxy: HaproxyService;
 const replicas: { a?: ServerProcess; b?: ServerProcess } = {};
-/** Each replica's port: 0 (it picks one and says which) until it first starts; a restart takes it again, where HAProxy looks. */
-const ports = { a: 0, b: 0 };
+/** Each replica's port, found free as it first starts (see startOn); a restart takes it again, where HAProxy looks. */
+const ports: { a?: number; b?: number } = {};
 /** Image URLs made so far, and the replica that made each: none may be lost. */
 const stored: { path: string; madeOn: 'a' | 'b' }[] = [];
 
-function replicaEnv(name: 'a' | 'b', extra: Record<string, string> = {}): Record<string, string> {
+function replicaEnv(name: 'a' | 'b', port: number, extra: Record<string, string> = {}): Record<string, string> {
   return {
     ...rootEnv(root),
     DATA_DIR: path.join(root, `data-${name}`),
-    PORT: String(ports[name]),
+    PORT: String(port),
     STORE: 's3',
     S3_BUCKET: BUCKET,
     S3_ENDPOINT: s3.endpoint,
@@ -57,7 +57,7 @@ function replicaEnv(name: 'a' | 'b', extra: Record<string, string> = {}): Record
 }
 
 async function startReplica(name: 'a' | 'b', extra?: Record<string, string>): Promise<ServerProcess> {
-  const server = await spawnServer(replicaEnv(name, extra));
+  const server = await startOn(ports[name], (port) => spawnServer(replicaEnv(name, port, extra)));
   replicas[name] = server;
   ports[name] = Number(new URL(server.origin).port);
   await untilReady(server.origin, 60_000).catch(async (err: Error) => {

@@ -1,7 +1,7 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
-import { accessSync, constants } from 'node:fs';
-import { createServer, type AddressInfo } from 'node:net';
+import { accessSync, constants, readFileSync } from 'node:fs';
+import { createServer, type AddressInfo, type Server } from 'node:net';
 import path from 'node:path';
 import { createInterface } from 'node:readline';
 import { fileURLToPath } from 'node:url';
@@ -30,11 +30,41 @@ export function findCommand(name: string): string | undefined {
   return undefined;
 }
 
-/** `count` distinct TCP ports free on loopback right now (each held until all are found, so none repeats). */
-async function freePorts(count: number): Promise<number[]> {
-  const servers = Array.from({ length: count }, () => createServer().listen(0, '127.0.0.1'));
+/** Below this, the ports services are commonly set up on (databases, web servers): freePorts picks none there. */
+const COMMON_PORTS_END = 10_000;
+
+/**
+ * Where freePorts picks: below the ports the kernel hands out by itself (Linux's ip_local_port_range), to
+ * a listener asking for port 0 and to a connection's local end. A service stopped and started again on
+ * its port (where its clients look) then finds it free: one of those, the kernel could give to whatever
+ * asked it for a port while the service was down (another test file's server, a connection). Undefined
+ * where the range is not known (no /proc) or leaves no room below it: the kernel then picks (port 0).
+ */
+function portsOfOurOwn(): { from: number; to: number } | undefined {
+  let low: number;
   try {
-    await Promise.all(servers.map((server) => once(server, 'listening')));
+    low = Number(readFileSync('/proc/sys/net/ipv4/ip_local_port_range', 'utf8').trim().split(/\s+/)[0]);
+  } catch {
+    return undefined;
+  }
+  return low > COMMON_PORTS_END ? { from: COMMON_PORTS_END, to: low } : undefined;
+}
+
+/** `count` distinct TCP ports free on loopback right now (each held until all are found, so none repeats), at random from portsOfOurOwn(). */
+async function freePorts(count: number): Promise<number[]> {
+  const range = portsOfOurOwn();
+  const servers: Server[] = [];
+  try {
+    while (servers.length < count) {
+      const server = createServer();
+      try {
+        await once(server.listen(range ? range.from + Math.floor(Math.random() * (range.to - range.from)) : 0, '127.0.0.1'), 'listening');
+        servers.push(server);
+      } catch (err) {
+        // Taken (by a service of this machine, or a pick of another test file's): another pick.
+        if ((err as NodeJS.ErrnoException).code !== 'EADDRINUSE') throw err;
+      }
+    }
     return servers.map((server) => (server.address() as AddressInfo).port);
   } finally {
     for (const server of servers) server.close();
@@ -43,19 +73,25 @@ async function freePorts(count: number): Promise<number[]> {
 
 /**
  * Starts a process that must be told its ports (it cannot bind port 0 and say which one it got, as
- * `imagegen serve` can) on `count` ports found free a moment before. Should another process take one
- * meanwhile (a connection's local port, another test file's listener, on a busy machine), the process
- * says 'Address already in use' (redis-server and haproxy both do) and exits, and `start`'s error,
- * holding its output, says so: then it tries again on new ports. Three tries, then that error.
+ * `imagegen serve` can, or must keep them for a restart) on `count` ports found free a moment before.
+ * Should another process take one meanwhile (another test file's pick, on a busy machine), the process
+ * says that its port is already in use (redis-server, haproxy, s3rver and imagegen serve all do) and
+ * exits, and `start`'s error, holding its output, says so: then it tries again on new ports. Three
+ * tries, then that error.
  */
 async function onFreePorts<T>(count: number, start: (ports: number[]) => Promise<T>): Promise<T> {
   for (let tries = 1; ; tries++) {
     try {
       return await start(await freePorts(count));
     } catch (err) {
-      if (tries === 3 || !(err as Error).message.includes('Address already in use')) throw err;
+      if (tries === 3 || !/already in use/i.test((err as Error).message)) throw err;
     }
   }
+}
+
+/** Starts a service on `port` (one started again where its clients look), or on one found free (see onFreePorts). */
+export function startOn<T>(port: number | undefined, start: (port: number) => Promise<T>): Promise<T> {
+  return port === undefined ? onFreePorts(1, ([free]) => start(free)) : start(port);
 }
 
 export interface Service {
@@ -133,7 +169,7 @@ export function startRedis(binary: string, port?: number): Promise<RedisService>
     await untilLine(service, /Ready to accept connections/, 'redis-server');
     return { ...service, url: `redis://127.0.0.1:${on}/0` };
   };
-  return port === undefined ? onFreePorts(1, ([free]) => start(free)) : start(port);
+  return startOn(port, start);
 }
 
 export interface S3Service extends Service {
@@ -143,16 +179,18 @@ export interface S3Service extends Service {
   credentials: { AWS_ACCESS_KEY_ID: string; AWS_SECRET_ACCESS_KEY: string; AWS_REGION: string };
 }
 
-/** s3rver with one bucket, `bucket`, keeping its objects in `dir`; `port` 0 picks one (a restart passes the old one). */
-export async function startS3Server(dir: string, bucket: string, port = 0): Promise<S3Service> {
+/** s3rver with one bucket, `bucket`, keeping its objects in `dir`, on a port found free (see onFreePorts), or on `port` (a restart passes the old one). */
+export function startS3Server(dir: string, bucket: string, port?: number): Promise<S3Service> {
   const bin = path.join(REPO, 'node_modules', 's3rver', 'bin', 's3rver.js');
-  const service = startProcess(process.execPath, [bin, '--directory', dir, '--address', '127.0.0.1', '--port', String(port), '--configure-bucket', bucket]);
-  const [, listening] = await untilLine(service, /S3rver listening on (\S+)/, 's3rver');
-  return {
-    ...service,
-    endpoint: `http://${listening}`,
-    credentials: { AWS_ACCESS_KEY_ID: 'S3RVER', AWS_SECRET_ACCESS_KEY: 'S3RVER', AWS_REGION: 'us-east-1' },
-  };
+  return startOn(port, async (on) => {
+    const service = startProcess(process.execPath, [bin, '--directory', dir, '--address', '127.0.0.1', '--port', String(on), '--configure-bucket', bucket]);
+    const [, listening] = await untilLine(service, /S3rver listening on (\S+)/, 's3rver');
+    return {
+      ...service,
+      endpoint: `http://${listening}`,
+      credentials: { AWS_ACCESS_KEY_ID: 'S3RVER', AWS_SECRET_ACCESS_KEY: 'S3RVER', AWS_REGION: 'us-east-1' },
+    };
+  });
 }
 
 export interface HaproxyService extends Service {
