@@ -411,7 +411,8 @@ describe('shutdown', () => {
 
   it("closes the connection of each answer sent while it closes, where a balancer's pool sent its next request to get the 503", async () => {
     // A generation held running keeps the server closing until it ends.
-    const { engine, closing, running } = await serverWithHeldGeneration();
+    const logs = capturedLogs<{ msg: string }>();
+    const { engine, closing, running } = await serverWithHeldGeneration({ logger: logs.logger });
     // A request under way on a keep-alive connection as the close begins: its body not sent yet (the 100
     // Continue says the server has taken it). Its answer, a 400, comes during the close.
     const body = JSON.stringify({ model: 'stub', prompt: 'a red circle', n: 0 });
@@ -419,7 +420,8 @@ describe('shutdown', () => {
     const exchange = rawRequest(Number(new URL(closing.origin).port), head);
     await expect.poll(() => exchange.text).toMatch(/^HTTP\/1\.1 100 Continue/);
     const closed = closing.close();
-    await new Promise((resolve) => setTimeout(resolve, 50));
+    // Its body once the close has begun (a stall of this process could let a fixed wait end before).
+    await expect.poll(() => logs.lines.some((line) => line.msg === 'waiting for requests in flight to finish')).toBe(true);
     exchange.socket.write(body);
     await expect.poll(() => exchange.text).toMatch(/"code":"integer_below_min_value"}}$/);
     const answer = parseResponse(exchange.text);
