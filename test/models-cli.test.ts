@@ -90,6 +90,9 @@ afterEach(() => rm(work, { recursive: true, force: true }));
 const pull = (repo: string, options: Partial<PullOptions> = {}) => pullModel({ modelsDir, repo, hubUrl: hub.url, output, retryDelayMs: 0, ...options });
 const importFrom = (source: string, name?: string) => importModel({ modelsDir, source, name, output });
 
+/** The real `imagegen` command, as a user runs it, in the project's folder. */
+const cli = (...args: string[]) => execFileAsync(process.execPath, imagegenArgs(...args), { cwd: PROJECT_ROOT });
+
 async function registryIds(): Promise<string[]> {
   const registry = new ModelRegistry({ roots: [{ dir: modelsDir, ownedBy: 'user' }], aliases: {}, logger: silentLogger });
   await registry.scan();
@@ -404,6 +407,19 @@ describe('models import and export', () => {
     await expectNothingInstalled('damaged');
   });
 
+  it('refuses an empty ONNX file even with --skip-load, and lists a model holding one as broken', async () => {
+    // What a copy that failed before its first byte leaves: an empty file is a protobuf of no fields, which onnxruntime refuses only as a request loads it.
+    const dir = await copyOfSource();
+    await truncate(path.join(dir, 'unet', 'model.onnx'), 0);
+    const empty = /unet\/model\.onnx is cut short or is not an ONNX graph \(it holds no graph\): copy it again from the export/;
+    await expect(cli('models', 'import', dir, '--name', 'empty', '--skip-load', '--models-dir', modelsDir)).rejects.toMatchObject({ code: 1, stderr: expect.stringMatching(empty) });
+    await expectNothingInstalled('empty');
+    // One that was installed before, or damaged in place since.
+    await importFrom(sourceDir, 'emptied');
+    await truncate(path.join(modelsDir, 'emptied', 'unet', 'model.onnx'), 0);
+    expect((await cli('models', 'list', '--models-dir', modelsDir)).stdout).toMatch(new RegExp(`\\nemptied\\s.*broken: ${empty.source}`));
+  });
+
   it('refuses a folder that is missing or is not a model', async () => {
     await expect(importFrom(path.join(work, 'nowhere'))).rejects.toThrow(/does not exist; give the path of a model folder/);
     const dir = await copyOfSource();
@@ -694,7 +710,6 @@ describe('the imagegen CLI', () => {
     await figures.flushed();
     expect(await list()).toMatch(/\nturbo\s+sd\/sd-turbo\s+\d+\.\d [KM]iB\s+1\.5 GiB \+ 1\.0 GiB at 1\.0 MP\s+ok\n$/);
     // An id that is also an OpenAI model name, or the embedded model's, changes what requests for it run: said so.
-    const cli = (...args: string[]) => execFileAsync(process.execPath, imagegenArgs(...args), { cwd: PROJECT_ROOT });
     for (const [name, note] of [['dall-e-3', /note: dall-e-3 is also an OpenAI model name: requests naming it now run this model/], ['demo-shapes', /note: demo-shapes is also the id of a model that comes with the server/]] as const) {
       const { stdout } = await cli('models', 'import', sourceDir, '--name', name, '--skip-load', '--models-dir', modelsDir);
       expect(stdout).toMatch(note);

@@ -62,7 +62,9 @@ export async function externalDataFiles(onnxFile: string): Promise<{ files: Exte
   const file = await open(onnxFile);
   try {
     const reader = new WireReader(fileSource(file));
+    let graphs = 0;
     for await (const graph of lengthFields(reader, (await file.stat()).size, MODEL_GRAPH)) {
+      graphs++;
       for await (const tensor of lengthFields(reader, graph.end, GRAPH_INITIALIZER)) {
         const entries = await externalEntries(reader, tensor.end);
         const location = entries.get('location');
@@ -71,6 +73,9 @@ export async function externalDataFiles(onnxFile: string): Promise<{ files: Exte
         needed.set(location, Math.max(needed.get(location) ?? 0, end));
       }
     }
+    // An empty file (a copy that failed before its first byte, a file cut short to nothing) is a valid
+    // protobuf of no fields: onnxruntime refuses it ("ModelProto does not have a graph") only when a request loads it.
+    if (graphs === 0) damage = 'it holds no graph';
   } catch (err) {
     if (!(err instanceof WireFormatError)) throw err;
     damage = err.message;

@@ -18,18 +18,21 @@ import { silentLogger } from './logs.js';
  * precise point passes a FakeEngine (engines.ts), and says why.
  */
 
+/** A ModelProto holding only an empty graph (field 7, length 0): the least inspectModel takes for a graph file, which an empty file is not. */
+const EMPTY_GRAPH = Buffer.from([0x3a, 0x00]);
+
 /**
- * A folder inspectModel accepts as an SD-Turbo export, its graphs empty files: for tests of what the
+ * A folder inspectModel accepts as an SD-Turbo export, its graphs empty: for tests of what the
  * registry makes of a folder, which no engine loads (a server's model is writeDemoModel's). `canEdit`
  * adds the VAE encoder that edits and variations need.
  */
 export async function writeStubModel(dir: string, override?: object, { canEdit = false } = {}): Promise<void> {
-  const files: Record<string, string> = {
-    ...(canEdit && { 'vae_encoder/model.onnx': '' }),
+  const files: Record<string, string | Buffer> = {
+    ...(canEdit && { 'vae_encoder/model.onnx': EMPTY_GRAPH }),
     'model_index.json': JSON.stringify({ _class_name: 'OnnxStableDiffusionPipeline', _name_or_path: 'stabilityai/sd-turbo' }),
-    'unet/model.onnx': '',
-    'text_encoder/model.onnx': '',
-    'vae_decoder/model.onnx': '',
+    'unet/model.onnx': EMPTY_GRAPH,
+    'text_encoder/model.onnx': EMPTY_GRAPH,
+    'vae_decoder/model.onnx': EMPTY_GRAPH,
     'tokenizer/vocab.json': '{}',
     'tokenizer/merges.txt': '#version: 0.2\n',
     'scheduler/scheduler_config.json': JSON.stringify({ _class_name: 'EulerDiscreteScheduler', timestep_spacing: 'trailing' }),
