@@ -1,9 +1,9 @@
 import { formatBytes } from '../src/util/bytes.js';
 import { MemoryFigures } from '../src/models/memory-figures.js';
-import { execFile, spawn } from 'node:child_process';
+import { execFile, spawn, spawnSync } from 'node:child_process';
 import { once } from 'node:events';
 import { randomUUID } from 'node:crypto';
-import { cp, link, mkdir, mkdtemp, readdir, readFile, rm, stat, symlink, truncate, writeFile } from 'node:fs/promises';
+import { chmod, cp, link, mkdir, mkdtemp, readdir, readFile, rm, stat, symlink, truncate, writeFile } from 'node:fs/promises';
 import { createServer as createHttpServer } from 'node:http';
 import { createServer, type AddressInfo, type Socket } from 'node:net';
 import os from 'node:os';
@@ -697,7 +697,52 @@ describe('a full disk', () => {
   });
 });
 
+/** Root passes over a folder's permissions; without the capabilities that let it (setpriv, of util-linux, drops them) it is bound as any user. */
+const isRoot = process.getuid?.() === 0;
+const canDropCapabilities = isRoot && spawnSync('setpriv', ['--version']).status === 0;
+const permissionsBind = !isRoot || canDropCapabilities;
+
+/** `imagegen ...args` bound by the permissions of the files it uses. */
+const cliWithoutPrivilege = (...args: string[]) =>
+  canDropCapabilities
+    ? execFileAsync('setpriv', ['--bounding-set=-dac_override,-dac_read_search', process.execPath, ...imagegenArgs(...args)], { cwd: PROJECT_ROOT })
+    : cli(...args);
+
 describe('the imagegen CLI', () => {
+  it.skipIf(!permissionsBind)(
+    `says what to do about a folder it may not read or write, rather than Node's error or "no models"${permissionsBind ? '' : ' (skipped: root, and no setpriv to drop the capabilities that pass over permissions)'}`,
+    async () => {
+      await importFrom(sourceDir, 'turbo');
+      const locked = path.join(work, 'locked');
+      await mkdir(locked);
+      await chmod(locked, 0o555);
+      const advice = "(EACCES): run imagegen as a user who may (the folder's owner), give this user access to it (chown, chmod), or choose another folder\n";
+      // A models folder it cannot write, an --out it cannot write, a source it cannot read.
+      await expect(cliWithoutPrivilege('models', 'import', sourceDir, '--skip-load', '--models-dir', locked)).rejects.toMatchObject({
+        code: 1,
+        stderr: `error: no permission to create ${path.join(locked, '.staging')} ${advice}`,
+      });
+      await expect(cliWithoutPrivilege('models', 'export', 'turbo', '--out', locked, '--models-dir', modelsDir)).rejects.toMatchObject({
+        code: 1,
+        stderr: `error: no permission to open ${path.join(locked, 'turbo.tar.partial')} ${advice}`,
+      });
+      const unreadable = await copyOfSource();
+      await chmod(path.join(unreadable, 'unet'), 0o000);
+      await expect(cliWithoutPrivilege('models', 'import', unreadable, '--skip-load', '--models-dir', modelsDir)).rejects.toMatchObject({
+        code: 1,
+        stderr: `error: no permission to list ${path.join(unreadable, 'unet')} ${advice}`,
+      });
+      await chmod(path.join(unreadable, 'unet'), 0o755);
+      // A models folder it cannot read holds models all the same: not "no models".
+      await chmod(modelsDir, 0o000);
+      try {
+        await expect(cliWithoutPrivilege('models', 'list', '--models-dir', modelsDir)).rejects.toMatchObject({ code: 1, stderr: `error: no permission to list ${modelsDir} ${advice}` });
+      } finally {
+        await chmod(modelsDir, 0o755);
+      }
+    },
+  );
+
   it('lists models with "imagegen models list"', async () => {
     await importFrom(sourceDir, 'turbo');
     const dataDir = path.join(modelsDir, '..', 'data');
@@ -741,7 +786,12 @@ describe('the imagegen CLI', () => {
     const file = path.join(work, 'a-file');
     await writeFile(file, 'not a folder');
     for (const command of [['import', sourceDir, '--skip-load'], ['pull', REPO, '--hub-url', hub.url]]) {
-      await expect(cli('models', ...command, '--models-dir', file)).rejects.toMatchObject({ code: 1, stderr: expect.stringMatching(new RegExp(`^error: E(EXIST|NOTDIR): [^\n]*'${file}[^\n]*'\n$`)) });
+      await expect(cli('models', ...command, '--models-dir', file)).rejects.toMatchObject({
+        code: 1,
+        stderr: expect.stringMatching(
+          new RegExp(`^error: cannot create ${file}(/\\.staging)?: a file is in the way, where a folder is needed \\(it, or a folder on its path, is a file; E(EXIST|NOTDIR)\\): name a folder, not a file\n$`),
+        ),
+      });
     }
     // The settings it shares with the server read as the server reads them: set empty is unset, spaces around a value dropped.
     const here = await mkdtemp(path.join(work, 'cwd-'));

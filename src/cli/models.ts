@@ -23,6 +23,7 @@ import { EXECUTION_PROVIDERS, GRAPH_REWRITE_SETS, type ExecutionProvider, type G
 import { registerVerifyCommand } from './verify.js';
 import { exitStatusOf } from './exit-status.js';
 import { messageOf } from '../util/error-message.js';
+import { fileProblem } from './file-problem.js';
 
 /**
  * `imagegen models ...`: manage the models folder the server reads (MODELS_DIR). The work is done by
@@ -51,7 +52,8 @@ function reporting<A extends unknown[]>(action: (...args: A) => Promise<void>): 
       if (!(err instanceof ModelInstallError) && !(err as NodeJS.ErrnoException).syscall) throw err;
       // Clears a progress bar left half-drawn on a terminal.
       if (process.stderr.isTTY) process.stderr.write('\r\x1b[K');
-      console.error(`error: ${messageOf(err)}`);
+      const systemError = err instanceof ModelInstallError ? undefined : fileProblem(err as NodeJS.ErrnoException);
+      console.error(`error: ${systemError ?? messageOf(err)}`);
       process.exitCode = exitStatusOf(err);
     }
   };

@@ -2,6 +2,7 @@ import path from 'node:path';
 import type { ModelLayout } from '../models/layout.js';
 import { inspectModelFolder, notesOf } from '../models/model-folder.js';
 import { modelFolderNames } from '../models/registry.js';
+import { unlessMissing } from '../util/files.js';
 import { listFolder } from './disk.js';
 import { pullStagingPath, unfinishedPulls } from './installer.js';
 
@@ -25,7 +26,8 @@ async function folderBytes(dir: string): Promise<number> {
 
 /** Installed models by id (a folder the server skips is listed as broken, for the same reason), then unfinished pulls. */
 export async function listModels(modelsDir: string): Promise<ModelStatus[]> {
-  const ids = await modelFolderNames(modelsDir).catch(() => []);
+  // A folder that is not there holds no models; one that cannot be read (another user's) is no empty one.
+  const ids = (await unlessMissing(modelFolderNames(modelsDir))) ?? [];
   const models: ModelStatus[] = [];
   for (const id of ids) {
     const dir = path.join(modelsDir, id);
