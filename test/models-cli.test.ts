@@ -733,6 +733,15 @@ describe('the imagegen CLI', () => {
         stderr: `error: no permission to list ${path.join(unreadable, 'unet')} ${advice}`,
       });
       await chmod(path.join(unreadable, 'unet'), 0o755);
+      // A file it may not read is no damaged one, to be copied again: in an import, and in the list of installed models.
+      const unreadableFile = /no permission to read unet\/model\.onnx \(EACCES\): let the user running imagegen read every file of the model \(chmod -R a\+rX on its folder, or chown\)/;
+      await chmod(path.join(unreadable, 'unet', 'model.onnx'), 0o000);
+      await expect(cliWithoutPrivilege('models', 'import', unreadable, '--skip-load', '--models-dir', modelsDir)).rejects.toMatchObject({
+        code: 1,
+        stderr: expect.stringMatching(new RegExp(`^error: ${unreadable} is not a usable model folder: ${unreadableFile.source}\\. Nothing was installed\n$`)),
+      });
+      await chmod(path.join(modelsDir, 'turbo', 'unet', 'model.onnx'), 0o000);
+      expect((await cliWithoutPrivilege('models', 'list', '--models-dir', modelsDir)).stdout).toMatch(new RegExp(`\\nturbo\\s.*broken: ${unreadableFile.source}`));
       // A models folder it cannot read holds models all the same: not "no models".
       await chmod(modelsDir, 0o000);
       try {
