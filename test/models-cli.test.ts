@@ -709,6 +709,19 @@ const cliWithoutPrivilege = (...args: string[]) =>
     : cli(...args);
 
 describe('the imagegen CLI', () => {
+  it('refuses an empty path (a script\'s unset variable) as a usage error before any work', async () => {
+    await importFrom(sourceDir, 'turbo');
+    const empty = 'It is empty: give the path of a file or folder (in a script, is the variable set?).\n';
+    const here = await mkdtemp(path.join(work, 'cwd-'));
+    const inHere = (...args: string[]) => execFileAsync(process.execPath, imagegenArgs(...args), { cwd: here });
+    // Export wrote the whole bundle to '.partial' in the current folder, then failed with ENOENT renaming it to ''.
+    await expect(inHere('models', 'export', 'turbo', '--out', '', '--models-dir', modelsDir)).rejects.toMatchObject({ code: 2, stderr: `error: option '--out <path>' argument '' is invalid. ${empty}` });
+    expect(await readdir(here)).toEqual([]);
+    await expect(inHere('models', 'import', '', '--models-dir', modelsDir)).rejects.toMatchObject({ code: 2, stderr: `error: command-argument value '' is invalid for argument 'source'. ${empty}` });
+    await expect(inHere('models', 'verify', '', '--golden', 'golden.json')).rejects.toMatchObject({ code: 2, stderr: `error: command-argument value '' is invalid for argument 'dir'. ${empty}` });
+    await expect(inHere('models', 'verify', sourceDir, '--golden', '')).rejects.toMatchObject({ code: 2, stderr: `error: option '--golden <file>' argument '' is invalid. ${empty}` });
+  });
+
   it.skipIf(!permissionsBind)(
     `says what to do about a folder it may not read or write, rather than Node's error or "no models"${permissionsBind ? '' : ' (skipped: root, and no setpriv to drop the capabilities that pass over permissions)'}`,
     async () => {

@@ -24,6 +24,7 @@ import { registerVerifyCommand } from './verify.js';
 import { exitStatusOf } from './exit-status.js';
 import { messageOf } from '../util/error-message.js';
 import { fileProblem } from './file-problem.js';
+import { pathArgument } from './path-argument.js';
 
 /**
  * `imagegen models ...`: manage the models folder the server reads (MODELS_DIR). The work is done by
@@ -194,7 +195,7 @@ export function registerModelCommands(program: Command): void {
   models
     .command('import')
     .description('install a model folder, or a bundle written by "models export", from local disk')
-    .argument('<source>', 'model folder (e.g. a diffusers ONNX export) or bundle file (.tar)')
+    .argument('<source>', 'model folder (e.g. a diffusers ONNX export) or bundle file (.tar)', pathArgument)
     .option('--name <id>', "model id to install as (default: the folder's name, or the bundle's model id)")
     .addOption(forceOption())
     .addOption(skipLoadOption())
@@ -212,7 +213,7 @@ export function registerModelCommands(program: Command): void {
     .command('export')
     .description('write an installed model as a single-file bundle to carry to another machine, e.g. into an air-gapped site')
     .argument('<id>', 'installed model id')
-    .requiredOption('--out <path>', 'bundle file to write, or an existing folder to write <id>.tar into')
+    .requiredOption('--out <path>', 'bundle file to write, or an existing folder to write <id>.tar into', pathArgument)
     .addOption(modelsDirOption())
     .addHelpText(
       'after',

@@ -6,6 +6,7 @@ import { Progress, STEPS } from '../util/progress.js';
 import { DEFAULT_TOLERANCE, FP16_TOLERANCE, verifyGolden, type GoldenCase } from './golden.js';
 import { exitStatusOf } from './exit-status.js';
 import { messageOf } from '../util/error-message.js';
+import { pathArgument } from './path-argument.js';
 
 /**
  * `imagegen models verify DIR --golden FILE.json`: one line per case, `case N: max_abs=… mean_abs=…
@@ -44,8 +45,8 @@ export function registerVerifyCommand(models: Command): void {
   models
     .command('verify')
     .description("check a model folder against diffusers' pictures for it: runs each case of a golden file from its starting noise")
-    .argument('<dir>', 'model folder (an ONNX export)')
-    .requiredOption('--golden <file>', 'golden file (JSON; see docs/verify.md)')
+    .argument('<dir>', 'model folder (an ONNX export)', pathArgument)
+    .requiredOption('--golden <file>', 'golden file (JSON; see docs/verify.md)', pathArgument)
     .addOption(
       new Option('--tolerance <max_abs>', `largest pixel error that passes, on a 0..1 scale (fp16 exports: ${FP16_TOLERANCE.toFixed(4)})`)
         .argParser(parseTolerance)

@@ -1,0 +1,11 @@
+import { InvalidArgumentError } from 'commander';
+
+/**
+ * A path argument or flag, as commander's argParser: an empty one (a script's unset variable in
+ * `--out "$OUT"`) is refused as a usage error before any work, rather than taken for no file at all
+ * (export wrote a whole bundle to '.partial' before its rename to '' failed) or for the current folder.
+ */
+export function pathArgument(value: string): string {
+  if (value.trim() === '') throw new InvalidArgumentError('It is empty: give the path of a file or folder (in a script, is the variable set?).');
+  return value;
+}
