@@ -171,6 +171,15 @@ describe('forms (edits and variations)', () => {
     expect((await postForm('edits', ...(await formWithPrompt(Buffer.from('a caf\xe9 sign', 'latin1'), 'text/plain; charset=iso-8859-1')))).status).toBe(200);
   });
 
+  it('form text in a named charset the parser cannot read (windows-1251) -> 400 invalid_encoding that names the charsets it reads, not advice to name one', async () => {
+    // 'кот' in windows-1251, the part saying so: the form parser (busboy) reads only UTF-8, Latin-1 and
+    // UTF-16LE by their names and every other charset as UTF-8, so naming this one cannot help.
+    const error = await expectError(await postForm('edits', ...(await formWithPrompt(Buffer.from([0xea, 0xee, 0xf2]), 'text/plain; charset=windows-1251'))), 400, 'invalid_encoding', 'prompt');
+    expect(error.message).toMatch(/^The form field 'prompt' is not valid UTF-8/);
+    expect(error.message).toContain('ISO-8859-1');
+    expect(error.message).not.toMatch(/or name the part's charset in its Content-Type;/);
+  });
+
   it('variations, another content type -> 415 saying they take only a multipart form (no JSON, which they refuse too)', async () => {
     for (const type of ['text/plain', 'application/x-www-form-urlencoded']) {
       const error = await expectError(await postForm('variations', Buffer.from('n=1'), { 'content-type': type }), 415, 'unsupported_media_type');

@@ -84,12 +84,14 @@ function readText(part: Extract<Multipart, { type: 'field' }>, fields: Record<st
   // The parser decodes a part without a charset as UTF-8, each byte that is not UTF-8 as U+FFFD: a prompt
   // in another encoding (curl on Windows sends -F values in the console's code page) would be drawn with
   // replacement characters in it, as content.ts refuses for a JSON body. A part naming its charset is
-  // decoded by it.
+  // decoded by it, but only where busboy has a decoder of that name (UTF-8, Latin-1 and its aliases,
+  // UTF-16LE): it reads every other named charset (windows-1251, Shift_JIS) as UTF-8, so the message
+  // names the ones that work rather than advise naming any.
   if (typeof part.value === 'string' && part.value.includes('\uFFFD')) {
     throw ApiError.invalid(
       part.fieldname,
       'invalid_encoding',
-      `The form field '${part.fieldname}' is not valid UTF-8 (it has bytes that are not, or U+FFFD, the replacement character they decode to). Send form fields in UTF-8, or name the part's charset in its Content-Type; with curl on Windows, put the text in a UTF-8 file and send -F '${part.fieldname}=<file.txt'.`,
+      `The form field '${part.fieldname}' is not valid UTF-8 (it has bytes that are not, or U+FFFD, the replacement character they decode to). Send form fields in UTF-8; a part whose Content-Type names charset ISO-8859-1 (windows-1252) or UTF-16LE is read in it, any other charset as UTF-8. With curl on Windows, put the text in a UTF-8 file and send -F '${part.fieldname}=<file.txt'.`,
     );
   }
   fields[part.fieldname] = part.value;
