@@ -1,7 +1,7 @@
 import { once } from 'node:events';
 import http from 'node:http';
 import { crc32, gzipSync } from 'node:zlib';
-import OpenAI, { toFile } from 'openai';
+import OpenAI, { toFile, type Uploadable } from 'openai';
 import sharp from 'sharp';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { imageReferenceBytes } from '../src/api/data-uri.js';
@@ -257,6 +257,17 @@ describe('edit errors', () => {
     await expectApiError(edit({ image: await toFile(Buffer.from('just some text'), 'in.txt', { type: 'text/plain' }) }), OpenAI.BadRequestError, 400, 'image', 'invalid_image_format');
     const gif = await sharp({ create: { width: 8, height: 8, channels: 3, background: 'red' } }).gif().toBuffer();
     await expectApiError(edit({ image: await toFile(gif, 'in.gif') }), OpenAI.BadRequestError, 400, 'image', 'invalid_image_format');
+  });
+
+  it("refuses a Buffer passed as the image itself, which openai-node sends as one text field a byte (image[0], image[1], ...), with a 400 naming 'image' and toFile, not a 413", async () => {
+    // fs.readFileSync('in.png') given as `image`: the SDK makes a field of each byte, thousands of them.
+    for (const bytes of [redCircle, new Uint8Array(redCircle)]) {
+      const err = await expectApiError(edit({ image: bytes as unknown as Uploadable }), OpenAI.BadRequestError, 400, 'image', 'invalid_type');
+      expect(err.message).toContain('toFile(');
+    }
+    const mask = await expectApiError(edit({ mask: redCircle as unknown as Uploadable }), OpenAI.BadRequestError, 400, 'mask', 'invalid_type');
+    expect(mask.message).toContain('toFile(');
+    await expectApiError(client.images.createVariation({ model: 'shapes', image: redCircle as unknown as Uploadable }), OpenAI.BadRequestError, 400, 'image', 'invalid_type');
   });
 
   it('refuses an empty file, as image, as mask, in a variation and as an empty data URI', async () => {
