@@ -21,7 +21,7 @@ import { readKeyFile } from './http/keys.js';
 import { MODEL_BUDGET_SHARE } from './pipelines/run.js';
 import { gpusInUse, nvidiaGpus } from './runtime/nvidia-gpus.js';
 import { formatBytes } from './util/bytes.js';
-import { codeOrMessage } from './util/error-message.js';
+import { whyUnreadable } from './util/error-message.js';
 import { plural } from './util/plural.js';
 
 /** Puts the service together (store, models, engine, HTTP app) and starts listening. */
@@ -51,9 +51,8 @@ class TlsFileError extends Error {
  * path, and for a folder (EISDIR) not even that.
  */
 async function readTlsFile(setting: 'TLS_CERT' | 'TLS_KEY', file: string): Promise<Buffer> {
-  return readFile(file).catch((err: NodeJS.ErrnoException) => {
-    const why = err.code === 'ENOENT' ? 'does not exist' : err.code === 'EISDIR' ? 'is a folder' : `cannot be read (${codeOrMessage(err)})`;
-    throw new TlsFileError(`${setting} ${file} ${why}: set ${setting} to the PEM ${setting === 'TLS_CERT' ? 'certificate (chain)' : 'private key'} file`);
+  return readFile(file).catch((err: unknown) => {
+    throw new TlsFileError(`${setting} ${file} ${whyUnreadable(err)}: set ${setting} to the PEM ${setting === 'TLS_CERT' ? 'certificate (chain)' : 'private key'} file`);
   });
 }
 

@@ -722,6 +722,22 @@ describe('the imagegen CLI', () => {
     await expect(inHere('models', 'verify', sourceDir, '--golden', '')).rejects.toMatchObject({ code: 2, stderr: `error: option '--golden <file>' argument '' is invalid. ${empty}` });
   });
 
+  it("says what is wrong with a golden file 'models verify' cannot use and where docs/verify.md describes one, rather than Node's error", async () => {
+    const docs = '(docs/verify.md, "The golden file",';
+    const verify = (golden: string) => cli('models', 'verify', sourceDir, '--golden', golden);
+    const missing = path.join(work, 'missing.json');
+    // Node's own words were all it said: "cannot read it as JSON: ENOENT: no such file or directory, open '...'".
+    await expect(verify(missing)).rejects.toMatchObject({
+      code: 2,
+      stderr: `imagegen models verify: ${missing}: does not exist: give --golden the path of the model's golden file ${docs} says what one holds and how to make it with diffusers)\n`,
+    });
+    await expect(verify(work)).rejects.toMatchObject({ code: 2, stderr: expect.stringContaining(`${work}: is a folder: give --golden the path of the model's golden file ${docs}`) });
+    await writeFile(path.join(work, 'cut.json'), '{"cases": [');
+    await expect(verify(path.join(work, 'cut.json'))).rejects.toMatchObject({ code: 2, stderr: expect.stringMatching(/cut\.json: is not JSON \(.+\): a golden file is the JSON that docs\/verify\.md, "The golden file", describes\n$/) });
+    await writeFile(path.join(work, 'other.json'), '{"images": []}');
+    await expect(verify(path.join(work, 'other.json'))).rejects.toMatchObject({ code: 2, stderr: expect.stringMatching(/other\.json: not a golden file: cases: .* \(docs\/verify\.md, "The golden file", lists the fields it takes\)\n$/) });
+  });
+
   it.skipIf(!permissionsBind)(
     `says what to do about a folder it may not read or write, rather than Node's error or "no models"${permissionsBind ? '' : ' (skipped: root, and no setpriv to drop the capabilities that pass over permissions)'}`,
     async () => {

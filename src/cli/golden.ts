@@ -9,7 +9,7 @@ import { difference } from '../util/difference.js';
 import { inspectModel, MODEL_INDEX, type ModelLayout } from '../models/layout.js';
 import { familyEntry } from '../families/index.js';
 import { latentChannels } from '../pipelines/latent-channels.js';
-import { messageOf } from '../util/error-message.js';
+import { messageOf, whyUnreadable } from '../util/error-message.js';
 
 /**
  * `imagegen models verify`: runs a model on the cases of a golden file (what diffusers' PyTorch
@@ -84,15 +84,21 @@ const unreadable =
     throw new GoldenFileError(file, `(case ${index}'s ${what}) cannot be read: ${err.message}`);
   };
 
+/** Where the user learns what a golden file holds and how to make one: every message about the file itself names it. */
+const GOLDEN_DOCS = 'docs/verify.md, "The golden file"';
+
 async function readGoldenFile(file: string): Promise<GoldenFile> {
+  const text = await readFile(file, 'utf8').catch((err: unknown) => {
+    throw new GoldenFileError(file, `${whyUnreadable(err)}: give --golden the path of the model's golden file (${GOLDEN_DOCS}, says what one holds and how to make it with diffusers)`);
+  });
   let json: unknown;
   try {
-    json = JSON.parse(await readFile(file, 'utf8'));
+    json = JSON.parse(text);
   } catch (err) {
-    throw new GoldenFileError(file, `cannot read it as JSON: ${messageOf(err)}`);
+    throw new GoldenFileError(file, `is not JSON (${messageOf(err)}): a golden file is the JSON that ${GOLDEN_DOCS}, describes`);
   }
   const parsed = goldenFile.safeParse(json);
-  if (!parsed.success) throw new GoldenFileError(file, `not a golden file: ${describeIssues(parsed.error)}`);
+  if (!parsed.success) throw new GoldenFileError(file, `not a golden file: ${describeIssues(parsed.error)} (${GOLDEN_DOCS}, lists the fields it takes)`);
   return parsed.data;
 }
 

@@ -21,3 +21,13 @@ export const firstLineOf = (err: unknown): string => messageOf(err).split('\n')[
  * value says: the reason in a message about a file or folder that could not be used.
  */
 export const codeOrMessage = (err: unknown): string => (err as NodeJS.ErrnoException | undefined)?.code ?? messageOf(err);
+
+/**
+ * Why a file to be read could not be, in words to put after its name: the system's own message
+ * ("ENOENT: no such file or directory, open '…'") names the call that failed rather than the problem,
+ * and for a folder (EISDIR) not even the path. Callers add what to do, which only they know.
+ */
+export function whyUnreadable(err: unknown): string {
+  const code = (err as NodeJS.ErrnoException | undefined)?.code;
+  return code === 'ENOENT' ? 'does not exist' : code === 'EISDIR' ? 'is a folder' : `cannot be read (${codeOrMessage(err)})`;
+}
