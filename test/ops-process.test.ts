@@ -201,7 +201,7 @@ describe('a server that cannot start', () => {
     }
   });
 
-  it('refuses a bad API_KEYS_FILE before it scans models or starts a worker', async () => {
+  it('refuses a bad or missing API_KEYS_FILE, saying what to do, before it scans models or starts a worker', async () => {
     const file = path.join(root, 'keys.txt');
     await writeFile(file, 'ops:sk-ops-key speed=3\n');
     const log: string[] = [];
@@ -212,6 +212,12 @@ describe('a server that cannot start', () => {
     expect(refused).toMatch(/exited with 1 before listening:\nimagegen serve cannot start: API_KEYS_FILE .*keys\.txt: line 1: 'speed=3' is not a limit/);
     // Nothing of a start was logged: it found the file bad first, not after starting the workers.
     expect(log).toEqual([]);
+    // A file not there yet (the flag set before the file was written): it said only 'cannot be read (ENOENT)'.
+    const missing = path.join(root, 'no-keys.txt');
+    const notThere = await spawnIn(root, { args: ['--api-keys-file', missing] }).then(() => expect.fail('it started'), (err: Error) => err.message);
+    expect(notThere).toBe(
+      `imagegen serve exited with 1 before listening:\nimagegen serve cannot start: API_KEYS_FILE ${missing}: does not exist: create it, or set API_KEYS_FILE (--api-keys-file) to a file the server may read that holds the keys, one a line as '[label:]key [limit=value ...]' (docs/security.md#keys)\n`,
+    );
   });
 });
 

@@ -4,7 +4,7 @@ import { readFile } from 'node:fs/promises';
 import type { FastifyBaseLogger } from 'fastify';
 import { isSendableKey } from '../api/bearer.js';
 import { imageOwner } from '../store/image-owner.js';
-import { codeOrMessage, messageOf } from '../util/error-message.js';
+import { messageOf, whyUnreadable } from '../util/error-message.js';
 
 /**
  * The API keys: API_KEYS from the configuration plus API_KEYS_FILE, which is re-read when it changes
@@ -110,10 +110,16 @@ export function parseKeyFile(text: string, file: string): ApiKey[] {
   return keys;
 }
 
-/** API_KEYS_FILE's text; throws KeyFileError when it cannot be read. */
+/**
+ * API_KEYS_FILE's text; throws KeyFileError when it cannot be read, saying what to do and what the file
+ * holds: an operator who set the path before writing the file learns its format here.
+ */
 function readKeyText(file: string): Promise<string> {
   return readFile(file, 'utf8').catch((err: unknown) => {
-    throw new KeyFileError(file, [`cannot be read (${codeOrMessage(err)})`]);
+    const create = (err as NodeJS.ErrnoException).code === 'ENOENT' ? 'create it, or ' : '';
+    throw new KeyFileError(file, [
+      `${whyUnreadable(err)}: ${create}set API_KEYS_FILE (--api-keys-file) to a file the server may read that holds the keys, one a line as '[label:]key [limit=value ...]' (docs/security.md#keys)`,
+    ]);
   });
 }
 
