@@ -435,6 +435,25 @@ describe('models import and export', () => {
     await expectNothingInstalled('preset');
   });
 
+  it('says what to do about a folder it refuses once, in words that fit the reason: a damaged file is copied again, a missing one is no damage', async () => {
+    const importCli = (dir: string) => cli('models', 'import', dir, '--skip-load', '--models-dir', modelsDir);
+    // A missing scheduler config was 'damaged or truncated', in a note about 'a file that cannot be loaded'.
+    const dir = await copyOfSource();
+    await rm(path.join(dir, 'scheduler', 'scheduler_config.json'));
+    await expect(importCli(dir)).rejects.toMatchObject({
+      code: 1,
+      stderr: `error: ${dir} is not a usable model folder: missing scheduler/scheduler_config.json. Nothing was installed. Copy the complete export folder again\n`,
+    });
+    // A graph cut short said 'copy it again from the export', then 'Copy the complete export folder again (... damaged or truncated)'.
+    await cp(path.join(sourceDir, 'scheduler'), path.join(dir, 'scheduler'), { recursive: true });
+    await truncate(path.join(dir, 'vae_decoder', 'model.onnx'), 100);
+    await expect(importCli(dir)).rejects.toMatchObject({
+      code: 1,
+      stderr: expect.stringMatching(/vae_decoder\/model\.onnx is cut short or is not an ONNX graph \(.+\): copy it again from the export\. Nothing was installed\n$/),
+    });
+    await expectNothingInstalled(path.basename(dir));
+  });
+
   it('says where the exports are in a folder that holds them deeper, or that it holds none, before copying anything', async () => {
     const parent = path.join(work, 'exports');
     for (const name of ['sd15', 'sdxl']) await cp(sourceDir, path.join(parent, name), { recursive: true });

@@ -105,8 +105,9 @@ export async function importModel(options: ImportOptions): Promise<InstalledMode
       [...source.files.map((file) => file.path), ...source.skipped],
     );
     if (source.manifest) checkCoverage(source.manifest, source.files.map((file) => file.path), options.source, recopy);
-    const unusable = 'Nothing was installed. Copy the complete export folder again (a file that cannot be loaded is damaged or truncated)';
-    if (source.isFolder) await checkLayout(options.source, { label: options.source, advice: unusable });
+    // Once: a damaged file's reason says to copy it again from the export, and a missing tokenizer is not damaged.
+    const unusable = { advice: 'Nothing was installed. Copy the complete export folder again', adviceAfterRemedy: 'Nothing was installed' };
+    if (source.isFolder) await checkLayout(options.source, { label: options.source, ...unusable });
     if (source.skipped.length) output.write(skippedNote(options.source, source.skipped));
 
     const total = source.files.reduce((sum, file) => sum + file.size, 0);
@@ -121,7 +122,7 @@ export async function importModel(options: ImportOptions): Promise<InstalledMode
         load: options.load ?? true,
         label: options.source,
         output,
-        advice: unusable,
+        ...unusable,
       });
       const dir = await installStaged(staging, modelsDir, id, options.force ?? false);
       await removeTemporary(staging); // nothing left to remove; forgets it for the exit hook

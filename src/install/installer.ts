@@ -146,6 +146,11 @@ export interface ValidateOptions {
   label: string;
   /** What to do when it is unusable. */
   advice: string;
+  /**
+   * What to say instead of `advice` after a reason that says what to do itself (FolderVerdict's
+   * saysWhatToDo): an import's advice, to copy the export again, would repeat a damaged file's. `advice` when not given.
+   */
+  adviceAfterRemedy?: string;
   /** Told that the load check runs: a big model's sessions take a minute or more to load, after the copy's progress has ended. */
   output?: ProgressOutput;
 }
@@ -161,13 +166,14 @@ function refusal(dir: string, label: string, message: string, advice: string): M
  * source folder before copying, so an incomplete export is refused in a moment rather than after a
  * copy of gigabytes.
  */
-export async function checkLayout(dir: string, options: Pick<ValidateOptions, 'label' | 'advice'>): Promise<ModelLayout> {
+export async function checkLayout(dir: string, options: Pick<ValidateOptions, 'label' | 'advice' | 'adviceAfterRemedy'>): Promise<ModelLayout> {
   const verdict = await inspectModelFolder(dir);
   if (verdict.usable) return verdict.layout;
   // Our own preset file is a text the user wrote, not a damaged export: copying again would not help.
   const presetAdvice = `Nothing was installed. Correct ${OVERRIDE_FILE} in ${options.label} (its fields: docs/api.md, "What quality and style do"), or remove it to use the family's defaults, then try again`;
   // A file it may not read is no damaged one: the reason says what to do, and copying again would not help.
-  const advice = verdict.reason.startsWith(`${OVERRIDE_FILE}:`) ? presetAdvice : verdict.reason.startsWith(NO_READ_PERMISSION) ? 'Nothing was installed' : options.advice;
+  const remedied = verdict.saysWhatToDo ? (options.adviceAfterRemedy ?? options.advice) : options.advice;
+  const advice = verdict.reason.startsWith(`${OVERRIDE_FILE}:`) ? presetAdvice : verdict.reason.startsWith(NO_READ_PERMISSION) ? 'Nothing was installed' : remedied;
   throw refusal(dir, options.label, `${options.label} is not a usable model folder: ${verdict.reason}`, advice);
 }
 

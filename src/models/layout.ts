@@ -116,6 +116,8 @@ export class ModelLayoutError extends Error {
   constructor(
     readonly dir: string,
     problem: string,
+    /** `problem` ends in what to do about it (a damaged graph: copy it again from the export), which an install's message then does not repeat. */
+    readonly saysWhatToDo = false,
   ) {
     const relative = withinFolder(dir, problem);
     super(`${dir} is not a usable model folder: ${relative}`);
@@ -219,14 +221,14 @@ export async function inspectModel(dir: string): Promise<ModelLayout> {
   for (const { component, why } of family?.requires ?? []) if (!components.has(component)) missing.push(`${component}/model.onnx (${why})`);
   if (missing.length) {
     const engines = (await readdir(root, { recursive: true })).filter(isTensorRtEngine);
-    throw new ModelLayoutError(root, engines.length ? tensorRtProblem(engines) : `missing ${missing.join(', ')}`);
+    throw new ModelLayoutError(root, engines.length ? tensorRtProblem(engines) : `missing ${missing.join(', ')}`, engines.length > 0);
   }
   // The VAE encoder too, though only edits load it: damaged, it would fail each of them with a 500 while the folder passed as usable.
   for (const file of [textEncoder!, textEncoder2, denoiser!, vaeDecoder!, vaeEncoder]) {
     const problem = file && (await externalDataProblem(file, root));
-    if (problem) throw new ModelLayoutError(root, problem);
+    if (problem) throw new ModelLayoutError(root, problem, true);
   }
-  if (!family) throw new ModelLayoutError(root, unknownFamily(denoiserFolder!, denoiserConfig, modelIndex));
+  if (!family) throw new ModelLayoutError(root, unknownFamily(denoiserFolder!, denoiserConfig, modelIndex), true);
   const ownScheduler = scheduler as SchedulerConfig;
   const { standIn, schedulerConfig } = runnableScheduler(root, ownScheduler, family.schedulerKind);
 

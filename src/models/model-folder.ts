@@ -30,6 +30,12 @@ export interface UnusableModel {
   usable: false;
   /** What is wrong and what to do, without the folder's path (callers name the model their own way). */
   reason: string;
+  /**
+   * Whether `reason` itself says what to do (a damaged file: copy it again from the export; a link to
+   * nothing: remove it), so that an install adds only that nothing was installed rather than its own
+   * advice, which said the same again or did not fit.
+   */
+  saysWhatToDo: boolean;
 }
 
 export type FolderVerdict = UsableModel | UnusableModel;
@@ -65,7 +71,7 @@ async function notAFolder(dir: string): Promise<string | undefined> {
 
 export async function inspectModelFolder(dir: string): Promise<FolderVerdict> {
   const problem = await notAFolder(dir);
-  if (problem) return { usable: false, reason: problem };
+  if (problem) return { usable: false, reason: problem, saysWhatToDo: true };
   try {
     const layout = await inspectModel(dir);
     const family = familyEntry(layout.family);
@@ -74,7 +80,9 @@ export async function inspectModelFolder(dir: string): Promise<FolderVerdict> {
     return { usable: true, layout, preset, schedulers: schedulers.running, refusedSchedulers: schedulers.refused, capabilities: capabilitiesOf(family, layout) };
   } catch (err) {
     // Any failure, an unreadable file included, makes the folder unusable; the server must go on serving the others.
-    return { usable: false, reason: err instanceof ModelLayoutError ? err.problem : (unreadable(dir, err as NodeJS.ErrnoException) ?? withinFolder(dir, messageOf(err))) };
+    if (err instanceof ModelLayoutError) return { usable: false, reason: err.problem, saysWhatToDo: err.saysWhatToDo };
+    const denied = unreadable(dir, err as NodeJS.ErrnoException);
+    return { usable: false, reason: denied ?? withinFolder(dir, messageOf(err)), saysWhatToDo: denied !== undefined };
   }
 }
 
