@@ -162,6 +162,15 @@ describe('folders the server cannot run', () => {
     expect(reasonOf(await inspectModelFolder(dir))).toMatch(/^unet\/model\.onnx is cut short or is not an ONNX graph \(not a protobuf message/);
   });
 
+  it('names a graph padded with zero bytes (a copy whose tail was never written), which onnxruntime refuses to load', async () => {
+    const dir = await copyOfReference('sd-turbo');
+    const decoder = path.join(dir, 'vae_decoder', 'model.onnx');
+    await appendFile(decoder, Buffer.alloc(4096));
+    // A zero byte is a field numbered 0, which no protobuf message has: the walk took the run as empty fields and the folder as usable.
+    await expect(OnnxModel.load(decoder, { provider: 'cpu', threads: 1 })).rejects.toThrow(/Protobuf parsing failed/);
+    expect(reasonOf(await inspectModelFolder(dir))).toBe('vae_decoder/model.onnx is cut short or is not an ONNX graph (a field numbered 0: zero bytes where a field belongs): copy it again from the export');
+  });
+
   it("checks the VAE encoder's graph too, which only edits load: a damaged one is named as the folder is scanned, not by every edit's 500", async () => {
     const dir = await copyOfReference('sd15-optimum');
     const encoder = path.join(dir, 'vae_encoder', 'model.onnx');

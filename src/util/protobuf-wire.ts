@@ -106,6 +106,9 @@ export class WireReader {
       const key = await this.varint();
       const number = Number(key >> 3n);
       const wire = Number(key & 7n);
+      // No message has a field 0, and protobuf's parsers (onnxruntime's) refuse one: a run of zero bytes
+      // (a file padded, or a copy's unwritten tail) would otherwise walk as empty fields 0 to the end.
+      if (number === 0) throw new WireFormatError('a field numbered 0: zero bytes where a field belongs');
       let field: WireField;
       if (wire === WIRE_VARINT) {
         const value = await this.varint();
