@@ -4,7 +4,7 @@ import { defaultRuntime } from '../runtime/providers.js';
 import { loadPipeline } from '../pipelines/load.js';
 import type { ModelLayout } from '../models/layout.js';
 import { exists, makeFolder } from '../util/files.js';
-import { inspectModelFolder, NO_READ_PERMISSION, OVERRIDE_FILE } from '../models/model-folder.js';
+import { inspectModelFolder, OVERRIDE_FILE } from '../models/model-folder.js';
 import { keepAfterExit, removeIfInterrupted, type Disk } from './disk.js';
 import { ModelInstallError, ModelUsageError } from './errors.js';
 import { lockHolder, ownedName, ownerOfName, ownerRuns, takeLock, type Lock } from './owner.js';
@@ -171,9 +171,8 @@ export async function checkLayout(dir: string, options: Pick<ValidateOptions, 'l
   if (verdict.usable) return verdict.layout;
   // Our own preset file is a text the user wrote, not a damaged export: copying again would not help.
   const presetAdvice = `Nothing was installed. Correct ${OVERRIDE_FILE} in ${options.label} (its fields: docs/api.md, "What quality and style do"), or remove it to use the family's defaults, then try again`;
-  // A file it may not read is no damaged one: the reason says what to do, and copying again would not help.
-  const remedied = verdict.saysWhatToDo ? (options.adviceAfterRemedy ?? options.advice) : options.advice;
-  const advice = verdict.reason.startsWith(`${OVERRIDE_FILE}:`) ? presetAdvice : verdict.reason.startsWith(NO_READ_PERMISSION) ? 'Nothing was installed' : remedied;
+  // A reason that says what to do itself (a damaged file, one it may not read) is not followed by other advice.
+  const advice = verdict.reason.startsWith(`${OVERRIDE_FILE}:`) ? presetAdvice : verdict.saysWhatToDo ? (options.adviceAfterRemedy ?? options.advice) : options.advice;
   throw refusal(dir, options.label, `${options.label} is not a usable model folder: ${verdict.reason}`, advice);
 }
 

@@ -86,13 +86,10 @@ export async function inspectModelFolder(dir: string): Promise<FolderVerdict> {
   }
 }
 
-/** How a verdict on a folder with a file its reader may not read begins: nothing is wrong with the files themselves. */
-export const NO_READ_PERMISSION = 'no permission to read';
-
 /** Why a file of `dir` could not be read for want of permission, in words that say what to do, or undefined for any other error. */
 function unreadable(dir: string, err: NodeJS.ErrnoException): string | undefined {
   if ((err.code !== 'EACCES' && err.code !== 'EPERM') || err.path === undefined) return undefined;
-  return `${NO_READ_PERMISSION} ${path.relative(dir, err.path)} (${err.code}): let the user running imagegen read every file of the model (chmod -R a+rX on its folder, or chown)`;
+  return `no permission to read ${path.relative(dir, err.path)} (${err.code}): let the user running imagegen read every file of the model (chmod -R a+rX on its folder, or chown)`;
 }
 
 /**
