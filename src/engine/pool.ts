@@ -90,6 +90,8 @@ export interface EnginePoolOptions {
 /** The pool's view of the measured memory figures (see src/models/memory-figures.ts). */
 export interface MemoryFigureBook {
   all(): Record<string, ModelMemory>;
+  /** The figures kept of one model folder, if any. */
+  of(modelDir: string): ModelMemory | undefined;
   /** Keeps the figures a worker reported with those known, and returns what it keeps. */
   record(modelDir: string, memory: ModelMemory): ModelMemory;
 }
@@ -238,7 +240,7 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
   function recordMemory(modelDir: string, reported: ModelMemory): ModelMemory {
     const book = options.memoryFigures;
     if (!book) return reported;
-    const before = book.all()[modelDir];
+    const before = book.of(modelDir);
     const kept = book.record(modelDir, reported);
     if (!isDeepStrictEqual(before, kept)) for (const worker of slots.all()) worker.shareMemory(modelDir, kept);
     return kept;

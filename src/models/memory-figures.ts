@@ -186,6 +186,11 @@ export class MemoryFigures {
     return { ...this.figures };
   }
 
+  /** The figures kept of one model folder, if any. */
+  of(modelDir: string): ModelMemory | undefined {
+    return this.figures[modelDir];
+  }
+
   /** Keeps the larger of the known and the reported figures, and returns them; writes the file when what it keeps grew. */
   record(modelDir: string, reported: ModelMemory): ModelMemory {
     const known = this.figures[modelDir];
