@@ -1,7 +1,8 @@
 import { Transform, type TransformCallback } from 'node:stream';
 import type { FastifyReply, FastifyRequest } from 'fastify';
 import type { ByteBudget } from '../util/byte-budget.js';
-import { memoryFull, memoryHolder, MEMORY_RETRY_SECONDS, shareOf, type MemoryShare, type MemoryWords } from './memory-share.js';
+import { clientOf } from './auth.js';
+import { memoryFull, MEMORY_RETRY_SECONDS, shareOf, type MemoryShare, type MemoryWords } from './memory-share.js';
 
 /**
  * ANSWER_MEMORY: the answers held in memory for clients that have not read them yet, all requests
@@ -39,7 +40,7 @@ const ANSWER_WORDS: MemoryWords = {
  * a request is let in while a byte more would fit, and its answer then counts whole.
  */
 export function checkAnswerMemory(request: FastifyRequest, memory: ByteBudget): void {
-  const holder = memoryHolder(request);
+  const holder = clientOf(request);
   if (memory.room(holder) < 1) throw memoryFull(memory, 1, holder, ANSWER_WORDS);
 }
 

@@ -1,4 +1,4 @@
-import type { FastifyInstance } from 'fastify';
+import type { FastifyInstance, FastifyRequest } from 'fastify';
 import fp from 'fastify-plugin';
 import { bearerKey } from '../api/bearer.js';
 import { ApiError } from '../api/errors.js';
@@ -27,6 +27,12 @@ declare module 'fastify' {
     apiKey: Omit<ApiKey, 'key'> | null;
   }
 }
+
+/**
+ * Who a request is for: its API key, by label; none on a server without keys, which has one client.
+ * What queue fairness (image-routes.ts queueClient) and the memory shares (memory-share.ts) count by.
+ */
+export const clientOf = (request: FastifyRequest): string | undefined => request.apiKey?.label;
 
 export interface AuthOptions {
   apiKeys: string[];

@@ -2,7 +2,8 @@ import type { FastifyReply, FastifyRequest } from 'fastify';
 import type { ApiError } from '../api/errors.js';
 import type { ByteBudget } from '../util/byte-budget.js';
 import { declaredBodyBytes } from './connections.js';
-import { memoryFull, memoryHolder, MEMORY_RETRY_SECONDS, shareOf, type MemoryWords } from './memory-share.js';
+import { clientOf } from './auth.js';
+import { memoryFull, MEMORY_RETRY_SECONDS, shareOf, type MemoryWords } from './memory-share.js';
 
 /**
  * UPLOAD_MEMORY: the request bodies held in memory, all requests together, from their first byte until
@@ -34,7 +35,7 @@ const BODY_WORDS: MemoryWords = {
  * (thrown) now, before any of it is read.
  */
 export function holdBodyMemory(request: FastifyRequest, reply: FastifyReply, memory: ByteBudget): (bytes: number) => ApiError | undefined {
-  const holder = memoryHolder(request);
+  const holder = clientOf(request);
   const declared = declaredBodyBytes(request);
   if (declared > memory.room(holder)) throw memoryFull(memory, declared, holder, BODY_WORDS);
   // A body still arriving after its answer (read and dropped, connections.ts) is held by nobody: the

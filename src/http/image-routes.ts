@@ -2,6 +2,7 @@ import type { FastifyReply, FastifyRequest } from 'fastify';
 import type { GenerationRequest, ImagesResponse, StreamPrefix } from '../api/wire.js';
 import type { EditInput, GenerateContext, ImageService, QueueClient } from '../service/images.js';
 import type { ByteBudget } from '../util/byte-budget.js';
+import { clientOf } from './auth.js';
 import { checkAnswerMemory, holdAnswer } from './answer-memory.js';
 import { streamImages } from './event-stream.js';
 import { imagePath } from './files.js';
@@ -67,7 +68,7 @@ function answer(request: FastifyRequest, reply: FastifyReply, response: ImagesRe
 
 /** Who the request is for the queue: fairness is per key (by its label); a key file's `concurrent` limit bounds its running work. */
 export const queueClient = (request: FastifyRequest): QueueClient => ({
-  client: request.apiKey?.label,
+  client: clientOf(request),
   limits: request.apiKey?.limits?.concurrent === undefined ? undefined : { maxConcurrent: request.apiKey.limits.concurrent },
 });
 

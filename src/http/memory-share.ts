@@ -2,6 +2,7 @@ import type { FastifyReply, FastifyRequest } from 'fastify';
 import { ApiError, type RateLimit } from '../api/errors.js';
 import { formatBytes } from '../util/bytes.js';
 import type { ByteBudget } from '../util/byte-budget.js';
+import { clientOf } from './auth.js';
 
 /**
  * A request's share of a memory budget that all requests share, held by its API key (its label; a
@@ -27,9 +28,6 @@ export interface MemoryWords {
   advice: string;
 }
 
-/** Who holds a request's share: its API key (by label), none on a server without keys. */
-export const memoryHolder = (request: FastifyRequest): string | undefined => request.apiKey?.label;
-
 /**
  * The 429 of `bytes` that do not fit `memory` for `holder`: said as its key's share where that is what
  * they pass, else as the whole budget.
@@ -53,7 +51,7 @@ export interface MemoryShare {
 
 /** The request's share of `memory`, all of it given back as its response closes (at once, where it closed already). */
 export function shareOf(request: FastifyRequest, reply: FastifyReply, memory: ByteBudget): MemoryShare {
-  const holder = memoryHolder(request);
+  const holder = clientOf(request);
   const response = reply.raw;
   let held = 0;
   // A response closed already (its client gone while the request waited or its answer was made): a
