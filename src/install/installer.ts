@@ -172,7 +172,8 @@ export async function checkLayout(dir: string, options: Pick<ValidateOptions, 'l
   // Our own preset file is a text the user wrote, not a damaged export: copying again would not help.
   const presetAdvice = `Nothing was installed. Correct ${OVERRIDE_FILE} in ${options.label} (its fields: docs/api.md, "What quality and style do"), or remove it to use the family's defaults, then try again`;
   // A reason that says what to do itself (a damaged file, one it may not read) is not followed by other advice.
-  const advice = verdict.reason.startsWith(`${OVERRIDE_FILE}:`) ? presetAdvice : verdict.saysWhatToDo ? (options.adviceAfterRemedy ?? options.advice) : options.advice;
+  const ownAdvice = (verdict.saysWhatToDo && options.adviceAfterRemedy) || options.advice;
+  const advice = verdict.reason.startsWith(`${OVERRIDE_FILE}:`) ? presetAdvice : ownAdvice;
   throw refusal(dir, options.label, `${options.label} is not a usable model folder: ${verdict.reason}`, advice);
 }
 
