@@ -64,8 +64,10 @@ export class AnswerEvents extends Transform {
 
   /** Adds `piece` to the answer. */
   add(piece: string): void {
-    this.share.hold(Buffer.byteLength(piece));
-    this.write(piece);
+    // Encoded once: counted by its bytes, and written as them (a string written would be encoded again).
+    const bytes = Buffer.from(piece);
+    this.share.hold(bytes.byteLength);
+    this.write(bytes);
   }
 
   override _transform(piece: Buffer, _encoding: BufferEncoding, passOn: TransformCallback): void {
