@@ -4,7 +4,7 @@ import path from 'node:path';
 import type { Command } from 'commander';
 import { pino } from 'pino';
 import { EMBEDDED_MODELS_DIR, loadModelSettings } from '../config.js';
-import { makeFolder } from '../util/files.js';
+import { isDiskFull, makeFolder } from '../util/files.js';
 import { IMAGE_FORMATS } from '../runtime/types.js';
 import { ApiError } from '../api/errors.js';
 import { parseGenerationRequest } from '../api/wire.js';
@@ -13,6 +13,7 @@ import { Progress, STEPS } from '../util/progress.js';
 import { planBatches } from '../service/plan.js';
 import { unresolvedModel } from '../service/unresolved-model.js';
 import { exitStatusOf, UsageError } from './exit-status.js';
+import { fileProblem } from './file-problem.js';
 import { codeOrMessage, messageOf } from '../util/error-message.js';
 
 /**
@@ -90,9 +91,15 @@ async function writeNew(dir: string, stem: string, extension: string, data: Uint
       if (code === 'EEXIST') continue;
       // The file is ours ('wx' made it): a picture broken off by a full disk is not left to pass for one.
       await rm(file, { force: true });
-      throw new Error(`cannot write ${file}: ${code === 'ENOSPC' ? 'the disk is full (ENOSPC): free some space or name another --out' : messageOf(err)}`);
+      throw new Error(`cannot write ${file}: ${whyUnwritten(err as NodeJS.ErrnoException)}`);
     }
   }
+}
+
+/** Why a picture could not be written, with what to do: a full disk or spent quota, no permission, a read-only disk. */
+function whyUnwritten(err: NodeJS.ErrnoException): string {
+  if (isDiskFull(err)) return `the disk is full (${err.code}): free some space or name another --out`;
+  return fileProblem(err) ?? messageOf(err);
 }
 
 /** "A red circle, big!" -> "a-red-circle-big", for file names. */
