@@ -6,13 +6,13 @@
  *
  *   npx tsx bench/batching.ts [--requests 32] [--size 512] [--workers 1] [--max-merged 16] [--rounds 3]
  */
-import { parseArgs } from 'node:util';
+import { benchFlags, wholeNumber } from './flags.js';
 import { compareConfigurations } from './pool-load.js';
 
-const { values } = parseArgs({
+const { values } = benchFlags({
   options: { requests: { type: 'string', default: '32' }, size: { type: 'string', default: '512' }, workers: { type: 'string', default: '1' }, 'max-merged': { type: 'string', default: '16' }, rounds: { type: 'string', default: '3' } },
 });
-const [requests, size, workers, maxMerged, rounds] = [values.requests, values.size, values.workers, values['max-merged'], values.rounds].map(Number);
+const [requests, size, workers, maxMerged, rounds] = (['requests', 'size', 'workers', 'max-merged', 'rounds'] as const).map((flag) => wholeNumber(flag, values[flag]));
 
 const [baseline, merged] = await compareConfigurations([{ workers, maxMergedImages: 1 }, { workers, maxMergedImages: maxMerged }], { requests, size, rounds });
 console.log(`${requests} concurrent requests, ${size}x${size}, 4 steps, demo model, ${workers} worker(s), median of ${rounds} rounds`);

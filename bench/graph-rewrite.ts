@@ -19,7 +19,6 @@ import { execFile } from 'node:child_process';
 import { existsSync, readFileSync } from 'node:fs';
 import os from 'node:os';
 import { promisify } from 'node:util';
-import { parseArgs } from 'node:util';
 import { ort } from '../src/runtime/onnxruntime.js';
 import onnxProto from 'onnx-proto';
 import { fuseAttention } from '../src/runtime/attention-fusion.js';
@@ -28,10 +27,11 @@ import { createSession, EXECUTION_PROVIDERS, isExecutionProvider, type Execution
 import { classicAttentionModel, headsFirstAttentionModel, sdpaAttentionModel } from '../test/helpers/attention-graph.js';
 import { EXPORT_FEEDS } from '../test/helpers/export-feeds.js';
 import { realExport } from '../test/helpers/real-exports.js';
+import { benchFlags, refuse, wholeNumber } from './flags.js';
 import { sideBySide } from './stats.js';
 import { largestDifference } from '../src/util/difference.js';
 
-const { values } = parseArgs({
+const { values } = benchFlags({
   options: {
     model: { type: 'string', default: realExport('sd15') },
     providers: { type: 'string', default: 'cpu' },
@@ -41,9 +41,9 @@ const { values } = parseArgs({
     peak: { type: 'string' },
   },
 });
-const side = Number(values.side);
+const side = wholeNumber('side', values.side);
 const providers = values.providers.split(',');
-if (!providers.every(isExecutionProvider)) throw new Error(`--providers: expected some of ${EXECUTION_PROVIDERS.join(', ')}`);
+if (!providers.every(isExecutionProvider)) refuse(`--providers: expected some of ${EXECUTION_PROVIDERS.join(', ')}`);
 type Part = keyof typeof EXPORT_FEEDS;
 type Variant = 'exported' | GraphRewrites;
 const VARIANTS: readonly Variant[] = ['exported', 'exact', 'all'];

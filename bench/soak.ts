@@ -26,11 +26,11 @@
 import { mkdir, mkdtemp, readdir, readFile, rm, stat, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
-import { parseArgs } from 'node:util';
+import { benchFlags, refuse, wholeNumber } from './flags.js';
 import { startServerProcess } from './server-process.js';
 import { SOAK_PATHS, soakPictures, type SoakTarget } from './soak-paths.js';
 
-const { values } = parseArgs({
+const { values } = benchFlags({
   options: {
     paths: { type: 'string', default: 'url,b64' },
     requests: { type: 'string', default: '20000' },
@@ -46,21 +46,21 @@ const { values } = parseArgs({
     env: { type: 'string', multiple: true, default: [] },
   },
 });
-const [requests, concurrency, every, warmup, limitMib, limitHandles, settleSeconds, steps] = [
-  values.requests,
-  values.concurrency,
-  values.every,
-  values.warmup,
-  values['limit-mib'],
-  values['limit-handles'],
-  values.settle,
-  values.steps,
-].map(Number);
-if (!(warmup < requests) || warmup % every !== 0) throw new Error('--warmup must be a multiple of --every, below --requests');
+const requests = wholeNumber('requests', values.requests);
+const concurrency = wholeNumber('concurrency', values.concurrency);
+const every = wholeNumber('every', values.every);
+const warmup = wholeNumber('warmup', values.warmup, 0);
+const limitMib = wholeNumber('limit-mib', values['limit-mib']);
+const limitHandles = wholeNumber('limit-handles', values['limit-handles'], 0);
+const settleSeconds = wholeNumber('settle', values.settle, 0);
+const steps = wholeNumber('steps', values.steps);
+const workers = wholeNumber('workers', values.workers);
+const side = wholeNumber('size', values.size);
+if (!(warmup < requests) || warmup % every !== 0) refuse('--warmup must be a multiple of --every, below --requests');
 const paths = values.paths === 'all' ? Object.keys(SOAK_PATHS).filter((name) => !SOAK_PATHS[name].needs) : values.paths.split(',');
 const unknown = paths.filter((name) => !SOAK_PATHS[name]);
-if (unknown.length) throw new Error(`unknown --paths ${unknown.join(', ')}: the paths are ${Object.keys(SOAK_PATHS).join(', ')}, or all`);
-const size = `${values.size}x${values.size}`;
+if (unknown.length) refuse(`unknown --paths ${unknown.join(', ')}: the paths are ${Object.keys(SOAK_PATHS).join(', ')}, or all`);
+const size = `${side}x${side}`;
 
 /** The process's resident memory (VmRSS in /proc/PID/status), in MiB; undefined once the process is gone. */
 async function rssMib(pid: number): Promise<number | undefined> {
@@ -85,7 +85,7 @@ const LIMITED_KEY = 'soak-key-limited-0123456789';
 await mkdir(path.join(dataDir, 'tmp'));
 await writeFile(path.join(dataDir, 'keys'), `soak:${KEY}\nlimited:${LIMITED_KEY} requests_per_minute=1\n`);
 const server = await startServerProcess({
-  WORKERS: values.workers,
+  WORKERS: String(workers),
   DATA_DIR: dataDir,
   // Temporary files (uploads, if any were spooled) land where the readings count them.
   TMPDIR: path.join(dataDir, 'tmp'),
@@ -161,7 +161,7 @@ async function client(): Promise<void> {
 const begun = performance.now();
 let seconds = 0;
 try {
-  console.log(`soak: ${requests} requests (${paths.join(', ')}), concurrency ${concurrency}, ${values.workers} worker(s), ${size}, ${steps} steps; readings every ${every}`);
+  console.log(`soak: ${requests} requests (${paths.join(', ')}), concurrency ${concurrency}, ${workers} worker(s), ${size}, ${steps} steps; readings every ${every}`);
   for (const name of paths) if (SOAK_PATHS[name].needs) console.log(`  ${name} reaches its refusals with ${SOAK_PATHS[name].needs}`);
   await sample(0);
   await Promise.all(Array.from({ length: concurrency }, client));
@@ -181,7 +181,7 @@ const running = (values: number[]) => values.slice(0, -1);
 const growth = [...readings.keys()].filter((name) => name.endsWith(' MiB') && !name.startsWith('disk')).map((name) => [name, Math.max(...running(series(name)).slice(from)) - series(name)[from]] as const);
 const settled = (name: string) => series(name).at(-1)! - series(name)[0];
 const leftOver = ['server fds', 'server handles', 'server resources'].map((name) => [name, settled(name)] as const);
-const replaced = server.workerPids().length !== Number(values.workers) || server.replacements() > 0;
+const replaced = server.workerPids().length !== workers || server.replacements() > 0;
 const rssGrowth = growth.filter(([name]) => !name.includes('heap') && !name.includes('external'));
 const pass = rssGrowth.every(([, mib]) => mib < limitMib) && leftOver.every(([, n]) => n < limitHandles) && series('queue jobs').at(-1) === 0 && failures.size === 0 && !replaced;
 

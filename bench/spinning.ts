@@ -7,11 +7,11 @@
  *   npx tsx bench/spinning.ts [--requests 32] [--size 512] [--rounds 5]
  */
 import os from 'node:os';
-import { parseArgs } from 'node:util';
+import { benchFlags, wholeNumber } from './flags.js';
 import { compareConfigurations } from './pool-load.js';
 
-const { values } = parseArgs({ options: { requests: { type: 'string', default: '32' }, size: { type: 'string', default: '512' }, rounds: { type: 'string', default: '5' } } });
-const [requests, size, rounds] = [Number(values.requests), Number(values.size), Number(values.rounds)];
+const { values } = benchFlags({ options: { requests: { type: 'string', default: '32' }, size: { type: 'string', default: '512' }, rounds: { type: 'string', default: '5' } } });
+const [requests, size, rounds] = (['requests', 'size', 'rounds'] as const).map((flag) => wholeNumber(flag, values[flag]));
 
 const configurations = [1, 2].flatMap((workers) => [true, false].map((threadSpinning) => ({ workers, threadSpinning })));
 const rates = await compareConfigurations(configurations, { requests, size, rounds });

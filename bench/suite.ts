@@ -10,7 +10,6 @@
  * time-per-image measurements on a GPU provider (the other groups measure the server's own work,
  * which is the same on any provider). --only runs the groups whose names start with one of its words.
  */
-import { parseArgs } from 'node:util';
 import { EXECUTION_PROVIDERS, isExecutionProvider } from '../src/runtime/providers.js';
 import { REAL_EXPORTS, haveRealExports, realExport, type RealExportName } from '../test/helpers/real-exports.js';
 import { measureColdStart } from './cold-start.js';
@@ -18,15 +17,16 @@ import { measureEncoders } from './encoders.js';
 import { measureEventLoopStall } from './event-loop.js';
 import { measureHttpOverhead } from './http-overhead.js';
 import { pictures } from './pictures.js';
+import { benchFlags, refuse } from './flags.js';
 import { formatRow, formatTable, writeResults, type Row, type Skipped } from './report.js';
 import { measureStages } from './stages.js';
 import { measureThroughput } from './throughput.js';
 
-const { values } = parseArgs({
+const { values } = benchFlags({
   options: { out: { type: 'string' }, 'skip-real': { type: 'boolean', default: false }, provider: { type: 'string', default: 'cpu' }, only: { type: 'string' } },
 });
 const provider = values.provider;
-if (!isExecutionProvider(provider)) throw new Error(`--provider: expected one of ${EXECUTION_PROVIDERS.join(', ')}`);
+if (!isExecutionProvider(provider)) refuse(`--provider: expected one of ${EXECUTION_PROVIDERS.join(', ')}`);
 const only = values.only?.split(',').map((word) => word.trim());
 const real = haveRealExports && !values['skip-real'];
 const noReal = values['skip-real'] ? 'left out (--skip-real)' : `${REAL_EXPORTS} is absent (the shared test data beside the checkout)`;
@@ -56,10 +56,7 @@ const measurements: { group: string; run(): Promise<Row[]>; skip?: string }[] = 
 
 // A mistyped word would run nothing, and still write a results file with no rows and say no goal was missed.
 const unknown = only?.filter((word) => !measurements.some((m) => m.group.startsWith(word))) ?? [];
-if (unknown.length) {
-  console.error(`--only: no group starts with ${unknown.map((word) => `'${word}'`).join(', ')}; the groups are ${measurements.map((m) => `'${m.group}'`).join(', ')}`);
-  process.exit(2);
-}
+if (unknown.length) refuse(`--only: no group starts with ${unknown.map((word) => `'${word}'`).join(', ')}; the groups are ${measurements.map((m) => `'${m.group}'`).join(', ')}`);
 
 const rows: Row[] = [];
 const skipped: Skipped[] = [];

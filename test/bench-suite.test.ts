@@ -1,9 +1,10 @@
-import { spawn } from 'node:child_process';
+import { execFile, spawn } from 'node:child_process';
 import { once } from 'node:events';
 import { existsSync } from 'node:fs';
 import { readdir, readFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
+import { promisify } from 'node:util';
 import { describe, expect, it, onTestFinished } from 'vitest';
 import { PROJECT_ROOT } from './helpers/cli.js';
 
@@ -12,6 +13,8 @@ import { PROJECT_ROOT } from './helpers/cli.js';
  * (those are the suite's own output), but what it leaves behind when a run is cut short, and the
  * arguments it refuses.
  */
+
+const execFileAsync = promisify(execFile);
 
 /** `npm run bench -- ...args` without npm, in a process group of its own, as a shell starts a job (Ctrl-C reaches the group). */
 function startSuite(...args: string[]) {
@@ -82,5 +85,16 @@ describe('npm run bench', () => {
     expect(suite.child.exitCode).toBe(2);
     expect(suite.output()).toContain("--only: no group starts with 'encoders', 'Time per image'; the groups are 'cold start', 'HTTP vs in-process', 'throughput', 'time per image: demo-shapes'");
     expect(existsSync(out)).toBe(false);
+  });
+
+  it('refuses a flag it does not know, or a count that is no number, in one line with exit status 2 (not a stack trace, not a run of nothing)', async () => {
+    const cases = [
+      ['bench/suite.ts', ['--bogus'], "suite.ts: Unknown option '--bogus'"],
+      ['bench/soak.ts', ['--requests', '2k'], "soak.ts: --requests takes a whole number of at least 1, not '2k'"],
+    ] as const;
+    for (const [script, args, said] of cases) {
+      const run = execFileAsync(process.execPath, ['--import', 'tsx', script, ...args], { cwd: PROJECT_ROOT });
+      await expect(run).rejects.toMatchObject({ code: 2, stderr: `${said}\n` });
+    }
   });
 });
