@@ -171,6 +171,19 @@ const lingering = new WeakMap<Socket, IncomingMessage>();
  */
 export const isLingering = (socket: Socket): boolean => lingering.get(socket)?.complete === false;
 
+/**
+ * Fastify marks the connection to close after any error met while a body is read (the client may send
+ * more), which is not a close on purpose: a body refused part-way (over BODY_LIMIT as declared or as
+ * read, UPLOAD_MEMORY full) then had its upload reset under a client still sending it, which saw a
+ * connection error instead of the 413 or 429 (and the SDKs sent it again), and nginx in front answered
+ * its own 502 and took the replica out for a while. Its rest is read and dropped as any (readRest); an
+ * answer that closes on purpose says so in its own headers, which are set after this. (With the header
+ * removed, Node sends none: an HTTP/1.1 connection stays open by default, unless its client asked to close.)
+ */
+export function keepOpenForRest(request: FastifyRequest, reply: FastifyReply): void {
+  if (!request.raw.complete && reply.getHeader('connection') === 'close') reply.removeHeader('connection');
+}
+
 /** Reads and drops the rest of a request's body after its answer, or has the connection closed after it (see the module's comment). */
 function readRest(request: FastifyRequest, reply: FastifyReply): void {
   const raw = request.raw;

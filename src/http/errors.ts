@@ -4,7 +4,7 @@ import type { FastifyError, FastifyInstance, FastifyReply, FastifyRequest } from
 import fp from 'fastify-plugin';
 import { ApiError } from '../api/errors.js';
 import { newRequestId, stampReply } from './request-id.js';
-import { isLingering } from './connections.js';
+import { isLingering, keepOpenForRest } from './connections.js';
 import { MAX_UPLOAD_BYTES } from './uploads.js';
 import type { Metrics } from '../observability/metrics.js';
 import { answeredAside, BEFORE_ROUTING } from './metrics.js';
@@ -282,7 +282,10 @@ async function errorsPlugin(app: FastifyInstance, { metrics }: ErrorsOptions): P
   app.decorate('requestMetrics', metrics);
   app.addHook('onRequest', async (request) => void routed.set(request.raw, request));
   app.server.on('connect', (request: IncomingMessage, socket: Socket) => answerConnect(app, request, socket));
-  app.setErrorHandler((err: FastifyError, request, reply) => sendError(reply, apiErrorOf(err, request)));
+  app.setErrorHandler((err: FastifyError, request, reply) => {
+    keepOpenForRest(request, reply);
+    return sendError(reply, apiErrorOf(err, request));
+  });
   app.setNotFoundHandler((request, reply) => sendError(reply, unroutedError(app, request)));
 }
 

@@ -1,12 +1,15 @@
 import type { FastifyInstance } from 'fastify';
 import fp from 'fastify-plugin';
 import { ApiError } from '../api/errors.js';
+import { declaredBodyBytes } from './connections.js';
+import { sendsForm } from './raw-headers.js';
 
 /**
  * `Expect: 100-continue`: a client asks whether to send its body. Node would say yes at once, before
  * the key is checked; here the request goes through onRequest (auth, Host) first and "100 Continue" is
- * sent only when the body is about to be read, so a refused client never sends its body. Any other
- * expectation gets 417 in OpenAI's shape instead of Node's bare one.
+ * sent only when the body is about to be read, so a refused client never sends its body (nor one whose
+ * declared JSON body is over BODY_LIMIT). Any other expectation gets 417 in OpenAI's shape instead of
+ * Node's bare one.
  */
 
 async function expectPlugin(app: FastifyInstance): Promise<void> {
@@ -25,7 +28,9 @@ async function expectPlugin(app: FastifyInstance): Promise<void> {
   });
 
   app.addHook('preParsing', async (request, reply, payload) => {
-    if (request.headers.expect?.toLowerCase() === '100-continue' && !reply.raw.headersSent) reply.raw.writeContinue();
+    // A JSON body declared over BODY_LIMIT gets its 413 as its reading starts: its client need not send it.
+    const refused = !sendsForm(request) && declaredBodyBytes(request) > request.routeOptions.bodyLimit;
+    if (request.headers.expect?.toLowerCase() === '100-continue' && !reply.raw.headersSent && !refused) reply.raw.writeContinue();
     return payload;
   });
 }
