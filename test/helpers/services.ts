@@ -1,6 +1,7 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
 import { accessSync, constants, readFileSync } from 'node:fs';
+import { writeFile } from 'node:fs/promises';
 import { createServer, type AddressInfo, type Server } from 'node:net';
 import path from 'node:path';
 import { createInterface } from 'node:readline';
@@ -8,7 +9,7 @@ import { fileURLToPath } from 'node:url';
 
 /**
  * The standard parts a cluster of replicas runs beside them, started as real processes for the tests:
- * Debian's redis-server and haproxy, and s3rver (an S3-wire-compatible server from npm, a dev
+ * Debian's redis-server, haproxy and nginx, and s3rver (an S3-wire-compatible server from npm, a dev
  * dependency) standing in for the object store. Each helper resolves once its process serves, and
  * stop() ends it and waits for its exit.
  */
@@ -230,5 +231,37 @@ export function startHaproxy(binary: string, replicas: [string, string], env: Re
         return Object.fromEntries(rows.filter((row) => row[0] === 'replicas' && !['BACKEND', 'FRONTEND'].includes(row[name]) && row[backup] !== '1').map((row) => [row[name], row[status]]));
       },
     };
+  });
+}
+
+export interface NginxService extends Service {
+  /** The balancer's origin. */
+  origin: string;
+}
+
+/**
+ * nginx with deploy/nginx.conf, changed only as its comments tell a user to (its server lines name
+ * `replicas`, host:port each; it listens on loopback) and wrapped in `events {} http { ... }` as they
+ * say, with its pid, logs and temporary files in `dir`, on a port found free (see onFreePorts: nginx
+ * cannot bind port 0 and say which it got). One process (master_process off): a stop ends all of it.
+ */
+export function startNginx(binary: string, dir: string, replicas: [string, string]): Promise<NginxService> {
+  const shipped = readFileSync(path.join(REPO, 'deploy', 'nginx.conf'), 'utf8');
+  const servers = [...shipped.matchAll(/^(\s*server )(\S+)( .*;)$/gm)];
+  if (servers.length !== 2 || !/^\s*listen 8080;$/m.test(shipped)) throw new Error('deploy/nginx.conf no longer has two server lines and `listen 8080;` for the tests to point at the replicas');
+  return onFreePorts(1, async ([port]) => {
+    let upstream = shipped.replace(/^(\s*)listen 8080;$/m, `$1listen 127.0.0.1:${port};`);
+    servers.forEach(([line, indent, , rest], i) => (upstream = upstream.replace(line, `${indent}${replicas[i]}${rest}`)));
+    const temp = ['client_body', 'proxy', 'fastcgi', 'uwsgi', 'scgi'].map((kind) => `${kind}_temp_path ${path.join(dir, `${kind}-temp`)};`);
+    const config = path.join(dir, 'nginx.conf');
+    await writeFile(
+      config,
+      [`daemon off;`, `master_process off;`, `pid ${path.join(dir, 'nginx.pid')};`, 'error_log stderr info;', 'events {}', 'http {', 'access_log off;', ...temp, upstream, '}', ''].join('\n'),
+    );
+    const service = startProcess(binary, ['-p', dir, '-c', config]);
+    const origin = `http://127.0.0.1:${port}`;
+    // A replica's own answer through it, not merely something accepting connections on the port.
+    await until(service, 'nginx', () => fetch(`${origin}/health`, { signal: AbortSignal.timeout(5000) }).then((res) => (res.ok && res.headers.get('server')?.startsWith('nginx') ? true : undefined), () => undefined));
+    return { ...service, origin };
   });
 }
