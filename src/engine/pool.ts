@@ -72,7 +72,7 @@ export interface EnginePoolOptions {
    * onnxruntime is no progress it reports); 0 with a stallTimeoutMs of 0.
    */
   startStallTimeoutMs?: number;
-  /** How long close() lets a worker finish stopping (e.g. a model load) before killing it; default 5 s. */
+  /** How long close() lets a worker finish stopping (e.g. a model load) before killing it; default WORKER_STOP_GRACE_MS. */
   stopGraceMs?: number;
   /** Where the models' measured memory is kept across workers and restarts. */
   memoryFigures?: MemoryFigureBook;
@@ -157,6 +157,9 @@ export class WorkerOutOfMemoryError extends Error {
 
 /** The least a starting worker gets between signs of progress (see EnginePoolOptions.startStallTimeoutMs). */
 const START_STALL_MIN_MS = 300_000;
+
+/** How long close() lets a worker finish stopping by default: part of what a shutdown takes beyond SHUTDOWN_TIMEOUT_SECONDS (deploy/ sizes stop grace periods by it). */
+export const WORKER_STOP_GRACE_MS = 5000;
 
 /** Each worker's share of the cores, at least one: what the workers' threads take together is then the cores. */
 export const sharedThreads = (workers: number): number => Math.max(1, Math.floor(os.availableParallelism() / workers));
@@ -347,7 +350,7 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
     async close() {
       stopUpkeep();
       queue.close();
-      await slots.close(options.stopGraceMs ?? 5000);
+      await slots.close(options.stopGraceMs ?? WORKER_STOP_GRACE_MS);
     },
   };
 }

@@ -27,8 +27,8 @@ declare module 'fastify' {
   }
 }
 
-/** How long requests cancelled at the deadline have to send their 503 before their connections are closed. */
-const ANSWER_GRACE_MS = 2000;
+/** How long requests cancelled at the deadline have to send their 503 before their connections are closed (deploy/ sizes stop grace periods by it). */
+export const ANSWER_GRACE_MS = 2000;
 
 export interface ShutdownOptions {
   /** How long close() lets requests in flight finish before cancelling them. */

@@ -49,8 +49,8 @@ type Counted = { size: number; owner?: string };
 
 /** How long a /ready answer about the bucket holds: load balancers probe every few seconds, each replica's probe costs one LIST. */
 const CHECK_CACHE_MS = 2000;
-/** Longest /ready waits for the bucket: a probe is answered before the balancer gives up on it. */
-const CHECK_TIMEOUT_MS = 5000;
+/** Longest /ready waits for the bucket: a probe is answered before the balancer gives up on it (deploy/ sets their check timeouts above it). */
+export const CHECK_TIMEOUT_MS = 5000;
 const REQUEST_TIMEOUT_MS = 30_000;
 /** Tries of each S3 request (the SDK's default): each gets its share of the request's time limit. */
 const ATTEMPTS = 3;
