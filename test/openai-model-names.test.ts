@@ -1,12 +1,12 @@
 import path from 'node:path';
 import OpenAI from 'openai';
-import type { ImageGenerateParamsNonStreaming, ImageModel, ImagesResponse as SdkImagesResponse } from 'openai/resources/images';
+import type { ImageGenerateParamsNonStreaming, ImageGenerateParamsStreaming, ImageModel, ImagesResponse as SdkImagesResponse } from 'openai/resources/images';
 import sharp from 'sharp';
 import { afterAll, beforeAll, describe, expect, expectTypeOf, it } from 'vitest';
 import { apiError } from './helpers/failures.js';
 import { GPT_IMAGE_MODEL_NAMES, gptImageNameTakes, OPENAI_MODEL_NAMES, REQUEST_QUALITIES } from '../src/api/dialects.js';
 import type { ImagesResponse } from '../src/api/wire.js';
-import { startTestServer, writeDemoModel, type TestServer } from './helpers/api-server.js';
+import { startTestServer, TEST_KEY, writeDemoModel, type TestServer } from './helpers/api-server.js';
 import { demoPromptTokens } from './helpers/prompt-tokens.js';
 
 /**
@@ -260,6 +260,24 @@ describe('gpt-image-2 sizes', () => {
     }
     const err = await apiError(generate({ model: 'gpt-image-2', size: '640x640' }), OpenAI.BadRequestError);
     expect((err.error as { message: string }).message).toContain("Supported values for model 'gpt-image-2' are: 'auto', '512x512', '1024x1024', and '1536x1024'");
+  });
+
+  it("says a size outside the three only to clients whose SDK types it as any WxH: openai-python 2.x's strict mode refuses it", async () => {
+    // The headers every openai-python request carries (test/openai-python.test.ts runs the real ones).
+    const python = (version: string) =>
+      new OpenAI({ baseURL: server.baseURL, apiKey: TEST_KEY, maxRetries: 0, defaultHeaders: { 'X-Stainless-Lang': 'python', 'X-Stainless-Package-Version': version } });
+    const sizes = async (client: OpenAI, size: string) => {
+      const answer = await generate({ model: 'gpt-image-2', size }, client);
+      const stream = await client.images.generate({ model: 'gpt-image-2', prompt: 'a red circle', size, stream: true, partial_images: 1 } as ImageGenerateParamsStreaming);
+      const events = [];
+      for await (const event of stream) events.push(event.size);
+      return { answer: answer.size, events };
+    };
+    // 2.x: left out of the answer (optional there), 'auto' in events (required there, and 'auto' one of its values).
+    expect(await sizes(python('2.54.0'), '512x512')).toEqual({ answer: undefined, events: ['auto', 'auto'] });
+    expect(await sizes(python('1.109.1'), '512x512')).toEqual({ answer: undefined, events: ['auto', 'auto'] });
+    expect(await sizes(python('2.54.0'), '1024x1024')).toEqual({ answer: '1024x1024', events: ['1024x1024', '1024x1024'] });
+    for (const client of [python('3.22.1'), server.client]) expect(await sizes(client, '512x512')).toEqual({ answer: '512x512', events: ['512x512', '512x512'] });
   });
 
   it('follows OpenAI\'s rule for them: sides of multiples of 16, aspect within 1:3 to 3:1, at most 3840x2160', () => {

@@ -52,6 +52,9 @@ export const DEFAULT_RESPONSE_FORMAT: Record<Dialect, ResponseFormat> = { 'gpt-i
 /** The sizes every one of OpenAI's gpt-image models takes. */
 const GPT_IMAGE_SIZES: readonly string[] = ['1024x1024', '1536x1024', '1024x1536'];
 
+/** Whether `size` is one of the three sizes every gpt-image model takes (the enum older SDKs type answers' sizes as). */
+export const isGptImageSize = (size: string): boolean => GPT_IMAGE_SIZES.includes(size);
+
 /** The gpt-image names that take sizes beyond the three (openai-node's `ImageGenerateParams.size`). */
 const FREE_SIZE_MODEL_NAMES: readonly string[] = ['gpt-image-2', 'gpt-image-2-2026-04-21', ...GPT_IMAGE_2_5_NAMES];
 
@@ -61,7 +64,7 @@ const FREE_SIZE_MODEL_NAMES: readonly string[] = ['gpt-image-2', 'gpt-image-2-20
  * and which is at most 3840x2160 (long side 3840, short side 2160).
  */
 export function gptImageNameTakes(modelName: string, size: string): boolean {
-  if (GPT_IMAGE_SIZES.includes(size)) return true;
+  if (isGptImageSize(size)) return true;
   if (!FREE_SIZE_MODEL_NAMES.includes(modelName)) return false;
   const [width, height] = size.split('x').map(Number);
   const [long, short] = width >= height ? [width, height] : [height, width];

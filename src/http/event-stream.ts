@@ -40,9 +40,11 @@ export interface StreamOptions {
   keepAliveMs: number;
   /** ANSWER_MEMORY: the events count against it until the response takes them (answer-memory.ts). */
   memory: ByteBudget;
+  /** The size an event says, as the client's SDK reads it (echoed-size.ts); undefined: `auto`, which every SDK takes. */
+  sizeFor(size: string): string | undefined;
 }
 
-export async function streamImages(request: FastifyRequest, reply: FastifyReply, { prefix, body, keepAliveMs, memory }: StreamOptions, produce: Produce): Promise<FastifyReply> {
+export async function streamImages(request: FastifyRequest, reply: FastifyReply, { prefix, body, keepAliveMs, memory, sizeFor }: StreamOptions, produce: Produce): Promise<FastifyReply> {
   const events = new AnswerEvents(request, reply, memory);
   let opened!: () => void;
   const firstEvent = new Promise<void>((resolve) => (opened = resolve));
@@ -55,9 +57,10 @@ export async function streamImages(request: FastifyRequest, reply: FastifyReply,
   };
   const send = (event: ImageStreamEvent | ErrorBody) => write(`${'type' in event ? `event: ${event.type}\n` : ''}data: ${JSON.stringify(event)}\n\n`);
   const settings = echoedSettings(body);
+  const eventSize = (size: string) => sizeFor(size) ?? 'auto';
 
   const done = produce((event) => {
-    const message = toStreamEvent(event, prefix, body, settings);
+    const message = toStreamEvent(event, prefix, body, settings, eventSize);
     if (message) send(message);
     else if (event.type === 'queued' && !heartbeat) write(': queued\n\n');
   });
@@ -90,7 +93,13 @@ export async function streamImages(request: FastifyRequest, reply: FastifyReply,
     .send(events);
 }
 
-function toStreamEvent(event: RequestEvent, prefix: StreamPrefix, request: GenerationRequest, settings: ReturnType<typeof echoedSettings>): ImageStreamEvent | undefined {
+function toStreamEvent(
+  event: RequestEvent,
+  prefix: StreamPrefix,
+  request: GenerationRequest,
+  settings: ReturnType<typeof echoedSettings>,
+  eventSize: (size: string) => string,
+): ImageStreamEvent | undefined {
   switch (event.type) {
     case 'preview':
       return {
@@ -98,7 +107,7 @@ function toStreamEvent(event: RequestEvent, prefix: StreamPrefix, request: Gener
         b64_json: bufferView(event.file.data).toString('base64'),
         partial_image_index: event.index,
         created_at: Math.floor(Date.now() / 1000),
-        size: event.size,
+        size: eventSize(event.size),
         ...settings,
         seed: event.file.seed,
       };
@@ -111,7 +120,7 @@ function toStreamEvent(event: RequestEvent, prefix: StreamPrefix, request: Gener
         type: `${prefix}.completed`,
         b64_json: bufferView(event.file.data).toString('base64'),
         created_at: Math.floor(Date.now() / 1000),
-        size: event.fields.size,
+        size: eventSize(event.fields.size),
         ...settings,
         seed: event.file.seed,
         usage: event.fields.usage,

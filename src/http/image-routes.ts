@@ -4,6 +4,7 @@ import type { EditInput, GenerateContext, ImageService, QueueClient } from '../s
 import type { ByteBudget } from '../util/byte-budget.js';
 import { clientOf } from './auth.js';
 import { checkAnswerMemory, holdAnswer } from './answer-memory.js';
+import { readableSize } from './echoed-size.js';
 import { streamImages } from './event-stream.js';
 import { imagePath } from './files.js';
 import { imagesJson } from './json-pieces.js';
@@ -51,8 +52,18 @@ export async function respond(
   if (body.response_format === 'b64_json') checkAnswerMemory(request, memory);
   const context = await generateContext(request, reply, body, options);
   const edit = await decodeEdit?.();
-  if (body.stream) return streamImages(request, reply, { prefix, body, keepAliveMs: options.streamKeepAliveMs, memory }, (onEvent) => options.service.stream(body, context, onEvent, edit));
-  return answer(request, reply, await options.service.generate(body, context, edit), memory);
+  const sizeFor = readableSize(request);
+  if (body.stream) {
+    return streamImages(request, reply, { prefix, body, keepAliveMs: options.streamKeepAliveMs, memory, sizeFor }, (onEvent) => options.service.stream(body, context, onEvent, edit));
+  }
+  return answer(request, reply, withReadableSize(await options.service.generate(body, context, edit), sizeFor), memory);
+}
+
+/** The answer with its `size` (gpt-image answers) as the client's SDK can read it, left out where it cannot (echoed-size.ts). */
+function withReadableSize(response: ImagesResponse, sizeFor: (size: string) => string | undefined): ImagesResponse {
+  const { size, ...rest } = response;
+  const readable = size === undefined ? undefined : sizeFor(size);
+  return readable === undefined ? rest : { ...rest, size: readable };
 }
 
 /**
