@@ -8,7 +8,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { DEMO_MODEL_DIR } from './helpers/demo-model.js';
 import { PROJECT_ROOT } from './helpers/cli.js';
 import { untilReady } from './helpers/ops-server.js';
-import { openaiPython } from './helpers/openai-python.js';
+import { CURRENT_OPENAI_PYTHON, openaiPython } from './helpers/openai-python.js';
 import { readImageFile } from './helpers/picture.js';
 import { startRealServer, type RealServer } from './helpers/real-server.js';
 
@@ -22,7 +22,7 @@ import { startRealServer, type RealServer } from './helpers/real-server.js';
  */
 
 const run = promisify(execFile);
-const VERSIONS = ['3.22.1', '2.54.0'] as const;
+const VERSIONS = [CURRENT_OPENAI_PYTHON, '2.54.0'] as const;
 const pythons = await Promise.all(VERSIONS.map(openaiPython));
 
 const KEY = 'sk-python-0123456789';

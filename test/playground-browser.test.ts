@@ -9,7 +9,9 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { chromiumPath, NO_CHROMIUM, openPlayground, runOnPage } from './helpers/browser.js';
 import { holdBusyWorker } from './helpers/busy-worker.js';
 import { auth, MODEL, OPS_KEY, startOpsServer, untilReady, type OpsServer } from './helpers/ops-server.js';
+import { CURRENT_OPENAI_PYTHON, openaiPython } from './helpers/openai-python.js';
 import { readImageFile } from './helpers/picture.js';
+import type { ImagesResponse, ModelObject } from '../src/api/wire.js';
 
 /**
  * The playground in headless Chromium against the whole server (worker processes, the reference
@@ -20,38 +22,8 @@ import { readImageFile } from './helpers/picture.js';
 
 const run = promisify(execFile);
 
-/** openai-python is not in Debian 12 and PyPI is out of reach here: then the Python test says so in its name. */
-const pythonOpenai = await run('python3', ['-c', 'import openai']).then(
-  () => true,
-  () => false,
-);
-
-/**
- * What openai-python does with `client.images.generate(...)`: POST the keyword arguments that are not
- * None, with `extra_body` merged in, as JSON to base_url + /images/generations, with the Bearer key.
- * Used only where the real package cannot be installed, so the copied snippet still runs as written.
- */
-const OPENAI_STAND_IN = `
-import json, types, urllib.request
-
-class _Images:
-    def __init__(self, client):
-        self._client = client
-
-    def generate(self, *, extra_body=None, **params):
-        body = {k: v for k, v in params.items() if v is not None}
-        body.update(extra_body or {})
-        request = urllib.request.Request(self._client.base_url + "/images/generations", data=json.dumps(body).encode(),
-                                         headers={"Authorization": "Bearer " + self._client.api_key, "Content-Type": "application/json"})
-        answer = json.load(urllib.request.urlopen(request))
-        return types.SimpleNamespace(data=[types.SimpleNamespace(**image) for image in answer["data"]])
-
-class OpenAI:
-    def __init__(self, *, base_url, api_key):
-        self.base_url, self.api_key = base_url.rstrip("/"), api_key
-        self.images = _Images(self)
-`;
-import type { ImagesResponse, ModelObject } from '../src/api/wire.js';
+/** The real openai-python, in a virtual environment of the tests' own (helpers/openai-python.ts); where it cannot be had, the Python test skips saying why. */
+const openai = await openaiPython(CURRENT_OPENAI_PYTHON);
 
 /** The bytes behind an <img> of the page (a blob: or the server's URL), fetched inside the page. */
 async function imageBytes(page: Page, selector: string): Promise<Buffer> {
@@ -210,22 +182,19 @@ describe.skipIf(!chromiumPath)(`the playground in headless Chromium${chromiumPat
     await page.keyboard.press('Escape');
   });
 
-  it(
-    pythonOpenai
-      ? 'copies the Python snippet and runs it with openai-python: the same image for the same seed'
-      : 'copies the Python snippet and runs it with python3 through a stand-in `openai` module that sends what openai-python sends (openai-python cannot be installed here: not in Debian 12, PyPI out of reach): the same image for the same seed',
+  it.skipIf('missing' in openai)(
+    `copies the Python snippet and runs it with openai-python ${CURRENT_OPENAI_PYTHON}: the same image for the same seed${'missing' in openai ? ` (skipped: ${openai.missing})` : ''}`,
     async () => {
+      if ('missing' in openai) throw new Error(openai.missing);
       const shown = await pixels(await imageBytes(page, '#results .result-image'));
       await page.click('#results button:has-text("Copy as code")');
       const python = await copied('python');
       await page.keyboard.press('Escape');
       expect(python).toContain('extra_body={"steps": 12, "seed": 7}');
       const dir = path.join(work, 'python');
-      await mkdir(path.join(dir, 'stand-in', 'openai'), { recursive: true });
-      await writeFile(path.join(dir, 'stand-in', 'openai', '__init__.py'), OPENAI_STAND_IN);
+      await mkdir(dir, { recursive: true });
       await writeFile(path.join(dir, 'snippet.py'), python);
-      const env = { ...process.env, OPENAI_API_KEY: OPS_KEY, ...(!pythonOpenai && { PYTHONPATH: path.join(dir, 'stand-in') }) };
-      await run('python3', ['snippet.py'], { cwd: dir, env });
+      await run(openai.python, ['snippet.py'], { cwd: dir, env: { ...process.env, OPENAI_API_KEY: OPS_KEY } });
       expect(await pixels(path.join(dir, 'image-7.png'))).toEqual(shown);
     },
   );

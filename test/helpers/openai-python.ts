@@ -14,6 +14,9 @@ import { PROJECT_ROOT } from './cli.js';
 
 const run = promisify(execFile);
 
+/** The openai-python release the project's tests and docs' examples run (the current major). */
+export const CURRENT_OPENAI_PYTHON = '3.22.1';
+
 export type OpenaiPython = { python: string } | { missing: string };
 
 const CACHE = path.join(PROJECT_ROOT, 'node_modules', '.cache', 'openai-python');
@@ -55,7 +58,14 @@ export async function openaiPython(version: string): Promise<OpenaiPython> {
     await rm(making, { recursive: true, force: true });
     return { missing: `pip cannot install openai==${version}: ${why(err)}` };
   }
-  await rm(dir, { recursive: true, force: true });
-  await rename(making, dir);
+  // Test files run at once may each make one: the first in place is kept, and a later one is dropped
+  // (a rename onto a folder that holds files fails) rather than replacing it under the first's tests.
+  if (!(await imports(python, version))) {
+    await rm(dir, { recursive: true, force: true });
+    await rename(making, dir).catch((err: NodeJS.ErrnoException) => {
+      if (err.code !== 'ENOTEMPTY' && err.code !== 'EEXIST') throw err;
+    });
+  }
+  await rm(making, { recursive: true, force: true });
   return (await imports(python, version)) ? { python } : { missing: `openai==${version} installed but does not import` };
 }
