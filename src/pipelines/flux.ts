@@ -72,7 +72,7 @@ export class FluxPipeline implements Pipeline {
         ['out_hidden_states'],
         fixed,
       );
-      return out.out_hidden_states.data as Float32Array;
+      return out.out_hidden_states.data;
     };
     const preview = previewLoop(hooks, this.previews, 'flow', batch, shape, (clean) => unpack(clean, count, h, w));
     const result = await denoise(scheduler, start, noise, predict, hooks, preview);

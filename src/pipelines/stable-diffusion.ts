@@ -1,4 +1,4 @@
-import type { HostTensor, OnnxModel } from '../runtime/onnx-model.js';
+import type { FloatTensor, OnnxModel } from '../runtime/onnx-model.js';
 import { BatchNoise } from '../runtime/random.js';
 import type { GenerationBatch } from '../runtime/types.js';
 import { strengthRule, type ModelLayout } from '../models/layout.js';
@@ -15,7 +15,7 @@ import type { TextEncoder } from './text-encoder.js';
 import { pictureEncoder, type VaeDecoder, type VaeEncoder } from './vae.js';
 
 /** UNet inputs that carry the text condition, for a batch of prompts. */
-type Conditioning = Record<string, HostTensor>;
+type Conditioning = Record<string, FloatTensor>;
 
 /**
  * SD 1.x/2.x, SD-Turbo, LCM and SDXL(-Turbo): a UNet denoising 4-channel latents at 1/8 (the VAE scale) of the image
@@ -77,7 +77,7 @@ export class StableDiffusionPipeline implements Pipeline {
         sample: { data: guided ? concatBatch([sample, sample]) : sample, dims: [rows, sample.length / (count * h * w), h, w] },
         timestep: { data: filled(rows, t), dims: [rows] },
       };
-      const out = (await this.unet.run(feeds, [this.outputName], fixed))[this.outputName].data as Float32Array;
+      const out = (await this.unet.run(feeds, [this.outputName], fixed))[this.outputName].data;
       return guided ? applyGuidance(out, count, batch.guidanceScale, batch.guidanceRescale) : out;
     };
     const preview = previewLoop(hooks, this.previews, predictionOf(this.layout.scheduler.prediction_type), batch, shape);
@@ -104,7 +104,7 @@ export class StableDiffusionPipeline implements Pipeline {
     const prompts = batch.items.map((i) => i.negativePrompt ?? '');
     const zeroed = batch.items.map((i) => this.encoders.length === 2 && this.layout.forceZerosForEmptyPrompt && i.negativePrompt === undefined);
     if (!zeroed.every(Boolean)) return this.condition(prompts, batch, zeroed);
-    const zerosLike = (t: HostTensor): HostTensor => ({ data: new Float32Array(t.data.length), dims: t.dims });
+    const zerosLike = (t: FloatTensor): FloatTensor => ({ data: new Float32Array(t.data.length), dims: t.dims });
     return { encoder_hidden_states: zerosLike(positive.encoder_hidden_states), text_embeds: zerosLike(positive.text_embeds), time_ids: positive.time_ids };
   }
 
@@ -139,7 +139,7 @@ export class StableDiffusionPipeline implements Pipeline {
 }
 
 /** LCM's guidance input: a sinusoidal embedding of (w - 1) * 1000, as diffusers' get_guidance_scale_embedding. */
-function guidanceEmbedding(guidanceScale: number, batch: number, dim: number): HostTensor {
+function guidanceEmbedding(guidanceScale: number, batch: number, dim: number): FloatTensor {
   const w = (guidanceScale - 1) * 1000;
   const half = dim / 2;
   const step = Math.log(10000) / (half - 1);
@@ -164,13 +164,13 @@ function concatConditioning(first: Conditioning, second: Conditioning): Conditio
 }
 
 /** [b, t, h1] ++ [b, t, h2] -> [b, t, h1 + h2]. */
-function concatLastAxis(a: HostTensor, b: HostTensor): HostTensor {
+function concatLastAxis(a: FloatTensor, b: FloatTensor): FloatTensor {
   const [h1, h2] = [a.dims[a.dims.length - 1], b.dims[b.dims.length - 1]];
   return { data: concatPerRow(a.data, b.data, a.data.length / h1), dims: [...a.dims.slice(0, -1), h1 + h2] };
 }
 
 /** Zeroes, in each of `tensors` ([rows, ...]), the rows marked in `zeroed`. */
-function zeroRows(zeroed: readonly boolean[], rows: number, tensors: HostTensor[]): void {
+function zeroRows(zeroed: readonly boolean[], rows: number, tensors: FloatTensor[]): void {
   for (const t of tensors) {
     const per = t.data.length / rows;
     zeroed.forEach((zero, b) => {

@@ -1,4 +1,4 @@
-import type { HostTensor } from '../runtime/onnx-model.js';
+import type { FloatTensor } from '../runtime/onnx-model.js';
 
 /** Small helpers over flat [batch, ...] float tensors. */
 
@@ -14,8 +14,8 @@ export function concatBatch(parts: readonly Float32Array[]): Float32Array {
 }
 
 /** Two [batch, ...] tensors as one, `a`'s rows first. */
-export function concatRows(a: HostTensor, b: HostTensor): HostTensor {
-  return { data: concatBatch([a.data as Float32Array, b.data as Float32Array]), dims: [a.dims[0] + b.dims[0], ...a.dims.slice(1)] };
+export function concatRows(a: FloatTensor, b: FloatTensor): FloatTensor {
+  return { data: concatBatch([a.data, b.data]), dims: [a.dims[0] + b.dims[0], ...a.dims.slice(1)] };
 }
 
 /** Per row, `a`'s part then `b`'s: [rows, ...a] ++ [rows, ...b] along everything after the row axis. */

@@ -1,4 +1,4 @@
-import type { HostTensor, OnnxModel } from '../runtime/onnx-model.js';
+import type { FloatTensor, OnnxModel } from '../runtime/onnx-model.js';
 import type { TextTokenizer } from '../tokenizers/tokenizer.js';
 import { concatRows } from './tensor.js';
 
@@ -8,7 +8,7 @@ export class TextEncoder {
    * The empty prompt's row of each output asked for so far: every guided batch without a negative
    * prompt needs it, and it never changes, so it is encoded once per loaded model.
    */
-  private readonly emptyRows = new Map<string, HostTensor>();
+  private readonly emptyRows = new Map<string, FloatTensor>();
 
   constructor(
     readonly model: OnnxModel,
@@ -20,7 +20,7 @@ export class TextEncoder {
    * a merged batch sharing the empty negative prompt, runs the encoder on one row, not n; and the empty
    * prompt once per model (emptyRows).
    */
-  async encode(prompts: readonly string[], outputs: readonly string[]): Promise<Record<string, HostTensor>> {
+  async encode(prompts: readonly string[], outputs: readonly string[]): Promise<Record<string, FloatTensor>> {
     const distinct = [...new Set(prompts)];
     const emptyKnown = distinct.includes('') && outputs.every((name) => this.emptyRows.has(name));
     const toRun = emptyKnown ? distinct.filter((prompt) => prompt !== '') : distinct;
@@ -34,7 +34,7 @@ export class TextEncoder {
     return Object.fromEntries(Object.entries(table).map(([name, tensor]) => [name, gatherRows(tensor, rowOf)]));
   }
 
-  private run(prompts: readonly string[], outputs: readonly string[]): Promise<Record<string, HostTensor>> {
+  private run(prompts: readonly string[], outputs: readonly string[]): Promise<Record<string, FloatTensor>> {
     const length = this.tokenizer.maxLength;
     const ids = new Int32Array(prompts.length * length);
     prompts.forEach((prompt, b) => ids.set(this.tokenizer.encode(prompt), b * length));
@@ -56,7 +56,7 @@ export class TextEncoder {
 }
 
 /** Rows `rows` of a [batch, ...] tensor, in that order. */
-function gatherRows(tensor: HostTensor, rows: readonly number[]): HostTensor {
+function gatherRows(tensor: FloatTensor, rows: readonly number[]): FloatTensor {
   const per = tensor.data.length / tensor.dims[0];
   const data = new Float32Array(rows.length * per);
   rows.forEach((row, b) => data.set(tensor.data.subarray(row * per, (row + 1) * per), b * per));
@@ -64,6 +64,6 @@ function gatherRows(tensor: HostTensor, rows: readonly number[]): HostTensor {
 }
 
 /** The rows run, then the empty prompt's (only it when nothing else ran). */
-function withEmptyRow(encoded: HostTensor | undefined, empty: HostTensor): HostTensor {
+function withEmptyRow(encoded: FloatTensor | undefined, empty: FloatTensor): FloatTensor {
   return encoded ? concatRows(encoded, empty) : empty;
 }

@@ -60,7 +60,7 @@ export class VaeDecoder {
   /** One decoder call: [1, C, h, w] latents to [1, 3, H, W] in [-1, 1]. */
   private async run(z: Float32Array, channels: number, latentHeight: number, latentWidth: number): Promise<{ data: Float32Array; height: number; width: number }> {
     const { sample } = await this.model.run({ latent_sample: { data: z, dims: [1, channels, latentHeight, latentWidth] } }, ['sample']);
-    return { data: sample.data as Float32Array, height: sample.dims[2], width: sample.dims[3] };
+    return { data: sample.data, height: sample.dims[2], width: sample.dims[3] };
   }
 
   /**
@@ -238,7 +238,7 @@ export class VaeEncoder {
       }
       const sample = { data: toSigned(image), dims: [1, 3, image.height, image.width] };
       const { [this.output]: out } = await this.model.run({ sample }, [this.output]);
-      parts.push(out.data as Float32Array);
+      parts.push(out.data);
     }
     const encoded = parts.find((part) => part !== undefined);
     if (!encoded) throw new RangeError('no picture to encode');

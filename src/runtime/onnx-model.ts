@@ -16,6 +16,11 @@ export interface HostTensor {
   dims: readonly number[];
 }
 
+/** What a run gives back: every output as float32 (a float16 one widened, any other type refused: see fromOrtTensor). */
+export interface FloatTensor extends HostTensor {
+  data: Float32Array;
+}
+
 /**
  * How onnxruntime says an allocation failed: `std::bad_alloc` from the CPU allocator without an arena,
  * "Failed to allocate memory for requested buffer" from an arena (CPU or CUDA) that could not grow,
@@ -102,7 +107,7 @@ export class OnnxModel {
    * Runs with the given feeds and those prepared (names the graph lacks are an error, as are inputs
    * neither provides) and returns the wanted outputs as float32.
    */
-  async run(feeds: Record<string, HostTensor>, outputs: readonly string[], prepared?: PreparedFeeds): Promise<Record<string, HostTensor>> {
+  async run(feeds: Record<string, HostTensor>, outputs: readonly string[], prepared?: PreparedFeeds): Promise<Record<string, FloatTensor>> {
     const ortFeeds = { ...prepared?.tensors, ...this.convert(feeds) };
     for (const name of this.inputs.keys()) {
       if (!(name in ortFeeds)) throw new Error(`${this.file} needs input '${name}', which this pipeline does not provide`);
@@ -110,7 +115,7 @@ export class OnnxModel {
     const result = await this.session.run(ortFeeds, outputs as string[]).catch((err: unknown) => {
       throw gpuFaultOr(outOfMemoryOr(err, this.file, 'run'), this.file, 'run');
     });
-    const out: Record<string, HostTensor> = {};
+    const out: Record<string, FloatTensor> = {};
     for (const name of outputs) out[name] = fromOrtTensor(this.file, name, result[name]);
     return out;
   }
@@ -164,7 +169,7 @@ function toOrtTensor(name: string, tensor: HostTensor, spec: InputSpec): ort.Ten
   }
 }
 
-function fromOrtTensor(file: string, name: string, tensor: ort.Tensor | undefined): HostTensor {
+function fromOrtTensor(file: string, name: string, tensor: ort.Tensor | undefined): FloatTensor {
   if (!tensor) throw new Error(`${file} produced no output '${name}'`);
   const dims = tensor.dims as number[];
   switch (tensor.type) {
