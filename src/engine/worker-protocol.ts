@@ -53,8 +53,8 @@ export type FromWorker =
   /**
    * The running batch's memory plan, with the pool's arbiter (memory-arbiter.ts): asking for a grant,
    * the bytes it took of it (0: none, the batch does not run), or waiting for another batch to end.
+   * `exclusive`: for work that takes all there is (a calibration, see MemorySource.exclusive).
    */
-  /** `exclusive`: for work that takes all there is (a calibration, see MemorySource.exclusive). */
   | { type: 'memory-ask'; exclusive?: boolean }
   | { type: 'memory-take'; bytes: number; samples: number }
   | { type: 'memory-wait' }

@@ -47,10 +47,10 @@ async function askForMemory(message: Extract<FromWorker, { type: 'memory-ask' | 
 }
 
 /**
- * Whoever waits for memory stops waiting: the batch was cancelled, or (`stopping`) the worker stops,
+ * Whoever waits for memory stops waiting: the batch was cancelled, or the worker stops (`stopping`),
  * which ends a calibration's wait too. The pool's arbiter forgets it when the batch fails.
  */
-function stopWaitingForMemory(stopping = false): void {
+function stopWaitingForMemory(): void {
   if (!awaitingGrant || !(stopping || awaitingGrant.cancellable)) return;
   awaitingGrant.reject(new GenerationCancelled());
   awaitingGrant = undefined;
@@ -222,7 +222,7 @@ async function stop(): Promise<void> {
   stopping = true;
   if (running) {
     running.cancelled = true;
-    stopWaitingForMemory(true);
+    stopWaitingForMemory();
     await running.done;
   }
   process.exit(0);
