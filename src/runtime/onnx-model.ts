@@ -125,7 +125,7 @@ export class OnnxModel {
     for (const [name, tensor] of Object.entries(feeds)) {
       const spec = this.inputs.get(name);
       if (!spec) throw new Error(`${this.file} has no input '${name}' (it has ${[...this.inputs.keys()].join(', ')})`);
-      converted[name] = toOrtTensor(name, tensor, spec);
+      converted[name] = toOrtTensor(this.file, name, tensor, spec);
     }
     return converted;
   }
@@ -136,23 +136,25 @@ export class OnnxModel {
 }
 
 /** Fits `dims` to the declared rank: [b] -> scalar for a scalar timestep, extra leading 1s added or dropped. */
-function fitRank(name: string, tensor: HostTensor, rank: number): { data: HostTensor['data']; dims: number[] } {
+function fitRank(file: string, name: string, tensor: HostTensor, rank: number): { data: HostTensor['data']; dims: number[] } {
   let dims = [...tensor.dims];
   let data = tensor.data;
   if (rank === 0 && dims.length === 1) {
     // One timestep shared by the whole batch; a batch with mixed timesteps cannot feed a scalar input.
-    if (data.some((v) => v !== data[0])) throw new Error(`input '${name}' is a scalar but the batch holds different values`);
+    if (data.some((v) => v !== data[0])) throw new Error(`${file}: input '${name}' is a scalar but the batch holds different values`);
     data = data.slice(0, 1) as HostTensor['data'];
     dims = [];
   }
   while (dims.length < rank) dims.unshift(1);
   while (dims.length > rank && dims[0] === 1) dims.shift();
-  if (rank !== 0 && dims.length !== rank) throw new Error(`input '${name}' has rank ${tensor.dims.length} but the graph declares rank ${rank}`);
+  if (rank !== 0 && dims.length !== rank) {
+    throw new Error(`${file}: input '${name}' is fed with rank ${tensor.dims.length} but the graph declares rank ${rank}; this export's inputs are not the ones its family's pipeline feeds: export the model again with Optimum's exporter (optimum-cli export onnx)`);
+  }
   return { data, dims };
 }
 
-function toOrtTensor(name: string, tensor: HostTensor, spec: InputSpec): ort.Tensor {
-  const { data, dims } = fitRank(name, tensor, spec.rank);
+function toOrtTensor(file: string, name: string, tensor: HostTensor, spec: InputSpec): ort.Tensor {
+  const { data, dims } = fitRank(file, name, tensor, spec.rank);
   switch (spec.type) {
     case 'float32':
       return new ort.Tensor('float32', data instanceof Float32Array ? data : Float32Array.from(data), dims);
@@ -165,7 +167,7 @@ function toOrtTensor(name: string, tensor: HostTensor, spec: InputSpec): ort.Ten
     case 'int64':
       return new ort.Tensor('int64', BigInt64Array.from(data, (v) => BigInt(Math.round(v))), dims);
     default:
-      throw new Error(`input '${name}' has type ${spec.type}, which cannot be fed from Node (export the model with float32 or float16 inputs)`);
+      throw new Error(`${file}: input '${name}' has type ${spec.type}, which cannot be fed from Node (export the model with float32 or float16 inputs)`);
   }
 }
 
