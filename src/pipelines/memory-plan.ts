@@ -137,6 +137,25 @@ interface RunShape {
   pixels: number;
 }
 
+/** A model loaded here, as its runs' memory is told apart (see MemoryPlan.measureRun). */
+interface LoadedModel {
+  /** The worker's resident memory once the model loaded. */
+  loadedAt: number;
+  /**
+   * What the model's runs left resident here: onnxruntime's arena keeps a session's largest
+   * activations for the next run, so a run needs only what goes beyond them, and what a run measured
+   * above its start is its need less these. Never more than the worker grew since the model loaded
+   * (`loadedAt`), so memory given back shrinks it.
+   */
+  held: number;
+  /**
+   * The shapes of the runs that left `held`, each needing more than the others in some way (see
+   * needsAtLeast): a run that one of them needs at least as much as found room held for all it needed,
+   * and the held memory is theirs, not its own (see measureRun).
+   */
+  heldBy: RunShape[];
+}
+
 /**
  * Whether a run of `larger`'s shape needs at least what one of `smaller`'s does, whatever the model:
  * its samples' pixels, and their squares, add up to no less (the need is a·p + b·p² a sample, a and b
@@ -166,20 +185,8 @@ export class MemoryPlan {
    * alone, without its peers' larger measured sizes or their OOM kills' lessons.
    */
   private readonly pooled: Map<string, ModelMemory>;
-  /**
-   * What each loaded model's runs left resident here: onnxruntime's arena keeps a session's largest
-   * activations for the next run, so a run needs only what goes beyond them, and what a run measured
-   * above its start is its need less these. Never more than the worker grew since the model loaded
-   * (`loadedAt`), so memory given back shrinks it.
-   */
-  private readonly held = new Map<string, number>();
-  private readonly loadedAt = new Map<string, number>();
-  /**
-   * The shapes of the runs that left each loaded model's `held` memory, each needing more than the
-   * others in some way (see needsAtLeast): a run that one of them needs at least as much as found room
-   * held for all it needed, and the held memory is theirs, not its own (see measureRun).
-   */
-  private readonly heldBy = new Map<string, RunShape[]>();
+  /** What this plan knows of each model it loaded (measureLoad) about the memory its runs hold here. */
+  private readonly loaded = new Map<string, LoadedModel>();
   /** Model folders whose VAE decoder asked for this plan's tiling (see vaeTiler): their decodes are planned tiled. */
   private readonly tiledDecoders = new Set<string>();
   /** What the running batch was planned within, and what of it the VAE decoder may take (tiles are chosen to fit it). */
@@ -234,9 +241,7 @@ export class MemoryPlan {
     const before = await settledResidentBytes();
     const loaded = await load();
     const after = await settledResidentBytes();
-    this.held.set(modelDir, 0);
-    this.heldBy.set(modelDir, []);
-    this.loadedAt.set(modelDir, after);
+    this.loaded.set(modelDir, { loadedAt: after, held: 0, heldBy: [] });
     const known = withPooled(figuresFor(this.figures.get(modelDir), version), figuresFor(this.pooled.get(modelDir), version));
     const measured: ModelMemory = { peakBytes: 0, peakPixels: 0, ...known, weightsBytes: Math.max(0, after - before) };
     if (version !== undefined) measured.version = version;
@@ -296,7 +301,7 @@ export class MemoryPlan {
   private denoiseBytes(modelDir: string, samples: number, pixels: number): number {
     const figures = this.figures.get(modelDir);
     const perSample = Math.max(bytesPerImage(figures?.denoise ?? [], pixels), leastPerImage(figures?.exceeded ?? [], pixels));
-    return Math.max(0, samples * perSample - (this.held.get(modelDir) ?? 0));
+    return Math.max(0, samples * perSample - (this.loaded.get(modelDir)?.held ?? 0));
   }
 
   /**
@@ -377,10 +382,12 @@ export class MemoryPlan {
     this.decodeStart = undefined;
     this.encodeEnd = undefined;
     const before = residentBytes();
-    const held = this.held.get(modelDir) ?? 0;
+    // A model this plan did not see load (a test's) holds nothing it could tell apart.
+    const loaded = this.loaded.get(modelDir);
+    const held = loaded?.held ?? 0;
     const result = await run();
     const after = residentBytes();
-    this.held.set(modelDir, Math.max(0, Math.min(held + after - before, after - (this.loadedAt.get(modelDir) ?? after))));
+    if (loaded) loaded.held = Math.max(0, Math.min(held + after - before, after - loaded.loadedAt));
     // Without a resettable high-water mark the peak may be an earlier batch's: still an upper bound.
     const end = this.exactPeak ? peakBytes() : Math.max(peakBytes(), residentBytes());
     // Set by the tiler during run(), which the compiler cannot see.
@@ -388,10 +395,9 @@ export class MemoryPlan {
     const encoded = this.encodeEnd as { peak: number; resident: number } | undefined;
     const grew = Math.max(0, (start?.peak ?? end) - (encoded?.resident ?? before));
     const shape = { samples, pixels };
-    const heldBy = this.heldBy.get(modelDir) ?? [];
-    const foundRoom = heldBy.some((earlier) => needsAtLeast(earlier, shape));
+    const foundRoom = loaded?.heldBy.some((earlier) => needsAtLeast(earlier, shape)) ?? false;
     const ownNeed = grew > held * ARENA_NOISE && (held === 0 || !foundRoom);
-    if (!foundRoom) this.heldBy.set(modelDir, [...heldBy.filter((earlier) => !needsAtLeast(shape, earlier)), shape]);
+    if (loaded && !foundRoom) loaded.heldBy = [...loaded.heldBy.filter((earlier) => !needsAtLeast(shape, earlier)), shape];
     const reported: ModelMemory = {
       weightsBytes: 0,
       peakBytes: Math.max(0, Math.max(end, start?.peak ?? 0, encoded?.peak ?? 0) - before) + held,
