@@ -203,14 +203,14 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
     clock: options.clock ?? REAL_CLOCK,
     logger,
     metrics,
-    onMessage: heard,
+    onMessage: handlePoolMessage,
     onChange: () => queue.setConcurrency(slots.ready().length),
     onExit: (worker) => memory.release(worker),
     waitingForMemory: (worker) => memory.isWaiting(worker),
   });
 
   /** A worker's messages about memory: its model's measured figures, and its batches' plans (see memory-arbiter.ts). */
-  function heard(worker: WorkerProcess, slot: number, message: PoolMessage): void {
+  function handlePoolMessage(worker: WorkerProcess, slot: number, message: PoolMessage): void {
     switch (message.type) {
       case 'model-memory':
         // What the server keeps and plans with (and `imagegen models list` shows): one worker's own load
@@ -285,14 +285,14 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
     let images = 0;
     const oomKillsBefore = cgroupOomKills();
     try {
-      const heard = (event: BatchEvent) => {
+      const onBatchEvent = (event: BatchEvent) => {
         if (event.type === 'preview') metrics?.partialImage(modelName(batch.modelDir));
         // The worker's own time (see WorkerProcess.seconds), not ours: under a flood our event loop hears the
         // steps seconds late, and a model timed so would look a hundred times slower than it is.
         if (event.type === 'step' && warm) costs.progress(batch, worker.seconds, event.step / event.total);
         onEvent(event);
       };
-      const result = await onWorker(worker, (progress) => worker.run(batch, stop, progress, heard));
+      const result = await onWorker(worker, (progress) => worker.run(batch, stop, progress, onBatchEvent));
       outcome = 'completed';
       images = result.length;
       if (warm) costs.record(batch, worker.seconds);
