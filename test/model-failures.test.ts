@@ -1,5 +1,6 @@
-import { cp, rm, truncate, writeFile } from 'node:fs/promises';
+import { cp, readFile, rm, truncate, writeFile } from 'node:fs/promises';
 import path from 'node:path';
+import onnxProto from 'onnx-proto';
 import OpenAI from 'openai';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { whileBatchHeld } from './helpers/busy-worker.js';
@@ -12,7 +13,8 @@ import { referenceModel } from './helpers/reference.js';
 /**
  * A model that was installed and usable when its request came, and is not by the time a worker loads
  * it: damaged on disk (a graph cut short after the scan that found it whole)
- * or removed. The client learns which, instead of a bare 500.
+ * or removed; or one whose export's graph its family's pipeline cannot feed. The client learns which,
+ * instead of a bare 500.
  */
 
 let real: RealServer;
@@ -21,13 +23,22 @@ const modelDir = (id: string) => path.join(real.root, 'models', id);
 
 beforeAll(async () => {
   const copy = { copy: referenceModel('sd-turbo') };
-  real = await startRealServer({ models: { good: copy, damaged: copy, doomed: copy, misconfigured: copy, untokenized: copy }, env: { WORKERS: '1', PRELOAD: 'good', DEFAULT_MODEL: 'good' }, logger: logs.logger });
+  real = await startRealServer({ models: { good: copy, damaged: copy, doomed: copy, misconfigured: copy, untokenized: copy, mismatched: copy }, env: { WORKERS: '1', PRELOAD: 'good', DEFAULT_MODEL: 'good' }, logger: logs.logger });
   // Cut short after the scan that found it usable, as a copy still being written would be.
   await truncate(path.join(modelDir('damaged'), 'text_encoder', 'model.onnx'), 2000);
   // Half written by an editor after the scan.
   await writeFile(path.join(modelDir('misconfigured'), 'scheduler', 'scheduler_config.json'), '{"_class_name": ');
   await writeFile(path.join(modelDir('untokenized'), 'tokenizer', 'tokenizer.json'), '{"model": ');
+  await addUnfedInput(path.join(modelDir('mismatched'), 'unet', 'model.onnx'), 'added_input');
 }, 120_000);
+
+/** Declares one more input of the graph, which no node reads and no pipeline feeds (an export of other inputs than its family's). */
+async function addUnfedInput(file: string, name: string): Promise<void> {
+  const { onnx } = onnxProto;
+  const model = onnx.ModelProto.decode(await readFile(file));
+  model.graph!.input!.push({ name, type: { tensorType: { elemType: onnx.TensorProto.DataType.FLOAT, shape: { dim: [{ dimValue: 1 }] } } } });
+  await writeFile(file, onnx.ModelProto.encode(model).finish());
+}
 afterAll(() => real?.close());
 
 const generate = (model: string, extra: object = {}) =>
@@ -88,6 +99,16 @@ describe('a model that cannot be loaded when its request runs', () => {
       expect((err.error as { message: string }).message).toMatch(/^The model 'untokenized' is installed but could not be loaded: cannot load the tokenizer: tokenizer\/tokenizer\.json is not valid JSON/);
       expect((err.error as { message: string }).message).not.toContain(real.root);
     }
+  });
+
+  it("is a 500 model_unusable naming the component and the input when its export's graph is not what its family's pipeline feeds, not to be retried", async () => {
+    const err = await apiError(generate('mismatched'));
+    expect({ status: err.status, code: err.code }).toEqual({ status: 500, code: 'model_unusable' });
+    const { message } = err.error as { message: string };
+    // Before, a bare 500 that the SDKs retried: "The server had an error while processing your request".
+    expect(message).toMatch(/^The model 'mismatched' is installed but cannot run: unet\/model\.onnx needs input 'added_input', which the pipeline of its model's family does not feed\. .*export it again/);
+    expect(message).not.toContain(real.root);
+    expect(err.headers?.get('x-should-retry')).toBe('false');
   });
 
   it('is a 400 saying it was removed when its folder went away while the request waited', async () => {

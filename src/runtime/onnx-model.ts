@@ -2,6 +2,7 @@ import { ort } from './onnxruntime.js';
 import { float32ToHalf, halfToFloat32 } from './float16.js';
 import { graphSource, rewritesOf } from './graph-rewrite.js';
 import { createSession, type ExecutionProvider, type RuntimeOptions, type SessionTuning } from './providers.js';
+import { componentFile } from './component-file.js';
 import { gpuFaultOr } from './gpu-faults.js';
 import { messageOf } from '../util/error-message.js';
 
@@ -51,6 +52,22 @@ export class OnnxOutOfMemoryError extends Error {
 export function outOfMemoryOr(err: unknown, file: string, during: OnnxOutOfMemoryError['during']): unknown {
   const message = messageOf(err);
   return OUT_OF_MEMORY.test(message) ? new OnnxOutOfMemoryError(file, message, during) : err;
+}
+
+/**
+ * A graph whose inputs or outputs are not those its pipeline feeds and reads (an input it does not
+ * feed, a rank or a type it cannot feed or read): the model's export is at fault, not the request, and
+ * every request for the model meets the same. Named by its component's file, not its path: the message
+ * reaches clients. Crosses the worker's process boundary by name (service/failures.ts).
+ */
+export class GraphMismatchError extends Error {
+  constructor(
+    readonly file: string,
+    detail: string,
+  ) {
+    super(`${componentFile(file)} ${detail}`);
+    this.name = 'GraphMismatchError';
+  }
 }
 
 /** Feeds already converted to one graph's input types (see OnnxModel.prepare). */
@@ -110,7 +127,7 @@ export class OnnxModel {
   async run(feeds: Record<string, HostTensor>, outputs: readonly string[], prepared?: PreparedFeeds): Promise<Record<string, FloatTensor>> {
     const ortFeeds = { ...prepared?.tensors, ...this.convert(feeds) };
     for (const name of this.inputs.keys()) {
-      if (!(name in ortFeeds)) throw new Error(`${this.file} needs input '${name}', which this pipeline does not provide`);
+      if (!(name in ortFeeds)) throw new GraphMismatchError(this.file, `needs input '${name}', which the pipeline of its model's family does not feed`);
     }
     const result = await this.session.run(ortFeeds, outputs as string[]).catch((err: unknown) => {
       throw gpuFaultOr(outOfMemoryOr(err, this.file, 'run'), this.file, 'run');
@@ -124,7 +141,7 @@ export class OnnxModel {
     const converted: Record<string, ort.Tensor> = {};
     for (const [name, tensor] of Object.entries(feeds)) {
       const spec = this.inputs.get(name);
-      if (!spec) throw new Error(`${this.file} has no input '${name}' (it has ${[...this.inputs.keys()].join(', ')})`);
+      if (!spec) throw new GraphMismatchError(this.file, `has no input '${name}', which the pipeline of its model's family feeds (it has ${[...this.inputs.keys()].join(', ')})`);
       converted[name] = toOrtTensor(this.file, name, tensor, spec);
     }
     return converted;
@@ -147,9 +164,7 @@ function fitRank(file: string, name: string, tensor: HostTensor, rank: number): 
   }
   while (dims.length < rank) dims.unshift(1);
   while (dims.length > rank && dims[0] === 1) dims.shift();
-  if (rank !== 0 && dims.length !== rank) {
-    throw new Error(`${file}: input '${name}' is fed with rank ${tensor.dims.length} but the graph declares rank ${rank}; this export's inputs are not the ones its family's pipeline feeds: export the model again with Optimum's exporter (optimum-cli export onnx)`);
-  }
+  if (rank !== 0 && dims.length !== rank) throw new GraphMismatchError(file, `declares input '${name}' of rank ${rank}, which the pipeline of its model's family feeds with rank ${tensor.dims.length}`);
   return { data, dims };
 }
 
@@ -167,12 +182,12 @@ function toOrtTensor(file: string, name: string, tensor: HostTensor, spec: Input
     case 'int64':
       return new ort.Tensor('int64', BigInt64Array.from(data, (v) => BigInt(Math.round(v))), dims);
     default:
-      throw new Error(`${file}: input '${name}' has type ${spec.type}, which cannot be fed from Node (export the model with float32 or float16 inputs)`);
+      throw new GraphMismatchError(file, `declares input '${name}' of type ${spec.type}, which cannot be fed from Node (only float32, float16, float64, int32 and int64)`);
   }
 }
 
 function fromOrtTensor(file: string, name: string, tensor: ort.Tensor | undefined): FloatTensor {
-  if (!tensor) throw new Error(`${file} produced no output '${name}'`);
+  if (!tensor) throw new GraphMismatchError(file, `produced no output '${name}'`);
   const dims = tensor.dims as number[];
   switch (tensor.type) {
     case 'float32':
@@ -180,6 +195,6 @@ function fromOrtTensor(file: string, name: string, tensor: ort.Tensor | undefine
     case 'float16':
       return { data: halfToFloat32(tensor.data as Uint16Array), dims };
     default:
-      throw new Error(`${file}: output '${name}' has type ${tensor.type}; expected float32 or float16`);
+      throw new GraphMismatchError(file, `declares output '${name}' of type ${tensor.type}, which cannot be read here (only float32 and float16)`);
   }
 }

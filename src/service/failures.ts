@@ -7,6 +7,7 @@ import { MISSING_FOLDER, ModelLayoutError } from '../models/layout.js';
 import { InsufficientMemoryError } from '../pipelines/memory-plan.js';
 import { NonFiniteOutputError } from '../pipelines/vae.js';
 import { GpuFaultError } from '../runtime/gpu-faults.js';
+import { GraphMismatchError } from '../runtime/onnx-model.js';
 import { StoreFullError, StoreUnavailableError } from '../store/image-store.js';
 import { messageOf } from '../util/error-message.js';
 
@@ -72,6 +73,14 @@ export function engineError(err: unknown, model: string): unknown {
     }
     return modelUnusable(
       `The model '${model}' is installed but could not be loaded: ${problem ?? messageOf(err)}. Other models still work; the server's operator should repair or remove it ("imagegen models list" checks it).`,
+      err,
+    );
+  }
+  // Raised in the worker: it crosses the process boundary by name. The export is at fault, and every
+  // request for the model meets the same: the 500 of a model to repair, not to be retried.
+  if (name === GraphMismatchError.name) {
+    return modelUnusable(
+      `The model '${model}' is installed but cannot run: ${messageOf(err)}. Its export does not match its family's; other models still work. The server's operator should export it again (optimum-cli export onnx) and import it anew, or remove it.`,
       err,
     );
   }
