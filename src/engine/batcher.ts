@@ -57,7 +57,7 @@ interface Group {
   owner: string;
   /** The request the group waits in the queue as (its first member's): its client's line, limits and admission. */
   ticket: Ticket;
-  settings: Omit<GenerationBatch, 'items'>;
+  settings: BatchSettings;
   members: Member[];
   /** Aborts the group's place in the queue once every member has left. */
   abandon: AbortController;
@@ -71,11 +71,16 @@ const ownKey = (client: string, key: string) => `${client}\n${key}`;
  */
 const mergesNothing = (ticket: Ticket) => ticket.limits.maxConcurrent !== undefined;
 
-/** Batches with equal keys can run as one: everything but the items. */
-function batchKey(batch: GenerationBatch): string {
+/** A batch's settings: everything but its items. Batches with equal settings can run as one. */
+type BatchSettings = Omit<GenerationBatch, 'items'>;
+
+function settingsOf(batch: GenerationBatch): BatchSettings {
   const { items: _items, ...settings } = batch;
-  return JSON.stringify(settings, Object.keys(settings).sort());
+  return settings;
 }
+
+/** The settings as a key of the groups they share (see settingsOf). */
+const keyOf = (settings: BatchSettings): string => JSON.stringify(settings, Object.keys(settings).sort());
 
 export class BatchMerger {
   /** Groups a request may still join, by owner and key (see ownKey). */
@@ -95,9 +100,10 @@ export class BatchMerger {
   generate(batch: GenerationBatch, signal?: AbortSignal, ticket = new Ticket(), onEvent?: (event: BatchEvent) => void): Promise<GeneratedImage[]> {
     if (signal?.aborted) return Promise.reject(signal.reason);
     return new Promise<GeneratedImage[]>((resolve, reject) => {
-      const key = batchKey(batch);
+      const settings = settingsOf(batch);
+      const key = keyOf(settings);
       const joinable = this.joinableGroup(key, batch, ticket);
-      const group = joinable ?? this.openGroup(key, batch, ticket);
+      const group = joinable ?? this.openGroup(key, settings, ticket);
       const leaveWith = (reason: unknown) => {
         member.left = true;
         member.reject(reason);
@@ -169,8 +175,7 @@ export class BatchMerger {
   }
 
   /** A group for the request's batch; one that others may join unless its owner has a concurrency limit (see mergesNothing). */
-  private openGroup(key: string, batch: GenerationBatch, ticket: Ticket): Group {
-    const { items: _items, ...settings } = batch;
+  private openGroup(key: string, settings: BatchSettings, ticket: Ticket): Group {
     const owner = ticket.client;
     const group: Group = { key, owner, ticket, settings, members: [], abandon: new AbortController() };
     if (mergesNothing(ticket)) return group;
