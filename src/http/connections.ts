@@ -6,6 +6,7 @@ import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import fp from 'fastify-plugin';
 import type { Config } from '../config.js';
 import { plural } from '../util/plural.js';
+import { sendsForm } from './raw-headers.js';
 
 /**
  * How long a connection may take, and when it ends. Node's limits count only while a request is
@@ -157,6 +158,13 @@ function closeWithConnection(request: FastifyRequest, reply: FastifyReply): void
 
 /** The body length a request declares (Content-Length; 0 when it declares none). */
 export const declaredBodyBytes = (request: FastifyRequest): number => Number(request.headers['content-length'] ?? 0);
+
+/**
+ * Whether the request declares a JSON body over BODY_LIMIT, which Fastify refuses (413) as its reading
+ * starts, before any of it is read: it is neither held against UPLOAD_MEMORY (content.ts) nor asked for
+ * (expect.ts). A form's bounds are its parser's (uploads.ts).
+ */
+export const declaresJsonOverLimit = (request: FastifyRequest): boolean => !sendsForm(request) && declaredBodyBytes(request) > request.routeOptions.bodyLimit;
 
 /** The most of a body read after its answer (see the module's comment): above the largest form an endpoint takes (59 MiB). */
 const LINGER_MAX_BYTES = 64 * 1024 ** 2;

@@ -6,7 +6,7 @@ import fp from 'fastify-plugin';
 import { ApiError } from '../api/errors.js';
 import type { ByteBudget } from '../util/byte-budget.js';
 import { holdBodyMemory } from './body-memory.js';
-import { declaredBodyBytes } from './connections.js';
+import { declaresJsonOverLimit } from './connections.js';
 import { bodyTooLarge } from './errors.js';
 import { sendsForm } from './raw-headers.js';
 
@@ -109,7 +109,7 @@ async function contentPlugin(app: FastifyInstance, { memory }: ContentOptions): 
     const hasBody = request.headers['content-length'] !== undefined || request.headers['transfer-encoding'] !== undefined;
     // A body declared over BODY_LIMIT gets Fastify's 413 before any of it is read: held, it would get
     // UPLOAD_MEMORY's 429 while the memory is busy, which the SDKs retry though it can never pass.
-    const take = hasBody && !form && declaredBodyBytes(request) <= request.routeOptions.bodyLimit ? holdBodyMemory(request, reply, memory) : undefined;
+    const take = hasBody && !form && !declaresJsonOverLimit(request) ? holdBodyMemory(request, reply, memory) : undefined;
     const counted = (body: RequestPayload) => (take ? held(body, take) : body);
     if (!encoding || encoding === 'identity') return counted(payload);
     if (form) {

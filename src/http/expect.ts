@@ -1,8 +1,7 @@
 import type { FastifyInstance } from 'fastify';
 import fp from 'fastify-plugin';
 import { ApiError } from '../api/errors.js';
-import { declaredBodyBytes } from './connections.js';
-import { sendsForm } from './raw-headers.js';
+import { declaresJsonOverLimit } from './connections.js';
 
 /**
  * `Expect: 100-continue`: a client asks whether to send its body. Node would say yes at once, before
@@ -29,8 +28,7 @@ async function expectPlugin(app: FastifyInstance): Promise<void> {
 
   app.addHook('preParsing', async (request, reply, payload) => {
     // A JSON body declared over BODY_LIMIT gets its 413 as its reading starts: its client need not send it.
-    const refused = !sendsForm(request) && declaredBodyBytes(request) > request.routeOptions.bodyLimit;
-    if (request.headers.expect?.toLowerCase() === '100-continue' && !reply.raw.headersSent && !refused) reply.raw.writeContinue();
+    if (request.headers.expect?.toLowerCase() === '100-continue' && !reply.raw.headersSent && !declaresJsonOverLimit(request)) reply.raw.writeContinue();
     return payload;
   });
 }
