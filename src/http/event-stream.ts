@@ -5,6 +5,7 @@ import type { RequestEvent, RequestListener } from '../service/request-events.js
 import { bufferView } from '../util/bytes.js';
 import type { ByteBudget } from '../util/byte-budget.js';
 import { AnswerEvents } from './answer-memory.js';
+import { readableSize } from './echoed-size.js';
 import { inPieces } from './json-pieces.js';
 import { apiErrorOf } from './errors.js';
 import { answeredAside } from './metrics.js';
@@ -40,11 +41,9 @@ export interface StreamOptions {
   keepAliveMs: number;
   /** ANSWER_MEMORY: the events count against it until the response takes them (answer-memory.ts). */
   memory: ByteBudget;
-  /** The size an event says, as the client's SDK reads it (echoed-size.ts); undefined: `auto`, which every SDK takes. */
-  sizeFor(size: string): string | undefined;
 }
 
-export async function streamImages(request: FastifyRequest, reply: FastifyReply, { prefix, body, keepAliveMs, memory, sizeFor }: StreamOptions, produce: Produce): Promise<FastifyReply> {
+export async function streamImages(request: FastifyRequest, reply: FastifyReply, { prefix, body, keepAliveMs, memory }: StreamOptions, produce: Produce): Promise<FastifyReply> {
   const events = new AnswerEvents(request, reply, memory);
   let opened!: () => void;
   const firstEvent = new Promise<void>((resolve) => (opened = resolve));
@@ -57,6 +56,8 @@ export async function streamImages(request: FastifyRequest, reply: FastifyReply,
   };
   const send = (event: ImageStreamEvent | ErrorBody) => write(`${'type' in event ? `event: ${event.type}\n` : ''}data: ${JSON.stringify(event)}\n\n`);
   const settings = echoedSettings(body);
+  // The size as the client's SDK reads it (echoed-size.ts); where it cannot, `auto`, which every SDK takes.
+  const sizeFor = readableSize(request);
   const eventSize = (size: string) => sizeFor(size) ?? 'auto';
 
   const done = produce((event) => {

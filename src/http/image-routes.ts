@@ -52,17 +52,14 @@ export async function respond(
   if (body.response_format === 'b64_json') checkAnswerMemory(request, memory);
   const context = await generateContext(request, reply, body, options);
   const edit = await decodeEdit?.();
-  const sizeFor = readableSize(request);
-  if (body.stream) {
-    return streamImages(request, reply, { prefix, body, keepAliveMs: options.streamKeepAliveMs, memory, sizeFor }, (onEvent) => options.service.stream(body, context, onEvent, edit));
-  }
-  return answer(request, reply, withReadableSize(await options.service.generate(body, context, edit), sizeFor), memory);
+  if (body.stream) return streamImages(request, reply, { prefix, body, keepAliveMs: options.streamKeepAliveMs, memory }, (onEvent) => options.service.stream(body, context, onEvent, edit));
+  return answer(request, reply, withReadableSize(request, await options.service.generate(body, context, edit)), memory);
 }
 
 /** The answer with its `size` (gpt-image answers) as the client's SDK can read it, left out where it cannot (echoed-size.ts). */
-function withReadableSize(response: ImagesResponse, sizeFor: (size: string) => string | undefined): ImagesResponse {
+function withReadableSize(request: FastifyRequest, response: ImagesResponse): ImagesResponse {
   const { size, ...rest } = response;
-  const readable = size === undefined ? undefined : sizeFor(size);
+  const readable = size === undefined ? undefined : readableSize(request)(size);
   return readable === undefined ? rest : { ...rest, size: readable };
 }
 
