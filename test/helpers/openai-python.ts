@@ -60,12 +60,14 @@ export async function openaiPython(version: string): Promise<OpenaiPython> {
   }
   // Test files run at once may each make one: the first in place is kept, and a later one is dropped
   // (a rename onto a folder that holds files fails) rather than replacing it under the first's tests.
-  if (!(await imports(python, version))) {
+  // Only a folder there that does not import (made by a python3 since replaced) is removed for ours:
+  // removed whenever ours found none there, the first's could go between its move and its tests.
+  await rename(making, dir).catch(async (err: NodeJS.ErrnoException) => {
+    if (err.code !== 'ENOTEMPTY' && err.code !== 'EEXIST') throw err;
+    if (await imports(python, version)) return;
     await rm(dir, { recursive: true, force: true });
-    await rename(making, dir).catch((err: NodeJS.ErrnoException) => {
-      if (err.code !== 'ENOTEMPTY' && err.code !== 'EEXIST') throw err;
-    });
-  }
+    await rename(making, dir);
+  });
   await rm(making, { recursive: true, force: true });
   return (await imports(python, version)) ? { python } : { missing: `openai==${version} installed but does not import` };
 }
