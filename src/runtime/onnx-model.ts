@@ -61,10 +61,7 @@ export function outOfMemoryOr(err: unknown, file: string, during: OnnxOutOfMemor
  * reaches clients. Crosses the worker's process boundary by name (service/failures.ts).
  */
 export class GraphMismatchError extends Error {
-  constructor(
-    readonly file: string,
-    detail: string,
-  ) {
+  constructor(file: string, detail: string) {
     super(`${componentFile(file)} ${detail}`);
     this.name = 'GraphMismatchError';
   }
