@@ -7,6 +7,7 @@ import sharp from 'sharp';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { MODEL, makeRoot, OPS_KEY, rootEnv, untilReady } from './helpers/ops-server.js';
 import { holdProcesses } from './helpers/busy-worker.js';
+import { apiError } from './helpers/failures.js';
 import { killServer, spawnServer, workerProcesses, type ServerProcess } from './helpers/server-process.js';
 import { findCommand, startNginx, startS3Server, type NginxService, type S3Service } from './helpers/services.js';
 import type { ErrorBody } from '../src/api/wire.js';
@@ -30,16 +31,6 @@ let nginx: NginxService;
 const replicas: ServerProcess[] = [];
 
 const client = () => new OpenAI({ baseURL: `${nginx.origin}/v1`, apiKey: OPS_KEY, maxRetries: 0 });
-
-/** What a request through nginx failed with, as the SDK shows it. */
-async function failure(pending: Promise<unknown>): Promise<InstanceType<typeof OpenAI.APIError>> {
-  const err = await pending.then(
-    () => undefined,
-    (error: unknown) => error,
-  );
-  expect(err).toBeInstanceOf(OpenAI.APIError);
-  return err as InstanceType<typeof OpenAI.APIError>;
-}
 
 /** An error in OpenAI's shape: the SDK parsed its JSON (nginx's HTML page leaves `error` undefined). */
 function expectOpenAiShape(err: InstanceType<typeof OpenAI.APIError>, status: number, code: string): void {
@@ -149,13 +140,13 @@ describe.skipIf(!NGINX)(`replicas behind nginx (deploy/nginx.conf)${NGINX ? '' :
     // Over the replica's BODY_LIMIT (1 MiB): its 413 came to nginx with the connection closed under the
     // upload, which nginx turned into its HTML 502, taking the replica out for 10 s (max_fails=1).
     for (let i = 0; i < 2; i++) {
-      const err = await failure(client().images.generate({ model: MODEL, prompt: 'x'.repeat(20 * 1024 ** 2) }));
+      const err = await apiError(client().images.generate({ model: MODEL, prompt: 'x'.repeat(20 * 1024 ** 2) }));
       expectOpenAiShape(err, 413, 'request_too_large');
       expect(err.message).toMatch(/the limit is 1048576 bytes/);
     }
     // Over nginx's client_max_body_size (64m): nginx answers itself.
     const huge = await toFile(Buffer.alloc(65 * 1024 ** 2), 'huge.png', { type: 'image/png' });
-    expectOpenAiShape(await failure(client().images.edit({ model: MODEL, prompt: 'x', image: huge })), 413, 'request_too_large');
+    expectOpenAiShape(await apiError(client().images.edit({ model: MODEL, prompt: 'x', image: huge })), 413, 'request_too_large');
     // Neither replica rests: nginx's turns give each one of the next two requests.
     const next = [];
     for (const id of ['nginx-after-413-0', 'nginx-after-413-1']) {
@@ -195,7 +186,7 @@ describe.skipIf(!NGINX)(`replicas behind nginx (deploy/nginx.conf)${NGINX ? '' :
     let died: InstanceType<typeof OpenAI.APIError>;
     let survivor: ServerProcess;
     try {
-      const running = failure(client().images.generate({ model: MODEL, prompt: 'a green triangle', size: '128x128' as '256x256', steps: 2, response_format: 'b64_json' } as OpenAI.ImageGenerateParamsNonStreaming));
+      const running = apiError(client().images.generate({ model: MODEL, prompt: 'a green triangle', size: '128x128' as '256x256', steps: 2, response_format: 'b64_json' } as OpenAI.ImageGenerateParamsNonStreaming));
       await expect.poll(async () => (await Promise.all(replicas.map(queueOf))).join(), { timeout: 20_000, interval: 20 }).toMatch(/^(1,0|0,1)$/);
       const victim = (await queueOf(replicas[0])) === 1 ? 0 : 1;
       survivor = replicas[1 - victim];
@@ -210,7 +201,7 @@ describe.skipIf(!NGINX)(`replicas behind nginx (deploy/nginx.conf)${NGINX ? '' :
     expect(data).toHaveLength(1);
 
     await killServer(survivor);
-    const none = await failure(client().models.list());
+    const none = await apiError(client().models.list());
     expectOpenAiShape(none, 503, 'no_replica_available');
     expect(none.headers?.get('retry-after')).toBe('5');
     // The body nginx wrote itself, as the SDK's APIError keeps it.
