@@ -124,7 +124,7 @@ describe.skipIf(!NGINX)(`replicas behind nginx (deploy/nginx.conf)${NGINX ? '' :
       }
     })();
     try {
-      await expect.poll(() => resume, { timeout: 20_000 }).toBeDefined();
+      await expect.poll(() => resume).toBeDefined();
       // nginx buffering the response (proxy_buffering on) passed the event's first line and held the rest
       // until the next event came.
       await expect.poll(() => text, { timeout: 5000 }).toMatch(/^event: image_generation\.partial_image\ndata: \{.*\}\n\n/m);
@@ -187,7 +187,7 @@ describe.skipIf(!NGINX)(`replicas behind nginx (deploy/nginx.conf)${NGINX ? '' :
     let survivor: ServerProcess;
     try {
       const running = apiError(client().images.generate({ model: MODEL, prompt: 'a green triangle', size: '128x128' as '256x256', steps: 2, response_format: 'b64_json' } as OpenAI.ImageGenerateParamsNonStreaming));
-      await expect.poll(async () => (await Promise.all(replicas.map(queueOf))).join(), { timeout: 20_000, interval: 20 }).toMatch(/^(1,0|0,1)$/);
+      await expect.poll(async () => (await Promise.all(replicas.map(queueOf))).join(), { interval: 20 }).toMatch(/^(1,0|0,1)$/);
       const victim = (await queueOf(replicas[0])) === 1 ? 0 : 1;
       survivor = replicas[1 - victim];
       await killServer(replicas[victim]);
