@@ -10,11 +10,11 @@ import { isGptImageSize } from '../api/dialects.js';
  * it as it is. Its headers say which SDK sent the request (every openai-python release sends
  * X-Stainless-*).
  *
- * The function returns undefined for a size the SDK cannot take: the JSON answer then leaves `size` out
- * (optional there) and an event says `auto` (required there).
+ * `size` as the request's SDK reads it, or undefined where it cannot: the JSON answer then leaves
+ * `size` out (optional there) and an event says `auto` (required there).
  */
-export function readableSize(request: FastifyRequest): (size: string) => string | undefined {
-  return typesSizeAsEnum(request) ? (size) => (isGptImageSize(size) ? size : undefined) : (size) => size;
+export function readableSize(request: FastifyRequest, size: string): string | undefined {
+  return !typesSizeAsEnum(request) || isGptImageSize(size) ? size : undefined;
 }
 
 function typesSizeAsEnum(request: FastifyRequest): boolean {

@@ -57,8 +57,7 @@ export async function streamImages(request: FastifyRequest, reply: FastifyReply,
   const send = (event: ImageStreamEvent | ErrorBody) => write(`${'type' in event ? `event: ${event.type}\n` : ''}data: ${JSON.stringify(event)}\n\n`);
   const settings = echoedSettings(body);
   // The size as the client's SDK reads it (echoed-size.ts); where it cannot, `auto`, which every SDK takes.
-  const sizeFor = readableSize(request);
-  const eventSize = (size: string) => sizeFor(size) ?? 'auto';
+  const eventSize = (size: string) => readableSize(request, size) ?? 'auto';
 
   const done = produce((event) => {
     const message = toStreamEvent(event, prefix, body, settings, eventSize);

@@ -59,7 +59,7 @@ export async function respond(
 /** The answer with its `size` (gpt-image answers) as the client's SDK can read it, left out where it cannot (echoed-size.ts). */
 function withReadableSize(request: FastifyRequest, response: ImagesResponse): ImagesResponse {
   const { size, ...rest } = response;
-  const readable = size === undefined ? undefined : readableSize(request)(size);
+  const readable = size === undefined ? undefined : readableSize(request, size);
   return readable === undefined ? rest : { ...rest, size: readable };
 }
 
