@@ -187,6 +187,16 @@ describe('folders the server cannot run', () => {
     expect(selectModelFiles(['unet/model.onnx', 'unet/model.engine', 'unet/model.trt']).selected).toEqual(['unet/model.onnx']);
   });
 
+  it('installs model.onnx and its weights, not the other exports of a component beside it (fp16, quantized), which the engine never reads', () => {
+    const listed = ['unet/model.onnx', 'unet/model.onnx_data', 'unet/model_fp16.onnx', 'unet/model_fp16.onnx_data', 'unet/model_quantized.onnx', 'unet/model_fp16.onnx.data', 'unet/weights.pb', 'unet/config.json'];
+    expect(selectModelFiles(listed)).toEqual({
+      selected: ['unet/model.onnx', 'unet/model.onnx_data', 'unet/weights.pb', 'unet/config.json'],
+      skipped: ['unet/model_fp16.onnx', 'unet/model_fp16.onnx_data', 'unet/model_quantized.onnx', 'unet/model_fp16.onnx.data'],
+    });
+    // A folder with no model.onnx keeps what it has: the layout's check then names the missing graph.
+    expect(selectModelFiles(['unet/model_fp16.onnx', 'unet/config.json']).selected).toEqual(['unet/model_fp16.onnx', 'unet/config.json']);
+  });
+
   it("rejects an imagegen.json asking more steps than the API's limit, naming the field", async () => {
     const dir = await copyOfReference('sd-turbo');
     await writeFile(path.join(dir, 'imagegen.json'), JSON.stringify({ steps: { standard: 100_000 } }));

@@ -69,6 +69,9 @@ beforeAll(async () => {
     'model_index.json': Buffer.from('{}'),
     'unet/diffusion_pytorch_model.safetensors': Buffer.alloc(4096, 1),
     'sample.png': Buffer.alloc(64, 2),
+    // As repositories made for other runtimes ship them: another export of a component beside its model.onnx.
+    'onnx/unet/model_fp16.onnx': Buffer.alloc(64, 3),
+    'onnx/unet/model_fp16.onnx_data': Buffer.alloc(4096, 4),
   });
   hub.addRepo('test-org/pytorch-only', { 'model_index.json': Buffer.from('{}'), 'unet/diffusion_pytorch_model.safetensors': Buffer.alloc(64) });
   // As NVIDIA's TensorRT repositories ship them: engines compiled for one GPU, no ONNX graphs.
@@ -143,12 +146,12 @@ describe('models pull', () => {
     expect(hub.requests.every((r) => r.authorization === undefined)).toBe(true);
   });
 
-  it('takes only the ONNX export from --subfolder', async () => {
+  it('takes only the ONNX export from --subfolder, and of each component only its model.onnx', async () => {
     const model = await pull('test-org/mixed', { subfolder: 'onnx', name: 'mixed' });
     expect(model.variant).toBe('sd-turbo');
     const names = await readdir(model.dir, { recursive: true });
-    expect(names.some((name) => /safetensors|png/.test(String(name)))).toBe(false);
-    expect(hub.requests.some((r) => /safetensors|png/.test(r.path))).toBe(false);
+    expect(names.some((name) => /safetensors|png|fp16/.test(String(name)))).toBe(false);
+    expect(hub.requests.some((r) => /safetensors|png|fp16/.test(r.path))).toBe(false);
   });
 
   it('says where the export is, or that there is none, before downloading anything', async () => {

@@ -1,4 +1,4 @@
-import { writeFile } from 'node:fs/promises';
+import { readdir, stat, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { inspectModel } from '../src/models/layout.js';
@@ -36,6 +36,16 @@ describe('loaded models within a memory budget', () => {
     await c.get(a);
     expect(loads).toEqual([a, b]);
     expect(c.loadedModels()).toEqual([b, a]);
+  });
+
+  it('counts every graph folder, the VAE encoder too before it loads at the first edit', async () => {
+    const layout = await inspectModel(b);
+    if (!layout.vaeEncoder) throw new Error(`${b} should have a VAE encoder`);
+    let folders = 0;
+    for (const folder of ['text_encoder', 'unet', 'vae_decoder', 'vae_encoder']) {
+      for (const name of await readdir(path.join(b, folder))) folders += (await stat(path.join(b, folder, name))).size;
+    }
+    expect(await weightBytes(layout)).toBe(folders);
   });
 
   it('releases the least recently used model once the budget is passed', async () => {

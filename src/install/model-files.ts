@@ -37,20 +37,40 @@ export interface FileSelection {
   skipped: string[];
 }
 
+/** The graph every component is read from (layout.ts). */
+const GRAPH = 'model.onnx';
+
+/**
+ * Whether `name` is, in a folder that has model.onnx, another export of the same component or its
+ * external weights (model_fp16.onnx and model_fp16.onnx_data, model_quantized.onnx, as repositories made
+ * for other runtimes ship them side by side): the engine reads model.onnx only, and a pull of such a
+ * repository would download every variant, doubling the gigabytes or more.
+ */
+function isOtherGraph(name: string, folderGraphs: readonly string[]): boolean {
+  if (!folderGraphs.includes(GRAPH)) return false;
+  return folderGraphs.some((graph) => graph !== GRAPH && (name === graph || name.startsWith(`${graph}_`) || name.startsWith(`${graph}.`)));
+}
+
 /**
  * Splits relative paths (forward slashes) into the export's files and the rest. Besides the known
- * settings files, everything in a folder holding an `.onnx` graph is taken: external weights have
- * exporter-specific names (Optimum's model.onnx_data, ORT/Olive's model.onnx.data, weights.pb, or one
- * extension-less file per tensor), so they cannot be listed by name.
+ * settings files, everything in a folder holding an `.onnx` graph is taken (but the other graphs beside
+ * a model.onnx: see isOtherGraph): external weights have exporter-specific names (Optimum's
+ * model.onnx_data, ORT/Olive's model.onnx.data, weights.pb, or one extension-less file per tensor), so
+ * they cannot be listed by name.
  */
 export function selectModelFiles(paths: string[]): FileSelection {
-  const onnxFolders = new Set(paths.filter((p) => p.endsWith('.onnx')).map((p) => path.posix.dirname(p)));
+  const graphsIn = new Map<string, string[]>();
+  for (const p of paths.filter((p) => p.endsWith('.onnx'))) {
+    const folder = path.posix.dirname(p);
+    graphsIn.set(folder, [...(graphsIn.get(folder) ?? []), path.posix.basename(p)]);
+  }
   const wanted = (p: string) => {
     const name = path.posix.basename(p);
     const folder = path.posix.dirname(p);
+    const folderGraphs = graphsIn.get(folder) ?? [];
     // Dot-files and dot-folders hold git attributes and `huggingface-cli download` metadata.
-    if (p.split('/').some((part) => part.startsWith('.')) || NOT_ONNX.test(name) || isTensorRtEngine(name)) return false;
-    return SETTINGS_FILES.has(name) || onnxFolders.has(folder) || (folder === '.' && ROOT_DOCUMENTS.test(name));
+    if (p.split('/').some((part) => part.startsWith('.')) || NOT_ONNX.test(name) || isTensorRtEngine(name) || isOtherGraph(name, folderGraphs)) return false;
+    return SETTINGS_FILES.has(name) || folderGraphs.length > 0 || (folder === '.' && ROOT_DOCUMENTS.test(name));
   };
   const candidates = paths.filter((p) => p !== MANIFEST_FILE);
   return { selected: candidates.filter(wanted), skipped: candidates.filter((p) => !wanted(p)) };

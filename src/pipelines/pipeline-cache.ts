@@ -21,9 +21,13 @@ interface Entry {
   dropped?: boolean;
 }
 
-/** Bytes of the folders holding the model's ONNX graphs and their external weights. */
+/**
+ * Bytes of the folders holding the model's ONNX graphs and their external weights. The VAE encoder
+ * counts as if loaded: it loads on demand at the model's first edit (see on-demand.ts), after which the
+ * budget must already have room for it.
+ */
 export async function weightBytes(layout: ModelLayout): Promise<number> {
-  const dirs = new Set([layout.textEncoder, layout.textEncoder2, layout.denoiser, layout.vaeDecoder].filter((f): f is string => !!f).map((f) => path.dirname(f)));
+  const dirs = new Set([layout.textEncoder, layout.textEncoder2, layout.denoiser, layout.vaeDecoder, layout.vaeEncoder].filter((f): f is string => !!f).map((f) => path.dirname(f)));
   let total = 0;
   for (const dir of dirs) {
     for (const name of await readdir(dir)) total += (await stat(path.join(dir, name))).size;
