@@ -1,5 +1,6 @@
 import { mkdir, mkdtemp, rm } from 'node:fs/promises';
 import { request } from 'node:http';
+import { connect } from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import OpenAI, { toFile } from 'openai';
@@ -103,6 +104,23 @@ describe.skipIf(!NGINX)(`replicas behind nginx (deploy/nginx.conf)${NGINX ? '' :
       expect((await sharp(bodies[0]).metadata()).width).toBe(128);
       for (const body of bodies) expect(body.equals(bodies[0])).toBe(true);
     }
+  });
+
+  // nginx.conf's maps give the replica nginx's own address as the Host (an IPv6 one in brackets: checked
+  // by hand, as this nginx listens on IPv4 only, which every CI machine has).
+  it("names the address nginx was reached on in image URLs for an HTTP/1.0 client that sends no Host", async () => {
+    const body = JSON.stringify({ model: MODEL, prompt: 'a blue square', size: '128x128', steps: 2, response_format: 'url' });
+    const { port } = new URL(nginx.origin);
+    const answer = await new Promise<string>((resolve, reject) => {
+      const socket = connect(Number(port), '127.0.0.1', () =>
+        socket.write(`POST /v1/images/generations HTTP/1.0\r\nAuthorization: Bearer ${OPS_KEY}\r\nContent-Type: application/json\r\nContent-Length: ${Buffer.byteLength(body)}\r\n\r\n${body}`),
+      );
+      let text = '';
+      socket.setEncoding('utf8').on('data', (chunk: string) => (text += chunk)).on('end', () => resolve(text)).on('error', reject);
+    });
+    expect(answer).toMatch(/^HTTP\/1\.1 200 /);
+    const { data } = JSON.parse(answer.slice(answer.indexOf('\r\n\r\n') + 4)) as OpenAI.ImagesResponse;
+    expect(data![0].url!.startsWith(`${nginx.origin}/v1/images/files/`)).toBe(true);
   });
 
   it('passes each streamed event on whole as the replica writes it, not with the next one', async () => {
