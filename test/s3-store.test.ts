@@ -332,6 +332,58 @@ describe('S3ImageStore', () => {
     expect(await store.get(image.id)).toEqual(image);
     await store.close();
   });
+
+  it("streams an image to a reader that pauses longer than the bucket's time limit, yet fails one the bucket stops sending mid-way", async () => {
+    // Each try's limit 500 ms: a pause of 1.5 s is three of them (the files route lets a client pause for SEND_TIMEOUT_SECONDS, a minute).
+    const store = await open({ prefix: 'paused/', requestTimeoutMs: 1500, maxBytes: 64e6 });
+    // Larger than the buffers between the bucket and the reader, so that the reader's pause holds the bucket's connection idle.
+    const data = Uint8Array.from({ length: 8 << 20 }, (_, i) => (i * 7919) % 251);
+    const image = await store.put(data, 'image/png');
+    const paused = await store.read(image);
+    const chunks: Buffer[] = [];
+    for await (const chunk of paused!) {
+      if (chunks.length === 0) await new Promise((resolve) => setTimeout(resolve, 1500));
+      chunks.push(chunk as Buffer);
+    }
+    // The SDK's socket limit counted the pause as the bucket's silence: the download broke off after 500 ms of it.
+    expect(Buffer.concat(chunks).equals(Buffer.from(data))).toBe(true);
+
+    // A bucket that stops sending while the reader waits for more still fails it, within the limit.
+    const stalled = (await store.read(image))!;
+    let got = 0;
+    stalled.once('data', () => s3.child.kill('SIGSTOP'));
+    try {
+      const started = performance.now();
+      await expect(
+        (async () => {
+          for await (const chunk of stalled) got += (chunk as Buffer).length;
+        })(),
+      ).rejects.toMatchObject({ name: 'TimeoutError' });
+      expect(got).toBeLessThan(data.length);
+      expect(performance.now() - started).toBeLessThan(2900);
+    } finally {
+      s3.child.kill('SIGCONT');
+    }
+    await store.close();
+  });
+
+  it("leaves the bucket's other requests their connections while slow clients download images: 50 of them took all the SDK's, and /ready failed", async () => {
+    const store = await open({ prefix: 'slow/', requestTimeoutMs: 1500, maxBytes: 64e6 });
+    const image = await store.put(bytes(8 << 20), 'image/png');
+    // Each takes a little every 100 ms, within the socket limit (500 ms a try) as a slow client's download is.
+    const slow = await Promise.all(Array.from({ length: 50 }, () => store.read(image)));
+    const trickle = setInterval(() => slow.forEach((download) => download!.read()), 100);
+    try {
+      // Queued for a socket, /ready's check, lookups and puts failed ("failed to answer") though the bucket was fine.
+      await expect(store.check()).resolves.toBeUndefined();
+      expect(await store.get(image.id)).toEqual(image);
+      await expect(store.put(bytes(10), 'image/png')).resolves.toMatchObject({ size: 10 });
+    } finally {
+      clearInterval(trickle);
+      for (const download of slow) download!.destroy();
+    }
+    await store.close();
+  });
 });
 
 describe('a server with STORE=s3 whose bucket fails', () => {

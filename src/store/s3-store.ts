@@ -9,6 +9,7 @@ import { nameableOwner } from './image-owner.js';
 import { StoreSpace } from './space.js';
 import { deleteWithContentMd5 } from './s3-delete-md5.js';
 import { messageOf } from '../util/error-message.js';
+import { failWhenStalled } from './stalled-body.js';
 
 /**
  * Generated images in an S3-compatible bucket (AWS S3, MinIO, Ceph RGW, Cloudflare R2, Garage), shared
@@ -57,8 +58,37 @@ const ATTEMPTS = 3;
 /** DeleteObjects takes at most this many keys. */
 const DELETE_BATCH = 1000;
 
+/** A client's limits on each try of a request: its time until answered, its socket's idle time (0: none), and the sockets open at once (the SDK's default: 50). */
+interface BucketRequests {
+  requestTimeout: number;
+  socketTimeout: number;
+  httpAgent?: { maxSockets: number };
+  httpsAgent?: { maxSockets: number };
+}
+
+/** A client of the store's bucket, its requests limited in time (and sockets) as `requests` says. */
+function bucketClient(options: S3StoreOptions, requests: BucketRequests): S3Client {
+  return new S3Client({
+    ...(options.endpoint && { endpoint: options.endpoint }),
+    ...(options.region && { region: options.region }),
+    forcePathStyle: options.forcePathStyle,
+    // The SDK's default CRC32 checksums (aws-chunked uploads, trailing checksums) are refused by several
+    // S3-compatible stores; Content-MD5, which every one of them checks, guards our puts instead.
+    requestChecksumCalculation: 'WHEN_REQUIRED',
+    responseChecksumValidation: 'WHEN_REQUIRED',
+    // The SDK retries a request that timed out, so each try gets a share of the limit (a 30 s limit per
+    // try made a stalled bucket's requests fail after 90 s).
+    maxAttempts: ATTEMPTS,
+    requestHandler: { connectionTimeout: 5000, throwOnRequestTimeout: true, ...requests },
+  });
+}
+
 export class S3ImageStore implements ImageStore {
   private readonly client: S3Client;
+  /** GetObject of images' bytes as clients download them (see the constructor). */
+  private readonly bodies: S3Client;
+  /** Each try's time limit of a request to the bucket (its share of requestTimeoutMs). */
+  private readonly tryTimeoutMs: number;
   private readonly space: StoreSpace;
   /** Images under the prefix as the last listing counted them, plus this replica's puts since. */
   private files = 0;
@@ -87,29 +117,19 @@ export class S3ImageStore implements ImageStore {
     this.now = options.clock ?? (() => Math.min(Date.now(), this.bucketNow()));
     this.madeAt = options.clock ?? (() => Math.max(Date.now(), this.bucketNow()));
     this.space = new StoreSpace(options.maxBytes, () => this.sweep());
-    // Each try's share of the request's limit (see maxAttempts below).
-    const tryTimeoutMs = Math.ceil((options.requestTimeoutMs ?? REQUEST_TIMEOUT_MS) / ATTEMPTS);
-    this.client = new S3Client({
-      ...(options.endpoint && { endpoint: options.endpoint }),
-      ...(options.region && { region: options.region }),
-      forcePathStyle: options.forcePathStyle,
-      // The SDK's default CRC32 checksums (aws-chunked uploads, trailing checksums) are refused by several
-      // S3-compatible stores; Content-MD5, which every one of them checks, guards our puts instead.
-      requestChecksumCalculation: 'WHEN_REQUIRED',
-      responseChecksumValidation: 'WHEN_REQUIRED',
-      // A bucket that takes connections and never answers (a stalled store, a half-open network) fails
-      // requests after the timeout rather than holding image GETs, url requests and the sweeper for as
-      // long as it stays silent: without throwOnRequestTimeout the SDK only logs a warning. The SDK
-      // retries a request that timed out, so each try gets a share of the limit (a 30 s limit per try
-      // made a stalled bucket's requests fail after 90 s).
-      maxAttempts: ATTEMPTS,
-      requestHandler: {
-        connectionTimeout: 5000,
-        requestTimeout: tryTimeoutMs,
-        throwOnRequestTimeout: true,
-        socketTimeout: tryTimeoutMs,
-      },
-    });
+    // Each try's share of the request's limit (see maxAttempts in bucketClient).
+    this.tryTimeoutMs = Math.ceil((options.requestTimeoutMs ?? REQUEST_TIMEOUT_MS) / ATTEMPTS);
+    // A bucket that takes connections and never answers (a stalled store, a half-open network) fails
+    // requests after the timeout rather than holding url requests and the sweeper for as long as it
+    // stays silent: without throwOnRequestTimeout the SDK only logs a warning.
+    this.client = bucketClient(options, { requestTimeout: this.tryTimeoutMs, socketTimeout: this.tryTimeoutMs });
+    // Images' bytes stream to clients at the clients' pace, on connections of their own. On the shared
+    // pool (the SDK's 50 sockets), 50 clients downloading slowly took every socket, and the bucket's
+    // lookups, puts and /ready's check waited for one: /ready answered 503 "failed to answer" for a
+    // bucket that was fine, and a balancer took the replica out. Here there are as many as clients
+    // downloading (MAX_CONNECTIONS bounds them), and no socket idle limit, which counts a client's
+    // pauses as the bucket's silence (failWhenStalled, in read, counts the bucket's alone).
+    this.bodies = bucketClient(options, { requestTimeout: this.tryTimeoutMs, socketTimeout: 0, httpAgent: { maxSockets: Infinity }, httpsAgent: { maxSockets: Infinity } });
     deleteWithContentMd5(this.client);
     if (!options.clock) this.client.middlewareStack.add((next) => async (args) => this.bucketClock(await next(args)), { step: 'deserialize', name: 'imagegenBucketClock' });
   }
@@ -247,11 +267,11 @@ export class S3ImageStore implements ImageStore {
   async read(image: StoredImage, range?: ByteRange): Promise<Readable | null> {
     if (isExpired(image, this.now())) return null;
     try {
-      const { Body } = await this.client.send(
+      const { Body } = await this.bodies.send(
         new GetObjectCommand({ Bucket: this.options.bucket, Key: this.keyOf(image), ...(range && { Range: `bytes=${range.start}-${range.end}` }) }),
       );
       if (!(Body instanceof Readable)) throw new TypeError('the SDK gave no Node.js stream for the object');
-      return Body;
+      return failWhenStalled(Body, this.tryTimeoutMs, `the S3 bucket '${this.options.bucket}' stopped sending image ${image.id}`);
     } catch (err) {
       // Deleted since get(): by another replica's sweeper, or the bucket's lifecycle rule.
       if ((err as Error).name === 'NoSuchKey') return null;
@@ -380,5 +400,6 @@ export class S3ImageStore implements ImageStore {
     await Promise.allSettled(this.writes.keys());
     await this.sweeping?.catch(() => undefined);
     this.client.destroy();
+    this.bodies.destroy();
   }
 }
