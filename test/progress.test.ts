@@ -25,3 +25,28 @@ describe('progress lines when the wall clock steps', () => {
     }
   });
 });
+
+describe('the bar on a terminal', () => {
+  it("keeps each redraw within the terminal's width, so that a long line does not wrap and leave a row behind at every redraw", () => {
+    const writes: string[] = [];
+    const terminal = { isTTY: true, columns: 120, write: (text: string) => void writes.push(text) };
+    const progress = new Progress(terminal, 'verifying ./models/my-sdxl-turbo-fp16', 7);
+    progress.startFile('case 1 (1024x1024, 4 steps)');
+    // The window made narrower (clear() lets the next update redraw at once): the numbers go without the bar, then are cut.
+    progress.clear();
+    terminal.columns = 100;
+    progress.startFile('case 2 (1024x1024, 4 steps)');
+    progress.clear();
+    terminal.columns = 30;
+    progress.finish();
+    expect(writes.filter((text) => text.length > '\r\x1b[K'.length && text.startsWith('\r\x1b[K'))).toEqual([
+      '\r\x1b[Kverifying ./models/my-sdxl-turbo-fp16 [                        ] 0%  0 B / 7 B  case 1 (1024x1024, 4 steps)',
+      '\r\x1b[Kverifying ./models/my-sdxl-turbo-fp16: 0%  0 B / 7 B  case 2 (1024x1024, 4 steps)',
+      '\r\x1b[Kverifying ./models/my-sdxl-tu',
+    ]);
+    // Where the width is unknown, the line is written whole.
+    const whole: string[] = [];
+    new Progress({ isTTY: true, write: (text: string) => void whole.push(text) }, 'verifying ./models/my-sdxl-turbo-fp16', 7).startFile('case 1 (1024x1024, 4 steps)');
+    expect(whole).toEqual(['\r\x1b[Kverifying ./models/my-sdxl-turbo-fp16 [                        ] 0%  0 B / 7 B  case 1 (1024x1024, 4 steps)']);
+  });
+});

@@ -9,6 +9,8 @@ import { formatBytes } from './bytes.js';
 export interface ProgressOutput {
   write(text: string): unknown;
   isTTY?: boolean;
+  /** A terminal's width in characters (a tty.WriteStream's, read at each redraw: the window may be resized). */
+  columns?: number;
 }
 
 /** How amounts and rates of what is counted are shown. */
@@ -112,6 +114,18 @@ export class Progress {
     if (this.out.isTTY) this.out.write('\n');
   }
 
+  /**
+   * The bar's line, made to fit the terminal's width: a longer one wraps, and the carriage return of the
+   * next redraw goes back to the start of its last row only, so each redraw left a row behind (an
+   * 80-column console filled with copies of the bar). Where the bar does not fit, the numbers go without
+   * it, cut at the end if need be; the last column stays free, as some terminals wrap on it.
+   */
+  private fitted(line: string, withoutBar: string): string {
+    const width = this.out.columns;
+    if (!width || width < 2 || [...line].length < width) return line;
+    return [...withoutBar].slice(0, width - 1).join('');
+  }
+
   private render(force: boolean): void {
     const now = performance.now();
     if (!force && now - this.lastLine < (this.out.isTTY ? REDRAW_MS : PLAIN_LINE_MS)) return;
@@ -125,11 +139,12 @@ export class Progress {
       ...(rate > 0 ? [this.unit.rate(rate), `ETA ${formatDuration((this.total - this.done) / rate)}`] : []),
     ].join('  ');
     const file = this.file ? `  ${this.file}` : '';
+    const plain = `${this.label}: ${numbers}${file}`;
     if (this.out.isTTY) {
       const filled = Math.round(fraction * BAR_WIDTH);
-      this.out.write(`\r\x1b[K${this.label} [${'='.repeat(filled)}${' '.repeat(BAR_WIDTH - filled)}] ${numbers}${file}`);
+      this.out.write(`\r\x1b[K${this.fitted(`${this.label} [${'='.repeat(filled)}${' '.repeat(BAR_WIDTH - filled)}] ${numbers}${file}`, plain)}`);
     } else {
-      this.out.write(`${this.label}: ${numbers}${file}\n`);
+      this.out.write(`${plain}\n`);
     }
   }
 }
