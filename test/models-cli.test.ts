@@ -562,6 +562,13 @@ describe('models import and export', () => {
 
     await truncate(file, 100_000);
     await expect(importFrom(file, 'truncated')).rejects.toThrow(/not a readable bundle.*truncated or damaged/);
+    // One of a model's files given for its folder is no damaged bundle, to be copied again.
+    for (const inside of ['model_index.json', 'unet/model.onnx', 'unet/config.json']) {
+      await expect(importFrom(path.join(sourceDir, inside), 'a-file')).rejects.toThrow(
+        `${path.join(sourceDir, inside)} is neither a model folder nor a bundle (a tar, as "imagegen models export" writes one): give the model's folder (the one that holds model_index.json and unet/ or transformer/) rather than a file in it, or a bundle`,
+      );
+    }
+    await expectNothingInstalled('a-file');
     await expectNothingInstalled('damaged');
     await expectNothingInstalled('appended');
     await expectNothingInstalled('truncated');

@@ -123,6 +123,16 @@ function numberField(block: Buffer, start: number, length: number): number {
   return value;
 }
 
+/**
+ * Whether `head`, a file's first block (or all of a shorter file), begins as a tar does: a header whose
+ * checksum holds, or the ustar magic of one damaged since. A truncated or damaged tar passes (and is said
+ * to be such later); a file of another kind does not.
+ */
+function startsAsTar(head: Buffer): boolean {
+  if (field(head, 257, 6) === 'ustar') return true;
+  return head.length === BLOCK && Number.parseInt(field(head, 148, 8), 8) === checksum(head);
+}
+
 /** Files a bundle is often carried in but that are not a tar, by their first bytes, with what to do instead. */
 const PACKED: { magic: number[]; what: string; advice: string }[] = [
   { magic: [0x1f, 0x8b], what: 'gzip-compressed', advice: 'gunzip it and import the .tar, or unpack it with "tar xzf" and import the model\'s folder' },
@@ -204,6 +214,12 @@ async function readEntries(handle: FileHandle, file: string, fileSize: number): 
   const head = await readAt(0, Math.min(BLOCK, fileSize));
   const packed = PACKED.find(({ magic }) => magic.every((byte, i) => head[i] === byte));
   if (packed) throw new ModelInstallError(`${file} is ${packed.what}, not a bundle (an uncompressed tar): ${packed.advice}`);
+  if (fileSize > 0 && !startsAsTar(head)) {
+    // Most often one of a model's own files (model_index.json, a model.onnx) given for its folder.
+    throw new ModelInstallError(
+      `${file} is neither a model folder nor a bundle (a tar, as "imagegen models export" writes one): give the model's folder (the one that holds model_index.json and unet/ or transformer/) rather than a file in it, or a bundle`,
+    );
+  }
 
   const entries: BundleEntry[] = [];
   let pax: Record<string, string> = {};
