@@ -608,6 +608,19 @@ describe('models import and export', () => {
     expect(await readFile(path.join(imported.dir, WEIGHTS))).toEqual(sourceFiles[WEIGHTS]);
   });
 
+  it("imports a tar made on macOS, whose AppleDouble files ('._<name>') lie beside the export's folder and in it", async () => {
+    const folder = path.join(work, 'mac');
+    await cp(sourceDir, path.join(folder, 'sd-turbo'), { recursive: true });
+    for (const appleDouble of ['._sd-turbo', '.DS_Store', 'sd-turbo/._model_index.json', 'sd-turbo/unet/._model.onnx']) await writeFile(path.join(folder, appleDouble), 'attributes');
+    const archive = path.join(work, 'mac.tar');
+    // In the order macOS's tar writes them: each '._' file before what it belongs to.
+    await execFileAsync('tar', ['-cf', archive, '--no-recursion', '-C', folder, '._sd-turbo', '.DS_Store', ...(await readdir(folder, { recursive: true })).filter((p) => p.startsWith('sd-turbo'))]);
+    const imported = await importModel({ modelsDir, source: archive, output, load: false });
+    expect(imported.id).toBe('sd-turbo');
+    expect(output.text).toContain('skipping 2 files an ONNX export does not need: ._model_index.json, unet/._model.onnx');
+    expect(await readFile(path.join(imported.dir, WEIGHTS))).toEqual(sourceFiles[WEIGHTS]);
+  });
+
   it('says a compressed bundle is compressed and how to unpack it, rather than that it is damaged', async () => {
     await importFrom(sourceDir, 'good');
     const { file } = await exportModel({ modelsDir, id: 'good', out: path.join(work, 'good.tar'), output });

@@ -189,10 +189,15 @@ export async function openBundle(file: string): Promise<OpenBundle> {
   const handle = await open(file, 'r');
   try {
     const fileSize = (await stat(file)).size;
-    const entries = await readEntries(handle, file, fileSize);
+    const all = await readEntries(handle, file, fileSize);
+    // Dot-files beside the folder, which no install takes (model-files.ts), do not hide it: macOS's tar
+    // adds `._<name>` (AppleDouble) for each file or folder with extended attributes (a downloaded
+    // folder's quarantine flag), and Finder leaves `.DS_Store`.
+    const entries = all.filter((entry) => !entry.path.startsWith('.'));
     const tops = new Set(entries.map((entry) => entry.path.split('/')[0]));
     const topFolder = tops.size === 1 && entries.every((entry) => entry.path.includes('/')) ? [...tops][0] : undefined;
-    if (topFolder) for (const entry of entries) entry.path = entry.path.slice(topFolder.length + 1);
+    if (!topFolder) return { entries: all, close: () => handle.close() };
+    for (const entry of entries) entry.path = entry.path.slice(topFolder.length + 1);
     return { topFolder, entries, close: () => handle.close() };
   } catch (err) {
     await handle.close();
