@@ -843,6 +843,9 @@ describe('the imagegen CLI', () => {
     expect(mine).not.toMatch(/note:/);
     // Which server sees it, and how to ask for it.
     expect(mine).toContain(`a server with MODELS_DIR=${modelsDir} picks it up (or the new version of a model it replaced) with its next request, or at its next rescan (MODELS_RESCAN_SECONDS): "model": "mine", or DEFAULT_MODEL=mine`);
+    // A models folder given relative to where the command ran is named as a server started elsewhere finds it.
+    const relative = await execFileAsync(process.execPath, imagegenArgs('models', 'import', sourceDir, '--name', 'relative', '--skip-load', '--models-dir', 'models'), { cwd: work });
+    expect(relative.stdout).toContain(`a server with MODELS_DIR=${modelsDir} picks it up`);
     // A mistyped folder is no empty one.
     const missing = path.join(modelsDir, 'no-such-folder');
     await expect(cli('models', 'list', '--models-dir', missing)).rejects.toMatchObject({

@@ -73,8 +73,9 @@ function exitOnInterrupt(message: string): void {
 function printInstalled(model: InstalledModel): void {
   console.log(`installed ${model.id} (${model.family}, ${model.variant}, ${formatBytes(model.bytes)}) in ${model.dir}`);
   // Only a server reading this folder sees it: one started without MODELS_DIR (as the README's first run is) never will.
+  // Absolute: a --models-dir given relative names another folder for a server started elsewhere (a service's).
   console.log(
-    `a server with ${MODELS_DIR}=${path.dirname(model.dir)} picks it up (or the new version of a model it replaced) with its next request, or at its next rescan (${envName('modelsRescanSeconds')}): "model": "${model.id}", or ${envName('defaultModel')}=${model.id} for requests that name none`,
+    `a server with ${MODELS_DIR}=${path.resolve(path.dirname(model.dir))} picks it up (or the new version of a model it replaced) with its next request, or at its next rescan (${envName('modelsRescanSeconds')}): "model": "${model.id}", or ${envName('defaultModel')}=${model.id} for requests that name none`,
   );
   // Legitimate (a model meant to answer for that name), but it changes what other requests run.
   if ((OPENAI_MODEL_NAMES as readonly string[]).includes(model.id)) {
