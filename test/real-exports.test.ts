@@ -151,6 +151,11 @@ describe.skipIf(!haveRealExports)('real exports against diffusers (needs ../shar
       expect([noModel.status, noModel.stdout]).toEqual([1, '']);
       expect(noModel.stderr).toMatch(/^imagegen models verify: .*not-a-model is not a usable model folder/m);
       expect(noModel.stderr).not.toContain('verifying');
+      // A file in the folder's place (a bundle, a model's file) is an argument refused, said as such: it was Node's 'ENOTDIR: not a directory, scandir', exit 1.
+      await writeFile(path.join(tmp, 'sd15.tar'), 'a bundle');
+      const bundle = verify(path.join(tmp, 'sd15.tar'), '--golden', path.join(tmp, 'wrong.json'));
+      expect([bundle.status, bundle.stdout]).toEqual([2, '']);
+      expect(bundle.stderr).toBe(`imagegen models verify: ${path.join(tmp, 'sd15.tar')} is not a usable model folder: it is a file, not a folder: give the folder of the model's export (a bundle is installed with "imagegen models import", or unpacked with "tar xf")\n`);
 
       // Steps beyond any schedule's use would only exhaust memory: refused, naming the field.
       await writeFile(path.join(tmp, 'steps.json'), JSON.stringify({ ...wrong, cases: [{ ...wrong.cases[0], steps: 1e9 }] }));

@@ -1,4 +1,4 @@
-import { existsSync } from 'node:fs';
+import { existsSync, statSync } from 'node:fs';
 import path from 'node:path';
 import { InvalidArgumentError, Option, type Command } from 'commander';
 import { loadModelSettings } from '../config.js';
@@ -83,8 +83,8 @@ export function registerVerifyCommand(models: Command): void {
       } catch (err) {
         progress?.clear();
         console.error(`imagegen models verify: ${messageOf(err)}${installedHint(dir)}`);
-        // A folder that is not there is an argument refused, whatever failed first on the way.
-        process.exitCode = existsSync(dir) ? exitStatusOf(err) : 2;
+        // A folder that is not there (nothing, or a file) is an argument refused, whatever failed first on the way.
+        process.exitCode = statSync(dir, { throwIfNoEntry: false })?.isDirectory() ? exitStatusOf(err) : 2;
       }
     });
 }

@@ -1,4 +1,4 @@
-import { readdir } from 'node:fs/promises';
+import { readdir, stat } from 'node:fs/promises';
 import path from 'node:path';
 import { halvings } from '../families/family.js';
 import { DENOISER_FOLDERS, FAMILIES, familyEntry, recogniseFamily } from '../families/index.js';
@@ -190,6 +190,10 @@ function runnableScheduler(root: string, own: SchedulerConfig, kind: ModelKind):
 export async function inspectModel(dir: string): Promise<ModelLayout> {
   const root = path.resolve(dir);
   if (!(await exists(root))) throw new ModelLayoutError(root, MISSING_FOLDER);
+  // `models verify` of a bundle, or of a model's file: Node's words were 'ENOTDIR: not a directory, scandir'.
+  if (!(await stat(root)).isDirectory()) {
+    throw new ModelLayoutError(root, 'it is a file, not a folder: give the folder of the model\'s export (a bundle is installed with "imagegen models import", or unpacked with "tar xf")', true);
+  }
   const missing: string[] = [];
 
   const components = await componentsOf(root);
