@@ -628,6 +628,9 @@ describe('models import and export', () => {
     await writeFile(`${file}.gz`, gzipSync(await readFile(file)));
     await expect(importFrom(`${file}.gz`, 'gzipped')).rejects.toThrow(`${file}.gz is gzip-compressed, not a bundle (an uncompressed tar): gunzip it and import the .tar`);
     await expectNothingInstalled('gzipped');
+    // An export folder packed by 7-Zip, as on Windows, is an archive to unpack, not a model's file given for its folder.
+    await writeFile(path.join(work, 'good.7z'), Buffer.concat([Buffer.from([0x37, 0x7a, 0xbc, 0xaf, 0x27, 0x1c, 0, 4]), Buffer.alloc(1024, 7)]));
+    await expect(importFrom(path.join(work, 'good.7z'), 'sevenzip')).rejects.toThrow(`${path.join(work, 'good.7z')} is a 7-Zip archive, not a bundle (an uncompressed tar): unpack it (7z x) and import the model's folder`);
   });
 
   it('says a tar holding links was made without following them and how to make one that holds the files, rather than that it is damaged', async () => {

@@ -140,6 +140,8 @@ const PACKED: { magic: number[]; what: string; advice: string }[] = [
   { magic: [0x28, 0xb5, 0x2f, 0xfd], what: 'zstd-compressed', advice: 'unzstd it and import the .tar, or unpack it with "tar --zstd -xf" and import the model\'s folder' },
   { magic: [0x42, 0x5a, 0x68], what: 'bzip2-compressed', advice: 'bunzip2 it and import the .tar, or unpack it with "tar xjf" and import the model\'s folder' },
   { magic: [0x50, 0x4b, 0x03, 0x04], what: 'a zip archive', advice: "unzip it and import the model's folder" },
+  { magic: [0x37, 0x7a, 0xbc, 0xaf, 0x27, 0x1c], what: 'a 7-Zip archive', advice: "unpack it (7z x) and import the model's folder" },
+  { magic: [0x52, 0x61, 0x72, 0x21, 0x1a, 0x07], what: 'a RAR archive', advice: "unpack it (unrar x) and import the model's folder" },
 ];
 
 function parsePax(data: Buffer): Record<string, string> {
