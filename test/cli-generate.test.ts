@@ -59,9 +59,16 @@ describe('imagegen generate', () => {
     for (const [flag, value] of [['--steps', 'abc'], ['--guidance-scale', 'NaN'], ['--seed', ''], ['--n', '0x2']]) {
       await expect(imagegen('generate', 'a red circle', flag, value)).rejects.toMatchObject({ stderr: `imagegen generate: ${flag} takes a number, not '${value}'\n` });
     }
-    await expect(imagegen('generate', 'a red circle', '--model', 'no-such-model')).rejects.toMatchObject({
+    await expect(imagegenWith({ MODELS_DIR: await mkdtemp(path.join(os.tmpdir(), 'imagegen-cli-models-')) }, 'generate', 'a red circle', '--model', 'no-such-model')).rejects.toMatchObject({
       code: 1,
       stderr: expect.stringMatching(/^imagegen generate: The model 'no-such-model' does not exist\. Available models: 'demo-shapes', [^\n]*\. Install one with 'imagegen models pull' or 'imagegen models import'\.\n$/),
+    });
+    // Without a models folder, a model installed into one (with --models-dir) is not searched for: said, rather than to install it again.
+    await expect(imagegenWith({ MODELS_DIR: '' }, 'generate', 'a red circle', '--model', 'no-such-model')).rejects.toMatchObject({
+      code: 1,
+      stderr: expect.stringMatching(
+        /\. MODELS_DIR is not set, so only the models that come with imagegen are searched: pass --models-dir \(or set MODELS_DIR to\) the folder a model was installed in, or install one with 'imagegen models pull' or 'imagegen models import' and --models-dir\.\n$/,
+      ),
     });
     // A model's folder where its id goes (`models verify` takes the folder): refused (exit 2) saying how to run it, not called a model that does not exist.
     const folder = path.join(inject('referenceModelsDir'), 'sd-turbo');

@@ -1,6 +1,10 @@
+import { mkdtemp, rm } from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { capturedLogs } from './helpers/logs.js';
 import { startRealServer } from './helpers/real-server.js';
+import { killServer, spawnServer } from './helpers/server-process.js';
 
 /**
  * What the server's log says as it starts is what then happens: an operator reads it to learn what
@@ -21,6 +25,22 @@ describe('a DEFAULT_MODEL that is not installed', () => {
       expect(image.data?.[0]?.b64_json).toBeTruthy();
     } finally {
       await real.close();
+    }
+  });
+});
+
+describe('a DEFAULT_MODEL that is not installed, and no MODELS_DIR', () => {
+  it('is said to be searched for only among the models that come with imagegen: installed into a folder with --models-dir, it is not there', async () => {
+    const dataDir = await mkdtemp(path.join(os.tmpdir(), 'imagegen-no-models-dir-'));
+    const server = await spawnServer({ PORT: '0', DATA_DIR: dataDir, DEFAULT_MODEL: 'sd-turbo' });
+    try {
+      const messages = server.log.map((line) => (JSON.parse(line) as { msg: string }).msg);
+      const why = "is not installed (MODELS_DIR is not set, so only the models that come with imagegen are searched)";
+      expect(messages).toContainEqual(expect.stringMatching(new RegExp(`^default model 'sd-turbo' ${why.replace(/[()]/g, '\\$&')}: requests that name no model`)));
+      expect(messages).toContain(`PRELOAD names 'sd-turbo', which ${why}: not preloading it`);
+    } finally {
+      await killServer(server);
+      await rm(dataDir, { recursive: true, force: true });
     }
   });
 });

@@ -8,7 +8,7 @@ import { isDiskFull, makeFolder } from '../util/files.js';
 import { IMAGE_FORMATS } from '../runtime/types.js';
 import { ApiError } from '../api/errors.js';
 import { parseGenerationRequest } from '../api/wire.js';
-import { ModelRegistry, modelRoots } from '../models/registry.js';
+import { ModelRegistry, modelRoots, NO_MODELS_DIR } from '../models/registry.js';
 import { Progress, STEPS } from '../util/progress.js';
 import { planBatches } from '../service/plan.js';
 import { unresolvedModel } from '../service/unresolved-model.js';
@@ -151,7 +151,11 @@ async function generateCommand(prompt: string, flags: GenerateFlags): Promise<st
     await refuseFolder(request.model);
     // What the API answers, less the server: an alias, DEFAULT_MODEL, a folder installed but unusable and why.
     const { message, unusable } = unresolvedModel(request.model, registry, config.defaultModel, 'command');
-    throw new Error(unusable ? message : `${message} Install one with 'imagegen models pull' or 'imagegen models import'.`);
+    const install = "with 'imagegen models pull' or 'imagegen models import'";
+    const advice = registry.searchesModelsDir()
+      ? `Install one ${install}.`
+      : `${NO_MODELS_DIR}: pass --models-dir (or set MODELS_DIR to) the folder a model was installed in, or install one ${install} and --models-dir.`;
+    throw new Error(unusable ? message : `${message} ${advice}`);
   }
   const batches = planBatches(request, model, config.rng);
   await prepareOut(flags.out);

@@ -61,6 +61,12 @@ export interface UnusableFolder {
 }
 
 /** The user's models folder first (its models hide embedded ones of the same id), then the embedded one. */
+/**
+ * Why a model found nowhere may be installed all the same: one installed with `models import --models-dir`
+ * (or MODELS_DIR set in another shell) is found only where that folder is searched.
+ */
+export const NO_MODELS_DIR = 'MODELS_DIR is not set, so only the models that come with imagegen are searched';
+
 export function modelRoots(modelsDir: string | undefined, embeddedDir: string): ModelsRoot[] {
   return [...(modelsDir ? [{ dir: path.resolve(modelsDir), ownedBy: 'user' }] : []), { dir: embeddedDir, ownedBy: 'imagegen' }];
 }
@@ -238,7 +244,13 @@ export class ModelRegistry {
    */
   whyNone(id: string): string {
     const reason = this.unusableReason(id);
-    return reason ? `is installed but cannot be used (${reason})` : 'is not installed';
+    if (reason) return `is installed but cannot be used (${reason})`;
+    return this.searchesModelsDir() ? 'is not installed' : `is not installed (${NO_MODELS_DIR})`;
+  }
+
+  /** Whether a models folder of the user's (MODELS_DIR) is searched, besides the models that come with imagegen. */
+  searchesModelsDir(): boolean {
+    return this.options.roots.some((root) => root.ownedBy === 'user');
   }
 
   /** The folders the last scan skipped, by id, with the reason each was skipped. */
