@@ -60,13 +60,13 @@ export interface UnusableFolder {
   reason: string;
 }
 
-/** The user's models folder first (its models hide embedded ones of the same id), then the embedded one. */
 /**
  * Why a model found nowhere may be installed all the same: one installed with `models import --models-dir`
  * (or MODELS_DIR set in another shell) is found only where that folder is searched.
  */
 export const NO_MODELS_DIR = 'MODELS_DIR is not set, so only the models that come with imagegen are searched';
 
+/** The user's models folder first (its models hide embedded ones of the same id), then the embedded one. */
 export function modelRoots(modelsDir: string | undefined, embeddedDir: string): ModelsRoot[] {
   return [...(modelsDir ? [{ dir: path.resolve(modelsDir), ownedBy: 'user' }] : []), { dir: embeddedDir, ownedBy: 'imagegen' }];
 }
