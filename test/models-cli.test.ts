@@ -491,7 +491,7 @@ describe('models import and export', () => {
     await expectNothingInstalled('looped');
   });
 
-  it('refuses an id too long for a folder name, and a folder --out that does not exist, before any work', async () => {
+  it('refuses an id too long for a folder name, a folder --out that does not exist, and an --out named as compressed, before any work', async () => {
     await expect(importFrom(sourceDir, 'x'.repeat(300))).rejects.toThrow(/^'x{40}…' \(300 characters\) is not a valid model id: use up to 128 letters/);
     await expectNothingInstalled('x'.repeat(128));
     expect((await importFrom(sourceDir, 'y'.repeat(128))).id).toBe('y'.repeat(128));
@@ -500,6 +500,12 @@ describe('models import and export', () => {
     const missing = path.join(work, 'no-such-folder') + path.sep;
     await expect(exportModel({ modelsDir, id: 'good', out: missing, output })).rejects.toThrow(`the folder ${missing} does not exist; create it, or give the bundle file's name as --out`);
     expect(await exists(path.join(work, 'no-such-folder'))).toBe(false);
+    // A name that promises compression would hold a plain tar, which `tar xzf` refuses.
+    for (const name of ['good.tar.gz', 'good.tgz', 'good.zip']) {
+      await expect(exportModel({ modelsDir, id: 'good', out: path.join(work, name), output })).rejects.toThrow(`${path.join(work, name)} is named as a ${name.split('.').pop()} file, but a bundle is an uncompressed tar`);
+    }
+    await expect(exportModel({ modelsDir, id: 'good', out: path.join(work, 'good.tar.gz'), output })).rejects.toThrow(`name it ${path.join(work, 'good')}.tar,`);
+    expect(await exists(path.join(work, 'good.tar.gz'))).toBe(false);
   });
 
   it('refuses files that do not match the manifest', async () => {

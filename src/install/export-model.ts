@@ -27,6 +27,12 @@ export interface ExportedBundle {
   bytes: number;
 }
 
+/**
+ * A name that says the file is compressed or another kind of archive: the bundle written under it would
+ * be a plain tar all the same, which `tar xzf` and unzip then refuse.
+ */
+const PACKED_NAME = /(?:\.tar)?\.(t?gz|zst|bz2|xz|zip|7z|rar)$/i;
+
 /** Tar headers and padding: at most two blocks per file, plus the end marker. */
 const overhead = (files: number) => (files + 1) * 2 * 512 + 1024;
 
@@ -47,6 +53,12 @@ export async function exportModel(options: ExportOptions): Promise<ExportedBundl
   // A trailing separator means a folder, as with cp: not a file named by the folder.
   if (!isFolder && /[\\/]$/.test(options.out)) throw new ModelInstallError(`the folder ${options.out} does not exist; create it, or give the bundle file's name as --out`);
   const file = isFolder ? path.join(options.out, `${id}.tar`) : options.out;
+  const packed = PACKED_NAME.exec(file);
+  if (packed) {
+    throw new ModelInstallError(
+      `${file} is named as a ${packed[1]} file, but a bundle is an uncompressed tar (which import reads where it is, without unpacking it first): name it ${file.slice(0, packed.index)}.tar, and compress a copy to carry it if you like`,
+    );
+  }
   if (await exists(file)) throw new ModelInstallError(`${file} already exists; choose another --out, or delete it first`);
   if (!(await exists(path.dirname(path.resolve(file))))) throw new ModelInstallError(`the folder of ${file} does not exist; create it or choose another --out`);
   const total = files.reduce((sum, entry) => sum + entry.size, 0);
