@@ -107,6 +107,19 @@ describe('streamed generations', () => {
     expect([...partials, ...completed].map((e) => e.size)).toEqual(['256x256', '256x256', '256x256', '256x256']);
   });
 
+  it('echoes a `user` of any text whole in the completed event, however the event is cut into pieces for the socket', async () => {
+    // An emoji is two UTF-16 characters. A piece ended between them where a piece boundary fell, and each
+    // half went out as U+FFFD. The boundaries fall every 64 Ki characters, at an even or odd offset into
+    // the text depending on the image's base64 length: one run of emoji each side of a one-character shift
+    // puts a boundary inside a pair in one of the two, whatever that length.
+    const user = `${'😀'.repeat(40_000)}a${'😀'.repeat(40_000)}`;
+    const stream = await client.images.generate({ model: 'demo-shapes', prompt: 'a red circle', size: '256x256', stream: true, user });
+    const completed: OpenAI.ImageGenCompletedEvent[] = [];
+    for await (const event of stream) if (event.type === 'image_generation.completed') completed.push(event);
+    expect(completed).toHaveLength(1);
+    expect(completed[0].safety_identifier === user).toBe(true);
+  });
+
   it('counts the previews it sent in /metrics', async () => {
     const previewsSent = async () => {
       const metrics = await (await fetch(`${server.url}/metrics`, { headers: { authorization: `Bearer ${KEY}` } })).text();

@@ -16,10 +16,22 @@ import type { ImagesResponse } from '../api/wire.js';
  */
 const WRITE_PIECE_BYTES = 64 * 1024;
 
-/** `text` in pieces of WRITE_PIECE_BYTES characters (answers' text is ASCII: base64 and JSON). */
+/**
+ * `text` in pieces of WRITE_PIECE_BYTES characters: as many bytes for base64 and JSON, which are ASCII
+ * but for what a request gave (a streamed event echoes its `user`, any text). Each piece is encoded on
+ * its own, so none ends between the two halves of a surrogate pair (an emoji): each went out as U+FFFD.
+ */
 export function* inPieces(text: string): Generator<string> {
-  for (let at = 0; at < text.length; at += WRITE_PIECE_BYTES) yield text.slice(at, at + WRITE_PIECE_BYTES);
+  for (let at = 0; at < text.length; ) {
+    let end = Math.min(at + WRITE_PIECE_BYTES, text.length);
+    if (end < text.length && isHighSurrogate(text.charCodeAt(end - 1))) end--;
+    yield text.slice(at, end);
+    at = end;
+  }
 }
+
+/** The first half of a surrogate pair (U+D800 to U+DBFF). */
+const isHighSurrogate = (code: number) => (code & 0xfc00) === 0xd800;
 
 export function imagesJson(response: ImagesResponse): Readable {
   return Readable.from(pieces(response), { objectMode: false });
