@@ -181,11 +181,13 @@ export function createImageService({ registry, engine, store, defaultRng, defaul
     // Images made before another batch failed still go out, before the error that ends the stream
     // (`over`: a batch that finishes after that is too late); to a client that left, nothing does.
     let over = false;
+    let withheld = false;
     const inOrder =
       onEvent &&
       fields &&
       finishedInOrder(batches, (image, file) => {
         if (!signal.aborted && !over) onEvent({ type: 'image', image, file, fields });
+        else withheld = true;
       });
     try {
       const results = await Promise.all(
@@ -205,6 +207,9 @@ export function createImageService({ registry, engine, store, defaultRng, defaul
       );
       // The answer ends once its last image went out.
       await inOrder?.handedOn();
+      // Ended (the shutdown's deadline) as its last batch finished, with images not yet handed on: the
+      // stream ends with that error, not as if it were whole with some of its images missing.
+      if (withheld) throw signal.reason;
       return results.flat();
     } catch (err) {
       await inOrder?.handedOn().catch(() => undefined);
