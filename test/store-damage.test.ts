@@ -95,6 +95,23 @@ describe('images damaged while the server was stopped', () => {
     expect(await readdir(dir)).toEqual([]);
   });
 
+  it('checks a file of an earlier run once for the reads that come together: served whole to each, or its damage reported once', async () => {
+    const first = await FileImageStore.open({ dir, ttlSeconds: 60, maxBytes: 1e7, logger: silentLogger });
+    const whole = await first.put(new Uint8Array(1 << 20).fill(7), 'image/png');
+    const harmed = await first.put(new Uint8Array(1 << 20).fill(8), 'image/png');
+    await first.close();
+    await flipByte(path.join(dir, (await readdir(dir)).find((name) => name.startsWith(harmed.id))!));
+
+    const { logger, lines } = capturedLogs<{ level: number; id?: string; msg: string }>();
+    const store = await FileImageStore.open({ dir, ttlSeconds: 60, maxBytes: 1e7, logger });
+    const [wholeRecord, harmedRecord] = [(await store.get(whole.id))!, (await store.get(harmed.id))!];
+    const bodies = await Promise.all(Array.from({ length: 8 }, async () => Buffer.concat(await (await store.read(wholeRecord))!.toArray())));
+    for (const body of bodies) expect(body.equals(Buffer.alloc(1 << 20, 7))).toBe(true);
+    const refusals = await Promise.allSettled(Array.from({ length: 8 }, () => store.read(harmedRecord)));
+    expect(refusals.map((r) => (r.status === 'rejected' ? (r.reason as Error).name : 'served'))).toEqual(Array(8).fill('ImageDamagedError'));
+    expect(lines).toEqual([expect.objectContaining({ level: 40, id: harmed.id, msg: expect.stringMatching(/damaged/) })]);
+  });
+
   it('keeps serving files named before images carried their length (written by an older version), at their size on disk', async () => {
     const id = 'e'.repeat(32);
     const expiresAt = Date.now() + 60_000;
