@@ -134,6 +134,25 @@ describe('uploaded pictures', () => {
     expect(await failureOf<ApiError>(fitEdit({ image: own, mask: editMarks({ image: own }) }, 16, 16, 8))).toMatchObject({ param: 'image', code: 'invalid_mask' });
   });
 
+  it('reads the alpha of a grey-and-alpha PNG, not its grey: black pixels are not transparent ones, nor light transparent ones opaque', async () => {
+    // PIL's mode LA, GIMP's grey with alpha: stored as two channels. Left quarter black, the rest light grey; `alphaAt` of each pixel.
+    const greyAlpha = async (alphaAt: (x: number) => number) => {
+      const rgba = Buffer.alloc(64 * 64 * 4);
+      for (let p = 0; p < 64 * 64; p++) rgba.fill(p % 64 < 16 ? 0 : 230, p * 4, p * 4 + 3).writeUInt8(alphaAt(p % 64), p * 4 + 3);
+      const file = await sharp(rgba, { raw: { width: 64, height: 64, channels: 4 } }).toColourspace('b-w').png().toBuffer();
+      expect((await sharp(file).metadata()).channels).toBe(2);
+      return file;
+    };
+    // Opaque line art: edited whole. Before, its black read as transparent, and the edit was refused as a mask that marks nothing.
+    const opaque = await decodeInputImage(await greyAlpha(() => 255), 'image');
+    expect([opaque.hasAlpha, opaque.hasTransparentPixel, editMarks({ image: opaque })]).toEqual([true, false, undefined]);
+    // Its right half erased: that half is repainted. Before, it read as opaque and the whole picture was redrawn.
+    const erased = await decodeInputImage(await greyAlpha((x) => (x < 32 ? 255 : 0)), 'image');
+    expect(erased.hasTransparentPixel).toBe(true);
+    const { mask } = await fitEdit({ image: erased, mask: editMarks({ image: erased }) }, 64, 64, 8);
+    expect([mask![0], mask![20], mask![40]]).toEqual([0, 0, 255]);
+  });
+
   it("takes a mask for a phone photo's upright picture, and says so to one made from its sideways stored pixels", async () => {
     // Stored 64x32 with EXIF orientation 6 (turned a quarter clockwise to show): upright it is 32x64.
     const photo = await sharp({ create: { width: 64, height: 32, channels: 3, background: 'red' } }).jpeg().withMetadata({ orientation: 6 }).toBuffer();

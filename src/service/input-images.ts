@@ -105,9 +105,12 @@ export async function decodeInputImage(bytes: Buffer, param: string): Promise<In
   // it, the alpha where there is one, whose zeros are the picture's fully transparent pixels (in 8 bits).
   // It is held for the few milliseconds this takes, at most 16 MiB. (sharp's stats() decodes without
   // holding anything, but also works out the entropy and sharpness of the whole picture: 1.8 s of a
-  // core for a 4096x4096 upload, against 0.05 s.)
+  // core for a 4096x4096 upload, against 0.05 s.) Alpha is channel 3 whatever the file stores: sharp
+  // turns a grey picture to sRGB before it extracts a channel, so the file's last channel (1 of a
+  // grey-and-alpha PNG) was its grey, whose black pixels read as transparent (an opaque line drawing
+  // was refused as a mask that marks nothing) and whose transparent ones as opaque.
   const channel = await sharp(bytes, DECODE)
-    .extractChannel(metadata.hasAlpha ? ((metadata.channels - 1) as 1 | 2 | 3) : 0)
+    .extractChannel(metadata.hasAlpha ? 'alpha' : 0)
     .raw({ depth: 'uchar' })
     .toBuffer()
     .catch(() => {
