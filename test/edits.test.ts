@@ -367,7 +367,11 @@ describe('edit errors', () => {
 
   it('refuses unknown and malformed fields, and a strength that leaves no step', async () => {
     await expectApiError(edit({ foo: 'bar' }), OpenAI.BadRequestError, 400, 'foo', 'unknown_parameter');
-    await expectApiError(edit({ n: 'many' as unknown as number }), OpenAI.BadRequestError, 400, 'n', 'invalid_type');
+    // A form's values are all text: its 400 names the text sent and how to write the value, not "got a string".
+    const word = await expectApiError(edit({ n: 'many' as unknown as number }), OpenAI.BadRequestError, 400, 'n', 'invalid_type');
+    expect(word.message).toMatch(/Invalid type for 'n': expected an integer, but got the text 'many' instead \(a multipart form sends it as digits only, e\.g\. 2\)\.$/);
+    const yes = await expectApiError(edit({ stream: 'yes' as unknown as false }), OpenAI.BadRequestError, 400, 'stream', 'invalid_type');
+    expect(yes.message).toMatch(/expected a boolean, but got the text 'yes' instead \(a multipart form sends it as true or false\)/);
     await expectApiError(edit({ stream: true, response_format: 'url' } as Record<string, unknown>), OpenAI.BadRequestError, 400, 'response_format', 'unsupported_value');
     await expectApiError(edit({ strength: 0.1, steps: 4 }), OpenAI.BadRequestError, 400, 'strength', 'invalid_value');
     // A strength so low that it leaves the model's scheduler fewer steps than the preset's: the strength is named
@@ -384,6 +388,17 @@ describe('edit errors', () => {
     await expectApiError(edit({ prompt: '' }), OpenAI.BadRequestError, 400, 'prompt', 'empty_string');
     // dall-e-2's limit, as OpenAI's edits endpoint holds it to (the SDK documents 1000 characters there).
     await expectApiError(edit({ model: 'dall-e-2', prompt: 'a'.repeat(1001) }), OpenAI.BadRequestError, 400, 'prompt', 'string_above_max_length');
+  });
+
+  it("takes a form's boolean in any case: Python's requests sends True as 'True'", async () => {
+    const form = new FormData();
+    form.set('image', new Blob([new Uint8Array(redCircle)]), 'in.png');
+    for (const [key, value] of Object.entries({ model: 'shapes', prompt: 'a blue square', stream: 'True', seed: '5' })) form.set(key, value);
+    const res = await fetch(`${real.baseURL}/images/edits`, { method: 'POST', headers: { authorization: `Bearer ${KEY}` }, body: form });
+    // Before, a 400 "expected a boolean, but got a string".
+    expect(res.status).toBe(200);
+    expect(res.headers.get('content-type')).toMatch(/^text\/event-stream/);
+    expect(await res.text()).toMatch(/^event: image_edit\.completed$/m);
   });
 
   it("refuses openai-node 7's markup overlay by name, as a file and as a JSON field, saying to use a mask", async () => {

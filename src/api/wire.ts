@@ -299,7 +299,8 @@ function fromForm(fields: Record<string, unknown>): Record<string, unknown> {
       if (typeof value !== 'string') return [key, value];
       const field = fieldSchema(key);
       if (field instanceof z.ZodNumber && NUMBER.test(value)) return [key, Number(value)];
-      if (field instanceof z.ZodBoolean && (value === 'true' || value === 'false')) return [key, value === 'true'];
+      // Any case: Python's str(True), which requests and httpx send for a bool in `data`, is 'True'.
+      if (field instanceof z.ZodBoolean && /^(true|false)$/i.test(value)) return [key, value.toLowerCase() === 'true'];
       return [key, value];
     }),
   );
@@ -307,8 +308,18 @@ function fromForm(fields: Record<string, unknown>): Record<string, unknown> {
 
 const EXPECTED: Record<string, string> = { string: 'a string', number: 'a number', boolean: 'a boolean', object: 'an object' };
 
-/** One zod issue in OpenAI's words; `param` is the field's name. */
-function toApiError(issue: z.core.$ZodIssue): ApiError {
+/**
+ * What a form's text that is no number or boolean is called in a 400: every form value is a string, so
+ * "got a string" says nothing to the caller; the text itself, and how to write one, does.
+ */
+function formText(expected: string, text: string): string {
+  const shown = text.length > 40 ? `${text.slice(0, 40)}...` : text;
+  const spelling = expected === 'a boolean' ? 'true or false' : expected === 'an integer' ? 'digits only, e.g. 2' : 'a number, e.g. 0.5';
+  return `the text '${shown}' instead (a multipart form sends it as ${spelling})`;
+}
+
+/** One zod issue in OpenAI's words; `param` is the field's name; `form`: the value came as a form's text. */
+function toApiError(issue: z.core.$ZodIssue, form = false): ApiError {
   const param = issue.path.map(String).join('.');
   const kind = isIntegerField(param) ? 'integer' : 'decimal';
   switch (issue.code) {
@@ -319,7 +330,8 @@ function toApiError(issue: z.core.$ZodIssue): ApiError {
         return ApiError.missing(param);
       }
       const expected = kind === 'integer' ? 'an integer' : (EXPECTED[issue.expected] ?? issue.expected);
-      return ApiError.invalid(param, 'invalid_type', `Invalid type for '${param}': expected ${expected}, but got ${describeValue(issue.input)} instead.`);
+      const got = form && typeof issue.input === 'string' ? formText(expected, issue.input) : `${describeValue(issue.input)} instead`;
+      return ApiError.invalid(param, 'invalid_type', `Invalid type for '${param}': expected ${expected}, but got ${got}.`);
     }
     case 'not_multiple_of':
       return ApiError.invalid(param, 'invalid_type', `Invalid type for '${param}': expected an integer, but got a decimal number instead.`);
@@ -382,7 +394,7 @@ export function parseImageRequest(kind: RequestKind, body: unknown, { defaultMod
   const named = present.model !== undefined;
   if (defaultModel !== undefined) present.model ??= defaultModel;
   const checked = REQUEST_SCHEMAS[kind].safeParse(present, { reportInput: true });
-  if (!checked.success) throw toApiError([...checked.error.issues].sort((a, b) => rank(a) - rank(b))[0]);
+  if (!checked.success) throw toApiError([...checked.error.issues].sort((a, b) => rank(a) - rank(b))[0], form);
   // Each route's fields passed its own schema; this fills the defaults of those it lacks (a variation's style).
   const { model, quality, response_format, ...fields } = requestFields.parse(checked.data);
   // By the name the request used: one without a model keeps the server's limits even when DEFAULT_MODEL is a dall-e name.
