@@ -435,6 +435,9 @@ describe('edit errors', () => {
     const err = await expectApiError(post({ images: [{ image_url: 'https://example.com/a.png' }] }), OpenAI.BadRequestError, 400, 'images[0].image_url', 'unsupported_value');
     expect(err.message).toContain('does not fetch URLs');
     await expectApiError(post({ images: [{ file_id: 'file-123' }] }), OpenAI.BadRequestError, 400, 'images[0].file_id', 'unsupported_value');
+    // The form's 'image' sent in JSON is unknown there, and the answer says what JSON takes.
+    const single = await expectApiError(post({ image: `data:image/png;base64,${redCircle.toString('base64')}` }), OpenAI.BadRequestError, 400, 'image', 'unknown_parameter');
+    expect(single.message).toMatch(/Unknown parameter: 'image'\. A JSON edit sends its picture as 'images': \[\{"image_url": /);
     await expectApiError(post({ images: [{ image_url: 'data:image/png;base64,aGVsbG8=' }] }), OpenAI.BadRequestError, 400, 'images[0].image_url', 'invalid_image_format');
     // The scheme and the base64 marker in any case, as URI schemes are case-insensitive.
     expect(imageReferenceBytes({ image_url: 'DATA:image/png;BASE64,aGVsbG8=' }, 'images[0]').toString()).toBe('hello');

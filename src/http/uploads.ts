@@ -231,6 +231,14 @@ function readJson(body: unknown): Upload {
   // Not an object: the request's schema says so in OpenAI's words.
   if (typeof body !== 'object' || body === null || Array.isArray(body)) return { fields: body as Record<string, unknown>, form: false, images: [] };
   const { images, mask, ...fields } = body as Record<string, unknown>;
+  // The form's file field, sent in JSON (a data: URI or {"image_url"}): unknown here, and the answer says what JSON takes instead.
+  if (fields.image !== undefined && fields.image !== null) {
+    throw ApiError.invalid(
+      'image',
+      'unknown_parameter',
+      `Unknown parameter: 'image'. A JSON edit sends its picture as 'images': [{"image_url": "data:image/png;base64,..."}] ('image' is the file of a multipart form).`,
+    );
+  }
   if (images !== undefined && images !== null && !Array.isArray(images)) {
     throw ApiError.invalid('images', 'invalid_type', `Invalid type for 'images': expected an array of {"image_url": "data:..."} objects, but got ${describeValue(images)} instead.`);
   }
