@@ -264,6 +264,9 @@ describe('edit errors', () => {
     for (const bytes of [redCircle, new Uint8Array(redCircle)]) {
       const err = await expectApiError(edit({ image: bytes as unknown as Uploadable }), OpenAI.BadRequestError, 400, 'image', 'invalid_type');
       expect(err.message).toContain('toFile(');
+      // In a list (image: [bytes]), its fields are image[][0], image[][1], ...: before, a 413 for too many form parts.
+      const listed = await expectApiError(edit({ image: [bytes as unknown as Uploadable] }), OpenAI.BadRequestError, 400, 'image', 'invalid_type');
+      expect(listed.message).toContain("'image[][0]' is what openai-node sends for a Buffer or Uint8Array");
     }
     const mask = await expectApiError(edit({ mask: redCircle as unknown as Uploadable }), OpenAI.BadRequestError, 400, 'mask', 'invalid_type');
     expect(mask.message).toContain('toFile(');

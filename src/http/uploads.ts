@@ -190,8 +190,9 @@ async function readParts(request: FastifyRequest, route: UploadRoute, limits: Up
       if (part.type === 'field') {
         // An image sent as text (a URL, a path) must not read as an unknown field. Nor must the field per
         // byte (image[0], image[1], ...) that openai-node makes of a Buffer or Uint8Array passed as the
-        // file itself, which past the 64th field would be a 413 for too many parts that says nothing of it.
-        const perByte = /^[a-z]+\[\d+\]$/.test(part.fieldname) && FILE_FIELDS[route].includes(root);
+        // file itself, which past the 64th field would be a 413 for too many parts that says nothing of it;
+        // in a list of images, image[][0], image[][1], ...
+        const perByte = /^[a-z]+(\[\])?\[\d+\]$/.test(part.fieldname) && FILE_FIELDS[route].includes(root);
         if (FILE_FIELDS[route].includes(part.fieldname) || perByte) {
           const file = perByte ? root : part.fieldname;
           const hint = perByte ? ` ('${part.fieldname}' is what openai-node sends for a Buffer or Uint8Array passed as the file itself: pass await toFile(bytes, 'picture.png') instead)` : '';
