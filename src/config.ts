@@ -203,7 +203,7 @@ const SETTINGS = {
   corsOrigins: {
     schema: originList.default([]),
     description:
-      'comma-separated web origins whose pages may call the API from a browser (CORS), e.g. https://app.example.com, or * for any; the pages still need an API key (default: none, browsers refuse cross-origin calls)',
+      'comma-separated web origins whose pages may call the API from a browser (CORS), e.g. https://app.example.com, or * for any (only with API keys); with keys the pages still need one (default: none, browsers refuse cross-origin calls)',
   },
   modelsRescanSeconds: { schema: seconds(0).default(30), description: 'how often model folders are rescanned for added or removed models (0 = only on demand)' },
   imageTtlSeconds: { schema: integer(1).default(86400), description: 'how long image URLs stay valid' },
@@ -530,6 +530,14 @@ export function loadConfig(flags: Partial<Record<SettingName, string>> = {}, env
     problems.push(
       `HOST is ${parsed.host} but no API_KEYS or API_KEYS_FILE are set: refusing to serve without authentication beyond this machine. ` +
         'Set API_KEYS=<key1,key2> (or API_KEYS_FILE=<file>) or listen on HOST=127.0.0.1.',
+    );
+  }
+  // Without keys, a page's Origin is all that keeps other sites off (http/local-only.ts): "*" would let
+  // every page that a browser on this machine opens use the server and read its answers, no key asked.
+  if (parsed.corsOrigins.includes('*') && parsed.apiKeys.length === 0 && !parsed.apiKeysFile) {
+    problems.push(
+      'CORS_ORIGINS is * but no API_KEYS or API_KEYS_FILE are set: every web page opened in a browser on this machine could use the server without a key. ' +
+        'Name the origins of the pages to allow (e.g. CORS_ORIGINS=http://localhost:5173), or set API_KEYS.',
     );
   }
   if (parsed.headersTimeoutSeconds > parsed.requestTimeoutSeconds) {

@@ -138,7 +138,20 @@ describe('CORS_ORIGINS setting', () => {
   it('is off by default and takes origins as browsers write them', () => {
     expect(loadConfig({}, {}).corsOrigins).toEqual([]);
     expect(loadConfig({}, { CORS_ORIGINS: 'https://App.Example.com/, http://localhost:5173' }).corsOrigins).toEqual(['https://app.example.com', 'http://localhost:5173']);
-    expect(loadConfig({ corsOrigins: '*' }, {}).corsOrigins).toEqual(['*']);
+    expect(loadConfig({ corsOrigins: '*' }, { API_KEYS: 'sk-a' }).corsOrigins).toEqual(['*']);
+  });
+
+  it('refuses * on a server without keys: every page a browser on the machine opened could use it', () => {
+    let error: unknown;
+    try {
+      loadConfig({ corsOrigins: '*' }, {});
+    } catch (err) {
+      error = err;
+    }
+    expect(error).toBeInstanceOf(ConfigError);
+    expect((error as ConfigError).problems).toEqual([expect.stringMatching(/^CORS_ORIGINS is \* but no API_KEYS or API_KEYS_FILE are set: .*Name the origins .* or set API_KEYS\.$/)]);
+    expect(loadConfig({ corsOrigins: '*' }, { API_KEYS_FILE: 'keys.txt' }).corsOrigins).toEqual(['*']);
+    expect(loadConfig({}, { CORS_ORIGINS: 'http://localhost:5173' }).corsOrigins).toEqual(['http://localhost:5173']);
   });
 
   it('refuses what is not an origin, naming the setting and the form expected', () => {

@@ -65,6 +65,13 @@ describe('a server without API keys', () => {
     expect((await get(keyless, { host, origin: 'http://localhost.attacker.example' })).status).toBe(403);
     expect((await get(opened, { host, origin: 'https://app.example' })).status).toBe(200);
     expect((await get(opened, { host, origin: 'https://attacker.example' })).status).toBe(403);
+    // "*" opens a keyless server to no page (config.ts refuses it there: it would open it to every one).
+    const starred = await startTestServer({ apiKeys: [], config: { corsOrigins: ['*'] } });
+    try {
+      expect((await get(starred, { host, origin: 'https://attacker.example' })).status).toBe(403);
+    } finally {
+      await starred.close();
+    }
   });
 
   it("refuses a proxy's clients, unless TRUST_PROXY says the client is on the machine", async () => {

@@ -55,9 +55,11 @@ export function isLocalClient(request: FastifyRequest): boolean {
 
 const refused = (message: string) => new ApiError(403, message, { type: 'invalid_request_error', code: 'local_clients_only' });
 
-/** The check a keyless server makes of every request; `corsOrigins` are the pages CORS_ORIGINS opened it to ("*": every page). */
+/**
+ * The check a keyless server makes of every request; `corsOrigins` are the pages CORS_ORIGINS opened it
+ * to, by name: "*" opens it to none (config.ts refuses it without keys, where it would open it to every page).
+ */
 export function localClientsOnly(corsOrigins: readonly string[]): (request: FastifyRequest) => Promise<void> {
-  const anyPage = corsOrigins.includes('*');
   return async (request) => {
     if (!isLocalClient(request)) {
       throw refused(
@@ -72,7 +74,7 @@ export function localClientsOnly(corsOrigins: readonly string[]): (request: Fast
           'Use one of those names, or set API_KEYS to serve other names and machines.',
       );
     }
-    if (origin !== undefined && !anyPage && !corsOrigins.includes(origin) && !namesLoopback(parseUrl(origin)?.host ?? '')) {
+    if (origin !== undefined && !corsOrigins.includes(origin) && !namesLoopback(parseUrl(origin)?.host ?? '')) {
       throw refused(
         `This server has no API keys, so web pages of other sites may not use it; this request came from a page of '${origin}'. ` +
           'Add that origin to CORS_ORIGINS if you trust every visitor of it to use this server, or set API_KEYS.',
