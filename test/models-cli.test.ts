@@ -870,6 +870,11 @@ describe('the imagegen CLI', () => {
         stderr: `error: '${hubUrl}' is not an http(s) address of a Hub: set HF_ENDPOINT (--hub-url) to one such as https://huggingface.co, or unset it\n`,
       });
     }
+    // A mirror's password in the address: fetch never sends it, and every message naming the Hub showed it.
+    await expect(cli('models', 'pull', REPO, '--hub-url', 'https://ci:hunter2@mirror.example.com', '--models-dir', modelsDir)).rejects.toMatchObject({
+      code: 2,
+      stderr: "error: 'https://[redacted]@mirror.example.com' holds a user:password, which is never sent: set HF_ENDPOINT (--hub-url) without it, and give the Hub's or mirror's token in HF_TOKEN (sent as Authorization: Bearer)\n",
+    });
     await expect(execFileAsync(process.execPath, imagegenArgs('models', 'list'), { cwd: PROJECT_ROOT, env: { ...process.env, MODELS_DIR: '' } })).rejects.toMatchObject({
       code: 2,
       stderr: expect.stringContaining('error: no models folder given'),

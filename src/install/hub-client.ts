@@ -92,8 +92,15 @@ export class HubClient {
   constructor(private readonly options: HubClientOptions = {}) {
     this.hubUrl = (options.hubUrl ?? DEFAULT_HUB_URL).replace(/\/+$/, '');
     // A value that is no address at all is the user's to fix (exit 2), not a Hub that answered wrongly.
-    if (!/^https?:$/.test(parseUrl(this.hubUrl)?.protocol ?? '')) {
+    const parsed = parseUrl(this.hubUrl);
+    if (!/^https?:$/.test(parsed?.protocol ?? '')) {
       throw new ModelUsageError(`'${withoutCredentials(this.hubUrl)}' is not an http(s) address of a Hub: set HF_ENDPOINT (--hub-url) to one such as ${DEFAULT_HUB_URL}, or unset it`);
+    }
+    // fetch refuses a URL with credentials, and every message naming the Hub would have shown the password.
+    if (parsed?.username || parsed?.password) {
+      throw new ModelUsageError(
+        `'${withoutCredentials(this.hubUrl)}' holds a user:password, which is never sent: set HF_ENDPOINT (--hub-url) without it, and give the Hub's or mirror's token in HF_TOKEN (sent as Authorization: Bearer)`,
+      );
     }
     const base = stallGuarded(options.fetch ?? fetch, options.stallMs ?? STALL_MS);
     const token = options.token;
