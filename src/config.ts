@@ -122,6 +122,12 @@ function isProxyAddress(text: string): boolean {
 
 /** TRUST_PROXY: true/false, or the addresses and CIDR ranges of the proxies to trust. */
 const proxyTrust = z.string().transform((text, ctx): boolean | string[] => {
+  // To Express and Fastify a number is a hop count (trust the last n proxies): 1, read as true like the
+  // other switches, trusted every address a client wrote in X-Forwarded-For, and the log named that.
+  if (/^\d+$/.test(text) && !FALSE_TEXT.test(text)) {
+    ctx.addIssue({ code: 'custom', message: 'expected the proxies\' addresses or CIDR ranges (e.g. 127.0.0.1,10.0.0.0/8), or true to trust every peer: a hop count is not taken' });
+    return z.NEVER;
+  }
   if (TRUE_TEXT.test(text)) return true;
   if (FALSE_TEXT.test(text)) return false;
   const entries = commaItems(text);

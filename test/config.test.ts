@@ -47,6 +47,17 @@ describe('loadConfig', () => {
     expect(config.trustProxy).toBe(false);
   });
 
+  it("refuses a hop count in TRUST_PROXY: Express's 1 (the last proxy), read as true, trusted every address a client writes", () => {
+    for (const hops of ['1', '2']) {
+      expect(problems(() => loadConfig({}, { TRUST_PROXY: hops }))).toEqual([
+        `TRUST_PROXY (--trust-proxy): expected the proxies' addresses or CIDR ranges (e.g. 127.0.0.1,10.0.0.0/8), or true to trust every peer: a hop count is not taken (got '${hops}')`,
+      ]);
+    }
+    expect(loadConfig({}, { TRUST_PROXY: '0' }).trustProxy).toBe(false);
+    expect(loadConfig({}, { TRUST_PROXY: 'yes' }).trustProxy).toBe(true);
+    expect(loadConfig({}, { TRUST_PROXY: '127.0.0.1, loopback' }).trustProxy).toEqual(['127.0.0.1', 'loopback']);
+  });
+
   it('names each invalid setting with its variable and flag', () => {
     const found = problems(() => loadConfig({}, { PORT: 'eighty', WORKERS: '0', LOG_LEVEL: 'loud', PUBLIC_BASE_URL: 'example.com' }));
     expect(found).toHaveLength(4);
