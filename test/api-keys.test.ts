@@ -31,7 +31,7 @@ describe('the key file format', () => {
   });
 
   it('names every bad line, never the key', () => {
-    const text = ['a:sk-secret-1 speed=9', 'a:sk-secret-2', 'b:sk-secret-3 concurrent=0', 'c:sk secret', 'd:sk-secret-5 concurrent=1=2', 'e:sk-secret-6 concurrent=1 concurrent=3', 'sk-secret-7 sk-secret-8', 'f:sk-secret-9 c2VjcmV0LTEw= concurrent=2'].join('\n');
+    const text = ['a:sk-secret-1 speed=9', 'a:sk-secret-2', 'b:sk-secret-3 concurrent=0', 'c:sk secret', 'd:sk-secret-5 concurrent=1=2', 'e:sk-secret-6 concurrent=1 concurrent=3', 'sk-secret-7 sk-secret-8', 'f:sk-secret-9 c2VjcmV0LTEw= concurrent=2', 'g:sk-secret-11 concurrent=2 # team g=1'].join('\n');
     const error = (() => {
       try {
         parseKeyFile(text, 'keys.txt');
@@ -49,6 +49,9 @@ describe('the key file format', () => {
     expect(error!.message).toMatch(/line 4: word 2 \(not shown: it may be a key\) is not a limit/);
     expect(error!.message).toMatch(/line 7: word 2 \(not shown: it may be a key\) is not a limit/);
     expect(error!.message).toMatch(/line 8: word 2 \(not shown: it may be a key\) is not a limit/);
+    // A comment after the limits is said to be one, once: its words are not limits to be named each.
+    expect(error!.message).toMatch(/line 9: word 3 starts a comment, and a comment takes a line of its own \(a line starting with #\)/);
+    expect(error!.message).not.toMatch(/line 9: .*not a limit/);
     expect(error!.message).not.toMatch(/secret|sk-|c2VjcmV0/);
   });
 });

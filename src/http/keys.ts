@@ -88,8 +88,11 @@ export function parseKeyFile(text: string, file: string): ApiKey[] {
     const label = colon < 0 ? `sha256:${digest(key).toString('hex').slice(0, 12)}` : first.slice(0, colon);
     if (colon >= 0 && !LABEL.test(label)) problems.push(`${where}: the label must be 1 to 64 letters, digits or ._@/-`);
     if (!isSendableKey(key)) problems.push(`${where}: the key must be printable characters without spaces`);
+    // A comment after a key and its limits (`# team a`) is no limit, nor are its words: said once, as such.
+    const comment = settings.findIndex((setting) => setting.startsWith('#'));
+    if (comment >= 0) problems.push(`${where}: word ${comment + 2} starts a comment, and a comment takes a line of its own (a line starting with #)`);
     const limits: KeyLimits = {};
-    settings.forEach((setting, i) => {
+    settings.slice(0, comment < 0 ? undefined : comment).forEach((setting, i) => {
       const match = /^([a-z_]+)=([1-9]\d{0,8})$/.exec(setting);
       const field = match && LIMIT_NAMES[match[1] as keyof typeof LIMIT_NAMES];
       if (!match || !field) {
