@@ -1,47 +1,48 @@
-import { readdirSync, readFileSync } from 'node:fs';
-import path from 'node:path';
 import { describe, expect, it } from 'vitest';
-import { settingsHelp } from '../src/config.js';
+import { loadConfig, settingsHelp } from '../src/config.js';
+import { ConfigError } from '../src/util/config-error.js';
+import { codeBlockLines, codeSpans, DOCS, section, tableRows } from './helpers/docs.js';
 
 /**
  * The settings tables users read (README.md's, and the tables of docs/ that repeat some settings) name
- * the settings src/config.ts reads, with the defaults `serve --help` shows: a setting added, renamed or
- * given another default without its documentation fails here, naming it.
+ * the settings src/config.ts reads, with the defaults `serve --help` shows and the bounds config.ts
+ * holds them to; and every `SETTING=value` the docs write (`EXECUTION_PROVIDER=webgpu npm start`) is a
+ * value the server takes. A setting added, renamed, given another default, bound or set of values
+ * without its documentation fails here, naming it.
  */
 
-const ROOT = path.resolve(import.meta.dirname, '..');
-const DOCS = ['README.md', ...readdirSync(path.join(ROOT, 'docs')).filter((name) => name.endsWith('.md')).map((name) => path.join('docs', name))];
-
-/** A table row whose first cell is settings' variables only (`PORT`, or `S3_BUCKET`, `S3_PREFIX`), with its default cell. */
+/** A table row whose first cell is settings' variables only (`PORT`, or `S3_BUCKET`, `S3_PREFIX`), with its default and description cells. */
 interface SettingRow {
   file: string;
   names: string[];
   defaults: string;
+  description: string;
 }
 
 const SETTING_CELL = /^`[A-Z][A-Z0-9_]+`(, `[A-Z][A-Z0-9_]+`)*$/;
 
 function settingRows(file: string, text: string): SettingRow[] {
-  return text
-    .split('\n')
-    .filter((line) => line.startsWith('| `'))
-    .map((line) => line.split(' | ').map((cell) => cell.replace(/^\| /, '').trim()))
+  return tableRows(text)
     .filter(([first]) => SETTING_CELL.test(first))
-    .map(([first, defaults]) => ({ file, names: first.split(', ').map((name) => name.replaceAll('`', '')), defaults }));
+    .map(([first, defaults, description = '']) => ({ file, names: first.split(', ').map((name) => name.replaceAll('`', '')), defaults, description }));
 }
 
-/** README.md's section `## Configuration`, which documents every setting. */
-function configurationSection(readme: string): string {
-  const start = readme.indexOf('\n## Configuration\n');
-  expect(start, "README.md's '## Configuration' section").toBeGreaterThan(0);
-  const end = readme.indexOf('\n## ', start + 1);
-  return readme.slice(start, end < 0 ? undefined : end);
-}
-
-const readme = readFileSync(path.join(ROOT, 'README.md'), 'utf8');
-const readmeRows = settingRows('README.md', configurationSection(readme));
-const allRows = DOCS.flatMap((file) => settingRows(file, readFileSync(path.join(ROOT, file), 'utf8')));
+const readmeRows = settingRows('README.md', section(DOCS.get('README.md')!, '## Configuration'));
+const allRows = [...DOCS].flatMap(([file, text]) => settingRows(file, text));
 const settings = new Map(settingsHelp.map((setting) => [setting.env, setting]));
+
+/** The problems config.ts finds with `value` for the setting `env` alone (not those across settings, which name others). */
+function refusals(env: string, value: string): string[] {
+  try {
+    loadConfig({}, { [env]: value });
+    return [];
+  } catch (err) {
+    if (!(err instanceof ConfigError)) throw err;
+    return err.problems.filter((problem) => problem.startsWith(`${env} (`));
+  }
+}
+
+const BYTE_UNITS: Record<string, number> = { k: 1024, m: 1024 ** 2, g: 1024 ** 3 };
 
 describe('the settings tables of README.md and docs/', () => {
   it("README's table names every setting config.ts reads, each once", () => {
@@ -66,6 +67,42 @@ describe('the settings tables of README.md and docs/', () => {
       });
     });
     expect(allRows.filter((row) => row.file !== 'README.md').length).toBeGreaterThan(0);
+    expect(wrong).toEqual([]);
+  });
+
+  it('gives the bounds config.ts holds each setting to: "1 to 64" takes 1 and 64 and refuses 0 and 65, "at least 64m" takes 64m and refuses a byte less', () => {
+    const checked: string[] = [];
+    const wrong = allRows
+      .filter((row) => row.names.length === 1)
+      .flatMap(({ file, names: [name], description }) => {
+        const bounds = [
+          ...[...description.matchAll(/\b(\d+) to (\d+)\b/g)].map(([, low, high]) => ({ takes: [low, high], refuses: [String(Number(high) + 1), ...(Number(low) > 0 ? [String(Number(low) - 1)] : [])] })),
+          ...[...description.matchAll(/\bat least (\d+)([kmg])\b/g)].map(([, digits, unit]) => ({ takes: [`${digits}${unit}`], refuses: [String(Number(digits) * BYTE_UNITS[unit] - 1)] })),
+        ];
+        checked.push(...bounds.map(() => name));
+        return bounds.flatMap(({ takes, refuses }) => [
+          ...takes.filter((value) => refusals(name, value).length > 0).map((value) => `${file}: ${name}=${value} is refused: ${refusals(name, value).join('; ')}`),
+          ...refuses.filter((value) => refusals(name, value).length === 0).map((value) => `${file}: ${name}=${value} is taken, past the bounds documented`),
+        ]);
+      });
+    // WORKERS, WORKER_THREADS, WORKER_NICE, VAE_TILING, the byte sizes: the bounds the tables give.
+    expect(new Set(checked).size).toBeGreaterThan(6);
+    expect(wrong).toEqual([]);
+  });
+});
+
+describe('the settings the docs set in their examples', () => {
+  it('are values the settings take (a placeholder such as <key> aside)', () => {
+    // NAME=value in a command line or a code span, the value up to a space or the span's end, or quoted.
+    const examples = [...DOCS].flatMap(([file, text]) =>
+      [...codeBlockLines(text), ...codeSpans(text)].flatMap((code) =>
+        [...code.matchAll(/(?<![\w-])([A-Z][A-Z0-9_]+)=("[^"]*"|'[^']*'|[^\s"')]*)/g)]
+          .filter(([, name]) => settings.has(name))
+          .map(([, name, written]) => ({ file, name, value: written.replace(/^(["'])(.*)\1$/, '$2') })),
+      ),
+    );
+    const wrong = examples.filter(({ value }) => !value.includes('<')).flatMap(({ file, name, value }) => refusals(name, value).map((problem) => `${file}: ${name}=${value}: ${problem}`));
+    expect(examples.length).toBeGreaterThan(40);
     expect(wrong).toEqual([]);
   });
 });
