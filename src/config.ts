@@ -42,8 +42,11 @@ const boolean = z
   .refine((text) => TRUE_TEXT.test(text) || FALSE_TEXT.test(text), 'expected true or false')
   .transform((text) => TRUE_TEXT.test(text));
 
-const integer = (min: number, max = Number.MAX_SAFE_INTEGER) =>
-  z.string().regex(/^\d+$/, 'expected a whole number').transform(Number).pipe(z.number().min(min).max(max));
+const integer = (min: number, max = Number.MAX_SAFE_INTEGER) => {
+  // The range in the settings table's words, not zod's "Too big: expected number to be <=64".
+  const range = max === Number.MAX_SAFE_INTEGER ? `expected at least ${min}` : `expected ${min} to ${max}`;
+  return z.string().regex(/^\d+$/, 'expected a whole number').transform(Number).pipe(z.number().min(min, range).max(max, range));
+};
 
 /** The longest Node's timers wait (2^31 - 1 ms): a longer one fires at once instead. */
 const MAX_TIMER_SECONDS = Math.floor((2 ** 31 - 1) / 1000);
@@ -54,7 +57,7 @@ const seconds = (min: number) =>
     .string()
     .regex(/^\d+$/, 'expected a whole number of seconds')
     .transform(Number)
-    .pipe(z.number().min(min).max(MAX_TIMER_SECONDS, `expected at most ${MAX_TIMER_SECONDS} (about 24 days, the longest a timer waits)`));
+    .pipe(z.number().min(min, `expected at least ${min}`).max(MAX_TIMER_SECONDS, `expected at most ${MAX_TIMER_SECONDS} (about 24 days, the longest a timer waits)`));
 
 /** A byte size of at least `min` bytes, whose error says that a bare number is bytes. */
 const bytesAtLeast = (min: number, unit: string) =>

@@ -66,6 +66,11 @@ describe('loadConfig', () => {
     expect(found.join('\n')).toMatch(/PUBLIC_BASE_URL \(--public-base-url\)/);
   });
 
+  it("says a whole number's range in the settings table's words, not zod's", () => {
+    expect(problems(() => loadConfig({}, { WORKERS: '65' }))).toEqual(["WORKERS (--workers): expected 1 to 64 (got '65')"]);
+    expect(problems(() => loadConfig({}, { STREAM_KEEP_ALIVE_SECONDS: '0' }))).toEqual(["STREAM_KEEP_ALIVE_SECONDS (--stream-keep-alive-seconds): expected at least 1 (got '0')"]);
+  });
+
   it('takes CUDA_DEVICES as the other lists, spaces after commas included, and refuses what is not a device id', () => {
     expect(loadConfig({}, { CUDA_DEVICES: '0, 1' }).cudaDevices).toEqual([0, 1]);
     expect(loadConfig({}, {}).cudaDevices).toEqual([0]);
