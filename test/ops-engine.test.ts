@@ -257,6 +257,35 @@ describe('a model removed while the server runs', () => {
   });
 });
 
+describe('a preloaded model replaced while the server runs', () => {
+  it("is preloaded by a worker started after the replacement as the files it holds now: the model's first request does not load it again", async () => {
+    const ops = await startOpsServer();
+    try {
+      await untilReady(ops.server.url);
+      const models = path.join(ops.root, 'models');
+      const loads = async () => metric(await scrape(ops.server.url), `imagegen_model_load_duration_seconds_count{model="${MODEL}"}`);
+      // Another copy of the same files: the folder's version changes, as with a new export of the model.
+      const copy = path.join(ops.root, 'copy');
+      await cp(path.join(models, MODEL), copy, { recursive: true });
+      await execFileAsync(process.execPath, imagegenArgs('models', 'import', copy, '--name', MODEL, '--force', '--skip-load', '--models-dir', models), { cwd: PROJECT_ROOT });
+      // The request finds the folder replaced, and the worker loads the new version.
+      expect((await generate(ops.baseURL)).status).toBe(200);
+      expect(await loads()).toBe(2);
+      const [{ pid }] = ops.server.engine.workers();
+      process.kill(pid!, 'SIGKILL');
+      await expect.poll(() => ops.server.engine.workers()[0]?.pid, { timeout: 30_000, interval: 20 }).not.toBe(pid);
+      await untilReady(ops.server.url, 60_000);
+      expect(await loads()).toBe(3);
+      // Before, the replacement preloaded the new files as the version the server started with, and loaded
+      // (and calibrated) them again here.
+      expect((await generate(ops.baseURL)).status).toBe(200);
+      expect(await loads()).toBe(3);
+    } finally {
+      await ops.close();
+    }
+  });
+});
+
 describe('a worker process that dies', () => {
   it('killed mid-generation (SIGKILL, as by the OOM killer) fails only the requests it ran, with 500 worker_crashed, and is replaced', async () => {
     const ops = await startOpsServer({ env: { WORKERS: '2' } });

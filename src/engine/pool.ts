@@ -187,13 +187,23 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
   });
   const costs = new CostModel();
 
+  /**
+   * The models a worker starting now preloads, each at the version the model scan last found: one
+   * replaced since the server started (`models import --force`) is loaded as the files it holds now. At
+   * the version of the server's start, a worker started after the replacement (a crashed one's) loaded
+   * the new files as the old version: it loaded them again at the model's first request, calibrated them
+   * twice, and the figures of the first calibration, labelled with the old version, replaced the model's
+   * (DATA_DIR, `models list`: not measured), an OOM kill's lesson with them.
+   */
+  const preloadNow = (): ModelRef[] => preload.map(({ dir, version }) => ({ dir, version: options.modelVersion?.(dir) ?? version }));
+
   const stallMs = options.stallTimeoutMs ?? 0;
   const slots = new WorkerSlots({
     slots: options.workers,
     init: (slot) => ({
       type: 'init',
       engine: { ...engine, runtime: { ...engine.runtime, deviceId: cudaDeviceOf(slot, cudaDevices) }, knownMemory: options.memoryFigures?.all() ?? {} },
-      preload,
+      preload: preloadNow(),
       nice: options.workerNice ?? 0,
     }),
     preload,
