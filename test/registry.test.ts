@@ -139,6 +139,19 @@ describe('ModelRegistry', () => {
     expect(replaced.version).not.toBe(old.version);
   });
 
+  it('gives a model replaced right after a scan as its new version to every request that comes together, not only to the one that rescans', async () => {
+    const models = new ModelRegistry({ roots: [{ dir: root, ownedBy: 'user' }], aliases: {}, logger: silentLogger, minRescanIntervalMs: 60_000 });
+    await writeStubModel(path.join(root, 'swap'), { sizes: ['256x256'] });
+    await models.scan();
+    await writeStubModel(path.join(root, '.staging-swap'), { sizes: ['512x512'] });
+    await rename(path.join(root, 'swap'), path.join(root, '.trash-swap'));
+    await rename(path.join(root, '.staging-swap'), path.join(root, 'swap'));
+    // Before, the first request's rescan took the folder's new time as it began: those beside it found the
+    // folder unchanged and answered the old entry, which a worker holding the old model then ran.
+    const resolved = await Promise.all(Array.from({ length: 4 }, () => models.resolve('swap')));
+    expect(resolved.map((model) => model!.preset.sizes)).toEqual(Array(4).fill(['512x512']));
+  });
+
   it('scans for a model a request names, rate-limited on a clock that a step of the wall clock back does not stop', async () => {
     const models = new ModelRegistry({ roots: [{ dir: root, ownedBy: 'user' }], aliases: {}, logger: silentLogger, minRescanIntervalMs: 2000 });
     vi.useFakeTimers({ toFake: ['Date', 'performance'] });

@@ -153,7 +153,12 @@ export class ModelRegistry {
   private scanning: Promise<void> | undefined;
   /** When the last scan ended, on the monotonic clock: a wall-clock step back would hold off scans on request for as long as the step. */
   private lastScan = -Infinity;
-  /** Each root's modification time as the last scan began (undefined: missing): a folder installed since changes it. */
+  /**
+   * Each root's modification time as the last finished scan began (undefined: missing): a folder installed
+   * since changes it. Kept only once the scan's models are: taken as a scan began, the requests beside the
+   * one whose rescan it was found the folder unchanged and answered the models from before it, the old
+   * version of one replaced by "models import --force" among them.
+   */
   private scannedRoots = new Map<string, number | undefined>();
   private timer: NodeJS.Timeout | undefined;
   private readonly minRescanIntervalMs: number;
@@ -264,7 +269,6 @@ export class ModelRegistry {
     const { logger } = this.options;
     // Read before the listings: a folder installed while they run changes the time again, and is seen at the next request.
     const times = await Promise.all(this.options.roots.map((root) => rootTime(root.dir)));
-    this.scannedRoots = new Map(this.options.roots.map((root, i) => [root.dir, times[i]]));
     const found = new Map<string, ModelEntry>();
     const seen = new Set<string>();
     /** Ids an earlier root has, usable or not: a user's broken copy of the demo model hides the embedded one rather than fall back to it unsaid. */
@@ -312,6 +316,7 @@ export class ModelRegistry {
       this.warnOfAliases(new Set(found.keys()));
     }
     this.models = found;
+    this.scannedRoots = new Map(this.options.roots.map((root, i) => [root.dir, times[i]]));
   }
 
   /** Logs the aliases that answer nothing now that `installed` are the models: hidden by a model's id, or naming none. */
