@@ -257,17 +257,27 @@ describe('a model removed while the server runs', () => {
   });
 });
 
+/**
+ * What replaces the ops server's model as `models import --force` does, with another copy of its files (the
+ * folder's version changes, as with a new export of the model), and the count of the model's loads.
+ */
+async function replacement(ops: OpsServer) {
+  const models = path.join(ops.root, 'models');
+  const copy = path.join(ops.root, 'copy');
+  await cp(path.join(models, MODEL), copy, { recursive: true });
+  return {
+    replace: () => execFileAsync(process.execPath, imagegenArgs('models', 'import', copy, '--name', MODEL, '--force', '--skip-load', '--models-dir', models), { cwd: PROJECT_ROOT }),
+    loads: async () => metric(await scrape(ops.server.url), `imagegen_model_load_duration_seconds_count{model="${MODEL}"}`),
+  };
+}
+
 describe('a preloaded model replaced while the server runs', () => {
   it("is preloaded by a worker started after the replacement as the files it holds now: the model's first request does not load it again", async () => {
     const ops = await startOpsServer();
     try {
       await untilReady(ops.server.url);
-      const models = path.join(ops.root, 'models');
-      const loads = async () => metric(await scrape(ops.server.url), `imagegen_model_load_duration_seconds_count{model="${MODEL}"}`);
-      // Another copy of the same files: the folder's version changes, as with a new export of the model.
-      const copy = path.join(ops.root, 'copy');
-      await cp(path.join(models, MODEL), copy, { recursive: true });
-      await execFileAsync(process.execPath, imagegenArgs('models', 'import', copy, '--name', MODEL, '--force', '--skip-load', '--models-dir', models), { cwd: PROJECT_ROOT });
+      const { replace, loads } = await replacement(ops);
+      await replace();
       // The request finds the folder replaced, and the worker loads the new version.
       expect((await generate(ops.baseURL)).status).toBe(200);
       expect(await loads()).toBe(2);
@@ -280,6 +290,39 @@ describe('a preloaded model replaced while the server runs', () => {
       // (and calibrated) them again here.
       expect((await generate(ops.baseURL)).status).toBe(200);
       expect(await loads()).toBe(3);
+    } finally {
+      await ops.close();
+    }
+  });
+});
+
+describe('a model replaced while requests for it wait', () => {
+  it('runs them as the files installed now, loading those once: not again at each switch between them and the requests sent since', async () => {
+    const other = 'sk-other-0123456789abcdef';
+    const ops = await startOpsServer({ env: { API_KEYS: `${OPS_KEY},${other}` } });
+    try {
+      await untilReady(ops.server.url);
+      const { replace, loads } = await replacement(ops);
+      const leave = new AbortController();
+      const first = generate(ops.baseURL, LONG, { signal: leave.signal }).catch(() => undefined);
+      const pending = await whileBatchHeld(ops.server.engine, async () => {
+        // Steps apart: none joins another's batch. Two of the old version wait...
+        const before = [generate(ops.baseURL, { steps: 2 }), generate(ops.baseURL, { steps: 3 })];
+        await expect.poll(() => ops.server.engine.load().queued, { timeout: 10_000, interval: 5 }).toBe(2);
+        await replace();
+        // ...beside two of the new one, another key's, which the fair order takes in turn with them.
+        const headers = { authorization: `Bearer ${other}`, 'content-type': 'application/json' };
+        const after = [generate(ops.baseURL, { steps: 2 }, { headers }), generate(ops.baseURL, { steps: 3 }, { headers })];
+        await expect.poll(() => ops.server.engine.load().queued, { timeout: 10_000, interval: 5 }).toBe(4);
+        leave.abort();
+        return [...before, ...after];
+      });
+      await first;
+      const answers = await Promise.all(pending);
+      expect(answers.map((answer) => answer.status)).toEqual([200, 200, 200, 200]);
+      // The preload, and the new files once. Before, the worker loaded them again at each switch between the
+      // versions, the old one's loads planned with (and filing figures under) the old files' figures.
+      expect(await loads()).toBe(2);
     } finally {
       await ops.close();
     }

@@ -187,6 +187,9 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
   });
   const costs = new CostModel();
 
+  /** The version of a model's folder that the model scan last found; `named` where it found none (a model removed). */
+  const versionNow = (dir: string, named: string | undefined): string | undefined => options.modelVersion?.(dir) ?? named;
+
   /**
    * The models a worker starting now preloads, each at the version the model scan last found: one
    * replaced since the server started (`models import --force`) is loaded as the files it holds now. At
@@ -195,7 +198,7 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
    * twice, and the figures of the first calibration, labelled with the old version, replaced the model's
    * (DATA_DIR, `models list`: not measured), an OOM kill's lesson with them.
    */
-  const preloadNow = (): ModelRef[] => preload.map(({ dir, version }) => ({ dir, version: options.modelVersion?.(dir) ?? version }));
+  const preloadNow = (): ModelRef[] => preload.map(({ dir, version }) => ({ dir, version: versionNow(dir, version) }));
 
   const stallMs = options.stallTimeoutMs ?? 0;
   const slots = new WorkerSlots({
@@ -285,7 +288,20 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
     }
   }
 
-  async function runOnWorker(batch: GenerationBatch, stop: AbortSignal, onEvent: (event: BatchEvent) => void): Promise<GeneratedImage[]> {
+  /**
+   * The batch at the version of its model's folder that the model scan last found. One that waited while
+   * the model was replaced (`models import --force`) loads the files there now whatever version it names:
+   * named as the old one, a worker switching between it and the requests sent since loaded the same files
+   * again at every switch, and planned them with (and filed their figures under) the old files' figures.
+   * A model removed meanwhile has no version: its batch fails as removed, or runs on the sessions held.
+   */
+  function atCurrentVersion(batch: GenerationBatch): GenerationBatch {
+    const version = versionNow(batch.modelDir, batch.modelVersion);
+    return version === batch.modelVersion ? batch : { ...batch, modelVersion: version };
+  }
+
+  async function runOnWorker(queued: GenerationBatch, stop: AbortSignal, onEvent: (event: BatchEvent) => void): Promise<GeneratedImage[]> {
+    const batch = atCurrentVersion(queued);
     // The queue runs no more jobs than there are ready workers, and each job holds its worker until it ends.
     const worker = workerFor(batch.modelDir);
     if (!worker) throw new Error('internal error: the job queue started a job with no idle worker');
