@@ -1,7 +1,7 @@
-import { readdir, stat, writeFile } from 'node:fs/promises';
+import { readdir, rm, stat, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import { describe, expect, it } from 'vitest';
-import { inspectModel } from '../src/models/layout.js';
+import { inspectModel, MISSING_FOLDER } from '../src/models/layout.js';
 import { loadPipeline } from '../src/pipelines/load.js';
 import type { Pipeline } from '../src/pipelines/pipeline.js';
 import { PipelineCache, weightBytes } from '../src/pipelines/pipeline-cache.js';
@@ -111,6 +111,21 @@ describe('loaded models within a memory budget', () => {
     expect(c.holds(a, 'v2')).toBe(true);
     await c.get(a, 'v2');
     expect(loads).toEqual(['v1', 'v2']);
+  });
+
+  it('fails the load of a model removed as its load ends as removed, its sessions released and nothing kept', async () => {
+    const removed = await copyOfReference('sd-turbo');
+    let loaded: Pipeline | undefined;
+    // `models remove` once the sessions are made, before the cache counts the model's weight files.
+    const c = new PipelineCache(async (dir) => {
+      loaded = await loadPipeline(dir, { provider: 'cpu', threads: 1 });
+      await rm(dir, { recursive: true });
+      return loaded;
+    }, Number.MAX_SAFE_INTEGER);
+    // Before, the count's bare ENOENT (a 500 to the client) failed it, and the entry stayed with its sessions held for good.
+    await expect(c.get(removed, 'v1')).rejects.toMatchObject({ name: 'ModelLayoutError', problem: MISSING_FOLDER });
+    expect(await tryGenerate(loaded!)).toBe('released');
+    expect(c.loadedModels()).toEqual([]);
   });
 
   it('never releases a model that a run uses, over the budget or to make room', async () => {

@@ -1,6 +1,7 @@
 import { readdir, stat } from 'node:fs/promises';
 import path from 'node:path';
-import type { ModelLayout } from '../models/layout.js';
+import { MISSING_FOLDER, ModelLayoutError, type ModelLayout } from '../models/layout.js';
+import { exists } from '../util/files.js';
 import type { Pipeline } from './pipeline.js';
 
 /**
@@ -35,6 +36,22 @@ export async function weightBytes(layout: ModelLayout): Promise<number> {
   return total;
 }
 
+/**
+ * The weight bytes of a pipeline just loaded. A folder removed (`models remove`) once its sessions were
+ * made fails the load as removed, as one removed while it loads does (see loadPipeline), its sessions
+ * released: the count's bare ENOENT was a 500 telling the operator nothing, and its entry stayed, its
+ * sessions held for the worker's life, every later request for the version answered that error.
+ */
+async function loadedBytes(pipeline: Pipeline): Promise<number> {
+  try {
+    return await weightBytes(pipeline.layout);
+  } catch (err) {
+    await pipeline.release();
+    const { dir } = pipeline.layout;
+    throw (await exists(dir)) ? err : new ModelLayoutError(dir, MISSING_FOLDER);
+  }
+}
+
 /** Releases an entry's sessions once it has loaded; one that failed to load holds none. */
 function releaseSessions(entry: Entry): Promise<void> {
   return entry.pipeline.then((p) => p.release()).catch(() => undefined);
@@ -62,18 +79,17 @@ export class PipelineCache {
     }
     const entry: Entry = { bytes: 0, users: 0, version, pipeline: this.load(modelDir, version) };
     this.entries.set(modelDir, entry);
-    entry.pipeline = entry.pipeline.then(
-      async (pipeline) => {
-        entry.bytes = await weightBytes(pipeline.layout);
+    entry.pipeline = entry.pipeline
+      .then(async (pipeline) => {
+        entry.bytes = await loadedBytes(pipeline);
         this.evictBeyondBudget(modelDir);
         return pipeline;
-      },
-      (err) => {
+      })
+      .catch((err: unknown) => {
         // Only its own entry: a version that replaced it meanwhile (see drop()) stays.
         if (this.entries.get(modelDir) === entry) this.entries.delete(modelDir);
         throw err;
-      },
-    );
+      });
     return entry.pipeline;
   }
 
