@@ -126,6 +126,16 @@ export class ModelLayoutError extends Error {
   }
 }
 
+/**
+ * What a failure that came while a model's folder was read says, once the folder is found removed
+ * (`models remove` meanwhile): that it was removed, rather than whichever of its files went first
+ * failing in its own words ("File doesn't exist", ENOENT), which read as a model to repair. `err` itself
+ * while the folder is there.
+ */
+export async function removedOr(dir: string, err: unknown): Promise<unknown> {
+  return (await exists(dir)) ? err : new ModelLayoutError(dir, MISSING_FOLDER);
+}
+
 /** A config file of the model folder `root`, or undefined when it has none. */
 async function readJson(root: string, file: string): Promise<Record<string, unknown> | undefined> {
   try {

@@ -3,7 +3,7 @@ import { GpuFaultError } from '../runtime/gpu-faults.js';
 import type { RuntimeOptions, SessionTuning } from '../runtime/providers.js';
 import type { PipelineKind } from '../families/family.js';
 import { familyEntry } from '../families/index.js';
-import { inspectModel, MISSING_FOLDER, ModelLayoutError, type ModelLayout } from '../models/layout.js';
+import { inspectModel, ModelLayoutError, removedOr, type ModelLayout } from '../models/layout.js';
 import { loadModelTokenizer } from '../models/model-tokenizer.js';
 import { FluxPipeline } from './flux.js';
 import type { Pipeline } from './pipeline.js';
@@ -12,7 +12,6 @@ import { TextEncoder } from './text-encoder.js';
 import { OnDemand } from './on-demand.js';
 import { VaeDecoder, VaeEncoder, type VaeTiler } from './vae.js';
 import { firstLineOf } from '../util/error-message.js';
-import { exists } from '../util/files.js';
 
 /**
  * The worker's MemoryPlan as the pipelines see it: it decides whether a model's VAE decodes whole or in
@@ -69,10 +68,8 @@ export async function loadPipeline(dir: string, runtime: RuntimeOptions, memory?
     return PIPELINES[family.pipeline]({ layout, denoiser, encoders: second ? [encoder, second] : [encoder], vae, vaeEncoder });
   } catch (err) {
     await Promise.allSettled(opened.map((m) => m.release()));
-    // Removed while it loaded (`models remove`): whichever of its files went first failed in its own
-    // words ("File doesn't exist", ENOENT), a 500 telling the operator to repair a model they removed.
-    if (!(await exists(layout.dir))) throw new ModelLayoutError(layout.dir, MISSING_FOLDER);
-    throw err;
+    // Removed while it loaded: said so, not as a model to repair.
+    throw await removedOr(layout.dir, err);
   }
 }
 

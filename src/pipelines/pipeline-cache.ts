@@ -1,7 +1,6 @@
 import { readdir, stat } from 'node:fs/promises';
 import path from 'node:path';
-import { MISSING_FOLDER, ModelLayoutError, type ModelLayout } from '../models/layout.js';
-import { exists } from '../util/files.js';
+import { removedOr, type ModelLayout } from '../models/layout.js';
 import type { Pipeline } from './pipeline.js';
 
 /**
@@ -47,8 +46,7 @@ async function loadedBytes(pipeline: Pipeline): Promise<number> {
     return await weightBytes(pipeline.layout);
   } catch (err) {
     await pipeline.release();
-    const { dir } = pipeline.layout;
-    throw (await exists(dir)) ? err : new ModelLayoutError(dir, MISSING_FOLDER);
+    throw await removedOr(pipeline.layout.dir, err);
   }
 }
 
