@@ -133,16 +133,26 @@ function startsAsTar(head: Buffer): boolean {
   return head.length === BLOCK && Number.parseInt(field(head, 148, 8), 8) === checksum(head);
 }
 
-/** Files a bundle is often carried in but that are not a tar, by their first bytes, with what to do instead. */
-const PACKED: { magic: number[]; what: string; advice: string }[] = [
-  { magic: [0x1f, 0x8b], what: 'gzip-compressed', advice: 'gunzip it and import the .tar, or unpack it with "tar xzf" and import the model\'s folder' },
-  { magic: [0xfd, 0x37, 0x7a, 0x58, 0x5a, 0x00], what: 'xz-compressed', advice: 'unxz it and import the .tar, or unpack it with "tar xJf" and import the model\'s folder' },
-  { magic: [0x28, 0xb5, 0x2f, 0xfd], what: 'zstd-compressed', advice: 'unzstd it and import the .tar, or unpack it with "tar --zstd -xf" and import the model\'s folder' },
-  { magic: [0x42, 0x5a, 0x68], what: 'bzip2-compressed', advice: 'bunzip2 it and import the .tar, or unpack it with "tar xjf" and import the model\'s folder' },
-  { magic: [0x50, 0x4b, 0x03, 0x04], what: 'a zip archive', advice: "unzip it and import the model's folder" },
-  { magic: [0x37, 0x7a, 0xbc, 0xaf, 0x27, 0x1c], what: 'a 7-Zip archive', advice: "unpack it (7z x) and import the model's folder" },
-  { magic: [0x52, 0x61, 0x72, 0x21, 0x1a, 0x07], what: 'a RAR archive', advice: "unpack it (unrar x) and import the model's folder" },
+/** Files a bundle is often carried in but that are not a tar, by their first bytes (and names), with what to do instead. */
+const PACKED: { magic: number[]; extensions: string[]; what: string; advice: string }[] = [
+  { magic: [0x1f, 0x8b], extensions: ['gz', 'tgz'], what: 'gzip-compressed', advice: 'gunzip it and import the .tar, or unpack it with "tar xzf" and import the model\'s folder' },
+  { magic: [0xfd, 0x37, 0x7a, 0x58, 0x5a, 0x00], extensions: ['xz'], what: 'xz-compressed', advice: 'unxz it and import the .tar, or unpack it with "tar xJf" and import the model\'s folder' },
+  { magic: [0x28, 0xb5, 0x2f, 0xfd], extensions: ['zst'], what: 'zstd-compressed', advice: 'unzstd it and import the .tar, or unpack it with "tar --zstd -xf" and import the model\'s folder' },
+  { magic: [0x42, 0x5a, 0x68], extensions: ['bz2'], what: 'bzip2-compressed', advice: 'bunzip2 it and import the .tar, or unpack it with "tar xjf" and import the model\'s folder' },
+  { magic: [0x50, 0x4b, 0x03, 0x04], extensions: ['zip'], what: 'a zip archive', advice: "unzip it and import the model's folder" },
+  { magic: [0x37, 0x7a, 0xbc, 0xaf, 0x27, 0x1c], extensions: ['7z'], what: 'a 7-Zip archive', advice: "unpack it (7z x) and import the model's folder" },
+  { magic: [0x52, 0x61, 0x72, 0x21, 0x1a, 0x07], extensions: ['rar'], what: 'a RAR archive', advice: "unpack it (unrar x) and import the model's folder" },
 ];
+
+/**
+ * What `file`'s name says it is, where that is one of the PACKED kinds (`x.tar.gz`, `x.zip`): its
+ * extension, and the name without it (and without a `.tar` before it).
+ */
+export function packedName(file: string): { extension: string; stem: string } | undefined {
+  const match = /(?:\.tar)?\.([a-z0-9]+)$/i.exec(file);
+  if (!match || !PACKED.some(({ extensions }) => extensions.includes(match[1].toLowerCase()))) return undefined;
+  return { extension: match[1], stem: file.slice(0, match.index) };
+}
 
 function parsePax(data: Buffer): Record<string, string> {
   const records: Record<string, string> = {};

@@ -1,6 +1,6 @@
 import { rename, rm, stat } from 'node:fs/promises';
 import path from 'node:path';
-import { BundleWriter } from './bundle.js';
+import { BundleWriter, packedName } from './bundle.js';
 import { diskFullError, ensureFreeSpace, keepAfterExit, listFolder, readChunks, realDisk, removeIfInterrupted } from './disk.js';
 import { ModelInstallError } from './errors.js';
 import { exists, isDiskFull } from '../util/files.js';
@@ -27,12 +27,6 @@ export interface ExportedBundle {
   bytes: number;
 }
 
-/**
- * A name that says the file is compressed or another kind of archive: the bundle written under it would
- * be a plain tar all the same, which `tar xzf` and unzip then refuse.
- */
-const PACKED_NAME = /(?:\.tar)?\.(t?gz|zst|bz2|xz|zip|7z|rar)$/i;
-
 /** Tar headers and padding: at most two blocks per file, plus the end marker. */
 const overhead = (files: number) => (files + 1) * 2 * 512 + 1024;
 
@@ -53,10 +47,11 @@ export async function exportModel(options: ExportOptions): Promise<ExportedBundl
   // A trailing separator means a folder, as with cp: not a file named by the folder.
   if (!isFolder && /[\\/]$/.test(options.out)) throw new ModelInstallError(`the folder ${options.out} does not exist; create it, or give the bundle file's name as --out`);
   const file = isFolder ? path.join(options.out, `${id}.tar`) : options.out;
-  const packed = PACKED_NAME.exec(file);
+  // A name that says compressed or another archive would hold a plain tar all the same, which `tar xzf` and unzip refuse.
+  const packed = packedName(file);
   if (packed) {
     throw new ModelInstallError(
-      `${file} is named as a ${packed[1]} file, but a bundle is an uncompressed tar (which import reads where it is, without unpacking it first): name it ${file.slice(0, packed.index)}.tar, and compress a copy to carry it if you like`,
+      `${file} is named as a ${packed.extension} file, but a bundle is an uncompressed tar (which import reads where it is, without unpacking it first): name it ${packed.stem}.tar, and compress a copy to carry it if you like`,
     );
   }
   if (await exists(file)) throw new ModelInstallError(`${file} already exists; choose another --out, or delete it first`);
