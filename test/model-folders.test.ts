@@ -418,6 +418,14 @@ describe('one verdict for the registry, its log, /ready, "imagegen models list" 
     // Nor one a proxy brings that names no client, only the address it used (X-Forwarded-Host and -Proto alone).
     const unnamed = await app.inject({ method: 'GET', url: '/ready', headers: { 'x-forwarded-host': 'localhost', 'x-forwarded-proto': 'https' } });
     expect(unnamed.json()).toEqual({ status: 'ready', workers: { total: 1, ready: 1 }, models: [] });
+    // Nor a web page in a browser on the machine: one whose own name was rebound to 127.0.0.1 (its Host),
+    // or one of another site that CORS_ORIGINS lets read answers (its Origin).
+    const rebound = await app.inject({ method: 'GET', url: '/ready', headers: { host: 'attacker.example:8000' } });
+    expect(rebound.json()).toEqual({ status: 'ready', workers: { total: 1, ready: 1 }, models: [] });
+    const page = await app.inject({ method: 'GET', url: '/ready', headers: { origin: 'https://attacker.example' } });
+    expect(page.json()).toEqual({ status: 'ready', workers: { total: 1, ready: 1 }, models: [] });
+    const ownPage = await app.inject({ method: 'GET', url: '/ready', headers: { host: '[::1]:8000', origin: 'http://localhost:3000' } });
+    expect(ownPage.json().unusable).toHaveLength(unusable.length);
     await app.close();
 
     // A server whose model to preload fails to load (its weights went after the scan): /ready says why, with the path, to a local peer only.

@@ -4,7 +4,7 @@ import { ApiError } from '../api/errors.js';
 import type { ModelRegistry } from '../models/registry.js';
 import type { ImageStore } from '../store/image-store.js';
 import { sendError } from './errors.js';
-import { isLocalClient } from './local-only.js';
+import { isLocallyAddressed } from './local-only.js';
 import { messageOf } from '../util/error-message.js';
 
 /**
@@ -20,7 +20,8 @@ import { messageOf } from '../util/error-message.js';
  * 503 from /ready is no error with a stack trace: the log gets one line when readiness changes, saying why.
  *
  * /ready needs no key, so the reasons (a bucket's name and address, model folders and their errors) go
- * only to peers on this machine (request.ip: behind a TRUST_PROXY proxy, the client's); a balancer
+ * only to peers on this machine (request.ip: behind a TRUST_PROXY proxy, the client's) that address it
+ * as localhost, 127.0.0.1 or [::1] and are no page of another site (isLocallyAddressed); a balancer
  * elsewhere needs only the status, and its answers point to the log.
  */
 
@@ -85,7 +86,7 @@ async function storeProblem(store: HealthOptions['store']): Promise<ApiError | u
 /** What a peer elsewhere is told instead of `error`'s reasons: the same status, code and headers. */
 function withoutReasons(error: ApiError): ApiError {
   const what = error.code === 'storage_unavailable' ? 'The image store cannot be used' : error.message.slice(0, error.message.indexOf(':'));
-  return new ApiError(error.status, `${what}; the server's log says why (as does /ready asked from the server's own machine).`, { code: error.code, headers: error.headers });
+  return new ApiError(error.status, `${what}; the server's log says why (as does /ready asked from the server's own machine at localhost).`, { code: error.code, headers: error.headers });
 }
 
 export async function health(app: FastifyInstance, { engine, registry, store }: HealthOptions): Promise<void> {
@@ -101,7 +102,7 @@ export async function health(app: FastifyInstance, { engine, registry, store }: 
   app.get('/health', PROBE, async () => ({ status: 'ok', queue: engine.load() }));
 
   app.get('/ready', PROBE, async (request, reply) => {
-    const local = isLocalClient(request);
+    const local = isLocallyAddressed(request);
     const readiness = engine.readiness();
     const error = readiness.ready ? await storeProblem(store) : notReady(readiness);
     if (error) {

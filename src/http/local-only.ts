@@ -53,6 +53,17 @@ export function isLocalClient(request: FastifyRequest): boolean {
   return hops.length >= 2 && hops.every(isLoopbackAddress);
 }
 
+/**
+ * Whether the client is a program on this machine (isLocalClient) that addresses the server by a
+ * loopback name and is no web page of another site: what may read a keyless probe's details. A keyed
+ * server answers any Host, so a page that rebinds its own name to 127.0.0.1 reaches it from the
+ * machine's browser with a loopback address; its Host (or an Origin of another site) gives it away.
+ */
+export function isLocallyAddressed(request: FastifyRequest): boolean {
+  const { host, origin } = request.headers;
+  return isLocalClient(request) && (host === undefined || namesLoopback(host)) && (origin === undefined || namesLoopback(parseUrl(origin)?.host ?? ''));
+}
+
 const refused = (message: string) => new ApiError(403, message, { type: 'invalid_request_error', code: 'local_clients_only' });
 
 /**
