@@ -61,6 +61,22 @@ describe('the model-family registry', () => {
     for (const name of REAL_EXPORT_NAMES) expect([name, await familyOf(realExport(name))]).toEqual([name, REAL[name]]);
   });
 
+  it("takes trailing spacing that comes with a zero-terminal-SNR schedule for a full-length fine-tune, not a turbo model: it keeps its base's steps and guidance", async () => {
+    // Lin et al. 2023 pair rescale_betas_zero_snr with trailing spacing for sampling at the usual step
+    // counts (diffusers' docs set both on SD 2.1's DDIM); SD-Turbo and SDXL-Turbo ship trailing without it.
+    const withSchedule = async (reference: string, fields: Record<string, unknown>) => {
+      const dir = await copyOfReference(reference);
+      const file = path.join(dir, 'scheduler', 'scheduler_config.json');
+      await writeFile(file, JSON.stringify({ ...JSON.parse(await readFile(file, 'utf8')), ...fields }));
+      return familyOf(dir);
+    };
+    const zeroSnr = { timestep_spacing: 'trailing', rescale_betas_zero_snr: true, prediction_type: 'v_prediction' };
+    expect(await withSchedule('sd2-v', zeroSnr)).toEqual(['sd', 'sd2']);
+    expect(await withSchedule('sdxl', zeroSnr)).toEqual(['sdxl', 'sdxl']);
+    // Trailing spacing alone still says turbo, as the turbo models' own configs have it.
+    expect(await withSchedule('sdxl', { timestep_spacing: 'trailing', rescale_betas_zero_snr: false })).toEqual(['sdxl', 'sdxl-turbo']);
+  });
+
   it('refuses an SD3-style folder (a transformer, a third text encoder) by name rather than run it as FLUX', async () => {
     const dir = await copyOfReference('flux-schnell');
     const config = JSON.parse(await readFile(path.join(dir, 'transformer', 'config.json'), 'utf8'));

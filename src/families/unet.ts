@@ -17,8 +17,13 @@ export function unetNativeSize(vaeScale: number, denoiserConfig: Record<string, 
   return typeof denoiserConfig.sample_size === 'number' && denoiserConfig.sample_size ? denoiserConfig.sample_size * vaeScale : undefined;
 }
 
-/** Adversarially distilled for a step or few: its name says so, or its scheduler's trailing spacing. */
+/**
+ * Adversarially distilled for a step or few: its name says so, or its scheduler's trailing spacing,
+ * unless a zero-terminal-SNR schedule (rescale_betas_zero_snr) comes with it: Lin et al. 2023 pair the
+ * two for sampling at the usual step counts, so such an SD 2.1 or SDXL fine-tune wants its base's steps
+ * and guidance, not one step without guidance. The turbo models' own configs do not rescale.
+ */
 export function isTurbo({ scheduler, modelIndex }: VariantClues): boolean {
   const name = String(modelIndex?._name_or_path ?? '').toLowerCase();
-  return name.includes('turbo') || scheduler.timestep_spacing === 'trailing';
+  return name.includes('turbo') || (scheduler.timestep_spacing === 'trailing' && scheduler.rescale_betas_zero_snr !== true);
 }
