@@ -77,6 +77,28 @@ describe('the model-family registry', () => {
     expect(await withSchedule('sdxl', { timestep_spacing: 'trailing', rescale_betas_zero_snr: false })).toEqual(['sdxl', 'sdxl-turbo']);
   });
 
+  it("tells a latent consistency model distilled with the guidance as an input from an LCM-LoRA fused into a UNet, and runs the LoRA without a classifier-free batch", async () => {
+    const edited = async (reference: string, folder: string, file: string, fields: Record<string, unknown>) => {
+      const dir = await copyOfReference(reference);
+      const at = path.join(dir, folder, file);
+      await writeFile(at, JSON.stringify({ ...JSON.parse(await readFile(at, 'utf8').catch(() => '{}')), ...fields }));
+      return dir;
+    };
+    const defaults = async (dir: string) => {
+      const verdict = await inspectModelFolder(dir);
+      if (!verdict.usable) throw new Error(verdict.reason);
+      return { variant: `${verdict.layout.family}/${verdict.layout.variant}`, steps: verdict.preset.steps.standard, guidance: verdict.preset.guidanceScale };
+    };
+    // An LCM-LoRA fused into SD 1.5's or SDXL's UNet, saved with LCMScheduler (diffusers' LCM-LoRA guide):
+    // a distilled LCM's w of 8.5 here would be classifier-free guidance, a burnt picture at twice the work.
+    const lora = { _class_name: 'LCMScheduler' };
+    expect(await defaults(await edited('sd15-optimum', 'scheduler', 'scheduler_config.json', lora))).toEqual({ variant: 'sd/lcm-lora', steps: 4, guidance: { vivid: 1, natural: 1 } });
+    expect(await defaults(await edited('sdxl', 'scheduler', 'scheduler_config.json', lora))).toEqual({ variant: 'sdxl/sdxl-lcm-lora', steps: 4, guidance: { vivid: 1, natural: 1 } });
+    // Distilled (latent-consistency/lcm-sdxl: its UNet embeds the guidance): four steps at its card's w of 8, not SDXL's thirty.
+    expect(await defaults(await edited('sdxl', 'unet', 'config.json', { time_cond_proj_dim: 256 }))).toEqual({ variant: 'sdxl/sdxl-lcm', steps: 4, guidance: { vivid: 8, natural: 6 } });
+    expect(await defaults(referenceModel('lcm'))).toEqual({ variant: 'sd/lcm', steps: 4, guidance: { vivid: 8.5, natural: 6 } });
+  });
+
   it('refuses an SD3-style folder (a transformer, a third text encoder) by name rather than run it as FLUX', async () => {
     const dir = await copyOfReference('flux-schnell');
     const config = JSON.parse(await readFile(path.join(dir, 'transformer', 'config.json'), 'utf8'));

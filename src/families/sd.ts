@@ -1,5 +1,5 @@
 import { defineFamily } from './family.js';
-import { isTurbo, unetNativeSize, unetSizeMultiple } from './unet.js';
+import { isTurbo, latentConsistency, unetNativeSize, unetSizeMultiple } from './unet.js';
 
 /** Stable Diffusion 1.x and 2.x, with their distilled offspring (SD-Turbo, LCM): one CLIP encoder and a UNet. */
 export const sd = defineFamily({
@@ -9,7 +9,8 @@ export const sd = defineFamily({
   requires: [],
   variantOf(clues) {
     const { scheduler, denoiserConfig } = clues;
-    if (scheduler._class_name === 'LCMScheduler' || denoiserConfig.time_cond_proj_dim != null) return 'lcm';
+    const lcm = latentConsistency(clues);
+    if (lcm) return lcm === 'distilled' ? 'lcm' : 'lcm-lora';
     if (isTurbo(clues)) return 'sd-turbo';
     if (scheduler.prediction_type === 'v_prediction' || denoiserConfig.cross_attention_dim === 1024) return 'sd2';
     return 'sd15';
@@ -21,6 +22,8 @@ export const sd = defineFamily({
     'sd-turbo': { nativeSize: 512, steps: { low: 1, standard: 1, hd: 4 }, guidanceScale: { vivid: 0, natural: 0 }, maxBatch: 4 },
     // LCM's guidance is the w it was distilled with (diffusers' default 8.5), not classifier-free guidance.
     lcm: { nativeSize: 512, steps: { low: 2, standard: 4, hd: 8 }, guidanceScale: { vivid: 8.5, natural: 6 }, maxBatch: 4 },
+    // An LCM-LoRA fused into an SD UNet: guidance 1 runs no classifier-free batch (see latentConsistency).
+    'lcm-lora': { nativeSize: 512, steps: { low: 2, standard: 4, hd: 8 }, guidanceScale: { vivid: 1, natural: 1 }, maxBatch: 4 },
   },
   // Without a config: 8 (the VAE) x 2^3 (four down blocks).
   sizeMultiple: (vaeScale, config) => unetSizeMultiple(vaeScale, config, 64),

@@ -27,3 +27,15 @@ export function isTurbo({ scheduler, modelIndex }: VariantClues): boolean {
   const name = String(modelIndex?._name_or_path ?? '').toLowerCase();
   return name.includes('turbo') || (scheduler.timestep_spacing === 'trailing' && scheduler.rescale_betas_zero_snr !== true);
 }
+
+/**
+ * How a UNet became a latent consistency model (a few steps), if it did: 'distilled' when it takes the
+ * guidance as an embedding (time_cond_proj_dim: LCM Dreamshaper, lcm-sdxl), run with the w it was
+ * distilled with; 'lora' when its folder ships LCMScheduler for an ordinary UNet, an LCM-LoRA fused into
+ * it, whose guidance is classifier-free and wants 1 (diffusers' LCM-LoRA guide: at most 2), where a
+ * distilled model's w of 8 run as classifier-free guidance burns the picture at twice the work.
+ */
+export function latentConsistency({ scheduler, denoiserConfig }: VariantClues): 'distilled' | 'lora' | undefined {
+  if (denoiserConfig.time_cond_proj_dim != null) return 'distilled';
+  return scheduler._class_name === 'LCMScheduler' ? 'lora' : undefined;
+}
