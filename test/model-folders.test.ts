@@ -551,6 +551,30 @@ describe('a scheduler class this server does not run', () => {
     expect(Buffer.from(fromStandIn.pixels).equals(Buffer.from(fromEuler.pixels))).toBe(true);
   });
 
+  it("leaves a model whose DPM-Solver config asks for what only diffusers runs (SDE, third order) usable, DPM-Solver++(2M) standing in on its sigmas", async () => {
+    const karras = { use_karras_sigmas: true, solver_order: 2 };
+    const sde = await withScheduler('sde', 'DPMSolverMultistepScheduler', { ...karras, algorithm_type: 'sde-dpmsolver++' });
+    const verdict = await inspectModelFolder(sde);
+    if (!verdict.usable) throw new Error(verdict.reason);
+    expect(verdict.layout.schedulerStandIn).toEqual({ named: 'DPMSolverMultistepScheduler', by: 'dpmpp_2m_karras', why: 'algorithm_type sde-dpmsolver++' });
+    const listed = await listModels(modelsDir);
+    expect(listed.find((m) => m.id === 'sde')).toMatchObject({
+      status: 'ok',
+      reason: expect.stringMatching(/its scheduler_config\.json names DPMSolverMultistepScheduler with algorithm_type sde-dpmsolver\+\+, which this server does not run: dpmpp_2m_karras stands in/),
+    });
+    const third = await inspectModelFolder(await withScheduler('third', 'DPMSolverMultistepScheduler', { solver_order: 3, solver_type: 'heun' }));
+    expect(third.usable && third.layout.schedulerStandIn).toEqual({ named: 'DPMSolverMultistepScheduler', by: 'dpmpp_2m', why: 'solver_type heun, solver_order 3' });
+    // What runs is the model's own config as DPM-Solver++(2M) (Karras), as the request's `scheduler` picks it.
+    const plain = await withScheduler('plain', 'DPMSolverMultistepScheduler', karras);
+    const own = await inspectModelFolder(plain);
+    expect(own.usable && own.layout.schedulerStandIn).toBeUndefined();
+    const runtime = new WorkerRuntime();
+    const draw = (modelDir: string) =>
+      runtime.generateImages({ modelDir, width: 64, height: 64, steps: 4, guidanceScale: 5, items: [{ prompt: 'a red circle', negativePrompt: '', seed: 3 }] });
+    const [[fromStandIn], [fromOwn]] = [await draw(sde), await draw(plain)];
+    expect(Buffer.from(fromStandIn.pixels).equals(Buffer.from(fromOwn.pixels))).toBe(true);
+  });
+
   it("is refused, saying why, when it samples EDM noise levels (Playground v2.5's), which no stand-in can", async () => {
     const dir = await withScheduler('edm', 'EDMDPMSolverMultistepScheduler', { sigma_min: 0.002, sigma_max: 80, sigma_data: 0.5, sigma_schedule: 'exponential' });
     const verdict = await inspectModelFolder(dir);

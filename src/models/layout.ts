@@ -36,8 +36,8 @@ export interface ModelLayout {
   tokenizer2?: string;
   /** What its schedulers run from: scheduler_config.json, or, for a class this server does not run, its stand-in's (schedulerStandIn). */
   scheduler: SchedulerConfig;
-  /** The class scheduler_config.json names (none: it names none), when this server does not run it, and the scheduler that runs instead (schedulers/index.ts standInFor). */
-  schedulerStandIn?: { named?: string; by: string };
+  /** The class scheduler_config.json names (none: it names none), when this server does not run it (or, `why`, its settings), and the scheduler that runs instead (schedulers/index.ts standInFor). */
+  schedulerStandIn?: { named?: string; by: string; why?: string };
   /** What its schedulers are (its family's): 'flow' pipelines also read image-to-image's strength their own way (schedulers/strength.ts). */
   schedulerKind: ModelKind;
   /**
@@ -86,8 +86,8 @@ export function takesNegativePrompt(layout: Pick<ModelLayout, 'family' | 'denois
 }
 
 /** What a model whose scheduler class is not run here is told (models list, the server's log). */
-export function standInNote({ named, by }: NonNullable<ModelLayout['schedulerStandIn']>): string {
-  const what = named === undefined ? 'names no scheduler class (_class_name)' : `names ${named}, which this server does not run`;
+export function standInNote({ named, by, why }: NonNullable<ModelLayout['schedulerStandIn']>): string {
+  const what = named === undefined ? 'names no scheduler class (_class_name)' : `names ${named}${why ? ` with ${why}` : ''}, which this server does not run`;
   return `its scheduler_config.json ${what}: ${by} stands in, with the same training schedule (a request's 'scheduler' may pick another)`;
 }
 
@@ -262,7 +262,9 @@ export async function inspectModel(dir: string): Promise<ModelLayout> {
     tokenizer: tokenizer!,
     tokenizer2,
     scheduler: schedulerConfig,
-    ...(standIn && { schedulerStandIn: { named: typeof ownScheduler._class_name === 'string' ? ownScheduler._class_name : undefined, by: standIn.name } }),
+    ...(standIn && {
+      schedulerStandIn: { named: typeof ownScheduler._class_name === 'string' ? ownScheduler._class_name : undefined, by: standIn.name, ...(standIn.why && { why: standIn.why }) },
+    }),
     schedulerKind: family.schedulerKind,
     vae: {
       scalingFactor: typeof vaeConfig.scaling_factor === 'number' ? vaeConfig.scaling_factor : family.vae.scalingFactor,

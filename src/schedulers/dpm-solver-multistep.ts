@@ -40,6 +40,25 @@ const DEFAULTS = {
   lambda_min_clipped: -Infinity,
 };
 
+/** diffusers takes DEIS's and UniPC's spellings (a config of theirs switched to this class) as its own. */
+function aliased(config: SchedulerConfig): SchedulerConfig {
+  return {
+    ...config,
+    ...(config.algorithm_type === 'deis' && { algorithm_type: 'dpmsolver++' }),
+    ...(['logrho', 'bh1', 'bh2'].includes(String(config.solver_type)) && { solver_type: 'midpoint' }),
+  };
+}
+
+/** The solver settings of `config` (defaults filled in) that only diffusers runs (SDE and 1S variants, midpoint's alternatives, third order), or undefined. */
+function unrunSolver(c: typeof DEFAULTS & SchedulerConfig): string | undefined {
+  const unrun = [
+    c.algorithm_type !== 'dpmsolver++' && `algorithm_type ${String(c.algorithm_type)}`,
+    c.solver_type !== 'midpoint' && `solver_type ${String(c.solver_type)}`,
+    c.solver_order > 2 && `solver_order ${c.solver_order}`,
+  ].filter((what) => what !== false);
+  return unrun.length ? unrun.join(', ') : undefined;
+}
+
 /** Lower-order steps are more stable when few steps remain; diffusers' threshold. */
 const LOWER_ORDER_FINAL_BELOW_STEPS = 15;
 
@@ -58,13 +77,7 @@ export class DPMSolverMultistepScheduler implements Scheduler {
   private previousX0: Float32Array | null = null;
 
   constructor(config: SchedulerConfig = {}) {
-    // diffusers takes DEIS's and UniPC's spellings (a config of theirs switched to this class) as its own.
-    const aliased = {
-      ...config,
-      ...(config.algorithm_type === 'deis' && { algorithm_type: 'dpmsolver++' }),
-      ...(['logrho', 'bh1', 'bh2'].includes(String(config.solver_type)) && { solver_type: 'midpoint' }),
-    };
-    this.config = withDefaults(DEFAULTS, aliased);
+    this.config = withDefaults(DEFAULTS, aliased(config));
     const c = this.config;
     rejectUnsupported(CLASS_NAME, c, {
       thresholding: false,
@@ -74,11 +87,9 @@ export class DPMSolverMultistepScheduler implements Scheduler {
       use_flow_sigmas: false,
       variance_type: null,
     });
-    if (c.algorithm_type !== 'dpmsolver++' || c.solver_type !== 'midpoint' || c.solver_order > 2) {
-      throw new Error(
-        `${CLASS_NAME}: only algorithm_type dpmsolver++, solver_type midpoint, solver_order 1 or 2 are supported ` +
-          `(got ${c.algorithm_type}, ${c.solver_type}, ${c.solver_order}); the dpmpp_2m scheduler name selects them`,
-      );
+    const unrun = unrunSolver(c);
+    if (unrun) {
+      throw new Error(`${CLASS_NAME}: only algorithm_type dpmsolver++, solver_type midpoint, solver_order 1 or 2 are supported (got ${unrun}); the dpmpp_2m scheduler name selects them`);
     }
     this.predictionType = checkPredictionType(CLASS_NAME, c.prediction_type, ['epsilon', 'v_prediction', 'sample']);
     this.trainSigmas = trainingSigmas(c);
@@ -181,4 +192,10 @@ export const dpmSolverMultistep: SchedulerEntry = {
     dpmpp_2m_karras: { algorithm_type: 'dpmsolver++', solver_order: 2, solver_type: 'midpoint', use_karras_sigmas: true },
   },
   create: (config) => new DPMSolverMultistepScheduler(config),
+  // DPM-Solver++(2M) on the same sigmas: the nearest this class runs to a model's own SDE or third-order solver.
+  unrun(config) {
+    const c = withDefaults(DEFAULTS, aliased(config));
+    const why = unrunSolver(c);
+    return why === undefined ? undefined : { why, by: c.use_karras_sigmas ? 'dpmpp_2m_karras' : 'dpmpp_2m' };
+  },
 };

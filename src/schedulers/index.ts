@@ -27,6 +27,11 @@ export interface SchedulerEntry {
   /** Public names, each with the config fields that define it (e.g. Karras sigmas on or off). */
   names: Record<string, SchedulerConfig>;
   create(config: SchedulerConfig): Scheduler;
+  /**
+   * What a config of this class asks for that the class here does not run (`why`), and the name that
+   * stands in for it (standInFor); undefined when it runs the config as it is.
+   */
+  unrun?(config: SchedulerConfig): { why: string; by: string } | undefined;
 }
 
 const ENTRIES: readonly SchedulerEntry[] = [pndm, ddim, euler, eulerAncestral, dpmSolverMultistep, lcm, flowMatchEuler];
@@ -130,16 +135,28 @@ function switchedConfig(config: SchedulerConfig, name: string): SchedulerConfig 
 /** What stands in for a scheduler class this server does not run, by the kind of model. */
 const STAND_INS: Record<ModelKind, string> = { vp: 'euler', flow: 'flow_match_euler' };
 
+/** The scheduler that runs for a model's own config, and what of that config (`why`: its class, by default) this server does not run. */
+export interface StandIn {
+  name: string;
+  config: SchedulerConfig;
+  why?: string;
+}
+
 /**
  * For a config whose class this server does not run (UniPC, DEIS, Heun, DDPM ... in a model's own
- * scheduler_config.json), the config of the scheduler that stands in for it, keeping its training
- * fields (betas, prediction type, spacing) as a request's `scheduler` override would; undefined when
- * the class is known. diffusers would run the model with its own class; refusing the whole model for
- * the sampler it happened to ship with would leave it unusable here. Throws for a class trained on
- * other noise levels than DDPM's betas (EDM), which nothing here can stand in for.
+ * scheduler_config.json), or runs without some of its settings (DPM-Solver's SDE variants), the config
+ * of the scheduler that stands in for it, keeping its training fields (betas, prediction type, spacing)
+ * as a request's `scheduler` override would; undefined when it runs as it is. diffusers would run the
+ * model with its own sampler; refusing the whole model for the sampler it happened to ship with would
+ * leave it unusable here. Throws for a class trained on other noise levels than DDPM's betas (EDM),
+ * which nothing here can stand in for.
  */
-export function standInFor(config: SchedulerConfig, kind: ModelKind): { name: string; config: SchedulerConfig } | undefined {
-  if (ENTRIES.some((e) => e.className === config._class_name)) return undefined;
+export function standInFor(config: SchedulerConfig, kind: ModelKind): StandIn | undefined {
+  const known = ENTRIES.find((e) => e.className === config._class_name);
+  if (known) {
+    const unrun = known.unrun?.(config);
+    return unrun && { name: unrun.by, config: switchedConfig(config, unrun.by), why: unrun.why };
+  }
   // EDM's classes (Playground v2.5's) sample noise levels of their own (sigma_min..sigma_max around
   // sigma_data) rather than the DDPM betas every scheduler here reads: a stand-in would draw another
   // picture in silence.
