@@ -218,6 +218,33 @@ describe('POST /v1/images/edits', () => {
     expect([info.width, info.height]).toEqual([256, 128]);
     expect(reading).toMatchObject({ colour: 'blue', shape: 'square' });
   });
+
+  it("takes every field of OpenAI's JSON edit (its EditImageBodyJsonParam), moderation included, which its form lacks but is taken there too", async () => {
+    const uri = (bytes: Buffer) => `data:image/png;base64,${bytes.toString('base64')}`;
+    const res = await client.post<OpenAI.ImagesResponse>('/images/edits', {
+      body: {
+        model: 'gpt-image-1.5',
+        images: [{ image_url: uri(redCircle) }],
+        mask: { image_url: uri(await rightHalfMask()) },
+        prompt: 'a big green square',
+        n: 1,
+        quality: 'low',
+        input_fidelity: 'high',
+        size: 'auto',
+        user: 'user-1234',
+        output_format: 'webp',
+        output_compression: 80,
+        moderation: 'low',
+        background: 'opaque',
+        stream: false,
+        partial_images: 0,
+      },
+    });
+    expect(res).toMatchObject({ output_format: 'webp', quality: 'low', background: 'opaque', size: '128x128' });
+    expect((await sharp(decoded(res)[0]).metadata()).format).toBe('webp');
+    const form = await client.images.edit({ model: 'gpt-image-1.5', image: await png(redCircle), prompt: 'a blue square', moderation: 'auto' } as OpenAI.ImageEditParamsNonStreaming);
+    expect(form.data).toHaveLength(1);
+  });
 });
 
 /** A SIZE x SIZE picture: opaque blue on the left half, fully transparent on the right (as a logo on a transparent background is). */

@@ -128,8 +128,12 @@ const requestFields = z.strictObject({
 
 const generationRequestSchema = requestFields.omit({ input_fidelity: true, strength: true, markup: true }).extend({ prompt: nonEmptyText });
 
-/** OpenAI's edit fields (no `moderation`), `style` kept as the extension it is for gpt-image names. */
-const editRequestSchema = requestFields.omit({ moderation: true }).extend({ prompt: nonEmptyText });
+/**
+ * OpenAI's edit fields, `style` kept as the extension it is for gpt-image names. `moderation` is one of
+ * its JSON edit's fields (EditImageBodyJsonParam), not of the SDKs' form: taken in both, as nothing
+ * moderates here.
+ */
+const editRequestSchema = requestFields.extend({ prompt: nonEmptyText });
 
 /** dall-e-2's variation fields, plus the extensions that make sense without a prompt (no streaming: OpenAI has none for variations). */
 const variationRequestSchema = requestFields.pick({
