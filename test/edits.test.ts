@@ -481,6 +481,8 @@ describe('edit errors', () => {
     }
     await expectApiError(post({ images: [{ image_url: 'data:image/png,%89PNG' }] }), OpenAI.BadRequestError, 400, 'images[0].image_url', 'invalid_image_format');
     await expectApiError(post({}), OpenAI.BadRequestError, 400, 'images', 'missing_required_parameter');
+    const none = await expectApiError(post({ images: [] }), OpenAI.BadRequestError, 400, 'images', 'empty_array');
+    expect(none.message).toContain("Invalid 'images': empty array. Expected an array with minimum length 1");
     await expectApiError(post({ images: [{}] }), OpenAI.BadRequestError, 400, 'images[0].image_url', 'missing_required_parameter');
     const wrongType = await expectApiError(post({ images: [{ image_url: { url: 'data:,' } }] }), OpenAI.BadRequestError, 400, 'images[0].image_url', 'invalid_type');
     expect(wrongType.message).toContain('expected a string');

@@ -243,6 +243,10 @@ function readJson(body: unknown): Upload {
   if (images !== undefined && images !== null && !Array.isArray(images)) {
     throw ApiError.invalid('images', 'invalid_type', `Invalid type for 'images': expected an array of {"image_url": "data:..."} objects, but got ${describeValue(images)} instead.`);
   }
+  // Sent, so not "missing": OpenAI's words for an array under its minimum length (its schema's minItems 1).
+  if (Array.isArray(images) && images.length === 0) {
+    throw ApiError.invalid('images', 'empty_array', "Invalid 'images': empty array. Expected an array with minimum length 1, but got an empty array instead.");
+  }
   return {
     fields,
     form: false,
