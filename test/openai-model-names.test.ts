@@ -78,6 +78,9 @@ describe('model names', () => {
     expect(server.engine.batches.slice(before).map((b) => b.modelDir)).toEqual([path.join(server.modelsDir, 'wide')]);
     expect(Object.keys(res).sort()).toEqual(['created', 'data']);
     expect(Object.keys(res.data![0]).sort()).toEqual(['seed', 'url']);
+    // quality 'auto' is every model's default ("the best quality for the given model"), no gpt-image parameter.
+    const auto = await generate({ quality: 'auto' });
+    expect(Object.keys(auto.data![0]).sort()).toEqual(['seed', 'url']);
   });
 
   it.each([{ output_format: 'jpeg' }, { background: 'auto' }, { moderation: 'low' }, { quality: 'high' }, { partial_images: 0 }])(

@@ -115,7 +115,9 @@ export function dialectWithoutModel(kind: 'generation' | 'edit' | 'variation', f
   const quality = fields.quality as RequestQuality | undefined;
   switch (kind) {
     case 'generation': {
-      const gptImageOnly = GPT_IMAGE_ONLY_FIELDS.some((field) => fields[field] !== undefined) || fields.stream === true || (quality !== undefined && GPT_IMAGE_2_5_QUALITIES.includes(quality));
+      // `auto` is every model's default quality (the SDKs: "will automatically select the best quality for the given model"), no gpt-image parameter.
+      const gptImageQuality = quality !== undefined && quality !== 'auto' && GPT_IMAGE_2_5_QUALITIES.includes(quality);
+      const gptImageOnly = GPT_IMAGE_ONLY_FIELDS.some((field) => fields[field] !== undefined) || fields.stream === true || gptImageQuality;
       return gptImageOnly ? 'gpt-image' : 'dall-e';
     }
     case 'edit':
