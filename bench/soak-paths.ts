@@ -1,4 +1,5 @@
 import sharp from 'sharp';
+import { MAX_UPLOAD_BYTES } from '../src/http/uploads.js';
 
 /**
  * The requests the soak benchmark (soak.ts) can send, by name (`--paths`): every route and the ways a
@@ -207,7 +208,7 @@ const BAD: ((target: SoakTarget, size: string) => Promise<string>)[] = [
   async (t, size) => expect(await postForm(t, '/images/edits', { prompt: 'a red circle', size }, [['image', new Blob([new Uint8Array(5000)])]]), 400),
   async (t, size) => expect(await postForm(t, '/images/edits', { prompt: 'a red circle', size }, [['image', t.image], ['mask', t.image]]), 400),
   async (t, size) => expect(await postForm(t, '/images/variations', { prompt: 'a red circle', size }, [['image', t.image]]), 400),
-  async (t) => expect(await postForm(t, '/images/edits', { prompt: 'a red circle' }, [['image', new Blob([new Uint8Array(26 * 1024 * 1024)])]]), 413),
+  async (t) => expect(await postForm(t, '/images/edits', { prompt: 'a red circle' }, [['image', new Blob([new Uint8Array(MAX_UPLOAD_BYTES + 1)])]]), 413),
   async (t) => expect(await post(t, '/images/edits', { prompt: 'a red circle', images: [{ image_url: 'https://example.com/a.png' }] }), 400),
 ];
 

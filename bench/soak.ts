@@ -93,7 +93,7 @@ const server = await startServerProcess({
   IMAGE_TTL_SECONDS: '60',
   MAX_STORE_BYTES: '1g',
   // Its least: a body left counted after its request ended would soon turn every upload away (429).
-  UPLOAD_MEMORY: '64m',
+  UPLOAD_MEMORY: '128m',
   // Idle connections close (the server's end, and the clients' by its Keep-Alive hint) before the settled reading.
   KEEP_ALIVE_TIMEOUT_SECONDS: '3',
   ...Object.fromEntries(values.env.map((pair) => pair.split(/=(.*)/s, 2))),

@@ -340,8 +340,9 @@ const SETTINGS = {
     description: 'on SIGTERM/SIGINT, how long running requests may finish before they are cancelled with a retryable 503',
   },
   uploadMemory: {
-    // At least the largest form an edit takes (an image and a mask of 25 MiB, fields): one always fits.
-    schema: bytesAtLeast(64 * 1024 ** 2, '64m').prefault('256m'),
+    // At least the largest form an edit takes (an image and a mask of 50 MiB, fields: 109 MiB): one always
+    // fits. The default's half, a key's share, holds one too, and the other half another key's.
+    schema: bytesAtLeast(128 * 1024 ** 2, '128m').prefault('256m'),
     description:
       'memory request bodies (the uploaded files of edits and variations, JSON bodies) may take together, from their first byte until their request ends (a request waiting for a worker keeps its upload); a body that finds it full gets 429 with Retry-After before the rest of it is read; one API key holds at most half of it (or the largest body a request may send, where that is more)',
   },

@@ -1,6 +1,5 @@
 import { createHash } from 'node:crypto';
 import { mkdtemp, rename, rm, writeFile } from 'node:fs/promises';
-import http from 'node:http';
 import os from 'node:os';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -13,6 +12,7 @@ import { startTestServer, TEST_KEY, type TestServer } from './helpers/api-server
 import { createBuiltPool } from './helpers/cli.js';
 import { FakeEngine } from './helpers/engines.js';
 import { capturedLogs } from './helpers/logs.js';
+import { announcedForm } from './helpers/raw-http.js';
 
 /** API_KEYS_FILE: its format, rotation without a restart, and keys kept out of the logs. */
 
@@ -296,22 +296,7 @@ describe("a key file's per-minute limits", () => {
       const edit = await fails(as.images.edit({ model: 'stub', prompt: 'x', image: await toFile(Buffer.from('not a picture'), 'in.png') }));
       expect(edit).toMatchObject({ status: 429, code: 'rate_limit_exceeded' });
       // Refused before its upload is read: a form announced as 20 MB of which nothing comes still gets its 429.
-      const stalled = await new Promise<{ status?: number; body: string }>((resolve, reject) => {
-        const sent = http.request(`${limited.baseURL}/images/edits`, {
-          method: 'POST',
-          headers: { authorization: 'Bearer sk-edits-key-0123456789', 'content-type': 'multipart/form-data; boundary=x', 'content-length': String(20e6) },
-        });
-        sent.on('response', (res) => {
-          let body = '';
-          res.on('data', (chunk: Buffer) => (body += chunk.toString()));
-          res.on('end', () => {
-            resolve({ status: res.statusCode, body });
-            sent.destroy();
-          });
-        });
-        sent.on('error', reject);
-        sent.flushHeaders();
-      });
+      const stalled = await announcedForm(`${limited.baseURL}/images/edits`, 'Bearer sk-edits-key-0123456789', 20e6);
       expect(stalled.status).toBe(429);
       expect(JSON.parse(stalled.body)).toMatchObject({ error: { code: 'rate_limit_exceeded' } });
     } finally {

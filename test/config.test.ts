@@ -1,6 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import { OPENAI_MODEL_NAMES } from '../src/api/dialects.js';
 import { loadConfig, loadModelSettings, settingsHelp } from '../src/config.js';
+import { LARGEST_FORM_BYTES } from '../src/http/edits.js';
 import { ConfigError } from '../src/util/config-error.js';
 
 /** Configuration from flags and environment, secure by default. */
@@ -97,6 +98,13 @@ describe('loadConfig', () => {
       'BODY_LIMIT must not exceed UPLOAD_MEMORY: a JSON body is held in UPLOAD_MEMORY as it arrives, so a larger one could never be read; raise UPLOAD_MEMORY too',
     ]);
     expect(loadConfig({}, { BODY_LIMIT: '300m', UPLOAD_MEMORY: '300m' }).bodyLimit).toBe(300 * 1024 ** 2);
+  });
+
+  it('holds UPLOAD_MEMORY to at least the largest form an edit takes, so that one always gets in', () => {
+    expect(LARGEST_FORM_BYTES).toBe(109 * 1024 ** 2);
+    expect(problems(() => loadConfig({}, { UPLOAD_MEMORY: String(LARGEST_FORM_BYTES - 1) }))).toEqual([expect.stringMatching(/^UPLOAD_MEMORY .*expected at least 128m/)]);
+    // The default's half, one key's share, holds one, and the other half another key's.
+    expect(loadConfig({}, {}).uploadMemory / 2).toBeGreaterThanOrEqual(LARGEST_FORM_BYTES);
   });
 
   it('needs TLS_CERT and TLS_KEY together', () => {

@@ -19,6 +19,8 @@ import { FakeEngine } from './helpers/engines.js';
 import { capturedLogs } from './helpers/logs.js';
 import { haveOpenssl, selfSignedCertificate } from './helpers/certificate.js';
 import { MAX_PARAM_LENGTH } from '../src/http/app.js';
+import { LINGER_MAX_BYTES } from '../src/http/connections.js';
+import { LARGEST_FORM_BYTES } from '../src/http/edits.js';
 import { parseResponse, rawRequest, unreadRequest, type RawExchange } from './helpers/raw-http.js';
 
 /**
@@ -279,8 +281,13 @@ describe('refusals before the body', () => {
     exchange.socket.destroy();
   });
 
-  it('closes at once after the answer when the declared body is over what it would drop (64 MiB)', async () => {
-    const exchange = rawRequest(patientPort, head(['POST /v1/images/generations HTTP/1.1', 'Host: a', 'Content-Type: application/json', `Content-Length: ${65 * 1024 ** 2}`]));
+  it('drops the rest of a body as large as the largest form after its answer, and closes at once after the answer when the declared body is over what it would drop (128 MiB)', async () => {
+    // An edit's largest form (109 MiB) refused for its key: its upload is read and dropped, not reset under its client.
+    const form = rawRequest(patientPort, head(['POST /v1/images/edits HTTP/1.1', 'Host: a', 'Content-Type: multipart/form-data; boundary=b', `Content-Length: ${LARGEST_FORM_BYTES}`]));
+    await expect.poll(() => form.text.includes('\r\n\r\n{')).toBe(true);
+    expect(expectOpenAiError(form.text, 401, null).headers.connection).toBe('keep-alive');
+    form.socket.destroy();
+    const exchange = rawRequest(patientPort, head(['POST /v1/images/generations HTTP/1.1', 'Host: a', 'Content-Type: application/json', `Content-Length: ${LINGER_MAX_BYTES + 1}`]));
     await exchange.closed;
     // Not at the patient server's 30 s request timeout, as a connection left to read the body closes;
     // 10 s leaves a loaded machine room (1.5 s against a 2 s timeout was near it).
@@ -530,19 +537,20 @@ describe('multipart bodies', () => {
   const head = (length: string) =>
     `POST /v1/images/edits HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer ${TEST_KEY}\r\nContent-Type: multipart/form-data; boundary=${boundary}\r\n${length}\r\n\r\n`;
   const MiB = 1024 ** 2;
-  /** Two files of 25 MiB, 64 fields of 128 KiB and 1 MiB of part headers: the most an edit's form takes. */
-  const FORM_BOUND = 59 * MiB;
+  /** Two files of 50 MiB, 64 fields of 128 KiB and 1 MiB of part headers: the most an edit's form takes. */
+  const FORM_BOUND = 109 * MiB;
   function* junk(mebibytes: number) {
     for (let i = 0; i < mebibytes; i++) yield Buffer.alloc(MiB, 0x61);
   }
 
   it('over the largest form an endpoint takes, declared, get 413 before any of it is read', async () => {
-    const exchange = rawRequest(port, head(`Content-Length: ${100 * MiB}`));
+    const exchange = rawRequest(port, head(`Content-Length: ${FORM_BOUND + 1}`));
     await expect.poll(() => exchange.text.includes('\r\n\r\n{')).toBe(true);
     const { headers, error } = expectOpenAiError(exchange.text, 413, 'request_too_large');
-    expect(error.message).toBe('The multipart/form-data body is larger than any form this endpoint takes (at most 59 MiB).');
-    expect(headers.connection).toBe('close');
-    await exchange.closed;
+    expect(error.message).toBe('The multipart/form-data body is larger than any form this endpoint takes (at most 109 MiB).');
+    // Its rest, sent after the answer, would be read and dropped: it is under LINGER_MAX_BYTES (128 MiB).
+    expect(headers.connection).toBe('keep-alive');
+    exchange.socket.destroy();
   });
 
   it('are counted whole, before the first part and after the last, which the form parser skips uncounted', async () => {
@@ -678,13 +686,20 @@ describe("one key's bodies", () => {
     const server = await startTestServer({
       engine: new FakeEngine(),
       keysFile: `mallory:${mallory} requests_per_minute=1\nalice:${alice}\n`,
-      config: { uploadMemory: 64 * MiB, bodyLimit: 2 * MiB },
+      // Its least: a key's share is the largest form (109 MiB), past half of it, which leaves 19 MiB to the others.
+      config: { uploadMemory: 128 * MiB, bodyLimit: 2 * MiB },
     });
     const port = Number(new URL(server.origin).port);
     const post = (key: string, length: number) =>
       head(['POST /v1/images/generations HTTP/1.1', 'Host: 127.0.0.1', `Authorization: Bearer ${key}`, 'Content-Type: application/json', `Content-Length: ${length}`]);
-    // Bodies of 1 MiB and a byte, sent but for that byte: seventy would hold 70 MiB, all of UPLOAD_MEMORY.
-    const holding = Array.from({ length: 70 }, () => rawRequest(port, Buffer.concat([Buffer.from(post(mallory, MiB + 1)), Buffer.alloc(MiB, 0x20)])));
+    // Bodies of 1 MiB and a byte, sent but for that byte: 130 would hold 130 MiB, all of UPLOAD_MEMORY.
+    // (One buffer sent on every connection: the test itself holds 1 MiB of them, not 130.)
+    const body = Buffer.alloc(MiB, 0x20);
+    const holding = Array.from({ length: 130 }, () => {
+      const exchange = rawRequest(port, post(mallory, MiB + 1));
+      exchange.socket.write(body);
+      return exchange;
+    });
     // Whether mallory is refused another such body as it is announced (the headers alone: the look takes no
     // memory). Once it is, mallory holds all but less than 1 MiB of the room it may take.
     const refusedMore = async () => {
@@ -706,7 +721,7 @@ describe("one key's bodies", () => {
       expect(generated.status).toBe(200);
       // Mallory is told why it is refused: its share, not a server that is full.
       const { error } = expectOpenAiError((await refusedMore())!, 429, 'rate_limit_exceeded');
-      expect(error.message).toMatch(/this API key's requests hold as much .* as one key may \(59(\.0)? MiB of UPLOAD_MEMORY, 64(\.0)? MiB/);
+      expect(error.message).toMatch(/this API key's requests hold as much .* as one key may \(109(\.0)? MiB of UPLOAD_MEMORY, 128(\.0)? MiB/);
     } finally {
       for (const exchange of holding) exchange.socket.destroy();
       await server.close();

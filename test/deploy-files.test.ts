@@ -3,7 +3,9 @@ import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { loadConfig, settingsHelp } from '../src/config.js';
 import { WORKER_STOP_GRACE_MS } from '../src/engine/pool.js';
+import { LARGEST_FORM_BYTES } from '../src/http/edits.js';
 import { ANSWER_GRACE_MS } from '../src/http/shutdown.js';
+import { MAX_UPLOAD_BYTES } from '../src/http/uploads.js';
 import { CHECK_TIMEOUT_MS } from '../src/store/s3-store.js';
 import { startTestServer, type TestServer } from './helpers/api-server.js';
 import { FakeEngine } from './helpers/engines.js';
@@ -105,6 +107,17 @@ describe('deploy/ against the server', () => {
     const docker = loadConfig({}, containers['docker-compose.yml']);
     expect(number(compose, /stop_grace_period: (\d+)s/)).toBeGreaterThan(docker.shutdownTimeoutSeconds + CLOSING_SECONDS);
     expect(number(dockerfile, /docker stop -t (\d+)/)).toBeGreaterThan(docker.shutdownTimeoutSeconds + CLOSING_SECONDS);
+  });
+
+  it("lets through nginx every body a replica takes, and says what nginx's own 413 holds to", () => {
+    const nginx = read('nginx.conf');
+    const readme = readFileSync(path.join(DEPLOY, '..', 'README.md'), 'utf8');
+    // deploy/nginx.conf and README's snippet: above an edit's largest form (two files of OpenAI's 50 MB)
+    // and the default BODY_LIMIT, so that what the replicas refuse they answer themselves.
+    const sizes = [...`${nginx}\n${readme}`.matchAll(/client_max_body_size (\d+)m;/g)].map(([, mebibytes]) => Number(mebibytes) * 1024 ** 2);
+    expect(sizes).toHaveLength(2);
+    for (const size of sizes) expect(size).toBeGreaterThanOrEqual(Math.max(LARGEST_FORM_BYTES, loadConfig({}, {}).bodyLimit));
+    expect(nginx).toContain(`a multipart/form-data upload of at most ${MAX_UPLOAD_BYTES / 1024 ** 2} MiB a file`);
   });
 
   it("waits for /ready's answer, which waits up to CHECK_TIMEOUT_MS for the bucket, rather than its own timeout", () => {

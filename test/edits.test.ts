@@ -21,6 +21,8 @@ import type { ErrorBody } from '../src/api/wire.js';
  */
 
 const KEY = 'sk-edits-0123456789';
+/** The most an uploaded file may weigh: OpenAI takes gpt-image input images of less than 50 MB. */
+const UPLOAD_LIMIT = 50 * 1024 ** 2;
 const SIZE = 128;
 let real: RealServer;
 let client: OpenAI;
@@ -491,12 +493,14 @@ describe('edit errors', () => {
   it('answers 413 for a file over the upload limit and a JSON body over BODY_LIMIT', async () => {
     const form = new FormData();
     form.set('prompt', 'a blue square');
-    form.set('image', new Blob([new Uint8Array(26 * 1024 ** 2)]), 'big.png');
-    expect(await postForm('edits', form)).toMatchObject({ status: 413, error: { code: 'request_too_large', param: 'image' } });
+    form.set('image', new Blob([new Uint8Array(UPLOAD_LIMIT + 1)]), 'big.png');
+    const tooLarge = await postForm('edits', form);
+    expect(tooLarge).toMatchObject({ status: 413, error: { code: 'request_too_large', param: 'image' } });
+    expect(tooLarge.error.message).toBe("An uploaded file ('image') is too large: the limit is 50 MiB per file. Send a smaller image.");
     const big = `data:image/png;base64,${Buffer.alloc(2 * 1024 ** 2).toString('base64')}`;
     const overLimit = await expectApiError(client.post('/images/edits', { body: { prompt: 'x', images: [{ image_url: big }] } }), OpenAI.APIError, 413, null, 'request_too_large');
     // A JSON edit that large is a picture as a data: URI: the answer says how to send it instead.
-    expect(overLimit.message).toMatch(/multipart\/form-data upload .* 25 MiB .* BODY_LIMIT/);
+    expect(overLimit.message).toMatch(/multipart\/form-data upload .* 50 MiB .* BODY_LIMIT/);
     // The same when it is counted as it is decompressed (a gzip body small on the wire).
     const gzipped = await fetch(`${real.baseURL}/images/edits`, {
       method: 'POST',
@@ -510,11 +514,24 @@ describe('edit errors', () => {
     expect(generation.message).toMatch(/The request body is too large: the limit is 1048576 bytes\.$/);
   });
 
+  it('takes a file of exactly the upload limit: OpenAI takes gpt-image input images of up to 50 MB', async () => {
+    // The red circle with a private chunk (which decoders skip) filling it out to the limit to the byte.
+    const padding = UPLOAD_LIMIT - redCircle.length - 12;
+    const chunk = Buffer.alloc(12 + padding);
+    chunk.writeUInt32BE(padding, 0);
+    chunk.write('prVt', 4, 'latin1');
+    chunk.writeUInt32BE(crc32(chunk.subarray(4, 8 + padding)), 8 + padding);
+    const iend = redCircle.length - 12;
+    const file = Buffer.concat([redCircle.subarray(0, iend), chunk, redCircle.subarray(iend)]);
+    expect(file.length).toBe(UPLOAD_LIMIT);
+    const res = await client.images.edit({ model: 'shapes', image: await png(file), prompt: 'a blue square', response_format: 'b64_json' });
+    expect(await sharp(decoded(res)[0]).metadata()).toMatchObject({ width: SIZE, height: SIZE });
+  });
+
   it("names the file over the upload limit also when the bytes read so far end exactly at the limit", async () => {
-    // The file's first 25 MiB arrive and are read; the next chunk, past the limit, adds none of its
+    // The file's first 50 MiB arrive and are read; the next chunk, past the limit, adds none of its
     // bytes to the file: the parser's reading of the file ended without an error, and the form's
     // error came later, naming no file (param null).
-    const limit = 25 * 1024 ** 2;
     const boundary = 'b0undary';
     const head = `--${boundary}\r\nContent-Disposition: form-data; name="prompt"\r\n\r\na blue square\r\n--${boundary}\r\nContent-Disposition: form-data; name="image"; filename="big.png"\r\nContent-Type: image/png\r\n\r\n`;
     const rest = Buffer.concat([Buffer.alloc(16), Buffer.from(`\r\n--${boundary}\r\nContent-Disposition: form-data; name="n"\r\n\r\n1\r\n--${boundary}--\r\n`)]);
@@ -523,11 +540,12 @@ describe('edit errors', () => {
       'Host: 127.0.0.1',
       `Authorization: Bearer ${KEY}`,
       `Content-Type: multipart/form-data; boundary=${boundary}`,
-      `Content-Length: ${Buffer.byteLength(head) + limit + rest.length}`,
+      `Content-Length: ${Buffer.byteLength(head) + UPLOAD_LIMIT + rest.length}`,
       '',
       head,
     ].join('\r\n');
-    const exchange = rawRequest(Number(new URL(real.server.url).port), Buffer.concat([Buffer.from(request), Buffer.alloc(limit)]));
+    const exchange = rawRequest(Number(new URL(real.server.url).port), request);
+    exchange.socket.write(Buffer.alloc(UPLOAD_LIMIT));
     // Until the server has read all of the limit, and is waiting for more.
     await new Promise((resolve) => setTimeout(resolve, 500));
     exchange.socket.write(rest);

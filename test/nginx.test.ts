@@ -9,6 +9,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { MODEL, makeRoot, OPS_KEY, rootEnv, untilReady } from './helpers/ops-server.js';
 import { holdProcesses } from './helpers/busy-worker.js';
 import { apiError } from './helpers/failures.js';
+import { announcedForm } from './helpers/raw-http.js';
 import { killServer, spawnServer, workerProcesses, type ServerProcess } from './helpers/server-process.js';
 import { findCommand, startNginx, startS3Server, type NginxService, type S3Service } from './helpers/services.js';
 import type { ErrorBody } from '../src/api/wire.js';
@@ -162,9 +163,18 @@ describe.skipIf(!NGINX)(`replicas behind nginx (deploy/nginx.conf)${NGINX ? '' :
       expectOpenAiShape(err, 413, 'request_too_large');
       expect(err.message).toMatch(/the limit is 1048576 bytes/);
     }
-    // Over nginx's client_max_body_size (64m): nginx answers itself.
-    const huge = await toFile(Buffer.alloc(65 * 1024 ** 2), 'huge.png', { type: 'image/png' });
-    expectOpenAiShape(await apiError(client().images.edit({ model: MODEL, prompt: 'x', image: huge })), 413, 'request_too_large');
+    // A file just over the replica's limit (OpenAI's 50 MB) passes nginx: the replica's 413 names it.
+    const large = await toFile(Buffer.alloc(50 * 1024 ** 2 + 1), 'large.png', { type: 'image/png' });
+    const overFile = await apiError(client().images.edit({ model: MODEL, prompt: 'x', image: large }));
+    expectOpenAiShape(overFile, 413, 'request_too_large');
+    expect([overFile.param, overFile.message]).toEqual(['image', expect.stringContaining("An uploaded file ('image') is too large: the limit is 50 MiB per file.")]);
+    // A body declared over nginx's client_max_body_size (128m, above an edit's largest form): nginx
+    // answers itself, before any of it is sent.
+    const declared = await announcedForm(`${nginx.origin}/v1/images/edits`, `Bearer ${OPS_KEY}`, 129 * 1024 ** 2);
+    expect(declared.status).toBe(413);
+    const { error } = JSON.parse(declared.body) as ErrorBody;
+    expect(Object.keys(error).sort()).toEqual(['code', 'message', 'param', 'type']);
+    expect(error).toMatchObject({ code: 'request_too_large', message: expect.stringContaining('nginx client_max_body_size') });
     // Neither replica rests: nginx's turns give each one of the next two requests.
     const next = [];
     for (const id of ['nginx-after-413-0', 'nginx-after-413-1']) {

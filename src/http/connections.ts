@@ -166,8 +166,8 @@ export const declaredBodyBytes = (request: FastifyRequest): number => Number(req
  */
 export const declaresJsonOverLimit = (request: FastifyRequest): boolean => !sendsForm(request) && declaredBodyBytes(request) > request.routeOptions.bodyLimit;
 
-/** The most of a body read after its answer (see the module's comment): above the largest form an endpoint takes (59 MiB). */
-const LINGER_MAX_BYTES = 64 * 1024 ** 2;
+/** The most of a body read after its answer (see the module's comment): above the largest form an endpoint takes (109 MiB, edits.ts). */
+export const LINGER_MAX_BYTES = 128 * 1024 ** 2;
 
 /** Each connection's request whose body was last read after its answer (see isLingering). */
 const lingering = new WeakMap<Socket, IncomingMessage>();

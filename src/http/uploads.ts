@@ -15,8 +15,12 @@ import { messageOf } from '../util/error-message.js';
  * schema, the files to input-images.ts; this module only separates them and bounds their size.
  */
 
-/** Largest uploaded file: gpt-image's input limit is 50 MB, dall-e-2's 4 MB; 25 MiB holds any 4096-pixel PNG worth sending. */
-export const MAX_UPLOAD_BYTES = 25 * 1024 ** 2;
+/**
+ * Largest uploaded file: OpenAI takes gpt-image input images of less than 50 MB each (dall-e-2's of 4 MB),
+ * so a drop-in takes every one of them; a 4096 x 4096 photo as PNG (the pixel limit, input-images.ts) is
+ * often 30 to 50 MB. What a file weighs bounds only its upload: its decode is bounded by its pixels.
+ */
+export const MAX_UPLOAD_BYTES = 50 * 1024 ** 2;
 /** A prompt is at most 32000 characters, up to 4 bytes each in UTF-8. */
 const MAX_FIELD_BYTES = 128 * 1024;
 const MAX_FIELDS = 64;

@@ -208,7 +208,7 @@ check("unknown field", lambda: client.images.generate(model="dall-e-2", prompt="
 check("unknown path", lambda: client.get("/nothing", cast_to=object))
 check("other method", lambda: client.get("/images/generations", cast_to=object))
 check("json variation", lambda: client.post("/images/variations", body={"n": 1}, cast_to=object))
-check("large upload", lambda: client.images.edit(model="dall-e-2", image=("in.png", image_bytes("in.png") + bytes(26 * 1024 * 1024), "image/png"), prompt="x"))
+check("large upload", lambda: client.images.edit(model="dall-e-2", image=("in.png", image_bytes("in.png") + bytes(50 * 1024 * 1024), "image/png"), prompt="x"))
 
 
 def sent(run, **options):

@@ -1,3 +1,4 @@
+import { request as httpRequest } from 'node:http';
 import net from 'node:net';
 
 /** Raw HTTP over a TCP socket, for what fetch and the SDK never send (or never let a test see). */
@@ -44,4 +45,27 @@ export function unreadRequest(port: number, request: string): net.Socket {
   socket.on('error', () => {});
   socket.write(request);
   return socket;
+}
+
+/**
+ * POSTs to `url` a multipart form announced as `bytes` long, of which nothing is sent: the answer a server
+ * (or a proxy) gives from the headers alone, its status and body. The request is dropped once it came.
+ */
+export function announcedForm(url: string, authorization: string, bytes: number): Promise<{ status?: number; body: string }> {
+  return new Promise((resolve, reject) => {
+    const sent = httpRequest(url, {
+      method: 'POST',
+      headers: { authorization, 'content-type': 'multipart/form-data; boundary=x', 'content-length': String(bytes) },
+    });
+    sent.on('response', (res) => {
+      let body = '';
+      res.on('data', (chunk: Buffer) => (body += chunk.toString()));
+      res.on('end', () => {
+        resolve({ status: res.statusCode, body });
+        sent.destroy();
+      });
+    });
+    sent.on('error', reject);
+    sent.flushHeaders();
+  });
 }
