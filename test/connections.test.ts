@@ -101,6 +101,11 @@ describe('slow and stalled requests', () => {
     // and leaves a loaded machine room (6 s was near it).
     expect(Date.now() - started).toBeLessThan(20_000);
     for (const exchange of exchanges) expectOpenAiError(exchange.text, 408, 'request_timeout');
+    // It names the limits and the setting to raise (a slow link's large upload meets them first).
+    expect(expectOpenAiError(exchanges[0].text, 408, 'request_timeout').error.message).toBe(
+      "The request took too long to arrive: its headers must be sent within 1 s (the server's HEADERS_TIMEOUT_SECONDS) and all of it, body included, within 2 s (REQUEST_TIMEOUT_SECONDS). " +
+        "Send a smaller image over a slow link, or have the server's REQUEST_TIMEOUT_SECONDS raised.",
+    );
   });
 
   it('closes a connection that sends nothing, or only part of its headers', async () => {

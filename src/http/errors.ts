@@ -136,17 +136,21 @@ export function sendError(reply: FastifyReply, error: ApiError): FastifyReply {
   return reply.code(error.status).headers(error.headers).type('application/json; charset=utf-8').send(error.toBody());
 }
 
-/** What Node's HTTP parser and its timeouts refuse, in OpenAI's terms. */
-function fromClientError(err: NodeJS.ErrnoException): ApiError {
+/** What Node's HTTP parser and its timeouts refuse, in OpenAI's terms; `limits`: the server's timeouts (ms), which a 408 names. */
+function fromClientError(err: NodeJS.ErrnoException, limits: { headersTimeout: number; requestTimeout: number }): ApiError {
   switch (err.code) {
     case 'HPE_HEADER_OVERFLOW':
       return new ApiError(431, 'The request headers are too large: the limit is 16 KiB.', { code: 'request_header_fields_too_large' });
     case 'ERR_SSL_HTTP_REQUEST':
       return new ApiError(400, 'The request came as plain HTTP to a port that serves HTTPS: use an https:// URL for this server.', { code: 'https_required' });
     case 'ERR_HTTP_REQUEST_TIMEOUT':
-      return new ApiError(408, 'The request took too long to arrive: its headers and body must be sent within the server\'s request timeout.', {
-        code: 'request_timeout',
-      });
+      // A slow link's large upload (an edit's image and mask of up to 50 MiB each) meets it first: the message says which settings to raise.
+      return new ApiError(
+        408,
+        `The request took too long to arrive: its headers must be sent within ${limits.headersTimeout / 1000} s (the server's HEADERS_TIMEOUT_SECONDS) and all of it, body included, within ${limits.requestTimeout / 1000} s (REQUEST_TIMEOUT_SECONDS). ` +
+          'Send a smaller image over a slow link, or have the server\'s REQUEST_TIMEOUT_SECONDS raised.',
+        { code: 'request_timeout' },
+      );
     default:
       return new ApiError(400, 'The HTTP request is malformed and could not be parsed.', { code: 'malformed_request' });
   }
@@ -183,7 +187,7 @@ function plainConnection(tlsSocket: Socket): Socket | undefined {
 export function answerClientError(this: FastifyInstance, err: NodeJS.ErrnoException, refused: Socket): void {
   const socket = err.code === 'ERR_SSL_HTTP_REQUEST' ? plainConnection(refused) : refused;
   if (err.code === 'ECONNRESET' || !socket || socket.destroyed) return;
-  answerOnSocket(this, socket, fromClientError(err), { clientError: err.code });
+  answerOnSocket(this, socket, fromClientError(err, this.server), { clientError: err.code });
   // The connection under a TLS socket is closed by the TLS layer as it goes: ended here after the
   // answer, with no 'error' event, which nobody listens for on it.
   if (socket === refused) socket.destroy(err);
