@@ -38,6 +38,14 @@ const REAL: Record<(typeof REAL_EXPORT_NAMES)[number], [family: string, variant:
   flux: ['flux', 'flux-schnell'],
 };
 
+/** A copy of the reference model `reference` whose JSON file `file` (relative to its folder) has `fields` set over its own. */
+async function copyWith(reference: string, file: string, fields: Record<string, unknown>): Promise<string> {
+  const dir = await copyOfReference(reference);
+  const at = path.join(dir, file);
+  await writeFile(at, JSON.stringify({ ...JSON.parse(await readFile(at, 'utf8')), ...fields }));
+  return dir;
+}
+
 async function familyOf(dir: string): Promise<[string, string] | string> {
   const verdict = await inspectModelFolder(dir);
   return verdict.usable ? [verdict.layout.family, verdict.layout.variant] : verdict.reason;
@@ -64,12 +72,7 @@ describe('the model-family registry', () => {
   it("takes trailing spacing that comes with a zero-terminal-SNR schedule for a full-length fine-tune, not a turbo model: it keeps its base's steps and guidance", async () => {
     // Lin et al. 2023 pair rescale_betas_zero_snr with trailing spacing for sampling at the usual step
     // counts (diffusers' docs set both on SD 2.1's DDIM); SD-Turbo and SDXL-Turbo ship trailing without it.
-    const withSchedule = async (reference: string, fields: Record<string, unknown>) => {
-      const dir = await copyOfReference(reference);
-      const file = path.join(dir, 'scheduler', 'scheduler_config.json');
-      await writeFile(file, JSON.stringify({ ...JSON.parse(await readFile(file, 'utf8')), ...fields }));
-      return familyOf(dir);
-    };
+    const withSchedule = async (reference: string, fields: Record<string, unknown>) => familyOf(await copyWith(reference, 'scheduler/scheduler_config.json', fields));
     const zeroSnr = { timestep_spacing: 'trailing', rescale_betas_zero_snr: true, prediction_type: 'v_prediction' };
     expect(await withSchedule('sd2-v', zeroSnr)).toEqual(['sd', 'sd2']);
     expect(await withSchedule('sdxl', zeroSnr)).toEqual(['sdxl', 'sdxl']);
@@ -78,12 +81,6 @@ describe('the model-family registry', () => {
   });
 
   it("tells a latent consistency model distilled with the guidance as an input from an LCM-LoRA fused into a UNet, and runs the LoRA without a classifier-free batch", async () => {
-    const edited = async (reference: string, folder: string, file: string, fields: Record<string, unknown>) => {
-      const dir = await copyOfReference(reference);
-      const at = path.join(dir, folder, file);
-      await writeFile(at, JSON.stringify({ ...JSON.parse(await readFile(at, 'utf8').catch(() => '{}')), ...fields }));
-      return dir;
-    };
     const defaults = async (dir: string) => {
       const verdict = await inspectModelFolder(dir);
       if (!verdict.usable) throw new Error(verdict.reason);
@@ -92,10 +89,10 @@ describe('the model-family registry', () => {
     // An LCM-LoRA fused into SD 1.5's or SDXL's UNet, saved with LCMScheduler (diffusers' LCM-LoRA guide):
     // a distilled LCM's w of 8.5 here would be classifier-free guidance, a burnt picture at twice the work.
     const lora = { _class_name: 'LCMScheduler' };
-    expect(await defaults(await edited('sd15-optimum', 'scheduler', 'scheduler_config.json', lora))).toEqual({ variant: 'sd/lcm-lora', steps: 4, guidance: { vivid: 1, natural: 1 } });
-    expect(await defaults(await edited('sdxl', 'scheduler', 'scheduler_config.json', lora))).toEqual({ variant: 'sdxl/sdxl-lcm-lora', steps: 4, guidance: { vivid: 1, natural: 1 } });
+    expect(await defaults(await copyWith('sd15-optimum', 'scheduler/scheduler_config.json', lora))).toEqual({ variant: 'sd/lcm-lora', steps: 4, guidance: { vivid: 1, natural: 1 } });
+    expect(await defaults(await copyWith('sdxl', 'scheduler/scheduler_config.json', lora))).toEqual({ variant: 'sdxl/sdxl-lcm-lora', steps: 4, guidance: { vivid: 1, natural: 1 } });
     // Distilled (latent-consistency/lcm-sdxl: its UNet embeds the guidance): four steps at its card's w of 8, not SDXL's thirty.
-    expect(await defaults(await edited('sdxl', 'unet', 'config.json', { time_cond_proj_dim: 256 }))).toEqual({ variant: 'sdxl/sdxl-lcm', steps: 4, guidance: { vivid: 8, natural: 6 } });
+    expect(await defaults(await copyWith('sdxl', 'unet/config.json', { time_cond_proj_dim: 256 }))).toEqual({ variant: 'sdxl/sdxl-lcm', steps: 4, guidance: { vivid: 8, natural: 6 } });
     expect(await defaults(referenceModel('lcm'))).toEqual({ variant: 'sd/lcm', steps: 4, guidance: { vivid: 8.5, natural: 6 } });
   });
 

@@ -36,6 +36,9 @@ function namesLoopback(host: string): boolean {
   return isLoopbackAddress(name.replace(/^\[(.*)\]$/, '$1'));
 }
 
+/** Whether a page's Origin header names this machine's loopback (a page served from it, as browsers read it). */
+const loopbackOrigin = (origin: string): boolean => namesLoopback(parseUrl(origin)?.host ?? '');
+
 /**
  * Whether the client is a program on this machine: its address is loopback, and no proxy brought it
  * from elsewhere. Of a proxy's headers for the client behind it, Fastify reads X-Forwarded-For from
@@ -61,7 +64,7 @@ export function isLocalClient(request: FastifyRequest): boolean {
  */
 export function isLocallyAddressed(request: FastifyRequest): boolean {
   const { host, origin } = request.headers;
-  return isLocalClient(request) && (host === undefined || namesLoopback(host)) && (origin === undefined || namesLoopback(parseUrl(origin)?.host ?? ''));
+  return isLocalClient(request) && (host === undefined || namesLoopback(host)) && (origin === undefined || loopbackOrigin(origin));
 }
 
 const refused = (message: string) => new ApiError(403, message, { type: 'invalid_request_error', code: 'local_clients_only' });
@@ -85,7 +88,7 @@ export function localClientsOnly(corsOrigins: readonly string[]): (request: Fast
           'Use one of those names, or set API_KEYS to serve other names and machines.',
       );
     }
-    if (origin !== undefined && !corsOrigins.includes(origin) && !namesLoopback(parseUrl(origin)?.host ?? '')) {
+    if (origin !== undefined && !corsOrigins.includes(origin) && !loopbackOrigin(origin)) {
       throw refused(
         `This server has no API keys, so web pages of other sites may not use it; this request came from a page of '${origin}'. ` +
           'Add that origin to CORS_ORIGINS if you trust every visitor of it to use this server, or set API_KEYS.',

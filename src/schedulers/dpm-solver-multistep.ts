@@ -40,13 +40,16 @@ const DEFAULTS = {
   lambda_min_clipped: -Infinity,
 };
 
-/** diffusers takes DEIS's and UniPC's spellings (a config of theirs switched to this class) as its own. */
-function aliased(config: SchedulerConfig): SchedulerConfig {
-  return {
+/**
+ * A config with this class's defaults filled in. diffusers takes DEIS's and UniPC's spellings (a config
+ * of theirs switched to this class) as its own.
+ */
+function withOwnDefaults(config: SchedulerConfig): typeof DEFAULTS & SchedulerConfig {
+  return withDefaults(DEFAULTS, {
     ...config,
     ...(config.algorithm_type === 'deis' && { algorithm_type: 'dpmsolver++' }),
     ...(['logrho', 'bh1', 'bh2'].includes(String(config.solver_type)) && { solver_type: 'midpoint' }),
-  };
+  });
 }
 
 /** The solver settings of `config` (defaults filled in) that only diffusers runs (SDE and 1S variants, midpoint's alternatives, third order), or undefined. */
@@ -77,7 +80,7 @@ export class DPMSolverMultistepScheduler implements Scheduler {
   private previousX0: Float32Array | null = null;
 
   constructor(config: SchedulerConfig = {}) {
-    this.config = withDefaults(DEFAULTS, aliased(config));
+    this.config = withOwnDefaults(config);
     const c = this.config;
     rejectUnsupported(CLASS_NAME, c, {
       thresholding: false,
@@ -194,7 +197,7 @@ export const dpmSolverMultistep: SchedulerEntry = {
   create: (config) => new DPMSolverMultistepScheduler(config),
   // DPM-Solver++(2M) on the same sigmas: the nearest this class runs to a model's own SDE or third-order solver.
   unrun(config) {
-    const c = withDefaults(DEFAULTS, aliased(config));
+    const c = withOwnDefaults(config);
     const why = unrunSolver(c);
     return why === undefined ? undefined : { why, by: c.use_karras_sigmas ? 'dpmpp_2m_karras' : 'dpmpp_2m' };
   },

@@ -90,8 +90,11 @@ function supportedList(): string {
   return `supported schedulers: ${SCHEDULER_NAMES.join(', ')}; scheduler classes: ${ENTRIES.map((e) => e.className).join(', ')}`;
 }
 
+/** The entry of the class a config names, if this server runs it. */
+const knownClass = (config: SchedulerConfig): SchedulerEntry | undefined => ENTRIES.find((e) => e.className === config._class_name);
+
 function entryForClass(config: SchedulerConfig): SchedulerEntry {
-  const entry = ENTRIES.find((e) => e.className === config._class_name);
+  const entry = knownClass(config);
   if (!entry) throw new Error(`unknown scheduler class "${String(config._class_name)}"; ${supportedList()}`);
   return entry;
 }
@@ -152,7 +155,7 @@ export interface StandIn {
  * which nothing here can stand in for.
  */
 export function standInFor(config: SchedulerConfig, kind: ModelKind): StandIn | undefined {
-  const known = ENTRIES.find((e) => e.className === config._class_name);
+  const known = knownClass(config);
   if (known) {
     const unrun = known.unrun?.(config);
     return unrun && { name: unrun.by, config: switchedConfig(config, unrun.by), why: unrun.why };
