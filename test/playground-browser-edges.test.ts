@@ -184,6 +184,22 @@ describe.skipIf(!chromiumPath)(`the playground at its edges${chromiumPath ? '' :
     expect(await page.inputValue('#size')).toBe('192x128');
   });
 
+  it("keeps the prompt when the settings of a variation, which has none, are reused", async () => {
+    await page.fill('#prompt', 'a prompt being written');
+    await page.fill('#negative_prompt', 'blurry');
+    await page.fill('#steps', '4');
+    await runOnPage(page, '#variations-run');
+    await page.click('#results button:has-text("Reuse settings")');
+    expect(await page.inputValue('#prompt')).toBe('a prompt being written');
+    expect(await page.inputValue('#negative_prompt')).toBe('blurry');
+    // What a variation has is reused: its seed, its size.
+    const seed = await page.getAttribute('#results .result-image', 'data-seed');
+    expect(await page.inputValue('#seed')).toBe(seed);
+    expect(await page.inputValue('#size')).toBe('192x128');
+    await page.fill('#prompt', 'a red circle');
+    await page.fill('#negative_prompt', '');
+  });
+
   it("names an edit's picture by its own format in the form and in the code's files: a WebP result is image.webp", async () => {
     await page.selectOption('#output_format', 'webp');
     await runOnPage(page, '#generate');

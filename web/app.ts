@@ -250,7 +250,7 @@ async function fromResult(result: Result): Promise<Blob> {
 
 const actions = {
   reuse(result: Result): void {
-    applyFields(form, result.request.fields, result.seed, models);
+    applyFields(form, result.request, result.seed, models);
     const cut = pictureSize.show(chosenModel(form, models));
     say(`The settings of seed ${result.seed} are back in the form.${cut && ` ${cut}`}`);
     byId('prompt').focus();

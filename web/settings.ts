@@ -1,5 +1,5 @@
 import type { Model } from './api.js';
-import { ROUTE_FIELDS, type Fields, type Route } from './request.js';
+import { ROUTE_FIELDS, type Fields, type ImageRequest, type Route } from './request.js';
 
 /**
  * The settings form as request fields and back ("reuse settings"). An empty control means "the model's
@@ -43,9 +43,13 @@ function setControl(element: HTMLInputElement | HTMLSelectElement | HTMLTextArea
   element.value = value;
 }
 
-/** Puts a request's fields back in the form (those it lacks back to their defaults), with its seed fixed. */
-export function applyFields(form: HTMLFormElement, fields: Fields, seed: number, models: Model[]): void {
-  for (const name of ROUTE_FIELDS.edits) {
+/**
+ * Puts a request's fields back in the form (those of its route that it lacks back to their defaults), with
+ * its seed fixed. The fields its route does not take stay as they are: a variation has no prompt, and
+ * reusing its settings set the prompt being written to the page's "a red circle".
+ */
+export function applyFields(form: HTMLFormElement, { route, fields }: ImageRequest, seed: number, models: Model[]): void {
+  for (const name of ROUTE_FIELDS[route]) {
     const element = control(form, name);
     if (!element || name === 'seed') continue;
     setControl(element, fields[name] === undefined ? undefined : String(fields[name]));
