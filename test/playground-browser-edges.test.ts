@@ -182,6 +182,14 @@ describe.skipIf(!chromiumPath)(`the playground at its edges${chromiumPath ? '' :
     expect(await page.isVisible('.crop-cut >> nth=0')).toBe(false);
     await page.selectOption('#model', MODEL);
     expect(await page.inputValue('#size')).toBe('192x128');
+    // A name without a size of its shape (gpt-image-1 here: auto and 1024x1024): its nearest, not said to match.
+    await page.selectOption('#model', 'gpt-image-1');
+    expect(await page.inputValue('#size')).toBe('1024x1024');
+    expect(await page.textContent('#status')).toBe(
+      "Size set to 1024x1024, the nearest this model has to the picture's shape (384x256). The picture to edit (384x256) is of another shape: it will be cropped to 1024x1024, losing its shaded left and right edges, mask included.",
+    );
+    await page.selectOption('#model', MODEL);
+    await page.selectOption('#size', '192x128');
   });
 
   it("keeps the prompt when the settings of a variation, which has none, are reused", async () => {

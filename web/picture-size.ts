@@ -74,7 +74,11 @@ export class PictureSize {
     const changed = size !== this.select.value;
     this.select.value = size;
     const cut = this.show(model);
-    return changed ? `Size set to ${size} to match the picture's shape (${picture.width}x${picture.height}).${cut && ` ${cut}`}` : cut;
+    if (!changed) return cut;
+    // A model with no size of the picture's shape (a gpt-image name's 1024x1024 for a wide photo): the
+    // nearest one, which still crops, is not said to match it.
+    const shape = `${picture.width}x${picture.height}`;
+    return cut ? `Size set to ${size}, the nearest this model has to the picture's shape (${shape}). ${cut}` : `Size set to ${size} to match the picture's shape (${shape}).`;
   }
 
   /**
