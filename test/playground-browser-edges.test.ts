@@ -1,6 +1,6 @@
 import { rm, writeFile } from 'node:fs/promises';
 import path from 'node:path';
-import { chromium, type Browser, type Page } from 'playwright-core';
+import { chromium, type Browser, type Page, type Request } from 'playwright-core';
 import sharp from 'sharp';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { chromiumPath, NO_CHROMIUM, openPlayground, runOnPage } from './helpers/browser.js';
@@ -206,6 +206,29 @@ describe.skipIf(!chromiumPath)(`the playground at its edges${chromiumPath ? '' :
     expect(await page.inputValue('#size')).toBe('192x128');
     await page.fill('#prompt', 'a red circle');
     await page.fill('#negative_prompt', '');
+  });
+
+  it('says that a number field holds no number, rather than send the model\'s default unseen; so a seed fixed with none', async () => {
+    const posts: string[] = [];
+    const count = (request: Request) => void (request.method() === 'POST' && posts.push(request.url()));
+    page.on('request', count);
+    // A number field gives an empty value for text that is no number: the request left it out.
+    await page.fill('#steps', '');
+    await page.focus('#steps');
+    await page.keyboard.type('1e');
+    await page.click('#generate');
+    expect(await page.textContent('#steps-error')).toMatch(/^This is not a number: type it in digits/);
+    expect(await page.getAttribute('#steps', 'aria-invalid')).toBe('true');
+    expect(await page.evaluate(() => document.activeElement?.id)).toBe('steps');
+    await page.fill('#steps', '2');
+    await page.check('input[name=seed_mode][value=fixed]');
+    await page.fill('#seed', '');
+    await page.click('#generate');
+    expect(await page.textContent('#seed-error')).toBe('Type the seed to fix, or choose random.');
+    expect(posts).toEqual([]);
+    page.off('request', count);
+    await page.check('input[name=seed_mode][value=random]');
+    await runOnPage(page, '#generate');
   });
 
   it("names an edit's picture by its own format in the form and in the code's files: a WebP result is image.webp", async () => {

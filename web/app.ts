@@ -6,7 +6,7 @@ import { PictureSize } from './picture-size.js';
 import { imageFileName, requestForImage, streams, type ImageRequest, type Route } from './request.js';
 import { historyLine, resultCard, timeLeft, type Result } from './results.js';
 import { runRequest, type FinishedImage } from './run.js';
-import { applyFields, chosenModel, readFields, showModelChoices, showModels } from './settings.js';
+import { applyFields, chosenModel, readFields, showModelChoices, showModels, unreadableField } from './settings.js';
 import { snippetsOf } from './snippets.js';
 
 /**
@@ -151,6 +151,8 @@ async function addResult(request: ImageRequest, image: FinishedImage, ms: number
 async function send(route: Route): Promise<void> {
   if (running) return;
   clearErrors(form);
+  const unreadable = unreadableField(form, route);
+  if (unreadable) return showError(form, new ApiFailure(0, unreadable));
   const request: ImageRequest = { route, fields: readFields(form, route) };
   if (route !== 'generations') {
     if (!editSource) return showError(form, new ApiFailure(0, { message: 'Choose an image to edit first (or take one from the results).', param: 'image' }));

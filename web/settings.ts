@@ -1,4 +1,4 @@
-import type { Model } from './api.js';
+import type { ApiErrorBody, Model } from './api.js';
 import { ROUTE_FIELDS, type Fields, type ImageRequest, type Route } from './request.js';
 
 /**
@@ -26,6 +26,22 @@ export function readFields(form: HTMLFormElement, route: Route): Fields {
     fields[name] = NUMERIC.has(name) ? Number(value) : value;
   }
   return fields;
+}
+
+/**
+ * What keeps the form from being sent as it shows, as an error of the field that says so: a number field
+ * whose text is no number ("1e", "12-3": the browser's value is then empty, which readFields leaves out,
+ * so the model's default ran instead of what the field showed), or the seed fixed with none given
+ * (a random one ran). Undefined when the form says what it will send.
+ */
+export function unreadableField(form: HTMLFormElement, route: Route): ApiErrorBody | undefined {
+  for (const name of ROUTE_FIELDS[route]) {
+    const element = control(form, name);
+    if (!(element instanceof HTMLInputElement) || (name === 'seed' && !seedFixed(form))) continue;
+    if (element.validity.badInput) return { param: name, message: 'This is not a number: type it in digits (a fraction with a point, as 7.5), or leave the field empty for the model\'s default.' };
+    if (name === 'seed' && element.value.trim() === '') return { param: name, message: 'Type the seed to fix, or choose random.' };
+  }
+  return undefined;
 }
 
 function setControl(element: HTMLInputElement | HTMLSelectElement | HTMLTextAreaElement, value: string | undefined): void {
