@@ -231,6 +231,33 @@ describe.skipIf(!chromiumPath)(`the playground at its edges${chromiumPath ? '' :
     await runOnPage(page, '#generate');
   });
 
+  it('forgets the key when asked, and asks for one without saying that none was refused', async () => {
+    const tab = await (await browser.newContext()).newPage();
+    await tab.goto(`${server.origin}/`);
+    await tab.waitForSelector('#key-dialog[open]');
+    expect(await tab.isVisible('#key-forget')).toBe(false);
+    // Closed without a key, then a request: the dialog again, saying what it said at first.
+    await tab.keyboard.press('Escape');
+    await tab.click('#generate');
+    await tab.waitForSelector('#key-dialog[open]');
+    expect(await tab.textContent('#key-error')).toBe('');
+    expect(await tab.textContent('#key-state')).toBe('This server needs an API key.');
+    await tab.fill('#key', OPS_KEY);
+    await tab.click('#key-save');
+    await tab.waitForSelector('#key-dialog:not([open])', { state: 'attached' });
+    await tab.click('#key-open');
+    await tab.click('#key-forget');
+    await expect.poll(() => tab.evaluate(() => sessionStorage.getItem('imagegen.apiKey'))).toBeNull();
+    await expect.poll(() => tab.textContent('#key-state')).toBe('This server needs an API key.');
+    expect(await tab.isVisible('#key-dialog')).toBe(true);
+    expect(await tab.inputValue('#key')).toBe('');
+    expect(await tab.isVisible('#key-forget')).toBe(false);
+    // Gone for a reload too.
+    await tab.reload();
+    await tab.waitForSelector('#key-dialog[open]');
+    await tab.context().close();
+  });
+
   it("names an edit's picture by its own format in the form and in the code's files: a WebP result is image.webp", async () => {
     await page.selectOption('#output_format', 'webp');
     await runOnPage(page, '#generate');

@@ -31,6 +31,8 @@ const KEY_ITEM = 'imagegen.apiKey';
 export const apiKey = {
   get: (): string => sessionStorage.getItem(KEY_ITEM) ?? '',
   set: (key: string): void => sessionStorage.setItem(KEY_ITEM, key.trim()),
+  /** Forgotten at the user's word (a shared computer): the tab has no key until one is given again. */
+  clear: (): void => sessionStorage.removeItem(KEY_ITEM),
 };
 
 /**

@@ -53,12 +53,18 @@ function sayFailed(message: string): void {
   status.replaceChildren('Failed', detail);
 }
 
+/**
+ * What the key dialog says of a 401: the key refused, with the server's words; nothing when the tab has
+ * no key yet (the dialog's "needs an API key" says it all), rather than "refused this key" of none.
+ */
+const keyProblem = (err: ApiFailure): string => (apiKey.get() ? `The server refused this key: ${err.message}` : '');
+
 /** Loads the models; a 401 means the server has keys and this tab has none, or a wrong one. */
 async function connect(): Promise<void> {
   try {
     models = await listModels();
   } catch (err) {
-    if (err instanceof ApiFailure && err.isKeyProblem) return askKey(apiKey.get() ? `The server refused this key: ${err.message}` : '');
+    if (err instanceof ApiFailure && err.isKeyProblem) return askKey(keyProblem(err));
     if (err instanceof ApiFailure) return void (byId('form-error').textContent = `The model list could not be loaded: ${err.message}`);
     throw err;
   }
@@ -73,6 +79,7 @@ function askKey(problem: string): void {
   byId('key-state').textContent = problem ? 'The API key was refused.' : 'This server needs an API key.';
   byId('key-open').hidden = false;
   keyInput.value = apiKey.get();
+  byId('key-forget').hidden = !apiKey.get();
   if (problem) keyInput.setAttribute('aria-invalid', 'true');
   else keyInput.removeAttribute('aria-invalid');
   if (!keyDialog.open) keyDialog.showModal();
@@ -92,6 +99,11 @@ byId('key-form').addEventListener('submit', (event) => {
   void connect();
 });
 byId('key-open').addEventListener('click', () => askKey(''));
+// The dialog's key field is required, so no key can be cleared by saving it empty: this is the way.
+byId('key-forget').addEventListener('click', () => {
+  apiKey.clear();
+  void connect();
+});
 
 function setBusy(busy: boolean): void {
   buttons.generate.disabled = busy;
@@ -195,7 +207,7 @@ async function send(route: Route): Promise<void> {
     if ((err as Error).name === 'AbortError') say('Cancelled: the server stopped the work.');
     else if (err instanceof ApiFailure) {
       sayFailed(err.message);
-      if (err.isKeyProblem) askKey(`The server refused this key: ${err.message}`);
+      if (err.isKeyProblem) askKey(keyProblem(err));
       else showError(form, err);
     } else throw err;
   } finally {
