@@ -231,6 +231,32 @@ describe.skipIf(!chromiumPath)(`the playground at its edges${chromiumPath ? '' :
     await runOnPage(page, '#generate');
   });
 
+  it('keeps the settings over a reload of the tab, and asks before a reload drops a running request', async () => {
+    const tab = await openPlayground(browser, server.origin, OPS_KEY);
+    const settings = { '#prompt': 'a prompt written at length', '#n': '3', '#steps': '5', '#seed': '1234' };
+    const choices = { '#model': 'demo-shapes', '#size': '768x512', '#quality': 'hd', '#scheduler': 'ddim', '#output_format': 'webp', '#delivery': 'url', '#partial_images': '3' };
+    for (const [selector, value] of Object.entries(choices)) await tab.selectOption(selector, value);
+    for (const [selector, value] of Object.entries(settings)) await tab.fill(selector, value);
+    await tab.reload();
+    // The key too (the tab's): no dialog, and the model's lists filled before its choices came back.
+    await expect.poll(() => tab.inputValue('#model')).toBe('demo-shapes');
+    expect(await tab.isVisible('#key-dialog')).toBe(false);
+    for (const [selector, value] of Object.entries({ ...settings, ...choices })) expect(await tab.inputValue(selector), selector).toBe(value);
+    expect(await tab.isChecked('input[name=seed_mode][value=fixed]')).toBe(true);
+    // A reload while a request runs: asked first, and staying keeps it running.
+    for (const [selector, value] of Object.entries({ '#model': MODEL, '#delivery': 'stream', '#size': LONG.size })) await tab.selectOption(selector, value);
+    await tab.fill('#steps', String(LONG.steps));
+    await tab.fill('#n', String(LONG.n));
+    await tab.click('#generate');
+    await expect.poll(() => tab.textContent('#status'), { timeout: 60_000 }).toMatch(/^Step \d+ of \d+/);
+    const asked = new Promise<string>((resolve) => tab.once('dialog', (dialog) => void dialog.dismiss().then(() => resolve(dialog.type()))));
+    await tab.evaluate(() => location.reload());
+    expect(await asked).toBe('beforeunload');
+    await tab.click('#cancel');
+    await expect.poll(() => tab.textContent('#status'), { timeout: 30_000 }).toBe('Cancelled: the server stopped the work.');
+    await tab.context().close();
+  });
+
   it('forgets the key when asked, and asks for one without saying that none was refused', async () => {
     const tab = await (await browser.newContext()).newPage();
     await tab.goto(`${server.origin}/`);

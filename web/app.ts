@@ -1,5 +1,6 @@
 import { ApiFailure, apiKey, listModels, unsendableKey, type Model } from './api.js';
 import { showCode } from './code-dialog.js';
+import { keepSettings, restoreSettings } from './kept-settings.js';
 import { clearError, clearErrors, showError } from './field-errors.js';
 import { MaskPainter } from './mask.js';
 import { PictureSize } from './picture-size.js';
@@ -69,6 +70,7 @@ async function connect(): Promise<void> {
     throw err;
   }
   showModels(form, models);
+  restoreSettings(form, models);
   byId('key-state').textContent = apiKey.get() ? 'Using the API key of this tab.' : 'This server needs no API key.';
   byId('key-open').hidden = !apiKey.get();
   keyDialog.close();
@@ -332,6 +334,17 @@ drop.addEventListener('drop', (event) => {
   event.preventDefault();
   const file = event.dataTransfer?.files[0];
   if (file) void setEditSource(async () => file);
+});
+
+// The settings outlive a reload of the tab (kept-settings.ts): kept whenever the page is hidden or left.
+restoreSettings(form, models);
+addEventListener('pagehide', () => keepSettings(form));
+document.addEventListener('visibilitychange', () => {
+  if (document.visibilityState === 'hidden') keepSettings(form);
+});
+// A reload or a closed tab drops the request running (the server stops its work): the browser asks first.
+addEventListener('beforeunload', (event) => {
+  if (running) event.preventDefault();
 });
 
 void connect();
