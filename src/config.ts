@@ -1,4 +1,6 @@
+import { statSync } from 'node:fs';
 import { isIP } from 'node:net';
+import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { z } from 'zod';
 import { EXECUTION_PROVIDERS, GRAPH_REWRITE_SETS } from './runtime/providers.js';
@@ -510,6 +512,35 @@ function aliasesOf({ defaultModel, modelAliases }: Pick<Settings, 'defaultModel'
   return aliases;
 }
 
+/**
+ * A setting that takes a model's id (the name of its folder) given a path to a folder or a file instead,
+ * as sd-server's `-m` and Xinference's model path take one: no id has a path separator in it, so the
+ * server would start and fail every request for the model, saying only that it does not exist. Refused
+ * saying how to serve that folder. A value with a separator that is an alias's name is an id.
+ */
+function modelPathProblems({ defaultModel, modelAliases = {}, preload = [] }: Pick<Settings, 'defaultModel' | 'modelAliases'> & Partial<Pick<Settings, 'preload'>>): string[] {
+  const named: [setting: string, value: string][] = [
+    ['DEFAULT_MODEL', defaultModel],
+    ...preload.map((name): [string, string] => ['PRELOAD', name]),
+    ...Object.entries(modelAliases).map(([alias, target]): [string, string] => [`MODEL_ALIASES (for '${alias}')`, target]),
+  ];
+  return named.flatMap(([setting, value]) => {
+    if (!/[\\/]/.test(value) || Object.hasOwn(modelAliases, value)) return [];
+    const found = statSync(value, { throwIfNoEntry: false });
+    if (!found) return [];
+    const id = path.basename(path.resolve(value));
+    return found.isDirectory()
+      ? [
+          `${setting} names the folder '${value}', where it takes a model's id (the name of the model's folder): name it '${id}', ` +
+            `with MODELS_DIR=${path.dirname(path.resolve(value))} to serve it where it is, or once 'imagegen models import ${value}' installed it into MODELS_DIR`,
+        ]
+      : [
+          `${setting} names the file '${value}', where it takes a model's id (the name of the model's folder): a model here is a folder of ONNX graphs, ` +
+            "as 'optimum-cli export onnx' writes one from a checkpoint; install that folder with 'imagegen models import <folder>' and name it by its id (README: Real models)",
+        ];
+  });
+}
+
 /** What the commands that run models without serving them (generate, models verify) read. */
 const MODEL_SETTINGS = ['modelsDir', 'defaultModel', 'modelAliases', 'rng', 'executionProvider', 'workerThreads', 'memoryLimit', 'graphRewrites'] as const;
 export type ModelSettings = Pick<Config, (typeof MODEL_SETTINGS)[number]>;
@@ -525,6 +556,8 @@ export function loadModelSettings(
   env: NodeJS.ProcessEnv = process.env,
 ): ModelSettings {
   const parsed = parseSettings(MODEL_SETTINGS, flags, env, Object.keys(flags) as SettingName[]);
+  const paths = modelPathProblems(parsed);
+  if (paths.length) throw new ConfigError(paths);
   return { ...parsed, modelAliases: aliasesOf(parsed) };
 }
 
@@ -568,6 +601,7 @@ export function loadConfig(flags: Partial<Record<SettingName, string>> = {}, env
   }
   // SigV4 presigned URLs live at most 7 days.
   if (parsed.s3PresignedUrls && parsed.imageTtlSeconds > 604_800) problems.push('S3_PRESIGNED_URLS allows IMAGE_TTL_SECONDS of at most 604800 (7 days, the longest a presigned URL lives)');
+  problems.push(...modelPathProblems(parsed));
   if (problems.length) throw new ConfigError(problems);
 
   const preload = parsed.preload ?? [parsed.defaultModel];

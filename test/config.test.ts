@@ -1,3 +1,6 @@
+import { mkdirSync, mkdtempSync, writeFileSync } from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { OPENAI_MODEL_NAMES } from '../src/api/dialects.js';
 import { loadConfig, loadModelSettings, settingsHelp } from '../src/config.js';
@@ -118,6 +121,33 @@ describe('loadConfig', () => {
     expect(problems(() => loadConfig({}, { MODEL_ALIASES: 'nonsense' }))[0]).toMatch(/^MODEL_ALIASES/);
     // An alias named twice: one of the two would win without a word.
     expect(problems(() => loadConfig({}, { MODEL_ALIASES: 'dall-e-3=sdxl,dall-e-3=flux' }))[0]).toMatch(/^MODEL_ALIASES.*'dall-e-3' is given more than one model: name each alias once/);
+  });
+
+  it("refuses a model's folder or file where a model's id goes (DEFAULT_MODEL, PRELOAD, MODEL_ALIASES), saying how to serve it, for serve and the commands", () => {
+    // What sd-server's -m and Xinference's model path take: the server started, and every request said the model does not exist.
+    const root = mkdtempSync(path.join(os.tmpdir(), 'imagegen-model-path-'));
+    const folder = path.join(root, 'sd15');
+    mkdirSync(folder);
+    const file = path.join(root, 'v1-5-pruned.safetensors');
+    writeFileSync(file, '');
+    const howToServe = `name it 'sd15', with MODELS_DIR=${root} to serve it where it is, or once 'imagegen models import ${folder}' installed it into MODELS_DIR`;
+    expect(problems(() => loadConfig({}, { DEFAULT_MODEL: folder }))).toEqual([
+      `DEFAULT_MODEL names the folder '${folder}', where it takes a model's id (the name of the model's folder): ${howToServe}`,
+    ]);
+    expect(problems(() => loadModelSettings({}, { DEFAULT_MODEL: folder }))).toEqual([
+      `DEFAULT_MODEL names the folder '${folder}', where it takes a model's id (the name of the model's folder): ${howToServe}`,
+    ]);
+    expect(problems(() => loadConfig({}, { PRELOAD: `demo-shapes,${folder}/`, MODEL_ALIASES: `dall-e-3=${folder}` }))).toEqual([
+      `PRELOAD names the folder '${folder}/', where it takes a model's id (the name of the model's folder): name it 'sd15', with MODELS_DIR=${root} to serve it where it is, or once 'imagegen models import ${folder}/' installed it into MODELS_DIR`,
+      `MODEL_ALIASES (for 'dall-e-3') names the folder '${folder}', where it takes a model's id (the name of the model's folder): ${howToServe}`,
+    ]);
+    expect(problems(() => loadConfig({}, { DEFAULT_MODEL: file }))[0]).toMatch(
+      new RegExp(`^DEFAULT_MODEL names the file '${file.replace(/[.]/g, '\\.')}', where it takes a model's id .*: a model here is a folder of ONNX graphs, as 'optimum-cli export onnx' writes one`),
+    );
+    // Ids: a plain name even where a folder of that name is in the working directory, a path that is not there, an alias's name with a slash.
+    expect(loadConfig({}, { DEFAULT_MODEL: path.relative(process.cwd(), path.join(process.cwd(), 'models')) }).defaultModel).toBe('models');
+    expect(loadConfig({}, { DEFAULT_MODEL: path.join(root, 'absent') }).defaultModel).toBe(path.join(root, 'absent'));
+    expect(loadConfig({}, { DEFAULT_MODEL: 'models/demo-shapes', MODEL_ALIASES: 'models/demo-shapes=demo-shapes' }).defaultModel).toBe('models/demo-shapes');
   });
 
   it('takes PUBLIC_BASE_URL with or without the /v1 the SDK base URL has', () => {
