@@ -1,3 +1,4 @@
+import OpenAI from 'openai';
 import sharp from 'sharp';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startTestServer, TEST_KEY, type TestServer } from './helpers/api-server.js';
@@ -90,6 +91,22 @@ describe('routing', () => {
     const res = await fetch(`${server.baseURL}/images/variations/nope`);
     const error = await expectError(res, 404, null);
     expect(error.message).toBe('Invalid URL (GET /v1/images/variations/nope)');
+  });
+
+  it('a path the API has under /v1, asked for without it (a base URL set without /v1) -> 404 that says where the API is', async () => {
+    const origin = server.baseURL.replace(/\/v1$/, '');
+    const client = new OpenAI({ baseURL: origin, apiKey: TEST_KEY, maxRetries: 0 });
+    const refused = await client.images.generate({ model: 'stub', prompt: 'x' }).catch((err: unknown) => err);
+    expect(refused).toBeInstanceOf(OpenAI.NotFoundError);
+    expect((refused as InstanceType<typeof OpenAI.NotFoundError>).error).toEqual({
+      message: `Invalid URL (POST /images/generations): this server's API is under /v1 (POST /v1/images/generations). Set the client's base URL with /v1 at its end, e.g. ${origin}/v1.`,
+      type: 'invalid_request_error',
+      param: null,
+      code: null,
+    });
+    // Only where the API has that method at that path: other misses keep OpenAI's words.
+    expect((await expectError(await fetch(`${origin}/images/generations`), 404, null)).message).toBe('Invalid URL (GET /images/generations)');
+    expect((await expectError(await fetch(`${origin}/images/nope`, { method: 'POST' }), 404, null)).message).toBe('Invalid URL (POST /images/nope)');
   });
 
   it('/v1/models/ with no id -> 404 Invalid URL, not a model named ""', async () => {

@@ -1,6 +1,6 @@
 import { STATUS_CODES, type IncomingMessage, type ServerResponse } from 'node:http';
 import type { Socket } from 'node:net';
-import type { FastifyError, FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
+import type { FastifyError, FastifyInstance, FastifyReply, FastifyRequest, HTTPMethods } from 'fastify';
 import fp from 'fastify-plugin';
 import { ApiError } from '../api/errors.js';
 import { newRequestId, stampReply } from './request-id.js';
@@ -9,6 +9,7 @@ import { MAX_UPLOAD_BYTES } from './uploads.js';
 import type { Metrics } from '../observability/metrics.js';
 import { answeredAside, BEFORE_ROUTING } from './metrics.js';
 import { answeredWithError, errorFields } from './logging.js';
+import { requestOrigin } from './host.js';
 
 /**
  * Every error leaves the server as an ApiError in OpenAI's shape: ours as thrown, Fastify's and Node's
@@ -267,6 +268,16 @@ function unroutedError(app: FastifyInstance, request: FastifyRequest): ApiError 
       code: 'method_not_allowed',
       headers: { allow: allowed.join(', ') },
     });
+  }
+  // A base URL set without /v1 (http://host:8000), which clients written for servers that answer both
+  // (LocalAI; Nextcloud's integration sends POST /images/generations) then use: OpenAI's bare 'Invalid
+  // URL' left the user to guess what was wrong with a path the API has.
+  const underV1 = `/v1${path}`;
+  if (!path.startsWith('/v1/') && app.findRoute({ method: request.method as HTTPMethods, url: underV1 })) {
+    return new ApiError(
+      404,
+      `Invalid URL (${request.method} ${path}): this server's API is under /v1 (${request.method} ${underV1}). Set the client's base URL with /v1 at its end, e.g. ${requestOrigin(request)}/v1.`,
+    );
   }
   return invalidUrl(request);
 }
