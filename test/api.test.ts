@@ -149,6 +149,9 @@ describe('request validation', () => {
     ['unsupported size', { size: '1536x1024' }, 'size', 'invalid_value', `Invalid value: '1536x1024'. Supported values are: ${"'64x64', '128x64', and '512x512'"}. The server serves another size (both sides multiples of 64) once it is in 'sizes' in the model's imagegen.json.`],
     ['malformed size', { size: 'big' }, 'size', 'invalid_value'],
     ['unknown response_format', { response_format: 'png' }, 'response_format', 'invalid_value', "Invalid value: 'png'. Supported values are: 'url' and 'b64_json'."],
+    // A list holding a valid value, or a number, is no value of the list: it read "Invalid value: 'hd'" beside a list that has 'hd'.
+    ['response_format in a list', { response_format: ['b64_json'] }, 'response_format', 'invalid_type', "Invalid type for 'response_format': expected one of 'url' or 'b64_json', but got an array instead."],
+    ['quality as a number', { quality: 1 }, 'quality', 'invalid_type'],
     ['unknown quality', { quality: 'ultra' }, 'quality', 'invalid_value'],
     ['unknown style', { style: 'gothic' }, 'style', 'invalid_value'],
     ['unknown field', { foo: 1 }, 'foo', 'unknown_parameter', "Unknown parameter: 'foo'."],

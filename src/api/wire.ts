@@ -361,7 +361,11 @@ function toApiError(issue: z.core.$ZodIssue, form = false): ApiError {
       );
     }
     case 'invalid_value':
-      return ApiError.invalid(param, 'invalid_value', `Invalid value: '${String(issue.input)}'. Supported values are: ${quoteList(issue.values)}.`);
+      // ["hd"] or 1 is no value of the list at all: quoted as text, ["hd"] read "Invalid value: 'hd'" beside a list that has 'hd'.
+      if (typeof issue.input !== 'string') {
+        return ApiError.invalid(param, 'invalid_type', `Invalid type for '${param}': expected one of ${quoteList(issue.values, 'or')}, but got ${describeValue(issue.input)} instead.`);
+      }
+      return ApiError.invalid(param, 'invalid_value', `Invalid value: '${issue.input}'. Supported values are: ${quoteList(issue.values)}.`);
     case 'custom':
       return ApiError.invalid(param, (issue.params?.code as string | undefined) ?? 'invalid_value', issue.message);
     default:
