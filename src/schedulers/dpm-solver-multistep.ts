@@ -73,7 +73,7 @@ export class DPMSolverMultistepScheduler implements Scheduler {
   readonly initNoiseSigma = 1;
   private readonly config: typeof DEFAULTS & SchedulerConfig;
   private readonly predictionType: PredictionType;
-  private readonly trainSigmas: Float64Array;
+  private readonly trainSigmas: Float32Array;
   private sigmaSchedule: number[] = [];
   private schedule: number[] = [];
   /** The previous step's x0 prediction, the multistep history (none before the first step). */

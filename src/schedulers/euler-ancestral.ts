@@ -31,7 +31,7 @@ const DEFAULTS = {
 export class EulerAncestralDiscreteScheduler extends SigmaSpaceScheduler {
   private readonly config: typeof DEFAULTS & SchedulerConfig;
   private readonly predictionType: PredictionType;
-  private readonly trainSigmas: Float64Array;
+  private readonly trainSigmas: Float32Array;
 
   constructor(config: SchedulerConfig = {}) {
     const resolved = withDefaults(DEFAULTS, config);

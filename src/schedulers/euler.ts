@@ -41,7 +41,7 @@ export class EulerDiscreteScheduler extends SigmaSpaceScheduler {
   private readonly config: typeof DEFAULTS & SchedulerConfig;
   private readonly predictionType: PredictionType;
   /** Training sigma per integer timestep, ascending. */
-  private readonly trainSigmas: Float64Array;
+  private readonly trainSigmas: Float32Array;
 
   constructor(config: SchedulerConfig = {}) {
     const resolved = withDefaults(DEFAULTS, config);

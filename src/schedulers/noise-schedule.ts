@@ -160,14 +160,18 @@ export function trainingAlphasCumprod(config: BetaConfig): Float32Array {
  */
 const ZERO_SNR_ALPHA_CUMPROD = 2 ** -24;
 
-/** The variance-exploding view of a config's schedule: sigma_t = sqrt((1 - abar_t) / abar_t), t ascending. */
-export function trainingSigmas(config: BetaConfig): Float64Array {
+/**
+ * The variance-exploding view of a config's schedule: sigma_t = sqrt((1 - abar_t) / abar_t), t ascending,
+ * rounded to float32 at each operation as torch computes diffusers' table: which side of a table entry
+ * a spaced sigma falls on decides its truncated timestep (timestepsForSigmas).
+ */
+export function trainingSigmas(config: BetaConfig): Float32Array {
   // Plain loops here and above: every request's plan builds these tables, and typed arrays' from/map/
   // forEach with a callback run several times slower.
   const alphas = trainingAlphasCumprod(config);
   if (config.rescale_betas_zero_snr) alphas[alphas.length - 1] = ZERO_SNR_ALPHA_CUMPROD;
-  const sigmas = new Float64Array(alphas.length);
-  for (let t = 0; t < alphas.length; t++) sigmas[t] = Math.sqrt((1 - alphas[t]) / alphas[t]);
+  const sigmas = new Float32Array(alphas.length);
+  for (let t = 0; t < alphas.length; t++) sigmas[t] = Math.sqrt(Math.fround(Math.fround(1 - alphas[t]) / alphas[t]));
   return sigmas;
 }
 
@@ -245,8 +249,11 @@ export function finalSigma(type: string, trainSigmas: ArrayLike<number>): number
 }
 
 /** The fractional training timestep of each sigma (Karras schedules), given the training sigma table. */
-export function timestepsForSigmas(sigmas: readonly number[], trainSigmas: Float64Array): number[] {
-  const logSigmas = Float64Array.from(trainSigmas, Math.log);
+export function timestepsForSigmas(sigmas: readonly number[], trainSigmas: Float32Array): number[] {
+  // In float32 as diffusers' log_sigmas: the first sigma of a spaced schedule is the largest table entry,
+  // and whether it lands just below it (timestep 998.99..., which DPM-Solver truncates to 998) or on it
+  // turns on that rounding.
+  const logSigmas = Float32Array.from(trainSigmas, Math.log);
   return sigmas.map((sigma) => sigmaToTimestep(sigma, logSigmas));
 }
 
