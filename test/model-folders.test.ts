@@ -54,6 +54,15 @@ async function installedCopy(family: string, id: string): Promise<string> {
   return dir;
 }
 
+/** A copy of a reference model (SD 1.5's by default) whose scheduler_config.json names `className` (with `fields`), keeping its training fields. */
+async function withScheduler(id: string, className: string, fields: object = {}, family = 'sd15-optimum'): Promise<string> {
+  const dir = await installedCopy(family, id);
+  const file = path.join(dir, 'scheduler', 'scheduler_config.json');
+  const config = JSON.parse(await readFile(file, 'utf8')) as Record<string, unknown>;
+  await writeFile(file, JSON.stringify({ ...config, ...fields, _class_name: className }));
+  return dir;
+}
+
 describe('external weights under each exporter\'s name', () => {
   // Optimum writes model.onnx_data; ORT's and Olive's savers write model.onnx.data. sd15-fp16 has fp16 inputs and outputs.
   for (const [family, name] of [
@@ -515,16 +524,53 @@ describe("a model's scheduler_config.json", () => {
   });
 });
 
-describe('a scheduler class this server does not run', () => {
-  /** A copy of the SD 1.5 reference whose scheduler_config.json names `className` (with `fields`), keeping its training fields. */
-  async function withScheduler(id: string, className: string, fields: object = {}): Promise<string> {
-    const dir = await installedCopy('sd15-optimum', id);
-    const file = path.join(dir, 'scheduler', 'scheduler_config.json');
-    const config = JSON.parse(await readFile(file, 'utf8')) as Record<string, unknown>;
-    await writeFile(file, JSON.stringify({ ...config, ...fields, _class_name: className }));
-    return dir;
-  }
+describe("exponential and beta sigmas in a model's scheduler_config.json", () => {
+  it('load and draw as the config asks, on the class that has them and on a stand-in for a class this server does not run', async () => {
+    const exponential = await withScheduler('euler-exponential', 'EulerDiscreteScheduler', { use_exponential_sigmas: true });
+    // UniPC's own exponential sigmas carry over to Euler standing in for it (it was refused with them before).
+    const unipc = await withScheduler('unipc-exponential', 'UniPCMultistepScheduler', { use_exponential_sigmas: true, solver_order: 2, solver_type: 'bh2' });
+    const beta = await withScheduler('dpm-beta', 'DPMSolverMultistepScheduler', { use_beta_sigmas: true });
+    const plain = await withScheduler('euler', 'EulerDiscreteScheduler');
+    for (const dir of [exponential, beta]) {
+      const verdict = await inspectModelFolder(dir);
+      if (!verdict.usable) throw new Error(verdict.reason);
+      expect([verdict.layout.schedulerStandIn, verdict.refusedSchedulers]).toEqual([undefined, []]);
+      expect(verdict.schedulers).toEqual(['pndm', 'ddim', 'euler', 'euler_a', 'dpmpp_2m', 'dpmpp_2m_karras', 'lcm']);
+    }
+    const standIn = await inspectModelFolder(unipc);
+    expect(standIn.usable && standIn.layout.schedulerStandIn).toEqual({ named: 'UniPCMultistepScheduler', by: 'euler' });
 
+    const runtime = new WorkerRuntime();
+    const draw = async (modelDir: string) => {
+      const [image] = await runtime.generateImages({ modelDir, width: 64, height: 64, steps: 4, guidanceScale: 5, items: [{ prompt: 'a red circle', negativePrompt: '', seed: 3 }] });
+      return Buffer.from(image.pixels);
+    };
+    const [fromExponential, fromStandIn, fromBeta, fromPlain] = [await draw(exponential), await draw(unipc), await draw(beta), await draw(plain)];
+    expect(fromStandIn.equals(fromExponential)).toBe(true);
+    // Other noise levels, another picture: the setting is read, not dropped.
+    expect(fromExponential.equals(fromPlain)).toBe(false);
+    expect(fromBeta.equals(fromPlain)).toBe(false);
+  });
+
+  it('load and draw on FLUX, and two spacings at once are refused at load, as diffusers refuses them', async () => {
+    const flux = await withScheduler('flux-beta', 'FlowMatchEulerDiscreteScheduler', { use_beta_sigmas: true }, 'flux-schnell');
+    const verdict = await inspectModelFolder(flux);
+    if (!verdict.usable) throw new Error(verdict.reason);
+    const runtime = new WorkerRuntime();
+    const draw = async (modelDir: string) => {
+      const [image] = await runtime.generateImages({ modelDir, width: 64, height: 64, steps: 4, guidanceScale: 0, items: [{ prompt: 'a red circle', negativePrompt: '', seed: 3 }] });
+      return Buffer.from(image.pixels);
+    };
+    expect((await draw(flux)).equals(await draw(referenceModel('flux-schnell')))).toBe(false);
+
+    const both = await withScheduler('both', 'EulerDiscreteScheduler', { use_karras_sigmas: true, use_exponential_sigmas: true });
+    expect(reasonOf(await inspectModelFolder(both))).toMatch(
+      /scheduler_config\.json: EulerDiscreteScheduler: use_karras_sigmas and use_exponential_sigmas are set together, and a schedule takes one of them: set the others to false/,
+    );
+  });
+});
+
+describe('a scheduler class this server does not run', () => {
   it('leaves the model usable, with Euler standing in on the same training schedule, said in the log and by `imagegen models list`; the picture is what the same config as Euler makes', async () => {
     // UniPC as diffusers writes it: its solver fields mean nothing to the stand-in.
     const unipc = await withScheduler('unipc', 'UniPCMultistepScheduler', { solver_order: 2, solver_type: 'bh2', predict_x0: true, lower_order_final: true, disable_corrector: [] });

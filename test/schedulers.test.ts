@@ -12,6 +12,7 @@ import { EulerDiscreteScheduler } from '../src/schedulers/euler.js';
 import { FlowMatchEulerDiscreteScheduler } from '../src/schedulers/flow-match-euler.js';
 import { createScheduler, refusalNote, SCHEDULER_NAMES, schedulersFor, schedulersRunning } from '../src/schedulers/index.js';
 import { LCMScheduler } from '../src/schedulers/lcm.js';
+import { betaQuantile } from '../src/schedulers/beta-quantile.js';
 import { trainingAlphasCumprod } from '../src/schedulers/noise-schedule.js';
 import { PNDMScheduler } from '../src/schedulers/pndm.js';
 import type { Scheduler, SchedulerConfig } from '../src/schedulers/scheduler.js';
@@ -274,6 +275,125 @@ describe('FlowMatchEulerDiscreteScheduler tables', () => {
     const v = Float32Array.from([4, -8]);
     expect(Array.from(s.step(v, 0, x, NO_NOISE))).toEqual([0, 4]);
     expect(s.scaleModelInput(x)).toBe(x);
+  });
+});
+
+// ---------------------------------------------------------------------------------------------
+// Exponential and beta sigmas (use_exponential_sigmas, use_beta_sigmas)
+// ---------------------------------------------------------------------------------------------
+
+/**
+ * Computed with numpy 2.4 and scipy 1.17 following diffusers 0.40.0.dev0 (commit 58eb52c): each class's
+ * set_timesteps with its _convert_to_exponential / _convert_to_beta (scipy.stats.beta.ppf(p, 0.6, 0.6)),
+ * on torch's float32 training table (log_sigmas in float32, as np.log of it is), and for FLUX the
+ * pipeline's sigma grid with its shift; sigmas as diffusers stores them, in float32.
+ */
+describe('exponential and beta sigmas, as diffusers spaces them', () => {
+  /** The reference SD 1.5 export's Euler config (leading spacing, steps_offset 1). */
+  const EULER_SD15: SchedulerConfig = { ...SD15, _class_name: 'EulerDiscreteScheduler', interpolation_type: 'linear', prediction_type: 'epsilon', timestep_spacing: 'leading', use_karras_sigmas: false };
+  /** SD 1.5's betas in a DPM-Solver config as diffusers saves one switched from PNDM. */
+  const DPM_SD15: SchedulerConfig = { ...SD15, _class_name: 'DPMSolverMultistepScheduler' };
+  const SCHNELL: SchedulerConfig = { _class_name: 'FlowMatchEulerDiscreteScheduler', shift: 1, use_dynamic_shifting: false };
+  const DEV: SchedulerConfig = { _class_name: 'FlowMatchEulerDiscreteScheduler', shift: 3, use_dynamic_shifting: true };
+
+  function schedule(config: SchedulerConfig, steps: number, mu?: number): { sigmas: number[]; timesteps: number[] } {
+    const s = createScheduler(config) as EulerDiscreteScheduler | DPMSolverMultistepScheduler | FlowMatchEulerDiscreteScheduler;
+    s.setTimesteps(steps, { mu });
+    return { sigmas: [...s.sigmas], timesteps: [...s.timesteps] };
+  }
+
+  /** Each case's schedule against diffusers': [config, steps, mu (FLUX dev), sigmas, timesteps]. */
+  function expectSchedules(cases: ReadonlyArray<[SchedulerConfig, number, number | undefined, number[], number[]]>): void {
+    for (const [config, steps, mu, sigmas, timesteps] of cases) {
+      const s = schedule(config, steps, mu);
+      expectCloseArray(s.sigmas, sigmas);
+      expectCloseArray(s.timesteps, timesteps);
+    }
+  }
+
+  it("Euler spans the spaced timesteps' sigmas (751 down to 1 on leading spacing), each given its fractional timestep", () => {
+    const [exponential, beta] = [{ ...EULER_SD15, use_exponential_sigmas: true }, { ...EULER_SD15, use_beta_sigmas: true }];
+    expectSchedules([
+      [exponential, 4, undefined, [4.11669827, 0.887973726, 0.191536352, 0.041314479, 0], [751, 318.633606, 37.2917442, 1.00000012]],
+      [exponential, 10, undefined, [8.39068699, 4.64929342, 2.57618093, 1.42746603, 0.790961206, 0.438272893, 0.242847711, 0.134562314, 0.0745611936, 0.041314479, 0], [901, 778.956726, 632.948425, 462.129852, 285.321716, 142.093933, 56.8310814, 19.0319004, 5.44139957, 1.00000012]],
+      [beta, 4, undefined, [4.11669827, 2.99428344, 1.16372931, 0.041314479, 0], [751, 672.662842, 399.826538, 1.00000012]],
+      [beta, 10, undefined, [8.39068699, 7.99749994, 7.17500925, 6.09115887, 4.85744333, 3.57455826, 2.34084272, 1.25699222, 0.434501618, 0.041314479, 0], [901, 891.836243, 870.657532, 837.427856, 788.766174, 717.199585, 606.753235, 423.359894, 140.415131, 1.00000012]],
+      // The config's sigma_min and sigma_max are the ends where it sets them.
+      [{ ...exponential, sigma_min: 0.1, sigma_max: 10 }, 3, undefined, [10, 1, 0.1, 0], [933.506653, 353.890289, 10.3821688]],
+      [{ ...beta, sigma_min: 0.1, sigma_max: 10 }, 3, undefined, [10, 5.05, 0.1, 0], [933.506653, 797.36377, 10.3821688]],
+    ]);
+  });
+
+  it('DPM-Solver spans the whole training table and truncates the timesteps, as its int64 timesteps do (998 first)', () => {
+    const [exponential, beta] = [{ ...DPM_SD15, use_exponential_sigmas: true }, { ...DPM_SD15, use_beta_sigmas: true }];
+    const sigmas20 = {
+      exponential: [14.6146469, 10.5363197, 7.59607983, 5.47633648, 3.94812346, 2.84636974, 2.05206871, 1.47942352, 1.06657922, 0.768942237, 0.554363072, 0.399663895, 0.288134664, 0.207728505, 0.149760306, 0.107968561, 0.0778391138, 0.0561175235, 0.0404575057, 0.0291675329, 0],
+      beta: [14.6146469, 14.4152479, 13.9863262, 13.3927422, 12.6674452, 11.8355064, 10.9186268, 9.93679905, 8.90907764, 7.85399485, 6.78981924, 5.73473692, 4.70701551, 3.72518778, 2.80830836, 1.97636914, 1.25107253, 0.657488048, 0.22856681, 0.0291675329, 0],
+    };
+    expectSchedules([
+      [exponential, 5, undefined, [14.6146469, 3.08898759, 0.652895987, 0.137997702, 0.0291675329, 0], [998, 680, 233, 20, 0]],
+      [exponential, 20, undefined, sigmas20.exponential, [998, 942, 881, 814, 741, 659, 569, 472, 373, 277, 192, 124, 75, 43, 23, 12, 5, 2, 0, 0]],
+      [beta, 5, undefined, [14.6146469, 12.0522642, 7.32190704, 2.59155011, 0.0291675329, 0], [998, 966, 874, 634, 0]],
+      [beta, 20, undefined, sigmas20.beta, [998, 996, 991, 984, 975, 963, 949, 932, 912, 888, 859, 824, 781, 727, 655, 558, 421, 235, 51, 0]],
+    ]);
+    expect(schedule(beta, 20).timesteps.every(Number.isInteger)).toBe(true);
+  });
+
+  it('flow-matching Euler spaces the shifted grid between its ends (FLUX schnell and dev), Karras sigmas too', () => {
+    expectSchedules([
+      [{ ...SCHNELL, use_exponential_sigmas: true }, 4, undefined, [1, 0.629960537, 0.396850258, 0.25, 0], [1000, 629.96051, 396.85025, 250]],
+      [{ ...SCHNELL, use_beta_sigmas: true }, 4, undefined, [1, 0.793440044, 0.456559956, 0.25, 0], [1000, 793.440063, 456.559967, 250]],
+      [{ ...DEV, use_exponential_sigmas: true }, 4, 1.15, [1, 0.800439417, 0.640703261, 0.512844145, 0], [1000, 800.439392, 640.703247, 512.844116]],
+      [{ ...DEV, use_beta_sigmas: true }, 4, 1.15, [1, 0.865830779, 0.647013366, 0.512844145, 0], [1000, 865.83075, 647.013367, 512.844116]],
+      [{ ...DEV, use_karras_sigmas: true }, 4, 1.15, [1, 0.806063414, 0.6453017, 0.512844145, 0], [1000, 806.063416, 645.301697, 512.844116]],
+    ]);
+    let s = schedule({ ...DEV, use_beta_sigmas: true }, 28, 1.15);
+    expectCloseArray(s.sigmas.slice(0, 6), [1, 0.993175447, 0.978423536, 0.957839668, 0.932405889, 0.902818561]);
+    expectCloseArray(s.sigmas.slice(-4), [0.12629734, 0.111545429, 0.104720898, 0]);
+    s = schedule({ ...DEV, use_exponential_sigmas: true }, 28, 1.15);
+    expectCloseArray(s.sigmas.slice(0, 4), [1, 0.919824421, 0.846076965, 0.77824229]);
+    expectCloseArray(s.timesteps.slice(-3), [123.772308, 113.848793, 104.720901]);
+  });
+
+  it('one step runs at the highest sigma of what it spaces, as numpy.linspace of one point is its start', () => {
+    for (const spacing of ['use_exponential_sigmas', 'use_beta_sigmas']) {
+      // Leading spacing's one timestep is 1 (0 + steps_offset): its sigma is both ends.
+      expectCloseArray(schedule({ ...EULER_SD15, [spacing]: true }, 1).sigmas, [0.041314479, 0]);
+      expect(schedule({ ...DPM_SD15, [spacing]: true }, 1)).toEqual({ sigmas: [expect.closeTo(14.6146469, 5), 0], timesteps: [998] });
+      expect(schedule({ ...SCHNELL, [spacing]: true }, 1)).toEqual({ sigmas: [1, 0], timesteps: [1000] });
+    }
+  });
+
+  it("takes the Beta quantile to scipy.stats.beta.ppf's digits, tails included", () => {
+    const ps = [1e-6, 0.001, 0.1, 0.25, 0.5, 0.75, 0.9, 0.999];
+    const scipy: Array<[number, number, number[]]> = [
+      [0.6, 0.6, [1.8558824624053043e-10, 1.855873851745199e-5, 0.03958440558878085, 0.17568037865269498, 0.5000000000000001, 0.824319621347305, 0.9604155944112192, 0.9999814412614826]],
+      [2, 3, [0.0004083594602042573, 0.013022947370814273, 0.14255931671003072, 0.24302208375607628, 0.3857275681323895, 0.5436782854190803, 0.6795394162781817, 0.9359618608971666]],
+      [0.3, 4, [1.9049653209186645e-21, 1.9049653210024112e-11, 8.843870482363649e-5, 0.0018832461144910493, 0.019778314565049332, 0.08936406138899498, 0.2143738140841478, 0.7134437015152071]],
+    ];
+    for (const [a, b, expected] of scipy) {
+      ps.forEach((p, i) => expect(Math.abs(betaQuantile(p, a, b) - expected[i]), `ppf(${p}, ${a}, ${b})`).toBeLessThanOrEqual(1e-12 * expected[i]));
+    }
+    expect([betaQuantile(0, 0.6, 0.6), betaQuantile(1, 0.6, 0.6)]).toEqual([0, 1]);
+  });
+
+  it('refuses two spacings at once, as diffusers does; the dpmpp_2m_karras name turns the others off', () => {
+    for (const config of [EULER_SD15, DPM_SD15, SCHNELL]) {
+      expect(() => createScheduler({ ...config, use_karras_sigmas: true, use_beta_sigmas: true })).toThrow(
+        `${String(config._class_name)}: use_karras_sigmas and use_beta_sigmas are set together, and a schedule takes one of them: set the others to false`,
+      );
+    }
+    const exponential = { ...DPM_SD15, use_exponential_sigmas: true };
+    const karras = createScheduler(exponential, 'dpmpp_2m_karras') as DPMSolverMultistepScheduler;
+    karras.setTimesteps(5);
+    const plainKarras = createScheduler({ ...DPM_SD15, use_karras_sigmas: true }) as DPMSolverMultistepScheduler;
+    plainKarras.setTimesteps(5);
+    expect(karras.sigmas).toEqual(plainKarras.sigmas);
+    // dpmpp_2m names the solver and leaves the model's own spacing as it is.
+    const own = createScheduler(exponential, 'dpmpp_2m') as DPMSolverMultistepScheduler;
+    own.setTimesteps(5);
+    expect(own.timesteps).toEqual([998, 680, 233, 20, 0]);
+    expect(schedulersRunning({ ...EULER_SD15, use_beta_sigmas: true }, 'vp')).toEqual({ running: schedulersFor('vp'), refused: [] });
   });
 });
 

@@ -5,7 +5,6 @@ import {
   DDPM_TRAINING_DEFAULTS,
   finalSigma,
   interpolateTable,
-  karrasSigmas,
   rejectUnsupported,
   roundHalfEven,
   spacedTimesteps,
@@ -20,6 +19,7 @@ import {
   type VpCoefficients,
 } from './noise-schedule.js';
 import type { Scheduler, SchedulerConfig } from './scheduler.js';
+import { sigmaSpacingOf, spacedSigmas, type SigmaSpacing } from './sigma-spacing.js';
 
 const CLASS_NAME = 'DPMSolverMultistepScheduler';
 
@@ -74,6 +74,8 @@ export class DPMSolverMultistepScheduler implements Scheduler {
   private readonly config: typeof DEFAULTS & SchedulerConfig;
   private readonly predictionType: PredictionType;
   private readonly trainSigmas: Float32Array;
+  /** Karras, exponential or beta noise levels in place of the table's at the spaced timesteps. */
+  private readonly sigmaSpacing: SigmaSpacing | undefined;
   private sigmaSchedule: number[] = [];
   private schedule: number[] = [];
   /** The previous step's x0 prediction, the multistep history (none before the first step). */
@@ -85,8 +87,6 @@ export class DPMSolverMultistepScheduler implements Scheduler {
     rejectUnsupported(CLASS_NAME, c, {
       thresholding: false,
       use_lu_lambdas: false,
-      use_exponential_sigmas: false,
-      use_beta_sigmas: false,
       use_flow_sigmas: false,
       variance_type: null,
     });
@@ -96,6 +96,7 @@ export class DPMSolverMultistepScheduler implements Scheduler {
     }
     this.predictionType = checkPredictionType(CLASS_NAME, c.prediction_type, ['epsilon', 'v_prediction', 'sample']);
     this.trainSigmas = trainingSigmas(c);
+    this.sigmaSpacing = sigmaSpacingOf(CLASS_NAME, c);
   }
 
   get timesteps(): readonly number[] {
@@ -120,12 +121,14 @@ export class DPMSolverMultistepScheduler implements Scheduler {
         ? spacedTimesteps('trailing', T, numInferenceSteps, c.steps_offset, end)
         : spacedTimesteps(c.timestep_spacing, T, numInferenceSteps + 1, c.steps_offset, end).map(roundHalfEven).slice(0, -1);
     let sigmas: number[];
-    if (c.use_karras_sigmas) {
-      sigmas = karrasSigmas(c.sigma_max ?? table[table.length - 1], c.sigma_min ?? table[0], numInferenceSteps);
-      timesteps = timestepsForSigmas(sigmas, table);
-      // Integer timesteps: rounded, except for the cosine schedule, whose diffusers leaves unrounded
-      // until its timesteps become int64, which truncates (its sigmas stay the Karras ones either way).
-      timesteps = timesteps.map(c.beta_schedule === 'squaredcos_cap_v2' ? Math.trunc : roundHalfEven);
+    if (this.sigmaSpacing) {
+      // Spanning the whole training table (timesteps lambda_min_clipped leaves out included), as diffusers does.
+      sigmas = spacedSigmas(this.sigmaSpacing, c, table[table.length - 1], table[0], numInferenceSteps);
+      // Integer timesteps: Karras's rounded, except on the cosine schedule; there and for exponential and
+      // beta sigmas diffusers leaves them unrounded until they become int64, which truncates (the sigmas
+      // stay the spaced ones either way).
+      const rounded = this.sigmaSpacing === 'karras' && c.beta_schedule !== 'squaredcos_cap_v2';
+      timesteps = timestepsForSigmas(sigmas, table).map(rounded ? roundHalfEven : Math.trunc);
     } else {
       sigmas = timesteps.map((t) => interpolateTable(table, t));
     }
@@ -192,12 +195,15 @@ export const dpmSolverMultistep: SchedulerEntry = {
   kind: 'vp',
   names: {
     dpmpp_2m: { algorithm_type: 'dpmsolver++', solver_order: 2, solver_type: 'midpoint', use_karras_sigmas: false },
-    dpmpp_2m_karras: { algorithm_type: 'dpmsolver++', solver_order: 2, solver_type: 'midpoint', use_karras_sigmas: true },
+    // Karras sigmas in place of any other spacing the model's config asks for, which diffusers would refuse beside them.
+    dpmpp_2m_karras: { algorithm_type: 'dpmsolver++', solver_order: 2, solver_type: 'midpoint', use_karras_sigmas: true, use_exponential_sigmas: false, use_beta_sigmas: false },
   },
   create: (config) => new DPMSolverMultistepScheduler(config),
   // DPM-Solver++(2M) on the same sigmas: the nearest this class runs to a model's own SDE or third-order solver.
   unrun(config) {
     const c = withOwnDefaults(config);
+    // Two spacings at once are no solver a stand-in could replace: the config is refused, as diffusers refuses it.
+    sigmaSpacingOf(CLASS_NAME, c);
     const why = unrunSolver(c);
     return why === undefined ? undefined : { why, by: c.use_karras_sigmas ? 'dpmpp_2m_karras' : 'dpmpp_2m' };
   },

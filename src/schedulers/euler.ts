@@ -6,9 +6,7 @@ import {
   eulerUpdate,
   finalSigma,
   interpolateTable,
-  karrasSigmas,
   linspace,
-  rejectUnsupported,
   spacedTimesteps,
   timestepsForSigmas,
   trainingSigmas,
@@ -17,6 +15,7 @@ import {
 } from './noise-schedule.js';
 import type { SchedulerConfig } from './scheduler.js';
 import { SigmaSpaceScheduler } from './sigma-space.js';
+import { sigmaSpacingOf, spacedSigmas, type SigmaSpacing } from './sigma-spacing.js';
 
 const CLASS_NAME = 'EulerDiscreteScheduler';
 
@@ -42,15 +41,14 @@ export class EulerDiscreteScheduler extends SigmaSpaceScheduler {
   private readonly predictionType: PredictionType;
   /** Training sigma per integer timestep, ascending. */
   private readonly trainSigmas: Float32Array;
+  /** Karras, exponential or beta noise levels in place of the table's at the spaced timesteps. */
+  private readonly sigmaSpacing: SigmaSpacing | undefined;
 
   constructor(config: SchedulerConfig = {}) {
     const resolved = withDefaults(DEFAULTS, config);
     super(resolved.timestep_spacing);
     this.config = resolved;
-    rejectUnsupported(CLASS_NAME, this.config, {
-      use_exponential_sigmas: false,
-      use_beta_sigmas: false,
-    });
+    this.sigmaSpacing = sigmaSpacingOf(CLASS_NAME, this.config);
     this.predictionType = checkPredictionType(
       CLASS_NAME,
       this.config.prediction_type === 'original_sample' ? 'sample' : this.config.prediction_type,
@@ -76,8 +74,9 @@ export class EulerDiscreteScheduler extends SigmaSpaceScheduler {
       default:
         throw new Error(`${CLASS_NAME}: interpolation_type "${c.interpolation_type}" is not supported (linear, log_linear)`);
     }
-    if (c.use_karras_sigmas) {
-      sigmas = karrasSigmas(c.sigma_max ?? sigmas[0], c.sigma_min ?? sigmas[sigmas.length - 1], numInferenceSteps);
+    if (this.sigmaSpacing) {
+      // Spanning the interpolated sigmas (log_linear's N+1 too), then each one's fractional timestep.
+      sigmas = spacedSigmas(this.sigmaSpacing, c, sigmas[0], sigmas[sigmas.length - 1], numInferenceSteps);
       timesteps = timestepsForSigmas(sigmas, table);
     }
     sigmas.push(finalSigma(c.final_sigmas_type, table));

@@ -2,6 +2,7 @@ import type { BatchNoise } from '../runtime/random.js';
 import type { SchedulerEntry } from './index.js';
 import { linspace, rejectUnsupported, weightedSum, withDefaults } from './noise-schedule.js';
 import type { Scheduler, SchedulerConfig, SetTimestepsOptions } from './scheduler.js';
+import { sigmaSpacingOf, spacedSigmas, type SigmaSpacing } from './sigma-spacing.js';
 
 const CLASS_NAME = 'FlowMatchEulerDiscreteScheduler';
 
@@ -23,6 +24,8 @@ const DEFAULTS = {
 export class FlowMatchEulerDiscreteScheduler implements Scheduler {
   readonly initNoiseSigma = 1;
   private readonly config: typeof DEFAULTS & SchedulerConfig;
+  /** Karras, exponential or beta noise levels in place of the shifted grid's. */
+  private readonly sigmaSpacing: SigmaSpacing | undefined;
   private sigmaSchedule: number[] = [];
   private schedule: number[] = [];
 
@@ -32,11 +35,9 @@ export class FlowMatchEulerDiscreteScheduler implements Scheduler {
       time_shift_type: 'exponential',
       invert_sigmas: false,
       shift_terminal: null,
-      use_karras_sigmas: false,
-      use_exponential_sigmas: false,
-      use_beta_sigmas: false,
       stochastic_sampling: false,
     });
+    this.sigmaSpacing = sigmaSpacingOf(CLASS_NAME, this.config);
   }
 
   get timesteps(): readonly number[] {
@@ -63,6 +64,10 @@ export class FlowMatchEulerDiscreteScheduler implements Scheduler {
       sigmas = sigmas.map((s) => (c.shift * s) / (1 + (c.shift - 1) * s));
     }
     sigmas = sigmas.map(Math.fround);
+    if (this.sigmaSpacing) {
+      // Spanning the shifted grid, from its first sigma (1) to its last.
+      sigmas = spacedSigmas(this.sigmaSpacing, c, sigmas[0], sigmas[sigmas.length - 1], numInferenceSteps).map(Math.fround);
+    }
     this.schedule = sigmas.map((s) => Math.fround(s * c.num_train_timesteps));
     this.sigmaSchedule = [...sigmas, 0];
   }

@@ -233,14 +233,6 @@ export function interpolateTable(table: ArrayLike<number>, t: number): number {
   return table[low] + (table[low + 1] - table[low]) * (t - low);
 }
 
-/** Karras et al. 2022 (EDM) noise levels: evenly spaced in sigma^(1/rho), rho = 7, from max down to min. */
-export function karrasSigmas(sigmaMax: number, sigmaMin: number, n: number): number[] {
-  const rho = 7;
-  const maxInv = sigmaMax ** (1 / rho);
-  const minInv = sigmaMin ** (1 / rho);
-  return linspace(0, 1, n).map((ramp) => (maxInv + ramp * (minInv - maxInv)) ** rho);
-}
-
 /** The sigma after the last step: 0 lands on x0, `sigma_min` stops at the smallest training sigma. */
 export function finalSigma(type: string, trainSigmas: ArrayLike<number>): number {
   if (type === 'zero') return 0;
@@ -248,7 +240,7 @@ export function finalSigma(type: string, trainSigmas: ArrayLike<number>): number
   throw new Error(`final_sigmas_type "${type}" is not supported (zero, sigma_min)`);
 }
 
-/** The fractional training timestep of each sigma (Karras schedules), given the training sigma table. */
+/** The fractional training timestep of each sigma (Karras, exponential and beta schedules), given the training sigma table. */
 export function timestepsForSigmas(sigmas: readonly number[], trainSigmas: Float32Array): number[] {
   // In float32 as diffusers' log_sigmas: the first sigma of a spaced schedule is the largest table entry,
   // and whether it lands just below it (timestep 998.99..., which DPM-Solver truncates to 998) or on it
