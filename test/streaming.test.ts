@@ -4,7 +4,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { ErrorBody, ImageStreamEvent } from '../src/api/wire.js';
 import type { RunningServer } from '../src/server.js';
 import { capturedLogs } from './helpers/logs.js';
-import { holdBusyWorker } from './helpers/busy-worker.js';
+import { holdBusyWorker, holdNextBatch } from './helpers/busy-worker.js';
 import { whenRunning } from './helpers/ops-server.js';
 import { readImageFile } from './helpers/picture.js';
 import { startRealServer, type RealServer } from './helpers/real-server.js';
@@ -146,6 +146,29 @@ describe('streamed generations', () => {
     expect(steps.map((e) => e.step)).toEqual([...new Set(steps.map((e) => e.step!))].sort((a, b) => a! - b!));
     expect(steps.at(-1)!.step).toBe(12);
     expect(events.at(-1)!.type).toBe('image_generation.completed');
+  });
+
+  it('stops counting a request as waiting once a worker took its batch, before its first step: the requests queued behind it are not ahead of it', async () => {
+    const body = { model: 'demo-shapes', prompt: 'a red circle', size: '256x256', stream: true, stream_progress: true };
+    const queuedAhead = (events: ImageStreamEvent[]) => events.flatMap((e) => (e.type === 'imagegen.progress' && e.queued_ahead !== undefined ? [e.queued_ahead] : []));
+    await expect.poll(() => server.engine.readiness().ready, { timeout: 60_000 }).toBe(true);
+    // Its batch held before the worker begins it, as a model's load (seconds to a minute) holds it before the first step.
+    const { sent: taken, resume } = await holdNextBatch(server.engine, () => rawEvents({ ...body, steps: 3 }));
+    let behind: Promise<unknown>[] = [];
+    try {
+      // Two requests queue behind it (steps told apart: they do not merge into one batch).
+      const last: ImageStreamEvent[] = [];
+      behind = [rawEvents({ ...body, steps: 4 }), rawEvents({ ...body, steps: 5 }, undefined, (event) => last.push(event))];
+      // Told every second while it waits: by its third, the taken request's own second has gone too, with both queued.
+      await expect.poll(() => queuedAhead(last).length, { timeout: 10_000 }).toBeGreaterThanOrEqual(3);
+    } finally {
+      resume();
+    }
+    const { events } = await taken;
+    // Told once, as it was taken at once; before, it was then told of the two behind it as one ahead of it.
+    expect(queuedAhead(events)).toEqual([0]);
+    expect(events.at(-1)!.type).toBe('image_generation.completed');
+    await Promise.all(behind);
   });
 
   it("says from the first step the denoiser passes of all the request's batches, PNDM's repeated one included", async () => {

@@ -177,7 +177,7 @@ export function createImageService({ registry, engine, store, defaultRng, defaul
     const failed = new AbortController();
     const either = AbortSignal.any([signal, failed.signal]);
     setMaxListeners(Math.max(defaultMaxListeners, ABORT_LISTENERS_PER_BATCH * batches.length), either);
-    const progress = onEvent && requestProgress(batches, model.passes, () => engine.load().queued, onEvent);
+    const progress = onEvent && requestProgress(batches, model.passes, () => engine.load().queued, () => ticket.started, onEvent);
     // Images made before another batch failed still go out, before the error that ends the stream
     // (`over`: a batch that finishes after that is too late); to a client that left, nothing does.
     let over = false;

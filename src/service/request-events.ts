@@ -69,25 +69,29 @@ export function finishedInOrder(batches: GenerationBatch[], onImage: (image: num
 
 /**
  * A streamed request's events from its batches' events: steps summed over the batches, previews
- * numbered as the response's images, and while nothing has started, the batches waiting with it
- * (`queued`: how many batches wait in the queue now, its own included). `passes`: the denoiser passes
- * each batch makes (they share their settings; see passesRun).
+ * numbered as the response's images, and while it waits for a worker, the batches waiting with it
+ * (`queued`: how many batches wait in the queue now, its own included). `started`: whether a worker
+ * has taken one of its batches (Ticket.started), which then waits no longer, though its first step may
+ * be far off (its model loading). `passes`: the denoiser passes each batch makes (they share their
+ * settings; see passesRun).
  */
-export function requestProgress(batches: GenerationBatch[], passes: number, queued: () => number, onEvent: RequestListener) {
+export function requestProgress(batches: GenerationBatch[], passes: number, queued: () => number, started: () => boolean, onEvent: RequestListener) {
   const firstImage = firstImages(batches);
   // A batch yet to begin counts the passes it will make (`passes`, as its own events will say), so the
   // total stays what it was when the batch begins; only a worker running it in parts (memory, pixels)
   // can tell more, and its events then do.
-  const steps = batches.map(() => ({ step: 0, total: passes, begun: false }));
-  const begun = () => steps.filter((s) => s.begun).length;
-  const tellQueued = () => onEvent({ type: 'queued', ahead: Math.max(0, queued() - (batches.length - begun())) });
+  const steps = batches.map(() => ({ step: 0, total: passes }));
+  // Until its first step, a request whose batch a worker took went on hearing the batches waiting behind
+  // it as ahead of it (a model's load takes seconds to a minute), and its own later batches' queueing
+  // as its own: it is at the front now.
+  const tellQueued = () => onEvent({ type: 'queued', ahead: started() ? 0 : Math.max(0, queued() - batches.length) });
   let timer: NodeJS.Timeout | undefined;
   // First told once the batches are queued, after their admission settled: a request the queue refuses
   // gets its 429 as a plain error (no event of this comes before it; a wait for the key's slot, in
   // produce, may have opened the stream already), and the count includes its own batches.
   const first = globalThis.setImmediate(() => {
     tellQueued();
-    timer = setInterval(() => (begun() === 0 ? tellQueued() : clearInterval(timer)), QUEUED_EVENT_MS);
+    timer = setInterval(() => (started() ? clearInterval(timer) : tellQueued()), QUEUED_EVENT_MS);
   });
   const stop = () => {
     clearImmediate(first);
@@ -101,7 +105,7 @@ export function requestProgress(batches: GenerationBatch[], passes: number, queu
         return;
       }
       stop();
-      steps[b] = { step: event.step, total: event.total, begun: true };
+      steps[b] = { step: event.step, total: event.total };
       const sum = (key: 'step' | 'total') => steps.reduce((n, s) => n + s[key], 0);
       onEvent({ type: 'step', step: sum('step'), total: sum('total') });
     },
