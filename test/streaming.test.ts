@@ -30,6 +30,12 @@ beforeAll(async () => {
 
 afterAll(() => real?.close());
 
+/** imagegen_partial_images_total of the demo model, as /metrics says it. */
+async function previewsSent(): Promise<number> {
+  const metrics = await (await fetch(`${server.url}/metrics`, { headers: { authorization: `Bearer ${KEY}` } })).text();
+  return Number(/^imagegen_partial_images_total\{model="demo-shapes"\} (\d+)$/m.exec(metrics)?.[1] ?? 0);
+}
+
 const picture = (b64: string) => readImageFile(Buffer.from(b64, 'base64'));
 
 /** A flat red 256x256 PNG: the picture the streamed edits start from. */
@@ -121,13 +127,49 @@ describe('streamed generations', () => {
   });
 
   it('counts the previews it sent in /metrics', async () => {
-    const previewsSent = async () => {
-      const metrics = await (await fetch(`${server.url}/metrics`, { headers: { authorization: `Bearer ${KEY}` } })).text();
-      return Number(/^imagegen_partial_images_total\{model="demo-shapes"\} (\d+)$/m.exec(metrics)?.[1] ?? 0);
-    };
     const before = await previewsSent();
     await rawEvents({ model: 'demo-shapes', prompt: 'a red circle', size: '256x256', n: 2, steps: 4, stream: true, partial_images: 2 });
     expect((await previewsSent()) - before).toBe(4);
+  });
+
+  it("counts in /metrics the previews sent, none of a client's that left the merged batch it shared", async () => {
+    const aborted = 'request aborted: the client closed the connection before the answer was sent';
+    const logged = logs.lines.length;
+    const abortsLogged = () => logs.lines.slice(logged).filter((line) => line.msg === aborted).length;
+    await expect.poll(() => server.engine.readiness().ready, { timeout: 60_000 }).toBe(true);
+    const before = await previewsSent();
+    // A long batch holds the worker while two requests of the same settings wait: they merge into one batch.
+    const holder = new AbortController();
+    const holding = rawEvents({ model: 'demo-shapes', prompt: 'a red circle', size: '1024x1024', steps: 150, stream: true }, holder.signal).catch(() => undefined);
+    await expect.poll(() => server.engine.load().running).toBe(1);
+    let resume = await holdBusyWorker(server.engine);
+    const partials: ImageStreamEvent[] = [];
+    const heard = (event: ImageStreamEvent) => void (event.type === 'image_generation.partial_image' && partials.push(event));
+    const body = { model: 'demo-shapes', prompt: 'a red circle', size: '512x512', steps: 40, stream: true, partial_images: 3 };
+    const leaving = new AbortController();
+    // The client of two images leaves as the merged batch's first step is heard, before any preview.
+    let merged: Promise<() => void> | undefined;
+    const left = rawEvents({ ...body, n: 2 }, leaving.signal, heard).catch(() => undefined);
+    const stays = rawEvents({ ...body, stream_progress: true }, undefined, (event) => {
+      heard(event);
+      if (event.type === 'imagegen.progress' && event.step !== undefined) merged ??= holdBusyWorker(server.engine);
+    });
+    try {
+      await expect.poll(() => server.engine.load()).toEqual({ running: 1, queued: 1 });
+      holder.abort();
+      resume();
+      await expect.poll(() => merged, { timeout: 30_000 }).toBeDefined();
+      resume = await merged!;
+      leaving.abort();
+      await expect.poll(abortsLogged).toBe(2);
+    } finally {
+      resume();
+    }
+    const { events } = await stays;
+    await Promise.all([left, holding]);
+    expect(events.filter((e) => e.type === 'image_generation.partial_image')).toHaveLength(3);
+    // Before, the previews made for the client that left counted too: 9.
+    expect((await previewsSent()) - before).toBe(partials.length);
   });
 
   it('sends fewer previews than asked when the loop has fewer steps to show them after', async () => {

@@ -24,8 +24,11 @@ import type { BatchEvent, BatchItem, GeneratedImage, GenerationBatch } from '../
  * (behind its running batches) while a worker is free.
  */
 
-/** Runs one batch on a worker; `stop` aborting asks the worker to stop at its next step. */
-export type BatchRunner = (batch: GenerationBatch, stop: AbortSignal, onEvent: (event: BatchEvent) => void) => Promise<GeneratedImage[]>;
+/**
+ * Runs one batch on a worker; `stop` aborting asks the worker to stop at its next step. `onEvent`
+ * answers whether a client still there heard the event (none hears the previews of one that left).
+ */
+export type BatchRunner = (batch: GenerationBatch, stop: AbortSignal, onEvent: (event: BatchEvent) => boolean) => Promise<GeneratedImage[]>;
 
 /** Where groups wait for a worker (the bounded job queue, JobQueue). */
 export interface JobScheduler {
@@ -241,18 +244,22 @@ function clientShares(group: Group, estimate: CostEstimate): Map<string, number>
   return shares;
 }
 
-/** A merged batch's event to its members: progress to all, an item's preview to the member it belongs to, renumbered. */
-function routeEvent(members: readonly Member[], event: BatchEvent): void {
+/**
+ * A merged batch's event to its members: progress to all, an item's preview to the member it belongs
+ * to, renumbered. Answers whether a member still there got it.
+ */
+function routeEvent(members: readonly Member[], event: BatchEvent): boolean {
   if (event.type === 'step') {
     for (const m of members) if (!m.left) m.onEvent?.(event);
-    return;
+    return members.some((m) => !m.left);
   }
   let first = 0;
   for (const m of members) {
     if (event.item < first + m.items.length) {
       if (!m.left) m.onEvent?.({ ...event, item: event.item - first });
-      return;
+      return !m.left;
     }
     first += m.items.length;
   }
+  return false;
 }

@@ -300,7 +300,7 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
     return version === batch.modelVersion ? batch : { ...batch, modelVersion: version };
   }
 
-  async function runOnWorker(queued: GenerationBatch, stop: AbortSignal, onEvent: (event: BatchEvent) => void): Promise<GeneratedImage[]> {
+  async function runOnWorker(queued: GenerationBatch, stop: AbortSignal, onEvent: (event: BatchEvent) => boolean): Promise<GeneratedImage[]> {
     const batch = atCurrentVersion(queued);
     // The queue runs no more jobs than there are ready workers, and each job holds its worker until it ends.
     const worker = workerFor(batch.modelDir);
@@ -312,11 +312,11 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
     const oomKillsBefore = cgroupOomKills();
     try {
       const onBatchEvent = (event: BatchEvent) => {
-        if (event.type === 'preview') metrics?.partialImage(modelName(batch.modelDir));
         // The worker's own time (see WorkerProcess.seconds), not ours: under a flood our event loop hears the
         // steps seconds late, and a model timed so would look a hundred times slower than it is.
         if (event.type === 'step' && warm) costs.progress(batch, worker.seconds, event.step / event.total);
-        onEvent(event);
+        // Only the previews sent: those of a client that left a merged batch others stay in go to nobody.
+        if (onEvent(event) && event.type === 'preview') metrics?.partialImage(modelName(batch.modelDir));
       };
       const result = await onWorker(worker, (progress) => worker.run(batch, stop, progress, onBatchEvent));
       outcome = 'completed';
