@@ -232,3 +232,52 @@ describe('merging within the model batch limit', () => {
     expect(runs.map((r) => r.items)).toEqual([1, 2, 2, 1]);
   });
 });
+
+describe('a client leaving a running merged batch, others staying', () => {
+  /**
+   * Four images of 1024x2048 run in two parts of two (a part holds at most 4 megapixels of images): the
+   * last two, one client's, leave at the step `leaveAt` picks. Answers the images and the steps heard.
+   */
+  async function leaving(leaveAt: (step: number, total: number) => boolean) {
+    const gone = new Set<number>();
+    const steps: number[] = [];
+    const previewed: number[] = [];
+    const batch = request([item('a red circle', 1), item('a blue square', 2), item('a green triangle', 3), item('a red square', 4)].map((i) => ({ ...i, partialImages: 1 })), {
+      width: 1024,
+      height: 2048,
+      steps: 8,
+    });
+    const images = await runtime.runMerged(batch, (i) => gone.has(i), {
+      onEvent(event) {
+        if (event.type === 'preview') return void previewed.push(event.item);
+        steps.push(event.step);
+        if (leaveAt(event.step, event.total)) [2, 3].forEach((i) => gone.add(i));
+      },
+    });
+    return { images, steps, previewed, batch };
+  }
+
+  it('does not run a part of the batch all of whose clients left, makes them no preview or image, and still ends its steps at its total', async () => {
+    const { images, steps, previewed, batch } = await leaving((step) => step === 1);
+    expect(images.map((image) => image !== undefined)).toEqual([true, true, false, false]);
+    // The first part's steps, then the second part's counted as done at once.
+    expect(steps).toEqual([1, 2, 3, 4, 5, 6, 7, 8, 16]);
+    expect(previewed).toEqual([0, 1]);
+    // The images that stay are those their seeds make alone.
+    const [alone] = await runtime.runBatch({ ...batch, items: [batch.items[1]] });
+    expect(Buffer.compare(Buffer.from(alone.data), Buffer.from(images[1]!.data))).toBe(0);
+  });
+
+  it('stops a part at its next step once all its clients left', async () => {
+    const { images, steps } = await leaving((step, total) => step === total / 2 + 1);
+    expect(images.map((image) => image !== undefined)).toEqual([true, true, false, false]);
+    expect(steps).toEqual([1, 2, 3, 4, 5, 6, 7, 8, 9, 16]);
+  });
+
+  it("decodes no picture for an item whose client left by the time its turn came", async () => {
+    const batch = request([item('a red circle', 1), item('a blue square', 2)]);
+    const pipeline = await runtime.getPipeline(batch.modelDir);
+    const pictures = await pipeline.generate(batch, { wanted: (i) => i === 0 });
+    expect(pictures.map((picture) => picture?.width)).toEqual([128, undefined]);
+  });
+});

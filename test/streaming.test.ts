@@ -30,10 +30,54 @@ beforeAll(async () => {
 
 afterAll(() => real?.close());
 
-/** imagegen_partial_images_total of the demo model, as /metrics says it. */
-async function previewsSent(): Promise<number> {
+/** A counter of the demo model's, as /metrics says it. */
+async function demoMetric(name: string): Promise<number> {
   const metrics = await (await fetch(`${server.url}/metrics`, { headers: { authorization: `Bearer ${KEY}` } })).text();
-  return Number(/^imagegen_partial_images_total\{model="demo-shapes"\} (\d+)$/m.exec(metrics)?.[1] ?? 0);
+  return Number(new RegExp(`^${name}\\{model="demo-shapes"\\} (\\d+)$`, 'm').exec(metrics)?.[1] ?? 0);
+}
+
+/** The settings of the requests leaveMergedBatch merges. */
+const MERGED = { model: 'demo-shapes', prompt: 'a red circle', size: '512x512', steps: 40 };
+
+/**
+ * Two streamed requests of MERGED's settings (and `fields`) merged into one batch, as a long batch held
+ * the worker while they waited; the client of the first, of two images, leaves as the merged batch's
+ * first step is heard (before any preview), with the worker held until the server heard it leave.
+ * Answers the events of the request that stays, and the partial images both heard.
+ */
+async function leaveMergedBatch(fields: object): Promise<{ events: ImageStreamEvent[]; partials: ImageStreamEvent[] }> {
+  const aborted = 'request aborted: the client closed the connection before the answer was sent';
+  const logged = logs.lines.length;
+  const abortsLogged = () => logs.lines.slice(logged).filter((line) => line.msg === aborted).length;
+  await expect.poll(() => server.engine.readiness().ready, { timeout: 60_000 }).toBe(true);
+  const holder = new AbortController();
+  const holding = rawEvents({ model: 'demo-shapes', prompt: 'a red circle', size: '1024x1024', steps: 150, stream: true }, holder.signal).catch(() => undefined);
+  await expect.poll(() => server.engine.load().running).toBe(1);
+  let resume = await holdBusyWorker(server.engine);
+  const partials: ImageStreamEvent[] = [];
+  const heard = (event: ImageStreamEvent) => void (event.type === 'image_generation.partial_image' && partials.push(event));
+  const body = { ...MERGED, ...fields, stream: true };
+  const leaving = new AbortController();
+  let merged: Promise<() => void> | undefined;
+  const left = rawEvents({ ...body, n: 2 }, leaving.signal, heard).catch(() => undefined);
+  const stays = rawEvents({ ...body, stream_progress: true }, undefined, (event) => {
+    heard(event);
+    if (event.type === 'imagegen.progress' && event.step !== undefined) merged ??= holdBusyWorker(server.engine);
+  });
+  try {
+    await expect.poll(() => server.engine.load()).toEqual({ running: 1, queued: 1 });
+    holder.abort();
+    resume();
+    await expect.poll(() => merged, { timeout: 30_000 }).toBeDefined();
+    resume = await merged!;
+    leaving.abort();
+    await expect.poll(abortsLogged).toBe(2);
+  } finally {
+    resume();
+  }
+  const { events } = await stays;
+  await Promise.all([left, holding]);
+  return { events, partials };
 }
 
 const picture = (b64: string) => readImageFile(Buffer.from(b64, 'base64'));
@@ -127,49 +171,28 @@ describe('streamed generations', () => {
   });
 
   it('counts the previews it sent in /metrics', async () => {
-    const before = await previewsSent();
+    const before = await demoMetric('imagegen_partial_images_total');
     await rawEvents({ model: 'demo-shapes', prompt: 'a red circle', size: '256x256', n: 2, steps: 4, stream: true, partial_images: 2 });
-    expect((await previewsSent()) - before).toBe(4);
+    expect((await demoMetric('imagegen_partial_images_total')) - before).toBe(4);
   });
 
   it("counts in /metrics the previews sent, none of a client's that left the merged batch it shared", async () => {
-    const aborted = 'request aborted: the client closed the connection before the answer was sent';
-    const logged = logs.lines.length;
-    const abortsLogged = () => logs.lines.slice(logged).filter((line) => line.msg === aborted).length;
-    await expect.poll(() => server.engine.readiness().ready, { timeout: 60_000 }).toBe(true);
-    const before = await previewsSent();
-    // A long batch holds the worker while two requests of the same settings wait: they merge into one batch.
-    const holder = new AbortController();
-    const holding = rawEvents({ model: 'demo-shapes', prompt: 'a red circle', size: '1024x1024', steps: 150, stream: true }, holder.signal).catch(() => undefined);
-    await expect.poll(() => server.engine.load().running).toBe(1);
-    let resume = await holdBusyWorker(server.engine);
-    const partials: ImageStreamEvent[] = [];
-    const heard = (event: ImageStreamEvent) => void (event.type === 'image_generation.partial_image' && partials.push(event));
-    const body = { model: 'demo-shapes', prompt: 'a red circle', size: '512x512', steps: 40, stream: true, partial_images: 3 };
-    const leaving = new AbortController();
-    // The client of two images leaves as the merged batch's first step is heard, before any preview.
-    let merged: Promise<() => void> | undefined;
-    const left = rawEvents({ ...body, n: 2 }, leaving.signal, heard).catch(() => undefined);
-    const stays = rawEvents({ ...body, stream_progress: true }, undefined, (event) => {
-      heard(event);
-      if (event.type === 'imagegen.progress' && event.step !== undefined) merged ??= holdBusyWorker(server.engine);
-    });
-    try {
-      await expect.poll(() => server.engine.load()).toEqual({ running: 1, queued: 1 });
-      holder.abort();
-      resume();
-      await expect.poll(() => merged, { timeout: 30_000 }).toBeDefined();
-      resume = await merged!;
-      leaving.abort();
-      await expect.poll(abortsLogged).toBe(2);
-    } finally {
-      resume();
-    }
-    const { events } = await stays;
-    await Promise.all([left, holding]);
+    const before = await demoMetric('imagegen_partial_images_total');
+    const { events, partials } = await leaveMergedBatch({ partial_images: 3 });
     expect(events.filter((e) => e.type === 'image_generation.partial_image')).toHaveLength(3);
     // Before, the previews made for the client that left counted too: 9.
-    expect((await previewsSent()) - before).toBe(partials.length);
+    expect((await demoMetric('imagegen_partial_images_total')) - before).toBe(partials.length);
+  });
+
+  it('makes no image for a client that left the merged batch it shared; the client that stays gets the image it gets alone', async () => {
+    const before = await demoMetric('imagegen_images_generated_total');
+    const { events } = await leaveMergedBatch({ seed: 11 });
+    const completed = events.filter((e) => e.type === 'image_generation.completed');
+    expect(completed).toHaveLength(1);
+    // The held batch, stopped, made none; before, the two images of the client that left were made (and encoded) too: 3.
+    expect((await demoMetric('imagegen_images_generated_total')) - before).toBe(1);
+    const alone = await client.images.generate({ ...MERGED, seed: 11, response_format: 'b64_json' } as OpenAI.ImageGenerateParamsNonStreaming);
+    expect(completed.map((e) => 'b64_json' in e && e.b64_json)).toEqual([alone.data![0].b64_json]);
   });
 
   it('sends fewer previews than asked when the loop has fewer steps to show them after', async () => {

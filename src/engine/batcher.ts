@@ -1,5 +1,6 @@
 import { RequeueError, Ticket, type JobOptions } from './job-queue.js';
-import type { BatchEvent, BatchItem, GeneratedImage, GenerationBatch } from '../runtime/types.js';
+import { LeftItems } from './left-items.js';
+import { everyItemMade, type BatchEvent, type BatchItem, type GeneratedImage, type GenerationBatch } from '../runtime/types.js';
 
 /**
  * Merges requests for the same model, size and settings that wait for a worker together into one
@@ -7,7 +8,9 @@ import type { BatchEvent, BatchItem, GeneratedImage, GenerationBatch } from '../
  * running one after the other. A group stays open for joiners until a worker takes it.
  *
  * Cancellation: a member whose client leaves before the group starts is dropped from it; once the group
- * runs, the worker is told to stop at its next denoising step only when every member has left.
+ * runs, the worker is told to stop at its next denoising step when every member has left, and before
+ * that, which items it need not finish (see WorkerRuntime.runMerged): the members that stay are done
+ * sooner, and no image is made for nobody.
  *
  * A group waits in the queue as its first member's request (ticket), weighed by the estimated cost of
  * all its members; when it starts, every member's request counts as started (see Ticket.begin). Each
@@ -27,8 +30,14 @@ import type { BatchEvent, BatchItem, GeneratedImage, GenerationBatch } from '../
 /**
  * Runs one batch on a worker; `stop` aborting asks the worker to stop at its next step. `onEvent`
  * answers whether a client still there heard the event (none hears the previews of one that left).
+ * The items in `left` (their clients left, others staying) need no image: undefined, if the worker spared it.
  */
-export type BatchRunner = (batch: GenerationBatch, stop: AbortSignal, onEvent: (event: BatchEvent) => boolean) => Promise<GeneratedImage[]>;
+export type BatchRunner = (
+  batch: GenerationBatch,
+  stop: AbortSignal,
+  onEvent: (event: BatchEvent) => boolean,
+  left: LeftItems,
+) => Promise<(GeneratedImage | undefined)[]>;
 
 /** Where groups wait for a worker (the bounded job queue, JobQueue). */
 export interface JobScheduler {
@@ -212,23 +221,25 @@ export class BatchMerger {
     if (members.length === 0) return;
     for (const m of members) m.ticket.begin();
     const stop = new AbortController();
-    const stopIfAllLeft = () => {
-      if (members.every((m) => m.left)) stop.abort();
-    };
-    for (const m of members) m.signal?.addEventListener('abort', stopIfAllLeft, { once: true });
+    const left = new LeftItems();
+    // Each member's items in the batch, numbered as the worker sees them.
+    const firstItems = members.map((_, i) => members.slice(0, i).reduce((n, m) => n + m.items.length, 0));
+    // The batch stops at its next step once every member left; before that, a member that leaves has its items given up.
+    const leaving = members.map((member, i) => () => {
+      if (members.every((m) => m === member || m.left)) stop.abort();
+      else left.add(member.items.map((_, j) => firstItems[i] + j));
+    });
+    members.forEach((m, i) => m.signal?.addEventListener('abort', leaving[i], { once: true }));
     try {
-      const images = await this.runner({ ...group.settings, items: members.flatMap((m) => m.items) }, stop.signal, (event) => routeEvent(members, event));
-      let offset = 0;
-      for (const m of members) {
-        m.resolve(images.slice(offset, offset + m.items.length));
-        offset += m.items.length;
-      }
+      const images = await this.runner({ ...group.settings, items: members.flatMap((m) => m.items) }, stop.signal, (event) => routeEvent(members, event), left);
+      // A member that left has had its answer (its reason) already, and no images.
+      for (const [i, m] of members.entries()) if (!m.left) m.resolve(everyItemMade(images.slice(firstItems[i], firstItems[i] + m.items.length)));
     } catch (err) {
       // The batch never reached a worker: the group waits again, its members with it.
       if (err instanceof RequeueError) throw err;
       for (const m of members) m.reject(err);
     } finally {
-      for (const m of members) m.signal?.removeEventListener('abort', stopIfAllLeft);
+      members.forEach((m, i) => m.signal?.removeEventListener('abort', leaving[i]));
     }
   }
 }

@@ -5,6 +5,7 @@ import { MODEL_BUDGET_SHARE, type EngineSettings } from '../pipelines/run.js';
 import { exceededFigures, type ModelMemory } from '../models/memory-figures.js';
 import { BatchMerger } from './batcher.js';
 import { CostModel } from './cost-model.js';
+import type { LeftItems } from './left-items.js';
 import { MemoryArbiter } from './memory-arbiter.js';
 import { cgroupOomKills } from '../runtime/cgroup-memory.js';
 import { HEADROOM, plannableBytes, residentBytesOf } from '../runtime/memory.js';
@@ -300,7 +301,7 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
     return version === batch.modelVersion ? batch : { ...batch, modelVersion: version };
   }
 
-  async function runOnWorker(queued: GenerationBatch, stop: AbortSignal, onEvent: (event: BatchEvent) => boolean): Promise<GeneratedImage[]> {
+  async function runOnWorker(queued: GenerationBatch, stop: AbortSignal, onEvent: (event: BatchEvent) => boolean, left: LeftItems): Promise<(GeneratedImage | undefined)[]> {
     const batch = atCurrentVersion(queued);
     // The queue runs no more jobs than there are ready workers, and each job holds its worker until it ends.
     const worker = workerFor(batch.modelDir);
@@ -311,17 +312,19 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
     let images = 0;
     const oomKillsBefore = cgroupOomKills();
     try {
+      // A batch whose clients left in part ran faster than it would have whole (WorkerRuntime.runMerged): it does not time its model.
+      const timesModel = () => warm && left.size === 0;
       const onBatchEvent = (event: BatchEvent) => {
         // The worker's own time (see WorkerProcess.seconds), not ours: under a flood our event loop hears the
         // steps seconds late, and a model timed so would look a hundred times slower than it is.
-        if (event.type === 'step' && warm) costs.progress(batch, worker.seconds, event.step / event.total);
+        if (event.type === 'step' && timesModel()) costs.progress(batch, worker.seconds, event.step / event.total);
         // Only the previews sent: those of a client that left a merged batch others stay in go to nobody.
         if (onEvent(event) && event.type === 'preview') metrics?.partialImage(modelName(batch.modelDir));
       };
-      const result = await onWorker(worker, (progress) => worker.run(batch, stop, progress, onBatchEvent));
+      const result = await onWorker(worker, (progress) => worker.run(batch, stop, progress, onBatchEvent, left));
       outcome = 'completed';
-      images = result.length;
-      if (warm) costs.record(batch, worker.seconds);
+      images = result.filter((image) => image !== undefined).length;
+      if (timesModel()) costs.record(batch, worker.seconds);
       return result;
     } catch (err) {
       // Sent to a worker already dead (its exit not yet seen): the batch never ran, and waits for another.

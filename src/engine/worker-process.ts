@@ -3,6 +3,7 @@ import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import type { ModelMemory } from '../models/memory-figures.js';
 import type { BatchEvent, GeneratedImage, GenerationBatch, ModelRef } from '../runtime/types.js';
+import type { LeftItems } from './left-items.js';
 import type { MemoryClaimant, MemoryGrant } from './memory-arbiter.js';
 import type { FromWorker, ToWorker, WorkerInit } from './worker-protocol.js';
 
@@ -59,7 +60,7 @@ interface Task {
   batch: boolean;
   /** What a task other than a batch does, for the log of a death during it (e.g. "loading model 'x'"). */
   doing?: string;
-  resolve(images: GeneratedImage[]): void;
+  resolve(images: (GeneratedImage | undefined)[]): void;
   reject(err: Error): void;
   onProgress(): void;
   onEvent?(event: BatchEvent): void;
@@ -164,14 +165,18 @@ export class WorkerProcess implements MemoryClaimant {
   /**
    * Runs a batch; `stop` aborting makes the worker stop at its next step (the promise then rejects).
    * `onProgress` hears of each denoising step done and of each model loaded for it; `onEvent` gets the
-   * batch's events (BatchEvent).
+   * batch's events (BatchEvent). The items in `left` (their clients left, others staying) get no image.
    */
-  run(batch: GenerationBatch, stop: AbortSignal, onProgress: () => void, onEvent?: (event: BatchEvent) => void): Promise<GeneratedImage[]> {
+  run(batch: GenerationBatch, stop: AbortSignal, onProgress: () => void, onEvent?: (event: BatchEvent) => void, left?: LeftItems): Promise<(GeneratedImage | undefined)[]> {
     const done = this.assign({ type: 'run', batch }, { batch: true, onProgress, onEvent });
     const cancel = () => this.send({ type: 'cancel' });
     stop.addEventListener('abort', cancel, { once: true });
     if (stop.aborted) cancel();
-    return done.finally(() => stop.removeEventListener('abort', cancel));
+    const unlisten = left?.listen((items) => this.send({ type: 'leave', items: [...items] }));
+    return done.finally(() => {
+      stop.removeEventListener('abort', cancel);
+      unlisten?.();
+    });
   }
 
   /** Loads a model with no batch (see ToWorker 'load'); rejects with why it could not, as a batch would. */
@@ -185,9 +190,9 @@ export class WorkerProcess implements MemoryClaimant {
   }
 
   /** Hands the worker its one task; it settles with the task's images or error. */
-  private assign(message: Extract<ToWorker, { type: 'run' | 'load' | 'release' }>, task: Pick<Task, 'batch' | 'doing' | 'onProgress' | 'onEvent'>): Promise<GeneratedImage[]> {
+  private assign(message: Extract<ToWorker, { type: 'run' | 'load' | 'release' }>, task: Pick<Task, 'batch' | 'doing' | 'onProgress' | 'onEvent'>): Promise<(GeneratedImage | undefined)[]> {
     if (!this.alive || !this.ready || this.task) throw new Error('the worker cannot take a task now');
-    return new Promise<GeneratedImage[]>((resolve, reject) => {
+    return new Promise<(GeneratedImage | undefined)[]>((resolve, reject) => {
       this.task = { started: false, resolve, reject, ...task };
       this.step = 0;
       this.seconds = 0;

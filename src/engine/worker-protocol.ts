@@ -33,6 +33,8 @@ export type ToWorker =
   | { type: 'model-memory'; modelDir: string; memory: ModelMemory }
   /** Every client of the running batch left: stop at the next denoising step. */
   | { type: 'cancel' }
+  /** The clients of these items of the running batch left, others staying: they need no image (WorkerRuntime.runMerged). */
+  | { type: 'leave'; items: number[] }
   /** Stop the running batch, if any, and exit. */
   | { type: 'stop' };
 
@@ -65,8 +67,12 @@ export type FromWorker =
    * batch, by its own clock, less its waits for memory grants (see WorkerProcess.seconds).
    */
   | { type: 'event'; event: BatchEvent; seconds: number }
-  /** `held`: the model folders the worker holds once the batch is over (a load may have evicted others, running out of memory released its own); `seconds`: the batch's, as the events'. */
-  | { type: 'done'; images: GeneratedImage[]; held: string[]; seconds: number }
+  /**
+   * `images`: one per item, none for an item whose client left ('leave'); `held`: the model folders the
+   * worker holds once the batch is over (a load may have evicted others, running out of memory released
+   * its own); `seconds`: the batch's, as the events'.
+   */
+  | { type: 'done'; images: (GeneratedImage | undefined)[]; held: string[]; seconds: number }
   /**
    * The batch failed or was cancelled; the worker is fine and takes the next one, unless `ending` says
    * why it exits now instead (a GPU fault that leaves its process unable to use the GPU: see

@@ -21,8 +21,14 @@ import { messageOf } from '../util/error-message.js';
 /** Resolves once the message is written to the channel: exiting before that could lose a large one. */
 const send = (message: FromWorker) => new Promise<void>((resolve) => process.send!(message, undefined, undefined, () => resolve()));
 
+/** What the pool tells the worker's task while it runs: stop, or which of its batch's items' clients left (the others stay). */
+interface TaskControl {
+  cancelled: boolean;
+  left: Set<number>;
+}
+
 /** The batch this worker runs, if any; and whether the worker is stopping. */
-let running: { cancelled: boolean; done: Promise<void> } | undefined;
+let running: (TaskControl & { done: Promise<void> }) | undefined;
 let stopping = false;
 
 /** The grant the running batch's memory plan (or a calibration) waits for, if any (see pooledMemory). */
@@ -171,9 +177,9 @@ function eventSender(clock: () => number): (event: BatchEvent) => void {
  * Runs `work` as the worker's one task (a batch, or a model's load alone), for `modelDir`: its images, or
  * its error, end it. A worker runs one task at a time.
  */
-function perform(modelDir: string, work: (task: { cancelled: boolean; clock: () => number }) => Promise<GeneratedImage[]>): void {
+function perform(modelDir: string, work: (task: TaskControl & { clock: () => number }) => Promise<(GeneratedImage | undefined)[]>): void {
   void send({ type: 'started' });
-  const task = { cancelled: false, clock: taskClock(), done: Promise.resolve() };
+  const task = { cancelled: false, left: new Set<number>(), clock: taskClock(), done: Promise.resolve() };
   task.done = (async () => {
     try {
       const images = await work(task);
@@ -201,7 +207,7 @@ function perform(modelDir: string, work: (task: { cancelled: boolean; clock: () 
 const run = (batch: GenerationBatch) =>
   perform(batch.modelDir, async (task) => {
     await ensureLoaded(batch.modelDir, batch.modelVersion);
-    return current().runBatch(batch, { shouldStop: () => task.cancelled, onEvent: eventSender(task.clock) });
+    return current().runMerged(batch, (item) => task.left.has(item), { shouldStop: () => task.cancelled, onEvent: eventSender(task.clock) });
   });
 
 /** Loads a model with no batch: a preloaded model that could not load when this worker started, tried again. */
@@ -253,6 +259,10 @@ process.on('message', (message: ToWorker) => {
     case 'cancel':
       if (running) running.cancelled = true;
       stopWaitingForMemory();
+      break;
+    case 'leave':
+      // Sent only while the batch runs, and before the next one's 'run': never another batch's items.
+      for (const item of message.items) running?.left.add(item);
       break;
     case 'stop':
       void stop();

@@ -37,7 +37,7 @@ export class FluxPipeline implements Pipeline {
     return 1;
   }
 
-  async generate(batch: GenerationBatch, hooks?: GenerateHooks): Promise<RgbImage[]> {
+  async generate(batch: GenerationBatch, hooks?: GenerateHooks): Promise<(RgbImage | undefined)[]> {
     const count = batch.items.length;
     const scale = this.layout.vae.scaleFactor;
     const [h, w] = [batch.height / scale, batch.width / scale];
@@ -76,7 +76,7 @@ export class FluxPipeline implements Pipeline {
     };
     const preview = previewLoop(hooks, this.previews, 'flow', batch, shape, (clean) => unpack(clean, count, h, w));
     const result = await denoise(scheduler, start, noise, predict, hooks, preview);
-    return this.vae.decode(unpack(result, count, h, w), count, LATENT_CHANNELS, h, w);
+    return this.vae.decodeWanted(unpack(result, count, h, w), count, LATENT_CHANNELS, h, w, hooks?.wanted);
   }
 
   async release(): Promise<void> {

@@ -4,7 +4,7 @@ import { componentFile } from '../runtime/component-file.js';
 import { GpuFaultError } from '../runtime/gpu-faults.js';
 import { OnnxOutOfMemoryError } from '../runtime/onnx-model.js';
 import { defaultRuntime, type RuntimeOptions } from '../runtime/providers.js';
-import { IMAGE_FORMATS, outputOf, previewSteps, type BatchEvent, type BatchItem, type GeneratedImage, type GenerationBatch } from '../runtime/types.js';
+import { everyItemMade, IMAGE_FORMATS, outputOf, previewSteps, type BatchEvent, type BatchItem, type GeneratedImage, type GenerationBatch } from '../runtime/types.js';
 import { chunks } from '../util/chunks.js';
 import { firstLineOf } from '../util/error-message.js';
 import { encodeImage } from './encode-image.js';
@@ -200,19 +200,31 @@ export class WorkerRuntime {
    * The batch's pictures, in item order; `hooks` hear of its parts' steps as of one loop over all its
    * items. No previews: a part's loop numbers its items within the part (runBatch maps them back).
    */
-  generateImages(batch: GenerationBatch, hooks: Pick<GenerateHooks, 'onStep' | 'shouldStop'> = {}): Promise<RgbImage[]> {
-    return this.runInParts(batch, (part) => ({ ...hooks, onStep: hooks.onStep && part.step(hooks.onStep) }));
+  async generateImages(batch: GenerationBatch, hooks: Pick<GenerateHooks, 'onStep' | 'shouldStop'> = {}): Promise<RgbImage[]> {
+    return everyItemMade(await this.runInParts(batch, nobodyLeft, (part) => ({ ...hooks, onStep: hooks.onStep && part.step(hooks.onStep) })));
   }
 
   /**
    * The batch's images, encoded as each item asks, and its events: progress after every step, and the
    * previews its items asked for (BatchItem.partialImages), encoded like their images.
    */
-  async runBatch(batch: GenerationBatch, { shouldStop, onEvent }: BatchHooks = {}): Promise<GeneratedImage[]> {
+  async runBatch(batch: GenerationBatch, hooks: BatchHooks = {}): Promise<GeneratedImage[]> {
+    return everyItemMade(await this.runMerged(batch, nobodyLeft, hooks));
+  }
+
+  /**
+   * As runBatch, for a batch that clients may leave while it runs, others staying (a merged batch: see
+   * engine/batcher.ts): `left` says whose items, asked as the work goes on. Such an item gets no image
+   * (undefined), and from then on no preview, decoding (seconds on a CPU) or encoding; a part of the
+   * batch (see runPartsWith) all of whose items left does not run, or stops at its next step, so the
+   * items that stay are done sooner. Its rows in a part that runs on are denoised with the others': the
+   * loop's latents, conditioning and scheduler state are the part's, and would all have to be cut apart.
+   */
+  async runMerged(batch: GenerationBatch, left: (item: number) => boolean, { shouldStop, onEvent }: BatchHooks = {}): Promise<(GeneratedImage | undefined)[]> {
     const wanted = batch.items.map((item) => (onEvent && item.partialImages) || 0);
     const sent = wanted.map(() => 0);
-    const wants = (item: number, step: number, total: number) => previewSteps(wanted[item], total).includes(step);
-    const images = await this.runInParts(batch, (part) => ({
+    const wants = (item: number, step: number, total: number) => !left(item) && previewSteps(wanted[item], total).includes(step);
+    const images = await this.runInParts(batch, left, (part) => ({
       shouldStop,
       onStep: onEvent && part.step((step, total) => onEvent({ type: 'step', step, total })),
       // Numbered within the part, as its loop sees them.
@@ -226,19 +238,19 @@ export class WorkerRuntime {
           }
         }),
     }));
-    return Promise.all(images.map((image, i) => encode(image, batch.items[i])));
+    return Promise.all(images.map((image, i) => (image && !left(i) ? encode(image, batch.items[i]) : undefined)));
   }
 
   /**
    * Runs the batch in parts that fit the memory plan, one after the other, each with the hooks
-   * `hooksFor` gives it (see Part).
+   * `hooksFor` gives it (see Part), without the items `left` names (see runMerged).
    */
-  private runInParts(batch: GenerationBatch, hooksFor: (part: Part) => GenerateHooks): Promise<RgbImage[]> {
+  private runInParts(batch: GenerationBatch, left: (item: number) => boolean, hooksFor: (part: Part) => GenerateHooks): Promise<(RgbImage | undefined)[]> {
     // In use while it runs: a load that runs out of memory meanwhile (another run's, in this process) leaves it be.
-    return this.pipelines.use(batch.modelDir, batch.modelVersion, (pipeline) => this.runPartsWith(pipeline, batch, hooksFor));
+    return this.pipelines.use(batch.modelDir, batch.modelVersion, (pipeline) => this.runPartsWith(pipeline, batch, left, hooksFor));
   }
 
-  private async runPartsWith(pipeline: Pipeline, batch: GenerationBatch, hooksFor: (part: Part) => GenerateHooks): Promise<RgbImage[]> {
+  private async runPartsWith(pipeline: Pipeline, batch: GenerationBatch, left: (item: number) => boolean, hooksFor: (part: Part) => GenerateHooks): Promise<(RgbImage | undefined)[]> {
     const m = pipeline.layout.sizeMultiple;
     if (batch.width % m || batch.height % m || batch.width <= 0 || batch.height <= 0) {
       throw new RangeError(`${batch.width}x${batch.height} is not a valid size for this model: both sides must be positive multiples of ${m}`);
@@ -248,29 +260,46 @@ export class WorkerRuntime {
     const samples = pipeline.samplesPerImage(batch);
     const perRun = await this.memory.imagesPerRun(pipeline.layout, { ...batch, items: batch.items.slice(0, byPixels) }, path.basename(batch.modelDir), samples);
     const parts = chunks(batch.items, perRun);
-    const images: RgbImage[] = [];
+    const images: (RgbImage | undefined)[] = [];
+    // The denoiser passes of a part's loop, once one told them (every part's are the batch's).
+    let passes: number | undefined;
     for (const [index, items] of parts.entries()) {
+      const numbers = items.map((_, i) => images.length + i);
+      const kept = numbers.filter((item) => !left(item));
       const part: Part = {
-        items: items.map((_, i) => images.length + i),
-        step: (onStep) => (step, total) => onStep(index * total + step, parts.length * total),
+        items: kept,
+        step: (onStep) => (step, total) => {
+          passes = total;
+          onStep(index * total + step, parts.length * total);
+        },
       };
-      const run = () => pipeline.generate({ ...batch, items }, hooksFor(part));
+      const hooks = hooksFor(part);
+      const abandoned = () => kept.every((item) => left(item));
+      const run = () =>
+        pipeline.generate(
+          { ...batch, items: kept.map((item) => batch.items[item]) },
+          { ...hooks, shouldStop: () => hooks.shouldStop?.() === true || abandoned(), wanted: (i) => !left(kept[i]) },
+        );
       // A component loaded on demand (the VAE encoder) loads before the part's first step: run again after
       // making room for it, the part has told its hooks nothing yet.
-      const measured = () => this.memory.measureRun(batch.modelDir, items.length * samples, batch.width * batch.height, run);
-      images.push(
-        ...(await this.withRoom(batch.modelDir, batch.modelVersion, measured, (err) => err.file).catch(async (err: unknown) => {
-          if (!(err instanceof OnnxOutOfMemoryError)) throw err;
-          // A component loaded on demand (the VAE encoder) failing to load taught nothing about the size.
-          if (err.during === 'run') {
-            this.memory.recordExceeded(batch.modelDir, items.length * samples, batch.width * batch.height);
-            // The failed run's arenas keep what it got, which other sessions (the arena-less VAE) cannot
-            // use: the model's sessions go, and the next batch loads them again with the memory back.
-            await this.pipelines.release(batch.modelDir);
-          }
-          throw ranOutOfMemory(path.basename(batch.modelDir), err, { batch, images: items.length }, err.during === 'load' && this.failsAlone(err.file, batch.modelVersion));
-        })),
-      );
+      const measured = () => this.memory.measureRun(batch.modelDir, kept.length * samples, batch.width * batch.height, run);
+      const made = abandoned()
+        ? undefined
+        : await this.withRoom(batch.modelDir, batch.modelVersion, measured, (err) => err.file).catch(async (err: unknown) => {
+            if (err instanceof GenerationCancelled && abandoned() && hooks.shouldStop?.() !== true) return undefined;
+            if (!(err instanceof OnnxOutOfMemoryError)) throw err;
+            // A component loaded on demand (the VAE encoder) failing to load taught nothing about the size.
+            if (err.during === 'run') {
+              this.memory.recordExceeded(batch.modelDir, kept.length * samples, batch.width * batch.height);
+              // The failed run's arenas keep what it got, which other sessions (the arena-less VAE) cannot
+              // use: the model's sessions go, and the next batch loads them again with the memory back.
+              await this.pipelines.release(batch.modelDir);
+            }
+            throw ranOutOfMemory(path.basename(batch.modelDir), err, { batch, images: kept.length }, err.during === 'load' && this.failsAlone(err.file, batch.modelVersion));
+          });
+      // A part given up counts as done, so that the batch's progress still ends at its total.
+      if (!made && passes !== undefined) hooks.onStep?.(passes, passes);
+      images.push(...numbers.map((item) => (made && kept.includes(item) ? made[kept.indexOf(item)] : undefined)));
     }
     return images;
   }
@@ -283,6 +312,9 @@ interface Part {
   /** A step callback over the whole batch, for the part's own steps: the parts' loops count as one. */
   step(onStep: (step: number, total: number) => void): (step: number, total: number) => void;
 }
+
+/** No item's client left: a batch run by one client (see WorkerRuntime.runMerged). */
+const nobodyLeft = (): boolean => false;
 
 /** What runBatch's caller hears: whether to stop, and the batch's events. */
 export interface BatchHooks {

@@ -49,7 +49,7 @@ export class StableDiffusionPipeline implements Pipeline {
     return !this.unet.hasInput('timestep_cond') && guidanceScale > 1 ? 2 : 1;
   }
 
-  async generate(batch: GenerationBatch, hooks?: GenerateHooks): Promise<RgbImage[]> {
+  async generate(batch: GenerationBatch, hooks?: GenerateHooks): Promise<(RgbImage | undefined)[]> {
     const count = batch.items.length;
     const scale = this.layout.vae.scaleFactor;
     const [h, w, c] = [batch.height / scale, batch.width / scale, this.latentChannels];
@@ -82,7 +82,7 @@ export class StableDiffusionPipeline implements Pipeline {
     };
     const preview = previewLoop(hooks, this.previews, predictionOf(this.layout.scheduler.prediction_type), batch, shape);
     const result = await denoise(scheduler, start, noise, predict, hooks, preview);
-    return this.vae.decode(result, count, c, h, w);
+    return this.vae.decodeWanted(result, count, c, h, w, hooks?.wanted);
   }
 
   private timeCondDim(): number {

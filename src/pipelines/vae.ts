@@ -1,5 +1,6 @@
 import type { OnnxModel } from '../runtime/onnx-model.js';
 import type { BatchNoise } from '../runtime/random.js';
+import { everyItemMade } from '../runtime/types.js';
 import type { PictureEncoder, PictureToEncode } from './denoise.js';
 import type { OnDemand } from './on-demand.js';
 import type { RgbImage } from './pipeline.js';
@@ -43,9 +44,27 @@ export class VaeDecoder {
     latentWidth: number,
     tiling: VaeTiling | null | undefined = this.tiler?.(latentWidth, latentHeight),
   ): Promise<RgbImage[]> {
+    // The tiler's choice made here (no tiling: null), or the one below would ask it again.
+    return everyItemMade(await this.decodeWanted(latents, batch, channels, latentHeight, latentWidth, undefined, tiling ?? null));
+  }
+
+  /** As decode, but only the items `wanted` (see GenerateHooks.wanted; all without it) still says yes to as each one's turn comes: none for the others. */
+  async decodeWanted(
+    latents: Float32Array,
+    batch: number,
+    channels: number,
+    latentHeight: number,
+    latentWidth: number,
+    wanted: ((item: number) => boolean) | undefined,
+    tiling: VaeTiling | null | undefined = this.tiler?.(latentWidth, latentHeight),
+  ): Promise<(RgbImage | undefined)[]> {
     const per = channels * latentHeight * latentWidth;
-    const images: RgbImage[] = [];
+    const images: (RgbImage | undefined)[] = [];
     for (let b = 0; b < batch; b++) {
+      if (wanted && !wanted(b)) {
+        images.push(undefined);
+        continue;
+      }
       const z = latents.slice(b * per, (b + 1) * per);
       if (!allFinite(z)) throw new NonFiniteOutputError('denoiser');
       for (let i = 0; i < z.length; i++) z[i] = z[i] / this.scalingFactor + this.shiftFactor;

@@ -94,6 +94,16 @@ export interface GeneratedImage {
 }
 
 /**
+ * A batch's pictures or images, each item's, where none may be missing: an item goes without one only
+ * where its client left a batch that others stay in (see WorkerRuntime.runMerged), and such an item's
+ * was asked for by nobody.
+ */
+export function everyItemMade<T>(made: readonly (T | undefined)[]): T[] {
+  if (made.some((one) => one === undefined)) throw new Error('internal error: an item of the batch was left without its picture');
+  return made as T[];
+}
+
+/**
  * What a running batch tells whoever asked for it while it runs, in order; its images (or its error)
  * end the stream. The worker sends these, the pool routes them to the requests of a merged batch (item
  * numbers then count within each request), and the service (a streamed request's events), the CLI and the watchdog consume them.
