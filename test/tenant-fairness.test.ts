@@ -1,6 +1,7 @@
 import OpenAI from 'openai';
 import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import { holdBusyWorker } from './helpers/busy-worker.js';
+import { capturedLogs } from './helpers/logs.js';
 import { startRealServer, type RealServer } from './helpers/real-server.js';
 
 /**
@@ -71,8 +72,9 @@ describe("requests merged into another key's batch", () => {
   const [X, H, L] = ['sk-holder-0123456789', 'sk-heavy-0123456789', 'sk-light-0123456789'];
   // A server each: the fair order remembers what each key was served.
   let real: RealServer;
+  const logs = capturedLogs<{ msg: string }>();
   beforeEach(async () => {
-    real = await startRealServer({ apiKey: [X, H, L].join(','), env: { WORKERS: '1' } });
+    real = await startRealServer({ apiKey: [X, H, L].join(','), env: { WORKERS: '1' }, logger: logs.logger });
   });
   afterEach(() => real?.close());
 
@@ -145,5 +147,35 @@ describe("requests merged into another key's batch", () => {
     // L's first batch ran a quarter of its images for L, three quarters for H: L is served next.
     expect(order.slice(0, 2).sort()).toEqual(['H riding', 'L first']);
     expect(order.slice(2)).toEqual(['L next', 'H next']);
+  });
+
+  it("give a key back the work of a request it cancelled while it ran: its next request does not wait behind another key's queue for it", async () => {
+    const engine = real.server.engine;
+    await expect.poll(() => engine.readiness().ready, { timeout: 60_000 }).toBe(true);
+    const order: string[] = [];
+    const cancel = new AbortController();
+    // H's long batch starts at once, and H is charged for all of it: far more than L's three below.
+    const cancelled = fetch(`${real.server.url}/v1/images/generations`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${H}`, 'content-type': 'application/json' },
+      body: JSON.stringify({ model: 'demo-shapes', prompt: 'a red circle', size: '1024x1024', steps: 150, response_format: 'b64_json' }),
+      signal: cancel.signal,
+    }).catch(() => undefined);
+    await expect.poll(() => engine.load().running).toBe(1);
+    const resume = await holdBusyWorker(engine);
+    try {
+      const sent = [await send(order, 'L 1', L, 100), await send(order, 'L 2', L, 101), await send(order, 'L 3', L, 102)];
+      // H cancels a step or so into its batch (the worker stops at its next step), and asks for something else.
+      const logged = logs.lines.length;
+      cancel.abort();
+      await expect.poll(() => logs.lines.slice(logged).map((line) => line.msg)).toContain('request aborted: the client closed the connection before the answer was sent');
+      sent.push(await send(order, 'H next', H, 103));
+      resume();
+      await Promise.all([cancelled, ...sent.map((s) => s.done)]);
+    } finally {
+      resume();
+    }
+    // Served next, or after one of L's; before, H was held to the work it cancelled, and went after all of L's.
+    expect(order.indexOf('H next')).toBeLessThan(2);
   });
 });

@@ -21,7 +21,9 @@ import { everyItemMade, type BatchEvent, type BatchItem, type GeneratedImage, ty
  * another client's group only when that group is the owner's next to start and the joiner has nothing
  * waiting (its own request would wait about there, at the front), never one at the back of a flood,
  * nor ahead of its own client's earlier requests. When the group starts, each member's client is
- * charged for its own images. A client with a concurrency limit
+ * charged for its own images; a member that leaves it while it runs is given back the share of that it
+ * will not get (the steps still to come), or its client would wait behind others' requests for work it
+ * cancelled. A client with a concurrency limit
  * (maxConcurrent, counted in batches) merges nothing, so that its requests count one by one: its
  * requests join no group, and its groups take no one else's request, which would wait on its limit
  * (behind its running batches) while a worker is free.
@@ -48,6 +50,8 @@ export interface JobScheduler {
    * every member left. `expire` gets the error; what it returns cancels the bound.
    */
   boundWait(ticket: Ticket, expire: (err: Error) => void): () => void;
+  /** Gives `client` back estimated seconds it was charged for as a job started, which it will not get (see JobQueue.refund). */
+  refund(client: string, seconds: number): void;
 }
 
 /** Estimated seconds a batch takes (see cost-model.ts). */
@@ -199,11 +203,27 @@ export class BatchMerger {
   private schedule(group: Group, ticket: Ticket): void {
     const { estimate } = this;
     const cost = estimate && (() => estimate({ ...group.settings, items: group.members.flatMap((m) => (m.left ? [] : m.items)) }));
-    const shares = estimate && (() => clientShares(group, estimate));
+    const shares = estimate && (() => this.clientShares(group));
     this.enqueue.run(() => this.run(group), group.abandon.signal, { ticket, cost, shares, boundsOwnWait: true }).catch((err) => {
       this.close(group);
       for (const m of group.members) m.reject(err);
     });
+  }
+
+  /** Each member's client's share of a group's estimated seconds (the queue charges them as it starts). */
+  private clientShares(group: Group): Map<string, number> {
+    const shares = new Map<string, number>();
+    for (const m of group.members) {
+      if (m.left) continue;
+      const { client } = m.ticket;
+      shares.set(client, (shares.get(client) ?? 0) + this.shareOf(group, m));
+    }
+    return shares;
+  }
+
+  /** A member's share of its group's estimated seconds: its own images' (an estimate is proportional to them); none without estimates. */
+  private shareOf(group: Group, member: Member): number {
+    return this.estimate?.({ ...group.settings, items: member.items }) ?? 0;
   }
 
   /** The group no longer waits: it runs, or it failed or was abandoned in the queue. */
@@ -224,14 +244,23 @@ export class BatchMerger {
     const left = new LeftItems();
     // Each member's items in the batch, numbered as the worker sees them.
     const firstItems = members.map((_, i) => members.slice(0, i).reduce((n, m) => n + m.items.length, 0));
+    // What the queue charged each member's client for it as the group started, just now (see clientShares).
+    const charged = members.map((m) => this.shareOf(group, m));
+    // The share of the batch's steps done, as last heard.
+    let done = 0;
     // The batch stops at its next step once every member left; before that, a member that leaves has its items given up.
     const leaving = members.map((member, i) => () => {
+      this.enqueue.refund(member.ticket.client, charged[i] * (1 - done));
       if (members.every((m) => m === member || m.left)) stop.abort();
       else left.add(member.items.map((_, j) => firstItems[i] + j));
     });
     members.forEach((m, i) => m.signal?.addEventListener('abort', leaving[i], { once: true }));
+    const onEvent = (event: BatchEvent) => {
+      if (event.type === 'step') done = event.step / event.total;
+      return routeEvent(members, event);
+    };
     try {
-      const images = await this.runner({ ...group.settings, items: members.flatMap((m) => m.items) }, stop.signal, (event) => routeEvent(members, event), left);
+      const images = await this.runner({ ...group.settings, items: members.flatMap((m) => m.items) }, stop.signal, onEvent, left);
       // A member that left has had its answer (its reason) already, and no images.
       for (const [i, m] of members.entries()) if (!m.left) m.resolve(everyItemMade(images.slice(firstItems[i], firstItems[i] + m.items.length)));
     } catch (err) {
@@ -244,16 +273,6 @@ export class BatchMerger {
   }
 }
 
-/** Each member's client's share of a group's estimated seconds: its own images' (an estimate is proportional to them). */
-function clientShares(group: Group, estimate: CostEstimate): Map<string, number> {
-  const shares = new Map<string, number>();
-  for (const m of group.members) {
-    if (m.left) continue;
-    const { client } = m.ticket;
-    shares.set(client, (shares.get(client) ?? 0) + estimate({ ...group.settings, items: m.items }));
-  }
-  return shares;
-}
 
 /**
  * A merged batch's event to its members: progress to all, an item's preview to the member it belongs

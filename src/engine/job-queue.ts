@@ -234,7 +234,7 @@ export class JobQueue {
               if (this.closed) return reject(new QueueClosedError());
               if (signal?.aborted) return reject(signal.reason);
               // The job did not run: its charge is refunded and it waits at the head of its client's line.
-              for (const [client, work] of this.running.get(entry)?.charged ?? []) this.order.charge(client, -work);
+              for (const [client, work] of this.running.get(entry)?.charged ?? []) this.refund(client, work);
               wait(true);
             })
             .finally(() => {
@@ -274,6 +274,15 @@ export class JobQueue {
     const timer = setTimeout(() => expire(this.timedOut(queued, ticket)), limit);
     const forget = untilStarted ? ticket.whenStarted(() => clearTimeout(timer)) : () => undefined;
     return () => (clearTimeout(timer), forget());
+  }
+
+  /**
+   * Gives `client` back `seconds` of the work it was charged for as a job of its started (its share of a
+   * merged batch included), which it will not get: its request left the running job. Charged for all of
+   * it, a client that cancels waits behind the others' requests for work it did not get.
+   */
+  refund(client: string, seconds: number): void {
+    if (seconds > 0) this.order.charge(client, -seconds);
   }
 
   /**
