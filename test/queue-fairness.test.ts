@@ -267,4 +267,31 @@ describe('a job that never reached its worker', () => {
     await expect(never).rejects.toThrow('client left');
     expect(queue.load()).toEqual({ running: 0, queued: 0 });
   });
+
+  it('refunds its charge once: a share given back as a member left it is not refunded again when it waits again', async () => {
+    const queue = new JobQueue(1, 100);
+    const log: string[] = [];
+    const job = (name: string, client: string, seconds: number, body?: (ticket: Ticket) => void) => {
+      const ticket = new Ticket(client, seconds);
+      return queue.run(async () => (log.push(name), body?.(ticket), name), undefined, { ticket, cost: cost(seconds) });
+    };
+    const first = controlled(log, 'A1');
+    const runs = [queue.run(first.job, undefined, { ticket: new Ticket('A', 5), cost: cost(5) })];
+    runs.push(job('B1', 'B', 6));
+    let attempts = 0;
+    // A2 (10 s) starts, a member of it leaves (4 s given back), and its worker turns out gone: it waits again.
+    runs.push(
+      job('A2', 'A', 10, (ticket) => {
+        if (++attempts > 1) return;
+        queue.refund(ticket, 'A', 4);
+        throw new RequeueError(new Error('the worker was already dead'));
+      }),
+    );
+    runs.push(job('A3', 'A', 1), job('B2', 'B', 7), job('B3', 'B', 1));
+    first.release();
+    await Promise.all(runs);
+    // Charged A 5 + 10 (A2 that ran) = 15 before A3, B 6 + 7 = 13 before B3: B3 first. Refunded twice
+    // (the 4 s and the whole 10 s), A stood at 11 and A3 went first.
+    expect(log).toEqual(['A1', 'B1', 'A2', 'A2', 'B2', 'B3', 'A3']);
+  });
 });

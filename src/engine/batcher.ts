@@ -50,8 +50,8 @@ export interface JobScheduler {
    * every member left. `expire` gets the error; what it returns cancels the bound.
    */
   boundWait(ticket: Ticket, expire: (err: Error) => void): () => void;
-  /** Gives `client` back estimated seconds it was charged for as a job started, which it will not get (see JobQueue.refund). */
-  refund(client: string, seconds: number): void;
+  /** Gives `client` back estimated seconds it was charged for as the job of `ticket` started, which it will not get (see JobQueue.refund). */
+  refund(ticket: Ticket, client: string, seconds: number): void;
 }
 
 /** Estimated seconds a batch takes (see cost-model.ts). */
@@ -250,7 +250,7 @@ export class BatchMerger {
     let done = 0;
     // The batch stops at its next step once every member left; before that, a member that leaves has its items given up.
     const leaving = members.map((member, i) => () => {
-      this.enqueue.refund(member.ticket.client, charged[i] * (1 - done));
+      this.enqueue.refund(group.ticket, member.ticket.client, charged[i] * (1 - done));
       if (members.every((m) => m === member || m.left)) stop.abort();
       else left.add(member.items.map((_, j) => firstItems[i] + j));
     });

@@ -234,7 +234,7 @@ export class JobQueue {
               if (this.closed) return reject(new QueueClosedError());
               if (signal?.aborted) return reject(signal.reason);
               // The job did not run: its charge is refunded and it waits at the head of its client's line.
-              for (const [client, work] of this.running.get(entry)?.charged ?? []) this.refund(client, work);
+              for (const [client, work] of this.running.get(entry)?.charged ?? []) this.order.charge(client, -work);
               wait(true);
             })
             .finally(() => {
@@ -277,12 +277,18 @@ export class JobQueue {
   }
 
   /**
-   * Gives `client` back `seconds` of the work it was charged for as a job of its started (its share of a
-   * merged batch included), which it will not get: its request left the running job. Charged for all of
-   * it, a client that cancels waits behind the others' requests for work it did not get.
+   * Gives `client` back `seconds` of the work it was charged for as the running job of `ticket` started
+   * (its share of a merged batch), which it will not get: its request left the job. Charged for all of
+   * it, a client that cancels waits behind the others' requests for work it did not get. What is given
+   * back leaves the job's charge, so that a job that then did not run after all (RequeueError) refunds
+   * only the rest; nothing once the job ended.
    */
-  refund(client: string, seconds: number): void {
-    if (seconds > 0) this.order.charge(client, -seconds);
+  refund(ticket: Ticket, client: string, seconds: number): void {
+    const charged = [...this.running].find(([entry]) => entry.ticket === ticket)?.[1].charged;
+    const back = Math.min(seconds, charged?.get(client) ?? 0);
+    if (!charged || back <= 0) return;
+    charged.set(client, (charged.get(client) ?? 0) - back);
+    this.order.charge(client, -back);
   }
 
   /**
