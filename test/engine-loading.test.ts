@@ -121,7 +121,7 @@ describe.skipIf(cudaInstalled)('execution providers (skipped: the CUDA provider 
   });
 
   it("says so in the server's log, as one of its lines naming the worker, when a worker process falls back", async () => {
-    const logs = capturedLogs<{ msg: string; worker?: number; level: number }>();
+    const logs = capturedLogs<{ msg: string; worker?: number; level: number; from?: string }>();
     // As nvidia-smi fails where no driver is loaded.
     const noDriver = '#!/bin/sh\necho "NVIDIA-SMI has failed because it couldn\'t communicate with the NVIDIA driver."\nexit 9\n';
     const server = await withNvidiaSmi(noDriver, () => startRealServer({ env: { EXECUTION_PROVIDER: 'cuda', WORKERS: '1' }, logger: logs.logger }));
@@ -130,6 +130,13 @@ describe.skipIf(cudaInstalled)('execution providers (skipped: the CUDA provider 
       await expect.poll(fallback, { timeout: 60_000 }).toBeDefined();
       // pino's warn level, from worker 0: not a bare line on the worker's stderr.
       expect(fallback()).toMatchObject({ worker: 0, level: 40 });
+      // Nor is onnxruntime's own line naming the library, which it writes to stderr in colours: an error line of worker 0.
+      expect(logs.lines.find((line) => line.msg.includes('Failed to load library'))).toMatchObject({
+        worker: 0,
+        level: 50,
+        from: 'onnxruntime',
+        msg: expect.stringMatching(/\[ONNXRuntimeError\] : 1 : FAIL : Failed to load library \S+libonnxruntime_providers_shared\.so with error: .*cannot open shared object file/),
+      });
       // Nor can nvidia-smi say: the loaded models' budget stays RAM's share, and the log says to set it.
       expect(logs.lines.find((line) => line.msg.startsWith('MODEL_MEMORY_BUDGET'))).toMatchObject({
         level: 40,

@@ -1,7 +1,9 @@
 import { fork, type ChildProcess } from 'node:child_process';
 import path from 'node:path';
+import { createInterface } from 'node:readline';
 import { fileURLToPath } from 'node:url';
 import type { ModelMemory } from '../models/memory-figures.js';
+import { readOutputLine, type OutputLine } from '../runtime/native-output.js';
 import type { BatchEvent, GeneratedImage, GenerationBatch, ModelRef } from '../runtime/types.js';
 import type { LeftItems } from './left-items.js';
 import type { MemoryClaimant, MemoryGrant } from './memory-arbiter.js';
@@ -51,6 +53,8 @@ export interface WorkerListener {
    * batch it failed settles, so that the next waiting batch is not counted a worker it cannot have.
    */
   unready(worker: WorkerProcess): void;
+  /** A line the process wrote to its stdout or stderr (onnxruntime's own warnings and errors, a crash's last words). */
+  output(worker: WorkerProcess, line: OutputLine): void;
 }
 
 interface Task {
@@ -131,8 +135,15 @@ export class WorkerProcess implements MemoryClaimant {
     script?: string,
   ) {
     const { file, execArgv } = workerModule(script);
-    // fork() throws for some failures to start (ENOMEM) and reports others as an 'error' event.
-    this.child = fork(file, [], { execArgv, serialization: 'advanced' });
+    // fork() throws for some failures to start (ENOMEM) and reports others as an 'error' event. Its
+    // output is read here, not inherited: onnxruntime writes its own lines there (see native-output.ts).
+    this.child = fork(file, [], { execArgv, serialization: 'advanced', stdio: ['ignore', 'pipe', 'pipe', 'ipc'] });
+    for (const stream of ['stdout', 'stderr'] as const) {
+      createInterface({ input: this.child[stream]!, crlfDelay: Infinity }).on('line', (text) => {
+        const line = readOutputLine(text, stream);
+        if (line) this.listener.output(this, line);
+      });
+    }
     // 'close' rather than 'exit': it comes after the last message, so a result sent just before the
     // process ended is not taken for a crash.
     this.exited = new Promise((resolve) =>

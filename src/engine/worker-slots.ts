@@ -119,6 +119,7 @@ export class WorkerSlots {
       event: (worker, message) => this.heard(worker, message),
       exit: (worker, reason, hadBatch, task) => this.ended(worker, reason, hadBatch, task),
       unready: () => this.options.onChange(),
+      output: (worker, { level, message, ...fields }) => this.options.logger?.[level]({ worker: this.slots.indexOf(worker), workerPid: worker.pid, ...fields }, message),
     };
     for (let slot = 0; slot < options.slots; slot++) this.start(slot);
   }

@@ -89,12 +89,13 @@ const UNAVAILABLE: Record<Exclude<ExecutionProvider, 'cpu'>, { name: string; cau
       // The provider's libraries, or the CUDA and cuDNN ones they link, not loading. onnxruntime-node 1.30
       // throws only "OrtSessionOptionsAppendExecutionProvider_Cuda: Failed to load shared library"
       // (onnxruntime/core/session/provider_bridge_ort.cc, SessionOptionsAppendExecutionProvider_CUDA_V2);
-      // the library and dlopen's reason are in its own error line on stderr (test/cuda-provider.test.ts).
+      // the library and dlopen's reason are in its own error line on stderr (test/cuda-provider.test.ts),
+      // which a worker's server logs (native-output.ts).
       // Not any message naming cuDNN: its CUDNN_STATUS_..._ALLOCATION_FAILED is the GPU's memory.
       {
         pattern: /failed to load (shared )?library|providers_cuda|providers_shared|libcu/i,
         remedy:
-          "onnxruntime's own error line on stderr (\"Failed to load library ... with error: ...\") names the library that did not load and why. Install the CUDA provider libraries (npm run install:cuda) and the CUDA runtime, cuBLAS and cuDNN they link, as the README's GPU (CUDA) section says; or set EXECUTION_PROVIDER=webgpu or cpu.",
+          "onnxruntime's own error line (\"Failed to load library ... with error: ...\", in the server's log or on the command's stderr) names the library that did not load and why. Install the CUDA provider libraries (npm run install:cuda) and the CUDA runtime, cuBLAS and cuDNN they link, as the README's GPU (CUDA) section says; or set EXECUTION_PROVIDER=webgpu or cpu.",
       },
       // onnxruntime-node built without CUDA (every build but Linux x64's: Windows, macOS, Linux arm64),
       // where its backend is not registered: 'backend not found', which failed every model instead.

@@ -1,0 +1,67 @@
+import { readFile, writeFile } from 'node:fs/promises';
+import path from 'node:path';
+import onnxProto from 'onnx-proto';
+import { describe, expect, it } from 'vitest';
+import { readOutputLine } from '../src/runtime/native-output.js';
+import { DEMO_MODEL_DIR } from './helpers/demo-model.js';
+import { capturedLogs } from './helpers/logs.js';
+import { startRealServer } from './helpers/real-server.js';
+
+/**
+ * What worker processes write to their stdout and stderr reaches the server's log as its JSON lines:
+ * onnxruntime writes its own warnings there, in ANSI colours even into a file or a journal.
+ */
+
+const { onnx } = onnxProto;
+
+interface LogLine {
+  level: number;
+  msg: string;
+  worker?: number;
+  from?: string;
+  source?: string;
+}
+
+describe("a worker's output", () => {
+  it("is logged as the server's lines, onnxruntime's with its severity and without its colours", async () => {
+    const logs = capturedLogs<LogLine>();
+    const server = await startRealServer({ models: { unclean: { copy: DEMO_MODEL_DIR } }, logger: logs.logger });
+    try {
+      // An initializer no node uses, as many exports have: onnxruntime warns that it removes it as the model loads.
+      const file = path.join(server.root, 'models', 'unclean', 'vae_decoder', 'model.onnx');
+      const model = onnx.ModelProto.decode(await readFile(file));
+      model.graph!.initializer!.push(onnx.TensorProto.create({ name: 'unused_by_any_node', dataType: onnx.TensorProto.DataType.FLOAT, dims: [1], floatData: [1] }));
+      await writeFile(file, onnx.ModelProto.encode(model).finish());
+
+      await server.client.images.generate({ model: 'unclean', prompt: 'a red circle', response_format: 'b64_json' });
+      const warning = () => logs.lines.find((line) => line.msg.includes("Removing initializer 'unused_by_any_node'"));
+      await expect.poll(warning, { timeout: 10_000 }).toBeDefined();
+      expect(warning()).toEqual(
+        expect.objectContaining({
+          level: 40,
+          worker: 0,
+          from: 'onnxruntime',
+          source: expect.stringMatching(/^graph\.cc:\d+ CleanUnusedInitializersAndNodeArgs$/),
+          msg: "Removing initializer 'unused_by_any_node'. It is not used by any node and should be removed from the model.",
+        }),
+      );
+      expect(logs.raw.filter((line) => line.includes('\\u001b') || line.includes('\x1b'))).toEqual([]);
+    } finally {
+      await server.close();
+    }
+  }, 60_000);
+
+  it("reads onnxruntime's severities, and keeps other text at its stream's level", () => {
+    const ort = (severity: string) => `\x1b[1;31m2026-11-28 10:25:04.509017248 [${severity}:onnxruntime:Default, provider_bridge_ort.cc:2167 TryGetProviderInfo_CUDA] Failed to load library x.so\x1b[m`;
+    expect(readOutputLine(ort('E'), 'stderr')).toEqual({ level: 'error', message: 'Failed to load library x.so', from: 'onnxruntime', source: 'provider_bridge_ort.cc:2167 TryGetProviderInfo_CUDA' });
+    expect(['V', 'I', 'W', 'F'].map((severity) => readOutputLine(ort(severity), 'stdout')?.level)).toEqual(['debug', 'info', 'warn', 'fatal']);
+    // Node's own last words as a worker runs out of heap, and a line of colour codes alone.
+    expect(readOutputLine('FATAL ERROR: Reached heap limit Allocation failed - JavaScript heap out of memory', 'stderr')).toEqual({
+      level: 'warn',
+      message: 'FATAL ERROR: Reached heap limit Allocation failed - JavaScript heap out of memory',
+      from: 'stderr',
+    });
+    expect(readOutputLine('a line', 'stdout')).toEqual({ level: 'info', message: 'a line', from: 'stdout' });
+    expect(readOutputLine('\x1b[m  ', 'stderr')).toBeUndefined();
+  });
+});
