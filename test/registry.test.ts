@@ -5,7 +5,7 @@ import { afterEach, beforeEach, describe, expect, it, vi } from 'vitest';
 import { inject } from 'vitest';
 import { ModelRegistry } from '../src/models/registry.js';
 import { writeStubModel } from './helpers/api-server.js';
-import { silentLogger } from './helpers/logs.js';
+import { capturedLogs, silentLogger } from './helpers/logs.js';
 
 /** Model discovery: folders become models with presets; aliases; changes seen without restart. */
 
@@ -166,6 +166,24 @@ describe('ModelRegistry', () => {
     } finally {
       vi.useRealTimers();
     }
+  });
+
+  it('says in its log that a model it serves was read again, and whether its workers load it anew', async () => {
+    await writeStubModel(path.join(root, 'tuned'), { sizes: ['512x512'] });
+    const logs = capturedLogs<{ msg: string; model?: string }>();
+    const models = new ModelRegistry({ roots: [{ dir: root, ownedBy: 'user' }], aliases: {}, logger: logs.logger, minRescanIntervalMs: 0 });
+    await models.scan();
+    await models.scan();
+    expect(logs.lines.filter((line) => line.model === 'tuned')).toEqual([]);
+    await writeFile(path.join(root, 'tuned', 'imagegen.json'), JSON.stringify({ sizes: ['256x256', '512x512'] }));
+    await models.scan();
+    expect((await models.resolve('tuned'))?.preset.sizes).toEqual(['256x256', '512x512']);
+    await writeFile(path.join(root, 'tuned', 'README.md'), 'A file of the export that is not imagegen.json.');
+    await models.scan();
+    expect(logs.lines.filter((line) => line.model === 'tuned').map((line) => line.msg)).toEqual([
+      "model 'tuned' read again: its imagegen.json changed, and the next requests for it follow it",
+      "model 'tuned' read again: its files changed, and the workers load it anew as they next run it",
+    ]);
   });
 
   it('notices a broken folder once it is repaired', async () => {

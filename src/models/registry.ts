@@ -342,6 +342,7 @@ export class ModelRegistry {
   private async inspectCached(id: string, dir: string, ownedBy: string): Promise<ModelEntry | UnusableModel | undefined> {
     let signature: string;
     let result: ModelEntry | UnusableModel;
+    const before = this.inspections.get(dir)?.result;
     try {
       const folder = await folderSignature(dir);
       signature = folder.signature;
@@ -361,6 +362,11 @@ export class ModelRegistry {
     }
     if (!isUsable(result)) this.options.logger.warn({ model: id, dir }, `skipping model: ${result.reason}`);
     else for (const note of notesOf(result)) this.options.logger.warn({ model: id, dir }, note);
+    // A model served before and since: an operator who edited its imagegen.json (or replaced its files) is told the change was taken.
+    if (isUsable(result) && before && isUsable(before)) {
+      const what = result.version === before.version ? `its ${OVERRIDE_FILE} changed, and the next requests for it follow it` : 'its files changed, and the workers load it anew as they next run it';
+      this.options.logger.info({ model: id, dir }, `model '${id}' read again: ${what}`);
+    }
     this.inspections.set(dir, { id, signature, result });
     return result;
   }
