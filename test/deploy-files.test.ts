@@ -120,6 +120,17 @@ describe('deploy/ against the server', () => {
     expect(nginx).toContain(`a multipart/form-data upload of at most ${MAX_UPLOAD_BYTES / 1024 ** 2} MiB a file`);
   });
 
+  it("leaves out of the image's build context what git leaves out of the clone: models pulled into it (README's ./models-installed) would be sent to the builder and copied into its stage", () => {
+    const patterns = (text: string) =>
+      text
+        .split('\n')
+        .map((line) => line.trim())
+        .filter((line) => line !== '' && !line.startsWith('#'))
+        .map((line) => line.replace(/^\/|\/$/g, ''));
+    const leftOut = new Set(patterns(read('Dockerfile.dockerignore')));
+    expect(patterns(readFileSync(path.join(DEPLOY, '..', '.gitignore'), 'utf8')).filter((pattern) => !leftOut.has(pattern))).toEqual([]);
+  });
+
   it("waits for /ready's answer, which waits up to CHECK_TIMEOUT_MS for the bucket, rather than its own timeout", () => {
     expect(number(deployment, /readinessProbe:[^]*?timeoutSeconds: (\d+)/) * 1000).toBeGreaterThan(CHECK_TIMEOUT_MS);
     expect(number(read('haproxy.cfg'), /^\s*timeout check (\d+)s$/m) * 1000).toBeGreaterThan(CHECK_TIMEOUT_MS);
