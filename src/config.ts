@@ -472,6 +472,22 @@ export const settingsHelp = (Object.keys(SETTINGS) as SettingName[]).map((name) 
 export const settingText = (text: string | undefined): string | undefined => text?.trim() || undefined;
 
 /**
+ * The settings given (by flag or variable) as a log line shows them, by variable: what an operator set,
+ * in a line at start that says the server read it (a value changed in a unit file or a compose file and
+ * a restart), and what it left at its default by its absence. Credentials are left out, and URLs lose
+ * their user and password, as errors show them (shownValue).
+ */
+export function givenSettings(flags: Partial<Record<SettingName, string>>, env: NodeJS.ProcessEnv = process.env): Record<string, string> {
+  return Object.fromEntries(
+    (Object.keys(SETTINGS) as SettingName[]).flatMap((name) => {
+      const text = settingText(flags[name] ?? env[envName(name)]);
+      if (text === undefined) return [];
+      return [[envName(name), SECRET_SETTINGS.has(name) ? '[redacted]' : withoutCredentials(text)]];
+    }),
+  );
+}
+
+/**
  * Parses the named settings from CLI flag values (commander's camelCase keys, strings) over environment
  * variables. Empty values count as unset. Throws ConfigError listing every invalid one, each named by its
  * variable and, where the command takes it as a flag (`flagged`), its flag: a flag named by a command

@@ -57,3 +57,20 @@ describe('WORKER_THREADS without WORKERS', () => {
     }
   });
 });
+
+describe('the settings given', () => {
+  it('are said in one line as the server starts, by flag or by variable, the keys left out', async () => {
+    const dataDir = await mkdtemp(path.join(os.tmpdir(), 'imagegen-settings-'));
+    const key = 'sk-startup-log-0123456789';
+    const server = await spawnServer({ PORT: '0', DATA_DIR: dataDir, API_KEYS: key, QUEUE_MAX: '7' }, { args: ['--image-ttl-seconds', '600'] });
+    try {
+      const settings = () => server.log.map((line) => JSON.parse(line) as { msg: string; settings?: Record<string, string> }).find((line) => line.msg.startsWith('settings given'))?.settings;
+      // spawnServer gives WORKERS=1 too.
+      await expect.poll(settings).toEqual({ PORT: '0', DATA_DIR: dataDir, API_KEYS: '[redacted]', QUEUE_MAX: '7', IMAGE_TTL_SECONDS: '600', WORKERS: '1' });
+      expect(server.log.join('\n')).not.toContain(key);
+    } finally {
+      await killServer(server);
+      await rm(dataDir, { recursive: true, force: true });
+    }
+  });
+});

@@ -2,7 +2,7 @@
 import { readFileSync } from 'node:fs';
 import { Command } from 'commander';
 import { createLogger } from '../observability/logger.js';
-import { loadConfig, settingsHelp, type Config, type SettingName } from '../config.js';
+import { givenSettings, loadConfig, settingsHelp, type Config, type SettingName } from '../config.js';
 import { ConfigError } from '../util/config-error.js';
 import { registerGenerateCommand } from './generate.js';
 import { registerModelCommands } from './models.js';
@@ -25,8 +25,9 @@ const serve = program
   .description('start the HTTP server; every flag can also be set by the environment variable shown')
   .action(async (flags: Partial<Record<SettingName, string | true>>) => {
     let config;
+    const given: Partial<Record<SettingName, string>> = Object.fromEntries(Object.entries(flags).map(([name, value]) => [name, value === true ? 'true' : value]));
     try {
-      config = loadConfig(Object.fromEntries(Object.entries(flags).map(([name, value]) => [name, value === true ? 'true' : value])));
+      config = loadConfig(given);
     } catch (err) {
       if (!(err instanceof ConfigError)) throw err;
       refuseSettings(err);
@@ -44,6 +45,8 @@ const serve = program
       console.error(`imagegen serve cannot start: ${known ?? messageOf(err)}`);
       process.exit(1);
     });
+    // Once started: a start refused for a bad file or setting logs nothing but why.
+    logger.info({ settings: givenSettings(given) }, 'settings given (the others are at their defaults: imagegen serve --help lists them)');
 
     let stoppingSince: number | undefined;
     const stop = (signal: NodeJS.Signals) => {
