@@ -281,3 +281,47 @@ describe('a client leaving a running merged batch, others staying', () => {
     expect(pictures.map((picture) => picture?.width)).toEqual([128, undefined]);
   });
 });
+
+describe("a request's batches running at once, cancelled", () => {
+  it('gives its client back the share of each of them, not of the first one twice', async () => {
+    // Two workers; batches estimated at 10 s an image.
+    const queue = new JobQueue(2, 10);
+    const started: string[] = [];
+    const finish = new Map<string, () => void>();
+    const merger = new BatchMerger(
+      queue,
+      async (batch, stop) => {
+        const name = batch.items[0].prompt;
+        started.push(name);
+        await new Promise<void>((resolve, reject) => {
+          finish.set(name, resolve);
+          stop.addEventListener('abort', () => reject(new Error('stopped')), { once: true });
+        });
+        return batch.items.map((i) => ({ data: new Uint8Array(), contentType: 'image/png', seed: i.seed }));
+      },
+      4,
+      (batch) => 10 * batch.items.length,
+    );
+    // Each its own steps: no two merge.
+    let steps = 1;
+    const from = (client: string, prompt: string, images = 1, signal?: AbortSignal, ticket = new Ticket(client)) =>
+      merger.generate(request(Array.from({ length: images }, (_, i) => item(prompt, i)), { steps: steps++ }), signal, ticket);
+    // A's request of five images runs as two batches (1 and 4 images: 10 s and 40 s charged), one on each worker.
+    const cancel = new AbortController();
+    const ticket = new Ticket('A');
+    const cancelled = [from('A', 'A cancelled', 1, cancel.signal, ticket), from('A', 'A cancelled', 4, cancel.signal, ticket)].map((p) => p.catch(() => 'cancelled'));
+    await expect.poll(() => started.length).toBe(2);
+    const waiting = [from('B', 'B1'), from('B', 'B2'), from('B', 'B3'), from('A', 'A next')];
+    cancel.abort(new Error('client left'));
+    expect(await Promise.all(cancelled)).toEqual(['cancelled', 'cancelled']);
+    // Each batch let go in the order they started, two at a time.
+    for (let next = 2; next < 6; next++) {
+      await expect.poll(() => started.length).toBeGreaterThan(next);
+      finish.get(started[next])!();
+    }
+    await Promise.all(waiting);
+    // A was given back all 50 s, and its next request goes first. Given back only the first batch's 10 s,
+    // twice (the second's refund sought in the first's charge, both being its request's), it went after all of B's.
+    expect(started.slice(2)).toEqual(['A next', 'B1', 'B2', 'B3']);
+  });
+});

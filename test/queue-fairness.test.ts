@@ -1,5 +1,5 @@
 import { describe, expect, it, vi } from 'vitest';
-import { JobQueue, QueueFullError, QueueTimeoutError, RequeueError, Ticket, type JobQueueOptions } from '../src/engine/job-queue.js';
+import { JobQueue, QueueFullError, QueueTimeoutError, RequeueError, Ticket, type JobQueueOptions, type RunningJob } from '../src/engine/job-queue.js';
 
 /**
  * The queue weighs work, not jobs: clients are served fairly by estimated seconds, a request's own
@@ -271,9 +271,9 @@ describe('a job that never reached its worker', () => {
   it('refunds its charge once: a share given back as a member left it is not refunded again when it waits again', async () => {
     const queue = new JobQueue(1, 100);
     const log: string[] = [];
-    const job = (name: string, client: string, seconds: number, body?: (ticket: Ticket) => void) => {
+    const job = (name: string, client: string, seconds: number, body?: (running: RunningJob) => void) => {
       const ticket = new Ticket(client, seconds);
-      return queue.run(async () => (log.push(name), body?.(ticket), name), undefined, { ticket, cost: cost(seconds) });
+      return queue.run(async (running) => (log.push(name), body?.(running), name), undefined, { ticket, cost: cost(seconds) });
     };
     const first = controlled(log, 'A1');
     const runs = [queue.run(first.job, undefined, { ticket: new Ticket('A', 5), cost: cost(5) })];
@@ -281,9 +281,9 @@ describe('a job that never reached its worker', () => {
     let attempts = 0;
     // A2 (10 s) starts, a member of it leaves (4 s given back), and its worker turns out gone: it waits again.
     runs.push(
-      job('A2', 'A', 10, (ticket) => {
+      job('A2', 'A', 10, (running) => {
         if (++attempts > 1) return;
-        queue.refund(ticket, 'A', 4);
+        running.refund('A', 4);
         throw new RequeueError(new Error('the worker was already dead'));
       }),
     );

@@ -1,4 +1,4 @@
-import { RequeueError, Ticket, type JobOptions } from './job-queue.js';
+import { RequeueError, Ticket, type JobOptions, type RunningJob } from './job-queue.js';
 import { LeftItems } from './left-items.js';
 import { everyItemMade, type BatchEvent, type BatchItem, type GeneratedImage, type GenerationBatch } from '../runtime/types.js';
 
@@ -43,15 +43,13 @@ export type BatchRunner = (
 
 /** Where groups wait for a worker (the bounded job queue, JobQueue). */
 export interface JobScheduler {
-  run(job: () => Promise<void>, signal: AbortSignal, options: JobOptions): Promise<void>;
+  run(job: (running: RunningJob) => Promise<void>, signal: AbortSignal, options: JobOptions): Promise<void>;
   /**
    * Bounds the wait of a request in a group as its own would be bounded (QUEUE_TIMEOUT): the group's
    * place in the queue is not bounded by the queue (see JobOptions.boundsOwnWait) but abandoned once
    * every member left. `expire` gets the error; what it returns cancels the bound.
    */
   boundWait(ticket: Ticket, expire: (err: Error) => void): () => void;
-  /** Gives `client` back estimated seconds it was charged for as the job of `ticket` started, which it will not get (see JobQueue.refund). */
-  refund(ticket: Ticket, client: string, seconds: number): void;
 }
 
 /** Estimated seconds a batch takes (see cost-model.ts). */
@@ -204,7 +202,7 @@ export class BatchMerger {
     const { estimate } = this;
     const cost = estimate && (() => estimate({ ...group.settings, items: group.members.flatMap((m) => (m.left ? [] : m.items)) }));
     const shares = estimate && (() => this.clientShares(group));
-    this.enqueue.run(() => this.run(group), group.abandon.signal, { ticket, cost, shares, boundsOwnWait: true }).catch((err) => {
+    this.enqueue.run((job) => this.run(group, job), group.abandon.signal, { ticket, cost, shares, boundsOwnWait: true }).catch((err) => {
       this.close(group);
       for (const m of group.members) m.reject(err);
     });
@@ -235,7 +233,7 @@ export class BatchMerger {
     else this.waiting.delete(group.owner);
   }
 
-  private async run(group: Group): Promise<void> {
+  private async run(group: Group, job: RunningJob): Promise<void> {
     this.close(group);
     const members = group.members.filter((m) => !m.left);
     if (members.length === 0) return;
@@ -250,7 +248,7 @@ export class BatchMerger {
     let done = 0;
     // The batch stops at its next step once every member left; before that, a member that leaves has its items given up.
     const leaving = members.map((member, i) => () => {
-      this.enqueue.refund(group.ticket, member.ticket.client, charged[i] * (1 - done));
+      job.refund(member.ticket.client, charged[i] * (1 - done));
       if (members.every((m) => m === member || m.left)) stop.abort();
       else left.add(member.items.map((_, j) => firstItems[i] + j));
     });

@@ -127,6 +127,12 @@ export interface JobQueueOptions {
   onWaited?(waitedMs: number): void;
 }
 
+/** What a job hears of itself as it runs (JobQueue.run). */
+export interface RunningJob {
+  /** Gives `client` back `seconds` of what this job charged it as it started, which it will not get (see JobQueue.refund). */
+  refund(client: string, seconds: number): void;
+}
+
 interface Entry {
   ticket: Ticket;
   cost(): number;
@@ -190,7 +196,7 @@ export class JobQueue {
     private readonly options: JobQueueOptions = {},
   ) {}
 
-  run<T>(job: () => Promise<T>, signal?: AbortSignal, { ticket = new Ticket(), cost, shares, boundsOwnWait = false }: JobOptions = {}): Promise<T> {
+  run<T>(job: (running: RunningJob) => Promise<T>, signal?: AbortSignal, { ticket = new Ticket(), cost, shares, boundsOwnWait = false }: JobOptions = {}): Promise<T> {
     if (this.closed) return Promise.reject(new QueueClosedError());
     if (signal?.aborted) return Promise.reject(signal.reason);
     if (!ticket.admitted) {
@@ -228,7 +234,7 @@ export class JobQueue {
           const started = performance.now();
           this.options.onWaited?.(started - queued);
           this.began(entry);
-          job()
+          job({ refund: (client, seconds) => this.refund(entry, client, seconds) })
             .then(resolve, (err: unknown) => {
               if (!(err instanceof RequeueError)) return reject(err);
               if (this.closed) return reject(new QueueClosedError());
@@ -277,14 +283,15 @@ export class JobQueue {
   }
 
   /**
-   * Gives `client` back `seconds` of the work it was charged for as the running job of `ticket` started
+   * Gives `client` back `seconds` of the work it was charged for as the running job `entry` started
    * (its share of a merged batch), which it will not get: its request left the job. Charged for all of
    * it, a client that cancels waits behind the others' requests for work it did not get. What is given
    * back leaves the job's charge, so that a job that then did not run after all (RequeueError) refunds
-   * only the rest; nothing once the job ended.
+   * only the rest; nothing once the job ended. By the job, not its ticket: a request's batches share
+   * one, and may run at once on several workers, each charged apart (see RunningJob).
    */
-  refund(ticket: Ticket, client: string, seconds: number): void {
-    const charged = [...this.running].find(([entry]) => entry.ticket === ticket)?.[1].charged;
+  private refund(entry: Entry, client: string, seconds: number): void {
+    const charged = this.running.get(entry)?.charged;
     const back = Math.min(seconds, charged?.get(client) ?? 0);
     if (!charged || back <= 0) return;
     charged.set(client, (charged.get(client) ?? 0) - back);
