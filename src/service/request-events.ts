@@ -84,14 +84,22 @@ export function requestProgress(batches: GenerationBatch[], passes: number, queu
   // Until its first step, a request whose batch a worker took went on hearing the batches waiting behind
   // it as ahead of it (a model's load takes seconds to a minute), and its own later batches' queueing
   // as its own: it is at the front now.
-  const tellQueued = () => onEvent({ type: 'queued', ahead: started() ? 0 : Math.max(0, queued() - batches.length) });
+  let told: number | undefined;
+  const tellQueued = () => {
+    told = started() ? 0 : Math.max(0, queued() - batches.length);
+    onEvent({ type: 'queued', ahead: told });
+  };
   let timer: NodeJS.Timeout | undefined;
   // First told once the batches are queued, after their admission settled: a request the queue refuses
   // gets its 429 as a plain error (no event of this comes before it; a wait for the key's slot, in
   // produce, may have opened the stream already), and the count includes its own batches.
   const first = globalThis.setImmediate(() => {
     tellQueued();
-    timer = setInterval(() => (started() ? clearInterval(timer) : tellQueued()), QUEUED_EVENT_MS);
+    // Taken: told 0 once (a count told while it waited would stand until the first step), then no more.
+    timer = setInterval(() => {
+      if (!started() || told !== 0) tellQueued();
+      if (started()) clearInterval(timer);
+    }, QUEUED_EVENT_MS);
   });
   const stop = () => {
     clearImmediate(first);
