@@ -1,4 +1,4 @@
-import { statSync } from 'node:fs';
+import { statSync, type Stats } from 'node:fs';
 import { isIP } from 'node:net';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -542,7 +542,7 @@ function modelPathProblems({ defaultModel, modelAliases = {}, preload = [] }: Pi
   ];
   return named.flatMap(([setting, value]) => {
     if (!/[\\/]/.test(value) || Object.hasOwn(modelAliases, value)) return [];
-    const found = statSync(value, { throwIfNoEntry: false });
+    const found = statOf(value);
     if (!found) return [];
     const id = path.basename(path.resolve(value));
     return found.isDirectory()
@@ -555,6 +555,15 @@ function modelPathProblems({ defaultModel, modelAliases = {}, preload = [] }: Pi
             "as 'optimum-cli export onnx' writes one from a checkpoint; install that folder with 'imagegen models import <folder>' and name it by its id (README: Real models)",
         ];
   });
+}
+
+/** The file or folder at `value`, if one is there to see: a path under a file (ENOTDIR), too long, or behind a folder not ours to read is none, and an id as any other. */
+function statOf(value: string): Stats | undefined {
+  try {
+    return statSync(value, { throwIfNoEntry: false });
+  } catch {
+    return undefined;
+  }
 }
 
 /** What the commands that run models without serving them (generate, models verify) read. */

@@ -147,6 +147,9 @@ describe('loadConfig', () => {
     // Ids: a plain name even where a folder of that name is in the working directory, a path that is not there, an alias's name with a slash.
     expect(loadConfig({}, { DEFAULT_MODEL: path.relative(process.cwd(), path.join(process.cwd(), 'models')) }).defaultModel).toBe('models');
     expect(loadConfig({}, { DEFAULT_MODEL: path.join(root, 'absent') }).defaultModel).toBe(path.join(root, 'absent'));
+    // Nor a path that cannot be there (under a file: ENOTDIR), or cannot be looked at: not a crash at start.
+    expect(loadConfig({}, { DEFAULT_MODEL: path.join(file, 'unet') }).defaultModel).toBe(path.join(file, 'unet'));
+    expect(loadModelSettings({}, { DEFAULT_MODEL: `${'x'.repeat(5000)}/unet` }).defaultModel).toBe(`${'x'.repeat(5000)}/unet`);
     expect(loadConfig({}, { DEFAULT_MODEL: 'models/demo-shapes', MODEL_ALIASES: 'models/demo-shapes=demo-shapes' }).defaultModel).toBe('models/demo-shapes');
   });
 
