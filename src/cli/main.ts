@@ -49,15 +49,17 @@ const serve = program
     logger.info({ settings: givenSettings(given) }, 'settings given (the others are at their defaults: imagegen serve --help lists them)');
 
     let stoppingSince: number | undefined;
+    let firstSignal: NodeJS.Signals | undefined;
     const stop = (signal: NodeJS.Signals) => {
       if (stoppingSince !== undefined) {
         // One signal delivered twice: GNU timeout, and kill of the process group, send it to the server
         // and then to its group, the server included; a person sends it again later than this.
         if (performance.now() - stoppingSince < REPEATED_SIGNAL_MS) return;
-        logger.warn(`${signal} again: exiting without waiting for running requests`);
+        logger.warn(`${signal === firstSignal ? `${signal} again` : `${signal} after ${firstSignal}`}: exiting without waiting for running requests`);
         process.exit(1);
       }
       stoppingSince = performance.now();
+      firstSignal = signal;
       logger.info(`${signal}: finishing running requests, then exiting (send it again, a second or more after this one, to exit at once)`);
       server.close().then(
         () => process.exit(0),
