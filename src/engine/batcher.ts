@@ -255,7 +255,7 @@ export class BatchMerger {
     members.forEach((m, i) => m.signal?.addEventListener('abort', leaving[i], { once: true }));
     const onEvent = (event: BatchEvent) => {
       if (event.type === 'step') done = event.step / event.total;
-      return routeEvent(members, event);
+      return routeEvent(members, firstItems, event);
     };
     try {
       const images = await this.runner({ ...group.settings, items: members.flatMap((m) => m.items) }, stop.signal, onEvent, left);
@@ -274,20 +274,17 @@ export class BatchMerger {
 
 /**
  * A merged batch's event to its members: progress to all, an item's preview to the member it belongs
- * to, renumbered. Answers whether a member still there got it.
+ * to, renumbered from its first item (`firstItems`, as run numbers them). Answers whether a member still
+ * there got it.
  */
-function routeEvent(members: readonly Member[], event: BatchEvent): boolean {
+function routeEvent(members: readonly Member[], firstItems: readonly number[], event: BatchEvent): boolean {
   if (event.type === 'step') {
     for (const m of members) if (!m.left) m.onEvent?.(event);
     return members.some((m) => !m.left);
   }
-  let first = 0;
-  for (const m of members) {
-    if (event.item < first + m.items.length) {
-      if (!m.left) m.onEvent?.({ ...event, item: event.item - first });
-      return !m.left;
-    }
-    first += m.items.length;
-  }
-  return false;
+  const i = members.findIndex((m, k) => event.item < firstItems[k] + m.items.length);
+  const m = members[i];
+  if (!m || m.left) return false;
+  m.onEvent?.({ ...event, item: event.item - firstItems[i] });
+  return true;
 }
