@@ -412,12 +412,18 @@ export type SettingName = keyof typeof SETTINGS;
 const SECRET_SETTINGS: ReadonlySet<SettingName> = new Set(['apiKeys', 'redisUrl']);
 
 /**
- * How an error shows a value it refuses: not at all for a credential setting; a URL without its user
- * and password (PUBLIC_BASE_URL and S3_ENDPOINT refuse them, and the error must not show them either).
+ * How the terminal and the log may show a setting's value: not at all for a credential setting; a URL
+ * without its user and password (PUBLIC_BASE_URL and S3_ENDPOINT refuse them, and an error must not
+ * show them either).
  */
+function showable(name: SettingName, value: string): string | undefined {
+  return SECRET_SETTINGS.has(name) ? undefined : withoutCredentials(value);
+}
+
+/** How an error shows a value it refuses (see showable). */
 function shownValue(name: SettingName, value: string | undefined): string {
-  if (value === undefined || SECRET_SETTINGS.has(name)) return '';
-  return ` (got '${withoutCredentials(value)}')`;
+  const shown = value === undefined ? undefined : showable(name, value);
+  return shown === undefined ? '' : ` (got '${shown}')`;
 }
 
 /** The settings as their schemas give them. */
@@ -471,6 +477,10 @@ export const settingsHelp = (Object.keys(SETTINGS) as SettingName[]).map((name) 
 /** A setting's value as written (a flag's or a variable's): spaces around it dropped, and empty read as unset. */
 export const settingText = (text: string | undefined): string | undefined => text?.trim() || undefined;
 
+/** The text a setting was given: its flag's, else its variable's (settingText). */
+const givenText = (name: SettingName, flags: Partial<Record<SettingName, string>>, env: NodeJS.ProcessEnv): string | undefined =>
+  settingText(flags[name] ?? env[envName(name)]);
+
 /**
  * The settings given (by flag or variable) as a log line shows them, by variable: what an operator set,
  * in a line at start that says the server read it (a value changed in a unit file or a compose file and
@@ -480,9 +490,8 @@ export const settingText = (text: string | undefined): string | undefined => tex
 export function givenSettings(flags: Partial<Record<SettingName, string>>, env: NodeJS.ProcessEnv = process.env): Record<string, string> {
   return Object.fromEntries(
     (Object.keys(SETTINGS) as SettingName[]).flatMap((name) => {
-      const text = settingText(flags[name] ?? env[envName(name)]);
-      if (text === undefined) return [];
-      return [[envName(name), SECRET_SETTINGS.has(name) ? '[redacted]' : withoutCredentials(text)]];
+      const text = givenText(name, flags, env);
+      return text === undefined ? [] : [[envName(name), showable(name, text) ?? '[redacted]']];
     }),
   );
 }
@@ -499,7 +508,7 @@ function parseSettings<K extends SettingName>(
   env: NodeJS.ProcessEnv,
   flagged: readonly SettingName[] = names,
 ): Pick<Settings, K> {
-  const raw = Object.fromEntries(names.map((name) => [name, settingText(flags[name] ?? env[envName(name)])]));
+  const raw = Object.fromEntries(names.map((name) => [name, givenText(name, flags, env)]));
   const result = z.object(Object.fromEntries(names.map((name) => [name, SETTINGS[name].schema]))).safeParse(raw);
   if (!result.success) {
     throw new ConfigError(
