@@ -276,7 +276,7 @@ function unroutedError(app: FastifyInstance, request: FastifyRequest): ApiError 
   if (!path.startsWith('/v1/') && app.findRoute({ method: request.method as HTTPMethods, url: underV1 })) {
     return new ApiError(
       404,
-      `Invalid URL (${request.method} ${path}): this server's API is under /v1 (${request.method} ${underV1}). Set the client's base URL with /v1 at its end, e.g. ${requestOrigin(request)}/v1.`,
+      `${invalidUrl(request).message}: this server's API is under /v1 (${request.method} ${underV1}). Set the client's base URL with /v1 at its end, e.g. ${requestOrigin(request)}/v1.`,
     );
   }
   return invalidUrl(request);
