@@ -1,5 +1,5 @@
 import type { Model } from './api.js';
-import { showModelChoices } from './settings.js';
+import { isControl, showModelChoices, type Control } from './settings.js';
 
 /**
  * The settings form kept for the tab, in sessionStorage beside the key: a reload (F5, or a phone's
@@ -12,15 +12,13 @@ import { showModelChoices } from './settings.js';
 
 const SETTINGS_ITEM = 'imagegen.settings';
 
-type Control = HTMLInputElement | HTMLSelectElement | HTMLTextAreaElement;
-
 /**
  * The form's controls by the name a request gives them (their id where they have none); not the file
  * chooser (no page may set it) nor Erase, a brush's mode that would surprise on a new picture.
  */
 function controls(form: HTMLFormElement): [string, Control][] {
   return [...form.elements].flatMap((element) => {
-    const control = element instanceof HTMLSelectElement || element instanceof HTMLTextAreaElement || (element instanceof HTMLInputElement && element.type !== 'file' && element.type !== 'checkbox') ? element : undefined;
+    const control = isControl(element) && !(element instanceof HTMLInputElement && (element.type === 'file' || element.type === 'checkbox')) ? element : undefined;
     const key = control && (control.name || control.id);
     return control && key ? [[key, control] as [string, Control]] : [];
   });

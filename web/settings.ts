@@ -8,9 +8,15 @@ import { ROUTE_FIELDS, type Fields, type ImageRequest, type Route } from './requ
 
 const NUMERIC = new Set(['n', 'steps', 'guidance_scale', 'seed', 'strength']);
 
-function control(form: HTMLFormElement, name: string): HTMLInputElement | HTMLSelectElement | HTMLTextAreaElement | null {
+/** A form element that holds a setting's value. */
+export type Control = HTMLInputElement | HTMLSelectElement | HTMLTextAreaElement;
+
+export const isControl = (element: unknown): element is Control =>
+  element instanceof HTMLInputElement || element instanceof HTMLSelectElement || element instanceof HTMLTextAreaElement;
+
+function control(form: HTMLFormElement, name: string): Control | null {
   const element = form.elements.namedItem(name);
-  return element instanceof HTMLInputElement || element instanceof HTMLSelectElement || element instanceof HTMLTextAreaElement ? element : null;
+  return isControl(element) ? element : null;
 }
 
 const seedFixed = (form: HTMLFormElement): boolean => (form.elements.namedItem('seed_mode') as RadioNodeList).value === 'fixed';
@@ -44,7 +50,7 @@ export function unreadableField(form: HTMLFormElement, route: Route): ApiErrorBo
   return undefined;
 }
 
-function setControl(element: HTMLInputElement | HTMLSelectElement | HTMLTextAreaElement, value: string | undefined): void {
+function setControl(element: Control, value: string | undefined): void {
   if (!(element instanceof HTMLSelectElement)) {
     element.value = value ?? element.defaultValue;
     return;
