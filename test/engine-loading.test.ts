@@ -38,9 +38,9 @@ describe('model folders', () => {
     const other = await copyOfReference('sd15-optimum');
     // A class it runs, set up as it does not, on noise levels of its own (a class it does not run at all, or a DPM-Solver
     // variant only diffusers runs, has a stand-in: model-folders.test.ts).
-    // (Its Karras, exponential and beta sigmas it runs: schedulers.test.ts.)
-    await writeFile(path.join(other, 'scheduler', 'scheduler_config.json'), JSON.stringify({ _class_name: 'DPMSolverMultistepScheduler', use_lu_lambdas: true }));
-    await expect(inspectModel(other)).rejects.toThrow(/scheduler_config\.json: DPMSolverMultistepScheduler: use_lu_lambdas=true is not supported/);
+    // (Its Karras, exponential, beta and Lu sigmas it runs: schedulers.test.ts.)
+    await writeFile(path.join(other, 'scheduler', 'scheduler_config.json'), JSON.stringify({ _class_name: 'DPMSolverMultistepScheduler', use_flow_sigmas: true }));
+    await expect(inspectModel(other)).rejects.toThrow(/scheduler_config\.json: DPMSolverMultistepScheduler: use_flow_sigmas=true is not supported/);
   });
 
   it('names the component that cannot be loaded', async () => {

@@ -339,6 +339,24 @@ describe('exponential and beta sigmas, as diffusers spaces them', () => {
     expect(schedule(beta, 20).timesteps.every(Number.isInteger)).toBe(true);
   });
 
+  it("DPM-Solver's use_lu_lambdas spaces lambda evenly over the whole table, its timesteps rounded (999 first), the config's sigma_min and sigma_max aside", () => {
+    const lu = { ...DPM_SD15, use_lu_lambdas: true };
+    // The exponential spacing's noise levels (above), each given its nearest timestep.
+    expectSchedules([
+      [lu, 5, undefined, [14.6146469, 3.08898783, 0.652896047, 0.137997717, 0.0291675366, 0], [999, 681, 233, 20, 0]],
+      [lu, 20, undefined, [14.6146469, 10.5363197, 7.59607983, 5.47633648, 3.94812346, 2.84636998, 2.05206895, 1.47942352, 1.06657922, 0.768942297, 0.554363132, 0.399663925, 0.288134694, 0.20772852, 0.149760321, 0.107968569, 0.0778391212, 0.0561175309, 0.0404575095, 0.0291675366, 0], [999, 943, 882, 815, 741, 659, 570, 473, 373, 277, 193, 125, 76, 43, 23, 12, 6, 3, 1, 0]],
+      [{ ...lu, sigma_min: 0.1, sigma_max: 10 }, 5, undefined, [14.6146469, 3.08898783, 0.652896047, 0.137997717, 0.0291675366, 0], [999, 681, 233, 20, 0]],
+      [lu, 1, undefined, [14.6146469, 0], [999]],
+      // The cosine schedule's timesteps stay fractional until int64 truncates them, as its Karras ones do.
+      [{ ...lu, beta_schedule: 'squaredcos_cap_v2' }, 5, undefined, [20291.3047, 481.378143, 11.4199123, 0.270918816, 0.00642710738, 0], [999, 997, 942, 160, 0]],
+    ]);
+    // diffusers takes Karras sigmas over it, and it over exponential or beta ones, refusing neither pair.
+    const karras = schedule({ ...DPM_SD15, use_karras_sigmas: true }, 5);
+    expect(schedule({ ...lu, use_karras_sigmas: true }, 5)).toEqual(karras);
+    expect(schedule(lu, 5, undefined)).toEqual(schedule({ ...lu, use_beta_sigmas: true }, 5));
+    expect(schedule(lu, 5, undefined)).toEqual(schedule({ ...lu, use_exponential_sigmas: true }, 5));
+  });
+
   it('flow-matching Euler spaces the shifted grid between its ends (FLUX schnell and dev), Karras sigmas too', () => {
     expectSchedules([
       [{ ...SCHNELL, use_exponential_sigmas: true }, 4, undefined, [1, 0.629960537, 0.396850258, 0.25, 0], [1000, 629.96051, 396.85025, 250]],

@@ -19,7 +19,7 @@ import {
   type VpCoefficients,
 } from './noise-schedule.js';
 import type { Scheduler, SchedulerConfig } from './scheduler.js';
-import { sigmaSpacingOf, spacedSigmas, type SigmaSpacing } from './sigma-spacing.js';
+import { luSigmas, sigmaSpacingOf, spacedSigmas, type SigmaSpacing } from './sigma-spacing.js';
 
 const CLASS_NAME = 'DPMSolverMultistepScheduler';
 
@@ -32,6 +32,7 @@ const DEFAULTS = {
   lower_order_final: true,
   euler_at_final: false,
   use_karras_sigmas: false,
+  use_lu_lambdas: false,
   sigma_min: null as number | null,
   sigma_max: null as number | null,
   final_sigmas_type: 'zero',
@@ -74,8 +75,11 @@ export class DPMSolverMultistepScheduler implements Scheduler {
   private readonly config: typeof DEFAULTS & SchedulerConfig;
   private readonly predictionType: PredictionType;
   private readonly trainSigmas: Float32Array;
-  /** Karras, exponential or beta noise levels in place of the table's at the spaced timesteps. */
-  private readonly sigmaSpacing: SigmaSpacing | undefined;
+  /**
+   * Karras, exponential or beta noise levels, or Lu et al.'s (use_lu_lambdas), in place of the table's at the
+   * spaced timesteps.
+   */
+  private readonly sigmaSpacing: SigmaSpacing | 'lu' | undefined;
   private sigmaSchedule: number[] = [];
   private schedule: number[] = [];
   /** The previous step's x0 prediction, the multistep history (none before the first step). */
@@ -86,7 +90,6 @@ export class DPMSolverMultistepScheduler implements Scheduler {
     const c = this.config;
     rejectUnsupported(CLASS_NAME, c, {
       thresholding: false,
-      use_lu_lambdas: false,
       use_flow_sigmas: false,
       variance_type: null,
     });
@@ -96,7 +99,9 @@ export class DPMSolverMultistepScheduler implements Scheduler {
     }
     this.predictionType = checkPredictionType(CLASS_NAME, c.prediction_type, ['epsilon', 'v_prediction', 'sample']);
     this.trainSigmas = trainingSigmas(c);
-    this.sigmaSpacing = sigmaSpacingOf(CLASS_NAME, c);
+    const spacing = sigmaSpacingOf(CLASS_NAME, c);
+    // diffusers checks use_karras_sigmas first, then use_lu_lambdas, then the others, and refuses none of them beside it.
+    this.sigmaSpacing = c.use_lu_lambdas && spacing !== 'karras' ? 'lu' : spacing;
   }
 
   get timesteps(): readonly number[] {
@@ -123,11 +128,15 @@ export class DPMSolverMultistepScheduler implements Scheduler {
     let sigmas: number[];
     if (this.sigmaSpacing) {
       // Spanning the whole training table (timesteps lambda_min_clipped leaves out included), as diffusers does.
-      sigmas = spacedSigmas(this.sigmaSpacing, c, table[table.length - 1], table[0], numInferenceSteps);
-      // Integer timesteps: Karras's rounded, except on the cosine schedule; there and for exponential and
-      // beta sigmas diffusers leaves them unrounded until they become int64, which truncates (the sigmas
+      const [highest, lowest] = [table[table.length - 1], table[0]];
+      sigmas =
+        this.sigmaSpacing === 'lu'
+          ? luSigmas(highest, lowest, numInferenceSteps)
+          : spacedSigmas(this.sigmaSpacing, c, highest, lowest, numInferenceSteps);
+      // Integer timesteps: Karras's and Lu's rounded, except on the cosine schedule; there and for exponential
+      // and beta sigmas diffusers leaves them unrounded until they become int64, which truncates (the sigmas
       // stay the spaced ones either way).
-      const rounded = this.sigmaSpacing === 'karras' && c.beta_schedule !== 'squaredcos_cap_v2';
+      const rounded = (this.sigmaSpacing === 'karras' || this.sigmaSpacing === 'lu') && c.beta_schedule !== 'squaredcos_cap_v2';
       timesteps = timestepsForSigmas(sigmas, table).map(rounded ? roundHalfEven : Math.trunc);
     } else {
       sigmas = timesteps.map((t) => interpolateTable(table, t));

@@ -49,3 +49,14 @@ export function spacedSigmas(spacing: SigmaSpacing, config: SchedulerConfig, hig
       return linspace(0, 1, n).map((ramp) => min + betaQuantile(1 - ramp, BETA_SHAPE, BETA_SHAPE) * (max - min));
   }
 }
+
+/**
+ * DPM-Solver's use_lu_lambdas (its _convert_to_lu): `n` noise levels evenly spaced in lambda = -log sigma
+ * (Lu et al. 2022's own schedule), from `highest` down to `lowest`, the table's ends whatever sigma_min and
+ * sigma_max say. The ends' logs are float32, as diffusers takes them from its float32 log_sigmas, so the
+ * first level lands on the table's last timestep rather than a hair below it.
+ */
+export function luSigmas(highest: number, lowest: number, n: number): number[] {
+  const [maxLambda, minLambda] = [Math.fround(Math.log(highest)), Math.fround(Math.log(lowest))];
+  return linspace(0, 1, n).map((ramp) => Math.exp(maxLambda + ramp * (minLambda - maxLambda)));
+}
