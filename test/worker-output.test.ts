@@ -2,7 +2,8 @@ import { readFile, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import onnxProto from 'onnx-proto';
 import { describe, expect, it } from 'vitest';
-import { readOutputLine } from '../src/runtime/native-output.js';
+import { PassThrough } from 'node:stream';
+import { eachOutputLine, readOutputLine } from '../src/runtime/native-output.js';
 import { DEMO_MODEL_DIR } from './helpers/demo-model.js';
 import { capturedLogs } from './helpers/logs.js';
 import { startRealServer } from './helpers/real-server.js';
@@ -63,5 +64,22 @@ describe("a worker's output", () => {
     });
     expect(readOutputLine('a line', 'stdout')).toEqual({ level: 'info', message: 'a line', from: 'stdout' });
     expect(readOutputLine('\x1b[m  ', 'stderr')).toBeUndefined();
+  });
+
+  it('is read in lines, one with no end logged in pieces as it comes rather than held whole', async () => {
+    const input = new PassThrough();
+    const lines: string[] = [];
+    eachOutputLine(input, (line) => lines.push(line), 10);
+    input.write('first\r\nsec');
+    input.write('ond\n\nthird line, longer than ten\n');
+    expect(lines).toEqual(['first\r', 'second', 'third line', ', longer t', 'han ten']);
+    lines.length = 0;
+    // A writer that never ends its line: each piece is given as soon as it is whole, and the rest at the end.
+    for (let i = 0; i < 7; i++) input.write('x'.repeat(5));
+    await new Promise((resolve) => setImmediate(resolve));
+    expect(lines).toEqual(['x'.repeat(10), 'x'.repeat(10), 'x'.repeat(10)]);
+    input.end('é');
+    await new Promise((resolve) => input.once('end', resolve));
+    expect(lines.slice(3)).toEqual(['xxxxxé']);
   });
 });

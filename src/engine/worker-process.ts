@@ -1,9 +1,8 @@
 import { fork, type ChildProcess } from 'node:child_process';
 import path from 'node:path';
-import { createInterface } from 'node:readline';
 import { fileURLToPath } from 'node:url';
 import type { ModelMemory } from '../models/memory-figures.js';
-import { readOutputLine, type OutputLine } from '../runtime/native-output.js';
+import { eachOutputLine, readOutputLine, type OutputLine } from '../runtime/native-output.js';
 import type { BatchEvent, GeneratedImage, GenerationBatch, ModelRef } from '../runtime/types.js';
 import type { LeftItems } from './left-items.js';
 import type { MemoryClaimant, MemoryGrant } from './memory-arbiter.js';
@@ -139,7 +138,7 @@ export class WorkerProcess implements MemoryClaimant {
     // output is read here, not inherited: onnxruntime writes its own lines there (see native-output.ts).
     this.child = fork(file, [], { execArgv, serialization: 'advanced', stdio: ['ignore', 'pipe', 'pipe', 'ipc'] });
     for (const stream of ['stdout', 'stderr'] as const) {
-      createInterface({ input: this.child[stream]!, crlfDelay: Infinity }).on('line', (text) => {
+      eachOutputLine(this.child[stream]!, (text) => {
         const line = readOutputLine(text, stream);
         if (line) this.listener.output(this, line);
       });

@@ -11,6 +11,7 @@
  * "[N blob data]"). Its severity becomes the line's level, its place in onnxruntime's code a field,
  * and its time and colours go (the log line has its own time).
  */
+import type { Readable } from 'node:stream';
 
 export type OutputLevel = 'debug' | 'info' | 'warn' | 'error' | 'fatal';
 
@@ -38,4 +39,31 @@ export function readOutputLine(line: string, stream: 'stdout' | 'stderr'): Outpu
   const said = ONNXRUNTIME_LINE.exec(text);
   if (!said) return { level: stream === 'stderr' ? 'warn' : 'info', message: text, from: stream };
   return { level: SEVERITY[said[1]], message: said[3], from: 'onnxruntime', source: said[2] };
+}
+
+/** The longest piece of one line logged as one: a line longer is logged in pieces this long. */
+export const MAX_OUTPUT_LINE = 16 * 1024;
+
+/**
+ * Calls `onLine` with each line `input` carries (without its newline; blank ones aside), a line longer than `max` characters
+ * in pieces of `max`, and what is left at its end. Our own rather than node:readline, which holds a line
+ * whole until its newline comes: a native library writing in a loop without one would grow the server's
+ * memory without bound.
+ */
+export function eachOutputLine(input: Readable, onLine: (line: string) => void, max = MAX_OUTPUT_LINE): void {
+  let pending = '';
+  const emit = (line: string) => {
+    for (let start = 0; start < line.length; start += max) onLine(line.slice(start, start + max));
+  };
+  input.setEncoding('utf8');
+  input.on('data', (chunk: string) => {
+    const lines = (pending + chunk).split('\n');
+    pending = lines.pop()!;
+    lines.forEach(emit);
+    // A piece of max characters is logged now; the rest waits for its newline.
+    const whole = pending.length - (pending.length % max);
+    emit(pending.slice(0, whole));
+    pending = pending.slice(whole);
+  });
+  input.on('end', () => emit(pending));
 }
