@@ -10,7 +10,7 @@ import { DPMSolverMultistepScheduler } from '../src/schedulers/dpm-solver-multis
 import { EulerAncestralDiscreteScheduler } from '../src/schedulers/euler-ancestral.js';
 import { EulerDiscreteScheduler } from '../src/schedulers/euler.js';
 import { FlowMatchEulerDiscreteScheduler } from '../src/schedulers/flow-match-euler.js';
-import { createScheduler, refusalNote, SCHEDULER_NAMES, schedulersFor, schedulersRunning } from '../src/schedulers/index.js';
+import { createScheduler, refusalNote, SCHEDULER_NAMES, schedulersFor, schedulersRunning, standInFor } from '../src/schedulers/index.js';
 import { LCMScheduler } from '../src/schedulers/lcm.js';
 import { betaQuantile } from '../src/schedulers/beta-quantile.js';
 import { trainingAlphasCumprod } from '../src/schedulers/noise-schedule.js';
@@ -550,6 +550,16 @@ describe('DPMSolverMultistepScheduler full loop (test_scheduler_dpm_multi.py, dp
   it('rejects the variants it does not implement', () => {
     expect(() => new DPMSolverMultistepScheduler({ algorithm_type: 'sde-dpmsolver++' })).toThrow(/dpmsolver\+\+/);
     expect(() => new DPMSolverMultistepScheduler({ solver_order: 3 })).toThrow(/solver_order/);
+  });
+
+  it("runs a fixed variance_type (DDPMScheduler's fixed_small, kept by a config switched from it) as none, as diffusers does; refuses a learned one", () => {
+    // DDPMScheduler saves variance_type "fixed_small": every scheduler runs such a model's config, DPM-Solver included.
+    const ddpm: SchedulerConfig = { ...SD15, _class_name: 'DDPMScheduler', variance_type: 'fixed_small', clip_sample: false };
+    expect(schedulersRunning(standInFor(ddpm, 'vp')!.config, 'vp')).toEqual({ running: schedulersFor('vp'), refused: [] });
+    expect(fullLoop(new DPMSolverMultistepScheduler({ ...config, variance_type: 'fixed_small' }))).toEqual(fullLoop(new DPMSolverMultistepScheduler(config)));
+    for (const learned of ['learned', 'learned_range']) {
+      expect(() => new DPMSolverMultistepScheduler({ ...config, variance_type: learned })).toThrow(`DPMSolverMultistepScheduler: variance_type "${learned}" is not supported`);
+    }
   });
 });
 

@@ -63,6 +63,9 @@ function unrunSolver(c: typeof DEFAULTS & SchedulerConfig): string | undefined {
   return unrun.length ? unrun.join(', ') : undefined;
 }
 
+/** The variance types whose model outputs a learned variance beside its prediction (DeepFloyd IF's). */
+const LEARNED_VARIANCE = ['learned', 'learned_range'];
+
 /** Lower-order steps are more stable when few steps remain; diffusers' threshold. */
 const LOWER_ORDER_FINAL_BELOW_STEPS = 15;
 
@@ -91,8 +94,14 @@ export class DPMSolverMultistepScheduler implements Scheduler {
     rejectUnsupported(CLASS_NAME, c, {
       thresholding: false,
       use_flow_sigmas: false,
-      variance_type: null,
     });
+    // diffusers reads variance_type only to cut a learned variance off the model's output; any other value
+    // (DDPMScheduler's fixed_small, which a config switched from DDPM keeps) runs as none.
+    if (LEARNED_VARIANCE.includes(String(c.variance_type))) {
+      throw new Error(
+        `${CLASS_NAME}: variance_type ${JSON.stringify(c.variance_type)} is not supported: such a model predicts its variance beside the noise, and this server runs models that predict the noise alone`,
+      );
+    }
     const unrun = unrunSolver(c);
     if (unrun) {
       throw new Error(`${CLASS_NAME}: only algorithm_type dpmsolver++, solver_type midpoint, solver_order 1 or 2 are supported (got ${unrun}); the dpmpp_2m scheduler name selects them`);
