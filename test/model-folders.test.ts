@@ -635,4 +635,20 @@ describe('a scheduler class this server does not run', () => {
     if (!verdict.usable) throw new Error(verdict.reason);
     expect(verdict.layout.schedulerStandIn).toEqual({ named: 'FlowMatchHeunDiscreteScheduler', by: 'flow_match_euler' });
   });
+
+  it("on a FLUX model, flow-matching Euler stands in for DPM-Solver on flow sigmas; a class of the other kind of model is refused, saying what to name", async () => {
+    // As diffusers saves DPM-Solver switched in for FLUX dev (FluxPipeline runs it on its flow sigmas, shifted by mu).
+    const dpm = await withScheduler('flux-dpm', 'DPMSolverMultistepScheduler', { use_flow_sigmas: true, prediction_type: 'flow_prediction', flow_shift: 3 }, 'flux-dev');
+    const verdict = await inspectModelFolder(dpm);
+    if (!verdict.usable) throw new Error(verdict.reason);
+    expect(verdict.layout.schedulerStandIn).toEqual({ named: 'DPMSolverMultistepScheduler', by: 'flow_match_euler', why: 'use_flow_sigmas' });
+    expect(verdict.layout.scheduler).toMatchObject({ _class_name: 'FlowMatchEulerDiscreteScheduler', use_dynamic_shifting: true });
+    // Euler's noise-prediction sigmas on a flow transformer, flow matching on a UNet: each drew noise.
+    const euler = await withScheduler('flux-euler', 'EulerDiscreteScheduler', {}, 'flux-schnell');
+    expect(reasonOf(await inspectModelFolder(euler))).toMatch(
+      /scheduler_config\.json: EulerDiscreteScheduler schedules noise-prediction \(Stable Diffusion\) models, and this model is a flow-matching \(FLUX\) one: give it its base model's scheduler_config\.json, whose _class_name is FlowMatchEulerDiscreteScheduler$/,
+    );
+    const flow = await withScheduler('sd-flow', 'FlowMatchEulerDiscreteScheduler');
+    expect(reasonOf(await inspectModelFolder(flow))).toMatch(/FlowMatchEulerDiscreteScheduler schedules flow-matching \(FLUX\) models, .*whose _class_name is one of PNDMScheduler, DDIMScheduler, EulerDiscreteScheduler/);
+  });
 });

@@ -135,6 +135,15 @@ function switchedConfig(config: SchedulerConfig, name: string): SchedulerConfig 
   return { ...inherited, clip_sample: clipSample, ...target.names[name], _class_name: target.className };
 }
 
+/** The classes this server runs for `kind`, in a sentence. */
+function classesOf(kind: ModelKind): string {
+  const names = ENTRIES.filter((e) => e.kind === kind).map((e) => e.className);
+  return names.length === 1 ? names[0] : `one of ${names.join(', ')}`;
+}
+
+/** A kind of model in a sentence. */
+const KIND_WORDS: Record<ModelKind, string> = { vp: 'noise-prediction (Stable Diffusion)', flow: 'flow-matching (FLUX)' };
+
 /** What stands in for a scheduler class this server does not run, by the kind of model. */
 const STAND_INS: Record<ModelKind, string> = { vp: 'euler', flow: 'flow_match_euler' };
 
@@ -151,14 +160,27 @@ export interface StandIn {
  * of the scheduler that stands in for it, keeping its training fields (betas, prediction type, spacing)
  * as a request's `scheduler` override would; undefined when it runs as it is. diffusers would run the
  * model with its own sampler; refusing the whole model for the sampler it happened to ship with would
- * leave it unusable here. Throws for a class trained on other noise levels than DDPM's betas (EDM),
- * which nothing here can stand in for.
+ * leave it unusable here. So too DPM-Solver on a FLUX model's flow-matching sigmas (use_flow_sigmas).
+ * Throws for a class trained on other noise levels than DDPM's betas (EDM), which nothing here can stand
+ * in for, and for a class this server runs for the other kind of model (Euler's noise-prediction sigmas
+ * on FLUX, flow matching on Stable Diffusion), which would draw noise.
  */
 export function standInFor(config: SchedulerConfig, kind: ModelKind): StandIn | undefined {
   const known = knownClass(config);
-  if (known) {
+  if (known?.kind === kind) {
     const unrun = known.unrun?.(config);
     return unrun && { name: unrun.by, config: switchedConfig(config, unrun.by), why: unrun.why };
+  }
+  if (known) {
+    // DPM-Solver samples a FLUX model on flow-matching sigmas under use_flow_sigmas (as UniPC does), which
+    // diffusers' FluxPipeline lets it; its class here runs noise-prediction sigmas only.
+    if (kind === 'flow' && config.use_flow_sigmas === true) return { name: STAND_INS.flow, config: switchedConfig(config, STAND_INS.flow), why: 'use_flow_sigmas' };
+    // Any other class of the other kind would draw noise in silence: noise-prediction sigmas on a flow
+    // transformer, or flow matching on a UNet (diffusers' pipelines fail on them).
+    throw new Error(
+      `${known.className} schedules ${KIND_WORDS[known.kind]} models, and this model is a ${KIND_WORDS[kind]} one: ` +
+        `give it its base model's scheduler_config.json, whose _class_name is ${classesOf(kind)}`,
+    );
   }
   // EDM's classes (Playground v2.5's) sample noise levels of their own (sigma_min..sigma_max around
   // sigma_data) rather than the DDPM betas every scheduler here reads: a stand-in would draw another
