@@ -268,6 +268,46 @@ describe('FlowMatchEulerDiscreteScheduler tables', () => {
     expect(s.sigmas).toEqual([1, 0.75, 0]);
   });
 
+  // Expected values: diffusers' set_timesteps on the same grid and mu, evaluated with numpy in float32 (as above).
+  it("time_shift_type linear bends the grid by mu itself, and only under dynamic shifting, as diffusers' time_shift does", () => {
+    const s = new FlowMatchEulerDiscreteScheduler({ ...FLUX_DEV, time_shift_type: 'linear' });
+    s.setTimesteps(4, { mu: 1.15 });
+    // mu / (mu + (1 / sigma - 1))
+    expectCloseArray(s.sigmas, [1, 0.7752808928489685, 0.5348836779594421, 0.27710843086242676, 0]);
+    expectCloseArray(s.timesteps, [1000, 775.2808837890625, 534.8836669921875, 277.1084289550781]);
+    const fixed = new FlowMatchEulerDiscreteScheduler({ shift: 3, time_shift_type: 'linear' });
+    fixed.setTimesteps(2);
+    expect(fixed.sigmas).toEqual([1, 0.75, 0]);
+    expect(() => new FlowMatchEulerDiscreteScheduler({ time_shift_type: 'cubic' })).toThrow('FlowMatchEulerDiscreteScheduler: time_shift_type "cubic" is not supported (exponential, linear)');
+  });
+
+  it('shift_terminal stretches the shifted grid so that its last sigma lands on it, the first staying at 1', () => {
+    const dynamic = new FlowMatchEulerDiscreteScheduler({ ...FLUX_DEV, shift_terminal: 0.02 });
+    dynamic.setTimesteps(4, { mu: 1.15 });
+    expectCloseArray(dynamic.sigmas, [1, 0.8079468011856079, 0.5162137746810913, 0.019999980926513672, 0]);
+    expectCloseArray(dynamic.timesteps, [1000, 807.94677734375, 516.2137451171875, 19.999980926513672]);
+    const linear = new FlowMatchEulerDiscreteScheduler({ ...FLUX_DEV, time_shift_type: 'linear', shift_terminal: 0.1 });
+    linear.setTimesteps(4, { mu: 1.15 });
+    expectCloseArray(linear.sigmas, [1, 0.7202247381210327, 0.4209302067756653, 0.10000002384185791, 0]);
+    const fixed = new FlowMatchEulerDiscreteScheduler({ shift: 3, shift_terminal: 0.1 });
+    fixed.setTimesteps(4);
+    expectCloseArray(fixed.sigmas, [1, 0.8199999332427979, 0.550000011920929, 0.10000002384185791, 0]);
+  });
+
+  it('stochastic_sampling takes the clean estimate x - sigma v to the next sigma with fresh noise, the last step to x0 without', () => {
+    const s = new FlowMatchEulerDiscreteScheduler({ stochastic_sampling: true });
+    s.setTimesteps(4);
+    const x = Float32Array.from([1, 2]);
+    const v = Float32Array.from([4, -8]);
+    const draws: number[] = [];
+    // x0 = x - 1 * v = [-3, 10]; (1 - 0.75) * x0 + 0.75 * noise, noise of zeros.
+    expect(Array.from(s.step(v, 0, x, zeroNoise(1, draws)))).toEqual([-0.75, 2.5]);
+    expect(draws).toEqual([2]);
+    // At sigma 0.25 to 0: x0 = x - 0.25 v, with no draw.
+    expect(Array.from(s.step(v, 3, x, NO_NOISE))).toEqual([0, 4]);
+    expect(() => new FlowMatchEulerDiscreteScheduler({ invert_sigmas: true })).toThrow('FlowMatchEulerDiscreteScheduler: invert_sigmas=true is not supported');
+  });
+
   it('step is x + (sigma_next - sigma) * v', () => {
     const s = new FlowMatchEulerDiscreteScheduler({});
     s.setTimesteps(4);

@@ -1,6 +1,6 @@
 import type { BatchNoise } from '../runtime/random.js';
 import type { SchedulerEntry } from './index.js';
-import { linspace, rejectUnsupported, weightedSum, withDefaults } from './noise-schedule.js';
+import { linspace, noiseLike, rejectUnsupported, weightedSum, withDefaults } from './noise-schedule.js';
 import type { Scheduler, SchedulerConfig, SetTimestepsOptions } from './scheduler.js';
 import { sigmaSpacingOf, spacedSigmas, type SigmaSpacing } from './sigma-spacing.js';
 
@@ -15,6 +15,14 @@ const DEFAULTS = {
   base_image_seq_len: 256,
   max_image_seq_len: 4096,
   time_shift_type: 'exponential',
+  shift_terminal: null as number | null,
+  stochastic_sampling: false,
+};
+
+/** How use_dynamic_shifting bends sigma by the pipeline's mu (diffusers' _time_shift_exponential and _time_shift_linear). */
+const TIME_SHIFTS: Record<string, (mu: number, sigma: number) => number> = {
+  exponential: (mu, sigma) => Math.exp(mu) / (Math.exp(mu) + (1 / sigma - 1)),
+  linear: (mu, sigma) => mu / (mu + (1 / sigma - 1)),
 };
 
 /**
@@ -31,12 +39,11 @@ export class FlowMatchEulerDiscreteScheduler implements Scheduler {
 
   constructor(config: SchedulerConfig = {}) {
     this.config = withDefaults(DEFAULTS, config);
-    rejectUnsupported(CLASS_NAME, this.config, {
-      time_shift_type: 'exponential',
-      invert_sigmas: false,
-      shift_terminal: null,
-      stochastic_sampling: false,
-    });
+    // Inverted sigmas run from clean to noise, which the FLUX pipeline's start from noise does not.
+    rejectUnsupported(CLASS_NAME, this.config, { invert_sigmas: false });
+    if (!Object.hasOwn(TIME_SHIFTS, this.config.time_shift_type)) {
+      throw new Error(`${CLASS_NAME}: time_shift_type "${String(this.config.time_shift_type)}" is not supported (${Object.keys(TIME_SHIFTS).join(', ')})`);
+    }
     this.sigmaSpacing = sigmaSpacingOf(CLASS_NAME, this.config);
   }
 
@@ -57,11 +64,16 @@ export class FlowMatchEulerDiscreteScheduler implements Scheduler {
     let sigmas = linspace(1, 1 / numInferenceSteps, numInferenceSteps).map(Math.fround);
     if (c.use_dynamic_shifting) {
       if (options.mu === undefined) throw new Error(`${CLASS_NAME}: use_dynamic_shifting needs setTimesteps(n, { mu })`);
-      const e = Math.exp(options.mu);
-      sigmas = sigmas.map((s) => e / (e + (1 / s - 1)));
+      const [mu, timeShift] = [options.mu, TIME_SHIFTS[c.time_shift_type]];
+      sigmas = sigmas.map((s) => timeShift(mu, s));
     } else {
       // A shift s > 1 spends more steps at high noise, which large images need.
       sigmas = sigmas.map((s) => (c.shift * s) / (1 + (c.shift - 1) * s));
+    }
+    if (c.shift_terminal) {
+      // Stretched so that the last sigma lands on shift_terminal, the first staying at 1.
+      const scale = (1 - sigmas[sigmas.length - 1]) / (1 - c.shift_terminal);
+      sigmas = sigmas.map((s) => 1 - (1 - s) / scale);
     }
     sigmas = sigmas.map(Math.fround);
     if (this.sigmaSpacing) {
@@ -82,12 +94,22 @@ export class FlowMatchEulerDiscreteScheduler implements Scheduler {
     return original.map((x, i) => (1 - sigma) * x + sigma * noise[i]);
   }
 
-  step(modelOutput: Float32Array, index: number, sample: Float32Array, _noise: BatchNoise): Float32Array {
+  step(modelOutput: Float32Array, index: number, sample: Float32Array, noise: BatchNoise): Float32Array {
     if (this.schedule.length === 0) throw new Error(`${CLASS_NAME}: call setTimesteps before step`);
-    return weightedSum([
-      [1, sample],
-      [this.sigmaSchedule[index + 1] - this.sigmaSchedule[index], modelOutput],
-    ]);
+    const [sigma, next] = [this.sigmaSchedule[index], this.sigmaSchedule[index + 1]];
+    if (!this.config.stochastic_sampling) {
+      return weightedSum([
+        [1, sample],
+        [next - sigma, modelOutput],
+      ]);
+    }
+    // The clean estimate x - sigma v taken to the next sigma with fresh noise; the last step (to 0) is x0 itself.
+    const terms: [number, Float32Array][] = [
+      [1 - next, sample],
+      [-(1 - next) * sigma, modelOutput],
+    ];
+    if (next > 0) terms.push([next, noiseLike(noise, sample)]);
+    return weightedSum(terms);
   }
 }
 
