@@ -484,6 +484,14 @@ describe('DDIMScheduler full loop (test_scheduler_ddim.py, eta 0, clip_sample)',
     expectLoop(fullLoop(new DDIMScheduler({ ...config, set_alpha_to_one: true, beta_start: 0.01 })), '149.8295', '0.1951'));
   it('no set_alpha_to_one: 149.0784 / 0.1941', () =>
     expectLoop(fullLoop(new DDIMScheduler({ ...config, set_alpha_to_one: false, beta_start: 0.01 })), '149.0784', '0.1941'));
+  it('trained_betas: the list is the schedule, over beta_schedule (the same linear betas as a list: 172.0067 / 0.223967); fewer than the training timesteps are refused', () => {
+    const betas = Array.from({ length: 1000 }, (_, i) => 0.0001 + (i * (0.02 - 0.0001)) / 999);
+    expectLoop(fullLoop(new DDIMScheduler({ ...config, beta_schedule: 'unknown', trained_betas: betas })), '172.0067', '0.223967');
+    // Past the list's end DDIM read no alpha-bar and drew NaN.
+    expect(() => new DDIMScheduler({ ...config, trained_betas: betas.slice(0, 500) })).toThrow(
+      'trained_betas has 500 betas, fewer than num_train_timesteps (1000): give one per training timestep, or set num_train_timesteps to 500',
+    );
+  });
 });
 
 describe('PNDMScheduler full loop (test_scheduler_pndm.py: PRK warm-up, then PLMS)', () => {

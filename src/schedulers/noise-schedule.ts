@@ -91,10 +91,22 @@ function cosineBetas(n: number): Float32Array {
   return Float32Array.from({ length: n }, (_, i) => Math.min(1 - alphaBar((i + 1) / n) / alphaBar(i / n), MAX_COSINE_BETA));
 }
 
+/**
+ * A config's own betas, one per training timestep: the schedules index alpha-bar by timestep, and past
+ * the list's end DDIM, PNDM and LCM read none and draw NaN (diffusers fails there).
+ */
+function trainedBetas(betas: unknown, n: number): Float32Array {
+  if (!Array.isArray(betas) || !betas.every((beta) => typeof beta === 'number')) throw new Error('trained_betas must be a list of numbers, one beta per training timestep');
+  if (betas.length < n) {
+    throw new Error(`trained_betas has ${betas.length} betas, fewer than num_train_timesteps (${n}): give one per training timestep, or set num_train_timesteps to ${betas.length}`);
+  }
+  return Float32Array.from(betas);
+}
+
 /** The betas a config names: its trained_betas, or its beta_schedule between beta_start and beta_end. */
 function betaSchedule(config: BetaConfig): Float32Array {
   const { num_train_timesteps: n, beta_start: start, beta_end: end } = config;
-  if (config.trained_betas) return Float32Array.from(config.trained_betas);
+  if (config.trained_betas) return trainedBetas(config.trained_betas, n);
   switch (config.beta_schedule) {
     case 'linear':
       return linspaceFloat32(start, end, n);
