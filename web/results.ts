@@ -33,6 +33,11 @@ function element<K extends keyof HTMLElementTagNameMap>(tag: K, props: Partial<H
   return node;
 }
 
+/**
+ * A result's button, named for screen readers with the image it acts on. The name holds the words on the
+ * button as they read (WCAG 2.5.3, label in name): a speech-control user says what they see ("click Copy
+ * as code"), which "Copy image 1, seed 7 as code" did not answer to.
+ */
 function button(text: string, label: string, onClick: () => void): HTMLButtonElement {
   const node = element('button', { type: 'button', textContent: text });
   node.setAttribute('aria-label', label);
@@ -72,10 +77,10 @@ export function resultCard(result: Result, actions: ResultActions): HTMLLIElemen
       { className: 'row' },
       open,
       download,
-      button('Reuse settings', `Reuse the settings of ${name}`, () => actions.reuse(result)),
+      button('Reuse settings', `Reuse settings of ${name}`, () => actions.reuse(result)),
       button('Edit', `Edit ${name}`, () => actions.edit(result)),
       button('Variations', `Variations of ${name}`, () => actions.variations(result)),
-      button('Copy as code', `Copy ${name} as code`, () => actions.code(result)),
+      button('Copy as code', `Copy as code: ${name}`, () => actions.code(result)),
     ),
   );
 }
