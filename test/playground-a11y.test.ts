@@ -16,19 +16,26 @@ import { LONG, MODEL, OPS_KEY, startOpsServer, untilReady, type OpsServer } from
 const AXE = await readFile(createRequire(import.meta.url).resolve('axe-core/axe.min.js'), 'utf8');
 
 /**
- * axe's violations of impact serious or critical on `page` as it is now, as lines naming the rule and
- * the elements. Injected through the DevTools protocol: the page's Content-Security-Policy refuses an
- * inline script (as it should), and a bypass of it would test another page than the one served.
+ * axe's violations of impact serious or critical on `page` as it is now, in the light and the dark colour
+ * scheme, as lines naming the scheme, the rule and the elements. Injected through the DevTools protocol:
+ * the page's Content-Security-Policy refuses an inline script (as it should), and a bypass of it would
+ * test another page than the one served.
  */
 async function serious(page: Page): Promise<string[]> {
   if (!(await page.evaluate(() => 'axe' in window))) await page.evaluate(AXE);
-  return page.evaluate(async () => {
-    const { axe } = window as unknown as { axe: { run(context: Document): Promise<AxeResults> } };
-    const { violations } = await axe.run(document);
-    return violations
-      .filter(({ impact }) => impact === 'serious' || impact === 'critical')
-      .map(({ id, impact, help, nodes }) => `${id} (${impact}): ${help}: ${nodes.map((node) => node.target.join(' ')).join(', ')}`);
-  });
+  const found: string[] = [];
+  for (const colorScheme of ['light', 'dark'] as const) {
+    await page.emulateMedia({ colorScheme });
+    const violations = await page.evaluate(async () => {
+      const { axe } = window as unknown as { axe: { run(context: Document): Promise<AxeResults> } };
+      return (await axe.run(document)).violations.map(({ id, impact, help, nodes }) => ({ id, impact, help, targets: nodes.map((node) => node.target.join(' ')) }));
+    });
+    for (const { id, impact, help, targets } of violations) {
+      if (impact === 'serious' || impact === 'critical') found.push(`${colorScheme}: ${id} (${impact}): ${help}: ${targets.join(', ')}`);
+    }
+  }
+  await page.emulateMedia({ colorScheme: 'light' });
+  return found;
 }
 
 describe.skipIf(!chromiumPath)(`the playground's accessibility in headless Chromium${chromiumPath ? '' : NO_CHROMIUM}`, () => {
