@@ -38,6 +38,43 @@ async function serious(page: Page): Promise<string[]> {
   return found;
 }
 
+/** What has the keyboard's focus: its id, else its accessible name or text, as a test names it. */
+const focused = (page: Page) =>
+  page.evaluate(() => {
+    const element = document.activeElement;
+    if (!element || element === document.body) return 'body';
+    const radio = element instanceof HTMLInputElement && element.type === 'radio' ? `${element.name}=${element.value}` : '';
+    return element.id || radio || element.getAttribute('aria-label') || element.textContent!.trim();
+  });
+
+/** How the focused element looks focused and unfocused, as its outline | its box shadow: a focus the eye sees changes them. */
+function ring(page: Page): Promise<{ focused: string; unfocused: string }> {
+  return page.evaluate(() => {
+    const element = document.activeElement as HTMLElement;
+    const look = () => {
+      const style = getComputedStyle(element);
+      return `${style.outlineStyle === 'none' ? 'none' : `${style.outlineStyle} ${style.outlineWidth} ${style.outlineColor} ${style.outlineOffset}`} | ${style.boxShadow}`;
+    };
+    const seen = look();
+    element.blur();
+    const unseen = look();
+    element.focus({ focusVisible: true } as FocusOptions);
+    return { focused: seen, unfocused: unseen };
+  });
+}
+
+/** Presses Tab `times` times, with each focus it lands on and whether the eye sees it. */
+async function tabs(page: Page, times: number): Promise<{ stop: string; visible: boolean }[]> {
+  const stops: { stop: string; visible: boolean }[] = [];
+  for (let i = 0; i < times; i++) {
+    await page.keyboard.press('Tab');
+    const stop = await focused(page);
+    const look = stop === 'body' ? undefined : await ring(page);
+    stops.push({ stop, visible: look !== undefined && look.focused !== look.unfocused && look.focused !== 'none | none' });
+  }
+  return stops;
+}
+
 describe.skipIf(!chromiumPath)(`the playground's accessibility in headless Chromium${chromiumPath ? '' : NO_CHROMIUM}`, () => {
   let server: OpsServer;
   let origin: string;
@@ -92,5 +129,76 @@ describe.skipIf(!chromiumPath)(`the playground's accessibility in headless Chrom
     await page.keyboard.press('Escape');
     await page.fill('#n', '1');
     expect(found).toEqual(Object.fromEntries(Object.keys(found).map((state) => [state, []])));
+  });
+
+  it('works from the keyboard alone: every control in order with a focus the eye sees, Generate, the results, both dialogs', async () => {
+    const tab = await openPlayground(browser, origin, OPS_KEY, { viewport: { width: 1280, height: 900 } });
+    // From the top of the page (the key is the tab's: no dialog this time).
+    await tab.reload();
+    await expect.poll(() => tab.inputValue('#model')).toBe(MODEL);
+    const form = await tabs(tab, 20);
+    expect(form.map(({ stop }) => stop)).toEqual([
+      'Skip to the prompt', 'key-open', 'prompt', 'negative_prompt', 'model', 'size', 'n', 'quality', 'style', 'steps', 'guidance_scale',
+      'seed_mode=random', 'seed', 'scheduler', 'output_format', 'delivery', 'partial_images', 'image', 'strength', 'generate',
+    ]);
+    expect(form.filter(({ visible }) => !visible)).toEqual([]);
+    // The skip link goes to the prompt.
+    await tab.reload();
+    await tab.keyboard.press('Tab');
+    await tab.keyboard.press('Enter');
+    expect(await focused(tab)).toBe('prompt');
+
+    // Generate with Space, then with Enter; the focus goes to the new image's first link, and its actions follow.
+    await tab.selectOption('#size', '128x128');
+    await tab.fill('#steps', '2');
+    for (const key of ['Space', 'Enter']) {
+      await tab.focus('#generate');
+      await tab.$eval('#status', (status) => (status.textContent = ''));
+      await tab.keyboard.press(key);
+      await expect.poll(() => tab.textContent('#status'), { timeout: 60_000 }).toMatch(/^Done: 1 image/);
+      expect(await focused(tab)).toMatch(/^Open image 1, seed \d+ full size$/);
+    }
+    const actions = await tabs(tab, 5);
+    expect(actions.map(({ stop }) => stop.replace(/image 1, seed \d+/, 'image 1'))).toEqual([
+      'Download image 1', 'Reuse settings of image 1', 'Edit image 1', 'Variations of image 1', 'Copy as code: image 1',
+    ]);
+    expect(actions.filter(({ visible }) => !visible)).toEqual([]);
+
+    // The code dialog keeps the focus inside it (or in the browser's own controls: "body" here), Escape
+    // closes it, and the focus goes back to the button that opened it.
+    await tab.keyboard.press('Enter');
+    await tab.waitForSelector('#code-dialog[open]');
+    for (let i = 0; i < 12; i++) {
+      expect(await tab.evaluate(() => document.activeElement === document.body || Boolean(document.activeElement?.closest('#code-dialog')))).toBe(true);
+      await tab.keyboard.press('Tab');
+    }
+    await tab.keyboard.press('Escape');
+    expect(await tab.isVisible('#code-dialog')).toBe(false);
+    expect(await focused(tab)).toMatch(/^Copy as code: image 1/);
+    // So the key dialog, opened from its button.
+    await tab.focus('#key-open');
+    await tab.keyboard.press('Enter');
+    expect(await focused(tab)).toBe('key');
+    for (let i = 0; i < 6; i++) {
+      await tab.keyboard.press('Tab');
+      expect(await tab.evaluate(() => document.activeElement === document.body || Boolean(document.activeElement?.closest('#key-dialog')))).toBe(true);
+    }
+    await tab.keyboard.press('Escape');
+    expect(await tab.isVisible('#key-dialog')).toBe(false);
+    expect(await focused(tab)).toBe('key-open');
+
+    // A field the server refused has the focus, with the ring of any focused field: its red outline took
+    // the ring's place, the same focused or not but for 2 pixels of offset, and hid where the focus was.
+    await tab.focus('#steps');
+    const valid = await ring(tab);
+    await tab.fill('#steps', '151');
+    await tab.focus('#generate');
+    await tab.keyboard.press('Enter');
+    await expect.poll(() => focused(tab), { timeout: 30_000 }).toBe('steps');
+    const outline = (look: string) => look.split(' | ')[0];
+    const invalid = await ring(tab);
+    expect(outline(invalid.focused)).toBe(outline(valid.focused));
+    expect(outline(invalid.unfocused)).not.toBe(outline(valid.unfocused));
+    await tab.context().close();
   });
 });
