@@ -199,6 +199,20 @@ describe.skipIf(!chromiumPath)(`the playground's accessibility in headless Chrom
     const invalid = await ring(tab);
     expect(outline(invalid.focused)).toBe(outline(valid.focused));
     expect(outline(invalid.unfocused)).not.toBe(outline(valid.unfocused));
+    await tab.fill('#steps', '2');
+
+    // A key refused in a request's answer (revoked since the tab took it): the dialog asks for one, and
+    // once it is given the focus is back on Generate to send it again, not at the top of the page.
+    await tab.evaluate(() => sessionStorage.setItem('imagegen.apiKey', 'sk-revoked-0123456789'));
+    await tab.focus('#generate');
+    await tab.keyboard.press('Enter');
+    await tab.waitForSelector('#key-dialog[open]');
+    expect(await focused(tab)).toBe('key');
+    await tab.keyboard.press('Control+A');
+    await tab.keyboard.type(OPS_KEY);
+    await tab.keyboard.press('Enter');
+    await tab.waitForSelector('#key-dialog:not([open])', { state: 'attached' });
+    expect(await focused(tab)).toBe('generate');
     await tab.context().close();
   });
 });

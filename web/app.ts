@@ -76,7 +76,13 @@ async function connect(): Promise<void> {
   keyDialog.close();
 }
 
-function askKey(problem: string): void {
+/**
+ * Opens the key dialog saying `problem`. `returnTo` gets the focus when it closes: the dialog gives it
+ * back to what had it when it opened, which for a key refused in a request's answer was Cancel, disabled
+ * since, and the focus fell to the top of the page; the button that sent the request sends it again.
+ */
+function askKey(problem: string, returnTo?: HTMLElement): void {
+  if (returnTo && !keyDialog.open) keyDialog.addEventListener('close', () => returnTo.focus(), { once: true });
   byId('key-error').textContent = problem;
   byId('key-state').textContent = problem ? 'The API key was refused.' : 'This server needs an API key.';
   byId('key-open').hidden = false;
@@ -209,7 +215,7 @@ async function send(route: Route): Promise<void> {
     if ((err as Error).name === 'AbortError') say('Cancelled: the server stopped the work.');
     else if (err instanceof ApiFailure) {
       sayFailed(err.message);
-      if (err.isKeyProblem) askKey(keyProblem(err));
+      if (err.isKeyProblem) askKey(keyProblem(err), SENDS[route]);
       else showError(form, err);
     } else throw err;
   } finally {
