@@ -215,4 +215,48 @@ describe.skipIf(!chromiumPath)(`the playground's accessibility in headless Chrom
     expect(await focused(tab)).toBe('generate');
     await tab.context().close();
   });
+
+  it('reads the step count out now and then while it shows each step: not one announcement a step', async () => {
+    // Each change of the status line, as shown and as a screen reader has it (the accessibility tree
+    // leaves out what is aria-hidden), with its time.
+    await page.evaluate(() => {
+      const status = document.getElementById('status')!;
+      const changes: { ms: number; shown: string; spoken: string }[] = [];
+      const spoken = () => {
+        const copy = status.cloneNode(true) as HTMLElement;
+        for (const hidden of copy.querySelectorAll('[aria-hidden=true]')) hidden.remove();
+        return copy.textContent!;
+      };
+      // On the screen: its first sentence (the copy kept for screen readers is clipped out of sight).
+      const shown = () => /^[^.]*\.?/.exec(status.textContent!)![0];
+      new MutationObserver(() => changes.push({ ms: performance.now(), shown: shown(), spoken: spoken() })).observe(status, { subtree: true, childList: true, characterData: true });
+      Object.assign(window, { changes });
+    });
+    await page.selectOption('#size', LONG.size);
+    await page.fill('#steps', String(LONG.steps));
+    await page.click('#generate');
+    await expect.poll(() => page.textContent('#status'), { timeout: 60_000 }).toMatch(/^Step (1\d|[2-9]\d|1\d\d) of/);
+    // The accessibility tree has the count last spoken, not the one shown (polled: both move as it is read).
+    const treeHasSpoken = async () => {
+      const { shown, spoken } = await page.evaluate(() => (window as unknown as { changes: { shown: string; spoken: string }[] }).changes.at(-1)!);
+      const tree = await page.locator('#status').ariaSnapshot();
+      return tree.includes(spoken) && (shown === spoken || !tree.includes(shown));
+    };
+    await expect.poll(treeHasSpoken, { timeout: 10_000 }).toBe(true);
+    await page.click('#cancel');
+    await expect.poll(() => page.textContent('#status')).toMatch(/^Cancelled/);
+    const changes = await page.evaluate(() => (window as unknown as { changes: { ms: number; shown: string; spoken: string }[] }).changes);
+    const during = changes.filter(({ shown }) => shown.startsWith('Step '));
+    const stepOf = (text: string) => Number(/^Step (\d+)/.exec(text)![1]);
+    const spoken = during.filter(({ spoken }, i) => spoken !== (i ? during[i - 1].spoken : ''));
+    // Every step shown, the first read out at once, then one every 5 s at most.
+    expect(stepOf(during.at(-1)!.shown) - stepOf(during[0].shown)).toBeGreaterThanOrEqual(9);
+    expect(spoken[0].spoken).toBe(during[0].shown);
+    expect(spoken.length).toBeLessThanOrEqual(1 + Math.floor((during.at(-1)!.ms - during[0].ms) / 5000));
+    for (const { spoken: text } of spoken) expect(text).toMatch(/^Step \d+ of \d+\.$/);
+    // The end is read out as it comes.
+    expect(changes.at(-1)!.spoken).toBe('Cancelled: the server stopped the work.');
+    await page.selectOption('#size', '128x128');
+    await page.fill('#steps', '2');
+  });
 });

@@ -9,6 +9,7 @@ import { historyLine, resultCard, timeLeft, type Result } from './results.js';
 import { runRequest, type FinishedImage } from './run.js';
 import { applyFields, chosenModel, readFields, showModelChoices, showModels, unreadableField } from './settings.js';
 import { snippetsOf } from './snippets.js';
+import { StatusLine } from './status-line.js';
 
 /**
  * The playground: the settings form, the run (progress, previews, Cancel), the results and the tab's
@@ -18,7 +19,7 @@ import { snippetsOf } from './snippets.js';
 const byId = <T extends HTMLElement>(id: string): T => document.getElementById(id) as T;
 
 const form = byId<HTMLFormElement>('settings');
-const status = byId<HTMLParagraphElement>('status');
+const status = new StatusLine(byId('status'));
 const progress = byId<HTMLProgressElement>('progress');
 const previews = byId<HTMLDivElement>('previews');
 const resultsList = byId<HTMLUListElement>('results');
@@ -38,21 +39,6 @@ let editSource: Blob | undefined;
 let running: AbortController | undefined;
 /** Every image of this tab, with the history line that shows its URL's time left. */
 const history: { result: Result; expiry: HTMLElement }[] = [];
-
-function say(text: string): void {
-  status.textContent = text;
-}
-
-/**
- * A failure in the status line, where the eye looks while a request runs. Its message is also shown, and
- * announced, where it belongs (beside the field it names, above the form, in the key dialog: alerts), so
- * the status line's copy is hidden from screen readers: they hear "Failed" and the message once.
- */
-function sayFailed(message: string): void {
-  const detail = Object.assign(document.createElement('span'), { textContent: `: ${message}` });
-  detail.setAttribute('aria-hidden', 'true');
-  status.replaceChildren('Failed', detail);
-}
 
 /**
  * What the key dialog says of a 401: the key refused, with the server's words; nothing when the tab has
@@ -188,15 +174,15 @@ async function send(route: Route): Promise<void> {
   const delivery = { stream: byId<HTMLSelectElement>('delivery').value === 'stream', partialImages: Number(byId<HTMLSelectElement>('partial_images').value) };
   running = new AbortController();
   setBusy(true);
-  say('Sending…');
+  status.say('Sending…');
   const started = performance.now();
   let count = 0;
   let done = false;
   try {
     await runRequest(request, delivery, running.signal, {
-      queued: (ahead) => say(ahead === 0 ? 'Queued: next for a worker.' : `Queued: ${ahead} batch${ahead === 1 ? '' : 'es'} ahead.`),
+      queued: (ahead) => status.say(ahead === 0 ? 'Queued: next for a worker.' : `Queued: ${ahead} batch${ahead === 1 ? '' : 'es'} ahead.`),
       step: (step, steps) => {
-        say(`Step ${step} of ${steps}.`);
+        status.step(step, steps);
         Object.assign(progress, { hidden: false, max: steps, value: step });
       },
       partial: (src) => {
@@ -209,12 +195,12 @@ async function send(route: Route): Promise<void> {
         void addResult(request, image, performance.now() - started);
       },
     });
-    say(`Done: ${count} image${count === 1 ? '' : 's'} in ${((performance.now() - started) / 1000).toFixed(1)} s.`);
+    status.say(`Done: ${count} image${count === 1 ? '' : 's'} in ${((performance.now() - started) / 1000).toFixed(1)} s.`);
     done = true;
   } catch (err) {
-    if ((err as Error).name === 'AbortError') say('Cancelled: the server stopped the work.');
+    if ((err as Error).name === 'AbortError') status.say('Cancelled: the server stopped the work.');
     else if (err instanceof ApiFailure) {
-      sayFailed(err.message);
+      status.failed(err.message);
       if (err.isKeyProblem) askKey(keyProblem(err), SENDS[route]);
       else showError(form, err);
     } else throw err;
@@ -249,7 +235,7 @@ async function setEditSource(take: () => Promise<Blob>, loaded = ''): Promise<bo
   clearError(form, 'image');
   byId('canvas-box').hidden = false;
   const shape = pictureSize.fit(chosenModel(form, models), painter.extent);
-  if (loaded || shape) say(`${loaded}${loaded && shape && ' '}${shape}`);
+  if (loaded || shape) status.say(`${loaded}${loaded && shape && ' '}${shape}`);
   buttons.edit.disabled = buttons.variations.disabled = Boolean(running);
   return true;
 }
@@ -274,7 +260,7 @@ const actions = {
   reuse(result: Result): void {
     applyFields(form, result.request, result.seed, models);
     const cut = pictureSize.show(chosenModel(form, models));
-    say(`The settings of seed ${result.seed} are back in the form.${cut && ` ${cut}`}`);
+    status.say(`The settings of seed ${result.seed} are back in the form.${cut && ` ${cut}`}`);
     byId('prompt').focus();
   },
   async edit(result: Result): Promise<void> {
@@ -321,12 +307,12 @@ byId('model').addEventListener('change', () => {
   const size = byId<HTMLSelectElement>('size').value;
   showModelChoices(form, models);
   const said = pictureSize.modelChosen(chosenModel(form, models), size);
-  if (said) say(said);
+  if (said) status.say(said);
 });
 /** A size chosen: said when it crops the picture to edit. */
 byId('size').addEventListener('change', () => {
   const cut = pictureSize.show(chosenModel(form, models));
-  if (cut) say(cut);
+  if (cut) status.say(cut);
 });
 byId('seed').addEventListener('input', () => ((form.elements.namedItem('seed_mode') as RadioNodeList).value = 'fixed'));
 byId<HTMLInputElement>('image').addEventListener('change', (event) => {
