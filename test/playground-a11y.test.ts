@@ -75,6 +75,43 @@ async function tabs(page: Page, times: number): Promise<{ stop: string; visible:
   return stops;
 }
 
+/**
+ * What of the page a narrow screen, or a zoomed one, cuts off: the page's sideways scroll, elements that
+ * reach past the screen's edges, selects too narrow for the option they show (its text beside the arrow
+ * Chromium draws, about 20 px with its padding), and the history's lines broken inside a word.
+ */
+function cutOff(page: Page): Promise<string[]> {
+  return page.evaluate(() => {
+    const width = document.documentElement.clientWidth;
+    const cut: string[] = [];
+    if (document.documentElement.scrollWidth > width) cut.push(`the page scrolls sideways by ${document.documentElement.scrollWidth - width} px`);
+    const name = (element: Element) => `${element.tagName.toLowerCase()}${element.id ? `#${element.id}` : ''}${element.className ? `.${element.className}` : ''}`;
+    for (const element of document.querySelectorAll('body *')) {
+      const box = element.getBoundingClientRect();
+      if (box.width === 0 || element.closest('.visually-hidden, .skip')) continue;
+      if (box.left < -0.5 || box.right > width + 0.5) cut.push(`${name(element)} reaches ${Math.round(box.left)}..${Math.round(box.right)}`);
+    }
+    const measure = document.createElement('canvas').getContext('2d')!;
+    for (const select of document.querySelectorAll('select')) {
+      if (select.getClientRects().length === 0) continue;
+      measure.font = getComputedStyle(select).font;
+      const text = select.selectedOptions[0]?.text ?? '';
+      if (measure.measureText(text).width + 20 > select.clientWidth) cut.push(`select#${select.id} shows "${text}" cut`);
+    }
+    for (const word of document.querySelectorAll('#history li > span')) {
+      const range = document.createRange();
+      const text = word.firstChild;
+      if (!text) continue;
+      for (const match of text.textContent!.matchAll(/\S+/g)) {
+        range.setStart(text, match.index);
+        range.setEnd(text, match.index + match[0].length);
+        if (range.getClientRects().length > 1 && match[0].length < 20) cut.push(`"${match[0]}" broken in the history`);
+      }
+    }
+    return cut;
+  });
+}
+
 describe.skipIf(!chromiumPath)(`the playground's accessibility in headless Chromium${chromiumPath ? '' : NO_CHROMIUM}`, () => {
   let server: OpsServer;
   let origin: string;
@@ -258,5 +295,35 @@ describe.skipIf(!chromiumPath)(`the playground's accessibility in headless Chrom
     expect(changes.at(-1)!.spoken).toBe('Cancelled: the server stopped the work.');
     await page.selectOption('#size', '128x128');
     await page.fill('#steps', '2');
+  });
+
+  it("fits 320 and 640 pixels (1280 at 400% and 200% zoom) and a desktop's width in every state, cutting nothing off", async () => {
+    const found: Record<string, string[]> = {};
+    for (const width of [320, 640, 1280]) {
+      const tab = await (await browser.newContext({ viewport: { width, height: 800 } })).newPage();
+      await tab.goto(`${origin}/`);
+      await tab.waitForSelector('#key-dialog[open]');
+      found[`${width}: key dialog`] = await cutOff(tab);
+      await tab.fill('#key', OPS_KEY);
+      await tab.click('#key-save');
+      await tab.waitForSelector('#key-dialog:not([open])', { state: 'attached' });
+      await expect.poll(() => tab.inputValue('#model')).toBe(MODEL);
+      found[`${width}: empty`] = await cutOff(tab);
+      await tab.selectOption('#size', '128x128');
+      await tab.fill('#steps', '2');
+      await runOnPage(tab, '#generate');
+      found[`${width}: results`] = await cutOff(tab);
+      await tab.fill('#steps', '151');
+      await runOnPage(tab, '#generate', /^Failed/);
+      found[`${width}: error`] = await cutOff(tab);
+      await tab.fill('#steps', '2');
+      await tab.click('#results button:has-text("Edit")');
+      await expect.poll(() => tab.evaluate(() => document.activeElement?.id)).toBe('mask');
+      found[`${width}: edit panel`] = await cutOff(tab);
+      await tab.click('#results button:has-text("Copy as code")');
+      found[`${width}: code dialog`] = await cutOff(tab);
+      await tab.context().close();
+    }
+    expect(found).toEqual(Object.fromEntries(Object.keys(found).map((state) => [state, []])));
   });
 });
