@@ -75,6 +75,22 @@ async function tabs(page: Page, times: number): Promise<{ stop: string; visible:
   return stops;
 }
 
+/** What this test reads of an accessibility tree's node (the DevTools protocol's AXNode). */
+interface AccessibleNode {
+  description?: { value?: unknown };
+  properties?: { name: string; value: { value?: unknown } }[];
+}
+
+/** The accessibility tree's node of `selector`, as Chromium gives it to a screen reader. */
+async function accessibleNode(page: Page, selector: string): Promise<AccessibleNode> {
+  const cdp = await page.context().newCDPSession(page);
+  const { root } = await cdp.send('DOM.getDocument');
+  const { nodeId } = await cdp.send('DOM.querySelector', { nodeId: root.nodeId, selector });
+  const { nodes } = await cdp.send('Accessibility.getPartialAXTree', { nodeId, fetchRelatives: false });
+  await cdp.detach();
+  return nodes[0];
+}
+
 /**
  * What of the page a narrow screen, or a zoomed one, cuts off: the page's sideways scroll, elements that
  * reach past the screen's edges, selects too narrow for the option they show (its text beside the arrow
@@ -236,6 +252,10 @@ describe.skipIf(!chromiumPath)(`the playground's accessibility in headless Chrom
     const invalid = await ring(tab);
     expect(outline(invalid.focused)).toBe(outline(valid.focused));
     expect(outline(invalid.unfocused)).not.toBe(outline(valid.unfocused));
+    // A screen reader has it invalid, described by the message.
+    const steps = await accessibleNode(tab, '#steps');
+    expect(steps.properties?.find(({ name }) => name === 'invalid')?.value.value).toBe('true');
+    expect(steps.description?.value).toMatch(/^Invalid 'steps'/);
     await tab.fill('#steps', '2');
 
     // A key refused in a request's answer (revoked since the tab took it): the dialog asks for one, and
