@@ -18,4 +18,16 @@ describe('float16', () => {
     const all = Uint16Array.from({ length: 0x7c00 }, (_, h) => h); // every finite non-negative half
     expect(float32ToHalf(halfToFloat32(all))).toEqual(all);
   });
+
+  it('is handed to onnxruntime as Uint16Array bits where Float16Array exists (Node 24+), a view of which its binding reads as 0 bytes', async () => {
+    // Node 20 and 22 have no Float16Array: a stand-in makes onnxruntime-common take the same path.
+    const stand = Object.getOwnPropertyDescriptor(globalThis, 'Float16Array') ? undefined : class extends Uint16Array {};
+    if (stand) Object.defineProperty(globalThis, 'Float16Array', { value: stand, writable: true, configurable: true });
+    try {
+      const { ort } = await import('../src/runtime/onnxruntime.js');
+      expect(new ort.Tensor('float16', float32ToHalf([1, -2]), [2]).data.constructor).toBe(Uint16Array);
+    } finally {
+      if (stand) Reflect.deleteProperty(globalThis, 'Float16Array');
+    }
+  });
 });
