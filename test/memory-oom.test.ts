@@ -9,6 +9,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { EMBEDDED_MODELS_DIR } from '../src/config.js';
 import { readMemoryFigures, writeMemoryFigures, type ModelMemory } from '../src/models/memory-figures.js';
 import { cgroupUnavailable, makeMemoryCgroup, type MemoryCgroup } from './helpers/cgroup.js';
+import { PROJECT_ROOT } from './helpers/cli.js';
 import { apiError } from './helpers/failures.js';
 import { makeHeavy, makeHeavyVae } from './helpers/heavy-model.js';
 import { haveRealExports, realExport } from './helpers/real-exports.js';
@@ -34,6 +35,18 @@ import type { ErrorBody } from '../src/api/wire.js';
  * there are many (with 48 threads the 1 GB test ran into its time limit).
  */
 const DATA_LIMITED_THREADS = '2';
+
+/**
+ * A data-size limit (ulimit -d) of `aboveKb` KiB beyond what a Node process that has done nothing
+ * holds: the limits below are what the server or a worker may take beyond that. A bare Node 24 or later
+ * holds 560 MiB (V8 maps its whole 512 MiB code range writable as it starts), where Node 20 and 22 held
+ * 48 MiB, so that limits written whole, measured on Node 20, left the models 512 MiB less on the newer
+ * ones.
+ */
+function dataLimitKb(aboveKb: number): number {
+  const status = spawnSync(process.execPath, ['-p', "require('node:fs').readFileSync('/proc/self/status', 'utf8')"], { encoding: 'utf8' }).stdout;
+  return Number(/^VmData:\s+(\d+) kB$/m.exec(status)![1]) + aboveKb;
+}
 
 const cgroupSkip = await cgroupUnavailable();
 if (cgroupSkip) console.warn(`skipping the OOM-killer test: ${cgroupSkip}`);
@@ -74,18 +87,18 @@ async function expectLearnt({ generate, dataDir }: { generate: (size: string, gu
 }
 
 describe.skipIf(!haveRealExports)('a run that onnxruntime cannot allocate (needs ../shared/data/real-exports)', () => {
-  // A data-size limit on the server and its workers (ulimit -d, 2 GB) makes onnxruntime's allocations
-  // fail, while the machine's free memory still tells the plan that the 768x512 image fits.
-  // MEMORY_LIMIT holds what the plan has to give steady while other tests come and go: the failed run
-  // teaches that the image needs more than it was planned with (90% of what was free, within the
-  // limit), and the same request is refused only while the plan has no more than that. 6g (5.4 GiB to
-  // plan with, above the 3.5 GiB the plan expects the image to take) is steady wherever 6 GiB are free;
-  // 10g needed 10 GiB, and with less the plan could grow as other tests freed memory, past the lesson,
-  // and run the image again (a second 'ran out of memory' where 'needs about' was expected).
-  // WORKER_THREADS as on 2 cores (see DATA_LIMITED_THREADS).
+  // A data-size limit on the server and its workers (ulimit -d, 1.95 GB above a bare Node's: see
+  // dataLimitKb) makes onnxruntime's allocations fail, while the machine's free memory still tells the
+  // plan that the 768x512 image fits. MEMORY_LIMIT holds what the plan has to give steady while other
+  // tests come and go: the failed run teaches that the image needs more than it was planned with (90%
+  // of what was free, within the limit), and the same request is refused only while the plan has no
+  // more than that. 6g (5.4 GiB to plan with, above the 3.5 GiB the plan expects the image to take) is
+  // steady wherever 6 GiB are free; 10g needed 10 GiB, and with less the plan could grow as other tests
+  // freed memory, past the lesson, and run the image again (a second 'ran out of memory' where 'needs
+  // about' was expected). WORKER_THREADS as on 2 cores (see DATA_LIMITED_THREADS).
   let sd15: Awaited<ReturnType<typeof startSd15>>;
   beforeAll(async () => {
-    sd15 = await startSd15({ limitsKb: { data: 2_000_000 } }, { env: { MEMORY_LIMIT: '6g', WORKER_THREADS: DATA_LIMITED_THREADS } });
+    sd15 = await startSd15({ limitsKb: { data: dataLimitKb(1_950_000) } }, { env: { MEMORY_LIMIT: '6g', WORKER_THREADS: DATA_LIMITED_THREADS } });
   });
   afterAll(() => sd15?.close());
 
@@ -143,9 +156,10 @@ describe.skipIf(!haveRealExports || cgroupSkip)('a worker the OOM killer ends (n
 /**
  * `imagegen serve` on copies of the embedded model (`models`: their ids), each changed by its function
  * (given its folder) before the server starts under a data-size limit of `dataKb` on it and its workers
- * (ulimit -d), which the plan cannot see: the machine's free memory tells it the models fit. One
- * worker: the tests follow what it holds and releases to make room, and of two, a model new to the pool
- * loads on the one holding fewest models (pool.ts's workerFor), which had nothing to release.
+ * (ulimit -d: see dataLimitKb), which the plan cannot see: the machine's free memory tells it the
+ * models fit. One worker: the tests follow what it holds and releases to make room, and of two, a model
+ * new to the pool loads on the one holding fewest models (pool.ts's workerFor), which had nothing to
+ * release.
  */
 async function serveDemoCopies(models: Record<string, (dir: string) => Promise<void>>, env: Record<string, string>, dataKb: number) {
   const root = await mkdtemp(path.join(os.tmpdir(), 'imagegen-load-oom-'));
@@ -172,13 +186,14 @@ async function editRed(client: OpenAI, model: string, fields: object = {}) {
 }
 describe('a model whose sessions onnxruntime cannot allocate as they load', () => {
   // Copies of the embedded model whose VAE decoder ('heavy') or VAE encoder ('heavy-encoder') weighs
-  // 2 GiB, under a data-size limit of 1 GB: onnxruntime's allocation fails as the session is created.
+  // 2 GiB, under a data-size limit of 0.95 GB above a bare Node's: onnxruntime's allocation fails as
+  // the session is created.
   let started: Awaited<ReturnType<typeof serveDemoCopies>>;
   beforeAll(async () => {
     started = await serveDemoCopies(
       { heavy: (dir) => makeHeavy(dir, 'vae_decoder'), 'heavy-encoder': (dir) => makeHeavy(dir, 'vae_encoder') },
       { PRELOAD: 'demo-shapes,heavy', WORKER_THREADS: DATA_LIMITED_THREADS },
-      1_000_000,
+      dataLimitKb(950_000),
     );
   });
   afterAll(() => started?.close());
@@ -226,13 +241,14 @@ function releases(server: ServerProcess): string[] {
 
 describe('models that load one at a time but not side by side', () => {
   // Copies of the embedded model whose VAE decoder ('first', 'second') or encoder ('editor') carries a
-  // 512 MiB weight beside its own graph (see makeHeavyVae), under a data-size limit (ulimit -d) that the
-  // weight budget cannot see. onnxruntime takes twice the weight as it prepacks it. Measured
-  // (WORKER_THREADS=2, demo-shapes held): the test failed at limits of 1,200 MiB and below (one heavy
-  // model does not load alone) and at 1,800 and above ('second' loads beside 'first', nothing released),
-  // and passed from 1,300 to 1,750. 1,500 leaves about 250 MiB either side: with 256 MiB weights the
-  // window was 820 to 1,000 MiB, too narrow for a worker whose data segment varies by tens of MiB
-  // between runs (after a failed allocation its heap keeps some of what it freed).
+  // 512 MiB weight beside its own graph (see makeHeavyVae), under a data-size limit (ulimit -d, above a
+  // bare Node's: see dataLimitKb) that the weight budget cannot see. onnxruntime takes twice the weight
+  // as it prepacks it. Measured on Node 24 with WORKER_THREADS=2 and demo-shapes held (on Node 20, as
+  // whole limits, the same figures plus its bare process's 50 MiB): the test failed at limits of 1,150
+  // MiB and below (one heavy model does not load alone) and at 1,750 and above ('second' loads beside
+  // 'first', nothing released), and passed from 1,250 to 1,700. 1,450 leaves about 250 MiB either side:
+  // with 256 MiB weights the window was 770 to 950 MiB, too narrow for a worker whose data segment varies
+  // by tens of MiB between runs (after a failed allocation its heap keeps some of what it freed).
   const MiB = 2 ** 20;
   // At 256x256 the decoder's latents hold 4 x 32 x 32 values, the encoder's picture 3 x 256 x 256.
   const heavyDecoder = (dir: string) => makeHeavyVae(dir, 'vae_decoder', 512 * MiB, 4 * 32 * 32);
@@ -250,7 +266,7 @@ describe('models that load one at a time but not side by side', () => {
         },
       },
       { PRELOAD: 'demo-shapes,first', WORKER_THREADS: DATA_LIMITED_THREADS },
-      1500 * 1024,
+      dataLimitKb(1450 * 1024),
     );
   });
   afterAll(() => started?.close());
@@ -285,19 +301,22 @@ describe('models that load one at a time but not side by side', () => {
 });
 
 describe('a model that failed to load alone while memory was taken elsewhere, then loaded', () => {
-  // WorkerRuntime in a process of its own under a data-size limit of 1,500 MiB, with copies of the
-  // embedded model whose VAE decoder carries a 512 MiB weight (as above: one loads, two do not). Another
-  // session outside the runtime's models ('elsewhere', another process or a GPU's other user in life)
-  // holds what makes the first load fail though the runtime holds no other model; then it lets go.
+  // WorkerRuntime in a process of its own under a data-size limit of 1,450 MiB above a bare Node's,
+  // with copies of the embedded model whose VAE decoder carries a 512 MiB weight (as above: one loads,
+  // two do not). Another session outside the runtime's models ('elsewhere', another process or a GPU's
+  // other user in life) holds what makes the first load fail though the runtime holds no other model;
+  // then it lets go. The built modules, as a worker runs them: under tsx, Node 24 and later start a
+  // thread for its loader at the first TypeScript module, whose V8 holds 512 MiB more data (see
+  // dataLimitKb), and 'elsewhere' no longer loaded.
   it('still has the other models released for it once it has loaded: its failure alone is no longer what it does', async () => {
     const root = await mkdtemp(path.join(os.tmpdir(), 'imagegen-alone-'));
     try {
       const demo = path.join(EMBEDDED_MODELS_DIR, 'demo-shapes');
       await installModels(root, { first: { copy: demo }, second: { copy: demo }, elsewhere: { copy: demo } });
       for (const id of ['first', 'second', 'elsewhere']) await makeHeavyVae(path.join(root, id), 'vae_decoder', 512 * 2 ** 20, 4 * 32 * 32);
-      const url = (file: string) => JSON.stringify(pathToFileURL(path.join(import.meta.dirname, '..', 'src', file)).href);
-      const script = `import { WorkerRuntime } from ${url('pipelines/run.ts')};
-        import { OnnxModel } from ${url('runtime/onnx-model.ts')};
+      const url = (file: string) => JSON.stringify(pathToFileURL(path.join(PROJECT_ROOT, 'dist', file)).href);
+      const script = `import { WorkerRuntime } from ${url('pipelines/run.js')};
+        import { OnnxModel } from ${url('runtime/onnx-model.js')};
         const dir = (id) => ${JSON.stringify(root)} + '/' + id;
         const warnings = [];
         const runtime = new WorkerRuntime({ runtime: { provider: 'cpu', threads: 2, warn: (m) => warnings.push(m) }, modelMemoryBudget: Number.MAX_SAFE_INTEGER });
@@ -307,7 +326,7 @@ describe('a model that failed to load alone while memory was taken elsewhere, th
         await elsewhere.release();
         outcomes.push(await load('first'), await load('second'), await load('first'));
         console.log(JSON.stringify({ outcomes, warnings }));`;
-      const run = spawnSync('bash', ['-c', `ulimit -d ${1500 * 1024} && exec "$@"`, 'bash', process.execPath, '--import', 'tsx', '--input-type=module', '-e', script], { encoding: 'utf8', timeout: 120_000 });
+      const run = spawnSync('bash', ['-c', `ulimit -d ${dataLimitKb(1450 * 1024)} && exec "$@"`, 'bash', process.execPath, '--input-type=module', '-e', script], { encoding: 'utf8', timeout: 120_000 });
       expect(run.status, run.stderr).toBe(0);
       const { outcomes, warnings } = JSON.parse(run.stdout.trim().split('\n').at(-1)!) as { outcomes: string[]; warnings: string[] };
       expect(outcomes[0]).toMatch(/^Model 'first' ran out of memory loading vae_decoder\/model\.onnx .*, even holding no other model\./);
