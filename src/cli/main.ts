@@ -48,18 +48,17 @@ const serve = program
     // Once started: a start refused for a bad file or setting logs nothing but why.
     logger.info({ settings: givenSettings(given) }, 'settings given (the others are at their defaults: imagegen serve --help lists them)');
 
-    let stoppingSince: number | undefined;
-    let firstSignal: NodeJS.Signals | undefined;
+    /** The first stop signal and when it came. */
+    let stopping: { signal: NodeJS.Signals; since: number } | undefined;
     const stop = (signal: NodeJS.Signals) => {
-      if (stoppingSince !== undefined) {
+      if (stopping) {
         // One signal delivered twice: GNU timeout, and kill of the process group, send it to the server
         // and then to its group, the server included; a person sends it again later than this.
-        if (performance.now() - stoppingSince < REPEATED_SIGNAL_MS) return;
-        logger.warn(`${signal === firstSignal ? `${signal} again` : `${signal} after ${firstSignal}`}: exiting without waiting for running requests`);
+        if (performance.now() - stopping.since < REPEATED_SIGNAL_MS) return;
+        logger.warn(`${signal === stopping.signal ? `${signal} again` : `${signal} after ${stopping.signal}`}: exiting without waiting for running requests`);
         process.exit(1);
       }
-      stoppingSince = performance.now();
-      firstSignal = signal;
+      stopping = { signal, since: performance.now() };
       logger.info(`${signal}: finishing running requests, then exiting (send it again, a second or more after this one, to exit at once)`);
       server.close().then(
         () => process.exit(0),
