@@ -3,7 +3,7 @@ import { createRequire } from 'node:module';
 import type { AxeResults } from 'axe-core';
 import { chromium, type Browser, type Page } from 'playwright-core';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { chromiumPath, NO_CHROMIUM, openPlayground, runOnPage } from './helpers/browser.js';
+import { chromiumPath, giveKey, NO_CHROMIUM, openKeyDialog, openPlayground, runOnPage } from './helpers/browser.js';
 import { LONG, MODEL, OPS_KEY, startOpsServer, untilReady, type OpsServer } from './helpers/ops-server.js';
 
 /**
@@ -46,6 +46,10 @@ const focused = (page: Page) =>
     const radio = element instanceof HTMLInputElement && element.type === 'radio' ? `${element.name}=${element.value}` : '';
     return element.id || radio || element.getAttribute('aria-label') || element.textContent!.trim();
   });
+
+/** Whether the focus is inside `dialog`, or in the browser's own controls ("body" to the page), as a modal dialog keeps it. */
+const focusWithin = (page: Page, dialog: string) =>
+  page.evaluate((selector) => document.activeElement === document.body || Boolean(document.activeElement?.closest(selector)), dialog);
 
 /** How the focused element looks focused and unfocused, as its outline | its box shadow: a focus the eye sees changes them. */
 function ring(page: Page): Promise<{ focused: string; unfocused: string }> {
@@ -151,9 +155,7 @@ describe.skipIf(!chromiumPath)(`the playground's accessibility in headless Chrom
 
   it("breaks none of axe's serious or critical rules in any of the page's states", async () => {
     const found: Record<string, string[]> = {};
-    const tab = await (await browser.newContext()).newPage();
-    await tab.goto(`${origin}/`);
-    await tab.waitForSelector('#key-dialog[open]');
+    const tab = await openKeyDialog(browser, origin);
     found['key dialog'] = await serious(tab);
     await tab.context().close();
     found.empty = await serious(page);
@@ -217,12 +219,12 @@ describe.skipIf(!chromiumPath)(`the playground's accessibility in headless Chrom
     ]);
     expect(actions.filter(({ visible }) => !visible)).toEqual([]);
 
-    // The code dialog keeps the focus inside it (or in the browser's own controls: "body" here), Escape
+    // The code dialog keeps the focus inside it (or in the browser's own controls), Escape
     // closes it, and the focus goes back to the button that opened it.
     await tab.keyboard.press('Enter');
     await tab.waitForSelector('#code-dialog[open]');
     for (let i = 0; i < 12; i++) {
-      expect(await tab.evaluate(() => document.activeElement === document.body || Boolean(document.activeElement?.closest('#code-dialog')))).toBe(true);
+      expect(await focusWithin(tab, '#code-dialog')).toBe(true);
       await tab.keyboard.press('Tab');
     }
     await tab.keyboard.press('Escape');
@@ -234,7 +236,7 @@ describe.skipIf(!chromiumPath)(`the playground's accessibility in headless Chrom
     expect(await focused(tab)).toBe('key');
     for (let i = 0; i < 6; i++) {
       await tab.keyboard.press('Tab');
-      expect(await tab.evaluate(() => document.activeElement === document.body || Boolean(document.activeElement?.closest('#key-dialog')))).toBe(true);
+      expect(await focusWithin(tab, '#key-dialog')).toBe(true);
     }
     await tab.keyboard.press('Escape');
     expect(await tab.isVisible('#key-dialog')).toBe(false);
@@ -320,13 +322,9 @@ describe.skipIf(!chromiumPath)(`the playground's accessibility in headless Chrom
   it("fits 320 and 640 pixels (1280 at 400% and 200% zoom) and a desktop's width in every state, cutting nothing off", async () => {
     const found: Record<string, string[]> = {};
     for (const width of [320, 640, 1280]) {
-      const tab = await (await browser.newContext({ viewport: { width, height: 800 } })).newPage();
-      await tab.goto(`${origin}/`);
-      await tab.waitForSelector('#key-dialog[open]');
+      const tab = await openKeyDialog(browser, origin, { viewport: { width, height: 800 } });
       found[`${width}: key dialog`] = await cutOff(tab);
-      await tab.fill('#key', OPS_KEY);
-      await tab.click('#key-save');
-      await tab.waitForSelector('#key-dialog:not([open])', { state: 'attached' });
+      await giveKey(tab, OPS_KEY);
       await expect.poll(() => tab.inputValue('#model')).toBe(MODEL);
       found[`${width}: empty`] = await cutOff(tab);
       await tab.selectOption('#size', '128x128');

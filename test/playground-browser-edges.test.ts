@@ -3,7 +3,7 @@ import path from 'node:path';
 import { chromium, type Browser, type Page, type Request } from 'playwright-core';
 import sharp from 'sharp';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { chromiumPath, NO_CHROMIUM, openPlayground, runOnPage } from './helpers/browser.js';
+import { chromiumPath, giveKey, NO_CHROMIUM, openKeyDialog, openPlayground, runOnPage } from './helpers/browser.js';
 import { LONG, makeRoot, MODEL, OPS_KEY, rootEnv, untilReady } from './helpers/ops-server.js';
 import { killServer, spawnServer, type ServerProcess } from './helpers/server-process.js';
 
@@ -258,9 +258,7 @@ describe.skipIf(!chromiumPath)(`the playground at its edges${chromiumPath ? '' :
   });
 
   it('forgets the key when asked, and asks for one without saying that none was refused', async () => {
-    const tab = await (await browser.newContext()).newPage();
-    await tab.goto(`${server.origin}/`);
-    await tab.waitForSelector('#key-dialog[open]');
+    const tab = await openKeyDialog(browser, server.origin);
     expect(await tab.isVisible('#key-forget')).toBe(false);
     // Closed without a key, then a request: the dialog again, saying what it said at first.
     await tab.keyboard.press('Escape');
@@ -268,9 +266,7 @@ describe.skipIf(!chromiumPath)(`the playground at its edges${chromiumPath ? '' :
     await tab.waitForSelector('#key-dialog[open]');
     expect(await tab.textContent('#key-error')).toBe('');
     expect(await tab.textContent('#key-state')).toBe('This server needs an API key.');
-    await tab.fill('#key', OPS_KEY);
-    await tab.click('#key-save');
-    await tab.waitForSelector('#key-dialog:not([open])', { state: 'attached' });
+    await giveKey(tab, OPS_KEY);
     await tab.click('#key-open');
     await tab.click('#key-forget');
     await expect.poll(() => tab.evaluate(() => sessionStorage.getItem('imagegen.apiKey'))).toBeNull();

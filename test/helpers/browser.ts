@@ -17,16 +17,27 @@ export const NO_CHROMIUM = ' (skipped: chromium not found, install it with `apt-
 if (!chromiumPath) console.warn(`browser tests${NO_CHROMIUM}`);
 
 /**
- * A new page (its own context: its own sessionStorage) on the playground at `origin`, given `key` in the
- * key dialog; resolves once the dialog has closed, the key taken and the models listed.
+ * A new page (its own context: its own sessionStorage) on the playground at `origin`, as a first visit
+ * finds it: the key dialog open.
  */
-export async function openPlayground(browser: Browser, origin: string, key: string, options: BrowserContextOptions = {}): Promise<Page> {
+export async function openKeyDialog(browser: Browser, origin: string, options: BrowserContextOptions = {}): Promise<Page> {
   const page = await (await browser.newContext(options)).newPage();
   await page.goto(`${origin}/`);
   await page.waitForSelector('#key-dialog[open]', { timeout: 30_000 });
+  return page;
+}
+
+/** Gives `key` in `page`'s open key dialog; resolves once the dialog has closed, the key taken and the models listed. */
+export async function giveKey(page: Page, key: string): Promise<void> {
   await page.fill('#key', key);
   await page.click('#key-save');
   await page.waitForSelector('#key-dialog:not([open])', { state: 'attached', timeout: 30_000 });
+}
+
+/** A new page on the playground at `origin` (openKeyDialog), given `key` (giveKey). */
+export async function openPlayground(browser: Browser, origin: string, key: string, options: BrowserContextOptions = {}): Promise<Page> {
+  const page = await openKeyDialog(browser, origin, options);
+  await giveKey(page, key);
   return page;
 }
 
