@@ -3,7 +3,7 @@ import { MemoryFigures } from '../src/models/memory-figures.js';
 import { execFile, spawn, spawnSync } from 'node:child_process';
 import { once } from 'node:events';
 import { randomUUID } from 'node:crypto';
-import { chmod, cp, link, mkdir, mkdtemp, readdir, readFile, rm, stat, symlink, truncate, writeFile } from 'node:fs/promises';
+import { chmod, cp, link, mkdir, mkdtemp, readdir, readFile, rm, stat, symlink, truncate, utimes, writeFile } from 'node:fs/promises';
 import { createServer as createHttpServer } from 'node:http';
 import { createServer, type AddressInfo, type Socket } from 'node:net';
 import os from 'node:os';
@@ -401,6 +401,23 @@ describe('models import and export', () => {
 
     await importFrom(sourceDir, 'fresh');
     expect((await readdir(staging)).sort()).toEqual([path.basename(elsewhere), path.basename(running)].sort());
+  });
+
+  it("removes what a killed install of a version before owners were named left, once it has gone unwritten for an hour", async () => {
+    const staging = path.join(modelsDir, '.staging');
+    // As versions 2dd6c67 (mkdtemp's six characters) and 7f381cf (a UUID) named an import's half copy and a model moved aside.
+    const leftovers = [`import-other-Ab3xZ9`, `import-other-${randomUUID()}`, `replaced-other-${randomUUID()}`, `removing-other-${randomUUID()}`].map((name) => path.join(staging, name));
+    const recent = path.join(staging, `import-other-${randomUUID()}`);
+    const twoHoursAgo = new Date(Date.now() - 2 * 3600_000);
+    for (const dir of [...leftovers, recent]) {
+      await mkdir(path.join(dir, 'unet'), { recursive: true });
+      await writeFile(path.join(dir, 'unet', 'model.onnx'), Buffer.alloc(1024));
+    }
+    for (const dir of leftovers) for (const entry of [path.join(dir, 'unet', 'model.onnx'), path.join(dir, 'unet'), dir]) await utimes(entry, twoHoursAgo, twoHoursAgo);
+
+    await importFrom(sourceDir, 'fresh');
+    // One written within the hour may be an older version's install running on another machine that shares the folder.
+    expect(await readdir(staging)).toEqual([path.basename(recent)]);
   });
 
   it('refuses a folder with a damaged ONNX file', async () => {

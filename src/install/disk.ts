@@ -1,5 +1,5 @@
 import { createReadStream, rmSync, type ReadStream } from 'node:fs';
-import { open, readdir, realpath, stat, statfs } from 'node:fs/promises';
+import { lstat, open, readdir, realpath, stat, statfs } from 'node:fs/promises';
 import path from 'node:path';
 import { unlessMissing } from '../util/files.js';
 import { formatBytes } from '../util/bytes.js';
@@ -116,6 +116,15 @@ export async function listFolder(dir: string): Promise<FoundFile[]> {
   };
   await visit('');
   return found;
+}
+
+/** When anything at or under `entry` was last written (its newest modification time), links not followed; -Infinity when it is gone. */
+export async function lastWritten(entry: string): Promise<number> {
+  const info = await unlessMissing(lstat(entry));
+  if (!info) return -Infinity;
+  const names = info.isDirectory() ? ((await unlessMissing(readdir(entry))) ?? []) : [];
+  const below = await Promise.all(names.map((name) => lastWritten(path.join(entry, name))));
+  return Math.max(info.mtimeMs, ...below);
 }
 
 /**

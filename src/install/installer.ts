@@ -5,7 +5,7 @@ import { loadPipeline } from '../pipelines/load.js';
 import type { ModelLayout } from '../models/layout.js';
 import { exists, makeFolder } from '../util/files.js';
 import { inspectModelFolder, OVERRIDE_FILE } from '../models/model-folder.js';
-import { keepAfterExit, removeIfInterrupted, type Disk } from './disk.js';
+import { keepAfterExit, lastWritten, removeIfInterrupted, type Disk } from './disk.js';
 import { ModelInstallError, ModelUsageError } from './errors.js';
 import { lockHolder, ownedName, ownerOfName, ownerRuns, takeLock, type Lock } from './owner.js';
 import type { ProgressOutput } from '../util/progress.js';
@@ -93,11 +93,34 @@ export async function refuseExisting(modelsDir: string, id: string, force: boole
   if (!force && (await exists(modelPath(modelsDir, id)))) throw alreadyExists(modelsDir, id);
 }
 
-/** Removes the staging folders and lock drafts whose owner no longer runs; a pull's download (kept to resume) has no owner in its name. */
+/**
+ * A staging folder of a version before staging names carried their owner (4647b2f): an import's half copy
+ * (`import-<id>-` and mkdtemp's six characters, later a UUID), or a model moved aside to be replaced or
+ * removed (`replaced-<id>-`, `removing-<id>-` and a UUID). One whose install was killed stayed for good,
+ * as big as its model: this version, installed over it, must remove it too, or the README's promise that
+ * the next install removes what a killed one left does not hold after an upgrade.
+ */
+const OWNERLESS_STAGING = /^(import|replaced|removing)-[^+]+-([A-Za-z0-9]{6}|[0-9a-f]{8}(-[0-9a-f]{4}){3}-[0-9a-f]{12})$/;
+
+/**
+ * How long an ownerless staging folder must have gone unwritten to be taken for a killed install's: with no
+ * owner to ask, only its age tells it from one that an older version, on another machine sharing the folder,
+ * is running now. An install writes its folder throughout a copy; its load check, which writes nothing,
+ * takes minutes for the largest models.
+ */
+const OWNERLESS_IDLE_MS = 60 * 60_000;
+
+/** Whether `name` in the staging area `root` is what a killed install left (see OWNERLESS_STAGING). */
+async function isAbandoned(root: string, name: string): Promise<boolean> {
+  const owner = ownerOfName(name);
+  if (owner !== undefined) return !ownerRuns(owner);
+  return OWNERLESS_STAGING.test(name) && Date.now() - (await lastWritten(path.join(root, name))) > OWNERLESS_IDLE_MS;
+}
+
+/** Removes the staging folders and lock drafts that killed installs left; a pull's download (kept to resume) has no owner in its name. */
 async function removeAbandoned(root: string): Promise<void> {
   for (const name of await readdir(root)) {
-    const owner = ownerOfName(name);
-    if (owner !== undefined && !ownerRuns(owner)) await rm(path.join(root, name), { recursive: true, force: true });
+    if (await isAbandoned(root, name)) await rm(path.join(root, name), { recursive: true, force: true });
   }
 }
 
