@@ -34,7 +34,38 @@ function fingerprint(entry, lines = []) {
 
 const current = () => INPUTS.flatMap((input) => fingerprint(input)).join('\n');
 
+const readJson = (file) => {
+  try {
+    return JSON.parse(readFileSync(file, 'utf8'));
+  } catch {
+    return undefined;
+  }
+};
+
+/**
+ * The package's own dependencies that node_modules holds at another version than package-lock.json names,
+ * or not at all: a checkout updated with `git pull` and started without `npm ci`. Built so, the tree
+ * failed with a page of TypeScript errors (each module the new version added "cannot be found") and not
+ * a word of what to do, or, where it compiled, ran on other dependencies than the ones it is tested with.
+ */
+function dependenciesOutOfDate() {
+  const lock = readJson('package-lock.json');
+  const pkg = readJson('package.json');
+  if (!lock || !pkg) return [];
+  return Object.keys({ ...pkg.dependencies, ...pkg.devDependencies }).flatMap((name) => {
+    const locked = lock.packages?.[`node_modules/${name}`]?.version;
+    const installed = readJson(path.join('node_modules', name, 'package.json'))?.version;
+    return locked === undefined || installed === locked ? [] : [`${name}: ${installed ?? "not installed"}, locked ${locked}`];
+  });
+}
+
 if (process.argv.includes('--begin')) {
+  const outOfDate = dependenciesOutOfDate();
+  if (outOfDate.length) {
+    const shown = outOfDate.slice(0, 5).join('; ') + (outOfDate.length > 5 ? `; and ${outOfDate.length - 5} more` : '');
+    console.error(`node_modules does not hold the dependencies package-lock.json names (${shown}): after updating the checkout (git pull), run "npm ci", then build or start again`);
+    process.exit(1);
+  }
   mkdirSync('dist', { recursive: true });
   writeFileSync(BEGUN, current());
 } else if (process.argv.includes('--stamp')) {

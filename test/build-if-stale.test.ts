@@ -73,6 +73,32 @@ describe('build-if-stale (prestart)', () => {
     expect(await builds()).toBe(2);
   });
 
+  it('refuses to build with dependencies other than package-lock.json names (a git pull without npm ci), saying to run npm ci', async () => {
+    const pkg = JSON.parse(await readFile(path.join(root, 'package.json'), 'utf8'));
+    await writeFile(path.join(root, 'package.json'), JSON.stringify({ ...pkg, dependencies: { kept: '^1.0.0', added: '^2.0.0' }, devDependencies: { bumped: '^9.0.0' } }));
+    const locked = { kept: '1.0.3', added: '2.1.0', bumped: '9.0.1' };
+    await writeFile(path.join(root, 'package-lock.json'), JSON.stringify({ lockfileVersion: 3, packages: Object.fromEntries(Object.entries(locked).map(([name, version]) => [`node_modules/${name}`, { version }])) }));
+    // As an older version's npm ci left them: one the same, one it did not have, one at its older major.
+    const install = async (versions: Record<string, string>) => {
+      for (const [name, version] of Object.entries(versions)) {
+        await mkdir(path.join(root, 'node_modules', name), { recursive: true });
+        await writeFile(path.join(root, 'node_modules', name, 'package.json'), JSON.stringify({ name, version }));
+      }
+    };
+    await install({ kept: '1.0.3', bumped: '8.4.0' });
+    await expect(prestart()).rejects.toMatchObject({
+      code: 1,
+      // After npm's own warnings, if any.
+      stderr: expect.stringMatching(
+        /(^|\n)node_modules does not hold the dependencies package-lock.json names \(added: not installed, locked 2\.1\.0; bumped: 8\.4\.0, locked 9\.0\.1\): after updating the checkout \(git pull\), run "npm ci", then build or start again\n$/,
+      ),
+    });
+    expect(await builds()).toBe(0);
+    await install(locked);
+    await prestart();
+    expect(await builds()).toBe(1);
+  });
+
   it('runs the build with the npm that started it (npm_execpath), by node, as on Windows where `npm` alone cannot be spawned', async () => {
     // A stand-in npm that notes how it was called and builds nothing.
     const npm = path.join(root, 'fake-npm.cjs');
