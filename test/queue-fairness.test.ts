@@ -268,6 +268,38 @@ describe('a job that never reached its worker', () => {
     expect(queue.load()).toEqual({ running: 0, queued: 0 });
   });
 
+  it('counts a job that waits again and restarts before its first run is done as one running job, never two workers for one', async () => {
+    const queue = new JobQueue(2, 100);
+    let running = 0;
+    let most = 0;
+    const both = controlled([], 'both');
+    const held = controlled([], 'held');
+    /** A job that runs until `until` settles, counted while it runs. */
+    const counted = <T>(until: () => Promise<T>) => () => {
+      most = Math.max(most, ++running);
+      return until().finally(() => running--);
+    };
+    // B ends just as A's worker turns out gone: B's end dispatches while A waits again but has not ended.
+    const b = queue.run(counted(() => both.job()));
+    let attempts = 0;
+    const a = queue.run(() =>
+      ++attempts === 1
+        ? both.job().then(() => Promise.reject(new RequeueError(new Error('the worker was already dead'))))
+        : counted(() => held.job())(),
+    );
+    const others = [1, 2].map((i) => queue.run(counted(() => held.job().then(() => i))));
+    both.release();
+    await tick();
+    // A ran again, and one of the others: two at a time, the third waits.
+    expect(attempts).toBe(2);
+    expect(most).toBe(2);
+    expect(queue.load()).toEqual({ running: 2, queued: 1 });
+    held.release();
+    await Promise.all([a, b, ...others]);
+    expect(most).toBe(2);
+    expect(queue.load()).toEqual({ running: 0, queued: 0 });
+  });
+
   it('refunds its charge once: a share given back as a member left it is not refunded again when it waits again', async () => {
     const queue = new JobQueue(1, 100);
     const log: string[] = [];

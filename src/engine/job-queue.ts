@@ -234,20 +234,30 @@ export class JobQueue {
           const started = performance.now();
           this.options.onWaited?.(started - queued);
           this.began(entry);
-          job({ refund: (client, seconds) => this.refund(entry, client, seconds) })
-            .then(resolve, (err: unknown) => {
-              if (!(err instanceof RequeueError)) return reject(err);
-              if (this.closed) return reject(new QueueClosedError());
-              if (signal?.aborted) return reject(signal.reason);
-              // The job did not run: its charge is refunded and it waits at the head of its client's line.
-              for (const [client, work] of this.running.get(entry)?.charged ?? []) this.order.charge(client, -work);
-              wait(true);
-            })
-            .finally(() => {
-              this.ended(entry);
-              if (!cost) this.jobSeconds = 0.8 * this.jobSeconds + 0.2 * ((performance.now() - started) / 1000);
+          // Its worker is free again as it settles, before it waits again or anything starts: ended one
+          // turn later, a job that waited again could start (on another job's end) meanwhile, and its
+          // first run's end then took its second run's place off the running jobs, letting one job too many run.
+          const end = () => {
+            this.ended(entry);
+            if (!cost) this.jobSeconds = 0.8 * this.jobSeconds + 0.2 * ((performance.now() - started) / 1000);
+          };
+          job({ refund: (client, seconds) => this.refund(entry, client, seconds) }).then(
+            (value) => {
+              end();
+              resolve(value);
               this.dispatch();
-            });
+            },
+            (err: unknown) => {
+              const again = err instanceof RequeueError && !this.closed && !signal?.aborted;
+              // The job did not run: its charge is refunded and it waits at the head of its client's line.
+              if (again) for (const [client, work] of this.running.get(entry)?.charged ?? []) this.order.charge(client, -work);
+              end();
+              if (again) wait(true);
+              else if (!(err instanceof RequeueError)) reject(err);
+              else reject(this.closed ? new QueueClosedError() : signal!.reason);
+              this.dispatch();
+            },
+          );
         },
         cancel: (reason) => {
           leave();
