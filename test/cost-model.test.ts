@@ -76,4 +76,19 @@ describe('the cost model', () => {
     // A batch of more steps costs more by its further steps only.
     expect(costs.estimate({ ...next, steps: 110 })! - costs.estimate(next)).toBeCloseTo(2 * 100 * 0.05);
   });
+
+  it("goes by the denoiser passes an edit's strength leaves of its steps, not by its steps", () => {
+    const costs = new CostModel();
+    // 10 steps at 1 s each, their 2 megapixel-images: 0.5 s per megapixel-image a step.
+    const whole = batch('a');
+    for (let step = 1; step <= 10; step++) costs.progress(whole, step, step / 10);
+    costs.record(whole, 10);
+    // A variation of 10 steps at strength 0.3 runs 3 of them (its steps' 1 s each): 3 s, not 10.
+    const variation: GenerationBatch = { ...batch('a'), strength: 0.3, passes: 3 };
+    expect(costs.estimate(variation)).toBeCloseTo(3);
+    // Timed (its 3 passes, 1 s each), it teaches the same speed: a text-to-image batch stays at 10 s.
+    for (let step = 1; step <= 3; step++) costs.progress(variation, step, step / 3);
+    costs.record(variation, 3);
+    expect(costs.estimate(batch('a'))).toBeCloseTo(10);
+  });
 });

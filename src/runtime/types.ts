@@ -81,6 +81,12 @@ export interface GenerationBatch {
    * pictures, in (0, 1]; 1 noises them fully, small values keep them (diffusers' strength).
    */
   strength?: number;
+  /**
+   * The denoiser passes the batch makes: the steps its strength leaves (all without one), plus PNDM's
+   * repeated one (see passesRun). What its cost grows with (engine/cost-model.ts); one that does not say
+   * (a calibration's) makes one per step.
+   */
+  passes?: number;
   /** Most images one model call may hold for this model; merging compatible requests stays within it. */
   maxBatch?: number;
   items: BatchItem[];

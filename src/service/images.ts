@@ -7,8 +7,6 @@ import type { BatchEvent, GeneratedImage, GenerationBatch } from '../runtime/typ
 import { ApiError } from '../api/errors.js';
 import type { GenerationRequest, GptImageResponseFields, ImageObject, ImagesResponse } from '../api/wire.js';
 import type { ModelEntry, ModelRegistry } from '../models/registry.js';
-import { passesRun } from '../schedulers/index.js';
-import { strengthRule } from '../models/layout.js';
 import type { ImageStore, StoredImage, StoreReservation } from '../store/image-store.js';
 import { bufferView } from '../util/bytes.js';
 import { engineError, modelMissing, modelUnusable, queueRefusal, storeError } from './failures.js';
@@ -295,11 +293,10 @@ export function createImageService({ registry, engine, store, defaultRng, defaul
           })
         : undefined;
     await context.admit?.();
-    const [{ width, height, steps, strength, scheduler }] = batches;
+    const [{ width, height, steps, strength, passes }] = batches;
     const drawn = { width, height, count: batches.reduce((n, batch) => n + batch.items.length, 0), inputImages: edit ? 1 : 0, vaeScale: model.layout.vae.scaleFactor };
     // Always there for a streamed request (textTokens is counted for it): its images go out with them.
     const fields = textTokens === undefined ? undefined : gptImageFields(request, textTokens, drawn);
-    const passes = passesRun(model.layout.scheduler, scheduler, steps, strength, strengthRule(model.layout, scheduler));
     const { data, generated } = await produce(batches, { named: request.model, passes }, request, context, how, fields);
     // The request's logger already names the model, size and n it asked for; these are what ran.
     context.log.info(

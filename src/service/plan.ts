@@ -4,7 +4,7 @@ import type { GenerationRequest } from '../api/wire.js';
 import type { ModelEntry } from '../models/registry.js';
 import { MAX_SEED, randomSeed, type NoiseKind } from '../runtime/random.js';
 import { MAX_STEPS, type BatchItem, type GenerationBatch } from '../runtime/types.js';
-import { checkSchedule, fewestSteps, honoursStrength, scheduleStrength, stepsRun, type StrengthRule } from '../schedulers/index.js';
+import { checkSchedule, fewestSteps, honoursStrength, passesRun, scheduleStrength, stepsRun, type StrengthRule } from '../schedulers/index.js';
 import { strengthRule, takesGuidance, takesNegativePrompt } from '../models/layout.js';
 import { chunks } from '../util/chunks.js';
 import type { EditPicture } from './input-images.js';
@@ -150,6 +150,9 @@ function stepsOf(request: GenerationRequest, model: ModelEntry, strength: number
   );
 }
 
+/** A batch as planned: it says the denoiser passes it makes (GenerationBatch.passes). */
+export type PlannedBatch = GenerationBatch & { passes: number };
+
 /** Image i gets seed + i, so each image's seed reproduces it alone; wraps past MAX_SEED. */
 function seeds(request: GenerationRequest): number[] {
   const base = request.seed ?? randomSeed();
@@ -163,7 +166,7 @@ function seeds(request: GenerationRequest): number[] {
  * picture is fitted to the size planned only once the plan passed (see withPicture): fitting is the
  * costliest part of taking an edit, and a request refused here should not pay for it.
  */
-export function planBatches(request: GenerationRequest, model: ModelEntry, defaultRng: NoiseKind = 'native', edit?: { strength: number; picture: Shape }): GenerationBatch[] {
+export function planBatches(request: GenerationRequest, model: ModelEntry, defaultRng: NoiseKind = 'native', edit?: { strength: number; picture: Shape }): PlannedBatch[] {
   const { width, height } = requestSize(request, model, edit?.picture);
   checkScheduler(request, model);
   checkGuidance(request, model);
@@ -203,10 +206,11 @@ export function planBatches(request: GenerationRequest, model: ModelEntry, defau
     const why = raised ? ` (strength ${edit.strength} runs one step only of ${settings.steps} or more). Raise 'strength'` : param === 'strength' ? ". Raise 'strength'" : '';
     throw ApiError.invalid(param, 'invalid_value', `Invalid value for '${param}' with model '${request.model}': ${messageOf(err)}${why}.`);
   }
-  return chunks(items, preset.maxBatch).map((part) => ({ ...settings, items: part }));
+  const passes = passesRun(model.layout.scheduler, settings.scheduler, settings.steps, edit?.strength, rule);
+  return chunks(items, preset.maxBatch).map((part) => ({ ...settings, passes, items: part }));
 }
 
 /** The batches with an edit's picture (at their size) going with every image. */
-export function withPicture(batches: GenerationBatch[], { image, mask }: EditPicture): GenerationBatch[] {
+export function withPicture(batches: PlannedBatch[], { image, mask }: EditPicture): PlannedBatch[] {
   return batches.map((batch) => ({ ...batch, items: batch.items.map((item) => ({ ...item, image, ...(mask && { mask }) })) }));
 }
