@@ -49,6 +49,24 @@ describe('JobQueue', () => {
     expect(() => queue.waitOutside(new Ticket('carol', 1))).toThrow(QueueClosedError);
   });
 
+  it('queues the jobs of a request let in to wait outside without weighing it again: it held its place', async () => {
+    const queue = new JobQueue(1, 2);
+    const g = gate();
+    const running = queue.run(() => g.opened);
+    // Two of alice's requests wait for her key's slot, and bob's job, with nothing of his waiting, is let in past them.
+    const [first, second] = [new Ticket('alice', 1), new Ticket('alice', 1)];
+    const places = [queue.waitOutside(first), queue.waitOutside(second)];
+    const bob = queue.run(async () => 'bob', undefined, { ticket: new Ticket('bob', 1) });
+    // Her slot comes: her first request's job queues where it waited, though bob's and her second fill the room.
+    places[0]();
+    const hers = queue.run(async () => 'alice', undefined, { ticket: first });
+    // A new request of hers is still refused.
+    await expect(queue.run(async () => 'no', undefined, { ticket: new Ticket('alice', 1) })).rejects.toBeInstanceOf(QueueFullError);
+    places[1]();
+    g.open();
+    expect(await Promise.all([running, bob, hers])).toEqual([undefined, 'bob', 'alice']);
+  });
+
   it('drops a waiting job when its signal aborts, but lets a running one finish', async () => {
     const queue = new JobQueue(1, 4);
     const g = gate();

@@ -439,11 +439,14 @@ export class JobQueue {
    * queue (its API key's `concurrent` slot over all servers, key-slots.ts): it counts as waiting work
    * of its client (QUEUE_MAX, QUEUE_MAX_SECONDS, the flood rule), so that waiting there loosens no
    * bound, and is refused (thrown) as it would be were it queued. Returns what gives the place up,
-   * which the request calls once its wait ends, before its jobs queue.
+   * which the request calls once its wait ends, before its jobs queue. Let in, it is admitted: its jobs
+   * then queue in the place it held. Weighed again then, one that waited for its key's slot was refused
+   * (429) as its slot came, behind the newcomers the flood rule had let in beside it while it waited.
    */
   waitOutside(ticket: Ticket): () => void {
     const refusal = this.closed ? new QueueClosedError() : this.refusal(ticket, true);
     if (refusal) throw refusal;
+    ticket.admitted = true;
     this.outside.add(ticket);
     return () => void this.outside.delete(ticket);
   }
