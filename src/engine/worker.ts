@@ -70,12 +70,12 @@ const pooledMemory: MemorySource = {
   async reserve(plan) {
     let grant = await askForMemory({ type: 'memory-ask' });
     for (;;) {
-      const found = plan(grant.budget);
+      const found = plan(grant.budget, grant.alone);
       if (found) {
         void send({ type: 'memory-take', bytes: found.bytes, samples: found.samples });
         return { plan: found, budget: grant.budget };
       }
-      if (grant.alone <= grant.budget || !plan(grant.alone)) {
+      if (grant.alone <= grant.budget || !plan(grant.alone, grant.alone)) {
         void send({ type: 'memory-take', bytes: 0, samples: 0 });
         return { budget: grant.alone };
       }

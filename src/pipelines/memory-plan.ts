@@ -42,10 +42,26 @@ const MIN_TILE = 32;
 const MIN_OVERLAP = 8;
 
 /**
+ * The tile sides a decode may take, largest first: `largestTile` where it is shorter than the image's
+ * longest side, then MIN_TILE doubled (32, 64, 128... latent pixels: 256, 512, 1024... image pixels)
+ * below both. Rungs this far apart, not every multiple of 8 that fits: the tile decides the picture
+ * (group norms and attention see only the tile), so a picture must not change with every MiB the
+ * budget or the model's measured figures move (see MemoryPlan.imagesPerRun).
+ */
+function tileSides(longest: number, largestTile: number): number[] {
+  const sides = largestTile < longest ? [largestTile] : [];
+  const below = Math.min(longest, largestTile);
+  let side = MIN_TILE;
+  while (side * 2 < below) side *= 2;
+  for (; side >= MIN_TILE; side /= 2) if (side < below) sides.push(side);
+  return sides;
+}
+
+/**
  * How to decode an image of this latent size within `budget` bytes: whole (undefined) when it fits
- * and no side is longer than `largestTile`, else in the largest square tiles (a multiple of 8 latent
- * pixels, at most `largestTile`) that fit, never smaller than MIN_TILE. `cost`: what one decoder call
- * of width x height image pixels takes (by default its attention, which dominates at large sizes).
+ * and no side is longer than `largestTile`, else in square tiles of the largest side of tileSides
+ * that fits, never smaller than MIN_TILE. `cost`: what one decoder call of width x height image
+ * pixels takes (by default its attention, which dominates at large sizes).
  */
 export function vaeTiling(
   layout: Pick<ModelLayout, 'vae'>,
@@ -58,9 +74,8 @@ export function vaeTiling(
   const scale = layout.vae.scaleFactor;
   const longest = Math.max(latentWidth, latentHeight);
   if (longest <= largestTile && cost(latentWidth * scale, latentHeight * scale) <= budget) return undefined;
-  let tile = Math.min(largestTile, Math.floor(longest / 8) * 8);
-  while (tile > MIN_TILE && cost(tile * scale, tile * scale) > budget) tile -= 8;
-  return { tile: Math.max(MIN_TILE, tile), overlap: Math.max(MIN_OVERLAP, Math.floor(tile / 4)) };
+  const tile = tileSides(longest, largestTile).find((side) => cost(side * scale, side * scale) <= budget) ?? MIN_TILE;
+  return { tile, overlap: Math.max(MIN_OVERLAP, Math.floor(tile / 4)) };
 }
 
 /**
@@ -81,12 +96,13 @@ const ALWAYS_TILE_PIXELS = 512;
 export interface MemorySource {
   /**
    * Plans a batch: `plan` gets the bytes the batch may take and says what it takes of them (undefined:
-   * nothing fits). What it takes stays counted until the batch ends. Where nothing fits within what
-   * other batches left, but would within what is free, the source waits for one of them to end and
-   * asks again. `plan` is undefined in the answer when the batch fits in neither; `budget` is what it
-   * was last planned with.
+   * nothing fits), and `alone`, what it could take if no other batch ran (the same where none can).
+   * What it takes stays counted until the batch ends. Where nothing fits within what other batches
+   * left, but would within what is free, the source waits for one of them to end and asks again.
+   * `plan` is undefined in the answer when the batch fits in neither; `budget` is what it was last
+   * planned with.
    */
-  reserve<T extends { bytes: number; samples: number }>(plan: (budget: number) => T | undefined): Promise<{ plan?: T; budget: number }>;
+  reserve<T extends { bytes: number; samples: number }>(plan: (budget: number, alone: number) => T | undefined): Promise<{ plan?: T; budget: number }>;
   /**
    * Runs work whose memory is not known before it runs (a model's calibration) once no other batch
    * holds memory it planned on and has not taken yet, holding all there is until the work ends: other
@@ -100,7 +116,7 @@ export function localMemory(limit = Infinity): MemorySource {
   return {
     async reserve(plan) {
       const budget = plannableBytes(limit);
-      return { plan: plan(budget), budget };
+      return { plan: plan(budget, budget), budget };
     },
     exclusive: (work) => work(),
   };
@@ -109,11 +125,12 @@ export function localMemory(limit = Infinity): MemorySource {
 /** What the plan reads of a model's layout: its VAE, and whether it encodes every item (encodesEveryItem). */
 type PlannedLayout = Pick<ModelLayout, 'dir' | 'vae' | 'denoiserConfig' | 'vaeEncoder'>;
 
-/** One part of a batch as planned: its images, their samples in one denoiser call, and the bytes they are expected to take. */
+/** One part of a batch as planned: its images, their samples in one denoiser call, the bytes they are expected to take, and what its decoder tiles within (see imagesPerRun). */
 interface PartPlan {
   images: number;
   samples: number;
   bytes: number;
+  decodeBudget: number;
 }
 
 /** Where the running batch's decode began (see MemoryPlan.vaeTiler): the peak before it, and the resident memory then. */
@@ -315,16 +332,26 @@ export class MemoryPlan {
   }
 
   /**
-   * What a batch is expected to take above the loaded model within `budget`: its denoising phase, whose
-   * arenas stay held, plus one decoder call, tiled to fit what the denoising leaves when its decoder tiles.
-   * Image-to-image first encodes each picture whole, before the denoising takes its memory, as an
-   * inpainting model encodes a blank picture for text-to-image (encodesEveryItem): the VAE encoder
-   * mirrors the decoder (the same mid-block attention over the latent pixels), so one whole decoder call
-   * of the size stands for it. `samplesPerImage`: see Pipeline.samplesPerImage.
+   * What one image of the batch's size leaves of `alone` for its decoder, which tiles within it: one
+   * image's denoising taken, whatever the batch, so that its tiles, and so its picture, are those of the
+   * image on its own (see imagesPerRun).
    */
-  estimate(layout: PlannedLayout, batch: Pick<GenerationBatch, 'width' | 'height' | 'items'>, budget: number, samplesPerImage = 1): number {
+  private decodeBudgetOf(modelDir: string, pixels: number, alone: number, samplesPerImage: number): number {
+    return alone - this.denoiseBytes(modelDir, samplesPerImage, pixels);
+  }
+
+  /**
+   * What a batch is expected to take above the loaded model: its denoising phase, whose arenas stay
+   * held, plus one decoder call, tiled when its decoder tiles as one image of the size would be within
+   * `alone` (decodeBudgetOf). Image-to-image first encodes each picture whole, before the denoising
+   * takes its memory, as an inpainting model encodes a blank picture for text-to-image
+   * (encodesEveryItem): the VAE encoder mirrors the decoder (the same mid-block attention over the
+   * latent pixels), so one whole decoder call of the size stands for it. `samplesPerImage`: see
+   * Pipeline.samplesPerImage.
+   */
+  estimate(layout: PlannedLayout, batch: Pick<GenerationBatch, 'width' | 'height' | 'items'>, alone: number, samplesPerImage = 1): number {
     const denoise = this.denoiseBytes(layout.dir, batch.items.length * samplesPerImage, batch.width * batch.height);
-    const unit = this.decodeUnit(layout, batch.width, batch.height, budget - denoise);
+    const unit = this.decodeUnit(layout, batch.width, batch.height, this.decodeBudgetOf(layout.dir, batch.width * batch.height, alone, samplesPerImage));
     const generate = denoise + this.decodeBytes(layout, unit.width, unit.height);
     const encodes = encodesEveryItem(layout) || batch.items.some((item) => item.image);
     const encode = encodes ? this.decodeBytes(layout, batch.width, batch.height) : 0;
@@ -335,13 +362,23 @@ export class MemoryPlan {
    * How many of the batch's images one model call may hold within the memory its source gives: all of
    * them, or fewer (the batch then runs in parts, as its max_batch would have it). Throws
    * InsufficientMemoryError when not even one fits.
+   *
+   * Whether and how the decoder tiles is chosen as one image of the size would be decoded alone
+   * (decodeBudgetOf, within the source's `alone`), never from what other batches left or from how many
+   * images share the run: planned from those, the same seed drew another picture beside other
+   * requests, merged into a batch, or in a request of n images (tiles of 104 latent pixels alone, of 40
+   * in a batch of three: up to 73/255 apart). A part whose decode does not fit what is left runs fewer
+   * images, or waits for the other batches (see MemorySource.reserve).
    */
   async imagesPerRun(layout: PlannedLayout, batch: Pick<GenerationBatch, 'width' | 'height' | 'items'>, modelName: string, samplesPerImage = 1): Promise<number> {
-    const need = (count: number, budget: number) => this.estimate(layout, { ...batch, items: batch.items.slice(0, count) }, budget, samplesPerImage);
-    const { plan, budget } = await this.source.reserve((budget): PartPlan | undefined => {
+    const need = (count: number, alone: number) => this.estimate(layout, { ...batch, items: batch.items.slice(0, count) }, alone, samplesPerImage);
+    const { plan, budget } = await this.source.reserve((budget, alone): PartPlan | undefined => {
       for (let count = batch.items.length; count >= 1; count--) {
-        const bytes = need(count, budget);
-        if (bytes <= budget) return { images: count, samples: count * samplesPerImage, bytes };
+        const bytes = need(count, alone);
+        if (bytes <= budget) {
+          const decodeBudget = this.decodeBudgetOf(layout.dir, batch.width * batch.height, alone, samplesPerImage);
+          return { images: count, samples: count * samplesPerImage, bytes, decodeBudget };
+        }
       }
       return undefined;
     });
@@ -352,7 +389,7 @@ export class MemoryPlan {
       );
     }
     this.batchBudget = budget;
-    this.decodeBudget = budget - this.denoiseBytes(layout.dir, plan.samples, batch.width * batch.height);
+    this.decodeBudget = plan.decodeBudget;
     return plan.images;
   }
 
