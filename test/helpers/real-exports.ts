@@ -5,6 +5,8 @@ import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import type { ImageGenerateParamsNonStreaming, ImagesResponse } from 'openai/resources/images';
 import { onTestFinished } from 'vitest';
+import type { ModelMemory } from '../../src/models/memory-figures.js';
+import type { WorkerRuntime } from '../../src/pipelines/run.js';
 import { startRealServer, type RealServer } from './real-server.js';
 
 /**
@@ -54,6 +56,20 @@ export async function copyOfExport(name: RealExportName): Promise<string> {
   return dir;
 }
 
+/**
+ * Memory figures that say nothing yet of what a model's runs take (no size measured): a runtime that
+ * holds them for a model does not calibrate it as it loads (WorkerRuntime.calibrate: a run with guidance
+ * at 1/2 and at 3/4 of its native side, seconds of the cores for each larger export), and plans its
+ * batches as a system that cannot measure their phases does, by the decoder's attention alone, until its
+ * own runs measure them. For tests of what the models draw; memory*.test.ts test the calibration.
+ */
+export const UNMEASURED: ModelMemory = { weightsBytes: 0, peakBytes: 0, peakPixels: 0, denoise: [] };
+
+/** `runtime` holds UNMEASURED figures for these model folders: it does not calibrate them as they load. */
+export function skipCalibration(runtime: WorkerRuntime, ...modelDirs: string[]): void {
+  for (const dir of modelDirs) runtime.adoptMemory(dir, UNMEASURED);
+}
+
 export interface ExportsServer extends RealServer {
   /** One image, b64_json, 1 step unless `params` say otherwise (extension fields included). */
   generate(params: Record<string, unknown>): Promise<ImagesResponse>;
@@ -61,10 +77,15 @@ export interface ExportsServer extends RealServer {
 
 /**
  * The whole server (worker processes, real pipelines) with the named real exports installed beside the
- * embedded model, one worker, and the official client pointed at it.
+ * embedded model, one worker, and the official client pointed at it. `calibrate: false`: they start
+ * with UNMEASURED figures in DATA_DIR.
  */
-export async function startExportsServer(names: readonly RealExportName[], env: Record<string, string> = {}): Promise<ExportsServer> {
-  const real = await startRealServer({ models: Object.fromEntries(names.map((name) => [name, { link: realExport(name) }])), env: { WORKERS: '1', ...env } });
+export async function startExportsServer(names: readonly RealExportName[], env: Record<string, string> = {}, { calibrate = true } = {}): Promise<ExportsServer> {
+  const real = await startRealServer({
+    models: Object.fromEntries(names.map((name) => [name, { link: realExport(name) }])),
+    env: { WORKERS: '1', ...env },
+    ...(!calibrate && { figures: (modelsDir: string) => Object.fromEntries(names.map((name) => [path.resolve(modelsDir, name), UNMEASURED])) }),
+  });
   return {
     ...real,
     generate: (params) =>

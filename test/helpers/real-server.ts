@@ -4,6 +4,7 @@ import path from 'node:path';
 import OpenAI from 'openai';
 import type { Logger } from 'pino';
 import { loadConfig } from '../../src/config.js';
+import { writeMemoryFigures, type ModelMemory } from '../../src/models/memory-figures.js';
 import { startServer, type RunningServer } from '../../src/server.js';
 import { silentLogger } from './logs.js';
 import { WORKER_SCRIPT } from './cli.js';
@@ -41,6 +42,11 @@ export interface RealServerOptions {
   /** Settings as environment variables, over the test defaults (port 0, no rescans). */
   env?: Record<string, string>;
   logger?: Logger;
+  /**
+   * Memory figures in DATA_DIR as the server starts, as a server that ran before keeps them: by model
+   * folder, given MODELS_DIR (where `models` are installed).
+   */
+  figures?: (modelsDir: string) => Record<string, ModelMemory>;
   /** Reuse a root that has `models/` (restart tests); the caller removes it. */
   root?: string;
   /** The image store's clock (default Date.now): tests move time on instead of waiting. */
@@ -74,7 +80,9 @@ export async function startRealServer(options: RealServerOptions = {}): Promise<
     ...(options.apiKey && { API_KEYS: options.apiKey }),
     ...options.env,
   };
-  const server = await startServer(loadConfig({}, env), options.logger ?? silentLogger, { clock: options.clock, workerScript: options.workerScript ?? WORKER_SCRIPT });
+  const config = loadConfig({}, env);
+  if (options.figures) await writeMemoryFigures(config.dataDir, options.figures(modelsDir), config.executionProvider, config.graphRewrites);
+  const server = await startServer(config, options.logger ?? silentLogger, { clock: options.clock, workerScript: options.workerScript ?? WORKER_SCRIPT });
   const baseURL = `${server.url}/v1`;
   return {
     server,
