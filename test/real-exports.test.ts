@@ -7,7 +7,7 @@ import { beforeAll, describe, expect, it, onTestFinished } from 'vitest';
 import { WorkerRuntime } from '../src/pipelines/run.js';
 import { readGolden, verifyCase, verifyGolden, DEFAULT_TOLERANCE } from '../src/cli/golden.js';
 import { imagegenArgs } from './helpers/cli.js';
-import { copyOfExport, goldenFile, GOLDENS, haveRealExports, REAL_EXPORT_NAMES, REAL_EXPORT_TIMEOUT_MS, realExport } from './helpers/real-exports.js';
+import { copyOfExport, goldenFile, GOLDENS, haveRealExports, REAL_EXPORT_NAMES, REAL_EXPORT_TIMEOUT_MS, realExport, skipCalibration } from './helpers/real-exports.js';
 
 /**
  * The engine against diffusers' own pictures on real-architecture exports (Optimum's exporter, real
@@ -18,10 +18,13 @@ import { copyOfExport, goldenFile, GOLDENS, haveRealExports, REAL_EXPORT_NAMES, 
 const root = path.resolve(import.meta.dirname, '..');
 
 // A budget of one byte keeps one model loaded at a time: onnxruntime's arenas keep each model's peak
-// activations (gigabytes at 1024x1024), and four models at once would not fit a small CI machine.
+// activations (gigabytes at 1024x1024), and four models at once would not fit a small CI machine. No
+// export, nor a copy of one below, is calibrated as it loads (skipCalibration): the pictures are what
+// this file tests, and the calibration runs took seconds per model.
 let runtime: WorkerRuntime;
 beforeAll(() => {
   runtime = new WorkerRuntime({ runtime: { provider: 'cpu', threads: Math.min(2, os.availableParallelism()) }, modelMemoryBudget: 1 });
+  skipCalibration(runtime, ...REAL_EXPORT_NAMES.map(realExport));
 });
 
 describe.skipIf(!haveRealExports)('real exports against diffusers (needs ../shared/data/real-exports)', { timeout: REAL_EXPORT_TIMEOUT_MS }, () => {
@@ -32,6 +35,7 @@ describe.skipIf(!haveRealExports)('real exports against diffusers (needs ../shar
   async function sd15Case(dir: string, { index = 1, change = () => {} }: { index?: number; change?: (c: Awaited<ReturnType<typeof readGolden>>[number]) => void } = {}) {
     const c = (await readGolden(goldenFile('sd15')))[index];
     change(c);
+    skipCalibration(runtime, dir);
     return verifyCase(runtime, dir, GOLDENS, c, index, DEFAULT_TOLERANCE);
   }
 
@@ -69,6 +73,7 @@ describe.skipIf(!haveRealExports)('real exports against diffusers (needs ../shar
       const c = (await readGolden(goldenFile('sdxl')))[0];
       expect(c.negative_prompt).toBeNull();
       change(c);
+      skipCalibration(runtime, dir);
       return verifyCase(runtime, dir, GOLDENS, c, 0, DEFAULT_TOLERANCE);
     };
 
