@@ -12,7 +12,7 @@ import { WorkerRuntime } from '../src/pipelines/run.js';
 import { readGolden, verifyCase, FP16_TOLERANCE } from '../src/cli/golden.js';
 import { convertOnnxBytesToFloat16 } from '../scripts/fp16/convert.js';
 import { convertFolderToFloat16, type ConvertedComponent } from '../scripts/fp16/convert-folder.js';
-import { goldenFile, GOLDENS, haveRealExports, realExport, REAL_EXPORT_TIMEOUT_MS, type RealExportName } from './helpers/real-exports.js';
+import { goldenFile, GOLDENS, haveRealExports, realExport, REAL_EXPORT_TIMEOUT_MS, skipCalibration, type RealExportName } from './helpers/real-exports.js';
 import { largestDifference } from '../src/util/difference.js';
 import { moveWeightsOut } from './helpers/external-data.js';
 
@@ -36,6 +36,8 @@ const COVERED: readonly { name: RealExportName; cases: readonly number[] }[] = [
 ];
 
 // One model loaded at a time, as in real-exports.test.ts: the arenas keep each model's peak activations.
+// The conversions are not calibrated as they load (skipCalibration), as there: on the CPU, a float16
+// export's calibration runs took up to 8 s (SDXL's) of what its one case takes.
 let runtime: WorkerRuntime;
 beforeAll(() => {
   runtime = new WorkerRuntime({ runtime: { provider: 'cpu', threads: Math.min(2, os.availableParallelism()) }, modelMemoryBudget: 1 });
@@ -81,6 +83,7 @@ describe.skipIf(!haveRealExports)('float16 conversions of the real exports again
   beforeAll(async () => {
     root = await mkdtemp(path.join(os.tmpdir(), 'imagegen-fp16-'));
     for (const { name } of COVERED) converted.set(name, await convertFolderToFloat16(realExport(name), fp16Dir(name)));
+    skipCalibration(runtime, ...COVERED.map(({ name }) => fp16Dir(name)));
   });
   afterAll(() => rm(root, { recursive: true, force: true }));
 
