@@ -1,11 +1,8 @@
-import { mkdtemp, rm } from 'node:fs/promises';
-import os from 'node:os';
-import path from 'node:path';
 import { pino } from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { DEMO_MODEL_DIR } from './helpers/demo-model.js';
 import { inspectModel } from '../src/models/layout.js';
-import { readMemoryFigures, writeMemoryFigures, type ModelMemory } from '../src/models/memory-figures.js';
+import { readMemoryFigures, type ModelMemory } from '../src/models/memory-figures.js';
 import { MemoryPlan } from '../src/pipelines/memory-plan.js';
 import { formatBytes } from '../src/util/bytes.js';
 import { holdNextBatch, whileBatchHeld } from './helpers/busy-worker.js';
@@ -23,27 +20,16 @@ import { startRealServer, type RealServer, type RealServerOptions } from './help
 const MiB = 2 ** 20;
 // What the demo model is said to need (the file of figures a server keeps in DATA_DIR): 600 MiB to
 // denoise one 512x512 image. MEMORY_LIMIT 1g gives 921.6 MiB to plan with: room for one such image
-// at a time, not two (a batch of ten runs one image after the other, holding its 600 MiB throughout).
+// at a time, not two (a batch of four runs one image after the other, holding its 600 MiB throughout).
 const FIGURES: Record<string, ModelMemory> = {
   [DEMO_MODEL_DIR]: { weightsBytes: MiB, peakBytes: 600 * MiB, peakPixels: 512 * 512, denoise: [{ pixels: 512 * 512, bytes: 600 * MiB }] },
 };
 
-/**
- * A server of two workers (the demo model preloaded, /metrics public) whose DATA_DIR already holds
- * `figures`, once it is ready; closing it removes its root.
- */
+/** A server of two workers (the demo model preloaded, /metrics public) whose DATA_DIR already holds `figures`, once it is ready. */
 async function startWithFigures(figures: Record<string, ModelMemory>, options: RealServerOptions): Promise<RealServer> {
-  const root = await mkdtemp(path.join(os.tmpdir(), 'imagegen-memory-pool-'));
-  await writeMemoryFigures(path.join(root, 'data'), figures);
-  const real = await startRealServer({ ...options, root, env: { WORKERS: '2', METRICS_PUBLIC: 'true', PRELOAD: 'demo-shapes', ...options.env } });
+  const real = await startRealServer({ ...options, figures: () => figures, env: { WORKERS: '2', METRICS_PUBLIC: 'true', PRELOAD: 'demo-shapes', ...options.env } });
   while (!real.server.engine.readiness().ready) await new Promise((resolve) => setTimeout(resolve, 50));
-  return {
-    ...real,
-    async close() {
-      await real.close();
-      await rm(root, { recursive: true, force: true });
-    },
-  };
+  return real;
 }
 
 const memoryWaits = async (real: RealServer) => metric(await (await fetch(`${real.server.url}/metrics`)).text(), 'imagegen_memory_waits_total');
@@ -51,18 +37,20 @@ const memoryWaits = async (real: RealServer) => metric(await (await fetch(`${rea
 describe('memory shared out among the workers', () => {
   let real: RealServer;
   beforeAll(async () => {
-    // A stall timeout shorter than the first batch (ten images of 150 steps one after the other, 3.5 s
-    // on this machine idle): the waiting worker makes no progress meanwhile. Not 1 s: with the machine's
+    // A stall timeout shorter than the first batch (four images of 150 steps one after the other, about
+    // 3 s on this machine): the waiting worker makes no progress meanwhile. Not 1 s: with the machine's
     // load at 13 on 2 cores a running worker went a second without a step and was killed.
     real = await startWithFigures(FIGURES, { env: { MEMORY_LIMIT: '1g', WORKER_STALL_TIMEOUT_SECONDS: '2' } });
   });
   afterAll(() => real?.close());
 
   it('runs two batches that fit only one at a time one after the other, both to completion', async () => {
-    // Different step counts: two batches the pool cannot merge, one per worker.
+    // Different step counts: two batches the pool cannot merge, one per worker. Four images each, the
+    // demo model's max_batch: one batch per request (ten made three, six batches in all, whose later
+    // ones only repeated the wait).
     const generate = (steps: number) =>
       real.client.images
-        .generate({ model: 'demo-shapes', prompt: 'a red circle', size: '512x512', n: 10, response_format: 'b64_json', steps } as never)
+        .generate({ model: 'demo-shapes', prompt: 'a red circle', size: '512x512', n: 4, response_format: 'b64_json', steps } as never)
         .then((res) => ({ images: res.data!.length }));
     // How many workers were denoising at once, looked at every 10 ms while both requests ran: read off
     // the pool rather than timed from outside, where a loaded machine's stalls blur the two runs.
@@ -71,7 +59,7 @@ describe('memory shared out among the workers', () => {
       mostDenoising = Math.max(mostDenoising, real.server.engine.workers().filter((w) => w.busy && w.step > 0).length);
     }, 10);
     const [first, second] = await Promise.all([generate(150), generate(149)]).finally(() => clearInterval(watch));
-    expect([first.images, second.images]).toEqual([10, 10]);
+    expect([first.images, second.images]).toEqual([4, 4]);
     expect(await memoryWaits(real)).toBeGreaterThanOrEqual(1);
     // One waited for the other: one denoised at a time, and both did.
     expect(mostDenoising).toBe(1);
@@ -133,9 +121,9 @@ describe.skipIf(!haveRealExports)("a model's calibration beside another worker's
   const finishedAt = new Map<string, number>();
   const waits: string[] = [];
   beforeAll(async () => {
-    // The demo model's batch of three 1024x1024 images (long enough for the other model to load
-    // meanwhile) plans on 1.5 GiB of the 7.2 GiB MEMORY_LIMIT leaves, and uses far less: room for the
-    // SD 1.5 export's 512x512 image beside it. That export has no figures, so the worker that loads it
+    // The demo model's batch of one 1024x1024 image in 150 steps (long enough to be caught midway and
+    // held: see whileBatchHeld below) plans on 0.5 GiB of the 7.2 GiB MEMORY_LIMIT leaves, and uses far
+    // less: room for the SD 1.5 export's 512x512 image beside it. That export has no figures, so the worker that loads it
     // first calibrates it (one step at 256x256 and 384x384).
     const GiB = 2 ** 30;
     const figures = { [DEMO_MODEL_DIR]: { ...FIGURES[DEMO_MODEL_DIR], peakBytes: 0.5 * GiB, peakPixels: 1024 * 1024, denoise: [{ pixels: 1024 * 1024, bytes: 0.5 * GiB }] } };
@@ -153,7 +141,7 @@ describe.skipIf(!haveRealExports)("a model's calibration beside another worker's
   afterAll(() => real?.close());
 
   it('waits for the batch that planned on the memory to end before it runs', async () => {
-    const long = real.client.images.generate({ model: 'demo-shapes', prompt: 'a red circle', size: '1024x1024', n: 3, response_format: 'b64_json', steps: 150 } as never);
+    const long = real.client.images.generate({ model: 'demo-shapes', prompt: 'a red circle', size: '1024x1024', n: 1, response_format: 'b64_json', steps: 150 } as never);
     // The long batch is denoising (it has its grant) before the other request comes, and is held there
     // (SIGSTOP) until the calibration waits for it: a machine that ran it in less time than the SD 1.5
     // export takes to load (more cores: the long batch has more threads, the load gains none) had
@@ -167,7 +155,7 @@ describe.skipIf(!haveRealExports)("a model's calibration beside another worker's
     const [, answer] = await Promise.all([long, short]);
     expect(answer.data).toHaveLength(1);
     // Calibrated only once the long batch released what it planned on: its load (with the calibration)
-    // finished after the long batch ended, not while it ran. (Its answer, three PNGs to encode and send,
+    // finished after the long batch ended, not while it ran. (Its answer, a PNG to encode and send,
     // could arrive after the calibration.)
     expect(loadedAt.get('sd15')).toBeGreaterThan(finishedAt.get('demo-shapes')!);
     // The calibration waited. (The SD 1.5 batch itself fits beside the long one: without the
