@@ -1,14 +1,15 @@
-import { execFile } from 'node:child_process';
+import { execFile, spawnSync } from 'node:child_process';
 import { cp, mkdtemp, readdir, readFile, rm } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
+import { pathToFileURL } from 'node:url';
 import { promisify } from 'node:util';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { demoBatch as demoBatchOf, DEMO_MODEL_DIR } from './helpers/demo-model.js';
 import type { GenerationBatch } from '../src/runtime/types.js';
 import { startTestServer } from './helpers/api-server.js';
 import { signalBusyWorker, whileBatchHeld } from './helpers/busy-worker.js';
-import { createBuiltPool, imagegenArgs, PROJECT_ROOT } from './helpers/cli.js';
+import { createBuiltPool, imagegenArgs, PROJECT_ROOT, WORKER_SCRIPT } from './helpers/cli.js';
 import { capturedLogs } from './helpers/logs.js';
 import { auth, generate, LONG, metric, MODEL, OPS_KEY, scrape, startOpsServer, untilReady, whenRunning, type Answer, type OpsServer } from './helpers/ops-server.js';
 import type { ErrorBody } from '../src/api/wire.js';
@@ -482,6 +483,33 @@ describe('a worker that hangs while it starts', () => {
     } finally {
       await pool.close();
     }
+  });
+});
+
+describe('a worker that cannot be started', () => {
+  // A pool in a process of its own (the built modules) that has used up its file descriptors (ulimit -n)
+  // as it starts its worker, as a server flooded with connections would as it replaces a dead one: the
+  // worker's stdout and stderr pipes cannot be made (EMFILE), and its process never starts. Before, the
+  // handle read those pipes, which did not exist, and threw, leaving the process's 'error' event
+  // unheard: Node ended the server with it.
+  it('is retried after the restart delay, /ready saying why meanwhile, rather than ending the server', () => {
+    const url = (file: string) => JSON.stringify(pathToFileURL(path.join(PROJECT_ROOT, 'dist', file)).href);
+    const script = `import { openSync, closeSync } from 'node:fs';
+      import { createEnginePool } from ${url('engine/pool.js')};
+      const held = [];
+      try { for (;;) held.push(openSync('/dev/null', 'r')); } catch (err) { if (err.code !== 'EMFILE') throw err; }
+      const pool = createEnginePool({ workers: 1, queueMax: 1, executionProvider: 'cpu', threadsPerWorker: 1, preload: [{ dir: ${JSON.stringify(DEMO_MODEL_DIR)} }], workerScript: ${JSON.stringify(WORKER_SCRIPT)} });
+      const until = async (done) => { while (!done()) await new Promise((resolve) => setTimeout(resolve, 20)); };
+      await until(() => pool.readiness().startFailure !== undefined);
+      const startFailure = pool.readiness().startFailure;
+      for (const fd of held) closeSync(fd);
+      await until(() => pool.readiness().ready);
+      await pool.close();
+      console.log(JSON.stringify({ startFailure }));`;
+    const run = spawnSync('bash', ['-c', 'ulimit -n 256 && exec "$@"', 'bash', process.execPath, '--input-type=module', '-e', script], { encoding: 'utf8', timeout: 60_000 });
+    expect(run.status, run.stderr).toBe(0);
+    const { startFailure } = JSON.parse(run.stdout.trim().split('\n').at(-1)!) as { startFailure: string };
+    expect(startFailure).toMatch(/^a worker process could not be started: spawn .* EMFILE before it was ready \(1 time in a row; the server log says more\)$/);
   });
 });
 

@@ -138,7 +138,10 @@ export class WorkerProcess implements MemoryClaimant {
     // output is read here, not inherited: onnxruntime writes its own lines there (see native-output.ts).
     this.child = fork(file, [], { execArgv, serialization: 'advanced', stdio: ['ignore', 'pipe', 'pipe', 'ipc'] });
     for (const stream of ['stdout', 'stderr'] as const) {
-      eachOutputLine(this.child[stream]!, (text) => {
+      // None where its pipes could not be made (EMFILE, ENFILE: the process never started, its 'error' says so).
+      const output = this.child[stream];
+      if (!output) continue;
+      eachOutputLine(output, (text) => {
         const line = readOutputLine(text, stream);
         if (line) this.listener.output(this, line);
       });
@@ -151,7 +154,7 @@ export class WorkerProcess implements MemoryClaimant {
         resolve();
       }),
     );
-    // Without a pid the process never started (EMFILE, EAGAIN), and no 'close' will come.
+    // Without a pid the process never started (EMFILE, EAGAIN): its 'close' that follows says only a code.
     this.child.on('error', (err) => {
       if (this.child.pid === undefined) this.died(`could not be started: ${err.message}`);
     });
