@@ -104,8 +104,8 @@ export class WorkerProcess implements MemoryClaimant {
   step = 0;
   /**
    * Seconds the running (or else the last) batch had taken at its latest report, by the worker's own
-   * clock and less its waits for this process's memory grants: what the batch cost, however late this
-   * process's event loop heard of it or answered it.
+   * clock and less its waits for this process's memory grants and its sessions' loads (the VAE encoder's,
+   * at a model's first edit): what the batch cost, however late this process's event loop heard of it or answered it.
    */
   seconds = 0;
   /** Seconds the running (or else the last) task spent loading models, by the worker's clock: the pool times its batch without them. */

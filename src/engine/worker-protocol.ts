@@ -64,7 +64,7 @@ export type FromWorker =
   | { type: 'memory-release' }
   /**
    * The running batch's progress and previews (see BatchEvent). `seconds`: since the worker took the
-   * batch, by its own clock, less its waits for memory grants (see WorkerProcess.seconds).
+   * batch, by its own clock, less its waits for memory grants and its sessions' loads (see WorkerProcess.seconds).
    */
   | { type: 'event'; event: BatchEvent; seconds: number }
   /**

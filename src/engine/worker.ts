@@ -35,6 +35,8 @@ let stopping = false;
 let awaitingGrant: { resolve(grant: MemoryGrant): void; reject(err: Error): void; cancellable: boolean } | undefined;
 /** Milliseconds this worker has waited for the pool's answers to its memory asks, all tasks together (see taskClock). */
 let askedMs = 0;
+/** Milliseconds this worker has spent loading sessions (RuntimeOptions.loaded), all tasks together (see taskClock). */
+let loadingMs = 0;
 
 /**
  * Asks the pool's arbiter. A batch cancelled meanwhile (or before) stops here rather than wait for
@@ -129,7 +131,10 @@ function reportMemory(modelDir: string): void {
 async function start({ engine, preload, nice }: WorkerInit): Promise<void> {
   lowerPriority(nice);
   // Functions do not cross the IPC channel: the runtime's warnings go to the server's log as messages.
-  runtime = new WorkerRuntime({ ...engine, runtime: { ...engine.runtime, warn: (message) => void send({ type: 'warning', message }) } }, pooledMemory);
+  runtime = new WorkerRuntime(
+    { ...engine, runtime: { ...engine.runtime, warn: (message) => void send({ type: 'warning', message }), loaded: (seconds) => void (loadingMs += seconds * 1000) } },
+    pooledMemory,
+  );
   for (const { dir, version } of preload) {
     await ensureLoaded(dir, version).catch(async (err: unknown) => {
       if (!(err instanceof GpuFaultError)) return;
@@ -151,12 +156,15 @@ const STEP_EVENT_INTERVAL_MS = 50;
 /**
  * The seconds of a task from now on, for the pool's cost model: by this process's clock, less the
  * waits for the pool's memory grants. The pool's event loop, under a flood of requests, hears and
- * answers late; timed by it (or with its late answers), a batch of 60 ms was taken for seconds.
+ * answers late; timed by it (or with its late answers), a batch of 60 ms was taken for seconds. Less
+ * its sessions' loads too: the pool times only batches whose model was loaded, but an edit loads the
+ * VAE encoder at the model's first one, and timed with that load (0.9 s, where the next edit took 0.04)
+ * the model was estimated many times slower than it is, text-to-image too, for batches after.
  */
 function taskClock(): () => number {
   const started = performance.now();
-  const askedBefore = askedMs;
-  return () => (performance.now() - started - (askedMs - askedBefore)) / 1000;
+  const [askedBefore, loadingBefore] = [askedMs, loadingMs];
+  return () => (performance.now() - started - (askedMs - askedBefore) - (loadingMs - loadingBefore)) / 1000;
 }
 
 /** Sends the events of a batch whose seconds `clock` tells, thinning its steps to STEP_EVENT_INTERVAL_MS. */

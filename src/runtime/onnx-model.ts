@@ -86,10 +86,12 @@ export class OnnxModel {
   ) {}
 
   static async load(file: string, runtime: RuntimeOptions, tuning?: SessionTuning): Promise<OnnxModel> {
+    const started = performance.now();
     const { session, provider } = await createSession((provider) => graphSource(file, provider, rewritesOf(runtime.graphRewrites)), runtime, tuning).catch((err: unknown) => {
       // Copying the weights to the GPU can meet a fault as a run can (see gpu-faults.ts).
       throw gpuFaultOr(outOfMemoryOr(err, file, 'load'), file, 'load');
     });
+    runtime.loaded?.((performance.now() - started) / 1000);
     const inputs = new Map<string, InputSpec>();
     for (const meta of session.inputMetadata) {
       if (!meta.isTensor) {

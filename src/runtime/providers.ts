@@ -39,6 +39,8 @@ export interface RuntimeOptions {
   graphRewrites?: GraphRewrites;
   /** Where to say that the GPU provider could not be used. */
   warn?: (message: string) => void;
+  /** Hears the seconds each session took to load (OnnxModel.load): a worker times its batches without them. */
+  loaded?: (seconds: number) => void;
 }
 
 export const defaultRuntime = (): RuntimeOptions => ({ provider: 'cpu', threads: Math.max(1, os.availableParallelism()) });
