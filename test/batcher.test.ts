@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
-import { BatchMerger } from '../src/engine/batcher.js';
-import { JobQueue, QueueTimeoutError, Ticket } from '../src/engine/job-queue.js';
+import { BatchMerger, type CostEstimate } from '../src/engine/batcher.js';
+import { JobQueue, QueueFullError, QueueTimeoutError, Ticket, type JobQueueOptions } from '../src/engine/job-queue.js';
 import type { BatchEvent, BatchItem, GeneratedImage, GenerationBatch } from '../src/runtime/types.js';
 import { WorkerRuntime } from '../src/pipelines/run.js';
 import { referenceModel } from './helpers/reference.js';
@@ -42,17 +42,21 @@ function harness(maxItems = 8, onEvent?: (event: BatchEvent) => void) {
   return { runs, merger };
 }
 
-/** A merger on one worker with a queue time limit of `maxWaitMs`, whose batches all end (with blank images) once `release` is called. */
-function heldMerger(maxWaitMs: number) {
+/**
+ * A merger on one worker with the queue's `options`, whose batches all end (with blank images) once
+ * `release` is called; `estimate`: what the queue weighs a batch at.
+ */
+function heldMerger(options: JobQueueOptions, estimate?: CostEstimate) {
   let release!: () => void;
   const held = new Promise<void>((resolve) => (release = resolve));
   const merger = new BatchMerger(
-    new JobQueue(1, 10, { maxWaitMs }),
+    new JobQueue(1, 10, options),
     async (batch) => {
       await held;
       return batch.items.map((i) => ({ data: new Uint8Array(), contentType: 'image/png', seed: i.seed }));
     },
     4,
+    estimate,
   );
   return { merger, release };
 }
@@ -111,7 +115,7 @@ describe('merging compatible requests', () => {
   it("bounds the wait of a request in another request's group by the queue's time limit, though that request had started", async () => {
     // The group's place in the queue is its owner's request, whose wait is unbounded once it started
     // (its first batch runs): the request that joined it must still give up at the limit.
-    const { merger, release } = heldMerger(200);
+    const { merger, release } = heldMerger({ maxWaitMs: 200 });
     const owner = new Ticket('a');
     const first = merger.generate(request([item('a red circle', 1)]), undefined, owner);
     await expect.poll(() => owner.started).toBe(true);
@@ -125,7 +129,7 @@ describe('merging compatible requests', () => {
 
   it("keeps a request that joined another request's group waiting for its own time limit when that request's runs out", async () => {
     const limitMs = 600;
-    const { merger, release } = heldMerger(limitMs);
+    const { merger, release } = heldMerger({ maxWaitMs: limitMs });
     const busy = merger.generate(request([item('a red circle', 1)], { steps: 1 }), undefined, new Ticket('a'));
     const owner = merger.generate(request([item('a red circle', 2)]), undefined, new Ticket('a'));
     const ownerGaveUp = owner.catch((err: unknown) => err);
@@ -138,6 +142,24 @@ describe('merging compatible requests', () => {
     setTimeout(release, limitMs / 4);
     await busy;
     expect((await joiner).map((image) => image.seed)).toEqual([3]);
+  });
+
+  it('admits a request that would join a waiting group as it would admit it alone: past QUEUE_MAX_SECONDS it is refused', async () => {
+    // A second an image; 3 s of work may wait. A request let in waits 2 s at most: one let in by mistake fails the test then.
+    const { merger, release } = heldMerger({ maxQueuedSeconds: 3, maxWaitMs: 2000 }, (batch) => batch.items.length);
+    const from = (client: string, seeds: number[], overrides: Partial<GenerationBatch> = {}) =>
+      merger.generate(request(seeds.map((seed) => item('a red circle', seed)), overrides), undefined, new Ticket(client, seeds.length));
+    const busy = from('a', [1], { steps: 1 });
+    // 4 s wait, a's and b's alike, over the bound: a newcomer is refused (neither holds more than half).
+    const admitted = [from('a', [2, 3]), from('b', [4, 5], { steps: 2 })];
+    await expect(from('c', [6], { steps: 3 })).rejects.toBeInstanceOf(QueueFullError);
+    // The same request in the settings of a's waiting group, a's next, which it would join; and a's own
+    // further request, which would join its group. Before, both were let in to wait without a look at
+    // the queue (the group had room: 4 images), and the work waiting grew past the bound unrefused.
+    await expect(from('c', [7])).rejects.toBeInstanceOf(QueueFullError);
+    await expect(from('a', [8])).rejects.toBeInstanceOf(QueueFullError);
+    release();
+    expect((await Promise.all([busy, ...admitted])).map((images) => images.map((image) => image.seed))).toEqual([[1], [2, 3], [4, 5]]);
   });
 
   it('runs requests that waited together as one batch, each getting its own images', async () => {

@@ -44,6 +44,8 @@ export type BatchRunner = (
 /** Where groups wait for a worker (the bounded job queue, JobQueue). */
 export interface JobScheduler {
   run(job: (running: RunningJob) => Promise<void>, signal: AbortSignal, options: JobOptions): Promise<void>;
+  /** Admits a request joining a group as it would be admitted on its own, or answers why it may not wait (see JobQueue.admit). */
+  admit(ticket: Ticket): Error | undefined;
   /**
    * Bounds the wait of a request in a group as its own would be bounded (QUEUE_TIMEOUT): the group's
    * place in the queue is not bounded by the queue (see JobOptions.boundsOwnWait) but abandoned once
@@ -117,6 +119,10 @@ export class BatchMerger {
       const settings = settingsOf(batch);
       const key = keyOf(settings);
       const joinable = this.joinableGroup(key, batch, ticket);
+      // Joined, it adds to the work waiting: let in without a look at the queue, requests joining waiting
+      // groups (up to maxItems images each) grew that past QUEUE_MAX_SECONDS, and refused none.
+      const refusal = joinable && this.enqueue.admit(ticket);
+      if (refusal) return reject(refusal);
       const group = joinable ?? this.openGroup(key, settings, ticket);
       const leaveWith = (reason: unknown) => {
         member.left = true;

@@ -199,11 +199,8 @@ export class JobQueue {
   run<T>(job: (running: RunningJob) => Promise<T>, signal?: AbortSignal, { ticket = new Ticket(), cost, shares, boundsOwnWait = false }: JobOptions = {}): Promise<T> {
     if (this.closed) return Promise.reject(new QueueClosedError());
     if (signal?.aborted) return Promise.reject(signal.reason);
-    if (!ticket.admitted) {
-      const refusal = this.refusal(ticket);
-      if (refusal) return Promise.reject(refusal);
-      ticket.admitted = true;
-    }
+    const refusal = this.admit(ticket);
+    if (refusal) return Promise.reject(refusal);
     const weigh = cost ?? (() => this.jobSeconds);
     return new Promise<T>((resolve, reject) => {
       let queued = 0;
@@ -268,6 +265,18 @@ export class JobQueue {
       wait(false);
       this.dispatch();
     });
+  }
+
+  /**
+   * Admits the request of `ticket` unless it was already (with an earlier job of it, or its place
+   * outside: waitOutside), or answers why it may not wait. For a request joining a job that waits
+   * already (a merged batch: see batcher.ts) too, which adds its work to what waits as its own job would.
+   */
+  admit(ticket: Ticket): QueueFullError | undefined {
+    if (ticket.admitted) return undefined;
+    const refusal = this.refusal(ticket);
+    ticket.admitted = refusal === undefined;
+    return refusal;
   }
 
   /**
