@@ -336,6 +336,28 @@ describe('figures kept by an older version', () => {
     }
   });
 
+  it('keep what another process sharing DATA_DIR wrote since they were read (a server and `imagegen generate`): neither write drops the other\'s models', async () => {
+    const dir = await mkdtemp(path.join(os.tmpdir(), 'imagegen-figures-'));
+    try {
+      const [server, command] = [await MemoryFigures.open(dir), await MemoryFigures.open(dir)];
+      command.record('/measured-by-the-command', { weightsBytes: 1, peakBytes: 2, peakPixels: 3 });
+      await command.flushed();
+      server.record('/measured-by-the-server', { weightsBytes: 4, peakBytes: 5, peakPixels: 6 });
+      server.record('/both', { weightsBytes: 7, peakBytes: 8, peakPixels: 9 });
+      await server.flushed();
+      command.record('/both', { weightsBytes: 10, peakBytes: 1, peakPixels: 1 });
+      await command.flushed();
+      expect(await readMemoryFigures(dir)).toEqual({
+        '/measured-by-the-command': { weightsBytes: 1, peakBytes: 2, peakPixels: 3 },
+        '/measured-by-the-server': { weightsBytes: 4, peakBytes: 5, peakPixels: 6 },
+        // Each the most either saw.
+        '/both': { weightsBytes: 10, peakBytes: 8, peakPixels: 9 },
+      });
+    } finally {
+      await rm(dir, { recursive: true, force: true });
+    }
+  });
+
   it("are kept per execution provider and set of graph rewrites: a GPU's figures (host memory only) are never read on the CPU", async () => {
     const dir = await mkdtemp(path.join(os.tmpdir(), 'imagegen-figures-'));
     try {

@@ -205,8 +205,17 @@ export class MemoryFigures {
     return this.writing;
   }
 
+  /**
+   * Writes this process's figures over the file's as it is now, each model's the larger (mergeMemory): a
+   * server and `imagegen generate` (or two servers) share DATA_DIR, and each wrote what it had read at its
+   * start with what it measured since, so a command's write dropped the figures the server measured
+   * meanwhile, and the server's next one the command's: the model was calibrated again by the next
+   * command or server. Two writes at the same moment can still lose one of them (the last rename wins).
+   */
   private async write(): Promise<void> {
-    await writeMemoryFigures(this.dataDir, Object.fromEntries(Object.entries(this.figures).map(([dir, figures]) => [dir, kept(figures)])), this.provider, this.graphRewrites);
+    const { figures: written } = await readFigures(this.dataDir, this.provider, this.graphRewrites);
+    const mine = Object.entries(this.figures).map(([dir, figures]) => [dir, mergeMemory(written[dir], kept(figures))]);
+    await writeMemoryFigures(this.dataDir, { ...written, ...Object.fromEntries(mine) }, this.provider, this.graphRewrites);
   }
 }
 
