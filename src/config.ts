@@ -197,7 +197,7 @@ const SETTINGS = {
     description:
       'file of API keys, one a line as [label:]key [requests_per_minute=N] [images_per_minute=N] [concurrent=N], # comments; re-read when it changes and on SIGHUP (see docs/security.md)',
   },
-  dataDir: { schema: z.string().min(1).default('./data'), description: 'folder of the image store (generated images served by URL)' },
+  dataDir: { schema: z.string().min(1).default('./data'), description: 'folder of the image store (generated images served by URL) and of the memory each model measured (read and kept by generate and models verify too)' },
   modelsDir: { schema: z.string().min(1).optional(), description: 'folder of installed models, one sub-folder per model (the embedded models/ is always searched too)' },
   defaultModel: {
     schema: z.string().min(1).default('demo-shapes'),
@@ -575,8 +575,8 @@ function statOf(value: string): Stats | undefined {
   }
 }
 
-/** What the commands that run models without serving them (generate, models verify) read. */
-const MODEL_SETTINGS = ['modelsDir', 'defaultModel', 'modelAliases', 'rng', 'executionProvider', 'workerThreads', 'memoryLimit', 'graphRewrites'] as const;
+/** What the commands that run models without serving them (generate, models verify) read; DATA_DIR for the memory figures a server keeps there. */
+const MODEL_SETTINGS = ['modelsDir', 'defaultModel', 'modelAliases', 'rng', 'executionProvider', 'workerThreads', 'memoryLimit', 'graphRewrites', 'dataDir'] as const;
 export type ModelSettings = Pick<Config, (typeof MODEL_SETTINGS)[number]>;
 
 /**

@@ -9,7 +9,7 @@ import { buildApp } from './http/app.js';
 import type { ModelRef } from './runtime/types.js';
 import { defaultWorkerCount, workersSharingADevice } from './engine/worker-count.js';
 import { availableBytes } from './runtime/memory.js';
-import { MemoryFigures } from './models/memory-figures.js';
+import { openKeptFigures, type MemoryFigures } from './models/memory-figures.js';
 import { ModelRegistry, modelRoots } from './models/registry.js';
 import { Metrics } from './observability/metrics.js';
 import { openImageStore, type SweptStore } from './store/open-store.js';
@@ -159,21 +159,13 @@ function openStore(config: Config, logger: Logger, clock: ServerOverrides['clock
   );
 }
 
-/** The models' measured memory kept in DATA_DIR; a file set aside (older or damaged) and a write that fails are logged. */
-async function openMemoryFigures(config: Config, logger: Logger): Promise<MemoryFigures> {
-  const memoryFigures = await MemoryFigures.open(config.dataDir, {
-    provider: config.executionProvider,
-    graphRewrites: config.graphRewrites,
-    onWriteError: (err) =>
-      logger.warn({ err }, `the models' memory figures cannot be written to ${figuresFile} (${err.message}): they serve this server, but the next one measures each model again as it first loads; free space in DATA_DIR or make it writable`),
-  });
-  const figuresFile = `DATA_DIR/${memoryFigures.fileName}`;
-  if (memoryFigures.setAside === 'outdated') {
-    logger.info(`the memory figures in ${figuresFile} were measured by an older version, which counted differently: set aside; each model is measured again as it first loads`);
-  } else if (memoryFigures.setAside === 'unreadable') {
-    logger.warn(`${figuresFile} cannot be read as memory figures (damaged?): set aside; each model is measured again as it first loads, and the file is rewritten`);
-  }
-  return memoryFigures;
+/** The models' measured memory kept in DATA_DIR, as the commands that run models read it too; a file set aside (older or damaged) and a write that fails are logged. */
+function openMemoryFigures(config: Config, logger: Logger): Promise<MemoryFigures> {
+  return openKeptFigures(
+    config.dataDir,
+    { provider: config.executionProvider, graphRewrites: config.graphRewrites },
+    { info: (message) => logger.info(message), warn: (message, err) => logger.warn({ err }, message) },
+  );
 }
 
 /** The engine pool's options that come from the settings alone. */

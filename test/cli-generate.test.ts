@@ -16,10 +16,13 @@ async function imagegen(...args: string[]) {
   return imagegenWith({}, ...args);
 }
 
+/** Where the commands keep the memory the model measured: this file's own, not the checkout's ./data. */
+const dataDir = mkdtempSync(path.join(os.tmpdir(), 'imagegen-cli-data-'));
+
 /** The same with `env` over this process's environment. */
 async function imagegenWith(env: Record<string, string>, ...args: string[]) {
   // Bounded: a command that hangs fails its test rather than the suite's time limit.
-  return run(process.execPath, imagegenArgs(...args), { cwd: root, env: { ...process.env, ...env }, timeout: 60_000 });
+  return run(process.execPath, imagegenArgs(...args), { cwd: root, env: { ...process.env, DATA_DIR: dataDir, ...env }, timeout: 60_000 });
 }
 
 /** A folder on a tmpfs of `size` (mount needs root, as CI has), or why there is none. */

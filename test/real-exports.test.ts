@@ -1,4 +1,5 @@
 import { spawnSync } from 'node:child_process';
+import { mkdtempSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { mkdir, mkdtemp, readFile, rm, symlink, writeFile } from 'node:fs/promises';
@@ -105,8 +106,10 @@ describe.skipIf(!haveRealExports)('real exports against diffusers (needs ../shar
   });
 
   describe('imagegen models verify', () => {
+    // The memory figures the runs measure are kept in a DATA_DIR of this file's, not the checkout's ./data: the first run calibrates sd15, the others read its figures.
+    const dataDir = mkdtempSync(path.join(os.tmpdir(), 'imagegen-verify-data-'));
     const verify = (...args: string[]) =>
-      spawnSync(process.execPath, imagegenArgs('models', 'verify', ...args), { cwd: root, encoding: 'utf8' });
+      spawnSync(process.execPath, imagegenArgs('models', 'verify', ...args), { cwd: root, encoding: 'utf8', env: { ...process.env, DATA_DIR: dataDir } });
 
     it('prints one line per case and exits 0 when all pass, with the progress of the steps on stderr', () => {
       const run = verify(realExport('sd15'), '--golden', goldenFile('sd15'));

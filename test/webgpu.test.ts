@@ -38,11 +38,13 @@ if (missing) console.warn(`skipping the WebGPU generation tests: no WebGPU adapt
 /** One image of the demo model with `env`: its file's bytes, its pixels and what the command wrote to stderr. */
 async function generate(env: Record<string, string>) {
   const out = await mkdtemp(path.join(os.tmpdir(), 'imagegen-webgpu-'));
-  onTestFinished(() => rm(out, { recursive: true, force: true }));
+  // The memory figures the run measures, kept out of the checkout's ./data.
+  const dataDir = await mkdtemp(path.join(os.tmpdir(), 'imagegen-webgpu-data-'));
+  for (const dir of [out, dataDir]) onTestFinished(() => rm(dir, { recursive: true, force: true }));
   const { stderr } = await run(process.execPath, imagegenArgs('generate', 'a red circle', '--seed', '7', '--steps', '2', '--out', out), {
     cwd: root,
     // Dawn's Vulkan loader logs an error for each adapter it tries without XDG_RUNTIME_DIR (harmless, but noise).
-    env: { ...process.env, XDG_RUNTIME_DIR: os.tmpdir(), ...env },
+    env: { ...process.env, XDG_RUNTIME_DIR: os.tmpdir(), DATA_DIR: dataDir, ...env },
     timeout: 240_000,
   });
   const [name] = await readdir(out);

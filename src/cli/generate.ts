@@ -162,15 +162,17 @@ async function generateCommand(prompt: string, flags: GenerateFlags): Promise<st
 
   // Loaded once a picture is to be made: a usage error or a refused request answers without onnxruntime's modules.
   const { commandRuntime } = await import('./command-runtime.js');
-  const runtime = commandRuntime(config);
   const stepsPerBatch = batches[0].steps;
   const progress = new Progress(process.stderr, `${model.id} ${batches[0].width}x${batches[0].height}`, batches.length * stepsPerBatch, 0, STEPS);
+  const { runtime, keepFigures } = await commandRuntime(config, (message) => progress.note(`imagegen generate: ${message}`));
   const fileStem = slug(prompt);
   const { extension } = IMAGE_FORMATS[request.output_format];
   const written: string[] = [];
   for (const [index, batch] of batches.entries()) {
     const onStep = progress.loop(stepsPerBatch);
     const images = await runtime.runBatch(batch, { onEvent: (event) => event.type === 'step' && onStep(event.step, event.total) });
+    // What a size not run before took: the next command (or server) plans it from the figures, as this one could not.
+    keepFigures(batch.modelDir);
     for (const image of images) {
       const file = await writeNew(flags.out, `${fileStem}-${image.seed}`, extension, image.data).catch((err: Error) => {
         throw new Error(`${err.message}${written.length ? `; written before it: ${written.join(', ')}` : ''}`);

@@ -2,11 +2,12 @@ import { readFile } from 'node:fs/promises';
 import path from 'node:path';
 import sharp from 'sharp';
 import { z } from 'zod';
-import { MAX_STEPS, type GenerationBatch } from '../runtime/types.js';
+import { MAX_STEPS, type GenerationBatch, type ModelRef } from '../runtime/types.js';
 import type { WorkerRuntime } from '../pipelines/run.js';
 import { describeIssues, readJsonIfPresent } from '../util/files.js';
 import { difference } from '../util/difference.js';
 import { inspectModel, MODEL_INDEX, type ModelLayout } from '../models/layout.js';
+import { folderVersion } from '../models/registry.js';
 import { familyEntry } from '../families/index.js';
 import { latentChannels } from '../pipelines/latent-channels.js';
 import { messageOf, whyUnreadable } from '../util/error-message.js';
@@ -179,10 +180,15 @@ async function readCaseFiles(goldenDir: string, c: GoldenCase, index: number, ch
   return { expected: expected.data, initialNoise: await readLatents(goldenDir, c, index, channels) };
 }
 
-/** The batch that replays one case: its noise, prompt and settings, with torch's generator for any later draws. */
-function batchFor(modelDir: string, c: GoldenCase, initialNoise: Float32Array): GenerationBatch {
+/**
+ * The batch that replays one case: its noise, prompt and settings, with torch's generator for any later
+ * draws. At the version of the model folder's files, as a server's batches are: the memory figures it
+ * measures are kept with it (see cli/command-runtime.ts), and other files in the folder later are measured afresh.
+ */
+function batchFor(model: ModelRef, c: GoldenCase, initialNoise: Float32Array): GenerationBatch {
   return {
-    modelDir,
+    modelDir: model.dir,
+    modelVersion: model.version,
     width: c.width,
     height: c.height,
     steps: c.steps,
@@ -193,14 +199,14 @@ function batchFor(modelDir: string, c: GoldenCase, initialNoise: Float32Array): 
 
 async function runCase(
   runtime: WorkerRuntime,
-  modelDir: string,
+  model: ModelRef,
   c: GoldenCase,
   index: number,
   { expected, initialNoise }: CaseFiles,
   tolerance: number,
   onStep?: (step: number, total: number) => void,
 ): Promise<CaseResult> {
-  const [image] = await runtime.generateImages(batchFor(modelDir, c, initialNoise), { onStep });
+  const [image] = await runtime.generateImages(batchFor(model, c, initialNoise), { onStep });
   const { largest, mean } = difference(image.pixels, expected);
   const [maxAbs, meanAbs] = [largest / 255, mean / 255];
   return { index, maxAbs, meanAbs, pass: maxAbs <= tolerance };
@@ -217,7 +223,7 @@ export async function verifyCase(
 ): Promise<CaseResult> {
   // The case's files are read and checked first: a golden file naming one it cannot use fails before the model runs.
   const channels = latentChannels(await inspectModel(modelDir));
-  return runCase(runtime, modelDir, c, index, await readCaseFiles(goldenDir, c, index, channels), tolerance, onStep);
+  return runCase(runtime, await modelAt(modelDir), c, index, await readCaseFiles(goldenDir, c, index, channels), tolerance, onStep);
 }
 
 /** What the caller of verifyGolden hears as the cases run (a real model's case takes minutes on a CPU). */
@@ -228,6 +234,12 @@ export interface VerifyHooks {
   onCaseStart?(index: number): ((step: number, total: number) => void) | undefined;
   /** Each case's result as it comes. */
   onCase?(result: CaseResult): void;
+}
+
+/** The model folder `dir`, absolute as the server's are (its memory figures are keyed so), at the version of its files now. */
+async function modelAt(dir: string): Promise<ModelRef> {
+  const absolute = path.resolve(dir);
+  return { dir: absolute, version: await folderVersion(absolute) };
 }
 
 /** Every case of a golden file, one after the other. */
@@ -242,10 +254,11 @@ export async function verifyGolden(runtime: WorkerRuntime, modelDir: string, fil
   const channels = latentChannels(layout);
   const files: CaseFiles[] = [];
   for (const [index, c] of golden.cases.entries()) files.push(await readCaseFiles(goldenDir, c, index, channels));
+  const model = await modelAt(modelDir);
   hooks.onStart?.(golden.cases);
   const results: CaseResult[] = [];
   for (const [index, c] of golden.cases.entries()) {
-    const result = await runCase(runtime, path.resolve(modelDir), c, index, files[index], tolerance, hooks.onCaseStart?.(index));
+    const result = await runCase(runtime, model, c, index, files[index], tolerance, hooks.onCaseStart?.(index));
     hooks.onCase?.(result);
     results.push(result);
   }

@@ -59,7 +59,10 @@ export function registerVerifyCommand(models: Command): void {
         const config = loadModelSettings({});
         // Loaded here, not at the top, as in generate: the other commands start without onnxruntime's modules.
         const { commandRuntime } = await import('./command-runtime.js');
-        const runtime = commandRuntime(config);
+        const { runtime, keepFigures } = await commandRuntime(config, (message) => {
+          progress?.clear();
+          console.error(`imagegen models verify: ${message}`);
+        });
         const results = await verifyGolden(runtime, dir, flags.golden, flags.tolerance, {
           // The denoising steps of every case on stderr: loading a real model and running a case at its native size take minutes on a CPU.
           onStart: (all) => {
@@ -72,6 +75,7 @@ export function registerVerifyCommand(models: Command): void {
             return progress?.loop(c.steps);
           },
           onCase: (r) => {
+            keepFigures(path.resolve(dir));
             progress?.clear();
             console.log(`case ${r.index}: max_abs=${r.maxAbs.toFixed(6)} mean_abs=${r.meanAbs.toFixed(6)} ${r.pass ? 'PASS' : 'FAIL'}`);
           },

@@ -219,6 +219,36 @@ export class MemoryFigures {
   }
 }
 
+/** Where a process that plans with DATA_DIR's figures says what became of them: `info`, what is expected (a file of an older version); `warn`, what is not. */
+export interface FiguresLog {
+  info(message: string): void;
+  warn(message: string, err?: Error): void;
+}
+
+/**
+ * DATA_DIR's figures for `provider` and `graphRewrites`, as the server and the commands that run a model
+ * in their own process (generate, models verify) plan with them and keep what they measure: a file set
+ * aside (older or damaged) and a write that fails are said to `log`. Reading none, the commands
+ * calibrated every model they ran, every time (tens of seconds for an SDXL on a CPU).
+ */
+export async function openKeptFigures(dataDir: string, options: { provider: ExecutionProvider; graphRewrites: GraphRewrites }, log: FiguresLog): Promise<MemoryFigures> {
+  const figures = await MemoryFigures.open(dataDir, {
+    ...options,
+    onWriteError: (err) =>
+      log.warn(
+        `the models' memory figures cannot be written to ${file} (${err.message}): they serve this process, but the next server or command measures each model again as it first loads; free space in DATA_DIR or make it writable`,
+        err,
+      ),
+  });
+  const file = `DATA_DIR/${figures.fileName}`;
+  if (figures.setAside === 'outdated') {
+    log.info(`the memory figures in ${file} were measured by an older version, which counted differently: set aside; each model is measured again as it first loads`);
+  } else if (figures.setAside === 'unreadable') {
+    log.warn(`${file} cannot be read as memory figures (damaged?): set aside; each model is measured again as it first loads, and the file is rewritten`);
+  }
+  return figures;
+}
+
 /** Numbers this process's writes of figures files apart (see writeMemoryFigures). */
 let writes = 0;
 

@@ -34,6 +34,14 @@ export interface EngineSettings {
   vaeTiling?: VaeTilingMode;
 }
 
+/** What the owner of a runtime in its own process (the CLI) hears of its work beyond the batches it runs. */
+export interface RuntimeEvents {
+  /** A model that never ran on this machine is about to be calibrated (see WorkerRuntime.calibrate): seconds, or a minute for an SDXL on a CPU. */
+  calibrating?(modelDir: string): void;
+  /** Its calibration ended: modelMemory has what it measured, to keep for the next process. */
+  calibrated?(modelDir: string): void;
+}
+
 /**
  * Sides of the calibration runs (see WorkerRuntime.calibrate), as shares of the model's native side:
  * small enough to cost little, two to fit a curve, near enough to the native size that the curve holds
@@ -71,8 +79,12 @@ export class WorkerRuntime {
    */
   private readonly failedAlone = new Map<string, string | undefined>();
 
-  /** `memory`: who grants batches their memory (a worker's pool); by default what this process sees free. */
-  constructor(settings: Partial<EngineSettings> = {}, memory?: MemorySource) {
+  /** `memory`: who grants batches their memory (a worker's pool); by default what this process sees free. `events`: see RuntimeEvents. */
+  constructor(
+    settings: Partial<EngineSettings> = {},
+    memory?: MemorySource,
+    private readonly events: RuntimeEvents = {},
+  ) {
     this.settings = { ...defaults(), ...settings };
     this.memory = new MemoryPlan(this.settings.knownMemory, memory ?? localMemory(this.settings.memoryLimit), this.settings.vaeTiling);
     const runtime = this.settings.runtime;
@@ -115,12 +127,16 @@ export class WorkerRuntime {
         if (!measured) return;
       }
     };
+    this.events.calibrating?.(dir);
     // What the runs will take is what they are to find out: they wait for other workers' batches to
     // take what they planned on, and those planned meanwhile wait for them. Only a worker that stops
     // ends the wait (GenerationCancelled); it exits with the model loaded and not calibrated.
-    await this.memory.exclusive(run).catch((err: unknown) => {
-      if (!(err instanceof GenerationCancelled)) throw err;
-    });
+    await this.memory
+      .exclusive(run)
+      .catch((err: unknown) => {
+        if (!(err instanceof GenerationCancelled)) throw err;
+      })
+      .finally(() => this.events.calibrated?.(dir));
   }
 
   /**
