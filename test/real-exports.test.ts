@@ -6,7 +6,8 @@ import { mkdir, mkdtemp, readFile, rm, symlink, writeFile } from 'node:fs/promis
 import sharp from 'sharp';
 import { beforeAll, describe, expect, it, onTestFinished } from 'vitest';
 import { WorkerRuntime } from '../src/pipelines/run.js';
-import { readGolden, verifyCase, verifyGolden, DEFAULT_TOLERANCE } from '../src/cli/golden.js';
+import { readGolden, verifyCase, verifyGolden } from '../src/cli/golden.js';
+import { DEFAULT_TOLERANCE } from '../src/cli/tolerance.js';
 import { imagegenArgs } from './helpers/cli.js';
 import { copyOfExport, goldenFile, GOLDENS, haveRealExports, REAL_EXPORT_NAMES, REAL_EXPORT_TIMEOUT_MS, realExport, skipCalibration } from './helpers/real-exports.js';
 

@@ -1,7 +1,7 @@
 import { ApiError } from '../api/errors.js';
 import { ModelUsageError } from '../install/errors.js';
 import { ConfigError } from '../util/config-error.js';
-import { GoldenFileError } from './golden.js';
+import { GoldenFileError } from './golden-error.js';
 
 /**
  * Every command's exit status for a failure, as the README promises: 2 for what it was given (a flag or

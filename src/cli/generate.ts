@@ -2,16 +2,11 @@ import { access, rm, stat, writeFile } from 'node:fs/promises';
 import { constants } from 'node:fs';
 import path from 'node:path';
 import type { Command } from 'commander';
-import { pino } from 'pino';
 import { EMBEDDED_MODELS_DIR, loadModelSettings } from '../config.js';
 import { isDiskFull, makeFolder } from '../util/files.js';
 import { IMAGE_FORMATS } from '../runtime/types.js';
 import { ApiError } from '../api/errors.js';
-import { parseGenerationRequest } from '../api/wire.js';
-import { ModelRegistry, modelRoots, NO_MODELS_DIR } from '../models/registry.js';
 import { Progress, STEPS } from '../util/progress.js';
-import { planBatches } from '../service/plan.js';
-import { unresolvedModel } from '../service/unresolved-model.js';
 import { exitStatusOf, UsageError } from './exit-status.js';
 import { fileProblem } from './file-problem.js';
 import { codeOrMessage, messageOf } from '../util/error-message.js';
@@ -115,6 +110,14 @@ function slug(prompt: string): string {
 
 async function generateCommand(prompt: string, flags: GenerateFlags): Promise<string[]> {
   const config = loadModelSettings({ modelsDir: flags.modelsDir });
+  // Loaded here, not at the top: --help, and every other command, start without the request's schemas, the registry and the tokenizers.
+  const [{ parseGenerationRequest }, { ModelRegistry, modelRoots, NO_MODELS_DIR }, { planBatches }, { unresolvedModel }, { pino }] = await Promise.all([
+    import('../api/wire.js'),
+    import('../models/registry.js'),
+    import('../service/plan.js'),
+    import('../service/unresolved-model.js'),
+    import('pino'),
+  ]);
   const request = parseGenerationRequest({
     model: flags.model ?? config.defaultModel,
     prompt,

@@ -11,6 +11,8 @@ import { folderVersion } from '../models/registry.js';
 import { familyEntry } from '../families/index.js';
 import { latentChannels } from '../pipelines/latent-channels.js';
 import { messageOf, whyUnreadable } from '../util/error-message.js';
+import { GoldenFileError } from './golden-error.js';
+import { DEFAULT_TOLERANCE } from './tolerance.js';
 
 /**
  * `imagegen models verify`: runs a model on the cases of a golden file (what diffusers' PyTorch
@@ -47,35 +49,11 @@ type GoldenFile = z.infer<typeof goldenFile>;
 
 export type GoldenCase = z.infer<typeof goldenCase>;
 
-/**
- * The default bound on the largest pixel error (0..1 scale). Both pictures are 8-bit, so rounding
- * alone puts a pixel 1/255 off when diffusers' float value and ours straddle a rounding boundary;
- * onnxruntime and torch agree to ~1e-5 on fp32 graphs, far below a level. Mistakes land well above:
- * a wrong token id, timestep or guidance costs 2.6/255 or more.
- */
-export const DEFAULT_TOLERANCE = 1.5 / 255;
-
-/**
- * fp16 graphs on onnxruntime's CPU provider: weights, graph inputs/outputs and values passing through
- * data-movement ops are rounded to 11 bits (the arithmetic runs in float32 between the Casts onnxruntime
- * inserts). The fp16 conversions of the real exports land at most 2/255 off (sd2v; 1/255 elsewhere);
- * 2.5/255 allows that and still fails guidance off by 0.5 (3/255 on sd15 case 1, which 3/255 would pass).
- */
-export const FP16_TOLERANCE = 2.5 / 255;
-
 export interface CaseResult {
   index: number;
   maxAbs: number;
   meanAbs: number;
   pass: boolean;
-}
-
-/** A golden file that cannot be used as it is (`models verify` exits 2, as for an argument it refuses). */
-export class GoldenFileError extends Error {
-  constructor(file: string, problem: string) {
-    super(`${file}: ${problem}`);
-    this.name = 'GoldenFileError';
-  }
 }
 
 /** What a file of case `index` that cannot be read is reported as, naming what it was to be (a catch handler). */

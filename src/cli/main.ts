@@ -1,7 +1,6 @@
 #!/usr/bin/env node
 import { readFileSync } from 'node:fs';
 import { Command } from 'commander';
-import { createLogger } from '../observability/logger.js';
 import { givenSettings, loadConfig, settingsHelp, type Config, type SettingName } from '../config.js';
 import { ConfigError } from '../util/config-error.js';
 import { registerGenerateCommand } from './generate.js';
@@ -32,10 +31,10 @@ const serve = program
       if (!(err instanceof ConfigError)) throw err;
       refuseSettings(err);
     }
+    // Loaded here, not at the top: the other commands (and every usage error) start without the server's modules.
+    const [{ createLogger }, { startServer }] = await Promise.all([import('../observability/logger.js'), import('../server.js')]);
     // Keys are never logged, prompts only with LOG_PROMPTS: request logs carry method, URL, status, ids and timings.
     const logger = createLogger(config.logLevel);
-    // Loaded here, not at the top: the other commands (and every usage error) start without the server's modules.
-    const { startServer } = await import('../server.js');
     const server = await startServer(config, logger).catch((err: unknown) => {
       // A setting found wrong only as the server starts (the S3 store's region): refused as the others are.
       if (err instanceof ConfigError) refuseSettings(err);

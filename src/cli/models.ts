@@ -5,20 +5,10 @@ import path from 'node:path';
 import { Command, InvalidArgumentError, Option } from 'commander';
 import { EMBEDDED_MODELS_DIR, envName, settingDefault, settingText, type SettingName } from '../config.js';
 import { OPENAI_MODEL_NAMES } from '../api/dialects.js';
-import {
-  DEFAULT_HUB_URL,
-  exportModel,
-  importModel,
-  listModels,
-  MANIFEST_FILE,
-  ModelInstallError,
-  ModelUsageError,
-  pullModel,
-  removeModel,
-  type InstalledModel,
-} from '../install/index.js';
-import { figuresFor, readMemoryFigures, type ModelMemory } from '../models/memory-figures.js';
-import { folderVersion, modelFolderAsRoot } from '../models/registry.js';
+import { ModelInstallError, ModelUsageError } from '../install/errors.js';
+import { DEFAULT_HUB_URL, MANIFEST_FILE } from '../install/constants.js';
+import type { InstalledModel } from '../install/index.js';
+import type { ModelMemory } from '../models/memory-figures.js';
 import { EXECUTION_PROVIDERS, GRAPH_REWRITE_SETS, type ExecutionProvider, type GraphRewrites } from '../runtime/providers.js';
 import { registerVerifyCommand } from './verify.js';
 import { exitStatusOf } from './exit-status.js';
@@ -34,6 +24,12 @@ import { pathArgument } from './path-argument.js';
  */
 
 const MODELS_DIR = envName('modelsDir');
+
+/**
+ * The installer, loaded by the models command that runs, not at the top: --help and the other commands
+ * start without it (the Hub's client, the model families, the tokenizers' files).
+ */
+const installer = () => import('../install/index.js');
 
 interface CommonFlags {
   modelsDir?: string;
@@ -104,6 +100,11 @@ async function printModelList(flags: CommonFlags & { dataDir: string; executionP
       `${modelsDir} is ${folder instanceof Error ? `not there (${folder.code})` : 'a file, not a folder'}: pass the folder the server reads models from (--models-dir or ${MODELS_DIR})${installs}`,
     );
   }
+  const [{ listModels }, { folderVersion, modelFolderAsRoot }, { figuresFor, readMemoryFigures }] = await Promise.all([
+    installer(),
+    import('../models/registry.js'),
+    import('../models/memory-figures.js'),
+  ]);
   const misplaced = await modelFolderAsRoot(modelsDir);
   if (misplaced) throw new ModelInstallError(misplaced);
   const memory = await readMemoryFigures(flags.dataDir, flags.executionProvider, flags.graphRewrites);
@@ -178,6 +179,7 @@ export function registerModelCommands(program: Command): void {
       reporting(async (repo: string, flags: CommonFlags & { subfolder?: string; name?: string; hubUrl: string; force?: boolean; skipLoad?: boolean }) => {
         const modelsDir = modelsDirOf(flags);
         exitOnInterrupt('interrupted: what was downloaded is kept; run the same command again to resume');
+        const { pullModel } = await installer();
         printInstalled(
           await pullModel({
             modelsDir,
@@ -206,6 +208,7 @@ export function registerModelCommands(program: Command): void {
       reporting(async (source: string, flags: CommonFlags & { name?: string; force?: boolean; skipLoad?: boolean }) => {
         const modelsDir = modelsDirOf(flags);
         exitOnInterrupt('interrupted: nothing was installed');
+        const { importModel } = await installer();
         printInstalled(await importModel({ modelsDir, source, name: flags.name, force: flags.force, load: !flags.skipLoad }));
       }),
     );
@@ -225,6 +228,7 @@ export function registerModelCommands(program: Command): void {
       reporting(async (id: string, flags: CommonFlags & { out: string }) => {
         const modelsDir = modelsDirOf(flags);
         exitOnInterrupt('interrupted: no bundle was written');
+        const { exportModel } = await installer();
         const bundle = await exportModel({ modelsDir, id, out: flags.out });
         console.log(`wrote ${bundle.file} (${formatBytes(bundle.bytes)}); install it with: imagegen models import ${bundle.file}`);
       }),
@@ -250,6 +254,7 @@ export function registerModelCommands(program: Command): void {
     .action(
       reporting(async (id: string, flags: CommonFlags) => {
         const modelsDir = modelsDirOf(flags);
+        const { removeModel } = await installer();
         const removed = await removeModel(modelsDir, id);
         console.log(`removed ${[removed.model ? `model ${id}` : '', removed.unfinishedPull ? `the unfinished pull of ${id}` : ''].filter(Boolean).join(' and ')}`);
       }),

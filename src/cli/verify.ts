@@ -3,7 +3,8 @@ import path from 'node:path';
 import { InvalidArgumentError, Option, type Command } from 'commander';
 import { loadModelSettings } from '../config.js';
 import { Progress, STEPS } from '../util/progress.js';
-import { DEFAULT_TOLERANCE, FP16_TOLERANCE, verifyGolden, type GoldenCase } from './golden.js';
+import type { GoldenCase } from './golden.js';
+import { DEFAULT_TOLERANCE, FP16_TOLERANCE } from './tolerance.js';
 import { exitStatusOf } from './exit-status.js';
 import { messageOf } from '../util/error-message.js';
 import { pathArgument } from './path-argument.js';
@@ -57,8 +58,8 @@ export function registerVerifyCommand(models: Command): void {
       let cases: readonly GoldenCase[] = [];
       try {
         const config = loadModelSettings({});
-        // Loaded here, not at the top, as in generate: the other commands start without onnxruntime's modules.
-        const { commandRuntime } = await import('./command-runtime.js');
+        // Loaded here, not at the top, as in generate: --help and the other commands start without sharp, onnxruntime and the pipelines.
+        const [{ commandRuntime }, { verifyGolden }] = await Promise.all([import('./command-runtime.js'), import('./golden.js')]);
         const { runtime, keepFigures } = await commandRuntime(config, (message) => {
           progress?.clear();
           console.error(`imagegen models verify: ${message}`);

@@ -6,7 +6,8 @@ import { ModelInstallError } from './errors.js';
 import { exists, isDiskFull } from '../util/files.js';
 import { checkModelId, modelPath, validateModel, type CommandOptions } from './installer.js';
 import { manifestText, readManifest, type Manifest } from './manifest.js';
-import { MANIFEST_FILE, modelFilesOf } from './model-files.js';
+import { MANIFEST_FILE } from './constants.js';
+import { modelFilesOf } from './model-files.js';
 import { Progress } from '../util/progress.js';
 import { checkCoverage, FileHasher, hashing, verifiedDigest } from './verifier.js';
 

@@ -1,4 +1,5 @@
 import { HubApiError, listFiles, modelInfo } from '@huggingface/hub';
+import { DEFAULT_HUB_URL } from './constants.js';
 import { ModelInstallError, ModelUsageError } from './errors.js';
 import { parseUrl, withoutCredentials } from '../util/url.js';
 import { firstLineOf, messageOf } from '../util/error-message.js';
@@ -8,8 +9,6 @@ import { firstLineOf, messageOf } from '../util/error-message.js';
  * commit's files with their checksums, and ranged downloads. Hub failures become messages that say
  * what to do.
  */
-
-export const DEFAULT_HUB_URL = 'https://huggingface.co';
 
 export interface RepoRef {
   /** owner/name */

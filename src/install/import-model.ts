@@ -16,7 +16,8 @@ import {
   type InstalledModel,
 } from './installer.js';
 import { parseManifest, readManifest, writeManifest, type FileDigest, type Manifest } from './manifest.js';
-import { checkHasExport, MANIFEST_FILE, modelFilesOf, skippedNote } from './model-files.js';
+import { MANIFEST_FILE } from './constants.js';
+import { checkHasExport, modelFilesOf, skippedNote } from './model-files.js';
 import { Progress } from '../util/progress.js';
 import { checkCoverage, FileHasher, hashing, verifiedDigest } from './verifier.js';
 

@@ -1,7 +1,6 @@
 import { mkdir, readdir, rename, rm } from 'node:fs/promises';
 import path from 'node:path';
 import { defaultRuntime } from '../runtime/providers.js';
-import { loadPipeline } from '../pipelines/load.js';
 import type { ModelLayout } from '../models/layout.js';
 import { exists, makeFolder } from '../util/files.js';
 import { inspectModelFolder, OVERRIDE_FILE } from '../models/model-folder.js';
@@ -206,6 +205,8 @@ export async function validateModel(dir: string, options: ValidateOptions): Prom
   if (options.load) {
     options.output?.write(`checking that ${options.label} loads (its ONNX sessions; --skip-load skips this)\n`);
     try {
+      // Loaded here, not at the top: the commands that load no model (models list, remove) start without onnxruntime, sharp and the pipelines.
+      const { loadPipeline } = await import('../pipelines/load.js');
       const pipeline = await loadPipeline(dir, { ...defaultRuntime(), warn: () => undefined });
       await pipeline.release();
     } catch (err) {

@@ -3,7 +3,7 @@ import path from 'node:path';
 import { z } from 'zod';
 import { describeIssues, parseJson, readTextIfPresent } from '../util/files.js';
 import { ModelInstallError } from './errors.js';
-import { MANIFEST_FILE } from './model-files.js';
+import { MANIFEST_FILE } from './constants.js';
 import { OVERRIDE_FILE } from '../models/model-folder.js';
 import { messageOf } from '../util/error-message.js';
 

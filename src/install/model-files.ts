@@ -4,6 +4,7 @@ import { MODEL_INDEX } from '../models/layout.js';
 import { OVERRIDE_FILE } from '../models/model-folder.js';
 import { isTensorRtEngine, tensorRtProblem } from '../models/tensorrt.js';
 import { TOKENIZER_FILES } from '../tokenizers/files.js';
+import { MANIFEST_FILE } from './constants.js';
 import { ModelInstallError } from './errors.js';
 import { plural } from '../util/plural.js';
 
@@ -12,8 +13,6 @@ import { plural } from '../util/plural.js';
  * the PyTorch weights, sample pictures and other exports next to the ONNX files; those are many
  * gigabytes the engine never reads, so pulls, imports and exports leave them out.
  */
-
-export const MANIFEST_FILE = 'imagegen-manifest.json';
 
 /** Configuration, tokenizer and scheduler files, wherever they are. */
 const SETTINGS_FILES = new Set([
