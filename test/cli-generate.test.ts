@@ -144,7 +144,7 @@ describe('imagegen generate', () => {
     const env = Object.fromEntries(Object.entries(process.env).filter(([name]) => !quiet.includes(name)));
     await run(process.execPath, imagegenArgs('generate', 'a red circle', '--size', '256x256', '--steps', '1', '--out', out), {
       cwd: root,
-      env: { ...env, HOME: home, XDG_CACHE_HOME: path.join(home, '.cache') },
+      env: { ...env, HOME: home, XDG_CACHE_HOME: path.join(home, '.cache'), DATA_DIR: dataDir },
       timeout: 60_000,
     });
     expect(await readdir(out)).toHaveLength(1);
