@@ -1,6 +1,7 @@
 import path from 'node:path';
 import { defineConfig } from 'vitest/config';
 import { BaseSequencer, type TestSpecification } from 'vitest/node';
+import { TEST_SETTINGS } from './test/helpers/test-settings.js';
 
 /**
  * Test files that take minutes on a 2-core machine (the real exports' goldens and size sweeps, the
@@ -38,5 +39,7 @@ export default defineConfig({
     sequence: { sequencer: LongestFirst },
     // Tests of what a process keeps (not what it allocated for a moment) collect garbage first.
     execArgv: ['--expose-gc'],
+    // For the CLI processes tests start with the test's own environment (see TEST_SETTINGS).
+    env: { ...TEST_SETTINGS },
   },
 });

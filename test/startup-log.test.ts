@@ -5,6 +5,7 @@ import { describe, expect, it } from 'vitest';
 import { capturedLogs } from './helpers/logs.js';
 import { startRealServer } from './helpers/real-server.js';
 import { killServer, spawnServer } from './helpers/server-process.js';
+import { TEST_SETTINGS } from './helpers/test-settings.js';
 
 /**
  * What the server's log says as it starts is what then happens: an operator reads it to learn what
@@ -65,8 +66,8 @@ describe('the settings given', () => {
     const server = await spawnServer({ PORT: '0', DATA_DIR: dataDir, API_KEYS: key, QUEUE_MAX: '7' }, { args: ['--image-ttl-seconds', '600'] });
     try {
       const settings = () => server.log.map((line) => JSON.parse(line) as { msg: string; settings?: Record<string, string> }).find((line) => line.msg.startsWith('settings given'))?.settings;
-      // spawnServer gives WORKERS=1 too.
-      await expect.poll(settings).toEqual({ PORT: '0', DATA_DIR: dataDir, API_KEYS: '[redacted]', QUEUE_MAX: '7', IMAGE_TTL_SECONDS: '600', WORKERS: '1' });
+      // spawnServer gives WORKERS=1 and TEST_SETTINGS too.
+      await expect.poll(settings).toEqual({ PORT: '0', DATA_DIR: dataDir, API_KEYS: '[redacted]', QUEUE_MAX: '7', IMAGE_TTL_SECONDS: '600', WORKERS: '1', ...TEST_SETTINGS });
       expect(server.log.join('\n')).not.toContain(key);
     } finally {
       await killServer(server);

@@ -8,6 +8,7 @@ import { writeMemoryFigures, type ModelMemory } from '../../src/models/memory-fi
 import { startServer, type RunningServer } from '../../src/server.js';
 import { silentLogger } from './logs.js';
 import { WORKER_SCRIPT } from './cli.js';
+import { TEST_SETTINGS } from './test-settings.js';
 
 /**
  * The whole service as `imagegen serve` runs it (config, worker processes, real pipelines) started in
@@ -39,7 +40,7 @@ export interface RealServerOptions {
   modelsDir?: string;
   /** Required of clients (API_KEYS) and given to `client`; none: loopback only, as without keys. */
   apiKey?: string;
-  /** Settings as environment variables, over the test defaults (port 0, no rescans). */
+  /** Settings as environment variables, over the test defaults (port 0, no rescans, TEST_SETTINGS). */
   env?: Record<string, string>;
   logger?: Logger;
   /**
@@ -73,6 +74,7 @@ export async function startRealServer(options: RealServerOptions = {}): Promise<
   if (!options.modelsDir) await installModels(modelsDir, options.models ?? {});
   const dataDir = path.join(root, 'data');
   const env = {
+    ...TEST_SETTINGS,
     PORT: '0',
     DATA_DIR: dataDir,
     MODELS_DIR: modelsDir,

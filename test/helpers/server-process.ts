@@ -4,6 +4,7 @@ import { readFile } from 'node:fs/promises';
 import { createInterface } from 'node:readline';
 import type { Readable } from 'node:stream';
 import { imagegenArgs, PROJECT_ROOT } from './cli.js';
+import { TEST_SETTINGS } from './test-settings.js';
 
 /**
  * `imagegen serve` as a process of its own (the built CLI, as `npm start` runs it), with only the
@@ -40,7 +41,7 @@ export interface SpawnOptions {
   args?: string[];
 }
 
-/** Starts `imagegen serve` with `env` and resolves once it listens; rejects with its stderr when it exits first. */
+/** Starts `imagegen serve` with `env` (over WORKERS=1 and TEST_SETTINGS) and resolves once it listens; rejects with its stderr when it exits first. */
 export async function spawnServer(env: Record<string, string>, { limitsKb = {}, cgroup, onLine, stderr: stderrMode = 'pipe', group = false, args: flags = [] }: SpawnOptions = {}): Promise<ServerProcess> {
   const command = [process.execPath, ...imagegenArgs('serve', ...flags)];
   const setUp = [
@@ -51,7 +52,7 @@ export async function spawnServer(env: Record<string, string>, { limitsKb = {}, 
   const [file, ...args] = setUp.length === 0 ? command : ['bash', '-c', `${setUp.join(' && ')} && exec "$@"`, 'bash', ...command];
   const child = spawn(file, args, {
     cwd: PROJECT_ROOT,
-    env: { PATH: process.env.PATH, HOME: process.env.HOME, WORKERS: '1', ...env },
+    env: { PATH: process.env.PATH, HOME: process.env.HOME, WORKERS: '1', ...TEST_SETTINGS, ...env },
     stdio: ['ignore', 'pipe', stderrMode],
     detached: group,
   });
