@@ -8,12 +8,12 @@ import type { onnx as proto } from 'onnx-proto';
 import { ort } from '../src/runtime/onnxruntime.js';
 import { afterAll, beforeAll, describe, expect, it, onTestFinished } from 'vitest';
 import { float32ToHalf, halfToFloat32 } from '../src/runtime/float16.js';
-import { WorkerRuntime } from '../src/pipelines/run.js';
+import type { WorkerRuntime } from '../src/pipelines/run.js';
 import { readGolden, verifyCase } from '../src/cli/golden.js';
 import { FP16_TOLERANCE } from '../src/cli/tolerance.js';
 import { convertOnnxBytesToFloat16 } from '../scripts/fp16/convert.js';
 import { convertFolderToFloat16, type ConvertedComponent } from '../scripts/fp16/convert-folder.js';
-import { goldenFile, GOLDENS, haveRealExports, realExport, REAL_EXPORT_TIMEOUT_MS, skipCalibration, type RealExportName } from './helpers/real-exports.js';
+import { exportsRuntime, goldenFile, GOLDENS, haveRealExports, realExport, REAL_EXPORT_TIMEOUT_MS, skipCalibration, type RealExportName } from './helpers/real-exports.js';
 import { largestDifference } from '../src/util/difference.js';
 import { moveWeightsOut } from './helpers/external-data.js';
 
@@ -41,7 +41,7 @@ const COVERED: readonly { name: RealExportName; cases: readonly number[] }[] = [
 // export's calibration runs took up to 8 s (SDXL's) of what its one case takes.
 let runtime: WorkerRuntime;
 beforeAll(() => {
-  runtime = new WorkerRuntime({ runtime: { provider: 'cpu', threads: Math.min(2, os.availableParallelism()) }, modelMemoryBudget: 1 });
+  runtime = exportsRuntime();
 });
 
 const TYPE_NAMES: Record<number, string> = { [FLOAT]: 'float32', [FLOAT16]: 'float16', [onnx.TensorProto.DataType.INT64]: 'int64' };

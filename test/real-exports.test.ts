@@ -5,11 +5,11 @@ import path from 'node:path';
 import { mkdir, mkdtemp, readFile, rm, symlink, writeFile } from 'node:fs/promises';
 import sharp from 'sharp';
 import { beforeAll, describe, expect, it, onTestFinished } from 'vitest';
-import { WorkerRuntime } from '../src/pipelines/run.js';
+import type { WorkerRuntime } from '../src/pipelines/run.js';
 import { readGolden, verifyCase, verifyGolden } from '../src/cli/golden.js';
 import { DEFAULT_TOLERANCE } from '../src/cli/tolerance.js';
 import { imagegenArgs } from './helpers/cli.js';
-import { copyOfExport, goldenFile, GOLDENS, haveRealExports, REAL_EXPORT_NAMES, REAL_EXPORT_TIMEOUT_MS, realExport, skipCalibration } from './helpers/real-exports.js';
+import { copyOfExport, exportsRuntime, goldenFile, GOLDENS, haveRealExports, REAL_EXPORT_NAMES, REAL_EXPORT_TIMEOUT_MS, realExport, skipCalibration } from './helpers/real-exports.js';
 
 /**
  * The engine against diffusers' own pictures on real-architecture exports (Optimum's exporter, real
@@ -25,7 +25,7 @@ const root = path.resolve(import.meta.dirname, '..');
 // this file tests, and the calibration runs took seconds per model.
 let runtime: WorkerRuntime;
 beforeAll(() => {
-  runtime = new WorkerRuntime({ runtime: { provider: 'cpu', threads: Math.min(2, os.availableParallelism()) }, modelMemoryBudget: 1 });
+  runtime = exportsRuntime();
   skipCalibration(runtime, ...REAL_EXPORT_NAMES.map(realExport));
 });
 

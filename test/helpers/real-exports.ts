@@ -6,8 +6,9 @@ import { fileURLToPath } from 'node:url';
 import type { ImageGenerateParamsNonStreaming, ImagesResponse } from 'openai/resources/images';
 import { onTestFinished } from 'vitest';
 import type { ModelMemory } from '../../src/models/memory-figures.js';
-import type { WorkerRuntime } from '../../src/pipelines/run.js';
+import { WorkerRuntime } from '../../src/pipelines/run.js';
 import { startRealServer, type RealServer } from './real-server.js';
+import { TEST_SETTINGS } from './test-settings.js';
 
 /**
  * The tiny random-weight Optimum exports of the real architectures and diffusers' goldens for them,
@@ -64,6 +65,14 @@ export async function copyOfExport(name: RealExportName): Promise<string> {
  * own runs measure them. For tests of what the models draw; memory*.test.ts test the calibration.
  */
 export const UNMEASURED: ModelMemory = { weightsBytes: 0, peakBytes: 0, peakPixels: 0, denoise: [] };
+
+/**
+ * A runtime in this process for the exports' cases, with one model loaded at a time (a budget of one
+ * byte) and the intra-op threads of the servers tests start (TEST_SETTINGS): the file vitest runs beside
+ * this one takes the other core.
+ */
+export const exportsRuntime = (): WorkerRuntime =>
+  new WorkerRuntime({ runtime: { provider: 'cpu', threads: Number(TEST_SETTINGS.WORKER_THREADS) }, modelMemoryBudget: 1 });
 
 /** `runtime` holds UNMEASURED figures for these model folders: it does not calibrate them as they load. */
 export function skipCalibration(runtime: WorkerRuntime, ...modelDirs: string[]): void {

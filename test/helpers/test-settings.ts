@@ -1,7 +1,7 @@
 /**
  * Settings that every server and CLI process a test starts gets unless the test gives its own: through
  * startRealServer's and spawnServer's environments, and through vitest's (vitest.config.ts `env`) to
- * the processes that inherit it.
+ * the processes that inherit it; exportsRuntime (real-exports.ts) takes the same threads.
  *
  * WORKER_THREADS=1: vitest runs two test files at a time, one per core of a 2-core machine, and a worker
  * with the default share of the cores (every core, for one worker) gave each of its onnxruntime sessions
