@@ -135,8 +135,10 @@ describe.skipIf(!haveRealExports)('real exports in the server: sizes, seeds (nee
   // edit's default strength of 0.8, so every upload gave the same picture.
   describe('FLUX schnell edits through POST /v1/images/edits', { timeout: REAL_EXPORT_TIMEOUT_MS }, () => {
     let flux: ExportsServer;
+    // The VAE in tiles, as in the sweep above: what the edits test is where their schedule starts, and
+    // a whole decode at 1024x1024 (which the default sizes' test covers) took a second of each edit.
     beforeAll(async () => {
-      flux = await startExportsServer(['flux'], { DEFAULT_MODEL: 'flux', PRELOAD: 'none' }, { calibrate: false });
+      flux = await startExportsServer(['flux'], { DEFAULT_MODEL: 'flux', PRELOAD: 'none', VAE_TILING: '256' }, { calibrate: false });
     });
     afterAll(() => flux?.close());
 
