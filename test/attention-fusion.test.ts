@@ -161,7 +161,7 @@ describe("fusing attention computed on the heads after the split (FLUX's export)
   });
 });
 
-describe.skipIf(!haveRealExports)('attention fusion on the real exports (skipped: ../shared/data/real-exports is absent)', () => {
+describe.skipIf(!haveRealExports)('attention fusion on the real exports (needs ../shared/data/real-exports)', () => {
   it('fuses every attention layer of the SD and SDXL UNets, within 1e-5 of the exported output', { timeout: 120_000 }, async () => {
     // SDXL's UNet also takes pooled text and time ids, which these feeds lack: the goldens run it fused.
     for (const name of REAL_EXPORT_NAMES.filter((n) => n !== 'flux')) {

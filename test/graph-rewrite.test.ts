@@ -117,7 +117,7 @@ describe('a rewritten graph that onnxruntime refuses', () => {
   });
 });
 
-describe.skipIf(!haveRealExports)('the rewrite on the real exports (skipped: ../shared/data/real-exports is absent)', () => {
+describe.skipIf(!haveRealExports)('the rewrite on the real exports (needs ../shared/data/real-exports)', () => {
   it('rewrites every denoiser (UNet, FLUX transformer) and VAE graph of the Optimum exports, and nothing else', async () => {
     const rewritten: string[] = [];
     for (const name of REAL_EXPORT_NAMES) {

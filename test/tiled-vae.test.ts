@@ -79,7 +79,7 @@ describe('tiled VAE decode of the embedded model (a local decoder)', () => {
   });
 });
 
-describe.skipIf(!haveRealExports)('tiled VAE decode of the real SD 1.5 architecture (skipped without ../shared/data/real-exports)', () => {
+describe.skipIf(!haveRealExports)('tiled VAE decode of the real SD 1.5 architecture (needs ../shared/data/real-exports)', () => {
   let decoded: { layout: ModelLayout; vae: VaeDecoder };
   beforeAll(async () => {
     decoded = await decoder(realExport('sd15'));
