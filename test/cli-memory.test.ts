@@ -18,7 +18,7 @@ const run = promisify(execFile);
  */
 
 /** What the commands say as a calibration begins. */
-const CALIBRATING = /measuring the memory 'shapes' takes/;
+const CALIBRATING = /measuring how much memory 'shapes' needs: two one-step runs/;
 
 /** The demo model, copied into a models folder of its own as 'shapes', and a DATA_DIR: the test may change the model's files. */
 async function setUp(): Promise<{ work: string; modelsDir: string; model: string; dataDir: string }> {

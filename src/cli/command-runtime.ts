@@ -39,7 +39,7 @@ export async function commandRuntime(config: ModelSettings, say: (message: strin
     undefined,
     {
       calibrating: (modelDir) =>
-        say(`measuring the memory '${path.basename(modelDir)}' takes (two one-step runs, once per model and machine; kept in ${path.join(config.dataDir, figures.fileName)}, DATA_DIR)`),
+        say(`measuring how much memory '${path.basename(modelDir)}' needs: two one-step runs, once per model and machine (kept in ${path.join(config.dataDir, figures.fileName)}, DATA_DIR)`),
       calibrated: keepFigures,
     },
   );
