@@ -353,10 +353,11 @@ const SETTINGS = {
     // size the presets serve, 1792x1024 (1.8 megapixels), is at most about 5.5 MB as a PNG (3 bytes a
     // pixel, an image without flat areas; the embedded model's are under 1 MB), 7.3 MB in base64, so
     // n=10 is 73 MB, and a key's half of 1 GiB holds seven such answers (about ten of photos at 2
-    // bytes a pixel). A client that reads at network speed gives its answer back within seconds.
+    // bytes a pixel). A client that reads at network speed gives its answer back within seconds. Such
+    // a request sets aside 86 MB while it is made (service/answer-size.ts): six at once per key.
     schema: bytesAtLeast(64 * 1024 ** 2, '64m').prefault('1g'),
     description:
-      'memory the answers that carry their images (b64_json, streamed events) may take together until their clients have read them; a request whose API key holds half of it in unread answers, or that finds it full, gets 429 with Retry-After before any work is done for it (an answer made meanwhile is still sent whole; url answers hold none)',
+      'memory the answers that carry their images (b64_json, streamed events) may take together until their clients have read them; a request whose API key holds half of it in unread answers, or that finds it full, gets 429 with Retry-After before any work is done for it; each request sets aside the most its answer may take before its work is queued, waiting up to QUEUE_TIMEOUT_SECONDS for room, then 429 (url answers hold none)',
   },
   bodyLimit: {
     schema: byteSize.pipe(z.number().min(1, 'expected at least 1 byte')).prefault('1m'),

@@ -76,23 +76,24 @@ describe.skipIf(KERNEL_TOO_LARGE)(`answers left unread${SKIPPED}`, () => {
   it("keep their key's further requests out past its share of ANSWER_MEMORY, not other keys', and give it all back as they are read or their connections end", async () => {
     const mallory = 'sk-mallory-0123456789';
     const alice = 'sk-alice-0123456789';
-    // A key's share: 12 MiB, more than one held answer and less than two.
-    const server = await withLargeModel(await startTestServer({ keysFile: `mallory:${mallory}\nalice:${alice}\n`, config: { answerMemory: 24 * MiB } }));
+    // A key's share: 8 MiB, less than one large answer (9.7 MB), which is made alone and then holds all of it.
+    const server = await withLargeModel(await startTestServer({ keysFile: `mallory:${mallory}\nalice:${alice}\n`, config: { answerMemory: 16 * MiB } }));
     const port = Number(new URL(server.origin).port);
     const client = (key: string) => new OpenAI({ baseURL: server.baseURL, apiKey: key, maxRetries: 0 });
     const small = { model: 'stub', prompt: 'a red circle', size: '64x64', response_format: 'b64_json' } as const;
     const unread = [unreadRequest(port, post(mallory, { ...LARGE, prompt: 'a red circle', seed: 1 })), unreadRequest(port, post(mallory, { ...LARGE, prompt: 'a blue square', seed: 2 }))];
+    const madeSecond = () => server.engine.batches.some((batch) => batch.items[0].seed === 2);
     try {
-      // Both answers made and held (the metric says so), more than mallory's share together.
-      await expect.poll(() => answerBytes(server, alice), { timeout: 30_000 }).toBeGreaterThan(12 * MiB);
-      const held = await answerBytes(server, alice);
+      // The first answer made and held (the metric says so), more than mallory's share; the second waits for room.
+      await expect.poll(() => answerBytes(server, alice), { timeout: 30_000 }).toBeGreaterThan(8 * MiB);
+      expect(madeSecond()).toBe(false);
       const batches = server.engine.batches.length;
       const refused = await client(mallory)
         .images.generate(small)
         .catch((err: unknown) => err);
       expect(refused).toBeInstanceOf(OpenAI.RateLimitError);
       const error = refused as InstanceType<typeof OpenAI.RateLimitError>;
-      expect(error.message).toMatch(/this API key's earlier answers .* as one key may \(12(\.0)? MiB of ANSWER_MEMORY, 24(\.0)? MiB, .*\): their clients have not read them yet\. Read those answers/);
+      expect(error.message).toMatch(/this API key's earlier answers .* as one key may \(8(\.0)? MiB of ANSWER_MEMORY, 16(\.0)? MiB, .*\): their clients have not read them yet, or they are still being made .*\. Read those answers/);
       expect(error.headers?.get('retry-after')).toBe('5');
       // Refused before any work was queued for it.
       expect(server.engine.batches.length).toBe(batches);
@@ -100,17 +101,84 @@ describe.skipIf(KERNEL_TOO_LARGE)(`answers left unread${SKIPPED}`, () => {
       const served = await client(alice).images.generate(small);
       expect(await firstImageSize(served.data!)).toBe('64x64');
 
-      // Mallory reads one answer (whole, though it waited): its bytes go back, and mallory is served again.
+      // Mallory reads the first answer (whole, though it waited): its bytes go back, and the second is made with them.
       const answer = JSON.parse(await readAnswer(unread[0])) as { data: { b64_json?: string }[] };
       expect(answer.data).toHaveLength(10);
       expect(await firstImageSize(answer.data)).toBe('1792x1024');
-      await expect.poll(() => answerBytes(server, alice), { timeout: 10_000 }).toBeLessThan(held);
-      expect(await firstImageSize((await client(mallory).images.generate(small)).data!)).toBe('64x64');
-      // The other one's client hangs up (a reset): nothing is left held.
+      await expect.poll(madeSecond, { timeout: 10_000 }).toBe(true);
+      await expect.poll(() => answerBytes(server, alice), { timeout: 30_000 }).toBeGreaterThan(8 * MiB);
+      // Its client hangs up (a reset): nothing is left held, and mallory is served again.
       unread[1].resetAndDestroy();
       await expect.poll(() => answerBytes(server, alice), { timeout: 10_000 }).toBe(0);
+      expect(await firstImageSize((await client(mallory).images.generate(small)).data!)).toBe('64x64');
     } finally {
       for (const socket of unread) socket.destroy();
+      await server.close();
+    }
+  }, 60_000);
+
+  it('are not made past ANSWER_MEMORY by requests admitted together: each sets its most aside first, and a later one waits for the room an earlier one gives back', async () => {
+    // One client (a server without keys), its share 12 MiB: one large answer (9.7 MB) fits it, two do not.
+    const server = await withLargeModel(await startTestServer({ config: { answerMemory: 24 * MiB } }));
+    const port = Number(new URL(server.origin).port);
+    const share = 12 * MiB;
+    // Admitted together, while nothing is held yet: before, each was let in and their three answers held 29 MB.
+    const unread = [100, 200, 300].map((seed) => unreadRequest(port, post(TEST_KEY, { ...LARGE, prompt: 'a red circle', seed })));
+    // The requests whose work began (seeds 100.., 200.., 300..).
+    const made = () => new Set(server.engine.batches.map((batch) => Math.floor(batch.items[0].seed / 100))).size;
+    let most = 0;
+    const held = async () => {
+      const bytes = await answerBytes(server, TEST_KEY);
+      most = Math.max(most, bytes);
+      return bytes;
+    };
+    try {
+      for (const [i, socket] of unread.entries()) {
+        // One answer made and held at a time: the next request's work waits until it is read.
+        await expect.poll(held, { timeout: 30_000 }).toBeGreaterThan(9 * 1e6);
+        await expect.poll(held, { timeout: 30_000 }).toBeLessThanOrEqual(share);
+        await new Promise((resolve) => setTimeout(resolve, 1500));
+        expect(await held()).toBeLessThanOrEqual(share);
+        expect(made()).toBe(i + 1);
+        const answer = JSON.parse(await readAnswer(socket)) as { data: { b64_json?: string }[] };
+        expect(answer.data).toHaveLength(10);
+        expect(await firstImageSize(answer.data)).toBe('1792x1024');
+      }
+      await expect.poll(held, { timeout: 10_000 }).toBe(0);
+      expect(most).toBeLessThanOrEqual(share);
+    } finally {
+      for (const socket of unread) socket.destroy();
+      await server.close();
+    }
+  }, 120_000);
+
+  it('wait for room at most QUEUE_TIMEOUT_SECONDS, then get the 429 (a stream as its error event)', async () => {
+    // A share of 12 MiB: one unread large answer (9.7 MB) leaves room, though not for another one's most.
+    const server = await withLargeModel(await startTestServer({ config: { answerMemory: 24 * MiB, queueTimeoutSeconds: 2 } }));
+    const port = Number(new URL(server.origin).port);
+    const unread = unreadRequest(port, post(TEST_KEY, { ...LARGE, prompt: 'a red circle', seed: 1 }));
+    try {
+      await expect.poll(() => answerBytes(server, TEST_KEY), { timeout: 30_000 }).toBeGreaterThan(9 * 1e6);
+      const batches = server.engine.batches.length;
+      const started = performance.now();
+      const [plain, streamed] = await Promise.all([
+        server.client.images.generate({ ...LARGE, prompt: 'a blue square' }).catch((err: unknown) => err),
+        (async () => {
+          const events = await server.client.images.generate({ ...LARGE, prompt: 'a blue square', stream: true });
+          for await (const event of events) expect(event.type).toBe('never');
+        })().catch((err: unknown) => err),
+      ]);
+      expect(performance.now() - started).toBeGreaterThanOrEqual(1900);
+      expect(plain).toBeInstanceOf(OpenAI.RateLimitError);
+      expect((plain as Error).message).toMatch(/^429 Rate limit reached \(waited 2s for room\): this API key's earlier answers .* still being made .*\. Read those answers/);
+      // The stream had begun (it waited in the queue): the refusal is its error event.
+      expect(streamed).toBeInstanceOf(OpenAI.APIError);
+      expect((streamed as Error).message).toMatch(/Rate limit reached \(waited 2s for room\): .*ANSWER_MEMORY/);
+      // Neither was made, and the room they waited for is as the unread answer left it.
+      expect(server.engine.batches.length).toBe(batches);
+      expect(await answerBytes(server, TEST_KEY)).toBeLessThanOrEqual(12 * MiB);
+    } finally {
+      unread.destroy();
       await server.close();
     }
   }, 60_000);

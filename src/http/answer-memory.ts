@@ -2,7 +2,7 @@ import { Transform, type TransformCallback } from 'node:stream';
 import type { FastifyReply, FastifyRequest } from 'fastify';
 import type { ByteBudget } from '../util/byte-budget.js';
 import { clientOf } from './auth.js';
-import { memoryFull, MEMORY_RETRY_SECONDS, shareOf, type MemoryShare, type MemoryWords } from './memory-share.js';
+import { memoryFull, MEMORY_RETRY_SECONDS, shareOf, type MemoryShare, type MemoryWords, type RoomWait } from './memory-share.js';
 
 /**
  * ANSWER_MEMORY: the answers held in memory for clients that have not read them yet, all requests
@@ -13,13 +13,21 @@ import { memoryFull, MEMORY_RETRY_SECONDS, shareOf, type MemoryShare, type Memor
  * (the embedded model's n=10 at 1792x1024, made in 1.4 s) for ten minutes, and 20 such clients held
  * 190 MB of the server for as long; MAX_CONNECTIONS (4096) of them would hold 40 GB, and real models'
  * answers are larger. Requests are refused while it is full, before any work is queued for them (no
- * generation is spent on an answer nobody reads); an answer made while it is full is still sent whole:
- * the work promised is never dropped, and what it holds only keeps later requests out a while longer.
+ * generation is spent on an answer nobody reads).
+ *
+ * A request cannot tell the size of its answer before it is made, so before its work is queued it sets
+ * aside the most its answer may take (service/answer-size.ts), which counts until the answer is made,
+ * and then what it holds does. Only let in while a byte more fitted, the requests admitted together
+ * (as many as the queue's limits let in) each counted their answer whole once it was made: three of the
+ * embedded model's n=10 answers held 29 MB of a 24 MiB ANSWER_MEMORY. One whose most does not fit waits
+ * (in the queue, keeping a place there) for the room others give back as their answers are made or
+ * read, for at most QUEUE_TIMEOUT_SECONDS, then gets the 429. It holds nothing while it waits, so it
+ * waits on other requests only. What one request sets aside is at most a key's share, so that a lone
+ * request always fits: an answer larger than that (ANSWER_MEMORY under twice the largest answer) still
+ * goes, alone, and passes the share by its excess.
  *
  * Once an API key holds half of it in unread answers, its requests get the 429, so that a key's slow
- * readers cannot keep every other key's requests out. A server without keys has one client. A request
- * cannot tell the size of its answer before it is made, so a key may pass its half by the answers of
- * the requests it had waiting or running by then (as many as the queue's limits let in), never more.
+ * readers cannot keep every other key's requests out. A server without keys has one client.
  * Only answers that hold memory count and are refused: a `url` answer names its images, which the files
  * route reads from the store 64 KiB at a time as the socket drains (100 clients leaving 32 MiB images
  * unread grew the server by 43 MB, not 3.2 GB).
@@ -29,24 +37,38 @@ import { memoryFull, MEMORY_RETRY_SECONDS, shareOf, type MemoryShare, type Memor
 const ANSWER_WORDS: MemoryWords = {
   setting: 'ANSWER_MEMORY',
   keyHolds: (amount) =>
-    `this API key's earlier answers (b64_json images, streamed events) hold as much of the server's memory as one key may (${amount}, so that other keys' requests still get in): their clients have not read them yet.`,
-  serverHolds: (amount) => `earlier answers (b64_json images, streamed events) hold all the server's memory they may (${amount}): their clients have not read them yet.`,
-  advice: `Read those answers (or close their connections) and try again in ${MEMORY_RETRY_SECONDS}s; ask for response_format url, whose images wait in the store instead; or have the server's ANSWER_MEMORY raised if clients this slow are expected.`,
+    `this API key's earlier answers (b64_json images, streamed events) hold as much of the server's memory as one key may (${amount}, so that other keys' requests still get in): their clients have not read them yet, or they are still being made (counted at the most they may take).`,
+  serverHolds: (amount) =>
+    `earlier answers (b64_json images, streamed events) hold all the server's memory they may (${amount}): their clients have not read them yet, or they are still being made (counted at the most they may take).`,
+  advice: `Read those answers (or close their connections) and try again in ${MEMORY_RETRY_SECONDS}s; ask for response_format url, whose images wait in the store instead; or have the server's ANSWER_MEMORY raised if this many answers at once, or clients this slow, are expected.`,
 };
 
 /**
- * Refuses (throws the 429) a request whose answer would hold memory while its key (or, without keys,
- * the server) already holds all it may in unread answers. Its answer's size is unknown until it is made:
- * a request is let in while a byte more would fit, and its answer then counts whole.
+ * The share of `memory` of a request whose answer will hold memory; refuses it (throws the 429) while
+ * its key's (or, without keys, the server's) unread answers already hold all it may. Room set aside for
+ * answers being made refuses nothing yet: it comes back as they are made, and the request waits for it.
  */
-export function checkAnswerMemory(request: FastifyRequest, memory: ByteBudget): void {
+export function answerShare(request: FastifyRequest, reply: FastifyReply, memory: ByteBudget): MemoryShare {
   const holder = clientOf(request);
-  if (memory.room(holder) < 1) throw memoryFull(memory, 1, holder, ANSWER_WORDS);
+  if (memory.roomBesidesAside(holder) < 1) throw memoryFull(memory, 1, holder, ANSWER_WORDS);
+  return shareOf(request, reply, memory);
 }
 
-/** Holds `bytes` of a b64_json answer, ready to be written, until its response has been handed to the socket whole or closed. */
-export function holdAnswer(request: FastifyRequest, reply: FastifyReply, memory: ByteBudget, bytes: number): void {
-  shareOf(request, reply, memory).hold(bytes);
+/**
+ * Sets aside `bytes`, the most the answer may take (at most a key's share: a lone request always fits),
+ * waiting for room as RoomWait says; the 429 when none came in time.
+ */
+export async function reserveAnswer(request: FastifyRequest, memory: ByteBudget, share: MemoryShare, bytes: number, wait: RoomWait): Promise<void> {
+  const most = Math.min(bytes, memory.share);
+  const came = performance.now();
+  if (await share.reserve(most, wait)) return;
+  throw memoryFull(memory, most, clientOf(request), ANSWER_WORDS, Math.round((performance.now() - came) / 1000));
+}
+
+/** Holds `bytes` of a b64_json answer, ready to be written, until its response has been handed to the socket whole or closed; its reservation ends. */
+export function holdAnswer(share: MemoryShare, bytes: number): void {
+  share.hold(bytes);
+  share.settle();
 }
 
 /**
@@ -55,11 +77,8 @@ export function holdAnswer(request: FastifyRequest, reply: FastifyReply, memory:
  * socket, within their buffers' bounds: Fastify's pipe waits for them to drain).
  */
 export class AnswerEvents extends Transform {
-  private readonly share: MemoryShare;
-
-  constructor(request: FastifyRequest, reply: FastifyReply, memory: ByteBudget) {
+  constructor(private readonly share: MemoryShare) {
     super();
-    this.share = shareOf(request, reply, memory);
   }
 
   /** Adds `piece` to the answer. */
@@ -68,6 +87,12 @@ export class AnswerEvents extends Transform {
     const bytes = Buffer.from(piece);
     this.share.hold(bytes.byteLength);
     this.write(bytes);
+  }
+
+  /** Ends the answer: nothing more is added, and its reservation ends (what is left unread still counts). */
+  finish(): void {
+    this.share.settle();
+    this.end();
   }
 
   override _transform(piece: Buffer, _encoding: BufferEncoding, passOn: TransformCallback): void {

@@ -36,6 +36,7 @@ export type AppConfig = Pick<
   | 'bodyLimit'
   | 'uploadMemory'
   | 'answerMemory'
+  | 'queueTimeoutSeconds'
   | 'rng'
   | 'trustProxy'
   | 'publicBaseUrl'
@@ -131,7 +132,7 @@ export function buildApp({ config, registry, engine, store, metrics, logger, tls
     app.register(playground, { imageOrigins: [...new Set(imageOrigins)] });
   }
   // ANSWER_MEMORY: answers their clients have not read yet (answer-memory.ts); each key half of it, no
-  // room kept for a lone answer: one is never refused once made, only requests while it is full.
+  // room kept for a lone answer: a request sets aside at most a key's share, so a lone one always fits.
   const answerMemory = ByteBudget.perClient(config.answerMemory, 0);
   metrics.watchMemory({ upload: () => bodyMemory.held, answer: () => answerMemory.held });
   // One service and one set of key rates for the three image routes: an edit counts against the same limits.
@@ -144,6 +145,7 @@ export function buildApp({ config, registry, engine, store, metrics, logger, tls
     rates,
     slots,
     answerMemory,
+    answerWaitMs: config.queueTimeoutSeconds * 1000,
   };
   app.register(images, imageRoutes);
   app.register(edits, { ...imageRoutes, memory: bodyMemory });

@@ -3,11 +3,11 @@ import type { ErrorBody, GenerationRequest, ImageStreamEvent, StreamPrefix } fro
 import { echoedSettings } from '../service/gpt-image-fields.js';
 import type { RequestEvent, RequestListener } from '../service/request-events.js';
 import { bufferView } from '../util/bytes.js';
-import type { ByteBudget } from '../util/byte-budget.js';
 import { AnswerEvents } from './answer-memory.js';
 import { readableSize } from './echoed-size.js';
 import { inPieces } from './json-pieces.js';
 import { apiErrorOf } from './errors.js';
+import type { MemoryShare } from './memory-share.js';
 import { answeredAside } from './metrics.js';
 import { errorFields } from './logging.js';
 
@@ -39,12 +39,12 @@ export interface StreamOptions {
   body: GenerationRequest;
   /** STREAM_KEEP_ALIVE_SECONDS in ms: a comment line goes out after this long without an event. */
   keepAliveMs: number;
-  /** ANSWER_MEMORY: the events count against it until the response takes them (answer-memory.ts). */
-  memory: ByteBudget;
+  /** The request's share of ANSWER_MEMORY: the events count against it until the response takes them (answer-memory.ts). */
+  share: MemoryShare;
 }
 
-export async function streamImages(request: FastifyRequest, reply: FastifyReply, { prefix, body, keepAliveMs, memory }: StreamOptions, produce: Produce): Promise<FastifyReply> {
-  const events = new AnswerEvents(request, reply, memory);
+export async function streamImages(request: FastifyRequest, reply: FastifyReply, { prefix, body, keepAliveMs, share }: StreamOptions, produce: Produce): Promise<FastifyReply> {
+  const events = new AnswerEvents(share);
   let opened!: () => void;
   const firstEvent = new Promise<void>((resolve) => (opened = resolve));
   let heartbeat: NodeJS.Timeout | undefined;
@@ -68,7 +68,7 @@ export async function streamImages(request: FastifyRequest, reply: FastifyReply,
   await Promise.race([firstEvent, done]);
   const end = () => {
     clearInterval(heartbeat);
-    events.end();
+    events.finish();
   };
   heartbeat = setInterval(() => write(': keep-alive\n\n'), keepAliveMs);
   // The images went out as they were made ('image' events): the answer itself adds nothing.

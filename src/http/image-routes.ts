@@ -3,7 +3,7 @@ import type { GenerationRequest, ImagesResponse, StreamPrefix } from '../api/wir
 import type { EditInput, GenerateContext, ImageService, QueueClient } from '../service/images.js';
 import type { ByteBudget } from '../util/byte-budget.js';
 import { clientOf } from './auth.js';
-import { checkAnswerMemory, holdAnswer } from './answer-memory.js';
+import { answerShare, holdAnswer, reserveAnswer } from './answer-memory.js';
 import { readableSize } from './echoed-size.js';
 import { streamImages } from './event-stream.js';
 import { imagePath } from './files.js';
@@ -11,6 +11,7 @@ import { imagesJson } from './json-pieces.js';
 import { requestOrigin } from './host.js';
 import type { KeyRates } from './key-rates.js';
 import type { KeySlots } from './key-slots.js';
+import type { MemoryShare } from './memory-share.js';
 
 /** What the image routes (generations, edits, variations) share: their options, and the service context of one request. */
 
@@ -30,6 +31,8 @@ export interface ImagesOptions {
   slots?: KeySlots;
   /** ANSWER_MEMORY: b64_json answers and streamed events that their clients have not read yet (answer-memory.ts). */
   answerMemory: ByteBudget;
+  /** QUEUE_TIMEOUT_SECONDS in ms: the longest a request waits for ANSWER_MEMORY to have room for its answer. */
+  answerWaitMs: number;
 }
 
 /**
@@ -37,7 +40,8 @@ export interface ImagesOptions {
  * server-sent events (`stream`; `prefix` names them) or as one JSON body. An edit's pictures are
  * decoded (`decodeEdit`) only once its key's limits admitted it: a refused request costs no decoding.
  * An answer with its images in it (b64_json, and every stream) is refused first while its key's unread
- * answers hold all of ANSWER_MEMORY they may.
+ * answers hold all of ANSWER_MEMORY they may, and has the most it may take set aside before its work
+ * is queued.
  */
 export async function respond(
   request: FastifyRequest,
@@ -47,13 +51,12 @@ export async function respond(
   options: ImagesOptions,
   decodeEdit?: () => Promise<EditInput>,
 ): Promise<ImagesResponse | FastifyReply> {
-  const memory = options.answerMemory;
   // A streamed request's images go as b64_json (parseImageRequest sets it).
-  if (body.response_format === 'b64_json') checkAnswerMemory(request, memory);
-  const context = await generateContext(request, reply, body, options);
+  const share = body.response_format === 'b64_json' ? answerShare(request, reply, options.answerMemory) : undefined;
+  const context = await generateContext(request, reply, body, options, share);
   const edit = await decodeEdit?.();
-  if (body.stream) return streamImages(request, reply, { prefix, body, keepAliveMs: options.streamKeepAliveMs, memory }, (onEvent) => options.service.stream(body, context, onEvent, edit));
-  return answer(request, reply, withReadableSize(request, await options.service.generate(body, context, edit)), memory);
+  if (body.stream && share) return streamImages(request, reply, { prefix, body, keepAliveMs: options.streamKeepAliveMs, share }, (onEvent) => options.service.stream(body, context, onEvent, edit));
+  return answer(reply, withReadableSize(request, await options.service.generate(body, context, edit)), share);
 }
 
 /** The answer with its `size` (gpt-image answers) as the client's SDK can read it, left out where it cannot (echoed-size.ts). */
@@ -67,10 +70,10 @@ function withReadableSize(request: FastifyRequest, response: ImagesResponse): Im
  * A route's answer: one with b64_json images as a stream of JSON pieces (json-pieces.ts), its images
  * held in ANSWER_MEMORY until the client has it; any other as it is.
  */
-function answer(request: FastifyRequest, reply: FastifyReply, response: ImagesResponse, memory: ByteBudget): ImagesResponse | FastifyReply {
+function answer(reply: FastifyReply, response: ImagesResponse, share: MemoryShare | undefined): ImagesResponse | FastifyReply {
   const bytes = response.data.reduce((sum, image) => sum + (image.b64_json?.length ?? 0), 0);
-  if (bytes === 0) return response;
-  holdAnswer(request, reply, memory, bytes);
+  if (bytes === 0 || !share) return response;
+  holdAnswer(share, bytes);
   return reply.type('application/json; charset=utf-8').send(imagesJson(response));
 }
 
@@ -82,9 +85,16 @@ export const queueClient = (request: FastifyRequest): QueueClient => ({
 
 /**
  * The service context of a parsed request, once its key's per-minute limits would admit it (else a 429;
- * the service counts it once it proved valid); from here on its log lines name what it asked for.
+ * the service counts it once it proved valid); from here on its log lines name what it asked for. Its
+ * answer's reservation goes to `share`, where its answer holds memory.
  */
-async function generateContext(request: FastifyRequest, reply: FastifyReply, body: GenerationRequest, { publicBaseUrl, logPrompts, rates, slots }: ImagesOptions): Promise<GenerateContext> {
+async function generateContext(
+  request: FastifyRequest,
+  reply: FastifyReply,
+  body: GenerationRequest,
+  { publicBaseUrl, logPrompts, rates, slots, answerMemory, answerWaitMs }: ImagesOptions,
+  share: MemoryShare | undefined,
+): Promise<GenerateContext> {
   await rates.check(request.apiKey, body.n);
   // Every later line of this request (errors, Fastify's "request completed") names what it asked for.
   request.log = reply.log = request.log.child({
@@ -104,5 +114,6 @@ async function generateContext(request: FastifyRequest, reply: FastifyReply, bod
     ...queueClient(request),
     owner: request.apiKey?.owner,
     ...(slots && { hold: (work, onWait, estimatedSeconds) => slots.hold(request.apiKey, request.cancellation, work, onWait, estimatedSeconds) }),
+    ...(share && { reserveAnswer: (bytes, onWait) => reserveAnswer(request, answerMemory, share, bytes, { signal: request.cancellation, maxWaitMs: answerWaitMs, onWait }) }),
   };
 }

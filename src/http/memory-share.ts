@@ -10,7 +10,8 @@ import { clientOf } from './auth.js';
  * its answer (answer-memory.ts). What a request holds goes back as its response closes, whichever way
  * it ends (answered; the client gone or reset; cut by SEND_TIMEOUT_SECONDS; a pipelined request's
  * connection gone, connections.ts): one place gives back, so that no path leaks room, which would
- * leave clients refused for good. Also the 429 of a request that finds no room.
+ * leave clients refused for good. A share may also set aside what its request is yet to hold (an
+ * answer not made yet), waiting for room to do so. Also the 429 of a request that finds no room.
  */
 
 /** When to retry a request refused for memory: bodies go as their requests end, answers as their clients read them. */
@@ -30,13 +31,14 @@ export interface MemoryWords {
 
 /**
  * The 429 of `bytes` that do not fit `memory` for `holder`: said as its key's share where that is what
- * they pass, else as the whole budget.
+ * they pass, else as the whole budget; and how long the request waited for room, where it did.
  */
-export function memoryFull(memory: ByteBudget, bytes: number, holder: string | undefined, words: MemoryWords): ApiError {
+export function memoryFull(memory: ByteBudget, bytes: number, holder: string | undefined, words: MemoryWords, waitedSeconds?: number): ApiError {
   const whole = `${words.setting}, ${formatBytes(memory.limit)}`;
   const overShare = holder !== undefined && memory.share < memory.limit && memory.heldBy(holder) + bytes > memory.share;
   const reason = overShare ? words.keyHolds(`${formatBytes(memory.share)} of ${whole}`) : words.serverHolds(whole);
-  return ApiError.rateLimited(words.setting, `Rate limit reached: ${reason} ${words.advice}`, { 'retry-after': String(MEMORY_RETRY_SECONDS) });
+  const waited = waitedSeconds === undefined ? '' : ` (waited ${waitedSeconds}s for room)`;
+  return ApiError.rateLimited(words.setting, `Rate limit reached${waited}: ${reason} ${words.advice}`, { 'retry-after': String(MEMORY_RETRY_SECONDS) });
 }
 
 /** What one request holds of a budget until its response closes. */
@@ -47,6 +49,24 @@ export interface MemoryShare {
   hold(bytes: number): void;
   /** Gives back `bytes` of what it took or held, before the response closes. */
   release(bytes: number): void;
+  /**
+   * Sets `bytes` aside for what the request is yet to hold (an answer not made yet): until settle(), the
+   * share counts at least that much, what it holds meanwhile included. While they do not fit, waits for
+   * what others give back (see RoomWait): true once set aside, false if they did not fit in time.
+   */
+  reserve(bytes: number, wait: RoomWait): Promise<boolean>;
+  /** Ends the reservation: from now on the share counts what it holds. */
+  settle(): void;
+}
+
+/** How long a reservation may wait for room, and what it tells as it begins to. */
+export interface RoomWait {
+  /** Aborts the wait (the client gone): reserve() rejects with its reason. */
+  signal: AbortSignal;
+  /** The longest wait, after which reserve() gives up (false). */
+  maxWaitMs: number;
+  /** Called once, as the wait begins; what it throws ends the wait, and is reserve()'s. */
+  onWait(): void;
 }
 
 /** The request's share of `memory`, all of it given back as its response closes (at once, where it closed already). */
@@ -54,32 +74,53 @@ export function shareOf(request: FastifyRequest, reply: FastifyReply, memory: By
   const holder = clientOf(request);
   const response = reply.raw;
   let held = 0;
+  let reserved = 0;
+  // What the reservation counts beyond what is held: the budget keeps it apart (ByteBudget.setAside).
+  const aside = () => Math.max(0, reserved - held);
   // A response closed already (its client gone while the request waited or its answer was made): a
   // 'close' listened for now would never come, and what it held would stay counted for good.
   let open = !response.destroyed;
   if (open) {
     response.once('close', () => {
       open = false;
+      memory.setAside(-aside(), holder);
       memory.release(held, holder);
-      held = 0;
+      held = reserved = 0;
     });
   }
+  /** Counts `nextHeld` held and `nextReserved` reserved; where `fit` and that counts more than fits, nothing (false). */
+  const count = (nextHeld: number, nextReserved: number, fit: boolean): boolean => {
+    if (!open) return true;
+    const [heldBefore, asideBefore] = [held, aside()];
+    const nextAside = Math.max(0, nextReserved - nextHeld);
+    const more = nextHeld - heldBefore + nextAside - asideBefore;
+    if (fit && more > 0 && more > memory.room(holder)) return false;
+    [held, reserved] = [nextHeld, nextReserved];
+    if (nextHeld >= heldBefore) memory.hold(nextHeld - heldBefore, holder);
+    else memory.release(heldBefore - nextHeld, holder);
+    memory.setAside(nextAside - asideBefore, holder);
+    return true;
+  };
   return {
-    take(bytes) {
-      if (!open) return true;
-      if (!memory.take(bytes, holder)) return false;
-      held += bytes;
+    take: (bytes) => count(held + bytes, reserved, true),
+    hold: (bytes) => void count(held + bytes, reserved, false),
+    release: (bytes) => void count(held - bytes, reserved, false),
+    settle: () => void count(held, 0, false),
+    async reserve(bytes, { signal, maxWaitMs, onWait }) {
+      const fits = () => count(held, Math.max(reserved, bytes), true);
+      if (fits()) return true;
+      onWait();
+      const until = AbortSignal.any([signal, AbortSignal.timeout(maxWaitMs)]);
+      while (!fits()) {
+        try {
+          await memory.freed(until);
+        } catch {
+          if (signal.aborted) throw signal.reason;
+          // The wait's time ran out: a release in the same turn still counts.
+          return fits();
+        }
+      }
       return true;
-    },
-    hold(bytes) {
-      if (!open) return;
-      memory.hold(bytes, holder);
-      held += bytes;
-    },
-    release(bytes) {
-      if (!open) return;
-      memory.release(bytes, holder);
-      held -= bytes;
     },
   };
 }

@@ -123,7 +123,7 @@ export class Metrics implements EngineMetrics {
     );
     this.gaugeReading(
       'imagegen_answer_memory_bytes',
-      'Bytes of answers (b64_json images, streamed events) held in memory for clients that have not read them yet, counted against ANSWER_MEMORY',
+      'Bytes of answers (b64_json images, streamed events) held in memory for clients that have not read them yet, and set aside for answers being made (the most each may take), counted against ANSWER_MEMORY',
       () => this.memory?.answer(),
     );
     collectDefaultMetrics({ register: this.registry, prefix: 'imagegen_' });

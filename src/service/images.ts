@@ -16,6 +16,7 @@ import { editMarks, fitEdit, type EditSource, type InputImage } from './input-im
 import { PromptTokenCounter } from './prompt-tokens.js';
 import { finishedInOrder, requestProgress, type RequestListener } from './request-events.js';
 import { expectedStoreBytes } from './store-space.js';
+import { mostAnswerBytes } from './answer-size.js';
 import { unresolvedModel } from './unresolved-model.js';
 
 /**
@@ -96,6 +97,12 @@ export interface GenerateContext {
    * those that wait behind it when to retry.
    */
   hold?<T>(work: () => Promise<T>, onWait: () => void, estimatedSeconds: number): Promise<T>;
+  /**
+   * Sets aside `bytes`, the most an answer with its images in it (b64_json, a stream) may take, before
+   * its work is queued (the HTTP layer's ANSWER_MEMORY); calls `onWait` if it has to wait for room first
+   * (an error it throws ends the wait, and is the request's), and throws what refuses the request.
+   */
+  reserveAnswer?(bytes: number, onWait: () => void): Promise<void>;
 }
 
 /**
@@ -252,10 +259,12 @@ export function createImageService({ registry, engine, store, defaultRng, defaul
     const { onEvent, finish } = how;
     try {
       const ticket = engine.ticket(batches, context.client, context.limits);
-      // Waiting for the key's slot is waiting in a queue too: it holds a place in the queue (refused,
-      // a 429, when the queue has none), and a streamed answer opens and keeps alive meanwhile.
+      // Waiting for the key's slot, or for room for the answer, is waiting in a queue too: it holds a
+      // place in the queue (refused, a 429, when the queue has none), and a streamed answer opens and
+      // keeps alive meanwhile. One place for both waits.
       let place: (() => void) | undefined;
       const waiting = () => {
+        if (place) return;
         try {
           place = engine.waitOutside(ticket);
         } catch (err) {
@@ -267,7 +276,11 @@ export function createImageService({ registry, engine, store, defaultRng, defaul
         place?.();
         return run(batches, model, context.signal, ticket, onEvent, fields);
       };
-      const images = await (context.hold ? context.hold(making, waiting, ticket.cost).finally(() => place?.()) : making());
+      const made = async () => {
+        if (request.response_format === 'b64_json') await context.reserveAnswer?.(mostAnswerBytes(batches, request.stream === true), waiting);
+        return context.hold ? context.hold(making, waiting, ticket.cost) : making();
+      };
+      const images = await made().finally(() => place?.());
       const generated = performance.now();
       return { generated, data: await finish(images, reservation) };
     } finally {

@@ -1,14 +1,22 @@
+import { EventEmitter, once } from 'node:events';
+
 /**
  * A number of bytes shared out among users: each takes what it needs as it goes, and gives all it took
- * back when done. Nothing waits: a take that does not fit is refused, and the caller says so. A take
- * may name its holder (a client), who then gets at most `share` of the whole, however much is free:
- * else one holder could take all of it and leave every other one refused for as long as it held it.
- * What is in memory already and must stay there (an answer made) is held whether it fits or not, and
- * leaves less room, or none, to what asks next.
+ * back when done. A take that does not fit is refused, and the caller says so, or waits for a release
+ * (`freed`) and asks again. A take may name its holder (a client), who then gets at most `share` of the
+ * whole, however much is free: else one holder could take all of it and leave every other one refused
+ * for as long as it held it. What is in memory already and must stay there (an answer made) is held
+ * whether it fits or not, and leaves less room, or none, to what asks next. Bytes may also be set aside
+ * for what is yet to come (an answer being made): they count as held, and `roomBesidesAside` tells the
+ * room the rest leaves.
  */
 export class ByteBudget {
   private used = 0;
   private readonly holders = new Holdings();
+  private asideTotal = 0;
+  private readonly asideHolders = new Holdings();
+  /** Says 'freed' on each release, to those waiting for room. */
+  private readonly releases = new EventEmitter().setMaxListeners(0);
 
   constructor(
     readonly limit: number,
@@ -20,15 +28,20 @@ export class ByteBudget {
     return new ByteBudget(limit, clientShare(limit, largest));
   }
 
-  /** What all holders hold now (past the limit, where some was held that did not fit). */
+  /** What all holders hold now, set aside included (past the limit, where some was held that did not fit). */
   get held(): number {
     return this.used;
   }
 
   /** What `holder` may take now: what is free, and of a named holder, no more than its share leaves it. */
   room(holder?: string): number {
-    const free = this.limit - this.used;
-    return holder === undefined ? free : Math.min(free, this.share - this.heldBy(holder));
+    return this.roomLeft(this.used, holder === undefined ? undefined : { holder, held: this.heldBy(holder) });
+  }
+
+  /** What `holder` could take were nothing set aside: the room what is held leaves, which only its holders give back. */
+  roomBesidesAside(holder?: string): number {
+    const held = (of: string) => this.heldBy(of) - this.asideHolders.of(of);
+    return this.roomLeft(this.used - this.asideTotal, holder === undefined ? undefined : { holder, held: held(holder) });
   }
 
   /** Takes `bytes` for `holder` if they fit; false (taking nothing) if not. */
@@ -47,6 +60,25 @@ export class ByteBudget {
   release(bytes: number, holder?: string): void {
     this.used -= bytes;
     this.holders.add(holder, -bytes);
+    this.releases.emit('freed');
+  }
+
+  /** Counts `bytes` set aside for `holder` as held, whether they fit or not; negative, gives that many back. */
+  setAside(bytes: number, holder?: string): void {
+    this.asideTotal += bytes;
+    this.asideHolders.add(holder, bytes);
+    if (bytes >= 0) this.hold(bytes, holder);
+    else this.release(-bytes, holder);
+  }
+
+  /** Settles at the next release (whoever gave back, and however little: ask again), or rejects once `signal` aborts. */
+  async freed(signal: AbortSignal): Promise<void> {
+    await once(this.releases, 'freed', { signal });
+  }
+
+  private roomLeft(used: number, of?: { holder: string; held: number }): number {
+    const free = this.limit - used;
+    return of === undefined ? free : Math.min(free, this.share - of.held);
   }
 
   /** What `holder` holds now. */
