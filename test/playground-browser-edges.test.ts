@@ -292,7 +292,7 @@ describe.skipIf(!chromiumPath)(`the playground at its edges${chromiumPath ? '' :
     const link = '#code-files a[download="image.webp"]';
     const head = await page.$eval(link, async (a) => new TextDecoder().decode((await (await fetch((a as HTMLAnchorElement).href)).arrayBuffer()).slice(0, 12)));
     expect(head).toMatch(/^RIFF....WEBP$/s);
-    for (const [language, reads] of [['curl', '-F image=@image.webp'], ['python', 'image=open("image.webp", "rb")'], ['node', "image: fs.createReadStream('image.webp')"]]) {
+    for (const [language, reads] of [['curl', '-F image=@image.webp'], ['python', 'image=open("image.webp", "rb")'], ['node', "image: await toFile(fs.createReadStream('image.webp'), 'image.webp')"]]) {
       expect(await page.textContent(`#code-${language}`)).toContain(reads);
     }
     await page.keyboard.press('Escape');

@@ -73,10 +73,17 @@ function python(base: string, { route, fields, image, mask }: ImageRequest, file
   ].join('\n');
 }
 
+/**
+ * A file the Node code uploads, read whole first: openai-node 7 sends a stream passed as it is while it
+ * reads it, so it cannot send it again, and raises a 429 or 503 at once where it would have retried
+ * (docs/api.md, openai-node versions).
+ */
+const nodeUpload = (name: string): string => `await toFile(fs.createReadStream('${name}'), '${name}')`;
+
 function node(base: string, { route, fields, image, mask }: ImageRequest, file: string): string {
   const params = [
-    ...(image ? [`image: fs.createReadStream('${imageFileName(image)}')`] : []),
-    ...(mask ? ["mask: fs.createReadStream('mask.png')"] : []),
+    ...(image ? [`image: ${nodeUpload(imageFileName(image))}`] : []),
+    ...(mask ? [`mask: ${nodeUpload('mask.png')}`] : []),
     // openai-node sends every key of the params, this server's extensions (seed, steps, ...) included.
     ...Object.entries(fields).map(([name, value]) => `${name}: ${literal(value)}`),
   ];
@@ -84,7 +91,7 @@ function node(base: string, { route, fields, image, mask }: ImageRequest, file: 
     // An ES module (import, top-level await): node reads a .js file as CommonJS and fails on both.
     '// ES module: save as snippet.mjs (or set "type": "module" in package.json), npm install openai, run node snippet.mjs',
     "import fs from 'node:fs';",
-    "import OpenAI from 'openai';",
+    image ? "import OpenAI, { toFile } from 'openai';" : "import OpenAI from 'openai';",
     '',
     `const client = new OpenAI({ baseURL: ${literal(base)}, apiKey: process.env.OPENAI_API_KEY ?? 'none' });`,
     `const result = await client.images.${NODE_METHOD[route]}({`,
