@@ -110,17 +110,25 @@ export function shareOf(request: FastifyRequest, reply: FastifyReply, memory: By
       const fits = () => count(held, Math.max(reserved, bytes), true);
       if (fits()) return true;
       onWait();
-      const until = AbortSignal.any([signal, AbortSignal.timeout(maxWaitMs)]);
-      while (!fits()) {
-        try {
-          await memory.freed(until);
-        } catch {
-          if (signal.aborted) throw signal.reason;
-          // The wait's time ran out: a release in the same turn still counts.
-          return fits();
+      // Its own timer, not AbortSignal.timeout(): joined to another by AbortSignal.any, nothing holds
+      // that one, and Node 20's garbage collector took it, so that the wait never timed out.
+      const deadline = new AbortController();
+      const timer = setTimeout(() => deadline.abort(), maxWaitMs);
+      const until = AbortSignal.any([signal, deadline.signal]);
+      try {
+        while (!fits()) {
+          try {
+            await memory.freed(until);
+          } catch {
+            if (signal.aborted) throw signal.reason;
+            // The wait's time ran out: a release in the same turn still counts.
+            return fits();
+          }
         }
+        return true;
+      } finally {
+        clearTimeout(timer);
       }
-      return true;
     },
   };
 }
