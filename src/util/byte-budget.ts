@@ -1,14 +1,14 @@
 import { EventEmitter, once } from 'node:events';
 
 /**
- * A number of bytes shared out among users: each takes what it needs as it goes, and gives all it took
- * back when done. A take that does not fit is refused, and the caller says so, or waits for a release
- * (`freed`) and asks again. A take may name its holder (a client), who then gets at most `share` of the
- * whole, however much is free: else one holder could take all of it and leave every other one refused
- * for as long as it held it. What is in memory already and must stay there (an answer made) is held
- * whether it fits or not, and leaves less room, or none, to what asks next. Bytes may also be set aside
- * for what is yet to come (an answer being made): they count as held, and `roomBesidesAside` tells the
- * room the rest leaves.
+ * A number of bytes shared out among users: each holds what it needs as it goes, and gives all it held
+ * back when done. What does not fit the `room` left is refused by the caller, which says so, or waits
+ * for a release (`freed`) and asks again (http/memory-share.ts does both). Bytes may be held for a
+ * holder (a client), who then has room for at most `share` of the whole, however much is free: else one
+ * holder could take all of it and leave every other one refused for as long as it held it. What is in
+ * memory already and must stay there (an answer made) is held whether it fits or not, and leaves less
+ * room, or none, to what asks next. Bytes may also be set aside for what is yet to come (an answer
+ * being made): they count as held, and `roomBesidesAside` tells the room the rest leaves.
  */
 export class ByteBudget {
   private used = 0;
@@ -42,13 +42,6 @@ export class ByteBudget {
   roomBesidesAside(holder?: string): number {
     const held = (of: string) => this.heldBy(of) - this.asideHolders.of(of);
     return this.roomLeft(this.used - this.asideTotal, holder === undefined ? undefined : { holder, held: held(holder) });
-  }
-
-  /** Takes `bytes` for `holder` if they fit; false (taking nothing) if not. */
-  take(bytes: number, holder?: string): boolean {
-    if (bytes > this.room(holder)) return false;
-    this.hold(bytes, holder);
-    return true;
   }
 
   /** Counts `bytes` for `holder` whether they fit or not. */
