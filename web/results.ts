@@ -52,7 +52,7 @@ function button(text: string, label: string, onClick: () => void): HTMLButtonEle
 const SHOWN_PROMPT = 200;
 
 /** What the picture is, for screen readers: the prompt it was asked for (its start, when long), or what it varies. */
-export function describe({ request, seed }: Result): string {
+function describe({ request, seed }: Result): string {
   const prompt = String(request.fields.prompt);
   const what = request.route === 'variations' ? 'a variation of the input image' : prompt.length > SHOWN_PROMPT ? `${prompt.slice(0, SHOWN_PROMPT)}…` : prompt;
   return `${request.route === 'edits' ? 'Edit: ' : ''}${what} (seed ${seed})`;

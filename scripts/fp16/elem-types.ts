@@ -37,7 +37,7 @@ export function attribute(node: proto.INodeProto, name: string): proto.IAttribut
   return node.attribute?.find((a) => a.name === name);
 }
 
-export function typeOfValueInfo(info: proto.IValueInfoProto): number | undefined {
+function typeOfValueInfo(info: proto.IValueInfoProto): number | undefined {
   const type = info.type;
   return type?.tensorType?.elemType ?? type?.sequenceType?.elemType?.tensorType?.elemType ?? undefined;
 }

@@ -16,7 +16,7 @@ import { FairOrder } from './fair-order.js';
  */
 
 /** Who a request without a client of its own (no API keys) is, for the queue's fairness. */
-export const ANONYMOUS_CLIENT = 'anonymous';
+const ANONYMOUS_CLIENT = 'anonymous';
 
 export class QueueFullError extends Error {
   constructor(

@@ -47,7 +47,7 @@ const loopbackOrigin = (origin: string): boolean => namesLoopback(parseUrl(origi
  * front of those its proxy adds. Forwarded and X-Real-IP nothing here reads: they are refused, as is
  * X-Forwarded-Host or -Proto without an X-Forwarded-For naming the client.
  */
-export function isLocalClient(request: FastifyRequest): boolean {
+function isLocalClient(request: FastifyRequest): boolean {
   if (UNREAD_FORWARDING.some((name) => request.headers[name] !== undefined)) return false;
   if (request.headers['x-forwarded-for'] === undefined) {
     return isLoopbackAddress(request.ip) && !UNNAMED_CLIENT.some((name) => request.headers[name] !== undefined);

@@ -42,7 +42,7 @@ export function readOutputLine(line: string, stream: 'stdout' | 'stderr'): Outpu
 }
 
 /** The longest piece of one line logged as one: a line longer is logged in pieces this long. */
-export const MAX_OUTPUT_LINE = 16 * 1024;
+const MAX_OUTPUT_LINE = 16 * 1024;
 
 /**
  * Calls `onLine` with each line `input` carries (without its newline; blank ones aside), a line longer than `max` characters

@@ -69,7 +69,7 @@ function incompleteBetaFraction(x: number, a: number, b: number): number {
 }
 
 /** I_x(a, b), the probability that a Beta(a, b) variable is at most x. */
-export function regularizedIncompleteBeta(x: number, a: number, b: number): number {
+function regularizedIncompleteBeta(x: number, a: number, b: number): number {
   if (x <= 0) return 0;
   if (x >= 1) return 1;
   // x^a (1 - x)^b / B(a, b), in logs so that large a, b do not overflow.
