@@ -47,7 +47,7 @@ export interface JobScheduler {
   /** Admits a request joining a group as it would be admitted on its own, or answers why it may not wait (see JobQueue.admit). */
   admit(ticket: Ticket): Error | undefined;
   /**
-   * Bounds the wait of a request in a group as its own would be bounded (QUEUE_TIMEOUT): the group's
+   * Bounds the wait of a request in a group as its own would be bounded (QUEUE_TIMEOUT_SECONDS): the group's
    * place in the queue is not bounded by the queue (see JobOptions.boundsOwnWait) but abandoned once
    * every member left. `expire` gets the error; what it returns cancels the bound.
    */

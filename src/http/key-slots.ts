@@ -11,9 +11,9 @@ import { RedisWakeups, Wakeup } from './redis-wakeups.js';
  * key's slots while its images are made. The slots are leases in a Redis sorted set (member: a lease
  * id, score: when it runs out), counted and taken in one Lua script so that two replicas never both
  * take the last one, and renewed while the request runs: a replica that dies frees its slots when their
- * leases run out (LEASE_MS) rather than holding them for ever. A renewal (every second) puts back a
- * lease Redis lost (a restart without persistence): the request still runs, and the limit counts it
- * again; a request that took the slot in the second before runs beside it.
+ * leases run out (KeySlotsOptions.leaseMs, 30 s) rather than holding them for ever. A renewal (every
+ * second) puts back a lease Redis lost (a restart without persistence): the request still runs, and the
+ * limit counts it again; a request that took the slot in the second before runs beside it.
  *
  * A request that finds no free slot waits, as it would in the queue for its key's running work to end,
  * until one frees, its client leaves, or the queue's time limit passes (503 queue_timeout, with a
@@ -21,7 +21,8 @@ import { RedisWakeups, Wakeup } from './redis-wakeups.js';
  * take the slots that free in the order they came, over all replicas: they wait in a second sorted set
  * (score: when each came), and only those first in it may take a free slot. Each asks again when a
  * request of the key ends or leaves on any replica (a Redis pub/sub message, redis-wakeups.ts), and in
- * any case every POLL_MS, which renews its place; one whose replica died drops out once that runs out.
+ * any case every poll (KeySlotsOptions.pollMs, 200 ms), which renews its place for PLACE_POLLS polls;
+ * one whose replica died drops out once that runs out.
  * Every time kept in Redis (a lease's end, when a request came, its place's expiry, an estimated end)
  * is on Redis's own clock (TIME, read in the scripts): replicas send durations only, so a replica whose
  * clock is off can neither expire the others' leases early nor jump the queue. Our own rather than a
