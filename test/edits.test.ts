@@ -221,6 +221,29 @@ describe('POST /v1/images/edits', () => {
     expect(reading).toMatchObject({ colour: 'blue', shape: 'square' });
   });
 
+  it("takes a form's text 'null', which openai-node says to send for a null it cannot put in a form, as the field omitted", async () => {
+    const image = await png(redCircle);
+    // The SDK types these fields as nullable, but refuses a null in a form and names the text to send instead.
+    await expect(client.images.edit({ model: 'gpt-image-1', image, prompt: 'a blue square', n: null })).rejects.toThrow("to pass null in FormData, you must use the string 'null'");
+    const nullable = ['n', 'size', 'quality', 'response_format', 'output_format', 'output_compression', 'background', 'input_fidelity', 'complexity', 'moderation', 'partial_images', 'stream', 'safety_identifier', 'frame_count', 'frame_duration_ms', 'svg'];
+    // Before, a 400 for each: "Invalid type for 'n': expected an integer, but got the text 'null' instead".
+    const res = await client.images.edit({
+      model: 'gpt-image-1',
+      image,
+      prompt: 'a blue square',
+      ...Object.fromEntries(nullable.map((field) => [field, 'null'])),
+      // Not nullable in the SDK's types: the text itself, echoed as the safety identifier.
+      user: 'null',
+    } as unknown as OpenAI.ImageEditParamsNonStreaming);
+    expect(res).toMatchObject({ output_format: 'png', quality: 'medium', size: '128x128', safety_identifier: 'null' });
+    expect(decoded(res)).toHaveLength(1);
+    // A variation's model 'null' is the one of a request naming none (DEFAULT_MODEL, answered as dall-e-2's).
+    const variation = await client.images.createVariation({ model: 'null', image: await png(redCircle), n: 'null', size: 'null', response_format: 'null' } as unknown as OpenAI.ImageCreateVariationParams);
+    expect(Object.keys(variation).sort()).toEqual(['created', 'data']);
+    expect(variation.data).toHaveLength(1);
+    expect(variation.data![0].url).toMatch(/\.png$/);
+  });
+
   it("takes every field of OpenAI's JSON edit (its EditImageBodyJsonParam), moderation included, which its form lacks but is taken there too", async () => {
     const uri = (bytes: Buffer) => `data:image/png;base64,${bytes.toString('base64')}`;
     const res = await client.post<OpenAI.ImagesResponse>('/images/edits', {

@@ -162,6 +162,18 @@ export function isRequestField(kind: RequestKind, name: string): boolean {
   return Object.hasOwn(REQUEST_SCHEMAS[kind].shape, name);
 }
 
+/** Free text that OpenAI's SDKs type as a plain string (no null): 'null' there is the caller's text. */
+const LITERAL_TEXT_FIELDS: readonly string[] = ['prompt', 'user', 'negative_prompt'];
+
+/**
+ * Whether a form's text part stands for null, that is for the field omitted, as null does in JSON:
+ * openai-node types most fields as nullable but refuses a null in a form, telling its caller to send the
+ * text 'null' instead.
+ */
+export function meansNull(kind: RequestKind, name: string, value: unknown): boolean {
+  return value === 'null' && isRequestField(kind, name) && !LITERAL_TEXT_FIELDS.includes(name);
+}
+
 type RequestFields = z.output<typeof requestFields>;
 
 /**

@@ -2,7 +2,7 @@ import type { FastifyReply, FastifyRequest } from 'fastify';
 import type { Multipart } from '@fastify/multipart';
 import { imageReferenceBytes } from '../api/data-uri.js';
 import { ApiError, describeValue } from '../api/errors.js';
-import { isRequestField, UNSUPPORTED_FIELDS } from '../api/wire.js';
+import { isRequestField, meansNull, UNSUPPORTED_FIELDS } from '../api/wire.js';
 import type { ByteBudget } from '../util/byte-budget.js';
 import { holdBodyMemory } from './body-memory.js';
 import { declaredBodyBytes } from './connections.js';
@@ -185,6 +185,8 @@ async function readParts(request: FastifyRequest, route: UploadRoute, limits: Up
       if (!part.fieldname) {
         throw new ApiError(400, 'A part of the multipart/form-data body has no name (its Content-Disposition lacks name="..."): name every field and file.', { code: 'invalid_multipart' });
       }
+      // Null, as openai-node tells its callers to send it in a form (a GIF or SVG field too, then omitted).
+      if (part.type === 'field' && meansNull(route, part.fieldname, part.value)) continue;
       // OpenAI's fields this server has no use for say why: as a file (an edit's markup), and as the nested
       // fields the SDKs make of an object (svg[model]), which would read as unknown ones.
       const root = part.fieldname.replace(/\[.*/s, '');
