@@ -35,13 +35,12 @@ export class ByteBudget {
 
   /** What `holder` may take now: what is free, and of a named holder, no more than its share leaves it. */
   room(holder?: string): number {
-    return this.roomLeft(this.used, holder === undefined ? undefined : { holder, held: this.heldBy(holder) });
+    return this.roomLeft(this.used, holder === undefined ? undefined : this.heldBy(holder));
   }
 
   /** What `holder` could take were nothing set aside: the room what is held leaves, which only its holders give back. */
   roomBesidesAside(holder?: string): number {
-    const held = (of: string) => this.heldBy(of) - this.asideHolders.of(of);
-    return this.roomLeft(this.used - this.asideTotal, holder === undefined ? undefined : { holder, held: held(holder) });
+    return this.roomLeft(this.used - this.asideTotal, holder === undefined ? undefined : this.heldBy(holder) - this.asideHolders.of(holder));
   }
 
   /** Counts `bytes` for `holder` whether they fit or not. */
@@ -69,9 +68,10 @@ export class ByteBudget {
     await once(this.releases, 'freed', { signal });
   }
 
-  private roomLeft(used: number, of?: { holder: string; held: number }): number {
+  /** The room `used` bytes leave, and where a holder's `holderHeld` are given, no more than its share leaves it. */
+  private roomLeft(used: number, holderHeld?: number): number {
     const free = this.limit - used;
-    return of === undefined ? free : Math.min(free, this.share - of.held);
+    return holderHeld === undefined ? free : Math.min(free, this.share - holderHeld);
   }
 
   /** What `holder` holds now. */
