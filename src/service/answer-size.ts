@@ -1,4 +1,5 @@
 import { outputOf, type GenerationBatch, type OutputFormat } from '../runtime/types.js';
+import { sumOverImages } from './image-bytes.js';
 
 /**
  * The most an answer that carries its images (b64_json, a stream's events) may take, worked out before
@@ -30,14 +31,9 @@ const base64Bytes = (bytes: number) => 4 * Math.ceil(bytes / 3);
  */
 export function mostAnswerBytes(batches: readonly GenerationBatch[], stream: boolean): number {
   const event = stream ? EVENT_BYTES : 0;
-  const images = batches.reduce(
-    (sum, { width, height, items }) =>
-      sum +
-      items.reduce((bytes, item) => {
-        const file = base64Bytes(Math.ceil(width * height * MOST_BYTES_PER_PIXEL[outputOf(item).format]) + FILE_BYTES);
-        return bytes + (1 + (item.partialImages ?? 0)) * (file + event);
-      }, 0),
-    0,
-  );
+  const images = sumOverImages(batches, (pixels, item) => {
+    const file = base64Bytes(Math.ceil(pixels * MOST_BYTES_PER_PIXEL[outputOf(item).format]) + FILE_BYTES);
+    return (1 + (item.partialImages ?? 0)) * (file + event);
+  });
   return stream ? images + STREAM_LINES_BYTES : images;
 }

@@ -1,5 +1,6 @@
 import { outputOf, type GenerationBatch, type OutputFormat } from '../runtime/types.js';
 import { spaceOf } from '../store/space.js';
+import { sumOverImages } from './image-bytes.js';
 
 /**
  * What a url request's images are expected to take in the image store, reserved before they are
@@ -19,8 +20,5 @@ const FILE_OVERHEAD = 1024;
 
 /** Each image as the store counts it (spaceOf: at least a disk block), so that a small image's put never claims more than was reserved. */
 export function expectedStoreBytes(batches: readonly GenerationBatch[]): number {
-  return batches.reduce(
-    (sum, b) => sum + b.items.reduce((bytes, item) => bytes + spaceOf(b.width * b.height * BYTES_PER_PIXEL[outputOf(item).format] + FILE_OVERHEAD), 0),
-    0,
-  );
+  return sumOverImages(batches, (pixels, item) => spaceOf(pixels * BYTES_PER_PIXEL[outputOf(item).format] + FILE_OVERHEAD));
 }
