@@ -80,14 +80,6 @@ export function shareOf(request: FastifyRequest, reply: FastifyReply, memory: By
   // A response closed already (its client gone while the request waited or its answer was made): a
   // 'close' listened for now would never come, and what it held would stay counted for good.
   let open = !response.destroyed;
-  if (open) {
-    response.once('close', () => {
-      open = false;
-      memory.setAside(-aside(), holder);
-      memory.release(held, holder);
-      held = reserved = 0;
-    });
-  }
   /** Counts `nextHeld` held and `nextReserved` reserved; where `fit` and that counts more than fits, nothing (false). */
   const count = (nextHeld: number, nextReserved: number, fit: boolean): boolean => {
     if (!open) return true;
@@ -101,6 +93,13 @@ export function shareOf(request: FastifyRequest, reply: FastifyReply, memory: By
     memory.setAside(nextAside - asideBefore, holder);
     return true;
   };
+  // Whichever way the response closes, all the share held and set aside goes back, through count as all else.
+  if (open) {
+    response.once('close', () => {
+      count(0, 0, false);
+      open = false;
+    });
+  }
   return {
     take: (bytes) => count(held + bytes, reserved, true),
     hold: (bytes) => void count(held + bytes, reserved, false),
