@@ -277,7 +277,8 @@ export function createImageService({ registry, engine, store, defaultRng, defaul
         return run(batches, model, context.signal, ticket, onEvent, fields);
       };
       const made = async () => {
-        if (request.response_format === 'b64_json') await context.reserveAnswer?.(mostAnswerBytes(batches, request.stream === true), waiting);
+        // Only an answer that holds memory (b64_json, a stream) has one: the HTTP layer decides which do.
+        await context.reserveAnswer?.(mostAnswerBytes(batches, request.stream === true), waiting);
         return context.hold ? context.hold(making, waiting, ticket.cost) : making();
       };
       const images = await made().finally(() => place?.());
