@@ -6,7 +6,7 @@ import sharp from 'sharp';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { snippetsOf } from '../web/snippets.js';
 import { holdNextBatch } from './helpers/busy-worker.js';
-import { generate, MODEL, OPS_KEY, scrape, startOpsServer, type OpsServer } from './helpers/ops-server.js';
+import { generate, metric, MODEL, OPS_KEY, scrape, startOpsServer, type OpsServer } from './helpers/ops-server.js';
 import { readImageFile } from './helpers/picture.js';
 
 /**
@@ -41,9 +41,7 @@ function runSnippet(): Promise<{ status: number | null; stderr: string }> {
 
 /** Edits the server answered 429, from its metrics. */
 async function editsRefused(): Promise<number> {
-  const text = await scrape(ops.server.url);
-  const line = text.split('\n').find((l) => l.startsWith('imagegen_http_requests_total{') && l.includes('route="/v1/images/edits"') && l.includes('status="429"'));
-  return line === undefined ? 0 : Number(line.split(' ').pop());
+  return metric(await scrape(ops.server.url), 'imagegen_http_requests_total{method="POST",route="/v1/images/edits",status="429"}') ?? 0;
 }
 
 describe("the playground's Node snippet of an edit", () => {
