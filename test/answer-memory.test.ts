@@ -152,6 +152,34 @@ describe.skipIf(KERNEL_TOO_LARGE)(`answers left unread${SKIPPED}`, () => {
     }
   }, 120_000);
 
+  it('take the room given back in the order their requests came: a small request waits behind a large one that waits, rather than pass it', async () => {
+    // One client (a server without keys), its share 12 MiB: an unread large answer (9.7 MB) leaves
+    // room for a small answer, but not for another large one's most (its whole share).
+    const server = await withLargeModel(await startTestServer({ config: { answerMemory: 24 * MiB } }));
+    const port = Number(new URL(server.origin).port);
+    const unread = [unreadRequest(port, post(TEST_KEY, { ...LARGE, prompt: 'a red circle', seed: 1 }))];
+    const madeAt = (seed: number) => server.engine.batches.findIndex((batch) => batch.items[0].seed === seed);
+    try {
+      await expect.poll(() => answerBytes(server, TEST_KEY), { timeout: 30_000 }).toBeGreaterThan(9 * 1e6);
+      unread.push(unreadRequest(port, post(TEST_KEY, { ...LARGE, prompt: 'a blue square', seed: 2 })));
+      await new Promise((resolve) => setTimeout(resolve, 1000));
+      expect(madeAt(2)).toBe(-1);
+      // It would fit beside the unread answer, but the large one waits before it. Before, it went at once,
+      // and a steady flow of such requests kept the large one waiting until its 429.
+      const small = server.client.images.generate({ model: 'stub', prompt: 'a red circle', size: '64x64', response_format: 'b64_json', seed: 3 } as OpenAI.ImageGenerateParamsNonStreaming);
+      await new Promise((resolve) => setTimeout(resolve, 1500));
+      expect(madeAt(3)).toBe(-1);
+      const first = JSON.parse(await readAnswer(unread[0])) as { data: unknown[] };
+      expect(first.data).toHaveLength(10);
+      expect(await firstImageSize((await small).data!)).toBe('64x64');
+      expect(madeAt(2)).toBeGreaterThanOrEqual(0);
+      expect(madeAt(2)).toBeLessThan(madeAt(3));
+    } finally {
+      for (const socket of unread) socket.destroy();
+      await server.close();
+    }
+  }, 60_000);
+
   it('wait for room at most QUEUE_TIMEOUT_SECONDS, then get the 429 (a stream as its error event)', async () => {
     // A share of 12 MiB: one unread large answer (9.7 MB) leaves room, though not for another one's most.
     const server = await withLargeModel(await startTestServer({ config: { answerMemory: 24 * MiB, queueTimeoutSeconds: 2 } }));

@@ -107,24 +107,21 @@ export function shareOf(request: FastifyRequest, reply: FastifyReply, memory: By
     settle: () => void count(held, 0, false),
     async reserve(bytes, { signal, maxWaitMs, onWait }) {
       const fits = () => count(held, Math.max(reserved, bytes), true);
-      if (fits()) return true;
-      onWait();
       // Its own timer, not AbortSignal.timeout(): joined to another by AbortSignal.any, nothing holds
       // that one, and Node 20's garbage collector took it, so that the wait never timed out.
       const deadline = new AbortController();
-      const timer = setTimeout(() => deadline.abort(), maxWaitMs);
-      const until = AbortSignal.any([signal, deadline.signal]);
+      let timer: NodeJS.Timeout | undefined;
+      const waits = () => {
+        onWait();
+        timer = setTimeout(() => deadline.abort(), maxWaitMs);
+      };
       try {
-        while (!fits()) {
-          try {
-            await memory.freed(until);
-          } catch {
-            if (signal.aborted) throw signal.reason;
-            // The wait's time ran out: a release in the same turn still counts.
-            return fits();
-          }
-        }
+        await memory.takeInTurn(holder, bytes, fits, { signal: AbortSignal.any([signal, deadline.signal]), onWait: waits });
         return true;
+      } catch (err) {
+        if (signal.aborted) throw signal.reason;
+        if (deadline.signal.aborted) return false;
+        throw err;
       } finally {
         clearTimeout(timer);
       }

@@ -3,12 +3,17 @@ import { EventEmitter, once } from 'node:events';
 /**
  * A number of bytes shared out among users: each holds what it needs as it goes, and gives all it held
  * back when done. What does not fit the `room` left is refused by the caller, which says so, or waits
- * for a release (`freed`) and asks again (http/memory-share.ts does both). Bytes may be held for a
+ * its turn for room to be given back (`takeInTurn`; http/memory-share.ts does both). Bytes may be held for a
  * holder (a client), who then has room for at most `share` of the whole, however much is free: else one
  * holder could take all of it and leave every other one refused for as long as it held it. What is in
  * memory already and must stay there (an answer made) is held whether it fits or not, and leaves less
  * room, or none, to what asks next. Bytes may also be set aside for what is yet to come (an answer
  * being made): they count as held, and `roomBesidesAside` tells the room the rest leaves.
+ *
+ * Those waiting for room take it in the order they came (takeInTurn), as Go's semaphore.Weighted does:
+ * let each take whatever fitted on a release, a request needing much lost every race to a flow of small
+ * ones and waited out its time. Our own rather than a semaphore library: none counts bytes held past the
+ * limit, per-holder shares and bytes set aside, which the waits here are for.
  */
 export class ByteBudget {
   private used = 0;
@@ -17,6 +22,8 @@ export class ByteBudget {
   private readonly asideHolders = new Holdings();
   /** Says 'freed' on each release, to those waiting for room. */
   private readonly releases = new EventEmitter().setMaxListeners(0);
+  /** Those waiting for room, in the order they came. */
+  private readonly waiting: Waiter[] = [];
 
   constructor(
     readonly limit: number,
@@ -63,9 +70,39 @@ export class ByteBudget {
     else this.release(-bytes, holder);
   }
 
-  /** Settles at the next release (whoever gave back, and however little: ask again), or rejects once `signal` aborts. */
-  async freed(signal: AbortSignal): Promise<void> {
-    await once(this.releases, 'freed', { signal });
+  /**
+   * Runs `take`, which takes room for `bytes` more of `holder`'s where they fit (true) and else nothing
+   * (false), in its turn: at once unless an earlier waiter stands in its way (mayGo), and else, having
+   * called `wait.onWait` (what it throws ends the wait), after each release until it does take, resolving
+   * then; rejects, having taken nothing, once `wait.signal` aborts.
+   */
+  async takeInTurn(holder: string | undefined, bytes: number, take: () => boolean, wait: { signal: AbortSignal; onWait(): void }): Promise<void> {
+    if (this.mayGo(holder, this.waiting) && take()) return;
+    wait.onWait();
+    const { signal } = wait;
+    const me: Waiter = { holder, bytes };
+    this.waiting.push(me);
+    try {
+      do await once(this.releases, 'freed', { signal });
+      while (!(this.mayGo(holder, this.waiting.slice(0, this.waiting.indexOf(me))) && take()));
+    } finally {
+      this.waiting.splice(this.waiting.indexOf(me), 1);
+      // Those behind it may go now: it took its room, or stands in their way no longer.
+      this.releases.emit('freed');
+    }
+  }
+
+  /**
+   * Whether `holder`'s request may take room before `ahead`, those waiting that came before it: not
+   * while one of the same holder's waits (its turn is first), nor while one waits that only the whole
+   * budget is short for (what this one took would leave it shorter still). One waiting for its holder's
+   * share to free up stands in no other holder's way: it waits on its own holder's answers, and other
+   * holders are served meanwhile, which is what shares are for.
+   */
+  private mayGo(holder: string | undefined, ahead: readonly Waiter[]): boolean {
+    const inTheWay = (waiter: Waiter) =>
+      waiter.holder === holder || (waiter.bytes > this.room() && (waiter.holder === undefined || waiter.bytes <= this.share - this.heldBy(waiter.holder)));
+    return !ahead.some(inTheWay);
   }
 
   /** The room `used` bytes leave, and where a holder's `holderHeld` are given, no more than its share leaves it. */
@@ -78,6 +115,12 @@ export class ByteBudget {
   heldBy(holder: string): number {
     return this.holders.of(holder);
   }
+}
+
+/** One waiting for room: whose request, and how many bytes more it needs. */
+interface Waiter {
+  holder?: string;
+  bytes: number;
 }
 
 /**
