@@ -324,6 +324,24 @@ describe('dall-e names and installed ids', () => {
     for (const params of accepted) expect((await generate({ response_format: 'b64_json', ...params })).data).toHaveLength((params.n as number | undefined) ?? 1);
   });
 
+  it('counts characters as OpenAI does, an emoji (two UTF-16 units in JavaScript) as one, in a prompt and a safety identifier', async () => {
+    const emoji = (count: number) => '🎨'.repeat(count);
+    // dall-e-2's 1000 characters, and openai-node 7's 128 for safety_identifier, met in emoji: taken.
+    const taken = await generate({ model: 'dall-e-2', prompt: emoji(1000), response_format: 'b64_json' });
+    expect(taken.data).toHaveLength(1);
+    expect(server.engine.batches.at(-1)!.items[0].prompt).toBe(emoji(1000));
+    expect((await generate({ model: 'gpt-image-1', safety_identifier: emoji(128) })).safety_identifier).toBe(emoji(128));
+    // One more is refused, the length said in characters.
+    const refused: Array<[Record<string, unknown>, string, string]> = [
+      [{ model: 'dall-e-2', prompt: emoji(1001) }, 'prompt', "Invalid 'prompt': string too long. Expected a string with maximum length 1000, but got a string with length 1001 instead."],
+      [{ model: 'gpt-image-1', safety_identifier: emoji(129) }, 'safety_identifier', "Invalid 'safety_identifier': string too long. Expected a string with maximum length 128, but got a string with length 129 instead."],
+    ];
+    for (const [params, param, message] of refused) {
+      const err = await apiError(generate(params), OpenAI.BadRequestError);
+      expect({ param: err.param, code: err.code, message: (err.error as { message: string }).message }).toEqual({ param, code: 'string_above_max_length', message });
+    }
+  });
+
   it("keeps the server's prompt limit for a request without a model, even where DEFAULT_MODEL is a dall-e name", async () => {
     const dallEDefault = await startTestServer({ aliases: { 'dall-e-2': 'stub' }, config: { defaultModel: 'dall-e-2' } });
     try {

@@ -356,7 +356,8 @@ function toApiError(issue: z.core.$ZodIssue, form = false): ApiError {
       const above = issue.code === 'too_big';
       const limit = above ? issue.maximum : issue.minimum;
       if (issue.origin === 'string') {
-        const got = String(issue.input ?? '').length;
+        // In characters (code points), as zod's check and OpenAI count them: an emoji is one, two in a JavaScript string's length.
+        const got = z.core.util.codePointLength(String(issue.input ?? ''));
         if (got === 0) {
           return ApiError.invalid(param, 'empty_string', `Invalid '${param}': empty string. Expected a string with minimum length ${limit}, but got an empty string instead.`);
         }
