@@ -427,6 +427,9 @@ describe('edit errors', () => {
     expect(word.message).toMatch(/Invalid type for 'n': expected an integer, but got the text 'many' instead \(a multipart form sends it as digits only, e\.g\. 2\)\.$/);
     const yes = await expectApiError(edit({ stream: 'yes' as unknown as false }), OpenAI.BadRequestError, 400, 'stream', 'invalid_type');
     expect(yes.message).toMatch(/expected a boolean, but got the text 'yes' instead \(a multipart form sends it as true or false\)/);
+    // A long text is quoted cut at 40 characters, not amid an emoji's two UTF-16 halves (a lone surrogate no client shows).
+    const emoji = await expectApiError(edit({ n: `a${'🎨'.repeat(50)}` as unknown as number }), OpenAI.BadRequestError, 400, 'n', 'invalid_type');
+    expect(emoji.message).toContain(`the text 'a${'🎨'.repeat(39)}...' instead`);
     await expectApiError(edit({ stream: true, response_format: 'url' } as Record<string, unknown>), OpenAI.BadRequestError, 400, 'response_format', 'unsupported_value');
     await expectApiError(edit({ strength: 0.1, steps: 4 }), OpenAI.BadRequestError, 400, 'strength', 'invalid_value');
     // A strength so low that it leaves the model's scheduler fewer steps than the preset's: the strength is named

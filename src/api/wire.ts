@@ -329,7 +329,10 @@ const EXPECTED: Record<string, string> = { string: 'a string', number: 'a number
  * "got a string" says nothing to the caller; the text itself, and how to write one, does.
  */
 function formText(expected: string, text: string): string {
-  const shown = text.length > 40 ? `${text.slice(0, 40)}...` : text;
+  // Cut by characters (code points), not UTF-16 units: cut between an emoji's two halves, the message
+  // carried a lone surrogate, which JSON.stringify writes as an escape no client shows as a character.
+  const characters = [...text];
+  const shown = characters.length > 40 ? `${characters.slice(0, 40).join('')}...` : text;
   const spelling = expected === 'a boolean' ? 'true or false' : expected === 'an integer' ? 'digits only, e.g. 2' : 'a number, e.g. 0.5';
   return `the text '${shown}' instead (a multipart form sends it as ${spelling})`;
 }
