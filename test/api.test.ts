@@ -128,6 +128,7 @@ describe('POST /v1/images/generations', () => {
     expect(response.headers.get('content-type')).toMatch(/^application\/json/);
     expect(request_id).toMatch(/^req_[0-9a-f]{32}$/);
     expect(Number(response.headers.get('openai-processing-ms'))).toBeGreaterThanOrEqual(0);
+    expect(response.headers.get('openai-version')).toBe('2020-10-01');
   });
 });
 

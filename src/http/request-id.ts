@@ -21,10 +21,14 @@ export function requestId(req: IncomingMessage): string {
   return typeof sent === 'string' && CLIENT_ID.test(sent) ? sent : newRequestId();
 }
 
-/** OpenAI's response headers: the request id and the time taken. */
+/** The API version OpenAI's answers name in `openai-version`, whose wire format ours follows. */
+const OPENAI_VERSION = '2020-10-01';
+
+/** OpenAI's response headers: the request id, the time taken and the API version. */
 export function stampReply(request: FastifyRequest, reply: FastifyReply): void {
   reply.header('x-request-id', request.id);
   reply.header('openai-processing-ms', Math.round(reply.elapsedTime).toString());
+  reply.header('openai-version', OPENAI_VERSION);
 }
 
 async function requestIdPlugin(app: FastifyInstance): Promise<void> {
