@@ -248,6 +248,20 @@ describe('authentication', () => {
     expect(body.error.message).toMatch(/^You didn't provide an API key/);
   });
 
+  it('refuses the key as a Basic password (OpenAI takes it so), saying why and how to send it', async () => {
+    const res = await fetch(`${server.baseURL}/images/generations`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', authorization: `Basic ${Buffer.from(`:${TEST_KEY}`).toString('base64')}` },
+      body: JSON.stringify({ model: 'stub', prompt: 'x' }),
+    });
+    expect(res.status).toBe(401);
+    const body = await res.json();
+    expect(body.error).toMatchObject({ type: 'invalid_request_error', param: null, code: null });
+    expect(body.error.message).toBe(
+      "Basic auth is not accepted here (a browser would send it on any web page's behalf). You need to provide your API key in an Authorization header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY) (with curl, -H 'Authorization: Bearer YOUR_KEY' rather than -u :YOUR_KEY).",
+    );
+  });
+
   it('guards the models endpoints but not /health or image files', async () => {
     expect((await fetch(`${server.baseURL}/models`)).status).toBe(401);
     expect((await fetch(`${server.origin}/health`)).status).toBe(200);

@@ -75,11 +75,13 @@ async function authPlugin(app: FastifyInstance, options: AuthOptions): Promise<v
     }
     const sent = bearerKey(request.headers.authorization);
     if (!sent) {
-      throw new ApiError(
-        401,
-        "You didn't provide an API key. You need to provide your API key in an Authorization header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY).",
-        { headers: REFUSAL_HEADERS },
-      );
+      // OpenAI also takes the key as a Basic password (`curl -u :KEY`). Not here: a browser given Basic
+      // credentials once sends them with every request to the server, a multipart form posted by any page
+      // too (no CORS preflight stops it), where a Bearer key goes only where code puts it.
+      const basic = /^Basic\b/i.test(request.headers.authorization ?? '');
+      const why = basic ? 'Basic auth is not accepted here (a browser would send it on any web page\'s behalf). ' : "You didn't provide an API key. ";
+      const curl = basic ? " (with curl, -H 'Authorization: Bearer YOUR_KEY' rather than -u :YOUR_KEY)" : '';
+      throw new ApiError(401, `${why}You need to provide your API key in an Authorization header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY)${curl}.`, { headers: REFUSAL_HEADERS });
     }
     const found = keys.find(sent);
     if (!found) {
