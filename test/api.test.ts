@@ -364,6 +364,35 @@ describe('backpressure and cancellation', () => {
   });
 });
 
+describe('waits', () => {
+  it('bounds all of a request\'s waits together by QUEUE_TIMEOUT_SECONDS: what it waited for room for its answer counts in the queue', async () => {
+    const engine = new FakeEngine(1, 4, 3000);
+    // Room for one b64_json answer's most (a 64x64 PNG's, 14 KB) at a time.
+    const busy = await startTestServer({ engine, config: { answerMemory: 20_000, queueTimeoutSeconds: 3 } });
+    try {
+      engine.hold();
+      const gone = new AbortController();
+      const first = busy.client.images.generate({ model: 'stub', prompt: 'first', response_format: 'b64_json' }, { signal: gone.signal, maxRetries: 0 }).catch(() => 'gone');
+      await expect.poll(() => engine.load().running).toBe(1);
+      const came = performance.now();
+      const late = apiError(busy.client.images.generate({ model: 'stub', prompt: 'late', response_format: 'b64_json' }, { maxRetries: 0 }));
+      // It waits for the room the first one set aside; its client leaving gives it back, and the late
+      // one queues behind its job, which runs on (a running job is never interrupted).
+      await new Promise((resolve) => setTimeout(resolve, 1500));
+      gone.abort();
+      expect(await first).toBe('gone');
+      const err = await late;
+      expect({ status: err.status, code: err.code }).toEqual({ status: 503, code: 'queue_timeout' });
+      // About 3 s in all. Before, its time in the queue was bounded afresh: 1.5 + 3 s.
+      expect(performance.now() - came).toBeLessThan(4000);
+      expect(err.message).toMatch(/waited 3s/);
+    } finally {
+      engine.release();
+      await busy.close();
+    }
+  });
+});
+
 describe('image store limits', () => {
   it('stores none of the images when they do not fit, so a failed response leaves nothing behind', async () => {
     const sizes = (await generate({ n: 2, seed: 5, response_format: 'b64_json' })).data!.map((image) => Buffer.from(image.b64_json!, 'base64').length);

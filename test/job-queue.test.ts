@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { JobQueue, QueueClosedError, QueueFullError, Ticket } from '../src/engine/job-queue.js';
+import { JobQueue, QueueClosedError, QueueFullError, QueueTimeoutError, Ticket } from '../src/engine/job-queue.js';
 
 /** The engine's admission control: bounded waiting, cancellation of waiting jobs only. */
 
@@ -65,6 +65,25 @@ describe('JobQueue', () => {
     places[1]();
     g.open();
     expect(await Promise.all([running, bob, hers])).toEqual([undefined, 'bob', 'alice']);
+  });
+
+  it("bounds a request's first wait as a whole: what it waited outside the queue (for its answer's room, its key's slot) counts", async () => {
+    const queue = new JobQueue(1, 4, { maxWaitMs: 1200 });
+    const g = gate();
+    const running = queue.run(() => g.opened);
+    const ticket = new Ticket('alice', 1);
+    const leave = queue.waitOutside(ticket);
+    ticket.waited();
+    await new Promise((resolve) => setTimeout(resolve, 800));
+    leave();
+    const queued = performance.now();
+    const late = await queue.run(async () => 'never', undefined, { ticket }).catch((err: unknown) => err);
+    // About 400 ms in the queue: 1200 in all. Before, the queue's own 1200 began as it queued.
+    expect(late).toBeInstanceOf(QueueTimeoutError);
+    expect(performance.now() - queued).toBeLessThan(1000);
+    expect((late as QueueTimeoutError).waitedSeconds).toBe(1);
+    g.open();
+    await running;
   });
 
   it('drops a waiting job when its signal aborts, but lets a running one finish', async () => {

@@ -231,6 +231,11 @@ describe.skipIf(!REDIS_SERVER)(`'concurrent' slots shared through Redis${NO_REDI
     const held = slots.hold(key, never, first.work);
     await untilRunning(first.state);
     await expect(slots.hold(key, never, async () => undefined)).rejects.toMatchObject({ status: 503, code: 'queue_timeout', headers: { 'retry-after': '1' } });
+    // What the request waited before (for room for its answer) counts: one that waited all of it already gets its 503 at once.
+    const { slots: longer } = await replica({ maxWaitMs: 60_000 });
+    const started = performance.now();
+    await expect(longer.hold(key, never, async () => undefined, () => 60_000)).rejects.toMatchObject({ status: 503, code: 'queue_timeout', message: expect.stringMatching(/this request waited 60s for one to end/) });
+    expect(performance.now() - started).toBeLessThan(30_000);
     // On a replica without a longest wait: the 200 ms above passed, on a loaded machine, while the
     // request asked Redis twice and subscribed, and it got that 503 before its client's leaving was seen.
     const { slots: patient } = await replica();

@@ -75,6 +75,8 @@ export class Ticket {
   admitted = false;
   started = false;
   private readonly onStart = new Set<() => void>();
+  /** When the request began to wait, outside the queue (waitOutside) or in it. */
+  private waitingSince?: number;
 
   constructor(
     readonly client = ANONYMOUS_CLIENT,
@@ -89,6 +91,16 @@ export class Ticket {
     this.started = true;
     for (const disarm of this.onStart) disarm();
     this.onStart.clear();
+  }
+
+  /**
+   * The ms the request has waited for its first job to start, its wait's clock started now if it had
+   * not begun to wait: what it waited outside the queue (for room for its answer, for its key's slot)
+   * counts against the same maxWaitMs as its time in the queue.
+   */
+  waited(): number {
+    this.waitingSince ??= performance.now();
+    return performance.now() - this.waitingSince;
   }
 
   /** Calls `disarm` when the request starts; returns what cancels that. */
@@ -291,12 +303,16 @@ export class JobQueue {
   /**
    * Calls `expire` with a QueueTimeoutError once maxWaitMs passed, unless cancelled (by what this
    * returns) first, or the ticket started while `untilStarted`: nothing at all when it has already.
+   * Until the request starts, the time it waited before it queued counts (Ticket.waited): a request
+   * that waited for room for its answer, then its key's slot, then a worker, waited at most maxWaitMs
+   * in all, not that much for each. A requeued job's wait (not `untilStarted`) is bounded afresh.
    */
   private limitWait(ticket: Ticket, expire: (err: QueueTimeoutError) => void, untilStarted: boolean): () => void {
     const limit = this.options.maxWaitMs;
     if (limit === undefined || (untilStarted && ticket.started)) return () => undefined;
     const queued = performance.now();
-    const timer = setTimeout(() => expire(this.timedOut(queued, ticket)), limit);
+    const waitedBefore = untilStarted ? ticket.waited() : 0;
+    const timer = setTimeout(() => expire(this.timedOut(queued, waitedBefore, ticket)), Math.max(0, limit - waitedBefore));
     const forget = untilStarted ? ticket.whenStarted(() => clearTimeout(timer)) : () => undefined;
     return () => (clearTimeout(timer), forget());
   }
@@ -400,9 +416,9 @@ export class JobQueue {
   }
 
   /** The error of a job of `ticket` that waited since `queued` too long. */
-  private timedOut(queued: number, ticket: Ticket): QueueTimeoutError {
+  private timedOut(queued: number, waitedBefore: number, ticket: Ticket): QueueTimeoutError {
     this.options.onWaited?.(performance.now() - queued);
-    const waited = Math.round((performance.now() - queued) / 1000);
+    const waited = Math.round((performance.now() - queued + waitedBefore) / 1000);
     // With no worker to run anything, the work ahead says nothing of when one will be back.
     if (this.concurrency === 0) return new QueueTimeoutError(waited, NO_WORKER_RETRY_SECONDS, true);
     const { maxConcurrent } = ticket.limits;

@@ -2,6 +2,7 @@ import { randomBytes } from 'node:crypto';
 import type { Redis, Result } from 'ioredis';
 import type { Logger } from 'pino';
 import { ApiError } from '../api/errors.js';
+import type { OnWait } from '../service/images.js';
 import type { ApiKey } from './keys.js';
 import { RedisFallback } from './redis.js';
 import { RedisWakeups, Wakeup } from './redis-wakeups.js';
@@ -205,7 +206,7 @@ export class KeySlots {
    * Runs `work` holding one of the key's slots; a key without a `concurrent` limit holds none.
    * `estimatedSeconds`: how long the work is expected to take, for the Retry-After of requests that wait for it.
    */
-  async hold<T>(key: Pick<ApiKey, 'label' | 'limits'> | null, signal: AbortSignal, work: () => Promise<T>, onWait?: () => void, estimatedSeconds = 0): Promise<T> {
+  async hold<T>(key: Pick<ApiKey, 'label' | 'limits'> | null, signal: AbortSignal, work: () => Promise<T>, onWait?: OnWait, estimatedSeconds = 0): Promise<T> {
     const limit = key?.limits?.concurrent;
     if (!key || limit === undefined) return work();
     const keys = keysOf(key.label);
@@ -230,8 +231,8 @@ export class KeySlots {
   }
 
   /** Waits for a slot (calling `onWait` when it begins to wait): true once taken, false when Redis cannot be asked (the work then runs unshared). */
-  private async take(keys: ReturnType<typeof keysOf>, limit: number, id: string, signal: AbortSignal, label: string, estimatedMs: number, onWait?: () => void): Promise<boolean> {
-    const came = performance.now();
+  private async take(keys: ReturnType<typeof keysOf>, limit: number, id: string, signal: AbortSignal, label: string, estimatedMs: number, onWait?: OnWait): Promise<boolean> {
+    let came = performance.now();
     // Whatever ends the wait but a slot leaves no place behind to hold up the requests after it.
     const leave = () => this.forget(keys, id);
     const wakeup = new Wakeup();
@@ -259,16 +260,17 @@ export class KeySlots {
         this.status.answered();
         placed = true;
         if (taken === 1) return true;
-        const waited = performance.now() - came;
         // Said once, as the wait begins: a streamed answer opens then (see GenerateContext.hold). A
-        // refusal from it (the queue has no place to wait in) ends the wait.
+        // refusal from it (the queue has no place to wait in) ends the wait. What the request waited
+        // before (for room for its answer) counts against maxWaitMs too.
         try {
-          onWait?.();
+          came -= onWait?.() ?? 0;
         } catch (err) {
           void leave();
           throw err;
         }
         onWait = undefined;
+        const waited = performance.now() - came;
         if (this.options.maxWaitMs !== undefined && waited >= this.options.maxWaitMs) {
           void leave();
           const retry = await this.retryAfter(keys);

@@ -65,8 +65,11 @@ export interface RoomWait {
   signal: AbortSignal;
   /** The longest wait, after which reserve() gives up (false). */
   maxWaitMs: number;
-  /** Called once, as the wait begins; what it throws ends the wait, and is reserve()'s. */
-  onWait(): void;
+  /**
+   * Called once, as the wait begins; what it throws ends the wait, and is reserve()'s. Returns the ms
+   * the request waited already (in other waits before this one), which `maxWaitMs` bounds as well.
+   */
+  onWait(): number;
 }
 
 /** The request's share of `memory`, all of it given back as its response closes (at once, where it closed already). */
@@ -112,8 +115,8 @@ export function shareOf(request: FastifyRequest, reply: FastifyReply, memory: By
       const deadline = new AbortController();
       let timer: NodeJS.Timeout | undefined;
       const waits = () => {
-        onWait();
-        timer = setTimeout(() => deadline.abort(), maxWaitMs);
+        const waitedBefore = onWait();
+        timer = setTimeout(() => deadline.abort(), Math.max(0, maxWaitMs - waitedBefore));
       };
       try {
         await memory.takeInTurn(holder, bytes, fits, { signal: AbortSignal.any([signal, deadline.signal]), onWait: waits });

@@ -92,18 +92,24 @@ export interface GenerateContext {
   owner?: string;
   /**
    * Runs the making of the images holding what the client may hold at once over all servers (a key's
-   * `concurrent` slot), calling `onWait` if it has to wait for one first (an error it throws ends the
-   * wait, and is the request's); `estimatedSeconds`, how long the making is expected to take, tells
-   * those that wait behind it when to retry.
+   * `concurrent` slot), calling `onWait` if it has to wait for one first (see OnWait); `estimatedSeconds`,
+   * how long the making is expected to take, tells those that wait behind it when to retry.
    */
-  hold?<T>(work: () => Promise<T>, onWait: () => void, estimatedSeconds: number): Promise<T>;
+  hold?<T>(work: () => Promise<T>, onWait: OnWait, estimatedSeconds: number): Promise<T>;
   /**
    * Sets aside `bytes`, the most an answer with its images in it (b64_json, a stream) may take, before
    * its work is queued (the HTTP layer's ANSWER_MEMORY); calls `onWait` if it has to wait for room first
-   * (an error it throws ends the wait, and is the request's), and throws what refuses the request.
+   * (see OnWait), and throws what refuses the request.
    */
-  reserveAnswer?(bytes: number, onWait: () => void): Promise<void>;
+  reserveAnswer?(bytes: number, onWait: OnWait): Promise<void>;
 }
+
+/**
+ * Called once as a wait outside the queue begins (GenerateContext.hold, reserveAnswer): an error it
+ * throws ends the wait, and is the request's. Returns the ms the request has waited already, in its
+ * waits before this one: QUEUE_TIMEOUT_SECONDS bounds them all together, its time in the queue too.
+ */
+export type OnWait = () => number;
 
 /**
  * How a request's images reach its client: `finish` takes them once made (and answers the response's
@@ -263,14 +269,15 @@ export function createImageService({ registry, engine, store, defaultRng, defaul
       // place in the queue (refused, a 429, when the queue has none), and a streamed answer opens and
       // keeps alive meanwhile. One place for both waits.
       let place: (() => void) | undefined;
-      const waiting = () => {
-        if (place) return;
+      const waiting: OnWait = () => {
+        if (place) return ticket.waited();
         try {
           place = engine.waitOutside(ticket);
         } catch (err) {
           throw queueRefusal(err) ?? err;
         }
         onEvent?.({ type: 'queued', ahead: engine.load().queued });
+        return ticket.waited();
       };
       const making = () => {
         place?.();

@@ -88,8 +88,9 @@ export class FakeEngine implements TestEngine {
   private gate: Promise<void> | undefined;
   private open: (() => void) | undefined;
 
-  constructor(workers = 1, queueMax = 16) {
-    this.queue = new JobQueue(workers, queueMax);
+  /** `maxWaitMs`: QUEUE_TIMEOUT_SECONDS's bound, none by default. */
+  constructor(workers = 1, queueMax = 16, maxWaitMs?: number) {
+    this.queue = new JobQueue(workers, queueMax, { maxWaitMs });
   }
 
   hold(): void {
