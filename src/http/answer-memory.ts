@@ -22,9 +22,10 @@ import { memoryFull, MEMORY_RETRY_SECONDS, shareOf, type MemoryShare, type Memor
  * embedded model's n=10 answers held 29 MB of a 24 MiB ANSWER_MEMORY. One whose most does not fit waits
  * (in the queue, keeping a place there) for the room others give back as their answers are made or
  * read, for at most QUEUE_TIMEOUT_SECONDS, then gets the 429. It holds nothing while it waits, so it
- * waits on other requests only; those waiting take room in the order they came (ByteBudget.takeInTurn). What one request sets aside is at most a key's share, so that a lone
- * request always fits: an answer larger than that (ANSWER_MEMORY under twice the largest answer) still
- * goes, alone, and passes the share by its excess.
+ * waits on other requests only; those waiting take room in the order they came (ByteBudget.takeInTurn).
+ * What one request sets aside is at most a key's share, so that a lone request always fits: an answer
+ * larger than that (ANSWER_MEMORY under twice the largest answer) still goes, alone, and passes the
+ * share by its excess.
  *
  * Once an API key holds half of it in unread answers, its requests get the 429, so that a key's slow
  * readers cannot keep every other key's requests out. A server without keys has one client.
