@@ -1,3 +1,5 @@
+import { existsSync } from 'node:fs';
+import { readFile, rm } from 'node:fs/promises';
 import sharp from 'sharp';
 import { describe, expect, it } from 'vitest';
 import { parseImageRequest } from '../src/api/wire.js';
@@ -6,6 +8,8 @@ import { createImageService } from '../src/service/images.js';
 import { checkMask, decodeInputImage, editMarks, fitEdit } from '../src/service/input-images.js';
 import { startTestServer } from './helpers/api-server.js';
 import { failureOf } from './helpers/failures.js';
+import { auth, makeRoot, MODEL, rootEnv, untilReady } from './helpers/ops-server.js';
+import { spawnServer } from './helpers/server-process.js';
 
 /**
  * An uploaded picture is checked at once but held as its file while its request waits: decoded at its
@@ -183,6 +187,48 @@ describe('uploaded pictures', () => {
       expect(await failureOf<ApiError>(edit({ steps: 4, strength: 0.5 }))).toMatchObject({ status: 400, code: 'invalid_image_format' });
     } finally {
       await server.close();
+    }
+  });
+});
+
+/** The most memory a process has held (its resident set's high-water mark), in bytes; Linux's /proc. */
+async function peakResident(pid: number): Promise<number> {
+  const line = (await readFile(`/proc/${pid}/status`, 'utf8')).split('\n').find((l) => l.startsWith('VmHWM:'))!;
+  return Number(/\d+/.exec(line)![0]) * 1024;
+}
+
+const haveProc = existsSync('/proc/self/status');
+
+describe.skipIf(!haveProc)(`pictures with transparency edited at once${haveProc ? '' : ' (skipped: needs /proc to read the server\'s peak memory)'}`, () => {
+  it('are decoded whole a few at a time, not all together: 24 tiny uploads took a gigabyte more than 24 opaque ones', async () => {
+    // A picture with alpha is decoded whole, its alpha dropped, before it is scaled (fitColour): 48 MiB
+    // for 4096 x 4096, from a file of a few hundred KiB that UPLOAD_MEMORY counts as what it weighs.
+    // sharp's jobs take turns on libuv's four threads in the order they came: every request's first
+    // pass ran before any second one, so each held its whole picture until all had been decoded.
+    const root = await makeRoot();
+    const server = await spawnServer({ ...rootEnv(root), PORT: '0' });
+    try {
+      await untilReady(server.origin);
+      const edit = async (file: Blob) => {
+        const form = new FormData();
+        for (const [key, value] of Object.entries({ model: MODEL, prompt: 'a blue square', size: '128x128', steps: '2', response_format: 'b64_json' })) form.set(key, value);
+        form.set('image', file, 'in.png');
+        return (await fetch(`${server.baseURL}/images/edits`, { method: 'POST', headers: auth, body: form })).status;
+      };
+      const atOnce = async (file: Blob) => expect(await Promise.all(Array.from({ length: 24 }, () => edit(file)))).toEqual(Array(24).fill(200));
+      // The same edits of an opaque picture, scaled as it is decoded, first: what the server holds for
+      // any 24 edits at once (the check's decodes, the allocator's arenas for sharp's threads) is then
+      // the baseline, and the transparent ones may add their whole pictures two at a time, not 24.
+      const opaque = await sharp({ create: { width: SIDE, height: SIDE, channels: 3, background: 'blue' } }).png().toBuffer();
+      await atOnce(new Blob([new Uint8Array(opaque)]));
+      const before = await peakResident(server.child.pid!);
+      await atOnce(new Blob([new Uint8Array(await bigFlatPng())]));
+      // 24 pictures decoded whole would be 1.1 GiB (it took 950 MiB more than the opaque ones); two at a time, 180 to 250.
+      expect((await peakResident(server.child.pid!)) - before).toBeLessThan((24 * SIDE * SIDE * 3) / 2);
+    } finally {
+      server.child.kill('SIGKILL');
+      await server.exited;
+      await rm(root, { recursive: true, force: true });
     }
   });
 });

@@ -1,6 +1,7 @@
 import sharp, { type SharpOptions } from 'sharp';
 import { ApiError, quoteList } from '../api/errors.js';
 import type { RgbImage } from '../runtime/types.js';
+import { Turns } from '../util/turns.js';
 import { jpegScans } from './jpeg-scans.js';
 
 /**
@@ -163,6 +164,15 @@ export function editMarks({ image, mask }: EditSource): InputImage | undefined {
 const COVER = { fit: 'cover', position: 'centre' } as const;
 
 /**
+ * How many pictures fitColour holds decoded whole at once: up to 48 MiB each (4096 x 4096 RGB), from a
+ * file that may weigh a few hundred KiB (a flat picture), which is all UPLOAD_MEMORY counts. sharp's jobs
+ * take turns on libuv's four threads in the order they come, so without turns every request's first
+ * pass ran before any second one, each holding its whole picture meanwhile: 24 edits sent at once took
+ * a gigabyte (test/input-images.test.ts).
+ */
+const wholeDecodes = new Turns(2);
+
+/**
  * The picture's colour (RGB), upright and fitted to the size (COVER), its fully transparent pixels in their
  * stored colour, as diffusers' convert('RGB') before its resize keeps them (and this server at the
  * model's own size). libvips resizes a picture with alpha premultiplied by it, which turns those pixels
@@ -172,8 +182,10 @@ const COVER = { fit: 'cover', position: 'centre' } as const;
 async function fitColour(input: InputImage, width: number, height: number): Promise<Buffer> {
   try {
     if (!input.hasAlpha) return await sharp(input.bytes, DECODE).rotate().resize(width, height, COVER).raw().toBuffer();
-    const { data, info } = await sharp(input.bytes, DECODE).rotate().removeAlpha().raw().toBuffer({ resolveWithObject: true });
-    return await sharp(data, { raw: { width: info.width, height: info.height, channels: info.channels } }).resize(width, height, COVER).raw().toBuffer();
+    return await wholeDecodes.run(async () => {
+      const { data, info } = await sharp(input.bytes, DECODE).rotate().removeAlpha().raw().toBuffer({ resolveWithObject: true });
+      return sharp(data, { raw: { width: info.width, height: info.height, channels: info.channels } }).resize(width, height, COVER).raw().toBuffer();
+    });
   } catch {
     throw damaged(input.param, input.format);
   }
