@@ -197,6 +197,22 @@ describe('forms (edits and variations)', () => {
     expect(error.message).not.toMatch(/or name the part's charset in its Content-Type;/);
   });
 
+  it('a Content-Type set by hand, without the boundary the body uses -> 400 invalid_multipart saying to let the client set it, not the parser\'s "Unexpected end"', async () => {
+    const [body] = await formWithPrompt(Buffer.from('a blue square'));
+    // Python's requests with files= and headers={'Content-Type': 'multipart/form-data'}, or fetch with FormData and that header.
+    const none = await expectError(await postForm('edits', body, { 'content-type': 'multipart/form-data' }), 400, 'invalid_multipart');
+    expect(none.message).toMatch(/^The Content-Type multipart\/form-data names no boundary=.*Let the HTTP client set the Content-Type of a form/);
+    // A boundary the body does not use (a header copied from another request), or none at all after boundary=.
+    for (const type of ['multipart/form-data; boundary=copied-from-elsewhere', 'multipart/form-data; boundary=']) {
+      const other = await expectError(await postForm('variations', body, { 'content-type': type }), 400, 'invalid_multipart');
+      expect(other.message).toMatch(/^The multipart\/form-data body has no part that begins with the boundary its Content-Type names.*Let the HTTP client set the Content-Type of a form/);
+    }
+    // The right boundary but a body cut short before its closing one still says that.
+    const cut = body.subarray(0, body.lastIndexOf('--http-test-boundary--'));
+    const short = await expectError(await postForm('edits', cut, { 'content-type': 'multipart/form-data; boundary=http-test-boundary' }), 400, 'invalid_multipart');
+    expect(short.message).toMatch(/^The multipart\/form-data body could not be read: .*unexpected end/i);
+  });
+
   it('variations, another content type -> 415 saying they take only a multipart form (no JSON, which they refuse too)', async () => {
     for (const type of ['text/plain', 'application/x-www-form-urlencoded']) {
       const error = await expectError(await postForm('variations', Buffer.from('n=1'), { 'content-type': type }), 415, 'unsupported_media_type');

@@ -67,15 +67,31 @@ async function fileBytes(part: Extract<Multipart, { type: 'file' }>, param: stri
   return bytes;
 }
 
-/** @fastify/multipart's and busboy's errors in OpenAI's terms: its limits are 413s, a broken form a 400. */
-function formError(err: unknown): unknown {
+/** What fixes a form's Content-Type that does not name the boundary its body uses. */
+const LET_THE_CLIENT_SET_IT =
+  "Let the HTTP client set the Content-Type of a form: it writes the boundary it chose there (with fetch and FormData, or Python requests' files=, set no Content-Type header).";
+
+/**
+ * @fastify/multipart's and busboy's errors in OpenAI's terms: its limits are 413s, a broken form a 400.
+ * A Content-Type written by hand (`multipart/form-data` alone, or copied from another request) names no
+ * boundary or another one than the body's, which the parser reports as no boundary or as an end of the
+ * data before any part (`partSeen` false): those say what to do about it.
+ */
+function formError(err: unknown, partSeen: boolean): unknown {
   if (err instanceof ApiError) return err;
   const code = (err as { code?: string }).code;
   if (isFileTooLarge(err)) return fileTooLarge(null);
   if (code === 'FST_PARTS_LIMIT' || code === 'FST_FIELDS_LIMIT') {
     return new ApiError(413, `The form has too many parts: at most ${MAX_FIELDS} text fields are read.`, { code: 'request_too_large' });
   }
-  return new ApiError(400, `The multipart/form-data body could not be read: ${messageOf(err)}.`, { code: 'invalid_multipart' });
+  const message = messageOf(err);
+  if (message === 'Multipart: Boundary not found') {
+    return new ApiError(400, `The Content-Type multipart/form-data names no boundary= (the line that separates the form's parts). ${LET_THE_CLIENT_SET_IT}`, { code: 'invalid_multipart' });
+  }
+  if (message === 'Unexpected end of multipart data' && !partSeen) {
+    return new ApiError(400, `The multipart/form-data body has no part that begins with the boundary its Content-Type names: it uses another boundary, or it is empty or cut short. ${LET_THE_CLIENT_SET_IT}`, { code: 'invalid_multipart' });
+  }
+  return new ApiError(400, `The multipart/form-data body could not be read: ${message}.`, { code: 'invalid_multipart' });
 }
 
 function readText(part: Extract<Multipart, { type: 'field' }>, fields: Record<string, unknown>): void {
@@ -180,8 +196,10 @@ async function readParts(request: FastifyRequest, route: UploadRoute, limits: Up
   const upload: Upload = { fields: {}, form: true, images: [] };
   // No limit on the number of files: beyond the route's images and one mask, the next is refused unread.
   const parts = request.parts({ limits: { fileSize: MAX_UPLOAD_BYTES, fields: MAX_FIELDS, fieldSize: MAX_FIELD_BYTES } });
+  let partSeen = false;
   try {
     for await (const part of parts) {
+      partSeen = true;
       if (!part.fieldname) {
         throw new ApiError(400, 'A part of the multipart/form-data body has no name (its Content-Disposition lacks name="..."): name every field and file.', { code: 'invalid_multipart' });
       }
@@ -229,7 +247,7 @@ async function readParts(request: FastifyRequest, route: UploadRoute, limits: Up
       }
     }
   } catch (err) {
-    throw formError(err);
+    throw formError(err, partSeen);
   }
   return upload;
 }
