@@ -1,7 +1,7 @@
+import pLimit from 'p-limit';
 import sharp, { type SharpOptions } from 'sharp';
 import { ApiError, quoteList } from '../api/errors.js';
 import type { RgbImage } from '../runtime/types.js';
-import { Turns } from '../util/turns.js';
 import { jpegScans } from './jpeg-scans.js';
 
 /**
@@ -168,9 +168,9 @@ const COVER = { fit: 'cover', position: 'centre' } as const;
  * file that may weigh a few hundred KiB (a flat picture), which is all UPLOAD_MEMORY counts. sharp's jobs
  * take turns on libuv's four threads in the order they come, so without turns every request's first
  * pass ran before any second one, each holding its whole picture meanwhile: 24 edits sent at once took
- * a gigabyte (test/input-images.test.ts).
+ * a gigabyte (test/input-images.test.ts). p-limit runs two at a time, the rest in the order they came.
  */
-const wholeDecodes = new Turns(2);
+const wholeDecodes = pLimit(2);
 
 /**
  * The picture's colour (RGB), upright and fitted to the size (COVER), its fully transparent pixels in their
@@ -182,7 +182,7 @@ const wholeDecodes = new Turns(2);
 async function fitColour(input: InputImage, width: number, height: number): Promise<Buffer> {
   try {
     if (!input.hasAlpha) return await sharp(input.bytes, DECODE).rotate().resize(width, height, COVER).raw().toBuffer();
-    return await wholeDecodes.run(async () => {
+    return await wholeDecodes(async () => {
       const { data, info } = await sharp(input.bytes, DECODE).rotate().removeAlpha().raw().toBuffer({ resolveWithObject: true });
       return sharp(data, { raw: { width: info.width, height: info.height, channels: info.channels } }).resize(width, height, COVER).raw().toBuffer();
     });
