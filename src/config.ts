@@ -11,6 +11,7 @@ import type { VaeTilingMode } from './pipelines/memory-plan.js';
 import { isSendableKey } from './api/bearer.js';
 import { OPENAI_MODEL_NAMES } from './api/dialects.js';
 import { ConfigError } from './util/config-error.js';
+import { unexpandedHome } from './util/home-path.js';
 
 /**
  * Server configuration. Every setting has one name from which its environment variable (UPPER_SNAKE)
@@ -36,6 +37,15 @@ const byteSize = z
   });
 
 /** How a true/false setting (and TRUST_PROXY's true or false) may be written. */
+/** A file's or folder's path; one beginning with a `~` no shell expanded (an environment file's) is refused, naming the path meant. */
+const filePath = z
+  .string()
+  .min(1)
+  .superRefine((value, ctx) => {
+    const problem = unexpandedHome(value);
+    if (problem) ctx.addIssue({ code: 'custom', message: problem });
+  });
+
 const TRUE_TEXT = /^(true|1|yes)$/i;
 const FALSE_TEXT = /^(false|0|no)$/i;
 
@@ -193,12 +203,12 @@ const SETTINGS = {
     description: 'comma-separated API keys clients send as "Authorization: Bearer <key>" (prefer the env variable: flags show in ps)',
   },
   apiKeysFile: {
-    schema: z.string().min(1).optional(),
+    schema: filePath.optional(),
     description:
       'file of API keys, one a line as [label:]key [requests_per_minute=N] [images_per_minute=N] [concurrent=N], # comments; re-read when it changes and on SIGHUP (see docs/security.md)',
   },
-  dataDir: { schema: z.string().min(1).default('./data'), description: 'folder of the image store (generated images served by URL) and of the memory each model measured (read and kept by generate and models verify too)' },
-  modelsDir: { schema: z.string().min(1).optional(), description: 'folder of installed models, one sub-folder per model (the embedded models/ is always searched too)' },
+  dataDir: { schema: filePath.default('./data'), description: 'folder of the image store (generated images served by URL) and of the memory each model measured (read and kept by generate and models verify too)' },
+  modelsDir: { schema: filePath.optional(), description: 'folder of installed models, one sub-folder per model (the embedded models/ is always searched too)' },
   defaultModel: {
     schema: z.string().min(1).default('demo-shapes'),
     description: 'model of requests that name none, and the one the OpenAI model names resolve to (default: the embedded demo model)',
@@ -393,8 +403,8 @@ const SETTINGS = {
     schema: seconds(1).default(72),
     description: 'an idle keep-alive connection is closed after this long (keep it above a load balancer\'s idle timeout)',
   },
-  tlsCert: { schema: z.string().min(1).optional(), description: 'PEM certificate file: serve HTTPS (needs TLS_KEY)' },
-  tlsKey: { schema: z.string().min(1).optional(), description: 'PEM private key file for TLS_CERT' },
+  tlsCert: { schema: filePath.optional(), description: 'PEM certificate file: serve HTTPS (needs TLS_KEY)' },
+  tlsKey: { schema: filePath.optional(), description: 'PEM private key file for TLS_CERT' },
   metricsPublic: { schema: boolean.default(false), description: 'serve GET /metrics without an API key' },
   playground: {
     schema: boolean.default(true),

@@ -790,6 +790,28 @@ describe('the imagegen CLI', () => {
     await expect(inHere('models', 'verify', sourceDir, '--golden', '')).rejects.toMatchObject({ code: 2, stderr: `error: option '--golden <file>' argument '' is invalid. ${empty}` });
   });
 
+  it("refuses a path that begins with a '~' the shell left as it is, as a usage error, rather than make a folder named '~' where no server looks", async () => {
+    const home = await mkdtemp(path.join(work, 'home-'));
+    const here = await mkdtemp(path.join(work, 'cwd-'));
+    // The shell turns ~ into the home folder only at the start of a word: not after --flag=, in quotes, or in an environment file.
+    const run = (env: Record<string, string>, ...args: string[]) => execFileAsync(process.execPath, imagegenArgs(...args), { cwd: here, env: { ...process.env, HOME: home, ...env }, timeout: 30_000 });
+    const advice = expect.stringContaining(
+      `'~/models' begins with '~', which only a shell turns into the home folder, and none did here (none does after a flag's '=', in quotes, or in an environment file): write ${path.join(home, 'models')}, or ./~/models for a folder named '~' here`,
+    );
+    // The model was installed in ./~/models, told as MODELS_DIR=<here>/~/models in a line that does not stand out.
+    await expect(run({}, 'models', 'import', sourceDir, '--skip-load', '--models-dir=~/models')).rejects.toMatchObject({ code: 2, stderr: advice });
+    await expect(run({ MODELS_DIR: '~/models' }, 'models', 'list')).rejects.toMatchObject({ code: 2, stderr: advice });
+    await expect(run({}, 'generate', 'a red circle', '--models-dir=~/models')).rejects.toMatchObject({ code: 2, stderr: advice });
+    await expect(run({}, 'serve', '--port', '0', '--data-dir=~/models')).rejects.toMatchObject({ code: 2, stderr: advice });
+    // The pictures went to ./~/models.
+    await expect(run({}, 'generate', 'a red circle', '--out=~/models')).rejects.toMatchObject({ code: 2, stderr: advice });
+    await expect(run({}, 'models', 'import', '~/models')).rejects.toMatchObject({ code: 2, stderr: advice });
+    expect(await readdir(here)).toEqual([]);
+    // A folder named '~' here is still a path to give: as ./~.
+    await mkdir(path.join(here, '~'));
+    expect((await run({}, 'models', 'list', '--models-dir=./~')).stdout).toContain('no models in ./~');
+  });
+
   it("says what is wrong with a golden file 'models verify' cannot use and where docs/verify.md describes one, rather than Node's error", async () => {
     const docs = '(docs/verify.md, "The golden file",';
     const verify = (golden: string) => cli('models', 'verify', sourceDir, '--golden', golden);

@@ -9,6 +9,7 @@ import { ApiError } from '../api/errors.js';
 import { Progress, STEPS } from '../util/progress.js';
 import { exitStatusOf, UsageError } from './exit-status.js';
 import { fileProblem } from './file-problem.js';
+import { pathArgument } from './path-argument.js';
 import { codeOrMessage, messageOf } from '../util/error-message.js';
 
 /**
@@ -206,7 +207,7 @@ export function registerGenerateCommand(program: Command): void {
     .option('--quality <quality>', 'the steps of the model preset: low; standard, medium or auto; hd, high, xhigh or max [default: standard]')
     .option('--style <style>', 'vivid or natural')
     .option('--format <format>', 'png, jpeg or webp', 'png')
-    .option('--out <dir>', 'folder to write the images to', '.')
+    .option('--out <dir>', 'folder to write the images to', pathArgument, '.')
     .option('--models-dir <dir>', 'installed models [MODELS_DIR]')
     .action(async (prompt: string, flags: GenerateFlags) => {
       try {

@@ -15,6 +15,7 @@ import { exitStatusOf } from './exit-status.js';
 import { messageOf } from '../util/error-message.js';
 import { fileProblem } from './file-problem.js';
 import { pathArgument } from './path-argument.js';
+import { unexpandedHome } from '../util/home-path.js';
 
 /**
  * `imagegen models ...`: manage the models folder the server reads (MODELS_DIR). The work is done by
@@ -145,6 +146,9 @@ function settingOption(flags: string, description: string, name: SettingName, ch
   if (choices) option.choices(choices);
   return option.argParser((text: string) => {
     const value = settingText(text) ?? fallback;
+    // A folder's setting (--models-dir=~/models, or MODELS_DIR=~/models from an environment file), as the server's own check refuses it.
+    const home = value === undefined ? undefined : unexpandedHome(value);
+    if (home) throw new InvalidArgumentError(`${home}.`);
     if (choices && !choices.includes(value ?? '')) throw new InvalidArgumentError(`Allowed choices are ${choices.join(', ')}.`);
     return value;
   });
