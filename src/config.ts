@@ -12,6 +12,7 @@ import { isSendableKey } from './api/bearer.js';
 import { OPENAI_MODEL_NAMES } from './api/dialects.js';
 import { ConfigError } from './util/config-error.js';
 import { unexpandedHome } from './util/home-path.js';
+import { shellWord } from './util/shell-word.js';
 
 /**
  * Server configuration. Every setting has one name from which its environment variable (UPPER_SNAKE)
@@ -568,7 +569,7 @@ function modelPathProblems({ defaultModel, modelAliases = {}, preload = [] }: Pi
     return found.isDirectory()
       ? [
           `${setting} names the folder '${value}', where it takes a model's id (the name of the model's folder): name it '${id}', ` +
-            `with MODELS_DIR=${path.dirname(path.resolve(value))} to serve it where it is, or once 'imagegen models import ${value}' installed it into MODELS_DIR`,
+            `with MODELS_DIR=${shellWord(path.dirname(path.resolve(value)))} to serve it where it is, or once 'imagegen models import ${shellWord(value)}' installed it into MODELS_DIR`,
         ]
       : [
           `${setting} names the file '${value}', where it takes a model's id (the name of the model's folder): a model here is a folder of ONNX graphs, ` +

@@ -812,6 +812,27 @@ describe('the imagegen CLI', () => {
     expect((await run({}, 'models', 'list', '--models-dir=./~')).stdout).toContain('no models in ./~');
   });
 
+  it('quotes a path with a space or a quote in the commands it suggests, so that one pasted into a shell runs', async () => {
+    await importFrom(sourceDir, 'turbo');
+    const folder = path.join(work, "Bob's models");
+    await mkdir(folder);
+    const bundle = path.join(folder, 'turbo.tar');
+    // It said "install it with: imagegen models import /tmp/.../Bob's models/turbo.tar": a shell waits for the quote to close.
+    const { stdout } = await cli('models', 'export', 'turbo', '--out', folder, '--models-dir', modelsDir);
+    const suggested = /install it with: (imagegen .*)\n$/.exec(stdout)?.[1] ?? '';
+    expect(suggested).toBe(`imagegen models import '${bundle.replace(/'/g, `'\\''`)}'`);
+    // The shell reads back the very path.
+    const { stdout: words } = await execFileAsync('sh', ['-c', `printf '%s\\n' ${suggested}`]);
+    expect(words).toBe(`imagegen\nmodels\nimport\n${bundle}\n`);
+    // The folder a server is to read, and an export's folder to pick among several.
+    const spaced = path.join(work, 'my models');
+    const installed = await cli('models', 'import', sourceDir, '--name', 'spaced', '--skip-load', '--models-dir', spaced);
+    expect(installed.stdout).toContain(`a server with MODELS_DIR='${spaced}' picks it up`);
+    const parent = path.join(work, 'two-exports');
+    for (const name of ['sd 15', 'sdxl']) await cp(sourceDir, path.join(parent, name), { recursive: true });
+    await expect(importFrom(parent)).rejects.toThrow(`pick the export's folder: imagegen models import '${parent}/sd 15' or imagegen models import ${parent}/sdxl`);
+  });
+
   it("says what is wrong with a golden file 'models verify' cannot use and where docs/verify.md describes one, rather than Node's error", async () => {
     const docs = '(docs/verify.md, "The golden file",';
     const verify = (golden: string) => cli('models', 'verify', sourceDir, '--golden', golden);

@@ -10,6 +10,7 @@ import { Progress, STEPS } from '../util/progress.js';
 import { exitStatusOf, UsageError } from './exit-status.js';
 import { fileProblem } from './file-problem.js';
 import { pathArgument } from './path-argument.js';
+import { shellWord } from '../util/shell-word.js';
 import { codeOrMessage, messageOf } from '../util/error-message.js';
 
 /**
@@ -71,7 +72,7 @@ async function refuseFolder(model: string): Promise<void> {
   if (!isFolder) return;
   const dir = path.resolve(model);
   throw new UsageError(
-    `--model '${model}' is a folder, and --model takes a model's id: run it where it is with --models-dir ${path.dirname(dir)} --model ${path.basename(dir)}, or install it with 'imagegen models import ${model}'`,
+    `--model '${model}' is a folder, and --model takes a model's id: run it where it is with --models-dir ${shellWord(path.dirname(dir))} --model ${path.basename(dir)}, or install it with 'imagegen models import ${shellWord(model)}'`,
   );
 }
 

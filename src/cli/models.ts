@@ -16,6 +16,7 @@ import { messageOf } from '../util/error-message.js';
 import { fileProblem } from './file-problem.js';
 import { pathArgument } from './path-argument.js';
 import { unexpandedHome } from '../util/home-path.js';
+import { shellWord } from '../util/shell-word.js';
 
 /**
  * `imagegen models ...`: manage the models folder the server reads (MODELS_DIR). The work is done by
@@ -72,7 +73,7 @@ function printInstalled(model: InstalledModel): void {
   // Only a server reading this folder sees it: one started without MODELS_DIR (as the README's first run is) never will.
   // Absolute: a --models-dir given relative names another folder for a server started elsewhere (a service's).
   console.log(
-    `a server with ${MODELS_DIR}=${path.resolve(path.dirname(model.dir))} picks it up (or the new version of a model it replaced) with its next request, or at its next rescan (${envName('modelsRescanSeconds')}): "model": "${model.id}", or ${envName('defaultModel')}=${model.id} for requests that name none`,
+    `a server with ${MODELS_DIR}=${shellWord(path.resolve(path.dirname(model.dir)))} picks it up (or the new version of a model it replaced) with its next request, or at its next rescan (${envName('modelsRescanSeconds')}): "model": "${model.id}", or ${envName('defaultModel')}=${model.id} for requests that name none`,
   );
   // Legitimate (a model meant to answer for that name), but it changes what other requests run.
   if ((OPENAI_MODEL_NAMES as readonly string[]).includes(model.id)) {
@@ -234,7 +235,7 @@ export function registerModelCommands(program: Command): void {
         exitOnInterrupt('interrupted: no bundle was written');
         const { exportModel } = await installer();
         const bundle = await exportModel({ modelsDir, id, out: flags.out });
-        console.log(`wrote ${bundle.file} (${formatBytes(bundle.bytes)}); install it with: imagegen models import ${bundle.file}`);
+        console.log(`wrote ${bundle.file} (${formatBytes(bundle.bytes)}); install it with: imagegen models import ${shellWord(bundle.file)}`);
       }),
     );
 

@@ -19,6 +19,7 @@ import { parseManifest, readManifest, writeManifest, type FileDigest, type Manif
 import { MANIFEST_FILE } from './constants.js';
 import { checkHasExport, modelFilesOf, skippedNote } from './model-files.js';
 import { Progress } from '../util/progress.js';
+import { shellWord } from '../util/shell-word.js';
 import { checkCoverage, FileHasher, hashing, verifiedDigest } from './verifier.js';
 
 /**
@@ -97,7 +98,7 @@ export async function importModel(options: ImportOptions): Promise<InstalledMode
     checkHasExport(
       {
         where: options.source,
-        pick: (root) => (source.isFolder ? `imagegen models import ${path.join(options.source, root)}` : `'${root}/' (unpack the bundle and import that folder)`),
+        pick: (root) => (source.isFolder ? `imagegen models import ${shellWord(path.join(options.source, root))}` : `'${root}/' (unpack the bundle and import that folder)`),
         otherwise: source.isFolder
           ? 'give the export\'s own folder (it holds model_index.json and unet/ or transformer/); a model with only PyTorch weights must first be exported where they are, with "optimum-cli export onnx" (README, "Which real models")'
           : 'it is not a model bundle: write one with "imagegen models export"',

@@ -3,6 +3,7 @@ import { lstat, readdir, stat } from 'node:fs/promises';
 import path from 'node:path';
 import type { Logger } from 'pino';
 import { exists } from '../util/files.js';
+import { shellWord } from '../util/shell-word.js';
 import { MODEL_INDEX } from './layout.js';
 import { inspectModelFolder, notesOf, OVERRIDE_FILE, type UnusableModel, type UsableModel } from './model-folder.js';
 
@@ -96,7 +97,7 @@ export async function modelFolderAsRoot(root: string): Promise<string | undefine
   if (!(await exists(path.join(root, MODEL_INDEX)))) return undefined;
   return (
     `the models folder ${root} is a model folder itself (it has ${MODEL_INDEX}; its sub-folders are that model's parts): ` +
-    `point MODELS_DIR at the folder that holds model folders, one per model (such as ${path.dirname(path.resolve(root))}), or install this one into yours with "imagegen models import ${root}"`
+    `point MODELS_DIR at the folder that holds model folders, one per model (such as ${path.dirname(path.resolve(root))}), or install this one into yours with "imagegen models import ${shellWord(root)}"`
   );
 }
 
