@@ -487,6 +487,13 @@ describe('models import and export', () => {
     await expect(importFrom(weightsOnly)).rejects.toThrow(/has no diffusers ONNX export.*give the export's own folder.*optimum-cli export onnx/);
     expect(output.text).not.toContain('copying');
     expect(await exists(modelsDir)).toBe(false);
+    // Whatever the folder's name: one that is no model id ("My exports") was told to choose an id with --name,
+    // one named as an installed model to pass --force, and only then where the exports are.
+    const named = path.join(work, 'My exports (old)');
+    await cp(parent, named, { recursive: true });
+    await expect(importFrom(named)).rejects.toThrow(`${named} has no diffusers ONNX export`);
+    await importFrom(sourceDir, 'exports');
+    await expect(importFrom(parent)).rejects.toThrow(`${parent} has no diffusers ONNX export`);
   });
 
   it('follows symbolic links, and names a link loop or a link to nothing instead of walking it until the path is too long', async () => {

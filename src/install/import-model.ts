@@ -91,10 +91,8 @@ export async function importModel(options: ImportOptions): Promise<InstalledMode
   const { modelsDir, disk = realDisk, output = process.stderr } = options;
   const source = await openSource(options.source);
   try {
-    const id = options.name ?? source.defaultId;
-    checkModelId(id, 'choose one with --name');
-    await refuseExisting(modelsDir, id, options.force ?? false);
-    const recopy = 'Nothing was installed: copy the model again from a good source (or delete its imagegen-manifest.json if that is known to be stale)';
+    // Before the id and whether it is taken: a folder of exports is named as the user likes ("My exports"), or as a model
+    // installed before, and what to give instead is the export's folder, not --name or --force.
     checkHasExport(
       {
         where: options.source,
@@ -106,6 +104,10 @@ export async function importModel(options: ImportOptions): Promise<InstalledMode
       source.files.map((file) => file.path),
       [...source.files.map((file) => file.path), ...source.skipped],
     );
+    const id = options.name ?? source.defaultId;
+    checkModelId(id, 'choose one with --name');
+    await refuseExisting(modelsDir, id, options.force ?? false);
+    const recopy = 'Nothing was installed: copy the model again from a good source (or delete its imagegen-manifest.json if that is known to be stale)';
     if (source.manifest) checkCoverage(source.manifest, source.files.map((file) => file.path), options.source, recopy);
     // Once: a damaged file's reason says to copy it again from the export, and a missing tokenizer is not damaged.
     const unusable = { advice: 'Nothing was installed. Copy the complete export folder again', adviceAfterRemedy: 'Nothing was installed' };
