@@ -207,6 +207,10 @@ describe('models pull', () => {
     await expect(pull('test-org/no-such-model')).rejects.toThrow('repository not found; check the name or set HF_TOKEN for gated/private repos');
     await expect(pull(`${REPO}@no-such-branch`)).rejects.toThrow(`${REPO} has no revision 'no-such-branch'`);
     await expect(pull('not a repo')).rejects.toThrow(/not a Hub repository/);
+    // The address of its page, as a browser shows it: the command to run instead, revision and folder included.
+    await expect(pull(`https://huggingface.co/${REPO}`)).rejects.toThrow(`'https://huggingface.co/${REPO}' is the address of a Hub page; pull takes the repository: imagegen models pull ${REPO}`);
+    await expect(pull(`https://huggingface.co/${REPO}/tree/v2/onnx/`)).rejects.toThrow(`pull takes the repository: imagegen models pull ${REPO}@v2 --subfolder onnx`);
+    await expect(pull(`http://mirror.example.com:8080/${REPO}/tree/main`)).rejects.toThrow(`pull takes the repository: imagegen models pull ${REPO} --hub-url http://mirror.example.com:8080`);
     await expect(pull('test-org/gated')).rejects.toThrow(/gated or private.*set HF_TOKEN/);
     await expectNothingInstalled('gated');
     expect((await pull('test-org/gated', { token: 'hf_secret' })).id).toBe('gated');

@@ -62,8 +62,23 @@ const SHOWN_PATHS = 5;
 
 const REPO_NAME = /^([\w.-]+\/)?[\w.-]+$/;
 
+/** A repository's page as a browser shows it: `<hub>/owner/name`, or a folder of one revision, `.../tree/<revision>/<folder>`. */
+const HUB_PAGE = /^(https?:\/\/[^/]+)\/([\w.-]+\/[\w.-]+)(?:\/(?:tree|blob|resolve)\/([^/]+)(?:\/(.*?))?)?\/?$/;
+
+/** The command that pulls what the page at `text` shows, when it is one (HUB_PAGE): pasted from a browser, it is what the user meant. */
+function pageCommand(text: string): string | undefined {
+  const [, origin, repo, revision = 'main', folder] = HUB_PAGE.exec(text) ?? [];
+  if (!repo) return undefined;
+  const words = [`imagegen models pull ${repo}${revision === 'main' ? '' : `@${revision}`}`];
+  if (folder) words.push(`--subfolder ${folder}`);
+  if (origin !== DEFAULT_HUB_URL) words.push(`--hub-url ${origin}`);
+  return words.join(' ');
+}
+
 /** "owner/name" or "owner/name@revision". */
 export function parseRepoRef(text: string): RepoRef {
+  const command = pageCommand(text);
+  if (command) throw new ModelUsageError(`'${text}' is the address of a Hub page; pull takes the repository: ${command}`);
   const at = text.lastIndexOf('@');
   const repo = at < 0 ? text : text.slice(0, at);
   const revision = at < 0 ? 'main' : text.slice(at + 1);
