@@ -4,6 +4,7 @@ import { defaultRuntime } from '../runtime/providers.js';
 import type { ModelLayout } from '../models/layout.js';
 import { exists, makeFolder } from '../util/files.js';
 import { inspectModelFolder, OVERRIDE_FILE } from '../models/model-folder.js';
+import { modelFolderAsRoot } from '../models/registry.js';
 import { keepAfterExit, lastWritten, removeIfInterrupted, type Disk } from './disk.js';
 import { ModelInstallError, ModelUsageError } from './errors.js';
 import { lockHolder, ownedName, ownerOfName, ownerRuns, takeLock, type Lock } from './owner.js';
@@ -87,8 +88,14 @@ export async function unfinishedPulls(modelsDir: string): Promise<string[]> {
 const alreadyExists = (modelsDir: string, id: string) =>
   new ModelInstallError(`a model '${id}' already exists in ${modelsDir}; pass --force to replace it, or --name to install under another id`);
 
-/** Checked before any work, so nothing is downloaded or copied for an install that cannot happen. */
+/**
+ * Checked before any work, so nothing is downloaded or copied for an install that cannot happen: a models
+ * folder that is a model's own folder (--models-dir given the export), where the install would land among
+ * that model's parts, which neither the server nor `models list` reads as models; and a model of this id.
+ */
 export async function refuseExisting(modelsDir: string, id: string, force: boolean): Promise<void> {
+  const misplaced = await modelFolderAsRoot(modelsDir);
+  if (misplaced) throw new ModelInstallError(`${misplaced}. Nothing was installed`);
   if (!force && (await exists(modelPath(modelsDir, id)))) throw alreadyExists(modelsDir, id);
 }
 
