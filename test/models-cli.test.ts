@@ -444,13 +444,15 @@ describe('models import and export', () => {
     expect((await cli('models', 'list', '--models-dir', modelsDir)).stdout).toMatch(new RegExp(`\\nemptied\\s.*broken: ${empty.source}`));
   });
 
-  it("refuses a models folder that is a model's folder, where no server would find what it installs, before copying or downloading anything", async () => {
+  it("refuses a models folder that is a model's folder, where no server would find what it installs, before copying or downloading anything, and removes none of its parts", async () => {
     const model = await importFrom(sourceDir, 'turbo');
     const parts = (await readdir(model.dir)).sort();
     const inside = /the models folder .*turbo is a model folder itself \(it has model_index\.json; its sub-folders are that model's parts\): point MODELS_DIR at the folder that holds model folders/;
     // It installed 'other' as <models>/turbo/other, with a staging folder beside the model's parts.
     await expect(importModel({ modelsDir: model.dir, source: sourceDir, name: 'other', output })).rejects.toThrow(inside);
     await expect(pullModel({ modelsDir: model.dir, repo: REPO, hubUrl: hub.url, output })).rejects.toThrow(inside);
+    // And removes none of its parts as if they were models: 'models remove unet' deleted the model's UNet.
+    await expect(removeModel(model.dir, 'unet')).rejects.toThrow(inside);
     expect((await readdir(model.dir)).sort()).toEqual(parts);
   });
 

@@ -89,13 +89,18 @@ const alreadyExists = (modelsDir: string, id: string) =>
   new ModelInstallError(`a model '${id}' already exists in ${modelsDir}; pass --force to replace it, or --name to install under another id`);
 
 /**
- * Checked before any work, so nothing is downloaded or copied for an install that cannot happen: a models
- * folder that is a model's own folder (--models-dir given the export), where the install would land among
- * that model's parts, which neither the server nor `models list` reads as models; and a model of this id.
+ * A models folder that is a model's own folder (--models-dir given an export), refused before any work:
+ * neither the server nor `models list` reads its parts as models, so an install would land where no one
+ * finds it, and a removal would delete one of the model's parts. `nothing` says what was not done.
  */
-export async function refuseExisting(modelsDir: string, id: string, force: boolean): Promise<void> {
+async function refuseModelFolder(modelsDir: string, nothing: string): Promise<void> {
   const misplaced = await modelFolderAsRoot(modelsDir);
-  if (misplaced) throw new ModelInstallError(`${misplaced}. Nothing was installed`);
+  if (misplaced) throw new ModelInstallError(`${misplaced}. ${nothing}`);
+}
+
+/** Checked before any work, so nothing is downloaded or copied for an install that cannot happen. */
+export async function refuseExisting(modelsDir: string, id: string, force: boolean): Promise<void> {
+  await refuseModelFolder(modelsDir, 'Nothing was installed');
   if (!force && (await exists(modelPath(modelsDir, id)))) throw alreadyExists(modelsDir, id);
 }
 
@@ -259,6 +264,7 @@ export interface Removed {
 /** Removes a model (moved out of sight first, so the server never scans a half-deleted folder) and any unfinished pull of it. */
 export async function removeModel(modelsDir: string, id: string): Promise<Removed> {
   checkModelId(id);
+  await refuseModelFolder(modelsDir, 'Nothing was removed');
   const target = modelPath(modelsDir, id);
   const partial = pullStagingPath(modelsDir, id);
   // Its download would be deleted under it, and the pull would install the model again anyway.
