@@ -61,6 +61,16 @@ describe("a model's memory, measured once for the commands and the server", () =
     await calibratesOnce(generate, model, dataDir);
   });
 
+  it('says that a DATA_DIR that is a file is no folder, rather than that its figures are damaged and to free space', async () => {
+    const { work, modelsDir, dataDir } = await setUp();
+    await writeFile(dataDir, 'a file where DATA_DIR should be a folder');
+    const stderr = await stderrOf(dataDir, 'generate', 'a red circle', '--models-dir', modelsDir, '--model', 'shapes', '--size', '256x256', '--steps', '1', '--out', path.join(work, 'out'));
+    expect(stderr).not.toMatch(/damaged\?|free space|is rewritten/);
+    const advice = `DATA_DIR (${dataDir}) is a file, or a folder on its path is: set DATA_DIR to a folder`;
+    expect(stderr).toContain(`DATA_DIR/model-memory.json cannot be read (ENOTDIR): each model is measured again as it first loads; ${advice}`);
+    expect(stderr).toMatch(new RegExp(`memory figures cannot be written to DATA_DIR/model-memory\\.json \\((EEXIST|ENOTDIR)\\): .*; ${advice.replace(/[()]/g, '\\$&')}`));
+  });
+
   it('imagegen models verify calibrates a model once per version of its files', async () => {
     const { work, model, dataDir } = await setUp();
     // A golden case of the model's shapes; the pictures need not match (--tolerance 1 passes any): the case runs the model.

@@ -3,7 +3,8 @@ import path from 'node:path';
 import { isDeepStrictEqual } from 'node:util';
 import { z } from 'zod';
 import type { ExecutionProvider, GraphRewrites } from '../runtime/providers.js';
-import { readJsonIfPresent } from '../util/files.js';
+import { isDiskFull, readJsonIfPresent } from '../util/files.js';
+import { codeOrMessage } from '../util/error-message.js';
 import { mergeSamples, type MemorySample } from './memory-curve.js';
 
 /**
@@ -134,16 +135,21 @@ function memoryFiguresFile(dataDir: string, provider: ExecutionProvider, graphRe
 /** Why a file's figures are not used: of an older version, or not readable as figures at all. */
 export type SetAside = 'outdated' | 'unreadable';
 
-/** The figures a file holds, or none and why (`setAside`). */
-async function readFigures(dataDir: string, provider: ExecutionProvider, graphRewrites?: GraphRewrites): Promise<{ figures: Record<string, ModelMemory>; setAside?: SetAside }> {
+/** The figures a file holds, or none and why (`setAside`; `readError`, the system's error where the file could not be read at all). */
+async function readFigures(
+  dataDir: string,
+  provider: ExecutionProvider,
+  graphRewrites?: GraphRewrites,
+): Promise<{ figures: Record<string, ModelMemory>; setAside?: SetAside; readError?: NodeJS.ErrnoException }> {
   try {
     const content: unknown = (await readJsonIfPresent(memoryFiguresFile(dataDir, provider, graphRewrites))) ?? { version: VERSION, models: {} };
     const parsed = figuresFile.safeParse(content);
     if (parsed.success) return { figures: parsed.data.models };
     const version = typeof content === 'object' && content !== null && 'version' in content ? content.version : 1;
     return { figures: {}, setAside: typeof version === 'number' && version < VERSION ? 'outdated' : 'unreadable' };
-  } catch {
-    return { figures: {}, setAside: 'unreadable' };
+  } catch (err) {
+    // A DATA_DIR that is a file, or not this user's to read, is no damaged file of figures.
+    return { figures: {}, setAside: 'unreadable', readError: (err as NodeJS.ErrnoException).code ? (err as NodeJS.ErrnoException) : undefined };
   }
 }
 
@@ -163,6 +169,8 @@ export class MemoryFigures {
     private readonly figures: Record<string, ModelMemory>,
     /** Why the file's figures were set aside, if they were (see VERSION); it is rewritten with the first new ones. */
     readonly setAside: SetAside | undefined,
+    /** The system's error where the file could not be read at all (DATA_DIR a file, or not readable). */
+    readonly readError: NodeJS.ErrnoException | undefined,
     private readonly onWriteError: (err: Error) => void,
   ) {}
 
@@ -173,8 +181,8 @@ export class MemoryFigures {
    */
   static async open(dataDir: string, options: { provider?: ExecutionProvider; graphRewrites?: GraphRewrites; onWriteError?: (err: Error) => void } = {}): Promise<MemoryFigures> {
     const { provider = 'cpu', graphRewrites, onWriteError = () => undefined } = options;
-    const { figures, setAside } = await readFigures(dataDir, provider, graphRewrites);
-    return new MemoryFigures(dataDir, provider, graphRewrites, figures, setAside, onWriteError);
+    const { figures, setAside, readError } = await readFigures(dataDir, provider, graphRewrites);
+    return new MemoryFigures(dataDir, provider, graphRewrites, figures, setAside, readError, onWriteError);
   }
 
   /** The file's name in DATA_DIR, for messages. */
@@ -232,17 +240,25 @@ export interface FiguresLog {
  * calibrated every model they ran, every time (tens of seconds for an SDXL on a CPU).
  */
 export async function openKeptFigures(dataDir: string, options: { provider: ExecutionProvider; graphRewrites: GraphRewrites }, log: FiguresLog): Promise<MemoryFigures> {
+  /** What to do about DATA_DIR for a read or write that failed with `err`. */
+  const advice = (err: NodeJS.ErrnoException): string => {
+    if (isDiskFull(err)) return 'free space in DATA_DIR';
+    if (err.code === 'ENOTDIR' || err.code === 'EEXIST') return `DATA_DIR (${dataDir}) is a file, or a folder on its path is: set DATA_DIR to a folder`;
+    return `let this user read and write DATA_DIR (${dataDir})`;
+  };
   const figures = await MemoryFigures.open(dataDir, {
     ...options,
     onWriteError: (err) =>
       log.warn(
-        `the models' memory figures cannot be written to ${file} (${err.message}): they serve this process, but the next server or command measures each model again as it first loads; free space in DATA_DIR or make it writable`,
+        `the models' memory figures cannot be written to ${file} (${codeOrMessage(err)}): they serve this process, but the next server or command measures each model again as it first loads; ${advice(err)}`,
         err,
       ),
   });
   const file = `DATA_DIR/${figures.fileName}`;
   if (figures.setAside === 'outdated') {
     log.info(`the memory figures in ${file} were measured by an older version, which counted differently: set aside; each model is measured again as it first loads`);
+  } else if (figures.readError) {
+    log.warn(`${file} cannot be read (${figures.readError.code}): each model is measured again as it first loads; ${advice(figures.readError)}`);
   } else if (figures.setAside === 'unreadable') {
     log.warn(`${file} cannot be read as memory figures (damaged?): set aside; each model is measured again as it first loads, and the file is rewritten`);
   }
