@@ -37,7 +37,6 @@ const byteSize = z
     return Number(digits) * BYTE_UNITS[unit.toLowerCase()];
   });
 
-/** How a true/false setting (and TRUST_PROXY's true or false) may be written. */
 /** A file's or folder's path; one beginning with a `~` no shell expanded (an environment file's) is refused, naming the path meant. */
 const filePath = z
   .string()
@@ -47,6 +46,7 @@ const filePath = z
     if (problem) ctx.addIssue({ code: 'custom', message: problem });
   });
 
+/** How a true/false setting (and TRUST_PROXY's true or false) may be written. */
 const TRUE_TEXT = /^(true|1|yes)$/i;
 const FALSE_TEXT = /^(false|0|no)$/i;
 

@@ -843,7 +843,7 @@ describe('the imagegen CLI', () => {
     // It said "install it with: imagegen models import /tmp/.../Bob's models/turbo.tar": a shell waits for the quote to close.
     const { stdout } = await cli('models', 'export', 'turbo', '--out', folder, '--models-dir', modelsDir);
     const suggested = /install it with: (imagegen .*)\n$/.exec(stdout)?.[1] ?? '';
-    expect(suggested).toBe(`imagegen models import '${bundle.replace(/'/g, `'\\''`)}'`);
+    expect(suggested).toMatch(/^imagegen models import ["']/);
     // The shell reads back the very path.
     const { stdout: words } = await execFileAsync('sh', ['-c', `printf '%s\\n' ${suggested}`]);
     expect(words).toBe(`imagegen\nmodels\nimport\n${bundle}\n`);
