@@ -199,7 +199,7 @@ export function registerGenerateCommand(program: Command): void {
     .option('--model <id>', 'model id or alias [default: DEFAULT_MODEL]')
     .option('--size <WxH>', "image size [default: the model's]")
     .option('--n <count>', 'number of images, 1..10', '1')
-    .option('--seed <seed>', 'seed of the first image (image i gets seed + i) [default: random]')
+    .option('--seed <seed>', 'seed of the first image (image i gets seed + i); -1 for a random one, as A1111 and ComfyUI take it [default: random]')
     .option('--steps <count>', 'denoising steps [default: from --quality]')
     .option('--guidance-scale <scale>', 'classifier-free guidance [default: from --style]')
     .option('--negative-prompt <text>', 'what not to draw')
