@@ -136,22 +136,32 @@ async function generateCommand(prompt: string, flags: GenerateFlags): Promise<st
     output_format: flags.format,
     response_format: 'b64_json',
   });
+  // The registry's warnings (a broken folder beside the model) as plain lines, not JSON; those of its
+  // scan held until the model is resolved, so that a model's own folder's problem is said once: the
+  // error of a model that cannot run names it, and a warning printed before it said the same.
+  type Warning = { msg: string; dir?: string };
+  const warn = ({ msg, dir }: Warning) => process.stderr.write(`imagegen generate: warning: ${dir ? `${dir}: ` : ''}${msg}\n`);
+  const scanned: Warning[] = [];
+  let holding = true;
   const registry = new ModelRegistry({
     roots: modelRoots(config.modelsDir, EMBEDDED_MODELS_DIR),
     aliases: config.modelAliases,
-    // The registry's warnings (a broken folder beside the model) as plain lines, not JSON.
     logger: pino(
       { level: 'warn' },
       {
         write(line: string) {
-          const { msg, dir } = JSON.parse(line) as { msg: string; dir?: string };
-          process.stderr.write(`imagegen generate: warning: ${dir ? `${dir}: ` : ''}${msg}\n`);
+          const warning = JSON.parse(line) as Warning;
+          if (holding) scanned.push(warning);
+          else warn(warning);
         },
       },
     ),
   });
   await registry.scan();
   const model = await registry.resolve(request.model);
+  const named = registry.aliasTarget(request.model) ?? request.model;
+  holding = false;
+  for (const warning of scanned) if (model || warning.dir === undefined || path.basename(warning.dir) !== named) warn(warning);
   if (!model) {
     await refuseFolder(request.model);
     // What the API answers, less the server: an alias, DEFAULT_MODEL, a folder installed but unusable and why.
