@@ -255,6 +255,25 @@ describe('S3ImageStore', () => {
     }
   });
 
+  it('hands out presigned URLs for the longest lifetime (IMAGE_TTL_SECONDS=604800) from a replica whose clock is off the bucket\'s, within the 7 days a signature may last', async () => {
+    // Counted from the earlier clock, the URL's lifetime came to 7 days and the skew, which the signer
+    // refuses: every url request got a 500 storage_error, its image left in the bucket.
+    vi.useFakeTimers({ toFake: ['Date'], now: Date.now() - 600_000 });
+    try {
+      const store = await open({ prefix: 'week-presigned/', presignedUrls: true, ttlSeconds: 604_800, clock: undefined });
+      const image = await store.put(bytes(10, 5), 'image/png');
+      const url = new URL(image.url!);
+      // A week on the bucket's clock, which judges the URL and from which the image's lifetime started.
+      expect(url.searchParams.get('X-Amz-Expires')).toBe('604800');
+      const res = await fetch(url);
+      expect(res.status).toBe(200);
+      expect(Buffer.from(await res.arrayBuffer())).toEqual(Buffer.from(bytes(10, 5)));
+      await store.close();
+    } finally {
+      vi.useRealTimers();
+    }
+  });
+
   it('deletes the images of a response that failed, so none of its n images stays visible', async () => {
     const store = await open({ prefix: 'remove/' });
     const images = await Promise.all([1, 2, 3].map((fill) => store.put(bytes(10, fill), 'image/jpeg')));

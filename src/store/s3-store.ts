@@ -55,6 +55,8 @@ export const CHECK_TIMEOUT_MS = 5000;
 const REQUEST_TIMEOUT_MS = 30_000;
 /** Tries of each S3 request (the SDK's default): each gets its share of the request's time limit. */
 const ATTEMPTS = 3;
+/** The longest a SigV4 presigned URL may live (7 days); config.ts bounds IMAGE_TTL_SECONDS by it with S3_PRESIGNED_URLS. */
+const MAX_PRESIGNED_SECONDS = 604_800;
 /** DeleteObjects takes at most this many keys. */
 const DELETE_BATCH = 1000;
 
@@ -246,7 +248,11 @@ export class S3ImageStore implements ImageStore {
     // bucket times it from the date it was signed at, which is on the bucket's clock too: signed at this
     // machine's time (the signer's default), a replica whose clock was behind handed out URLs that died
     // that much early (dead on arrival 10 minutes behind with a 5-minute lifetime), one ahead, too late.
-    const expiresIn = Math.max(1, Math.floor((image.expiresAt - this.now()) / 1000));
+    // Counted from the earlier clock it is the lifetime and the clocks' skew, which the signer refuses
+    // past a week: with IMAGE_TTL_SECONDS at its most (a week) and clocks a second apart, every url
+    // request got a 500. Cut to a week on the bucket's clock, the image has lived its whole lifetime
+    // there, which started no earlier than the bucket's time (see madeAt), when the URL dies.
+    const expiresIn = Math.min(MAX_PRESIGNED_SECONDS, Math.max(1, Math.floor((image.expiresAt - this.now()) / 1000)));
     const get = new GetObjectCommand({ Bucket: this.options.bucket, Key: this.keyOf(image) });
     return { ...image, url: await getSignedUrl(this.client, get, { expiresIn, signingDate: new Date(this.bucketNow()) }) };
   }
