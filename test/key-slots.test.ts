@@ -1,3 +1,4 @@
+import { once } from 'node:events';
 import { mkdtemp, rm, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
@@ -6,12 +7,14 @@ import type OpenAI from 'openai';
 import { describe, expect, it, onTestFinished, vi } from 'vitest';
 import type { ApiError } from '../src/api/errors.js';
 import { KeySlots, type KeySlotsOptions } from '../src/http/key-slots.js';
+import { connectRedis } from '../src/http/redis.js';
 import { whileBatchHeld } from './helpers/busy-worker.js';
 import { failureOf } from './helpers/failures.js';
 import { silentLogger } from './helpers/logs.js';
 import { whenRunning } from './helpers/ops-server.js';
 import { startRealServer } from './helpers/real-server.js';
 import { NO_REDIS, REDIS_SERVER, useRedis, type TestRedis } from './helpers/redis.js';
+import { startRedis } from './helpers/services.js';
 
 /**
  * A key's `concurrent` limit over replicas, kept in a real Redis: each replica's KeySlots has its own
@@ -185,6 +188,35 @@ describe.skipIf(!REDIS_SERVER)(`'concurrent' slots shared through Redis${NO_REDI
     expect(await connection.zcard('imagegen:slots:erin')).toBe(0);
     // Nor its estimated end, which would be every later wait's Retry-After.
     expect(await connection.hlen('imagegen:slots:erin:ends')).toBe(0);
+  });
+
+  it('leaves no lease of a finished request in a Redis restarted after it stalled: the renewals it never answered are not sent again to the new one', async () => {
+    // A Redis of its own, killed and started again where the replica looks.
+    let own = await startRedis(REDIS_SERVER!);
+    onTestFinished(() => own.stop());
+    const connection = await connectRedis(own.url, silentLogger);
+    onTestFinished(() => connection.disconnect());
+    const slots = new KeySlots(connection, silentLogger, { pollMs: 20 });
+    onTestFinished(() => slots.close());
+    const key = { label: 'nora', limits: { concurrent: 1 } };
+    const running = pending();
+    const held = slots.hold(key, never, running.work);
+    await untilRunning(running.state);
+    // Stalled, it takes the renewals (every second) and answers none; then it is killed.
+    own.child.kill('SIGSTOP');
+    await new Promise((resolve) => setTimeout(resolve, 2500));
+    const killed = once(own.child, 'exit');
+    own.child.kill('SIGKILL');
+    await killed;
+    // The request ends while Redis is down: its release fails, as Redis has nothing to release.
+    running.state.finish();
+    await held;
+    own = await startRedis(REDIS_SERVER!, Number(new URL(own.url).port));
+    await expect.poll(() => connection.ping().catch(() => 'not yet'), { interval: 50 }).toBe('PONG');
+    await tick();
+    // The client sent its unanswered renewals again to the new Redis, which put back the finished
+    // request's lease: the key's one slot was taken for 30 s by nobody.
+    expect(await connection.zcard('imagegen:slots:nora')).toBe(0);
   });
 
   it('frees the slot of a finished request while Redis refuses writes for want of memory (maxmemory reached, noeviction)', async () => {

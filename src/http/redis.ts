@@ -7,13 +7,17 @@ import { ConfigError } from '../util/config-error.js';
 /**
  * The Redis connection that replicas share limits through (REDIS_URL). A command fails fast while Redis
  * is unreachable (no offline queue, one retry, a 1 s timeout) so that a request never waits on it; the
- * client reconnects by itself, and its users fall back meanwhile (redis-ledger.ts).
+ * client reconnects by itself, and its users fall back meanwhile (redis-ledger.ts). Commands left
+ * unanswered when the connection dropped are not sent again once it is back: their callers were told
+ * they failed and moved on, and replayed on a Redis restarted after a stall they acted on what had
+ * ended since (a finished request's renewal put its lease back, taking the key's slot for 30 s; rates
+ * counted requests again).
  */
 
 export async function connectRedis(url: string, logger: Logger): Promise<Redis> {
   // Loaded only with REDIS_URL: a single server has no use for the client, and it costs start-up time.
   const { Redis } = await import('ioredis');
-  const redis = new Redis(url, { lazyConnect: true, enableOfflineQueue: false, maxRetriesPerRequest: 1, connectTimeout: 2000, commandTimeout: 1000 });
+  const redis = new Redis(url, { lazyConnect: true, enableOfflineQueue: false, maxRetriesPerRequest: 1, connectTimeout: 2000, commandTimeout: 1000, autoResendUnfulfilledCommands: false });
   // Without a listener ioredis prints every failed reconnection attempt; the users of the connection log
   // what it costs them, with the reason kept here.
   redis.on('error', (err: unknown) => connectionErrors.set(redis, err));
