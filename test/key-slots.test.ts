@@ -1,5 +1,6 @@
 import { once } from 'node:events';
 import { mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { connect, createServer, type AddressInfo, type Socket } from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import type { Redis } from 'ioredis';
@@ -61,6 +62,29 @@ const untilRunning = (state: { running: boolean }) => expect.poll(() => state.ru
 const untilWaiting = (connection: Redis, label: string, count: number) => expect.poll(() => connection.zcard(`imagegen:slots:${label}:waiting`)).toBe(count);
 
 const DAY_MS = 86_400_000;
+
+/**
+ * The network between a replica and `target` (a Redis's port), as a TCP relay on a port of its own:
+ * cut() drops its connections and refuses new ones (a blip of the network), mend() lets them through again.
+ */
+async function network(target: number) {
+  const sockets = new Set<Socket>();
+  const relay = createServer((client) => {
+    const upstream = connect(target, '127.0.0.1');
+    for (const socket of [client, upstream]) {
+      sockets.add(socket);
+      socket.on('error', () => undefined).on('close', () => sockets.delete(socket));
+    }
+    client.pipe(upstream).pipe(client);
+  });
+  await once(relay.listen(0, '127.0.0.1'), 'listening');
+  const port = (relay.address() as AddressInfo).port;
+  const cut = () => {
+    relay.close();
+    for (const socket of sockets) socket.destroy();
+  };
+  return { url: `redis://127.0.0.1:${port}/0`, cut, mend: async () => void (await once(relay.listen(port, '127.0.0.1'), 'listening')) };
+}
 
 /**
  * Leaves a key's times in Redis as a step back of Redis's clock by `ms` would (NTP, a VM resumed): each
@@ -217,6 +241,30 @@ describe.skipIf(!REDIS_SERVER)(`'concurrent' slots shared through Redis${NO_REDI
     // The client sent its unanswered renewals again to the new Redis, which put back the finished
     // request's lease: the key's one slot was taken for 30 s by nobody.
     expect(await connection.zcard('imagegen:slots:nora')).toBe(0);
+  });
+
+  it("frees the slot of a request that ended while the replica's connection to Redis was down, once it is back, not when its lease runs out", async () => {
+    const link = await network(Number(new URL(redis.url).port));
+    onTestFinished(link.cut);
+    const connection = await connectRedis(link.url, silentLogger);
+    onTestFinished(() => connection.disconnect());
+    const slots = new KeySlots(connection, silentLogger, { pollMs: 20 });
+    onTestFinished(() => slots.close());
+    const other = await replica();
+    const key = { label: 'olga', limits: { concurrent: 1 } };
+    const running = pending();
+    const held = slots.hold(key, never, running.work);
+    await untilRunning(running.state);
+    link.cut();
+    running.state.finish();
+    await held;
+    await link.mend();
+    // Another replica's request of the key runs once the connection is back (within a second of
+    // ioredis's reconnecting), not 30 s later when the lease of the one that ended would have run out.
+    const started = performance.now();
+    expect(await other.slots.hold(key, never, async () => 'next')).toBe('next');
+    expect(performance.now() - started).toBeLessThan(10_000);
+    expect(await other.connection.zcard('imagegen:slots:olga')).toBe(0);
   });
 
   it('frees the slot of a finished request while Redis refuses writes for want of memory (maxmemory reached, noeviction)', async () => {

@@ -186,6 +186,13 @@ export class KeySlots {
   private readonly pollMs: number;
   private readonly status: RedisFallback;
   private readonly wakeups: RedisWakeups;
+  /**
+   * The entries of requests that ended or left while Redis could not be asked (a connection that
+   * dropped for a moment), and when: removed once it answers again. Left to run out, a request that
+   * ended in a blip of the network kept its key's slot for a whole lease (30 s) on every replica.
+   * Oldest first; those older than a lease are dropped, as their entries have run out by then.
+   */
+  private readonly unreleased = new Map<string, { keys: ReturnType<typeof keysOf>; at: number }>();
 
   constructor(
     private readonly redis: Redis,
@@ -196,6 +203,9 @@ export class KeySlots {
     this.leaseMs = options.leaseMs ?? 30_000;
     this.pollMs = options.pollMs ?? 200;
     this.wakeups = new RedisWakeups(redis);
+    redis.on('ready', () => {
+      for (const [id, { keys }] of this.unreleased) void this.forget(keys, id);
+    });
     redis.defineCommand('imagegenTakeSlot', { numberOfKeys: 4, lua: TAKE });
     redis.defineCommand('imagegenRenewSlot', { numberOfKeys: 2, lua: RENEW });
     redis.defineCommand('imagegenFirstEnd', { numberOfKeys: 1, lua: FIRST_END });
@@ -302,9 +312,20 @@ export class KeySlots {
 
   /** Removes all the key's entries of `id`, whichever it has (a place while waiting, a lease and an estimated end while running). */
   private async forget(keys: ReturnType<typeof keysOf>, id: string): Promise<void> {
-    // A failure is said (once, as any): the slot then stays taken until its lease runs out. A success
+    // A failure is said (once, as any), and tried again once Redis is back (see unreleased). A success
     // says nothing, as it follows a failed take that Redis may still fail.
-    await this.redis.imagegenForgetSlot(keys.waiting, keys.places, keys.slots, keys.ends, id).catch((err: unknown) => this.status.failed(err));
+    await this.redis.imagegenForgetSlot(keys.waiting, keys.places, keys.slots, keys.ends, id).then(
+      () => this.unreleased.delete(id),
+      (err: unknown) => {
+        this.status.failed(err);
+        // Tried again and failed again: it keeps its place, and the time its entries run out by.
+        if (!this.unreleased.has(id)) this.unreleased.set(id, { keys, at: performance.now() });
+        for (const [old, { at }] of this.unreleased) {
+          if (performance.now() - at <= this.leaseMs) break;
+          this.unreleased.delete(old);
+        }
+      },
+    );
     // A slot freed, or a place in line: the key's waiting requests ask again.
     this.wakeups.notify(keys.freed);
   }
