@@ -1,6 +1,5 @@
 import { mkdir, mkdtemp, rm } from 'node:fs/promises';
 import { request } from 'node:http';
-import { connect } from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import OpenAI, { toFile } from 'openai';
@@ -9,7 +8,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { MODEL, makeRoot, OPS_KEY, rootEnv, untilReady } from './helpers/ops-server.js';
 import { holdProcesses } from './helpers/busy-worker.js';
 import { apiError } from './helpers/failures.js';
-import { announcedForm } from './helpers/raw-http.js';
+import { announcedForm, postWithoutHost } from './helpers/raw-http.js';
 import { killServer, spawnServer, workerProcesses, type ServerProcess } from './helpers/server-process.js';
 import { findCommand, startNginx, startS3Server, type NginxService, type S3Service } from './helpers/services.js';
 import type { ErrorBody } from '../src/api/wire.js';
@@ -112,15 +111,9 @@ describe.skipIf(!NGINX)(`replicas behind nginx (deploy/nginx.conf)${NGINX ? '' :
   it("names the address nginx was reached on in image URLs for an HTTP/1.0 client that sends no Host", async () => {
     const body = JSON.stringify({ model: MODEL, prompt: 'a blue square', size: '128x128', steps: 2, response_format: 'url' });
     const { port } = new URL(nginx.origin);
-    const answer = await new Promise<string>((resolve, reject) => {
-      const socket = connect(Number(port), '127.0.0.1', () =>
-        socket.write(`POST /v1/images/generations HTTP/1.0\r\nAuthorization: Bearer ${OPS_KEY}\r\nContent-Type: application/json\r\nContent-Length: ${Buffer.byteLength(body)}\r\n\r\n${body}`),
-      );
-      let text = '';
-      socket.setEncoding('utf8').on('data', (chunk: string) => (text += chunk)).on('end', () => resolve(text)).on('error', reject);
-    });
-    expect(answer).toMatch(/^HTTP\/1\.1 200 /);
-    const { data } = JSON.parse(answer.slice(answer.indexOf('\r\n\r\n') + 4)) as OpenAI.ImagesResponse;
+    const answer = await postWithoutHost(Number(port), '/v1/images/generations', `Bearer ${OPS_KEY}`, body);
+    expect(answer.status).toMatch(/^HTTP\/1\.1 200 /);
+    const { data } = JSON.parse(answer.body) as OpenAI.ImagesResponse;
     expect(data![0].url!.startsWith(`${nginx.origin}/v1/images/files/`)).toBe(true);
   });
 

@@ -7,6 +7,7 @@ import sharp from 'sharp';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { MODEL, makeRoot, OPS_KEY, rootEnv, sleep, untilReady } from './helpers/ops-server.js';
 import { holdProcesses } from './helpers/busy-worker.js';
+import { postWithoutHost } from './helpers/raw-http.js';
 import { killServer, spawnServer, workerProcesses, type ServerProcess } from './helpers/server-process.js';
 import { findCommand, startHaproxy, startOn, startRedis, startS3Server, type HaproxyService, type RedisService, type S3Service } from './helpers/services.js';
 import type { ErrorBody, ImagesResponse } from '../src/api/wire.js';
@@ -135,6 +136,16 @@ describe.skipIf(missing)(`replicas behind HAProxy sharing S3 and Redis${missing 
     expect(viaBalancer.startsWith(`${haproxy.origin}/v1/images/files/`)).toBe(true);
     for (const origin of Object.values(origins())) expect((await load(origin, new URL(viaBalancer).pathname)).status).toBe(200);
     stored.push({ path: new URL(viaBalancer).pathname, madeOn: 'a' });
+  });
+
+  it('names the address the balancer was reached on in image URLs for an HTTP/1.0 client that sends no Host', async () => {
+    const body = JSON.stringify({ model: MODEL, prompt: 'a blue square', size: '128x128', steps: 2, response_format: 'url' });
+    const answer = await postWithoutHost(Number(new URL(haproxy.origin).port), '/v1/images/generations', `Bearer ${OPS_KEY}`, body);
+    expect(answer.status).toMatch(/^HTTP\/1\.1 200 /);
+    const { data } = JSON.parse(answer.body) as ImagesResponse;
+    // Not the replica's own address, which clients of a balancer may not reach.
+    expect(data[0].url!.startsWith(`${haproxy.origin}/v1/images/files/`)).toBe(true);
+    expect((await load(haproxy.origin, new URL(data[0].url!).pathname)).status).toBe(200);
   });
 
   it("holds a key's requests_per_minute across replicas (counted in Redis)", async () => {

@@ -38,6 +38,16 @@ export function parseResponse(text: string): { status: string; headers: Record<s
   return { status, headers, body };
 }
 
+/**
+ * POSTs `body` as JSON to `path` over HTTP/1.0 with no Host header, as old clients may (HTTP/1.1 requires
+ * one): the answer, once the server (or the proxy at `port`) has closed the connection.
+ */
+export async function postWithoutHost(port: number, path: string, authorization: string, body: string): Promise<ReturnType<typeof parseResponse>> {
+  const exchange = rawRequest(port, `POST ${path} HTTP/1.0\r\nAuthorization: ${authorization}\r\nContent-Type: application/json\r\nContent-Length: ${Buffer.byteLength(body)}\r\n\r\n${body}`);
+  await exchange.closed;
+  return parseResponse(exchange.text);
+}
+
 /** Connects and writes `request`, reading none of the answer until the caller resumes the socket: a client that leaves its answer unread. */
 export function unreadRequest(port: number, request: string): net.Socket {
   const socket = net.connect(port, '127.0.0.1');
