@@ -69,6 +69,25 @@ export function strengthRule(layout: Pick<ModelLayout, 'family' | 'scheduler' | 
   return lcm && layout.family === 'sd' && layout.denoiserConfig.time_cond_proj_dim != null ? 'consistency' : layout.schedulerKind;
 }
 
+/**
+ * The scheduler config an SD 1.x/2.x model's generations run from. diffusers' pipelines for them
+ * (StableDiffusionPipeline, its image-to-image and inpainting ones, and their ONNX versions) rewrite an
+ * outdated scheduler_config.json as they load it: steps_offset becomes 1, whatever the file says or its
+ * class defaults to (0, which shifts every leading timestep down by one), and clip_sample false (DDIM
+ * defaults to clipping the predicted x0 to [-1, 1], meant for pixel-space models, which wrecks latents).
+ * A scheduler a request names is made, as diffusers' from_config makes it, from that rewritten config
+ * less the values its class only defaulted: steps_offset 1 where the file names one, the named class's
+ * own default where it does not (clip_sample is off there anyway: schedulers/index.ts switchedConfig).
+ * SDXL's pipelines and the latent consistency one (a UNet distilled to take the guidance as an input)
+ * rewrite nothing. `scheduler`: the name a request asked for (none: the model's own).
+ */
+export function pipelineScheduler(layout: Pick<ModelLayout, 'family' | 'scheduler' | 'denoiserConfig'>, scheduler?: string): SchedulerConfig {
+  const own = layout.scheduler;
+  if (layout.family !== 'sd' || layout.denoiserConfig.time_cond_proj_dim != null) return own;
+  const namesOffset = own.steps_offset !== undefined && own.steps_offset !== null;
+  return { ...own, clip_sample: false, ...((scheduler === undefined || namesOffset) && { steps_offset: 1 }) };
+}
+
 /** Whether the model's variant runs any guidance (see VariantPreset.takesGuidance). */
 export function takesGuidance(layout: Pick<ModelLayout, 'family' | 'variant'>): boolean {
   return familyEntry(layout.family).variants[layout.variant].takesGuidance !== false;

@@ -1,7 +1,7 @@
 import type { FloatTensor, OnnxModel } from '../runtime/onnx-model.js';
 import { BatchNoise } from '../runtime/random.js';
 import type { GenerationBatch } from '../runtime/types.js';
-import { strengthRule, type ModelLayout } from '../models/layout.js';
+import { pipelineScheduler, strengthRule, type ModelLayout } from '../models/layout.js';
 import { createScheduler, scheduleStrength } from '../schedulers/index.js';
 import { predictionOf } from './clean-estimate.js';
 import { denoise, startingLatents } from './denoise.js';
@@ -53,7 +53,7 @@ export class StableDiffusionPipeline implements Pipeline {
     const count = batch.items.length;
     const scale = this.layout.vae.scaleFactor;
     const [h, w, c] = [batch.height / scale, batch.width / scale, this.latentChannels];
-    const scheduler = createScheduler(this.layout.scheduler, batch.scheduler);
+    const scheduler = createScheduler(pipelineScheduler(this.layout, batch.scheduler), batch.scheduler);
     const rule = strengthRule(this.layout, batch.scheduler);
     scheduler.setTimesteps(batch.steps, { strength: scheduleStrength(rule, batch.strength) });
 
