@@ -58,6 +58,25 @@ describe('ByteBudget.takeInTurn', () => {
     expect(line).toEqual(['e', 'f']);
   });
 
+  it('lets no later request take the room given back to one that waits before it wakes to take it', async () => {
+    const budget = new ByteBudget(100, 50);
+    const order: string[] = [];
+    budget.hold(40, 'a');
+    budget.hold(30, 'c');
+    const waits = ask(budget, 'b', 40, order, 'b');
+    await settled();
+    // c gives back 10: b's 40 fit now, and b takes them as it wakes. A request of d's that asks before
+    // then (a release and a new request in the same turn of the event loop, or a request that began to
+    // wait as b woke and so is told of the next release first) fits too, but leaves b short again.
+    budget.release(10, 'c');
+    const later = ask(budget, 'd', 20, order, 'd');
+    await settled();
+    expect(order).toEqual(['b']);
+    budget.release(20, 'c');
+    await Promise.all([waits, later]);
+    expect(order).toEqual(['b', 'd']);
+  });
+
   it('lets those behind go once one ahead gives up waiting, and takes nothing for it', async () => {
     const budget = new ByteBudget(100);
     const order: string[] = [];

@@ -77,14 +77,14 @@ export class ByteBudget {
    * then; rejects, having taken nothing, once `wait.signal` aborts.
    */
   async takeInTurn(holder: string | undefined, bytes: number, take: () => boolean, wait: { signal: AbortSignal; onWait(): void }): Promise<void> {
-    if (this.mayGo(holder, this.waiting) && take()) return;
+    if (this.mayGo(holder, bytes, this.waiting) && take()) return;
     wait.onWait();
     const { signal } = wait;
     const me: Waiter = { holder, bytes };
     this.waiting.push(me);
     try {
       do await once(this.releases, 'freed', { signal });
-      while (!(this.mayGo(holder, this.waiting.slice(0, this.waiting.indexOf(me))) && take()));
+      while (!(this.mayGo(holder, bytes, this.waiting.slice(0, this.waiting.indexOf(me))) && take()));
     } finally {
       this.waiting.splice(this.waiting.indexOf(me), 1);
       // Those behind it may go now: it took its room, or stands in their way no longer.
@@ -93,15 +93,16 @@ export class ByteBudget {
   }
 
   /**
-   * Whether `holder`'s request may take room before `ahead`, those waiting that came before it: not
-   * while one of the same holder's waits (its turn is first), nor while one waits that only the whole
-   * budget is short for (what this one took would leave it shorter still). One waiting for its holder's
+   * Whether `holder`'s request for `bytes` may take room before `ahead`, those waiting that came before
+   * it: not while one of the same holder's waits (its turn is first), nor while one waits that only the
+   * whole budget is short for once this one took its bytes. That one may fit now, room given back that
+   * it has yet to wake to: this one, asking in between, would take it. One waiting for its holder's
    * share to free up stands in no other holder's way: it waits on its own holder's answers, and other
    * holders are served meanwhile, which is what shares are for.
    */
-  private mayGo(holder: string | undefined, ahead: readonly Waiter[]): boolean {
+  private mayGo(holder: string | undefined, bytes: number, ahead: readonly Waiter[]): boolean {
     const inTheWay = (waiter: Waiter) =>
-      waiter.holder === holder || (waiter.bytes > this.room() && (waiter.holder === undefined || waiter.bytes <= this.share - this.heldBy(waiter.holder)));
+      waiter.holder === holder || (waiter.bytes > this.room() - bytes && (waiter.holder === undefined || waiter.bytes <= this.share - this.heldBy(waiter.holder)));
     return !ahead.some(inTheWay);
   }
 
