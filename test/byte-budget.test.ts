@@ -77,6 +77,24 @@ describe('ByteBudget.takeInTurn', () => {
     expect(order).toEqual(['b', 'd']);
   });
 
+  it("lets other holders pass a holder's requests that wait behind its own one waiting for its share", async () => {
+    const budget = new ByteBudget(100, 50);
+    const order: string[] = [];
+    // x's unread answers hold 45 of its 50: its 20 wait for its share, and its 5 behind them (its turn
+    // comes after), though they would fit its share. z holds 51: 4 are free, which y's 3 fit.
+    budget.hold(45, 'x');
+    budget.hold(51, 'z');
+    const xFirst = ask(budget, 'x', 20, order, 'x20');
+    const xSecond = ask(budget, 'x', 5, order, 'x5');
+    const y = ask(budget, 'y', 3, order, 'y');
+    await settled();
+    // Before, x's 5 stood in y's way: y waited for x's clients to read their answers.
+    expect(order).toEqual(['y']);
+    budget.release(45, 'x');
+    await Promise.all([xFirst, xSecond, y]);
+    expect(order).toEqual(['y', 'x20', 'x5']);
+  });
+
   it('lets those behind go once one ahead gives up waiting, and takes nothing for it', async () => {
     const budget = new ByteBudget(100);
     const order: string[] = [];

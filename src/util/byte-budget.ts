@@ -98,11 +98,19 @@ export class ByteBudget {
    * whole budget is short for once this one took its bytes. That one may fit now, room given back that
    * it has yet to wake to: this one, asking in between, would take it. One waiting for its holder's
    * share to free up stands in no other holder's way: it waits on its own holder's answers, and other
-   * holders are served meanwhile, which is what shares are for.
+   * holders are served meanwhile, which is what shares are for. Nor do its holder's requests behind it,
+   * which wait for it whatever room there is.
    */
   private mayGo(holder: string | undefined, bytes: number, ahead: readonly Waiter[]): boolean {
-    const inTheWay = (waiter: Waiter) =>
-      waiter.holder === holder || (waiter.bytes > this.room() - bytes && (waiter.holder === undefined || waiter.bytes <= this.share - this.heldBy(waiter.holder)));
+    const onTheirOwn = new Set<string>();
+    const inTheWay = (waiter: Waiter) => {
+      if (waiter.holder === holder) return true;
+      if (waiter.holder !== undefined && (onTheirOwn.has(waiter.holder) || waiter.bytes > this.share - this.heldBy(waiter.holder))) {
+        onTheirOwn.add(waiter.holder);
+        return false;
+      }
+      return waiter.bytes > this.room() - bytes;
+    };
     return !ahead.some(inTheWay);
   }
 
