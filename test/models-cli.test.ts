@@ -210,6 +210,9 @@ describe('models pull', () => {
     // The address of its page, as a browser shows it: the command to run instead, revision and folder included.
     await expect(pull(`https://huggingface.co/${REPO}`)).rejects.toThrow(`'https://huggingface.co/${REPO}' is the address of a Hub page; pull takes the repository: imagegen models pull ${REPO}`);
     await expect(pull(`https://huggingface.co/${REPO}/tree/v2/onnx/`)).rejects.toThrow(`pull takes the repository: imagegen models pull ${REPO}@v2 --subfolder onnx`);
+    // A file's page names the folder it is in, not the file as a folder.
+    await expect(pull(`https://huggingface.co/${REPO}/blob/main/onnx/unet/model.onnx`)).rejects.toThrow(new RegExp(`pull takes the repository: imagegen models pull ${REPO} --subfolder onnx/unet$`));
+    await expect(pull(`https://huggingface.co/${REPO}/resolve/main/model_index.json`)).rejects.toThrow(new RegExp(`pull takes the repository: imagegen models pull ${REPO}$`));
     await expect(pull(`http://mirror.example.com:8080/${REPO}/tree/main`)).rejects.toThrow(`pull takes the repository: imagegen models pull ${REPO} --hub-url http://mirror.example.com:8080`);
     await expect(pull('test-org/gated')).rejects.toThrow(/gated or private.*set HF_TOKEN/);
     await expectNothingInstalled('gated');

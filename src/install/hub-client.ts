@@ -1,3 +1,4 @@
+import path from 'node:path';
 import { HubApiError, listFiles, modelInfo } from '@huggingface/hub';
 import { DEFAULT_HUB_URL } from './constants.js';
 import { ModelInstallError, ModelUsageError } from './errors.js';
@@ -63,12 +64,14 @@ const SHOWN_PATHS = 5;
 const REPO_NAME = /^([\w.-]+\/)?[\w.-]+$/;
 
 /** A repository's page as a browser shows it: `<hub>/owner/name`, or a folder of one revision, `.../tree/<revision>/<folder>`. */
-const HUB_PAGE = /^(https?:\/\/[^/]+)\/([\w.-]+\/[\w.-]+)(?:\/(?:tree|blob|resolve)\/([^/]+)(?:\/(.*?))?)?\/?$/;
+const HUB_PAGE = /^(https?:\/\/[^/]+)\/([\w.-]+\/[\w.-]+)(?:\/(tree|blob|resolve)\/([^/]+)(?:\/(.*?))?)?\/?$/;
 
 /** The command that pulls what the page at `text` shows, when it is one (HUB_PAGE): pasted from a browser, it is what the user meant. */
 function pageCommand(text: string): string | undefined {
-  const [, origin, repo, revision = 'main', folder] = HUB_PAGE.exec(text) ?? [];
+  const [, origin, repo, kind, revision = 'main', shown] = HUB_PAGE.exec(text) ?? [];
   if (!repo) return undefined;
+  // A file's page (blob, resolve) shows one file of the folder to pull: its folder, none at the top.
+  const folder = kind === 'tree' || !shown ? shown : path.posix.dirname(shown) === '.' ? undefined : path.posix.dirname(shown);
   const words = [`imagegen models pull ${repo}${revision === 'main' ? '' : `@${revision}`}`];
   if (folder) words.push(`--subfolder ${folder}`);
   if (origin !== DEFAULT_HUB_URL) words.push(`--hub-url ${origin}`);
