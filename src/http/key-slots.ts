@@ -274,7 +274,8 @@ export class KeySlots {
         // refusal from it (the queue has no place to wait in) ends the wait. What the request waited
         // before (for room for its answer) counts against maxWaitMs too.
         try {
-          came -= onWait?.() ?? 0;
+          // The request's wait began at the earlier of this one's start and its first wait's (its clock includes this one's first ask).
+          came = Math.min(came, performance.now() - (onWait?.() ?? 0));
         } catch (err) {
           void leave();
           throw err;
