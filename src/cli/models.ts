@@ -14,8 +14,7 @@ import { registerVerifyCommand } from './verify.js';
 import { exitStatusOf } from './exit-status.js';
 import { messageOf } from '../util/error-message.js';
 import { fileProblem } from './file-problem.js';
-import { pathArgument } from './path-argument.js';
-import { unexpandedHome } from '../util/home-path.js';
+import { pathArgument, refuseUnexpandedHome } from './path-argument.js';
 import { shellWord } from '../util/shell-word.js';
 
 /**
@@ -148,8 +147,7 @@ function settingOption(flags: string, description: string, name: SettingName, ch
   return option.argParser((text: string) => {
     const value = settingText(text) ?? fallback;
     // A folder's setting (--models-dir=~/models, or MODELS_DIR=~/models from an environment file), as the server's own check refuses it.
-    const home = value === undefined ? undefined : unexpandedHome(value);
-    if (home) throw new InvalidArgumentError(`${home}.`);
+    if (value !== undefined) refuseUnexpandedHome(value);
     if (choices && !choices.includes(value ?? '')) throw new InvalidArgumentError(`Allowed choices are ${choices.join(', ')}.`);
     return value;
   });

@@ -9,7 +9,12 @@ import { unexpandedHome } from '../util/home-path.js';
  */
 export function pathArgument(value: string): string {
   if (value.trim() === '') throw new InvalidArgumentError('It is empty: give the path of a file or folder (in a script, is the variable set?).');
+  refuseUnexpandedHome(value);
+  return value;
+}
+
+/** Refuses, as a usage error naming the path meant, a value beginning with a `~` no shell expanded (util/home-path.ts). */
+export function refuseUnexpandedHome(value: string): void {
   const home = unexpandedHome(value);
   if (home) throw new InvalidArgumentError(`${home}.`);
-  return value;
 }

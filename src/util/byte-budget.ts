@@ -5,10 +5,10 @@ import { EventEmitter, once } from 'node:events';
  * back when done. What does not fit the `room` left is refused by the caller, which says so, or waits
  * its turn for room to be given back (`takeInTurn`; http/memory-share.ts does both). Bytes may be held
  * for a holder (a client), who then has room for at most `share` of the whole, however much is free:
- * else one holder could take all of it and leave every other one refused for as long as it held it. What is in
- * memory already and must stay there (an answer made) is held whether it fits or not, and leaves less
- * room, or none, to what asks next. Bytes may also be set aside for what is yet to come (an answer
- * being made): they count as held, and `roomBesidesAside` tells the room the rest leaves.
+ * else one holder could take all of it and leave every other one refused for as long as it held it.
+ * What is in memory already and must stay there (an answer made) is held whether it fits or not, and
+ * leaves less room, or none, to what asks next. Bytes may also be set aside for what is yet to come (an
+ * answer being made): they count as held, and `roomBesidesAside` tells the room the rest leaves.
  *
  * Those waiting for room take it in the order they came (takeInTurn), as Go's semaphore.Weighted does:
  * let each take whatever fitted on a release, a request needing much lost every race to a flow of small
