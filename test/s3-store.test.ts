@@ -237,41 +237,38 @@ describe('S3ImageStore', () => {
     }
   });
 
-  it("signs presigned URLs on the bucket's clock: a replica whose clock runs ten minutes behind hands out URLs that live as long as the image", async () => {
+  /**
+   * The presigned URL of an image of `fill` stored by a replica whose clock runs ten minutes behind the
+   * bucket's, once it has downloaded that image (judged by the bucket, on its clock).
+   */
+  async function presignedFromBehind(options: { prefix: string; ttlSeconds?: number }, fill: number): Promise<URL> {
     // Date itself (new Date() too, which the SDK's signer reads), not just Date.now; timers stay real.
     vi.useFakeTimers({ toFake: ['Date'], now: Date.now() - 600_000 });
     try {
-      const store = await open({ prefix: 'skew-presigned/', presignedUrls: true, clock: undefined });
-      const image = await store.put(bytes(10, 7), 'image/png');
-      const url = new URL(image.url!);
-      // Signed at the bucket's time (the store learnt it from the start-up sweep's listing), not this machine's.
-      expect(Math.abs(Date.parse(url.searchParams.get('X-Amz-Date')!.replace(/^(\d{4})(\d\d)(\d\d)T(\d\d)(\d\d)(\d\d)Z$/, '$1-$2-$3T$4:$5:$6Z')) - (Date.now() + 600_000))).toBeLessThan(3000);
+      const store = await open({ ...options, presignedUrls: true, clock: undefined });
+      const url = new URL((await store.put(bytes(10, fill), 'image/png')).url!);
       const res = await fetch(url);
       expect(res.status).toBe(200);
-      expect(Buffer.from(await res.arrayBuffer())).toEqual(Buffer.from(bytes(10, 7)));
+      expect(Buffer.from(await res.arrayBuffer())).toEqual(Buffer.from(bytes(10, fill)));
       await store.close();
+      return url;
     } finally {
       vi.useRealTimers();
     }
+  }
+
+  it("signs presigned URLs on the bucket's clock: a replica whose clock runs ten minutes behind hands out URLs that live as long as the image", async () => {
+    const url = await presignedFromBehind({ prefix: 'skew-presigned/' }, 7);
+    // Signed at the bucket's time (the store learnt it from the start-up sweep's listing), not this machine's.
+    expect(Math.abs(Date.parse(url.searchParams.get('X-Amz-Date')!.replace(/^(\d{4})(\d\d)(\d\d)T(\d\d)(\d\d)(\d\d)Z$/, '$1-$2-$3T$4:$5:$6Z')) - Date.now())).toBeLessThan(3000);
   });
 
   it('hands out presigned URLs for the longest lifetime (IMAGE_TTL_SECONDS=604800) from a replica whose clock is off the bucket\'s, within the 7 days a signature may last', async () => {
     // Counted from the earlier clock, the URL's lifetime came to 7 days and the skew, which the signer
     // refuses: every url request got a 500 storage_error, its image left in the bucket.
-    vi.useFakeTimers({ toFake: ['Date'], now: Date.now() - 600_000 });
-    try {
-      const store = await open({ prefix: 'week-presigned/', presignedUrls: true, ttlSeconds: 604_800, clock: undefined });
-      const image = await store.put(bytes(10, 5), 'image/png');
-      const url = new URL(image.url!);
-      // A week on the bucket's clock, which judges the URL and from which the image's lifetime started.
-      expect(url.searchParams.get('X-Amz-Expires')).toBe('604800');
-      const res = await fetch(url);
-      expect(res.status).toBe(200);
-      expect(Buffer.from(await res.arrayBuffer())).toEqual(Buffer.from(bytes(10, 5)));
-      await store.close();
-    } finally {
-      vi.useRealTimers();
-    }
+    const url = await presignedFromBehind({ prefix: 'week-presigned/', ttlSeconds: 604_800 }, 5);
+    // A week on the bucket's clock, which judges the URL and from which the image's lifetime started.
+    expect(url.searchParams.get('X-Amz-Expires')).toBe('604800');
   });
 
   it('deletes the images of a response that failed, so none of its n images stays visible', async () => {
