@@ -13,7 +13,7 @@ function ask(budget: ByteBudget, holder: string | undefined, bytes: number, orde
     budget.hold(bytes, holder);
     return true;
   };
-  return budget.takeInTurn(holder, bytes, take, { signal, onWait: () => undefined }).then(() => void order.push(name));
+  return budget.takeInTurn(holder, bytes, take, () => signal).then(() => void order.push(name));
 }
 
 const settled = () => new Promise((resolve) => setImmediate(resolve));

@@ -117,9 +117,10 @@ export function shareOf(request: FastifyRequest, reply: FastifyReply, memory: By
       const waits = () => {
         const waitedBefore = onWait();
         timer = setTimeout(() => deadline.abort(), Math.max(0, maxWaitMs - waitedBefore));
+        return AbortSignal.any([signal, deadline.signal]);
       };
       try {
-        await memory.takeInTurn(holder, bytes, fits, { signal: AbortSignal.any([signal, deadline.signal]), onWait: waits });
+        await memory.takeInTurn(holder, bytes, fits, waits);
         return true;
       } catch (err) {
         if (signal.aborted) throw signal.reason;

@@ -73,13 +73,13 @@ export class ByteBudget {
   /**
    * Runs `take`, which takes room for `bytes` more of `holder`'s where they fit (true) and else nothing
    * (false), in its turn: at once unless an earlier waiter stands in its way (mayGo), and else, having
-   * called `wait.onWait` (what it throws ends the wait), after each release until it does take, resolving
-   * then; rejects, having taken nothing, once `wait.signal` aborts.
+   * called `onWait` (what it throws ends the wait), after each release until it does take, resolving
+   * then; rejects, having taken nothing, once the signal `onWait` gave aborts. Asked for only as the
+   * wait begins: a request that takes its room at once makes no signal to end a wait it never has.
    */
-  async takeInTurn(holder: string | undefined, bytes: number, take: () => boolean, wait: { signal: AbortSignal; onWait(): void }): Promise<void> {
+  async takeInTurn(holder: string | undefined, bytes: number, take: () => boolean, onWait: () => AbortSignal): Promise<void> {
     if (this.mayGo(holder, bytes, this.waiting) && take()) return;
-    wait.onWait();
-    const { signal } = wait;
+    const signal = onWait();
     const me: Waiter = { holder, bytes };
     this.waiting.push(me);
     try {
