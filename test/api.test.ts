@@ -156,6 +156,8 @@ describe('request validation', () => {
     ['unknown quality', { quality: 'ultra' }, 'quality', 'invalid_value'],
     ['unknown style', { style: 'gothic' }, 'style', 'invalid_value'],
     ['unknown field', { foo: 1 }, 'foo', 'unknown_parameter', "Unknown parameter: 'foo'."],
+    // A key as long as the body allows is quoted as a form's text is, not echoed whole in message and param.
+    ['long unknown field', { ['🦊'.repeat(45)]: 1 }, `${'🦊'.repeat(40)}...`, 'unknown_parameter', `Unknown parameter: '${'🦊'.repeat(40)}...'.`],
     ['transparent background', { background: 'transparent' }, 'background', 'unsupported_value'],
     ['compression of a PNG', { output_compression: 50 }, 'output_compression', 'unsupported_value'],
     ['compression above 100', { output_format: 'jpeg', output_compression: 101 }, 'output_compression', 'integer_above_max_value'],

@@ -56,9 +56,13 @@ export class ApiError extends Error {
     return ApiError.invalid(param, 'missing_required_parameter', `Missing required parameter: '${param}'.`);
   }
 
-  /** The usual 400 for a field the request may not have. */
+  /**
+   * The usual 400 for a field the request may not have. Its name is cut as a form's text is (shortened):
+   * a JSON key may be as long as the body, and was echoed twice whole (message and param).
+   */
   static unknownParameter(param: string): ApiError {
-    return ApiError.invalid(param, 'unknown_parameter', `Unknown parameter: '${param}'.`);
+    const name = shortened(param);
+    return ApiError.invalid(name, 'unknown_parameter', `Unknown parameter: '${name}'.`);
   }
 
   /** A 429 in OpenAI's rate-limit shape, from `limit`; its `headers` say when to retry (retry-after), or not to (x-should-retry). */
@@ -77,6 +81,16 @@ export class ApiError extends Error {
   toBody(): ErrorBody {
     return { error: { message: this.message, type: this.type, param: this.param, code: this.code } };
   }
+}
+
+/**
+ * A text the client sent, as a message quotes it: its first 40 characters and '...' where it is longer.
+ * Cut by characters (code points), not UTF-16 units: cut between an emoji's two halves, the message
+ * carried a lone surrogate, which JSON.stringify writes as an escape no client shows as a character.
+ */
+export function shortened(text: string): string {
+  const characters = [...text];
+  return characters.length > 40 ? `${characters.slice(0, 40).join('')}...` : text;
 }
 
 /** "'a'", "'a' and 'b'", "'a', 'b', and 'c'": OpenAI's way of listing supported values ('or' for a choice of one). */

@@ -3,7 +3,7 @@ import { MAX_SEED, NOISE_KINDS } from '../runtime/random.js';
 import { IMAGE_FORMATS, MAX_STEPS, type OutputFormat } from '../runtime/types.js';
 import { STYLES, type Quality } from '../families/family.js';
 import { SCHEDULER_NAMES } from '../schedulers/index.js';
-import { ApiError, describeValue, quoteList } from './errors.js';
+import { ApiError, describeValue, quoteList, shortened } from './errors.js';
 import {
   DALL_E_PROMPT_LIMITS,
   DEFAULT_RESPONSE_FORMAT,
@@ -329,12 +329,8 @@ const EXPECTED: Record<string, string> = { string: 'a string', number: 'a number
  * "got a string" says nothing to the caller; the text itself, and how to write one, does.
  */
 function formText(expected: string, text: string): string {
-  // Cut by characters (code points), not UTF-16 units: cut between an emoji's two halves, the message
-  // carried a lone surrogate, which JSON.stringify writes as an escape no client shows as a character.
-  const characters = [...text];
-  const shown = characters.length > 40 ? `${characters.slice(0, 40).join('')}...` : text;
   const spelling = expected === 'a boolean' ? 'true or false' : expected === 'an integer' ? 'digits only, e.g. 2' : 'a number, e.g. 0.5';
-  return `the text '${shown}' instead (a multipart form sends it as ${spelling})`;
+  return `the text '${shortened(text)}' instead (a multipart form sends it as ${spelling})`;
 }
 
 /** One zod issue in OpenAI's words; `param` is the field's name; `form`: the value came as a form's text. */
