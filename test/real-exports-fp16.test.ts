@@ -25,15 +25,16 @@ const { FLOAT, FLOAT16 } = onnx.TensorProto.DataType;
  * --fp16` makes them: float16 weights, inputs and outputs, integer ids untouched) against the float32
  * goldens of diffusers, at the looser FP16_TOLERANCE; a deliberate mistake must still fail it.
  *
- * Which cases: both of sd15 (the README's fp16 claim) and of flux (T5, the transformer, and the Loop and
- * sequence ops of its position embedding); for sd2v and sdxl only case 1 (512x512 and 768x512: the same
- * graphs and code paths as case 0 at 768x768 and 1024x1024, which would triple this file's time).
+ * Which cases: both of sd15 (the README's fp16 claim); of the others only case 1 (512x512, 768x512 and
+ * 768x512: the same graphs and code paths as case 0 at 768x768 and 1024x1024, FLUX's T5, transformer
+ * and the Loop and sequence ops of its position embedding included). Case 0 would triple this file's
+ * time: float16 on the CPU is slower than float32, and the VAEs' decode grows faster than the pixels.
  */
 const COVERED: readonly { name: RealExportName; cases: readonly number[] }[] = [
   { name: 'sd15', cases: [0, 1] },
   { name: 'sd2v', cases: [1] },
   { name: 'sdxl', cases: [1] },
-  { name: 'flux', cases: [0, 1] },
+  { name: 'flux', cases: [1] },
 ];
 
 // One model loaded at a time, as in real-exports.test.ts: the arenas keep each model's peak activations.
