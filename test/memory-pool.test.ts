@@ -45,21 +45,26 @@ describe('memory shared out among the workers', () => {
   afterAll(() => real?.close());
 
   it('runs two batches that fit only one at a time one after the other, both to completion', async () => {
-    // Different step counts: two batches the pool cannot merge, one per worker. Four images each, the
-    // demo model's max_batch: one batch per request (ten made three, six batches in all, whose later
-    // ones only repeated the wait).
-    const generate = (steps: number) =>
+    // Different step counts: two batches the pool cannot merge, one per worker. The first is four
+    // images, the demo model's max_batch (one batch per request); the second, one image, is sent once
+    // the first is denoising, so that it is the one that waits, for all of the first's run (past the
+    // stall timeout). One image of 149 steps still runs long enough beside the first to be seen, were
+    // they let run at once; four, as the first, only took as long again.
+    const generate = (n: number, steps: number) =>
       real.client.images
-        .generate({ model: 'demo-shapes', prompt: 'a red circle', size: '512x512', n: 4, response_format: 'b64_json', steps } as never)
+        .generate({ model: 'demo-shapes', prompt: 'a red circle', size: '512x512', n, response_format: 'b64_json', steps } as never)
         .then((res) => ({ images: res.data!.length }));
     // How many workers were denoising at once, looked at every 10 ms while both requests ran: read off
     // the pool rather than timed from outside, where a loaded machine's stalls blur the two runs.
     let mostDenoising = 0;
-    const watch = setInterval(() => {
-      mostDenoising = Math.max(mostDenoising, real.server.engine.workers().filter((w) => w.busy && w.step > 0).length);
-    }, 10);
-    const [first, second] = await Promise.all([generate(150), generate(149)]).finally(() => clearInterval(watch));
-    expect([first.images, second.images]).toEqual([4, 4]);
+    const denoising = () => real.server.engine.workers().filter((w) => w.busy && w.step > 0).length;
+    const watch = setInterval(() => (mostDenoising = Math.max(mostDenoising, denoising())), 10);
+    const [firstAnswer, secondAnswer] = await (async () => {
+      const first = generate(4, 150);
+      await expect.poll(denoising, { interval: 5 }).toBe(1);
+      return Promise.all([first, generate(1, 149)]);
+    })().finally(() => clearInterval(watch));
+    expect([firstAnswer.images, secondAnswer.images]).toEqual([4, 1]);
     expect(await memoryWaits(real)).toBeGreaterThanOrEqual(1);
     // One waited for the other: one denoised at a time, and both did.
     expect(mostDenoising).toBe(1);
