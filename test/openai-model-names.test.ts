@@ -51,8 +51,17 @@ describe('model names', () => {
     expect(await listed('dall-e-3')).toMatchObject({ sizes: ['512x512', '1024x1024', '1536x1024'], default_size: '512x512' });
     expect(await listed('gpt-image-1')).toMatchObject({ sizes: ['auto', '1024x1024', '1536x1024'], default_size: 'auto' });
     expect(await listed('gpt-image-2')).toMatchObject({ sizes: ['auto', '512x512', '1024x1024', '1536x1024'], default_size: 'auto' });
+    // Each draws the size asked ('auto' the model's default_size), a wide one not turned on its side, and
+    // counts its image tokens by it: the gpt-image names test below runs at 'auto' alone.
     for (const model of ['gpt-image-1', 'gpt-image-2']) {
-      for (const size of (await listed(model)).sizes) expect((await generate({ model, size })).data).toHaveLength(1);
+      for (const size of (await listed(model)).sizes) {
+        const res = await generate({ model, size });
+        expect(res.data).toHaveLength(1);
+        const meta = await sharp(Buffer.from(res.data![0].b64_json!, 'base64')).metadata();
+        const drawn = size === 'auto' ? '512x512' : size;
+        expect([res.size, `${meta.width}x${meta.height}`]).toEqual([drawn, drawn]);
+        expect(res.usage!.output_tokens).toBe((meta.width! / 16) * (meta.height! / 16));
+      }
     }
   });
 
@@ -65,7 +74,8 @@ describe('model names', () => {
     for (const model of ['gpt-image-1', 'gpt-image-2.5-flare']) {
       const listed = await qualities(model);
       for (const quality of REQUEST_QUALITIES) {
-        const asked = generate({ model, quality, size: '1024x1024' });
+        // At size 'auto', 512x512 here: the quality, not the size, is what is checked.
+        const asked = generate({ model, quality, size: 'auto' });
         if (listed.includes(quality)) expect((await asked).data).toHaveLength(1);
         else expect(await apiError(asked)).toMatchObject({ status: 400, param: 'quality', code: 'invalid_value' });
       }
@@ -121,24 +131,25 @@ describe('model names', () => {
 });
 
 describe('gpt-image names', () => {
+  // At size 'auto', 512x512 on this model: a wide size drawn and counted under a gpt-image name is the sizes test's (model names, above).
   it.each(GPT_IMAGE_MODEL_NAMES)('%s answers inline with its settings echoed and usage', async (model) => {
     const prompt = 'a big red circle';
-    const res = await server.client.images.generate({ model, prompt, n: 2, size: '1536x1024', quality: 'high' });
+    const res = await server.client.images.generate({ model, prompt, n: 2, size: 'auto', quality: 'high' });
     expect(res.data).toHaveLength(2);
     for (const image of res.data!) {
       expect(Object.keys(image).sort()).toEqual(['b64_json', 'seed']);
       const meta = await sharp(Buffer.from(image.b64_json!, 'base64')).metadata();
-      expect([meta.format, meta.width, meta.height]).toEqual(['png', 1536, 1024]);
+      expect([meta.format, meta.width, meta.height]).toEqual(['png', 512, 512]);
     }
     const textTokens = await demoPromptTokens(prompt);
     expect(textTokens).toBeGreaterThan(0);
     // One image token per 16x16 pixels (a 2x2 patch of the 8x VAE's latent pixels), per image.
-    const imageTokens = 2 * (1536 / 16) * (1024 / 16);
+    const imageTokens = 2 * (512 / 16) * (512 / 16);
     expect(res).toMatchObject({
       background: 'opaque',
       output_format: 'png',
       quality: 'high',
-      size: '1536x1024',
+      size: '512x512',
       usage: {
         input_tokens: textTokens,
         input_tokens_details: { text_tokens: textTokens, image_tokens: 0 },
