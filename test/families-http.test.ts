@@ -1,7 +1,9 @@
+import path from 'node:path';
 import OpenAI from 'openai';
 import { afterAll, beforeAll, describe, expect, inject, it } from 'vitest';
 import { REFERENCE_FAMILIES } from '../src/reference/index.js';
 import { readImageFile } from './helpers/picture.js';
+import { UNMEASURED } from './helpers/real-exports.js';
 import { startRealServer, type RealServer } from './helpers/real-server.js';
 
 /**
@@ -13,7 +15,13 @@ let real: RealServer;
 let client: OpenAI;
 
 beforeAll(async () => {
-  real = await startRealServer({ modelsDir: inject('referenceModelsDir'), env: { WORKERS: '2', PRELOAD: 'none' } });
+  // One worker: each family loads once, where two loaded most of them twice (the prompts ran side by side).
+  // Not calibrated as they load (UNMEASURED): what they draw is tested here, their memory plans in memory*.test.ts.
+  real = await startRealServer({
+    modelsDir: inject('referenceModelsDir'),
+    env: { WORKERS: '1', PRELOAD: 'none' },
+    figures: (modelsDir) => Object.fromEntries(REFERENCE_FAMILIES.map((family) => [path.resolve(modelsDir, family), UNMEASURED])),
+  });
   client = real.client;
 });
 
@@ -25,9 +33,12 @@ afterAll(() => real?.close());
  */
 const FEW_STEP = new Set(['sd-turbo', 'lcm', 'flux-schnell']);
 
+/**
+ * Two prompts that differ in colour and shape: a family that drew one picture whatever it was asked
+ * fails one. The streaming test below asks each family for a third, a blue square.
+ */
 const PROMPTS = [
   { prompt: 'a red circle', colour: 'red', shape: 'circle' },
-  { prompt: 'a blue square', colour: 'blue', shape: 'square' },
   { prompt: 'a green triangle', colour: 'green', shape: 'triangle' },
 ];
 
