@@ -3,8 +3,7 @@ import OpenAI from 'openai';
 import { afterAll, beforeAll, describe, expect, inject, it } from 'vitest';
 import { REFERENCE_FAMILIES } from '../src/reference/index.js';
 import { readImageFile } from './helpers/picture.js';
-import { UNMEASURED } from './helpers/real-exports.js';
-import { startRealServer, type RealServer } from './helpers/real-server.js';
+import { startRealServer, UNMEASURED, type RealServer } from './helpers/real-server.js';
 
 /**
  * Every reference family, installed as a user would (one folder per model in MODELS_DIR), asked

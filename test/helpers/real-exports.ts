@@ -5,9 +5,8 @@ import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import type { ImageGenerateParamsNonStreaming, ImagesResponse } from 'openai/resources/images';
 import { onTestFinished } from 'vitest';
-import type { ModelMemory } from '../../src/models/memory-figures.js';
 import { WorkerRuntime } from '../../src/pipelines/run.js';
-import { startRealServer, type RealServer } from './real-server.js';
+import { startRealServer, UNMEASURED, type RealServer } from './real-server.js';
 import { TEST_SETTINGS } from './test-settings.js';
 
 /**
@@ -56,15 +55,6 @@ export async function copyOfExport(name: RealExportName): Promise<string> {
   }
   return dir;
 }
-
-/**
- * Memory figures that say nothing yet of what a model's runs take (no size measured): a runtime that
- * holds them for a model does not calibrate it as it loads (WorkerRuntime.calibrate: a run with guidance
- * at 1/2 and at 3/4 of its native side, seconds of the cores for each larger export), and plans its
- * batches as a system that cannot measure their phases does, by the decoder's attention alone, until its
- * own runs measure them. For tests of what the models draw; memory*.test.ts test the calibration.
- */
-export const UNMEASURED: ModelMemory = { weightsBytes: 0, peakBytes: 0, peakPixels: 0, denoise: [] };
 
 /**
  * A runtime in this process for the exports' cases, with one model loaded at a time (a budget of one

@@ -33,6 +33,15 @@ export async function installModels(modelsDir: string, models: Record<string, Mo
   }
 }
 
+/**
+ * Memory figures that say nothing yet of what a model's runs take (no size measured): a runtime that
+ * holds them for a model does not calibrate it as it loads (WorkerRuntime.calibrate: a run with guidance
+ * at 1/2 and at 3/4 of its native side, seconds of the cores for each larger export), and plans its
+ * batches as a system that cannot measure their phases does, by the decoder's attention alone, until its
+ * own runs measure them. For tests of what the models draw; memory*.test.ts test the calibration.
+ */
+export const UNMEASURED: ModelMemory = { weightsBytes: 0, peakBytes: 0, peakPixels: 0, denoise: [] };
+
 export interface RealServerOptions {
   /** Installed into `<root>/models` (MODELS_DIR) by id. */
   models?: Record<string, ModelSource>;
