@@ -9,10 +9,9 @@ import { describe, expect, it, onTestFinished, vi } from 'vitest';
 import type { ApiError } from '../src/api/errors.js';
 import { KeySlots, type KeySlotsOptions } from '../src/http/key-slots.js';
 import { connectRedis } from '../src/http/redis.js';
-import { whileBatchHeld } from './helpers/busy-worker.js';
+import { holdNextBatch } from './helpers/busy-worker.js';
 import { failureOf } from './helpers/failures.js';
 import { silentLogger } from './helpers/logs.js';
-import { whenRunning } from './helpers/ops-server.js';
 import { startRealServer } from './helpers/real-server.js';
 import { NO_REDIS, REDIS_SERVER, useRedis, type TestRedis } from './helpers/redis.js';
 import { startRedis } from './helpers/services.js';
@@ -474,14 +473,16 @@ describe.skipIf(!REDIS_SERVER)(`'concurrent' slots shared through Redis${NO_REDI
     try {
       await expect.poll(() => one.server.engine.readiness().ready && two.server.engine.readiness().ready, { timeout: 60_000 }).toBe(true);
       const order: string[] = [];
-      const long = one.client.images
-        .generate({ model: 'demo-shapes', prompt: 'a red circle', size: '1024x1024', response_format: 'b64_json', steps: 60 } as OpenAI.ImageGenerateParamsNonStreaming)
-        .then(() => order.push('long'));
-      await whenRunning(one.server);
-      // The long request held where it is (SIGSTOP) until the third is refused: it ran about a second,
-      // and what comes below took 50 to 150 ms of it on an idle machine; a loaded one's slower round trips
-      // (here with 1.5 s more) let it end first ('long' and 'short' answered, and no full queue).
-      const { short, reader } = await whileBatchHeld(one.server.engine, async () => {
+      // The long request held (SIGSTOP) before its worker begins it, its key's slot taken, until the
+      // third is refused: however slow the machine's round trips below, it cannot end first ('long' and
+      // 'short' answered, and no full queue). Held before it begins, it need not be long to outlast them:
+      // at 256x256 it is a sixteenth of the work of the 1024x1024 caught midway it was.
+      const { sent: long, resume } = await holdNextBatch(one.server.engine, () =>
+        one.client.images
+          .generate({ model: 'demo-shapes', prompt: 'a red circle', size: '256x256', response_format: 'b64_json', steps: 60 } as OpenAI.ImageGenerateParamsNonStreaming)
+          .then(() => order.push('long')),
+      );
+      const { short, reader } = await (async () => {
         const short = two.client.images.generate({ model: 'demo-shapes', prompt: 'a red circle', size: '256x256', response_format: 'b64_json' }).then(() => order.push('short'));
         // Waiting for the slot before the streamed one comes, so that the two fill the queue below.
         await untilWaiting(await redis.connect(), 'frank', 1);
@@ -503,7 +504,7 @@ describe.skipIf(!REDIS_SERVER)(`'concurrent' slots shared through Redis${NO_REDI
         expect(third).toMatchObject({ status: 429, code: 'rate_limit_exceeded' });
         expect((third as { message: string }).message).toMatch(/generation queue is full/);
         return { short, reader };
-      });
+      })().finally(resume);
       let rest = '';
       for (let chunk = await reader.read(); !chunk.done; chunk = await reader.read()) rest += new TextDecoder().decode(chunk.value);
       expect(rest).toMatch(/^event: image_generation\.completed$/m);
