@@ -5,7 +5,6 @@ import type { ErrorBody, ImageStreamEvent } from '../src/api/wire.js';
 import type { RunningServer } from '../src/server.js';
 import { capturedLogs } from './helpers/logs.js';
 import { holdBusyWorker, holdNextBatch } from './helpers/busy-worker.js';
-import { whenRunning } from './helpers/ops-server.js';
 import { readImageFile } from './helpers/picture.js';
 import { startRealServer, type RealServer } from './helpers/real-server.js';
 
@@ -394,15 +393,16 @@ describe('streams and a busy queue', () => {
         signal,
       });
     // Work ahead of the stream that lasts until its client leaves: until the stream had two keep-alives,
-    // however fast the machine, its worker held meanwhile. (Work of a fixed size, minutes on a loaded
-    // machine, outlasted the test's time; at a seventh of its pixels, as a machine seven times as fast
-    // runs it, it ended before the second keep-alive.)
+    // however fast the machine, its worker held before it begins it. (Work of a fixed size, minutes on a
+    // loaded machine, outlasted the test's time; at a seventh of its pixels, as a machine seven times as
+    // fast runs it, it ended before the second keep-alive.) Held before its first step, and cancelled
+    // before it is let go, it may be small: its steps keep it apart from the stream's.
     const leave = new AbortController();
     let resume = () => {};
     try {
-      const long = post({ size: '1792x1024', steps: 150, n: 4 }, leave.signal).catch(() => undefined);
-      await whenRunning(quick.server);
-      resume = await holdBusyWorker(quick.server.engine);
+      await expect.poll(() => quick.server.engine.readiness().ready, { timeout: 60_000 }).toBe(true);
+      let long: Promise<unknown>;
+      ({ sent: long, resume } = await holdNextBatch(quick.server.engine, () => post({ size: '256x256', steps: 150 }, leave.signal).catch(() => undefined)));
       const stream = (await post({ size: '256x256', stream: true })).body!.pipeThrough(new TextDecoderStream());
       let text = '';
       for await (const chunk of stream) {
@@ -434,15 +434,15 @@ describe('streams and a busy queue', () => {
       });
     const streamed = { stream: true, stream_progress: true };
     const leave = new AbortController();
-    // The running batch is held while the queue behind it is asked about: at 256x256, a sixteenth of its
-    // pixels, as a machine sixteen times as fast runs it, it had ended and the queue moved on before then.
+    // The running batch is held before its worker begins it while the queue behind it is asked about:
+    // unheld, at 256x256 a machine sixteen times as fast as one that ran 1024x1024 in time had ended it
+    // and the queue moved on before then. Held, and cancelled before it is let go, it may be small.
     let resume = () => {};
     try {
       await expect.poll(() => busy.server.engine.readiness().ready, { timeout: 60_000 }).toBe(true);
       // Steps told apart, so that the queue does not merge the waiting requests into one batch.
-      const running = post({ size: '1024x1024', steps: 150 }, leave.signal).catch(() => undefined);
-      await expect.poll(() => busy.server.engine.load().running).toBe(1);
-      resume = await holdBusyWorker(busy.server.engine);
+      let running: Promise<unknown>;
+      ({ sent: running, resume } = await holdNextBatch(busy.server.engine, () => post({ steps: 150 }, leave.signal).catch(() => undefined)));
       const waiting = post({ steps: 2 }, leave.signal).catch(() => undefined);
       await expect.poll(() => busy.server.engine.load().queued).toBe(1);
       const third = await post({ steps: 3, ...streamed }, leave.signal);
@@ -464,9 +464,8 @@ describe('streams and a busy queue', () => {
       const busyAgain = new AbortController();
       leave.signal.addEventListener('abort', () => busyAgain.abort());
       await expect.poll(() => busy.server.engine.load(), { timeout: 30_000 }).toMatchObject({ running: 0, queued: 0 });
-      const long = post({ size: '1024x1024', steps: 150 }, busyAgain.signal).catch(() => undefined);
-      await expect.poll(() => busy.server.engine.load().running).toBe(1);
-      resume = await holdBusyWorker(busy.server.engine);
+      let long: Promise<unknown>;
+      ({ sent: long, resume } = await holdNextBatch(busy.server.engine, () => post({ steps: 150 }, busyAgain.signal).catch(() => undefined)));
       const plain = await post({ steps: 2, stream: true }, busyAgain.signal);
       expect(plain.headers.get('content-type')).toMatch(/^text\/event-stream/);
       expect(new TextDecoder().decode((await plain.body!.getReader().read()).value)).toBe(': queued\n\n');
