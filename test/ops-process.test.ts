@@ -2,9 +2,9 @@ import { spawnSync } from 'node:child_process';
 import { mkdirSync } from 'node:fs';
 import { readdir, readFile, rm, utimes, writeFile } from 'node:fs/promises';
 import { get } from 'node:https';
-import { connect } from 'node:net';
+import { connect, createServer, type AddressInfo } from 'node:net';
 import path from 'node:path';
-import { afterEach, beforeEach, describe, expect, it } from 'vitest';
+import { afterEach, beforeEach, describe, expect, it, onTestFinished } from 'vitest';
 import { holdProcesses } from './helpers/busy-worker.js';
 import { haveOpenssl, selfSignedCertificate } from './helpers/certificate.js';
 import { generate, LONG, makeRoot, OPS_KEY, rootEnv, sleep, untilReady } from './helpers/ops-server.js';
@@ -12,7 +12,7 @@ import { spawnServer, workerProcesses, type ServerProcess, type SpawnOptions } f
 
 /**
  * `imagegen serve` as a process: graceful shutdown on SIGTERM, and a disk that fails mid-write. The
- * CLI runs from source under tsx, as in development.
+ * CLI runs built, as `npm start` runs it (helpers/server-process.ts).
  */
 
 /** This test's server: the root's folders, an ephemeral port. */
@@ -36,8 +36,23 @@ afterEach(async () => {
 
 const images = () => readdir(path.join(root, 'data', 'images'));
 
-/** A generation that is running when the signal comes (whenBusy) and that the test then waits to finish: LONG's pictures in fewer steps. */
-const FINISHING = { ...LONG, steps: 30 };
+/**
+ * Sends what `send` sends with every worker of `server` held (SIGSTOP) and resolves once a worker has its
+ * generation (whenBusy): it cannot end before the test signalled the server, however small it is and
+ * however slow the test. `resume` lets the workers go on.
+ */
+async function heldGeneration<T>(server: ServerProcess, send: () => Promise<T>): Promise<{ running: Promise<T>; resume: () => void }> {
+  const resume = holdProcesses(await workerProcesses(server));
+  const running = send();
+  await whenBusy(server.origin);
+  return { running, resume };
+}
+
+/** Resolves once the server logged that it took `signal` as the first (it finishes running requests). */
+const untilTaken = (server: ServerProcess, signal: NodeJS.Signals) => expect.poll(() => server.log.some((line) => line.includes(`${signal}: finishing running requests`))).toBe(true);
+
+/** A generation the test holds until the signal was taken and then waits to finish (two images: the store keeps each). */
+const FINISHING = { n: 2 } as const;
 
 describe('SIGTERM', () => {
   it('lets the running generation finish and store its images, removes stray temporary files, and exits 0', async () => {
@@ -47,9 +62,10 @@ describe('SIGTERM', () => {
     const crashed = path.join(root, 'data', 'images', '.0123456789abcdef0123456789abcdef.tmp');
     await writeFile(crashed, 'half an image');
     await utimes(crashed, new Date(Date.now() - 3600_000), new Date(Date.now() - 3600_000));
-    const running = generate(server.baseURL, { ...FINISHING, response_format: 'url' });
-    await whenBusy(server.origin);
+    const { running, resume } = await heldGeneration(server, () => generate(server!.baseURL, { ...FINISHING, response_format: 'url' }));
     server.child.kill('SIGTERM');
+    await untilTaken(server, 'SIGTERM');
+    resume();
 
     const answer = await running;
     expect(answer.status).toBe(200);
@@ -81,9 +97,11 @@ describe('a signal to the whole process group (Ctrl-C in a terminal, systemd sto
   it('reaches the workers too, which leave stopping to the server: the running generation finishes, and it exits 0', async () => {
     server = await spawnIn(root, { group: true });
     await untilReady(server.origin);
-    const running = generate(server.baseURL, FINISHING);
-    await whenBusy(server.origin);
+    const { running, resume } = await heldGeneration(server, () => generate(server!.baseURL, FINISHING));
     process.kill(-server.child.pid!, 'SIGINT');
+    await untilTaken(server, 'SIGINT');
+    // The held worker takes its SIGINT as it goes on, its generation begun.
+    resume();
 
     const answer = await running;
     expect([answer.status, answer.body.error?.message]).toEqual([200, undefined]);
@@ -95,12 +113,15 @@ describe('a signal to the whole process group (Ctrl-C in a terminal, systemd sto
   it('is taken once when it comes twice at once, as GNU timeout sends it (to the server, then to its group): the generation finishes, and it exits 0', async () => {
     server = await spawnIn(root, { group: true });
     await untilReady(server.origin);
-    const running = generate(server.baseURL, FINISHING);
-    await whenBusy(server.origin);
+    const { running, resume } = await heldGeneration(server, () => generate(server!.baseURL, FINISHING));
     server.child.kill('SIGTERM');
     // Apart enough for the server to have taken the first (sent back to back, the kernel may merge them).
     await sleep(50);
     process.kill(-server.child.pid!, 'SIGTERM');
+    // The generation held until the server has had time to take the second too (it says nothing of it).
+    await untilTaken(server, 'SIGTERM');
+    await sleep(500);
+    resume();
 
     // Before, the second was 'SIGTERM again': the server exited at once, and the generation was lost.
     const answer = await running;
@@ -118,18 +139,18 @@ describe('a signal to the whole process group (Ctrl-C in a terminal, systemd sto
   ] as const)('sent again later (%s), as a person sends it, exits at once without waiting for the running generation', async (second, said) => {
     server = await spawnIn(root);
     await untilReady(server.origin);
-    // The connection goes with the process.
-    const running = generate(server.baseURL, LONG).then(
-      () => 'answered',
-      (err: unknown) => err,
+    // Its worker held, so that the generation outlasts the second's wait on any machine (the pool notices
+    // nothing). The connection goes with the process.
+    const { running, resume } = await heldGeneration(server, () =>
+      generate(server!.baseURL).then(
+        () => 'answered',
+        (err: unknown) => err,
+      ),
     );
-    await whenBusy(server.origin);
-    // Its worker held, so that the generation outlasts the second's wait on any machine (the pool notices nothing).
-    const resume = holdProcesses(await workerProcesses(server));
     server.child.kill('SIGTERM');
     // Timed from when the server took the first (its line comes after): from the kill, a loaded machine's
     // delay in delivering it could bring the two within the second that makes them one.
-    await expect.poll(() => server!.log.some((line) => line.includes('SIGTERM: finishing running requests'))).toBe(true);
+    await untilTaken(server, 'SIGTERM');
     await sleep(1200);
     server.child.kill(second);
     expect(await server.exited).toBe(1);
@@ -165,21 +186,30 @@ describe('SIGTERM with a client that stopped reading', () => {
 
 describe('a server that cannot start', () => {
   it('says which setting to change, without a stack trace', async () => {
-    server = await spawnIn(root);
-    const port = new URL(server.origin).port;
+    // The port taken by another program (a listener of this process).
+    const holder = createServer();
+    await new Promise<void>((resolve) => holder.listen(0, '127.0.0.1', resolve));
+    onTestFinished(() => void holder.close());
+    const port = String((holder.address() as AddressInfo).port);
     const failure = (env: Record<string, string>) => spawnIn(root, { env }).then(() => expect.fail('it started'), (err: Error) => err.message);
-    const taken = await failure({ PORT: port });
-    expect(taken).toMatch(new RegExp(`exited with 1 before listening:\\nimagegen serve cannot start: port ${port} on 127\\.0\\.0\\.1 is already in use.*set PORT to a free port`));
-    expect(taken).not.toMatch(/\n\s+at /);
-    expect(await failure({ TLS_CERT: '/nonexistent/cert.pem', TLS_KEY: '/nonexistent/key.pem' })).toMatch(/cannot start: TLS_CERT \/nonexistent\/cert\.pem does not exist: set TLS_CERT to the PEM certificate/);
-    // A folder: the system's error (EISDIR) names no path at all, and was logged with its stack trace.
-    const folder = await failure({ TLS_CERT: root, TLS_KEY: root });
-    expect(folder).toMatch(/exited with 1 before listening:\nimagegen serve cannot start: TLS_CERT .* is a folder: set TLS_CERT to the PEM certificate/);
-    expect(folder).not.toMatch(/\n\s+at /);
     const notPem = path.join(root, 'not-a-certificate.txt');
     await writeFile(notPem, 'hello');
-    expect(await failure({ TLS_CERT: notPem, TLS_KEY: notPem })).toMatch(/cannot start: TLS_CERT \(.*not-a-certificate\.txt\) and TLS_KEY \(.*\) cannot be used: .*PEM.*They must be the PEM certificate/);
-    expect(await failure({ BODY_LIMIT: '0' })).toMatch(/exited with 2 before listening:[^]*BODY_LIMIT \(--body-limit\): expected at least 1 byte/);
+    // Servers that exit as they start, each on its own: started all at once.
+    const [taken, missing, folder, notCertificate, noBody] = await Promise.all([
+      failure({ PORT: port }),
+      failure({ TLS_CERT: '/nonexistent/cert.pem', TLS_KEY: '/nonexistent/key.pem' }),
+      // A folder: the system's error (EISDIR) names no path at all, and was logged with its stack trace.
+      failure({ TLS_CERT: root, TLS_KEY: root }),
+      failure({ TLS_CERT: notPem, TLS_KEY: notPem }),
+      failure({ BODY_LIMIT: '0' }),
+    ]);
+    expect(taken).toMatch(new RegExp(`exited with 1 before listening:\\nimagegen serve cannot start: port ${port} on 127\\.0\\.0\\.1 is already in use.*set PORT to a free port`));
+    expect(taken).not.toMatch(/\n\s+at /);
+    expect(missing).toMatch(/cannot start: TLS_CERT \/nonexistent\/cert\.pem does not exist: set TLS_CERT to the PEM certificate/);
+    expect(folder).toMatch(/exited with 1 before listening:\nimagegen serve cannot start: TLS_CERT .* is a folder: set TLS_CERT to the PEM certificate/);
+    expect(folder).not.toMatch(/\n\s+at /);
+    expect(notCertificate).toMatch(/cannot start: TLS_CERT \(.*not-a-certificate\.txt\) and TLS_KEY \(.*\) cannot be used: .*PEM.*They must be the PEM certificate/);
+    expect(noBody).toMatch(/exited with 2 before listening:[^]*BODY_LIMIT \(--body-limit\): expected at least 1 byte/);
   });
 
   /** A tmpfs with no inode left for a folder (mount needs root, as CI has), or why there is none. */
