@@ -8,7 +8,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { demoBatch as demoBatchOf, DEMO_MODEL_DIR } from './helpers/demo-model.js';
 import type { GenerationBatch } from '../src/runtime/types.js';
 import { startTestServer } from './helpers/api-server.js';
-import { signalBusyWorker, whileBatchHeld } from './helpers/busy-worker.js';
+import { holdProcesses, signalBusyWorker, whileBatchHeld } from './helpers/busy-worker.js';
 import { createBuiltPool, imagegenArgs, PROJECT_ROOT, WORKER_SCRIPT } from './helpers/cli.js';
 import { capturedLogs } from './helpers/logs.js';
 import { auth, generate, LONG, metric, MODEL, OPS_KEY, scrape, startOpsServer, untilReady, whenRunning, type Answer, type OpsServer } from './helpers/ops-server.js';
@@ -335,9 +335,21 @@ describe('a worker process that dies', () => {
     const ops = await startOpsServer({ env: { WORKERS: '2' } });
     try {
       await untilReady(ops.server.url);
-      // Different sizes: two batches, one on each worker.
-      const both = [generate(ops.baseURL, LONG), generate(ops.baseURL, { ...LONG, size: '256x256', n: 4 })];
-      const victim = await signalBusyWorker(ops.server.engine, 'SIGKILL', 2);
+      // Both workers held (SIGSTOP) as they are given the batches; the one to be killed goes on first, the
+      // other once it is dead: each batch certainly runs on its own worker while the other is killed
+      // mid-way, however quick the batches and however slow the machine.
+      const resume = holdProcesses(ops.server.engine.workers().map((w) => w.pid!));
+      // Different step counts: two batches, one on each worker.
+      const both = [generate(ops.baseURL, { size: '256x256', n: 2, steps: 150 }), generate(ops.baseURL, { size: '256x256', n: 4, steps: 149 })];
+      let victim: number;
+      try {
+        await expect.poll(() => ops.server.engine.workers().filter((w) => w.busy).length, { timeout: 10_000, interval: 5 }).toBe(2);
+        process.kill(ops.server.engine.workers()[0].pid!, 'SIGCONT');
+        // The only one that can take a step is the one killed.
+        victim = await signalBusyWorker(ops.server.engine, 'SIGKILL', 2);
+      } finally {
+        resume();
+      }
       const answers = await Promise.all(both);
 
       const crashed = answers.filter((a) => a.status === 500);
@@ -372,8 +384,8 @@ describe('a worker process that dies', () => {
       await untilReady(ops.server.url);
       const first = generate(ops.baseURL, LONG);
       await whenRunning(ops.server);
-      // Two compatible requests merge into one batch waiting behind the first.
-      const merged = [generate(ops.baseURL, { size: '256x256', steps: 150 }), generate(ops.baseURL, { size: '256x256', steps: 150, prompt: 'a blue square' })];
+      // Two compatible requests merge into one batch waiting behind the first (held by it, they may be quick).
+      const merged = [generate(ops.baseURL, { size: '256x256', steps: 20 }), generate(ops.baseURL, { size: '256x256', steps: 20, prompt: 'a blue square' })];
       await expect.poll(() => ops.server.engine.load().queued, { timeout: 10_000, interval: 5 }).toBe(1);
       await signalBusyWorker(ops.server.engine, 'SIGSEGV');
       const crashed = await first;
@@ -602,6 +614,11 @@ describe('stopping the engine', () => {
 });
 
 describe('logs', () => {
+  /**
+   * The log of a server started with `env` that answered one generation (request id req-log-test) and
+   * stopped: its lines about that request, and all it wrote. What `env` {} gives is made once, for the
+   * tests that read it.
+   */
   async function logsOf(env: Record<string, string>) {
     const { logger, lines, raw } = capturedLogs<Record<string, unknown>>();
     const ops = await startOpsServer({ env, logger });
@@ -617,9 +634,11 @@ describe('logs', () => {
     }
     return { lines: lines.filter((l) => l.reqId === 'req-log-test'), raw: raw.join('') };
   }
+  let plain: ReturnType<typeof logsOf> | undefined;
+  const plainLogs = () => (plain ??= logsOf({}));
 
   it('tag each request with its id, model, size, n and durations, without prompts or keys', async () => {
-    const { lines, raw } = await logsOf({});
+    const { lines, raw } = await plainLogs();
     const generated = lines.find((l) => l.msg === 'images generated');
     expect(generated).toMatchObject({ model: 'dall-e-3', size: '128x128', n: 1, modelId: MODEL, resolvedSize: '128x128', steps: 2, responseFormat: 'url' });
     expect(generated).toEqual(expect.objectContaining({ generateMs: expect.any(Number), deliverMs: expect.any(Number) }));
@@ -629,7 +648,7 @@ describe('logs', () => {
   });
 
   it("name a worker's process workerPid: a second pid key hid the server's own (pino's) and made lines JSON that strict readers refuse", async () => {
-    const { raw } = await logsOf({});
+    const { raw } = await plainLogs();
     const workerLines = raw.split('\n').filter((line) => line.includes('"worker ready"'));
     expect(workerLines).not.toEqual([]);
     for (const line of workerLines) {
