@@ -2,7 +2,7 @@ import path from 'node:path';
 import { rm } from 'node:fs/promises';
 import { describe, expect, it } from 'vitest';
 import type { GenerationBatch } from '../src/runtime/types.js';
-import { whileBatchHeld } from './helpers/busy-worker.js';
+import { holdNextBatch } from './helpers/busy-worker.js';
 import { createBuiltPool } from './helpers/cli.js';
 import { generate, makeRoot, MODEL, sleep, startOpsServer, untilReady } from './helpers/ops-server.js';
 
@@ -91,13 +91,20 @@ describe('fairness between clients on the real engine', () => {
       // Run alone first, which teaches the pool what the model costs (a first run's one-off allocations at
       // this size included).
       await send('warm-up', batch(128, 2));
-      for (const steps of [19, 20]) await send('A', batch(1024, steps));
+      for (const steps of [19, 20]) await send('A', batch(512, steps));
 
       // Distinct step counts: the flood cannot merge into fewer batches. When each of its batches ended.
       const floodEnds: number[] = [];
-      const flood = Promise.all(Array.from({ length: 6 }, (_, i) => send('A', batch(1024, 20 + i)).then(() => floodEnds.push(performance.now()))));
-      // B comes once the flood's first batch runs (not before: B, served less, would then go first).
-      await expect.poll(() => pool.load(), { timeout: 10_000, interval: 1 }).toEqual({ running: 1, queued: 5 });
+      // B comes once the flood's first batch has the worker (not before: B, served less, would then go
+      // first), which is held (SIGSTOP) until the rest are seen waiting: the first cannot end unseen.
+      const { sent: flood, resume } = await holdNextBatch(pool, () =>
+        Promise.all(Array.from({ length: 6 }, (_, i) => send('A', batch(512, 20 + i)).then(() => floodEnds.push(performance.now())))),
+      );
+      try {
+        await expect.poll(() => pool.load(), { timeout: 10_000, interval: 1 }).toEqual({ running: 1, queued: 5 });
+      } finally {
+        resume();
+      }
       const cheap: { started: number; ended: number }[] = [];
       for (let i = 0; i < 3; i++) {
         const started = performance.now();
@@ -125,11 +132,16 @@ describe('a request split into several batches', () => {
     try {
       await untilReady(ops.server.url);
       const started = performance.now();
-      // shapes runs at most 4 images per batch: batches of 4, 4 and 2, one after the other.
-      const request = generate(ops.baseURL, { size: '1024x1024', n: 10, steps: 20 });
-      // The first batch held (SIGSTOP) until the later ones have waited past the 1 s limit: a machine
-      // that ran all ten images within about a second never made them wait that long.
-      await whileBatchHeld(ops.server.engine, () => sleep(started + 1500 - performance.now()));
+      // shapes runs at most 4 images per batch: batches of 4, 4 and 2, one after the other. The first held
+      // (SIGSTOP) as its worker gets it, until the later ones have waited past the 1 s limit: a machine
+      // that ran all ten images within about a second never made them wait that long (these small ones
+      // take less, held or not).
+      const { sent: request, resume } = await holdNextBatch(ops.server.engine, () => generate(ops.baseURL, { n: 10 }));
+      try {
+        await sleep(started + 1500 - performance.now());
+      } finally {
+        resume();
+      }
       const answer = await request;
       const elapsedMs = performance.now() - started;
       expect(answer.status).toBe(200);
