@@ -48,9 +48,10 @@ describe('a release waiting for a worker a batch holds', () => {
         const batch = pool.generate(demoBatch({ width: 256, height: 256, steps: 100_000 }), leave.signal);
         await whileBatchHeld(pool, async () => {
           state.gone = true;
-          // Two of the upkeep's looks (every 2 s) with the only worker busy. Before, the first queued the
-          // release as a keyless client's job: /health counted it, and with QUEUE_MAX 1 a keyless request got 429.
-          await new Promise((resolve) => setTimeout(resolve, 4500));
+          // One of the upkeep's looks (every 2 s, a timer of this process due before this one) with the only
+          // worker busy. Before, it queued the release as a keyless client's job: /health counted it, and with
+          // QUEUE_MAX 1 a keyless request got 429.
+          await new Promise((resolve) => setTimeout(resolve, 2500));
           expect(pool.load()).toEqual({ running: 1, queued: 0 });
           expect(pool.wouldRefuse()).toBeUndefined();
         });
