@@ -50,20 +50,11 @@ export function answeredWithError(response: ServerResponse, error: ApiError): vo
  * What a log line says of an error answer: its code, and its param and limit where it has them. The
  * status alone does not tell an invalid_size 400 from an invalid_mask 400, nor a key over its
  * requests_per_minute from a full queue (both OpenAI's 429 `rate_limit_exceeded`: `limit` says which).
+ * A param is short: the client's own text in one (an unknown field's name) is cut where the error is made.
  */
 export function errorFields(error: ApiError): { code: string | null; param?: string; limit?: RateLimit } {
-  return { code: error.code, ...(error.param !== null && { param: loggableParam(error.param) }), ...(error.limit && { limit: error.limit }) };
+  return { code: error.code, ...(error.param !== null && { param: error.param }), ...(error.limit && { limit: error.limit }) };
 }
-
-/**
- * The most of a param a log line shows. Most params are the API's field names, but an unknown field's
- * is the client's own text (a JSON object's key), as long as BODY_LIMIT lets it be: whole, a client
- * wrote a 200 KB info line with each 400.
- */
-const LOGGED_PARAM_LENGTH = 128;
-
-const loggableParam = (param: string): string =>
-  param.length <= LOGGED_PARAM_LENGTH ? param : `${param.slice(0, LOGGED_PARAM_LENGTH)}… (${param.length} characters)`;
 
 /**
  * Fastify's request lines ('incoming request', 'request completed'), with two changes. A request the
