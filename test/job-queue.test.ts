@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { JobQueue, QueueClosedError, QueueFullError, QueueTimeoutError, Ticket } from '../src/engine/job-queue.js';
+import { JobQueue, QueueClosedError, QueueFullError, QueueTimeoutError, Ticket, type RunningJob } from '../src/engine/job-queue.js';
 
 /** The engine's admission control: bounded waiting, cancellation of waiting jobs only. */
 
@@ -29,6 +29,29 @@ describe('JobQueue', () => {
     g.open();
     expect(await Promise.all(runs)).toEqual([1, 2, 3]);
     expect(queue.load()).toEqual({ running: 0, queued: 0 });
+  });
+
+  it('tells a refused client to retry when a job past its estimate should end by its progress, not in 1 s again and again', async () => {
+    const queue = new JobQueue(1, 0);
+    const g = gate();
+    let running!: RunningJob;
+    const run = queue.run(
+      (job) => {
+        running = job;
+        return g.opened;
+      },
+      undefined,
+      { cost: () => 0.01 },
+    );
+    await new Promise((resolve) => setTimeout(resolve, 300));
+    const refusal = async () => ((await queue.run(async () => undefined).catch((err: unknown) => err)) as QueueFullError).retryAfterSeconds;
+    // Past its estimate, nothing heard of its progress: it may end any moment.
+    expect(await refusal()).toBe(1);
+    // A fiftieth done in 0.3 s: about 15 s to go.
+    running.progress(0.02);
+    expect(await refusal()).toBeGreaterThanOrEqual(10);
+    g.open();
+    await run;
   });
 
   it("counts requests waiting outside it (for a key's slot over all servers) as waiting, whatever workers are free", async () => {

@@ -260,7 +260,10 @@ export class BatchMerger {
     });
     members.forEach((m, i) => m.signal?.addEventListener('abort', leaving[i], { once: true }));
     const onEvent = (event: BatchEvent) => {
-      if (event.type === 'step') done = event.step / event.total;
+      if (event.type === 'step') {
+        done = event.step / event.total;
+        job.progress(done);
+      }
       return routeEvent(members, firstItems, event);
     };
     try {

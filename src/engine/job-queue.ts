@@ -143,6 +143,8 @@ export interface JobQueueOptions {
 export interface RunningJob {
   /** Gives `client` back `seconds` of what this job charged it as it started, which it will not get (see JobQueue.refund). */
   refund(client: string, seconds: number): void;
+  /** The share (0..1) of its work done, as last heard: what it has left once it outlasts its estimate (see secondsLeft). */
+  progress(done: number): void;
 }
 
 interface Entry {
@@ -156,8 +158,26 @@ interface Entry {
 /** Seconds a job without an estimate is assumed to take, until jobs have been timed. */
 const INITIAL_JOB_SECONDS = 5;
 
-/** Estimated seconds a job that started at `startedAt` has left at `now`: none once past its estimate. */
-const secondsLeft = (entry: Entry, startedAt: number, now: number): number => Math.max(0, entry.cost() - (now - startedAt) / 1000);
+/** A running job's: what it was charged for as it started, when, and the share of its work done since, as last heard (RunningJob.progress). */
+interface Run {
+  charged: Map<string, number>;
+  startedAt: number;
+  done: number;
+}
+
+/**
+ * Estimated seconds a running job has left at `now`: what its estimate leaves, and once it outlasts it,
+ * what its progress so far says the rest takes. Taken as ending any moment then, a job that a model's
+ * new size or a loaded machine made take many times its estimate had every refused client told to retry
+ * in 1 s, again and again until it ended (the SDKs' retries ran out first). The estimate goes first:
+ * early on, the time of the first step (the text encoders) makes progress a poor guess of the rest.
+ */
+function secondsLeft(entry: Entry, { startedAt, done }: Run, now: number): number {
+  const elapsed = (now - startedAt) / 1000;
+  const left = entry.cost() - elapsed;
+  if (left > 0) return left;
+  return done > 0 && done < 1 ? (elapsed * (1 - done)) / done : 0;
+}
 
 /** What waits, or would: each job's (or request's) client and weight (its estimated seconds, or 1 to count jobs). */
 type Waiting = { client: string; cost: number }[];
@@ -183,10 +203,10 @@ function floodedBy(client: string, waiting: Waiting, bound: number): boolean {
 }
 
 /** Seconds (at least 1) until the first of these running jobs should end: a worker, or a slot of its client's, is free then. */
-function firstToEnd(running: [Entry, { startedAt: number }][]): number {
+function firstToEnd(running: [Entry, Run][]): number {
   if (running.length === 0) return 1;
   const now = performance.now();
-  return Math.max(1, Math.ceil(Math.min(...running.map(([entry, { startedAt }]) => secondsLeft(entry, startedAt, now)))));
+  return Math.max(1, Math.ceil(Math.min(...running.map(([entry, run]) => secondsLeft(entry, run, now)))));
 }
 
 export class JobQueue {
@@ -194,7 +214,7 @@ export class JobQueue {
   /** Requests waiting outside the queue for what they need before their jobs may queue (see waitOutside). */
   private readonly outside = new Set<Ticket>();
   /** The running jobs: the cost each charged to its clients when it started, and when that was. */
-  private readonly running = new Map<Entry, { charged: Map<string, number>; startedAt: number }>();
+  private readonly running = new Map<Entry, Run>();
   private readonly runningByClient = new Map<string, number>();
   /** Upkeep jobs running (see runIfIdle): each holds a worker, and none is a client's. */
   private upkeep = 0;
@@ -250,7 +270,11 @@ export class JobQueue {
             this.ended(entry);
             if (!cost) this.jobSeconds = 0.8 * this.jobSeconds + 0.2 * ((performance.now() - started) / 1000);
           };
-          job({ refund: (client, seconds) => this.refund(entry, client, seconds) }).then(
+          const progress = (done: number) => {
+            const run = this.running.get(entry);
+            if (run) run.done = done;
+          };
+          job({ refund: (client, seconds) => this.refund(entry, client, seconds), progress }).then(
             (value) => {
               end();
               resolve(value);
@@ -384,7 +408,7 @@ export class JobQueue {
   private began(entry: Entry): void {
     const charged = entry.shares();
     for (const [client, work] of charged) this.order.charge(client, work);
-    this.running.set(entry, { charged, startedAt: performance.now() });
+    this.running.set(entry, { charged, startedAt: performance.now(), done: 0 });
     this.runningByClient.set(entry.ticket.client, (this.runningByClient.get(entry.ticket.client) ?? 0) + 1);
   }
 
@@ -439,7 +463,7 @@ export class JobQueue {
   private retryAfterSeconds(): number {
     const now = performance.now();
     let left = 0;
-    for (const [entry, { startedAt }] of this.running) left += secondsLeft(entry, startedAt, now);
+    for (const [entry, run] of this.running) left += secondsLeft(entry, run, now);
     const ahead = (left + this.sum(this.order.entries())) / Math.max(1, this.concurrency);
     const longest = this.options.maxWaitMs === undefined ? Infinity : this.options.maxWaitMs / 1000;
     return Math.max(1, Math.ceil(Math.min(ahead, longest)));
