@@ -1,6 +1,6 @@
 import OpenAI from 'openai';
-import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from 'vitest';
-import { holdBusyWorker } from './helpers/busy-worker.js';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { holdBusyWorker, holdNextBatch } from './helpers/busy-worker.js';
 import { capturedLogs } from './helpers/logs.js';
 import { startRealServer, type RealServer } from './helpers/real-server.js';
 
@@ -35,7 +35,9 @@ describe('QUEUE_MAX_SECONDS held by one key', () => {
     let resume = () => {};
     try {
       await expect.poll(() => engine.readiness().ready, { timeout: 60_000 }).toBe(true);
-      const running = post(FLOOD, { size: '1024x1024', steps: 150 }).catch(() => undefined);
+      // Cancelled with the flood once the other key's request is in: the worker stops at its next step,
+      // where it ran all 150 steps before the other's could.
+      const running = post(FLOOD, { size: '1024x1024', steps: 150 }, flood.signal).catch(() => undefined);
       await expect.poll(() => engine.load().running).toBe(1);
       resume = await holdBusyWorker(engine);
       // Ten 1024x1024 images of 150 steps: far more than a second of estimated work, at any speed.
@@ -68,15 +70,18 @@ describe('QUEUE_MAX_SECONDS held by one key', () => {
 });
 
 describe("requests merged into another key's batch", () => {
-  // Keys: X (or H) holds the one worker with a long batch while the others line up behind it.
-  const [X, H, L] = ['sk-holder-0123456789', 'sk-heavy-0123456789', 'sk-light-0123456789'];
-  // A server each: the fair order remembers what each key was served.
+  // Keys: X (or H) holds the one worker with a long batch while the others line up behind it. The fair
+  // order remembers what each key was served: each test has keys of its own (`keys`), on one server, where
+  // a server each started three (and loaded the model three times). A key first seen starts where the
+  // last chosen one was (fair-order.ts), as every key of a fresh server starts at nothing.
+  const KEYS = [1, 2, 3].map((test) => ['holder', 'heavy', 'light'].map((role) => `sk-${role}${test}-0123456789`));
+  const keys = (test: number) => KEYS[test - 1];
   let real: RealServer;
   const logs = capturedLogs<{ msg: string }>();
-  beforeEach(async () => {
-    real = await startRealServer({ apiKey: [X, H, L].join(','), env: { WORKERS: '1' }, logger: logs.logger });
+  beforeAll(async () => {
+    real = await startRealServer({ apiKey: KEYS.flat().join(','), env: { WORKERS: '1' }, logger: logs.logger });
   });
-  afterEach(() => real?.close());
+  afterAll(() => real?.close());
 
   /**
    * Sends a streamed 256x256 request of `key` and answers once it waits in the queue (a streamed
@@ -101,17 +106,22 @@ describe("requests merged into another key's batch", () => {
     return { done };
   }
 
-  /** Runs `lineUp` while a long batch of `holder`'s holds the worker; answers when all it sent is done. */
+  /**
+   * Runs `lineUp` while a batch of `holder`'s holds the worker (held before it begins: see holdNextBatch);
+   * answers when all it sent is done. Its 1024x1024 charges `holder` far more than any request lined up
+   * (256x256, a few steps); 10 steps, run once it is let go: 150 took most of the file's time.
+   */
   async function behindHeldBatch(holder: string, lineUp: () => Promise<{ done: Promise<void> }[]>): Promise<void> {
     const engine = real.server.engine;
     await expect.poll(() => engine.readiness().ready, { timeout: 60_000 }).toBe(true);
-    const held = fetch(`${real.server.url}/v1/images/generations`, {
-      method: 'POST',
-      headers: { authorization: `Bearer ${holder}`, 'content-type': 'application/json' },
-      body: JSON.stringify({ model: 'demo-shapes', prompt: 'a red circle', size: '1024x1024', steps: 150, response_format: 'b64_json' }),
-    });
-    await expect.poll(() => engine.load().running).toBe(1);
-    const resume = await holdBusyWorker(engine);
+    const { sent: held, resume } = await holdNextBatch(engine, () =>
+      fetch(`${real.server.url}/v1/images/generations`, {
+        method: 'POST',
+        headers: { authorization: `Bearer ${holder}`, 'content-type': 'application/json' },
+        body: JSON.stringify({ model: 'demo-shapes', prompt: 'a red circle', size: '1024x1024', steps: 10, response_format: 'b64_json' }),
+      }),
+    );
+    expect(engine.load().running).toBe(1);
     try {
       const sent = await lineUp();
       resume();
@@ -122,6 +132,7 @@ describe("requests merged into another key's batch", () => {
   }
 
   it("keep their key's order: a key with a batch waiting does not jump it by joining another key's", async () => {
+    const [, H, L] = keys(1);
     const order: string[] = [];
     // H's long batch runs: H has been served more than L, whose batches go first.
     await behindHeldBatch(H, async () => [
@@ -135,6 +146,7 @@ describe("requests merged into another key's batch", () => {
   });
 
   it("charge each key for its own images: one riding in another key's batch does not push that key's next request behind its own", async () => {
+    const [X, H, L] = keys(2);
     const order: string[] = [];
     await behindHeldBatch(X, async () => [
       // L's batch of one image, which H, with nothing waiting, joins with three.
@@ -150,6 +162,7 @@ describe("requests merged into another key's batch", () => {
   });
 
   it("give a key back the work of a request it cancelled while it ran: its next request does not wait behind another key's queue for it", async () => {
+    const [, H, L] = keys(3);
     const engine = real.server.engine;
     await expect.poll(() => engine.readiness().ready, { timeout: 60_000 }).toBe(true);
     const order: string[] = [];
