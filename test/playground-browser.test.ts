@@ -43,10 +43,16 @@ async function pixels(image: Buffer | string): Promise<Buffer> {
   return sharp(image).removeAlpha().raw().toBuffer();
 }
 
+/** One Chromium for both describes (a context each keeps their pages apart): a launch is seconds of the cores. */
+let browser: Browser;
+beforeAll(async () => {
+  if (chromiumPath) browser = await chromium.launch({ executablePath: chromiumPath, args: ['--no-sandbox'] });
+});
+afterAll(() => browser?.close());
+
 describe.skipIf(!chromiumPath)(`the playground in headless Chromium${chromiumPath ? '' : NO_CHROMIUM}`, () => {
   let server: OpsServer;
   let origin: string;
-  let browser: Browser;
   let page: Page;
   let work: string;
 
@@ -55,14 +61,13 @@ describe.skipIf(!chromiumPath)(`the playground in headless Chromium${chromiumPat
     server = await startOpsServer({ env: { HOST: '::1' } });
     origin = server.server.url;
     await untilReady(origin, 60_000);
-    browser = await chromium.launch({ executablePath: chromiumPath, args: ['--no-sandbox'] });
     const context = await browser.newContext({ permissions: ['clipboard-read', 'clipboard-write'], viewport: { width: 1280, height: 900 } });
     page = await context.newPage();
     work = await mkdtemp(path.join(os.tmpdir(), 'imagegen-playground-'));
   });
 
   afterAll(async () => {
-    await browser?.close();
+    await page?.context().close();
     await server?.close();
     if (work) await rm(work, { recursive: true, force: true });
   });
@@ -429,10 +434,10 @@ describe.skipIf(!chromiumPath)(`the playground with PUBLIC_BASE_URL on another o
     // The URLs name an origin this page cannot read (here one that does not even resolve): the files
     // route is the same server's, reached at the page's own origin.
     const server = await startOpsServer({ env: { PUBLIC_BASE_URL: 'http://imagegen.invalid' } });
-    const browser = await chromium.launch({ executablePath: chromiumPath, args: ['--no-sandbox'] });
+    let opened: Page | undefined;
     try {
       await untilReady(server.server.url, 60_000);
-      const page = await openPlayground(browser, server.server.url, OPS_KEY);
+      const page = (opened = await openPlayground(browser, server.server.url, OPS_KEY));
       const done = (selector: string) => runOnPage(page, selector);
       await page.selectOption('#model', MODEL);
       await page.fill('#prompt', 'a red circle');
@@ -446,7 +451,7 @@ describe.skipIf(!chromiumPath)(`the playground with PUBLIC_BASE_URL on another o
       await done('#results .result:last-child button:has-text("Variations")');
       await expect.poll(() => page.textContent('#history li:first-child .expiry'), { timeout: 30_000 }).toMatch(/^URL expires in 23 h 59 min$/);
     } finally {
-      await browser.close();
+      await opened?.context().close();
       await server.close();
     }
   });
