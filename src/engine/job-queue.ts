@@ -213,7 +213,7 @@ export class JobQueue {
   private readonly order = new FairOrder<Entry>();
   /** Requests waiting outside the queue for what they need before their jobs may queue (see waitOutside). */
   private readonly outside = new Set<Ticket>();
-  /** The running jobs: the cost each charged to its clients when it started, and when that was. */
+  /** The running jobs: the cost each charged to its clients when it started, when that was, and its progress since. */
   private readonly running = new Map<Entry, Run>();
   private readonly runningByClient = new Map<string, number>();
   /** Upkeep jobs running (see runIfIdle): each holds a worker, and none is a client's. */

@@ -245,8 +245,8 @@ def while_busy(run):
 
 
 # A full queue's 429: retried after its Retry-After, the form sent again whole. Retries enough for the
-# holder to end on a slow machine: each Retry-After is the server's estimate of the work left, which
-# says 1 s once the running job is past its (guessed) time however long it still takes.
+# holder to end on a slow machine: each Retry-After is the server's estimate of the work left, which errs
+# short while the holder is within a (guessed) estimate that the machine's load makes it outlast.
 results["edit retried"] = while_busy(lambda: sent(lambda c: saved("edit-retried", c.images.edit(model="dall-e-2", image=image_file("in.png"), prompt="a red circle", size="256x256", response_format="b64_json")), max_retries=30))
 results["refused without retries"] = while_busy(lambda: sent(lambda c: c.images.generate(model="dall-e-2", prompt="x", size="256x256"), max_retries=0))
 
