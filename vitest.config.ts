@@ -1,6 +1,7 @@
 import path from 'node:path';
 import { defineConfig } from 'vitest/config';
 import { BaseSequencer, type TestSpecification } from 'vitest/node';
+import { withHugePages } from './src/engine/malloc-tunables.js';
 import { TEST_SETTINGS } from './test/helpers/test-settings.js';
 
 /**
@@ -39,7 +40,10 @@ export default defineConfig({
     sequence: { sequencer: LongestFirst },
     // Tests of what a process keeps (not what it allocated for a moment) collect garbage first.
     execArgv: ['--expose-gc'],
-    // For the CLI processes tests start with the test's own environment (see TEST_SETTINGS).
-    env: { ...TEST_SETTINGS },
+    // For the CLI processes tests start with the test's own environment (see TEST_SETTINGS). The test
+    // files' processes start with it too (vitest forks them with it), so that the pipelines they run in
+    // process (the real exports' goldens) allocate as a server's workers do, in huge pages
+    // (malloc-tunables.ts): glibc reads GLIBC_TUNABLES only as a process starts.
+    env: { ...TEST_SETTINGS, GLIBC_TUNABLES: withHugePages(process.env.GLIBC_TUNABLES) },
   },
 });

@@ -1,15 +1,18 @@
 /**
  * What onnxruntime's CPU memory arena costs and buys, per component of the real-architecture exports
- * (../shared/data/real-exports), measured side by side: each (export, component, arena on/off) runs in a
- * fresh process, which reports its resident memory after the runs, its peak, and the time per run. The
- * pipelines keep the arena for the denoiser (run once per step) and turn it off for the VAE decoder
- * (run once per image at full resolution): this benchmark is the measurement behind that choice.
+ * (../shared/data/real-exports), and what malloc's transparent huge pages change in either case (the
+ * workers' default, MALLOC_HUGE_PAGES: see src/engine/malloc-tunables.ts), measured side by side: each
+ * (export, component, arena on/off, huge pages or not) runs in a fresh process, which reports its
+ * resident memory after the runs, its peak, and the time per run. The pipelines keep the arena for the
+ * denoiser (run once per step) and turn it off for the VAE decoder (run once per image at full
+ * resolution): this benchmark is the measurement behind that choice and behind the huge pages.
  *
  *   npm run bench:session-memory
  */
 import { execFileSync } from 'node:child_process';
 import { existsSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
+import { withHugePages } from '../src/engine/malloc-tunables.js';
 import { peakBytes, residentBytes } from '../src/runtime/memory.js';
 import { OnnxModel } from '../src/runtime/onnx-model.js';
 import type { HostTensor } from '../src/runtime/onnx-model.js';
@@ -55,10 +58,25 @@ async function measure(name: RealExportName, size: number, component: Component,
   return { afterMiB: residentBytes() / MiB, peakMiB: peakBytes() / MiB, msPerRun };
 }
 
-function inChild(name: RealExportName, size: number, component: Component, arena: boolean): Measurement {
+/** The settings a child measures under: onnxruntime's arena, and malloc's huge pages as a worker gets them. */
+interface Variant {
+  arena: boolean;
+  hugePages: boolean;
+}
+const VARIANTS: readonly Variant[] = [
+  { arena: true, hugePages: false },
+  { arena: false, hugePages: false },
+  { arena: true, hugePages: true },
+  { arena: false, hugePages: true },
+];
+
+function inChild(name: RealExportName, size: number, component: Component, { arena, hugePages }: Variant): Measurement {
+  // glibc reads its tunables as a process starts: each variant is a process of its own anyway.
+  const tunables = hugePages ? withHugePages(undefined) : 'glibc.malloc.hugetlb=0';
   const out = execFileSync(process.execPath, ['--import', 'tsx', fileURLToPath(import.meta.url), '--child', name, String(size), component, arena ? 'on' : 'off'], {
     encoding: 'utf8',
     stdio: ['ignore', 'pipe', 'inherit'],
+    env: { ...process.env, GLIBC_TUNABLES: tunables },
   });
   return JSON.parse(out.trim().split('\n').at(-1)!) as Measurement;
 }
@@ -71,16 +89,20 @@ if (args[0] === '--child') {
   console.error(`needs the real-architecture exports at ${REAL_EXPORTS} (shared/ beside the checkout)`);
   process.exitCode = 2;
 } else {
-  const f = (n: number) => n.toFixed(0).padStart(7);
-  console.log('export  size  component      | arena on: after   peak    ms/run | arena off: after   peak    ms/run | off/on: after  time');
+  const f = (n: number) => n.toFixed(0).padStart(6);
+  const x = (n: number) => `x${n.toFixed(2)}`.padStart(6);
+  const label = ({ arena, hugePages }: Variant) => `arena ${arena ? 'on ' : 'off'}${hugePages ? ' + huge pages' : ''}`;
+  console.log(`export  size  component      | ${VARIANTS.map((v) => `${label(v)}: after   peak ms/run`.padStart(39)).join(' | ')} | arena off/on: after   time | huge pages/not, as used: after   time`);
   for (const { name, size } of CASES) {
     for (const component of COMPONENTS) {
-      const on = inChild(name, size, component, true);
-      const off = inChild(name, size, component, false);
+      const [on, off, onHuge, offHuge] = VARIANTS.map((variant) => inChild(name, size, component, variant));
+      // As the pipelines run each component: the denoiser with the arena, the VAE decoder without.
+      const [plain, huge] = component === 'denoiser' ? [on, onHuge] : [off, offHuge];
       console.log(
-        `${name.padEnd(7)} ${String(size).padEnd(5)} ${component.padEnd(14)} |      ${f(on.afterMiB)} ${f(on.peakMiB)} ${f(on.msPerRun)} |       ${f(off.afterMiB)} ${f(off.peakMiB)} ${f(off.msPerRun)} |     x${(off.afterMiB / on.afterMiB).toFixed(2)}  x${(off.msPerRun / on.msPerRun).toFixed(2)}`,
+        `${name.padEnd(7)} ${String(size).padEnd(5)} ${component.padEnd(14)} | ${[on, off, onHuge, offHuge].map((m) => `${f(m.afterMiB)} ${f(m.peakMiB)} ${f(m.msPerRun)}`.padStart(39)).join(' | ')} |` +
+          `        ${x(off.afterMiB / on.afterMiB)} ${x(off.msPerRun / on.msPerRun)} |                      ${x(huge.afterMiB / plain.afterMiB)} ${x(huge.msPerRun / plain.msPerRun)}`,
       );
     }
   }
-  console.log('MiB resident after the runs and at the peak; each row two fresh processes. Keep the arena where time/on matters and after/on does not.');
+  console.log('MiB resident after the runs and at the peak; each row four fresh processes. Keep the arena where time/on matters and after/on does not.');
 }

@@ -297,6 +297,11 @@ const SETTINGS = {
     description:
       "how far below the server's the workers' CPU priority is (a Unix nice increment, 0 to 19): with every core denoising, the server still answers health probes, streams and new requests at once, and idle cores go to the workers all the same",
   },
+  mallocHugePages: {
+    schema: boolean.default(true),
+    description:
+      "the workers' malloc backs large blocks with transparent huge pages where the kernel gives them on request (GLIBC_TUNABLES glibc.malloc.hugetlb=1; a GLIBC_TUNABLES of your own that sets it wins): the VAE's activations, allocated afresh for every decode, cost far less CPU to fault in (see docs/performance.md)",
+  },
   modelMemoryBudget: {
     // 0 keeps only the model in use; a small number is a unit forgotten (16 meaning 16g).
     schema: byteSize.pipe(z.number().refine((bytes) => bytes === 0 || bytes >= 64 * 1024 ** 2, 'expected 0 or at least 64m (a number without a unit is bytes: write 16g for 16 GiB)')).optional(),

@@ -180,6 +180,7 @@ function engineSettings(config: Config) {
     threadSpinning: config.ortThreadSpinning,
     graphRewrites: config.graphRewrites,
     workerNice: config.workerNice,
+    mallocHugePages: config.mallocHugePages,
     vaeTiling: config.vaeTiling,
     cudaDevices: config.cudaDevices,
     memoryLimit: config.memoryLimit,

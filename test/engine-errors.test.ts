@@ -40,7 +40,7 @@ describe('a worker process that dies', () => {
       const exits: boolean[] = [];
       let ready!: () => void;
       const isReady = new Promise<void>((resolve) => (ready = resolve));
-      const worker = new WorkerProcess({} as WorkerInit, { event: (_w, message) => message.type === 'ready' && ready(), exit: (_w, _reason, hadBatch) => exits.push(hadBatch), unready: () => undefined, output: () => undefined }, script);
+      const worker = new WorkerProcess({} as WorkerInit, { event: (_w, message) => message.type === 'ready' && ready(), exit: (_w, _reason, hadBatch) => exits.push(hadBatch), unready: () => undefined, output: () => undefined }, { script });
       await isReady;
       const running = worker.run({} as GenerationBatch, new AbortController().signal, () => undefined);
       process.kill(worker.pid!, 'SIGKILL');

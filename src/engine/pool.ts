@@ -6,6 +6,7 @@ import { exceededFigures, type ModelMemory } from '../models/memory-figures.js';
 import { BatchMerger } from './batcher.js';
 import { CostModel } from './cost-model.js';
 import type { LeftItems } from './left-items.js';
+import { workerEnvironment } from './malloc-tunables.js';
 import { MemoryArbiter } from './memory-arbiter.js';
 import { cgroupOomKills } from '../runtime/cgroup-memory.js';
 import { HEADROOM, plannableBytes, residentBytesOf } from '../runtime/memory.js';
@@ -48,6 +49,8 @@ export interface EnginePoolOptions {
   graphRewrites?: GraphRewrites;
   /** How far below the server's the workers' CPU priority is (see WorkerInit.nice); default 0. */
   workerNice?: number;
+  /** Whether the workers' malloc asks for transparent huge pages (see malloc-tunables.ts); default true. */
+  mallocHugePages?: boolean;
   /** Bytes of model weights all workers together keep loaded (default 60% of RAM). */
   modelMemoryBudget?: number;
   /** Most memory the running batches of all workers may plan to take together on top of their models (default: what is free). */
@@ -212,7 +215,7 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
     }),
     preload,
     modelVersion: options.modelVersion,
-    workerScript: options.workerScript,
+    spawn: { script: options.workerScript, env: workerEnvironment(options.mallocHugePages ?? true) },
     startStallMs: options.startStallTimeoutMs ?? (stallMs > 0 ? Math.max(stallMs, START_STALL_MIN_MS) : 0),
     clock: options.clock ?? REAL_CLOCK,
     logger,

@@ -79,6 +79,14 @@ function workerModule(script?: string): { file: string; execArgv: string[] } {
   return { file, execArgv: ['--expose-gc', ...(path.extname(file) === '.ts' ? ['--import', 'tsx'] : [])] };
 }
 
+/** How a worker process is started. */
+export interface WorkerSpawn {
+  /** The worker module to run (see workerModule). */
+  script?: string;
+  /** Its environment; default this process's (see malloc-tunables.ts for what the pool adds). */
+  env?: NodeJS.ProcessEnv;
+}
+
 /**
  * How long a worker that said it ends (FromWorker 'failed' `ending`) has to exit before it is killed. Its
  * exit runs onnxruntime's and CUDA's teardown, which a driver that lost the GPU can hang in; alive and
@@ -127,16 +135,15 @@ export class WorkerProcess implements MemoryClaimant {
   /** Why the worker said it was ending (FromWorker 'failed' `ending`), which then says more than its exit code. */
   private endingBecause?: string;
 
-  /** `script`: the worker module to run (see workerModule). */
   constructor(
     init: WorkerInit,
     private readonly listener: WorkerListener,
-    script?: string,
+    { script, env }: WorkerSpawn = {},
   ) {
     const { file, execArgv } = workerModule(script);
     // fork() throws for some failures to start (ENOMEM) and reports others as an 'error' event. Its
     // output is read here, not inherited: onnxruntime writes its own lines there (see native-output.ts).
-    this.child = fork(file, [], { execArgv, serialization: 'advanced', stdio: ['ignore', 'pipe', 'pipe', 'ipc'] });
+    this.child = fork(file, [], { execArgv, env, serialization: 'advanced', stdio: ['ignore', 'pipe', 'pipe', 'ipc'] });
     for (const stream of ['stdout', 'stderr'] as const) {
       // None where its pipes could not be made (EMFILE, ENFILE: the process never started, its 'error' says so).
       const output = this.child[stream];

@@ -3,7 +3,7 @@ import type { Logger } from 'pino';
 import type { ModelRef } from '../runtime/types.js';
 import { stallWatchdog, type StallWatchdog } from './stall-watchdog.js';
 import type { WorkerInit } from './worker-protocol.js';
-import { modelName, WorkerProcess, type WorkerListener } from './worker-process.js';
+import { modelName, WorkerProcess, type WorkerListener, type WorkerSpawn } from './worker-process.js';
 import { plural } from '../util/plural.js';
 import { messageOf } from '../util/error-message.js';
 
@@ -64,8 +64,8 @@ export interface WorkerSlotsOptions {
    * (see preloadsToRetry). Without it, such a model loads again only when a request names it.
    */
   modelVersion?(dir: string): string | undefined;
-  /** The worker module to run; default the one next to worker-process.ts (see EnginePoolOptions.workerScript). */
-  workerScript?: string;
+  /** How each worker process is started (its module, its environment). */
+  spawn?: WorkerSpawn;
   /** A starting worker that goes this long without loading a model or becoming ready is killed; 0 = never. */
   startStallMs: number;
   clock: PoolClock;
@@ -231,7 +231,7 @@ export class WorkerSlots {
 
   private start(slot: number): void {
     try {
-      const worker = new WorkerProcess(this.options.init(slot), this.listener, this.options.workerScript);
+      const worker = new WorkerProcess(this.options.init(slot), this.listener, this.options.spawn);
       this.slots[slot] = worker;
       this.starting.set(worker, stallWatchdog(worker, this.options.startStallMs, () => this.options.waitingForMemory(worker), ' while starting (loading its models)'));
     } catch (err) {
