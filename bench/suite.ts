@@ -21,6 +21,9 @@ import { benchFlags, refuse } from './flags.js';
 import { formatRow, formatTable, writeResults, type Row, type Skipped } from './report.js';
 import { measureStages } from './stages.js';
 import { measureThroughput } from './throughput.js';
+import { runWithWorkerMalloc } from './worker-malloc.js';
+
+runWithWorkerMalloc();
 
 const { values } = benchFlags({
   options: { out: { type: 'string' }, 'skip-real': { type: 'boolean', default: false }, provider: { type: 'string', default: 'cpu' }, only: { type: 'string' } },
