@@ -71,6 +71,13 @@ describe("a model's memory, measured once for the commands and the server", () =
     expect(stderr).toMatch(new RegExp(`memory figures cannot be written to DATA_DIR/model-memory\\.json \\((EEXIST|ENOTDIR)\\): .*; ${advice.replace(/[()]/g, '\\$&')}`));
   });
 
+  it("says that a figures' file that is a folder is one, rather than to let this user write DATA_DIR", async () => {
+    const { work, modelsDir, dataDir } = await setUp();
+    await mkdir(path.join(dataDir, 'model-memory.json'), { recursive: true });
+    const stderr = await stderrOf(dataDir, 'generate', 'a red circle', '--models-dir', modelsDir, '--model', 'shapes', '--size', '256x256', '--steps', '1', '--out', path.join(work, 'out'));
+    expect(stderr).toContain(`memory figures cannot be written to DATA_DIR/model-memory.json (EISDIR): they serve this process, but the next server or command measures each model again as it first loads; ${path.join(dataDir, 'model-memory.json')} is a folder, where the figures' file should be: remove it`);
+  });
+
   it('imagegen models verify calibrates a model once per version of its files', async () => {
     const { work, model, dataDir } = await setUp();
     // A golden case of the model's shapes; the pictures need not match (--tolerance 1 passes any): the case runs the model.
