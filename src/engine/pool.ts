@@ -6,7 +6,6 @@ import { exceededFigures, type ModelMemory } from '../models/memory-figures.js';
 import { BatchMerger } from './batcher.js';
 import { CostModel } from './cost-model.js';
 import type { LeftItems } from './left-items.js';
-import { workerEnvironment } from './malloc-tunables.js';
 import { MemoryArbiter } from './memory-arbiter.js';
 import { cgroupOomKills } from '../runtime/cgroup-memory.js';
 import { HEADROOM, plannableBytes, residentBytesOf } from '../runtime/memory.js';
@@ -215,7 +214,7 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
     }),
     preload,
     modelVersion: options.modelVersion,
-    spawn: { script: options.workerScript, env: workerEnvironment(options.mallocHugePages ?? true) },
+    spawn: { script: options.workerScript, mallocHugePages: options.mallocHugePages },
     startStallMs: options.startStallTimeoutMs ?? (stallMs > 0 ? Math.max(stallMs, START_STALL_MIN_MS) : 0),
     clock: options.clock ?? REAL_CLOCK,
     logger,

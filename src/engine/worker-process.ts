@@ -5,6 +5,7 @@ import type { ModelMemory } from '../models/memory-figures.js';
 import { eachOutputLine, readOutputLine, type OutputLine } from '../runtime/native-output.js';
 import type { BatchEvent, GeneratedImage, GenerationBatch, ModelRef } from '../runtime/types.js';
 import type { LeftItems } from './left-items.js';
+import { workerEnvironment } from './malloc-tunables.js';
 import type { MemoryClaimant, MemoryGrant } from './memory-arbiter.js';
 import type { FromWorker, ToWorker, WorkerInit } from './worker-protocol.js';
 
@@ -83,8 +84,8 @@ function workerModule(script?: string): { file: string; execArgv: string[] } {
 export interface WorkerSpawn {
   /** The worker module to run (see workerModule). */
   script?: string;
-  /** Its environment; default this process's (see malloc-tunables.ts for what the pool adds). */
-  env?: NodeJS.ProcessEnv;
+  /** Whether its malloc asks for huge pages (malloc-tunables.ts); default true. */
+  mallocHugePages?: boolean;
 }
 
 /**
@@ -138,11 +139,13 @@ export class WorkerProcess implements MemoryClaimant {
   constructor(
     init: WorkerInit,
     private readonly listener: WorkerListener,
-    { script, env }: WorkerSpawn = {},
+    { script, mallocHugePages = true }: WorkerSpawn = {},
   ) {
     const { file, execArgv } = workerModule(script);
     // fork() throws for some failures to start (ENOMEM) and reports others as an 'error' event. Its
     // output is read here, not inherited: onnxruntime writes its own lines there (see native-output.ts).
+    // The environment as it is now, as fork's default would take it, with the tunables added.
+    const env = workerEnvironment(mallocHugePages);
     this.child = fork(file, [], { execArgv, env, serialization: 'advanced', stdio: ['ignore', 'pipe', 'pipe', 'ipc'] });
     for (const stream of ['stdout', 'stderr'] as const) {
       // None where its pipes could not be made (EMFILE, ENFILE: the process never started, its 'error' says so).
