@@ -1,4 +1,5 @@
-import { execFile, spawnSync } from 'node:child_process';
+import { execFile, spawn, spawnSync } from 'node:child_process';
+import { once } from 'node:events';
 import { existsSync, mkdtempSync } from 'node:fs';
 import { cp, mkdtemp, readdir, rm, writeFile } from 'node:fs/promises';
 import os from 'node:os';
@@ -126,6 +127,21 @@ describe('imagegen generate', () => {
     const wrongRng = imagegenWith({ RNG: 'foo' }, 'models', 'verify', root, '--golden', path.join(root, 'package.json'));
     await expect(wrongRng).rejects.toMatchObject({ code: 2, stderr: expect.stringContaining("  - RNG: Invalid option: expected one of \"native\"|\"torch\" (got 'foo')") });
     await expect(wrongRng).rejects.toMatchObject({ stderr: expect.not.stringContaining('--rng') });
+  });
+
+  it('takes back the folders it made for --out when Ctrl-C stops it before an image, and ends by the signal', async () => {
+    const parent = await mkdtemp(path.join(os.tmpdir(), 'imagegen-cli-'));
+    const out = path.join(parent, 'new', 'pictures');
+    const child = spawn(process.execPath, imagegenArgs('generate', 'a red circle', '--n', '4', '--steps', '150', '--size', '1024x1024', '--out', out), { cwd: root, env: { ...process.env, DATA_DIR: dataDir } });
+    let stderr = '';
+    child.stderr.on('data', (chunk: Buffer) => (stderr += chunk.toString()));
+    const exited = once(child, 'exit');
+    // Denoising (its first of 150 steps at least, of seconds): the folders are made.
+    await expect.poll(() => stderr, { timeout: 60_000 }).toMatch(/\d+ steps \/ \d+ steps/);
+    expect(existsSync(out)).toBe(true);
+    child.kill('SIGINT');
+    expect(await exited).toEqual([null, 'SIGINT']);
+    expect(await readdir(parent)).toEqual([]);
   });
 
   // 64 KiB holds two of the demo model's 256x256 pictures (about 25 KiB each) and breaks off the third of six.

@@ -1,5 +1,5 @@
 import { access, rm, stat, writeFile } from 'node:fs/promises';
-import { constants } from 'node:fs';
+import { constants, rmdirSync } from 'node:fs';
 import path from 'node:path';
 import type { Command } from 'commander';
 import { EMBEDDED_MODELS_DIR, loadModelSettings } from '../config.js';
@@ -50,16 +50,63 @@ function numberFlag(flag: string, value: string | undefined): number | undefined
 const FLAG_OF_FIELD: Record<string, string> = { prompt: '<prompt>', output_format: '--format', guidance_scale: '--guidance-scale', negative_prompt: '--negative-prompt' };
 const flagOf = (field: string) => FLAG_OF_FIELD[field] ?? `--${field}`;
 
-/** The output folder, made if need be and checked writable before any work is spent on pictures it could not hold. */
-async function prepareOut(dir: string): Promise<void> {
+/**
+ * The output folder, made if need be and checked writable before any work is spent on pictures it could
+ * not hold. Returns what it made, outermost first (see removeUnused).
+ */
+async function prepareOut(dir: string): Promise<string[]> {
   try {
     if (!dir) throw Object.assign(new Error('no folder named'), { code: 'ENOENT' });
-    await makeFolder(dir);
+    const made = await makeFolder(dir);
     await access(dir, constants.W_OK);
+    return made;
   } catch (err) {
     const { code } = err as NodeJS.ErrnoException;
     const why = code === 'EEXIST' || code === 'ENOTDIR' ? 'is a file, not a folder' : code === 'EACCES' || code === 'EPERM' || code === 'EROFS' ? `cannot be written (${code})` : `cannot be used (${codeOrMessage(err)})`;
     throw new UsageError(`--out '${dir}' ${why}: name a folder you may write`);
+  }
+}
+
+/** The signals that stop a run of generate (Ctrl-C, kill, a closed terminal): see intoOut. */
+const STOPPING_SIGNALS: readonly NodeJS.Signals[] = ['SIGINT', 'SIGTERM', 'SIGHUP'];
+
+/**
+ * Runs `write` into the output folder (prepareOut), which pushes each file it writes to `written`. A run
+ * that ends with no file, failed or stopped by a signal, takes back the folders made for it: each try
+ * with a new --out left an empty one behind. Only while still empty (rmdir): a file put there
+ * meanwhile keeps its folder.
+ */
+async function intoOut(dir: string, write: (written: string[]) => Promise<void>): Promise<string[]> {
+  const made = await prepareOut(dir);
+  const written: string[] = [];
+  const takeBack = () => {
+    if (written.length > 0) return;
+    for (const folder of [...made].reverse()) {
+      try {
+        rmdirSync(folder);
+      } catch {
+        return;
+      }
+    }
+  };
+  const stopped = (signal: NodeJS.Signals) => {
+    takeBack();
+    stopListening();
+    // Ended by the signal, as it would have been without this listener: the exit status says which.
+    process.kill(process.pid, signal);
+  };
+  const stopListening = () => {
+    for (const signal of STOPPING_SIGNALS) process.off(signal, stopped);
+  };
+  for (const signal of STOPPING_SIGNALS) process.once(signal, stopped);
+  try {
+    await write(written);
+    return written;
+  } catch (err) {
+    takeBack();
+    throw err;
+  } finally {
+    stopListening();
   }
 }
 
@@ -173,32 +220,30 @@ async function generateCommand(prompt: string, flags: GenerateFlags): Promise<st
     throw new Error(unusable ? message : `${message} ${advice}`);
   }
   const batches = planBatches(request, model, config.rng);
-  await prepareOut(flags.out);
-
-  // Loaded once a picture is to be made: a usage error or a refused request answers without onnxruntime's modules.
-  const { commandRuntime } = await import('./command-runtime.js');
-  const stepsPerBatch = batches[0].steps;
-  const progress = new Progress(process.stderr, `${model.id} ${batches[0].width}x${batches[0].height}`, batches.length * stepsPerBatch, 0, STEPS);
-  const { runtime, keepFigures } = await commandRuntime(config, (message) => progress.note(`imagegen generate: ${message}`));
-  const fileStem = slug(prompt);
-  const { extension } = IMAGE_FORMATS[request.output_format];
-  const written: string[] = [];
-  for (const [index, batch] of batches.entries()) {
-    const onStep = progress.loop(stepsPerBatch);
-    const images = await runtime.runBatch(batch, { onEvent: (event) => event.type === 'step' && onStep(event.step, event.total) });
-    // What a size not run before took: the next command (or server) plans it from the figures, as this one could not.
-    keepFigures(batch.modelDir);
-    for (const image of images) {
-      const file = await writeNew(flags.out, `${fileStem}-${image.seed}`, extension, image.data).catch((err: Error) => {
-        throw new Error(`${err.message}${written.length ? `; written before it: ${written.join(', ')}` : ''}`);
-      });
-      written.push(file);
+  return intoOut(flags.out, async (written) => {
+    // Loaded once a picture is to be made: a usage error or a refused request answers without onnxruntime's modules.
+    const { commandRuntime } = await import('./command-runtime.js');
+    const stepsPerBatch = batches[0].steps;
+    const progress = new Progress(process.stderr, `${model.id} ${batches[0].width}x${batches[0].height}`, batches.length * stepsPerBatch, 0, STEPS);
+    const { runtime, keepFigures } = await commandRuntime(config, (message) => progress.note(`imagegen generate: ${message}`));
+    const fileStem = slug(prompt);
+    const { extension } = IMAGE_FORMATS[request.output_format];
+    for (const [index, batch] of batches.entries()) {
+      const onStep = progress.loop(stepsPerBatch);
+      const images = await runtime.runBatch(batch, { onEvent: (event) => event.type === 'step' && onStep(event.step, event.total) });
+      // What a size not run before took: the next command (or server) plans it from the figures, as this one could not.
+      keepFigures(batch.modelDir);
+      for (const image of images) {
+        const file = await writeNew(flags.out, `${fileStem}-${image.seed}`, extension, image.data).catch((err: Error) => {
+          throw new Error(`${err.message}${written.length ? `; written before it: ${written.join(', ')}` : ''}`);
+        });
+        written.push(file);
+      }
+      progress.note(`batch ${index + 1}/${batches.length} done`);
     }
-    progress.note(`batch ${index + 1}/${batches.length} done`);
-  }
-  progress.finish();
-  registry.close();
-  return written;
+    progress.finish();
+    registry.close();
+  });
 }
 
 export function registerGenerateCommand(program: Command): void {

@@ -52,8 +52,9 @@ const FOLDER_FLUSH_REFUSED = new Set(['EINVAL', 'EBADF']);
  * first folder that cannot be made. Not Node's recursive mkdir: it reports a read-only or forbidden
  * parent as ENOENT ("does not exist"), and where a file system refuses a folder with ENOENT though its
  * parent exists (under /proc) it retries forever (Node 20), hanging the command or the server's start.
+ * Returns the folders it made (or found made meanwhile), outermost first.
  */
-export async function makeFolder(dir: string): Promise<void> {
+export async function makeFolder(dir: string): Promise<string[]> {
   const missing: string[] = [];
   for (let folder = path.resolve(dir); !(await exists(folder)) && path.dirname(folder) !== folder; folder = path.dirname(folder)) missing.unshift(folder);
   for (const folder of missing) {
@@ -64,6 +65,7 @@ export async function makeFolder(dir: string): Promise<void> {
   }
   // Shaped as mkdir's own error (syscall included), which the commands report as a message, not a stack trace.
   if (!(await stat(dir)).isDirectory()) throw Object.assign(new Error(`EEXIST: a file is in the way, mkdir '${dir}'`), { code: 'EEXIST', syscall: 'mkdir', path: dir });
+  return missing;
 }
 
 /** Whether a file (or folder) is there and reachable. */
