@@ -1,6 +1,6 @@
 import { existsSync, readFileSync } from 'node:fs';
 import { readFile } from 'node:fs/promises';
-import { describe, expect, it } from 'vitest';
+import { describe, expect, it, onTestFinished, vi } from 'vitest';
 import { withHugePages, workerEnvironment } from '../src/engine/malloc-tunables.js';
 import type { WorkerPool } from '../src/engine/pool.js';
 import { withDemoPool } from './helpers/demo-pool.js';
@@ -43,26 +43,21 @@ describe.skipIf(thpSkip !== undefined)(`a worker (${thpSkip ? `skipped: ${thpSki
   it('holds its arenas in huge pages by default, and in none with MALLOC_HUGE_PAGES off (glibc, which reads its tunables as the worker starts)', async () => {
     // The test's own environment (vitest.config.ts) asks for them: the worker that must not have them
     // starts without, as it would from a server whose environment says nothing.
-    const saved = process.env.GLIBC_TUNABLES;
-    delete process.env.GLIBC_TUNABLES;
-    try {
-      let on: Awaited<ReturnType<typeof hugePagesOf>> | undefined;
-      let off: Awaited<ReturnType<typeof hugePagesOf>> | undefined;
-      await withDemoPool(async (pool) => {
-        on = await afterAnImage(pool);
-      });
-      await withDemoPool(
-        async (pool) => {
-          off = await afterAnImage(pool);
-        },
-        { mallocHugePages: false },
-      );
-      expect(on!.tunables).toBe('glibc.malloc.hugetlb=1');
-      expect(on!.hugeKiB).toBeGreaterThanOrEqual(2048);
-      expect(off).toEqual({ tunables: undefined, hugeKiB: 0 });
-    } finally {
-      if (saved === undefined) delete process.env.GLIBC_TUNABLES;
-      else process.env.GLIBC_TUNABLES = saved;
-    }
+    vi.stubEnv('GLIBC_TUNABLES', undefined);
+    onTestFinished(() => void vi.unstubAllEnvs());
+    let on: Awaited<ReturnType<typeof hugePagesOf>> | undefined;
+    let off: Awaited<ReturnType<typeof hugePagesOf>> | undefined;
+    await withDemoPool(async (pool) => {
+      on = await afterAnImage(pool);
+    });
+    await withDemoPool(
+      async (pool) => {
+        off = await afterAnImage(pool);
+      },
+      { mallocHugePages: false },
+    );
+    expect(on!.tunables).toBe('glibc.malloc.hugetlb=1');
+    expect(on!.hugeKiB).toBeGreaterThanOrEqual(2048);
+    expect(off).toEqual({ tunables: undefined, hugeKiB: 0 });
   });
 });

@@ -52,7 +52,7 @@ const flagOf = (field: string) => FLAG_OF_FIELD[field] ?? `--${field}`;
 
 /**
  * The output folder, made if need be and checked writable before any work is spent on pictures it could
- * not hold. Returns what it made, outermost first (see removeUnused).
+ * not hold. Returns the folders it made, outermost first (see intoOut).
  */
 async function prepareOut(dir: string): Promise<string[]> {
   try {

@@ -9,8 +9,9 @@
  * a decode's activations a block mapped afresh and faulted in 4 KiB at a time; in 2 MiB pages the tiny
  * SDXL export's 1024x1024 decode took 1.5 s instead of 9.1, SD 1.5's at 512x512 0.58 s instead of 1.13,
  * the denoisers up to 16% less, and the memory still goes back to the system as each block is freed
- * (`npm run bench:session-memory` measures each export side by side; docs/performance.md). Where the kernel's transparent huge pages are `never` the advice
- * does nothing, and musl (Alpine) ignores GLIBC_TUNABLES.
+ * (`npm run bench:session-memory` measures each export side by side; docs/performance.md). Where the
+ * kernel's transparent huge pages are `never` the advice does nothing, and musl (Alpine) ignores
+ * GLIBC_TUNABLES.
  */
 
 const HUGE_PAGES = 'glibc.malloc.hugetlb';

@@ -244,8 +244,7 @@ export async function openKeptFigures(dataDir: string, options: { provider: Exec
   const advice = (err: NodeJS.ErrnoException): string => {
     if (isDiskFull(err)) return 'free space in DATA_DIR';
     if (err.code === 'ENOTDIR' || err.code === 'EEXIST') return `DATA_DIR (${dataDir}) is a file, or a folder on its path is: set DATA_DIR to a folder`;
-    // Called once the figures are open, which named their file.
-    if (err.code === 'EISDIR') return `${path.join(dataDir, figures.fileName)} is a folder, where the figures' file should be: remove it`;
+    if (err.code === 'EISDIR') return `${memoryFiguresFile(dataDir, options.provider, options.graphRewrites)} is a folder, where the figures' file should be: remove it`;
     return `let this user read and write DATA_DIR (${dataDir})`;
   };
   const figures = await MemoryFigures.open(dataDir, {
