@@ -109,6 +109,16 @@ describe('routing', () => {
     expect((await expectError(await fetch(`${origin}/images/nope`, { method: 'POST' }), 404, null)).message).toBe('Invalid URL (POST /images/nope)');
   });
 
+  it('a base URL set with a trailing slash (/v1//images/generations) reaches the route, its key checked as ever', async () => {
+    const twice = `${server.baseURL}//images//generations`;
+    const body = JSON.stringify({ model: 'stub', prompt: 'x', response_format: 'b64_json' });
+    const res = await fetch(twice, { method: 'POST', headers: { ...auth, 'content-type': 'application/json' }, body });
+    expect(res.status).toBe(200);
+    expect((await res.json()).data).toHaveLength(1);
+    await expectError(await fetch(twice, { method: 'POST', headers: { 'content-type': 'application/json' }, body }), 401, null);
+    expect((await fetch(`${server.baseURL}//models`, { headers: auth })).status).toBe(200);
+  });
+
   it('/v1/models/ with no id -> 404 Invalid URL, not a model named ""', async () => {
     const error = await expectError(await fetch(`${server.baseURL}/models/?x=1`, { headers: auth }), 404, null);
     expect(error.message).toBe('Invalid URL (GET /v1/models/)');

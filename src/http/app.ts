@@ -83,8 +83,11 @@ export function buildApp({ config, registry, engine, store, metrics, logger, tls
     ...timeouts,
     http,
     bodyLimit: config.bodyLimit,
-    // Fastify's default of 100 answered 414 for model ids that /v1/models lists.
-    routerOptions: { maxParamLength: MAX_PARAM_LENGTH },
+    // Fastify's default of 100 answered 414 for model ids that /v1/models lists. A base URL set with a
+    // trailing slash (http://host:8000/v1/) makes clients that join paths by hand (LiteLLM, openai 3.x's
+    // axios, many scripts) ask for /v1//images/generations: found as if the slash were single. Routing
+    // alone reads the path (auth and CORS go by the route found), so nothing else sees it differently.
+    routerOptions: { maxParamLength: MAX_PARAM_LENGTH, ignoreDuplicateSlashes: true },
     trustProxy: config.trustProxy,
     // Our own shutdown hook answers in OpenAI's error shape instead.
     return503OnClosing: false,
