@@ -347,6 +347,29 @@ describe('MODELS_DIR set to a model folder itself', () => {
   });
 });
 
+describe('MODELS_DIR set one level above the models folder', () => {
+  it('names the models it holds and what to set, where "missing unet/model.onnx, ..." read as a model to repair, in the log and "imagegen models list" alike', async () => {
+    // MODELS_DIR=/media/usb where the exports lie in /media/usb/exports/: "exports" is taken for a model.
+    const exports = path.join(modelsDir, 'exports');
+    await cp(referenceModel('sd-turbo'), path.join(exports, 'sd-turbo'), { recursive: true });
+    await cp(referenceModel('sd15-optimum'), path.join(exports, 'sd15'), { recursive: true });
+    await mkdir(path.join(exports, '.staging', 'partial', 'unet'), { recursive: true });
+    await writeFile(path.join(exports, '.staging', 'partial', 'unet', 'model.onnx'), '');
+    await mkdir(path.join(exports, 'notes'));
+    const reason =
+      "it holds model folders (sd-turbo, sd15), one per model, rather than a model's parts: to serve them, set MODELS_DIR to this folder itself; to install or verify one, give its own folder";
+    expect(reasonOf(await inspectModelFolder(exports))).toBe(reason);
+    const logs = capturedLogs<{ msg: string; model?: string }>();
+    const registry = new ModelRegistry({ roots: [{ dir: modelsDir, ownedBy: 'user' }], aliases: {}, logger: logs.logger });
+    await registry.scan();
+    expect(registry.unusable()).toMatchObject([{ id: 'exports', reason }]);
+    expect(logs.lines).toMatchObject([{ model: 'exports', msg: `skipping model: ${reason}` }]);
+    expect(await listModels(modelsDir)).toMatchObject([{ id: 'exports', status: 'broken', reason }]);
+    // A folder that is neither still says what it misses.
+    expect(reasonOf(await inspectModelFolder(path.join(exports, 'notes')))).toMatch(/^missing unet\/model.onnx or transformer\/model.onnx/);
+  });
+});
+
 describe('aliases', () => {
   it('give way to an installed model of the same name in lookups as in the list, and the scan says so, as it says which name nothing', async () => {
     await installedCopy('sd-turbo', 'good');

@@ -185,6 +185,27 @@ async function componentsOf(root: string): Promise<Set<string>> {
   return new Set(found.flat());
 }
 
+/** The folders in `root` that are models themselves (they hold a denoiser's graph), sorted; hidden ones (an install's .staging) left out. */
+async function modelFoldersIn(root: string): Promise<string[]> {
+  const names = (await readdir(root)).filter((name) => !name.startsWith('.')).sort();
+  const isModel = async (name: string) => (await Promise.all(DENOISER_FOLDERS.map((folder) => exists(path.join(root, name, folder, 'model.onnx'))))).some(Boolean);
+  const found = await Promise.all(names.map(async (name) => ((await isModel(name)) ? [name] : [])));
+  return found.flat();
+}
+
+/**
+ * Why a folder of model folders is no model: MODELS_DIR set one level above the models (a disk's root,
+ * the models folder's parent), or a verify of the folder that holds several exports. Said so, with
+ * what to do, where "missing unet/model.onnx, ..." read as a model to repair. No path: a 500 carries it.
+ */
+function holdsModelsProblem(models: string[]): string {
+  const shown = models.slice(0, 5).join(', ') + (models.length > 5 ? ', ...' : '');
+  return (
+    `it holds model folders (${shown}), one per model, rather than a model's parts: to serve them, set MODELS_DIR to this folder itself; ` +
+    'to install or verify one, give its own folder'
+  );
+}
+
 const className = (config: Record<string, unknown> | undefined) => (typeof config?._class_name === 'string' ? config._class_name : undefined);
 
 /** Why no family took the folder: what it showed, and what this server runs. */
@@ -253,6 +274,8 @@ export async function inspectModel(dir: string): Promise<ModelLayout> {
     : undefined;
   for (const { component, why } of family?.requires ?? []) if (!components.has(component)) missing.push(`${component}/model.onnx (${why})`);
   if (missing.length) {
+    const models = denoiser ? [] : await modelFoldersIn(root);
+    if (models.length) throw new ModelLayoutError(root, holdsModelsProblem(models), true);
     const engines = (await readdir(root, { recursive: true })).filter(isTensorRtEngine);
     throw new ModelLayoutError(root, engines.length ? tensorRtProblem(engines) : `missing ${missing.join(', ')}`, engines.length > 0);
   }
