@@ -180,6 +180,15 @@ describe('imagegen generate', () => {
     expect(existsSync(path.join(home, '.cache', 'Microsoft'))).toBe(false);
   });
 
+  it("names its files by the prompt's first 40 characters, cut between characters and with no dash left before the seed's", async () => {
+    const out = await mkdtemp(path.join(os.tmpdir(), 'imagegen-cli-'));
+    const name = async (prompt: string) => path.basename((await imagegen('generate', prompt, '--size', '256x256', '--steps', '1', '--seed', '3', '--out', out)).stdout.trim());
+    // 40 characters end on the dash after the eighth word.
+    expect(await name(`${'long '.repeat(20)}`)).toBe(`${Array(8).fill('long').join('-')}-3.png`);
+    // Letters beyond the BMP (two UTF-16 units each): a cut at 40 units kept 20 of them, at 41 half of one.
+    expect(await name(`!${'\u{1D41A}'.repeat(50)}`)).toBe(`${'\u{1D41A}'.repeat(40)}-3.png`);
+  });
+
   it("reads only the settings it uses: a server's settings in the same environment do not stop it", async () => {
     const out = await mkdtemp(path.join(os.tmpdir(), 'imagegen-cli-'));
     // A server would refuse these (a public address without keys, a port that is no number).

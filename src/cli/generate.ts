@@ -146,15 +146,14 @@ function whyUnwritten(err: NodeJS.ErrnoException): string {
   return fileProblem(err) ?? messageOf(err);
 }
 
-/** "A red circle, big!" -> "a-red-circle-big", for file names. */
+/**
+ * "A red circle, big!" -> "a-red-circle-big", for file names: its first 40 characters, cut between
+ * characters (a UTF-16 cut could halve a letter beyond the BMP, which a file name cannot hold) and
+ * trimmed after the cut, which may end on a dash that the seed's own would double.
+ */
 function slug(prompt: string): string {
-  return (
-    prompt
-      .toLowerCase()
-      .replace(/[^\p{L}\p{N}]+/gu, '-')
-      .replace(/^-|-$/g, '')
-      .slice(0, 40) || 'image'
-  );
+  const words = prompt.toLowerCase().replace(/[^\p{L}\p{N}]+/gu, '-');
+  return [...words.replace(/^-/, '')].slice(0, 40).join('').replace(/-$/, '') || 'image';
 }
 
 async function generateCommand(prompt: string, flags: GenerateFlags): Promise<string[]> {
