@@ -9,7 +9,7 @@ import { buildApp } from './http/app.js';
 import type { ModelRef } from './runtime/types.js';
 import { defaultWorkerCount, workersSharingADevice } from './engine/worker-count.js';
 import { availableBytes } from './runtime/memory.js';
-import { openKeptFigures, type MemoryFigures } from './models/memory-figures.js';
+import { figuresFor, openKeptFigures, type MemoryFigures, type ModelMemory } from './models/memory-figures.js';
 import { ModelRegistry, modelRoots } from './models/registry.js';
 import { Metrics } from './observability/metrics.js';
 import { openImageStore, type SweptStore } from './store/open-store.js';
@@ -108,7 +108,13 @@ export async function startServer(config: Config, logger: Logger, { clock, worke
     logger: logger.child({ component: 'engine' }),
     metrics,
   });
-  metrics.watch({ queue: () => engine.load(), workers: () => engine.readiness().workers, modelsHeld: () => engine.modelsHeld(), store: () => store.stats() });
+  metrics.watch({
+    queue: () => engine.load(),
+    workers: () => engine.readiness().workers,
+    modelsHeld: () => engine.modelsHeld(),
+    store: () => store.stats(),
+    modelMemory: () => keptFiguresOfInstalled(registry, memoryFigures),
+  });
   const app = buildApp({ config, registry, engine, store, metrics, logger, tls, rates, slots });
   const close = async () => {
     await app.close();
@@ -247,4 +253,14 @@ async function preloadDirs(names: string[], registry: ModelRegistry, logger: Log
     else logger.warn(`PRELOAD names '${name}', which ${registry.whyNone(name)}: not preloading it`);
   }
   return [...models.values()];
+}
+
+/** The figures kept for each installed model (aliases aside) that are of its files as they are now (see figuresFor). */
+function keptFiguresOfInstalled(registry: ModelRegistry, figures: MemoryFigures): Record<string, ModelMemory> {
+  const kept: Record<string, ModelMemory> = {};
+  for (const { id, model } of registry.list()) {
+    const memory = id === model.id ? figuresFor(figures.of(model.layout.dir), model.version) : undefined;
+    if (memory) kept[id] = memory;
+  }
+  return kept;
 }

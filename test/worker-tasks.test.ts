@@ -40,7 +40,6 @@ function outcomes(): { outcomes: BatchOutcome[]; metrics: EngineMetrics } {
     queueWait: none,
     batchFinished: ({ outcome }) => void outcomes.push(outcome),
     partialImage: none,
-    modelMemory: none,
     memoryWaited: none,
     modelLoaded: none,
     workerReplaced: none,

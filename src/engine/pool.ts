@@ -105,7 +105,6 @@ export interface EngineMetrics extends SlotMetrics {
   batchFinished(batch: { model: string; images: number; steps: number; seconds: number; outcome: BatchOutcome }): void;
   /** A batch's event stream sent a preview (a streamed partial image). */
   partialImage(model: string): void;
-  modelMemory(model: string, memory: ModelMemory): void;
   /** A batch waited for memory another worker's batch had planned on (see memory-arbiter.ts). */
   memoryWaited(): void;
 }
@@ -229,9 +228,9 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
   function handlePoolMessage(worker: WorkerProcess, slot: number, message: PoolMessage): void {
     switch (message.type) {
       case 'model-memory':
-        // What the server keeps and plans with (and `imagegen models list` shows): one worker's own load
-        // grew it by a fraction of that where the model loaded second or in a replacement.
-        metrics?.modelMemory(modelName(message.modelDir), recordMemory(message.modelDir, message.memory));
+        // Kept as the most seen: one worker's own load grew it by a fraction of that where the model loaded
+        // second or in a replacement (/metrics shows the kept figures: see Metrics).
+        recordMemory(message.modelDir, message.memory);
         return;
       case 'memory-ask':
         return memory.ask(worker, message.exclusive);

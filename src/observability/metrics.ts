@@ -15,6 +15,8 @@ export interface MetricSources {
   workers(): { total: number; ready: number };
   modelsHeld(): Record<string, number>;
   store(): { files: number; bytes: number };
+  /** The figures kept for each installed model (by its id) and planned with, where it has any for its files as they are now. */
+  modelMemory(): Record<string, ModelMemory>;
 }
 
 /**
@@ -88,12 +90,6 @@ export class Metrics implements EngineMetrics {
     buckets: [0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800],
     registers: [this.registry],
   });
-  private readonly modelMemoryBytes = new Gauge({
-    name: 'imagegen_model_memory_bytes',
-    help: "What a model was measured to take in the workers, as kept in DATA_DIR and planned with (the most seen): 'weights' its resident growth on load, 'peak' the most one batch took on top, 'denoise' what its denoising took per sample (an image, two with guidance) at the largest size it ran, 'decode' the most one VAE decoder call took",
-    labelNames: ['model', 'kind'],
-    registers: [this.registry],
-  });
   private readonly memoryWaits = new Counter({
     name: 'imagegen_memory_waits_total',
     help: "Times a batch waited for memory another worker's running batch had planned on",
@@ -126,6 +122,21 @@ export class Metrics implements EngineMetrics {
       'Bytes of answers (b64_json images, streamed events) held in memory for clients that have not read them yet, and set aside for answers being made (the most each may take), counted against ANSWER_MEMORY',
       () => this.memory?.answer(),
     );
+    const sources = () => this.sources;
+    new Gauge({
+      name: 'imagegen_model_memory_bytes',
+      help: "What an installed model was measured to take in the workers, as kept in DATA_DIR and planned with (the most seen): 'weights' its resident growth on load, 'peak' the most one batch took on top, 'denoise' what its denoising took per sample (an image, two with guidance) at the largest size it ran, 'decode' the most one VAE decoder call took",
+      labelNames: ['model', 'kind'],
+      registers: [this.registry],
+      collect() {
+        const figures = sources()?.modelMemory();
+        if (!figures) return;
+        // Read at each scrape, not set as measured: a model removed since goes from the output, and one
+        // measured by an earlier server shows before a worker loads it, as `imagegen models list` shows it.
+        this.reset();
+        for (const [model, memory] of Object.entries(figures)) for (const [kind, bytes] of Object.entries(memoryByKind(memory))) this.set({ model, kind }, bytes);
+      },
+    });
     collectDefaultMetrics({ register: this.registry, prefix: 'imagegen_' });
   }
 
@@ -185,14 +196,6 @@ export class Metrics implements EngineMetrics {
     this.partialImages.inc({ model });
   }
 
-  modelMemory(model: string, memory: ModelMemory): void {
-    this.modelMemoryBytes.set({ model, kind: 'weights' }, memory.weightsBytes);
-    this.modelMemoryBytes.set({ model, kind: 'peak' }, memory.peakBytes);
-    const largest = memory.denoise?.at(-1);
-    if (largest) this.modelMemoryBytes.set({ model, kind: 'denoise' }, largest.bytes);
-    if (memory.decode) this.modelMemoryBytes.set({ model, kind: 'decode' }, memory.decode.bytes);
-  }
-
   memoryWaited(): void {
     this.memoryWaits.inc();
   }
@@ -208,4 +211,13 @@ export class Metrics implements EngineMetrics {
   workerReplaced(): void {
     this.workerRestarts.inc();
   }
+}
+
+/** A model's figures by the gauge's kinds: those it has. */
+function memoryByKind(memory: ModelMemory): Record<string, number> {
+  const kinds: Record<string, number> = { weights: memory.weightsBytes, peak: memory.peakBytes };
+  const largest = memory.denoise?.at(-1);
+  if (largest) kinds.denoise = largest.bytes;
+  if (memory.decode) kinds.decode = memory.decode.bytes;
+  return kinds;
 }
