@@ -273,22 +273,23 @@ export async function inspectModel(dir: string): Promise<ModelLayout> {
     ? recogniseFamily({ components, denoiserFolder, denoiserClass: className(denoiserConfig), pipelineClass: className(modelIndex) })
     : undefined;
   for (const { component, why } of family?.requires ?? []) if (!components.has(component)) missing.push(`${component}/model.onnx (${why})`);
-  if (missing.length) {
+  // Each one absent is named in `missing`; listed here too for the compiler, which cannot tell.
+  if (missing.length || !denoiserFolder || !denoiser || !textEncoder || !vaeDecoder || !tokenizer) {
     const models = denoiser ? [] : await modelFoldersIn(root);
     if (models.length) throw new ModelLayoutError(root, holdsModelsProblem(models), true);
     const engines = (await readdir(root, { recursive: true })).filter(isTensorRtEngine);
     throw new ModelLayoutError(root, engines.length ? tensorRtProblem(engines) : `missing ${missing.join(', ')}`, engines.length > 0);
   }
   // The VAE encoder too, though only edits load it: damaged, it would fail each of them with a 500 while the folder passed as usable.
-  for (const file of [textEncoder!, textEncoder2, denoiser!, vaeDecoder!, vaeEncoder]) {
+  for (const file of [textEncoder, textEncoder2, denoiser, vaeDecoder, vaeEncoder]) {
     const problem = file && (await externalDataProblem(file, root));
     if (problem) throw new ModelLayoutError(root, problem, true);
   }
-  if (!family) throw new ModelLayoutError(root, unknownFamily(denoiserFolder!, denoiserConfig, modelIndex), true);
+  if (!family) throw new ModelLayoutError(root, unknownFamily(denoiserFolder, denoiserConfig, modelIndex), true);
   const ownScheduler = scheduler as SchedulerConfig;
   const { standIn, schedulerConfig } = runnableScheduler(root, ownScheduler, family.schedulerKind);
 
-  const vaeConfig = (await readJson(root, path.join(path.dirname(vaeDecoder!), 'config.json'))) ?? {};
+  const vaeConfig = (await readJson(root, path.join(path.dirname(vaeDecoder), 'config.json'))) ?? {};
   const vaeScale = halvings(vaeConfig.block_out_channels) ?? 8;
 
   return {
@@ -296,12 +297,12 @@ export async function inspectModel(dir: string): Promise<ModelLayout> {
     family: family.name,
     variant: family.variantOf({ scheduler: ownScheduler, denoiserConfig, modelIndex }),
     nativeSize: family.nativeSize(vaeScale, denoiserConfig),
-    textEncoder: textEncoder!,
+    textEncoder,
     textEncoder2,
-    denoiser: denoiser!,
-    vaeDecoder: vaeDecoder!,
+    denoiser,
+    vaeDecoder,
     vaeEncoder,
-    tokenizer: tokenizer!,
+    tokenizer,
     tokenizer2,
     scheduler: schedulerConfig,
     ...(standIn && {

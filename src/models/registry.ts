@@ -347,7 +347,8 @@ export class ModelRegistry {
     try {
       const folder = await folderSignature(dir);
       signature = folder.signature;
-      if (this.inspections.get(dir)?.signature === signature) return this.inspections.get(dir)!.result;
+      const last = this.inspections.get(dir);
+      if (last?.signature === signature) return last.result;
       result = await inspect(id, dir, ownedBy, folder.mtimeMs, versionOf(folder.weights));
     } catch (err) {
       const code = (err as NodeJS.ErrnoException).code ?? 'unreadable';
@@ -358,7 +359,8 @@ export class ModelRegistry {
       }
       // A link to nothing, round in a circle or to a file: said once, with the reason `imagegen models list` gives.
       signature = `unreadable:${code}`;
-      if (this.inspections.get(dir)?.signature === signature) return this.inspections.get(dir)!.result;
+      const last = this.inspections.get(dir);
+      if (last?.signature === signature) return last.result;
       result = await inspect(id, dir, ownedBy, Date.now(), signature);
     }
     if (!isUsable(result)) this.options.logger.warn({ model: id, dir }, `skipping model: ${result.reason}`);
