@@ -190,18 +190,11 @@ async function runCase(
   return { index, maxAbs, meanAbs, pass: maxAbs <= tolerance };
 }
 
-export async function verifyCase(
-  runtime: WorkerRuntime,
-  modelDir: string,
-  goldenDir: string,
-  c: GoldenCase,
-  index: number,
-  tolerance: number,
-  onStep?: (step: number, total: number) => void,
-): Promise<CaseResult> {
+/** One case, its files read from `goldenDir` (the tests run single cases, some of them changed: see verifyGolden for a whole file). */
+export async function verifyCase(runtime: WorkerRuntime, modelDir: string, goldenDir: string, c: GoldenCase, index: number, tolerance: number): Promise<CaseResult> {
   // The case's files are read and checked first: a golden file naming one it cannot use fails before the model runs.
   const channels = latentChannels(await inspectModel(modelDir));
-  return runCase(runtime, await modelAt(modelDir), c, index, await readCaseFiles(goldenDir, c, index, channels), tolerance, onStep);
+  return runCase(runtime, await modelAt(modelDir), c, index, await readCaseFiles(goldenDir, c, index, channels), tolerance);
 }
 
 /** What the caller of verifyGolden hears as the cases run (a real model's case takes minutes on a CPU). */

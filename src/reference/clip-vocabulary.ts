@@ -108,17 +108,17 @@ export class ClipVocabulary {
 
   /**
    * What the written tokenizer files mean for `text`: bos, tokens, eos, truncated and padded to
-   * `maxLength` with `padId`. Tests use it as the reference for feeding the text encoders.
+   * CLIP_MAX_LENGTH with `padId`. Tests use it as the reference for feeding the text encoders.
    */
-  encode(text: string, padId: number, maxLength = CLIP_MAX_LENGTH): number[] {
+  encode(text: string, padId: number): number[] {
     const normalised = text.normalize('NFC').replace(/\s+/g, ' ').toLowerCase();
     const ids: number[] = [];
     for (const match of normalised.matchAll(new RegExp(CLIP_SPLIT_PATTERN, 'gu'))) {
       const word = [...new TextEncoder().encode(match[0])].map((b) => BYTE_CHAR[b]).join('');
       for (const piece of bpe(word, this.ranks)) ids.push(this.vocab.get(piece)!);
     }
-    const row = [this.bosId, ...ids.slice(0, maxLength - 2), this.eosId];
-    while (row.length < maxLength) row.push(padId);
+    const row = [this.bosId, ...ids.slice(0, CLIP_MAX_LENGTH - 2), this.eosId];
+    while (row.length < CLIP_MAX_LENGTH) row.push(padId);
     return row;
   }
 }
