@@ -55,9 +55,9 @@ export interface BuildSummary {
   bytes: number;
 }
 
-/** Writes one folder per family under `outDir` (replacing any previous one), all families by default. */
-export async function buildReferenceModels(outDir: string, families: readonly string[] = REFERENCE_FAMILIES): Promise<void> {
-  for (const name of families) await buildFamily(name, join(outDir, name));
+/** Writes one folder per family under `outDir` (replacing any previous one). */
+export async function buildReferenceModels(outDir: string): Promise<void> {
+  for (const name of REFERENCE_FAMILIES) await buildFamily(name, join(outDir, name));
 }
 
 /** Writes one family's folder at `dir`, replacing what was there. */

@@ -124,7 +124,8 @@ function coverage(shape: ShapeName, placement: Placement, size: number): Float32
 }
 
 /** Draws a prototype as a CHW RGB image with values in 0..1. */
-export function drawPrototype(proto: Prototype, size = PROTOTYPE_IMAGE_SIZE): Float32Array {
+export function drawPrototype(proto: Prototype): Float32Array {
+  const size = PROTOTYPE_IMAGE_SIZE;
   const covered = coverage(proto.shape, proto.placement, size);
   const image = new Float32Array(3 * size * size);
   const fill = COLOURS[proto.colour];
