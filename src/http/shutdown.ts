@@ -56,6 +56,7 @@ async function shutdownPlugin(app: FastifyInstance, { timeoutMs }: ShutdownOptio
     if (closing && inFlight.size === 0) closeAllConnections();
   };
 
+  // Fastify takes the decoration's initial value as the property's type (AbortSignal); every request's own is set in onRequest, before anything reads it.
   app.decorateRequest('cancellation', null as unknown as AbortSignal);
   app.addHook('onRequest', async (request, reply) => {
     const lifetime = new AbortController();
