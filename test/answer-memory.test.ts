@@ -158,6 +158,31 @@ describe.skipIf(KERNEL_TOO_LARGE)(`answers left unread${SKIPPED}`, () => {
     }
   }, 120_000);
 
+  it("count the user (or safety_identifier) a gpt-image answer repeats: three tiny answers with a long one are not made at once past ANSWER_MEMORY", async () => {
+    // A share of 6 MiB; each answer repeats its 5 MB user (as safety_identifier) beside a 64x64 image.
+    // Before, each set aside and held only its image (about 30 kB): all three were made at once, and
+    // their unread answers held 15 MB the budget never counted.
+    const server = await startTestServer({ aliases: { 'gpt-image-1': 'stub' }, config: { answerMemory: 12 * MiB, bodyLimit: 6 * MiB } });
+    const port = Number(new URL(server.origin).port);
+    const user = 'u'.repeat(5e6);
+    const unread = [100, 200, 300].map((seed) => unreadRequest(port, post(TEST_KEY, { model: 'gpt-image-1', prompt: 'a red circle', user, seed })));
+    const made = () => new Set(server.engine.batches.map((batch) => Math.floor(batch.items[0].seed / 100))).size;
+    try {
+      await expect.poll(() => answerBytes(server, TEST_KEY), { timeout: 30_000 }).toBeGreaterThan(5e6);
+      await new Promise((resolve) => setTimeout(resolve, 1500));
+      // One such answer fits in the share, not two: the others wait for its room.
+      expect(made()).toBe(1);
+      expect(await answerBytes(server, TEST_KEY)).toBeLessThanOrEqual(6 * MiB);
+      // Read, each gives the room back to the next.
+      for (const socket of unread) expect((JSON.parse(await readAnswer(socket)) as { safety_identifier: string }).safety_identifier).toBe(user);
+      expect(made()).toBe(3);
+      await expect.poll(() => answerBytes(server, TEST_KEY), { timeout: 10_000 }).toBe(0);
+    } finally {
+      for (const socket of unread) socket.destroy();
+      await server.close();
+    }
+  }, 60_000);
+
   it('take the room given back in the order their requests came: a small request waits behind a large one that waits, rather than pass it', async () => {
     // One client (a server without keys), its share 6 MiB: an unread large answer (5.8 MB) leaves
     // room for a small answer, but not for another large one's most (its whole share).

@@ -1,5 +1,6 @@
 import type { FastifyReply, FastifyRequest } from 'fastify';
 import type { GenerationRequest, ImagesResponse, StreamPrefix } from '../api/wire.js';
+import { echoedBytes } from '../service/answer-size.js';
 import type { EditInput, GenerateContext, ImageService, QueueClient } from '../service/images.js';
 import type { ByteBudget } from '../util/byte-budget.js';
 import { clientOf } from './auth.js';
@@ -68,12 +69,13 @@ function withReadableSize(request: FastifyRequest, response: ImagesResponse): Im
 
 /**
  * A route's answer: one with b64_json images as a stream of JSON pieces (json-pieces.ts), its images
- * held in ANSWER_MEMORY until the client has it; any other as it is.
+ * (and the safety identifier it repeats, the client's text of any length) held in ANSWER_MEMORY until
+ * the client has it; any other as it is.
  */
 function answer(reply: FastifyReply, response: ImagesResponse, share: MemoryShare | undefined): ImagesResponse | FastifyReply {
   const bytes = response.data.reduce((sum, image) => sum + (image.b64_json?.length ?? 0), 0);
   if (bytes === 0 || !share) return response;
-  holdAnswer(share, bytes);
+  holdAnswer(share, bytes + echoedBytes(response.safety_identifier));
   return reply.type('application/json; charset=utf-8').send(imagesJson(response));
 }
 

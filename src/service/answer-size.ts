@@ -26,14 +26,25 @@ const STREAM_LINES_BYTES = 64 * 1024;
 const base64Bytes = (bytes: number) => 4 * Math.ceil(bytes / 3);
 
 /**
- * The most the answer of `batches` may hold: their images in base64, and for a stream (`stream`) each
- * image's previews too (BatchItem.partialImages), each in its event, and its other lines.
+ * The bytes an answer takes to repeat the request's safety identifier (its `safety_identifier`, else its
+ * `user`; gpt-image-fields.ts), as JSON writes it: a control character, one byte of a form field, takes
+ * six. It is the client's text, of any length (`user` has no limit, as at OpenAI, but BODY_LIMIT's): a
+ * `user` of 1 MB made each of a stream's ten completed events a megabyte larger than its reservation.
  */
-export function mostAnswerBytes(batches: readonly GenerationBatch[], stream: boolean): number {
+export const echoedBytes = (safetyIdentifier: string | undefined): number => (safetyIdentifier ? Buffer.byteLength(JSON.stringify(safetyIdentifier)) : 0);
+
+/**
+ * The most the answer of `batches` may hold: their images in base64, and for a stream (`stream`) each
+ * image's previews too (BatchItem.partialImages), each in its event, and its other lines; and the
+ * request's `safetyIdentifier` as the answer repeats it (echoedBytes): once in a JSON answer, in each
+ * image's completed event of a stream.
+ */
+export function mostAnswerBytes(batches: readonly GenerationBatch[], stream: boolean, safetyIdentifier?: string): number {
   const event = stream ? EVENT_BYTES : 0;
+  const echoed = echoedBytes(safetyIdentifier);
   const images = sumOverImages(batches, (pixels, item) => {
     const file = base64Bytes(Math.ceil(pixels * MOST_BYTES_PER_PIXEL[outputOf(item).format]) + FILE_BYTES);
-    return (1 + (item.partialImages ?? 0)) * (file + event);
+    return (1 + (item.partialImages ?? 0)) * (file + event) + (stream ? echoed : 0);
   });
-  return stream ? images + STREAM_LINES_BYTES : images;
+  return stream ? images + STREAM_LINES_BYTES : images + echoed;
 }

@@ -285,7 +285,7 @@ export function createImageService({ registry, engine, store, defaultRng, defaul
       };
       const made = async () => {
         // Only an answer that holds memory (b64_json, a stream) has one: the HTTP layer decides which do.
-        await context.reserveAnswer?.(mostAnswerBytes(batches, request.stream === true), waiting);
+        await context.reserveAnswer?.(mostAnswerBytes(batches, request.stream === true, fields?.safety_identifier), waiting);
         return context.hold ? context.hold(making, waiting, ticket.cost) : making();
       };
       const images = await made().finally(() => place?.());
