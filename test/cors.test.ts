@@ -123,6 +123,23 @@ describe('with CORS_ORIGINS=*', () => {
   });
 });
 
+describe('an OPTIONS request that is no preflight (no Access-Control-Request-Method)', () => {
+  it('gets the 405 (404 for an unknown URL) in OpenAI\'s shape that any OPTIONS gets, with its CORS headers, from an allowed origin or none', async () => {
+    // Before, @fastify/cors answered these with a plain-text 400 'Invalid Preflight Request'.
+    for (const [target, origin] of [[server, ALLOWED], [open, OTHER], [open, undefined]] as const) {
+      const res = await fetch(`${target.baseURL}/models`, { method: 'OPTIONS', headers: origin ? { origin } : {} });
+      expect(res.status).toBe(405);
+      expect(res.headers.get('allow')).toBe('GET, HEAD');
+      expect(res.headers.get('access-control-allow-origin')).toBe(target === open ? '*' : ALLOWED);
+      expect(res.headers.has('access-control-allow-methods')).toBe(false);
+      expect((await res.json()).error).toMatchObject({ code: 'method_not_allowed', param: null, type: 'invalid_request_error' });
+    }
+    const unknown = await fetch(`${server.baseURL}/nothing`, { method: 'OPTIONS', headers: { origin: ALLOWED } });
+    expect(unknown.status).toBe(404);
+    expect((await unknown.json()).error).toMatchObject({ message: 'Invalid URL (OPTIONS /v1/nothing)', code: null });
+  });
+});
+
 describe('without CORS_ORIGINS', () => {
   it('sends no CORS headers anywhere', async () => {
     const res = await preflight(`${closed.baseURL}/images/generations`, ALLOWED);

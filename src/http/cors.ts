@@ -24,15 +24,22 @@ const PREFLIGHT_MAX_AGE = 600;
 async function corsPlugin(app: FastifyInstance, { origins }: CorsOptions): Promise<void> {
   if (origins.length === 0) return;
   const any = origins.includes('*');
-  await app.register(fastifyCors, {
+  const options = {
     // Any other origin (and a request without one) gets no CORS headers at all, preflights included.
-    origin: (origin, callback) => callback(null, any ? '*' : origin !== undefined && origins.includes(origin) ? origin : false),
+    origin: (origin: string | undefined, callback: (error: null, allow: string | false) => void) =>
+      callback(null, any ? '*' : origin !== undefined && origins.includes(origin) ? origin : false),
     methods: ['GET', 'HEAD', 'POST'],
     // allowedHeaders left unset: a preflight's requested headers are allowed, Authorization and
     // Content-Type as much as the X-Stainless-* headers the OpenAI SDKs add. Keys travel in a header,
     // never in cookies, so credentials stay off.
     exposedHeaders: EXPOSED_HEADERS,
     maxAge: PREFLIGHT_MAX_AGE,
+  };
+  await app.register(fastifyCors, {
+    // Only an OPTIONS that names the method it asks for is a preflight (Fetch's CORS-preflight request).
+    // Any other gets the 405 (or 404) every OPTIONS gets, in OpenAI's shape: as a preflight, @fastify/cors
+    // answered it with a plain-text 400 'Invalid Preflight Request'.
+    delegator: (request, callback) => callback(null, { ...options, preflight: request.headers['access-control-request-method'] !== undefined }),
   });
 }
 
