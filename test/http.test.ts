@@ -223,6 +223,13 @@ describe('forms (edits and variations)', () => {
     expect(short.message).toMatch(/^The multipart\/form-data body could not be read: .*unexpected end/i);
   });
 
+  it('a boundary= longer than the parser takes -> 400 invalid_multipart naming RFC 2046\'s 70 characters, not the parser\'s "needle" words', async () => {
+    const boundary = 'b'.repeat(300);
+    const body = Buffer.from(`--${boundary}\r\nContent-Disposition: form-data; name="prompt"\r\n\r\nx\r\n--${boundary}--\r\n`);
+    const error = await expectError(await postForm('edits', body, { 'content-type': `multipart/form-data; boundary=${boundary}` }), 400, 'invalid_multipart');
+    expect(error.message).toMatch(/^The boundary= of the Content-Type multipart\/form-data is too long: RFC 2046 allows at most 70 characters\. Let the HTTP client set/);
+  });
+
   it('variations, another content type -> 415 saying they take only a multipart form (no JSON, which they refuse too)', async () => {
     for (const type of ['text/plain', 'application/x-www-form-urlencoded']) {
       const error = await expectError(await postForm('variations', Buffer.from('n=1'), { 'content-type': type }), 415, 'unsupported_media_type');

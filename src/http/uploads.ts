@@ -85,6 +85,11 @@ function formError(err: unknown, partSeen: boolean): unknown {
     return new ApiError(413, `The form has too many parts: at most ${MAX_FIELDS} text fields are read.`, { code: 'request_too_large' });
   }
   const message = messageOf(err);
+  // busboy searches for the boundary with streamsearch, which takes at most 256 bytes of it (and words
+  // its refusal for its own callers: "The needle cannot have a length bigger than 256.").
+  if (message.startsWith('The needle cannot have a length bigger than')) {
+    return new ApiError(400, `The boundary= of the Content-Type multipart/form-data is too long: RFC 2046 allows at most 70 characters. ${LET_THE_CLIENT_SET_IT}`, { code: 'invalid_multipart' });
+  }
   if (message === 'Multipart: Boundary not found') {
     return new ApiError(400, `The Content-Type multipart/form-data names no boundary= (the line that separates the form's parts). ${LET_THE_CLIENT_SET_IT}`, { code: 'invalid_multipart' });
   }
