@@ -170,6 +170,11 @@ describe('uploaded pictures', () => {
     expect(() => checkMask({ image, mask: sideways })).toThrow(/mask is 64x32 but the image is 32x64; .*EXIF orientation turns it upright to 32x64.*draw the mask on the upright picture/);
     // Where the image is not turned, the same sizes get no word about orientation.
     expect(() => checkMask({ image: { ...image, turned: false }, mask: sideways })).toThrow(/they must be the same size\.$/);
+    // A mask that kept the photo's orientation, for a picture that did not: its own orientation is named.
+    // Before, it was told its upright size only, which no editor shows it.
+    const stored = await decodeInputImage(await sharp({ create: { width: 64, height: 32, channels: 3, background: 'red' } }).png().toBuffer(), 'image');
+    const turnedMask = await decodeInputImage(await sharp({ create: { width: 64, height: 32, channels: 4, background: { r: 0, g: 0, b: 0, alpha: 0 } } }).png().withMetadata({ orientation: 6 }).toBuffer(), 'mask');
+    expect(() => checkMask({ image: stored, mask: turnedMask })).toThrow(/mask is 32x64 but the image is 64x32; .*The mask's EXIF orientation turns it upright to 32x64.*save the mask without that orientation/);
   });
 
   it("are fitted only once the request's plan passed: a refused edit costs no fitting", async () => {

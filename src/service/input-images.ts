@@ -148,8 +148,16 @@ export function checkMask({ image, mask }: EditSource): void {
  * (PIL's Image.open gives them so) is sideways. Empty where that is not the case.
  */
 function turnedHint({ image, mask }: Required<EditSource>): string {
-  if (!image.turned || mask.width !== image.height || mask.height !== image.width) return '';
-  return ` The image's EXIF orientation turns it upright to ${image.width}x${image.height}, and the edit uses it upright: draw the mask on the upright picture (in PIL, after ImageOps.exif_transpose).`;
+  if (mask.width !== image.height || mask.height !== image.width) return '';
+  if (image.turned) {
+    return ` The image's EXIF orientation turns it upright to ${image.width}x${image.height}, and the edit uses it upright: draw the mask on the upright picture (in PIL, after ImageOps.exif_transpose).`;
+  }
+  // The other way round: a mask that kept a photo's EXIF orientation (its metadata copied) is turned
+  // too, where the picture it was drawn on is not; its stored size, which editors show, matches.
+  if (mask.turned) {
+    return ` The mask's EXIF orientation turns it upright to ${mask.width}x${mask.height}, and the edit uses it upright: save the mask without that orientation (without its EXIF metadata).`;
+  }
+  return '';
 }
 
 /**
