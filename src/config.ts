@@ -653,12 +653,17 @@ export function loadConfig(flags: Partial<Record<SettingName, string>> = {}, env
   // SigV4 presigned URLs live at most 7 days.
   if (parsed.s3PresignedUrls && parsed.imageTtlSeconds > 604_800) problems.push('S3_PRESIGNED_URLS allows IMAGE_TTL_SECONDS of at most 604800 (7 days, the longest a presigned URL lives)');
   problems.push(...modelPathProblems(parsed));
+  // 'none' beside models read as a model of that name, which no folder has: every worker failed to preload it.
+  if ((parsed.preload?.length ?? 0) > 1 && parsed.preload?.some(isNone)) problems.push("PRELOAD lists 'none' (load nothing) among models: set PRELOAD=none alone, or list only the models to load");
   if (problems.length) throw new ConfigError(problems);
 
   const preload = parsed.preload ?? [parsed.defaultModel];
   return {
     ...parsed,
     modelAliases: aliasesOf(parsed),
-    preload: preload.length === 1 && preload[0].toLowerCase() === 'none' ? [] : preload,
+    preload: preload.length === 1 && isNone(preload[0]) ? [] : preload,
   };
 }
+
+/** PRELOAD's word for loading nothing. */
+const isNone = (id: string) => id.toLowerCase() === 'none';

@@ -110,6 +110,12 @@ describe('loadConfig', () => {
     expect(loadConfig({}, {}).uploadMemory / 2).toBeGreaterThanOrEqual(LARGEST_FORM_BYTES);
   });
 
+  it("takes PRELOAD=none as loading nothing, and refuses 'none' among models (it read as a model of that name)", () => {
+    expect(loadConfig({}, { PRELOAD: 'None' }).preload).toEqual([]);
+    expect(loadConfig({}, { PRELOAD: 'sd15, sdxl' }).preload).toEqual(['sd15', 'sdxl']);
+    expect(problems(() => loadConfig({}, { PRELOAD: 'none,sd15' }))).toEqual(["PRELOAD lists 'none' (load nothing) among models: set PRELOAD=none alone, or list only the models to load"]);
+  });
+
   it('needs TLS_CERT and TLS_KEY together', () => {
     expect(problems(() => loadConfig({ tlsCert: 'cert.pem' }, {}))).toEqual(['TLS_CERT and TLS_KEY must be set together']);
   });
