@@ -391,6 +391,25 @@ describe('edit errors', () => {
     expect(((await res.json()) as ErrorBody).error).toMatchObject({ code: 'invalid_multipart', param: null, message: expect.stringContaining('has no name') });
   });
 
+  it("takes a file input left empty in an HTML form (filename=\"\", no bytes) as omitted: no mask, or no image", async () => {
+    const boundary = 'edits-test-boundary';
+    const field = (name: string, value: string) => `--${boundary}\r\nContent-Disposition: form-data; name="${name}"\r\n\r\n${value}\r\n`;
+    const file = (name: string, filename: string, bytes: Buffer) =>
+      Buffer.concat([Buffer.from(`--${boundary}\r\nContent-Disposition: form-data; name="${name}"; filename="${filename}"\r\nContent-Type: application/octet-stream\r\n\r\n`), bytes, Buffer.from('\r\n')]);
+    const send = (...parts: (string | Buffer)[]) =>
+      fetch(`${real.baseURL}/images/edits`, {
+        method: 'POST',
+        headers: { authorization: `Bearer ${KEY}`, 'content-type': `multipart/form-data; boundary=${boundary}` },
+        body: Buffer.concat([...parts.map((p) => Buffer.from(p)), Buffer.from(`--${boundary}--\r\n`)]),
+      });
+    const noMask = await send(field('prompt', 'a blue square'), field('steps', '2'), field('response_format', 'b64_json'), file('image', 'in.png', redCircle), file('mask', '', Buffer.alloc(0)));
+    expect(noMask.status).toBe(200);
+    expect(((await noMask.json()) as { data: unknown[] }).data).toHaveLength(1);
+    const noImage = await send(field('prompt', 'a blue square'), file('image', '', Buffer.alloc(0)));
+    expect(noImage.status).toBe(400);
+    expect(((await noImage.json()) as ErrorBody).error).toMatchObject({ param: 'image', code: 'missing_required_parameter' });
+  });
+
   it('refuses a request without an image', async () => {
     const form = new FormData();
     form.set('prompt', 'a blue square');

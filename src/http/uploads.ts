@@ -241,14 +241,19 @@ async function readParts(request: FastifyRequest, route: UploadRoute, limits: Up
       if (!FILE_FIELDS[route].includes(part.fieldname)) {
         throw ApiError.invalid(part.fieldname, 'unknown_parameter', `Unknown parameter: '${part.fieldname}' (a file). The files this endpoint takes are: ${FILE_FIELDS[route].map((f) => `'${f}'`).join(', ')}.`);
       }
+      // An HTML form's file input left empty sends a part with no file name and no bytes: omitted, as its
+      // user meant (no mask chosen), where it was refused as an empty file.
+      const unchosen = part.filename === '' ? await fileBytes(part, part.fieldname) : undefined;
+      if (unchosen?.length === 0) continue;
+      const bytes = (param: string) => unchosen ?? fileBytes(part, param);
       // Files the route will not take are refused before they are read into memory.
       if (part.fieldname === 'mask') {
         if (upload.mask) throw ApiError.invalid('mask', 'invalid_value', "The file 'mask' was sent more than once; send one mask.");
-        upload.mask = { bytes: await fileBytes(part, 'mask'), param: 'mask' };
+        upload.mask = { bytes: await bytes('mask'), param: 'mask' };
       } else {
         if (upload.images.length >= limits.maxImages) throw limits.tooMany('image');
         const param = upload.images.length === 0 ? 'image' : `image[${upload.images.length}]`;
-        upload.images.push({ bytes: await fileBytes(part, param), param });
+        upload.images.push({ bytes: await bytes(param), param });
       }
     }
   } catch (err) {
