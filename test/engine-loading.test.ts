@@ -5,6 +5,7 @@ import path from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { OnnxModel } from '../src/runtime/onnx-model.js';
 import { inspectModel, MISSING_FOLDER } from '../src/models/layout.js';
+import { readMemoryFigures } from '../src/models/memory-figures.js';
 import { loadPipeline, type DecodePlanner } from '../src/pipelines/load.js';
 import { cudaInstalled } from './helpers/cuda.js';
 import { capturedLogs } from './helpers/logs.js';
@@ -144,6 +145,26 @@ describe.skipIf(cudaInstalled)('execution providers (skipped: the CUDA provider 
       });
     } finally {
       await server.close();
+    }
+  }, 90_000);
+
+  it("keeps no figures of a worker that runs on the CPU in CUDA's place in DATA_DIR's CUDA figures, which plan the GPU's batches once it starts", async () => {
+    // A first start whose CUDA libraries do not load: its calibration and runs are the CPU's. Kept as
+    // CUDA's, they stayed once the libraries were installed (a model with figures is not calibrated
+    // again), and the GPU's batches were planned from the CPU's activations in host memory: 507s and
+    // tiled decodes of sizes the GPU makes, fewer default WORKERS.
+    const root = await mkdtemp(path.join(os.tmpdir(), 'imagegen-server-'));
+    try {
+      const server = await withNvidiaSmi(nvidiaSmiListing([24564]), () => startRealServer({ root, env: { EXECUTION_PROVIDER: 'cuda', WORKERS: '1' } }));
+      try {
+        const made = await server.client.images.generate({ prompt: 'a red circle', response_format: 'b64_json' });
+        expect(made.data).toHaveLength(1);
+      } finally {
+        await server.close();
+      }
+      expect(await readMemoryFigures(server.dataDir, 'cuda')).toEqual({});
+    } finally {
+      await rm(root, { recursive: true, force: true });
     }
   }, 90_000);
 

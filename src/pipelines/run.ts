@@ -3,7 +3,7 @@ import path from 'node:path';
 import { componentFile } from '../runtime/component-file.js';
 import { GpuFaultError } from '../runtime/gpu-faults.js';
 import { OnnxOutOfMemoryError } from '../runtime/onnx-model.js';
-import { defaultRuntime, type RuntimeOptions } from '../runtime/providers.js';
+import { defaultRuntime, providerInUse, type RuntimeOptions } from '../runtime/providers.js';
 import { everyItemMade, IMAGE_FORMATS, outputOf, previewSteps, type BatchEvent, type BatchItem, type GeneratedImage, type GenerationBatch } from '../runtime/types.js';
 import { chunks } from '../util/chunks.js';
 import { firstLineOf } from '../util/error-message.js';
@@ -182,8 +182,15 @@ export class WorkerRuntime {
     return this.failedAlone.has(loading) && this.failedAlone.get(loading) === version;
   }
 
-  /** What a model folder has cost here, once loaded (and once it ran). */
+  /**
+   * What a model folder has cost here, once loaded (and once it ran), for DATA_DIR's figures of the
+   * configured provider: none where its sessions run on the CPU because the GPU provider did not start.
+   * Those are the CPU's figures, which kept as the GPU's (that the GPU's runs planned from once it
+   * started, the model never calibrated again) counted its activations in host memory.
+   */
   modelMemory(modelDir: string): ModelMemory | undefined {
+    const { runtime } = this.settings;
+    if (providerInUse(runtime) !== runtime.provider) return undefined;
     return this.memory.of(modelDir);
   }
 

@@ -52,6 +52,9 @@ export const defaultRuntime = (): RuntimeOptions => ({ provider: 'cpu', threads:
  */
 const brokenProviders = new WeakMap<RuntimeOptions, Set<ExecutionProvider>>();
 
+/** The provider `runtime`'s sessions are made on: its own, or the CPU once that failed to start (see createSession). */
+export const providerInUse = (runtime: RuntimeOptions): ExecutionProvider => (brokenProviders.get(runtime)?.has(runtime.provider) ? 'cpu' : runtime.provider);
+
 /** One way a GPU provider fails to start on a machine, and what to do about it. */
 interface Unavailable {
   pattern: RegExp;
