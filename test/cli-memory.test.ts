@@ -7,6 +7,7 @@ import sharp from 'sharp';
 import { describe, expect, it } from 'vitest';
 import { readMemoryFigures } from '../src/models/memory-figures.js';
 import { imagegenArgs, PROJECT_ROOT } from './helpers/cli.js';
+import { cudaInstalled } from './helpers/cuda.js';
 
 const run = promisify(execFile);
 
@@ -59,6 +60,15 @@ describe("a model's memory, measured once for the commands and the server", () =
     const out = path.join(work, 'out');
     const generate = (dir: string) => stderrOf(dir, 'generate', 'a red circle', '--models-dir', modelsDir, '--model', 'shapes', '--size', '256x256', '--steps', '1', '--seed', '1', '--out', out);
     await calibratesOnce(generate, model, dataDir);
+  });
+
+  it.skipIf(cudaInstalled)("keeps no figures as CUDA's where the CUDA provider did not start and the model ran on the CPU, and says so (skipped: the CUDA provider is installed here)", async () => {
+    const { work, modelsDir, dataDir } = await setUp();
+    const args = imagegenArgs('generate', 'a red circle', '--models-dir', modelsDir, '--model', 'shapes', '--size', '256x256', '--steps', '1', '--out', path.join(work, 'out'));
+    const { stderr } = await run(process.execPath, args, { cwd: PROJECT_ROOT, env: { ...process.env, DATA_DIR: dataDir, EXECUTION_PROVIDER: 'cuda' }, timeout: 60_000 });
+    expect(stderr).toMatch(CALIBRATING);
+    expect(stderr).toContain("(not kept: these are the CPU's, the cuda provider did not start)");
+    expect(await readMemoryFigures(dataDir, 'cuda')).toEqual({});
   });
 
   it('says that a DATA_DIR that is a file is no folder, rather than that its figures are damaged and to free space', async () => {

@@ -3,6 +3,7 @@ import path from 'node:path';
 import type { ModelSettings } from '../config.js';
 import { openKeptFigures } from '../models/memory-figures.js';
 import { WorkerRuntime } from '../pipelines/run.js';
+import { providerInUse } from '../runtime/providers.js';
 
 /** A command's runtime, and how it keeps what a model measured in it. */
 export interface CommandRuntime {
@@ -30,16 +31,19 @@ export async function commandRuntime(config: ModelSettings, say: (message: strin
     const measured = runtime.modelMemory(modelDir);
     if (measured) figures.record(modelDir, measured);
   };
+  const options = { provider: config.executionProvider, threads: config.workerThreads ?? os.availableParallelism(), graphRewrites: config.graphRewrites };
+  // The CPU's figures where the GPU's provider did not start (see WorkerRuntime.modelMemory): not kept.
+  const kept = () => (providerInUse(options) === options.provider ? `kept in ${path.join(config.dataDir, figures.fileName)}, DATA_DIR` : `not kept: these are the CPU's, the ${options.provider} provider did not start`);
   const runtime = new WorkerRuntime(
     {
-      runtime: { provider: config.executionProvider, threads: config.workerThreads ?? os.availableParallelism(), graphRewrites: config.graphRewrites },
+      runtime: options,
       memoryLimit: config.memoryLimit,
       knownMemory: figures.all(),
     },
     undefined,
     {
       calibrating: (modelDir) =>
-        say(`measuring how much memory '${path.basename(modelDir)}' needs: two one-step runs, once per model and machine (kept in ${path.join(config.dataDir, figures.fileName)}, DATA_DIR)`),
+        say(`measuring how much memory '${path.basename(modelDir)}' needs: two one-step runs, once per model and machine (${kept()})`),
       calibrated: keepFigures,
     },
   );
