@@ -929,14 +929,18 @@ describe('the imagegen CLI', () => {
   it('lists models with "imagegen models list"', async () => {
     await importFrom(sourceDir, 'turbo');
     const dataDir = path.join(modelsDir, '..', 'data');
-    const list = async () =>
-      (await execFileAsync(process.execPath, imagegenArgs('models', 'list', '--models-dir', modelsDir, '--data-dir', dataDir), { cwd: PROJECT_ROOT })).stdout;
-    expect(await list()).toMatch(/^ID\s+MODEL\s+SIZE\s+MEMORY\s+STATUS\nturbo\s+sd\/sd-turbo\s+\d+\.\d [KM]iB\s+not measured\s+ok\n$/);
+    const listing = () => execFileAsync(process.execPath, imagegenArgs('models', 'list', '--models-dir', modelsDir, '--data-dir', dataDir), { cwd: PROJECT_ROOT });
+    const list = async () => (await listing()).stdout;
+    const unmeasured = await listing();
+    expect(unmeasured.stdout).toMatch(/^ID\s+MODEL\s+SIZE\s+MEMORY\s+STATUS\nturbo\s+sd\/sd-turbo\s+\d+\.\d [KM]iB\s+not measured\s+ok\n$/);
+    // A data folder that is not there (mistyped) is said to be, not taken for a server that measured nothing.
+    expect(unmeasured.stderr).toContain(`note: ${path.resolve(dataDir)} (--data-dir or DATA_DIR) does not exist, so no measured memory was read`);
     // What a server's workers measured for the model, as the server keeps it in its data folder.
     const figures = await MemoryFigures.open(dataDir);
     figures.record(path.resolve(modelsDir, 'turbo'), { weightsBytes: 1.5 * 2 ** 30, peakBytes: 2 ** 30, peakPixels: 2 ** 20 });
     await figures.flushed();
     expect(await list()).toMatch(/\nturbo\s+sd\/sd-turbo\s+\d+\.\d [KM]iB\s+1\.5 GiB \+ 1\.0 GiB at 1\.0 MP\s+ok\n$/);
+    expect((await listing()).stderr).not.toContain('note:');
     // An id that is also an OpenAI model name, or the embedded model's, changes what requests for it run: said so.
     for (const [name, note] of [['dall-e-3', /note: dall-e-3 is also an OpenAI model name: requests naming it now run this model/], ['demo-shapes', /note: demo-shapes is also the id of a model that comes with the server/]] as const) {
       const { stdout } = await cli('models', 'import', sourceDir, '--name', name, '--skip-load', '--models-dir', modelsDir);

@@ -25,6 +25,7 @@ import { shellWord } from '../util/shell-word.js';
  */
 
 const MODELS_DIR = envName('modelsDir');
+const DATA_DIR = envName('dataDir');
 
 /**
  * The installer, loaded by the models command that runs, not at the top: --help and the other commands
@@ -130,6 +131,11 @@ async function printModelList(flags: CommonFlags & { dataDir: string; executionP
   const table = [['ID', 'MODEL', 'SIZE', 'MEMORY', 'STATUS'], ...rows];
   const widths = table[0].map((_, column) => Math.max(...table.map((row) => row[column].length)));
   for (const row of table) console.log(row.map((cell, column) => (column < row.length - 1 ? cell.padEnd(widths[column]) : cell)).join('  '));
+  // A mistyped data folder shows every model "not measured", as if none had run: said so.
+  const dataDir = await stat(flags.dataDir).catch((err: NodeJS.ErrnoException) => err);
+  if (dataDir instanceof Error && dataDir.code === 'ENOENT') {
+    console.error(`note: ${path.resolve(flags.dataDir)} (--data-dir or ${DATA_DIR}) does not exist, so no measured memory was read: pass the server's data folder, if it has measured these models`);
+  }
 }
 
 /**
