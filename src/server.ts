@@ -73,6 +73,7 @@ export async function startServer(config: Config, logger: Logger, { clock, worke
   if (config.apiKeysFile) await readKeyFile(config.apiKeysFile);
   const store = await openStore(config, logger, clock);
   store.startSweeper(SWEEP_INTERVAL_MS);
+  logStoredImages(config, store, logger);
   // With REDIS_URL the replicas share API_KEYS_FILE's per-key limits; without it this server counts alone.
   const redisLog = logger.child({ component: 'redis' });
   const redis = config.redisUrl ? await connectRedis(config.redisUrl, redisLog) : undefined;
@@ -163,6 +164,22 @@ function openStore(config: Config, logger: Logger, clock: ServerOverrides['clock
     },
     { ttlSeconds: config.imageTtlSeconds, maxBytes: config.maxStoreBytes, logger: logger.child({ component: 'store' }), clock },
   );
+}
+
+/**
+ * Says where the image store is and what it kept from before the start. Image URLs outlive a restart only
+ * if the new server opens the same store: DATA_DIR is relative to the working directory by default, so a
+ * server started from another folder (or with a mistyped DATA_DIR) began with an empty store and answered
+ * every URL given out before with 404, and nothing in its log said so.
+ */
+function logStoredImages(config: Config, store: SweptStore, logger: Logger): void {
+  const where = config.store === 'fs' ? path.resolve(config.dataDir, 'images') : `the S3 bucket '${config.s3Bucket}' under '${config.s3Prefix}'`;
+  const { files, bytes } = store.stats();
+  const held =
+    files === 0
+      ? 'no unexpired images from before the start'
+      : `${plural(files, 'unexpired image')} (${formatBytes(bytes)} of MAX_STORE_BYTES, ${formatBytes(config.maxStoreBytes)}) from before the start, served until they expire`;
+  logger.info({ images: files, bytes }, `image store: ${where}: ${held}`);
 }
 
 /** The models' measured memory kept in DATA_DIR, as the commands that run models read it too; a file set aside (older or damaged) and a write that fails are logged. */

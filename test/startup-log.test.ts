@@ -75,3 +75,34 @@ describe('the settings given', () => {
     }
   });
 });
+
+describe('the image store', () => {
+  it('is named with the images it kept from before the start: a restart that opened another folder (DATA_DIR relative to another working directory) says it has none, and the URLs given before are 404 there', async () => {
+    const root = await mkdtemp(path.join(os.tmpdir(), 'imagegen-store-log-'));
+    const start = async (env: Record<string, string> = {}) => {
+      const logs = capturedLogs<{ msg: string; images?: number }>();
+      const real = await startRealServer({ root, env: { PRELOAD: 'none', ...env }, logger: logs.logger });
+      return { real, line: () => logs.lines.find((line) => line.msg.startsWith('image store: ')) };
+    };
+    try {
+      const first = await start();
+      expect(first.line()?.msg).toBe(`image store: ${path.join(root, 'data', 'images')}: no unexpired images from before the start`);
+      const { data } = await first.real.client.images.generate({ model: 'demo-shapes', prompt: 'a red circle', size: '256x256' as '1024x1024', response_format: 'url' });
+      const url = data![0].url!;
+      await first.real.close();
+
+      const again = await start();
+      expect(again.line()).toMatchObject({ images: 1, msg: expect.stringMatching(new RegExp(`^image store: ${path.join(root, 'data', 'images')}: 1 unexpired image \\([\\d.]+ KiB of MAX_STORE_BYTES, 2\\.0 GiB\\) from before the start, served until they expire$`)) });
+      expect((await fetch(url.replace(/^http:\/\/[^/]+/, again.real.baseURL.replace(/\/v1$/, '')))).status).toBe(200);
+      await again.real.close();
+
+      // The default DATA_DIR, ./data, of a server started from another folder than before.
+      const elsewhere = await start({ DATA_DIR: path.join(root, 'other') });
+      expect(elsewhere.line()?.msg).toBe(`image store: ${path.join(root, 'other', 'images')}: no unexpired images from before the start`);
+      expect((await fetch(url.replace(/^http:\/\/[^/]+/, elsewhere.real.baseURL.replace(/\/v1$/, '')))).status).toBe(404);
+      await elsewhere.real.close();
+    } finally {
+      await rm(root, { recursive: true, force: true });
+    }
+  });
+});
