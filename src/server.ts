@@ -73,7 +73,7 @@ export async function startServer(config: Config, logger: Logger, { clock, worke
   if (config.apiKeysFile) await readKeyFile(config.apiKeysFile);
   const store = await openStore(config, logger, clock);
   store.startSweeper(SWEEP_INTERVAL_MS);
-  logStoredImages(config, store, logger);
+  await logStoredImages(config, store, logger);
   // With REDIS_URL the replicas share API_KEYS_FILE's per-key limits; without it this server counts alone.
   const redisLog = logger.child({ component: 'redis' });
   const redis = config.redisUrl ? await connectRedis(config.redisUrl, redisLog) : undefined;
@@ -172,14 +172,19 @@ function openStore(config: Config, logger: Logger, clock: ServerOverrides['clock
  * server started from another folder (or with a mistyped DATA_DIR) began with an empty store and answered
  * every URL given out before with 404, and nothing in its log said so.
  */
-function logStoredImages(config: Config, store: SweptStore, logger: Logger): void {
+async function logStoredImages(config: Config, store: SweptStore, logger: Logger): Promise<void> {
   const where = config.store === 'fs' ? path.resolve(config.dataDir, 'images') : `the S3 bucket '${config.s3Bucket}' under '${config.s3Prefix}'`;
+  // A store that cannot be used (a bucket that failed as it opened, logged then) may hold more than it counted.
+  const unusable = await store.check().then(
+    () => '',
+    () => '; it cannot be used now (see the error above), and may hold more than it counted',
+  );
   const { files, bytes } = store.stats();
   const held =
     files === 0
       ? 'no unexpired images from before the start'
       : `${plural(files, 'unexpired image')} (${formatBytes(bytes)} of MAX_STORE_BYTES, ${formatBytes(config.maxStoreBytes)}) from before the start, served until they expire`;
-  logger.info({ images: files, bytes }, `image store: ${where}: ${held}`);
+  logger.info({ images: files, bytes }, `image store: ${where}: ${held}${unusable}`);
 }
 
 /** The models' measured memory kept in DATA_DIR, as the commands that run models read it too; a file set aside (older or damaged) and a write that fails are logged. */

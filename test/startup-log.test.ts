@@ -1,7 +1,7 @@
 import { mkdtemp, rm } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
-import { describe, expect, it } from 'vitest';
+import { describe, expect, it, vi } from 'vitest';
 import { capturedLogs } from './helpers/logs.js';
 import { startRealServer } from './helpers/real-server.js';
 import { killServer, spawnServer } from './helpers/server-process.js';
@@ -104,5 +104,22 @@ describe('the image store', () => {
     } finally {
       await rm(root, { recursive: true, force: true });
     }
+  });
+
+  it('says, of a bucket that cannot be read as the server starts, that it may hold more than it counted', async () => {
+    const logs = capturedLogs<{ msg: string }>();
+    // Nothing listens on port 1: every request to the bucket is refused.
+    const env = { PRELOAD: 'none', STORE: 's3', S3_BUCKET: 'absent', S3_ENDPOINT: 'http://127.0.0.1:1', S3_REGION: 'us-east-1', S3_FORCE_PATH_STYLE: 'true' };
+    vi.stubEnv('AWS_ACCESS_KEY_ID', 'test');
+    vi.stubEnv('AWS_SECRET_ACCESS_KEY', 'test');
+    try {
+      const real = await startRealServer({ env, logger: logs.logger });
+      await real.close();
+    } finally {
+      vi.unstubAllEnvs();
+    }
+    expect(logs.lines.map((line) => line.msg)).toContain(
+      "image store: the S3 bucket 'absent' under 'images/': no unexpired images from before the start; it cannot be used now (see the error above), and may hold more than it counted",
+    );
   });
 });
