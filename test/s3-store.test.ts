@@ -237,6 +237,9 @@ describe('S3ImageStore', () => {
     }
   });
 
+  /** When a presigned URL was signed (its X-Amz-Date, whole seconds), unix milliseconds. */
+  const signedAt = (url: URL) => Date.parse(url.searchParams.get('X-Amz-Date')!.replace(/^(\d{4})(\d\d)(\d\d)T(\d\d)(\d\d)(\d\d)Z$/, '$1-$2-$3T$4:$5:$6Z'));
+
   /**
    * The presigned URL of an image of `fill` stored by a replica whose clock runs ten minutes behind the
    * bucket's, once it has downloaded that image (judged by the bucket, on its clock).
@@ -260,7 +263,7 @@ describe('S3ImageStore', () => {
   it("signs presigned URLs on the bucket's clock: a replica whose clock runs ten minutes behind hands out URLs that live as long as the image", async () => {
     const url = await presignedFromBehind({ prefix: 'skew-presigned/' }, 7);
     // Signed at the bucket's time (the store learnt it from the start-up sweep's listing), not this machine's.
-    expect(Math.abs(Date.parse(url.searchParams.get('X-Amz-Date')!.replace(/^(\d{4})(\d\d)(\d\d)T(\d\d)(\d\d)(\d\d)Z$/, '$1-$2-$3T$4:$5:$6Z')) - Date.now())).toBeLessThan(3000);
+    expect(Math.abs(signedAt(url) - Date.now())).toBeLessThan(3000);
   });
 
   it('hands out presigned URLs for the longest lifetime (IMAGE_TTL_SECONDS=604800) from a replica whose clock is off the bucket\'s, within the 7 days a signature may last', async () => {
@@ -288,13 +291,25 @@ describe('S3ImageStore', () => {
     // Known from the start, for the playground's policy (app.ts): the page may load images from there.
     expect(store.urlOrigin).toBe(s3.endpoint);
     expect(url.pathname).toBe(`/${BUCKET}/presigned/${image.id}.${image.expiresAt}.png`);
-    expect(url.searchParams.get('X-Amz-Expires')).toBe('600');
+    // The lifetime, and the part of a second the signature's date was cut by (see the next test).
+    expect(['600', '601']).toContain(url.searchParams.get('X-Amz-Expires'));
     const res = await fetch(url);
     expect(res.status).toBe(200);
     expect(res.headers.get('content-type')).toBe('image/png');
     // Cached until the image expires, however late it is fetched: an absolute date, no max-age.
     expect([res.headers.get('cache-control'), res.headers.get('expires')]).toEqual(['public, immutable', new Date(image.expiresAt).toUTCString()]);
     expect(Buffer.from(await res.arrayBuffer())).toEqual(Buffer.from(bytes(20, 9)));
+    await store.close();
+  });
+
+  it('hands out presigned URLs that live no shorter than their image, though a signature counts whole seconds', async () => {
+    // This machine's clock: counted from now and rounded down, from a date cut to its second, the URL died up to two seconds early.
+    const store = await open({ prefix: 'whole-seconds/', presignedUrls: true, ttlSeconds: 300, clock: undefined });
+    for (const fill of [1, 2, 3]) {
+      const image = await store.put(bytes(10, fill), 'image/png');
+      const url = new URL(image.url!);
+      expect(signedAt(url) + Number(url.searchParams.get('X-Amz-Expires')) * 1000).toBeGreaterThanOrEqual(image.expiresAt);
+    }
     await store.close();
   });
 

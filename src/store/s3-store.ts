@@ -252,9 +252,14 @@ export class S3ImageStore implements ImageStore {
     // past a week: with IMAGE_TTL_SECONDS at its most (a week) and clocks a second apart, every url
     // request got a 500. Cut to a week on the bucket's clock, the image has lived its whole lifetime
     // there, which started no earlier than the bucket's time (see madeAt), when the URL dies.
-    const expiresIn = Math.min(MAX_PRESIGNED_SECONDS, Math.max(1, Math.floor((image.expiresAt - this.now()) / 1000)));
+    // SigV4 counts in whole seconds: the URL lives from the second it was signed in (its date cut to the
+    // second), so that cut is added, and the lifetime rounded up. Counted from now and rounded down, the
+    // URL died up to two seconds before its image.
+    const now = this.now();
+    const signingDate = this.bucketNow();
+    const expiresIn = Math.min(MAX_PRESIGNED_SECONDS, Math.max(1, Math.ceil((image.expiresAt - now + (signingDate % 1000)) / 1000)));
     const get = new GetObjectCommand({ Bucket: this.options.bucket, Key: this.keyOf(image) });
-    return { ...image, url: await getSignedUrl(this.client, get, { expiresIn, signingDate: new Date(this.bucketNow()) }) };
+    return { ...image, url: await getSignedUrl(this.client, get, { expiresIn, signingDate: new Date(signingDate) }) };
   }
 
   async get(id: string): Promise<StoredImage | null> {
