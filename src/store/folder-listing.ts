@@ -85,9 +85,13 @@ export class FolderListing {
     // image stored in that second was a 404 here until something else changed the folder.
     const folder = await unlessMissing(stat(this.dir));
     if (!folder) return;
-    this.listedMtime = Date.now() - folder.mtimeMs < MTIME_TICK_MS ? NaN : folder.mtimeMs;
+    const mtime = Date.now() - folder.mtimeMs < MTIME_TICK_MS ? NaN : folder.mtimeMs;
     const started = performance.now();
     await this.list();
+    // Only once listed: a listing that failed (EMFILE, a file it could not stat) is tried again by the
+    // next lookup, where recorded first, nothing was listed again until a file came or went, and another
+    // server's images stayed 404 meanwhile.
+    this.listedMtime = mtime;
     const ms = performance.now() - started;
     this.nextListingAt = performance.now() + LISTING_PAUSE_FACTOR * ms;
     this.logger.debug({ files: this.index.images.size, ms }, 'image folder listed');
