@@ -141,6 +141,10 @@ describe('deploy/ against the server', () => {
     // The image's own DATA_DIR is made and given to the user the server runs as.
     expect(dockerfile).toMatch(new RegExp(`^RUN mkdir -p ${dockerEnv().DATA_DIR} && chown node:node ${dockerEnv().DATA_DIR}$`, 'm'));
     expect(dockerfile).toMatch(/^USER node$/m);
+    // A volume (after the folder is the user's: a volume starts with what the image has there), so that
+    // the images promised for a day do not go with the container.
+    const volume = dockerfile.search(new RegExp(`^VOLUME ${dockerEnv().DATA_DIR}$`, 'm'));
+    expect(volume).toBeGreaterThan(dockerfile.search(/^RUN mkdir -p/m));
   });
 
   it('gives a stopping replica the time the server drains', () => {
