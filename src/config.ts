@@ -61,6 +61,9 @@ const integer = (min: number, max = Number.MAX_SAFE_INTEGER) => {
   return z.string().regex(/^\d+$/, 'expected a whole number').transform(Number).pipe(z.number().min(min, range).max(max, range));
 };
 
+/** IMAGE_TTL_SECONDS at most: 100 years. */
+const MAX_IMAGE_TTL_SECONDS = 100 * 365.25 * 86_400;
+
 /** The longest Node's timers wait (2^31 - 1 ms): a longer one fires at once instead. */
 const MAX_TIMER_SECONDS = Math.floor((2 ** 31 - 1) / 1000);
 
@@ -228,7 +231,8 @@ const SETTINGS = {
       'comma-separated web origins whose pages may call the API from a browser (CORS), e.g. https://app.example.com, or * for any (only with API keys); with keys the pages still need one (default: none, browsers refuse cross-origin calls)',
   },
   modelsRescanSeconds: { schema: seconds(0).default(30), description: 'how often model folders are rescanned for added or removed models (0 = only on demand)' },
-  imageTtlSeconds: { schema: integer(1).default(86400), description: 'how long image URLs stay valid' },
+  // Bounded where an image's expiry is still a date: beyond, an S3 upload's Expires was an invalid one.
+  imageTtlSeconds: { schema: integer(1, MAX_IMAGE_TTL_SECONDS).default(86400), description: 'how long image URLs stay valid (at most 100 years)' },
   maxStoreBytes: {
     schema: bytesAtLeast(1024 ** 2, '1m').prefault('2g'),
     description: 'space the image store may use, e.g. 2g (each image counts at least 4 KiB, the least a file takes on disk; with STORE=s3: the prefix\'s total over all replicas, as each replica\'s last listing saw it; see docs/deploy.md)',

@@ -116,6 +116,11 @@ describe('loadConfig', () => {
     expect(problems(() => loadConfig({}, { PRELOAD: 'none,sd15' }))).toEqual(["PRELOAD lists 'none' (load nothing) among models: set PRELOAD=none alone, or list only the models to load"]);
   });
 
+  it('bounds IMAGE_TTL_SECONDS where an expiry is still a date (an S3 upload sent it as an invalid one beyond)', () => {
+    expect(loadConfig({}, { IMAGE_TTL_SECONDS: '3155760000' }).imageTtlSeconds).toBe(3_155_760_000);
+    expect(problems(() => loadConfig({}, { IMAGE_TTL_SECONDS: '99999999999999' }))[0]).toMatch(/^IMAGE_TTL_SECONDS .*expected 1 to 3155760000/);
+  });
+
   it('needs TLS_CERT and TLS_KEY together', () => {
     expect(problems(() => loadConfig({ tlsCert: 'cert.pem' }, {}))).toEqual(['TLS_CERT and TLS_KEY must be set together']);
   });
