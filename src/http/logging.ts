@@ -2,6 +2,7 @@ import type { ServerResponse } from 'node:http';
 import { LogController, type FastifyReply, type FastifyRequest } from 'fastify';
 import type { Logger } from 'pino';
 import type { ApiError, RateLimit } from '../api/errors.js';
+import { answeredStatus } from './metrics.js';
 
 /**
  * The HTTP layer's logger and the request lines it writes (RequestLog): credentials never reach the log. Request lines show the URL without its
@@ -72,6 +73,16 @@ export class RequestLog extends LogController {
     if (error) return super.requestCompleted(error, request, reply);
     const answered = answeredErrors.get(reply.raw);
     reply.log[levelOf(request)]({ res: reply, responseTime: reply.elapsedTime, ...(answered && errorFields(answered)) }, 'request completed');
+  }
+
+  /**
+   * A streamed answer (server-sent events, a b64_json body) whose client left before its end has had
+   * its line, shutdown.ts's 'request aborted' (counted as 499): Fastify's 'stream closed prematurely'
+   * said it again, with the status 200 its headers had, which read as an answer delivered.
+   */
+  override streamError(error: Error, request: FastifyRequest, reply: FastifyReply): void {
+    const clientLeft = (error as NodeJS.ErrnoException).code === 'ERR_STREAM_PREMATURE_CLOSE' && answeredStatus(reply.raw) === undefined;
+    if (!clientLeft) super.streamError(error, request, reply);
   }
 }
 
