@@ -227,6 +227,31 @@ describe('slow and stalled requests', () => {
   });
 });
 
+/** Whether `ss` (iproute2, Linux) can show the server's sockets' timers. */
+const haveSs = process.platform === 'linux' && spawnSync('ss', ['-V']).status === 0;
+
+describe('a plain request while its images are made', () => {
+  it.skipIf(!haveSs)(`keeps its connection alive with TCP probes, which balancers forwarding TCP count as traffic${haveSs ? '' : ' (skipped: needs Linux and ss to read the socket timer)'}`, async () => {
+    const held = await startTestServer({ engine: new FakeEngine() });
+    held.engine.hold();
+    const heldPort = Number(new URL(held.origin).port);
+    const exchange = rawRequest(heldPort, head(['POST /v1/images/generations HTTP/1.1', 'Host: 127.0.0.1', `Authorization: Bearer ${TEST_KEY}`, 'Content-Type: application/json', `Content-Length: ${BODY.length}`]) + BODY);
+    try {
+      // Nothing goes either way while the engine holds the request (minutes of a real model on a CPU):
+      // the server's end of the connection is the one that sends the probes.
+      await expect.poll(() => held.engine.signals.length).toBe(1);
+      const serverEnd = spawnSync('ss', ['-tnoH', 'state', 'established', `( sport = :${heldPort} and dport = :${exchange.socket.localPort} )`], { encoding: 'utf8' }).stdout;
+      expect(serverEnd).toMatch(/timer:\(keepalive,/);
+    } finally {
+      // Answered before the connection goes: a request cancelled as the server closes leaves its store busy.
+      held.engine.release();
+      await expect.poll(() => parseResponse(exchange.text).status).toMatch(/^HTTP\/1\.1 200/);
+      exchange.socket.destroy();
+      await held.close();
+    }
+  });
+});
+
 describe('refusals before the body', () => {
   it('answers a missing or wrong key with 401 before the body, then drops the body as it comes', async () => {
     for (const authorization of [[], ['Authorization: Bearer sk-wrong-0000000000']]) {

@@ -39,6 +39,16 @@ export type ConnectionSettings = Pick<Config, 'headersTimeoutSeconds' | 'request
 const CHECK_INTERVAL_MS = 1000;
 
 /**
+ * Every client connection sends TCP keep-alive probes after this long without traffic. A plain (not
+ * streamed) request's connection carries nothing while its images are made, minutes on a CPU, and
+ * load balancers and NATs that forward TCP (AWS's NLB after 350 s, Azure's load balancer after 4
+ * minutes) drop a flow idle longer than their timeout, which a probe resets: its client then waited
+ * for an answer that could never come. A probe also finds a client whose machine went away without
+ * closing (asleep, off the network) once the system's probes go unanswered, and its work is cancelled.
+ */
+const TCP_KEEP_ALIVE_MS = 60_000;
+
+/**
  * Fastify's options for the limits, and Node's (`http`, which an HTTPS server takes among its TLS options,
  * with `handshakeTimeout`).
  */
@@ -52,6 +62,8 @@ export function connectionOptions(settings: ConnectionSettings): { keepAliveTime
       headersTimeout,
       requestTimeout,
       connectionsCheckingInterval: CHECK_INTERVAL_MS,
+      keepAlive: true,
+      keepAliveInitialDelay: TCP_KEEP_ALIVE_MS,
       // host.ts answers a missing Host in OpenAI's shape; Node's own check sends a bare 400.
       requireHostHeader: false,
       // Over HTTPS Node's HTTP limits start only once the TLS handshake is done: a connection that sent
