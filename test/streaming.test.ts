@@ -139,6 +139,18 @@ describe('streamed generations', () => {
     expect((completed as OpenAI.ImageGenCompletedEvent).usage).toMatchObject({ output_tokens: 4096, input_tokens_details: { image_tokens: 0 } });
   });
 
+  it('tells proxies to pass the events on as they come: not cached, not transformed (compressed, buffered), not buffered by nginx', async () => {
+    const res = await fetch(`${server.url}/v1/images/generations`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${KEY}`, 'content-type': 'application/json' },
+      body: JSON.stringify({ prompt: 'a blue square', size: '256x256', stream: true }),
+    });
+    expect(res.headers.get('content-type')).toBe('text/event-stream; charset=utf-8');
+    expect(res.headers.get('cache-control')).toBe('no-cache, no-transform');
+    expect(res.headers.get('x-accel-buffering')).toBe('no');
+    expect(await res.text()).toContain('event: image_generation.completed');
+  });
+
   it('streams, for every image of n, its previews and then the image a plain request gets for the same seed', async () => {
     const params = { model: 'demo-shapes', prompt: 'a green triangle', n: 2, size: '256x256', seed: 7, output_format: 'webp', output_compression: 80 } as const;
     const plain = await client.images.generate({ ...params, response_format: 'b64_json' });

@@ -87,7 +87,9 @@ export async function streamImages(request: FastifyRequest, reply: FastifyReply,
   });
   return reply
     .header('content-type', 'text/event-stream; charset=utf-8')
-    .header('cache-control', 'no-cache')
+    // no-transform: a proxy that compresses answers (Cloudflare, compression middleware) would hold the
+    // events back to fill its blocks.
+    .header('cache-control', 'no-cache, no-transform')
     // Proxies (nginx) pass the events on as they come instead of buffering the response.
     .header('x-accel-buffering', 'no')
     .send(events);
