@@ -49,4 +49,18 @@ describe('the request lines of scrapes and probes', () => {
       await server.close();
     }
   });
+
+  it("name an SDK's retry (x-stainless-retry-count), which ties it to the try that timed out before it", async () => {
+    const logs = capturedLogs<{ msg: string; req?: { url: string; retry?: number } }>();
+    const server = await startTestServer({ logger: logs.logger });
+    try {
+      const authorization = `Bearer ${TEST_KEY}`;
+      await (await fetch(`${server.baseURL}/models?first`, { headers: { authorization, 'x-stainless-retry-count': '0' } })).arrayBuffer();
+      await (await fetch(`${server.baseURL}/models?again`, { headers: { authorization, 'x-stainless-retry-count': '2' } })).arrayBuffer();
+      const incoming = logs.lines.filter((line) => line.msg === 'incoming request').map((line) => line.req);
+      expect(incoming).toEqual([expect.not.objectContaining({ retry: expect.anything() }), expect.objectContaining({ retry: 2 })]);
+    } finally {
+      await server.close();
+    }
+  });
 });

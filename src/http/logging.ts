@@ -23,9 +23,21 @@ function loggableUrl(url: string): string {
   return query < 0 ? url : `${url.slice(0, query)}?${CENSORED}`;
 }
 
-/** Fastify's request serializer, but with the loggable URL. */
+/**
+ * Fastify's request serializer, but with the loggable URL, and the OpenAI SDKs' retry count where a
+ * request is one: a retry of a request the client gave up on (its timeout) ran the work again, and the
+ * count ties the two in the log.
+ */
 function requestSummary(request: FastifyRequest) {
-  return { method: request.method, url: loggableUrl(request.url), host: request.host, remoteAddress: request.ip, remotePort: request.socket?.remotePort };
+  const retry = Number(request.headers['x-stainless-retry-count']);
+  return {
+    method: request.method,
+    url: loggableUrl(request.url),
+    host: request.host,
+    remoteAddress: request.ip,
+    remotePort: request.socket?.remotePort,
+    ...(Number.isInteger(retry) && retry > 0 && { retry }),
+  };
 }
 
 export function httpLogger(logger: Logger): Logger {
