@@ -165,6 +165,27 @@ describe('POST /v1/images/edits', () => {
     expect(right).toBeGreaterThan(4 * left + 10);
   });
 
+  it("keeps a mask's half-transparent area, as at the model's size, when the picture is scaled to it (as a photo larger than the model's size is)", async () => {
+    // Twice the model's size: the right half fully transparent, the second quarter at alpha 100 (a soft brush).
+    const side = 2 * SIZE;
+    const mask = (alphaAt: (x: number) => number) => {
+      const pixels = Buffer.alloc(side * side * 4, 255);
+      for (let p = 0; p < side * side; p++) pixels[p * 4 + 3] = alphaAt(p % side);
+      return sharp(pixels, { raw: { width: side, height: side, channels: 4 } }).png().toBuffer();
+    };
+    const large = await sharp(redCircle).resize(side, side).png().toBuffer();
+    const edit = async (alphaAt: (x: number) => number) =>
+      client.images.edit({ model: 'shapes', image: await png(large), mask: await png(await mask(alphaAt), 'mask.png'), prompt: 'a big green square', response_format: 'b64_json', quality: 'high', seed: 3 } as OpenAI.ImageEditParamsNonStreaming);
+    const [image] = decoded(await edit((x) => (x >= side / 2 ? 0 : x >= side / 4 ? 100 : 255)));
+    const [soft, right] = [await columnsDifference(image, redCircle, SIZE / 4 + 8, SIZE / 2 - 8), await columnsDifference(image, redCircle, SIZE / 2 + 8, SIZE)];
+    // Before, the half-transparent columns were repainted as the transparent ones were.
+    expect(soft).toBeLessThan(8);
+    expect(right).toBeGreaterThan(4 * soft + 10);
+    // A mask only half-transparent marks nothing, scaled or not (OpenAI's masks edit where alpha is zero).
+    const err = await expectApiError(edit((x) => (x >= side / 2 ? 100 : 255)), OpenAI.BadRequestError, 400, 'mask', 'invalid_mask');
+    expect(err.message).toMatch(/no fully transparent pixel/);
+  });
+
   it('without a mask, repaints where the image itself is fully transparent, at the strength of a masked edit', async () => {
     const image = await halfTransparent();
     const edit = async (strength?: number) => {

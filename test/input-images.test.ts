@@ -70,7 +70,7 @@ describe('uploaded pictures', () => {
     }
   });
 
-  it("repaints a mask's fully transparent pixels at its own size (a soft edge is kept, as OpenAI keeps it), and those below half alpha when scaled", async () => {
+  it("repaints a mask's fully transparent pixels (a soft edge is kept, as OpenAI keeps it), at its own size and scaled alike", async () => {
     // Four columns of alpha 0, 60, 102 and 255 (a soft brush's edge between painted and kept).
     const alphas = [0, 60, 102, 255];
     const rgba = Buffer.alloc(64 * 64 * 4);
@@ -79,7 +79,12 @@ describe('uploaded pictures', () => {
     const image = await decodeInputImage(await sharp({ create: { width: 64, height: 64, channels: 3, background: 'red' } }).png().toBuffer(), 'image');
     const columns = (repaint: Uint8Array, side: number) => [0, 1, 2, 3].map((c) => repaint[Math.floor(side / 2) * side + Math.floor(((c + 0.5) * side) / 4)]);
     expect(columns((await fitEdit({ image, mask }, 64, 64, 8)).mask!, 64)).toEqual([255, 0, 0, 0]);
-    expect(columns((await fitEdit({ image, mask }, 128, 128, 8)).mask!, 128)).toEqual([255, 255, 255, 0]);
+    // Before, scaled, the alpha itself was cut at half: the columns of alpha 60 and 102 were repainted too.
+    expect(columns((await fitEdit({ image, mask }, 128, 128, 8)).mask!, 128)).toEqual([255, 0, 0, 0]);
+    expect(columns((await fitEdit({ image, mask }, 32, 32, 8)).mask!, 32)).toEqual([255, 0, 0, 0]);
+    // The fully transparent area keeps its border scaled, to a pixel: 16 of 64 columns are 32 of 128.
+    const row = (await fitEdit({ image, mask }, 128, 128, 8)).mask!.subarray(64 * 128, 65 * 128);
+    expect(Math.abs(row.filter((v) => v === 255).length - 32)).toBeLessThanOrEqual(1);
   });
 
   it('refuses a damaged file when it is checked, before its request queues', async () => {

@@ -18,12 +18,6 @@ const MAX_INPUT_SIDE = 4096;
 /** Most scans of a JPEG (jpeg-scans.ts): with the side, bounds the work of one decode (0.25 s at 4096 x 4096). */
 const MAX_JPEG_SCANS = 100;
 /**
- * Which pixels a mask repaints: at its own size, the fully transparent ones (OpenAI's rule: a soft
- * brush's half-transparent edge is kept); scaled, whose alpha is below half (scaling blends edges, and
- * a fully transparent area's border would otherwise shrink by a pixel or two).
- */
-const transparentBelow = (scaled: boolean) => (scaled ? 128 : 1);
-/**
  * How an upload is decoded: refused on a decoder's error (a file cut short, corrupt compressed data), not
  * on its warnings. sharp's default also fails on warnings, and so refused photos every viewer shows:
  * Samsung phones write JPEGs whose scan header libjpeg warns about ("Invalid SOS parameters for
@@ -199,18 +193,28 @@ async function fitColour(input: InputImage, width: number, height: number): Prom
   }
 }
 
-/** The alpha of a mask (or of a picture that is its own mask), upright and fitted as the picture is: decoded and resized in one pass. */
-async function fitAlpha(input: InputImage, width: number, height: number): Promise<Buffer> {
-  return sharp(input.bytes, DECODE)
-    .rotate()
-    .ensureAlpha()
-    .extractChannel(3)
-    .resize(width, height, COVER)
-    .raw()
-    .toBuffer()
-    .catch(() => {
-      throw damaged(input.param, input.format);
+/**
+ * Where a mask (or a picture that is its own mask) repaints, upright and fitted as the picture is: 255
+ * where to repaint. Which pixels a mask repaints is OpenAI's rule, its fully transparent ones (a soft
+ * brush's half-transparent edge is kept), at any size: so they are picked at the mask's own size, as a
+ * black-and-white picture that is then scaled, a pixel repainted where at least half of what it is
+ * scaled from was (a fully transparent area keeps its border, neither grown nor shrunk). Before, the
+ * alpha itself was scaled and cut at half: a half-transparent area, kept at the model's own size, was
+ * repainted whole once scaled, which every photo larger than the model's size is.
+ */
+async function fitRepaint(input: InputImage, width: number, height: number): Promise<Buffer> {
+  try {
+    // 255 where alpha is 0 (threshold: 255 from 1 up, then negated). sharp applies threshold after resize
+    // whatever the calls' order, hence a pass at the mask's own size (one byte a pixel, 16 MiB at most).
+    const marked = sharp(input.bytes, DECODE).rotate().ensureAlpha().extractChannel(3).threshold(1, { grayscale: false }).negate().toColourspace('b-w');
+    if (input.width === width && input.height === height) return await marked.raw().toBuffer();
+    return await wholeDecodes(async () => {
+      const { data, info } = await marked.raw().toBuffer({ resolveWithObject: true });
+      return sharp(data, { raw: { width: info.width, height: info.height, channels: 1 } }).resize(width, height, COVER).threshold(128, { grayscale: false }).toColourspace('b-w').raw().toBuffer();
     });
+  } catch {
+    throw damaged(input.param, input.format);
+  }
 }
 
 /** An edit's picture and mask (255 where to repaint; none: everywhere) at the size its request runs at. */
@@ -228,11 +232,12 @@ export interface EditPicture {
 export async function fitEdit({ image, mask: marks }: EditSource, width: number, height: number, cell: number): Promise<EditPicture> {
   const fitted = { pixels: await fitColour(image, width, height), width, height };
   if (!marks) return { image: fitted };
-  const alpha = await fitAlpha(marks, width, height);
-  // 255 where alpha >= the bound, negated: 255 where it is below.
+  const mask = await fitRepaint(marks, width, height);
   const scaled = marks.width !== width || marks.height !== height;
-  const mask = await sharp(alpha, { raw: { width, height, channels: 1 } }).threshold(transparentBelow(scaled), { grayscale: false }).negate().toColourspace('b-w').raw().toBuffer();
-  if (!mask.includes(255)) throw marksNothing(marks, scaled ? `scaled to ${width}x${height}, it has no pixel with alpha below 128` : 'it has no fully transparent pixel');
+  if (!mask.includes(255)) {
+    const none = !marks.hasTransparentPixel;
+    throw marksNothing(marks, none || !scaled ? 'it has no fully transparent pixel' : `scaled to ${width}x${height}, its fully transparent pixels are too few to mark any pixel`);
+  }
   if (!marksACell(mask, width, height, cell)) {
     throw marksNothing(
       marks,
