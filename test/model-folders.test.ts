@@ -126,6 +126,24 @@ describe('folders the server cannot run', () => {
     }
   });
 
+  it("refuses an imagegen.json key it does not take naming the keys it takes, and the key that sets a request's quality or style", async () => {
+    // Before, only zod's 'Unrecognized key: "high"': an operator who wrote gpt-image's quality was not told it is hd.
+    expect(reasonOf(await withPreset('sd-turbo', { steps: { high: 8 } }))).toBe(
+      "imagegen.json: steps: unknown key 'high': quality high runs the hd steps, so set hd; the keys it takes are low, standard, hd",
+    );
+    expect(reasonOf(await withPreset('sd-turbo', { quality: 'hd', colour: 'red' }))).toBe(
+      "imagegen.json: (top): unknown keys 'quality', 'colour': steps sets the steps of each quality, e.g. {\"steps\": {\"hd\": 40}}; " +
+        'the keys it takes are sizes, default_size, steps, guidance_scale, scheduler, max_batch, guidance_rescale, negative_prompt',
+    );
+    expect(reasonOf(await withPreset('sd-turbo', { guidance_scale: { strong: 9 } }))).toBe("imagegen.json: guidance_scale: unknown key 'strong'; the keys it takes are vivid, natural");
+  });
+
+  it('bounds an imagegen.json guidance_scale as a request: one a request is refused (above 30) makes the folder invalid', async () => {
+    // Before, 1e308 (or 1000) was served to every request naming that style, though the same value in a request is a 400.
+    expect(reasonOf(await withPreset('sd15-optimum', { guidance_scale: { vivid: 1000 } }))).toBe('imagegen.json: guidance_scale.vivid: Too big: expected number to be <=30');
+    expect((await withPreset('sd15-optimum', { guidance_scale: { vivid: 30 } })).usable).toBe(true);
+  });
+
   it("refuses an imagegen.json whose steps for a quality its scheduler cannot run: each request for that quality would be refused for it", async () => {
     // LCM's scheduler takes at most its original_inference_steps (50): the model's own, or one the preset names.
     expect(reasonOf(await withPreset('lcm', { steps: { hd: 60 } }))).toBe(

@@ -1,6 +1,6 @@
 import { z } from 'zod';
 import { MAX_SEED, NOISE_KINDS } from '../runtime/random.js';
-import { IMAGE_FORMATS, MAX_STEPS, type OutputFormat } from '../runtime/types.js';
+import { IMAGE_FORMATS, MAX_GUIDANCE_SCALE, MAX_STEPS, type OutputFormat } from '../runtime/types.js';
 import { STYLES, type Quality } from '../families/family.js';
 import { SCHEDULER_NAMES } from '../schedulers/index.js';
 import { ApiError, describeValue, quoteList, shortened } from './errors.js';
@@ -27,7 +27,6 @@ import {
 /** gpt-image's limit; CLIP-based models read only the first 77 tokens of it, T5 the first 256/512. */
 export const MAX_PROMPT_LENGTH = 32000;
 const MAX_IMAGES = 10;
-const MAX_GUIDANCE_SCALE = 30;
 const MIN_STRENGTH = 0.01;
 
 /** An integer field whose invalid_type errors say "integer" (z.int() reports plain "number"). */

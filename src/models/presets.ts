@@ -1,7 +1,7 @@
 import { z } from 'zod';
 import type { Quality, Style } from '../families/family.js';
 import { familyEntry } from '../families/index.js';
-import { MAX_STEPS } from '../runtime/types.js';
+import { MAX_GUIDANCE_SCALE, MAX_STEPS } from '../runtime/types.js';
 import { checkSchedule, type SchedulerOffer } from '../schedulers/index.js';
 import { messageOf } from '../util/error-message.js';
 import { takesGuidance, takesNegativePrompt, type ModelLayout } from './layout.js';
@@ -48,19 +48,48 @@ const SIZE_PATTERN = /^([1-9]\d{1,4})x([1-9]\d{1,4})$/;
 const size = z.string().regex(SIZE_PATTERN, 'expected "WIDTHxHEIGHT", e.g. "1024x1024"');
 const count = z.number().int().min(1);
 const steps = count.max(MAX_STEPS);
-const scale = z.number().min(0);
+// As a request's guidance_scale (api/wire.ts): a preset a request could not ask for would run what the API refuses.
+const scale = z.number().min(0).max(MAX_GUIDANCE_SCALE);
+
+/**
+ * An object of imagegen.json that refuses keys it does not take, naming those it does: an operator who
+ * wrote a request's words (`quality`, or gpt-image's `high`) is told the key that sets it (`insteadOf`).
+ */
+function fields<Shape extends z.ZodRawShape>(shape: Shape, insteadOf: Record<string, string> = {}) {
+  return z.strictObject(shape, {
+    error: (issue) => {
+      if (issue.code !== 'unrecognized_keys') return undefined;
+      const hints = issue.keys.filter((key) => Object.hasOwn(insteadOf, key)).map((key) => `: ${insteadOf[key]}`);
+      const unknown = issue.keys.map((key) => `'${key}'`).join(', ');
+      return `unknown key${issue.keys.length > 1 ? 's' : ''} ${unknown}${hints.join('')}; the keys it takes are ${Object.keys(shape).join(', ')}`;
+    },
+  });
+}
+
+/** Request qualities (api/dialects.ts) that name no steps tier, and the tier each runs. */
+const TIER_OF_QUALITY = { medium: 'standard', auto: 'standard', high: 'hd', xhigh: 'hd', max: 'hd' };
 
 /** The `imagegen.json` a model folder may carry; every field optional. */
-export const presetOverrideSchema = z.strictObject({
-  sizes: z.array(size).min(1).optional(),
-  default_size: size.optional(),
-  steps: z.strictObject({ low: steps.optional(), standard: steps.optional(), hd: steps.optional() }).optional(),
-  guidance_scale: z.strictObject({ vivid: scale.optional(), natural: scale.optional() }).optional(),
-  scheduler: z.string().min(1).optional(),
-  max_batch: count.optional(),
-  guidance_rescale: z.number().min(0).max(1).optional(),
-  negative_prompt: z.string().optional(),
-});
+export const presetOverrideSchema = fields(
+  {
+    sizes: z.array(size).min(1).optional(),
+    default_size: size.optional(),
+    steps: fields(
+      { low: steps.optional(), standard: steps.optional(), hd: steps.optional() },
+      Object.fromEntries(Object.entries(TIER_OF_QUALITY).map(([quality, tier]) => [quality, `quality ${quality} runs the ${tier} steps, so set ${tier}`])),
+    ).optional(),
+    guidance_scale: fields({ vivid: scale.optional(), natural: scale.optional() }).optional(),
+    scheduler: z.string().min(1).optional(),
+    max_batch: count.optional(),
+    guidance_rescale: z.number().min(0).max(1).optional(),
+    negative_prompt: z.string().optional(),
+  },
+  {
+    quality: 'steps sets the steps of each quality, e.g. {"steps": {"hd": 40}}',
+    style: 'guidance_scale sets the guidance of each style, e.g. {"guidance_scale": {"vivid": 8}}',
+    size: 'sizes lists the sizes served, default_size the one a request naming none gets',
+  },
+);
 
 export type PresetOverride = z.infer<typeof presetOverrideSchema>;
 

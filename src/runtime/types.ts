@@ -59,6 +59,9 @@ export interface BatchItem extends NoiseSource {
  */
 export const MAX_STEPS = 150;
 
+/** The strongest classifier-free guidance a run takes: the API's limit, and the bound of a model's imagegen.json presets. */
+export const MAX_GUIDANCE_SCALE = 30;
+
 /**
  * Requests for the same model, size and settings share one denoising loop; each item keeps its own
  * prompt and seed.
