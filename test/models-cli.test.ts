@@ -237,6 +237,23 @@ describe('models pull', () => {
     );
   });
 
+  it("refuses to pull with HF_HUB_OFFLINE on, as Hugging Face's tools do, asking nothing of the Hub or a mirror", async () => {
+    // Before, the variable air-gapped sites set was ignored: the pull went to the network (or the mirror) regardless.
+    const asked = hub.requests.length;
+    const offline = execFileAsync(process.execPath, imagegenArgs('models', 'pull', REPO, '--models-dir', modelsDir), {
+      cwd: PROJECT_ROOT,
+      env: { ...process.env, HF_ENDPOINT: hub.url, HF_HUB_OFFLINE: 'TRUE' },
+    });
+    await expect(offline).rejects.toMatchObject({
+      code: 2,
+      stderr: expect.stringMatching(new RegExp(`^error: HF_HUB_OFFLINE is TRUE, so pull asks nothing of the Hub or of a mirror \\(HF_ENDPOINT\\): unset it to pull ${REPO}, or, .*"imagegen models import <bundle or folder>"\\n$`)),
+    });
+    expect(hub.requests.length).toBe(asked);
+    await expectNothingInstalled('sd-turbo-onnx');
+    // Off (0, false, unset) pulls as ever.
+    expect((await pull(REPO, { offline: '0' })).id).toBe('sd-turbo-onnx');
+  });
+
   it('gives up on a server that takes the connection and never answers, and explains one that is not a Hub', async () => {
     // Takes connections and never says a word.
     const sockets: Socket[] = [];

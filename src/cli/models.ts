@@ -181,7 +181,7 @@ export function registerModelCommands(program: Command): void {
     .addOption(modelsDirOption())
     .addHelpText(
       'after',
-      '\nSet HF_TOKEN for gated or private repositories. Only the ONNX export is downloaded (not PyTorch weights or pictures).\n' +
+      '\nSet HF_TOKEN for gated or private repositories; HF_HUB_OFFLINE=1 refuses every pull, as Hugging Face\'s own tools do. Only the ONNX export is downloaded (not PyTorch weights or pictures).\n' +
         'An interrupted pull keeps what it downloaded: run the same command again to resume.',
     )
     .action(
@@ -197,6 +197,7 @@ export function registerModelCommands(program: Command): void {
             name: flags.name,
             hubUrl: flags.hubUrl,
             token: process.env.HF_TOKEN || undefined,
+            offline: process.env.HF_HUB_OFFLINE,
             force: flags.force,
             load: !flags.skipLoad,
           }),

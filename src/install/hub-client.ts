@@ -37,6 +37,19 @@ export interface HubClientOptions {
   fetch?: typeof fetch;
   /** How long the Hub may leave a request unanswered, or a download without new bytes (default STALL_MS). */
   stallMs?: number;
+  /** HF_HUB_OFFLINE's value: one that turns it on (hubOffline) asks for no Hub requests at all, a mirror's included, as Hugging Face's own tools do. */
+  offline?: string;
+}
+
+/** Whether an HF_HUB_OFFLINE value turns offline mode on, read as huggingface_hub reads it (1, true, yes, on). */
+function hubOffline(value: string | undefined): boolean {
+  return /^(1|true|yes|on)$/i.test(value?.trim() ?? '');
+}
+
+/** How a model gets into a site the Hub cannot be reached from, once on a machine it can be. */
+function carryIn(repo: string): string {
+  // A model never installed anywhere has no bundle to export yet: the download itself can be carried in too.
+  return `run "imagegen models pull ${repo}" then "imagegen models export <id> --out <file>" (or "huggingface-cli download ${repo} --local-dir <folder>"), carry the bundle or folder here and install it with "imagegen models import <bundle or folder>"`;
 }
 
 /**
@@ -138,6 +151,9 @@ export class HubClient {
 
   /** The commit a revision points to now: pinning it keeps every file (and a resume) on one version. */
   async resolveCommit(ref: RepoRef): Promise<string> {
+    if (hubOffline(this.options.offline)) {
+      throw new ModelUsageError(`HF_HUB_OFFLINE is ${this.options.offline}, so pull asks nothing of the Hub or of a mirror (HF_ENDPOINT): unset it to pull ${ref.repo}, or, to install it here offline, on a machine with network access ${carryIn(ref.repo)}`);
+    }
     try {
       const info = await modelInfo({ name: ref.repo, revision: ref.revision, hubUrl: this.hubUrl, fetch: this.fetch, additionalFields: ['sha'] });
       // A server that answers JSON without the commit is no Hub: downloading from resolve/undefined/ would follow.
@@ -233,8 +249,7 @@ export class HubClient {
     if ((err instanceof TypeError && err.message === 'fetch failed') || err instanceof ConnectionLost) {
       return new ModelInstallError(
         `cannot reach the Hub at ${this.hubUrl} (${networkReason(err)}): check the network or proxy, or set HF_ENDPOINT (--hub-url) to a mirror. ` +
-          // A model never installed anywhere has no bundle to export yet: the download itself can be carried in too.
-          `Without network access here, on a machine that has it run "imagegen models pull ${ref.repo}" then "imagegen models export <id> --out <file>" (or "huggingface-cli download ${ref.repo} --local-dir <folder>"), carry the bundle or folder here and install it with "imagegen models import <bundle or folder>"`,
+          `Without network access here, on a machine that has it ${carryIn(ref.repo)}`,
       );
     }
     // Anything else (a portal's HTML page where JSON should be) says the URL is not a Hub.
