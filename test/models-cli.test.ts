@@ -763,6 +763,17 @@ describe('models list and remove', () => {
     await expect(removeModel(modelsDir, 'turbo')).rejects.toThrow(/there is no model 'turbo'/);
   });
 
+  it('exports and removes a model whose folder was copied in under a name a new install refuses, as the server serves it', async () => {
+    // Before, the server served 'SD 1.5 (copy)' and "models list" called it ok, but export and remove refused it as no valid id.
+    const id = 'SD 1.5 (copy) ✓';
+    await cp(sourceDir, path.join(modelsDir, id), { recursive: true });
+    expect(await registryIds()).toEqual([id]);
+    const { file } = await exportModel({ modelsDir, id, out: path.join(work, 'copy.tar'), output });
+    expect((await importFrom(file, 'copy')).id).toBe('copy');
+    expect(await removeModel(modelsDir, id)).toEqual({ model: true, unfinishedPull: false });
+    expect(await registryIds()).toEqual(['copy']);
+  });
+
   it('removes an unfinished pull', async () => {
     hub.dropOnce(REPO, WEIGHTS, half);
     await expect(pull(REPO, { retries: 0 })).rejects.toThrow(DownloadInterrupted);

@@ -4,7 +4,7 @@ import { BundleWriter, packedName } from './bundle.js';
 import { diskFullError, ensureFreeSpace, keepAfterExit, listFolder, readChunks, realDisk, removeIfInterrupted } from './disk.js';
 import { ModelInstallError } from './errors.js';
 import { exists, isDiskFull } from '../util/files.js';
-import { checkModelId, modelPath, validateModel, type CommandOptions } from './installer.js';
+import { checkInstalledId, modelPath, validateModel, type CommandOptions } from './installer.js';
 import { manifestText, readManifest, type Manifest } from './manifest.js';
 import { MANIFEST_FILE } from './constants.js';
 import { modelFilesOf } from './model-files.js';
@@ -33,7 +33,7 @@ const overhead = (files: number) => (files + 1) * 2 * 512 + 1024;
 
 export async function exportModel(options: ExportOptions): Promise<ExportedBundle> {
   const { modelsDir, id, disk = realDisk, output = process.stderr } = options;
-  checkModelId(id);
+  checkInstalledId(id);
   const dir = modelPath(modelsDir, id);
   if (!(await exists(dir))) throw new ModelInstallError(`there is no model '${id}' in ${modelsDir}; "imagegen models list" shows the installed ones`);
   const repair = `Pull or import '${id}' again before exporting it`;

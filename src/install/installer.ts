@@ -52,6 +52,17 @@ export function checkModelId(id: string, advice = ''): void {
   }
 }
 
+/**
+ * An id naming an installed model (export, remove): any folder the server serves (models/registry.ts
+ * serves every folder not starting with '.'), a name copied in by hand ("SD 1.5") included, which
+ * checkModelId would refuse for a new install. Only what is no single folder's name is refused.
+ */
+export function checkInstalledId(id: string): void {
+  if (id === '' || id.startsWith('.') || /[\\/\0]/.test(id)) {
+    throw new ModelUsageError(`'${id}' is not a valid model id: give the name of a model's folder in the models folder, as "imagegen models list" shows it`);
+  }
+}
+
 export const modelPath = (modelsDir: string, id: string) => path.join(modelsDir, id);
 
 /** Where a pull keeps its files until complete; a stable name, so a later pull can resume. */
@@ -263,7 +274,7 @@ export interface Removed {
 
 /** Removes a model (moved out of sight first, so the server never scans a half-deleted folder) and any unfinished pull of it. */
 export async function removeModel(modelsDir: string, id: string): Promise<Removed> {
-  checkModelId(id);
+  checkInstalledId(id);
   await refuseModelFolder(modelsDir, 'Nothing was removed');
   const target = modelPath(modelsDir, id);
   const partial = pullStagingPath(modelsDir, id);
