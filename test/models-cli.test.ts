@@ -598,6 +598,13 @@ describe('models import and export', () => {
     await writeFile(path.join(installed, 'imagegen.json'), tuned);
     const { file } = await exportModel({ modelsDir, id: 'tuned', out: path.join(work, 'tuned.tar'), output });
     expect(JSON.parse(await readFile(path.join((await importModel({ modelsDir, source: file, name: 'carried', output, load: false })).dir, 'imagegen.json'), 'utf8'))).toEqual(JSON.parse(tuned));
+    // Presets tuned wrong are refused before a bundle is written, saying what was not done: before, an export said "Nothing was installed".
+    await writeFile(path.join(installed, 'imagegen.json'), '{"max_batch": 0}');
+    await expect(exportModel({ modelsDir, id: 'tuned', out: path.join(work, 'wrong.tar'), output })).rejects.toThrow(
+      `${installed} is not a usable model folder: imagegen.json: max_batch: Too small: expected number to be >=1. Nothing was exported. Correct imagegen.json in ${installed}`,
+    );
+    expect(await exists(path.join(work, 'wrong.tar'))).toBe(false);
+    await writeFile(path.join(installed, 'imagegen.json'), tuned);
 
     // An installed folder copied to another site as it is, its presets changed, added or removed since its install.
     const copied = path.join(work, 'copied');

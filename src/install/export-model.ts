@@ -37,7 +37,7 @@ export async function exportModel(options: ExportOptions): Promise<ExportedBundl
   const dir = modelPath(modelsDir, id);
   if (!(await exists(dir))) throw new ModelInstallError(`there is no model '${id}' in ${modelsDir}; "imagegen models list" shows the installed ones`);
   const repair = `Pull or import '${id}' again before exporting it`;
-  await validateModel(dir, { load: false, label: dir, advice: repair });
+  await validateModel(dir, { load: false, label: dir, advice: repair, undone: 'Nothing was exported' });
   const recorded = await readManifest(dir);
   const { files } = modelFilesOf(await listFolder(dir));
   const changed = `${repair}, or, if its files were changed on purpose, delete ${path.join(dir, MANIFEST_FILE)} to export it as it is now`;

@@ -196,6 +196,8 @@ export interface ValidateOptions {
    * saysWhatToDo): an import's advice, to copy the export again, would repeat a damaged file's. `advice` when not given.
    */
   adviceAfterRemedy?: string;
+  /** What a refusal for the folder's imagegen.json says was not done: 'Nothing was installed' unless given ('Nothing was exported'). */
+  undone?: string;
   /** Told that the load check runs: a big model's sessions take a minute or more to load, after the copy's progress has ended. */
   output?: ProgressOutput;
 }
@@ -211,11 +213,11 @@ function refusal(dir: string, label: string, message: string, advice: string): M
  * source folder before copying, so an incomplete export is refused in a moment rather than after a
  * copy of gigabytes.
  */
-export async function checkLayout(dir: string, options: Pick<ValidateOptions, 'label' | 'advice' | 'adviceAfterRemedy'>): Promise<ModelLayout> {
+export async function checkLayout(dir: string, options: Pick<ValidateOptions, 'label' | 'advice' | 'adviceAfterRemedy' | 'undone'>): Promise<ModelLayout> {
   const verdict = await inspectModelFolder(dir);
   if (verdict.usable) return verdict.layout;
   // Our own preset file is a text the user wrote, not a damaged export: copying again would not help.
-  const presetAdvice = `Nothing was installed. Correct ${OVERRIDE_FILE} in ${options.label} (its fields: docs/api.md, "What quality and style do"), or remove it to use the family's defaults, then try again`;
+  const presetAdvice = `${options.undone ?? 'Nothing was installed'}. Correct ${OVERRIDE_FILE} in ${options.label} (its fields: docs/api.md, "What quality and style do"), or remove it to use the family's defaults, then try again`;
   // A reason that says what to do itself (a damaged file, one it may not read) is not followed by other advice.
   const ownAdvice = (verdict.saysWhatToDo && options.adviceAfterRemedy) || options.advice;
   const advice = verdict.reason.startsWith(`${OVERRIDE_FILE}:`) ? presetAdvice : ownAdvice;
