@@ -407,6 +407,19 @@ describe('aliases', () => {
     expect(await registry.resolve('chained')).toBeUndefined();
     expect(logs.lines.map((line) => line.msg)).toContain("the alias 'chained' names 'dall-e-2', which is not an installed model's id: it answers nothing until such a model is installed (MODEL_ALIASES, DEFAULT_MODEL)");
   });
+
+  it('naming a model folder the scan skipped, are logged with why it is skipped, not as naming no installed model', async () => {
+    // Before: "which is not an installed model's id ... until such a model is installed", for a folder that is there.
+    await installedCopy('sd-turbo', 'good');
+    const dir = await installedCopy('sd-turbo', 'tuned');
+    await writeFile(path.join(dir, 'imagegen.json'), '{"max_batch": 0}');
+    const logs = capturedLogs<{ msg: string }>();
+    const registry = new ModelRegistry({ roots: [{ dir: modelsDir, ownedBy: 'user' }], aliases: { 'dall-e-3': 'tuned' }, logger: logs.logger });
+    await registry.scan();
+    expect(logs.lines.map((line) => line.msg)).toContain(
+      "the alias 'dall-e-3' names 'tuned', which is installed but cannot be used (imagegen.json: max_batch: Too small: expected number to be >=1): it answers nothing until its folder is repaired (MODEL_ALIASES, DEFAULT_MODEL)",
+    );
+  });
 });
 
 describe('one verdict for the registry, its log, /ready, "imagegen models list" and installs', () => {

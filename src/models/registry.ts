@@ -330,9 +330,14 @@ export class ModelRegistry {
       } else if (!installed.has(target)) dangling.set(target, [...(dangling.get(target) ?? []), alias]);
     }
     // Aliases name installed models' ids, not other aliases: one line per missing target.
+    const skipped = new Map(this.unusable().map((folder) => [folder.id, folder.reason]));
     for (const [target, aliases] of dangling) {
       const named = aliases.map((alias) => `'${alias}'`).join(', ');
-      logger.warn({ aliases, target }, `the alias${aliases.length > 1 ? 'es' : ''} ${named} name${aliases.length > 1 ? '' : 's'} '${target}', which is not an installed model's id: ${aliases.length > 1 ? 'they answer' : 'it answers'} nothing until such a model is installed (MODEL_ALIASES, DEFAULT_MODEL)`);
+      // A folder skipped for a fault: "not installed" sent its operator to install what is there, to be told it exists.
+      const reason = skipped.get(target);
+      const why = reason ? `which is installed but cannot be used (${reason})` : "which is not an installed model's id";
+      const until = reason ? 'its folder is repaired' : 'such a model is installed';
+      logger.warn({ aliases, target }, `the alias${aliases.length > 1 ? 'es' : ''} ${named} name${aliases.length > 1 ? '' : 's'} '${target}', ${why}: ${aliases.length > 1 ? 'they answer' : 'it answers'} nothing until ${until} (MODEL_ALIASES, DEFAULT_MODEL)`);
     }
   }
 
