@@ -44,6 +44,8 @@ export default defineConfig({
     // files' processes start with it too (vitest forks them with it), so that the pipelines they run in
     // process (the real exports' goldens) allocate as a server's workers do, in huge pages
     // (malloc-tunables.ts): glibc reads GLIBC_TUNABLES only as a process starts.
-    env: { ...TEST_SETTINGS, GLIBC_TUNABLES: withHugePages(process.env.GLIBC_TUNABLES) },
+    // HF_HUB_OFFLINE unset: the tests pull from Hubs of their own on this machine, which the offline
+    // mode an air-gapped site's shell may set would refuse.
+    env: { ...TEST_SETTINGS, GLIBC_TUNABLES: withHugePages(process.env.GLIBC_TUNABLES), HF_HUB_OFFLINE: '' },
   },
 });
