@@ -1,6 +1,7 @@
 import path from 'node:path';
 import { defineConfig } from 'vitest/config';
 import { BaseSequencer, type TestSpecification } from 'vitest/node';
+import { settingsHelp } from './src/config.js';
 import { withHugePages } from './src/engine/malloc-tunables.js';
 import { TEST_SETTINGS } from './test/helpers/test-settings.js';
 
@@ -44,8 +45,16 @@ export default defineConfig({
     // files' processes start with it too (vitest forks them with it), so that the pipelines they run in
     // process (the real exports' goldens) allocate as a server's workers do, in huge pages
     // (malloc-tunables.ts): glibc reads GLIBC_TUNABLES only as a process starts.
-    // HF_HUB_OFFLINE unset: the tests pull from Hubs of their own on this machine, which the offline
-    // mode an air-gapped site's shell may set would refuse.
-    env: { ...TEST_SETTINGS, GLIBC_TUNABLES: withHugePages(process.env.GLIBC_TUNABLES), HF_HUB_OFFLINE: '' },
+    // Every server setting unset (a variable set empty reads as unset: config.ts settingText), but for
+    // TEST_SETTINGS: one exported in the shell that runs the tests (DEFAULT_MODEL, API_KEYS, MODELS_DIR,
+    // where the server is run from that shell) reached every server and command they start, and failed
+    // them. HF_HUB_OFFLINE unset too: the tests pull from Hubs of their own on this machine, which the
+    // offline mode an air-gapped site's shell may set would refuse.
+    env: {
+      ...Object.fromEntries(settingsHelp.map(({ env }) => [env, ''])),
+      ...TEST_SETTINGS,
+      GLIBC_TUNABLES: withHugePages(process.env.GLIBC_TUNABLES),
+      HF_HUB_OFFLINE: '',
+    },
   },
 });
