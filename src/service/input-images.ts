@@ -1,5 +1,5 @@
 import pLimit from 'p-limit';
-import sharp, { type SharpOptions } from 'sharp';
+import sharp, { type Sharp, type SharpOptions } from 'sharp';
 import { ApiError, quoteList } from '../api/errors.js';
 import type { RgbImage } from '../runtime/types.js';
 import { jpegScans } from './jpeg-scans.js';
@@ -175,6 +175,17 @@ const COVER = { fit: 'cover', position: 'centre' } as const;
 const wholeDecodes = pLimit(2);
 
 /**
+ * `first`'s raw pixels at their own size, then fitted to the size (COVER) and passed through `then`: two
+ * passes, for what libvips would otherwise do after resizing, taking turns (wholeDecodes).
+ */
+function fitAfter(first: Sharp, width: number, height: number, then: (fitted: Sharp) => Sharp = (fitted) => fitted): Promise<Buffer> {
+  return wholeDecodes(async () => {
+    const { data, info } = await first.raw().toBuffer({ resolveWithObject: true });
+    return then(sharp(data, { raw: { width: info.width, height: info.height, channels: info.channels } }).resize(width, height, COVER)).raw().toBuffer();
+  });
+}
+
+/**
  * The picture's colour (RGB), upright and fitted to the size (COVER), its fully transparent pixels in their
  * stored colour, as diffusers' convert('RGB') before its resize keeps them (and this server at the
  * model's own size). libvips resizes a picture with alpha premultiplied by it, which turns those pixels
@@ -184,10 +195,7 @@ const wholeDecodes = pLimit(2);
 async function fitColour(input: InputImage, width: number, height: number): Promise<Buffer> {
   try {
     if (!input.hasAlpha) return await sharp(input.bytes, DECODE).rotate().resize(width, height, COVER).raw().toBuffer();
-    return await wholeDecodes(async () => {
-      const { data, info } = await sharp(input.bytes, DECODE).rotate().removeAlpha().raw().toBuffer({ resolveWithObject: true });
-      return sharp(data, { raw: { width: info.width, height: info.height, channels: info.channels } }).resize(width, height, COVER).raw().toBuffer();
-    });
+    return await fitAfter(sharp(input.bytes, DECODE).rotate().removeAlpha(), width, height);
   } catch {
     throw damaged(input.param, input.format);
   }
@@ -208,10 +216,7 @@ async function fitRepaint(input: InputImage, width: number, height: number): Pro
     // whatever the calls' order, hence a pass at the mask's own size (one byte a pixel, 16 MiB at most).
     const marked = sharp(input.bytes, DECODE).rotate().ensureAlpha().extractChannel(3).threshold(1, { grayscale: false }).negate().toColourspace('b-w');
     if (input.width === width && input.height === height) return await marked.raw().toBuffer();
-    return await wholeDecodes(async () => {
-      const { data, info } = await marked.raw().toBuffer({ resolveWithObject: true });
-      return sharp(data, { raw: { width: info.width, height: info.height, channels: 1 } }).resize(width, height, COVER).threshold(128, { grayscale: false }).toColourspace('b-w').raw().toBuffer();
-    });
+    return await fitAfter(marked, width, height, (fitted) => fitted.threshold(128, { grayscale: false }).toColourspace('b-w'));
   } catch {
     throw damaged(input.param, input.format);
   }
