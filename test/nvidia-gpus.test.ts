@@ -76,6 +76,15 @@ describe("the GPUs' memory from nvidia-smi", () => {
       const echoing = path.join(dir, 'echoing');
       await writeFile(echoing, `#!/bin/sh\n[ "$*" = "--query-gpu=index,uuid,memory.total,mig.mode.current --format=csv,noheader,nounits" ] && echo "0, ${A}, 24564, [N/A]"\n`, { mode: 0o755 });
       expect(await nvidiaGpus(echoing)).toEqual([{ index: 0, uuid: A, memoryBytes: 24564 * MIB, mig: false }]);
+      // A GPU whose infoROM is corrupted still works: nvidia-smi lists it with a warning and exit status
+      // 14, read before as a failure to run (the budget fell back to RAM's share). Another failure's
+      // listing may lack a GPU, and is not read.
+      const warning = path.join(dir, 'warning');
+      await writeFile(warning, `#!/bin/sh\necho "0, ${A}, 24564, [N/A]"\necho "WARNING: infoROM is corrupted at gpu 0000:01:00.0"\nexit 14\n`, { mode: 0o755 });
+      expect(await nvidiaGpus(warning)).toEqual([{ index: 0, uuid: A, memoryBytes: 24564 * MIB, mig: false }]);
+      const partial = path.join(dir, 'partial');
+      await writeFile(partial, `#!/bin/sh\necho "0, ${A}, 24564, [N/A]"\necho "Unable to determine the device handle for GPU 0000:02:00.0: Unknown Error"\nexit 15\n`, { mode: 0o755 });
+      expect(await nvidiaGpus(partial)).toEqual({ problem: expect.stringMatching(/^nvidia-smi could not be run/) });
     } finally {
       await rm(dir, { recursive: true, force: true });
     }

@@ -22,10 +22,14 @@ export interface NvidiaGpu {
 /**
  * The GPUs in `nvidia-smi --query-gpu=index,uuid,memory.total,mig.mode.current --format=csv,noheader,nounits`
  * output, one "index, uuid, MiB, MIG mode" line each (the mode "Enabled", "Disabled", or "[N/A]" on a
- * GPU without MIG); undefined when it lists none or a line is not that.
+ * GPU without MIG); undefined when it lists none or a line is not that. Its "WARNING: …" lines (an
+ * infoROM it found corrupted, on a GPU that still works) are no GPU's, and are passed over.
  */
 export function parseGpus(text: string): NvidiaGpu[] | undefined {
-  const lines = text.split('\n').map((line) => line.trim()).filter((line) => line !== '');
+  const lines = text
+    .split('\n')
+    .map((line) => line.trim())
+    .filter((line) => line !== '' && !line.startsWith('WARNING:'));
   const gpus: NvidiaGpu[] = [];
   for (const line of lines) {
     const fields = /^(\d+),\s*(GPU-[\w-]+),\s*(\d+),\s*(.*)$/.exec(line);
@@ -91,6 +95,13 @@ export function gpusInUse(gpus: readonly NvidiaGpu[], devices: readonly number[]
   return { gpus: [...new Set(exact ? known : gpus)].sort((a, b) => a.memoryBytes - b.memoryBytes), exact };
 }
 
+/**
+ * nvidia-smi's exit status for an infoROM it found corrupted: a warning (the GPU works, CUDA runs on
+ * it), given with the full listing, whose GPUs' memory is then read as any other's. Other failures'
+ * listings may lack a GPU, and are not read.
+ */
+const INFOROM_CORRUPTED = 14;
+
 /** How long nvidia-smi may take to answer: it does within a few seconds (slower without persistence mode), unless its driver lost a GPU (it then hangs). */
 const ANSWER_MS = 10_000;
 
@@ -111,7 +122,7 @@ function query(command: string, answerMs: number): Promise<{ stdout: string } | 
   return new Promise((resolve) => {
     const child = execFile(command, ['--query-gpu=index,uuid,memory.total,mig.mode.current', '--format=csv,noheader,nounits'], (err, stdout, stderr) => {
       clearTimeout(timer);
-      if (!err) return resolve({ stdout });
+      if (!err || err.code === INFOROM_CORRUPTED) return resolve({ stdout });
       // Failing, it says why on its output (no driver loaded, say), where the error's message only repeats the command.
       const said = `${stderr}\n${stdout}`.trim().split('\n')[0];
       resolve({ problem: `nvidia-smi could not be run (${said || firstLineOf(err)})` });
