@@ -11,6 +11,7 @@ import { startTestServer } from './helpers/api-server.js';
 import { holdProcesses, signalBusyWorker, whileBatchHeld } from './helpers/busy-worker.js';
 import { createBuiltPool, imagegenArgs, PROJECT_ROOT, WORKER_SCRIPT } from './helpers/cli.js';
 import { capturedLogs } from './helpers/logs.js';
+import { withDemoPool } from './helpers/demo-pool.js';
 import { auth, generate, LONG, metric, MODEL, OPS_KEY, scrape, startOpsServer, untilReady, whenRunning, type Answer, type OpsServer } from './helpers/ops-server.js';
 import type { ErrorBody } from '../src/api/wire.js';
 
@@ -425,6 +426,30 @@ describe('a worker process that dies', () => {
     } finally {
       await ops.close();
     }
+  });
+
+  it('that hangs before it begins the batch it was handed is killed by the stall watchdog; the batch runs on its replacement, and the log says so (not "while idle", not "had died")', async () => {
+    const logs = capturedLogs<{ msg: string }>();
+    await withDemoPool(
+      async (pool) => {
+        const [{ pid }] = pool.workers();
+        // Stopped while idle, as a deadlock in native code between batches would hold it: the batch sent
+        // next is never begun, and its 'started' never comes.
+        const resume = holdProcesses([pid!]);
+        try {
+          expect(await pool.generate(demoBatch())).toHaveLength(1);
+        } finally {
+          resume();
+        }
+        expect(pool.workers().map((w) => w.pid)).not.toContain(pid);
+        const said = logs.lines.map((line) => line.msg);
+        // Before, the kill was said to be "while idle", and the batch "sent to a worker that had died".
+        expect(said).toContain('worker process made no progress for 3 s and was killed before it began the batch it was handed (which waits for another worker); starting a replacement');
+        expect(said).toContain('batch handed to a worker process that made no progress for 3 s and was killed before it began it; it waits for another worker');
+        expect(said.join('\n')).not.toMatch(/while idle|had died/);
+      },
+      { stallTimeoutMs: 3000, logger: logs.logger },
+    );
   });
 
   it('is restarted after a delay that grows while it dies before proving itself, at once once it has served or stayed up a minute; /ready says why it is not ready meanwhile', async () => {

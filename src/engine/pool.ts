@@ -310,6 +310,8 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
     const started = performance.now();
     const warm = worker.loaded.has(batch.modelDir);
     let outcome: BatchOutcome | 'not_started' = 'failed';
+    /** Why the worker never began the batch, when it did not (WorkerDiedError.reason): the batch then waits for another. */
+    let notBegun = '';
     let images = 0;
     const oomKillsBefore = cgroupOomKills();
     try {
@@ -328,9 +330,11 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
       if (timesModel()) costs.record(batch, worker.seconds);
       return result;
     } catch (err) {
-      // Sent to a worker already dead (its exit not yet seen): the batch never ran, and waits for another.
+      // Sent to a worker already dead (its exit not yet seen), or one hung as it came (the stall watchdog
+      // kills it, its 'started' never heard): the batch never ran, and waits for another.
       if (err instanceof WorkerDiedError && !err.batchStarted) {
         outcome = 'not_started';
+        notBegun = err.reason;
         throw new RequeueError(err);
       }
       if (err instanceof WorkerDiedError) outcome = 'worker_died';
@@ -339,7 +343,7 @@ export function createEnginePool(options: EnginePoolOptions): WorkerPool {
       const killedForMemory = err instanceof WorkerDiedError && err.killedBySystem && !stop.aborted && (cgroupOomKills() ?? 0) > (oomKillsBefore ?? Infinity);
       throw killedForMemory && worker.grant && worker.plannedSamples ? outOfMemory(batch, worker.grant.budget, worker.plannedSamples) : err;
     } finally {
-      if (outcome === 'not_started') logger?.warn({ model: modelName(batch.modelDir), workerPid: worker.pid }, 'batch sent to a worker that had died; it waits for another');
+      if (outcome === 'not_started') logger?.warn({ model: modelName(batch.modelDir), workerPid: worker.pid }, `batch handed to a worker process that ${notBegun} before it began it; it waits for another worker`);
       else report(batch, worker, outcome, images, started);
     }
   }

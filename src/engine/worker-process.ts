@@ -44,8 +44,8 @@ export interface WorkerListener {
   event(worker: WorkerProcess, message: Extract<FromWorker, { type: 'model-loaded' | 'model-load-failed' | 'model-memory' | 'ready' | 'warning' | `memory-${string}` }>): void;
   /**
    * The process ended; `reason` says how, for logs; `hadBatch`: it was running one, which failed; `task`:
-   * the task other than a batch it had been given (e.g. "loading model 'x'"). Called once, after that
-   * batch or task failed.
+   * what it was doing otherwise, said after the reason (e.g. "while loading model 'x'", or "before it
+   * began the batch it was handed"). Called once, after that batch or task failed.
    */
   exit(worker: WorkerProcess, reason: string, hadBatch: boolean, task?: string): void;
   /**
@@ -62,7 +62,7 @@ interface Task {
   started: boolean;
   /** A batch, rather than a model's load alone (which proves nothing of the worker: see batchesDone). */
   batch: boolean;
-  /** What a task other than a batch does, for the log of a death during it (e.g. "loading model 'x'"). */
+  /** What a task other than a batch does, for the log of a death during it (e.g. "while loading model 'x'"). */
   doing?: string;
   resolve(images: (GeneratedImage | undefined)[]): void;
   reject(err: Error): void;
@@ -204,12 +204,12 @@ export class WorkerProcess implements MemoryClaimant {
 
   /** Loads a model with no batch (see ToWorker 'load'); rejects with why it could not, as a batch would. */
   async load(model: ModelRef, onProgress: () => void): Promise<void> {
-    await this.assign({ type: 'load', model }, { batch: false, onProgress, doing: `loading model '${modelName(model.dir)}'` });
+    await this.assign({ type: 'load', model }, { batch: false, onProgress, doing: `while loading model '${modelName(model.dir)}'` });
   }
 
   /** Releases a model the worker holds (see ToWorker 'release'). */
   async release(modelDir: string, onProgress: () => void): Promise<void> {
-    await this.assign({ type: 'release', modelDir }, { batch: false, onProgress, doing: `releasing model '${modelName(modelDir)}'` });
+    await this.assign({ type: 'release', modelDir }, { batch: false, onProgress, doing: `while releasing model '${modelName(modelDir)}'` });
   }
 
   /** Hands the worker its one task; it settles with the task's images or error. */
@@ -317,8 +317,11 @@ export class WorkerProcess implements MemoryClaimant {
     const task = this.finish();
     task?.reject(new WorkerDiedError(reason, task.started, killedBySystem, signal));
     // A batch it never took waits for another worker (pool.ts): only one it had started fails. A load or
-    // a release it was given is said whether it took it or not: it held the worker all the same.
-    this.listener.exit(this, reason, task?.batch === true && task.started, task?.doing);
+    // a release it was given is said whether it took it or not: it held the worker all the same. A batch
+    // it was handed but never began (dead already, or hung, as the stall watchdog then finds it) is said
+    // too: said to be "while idle", the kill of a worker hung as a batch reached it read as if it had none.
+    const unbegun = task?.batch && !task.started ? 'before it began the batch it was handed (which waits for another worker)' : undefined;
+    this.listener.exit(this, reason, task?.batch === true && task.started, task?.doing ?? unbegun);
   }
 
   /** A message the dead process cannot take is dropped: its exit is handled by died(). */

@@ -212,7 +212,7 @@ export class WorkerSlots {
     if (this.closing) return;
     const slot = this.slots.indexOf(worker);
     // A batch's death says so below, and one that ended itself said why; else what it was doing, if anything.
-    const doing = task ? ` while ${task}` : hadBatch || worker.endedItself ? '' : ' while idle';
+    const doing = task ? ` ${task}` : hadBatch || worker.endedItself ? '' : ' while idle';
     this.restartLater(slot, wasProven, `worker process ${reason}${doing}`, worker.pid, hadBatch);
     const times = this.failedStarts[slot];
     if (!wasReady) this.startFailure = `a worker process ${reason} before it was ready (${plural(times, 'time')} in a row; the server log says more)`;
