@@ -111,6 +111,15 @@ export class WorkerSlots {
   private started = false;
   private closing = false;
   private readonly listener: WorkerListener;
+  /**
+   * Kills the live workers as the server's process exits before close() has stopped them (a second stop
+   * signal, which exits at once; a fatal error). A worker ends by itself once it hears its channel close,
+   * but one hung in native code (what the stall watchdog is for) never hears it: it stayed behind, an
+   * orphan holding its models' memory (a GPU's too) until someone found and killed it.
+   */
+  private readonly killOnExit = () => {
+    for (const worker of this.all()) if (worker.alive) worker.kill('was killed as the server exited');
+  };
 
   constructor(private readonly options: WorkerSlotsOptions) {
     this.slots = Array(options.slots).fill(undefined);
@@ -122,6 +131,7 @@ export class WorkerSlots {
       output: (worker, { level, message, ...fields }) => this.options.logger?.[level]({ worker: this.slots.indexOf(worker), workerPid: worker.pid, ...fields }, message),
     };
     for (let slot = 0; slot < options.slots; slot++) this.start(slot);
+    process.on('exit', this.killOnExit);
   }
 
   /** The worker processes now in the slots (a dead one stays until its replacement starts). */
@@ -161,6 +171,8 @@ export class WorkerSlots {
     this.closing = true;
     for (const cancel of this.restarts) cancel();
     await Promise.all(this.all().map((w) => w.stop(graceMs)));
+    // Only once they stopped: an exit while they stop (a second stop signal) still kills them.
+    process.off('exit', this.killOnExit);
   }
 
   private heard(worker: WorkerProcess, message: Parameters<WorkerListener['event']>[1]): void {
