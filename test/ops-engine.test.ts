@@ -633,8 +633,9 @@ function fakeClock() {
 
 
 describe('stopping the engine', () => {
-  it('kills a worker that does not exit within the grace period', async () => {
-    const pool = createBuiltPool({ workers: 1, queueMax: 1, executionProvider: 'cpu', stopGraceMs: 200 });
+  it('kills a worker that does not exit within the grace period, and says so', async () => {
+    const logs = capturedLogs<{ msg: string; level: number; workerPid?: number }>();
+    const pool = createBuiltPool({ workers: 1, queueMax: 1, executionProvider: 'cpu', stopGraceMs: 200, logger: logs.logger });
     const [{ pid }] = pool.workers();
     // A stopped process cannot answer, as a worker stuck in a long model load would not.
     process.kill(pid!, 'SIGSTOP');
@@ -642,6 +643,8 @@ describe('stopping the engine', () => {
     await pool.close();
     expect(performance.now() - started).toBeLessThan(2000);
     expect(() => process.kill(pid!, 0)).toThrow(/ESRCH/);
+    // The shutdown's wait, and a worker's end that was no stop of its own: before, nothing said it.
+    expect(logs.lines).toContainEqual(expect.objectContaining({ level: 40, workerPid: pid, msg: 'worker process did not stop within 0.2 s and was killed' }));
   });
 });
 

@@ -180,6 +180,11 @@ export class WorkerProcess implements MemoryClaimant {
     return this.task !== undefined;
   }
 
+  /** The pool ended it (kill), rather than it exiting or the system killing it. */
+  get killed(): boolean {
+    return this.killedBecause !== undefined;
+  }
+
   /** It said it was ending (after the batch it failed), rather than dying unasked. */
   get endedItself(): boolean {
     return this.endingBecause !== undefined;

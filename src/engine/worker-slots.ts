@@ -221,8 +221,12 @@ export class WorkerSlots {
     this.options.onChange();
     const wasProven = this.proven(worker);
     const wasReady = this.readyAt.delete(worker);
-    if (this.closing) return;
     const slot = this.slots.indexOf(worker);
+    if (this.closing) {
+      // Stopping as asked needs no word; one killed for not stopping in time (close's grace) held the shutdown up, and may have been hung.
+      if (worker.killed) this.options.logger?.warn({ worker: slot, workerPid: worker.pid }, `worker process ${reason}`);
+      return;
+    }
     // A batch's death says so below, and one that ended itself said why; else what it was doing, if anything.
     const doing = task ? ` ${task}` : hadBatch || worker.endedItself ? '' : ' while idle';
     this.restartLater(slot, wasProven, `worker process ${reason}${doing}`, worker.pid, hadBatch);
