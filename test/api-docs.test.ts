@@ -2,16 +2,17 @@ import { readdirSync, readFileSync } from 'node:fs';
 import path from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { ApiError } from '../src/api/errors.js';
-import { parseImageRequest } from '../src/api/wire.js';
+import { parseImageRequest, REQUEST_FIELD_NAMES, type RequestKind } from '../src/api/wire.js';
 import { Metrics } from '../src/observability/metrics.js';
 import { PROJECT_ROOT } from './helpers/cli.js';
 import { DOCS, section, tableRows } from './helpers/docs.js';
 
 /**
- * docs/api.md's tables of error codes and of metrics are what clients and operators build on: every
- * `code` the server answers with is in the Errors table, every code there is one it answers with, and
- * every metric it exports is in the Metrics table with its type, and no other. A code or metric added,
- * renamed or dropped without its row fails here, naming it.
+ * docs/api.md's tables of request fields, error codes and metrics are what clients and operators build
+ * on: each route's field table names the fields that route takes, and no other; every `code` the server
+ * answers with is in the Errors table, every code there is one it answers with; and every metric it
+ * exports is in the Metrics table with its type, and no other. A field, code or metric added, renamed or
+ * dropped without its row fails here, naming it.
  */
 
 const api = DOCS.get(path.join('docs', 'api.md'))!;
@@ -86,5 +87,33 @@ describe("docs/api.md's Metrics table", () => {
   it('names no metric /metrics does not export', async () => {
     const exported = (await new Metrics().registry.getMetricsAsJSON()).map(({ name }) => name);
     expect(rows.flatMap((row) => row.names).filter((pattern) => !exported.some((name) => names(pattern, name)))).toEqual([]);
+  });
+});
+
+describe("docs/api.md's field tables", () => {
+  // The pictures travel beside the fields (src/http/uploads.ts), not in the schema of each route's fields.
+  const FILES = ['image', 'image[]', 'images', 'mask'];
+  const routes: Record<RequestKind, string> = {
+    generation: '## POST /v1/images/generations',
+    edit: '## POST /v1/images/edits',
+    variation: '## POST /v1/images/variations',
+  };
+
+  /** The fields the first table of a route's section names in its first column (`n`, `model`, ... in one cell too). */
+  function documentedFields(heading: string): string[] {
+    const lines = section(api, heading).split('\n');
+    const start = lines.findIndex((line) => line.startsWith('| '));
+    const end = lines.findIndex((line, i) => i > start && !line.startsWith('|'));
+    return tableRows(lines.slice(start, end).join('\n')).flatMap(([first]) => [...first.matchAll(/`([a-z_[\]]+)`/g)].map(([, name]) => name));
+  }
+
+  it.each(Object.entries(routes) as [RequestKind, string][])('of %s requests name every field the route takes, and no other', (kind, heading) => {
+    const documented = documentedFields(heading).filter((name) => !FILES.includes(name));
+    const taken = [...REQUEST_FIELD_NAMES[kind]];
+    expect(taken.length).toBeGreaterThan(10);
+    expect({ undocumented: taken.filter((name) => !documented.includes(name)), notTaken: documented.filter((name) => !taken.includes(name)) }).toEqual({
+      undocumented: [],
+      notTaken: [],
+    });
   });
 });

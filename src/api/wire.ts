@@ -156,9 +156,16 @@ const dallELimitSchemas = new Map(Object.entries(DALL_E_PROMPT_LIMITS).map(([nam
 const REQUEST_SCHEMAS = { generation: generationRequestSchema, edit: editRequestSchema, variation: variationRequestSchema } as const;
 export type RequestKind = keyof typeof REQUEST_SCHEMAS;
 
+/** The fields each kind of request takes, by name (docs/api.md's field tables list them: test/api-docs.test.ts). */
+export const REQUEST_FIELD_NAMES: Record<RequestKind, ReadonlySet<string>> = {
+  generation: new Set(Object.keys(generationRequestSchema.shape)),
+  edit: new Set(Object.keys(editRequestSchema.shape)),
+  variation: new Set(Object.keys(variationRequestSchema.shape)),
+};
+
 /** Whether `name` is a field of a `kind` request (a form's text part, as the SDKs send it). */
 export function isRequestField(kind: RequestKind, name: string): boolean {
-  return Object.hasOwn(REQUEST_SCHEMAS[kind].shape, name);
+  return REQUEST_FIELD_NAMES[kind].has(name);
 }
 
 /** Free text that OpenAI's SDKs type as a plain string (no null): 'null' there is the caller's text. */
