@@ -1,5 +1,5 @@
 import { execFile } from 'node:child_process';
-import { mkdir, mkdtemp, readdir, rm, writeFile } from 'node:fs/promises';
+import { mkdir, mkdtemp, readdir, rm, utimes, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { promisify } from 'node:util';
@@ -242,10 +242,15 @@ describe('figures kept from earlier runs', () => {
   let server: ServerProcess;
   /** More than the demo model's load grows a worker by (about 25 MiB), as a run on a busier machine measured. */
   const keptWeights = 256 * 2 ** 20;
+  const [killedWrite, writeUnderWay] = ['model-memory.json.4321-0.tmp', 'model-memory.webgpu.exact.json.4322-7.tmp'];
   beforeAll(async () => {
     root = await mkdtemp(path.join(os.tmpdir(), 'imagegen-kept-figures-'));
     const dataDir = path.join(root, 'data');
     await writeMemoryFigures(dataDir, { [DEMO_MODEL_DIR]: { weightsBytes: keptWeights, peakBytes: 2 ** 20, peakPixels: 256 * 256 } });
+    // What a writer killed between its write and its rename left an hour ago, and one another process is writing now.
+    await writeFile(path.join(dataDir, killedWrite), '{"version": 6, "models": {');
+    await utimes(path.join(dataDir, killedWrite), new Date(Date.now() - 3600_000), new Date(Date.now() - 3600_000));
+    await writeFile(path.join(dataDir, writeUnderWay), '{"version": 6, "models": {');
     server = await spawnServer({ PORT: '0', DATA_DIR: dataDir, MODELS_DIR: path.join(root, 'models'), MODELS_RESCAN_SECONDS: '0' });
   });
   afterAll(async () => {
@@ -261,6 +266,12 @@ describe('figures kept from earlier runs', () => {
     const kept = (await readMemoryFigures(path.join(root, 'data')))[DEMO_MODEL_DIR];
     expect(kept.weightsBytes).toBe(keptWeights);
     expect(await weights()).toBe(kept.weightsBytes);
+  });
+
+  it('are rid of the file a writer killed between its write and its rename left, and not of one being written now', async () => {
+    // Left, each such file stayed in DATA_DIR for good.
+    const left = (await readdir(path.join(root, 'data'))).filter((name) => name.endsWith('.tmp'));
+    expect(left).toEqual([writeUnderWay]);
   });
 });
 

@@ -3,7 +3,7 @@ import path from 'node:path';
 import { isDeepStrictEqual } from 'node:util';
 import { z } from 'zod';
 import type { ExecutionProvider, GraphRewrites } from '../runtime/providers.js';
-import { isDiskFull, readJsonIfPresent } from '../util/files.js';
+import { deleteStaleFiles, isDiskFull, readJsonIfPresent } from '../util/files.js';
 import { codeOrMessage } from '../util/error-message.js';
 import { mergeSamples, type MemorySample } from './memory-curve.js';
 
@@ -100,6 +100,15 @@ function kept({ exceeded: _lessons, ...measured }: ModelMemory): ModelMemory {
 /** The figures file's name, less the suffixes of memoryFiguresFile. */
 const FILE_STEM = 'model-memory';
 
+/** The file a write goes through before its rename (see writeMemoryFigures): `model-memory[.<provider>][.<rewrites>].json.<pid>-<n>.tmp`. */
+const ASIDE_FILE = new RegExp(`^${FILE_STEM}(\\.[a-z]+)*\\.json\\.\\d+-\\d+\\.tmp$`);
+/**
+ * A file written aside this long ago is a killed process's (SIGKILL or a crash between its write and its
+ * rename, a Ctrl-C of `imagegen generate`): one left so stayed in DATA_DIR for good, one more each time.
+ * A write takes milliseconds; younger ones may be another process's under way.
+ */
+const ASIDE_FILE_AGE_MS = 10 * 60_000;
+
 /**
  * The file is `{ version, models }`. Version 6 no longer counts, as a run's denoising need, memory an
  * earlier larger run left held (see MemoryPlan.measureRun): version 5's figures of a server that met
@@ -182,6 +191,8 @@ export class MemoryFigures {
   static async open(dataDir: string, options: { provider?: ExecutionProvider; graphRewrites?: GraphRewrites; onWriteError?: (err: Error) => void } = {}): Promise<MemoryFigures> {
     const { provider = 'cpu', graphRewrites, onWriteError = () => undefined } = options;
     const { figures, setAside, readError } = await readFigures(dataDir, provider, graphRewrites);
+    // A DATA_DIR that cannot be listed or written is said by readError, or by the first write.
+    await deleteStaleFiles(dataDir, ASIDE_FILE, ASIDE_FILE_AGE_MS).catch(() => undefined);
     return new MemoryFigures(dataDir, provider, graphRewrites, figures, setAside, readError, onWriteError);
   }
 

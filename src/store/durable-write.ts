@@ -1,6 +1,6 @@
-import { open, readdir, rename, stat, unlink } from 'node:fs/promises';
+import { open, rename, unlink } from 'node:fs/promises';
 import path from 'node:path';
-import { syncFolder, unlessMissing } from '../util/files.js';
+import { deleteStaleFiles, syncFolder } from '../util/files.js';
 
 /**
  * How the file store writes an image: to a temporary name, flushed to the disk and renamed, and the
@@ -42,11 +42,6 @@ export async function writeDurably(temp: string, file: string, data: Uint8Array)
 }
 
 /** Deletes the temporary files in `dir` that a crash left: only those older than any write takes, as another server sharing the folder may be writing the others. */
-export async function deleteStaleTempFiles(dir: string): Promise<void> {
-  const names = (await unlessMissing(readdir(dir))) ?? [];
-  for (const name of names.filter((n) => TEMP_FILE.test(n))) {
-    const file = path.join(dir, name);
-    const stats = await unlessMissing(stat(file));
-    if (stats && Date.now() - stats.mtimeMs > TEMP_FILE_AGE_MS) await unlink(file).catch(() => undefined);
-  }
+export function deleteStaleTempFiles(dir: string): Promise<void> {
+  return deleteStaleFiles(dir, TEMP_FILE, TEMP_FILE_AGE_MS);
 }

@@ -1,4 +1,4 @@
-import { access, mkdir, open, readFile, stat } from 'node:fs/promises';
+import { access, mkdir, open, readdir, readFile, stat, unlink } from 'node:fs/promises';
 import path from 'node:path';
 import type { z } from 'zod';
 import { messageOf } from './error-message.js';
@@ -129,4 +129,20 @@ export function describeIssues(error: z.ZodError): string {
 export function isDiskFull(err: unknown): boolean {
   const code = (err as NodeJS.ErrnoException | undefined)?.code;
   return code === 'ENOSPC' || code === 'EDQUOT';
+}
+
+/**
+ * Deletes the files of `dir` named as `pattern` says whose last write is more than `olderThanMs` ago:
+ * the temporary files that a process killed between a write and its rename left, which nothing else
+ * would ever delete. Younger ones may be another process's write under way (one sharing the folder,
+ * on this machine or another), so they are left be. A file gone meanwhile, or one that cannot be
+ * deleted, is skipped; a folder that cannot be listed throws.
+ */
+export async function deleteStaleFiles(dir: string, pattern: RegExp, olderThanMs: number): Promise<void> {
+  const names = (await unlessMissing(readdir(dir))) ?? [];
+  for (const name of names.filter((n) => pattern.test(n))) {
+    const file = path.join(dir, name);
+    const stats = await unlessMissing(stat(file));
+    if (stats && Date.now() - stats.mtimeMs > olderThanMs) await unlink(file).catch(() => undefined);
+  }
 }
