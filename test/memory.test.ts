@@ -6,7 +6,7 @@ import { promisify } from 'node:util';
 import OpenAI from 'openai';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { bytesPerImage, leastPerImage, mergeSamples } from '../src/models/memory-curve.js';
-import { MemoryFigures, readMemoryFigures, writeMemoryFigures } from '../src/models/memory-figures.js';
+import { MemoryFigures, openKeptFigures, readMemoryFigures, writeMemoryFigures } from '../src/models/memory-figures.js';
 import { localMemory, MemoryPlan, vaeAttentionBytes } from '../src/pipelines/memory-plan.js';
 import { WorkerRuntime } from '../src/pipelines/run.js';
 import { imagegenArgs, PROJECT_ROOT } from './helpers/cli.js';
@@ -313,6 +313,12 @@ describe('figures kept by an older version', () => {
       // Measured counting what larger runs left held as a smaller run's need.
       await writeFile(path.join(dir, 'model-memory.json'), '{"version": 5, "models": {"/m": {"weightsBytes": 1, "peakBytes": 1, "peakPixels": 1}}}');
       expect((await MemoryFigures.open(dir)).setAside).toBe('outdated');
+      // Of a newer version (a server rolled back after an upgrade): not damaged, and said so, where it read as a damaged file.
+      await writeFile(path.join(dir, 'model-memory.json'), '{"version": 7, "models": {"/m": {"weightsBytes": 1, "peakBytes": 1, "peakPixels": 1, "what": "next"}}}');
+      expect((await MemoryFigures.open(dir)).setAside).toBe('newer');
+      const said: string[] = [];
+      await openKeptFigures(dir, { provider: 'cpu', graphRewrites: 'all' }, { info: (message) => said.push(message), warn: (message) => said.push(message) });
+      expect(said).toEqual([expect.stringMatching(/^the memory figures in DATA_DIR\/model-memory\.json were written by a newer version of imagegen, .*measured again/)]);
     } finally {
       await rm(dir, { recursive: true, force: true });
     }

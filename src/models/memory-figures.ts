@@ -141,8 +141,8 @@ function memoryFiguresFile(dataDir: string, provider: ExecutionProvider, graphRe
   return path.join(dataDir, parts.join('.'));
 }
 
-/** Why a file's figures are not used: of an older version, or not readable as figures at all. */
-export type SetAside = 'outdated' | 'unreadable';
+/** Why a file's figures are not used: of an older version, of a newer one (this one cannot tell how it counted), or not readable as figures at all. */
+export type SetAside = 'outdated' | 'newer' | 'unreadable';
 
 /** The figures a file holds, or none and why (`setAside`; `readError`, the system's error where the file could not be read at all). */
 async function readFigures(
@@ -155,7 +155,8 @@ async function readFigures(
     const parsed = figuresFile.safeParse(content);
     if (parsed.success) return { figures: parsed.data.models };
     const version = typeof content === 'object' && content !== null && 'version' in content ? content.version : 1;
-    return { figures: {}, setAside: typeof version === 'number' && version < VERSION ? 'outdated' : 'unreadable' };
+    const numbered = typeof version === 'number' ? version : VERSION;
+    return { figures: {}, setAside: numbered < VERSION ? 'outdated' : numbered > VERSION ? 'newer' : 'unreadable' };
   } catch (err) {
     // A DATA_DIR that is a file, or not this user's to read, is no damaged file of figures.
     return { figures: {}, setAside: 'unreadable', readError: (err as NodeJS.ErrnoException).code ? (err as NodeJS.ErrnoException) : undefined };
@@ -269,6 +270,9 @@ export async function openKeptFigures(dataDir: string, options: { provider: Exec
   const file = `DATA_DIR/${figures.fileName}`;
   if (figures.setAside === 'outdated') {
     log.info(`the memory figures in ${file} were measured by an older version, which counted differently: set aside; each model is measured again as it first loads`);
+  } else if (figures.setAside === 'newer') {
+    // Not damaged: a server rolled back after an upgrade (or sharing DATA_DIR with a newer one) reads it so.
+    log.warn(`the memory figures in ${file} were written by a newer version of imagegen, whose format this one cannot read: not used; each model is measured again as it first loads, and the file is rewritten in this version's format (the newer version measures again in turn)`);
   } else if (figures.readError) {
     log.warn(`${file} cannot be read (${figures.readError.code}): each model is measured again as it first loads; ${advice(figures.readError)}`);
   } else if (figures.setAside === 'unreadable') {
