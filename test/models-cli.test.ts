@@ -3,7 +3,7 @@ import { MemoryFigures } from '../src/models/memory-figures.js';
 import { execFile, spawn, spawnSync } from 'node:child_process';
 import { once } from 'node:events';
 import { createHash, randomUUID } from 'node:crypto';
-import { chmod, cp, link, mkdir, mkdtemp, readdir, readFile, rm, stat, symlink, truncate, utimes, writeFile } from 'node:fs/promises';
+import { chmod, cp, link, mkdir, mkdtemp, readdir, readFile, rename, rm, stat, symlink, truncate, utimes, writeFile } from 'node:fs/promises';
 import { createServer as createHttpServer } from 'node:http';
 import { createServer, type AddressInfo, type Socket } from 'node:net';
 import os from 'node:os';
@@ -433,6 +433,23 @@ describe('models import and export', () => {
 
     await importFrom(sourceDir, 'fresh');
     expect((await readdir(staging)).sort()).toEqual([path.basename(elsewhere), path.basename(running)].sort());
+  });
+
+  it('puts back the model that a replace killed between its two renames had moved aside, where its id names no model', async () => {
+    const { stdout } = await execFileAsync(process.execPath, ['-p', 'process.pid']);
+    const staging = path.join(modelsDir, '.staging');
+    await importFrom(sourceDir, 'kept');
+    await importFrom(sourceDir, 'other');
+    // As installStaged leaves them: `kept` moved aside and the kill came before the new model took its place; `other` moved aside and replaced.
+    const aside = (id: string) => path.join(staging, `replaced-${id}+${stdout.trim()}@${machineHere()}+${randomUUID()}`);
+    await rename(path.join(modelsDir, 'kept'), aside('kept'));
+    await cp(path.join(modelsDir, 'other'), aside('other'), { recursive: true });
+    expect(await registryIds()).toEqual(['other']);
+
+    await importFrom(sourceDir, 'fresh');
+    // Deleted, the old model was lost for good: its id named nothing, and the new one had been deleted by Ctrl-C's exit hook.
+    expect((await registryIds()).sort()).toEqual(['fresh', 'kept', 'other']);
+    await expectNoStaging();
   });
 
   it("removes what a killed install of a version before owners were named left, once it has gone unwritten for an hour", async () => {

@@ -139,10 +139,36 @@ async function isAbandoned(root: string, name: string): Promise<boolean> {
   return OWNERLESS_STAGING.test(name) && Date.now() - (await lastWritten(path.join(root, name))) > OWNERLESS_IDLE_MS;
 }
 
-/** Removes the staging folders and lock drafts that killed installs left; a pull's download (kept to resume) has no owner in its name. */
+/** The label of a model moved aside to be replaced (installStaged), before its id. */
+const REPLACED = 'replaced-';
+
+/**
+ * The id of the model that `name`, a model moved aside by a replace (installStaged) that was killed, is
+ * to be put back as: the replace was killed between its two renames (Ctrl-C while the second ran, kill -9,
+ * a power cut), so the id names no model, and this is the only copy of the one it named.
+ */
+async function toPutBack(root: string, name: string): Promise<string | undefined> {
+  if (!name.startsWith(REPLACED) || ownerOfName(name) === undefined) return undefined;
+  const id = name.slice(REPLACED.length, name.indexOf('+'));
+  return (await exists(modelPath(path.dirname(root), id))) ? undefined : id;
+}
+
+/**
+ * Removes the staging folders and lock drafts that killed installs left; a pull's download (kept to
+ * resume) has no owner in its name. A model a killed replace moved aside is put back where its id names
+ * nothing: deleted, the model was gone, the id naming neither the old model nor the new.
+ */
 async function removeAbandoned(root: string): Promise<void> {
   for (const name of await readdir(root)) {
-    if (await isAbandoned(root, name)) await rm(path.join(root, name), { recursive: true, force: true });
+    if (!(await isAbandoned(root, name))) continue;
+    const id = await toPutBack(root, name);
+    if (id === undefined) await rm(path.join(root, name), { recursive: true, force: true });
+    else {
+      await rename(path.join(root, name), modelPath(path.dirname(root), id)).catch((err: NodeJS.ErrnoException) => {
+        // Installed meanwhile by another command: the next cleanup deletes this copy, the id naming a model again.
+        if (err.code !== 'ENOTEMPTY' && err.code !== 'EEXIST') throw err;
+      });
+    }
   }
 }
 
@@ -257,7 +283,7 @@ export async function installStaged(staged: string, modelsDir: string, id: strin
   }
   if (!force) throw alreadyExists(modelsDir, id);
   // The install that staged the model cleaned the staging area as it started (lockPull, makeTemporary).
-  const old = asidePath(await stagingRoot(modelsDir), `replaced-${id}`);
+  const old = asidePath(await stagingRoot(modelsDir), `${REPLACED}${id}`);
   await rename(target, old);
   try {
     await rename(staged, target);
