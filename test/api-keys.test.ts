@@ -6,7 +6,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import OpenAI, { toFile } from 'openai';
 import { isSendableKey } from '../src/api/bearer.js';
 import { loadConfig } from '../src/config.js';
-import { KeyFileError, KeyRing, parseKeyFile } from '../src/http/keys.js';
+import { KeyFileError, KeyRing, parseKeyFile, readKeyFile } from '../src/http/keys.js';
 import { imageOwner } from '../src/store/image-owner.js';
 import { startTestServer, TEST_KEY, type TestServer } from './helpers/api-server.js';
 import { createBuiltPool } from './helpers/cli.js';
@@ -28,6 +28,24 @@ describe('the key file format', () => {
       { label: `sha256:${createHash('sha256').update('sk-plain-0002').digest('hex').slice(0, 12)}`, key: 'sk-plain-0002', owner: imageOwner('sk-plain-0002') },
       { label: 'ci', key: 'sk-ci-0003', owner: imageOwner('sk-ci-0003'), limits: { requestsPerMinute: 10 } },
     ]);
+  });
+
+  it('reads a file saved on Windows (CRLF, a byte-order mark), and refuses one saved as UTF-16 for how it is saved, not for keys it seemed to hold', async () => {
+    const dir = await mkdtemp(path.join(os.tmpdir(), 'imagegen-keys-'));
+    try {
+      const file = path.join(dir, 'keys.txt');
+      const text = '\uFEFFalice:sk-alice-0001 concurrent=2\r\nsk-plain-0002\r\n';
+      await writeFile(file, text);
+      expect((await readKeyFile(file)).map((key) => [key.label, key.key, key.limits])).toEqual([
+        ['alice', 'sk-alice-0001', { concurrent: 2 }],
+        [expect.stringMatching(/^sha256:/), 'sk-plain-0002', undefined],
+      ]);
+      // As Windows PowerShell 5's `>` and Out-File save it: read as UTF-8, it was 'the label must be ...' and 'the key must be printable ...' for every line.
+      await writeFile(file, Buffer.from(text, 'utf16le'));
+      await expect(readKeyFile(file)).rejects.toThrow(`API_KEYS_FILE ${file}: saved as UTF-16 (as Windows PowerShell 5 and Notepad's "Unicode" save text): save it as UTF-8`);
+    } finally {
+      await rm(dir, { recursive: true, force: true });
+    }
   });
 
   it('names every bad line, never the key', () => {

@@ -240,6 +240,12 @@ describe('folders the server cannot run', () => {
     expect([verdict.preset.sizes, verdict.preset.maxBatch]).toEqual([['256x256', '512x512'], 3]);
   });
 
+  it('rejects an imagegen.json saved as UTF-16 (as Windows PowerShell 5 saves text) for how it is saved, where it was a JSON token that is not one', async () => {
+    const dir = await copyOfReference('sd-turbo');
+    await writeFile(path.join(dir, 'imagegen.json'), Buffer.from(`\uFEFF${JSON.stringify({ max_batch: 3 })}`, 'utf16le'));
+    expect(reasonOf(await inspectModelFolder(dir))).toMatch(/^imagegen\.json is saved as UTF-16 .*: save it as UTF-8$/);
+  });
+
   it('rejects an fp16 export without its tokenizer (as GPU-only exports ship) by saying what is missing', async () => {
     const dir = await copyOfReference('sd15-fp16');
     await rm(path.join(dir, 'tokenizer'), { recursive: true });

@@ -5,6 +5,7 @@ import type { FastifyBaseLogger } from 'fastify';
 import { isSendableKey } from '../api/bearer.js';
 import { imageOwner } from '../store/image-owner.js';
 import { messageOf, whyUnreadable } from '../util/error-message.js';
+import { utf16Problem } from '../util/files.js';
 
 /**
  * The API keys: API_KEYS from the configuration plus API_KEYS_FILE, which is re-read when it changes
@@ -117,13 +118,16 @@ export function parseKeyFile(text: string, file: string): ApiKey[] {
  * API_KEYS_FILE's text; throws KeyFileError when it cannot be read, saying what to do and what the file
  * holds: an operator who set the path before writing the file learns its format here.
  */
-function readKeyText(file: string): Promise<string> {
-  return readFile(file, 'utf8').catch((err: unknown) => {
+async function readKeyText(file: string): Promise<string> {
+  const data = await readFile(file).catch((err: unknown) => {
     const create = (err as NodeJS.ErrnoException).code === 'ENOENT' ? 'create it, or ' : '';
     throw new KeyFileError(file, [
       `${whyUnreadable(err)}: ${create}set API_KEYS_FILE (--api-keys-file) to a file the server may read that holds the keys, one a line as '[label:]key [limit=value ...]' (docs/security.md#keys)`,
     ]);
   });
+  const problem = utf16Problem(data);
+  if (problem) throw new KeyFileError(file, [problem]);
+  return data.toString('utf8');
 }
 
 /** Reads and parses API_KEYS_FILE; throws KeyFileError when it cannot be read or has bad lines. */

@@ -78,9 +78,24 @@ export async function exists(file: string): Promise<boolean> {
   }
 }
 
-/** A file's text, or undefined when there is no such file. */
-export function readTextIfPresent(file: string): Promise<string | undefined> {
-  return unlessMissing(readFile(file, 'utf8'));
+/**
+ * Why `data` is no UTF-8 text, where it is UTF-16 (its byte-order mark says so), or undefined. Windows
+ * PowerShell 5 saves text so (`>`, Out-File, Set-Content -Encoding Unicode), as Notepad's "Unicode" does:
+ * read as UTF-8, every other byte is a NUL, and a file of keys or settings was refused for what it
+ * seemed to hold (a key that is not printable, a JSON token that is not one), not for how it was saved.
+ */
+export function utf16Problem(data: Uint8Array): string | undefined {
+  const utf16 = (data[0] === 0xff && data[1] === 0xfe) || (data[0] === 0xfe && data[1] === 0xff);
+  return utf16 ? 'saved as UTF-16 (as Windows PowerShell 5 and Notepad\'s "Unicode" save text): save it as UTF-8' : undefined;
+}
+
+/** A file's text, or undefined when there is no such file; throws for one saved as UTF-16 (see utf16Problem). */
+export async function readTextIfPresent(file: string): Promise<string | undefined> {
+  const data = await unlessMissing(readFile(file));
+  if (data === undefined) return undefined;
+  const problem = utf16Problem(data);
+  if (problem) throw new Error(`${file} is ${problem}`);
+  return data.toString('utf8');
 }
 
 /**
