@@ -240,10 +240,18 @@ describe('folders the server cannot run', () => {
     expect([verdict.preset.sizes, verdict.preset.maxBatch]).toEqual([['256x256', '512x512'], 3]);
   });
 
+  it('rejects an imagegen.json a hand edit left no JSON as a problem of imagegen.json, saying where and what: a comment, a trailing comma', async () => {
+    const dir = await copyOfReference('sd-turbo');
+    await writeFile(path.join(dir, 'imagegen.json'), '{\n  // tuned for the A10s\n  "max_batch": 3\n}\n');
+    expect(reasonOf(await inspectModelFolder(dir))).toMatch(/^imagegen\.json: not valid JSON \(.* at position 4, line 2 column 3: a comment, which JSON does not allow: remove it\)$/);
+    await writeFile(path.join(dir, 'imagegen.json'), '{\n  "sizes": ["512x512"],\n  "max_batch": 3,\n}\n');
+    expect(reasonOf(await inspectModelFolder(dir))).toMatch(/^imagegen\.json: not valid JSON \(.* at position 44, line 4 column 1: a comma before the closing bracket, which JSON does not allow: remove it\)$/);
+  });
+
   it('rejects an imagegen.json saved as UTF-16 (as Windows PowerShell 5 saves text) for how it is saved, where it was a JSON token that is not one', async () => {
     const dir = await copyOfReference('sd-turbo');
     await writeFile(path.join(dir, 'imagegen.json'), Buffer.from(`\uFEFF${JSON.stringify({ max_batch: 3 })}`, 'utf16le'));
-    expect(reasonOf(await inspectModelFolder(dir))).toMatch(/^imagegen\.json is saved as UTF-16 .*: save it as UTF-8$/);
+    expect(reasonOf(await inspectModelFolder(dir))).toMatch(/^imagegen\.json: saved as UTF-16 .*: save it as UTF-8$/);
   });
 
   it('rejects an fp16 export without its tokenizer (as GPU-only exports ship) by saying what is missing', async () => {

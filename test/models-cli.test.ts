@@ -621,6 +621,11 @@ describe('models import and export', () => {
       `${installed} is not a usable model folder: imagegen.json: max_batch: Too small: expected number to be >=1. Nothing was exported. Correct imagegen.json in ${installed}`,
     );
     expect(await exists(path.join(work, 'wrong.tar'))).toBe(false);
+    // Edited by hand into no JSON (a trailing comma): said where, and to correct it, where it sent the operator to pull or import the model again.
+    await writeFile(path.join(installed, 'imagegen.json'), '{\n  "max_batch": 4,\n}\n');
+    await expect(exportModel({ modelsDir, id: 'tuned', out: path.join(work, 'wrong.tar'), output })).rejects.toThrow(
+      /is not a usable model folder: imagegen\.json: not valid JSON \(.*line 3 column 1: a comma before the closing bracket, which JSON does not allow: remove it\)\. Nothing was exported\. Correct imagegen\.json in /,
+    );
     await writeFile(path.join(installed, 'imagegen.json'), tuned);
 
     // An installed folder copied to another site as it is, its presets changed, added or removed since its install.

@@ -43,8 +43,23 @@ export type FolderVerdict = UsableModel | UnusableModel;
 /** The per-model preset overrides; see presets.ts. A verdict about it starts with its name. */
 export const OVERRIDE_FILE = 'imagegen.json';
 
+/**
+ * The operator's imagegen.json, or undefined where there is none. A file that is no JSON (a comma or a
+ * comment a hand edit added, a file saved as UTF-16) is said as a problem of imagegen.json, as its
+ * other problems are: said as any file's, `models export` sent its operator to pull or import the model
+ * again, which would not have brought their file back, rather than to correct it.
+ */
+async function presetFileOf(dir: string): Promise<unknown> {
+  const file = path.join(dir, OVERRIDE_FILE);
+  return readJsonIfPresent(file).catch((err: NodeJS.ErrnoException) => {
+    // A file it may not read is the folder's permissions' problem (see unreadable).
+    if (err.code !== undefined) throw err;
+    throw new Error(`${OVERRIDE_FILE}: ${messageOf(err).replace(`${file} is `, '')}`);
+  });
+}
+
 async function presetOf(dir: string, layout: ModelLayout, schedulers: SchedulerOffer): Promise<ModelPreset> {
-  const parsed = presetOverrideSchema.safeParse((await readJsonIfPresent(path.join(dir, OVERRIDE_FILE))) ?? {});
+  const parsed = presetOverrideSchema.safeParse((await presetFileOf(dir)) ?? {});
   if (!parsed.success) throw new Error(`${OVERRIDE_FILE}: ${describeIssues(parsed.error)}`);
   try {
     return presetFor(layout, parsed.data, schedulers);

@@ -125,8 +125,28 @@ export function parseJson(source: string, where: string): unknown {
         // Not valid for another reason: the first error says where.
       }
     }
-    throw new Error(`${where} is not valid JSON (${messageOf(err)})`);
+    throw new Error(`${where} is not valid JSON (${messageOf(err)}${whereInText(text, messageOf(err))})`);
   }
+}
+
+/**
+ * Where in `text` the JSON error `message` is, as an editor shows it, and what is there when it is what
+ * a hand edit adds that JSON has no room for: Node 20 gives only an offset ("at position 212"), which
+ * an operator who edited imagegen.json had to count out by hand, and a comment or a trailing comma
+ * (what JSON-with-comments files such as VS Code's settings take) was told apart from nothing else.
+ */
+function whereInText(text: string, message: string): string {
+  const position = /at position (\d+)/.exec(message)?.[1];
+  if (position === undefined) return '';
+  const before = text.slice(0, Number(position));
+  const line = before.split('\n').length;
+  const column = Number(position) - before.lastIndexOf('\n');
+  const found = /^\/[/*]/.test(text.slice(Number(position)))
+    ? ': a comment, which JSON does not allow: remove it'
+    : before.trimEnd().endsWith(',') && /^[\]}]/.test(text.slice(Number(position)))
+      ? ': a comma before the closing bracket, which JSON does not allow: remove it'
+      : '';
+  return `, line ${line} column ${column}${found}`;
 }
 
 /** A JSON file's value, or undefined when there is no such file. */
