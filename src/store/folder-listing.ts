@@ -3,7 +3,7 @@ import path from 'node:path';
 import { setImmediate, setTimeout as sleep } from 'node:timers/promises';
 import type { Logger } from 'pino';
 import { unlessMissing } from '../util/files.js';
-import type { StoredImage } from './image-store.js';
+import { IMAGE_ID, type StoredImage } from './image-store.js';
 import { parseImageName } from './image-names.js';
 
 /**
@@ -36,6 +36,13 @@ const LISTING_PAUSE_FACTOR = 10;
  */
 const LISTING_BATCH = 1024;
 
+/**
+ * A name that starts as an image's (its id) but is no name this version gives: an image a newer version
+ * stored, named with more (or other) than this one reads, found after a rollback, or beside a newer
+ * server sharing the folder during an upgrade.
+ */
+const LIKE_AN_IMAGE = new RegExp(`^${IMAGE_ID}\\.`);
+
 /** The coarsest tick of a file system's clock (FAT's): within it of a change, a folder's mtime may not change again. */
 const MTIME_TICK_MS = 2000;
 
@@ -57,6 +64,8 @@ export class FolderListing {
   private listing: Promise<void> | undefined;
   /** When the next listing may start, on the monotonic clock (see LISTING_PAUSE_FACTOR). */
   private nextListingAt = -Infinity;
+  /** Whether the log has said that the folder holds images this version cannot read (see LIKE_AN_IMAGE): once, not at every listing. */
+  private saidUnreadable = false;
 
   constructor(
     private readonly dir: string,
@@ -101,9 +110,11 @@ export class FolderListing {
     // Indexed before the folder is read: an image whose put ends meanwhile was renamed after, and may be missing from it.
     const indexed = [...this.index.images.values()];
     const listed = new Set<string>();
+    let unreadable = 0;
     for await (const entry of await opendir(this.dir, { bufferSize: LISTING_BATCH })) {
       const named = entry.isFile() ? parseImageName(entry.name) : undefined;
       if (named) listed.add(named.id);
+      else if (entry.isFile() && LIKE_AN_IMAGE.test(entry.name)) unreadable++;
       if (!named || this.index.knows(named.id)) continue;
       // The size its name records, checked against the file when it is first read: a restart over many
       // images lists the folder and reads nothing else. Named without (an older version's), its size on
@@ -111,6 +122,14 @@ export class FolderListing {
       const size = named.size ?? (await unlessMissing(stat(path.join(this.dir, entry.name))))?.size;
       if (size === undefined || this.index.knows(named.id)) continue;
       this.index.found({ ...named, size });
+    }
+    // Skipped unsaid, their URLs answered 404 as if they had expired, and their bytes went uncounted.
+    if (unreadable > 0 && !this.saidUnreadable) {
+      this.saidUnreadable = true;
+      this.logger.warn(
+        { dir: this.dir, files: unreadable },
+        `${unreadable} files in the image folder are named as images but not as this version names them (a newer version's, after a rollback or beside a newer server sharing the folder): their URLs answer 404 here, and they are neither counted against MAX_STORE_BYTES nor deleted when they expire; the version that stored them serves and sweeps them`,
+      );
     }
     // Deleted by something else (an operator freeing the disk, another server): their space is free again.
     // Counted until they would have expired, they kept a store they had filled refusing images for a day.
