@@ -128,8 +128,21 @@ describe('deploy/ against the server', () => {
     expect(String(loadConfig({}, containers['docker-compose.yml']).port)).toBe(port);
     expect([...compose.matchAll(/REPLICA\d: imagegen-\d:(\d+)/g)].map(([, on]) => on)).toEqual([port, port]);
     // Image URLs name the balancer's published port.
-    const published = /ports: \["(\d+):8080"\]/.exec(compose)?.[1];
+    const published = /ports: \["(?:127\.0\.0\.1:)?(\d+):8080"\]/.exec(compose)?.[1];
     expect(loadConfig({}, containers['docker-compose.yml']).publicBaseUrl).toBe(`http://localhost:${published}`);
+  });
+
+  it("publishes the compose file's ports on the host's loopback only: its API keys are the repository's examples", () => {
+    // Docker publishes a bare "8080:8080" on every interface of the host (past ufw's rules too), where
+    // anyone on the network could use the server with a key anyone can read in deploy/api-keys.example.
+    const keys = yamlMap(compose, /^ {2}environment:$/).API_KEYS_FILE;
+    expect(compose).toContain(`./api-keys.example:${keys}:ro`);
+    const lists = [...compose.matchAll(/ports: \[([^\]]*)\]/g)].map(([, list]) => list);
+    // Every service's ports in that one form: a block list ("ports:" then "- ...") would escape the check.
+    expect(compose.match(/^\s*ports:/gm)?.length).toBe(lists.length);
+    const ports = lists.flatMap((list) => list.split(',').map((port) => port.trim().replace(/^"(.*)"$/, '$1')));
+    expect(ports.length).toBeGreaterThan(0);
+    expect(ports.filter((port) => !port.startsWith('127.0.0.1:'))).toEqual([]);
   });
 
   it("mounts the folders the settings name, DATA_DIR writable by the image's user", () => {
