@@ -638,6 +638,21 @@ describe("exponential and beta sigmas in a model's scheduler_config.json", () =>
   });
 });
 
+describe("text of a model's own files, as printed", () => {
+  it('carries no terminal control sequences: a class name or imagegen.json key from a pulled repository cannot drive the terminal of `imagegen models list`', async () => {
+    // What anyone publishing a repository on the Hub can write: a title change, a screen cleared, colour.
+    const escapes = '\x1b]0;pwned\x07\x1b[2J\x1b[31mEvil\u009b0m\u202e';
+    await withScheduler('stand-in', `${escapes}Scheduler`);
+    const broken = await installedCopy('sd15-optimum', 'broken');
+    await writeFile(path.join(broken, 'imagegen.json'), JSON.stringify({ [`${escapes}sizes`]: ['64x64'] }));
+    const listed = await listModels(modelsDir);
+    const reasons = ['stand-in', 'broken'].map((id) => listed.find((m) => m.id === id)?.reason ?? '');
+    expect(reasons[0]).toMatch(/its scheduler_config\.json names \\u001b\]0;pwned\\u0007\\u001b\[2J\\u001b\[31mEvil\\u009b0m\\u202eScheduler, which this server does not run/);
+    expect(reasons[1]).toMatch(/^imagegen\.json: .*unknown key '\\u001b\]0;pwned/);
+    for (const reason of reasons) expect(reason).not.toMatch(/[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]/);
+  });
+});
+
 describe('a scheduler class this server does not run', () => {
   it('leaves the model usable, with Euler standing in on the same training schedule, said in the log and by `imagegen models list`; the picture is what the same config as Euler makes', async () => {
     // UniPC as diffusers writes it: its solver fields mean nothing to the stand-in.

@@ -7,6 +7,7 @@ import { describeIssues, readJsonIfPresent } from '../util/files.js';
 import { inspectModel, ModelLayoutError, standInNote, withinFolder, type ModelLayout } from './layout.js';
 import { presetFor, presetOverrideSchema, type ModelPreset } from './presets.js';
 import { messageOf } from '../util/error-message.js';
+import { printable } from '../util/printable.js';
 
 /**
  * The one verdict on a model folder: can the server run it, and if not, why. The registry (and with
@@ -84,7 +85,17 @@ async function notAFolder(dir: string): Promise<string | undefined> {
   return `a symbolic link to nothing that can be read (${info.code}): remove it or point it at a model folder`;
 }
 
+/**
+ * The verdict on the folder `dir`. A reason quotes the folder's own files (a class name, an imagegen.json
+ * key), which a repository's publisher wrote: it reaches `imagegen models list` and installs' terminals
+ * printable (util/printable.ts), as the notes of notesOf do.
+ */
 export async function inspectModelFolder(dir: string): Promise<FolderVerdict> {
+  const verdict = await folderVerdict(dir);
+  return verdict.usable ? verdict : { ...verdict, reason: printable(verdict.reason) };
+}
+
+async function folderVerdict(dir: string): Promise<FolderVerdict> {
   const problem = await notAFolder(dir);
   if (problem) return { usable: false, reason: problem, saysWhatToDo: true };
   try {
@@ -113,5 +124,5 @@ function unreadable(dir: string, err: NodeJS.ErrnoException): string | undefined
  */
 export function notesOf(model: Pick<UsableModel, 'layout' | 'refusedSchedulers'>): string[] {
   const standIn = model.layout.schedulerStandIn;
-  return [standIn && standInNote(standIn), refusalNote(model.refusedSchedulers)].filter((note) => note !== undefined);
+  return [standIn && standInNote(standIn), refusalNote(model.refusedSchedulers)].filter((note) => note !== undefined).map(printable);
 }
