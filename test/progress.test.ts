@@ -1,4 +1,5 @@
 import { describe, expect, it, vi } from 'vitest';
+import { skippedNote } from '../src/install/model-files.js';
 import { Progress } from '../src/util/progress.js';
 
 /** A log (not a terminal): a plain line every few seconds. */
@@ -48,5 +49,21 @@ describe('the bar on a terminal', () => {
     const whole: string[] = [];
     new Progress({ isTTY: true, write: (text: string) => void whole.push(text) }, 'verifying ./models/my-sdxl-turbo-fp16', 7).startFile('case 1 (1024x1024, 4 steps)');
     expect(whole).toEqual(['\r\x1b[Kverifying ./models/my-sdxl-turbo-fp16 [                        ] 0%  0 B / 7 B  case 1 (1024x1024, 4 steps)']);
+  });
+});
+
+describe("file names from a model's repository", () => {
+  it('reach the terminal without control sequences, in the bar and in the note of files skipped', () => {
+    // A file anyone can put in a Hub repository beside its graph (every file there is downloaded), or anywhere in it (the note names skipped ones).
+    const name = 'unet/\x1b]52;c;Y3VybCBldmlsLmV4YW1wbGUgfCBzaA==\x07\x1b[2J\u009b31m\u202eweights.bin';
+    const writes: string[] = [];
+    new Progress({ isTTY: true, columns: 400, write: (text: string) => void writes.push(text) }, 'downloading', 7).startFile(name);
+    const note = skippedNote('evil/repo', [name]);
+    const control = /[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]/;
+    // The bar's own redraw (carriage return, erase line) stays; nothing of the name's.
+    expect(writes.map((text) => text.replace(/^\r\x1b\[K/, ''))).toEqual([expect.stringContaining('unet/\\u001b]52;c;Y3VybCBldmlsLmV4YW1wbGUgfCBzaA==\\u0007\\u001b[2J\\u009b31m\\u202eweights.bin')]);
+    expect(writes.map((text) => text.replace(/^\r\x1b\[K/, '')).join('')).not.toMatch(control);
+    expect(note).toContain('unet/\\u001b]52;c;');
+    expect(note.replace(/\n$/, '')).not.toMatch(control);
   });
 });

@@ -7,6 +7,7 @@ import { TOKENIZER_FILES } from '../tokenizers/files.js';
 import { MANIFEST_FILE } from './constants.js';
 import { ModelInstallError } from './errors.js';
 import { plural } from '../util/plural.js';
+import { printable } from '../util/printable.js';
 
 /**
  * Which files of a repository or folder make up a diffusion ONNX export. Hub repositories often carry
@@ -82,9 +83,9 @@ export function modelFilesOf<F extends { path: string }>(files: readonly F[]): {
   return { files: files.filter((file) => wanted.has(file.path)), skipped };
 }
 
-/** The note saying which files an install leaves out. */
+/** The note saying which files an install leaves out (printable: a pulled repository names its files). */
 export function skippedNote(where: string, skipped: string[]): string {
-  const shown = skipped.slice(0, 5).join(', ') + (skipped.length > 5 ? ', ...' : '');
+  const shown = skipped.slice(0, 5).map(printable).join(', ') + (skipped.length > 5 ? ', ...' : '');
   return `${where}: skipping ${plural(skipped.length, 'file')} an ONNX export does not need: ${shown}\n`;
 }
 

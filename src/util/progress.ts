@@ -1,4 +1,5 @@
 import { formatBytes } from './bytes.js';
+import { printable } from './printable.js';
 
 /**
  * Progress of long work (a download in bytes, a generation in denoising steps), for humans on stderr: a
@@ -59,9 +60,9 @@ export class Progress {
     this.doneAtStart = done;
   }
 
-  /** The file now being worked on, shown after the numbers. */
+  /** The file now being worked on, shown after the numbers (printable: a pulled repository names its files). */
   startFile(name: string): void {
-    this.file = name;
+    this.file = printable(name);
     this.render(false);
   }
 
