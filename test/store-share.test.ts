@@ -120,6 +120,20 @@ describe('StoreSpace shares', () => {
     expect(await space.reserve(15_000, a).catch((e: unknown) => e)).toMatchObject({ reason: 'share', share: { running: true } });
     expect(await space.reserve(25_000, a).catch((e: unknown) => e)).toMatchObject({ reason: 'share', share: { running: false } });
   });
+
+  it("tells an owner past its share to retry when its own images will have expired, not another owner's", async () => {
+    const now = 1_000_000;
+    const a = imageOwner(ALICE);
+    const b = imageOwner(BOB);
+    // Bob's image expires first; only Alice's own expiring frees room in her share.
+    const images = [
+      { size: 20_000, expiresAt: now + 10_000, owner: b },
+      { size: 45_000, expiresAt: now + 100_000, owner: a },
+    ];
+    const space = new StoreSpace(100_000, noSweep, { inOrder: () => images, now: () => now });
+    for (const { size, owner } of images) space.add(size, owner);
+    expect(await space.reserve(10_000, a).catch((e: unknown) => e)).toMatchObject({ reason: 'share', retryAfterSeconds: 100, share: { running: false } });
+  });
 });
 
 describe('FileImageStore owners', () => {
