@@ -54,7 +54,10 @@ describe('ImageStore', () => {
     const store = await open({ ttlSeconds: 0.15 });
     const image = await store.put(bytes(10), 'image/webp');
     expect(await store.get(image.id)).toMatchObject({ ext: 'webp', contentType: 'image/webp' });
-    wait(200);
+    // Found until the millisecond it expires, and from that one on not.
+    wait(149);
+    expect(await store.get(image.id)).not.toBeNull();
+    wait(1);
     expect(await store.get(image.id)).toBeNull();
     expect(await store.read(image)).toBeNull();
     expect(await readdir(dir)).toHaveLength(1);
