@@ -83,6 +83,18 @@ describe('merging compatible requests', () => {
     expect(runs.map((r) => r.seeds).sort()).toEqual([[1, 2], [100], [3], [4]]);
   });
 
+  it("does not let a client's request join another client's group while an earlier one of its own waits: it would start ahead of it", async () => {
+    const { runs, merger } = harness(4);
+    const from = (client: string, seed: number, overrides: Partial<GenerationBatch> = {}) => merger.generate(request([item('a red circle', seed)], overrides), undefined, new Ticket(client));
+    const running = from('a', 100);
+    // b's first request has settings of its own; its second has a's group's, which is a's next.
+    const waiting = [from('a', 1), from('b', 2, { steps: 2 }), from('b', 3)];
+    await Promise.all([running, ...waiting]);
+    const order = runs.map((r) => r.seeds);
+    expect([...order].sort()).toEqual([[1], [100], [2], [3]]);
+    expect(order.findIndex(([seed]) => seed === 2)).toBeLessThan(order.findIndex(([seed]) => seed === 3));
+  });
+
   it("does not put a request in a group that waits for its owner's concurrency limit while a worker is free", async () => {
     const queue = new JobQueue(2, 10);
     const started: number[][] = [];
