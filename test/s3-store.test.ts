@@ -113,6 +113,11 @@ describe('S3ImageStore', () => {
     expect(await readAll(await store.read(image, { start: 10, end: 19 }))).toEqual(Buffer.from(data.subarray(10, 20)));
     expect(await store.get('0'.repeat(32))).toBeNull();
     expect(store.stats()).toEqual({ files: 1, bytes: BLOCK });
+    // Deleted since it was looked up (by another replica, or the bucket's lifecycle rule): gone (a 404), not a failing bucket (a 503).
+    const other = await open({ prefix: 'roundtrip/' });
+    await other.remove([image]);
+    await other.close();
+    expect(await store.read(image)).toBeNull();
     await store.close();
   });
 
