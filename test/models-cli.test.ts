@@ -338,6 +338,21 @@ describe('models pull', () => {
     expect(output.text).toMatch(/connection dropped while downloading .*retry 1 of 1/);
   });
 
+  it.each([429, 503])('retries a download the Hub answers %i for a moment, as it does a dropped connection', async (status) => {
+    hub.failOnce(REPO, WEIGHTS, status);
+    const model = await pull(REPO, { retries: 1, load: false });
+    expect(output.text).toMatch(new RegExp(`while downloading ${WEIGHTS} \\(the server answered ${status} .*retry 1 of 1`));
+    expect((await readFile(path.join(model.dir, WEIGHTS))).equals(sourceFiles[WEIGHTS])).toBe(true);
+  });
+
+  it('starts a file over when a resumed download comes whole (a proxy that ignores Range), rather than appending it to what had arrived', async () => {
+    hub.dropOnce(REPO, WEIGHTS, half);
+    await expect(pull(REPO, { retries: 0 })).rejects.toThrow(DownloadInterrupted);
+    hub.ignoreRangeOnce(REPO, WEIGHTS);
+    const model = await pull(REPO, { load: false });
+    expect((await readFile(path.join(model.dir, WEIGHTS))).equals(sourceFiles[WEIGHTS])).toBe(true);
+  });
+
   it.each([
     ['an LFS file', WEIGHTS, /sha256 is [0-9a-f]{64}, expected/],
     ['a git file', 'scheduler/scheduler_config.json', /git blob id is [0-9a-f]{40}, expected/],

@@ -9,7 +9,8 @@ import path from 'node:path';
  * (`/api/models/<repo>/revision/<rev>`), the recursive file tree with LFS ids
  * (`/api/models/<repo>/tree/<rev>/<path>`), and `/<repo>/resolve/<rev>/<path>` downloads, which for
  * LFS files redirect to a "CDN" path as the real Hub does. Downloads honour Range requests. Faults can
- * be injected: a connection dropped mid-file, a file longer than listed, a wrong checksum in the listing.
+ * be injected: a connection dropped mid-file, a file longer than listed, a wrong checksum in the listing,
+ * an error status (a Hub rate-limiting or overloaded for a moment), a Range request answered whole.
  */
 
 export interface FakeRepoOptions {
@@ -57,6 +58,10 @@ export class FakeHub {
   private readonly wrongChecksums = new Set<string>();
   /** "<repo>:<path>" -> bytes sent after the file's own, once. */
   private readonly lengthened = new Map<string, number>();
+  /** "<repo>:<path>" -> the status its next download is answered with instead of the file. */
+  private readonly failures = new Map<string, number>();
+  /** "<repo>:<path>" whose next download ignores its Range header. */
+  private readonly rangeless = new Set<string>();
 
   private constructor(
     private readonly server: Server,
@@ -88,6 +93,16 @@ export class FakeHub {
   /** The next download of `file` sends `bytes` more than the file holds (and its listing says), as a mirror whose copy changed since would. */
   lengthenOnce(repo: string, file: string, bytes: number): void {
     this.lengthened.set(`${repo}:${file}`, bytes);
+  }
+
+  /** The next download of `file` is answered `status` (429: rate-limited; 5xx: the Hub or its CDN failing for a moment). */
+  failOnce(repo: string, file: string, status: number): void {
+    this.failures.set(`${repo}:${file}`, status);
+  }
+
+  /** The next download of `file` sends the whole file (200), whatever Range it asked for, as a proxy that does not serve ranges does. */
+  ignoreRangeOnce(repo: string, file: string): void {
+    this.rangeless.add(`${repo}:${file}`);
   }
 
   /** The tree listing reports a wrong checksum (LFS sha256 or git blob id) for `file`. */
@@ -165,13 +180,18 @@ export class FakeHub {
   }
 
   private send(req: IncomingMessage, res: ServerResponse, repo: string, file: string, data: Buffer): void {
-    const range = /^bytes=(\d+)-$/.exec(req.headers.range ?? '');
+    const key = `${repo}:${file}`;
+    const failure = this.failures.get(key);
+    if (failure !== undefined) {
+      this.failures.delete(key);
+      return void this.json(res, failure, { error: 'try again later' });
+    }
+    const range = this.rangeless.delete(key) ? null : /^bytes=(\d+)-$/.exec(req.headers.range ?? '');
     const start = range ? Number(range[1]) : 0;
     if (start >= data.length && data.length > 0) {
       res.writeHead(416, { 'Content-Range': `bytes */${data.length}` }).end();
       return;
     }
-    const key = `${repo}:${file}`;
     const extra = this.lengthened.get(key) ?? 0;
     this.lengthened.delete(key);
     const body = Buffer.concat([data.subarray(start), Buffer.alloc(extra)]);
