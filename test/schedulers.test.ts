@@ -480,6 +480,12 @@ describe('DDIMScheduler full loop (test_scheduler_ddim.py, eta 0, clip_sample)',
 
   it('epsilon: 172.0067 / 0.223967', () => expectLoop(fullLoop(new DDIMScheduler(config)), '172.0067', '0.223967'));
   it('v_prediction: 52.5302 / 0.0684', () => expectLoop(fullLoop(new DDIMScheduler({ ...config, prediction_type: 'v_prediction' })), '52.5302', '0.0684'));
+  it('clips the clean estimate to clip_sample_range: a last step (to alpha-bar 1) lands inside it, though the model predicts far outside', () => {
+    const scheduler = new DDIMScheduler({ ...config, set_alpha_to_one: true, clip_sample_range: 0.5 });
+    scheduler.setTimesteps(1);
+    const out = scheduler.step(new Float32Array(8).fill(-40), 0, new Float32Array(8).fill(3), NO_NOISE);
+    for (const v of out) expect(v).toBeCloseTo(0.5, 6);
+  });
   it('set_alpha_to_one: 149.8295 / 0.1951', () =>
     expectLoop(fullLoop(new DDIMScheduler({ ...config, set_alpha_to_one: true, beta_start: 0.01 })), '149.8295', '0.1951'));
   it('no set_alpha_to_one: 149.0784 / 0.1941', () =>
@@ -586,6 +592,12 @@ describe('DPMSolverMultistepScheduler full loop (test_scheduler_dpm_multi.py, dp
     const { mean } = absStats(fullLoop(new DPMSolverMultistepScheduler({ ...config, prediction_type: 'v_prediction', use_karras_sigmas: true })));
     expect(Math.abs(mean - 0.2096)).toBeLessThan(1e-3);
     expectMatches(mean, '0.209198');
+  });
+
+  it('takes its last step at first order under lower_order_final below 15 steps only, as diffusers does', () => {
+    const loop = (steps: number, lowerOrderFinal: boolean) => fullLoop(new DPMSolverMultistepScheduler({ ...config, lower_order_final: lowerOrderFinal }), steps);
+    expect(loop(14, true)).not.toEqual(loop(14, false));
+    expect(loop(15, true)).toEqual(loop(15, false));
   });
 
   it('Karras timesteps are whole numbers', () => {
