@@ -235,6 +235,15 @@ describe('authentication', () => {
     expect({ status: err.status, type: err.type, param: err.param, code: err.code }).toEqual({ status: 401, type: 'invalid_request_error', param: null, code: 'invalid_api_key' });
     expect(err.headers?.get('www-authenticate')).toBe('Bearer realm="imagegen"');
     expect(err.message).not.toContain('sk-wrong-key-000000');
+    // Named as OpenAI names it: its first 3 and last 4 characters, the rest masked.
+    expect((err.error as { message: string }).message).toBe(`Incorrect API key provided: sk-${'*'.repeat(12)}0000.`);
+  });
+
+  it('rejects a wrong key of any length, however short, with the same 401 and all of it masked', async () => {
+    for (const key of ['k', 'abcde', 'abcdefg', 'abcdefghij']) {
+      const err = await apiError(generate({}, withKey(key)));
+      expect({ status: err.status, code: err.code, message: (err.error as { message: string }).message }).toEqual({ status: 401, code: 'invalid_api_key', message: `Incorrect API key provided: ${'*'.repeat(key.length)}.` });
+    }
   });
 
   it('rejects a missing key like OpenAI, with code null', async () => {
