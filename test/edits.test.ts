@@ -412,6 +412,23 @@ describe('edit errors', () => {
     expect(((await res.json()) as ErrorBody).error).toMatchObject({ code: 'invalid_multipart', param: null, message: expect.stringContaining('has no name') });
   });
 
+  it('refuses a text field or a mask sent twice in a form, naming it, rather than keep one of them', async () => {
+    const picture = () => new Blob([new Uint8Array(redCircle)], { type: 'image/png' });
+    const form = (twice: 'prompt' | 'mask') => {
+      const body = new FormData();
+      body.set('image', picture(), 'in.png');
+      body.append('prompt', 'a blue square');
+      if (twice === 'prompt') body.append('prompt', 'a red circle');
+      else for (let i = 0; i < 2; i++) body.append('mask', picture(), 'mask.png');
+      return body;
+    };
+    for (const twice of ['prompt', 'mask'] as const) {
+      const { status, error } = await postForm('edits', form(twice));
+      expect({ status, param: error.param, code: error.code }).toEqual({ status: 400, param: twice, code: 'invalid_value' });
+      expect(error.message).toContain('more than once');
+    }
+  });
+
   it("takes a file input left empty in an HTML form (filename=\"\", no bytes) as omitted: no mask, or no image", async () => {
     const boundary = 'edits-test-boundary';
     const field = (name: string, value: string) => `--${boundary}\r\nContent-Disposition: form-data; name="${name}"\r\n\r\n${value}\r\n`;
