@@ -238,3 +238,30 @@ describe('a url request whose client leaves while its images are stored', () => 
     }
   });
 });
+
+describe('a url request one of whose images cannot be stored', () => {
+  it('keeps none of the others: the answer names all its images or none, and those stored would only take space', async () => {
+    const server = await startTestServer({ engine: new FakeEngine() });
+    try {
+      const { store } = server;
+      const put = store.put.bind(store);
+      let puts = 0;
+      // The disk fills as the second image is written (what a disk without MAX_STORE_BYTES does).
+      store.put = async (...args) => {
+        if (++puts === 2) throw Object.assign(new Error('no space left on device'), { code: 'ENOSPC' });
+        return put(...args);
+      };
+      const res = await fetch(`${server.baseURL}/images/generations`, {
+        method: 'POST',
+        headers: { authorization: `Bearer ${TEST_KEY}`, 'content-type': 'application/json' },
+        body: JSON.stringify({ model: 'stub', prompt: 'x', n: 3, response_format: 'url' }),
+      });
+      expect(res.status).toBe(500);
+      expect(((await res.json()) as ErrorBody).error).toMatchObject({ code: 'storage_error', message: expect.stringContaining('(ENOSPC)') });
+      expect(puts).toBe(3);
+      expect(store.stats().files).toBe(0);
+    } finally {
+      await server.close();
+    }
+  });
+});
