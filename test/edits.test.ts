@@ -560,6 +560,10 @@ describe('edit errors', () => {
     const percentEncoded = `data:image/png,${[...redCircle].map((byte) => `%${byte.toString(16).padStart(2, '0')}`).join('')}`;
     expect(imageReferenceBytes({ image_url: percentEncoded }, 'images[0]')).toEqual(redCircle);
     expect(imageReferenceBytes({ image_url: 'data:,a%20b%FFc' }, 'images[0]')).toEqual(Buffer.from([0x61, 0x20, 0x62, 0xff, 0x63]));
+    // base64 wrapped in lines, as tools write it (76 columns: `base64` without -w0, MIME), and in the URL-safe alphabet.
+    const wrapped = redCircle.toString('base64').replace(/.{76}/g, '$&\r\n');
+    expect(imageReferenceBytes({ image_url: `data:image/png;base64,${wrapped}` }, 'images[0]')).toEqual(redCircle);
+    expect(imageReferenceBytes({ image_url: `data:image/png;base64,${redCircle.toString('base64url')}` }, 'images[0]')).toEqual(redCircle);
     for (const [imageUrl, why] of [['data:image/png,%89PNG%', 'percent-encoding'], ['data:image/png,%zz', 'percent-encoding'], ['data:image/png;base64,!!!!', 'base64']]) {
       const bad = await expectApiError(post({ images: [{ image_url: imageUrl }] }), OpenAI.BadRequestError, 400, 'images[0].image_url', 'invalid_value');
       expect(bad.message).toContain(`not valid ${why}`);
