@@ -97,6 +97,18 @@ describe('a server without API keys', () => {
     expect((await get(keyless, { host, 'x-forwarded-for': '127.0.0.1', 'x-forwarded-host': host, 'x-forwarded-proto': 'http' })).status).toBe(200);
   });
 
+  it('refuses the clients of a proxy on the machine that TRUST_PROXY does not name: what it says of them is unread, not taken as a local client', async () => {
+    // TRUST_PROXY names a proxy elsewhere; a second one on this machine (loopback) is not among them.
+    const elsewhere = await startTestServer({ apiKeys: [], config: { trustProxy: ['10.0.0.0/8'] } });
+    try {
+      const host = `localhost:${new URL(elsewhere.origin).port}`;
+      expect(await get(elsewhere, { host, 'x-forwarded-for': '203.0.113.9' })).toMatchObject({ status: 403, code: 'local_clients_only' });
+      expect((await get(elsewhere, { host })).status).toBe(200);
+    } finally {
+      await elsewhere.close();
+    }
+  });
+
   it('leaves a server with keys to its keys', async () => {
     const answer = await get(keyed, { host: 'images.example.com', origin: 'https://attacker.example', 'x-forwarded-for': '203.0.113.9', authorization: `Bearer ${TEST_KEY}` });
     expect(answer.status).toBe(200);
