@@ -105,6 +105,11 @@ describe('POST /v1/images/generations', () => {
     }
   });
 
+  it('takes a PNG with output_compression 100 (no compression, which a lossless format always has), as a client sending the field whatever the format does', async () => {
+    const res = await generate({ output_format: 'png', output_compression: 100 });
+    expect((await decode(await (await fetch(res.data![0].url!)).arrayBuffer())).format).toBe('png');
+  });
+
   it('accepts the OpenAI names of models and fields it does not use, and null as omitted', async () => {
     const res = await generate({
       model: 'dall-e-3',
