@@ -359,3 +359,47 @@ describe("a request's batches running at once, cancelled", () => {
     expect(started.slice(2)).toEqual(['A next', 'B1', 'B2', 'B3']);
   });
 });
+
+describe('a client leaving a running merged batch part-way', () => {
+  it('is given back the share of the steps still to come, not its whole share', async () => {
+    // One worker; batches estimated at 10 s an image. Each run waits for the test to let it end.
+    const started: string[] = [];
+    const finish = new Map<string, () => void>();
+    const merger = new BatchMerger(
+      new JobQueue(1, 10),
+      async (batch, _stop, onEvent) => {
+        const name = batch.items[0].prompt;
+        started.push(name);
+        // The merged batch is heard half done as it starts.
+        if (name === 'A and B') onEvent({ type: 'step', step: 2, total: 4 });
+        await new Promise<void>((resolve) => finish.set(name, resolve));
+        return batch.items.map((i) => ({ data: new Uint8Array(), contentType: 'image/png', seed: i.seed }));
+      },
+      8,
+      (batch) => 10 * batch.items.length,
+    );
+    // Each its own steps, but for A's and B's that merge.
+    let steps = 1;
+    const from = (client: string, prompt: string, images = 1, signal?: AbortSignal, ownSteps = steps++) =>
+      merger.generate(request(Array.from({ length: images }, (_, i) => item(prompt, i)), { steps: ownSteps }), signal, new Ticket(client));
+    // C's batch of three images (30 s charged) holds the worker while A's four and B's one wait: they merge
+    // (A charged 40 s, B 10 s, as it starts).
+    const busy = from('C', 'C busy', 3);
+    const cancel = new AbortController();
+    const merged = from('A', 'A and B', 4, cancel.signal, 100).catch(() => 'cancelled');
+    const riding = from('B', 'A and B', 1, undefined, 100);
+    finish.get('C busy')!();
+    await expect.poll(() => started).toEqual(['C busy', 'A and B']);
+    // A leaves half-way: half its 40 s is given back, 20 s served (B 10 s, C 30 s).
+    cancel.abort(new Error('client left'));
+    expect(await merged).toBe('cancelled');
+    const waiting = [from('A', 'A next'), from('B', 'B next'), from('C', 'C next')];
+    for (let next = 1; next < 5; next++) {
+      await expect.poll(() => started.length).toBeGreaterThan(next);
+      finish.get(started[next])!();
+    }
+    await Promise.all([busy, riding, ...waiting]);
+    // The least served first. Given back its whole 40 s, A went first (0 s served); given back none, last (40 s).
+    expect(started.slice(2)).toEqual(['B next', 'A next', 'C next']);
+  });
+});
