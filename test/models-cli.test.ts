@@ -367,6 +367,37 @@ describe('models pull', () => {
     await expectNothingInstalled('bad');
   });
 
+  it("prints the name of a repository's file without its control characters when its download drops or fails verification", async () => {
+    // A file anyone can put in a Hub repository beside its graph: every file there is downloaded.
+    const repo = 'test-org/control-characters';
+    const file = 'unet/\x1b]0;pwned\x07\x1b[2J\u009b31m\u202enotes.json';
+    const shown = 'unet/\\u001b]0;pwned\\u0007\\u001b[2J\\u009b31m\\u202enotes.json';
+    const control = /[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]/;
+    const notes = Buffer.from('{"notes": "a file that is not part of the export"}');
+    hub.addRepo(repo, { ...sourceFiles, [file]: notes });
+    const messages: string[] = [];
+    // Dropped, then resumed: the note of the retry.
+    hub.dropOnce(repo, file, 10);
+    await pull(repo, { name: 'retried', retries: 1, load: false });
+    messages.push(output.text.split('\n').find((line) => line.includes('connection dropped while downloading'))!);
+    // Dropped for good.
+    hub.dropOnce(repo, file, 10);
+    messages.push((await failureOf(pull(repo, { name: 'dropped', retries: 0 }))).message);
+    // Longer than its listing, then a checksum that does not match it.
+    hub.lengthenOnce(repo, file, 10);
+    messages.push((await failureOf(pull(repo, { name: 'long' }))).message);
+    hub.reportWrongChecksum(repo, file);
+    messages.push((await failureOf(pull(repo, { name: 'checksum' }))).message);
+    const starts = [
+      `connection dropped while downloading ${shown} (`,
+      `the connection dropped while downloading ${shown} (`,
+      `${shown} failed verification: ${hub.url} sent more than the ${notes.length} bytes its listing gives.`,
+      `${shown} failed verification: its git blob id is`,
+    ];
+    expect(messages.map((message, i) => message.slice(0, starts[i].length))).toEqual(starts);
+    for (const message of messages) expect(message).not.toMatch(control);
+  });
+
   it('lets one pull of a model run at a time, takes over the lock of a killed one, and refuses to remove a model being pulled', async () => {
     const twice = await Promise.allSettled([pull(REPO, { load: false }), pull(REPO, { load: false })]);
     expect(twice.map((result) => result.status).sort()).toEqual(['fulfilled', 'rejected']);

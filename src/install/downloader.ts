@@ -5,6 +5,7 @@ import { readChunks, sizeOf, writeStream, type Disk } from './disk.js';
 import { DownloadInterrupted, ModelInstallError } from './errors.js';
 import { ConnectionLost, type HubClient, type HubFile, type RepoRef } from './hub-client.js';
 import type { FileDigest } from './manifest.js';
+import { printable } from '../util/printable.js';
 import { Progress, type ProgressOutput } from '../util/progress.js';
 import { FileHasher, hashing, verifiedDigest } from './verifier.js';
 
@@ -61,16 +62,18 @@ export async function downloadFiles(plan: DownloadPlan): Promise<Record<string, 
 }
 
 async function downloadWithRetries(plan: DownloadPlan, file: HubFile, progress: Progress): Promise<FileDigest> {
+  // Printed on the user's terminal: the repository names its files (see printable).
+  const shown = printable(file.path);
   for (let attempt = 1; ; attempt++) {
     try {
       return await downloadFile(plan, file, progress);
     } catch (err) {
       if (!(err instanceof ConnectionLost)) throw err;
       if (attempt > plan.retries) {
-        throw new DownloadInterrupted(`the connection dropped while downloading ${file.path} (${err.message}); what arrived is kept. ${plan.resumeAdvice}`);
+        throw new DownloadInterrupted(`the connection dropped while downloading ${shown} (${err.message}); what arrived is kept. ${plan.resumeAdvice}`);
       }
       const wait = plan.retryDelayMs * 2 ** (attempt - 1);
-      progress.note(`connection dropped while downloading ${file.path} (${err.message}); resuming in ${wait / 1000}s (retry ${attempt} of ${plan.retries})`);
+      progress.note(`connection dropped while downloading ${shown} (${err.message}); resuming in ${wait / 1000}s (retry ${attempt} of ${plan.retries})`);
       await sleep(wait);
     }
   }
@@ -121,7 +124,7 @@ async function downloadFile(plan: DownloadPlan, file: HubFile, progress: Progres
       hasher = newHasher();
       offset = 0;
     }
-    const tooLong = () => new ModelInstallError(`${file.path} failed verification: ${plan.hub.hubUrl} sent more than the ${file.size} bytes its listing gives. ${advice}`);
+    const tooLong = () => new ModelInstallError(`${printable(file.path)} failed verification: ${plan.hub.hubUrl} sent more than the ${file.size} bytes its listing gives. ${advice}`);
     const body = atMost(download.body, file.size - offset, tooLong);
     await writeStream(plan.disk, part, progress.counting(hashing(body, hasher)), offset > 0 ? 'append' : 'create');
     if (hasher.size < file.size) throw new ConnectionLost(`the server closed the connection after ${hasher.size} of ${file.size} bytes`);

@@ -1,6 +1,7 @@
 import { createHash, type Hash } from 'node:crypto';
 import { ModelInstallError } from './errors.js';
 import { vouchedFor, type FileDigest, type Manifest } from './manifest.js';
+import { printable } from '../util/printable.js';
 
 /**
  * Checks that files are what their source says they are: sizes, sha256 (the Hub's LFS ids and our
@@ -47,6 +48,7 @@ export async function* hashing(source: AsyncIterable<Uint8Array>, hasher: FileHa
 /**
  * The digest of a file `hasher` has read, for the manifest. Throws when it differs from `expected`
  * (when there is one); `advice` says what to do about it (it depends on where the file came from).
+ * The error names `file` printable: a pulled repository, or a copied model, names its files.
  */
 export function verifiedDigest(file: string, hasher: FileHasher, expected: ExpectedFile | undefined, advice: string): FileDigest {
   const actual = hasher.digest();
@@ -63,7 +65,7 @@ function checkDigest(file: string, actual: ReturnType<FileHasher['digest']>, exp
         : expected.gitBlobId && actual.gitBlobId !== expected.gitBlobId
           ? `its git blob id is ${actual.gitBlobId}, expected ${expected.gitBlobId}`
           : undefined;
-  if (mismatch) throw new ModelInstallError(`${file} failed verification: ${mismatch}. ${advice}`);
+  if (mismatch) throw new ModelInstallError(`${printable(file)} failed verification: ${mismatch}. ${advice}`);
 }
 
 /**
