@@ -35,7 +35,10 @@ beforeAll(async () => {
   const single = { copy: referenceModel('sd-turbo'), preset: { sizes: ['128x128'], default_size: '128x128', max_batch: 1 } };
   // An LCM: its scheduler takes at most 50 steps (its original_inference_steps).
   const lcm = { copy: referenceModel('lcm'), preset: { sizes: ['128x128'], default_size: '128x128' } };
-  real = await startRealServer({ apiKey: KEY, models: { shapes, single, lcm }, env: { DEFAULT_MODEL: 'shapes' } });
+  // A landscape and a portrait size of one area, the portrait the default, listed last or first: a square is as near to either.
+  const oblong = (sizes: string[]) => ({ copy: referenceModel('sd-turbo'), preset: { sizes, default_size: '128x192' } });
+  const models = { shapes, single, lcm, 'default-last': oblong(['192x128', '128x192']), 'default-first': oblong(['128x192', '192x128']) };
+  real = await startRealServer({ apiKey: KEY, models, env: { DEFAULT_MODEL: 'shapes' } });
   client = real.client;
   const res = await client.images.generate({ model: 'shapes', prompt: 'a red circle', quality: 'hd', response_format: 'b64_json', seed: 1 } as OpenAI.ImageGenerateParamsNonStreaming);
   redCircle = Buffer.from(res.data![0].b64_json!, 'base64');
@@ -123,9 +126,9 @@ describe('POST /v1/images/edits', () => {
   });
 
   it("without a size (or with 'auto'), runs at the model's size nearest the picture's shape: a landscape picture stays landscape", async () => {
-    const shaped = async (width: number, height: number, size?: 'auto') => {
+    const shaped = async (width: number, height: number, size?: 'auto', model = 'shapes') => {
       const picture = await sharp(redCircle).resize(width, height, { fit: 'fill' }).png().toBuffer();
-      const res = await client.images.edit({ model: 'shapes', image: await png(picture), prompt: 'a blue square', response_format: 'b64_json', seed: 5, ...(size && { size }) } as OpenAI.ImageEditParamsNonStreaming);
+      const res = await client.images.edit({ model, image: await png(picture), prompt: 'a blue square', response_format: 'b64_json', seed: 5, ...(size && { size }) } as OpenAI.ImageEditParamsNonStreaming);
       const { width: w, height: h } = await sharp(decoded(res)[0]).metadata();
       return `${w}x${h}`;
     };
@@ -135,6 +138,8 @@ describe('POST /v1/images/edits', () => {
     // The default where the picture is as near to it, or nearer: a square, a portrait (the model serves no portrait size).
     expect(await shaped(200, 200)).toBe('128x128');
     expect(await shaped(128, 256)).toBe('128x128');
+    // Served sizes as near in shape and area: the default, not the first or the last served.
+    expect([await shaped(200, 200, undefined, 'default-last'), await shaped(200, 200, undefined, 'default-first')]).toEqual(['128x192', '128x192']);
   });
 
   it("names what 'auto' would run at for this picture when a gpt-image edit asks for a size the model does not serve", async () => {
