@@ -579,6 +579,13 @@ describe('models import and export', () => {
       stderr: expect.stringMatching(/vae_decoder\/model\.onnx is cut short or is not an ONNX graph \(.+\): copy it again from the export\. Nothing was installed\n$/),
     });
     await expectNothingInstalled(path.basename(dir));
+    // Whatever names a refusal quotes (a folder's, a bundle's or its manifest's entries: text a model's
+    // publisher wrote) reaches the terminal without control sequences: an ESC here cleared the screen.
+    const unpacked = path.join(work, 'unpacked \x1b[2J\x1b]0;pwned\x07\u009b31m\u202eexport');
+    await mkdir(unpacked);
+    const refused = await importCli(unpacked).catch((err: { stderr: string }) => err.stderr);
+    expect(refused).toContain('unpacked \\u001b[2J\\u001b]0;pwned\\u0007\\u009b31m\\u202eexport has no diffusers ONNX export');
+    expect(refused).not.toMatch(/[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]/);
   });
 
   it('says where the exports are in a folder that holds them deeper, or that it holds none, before copying anything', async () => {

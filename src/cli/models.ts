@@ -16,6 +16,7 @@ import { messageOf } from '../util/error-message.js';
 import { fileProblem } from './file-problem.js';
 import { pathArgument, refuseUnexpandedHome } from './path-argument.js';
 import { shellWord } from '../util/shell-word.js';
+import { printable } from '../util/printable.js';
 
 /**
  * `imagegen models ...`: manage the models folder the server reads (MODELS_DIR). The work is done by
@@ -52,7 +53,8 @@ function reporting<A extends unknown[]>(action: (...args: A) => Promise<void>): 
       // Clears a progress bar left half-drawn on a terminal.
       if (process.stderr.isTTY) process.stderr.write('\r\x1b[K');
       const systemError = err instanceof ModelInstallError ? undefined : fileProblem(err as NodeJS.ErrnoException);
-      console.error(`error: ${systemError ?? messageOf(err)}`);
+      // Printable: a refusal quotes names others wrote (a folder's, a bundle's entries, a repository's files).
+      console.error(`error: ${printable(systemError ?? messageOf(err))}`);
       process.exitCode = exitStatusOf(err);
     }
   };
