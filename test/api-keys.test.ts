@@ -49,7 +49,7 @@ describe('the key file format', () => {
   });
 
   it('names every bad line, never the key', () => {
-    const text = ['a:sk-secret-1 speed=9', 'a:sk-secret-2', 'b:sk-secret-3 concurrent=0', 'c:sk secret', 'd:sk-secret-5 concurrent=1=2', 'e:sk-secret-6 concurrent=1 concurrent=3', 'sk-secret-7 sk-secret-8', 'f:sk-secret-9 c2VjcmV0LTEw= concurrent=2', 'g:sk-secret-11 concurrent=2 # team g=1'].join('\n');
+    const text = ['a:sk-secret-1 speed=9', 'a:sk-secret-2', 'b:sk-secret-3 concurrent=0', 'c:sk secret', 'd:sk-secret-5 concurrent=1=2', 'e:sk-secret-6 concurrent=1 concurrent=3', 'sk-secret-7 sk-secret-8', 'f:sk-secret-9 c2VjcmV0LTEw= concurrent=2', 'g:sk-secret-11 concurrent=2 # team g=1', 'h:sk-secret-1 concurrent=1'].join('\n');
     const error = (() => {
       try {
         parseKeyFile(text, 'keys.txt');
@@ -63,6 +63,8 @@ describe('the key file format', () => {
     expect(error!.message).toMatch(/the label 'a' is used twice/);
     expect(error!.message).toMatch(/line 5: 'concurrent=1=2' is not a limit/);
     expect(error!.message).toMatch(/line 6: concurrent is given twice/);
+    // One key under two labels (line 10 repeats line 1's): which line's limits it has would be a guess.
+    expect(error!.message).toMatch(/a key is listed twice/);
     // Two keys on a line, or a key with a space in it: the word after the first is named by its place.
     expect(error!.message).toMatch(/line 4: word 2 \(not shown: it may be a key\) is not a limit/);
     expect(error!.message).toMatch(/line 7: word 2 \(not shown: it may be a key\) is not a limit/);
@@ -178,6 +180,20 @@ describe('API_KEYS_FILE written in place', () => {
       // Never a list of no keys, which refused every client until the next poll.
       expect(reloads()).not.toContainEqual([]);
       expect(reloads()).toContainEqual(['a', 'b']);
+    } finally {
+      await close();
+    }
+  });
+
+  it('is no longer read once closed: a server closed in process (its tests, an embedding) keeps no poll of the file', async () => {
+    const { file, keys, reloads, close } = await ring(`a:${first}\n`, 50);
+    try {
+      keys.close();
+      await writeFile(file, `a:${first}\nb:${second}\n`);
+      // Past the next poll (every second) and its settling.
+      await new Promise((resolve) => setTimeout(resolve, 1500));
+      expect(reloads()).toEqual([]);
+      expect(keys.find(second)).toBeUndefined();
     } finally {
       await close();
     }
