@@ -304,12 +304,15 @@ describe.skipIf(!REDIS_SERVER)(`'concurrent' slots shared through Redis${NO_REDI
   });
 
   it('answers 503 queue_timeout after the longest wait, and ends a waiting request whose client left with its reason', async () => {
-    const { slots } = await replica({ maxWaitMs: 200 });
+    const { slots, connection } = await replica({ maxWaitMs: 200 });
     const key = { label: 'dave', limits: { concurrent: 1 } };
     const first = pending();
     const held = slots.hold(key, never, first.work);
     await untilRunning(first.state);
     await expect(slots.hold(key, never, async () => undefined)).rejects.toMatchObject({ status: 503, code: 'queue_timeout', headers: { 'retry-after': '1' } });
+    // It left its place as it gave up (removed before the 503, on the same connection): kept until it
+    // lapsed, the place stood first in line, and a slot freed meanwhile went to none of those after it.
+    expect(await connection.zcard('imagegen:slots:dave:waiting')).toBe(0);
     // What the request waited before (for room for its answer) counts: one that waited all of it already gets its 503 at once.
     const { slots: longer } = await replica({ maxWaitMs: 60_000 });
     const started = performance.now();
@@ -396,14 +399,17 @@ describe.skipIf(!REDIS_SERVER)(`'concurrent' slots shared through Redis${NO_REDI
   });
 
   it('puts back the lease of a running request that Redis lost (a restart without persistence), so the limit holds again', async () => {
-    const [one, two] = [await replica({ leaseMs: LEASE_MS }), await replica({ leaseMs: LEASE_MS })];
+    // The running one's lease is the default (30 s), renewed every second all the same (RENEW_MS), not
+    // every third of it: the lease Redis lost is back within a second, not ten. The waiting one's take
+    // clamps it to LEASE_MS (see TAKE), which the renewals outlast as in the tests above.
+    const [one, two] = [await replica(), await replica({ leaseMs: LEASE_MS })];
     const key = { label: 'ivan', limits: { concurrent: 1 } };
     const running = pending();
     const held = one.slots.hold(key, never, running.work);
     await untilRunning(running.state);
     await one.connection.flushall();
-    // Renewed every second (RENEW_MS).
-    await expect.poll(() => one.connection.zcard('imagegen:slots:ivan'), { interval: 20 }).toBe(1);
+    // Within 8 s: a second and what a loaded machine's stall takes (2.5 s seen), short of the ten.
+    await expect.poll(() => one.connection.zcard('imagegen:slots:ivan'), { interval: 20, timeout: 8000 }).toBe(1);
     const next = pending();
     const waiting = two.slots.hold(key, never, next.work);
     await untilWaiting(one.connection, 'ivan', 1);
