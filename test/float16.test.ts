@@ -15,6 +15,9 @@ describe('float16', () => {
     expect(toHalfBits(1 + 2 ** -11)).toBe(0x3c00); // halfway between 1 and the next half: to even
     expect(toHalfBits(1 + 3 * 2 ** -11)).toBe(0x3c02); // halfway, odd below: up
     expect(toHalfBits(70000)).toBe(0x7c00); // beyond the largest: infinity
+    // Subnormals (below 2^-14) round as the rest: halfway between two of them, to the even one.
+    expect([2 ** -25, 3 * 2 ** -25, 5 * 2 ** -25, -(2 ** -25)].map(toHalfBits)).toEqual([0x0000, 0x0002, 0x0002, 0x8000]);
+    expect(toHalfBits(2 ** -25 + 2 ** -40)).toBe(0x0001); // past halfway: up
     const all = Uint16Array.from({ length: 0x7c00 }, (_, h) => h); // every finite non-negative half
     expect(float32ToHalf(halfToFloat32(all))).toEqual(all);
   });
