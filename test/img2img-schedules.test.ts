@@ -313,6 +313,31 @@ describe('denoising from the middle of the schedule', () => {
   }
 });
 
+describe('inpainting from the middle of the schedule', () => {
+  // diffusers' inpainting for UNets without mask inputs: after every step the kept area is put back as
+  // the picture noised to the next call's level, so each model call sees it at its own level, the last
+  // call included (a kept area put back clean one call early passed every other test); the output keeps it clean.
+  it('gives every model call the kept area noised to its level, and returns it clean', async () => {
+    const s = createScheduler({ ...SD15, _class_name: 'DDIMScheduler' });
+    s.setTimesteps(6);
+    const start = strengthStart(6, 0.5, 'vp');
+    const mask = Float32Array.from(x0, (_, i) => i % 2);
+    const inputs: Float32Array[] = [];
+    const predict = async (modelInput: Float32Array, timestep: number) => {
+      inputs.push(modelInput.slice());
+      return oracle(false)(modelInput, timestep);
+    };
+    const out = await denoise(s, { latents: s.addNoise(x0, n, start), call: start, keep: { original: x0, noise: n, mask } }, NO_DRAWS, predict);
+    expect(inputs).toHaveLength(6 - start);
+    inputs.forEach((input, k) => {
+      const level = s.addNoise(x0, n, start + k);
+      const kept = (values: Float32Array) => values.filter((_, i) => mask[i] === 0);
+      expect(kept(input)).toEqual(kept(level));
+    });
+    expect(out.filter((_, i) => mask[i] === 0)).toEqual(x0.filter((_, i) => mask[i] === 0));
+  });
+});
+
 /**
  * abar_t of the same betas rescaled to zero terminal SNR (Lin et al. 2023, Algorithm 1), in double:
  * sqrt(abar_t) shifted so that it ends at 0 and scaled so that it starts where it did.
