@@ -200,6 +200,15 @@ describe('expectedStoreBytes', () => {
   });
 });
 
+/** A url request for `n` images of the stub model, by fetch: the tests below read its raw answer, or leave it. */
+const askForUrls = (baseURL: string, n: number, signal?: AbortSignal) =>
+  fetch(`${baseURL}/images/generations`, {
+    method: 'POST',
+    headers: { authorization: `Bearer ${TEST_KEY}`, 'content-type': 'application/json' },
+    body: JSON.stringify({ model: 'stub', prompt: 'x', n, response_format: 'url' }),
+    signal,
+  });
+
 describe('a url request whose client leaves while its images are stored', () => {
   it('keeps none of them: nobody will be given their URLs', async () => {
     const server = await startTestServer({ engine: new FakeEngine() });
@@ -219,12 +228,7 @@ describe('a url request whose client leaves while its images are stored', () => 
         return image;
       };
       const leave = new AbortController();
-      const answer = fetch(`${server.baseURL}/images/generations`, {
-        method: 'POST',
-        headers: { authorization: `Bearer ${TEST_KEY}`, 'content-type': 'application/json' },
-        body: JSON.stringify({ model: 'stub', prompt: 'x', n: 2, response_format: 'url' }),
-        signal: leave.signal,
-      }).catch(() => undefined);
+      const answer = askForUrls(server.baseURL, 2, leave.signal).catch(() => undefined);
       await reached;
       leave.abort();
       await answer;
@@ -251,11 +255,7 @@ describe('a url request one of whose images cannot be stored', () => {
         if (++puts === 2) throw Object.assign(new Error('no space left on device'), { code: 'ENOSPC' });
         return put(...args);
       };
-      const res = await fetch(`${server.baseURL}/images/generations`, {
-        method: 'POST',
-        headers: { authorization: `Bearer ${TEST_KEY}`, 'content-type': 'application/json' },
-        body: JSON.stringify({ model: 'stub', prompt: 'x', n: 3, response_format: 'url' }),
-      });
+      const res = await askForUrls(server.baseURL, 3);
       expect(res.status).toBe(500);
       expect(((await res.json()) as ErrorBody).error).toMatchObject({ code: 'storage_error', message: expect.stringContaining('(ENOSPC)') });
       expect(puts).toBe(3);
