@@ -1,4 +1,4 @@
-import type { Quality } from '../families/family.js';
+import { QUALITY_TIERS, type Quality } from '../families/family.js';
 import { ApiError, quoteList } from './errors.js';
 
 /**
@@ -127,11 +127,8 @@ export function dialectWithoutModel(kind: 'generation' | 'edit' | 'variation', f
   }
 }
 
-/**
- * The step tier each quality picks: medium and auto (gpt-image's default) are standard; high, and GPT
- * Image 2.5's xhigh and max, are hd, the most steps a model's preset has.
- */
-const TIERS: Record<RequestQuality, Quality> = { low: 'low', standard: 'standard', medium: 'standard', auto: 'standard', hd: 'hd', high: 'hd', xhigh: 'hd', max: 'hd' };
+/** The step tier each quality picks (families/family.ts): every quality a request may name has one. */
+const TIERS: Record<RequestQuality, Quality> = QUALITY_TIERS;
 
 /** The quality a gpt-image response echoes (openai-node 7 types it as low|medium|high|xhigh|max). */
 export type GptImageQuality = 'low' | 'medium' | 'high' | 'xhigh' | 'max';

@@ -10,6 +10,12 @@ import type { ModelKind, SchedulerConfig } from '../schedulers/index.js';
 
 /** Step tiers: dall-e's standard|hd, and gpt-image's low (medium and auto count as standard, high as hd). */
 export type Quality = 'low' | 'standard' | 'hd';
+/**
+ * The step tier each quality a request may name picks: medium and auto (gpt-image's default) are
+ * standard; high, and GPT Image 2.5's xhigh and max, are hd, the most steps a model's preset has. Here,
+ * below both, for the API's requests (api/dialects.ts) and imagegen.json's hints (models/presets.ts).
+ */
+export const QUALITY_TIERS = { low: 'low', standard: 'standard', medium: 'standard', auto: 'standard', hd: 'hd', high: 'hd', xhigh: 'hd', max: 'hd' } as const satisfies Record<string, Quality>;
 export const STYLES = ['vivid', 'natural'] as const;
 export type Style = (typeof STYLES)[number];
 

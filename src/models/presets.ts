@@ -1,5 +1,5 @@
 import { z } from 'zod';
-import type { Quality, Style } from '../families/family.js';
+import { QUALITY_TIERS, type Quality, type Style } from '../families/family.js';
 import { familyEntry } from '../families/index.js';
 import { MAX_GUIDANCE_SCALE, MAX_STEPS } from '../runtime/types.js';
 import { checkSchedule, type SchedulerOffer } from '../schedulers/index.js';
@@ -66,8 +66,8 @@ function fields<Shape extends z.ZodRawShape>(shape: Shape, insteadOf: Record<str
   });
 }
 
-/** Request qualities (api/dialects.ts) that name no steps tier, and the tier each runs. */
-const TIER_OF_QUALITY = { medium: 'standard', auto: 'standard', high: 'hd', xhigh: 'hd', max: 'hd' };
+/** Request qualities that name no steps tier, and the tier each runs (QUALITY_TIERS). */
+const TIER_OF_QUALITY = Object.entries(QUALITY_TIERS).filter(([quality, tier]) => quality !== tier);
 
 /** The `imagegen.json` a model folder may carry; every field optional. */
 export const presetOverrideSchema = fields(
@@ -76,7 +76,7 @@ export const presetOverrideSchema = fields(
     default_size: size.optional(),
     steps: fields(
       { low: steps.optional(), standard: steps.optional(), hd: steps.optional() },
-      Object.fromEntries(Object.entries(TIER_OF_QUALITY).map(([quality, tier]) => [quality, `quality ${quality} runs the ${tier} steps, so set ${tier}`])),
+      Object.fromEntries(TIER_OF_QUALITY.map(([quality, tier]) => [quality, `quality ${quality} runs the ${tier} steps, so set ${tier}`])),
     ).optional(),
     guidance_scale: fields({ vivid: scale.optional(), natural: scale.optional() }).optional(),
     scheduler: z.string().min(1).optional(),
